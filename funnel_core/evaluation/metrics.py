@@ -1,0 +1,81 @@
+"""Metrics: answer recall (FunnelRAG Appendix B.3), contextual integrity (Appendix C.3), and
+standard IR metrics through `ranx <https://github.com/AmenRa/ranx>`_.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import string
+from collections import Counter
+from typing import Iterable, Mapping, Sequence
+
+from funnel_core.units import Unit
+
+__all__ = ["normalize_answer", "has_answer", "answer_recall", "contextual_integrity",
+           "ir_metrics", "run_from_units"]
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = set(string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD normalisation: lower-case, drop punctuation and articles, squeeze whitespace."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCT)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def has_answer(text: str, answers: Iterable[str]) -> bool:
+    """True when any normalised answer occurs in the normalised text, on word boundaries."""
+    norm = f" {normalize_answer(text)} "
+    return any(f" {a} " in norm for a in (normalize_answer(x) for x in answers) if a)
+
+
+def answer_recall(units: Sequence[Unit], answers: Iterable[str], k: int) -> float:
+    """AR@k: 1.0 when an answer string appears in the concatenation of the top-``k`` units."""
+    return 1.0 if has_answer(" ".join(u.text for u in units[:k]), list(answers)) else 0.0
+
+
+def contextual_integrity(units: Sequence[Unit], k: int, key: str = "title") -> float:
+    """Entropy (bits) of the source titles of the top-``k`` units; lower means more coherent."""
+    titles = [u.metadata.get(key, u.parent_id or u.id) for u in units[:k]]
+    if not titles:
+        return 0.0
+    counts = Counter(titles)
+    n = len(titles)
+    return -sum(c / n * math.log2(c / n) for c in counts.values())
+
+
+def run_from_units(results: Mapping[str, Sequence[Unit]], id_key: str | None = None) -> dict:
+    """``{query_id: units}`` -> ranx run dict ``{query_id: {doc_id: score}}``.
+
+    ``id_key`` reads the document id from metadata (e.g. ``"doc_id"`` for passages), keeping the
+    best score per document — document-level evaluation of finer units.
+    """
+    run: dict[str, dict[str, float]] = {}
+    for qid, units in results.items():
+        scores: dict[str, float] = {}
+        n = len(units)
+        for rank, u in enumerate(units):
+            did = str(u.metadata.get(id_key, u.id)) if id_key else u.id
+            s = float(n - rank)  # rank-based scores: robust to ties and mixed score scales
+            if s > scores.get(did, -math.inf):
+                scores[did] = s
+        run[qid] = scores
+    return run
+
+
+def ir_metrics(qrels: Mapping[str, Mapping[str, int]], run: Mapping[str, Mapping[str, float]],
+               metrics: Sequence[str] = ("ndcg@10", "recall@100")) -> dict[str, float]:
+    """Evaluate a run with ranx; queries missing from the run count as zero."""
+    from ranx import Qrels, Run, evaluate
+
+    qrels = {q: dict(d) for q, d in qrels.items() if d}
+    full_run = {q: dict(run.get(q) or {}) for q in qrels}
+    empty = [q for q, d in full_run.items() if not d]
+    for q in empty:  # ranx rejects empty rankings; a non-relevant dummy scores 0 for that query
+        full_run[q] = {"__none__": 0.0}
+    res = evaluate(Qrels(qrels), Run(full_run), list(metrics), make_comparable=True)
+    if isinstance(res, float):
+        res = {metrics[0]: res}
+    return {m: float(v) for m, v in res.items()}

@@ -1,0 +1,226 @@
+"""Stages and the progressive :class:`Funnel` (FunnelRAG's coarse-to-fine pipeline).
+
+A stage is anything with the signature ``stage(query, units) -> units``. Subclasses of
+:class:`Stage` get, for free:
+
+* ``stage % k`` — a rank cut-off (kept as ``stage.cutoff``; stages that can do less work when
+  they know ``k``, such as BM25, read it and push it down, as PyTerrier does);
+* ``a >> b`` — a :class:`Funnel` that runs ``a`` then ``b``;
+* ``await stage.acall(query, units)`` — an async twin (a worker thread by default, so the event
+  loop never blocks on model inference);
+* a clear error for a non-string query, and an empty result for an empty one.
+
+Example — the paper's funnel::
+
+    funnel = clustered_bm25 % 80 >> LaterChunking(level="document") >> cross_encoder % 8 \
+        >> LaterChunking(words=100) >> fid % 4
+    result = funnel.search("who wrote Hamlet?", answers=["Shakespeare"])
+    print(result.trace.format())
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+from funnel_core.errors import check_positive_int, check_query
+from funnel_core.units import StageRecord, Trace, Unit
+
+__all__ = ["Stage", "FunctionStage", "Funnel", "FunnelResult", "as_stage"]
+
+
+class Stage(ABC):
+    """Base class of every pipeline stage: ``(query, units) -> units``.
+
+    Subclasses implement :meth:`run`. ``name`` is what the trace shows and the key under which
+    the next stage keeps this stage's score; ``level`` is the granularity of the output units
+    (``None`` when the stage does not change it).
+    """
+
+    name: str = "stage"
+    level: str | None = None
+    cutoff: int | None = None
+
+    @abstractmethod
+    def run(self, query: str, units: list[Unit]) -> list[Unit]:
+        """Score, filter or split ``units`` for ``query``; return new units, best first."""
+
+    async def arun(self, query: str, units: list[Unit]) -> list[Unit]:
+        """Async twin of :meth:`run`; by default runs :meth:`run` in a worker thread."""
+        return await asyncio.to_thread(self.run, query, units)
+
+    # -- calling ---------------------------------------------------------------------------
+    def __call__(self, query: str, units: Sequence[Unit] | None = None) -> list[Unit]:
+        query = check_query(query)
+        if not query:
+            return []
+        out = self.run(query, list(units or []))
+        return out[: self.cutoff] if self.cutoff is not None else out
+
+    async def acall(self, query: str, units: Sequence[Unit] | None = None) -> list[Unit]:
+        query = check_query(query)
+        if not query:
+            return []
+        out = await self.arun(query, list(units or []))
+        return out[: self.cutoff] if self.cutoff is not None else out
+
+    # -- composition -----------------------------------------------------------------------
+    def __mod__(self, k: int) -> "Stage":
+        """``stage % k``: a copy of the stage that keeps its top ``k`` units."""
+        check_positive_int(k, "cut-off k")
+        new = copy.copy(self)
+        new.cutoff = k
+        return new
+
+    def __rshift__(self, other: Any) -> "Funnel":
+        return Funnel([self, other])
+
+    def __rrshift__(self, other: Any) -> "Funnel":
+        return Funnel([other, self])
+
+    def __repr__(self) -> str:
+        cut = f" % {self.cutoff}" if self.cutoff is not None else ""
+        return f"{type(self).__name__}(name={self.name!r}){cut}"
+
+
+class FunctionStage(Stage):
+    """Wrap a plain function ``f(query, units) -> units`` as a stage."""
+
+    def __init__(self, fn: Callable[[str, list[Unit]], list[Unit]], name: str | None = None,
+                 level: str | None = None) -> None:
+        if not callable(fn):
+            raise TypeError(f"FunctionStage needs a callable, got {type(fn).__name__}.")
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "function")
+        self.level = level
+
+    def run(self, query: str, units: list[Unit]) -> list[Unit]:
+        return list(self.fn(query, units))
+
+
+def as_stage(obj: Any) -> Stage:
+    """Accept a :class:`Stage` or any ``callable(query, units)`` and return a :class:`Stage`."""
+    if isinstance(obj, Stage):
+        return obj
+    if callable(obj):
+        return FunctionStage(obj)
+    raise TypeError(
+        f"a funnel stage must be a funnel_core Stage or a callable (query, units) -> units, "
+        f"got {type(obj).__name__}."
+    )
+
+
+@dataclass
+class FunnelResult:
+    """The final units of a funnel run and its :class:`Trace`."""
+
+    units: list[Unit]
+    trace: Trace
+
+
+class Funnel(Stage):
+    """An ordered list of stages; each stage's output is the next stage's input.
+
+    ``Funnel`` is itself a :class:`Stage`, so funnels nest and compose with ``>>`` and ``%``.
+    :meth:`search` returns the units together with a :class:`Trace` (units in/out and seconds
+    per stage, and the answer recall that survives each stage when gold answers are given).
+    """
+
+    name = "funnel"
+
+    def __init__(self, stages: Iterable[Any], name: str = "funnel") -> None:
+        flat: list[Stage] = []
+        for s in stages:
+            s = as_stage(s)
+            # a >> b >> c builds Funnel([Funnel([a, b]), c]); flatten un-cut inner funnels.
+            if isinstance(s, Funnel) and s.cutoff is None and s.name == "funnel":
+                flat.extend(s.stages)
+            else:
+                flat.append(s)
+        if not flat:
+            raise ValueError("a Funnel needs at least one stage, got none.")
+        self.stages: list[Stage] = flat
+        self.name = name
+
+    def __rshift__(self, other: Any) -> "Funnel":
+        return Funnel([*self.stages, other]) if self.cutoff is None else Funnel([self, other])
+
+    def __len__(self) -> int:
+        return len(self.stages)
+
+    def __iter__(self):
+        return iter(self.stages)
+
+    def run(self, query: str, units: list[Unit]) -> list[Unit]:
+        return self._run(query, units, None).units
+
+    def search(self, query: str, units: Sequence[Unit] | None = None,
+               answers: Sequence[str] | None = None) -> FunnelResult:
+        """Run every stage and return the final units with the trace.
+
+        Args:
+            query: The question.
+            units: Input units for the first stage (usually empty: a retriever stage comes first).
+            answers: Gold answer strings; when given, the trace records answer recall per stage.
+        """
+        query = check_query(query)
+        if not query:
+            return FunnelResult([], Trace(query=query))
+        res = self._run(query, list(units or []), answers)
+        if self.cutoff is not None:
+            res.units = res.units[: self.cutoff]
+        return res
+
+    def _run(self, query: str, units: list[Unit], answers: Sequence[str] | None) -> FunnelResult:
+        trace = Trace(query=query)
+        for stage in self.stages:
+            n_in = len(units)
+            t0 = time.perf_counter()
+            units = stage(query, units)
+            seconds = time.perf_counter() - t0
+            trace.stages.append(self._record(stage, n_in, units, seconds, answers))
+        for u in units:
+            u.metadata["funnel_trace"] = trace.to_dict()
+        return FunnelResult(units, trace)
+
+    async def asearch(self, query: str, units: Sequence[Unit] | None = None,
+                      answers: Sequence[str] | None = None) -> FunnelResult:
+        """Async twin of :meth:`search` (each stage's :meth:`Stage.acall`)."""
+        query = check_query(query)
+        if not query:
+            return FunnelResult([], Trace(query=query))
+        trace = Trace(query=query)
+        out = list(units or [])
+        for stage in self.stages:
+            n_in = len(out)
+            t0 = time.perf_counter()
+            out = await stage.acall(query, out)
+            trace.stages.append(self._record(stage, n_in, out, time.perf_counter() - t0, answers))
+        if self.cutoff is not None:
+            out = out[: self.cutoff]
+        for u in out:
+            u.metadata["funnel_trace"] = trace.to_dict()
+        return FunnelResult(out, trace)
+
+    async def arun(self, query: str, units: list[Unit]) -> list[Unit]:
+        return (await self.asearch(query, units)).units
+
+    @staticmethod
+    def _record(stage: Stage, n_in: int, out: list[Unit], seconds: float,
+                answers: Sequence[str] | None) -> StageRecord:
+        recall = None
+        if answers:
+            from funnel_core.evaluation.metrics import has_answer
+
+            recall = 1.0 if has_answer(" ".join(u.text for u in out), answers) else 0.0
+        level = stage.level or (out[0].level if out else None)
+        name = stage.name + (f" % {stage.cutoff}" if stage.cutoff is not None else "")
+        return StageRecord(name=name, units_in=n_in, units_out=len(out), seconds=seconds,
+                           level=level, answer_recall=recall)
+
+    def __repr__(self) -> str:
+        return " >> ".join(repr(s) for s in self.stages)

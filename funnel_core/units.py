@@ -1,0 +1,167 @@
+"""The one data flow: :class:`Unit` (a scored piece of text) and the :class:`Trace` of a funnel.
+
+Every stage of every paper in this package has the same shape::
+
+    stage(query: str, units: list[Unit]) -> list[Unit]
+
+A stage never mutates the units it receives: it returns copies (see :meth:`Unit.rescored`),
+keeps the previous score under ``metadata["scores"][previous_stage]`` and writes its own as a
+Python ``float`` in :attr:`Unit.score`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+__all__ = ["Unit", "StageRecord", "Trace", "as_float"]
+
+
+def as_float(value: Any) -> float:
+    """Convert numpy / torch scalars to a plain Python float (JSON-safe)."""
+    if hasattr(value, "item"):
+        value = value.item()
+    return float(value)
+
+
+@dataclass
+class Unit:
+    """A retrieval unit at any granularity (cluster, document, passage, or a MoG level).
+
+    Attributes:
+        id: Unique id of the unit within its corpus.
+        text: The text the models read.
+        score: The score the latest stage gave (``None`` before any stage scored it).
+        metadata: Free-form metadata; ``metadata["scores"]`` holds the history of scores by stage.
+        parent_id: Id of the coarser unit this one was cut from (set by later chunking).
+        level: Granularity name: ``"cluster"``, ``"document"``, ``"passage"`` or a MoG level.
+    """
+
+    id: str
+    text: str
+    score: float | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    parent_id: str | None = None
+    level: str = "passage"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str):
+            self.id = str(self.id)
+        if not isinstance(self.text, str):
+            raise TypeError(
+                f"Unit.text must be a str, got {type(self.text).__name__} for unit id={self.id!r}; "
+                "convert non-text content to a string before building units."
+            )
+        if self.score is not None:
+            self.score = as_float(self.score)
+
+    def copy(self) -> "Unit":
+        """A copy whose metadata can be changed without touching the original."""
+        return Unit(
+            id=self.id,
+            text=self.text,
+            score=self.score,
+            metadata=copy.deepcopy(self.metadata),
+            parent_id=self.parent_id,
+            level=self.level,
+        )
+
+    def rescored(self, score: float, stage: str) -> "Unit":
+        """A copy with ``score`` set by ``stage``; the old score is kept in ``metadata["scores"]``.
+
+        ``metadata["scores"][stage]`` receives the new score too, so the full history of a unit
+        through a funnel is readable from its metadata.
+        """
+        new = self.copy()
+        new.score = as_float(score)
+        new.metadata.setdefault("scores", {})[stage] = new.score
+        return new
+
+    @property
+    def scores(self) -> dict[str, float]:
+        """Scores by stage name, oldest first."""
+        return self.metadata.get("scores", {})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "text": self.text,
+            "score": self.score,
+            "metadata": self.metadata,
+            "parent_id": self.parent_id,
+            "level": self.level,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Unit":
+        return cls(
+            id=data["id"],
+            text=data["text"],
+            score=data.get("score"),
+            metadata=dict(data.get("metadata") or {}),
+            parent_id=data.get("parent_id"),
+            level=data.get("level", "passage"),
+        )
+
+
+def check_unique_ids(units: Iterable[Unit]) -> None:
+    """Raise ``ValueError`` naming the first id that occurs twice."""
+    seen: set[str] = set()
+    for unit in units:
+        if unit.id in seen:
+            raise ValueError(
+                f"duplicate unit id {unit.id!r}: every unit in a corpus needs a unique id "
+                "(pass ids explicitly, or leave them out to have ids generated)."
+            )
+        seen.add(unit.id)
+
+
+@dataclass
+class StageRecord:
+    """What one stage did to one query: its name, units in and out, seconds, and answer recall."""
+
+    name: str
+    units_in: int
+    units_out: int
+    seconds: float
+    level: str | None = None
+    answer_recall: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "units_in": self.units_in,
+            "units_out": self.units_out,
+            "seconds": self.seconds,
+            "level": self.level,
+            "answer_recall": self.answer_recall,
+        }
+
+
+@dataclass
+class Trace:
+    """The record of a funnel run: one :class:`StageRecord` per stage, in order."""
+
+    query: str = ""
+    stages: list[StageRecord] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        return math.fsum(r.seconds for r in self.stages)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"query": self.query, "seconds": self.seconds, "stages": [r.to_dict() for r in self.stages]}
+
+    def format(self) -> str:
+        """A small fixed-width table, for printing."""
+        lines = [f"{'stage':<28}{'in':>8}{'out':>8}{'ms':>10}{'AR':>8}"]
+        for r in self.stages:
+            ar = "" if r.answer_recall is None else f"{r.answer_recall:.2f}"
+            lines.append(f"{r.name:<28}{r.units_in:>8}{r.units_out:>8}{r.seconds * 1000:>10.1f}{ar:>8}")
+        lines.append(f"{'total':<28}{'':>8}{'':>8}{self.seconds * 1000:>10.1f}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:  # pragma: no cover - convenience
+        return self.format()

@@ -1,0 +1,177 @@
+"""Conversion between LangChain ``Document`` and :class:`funnel_core.Unit`, and the thin base
+classes every LangChain object of this package builds on:
+
+* :class:`StageCompressor` — a ``BaseDocumentCompressor`` that runs one ``funnel_core`` stage and
+  is also a ``Runnable`` over ``{"query": str, "documents": list[Document]}``, so it composes in
+  LCEL (see :func:`rerank_chain`);
+* :class:`UnitRetriever` — a ``BaseRetriever`` with ``k`` in the constructor and per call
+  (``invoke(q, k=3)``), scores in ``Document.metadata``, and a real async path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from abc import abstractmethod
+from typing import Any, Optional, Sequence
+
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForRetrieverRun,
+    CallbackManagerForRetrieverRun,
+    Callbacks,
+)
+from langchain_core.documents import BaseDocumentCompressor, Document
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableParallel, RunnablePassthrough
+from pydantic import ConfigDict, Field, PrivateAttr
+
+from funnel_core.errors import check_positive_int, check_query
+from funnel_core.funnel import Stage
+from funnel_core.units import Unit
+
+__all__ = ["StageCompressor", "UnitRetriever", "document_to_unit", "documents_to_units",
+           "units_to_documents", "rerank_chain"]
+
+
+def _doc_id(doc: Document) -> str:
+    if doc.id:
+        return str(doc.id)
+    if "id" in doc.metadata:
+        return str(doc.metadata["id"])
+    return hashlib.sha1(doc.page_content.encode("utf-8")).hexdigest()[:16]
+
+
+def document_to_unit(doc: Document) -> Unit:
+    """A ``Document`` -> :class:`Unit` (id from ``doc.id``, ``metadata["id"]`` or a text hash)."""
+    if not isinstance(doc, Document):
+        raise TypeError(f"expected a langchain Document, got {type(doc).__name__}.")
+    meta = dict(doc.metadata)
+    score = meta.get("score")
+    return Unit(id=_doc_id(doc), text=doc.page_content,
+                score=score if isinstance(score, (int, float)) else None, metadata=meta,
+                parent_id=meta.get("parent_id"), level=str(meta.get("level", "passage")))
+
+
+def documents_to_units(docs: Sequence[Document]) -> list[Unit]:
+    units = [document_to_unit(d) for d in docs]
+    seen: dict[str, int] = {}
+    for u in units:  # documents without ids and with equal text: keep them apart
+        n = seen.get(u.id, 0)
+        seen[u.id] = n + 1
+        if n:
+            u.id = f"{u.id}~{n}"
+    return units
+
+
+def units_to_documents(units: Sequence[Unit]) -> list[Document]:
+    """Units -> ``Document`` objects; ``score``, ``parent_id``, ``level`` go into metadata."""
+    docs = []
+    for u in units:
+        meta = dict(u.metadata)
+        meta["score"] = u.score
+        meta["level"] = u.level
+        if u.parent_id is not None:
+            meta["parent_id"] = u.parent_id
+        docs.append(Document(id=u.id, page_content=u.text, metadata=meta))
+    return docs
+
+
+class StageCompressor(BaseDocumentCompressor, Runnable[dict, list[Document]]):
+    """A LangChain document compressor that runs one ``funnel_core`` stage.
+
+    Subclasses declare their configuration as pydantic fields and implement
+    :meth:`_build_stage`; the stage and its model are built once, on first use. As a ``Runnable``
+    it takes ``{"query": ..., "documents": [...]}``; :func:`rerank_chain` wires a retriever to it.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    _stage: Optional[Stage] = PrivateAttr(default=None)
+
+    @abstractmethod
+    def _build_stage(self) -> Stage:
+        """Build the ``funnel_core`` stage from this object's fields."""
+
+    @property
+    def stage(self) -> Stage:
+        if self._stage is None:
+            self._stage = self._build_stage()
+        return self._stage
+
+    def compress_documents(self, documents: Sequence[Document], query: str,
+                           callbacks: Callbacks | None = None) -> Sequence[Document]:
+        query = check_query(query)
+        if not documents or not query:
+            return list(documents)
+        return units_to_documents(self.stage(query, documents_to_units(documents)))
+
+    async def acompress_documents(self, documents: Sequence[Document], query: str,
+                                  callbacks: Callbacks | None = None) -> Sequence[Document]:
+        query = check_query(query)
+        if not documents or not query:
+            return list(documents)
+        return units_to_documents(await self.stage.acall(query, documents_to_units(documents)))
+
+    # -- Runnable --------------------------------------------------------------------------
+    @staticmethod
+    def _unpack(input: Any) -> tuple[Sequence[Document], str]:
+        if not isinstance(input, dict) or "query" not in input or "documents" not in input:
+            raise TypeError("as a Runnable, a compressor takes {'query': str, 'documents': "
+                            f"list[Document]}}, got {type(input).__name__}; see rerank_chain().")
+        return input["documents"], input["query"]
+
+    def invoke(self, input: dict, config: RunnableConfig | None = None,
+               **kwargs: Any) -> list[Document]:
+        docs, query = self._unpack(input)
+        return list(self.compress_documents(docs, query))
+
+    async def ainvoke(self, input: dict, config: RunnableConfig | None = None,
+                      **kwargs: Any) -> list[Document]:
+        docs, query = self._unpack(input)
+        return list(await self.acompress_documents(docs, query))
+
+
+def rerank_chain(retriever: Runnable, *compressors: StageCompressor) -> Runnable:
+    """LCEL: ``query -> retriever -> compressor -> ... -> documents``.
+
+    Equivalent to ``RunnableParallel(documents=retriever, query=RunnablePassthrough()) | c1 | ...``
+    with the query threaded through every compressor.
+    """
+    chain: Runnable = RunnableParallel(documents=retriever, query=RunnablePassthrough())
+    for comp in compressors:
+        chain = chain | RunnableParallel(documents=comp, query=lambda x: x["query"])
+    return chain | (lambda x: x["documents"])
+
+
+class UnitRetriever(BaseRetriever):
+    """A LangChain retriever whose subclasses implement :meth:`_search` over ``funnel_core``.
+
+    ``k`` is set in the constructor and can be overridden per call: ``invoke(q, k=3)``.
+    An empty or whitespace query returns ``[]``; a non-string query raises ``TypeError``.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    k: int = Field(default=4, description="Number of documents to return.")
+
+    def model_post_init(self, __context: Any) -> None:
+        check_positive_int(self.k, "k")
+
+    @abstractmethod
+    def _search(self, query: str, k: int) -> list[Unit]:
+        """Return up to ``k`` units for a (non-empty, stripped) query."""
+
+    def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
+                                k: int | None = None, **kwargs: Any) -> list[Document]:
+        query = check_query(query)
+        k = self.k if k is None else check_positive_int(k, "k")
+        if not query:
+            return []
+        return units_to_documents(self._search(query, k))
+
+    async def _aget_relevant_documents(self, query: str, *,
+                                       run_manager: AsyncCallbackManagerForRetrieverRun,
+                                       k: int | None = None, **kwargs: Any) -> list[Document]:
+        query = check_query(query)
+        k = self.k if k is None else check_positive_int(k, "k")
+        if not query:
+            return []
+        return units_to_documents(await asyncio.to_thread(self._search, query, k))

@@ -1,0 +1,57 @@
+"""Shared fixtures: offline mode, tiny local models (built once per session), small corpora."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+import pytest
+
+from funnel_core import testing
+from funnel_core.units import Unit
+
+CORPUS = [
+    ("d0", "Paris is the capital and most populous city of France.", {"topic": "geo", "title": "Paris"}),
+    ("d1", "Berlin is the capital of Germany and its largest city.", {"topic": "geo", "title": "Berlin"}),
+    ("d2", "The Eiffel Tower is a wrought-iron lattice tower in Paris, France.", {"topic": "geo", "title": "Paris"}),
+    ("d3", "BM25 is a ranking function used by search engines to rank documents.", {"topic": "ir", "title": "BM25"}),
+    ("d4", "A cross-encoder reads the query and the document together and outputs a score.", {"topic": "ir", "title": "Reranking"}),
+    ("d5", "Hamlet is a tragedy written by William Shakespeare around 1600.", {"topic": "lit", "title": "Hamlet"}),
+    ("d6", "Shakespeare was an English playwright, poet and actor.", {"topic": "lit", "title": "Shakespeare"}),
+    ("d7", "Dense retrieval encodes queries and documents into vectors with a neural network.", {"topic": "ir", "title": "Dense"}),
+]
+
+
+@pytest.fixture(scope="session")
+def corpus_units() -> list[Unit]:
+    return [Unit(id=i, text=t, metadata=dict(m), level="document") for i, t, m in CORPUS]
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def tiny_cross_encoder_path(model_dir) -> str:
+    return testing.tiny_cross_encoder(model_dir / "cross_encoder")
+
+
+@pytest.fixture(scope="session")
+def tiny_t5_path(model_dir) -> str:
+    return testing.tiny_t5(model_dir / "t5")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_path(model_dir) -> str:
+    return testing.tiny_llama(model_dir / "llama")
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> str:
+    return testing.minilm_path()
