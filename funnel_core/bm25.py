@@ -11,10 +11,7 @@ is a unit whose score is 0 (no query term matched).
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence, Union
@@ -23,6 +20,7 @@ import numpy as np
 
 from funnel_core.errors import PersistError, check_positive_int, check_query
 from funnel_core.funnel import Stage
+from funnel_core.persist import atomic_dir, read_manifest, read_units, write_manifest, write_units
 from funnel_core.units import Unit, check_unique_ids
 
 __all__ = ["BM25Index", "BM25Retrieve", "MetadataFilter", "bm25_scores", "METHODS"]
@@ -228,27 +226,17 @@ class BM25Index:
 
     # -- persistence -----------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> None:
-        """Write the index to the folder ``path`` atomically.
+        """Write the index to the folder ``path`` atomically (see :func:`atomic_dir`).
 
-        Everything goes to a temporary sibling folder first and is renamed into place at the end,
-        so a crash never leaves a half-written index where a good one was.
+        The manifest records every setting (variant, k1, b, delta, stemmer, stopwords, token
+        pattern, lower-casing, backend); units keep their ids, texts and metadata.
         """
         self._require_built()
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-        try:
+        with atomic_dir(path) as tmp:
             self._retriever.save(str(tmp / "bm25s"), show_progress=False)
-            with open(tmp / "units.jsonl", "w", encoding="utf-8") as f:
-                for u in self.units:
-                    f.write(json.dumps(u.to_dict(), ensure_ascii=False) + "\n")
-            manifest = {"format": "funnel-rag.bm25", "version": FORMAT_VERSION,
-                        "config": self.config, "n_units": len(self.units)}
-            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
-            _replace_dir(tmp, path)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+            write_units(tmp / "units.jsonl", self.units)
+            write_manifest(tmp, "funnel-rag.bm25", FORMAT_VERSION, config=self.config,
+                           n_units=len(self.units))
 
     @classmethod
     def load(cls, path: str | os.PathLike, backend: str | None = None) -> "BM25Index":
@@ -256,25 +244,16 @@ class BM25Index:
         import bm25s
 
         path = Path(path)
-        manifest_file = path / "manifest.json"
-        if not manifest_file.is_file():
-            raise PersistError(
-                f"no BM25 index at {str(path)!r} (missing manifest.json); build one and call "
-                "save(path), or check the folder name."
-            )
+        manifest = read_manifest(path, "funnel-rag.bm25", "BM25 index")
         try:
-            manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
             config = dict(manifest["config"])
             if backend is not None:
                 config["backend"] = backend
             index = cls(**config)
-            with open(path / "units.jsonl", encoding="utf-8") as f:
-                units = [Unit.from_dict(json.loads(line)) for line in f if line.strip()]
+            units = read_units(path / "units.jsonl")
             retriever = bm25s.BM25.load(str(path / "bm25s"))
             if config["backend"] == "numba":
                 retriever.backend = "numba"
-        except PersistError:
-            raise
         except Exception as exc:  # corrupt json, missing arrays, ...
             raise PersistError(
                 f"the BM25 index at {str(path)!r} is corrupt or incomplete ({type(exc).__name__}: "
@@ -287,18 +266,6 @@ class BM25Index:
             )
         index.units, index._retriever = units, retriever
         return index
-
-
-def _replace_dir(src: Path, dst: Path) -> None:
-    """Move folder ``src`` to ``dst``, replacing ``dst`` with as small a window as possible."""
-    if dst.exists():
-        backup = dst.with_name(f".{dst.name}.old-{os.getpid()}")
-        shutil.rmtree(backup, ignore_errors=True)
-        os.rename(dst, backup)
-        os.rename(src, dst)
-        shutil.rmtree(backup, ignore_errors=True)
-    else:
-        os.rename(src, dst)
 
 
 class BM25Retrieve(Stage):

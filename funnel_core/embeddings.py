@@ -8,10 +8,7 @@ embeddings (numpy), with save/load.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -19,6 +16,7 @@ import numpy as np
 
 from funnel_core.errors import PersistError, check_positive_int, check_query
 from funnel_core.funnel import Stage
+from funnel_core.persist import atomic_dir, read_manifest, read_units, write_manifest, write_units
 from funnel_core.rerank.base import LazyModel, load_pretrained, resolve_device
 from funnel_core.units import Unit, check_unique_ids
 
@@ -124,35 +122,19 @@ class DenseIndex:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write units, embeddings and the model name to ``path`` (atomically)."""
-        from funnel_core.bm25 import _replace_dir
-
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-        try:
+        with atomic_dir(path) as tmp:
             np.save(tmp / "embeddings.npy", self.embeddings)
-            with open(tmp / "units.jsonl", "w", encoding="utf-8") as f:
-                for u in self.units:
-                    f.write(json.dumps(u.to_dict(), ensure_ascii=False) + "\n")
-            (tmp / "manifest.json").write_text(json.dumps({
-                "format": "funnel-rag.dense", "version": 1,
-                "model": self.embedder.model_name_or_path, "n_units": len(self.units)}))
-            _replace_dir(tmp, path)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+            write_units(tmp / "units.jsonl", self.units)
+            write_manifest(tmp, "funnel-rag.dense", 1, model=self.embedder.model_name_or_path,
+                           n_units=len(self.units))
 
     @classmethod
     def load(cls, path: str | os.PathLike, embedder: SentenceEmbedder | None = None) -> "DenseIndex":
         path = Path(path)
-        if not (path / "manifest.json").is_file():
-            raise PersistError(f"no dense index at {str(path)!r} (missing manifest.json); build one "
-                               "and call save(path).")
+        manifest = read_manifest(path, "funnel-rag.dense", "dense index")
         try:
-            manifest = json.loads((path / "manifest.json").read_text())
             emb = np.load(path / "embeddings.npy")
-            with open(path / "units.jsonl", encoding="utf-8") as f:
-                units = [Unit.from_dict(json.loads(line)) for line in f if line.strip()]
+            units = read_units(path / "units.jsonl")
         except Exception as exc:
             raise PersistError(f"the dense index at {str(path)!r} is corrupt ({exc}); rebuild it.") from exc
         if emb.shape[0] != len(units):
