@@ -23,15 +23,52 @@ from funnel_core.funnel import Stage
 from funnel_core.persist import atomic_dir, read_manifest, read_units, write_manifest, write_units
 from funnel_core.units import Unit, check_unique_ids
 
-__all__ = ["BM25Index", "BM25Retrieve", "MetadataFilter", "bm25_scores", "METHODS"]
+__all__ = ["BM25Index", "BM25Retrieve", "MetadataFilter", "metadata_mask", "bm25_scores", "METHODS"]
 
 METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
 FORMAT_VERSION = 1
 DEFAULT_TOKEN_PATTERN = r"(?u)\b\w\w+\b"
 
 #: A per-query filter: ``{"key": value}`` / ``{"key": [v1, v2]}`` (equality / membership, all
-#: keys must match) or a predicate ``f(metadata) -> bool``.
-MetadataFilter = Union[Mapping[str, Any], Callable[[dict], bool], None]
+#: keys must match), a predicate ``f(metadata) -> bool``, or a boolean array aligned with the
+#: indexed units.
+MetadataFilter = Union[Mapping[str, Any], Callable[[dict], bool], np.ndarray, None]
+
+
+def metadata_mask(units: Sequence[Unit], filter: MetadataFilter,
+                  columns: dict[str, np.ndarray] | None = None) -> np.ndarray | None:
+    """Boolean array: which ``units`` pass ``filter`` (``None`` when there is no filter).
+
+    ``columns`` caches one object array per metadata key, so repeated dict filters are
+    vectorised comparisons instead of Python loops over metadata dicts.
+    """
+    if filter is None:
+        return None
+    n = len(units)
+    if isinstance(filter, np.ndarray):
+        if filter.dtype != bool or filter.shape != (n,):
+            raise ValueError(f"a mask filter must be a boolean array of shape ({n},), got "
+                             f"{filter.dtype} {filter.shape}.")
+        return filter
+    if callable(filter):
+        return np.fromiter((bool(filter(u.metadata)) for u in units), dtype=bool, count=n)
+    if not isinstance(filter, Mapping):
+        raise TypeError(f"filter must be a dict of metadata values, a callable or a boolean "
+                        f"array, got {type(filter).__name__}.")
+    columns = {} if columns is None else columns
+    mask = np.ones(n, dtype=bool)
+    for key, wanted in filter.items():
+        col = columns.get(key)
+        if col is None:
+            col = np.empty(n, dtype=object)
+            col[:] = [u.metadata.get(key) for u in units]
+            columns[key] = col
+        if isinstance(wanted, (list, tuple, set, frozenset)):
+            wanted_set = set(wanted)
+            mask &= np.fromiter((v in wanted_set for v in col), dtype=bool, count=n)
+        else:
+            mask &= col == wanted
+    return mask
 
 
 class BM25Index:
@@ -153,27 +190,7 @@ class BM25Index:
 
     # -- filtering -------------------------------------------------------------------------
     def _mask(self, filter: MetadataFilter) -> np.ndarray | None:
-        if filter is None:
-            return None
-        if callable(filter):
-            return np.fromiter((bool(filter(u.metadata)) for u in self.units), dtype=bool,
-                               count=len(self.units))
-        if not isinstance(filter, Mapping):
-            raise TypeError(f"filter must be a dict of metadata values or a callable, got "
-                            f"{type(filter).__name__}.")
-        mask = np.ones(len(self.units), dtype=bool)
-        for key, wanted in filter.items():
-            col = self._columns.get(key)
-            if col is None:
-                col = np.empty(len(self.units), dtype=object)
-                col[:] = [u.metadata.get(key) for u in self.units]
-                self._columns[key] = col
-            if isinstance(wanted, (list, tuple, set, frozenset)):
-                wanted_set = set(wanted)
-                mask &= np.fromiter((v in wanted_set for v in col), dtype=bool, count=len(col))
-            else:
-                mask &= col == wanted
-        return mask
+        return metadata_mask(self.units, filter, self._columns)
 
     # -- searching -------------------------------------------------------------------------
     def get_scores(self, query: str) -> np.ndarray:

@@ -156,8 +156,11 @@ class UnitRetriever(BaseRetriever):
         check_positive_int(self.k, "k")
 
     @abstractmethod
-    def _search(self, query: str, k: int) -> list[Unit]:
-        """Return up to ``k`` units for a (non-empty, stripped) query."""
+    def _search(self, query: str, k: int, **kwargs: Any) -> list[Unit]:
+        """Return up to ``k`` units for a (non-empty, stripped) query.
+
+        ``kwargs`` are the extra keyword arguments of ``invoke`` (e.g. ``filter=``).
+        """
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
                                 k: int | None = None, **kwargs: Any) -> list[Document]:
@@ -165,7 +168,7 @@ class UnitRetriever(BaseRetriever):
         k = self.k if k is None else check_positive_int(k, "k")
         if not query:
             return []
-        return units_to_documents(self._search(query, k))
+        return units_to_documents(self._search(query, k, **kwargs))
 
     async def _aget_relevant_documents(self, query: str, *,
                                        run_manager: AsyncCallbackManagerForRetrieverRun,
@@ -174,4 +177,4 @@ class UnitRetriever(BaseRetriever):
         k = self.k if k is None else check_positive_int(k, "k")
         if not query:
             return []
-        return units_to_documents(await asyncio.to_thread(self._search, query, k))
+        return units_to_documents(await asyncio.to_thread(self._search, query, k, **kwargs))

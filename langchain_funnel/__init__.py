@@ -1,0 +1,14 @@
+"""LangChain-native funnel-rag components (retrievers, document compressors, text splitters,
+runnables). Thin adapters over :mod:`funnel_core`."""
+
+from langchain_funnel._base import (
+    StageCompressor,
+    UnitRetriever,
+    documents_to_units,
+    rerank_chain,
+    units_to_documents,
+)
+from langchain_funnel.retrievers import BM25Retriever, ClusteredBM25Retriever
+
+__all__ = ["BM25Retriever", "ClusteredBM25Retriever", "StageCompressor", "UnitRetriever",
+           "documents_to_units", "rerank_chain", "units_to_documents"]

@@ -1,0 +1,134 @@
+"""LangChain retrievers over the ``funnel_core`` BM25 engine.
+
+* :class:`BM25Retriever` — flat BM25 (bm25s) that keeps scores in ``Document.metadata`` (the
+  community ``BM25Retriever`` is pure Python and drops them) and persists its tokenizer settings.
+* :class:`ClusteredBM25Retriever` — FunnelRAG's first stage: BM25 over ~4K-token clusters of
+  related documents (Algorithm 1), opened into their member documents.
+
+Both take ``k`` in the constructor and per call (``invoke(q, k=3)``) and a per-call metadata
+``filter`` (``invoke(q, filter={"source": "a.md"})`` or a predicate).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+from langchain_core.documents import Document
+from pydantic import Field
+
+from funnel_core.bm25 import BM25Index, MetadataFilter
+from funnel_core.clustered import ClusteredBM25Index
+from funnel_core.errors import check_positive_int
+from funnel_core.units import Unit
+from langchain_funnel._base import UnitRetriever, documents_to_units
+
+__all__ = ["BM25Retriever", "ClusteredBM25Retriever"]
+
+
+def _units_from_texts(texts: Iterable[str], metadatas: Optional[Sequence[dict]],
+                      ids: Optional[Sequence[str]], level: str) -> list[Unit]:
+    if isinstance(texts, str):
+        raise TypeError("texts must be a list of strings, got a single str; wrap it in a list.")
+    texts = list(texts)
+    metadatas = list(metadatas) if metadatas is not None else [{} for _ in texts]
+    ids = [str(i) for i in ids] if ids is not None else [str(i) for i in range(len(texts))]
+    if not len(texts) == len(metadatas) == len(ids):
+        raise ValueError(f"texts ({len(texts)}), metadatas ({len(metadatas)}) and ids ({len(ids)}) "
+                         "must have the same length.")
+    return [Unit(id=i, text=t, metadata=dict(m), level=level) for t, m, i in zip(texts, metadatas, ids)]
+
+
+def _units_from_documents(documents: Iterable[Document], level: str) -> list[Unit]:
+    units = documents_to_units(list(documents))
+    for u in units:
+        u.level = level
+    return units
+
+
+class BM25Retriever(UnitRetriever):
+    """Flat BM25 over LangChain documents (bm25s engine, scores in metadata).
+
+    Build with :meth:`from_documents` / :meth:`from_texts`; ``save(path)`` / ``load(path)``.
+    """
+
+    index: BM25Index
+    filter: Any = Field(default=None, description="Default metadata filter (dict or predicate).")
+
+    @classmethod
+    def from_texts(cls, texts: Iterable[str], metadatas: Optional[Sequence[dict]] = None,
+                   ids: Optional[Sequence[str]] = None, k: int = 4, **bm25_config: Any) -> "BM25Retriever":
+        index = BM25Index(**bm25_config).index(_units_from_texts(texts, metadatas, ids, "passage"))
+        return cls(index=index, k=k)
+
+    @classmethod
+    def from_documents(cls, documents: Iterable[Document], k: int = 4, **bm25_config: Any) -> "BM25Retriever":
+        index = BM25Index(**bm25_config).index(_units_from_documents(documents, "passage"))
+        return cls(index=index, k=k)
+
+    def _search(self, query: str, k: int, filter: MetadataFilter = None, **kwargs: Any) -> list[Unit]:
+        return self.index.search(query, k=k, filter=filter if filter is not None else self.filter)
+
+    def save(self, path: str | Path) -> None:
+        """Save the index with its tokenizer settings (atomic)."""
+        self.index.save(path)
+
+    @classmethod
+    def load(cls, path: str | Path, k: int = 4) -> "BM25Retriever":
+        return cls(index=BM25Index.load(path), k=k)
+
+
+class ClusteredBM25Retriever(UnitRetriever):
+    """FunnelRAG's retrieval stage for LangChain: BM25 over document clusters.
+
+    ``k_clusters`` clusters are retrieved and opened into their documents; ``k`` caps the
+    documents returned (so ``invoke(q, k=1)`` returns one document). Each document carries
+    ``cluster_id``, ``cluster_score``, ``cluster_rank`` and ``score`` in metadata. With
+    ``return_clusters=True`` the clusters themselves are returned.
+    """
+
+    index: ClusteredBM25Index
+    k_clusters: int = Field(default=10, description="Number of clusters to retrieve.")
+    return_clusters: bool = False
+    filter: Any = Field(default=None, description="Default metadata filter on documents.")
+
+    def model_post_init(self, __context: Any) -> None:
+        super().model_post_init(__context)
+        check_positive_int(self.k_clusters, "k_clusters")
+
+    @classmethod
+    def from_texts(cls, texts: Iterable[str], metadatas: Optional[Sequence[dict]] = None,
+                   ids: Optional[Sequence[str]] = None, k: int = 4, k_clusters: int = 10,
+                   max_tokens: int = 4096, adjacency: str = "auto", knn_k: int = 20,
+                   knn_threshold: float = 0.1, **bm25_config: Any) -> "ClusteredBM25Retriever":
+        """Cluster the texts (metadata ``links`` when present, else BM25 kNN) and index them."""
+        index = ClusteredBM25Index(max_tokens=max_tokens, adjacency=adjacency, knn_k=knn_k,
+                                   knn_threshold=knn_threshold, **bm25_config)
+        index.index(_units_from_texts(texts, metadatas, ids, "document"))
+        return cls(index=index, k=k, k_clusters=k_clusters)
+
+    @classmethod
+    def from_documents(cls, documents: Iterable[Document], k: int = 4, k_clusters: int = 10,
+                       max_tokens: int = 4096, adjacency: str = "auto", knn_k: int = 20,
+                       knn_threshold: float = 0.1, **bm25_config: Any) -> "ClusteredBM25Retriever":
+        index = ClusteredBM25Index(max_tokens=max_tokens, adjacency=adjacency, knn_k=knn_k,
+                                   knn_threshold=knn_threshold, **bm25_config)
+        index.index(_units_from_documents(documents, "document"))
+        return cls(index=index, k=k, k_clusters=k_clusters)
+
+    def _search(self, query: str, k: int, filter: MetadataFilter = None,
+                k_clusters: Optional[int] = None, **kwargs: Any) -> list[Unit]:
+        n_clusters = k_clusters or self.k_clusters
+        if self.return_clusters:  # k counts what is returned: here, clusters
+            n_clusters = min(n_clusters, k)
+        return self.index.search(query, k=n_clusters,
+                                 filter=filter if filter is not None else self.filter,
+                                 return_clusters=self.return_clusters, max_documents=k)
+
+    def save(self, path: str | Path) -> None:
+        """Save documents, clusters and the cluster index (atomic)."""
+        self.index.save(path)
+
+    @classmethod
+    def load(cls, path: str | Path, k: int = 4, k_clusters: int = 10) -> "ClusteredBM25Retriever":
+        return cls(index=ClusteredBM25Index.load(path), k=k, k_clusters=k_clusters)

@@ -1,0 +1,8 @@
+"""LlamaIndex-native funnel-rag components (retrievers, node postprocessors, node parsers,
+query transforms). Thin adapters over :mod:`funnel_core`."""
+
+from llama_index_funnel._base import StagePostprocessor, UnitRetriever, nodes_to_units, units_to_nodes
+from llama_index_funnel.retrievers import BM25Retriever, ClusteredBM25Retriever
+
+__all__ = ["BM25Retriever", "ClusteredBM25Retriever", "StagePostprocessor", "UnitRetriever",
+           "nodes_to_units", "units_to_nodes"]

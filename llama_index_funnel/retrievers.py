@@ -1,0 +1,196 @@
+"""LlamaIndex retrievers over the ``funnel_core`` BM25 engine.
+
+* :class:`BM25Retriever` — flat BM25 over nodes (bm25s; stemmer/stopwords/pattern persisted).
+* :class:`ClusteredBM25Retriever` — FunnelRAG's first stage: documents clustered into ~4K-token
+  units (Algorithm 1), BM25 over clusters, clusters opened into their member nodes.
+
+Both keep the caller's nodes: results are copies of them (relationships intact) with the
+scores in ``metadata["scores"]``; both persist to a folder (nodes in a ``SimpleDocumentStore``)
+and take per-query metadata filters through :meth:`search`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+
+from llama_index.core.callbacks import CallbackManager
+from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle
+from llama_index.core.storage.docstore import BaseDocumentStore, SimpleDocumentStore
+from llama_index.core.vector_stores.types import MetadataFilters
+
+from funnel_core.bm25 import BM25Index
+from funnel_core.clustered import ClusteredBM25Index
+from funnel_core.errors import PersistError, check_positive_int, check_query
+from funnel_core.persist import atomic_dir
+from funnel_core.units import Unit
+from llama_index_funnel._base import UnitRetriever, units_to_nodes
+from llama_index_funnel.filters import to_predicate
+
+__all__ = ["BM25Retriever", "ClusteredBM25Retriever"]
+
+Filter = Union[MetadataFilters, Dict[str, Any], Callable[[dict], bool], None]
+
+
+def _nodes_from(nodes: Optional[Sequence[BaseNode]], docstore: Optional[BaseDocumentStore]) -> list[BaseNode]:
+    if nodes is None and docstore is None:
+        raise ValueError("pass nodes=[...] or docstore=...; there is nothing to index.")
+    nodes = list(nodes) if nodes is not None else list(docstore.docs.values())  # type: ignore[union-attr]
+    if not nodes:
+        raise ValueError("cannot build a retriever over an empty corpus: nodes/docstore is empty.")
+    for n in nodes:
+        if not isinstance(n, BaseNode):
+            raise TypeError(f"expected LlamaIndex nodes, got {type(n).__name__}; parse documents "
+                            "into nodes first (e.g. SentenceSplitter().get_nodes_from_documents).")
+    return nodes
+
+
+def _units(nodes: Sequence[BaseNode], level: str) -> list[Unit]:
+    return [Unit(id=n.node_id, text=n.get_content(metadata_mode=MetadataMode.NONE),
+                 metadata=dict(n.metadata), level=level) for n in nodes]
+
+
+def _filter(filters: Filter) -> Any:
+    return to_predicate(filters) if isinstance(filters, MetadataFilters) else filters
+
+
+def _load_docstore(path: Path) -> SimpleDocumentStore:
+    f = path / "docstore.json"
+    if not f.is_file():
+        raise PersistError(f"no docstore.json in {str(path)!r}; persist the retriever there first.")
+    return SimpleDocumentStore.from_persist_path(str(f))
+
+
+class _NodeRetriever(UnitRetriever):
+    """Shared node bookkeeping, filters and persistence of the two BM25 retrievers."""
+
+    def __init__(self, nodes: Sequence[BaseNode], filters: Filter = None,
+                 callback_manager: Optional[CallbackManager] = None, verbose: bool = False) -> None:
+        self._nodes = {n.node_id: n for n in nodes}
+        self.filters = filters
+        super().__init__(callback_manager=callback_manager, verbose=verbose)
+
+    def _originals(self) -> Sequence[BaseNode]:
+        return list(self._nodes.values())
+
+    def search(self, query: str, filters: Filter = None, **kwargs: Any) -> List[NodeWithScore]:
+        """Retrieve with a per-query filter (MetadataFilters, dict or predicate) and options."""
+        query = check_query(query)
+        if not query:
+            return []
+        units = self._search(query, filters=filters if filters is not None else self.filters, **kwargs)
+        return units_to_nodes(units, self._originals())
+
+    def _persist_nodes(self, path: Path) -> None:
+        store = SimpleDocumentStore()
+        store.add_documents(list(self._nodes.values()))
+        store.persist(str(path / "docstore.json"))
+
+
+class BM25Retriever(_NodeRetriever):
+    """Flat BM25 over LlamaIndex nodes, on bm25s.
+
+    Args:
+        index: A built :class:`funnel_core.bm25.BM25Index` whose unit ids are the node ids.
+        nodes: The nodes the index was built from (results are copies of them).
+        similarity_top_k: Number of nodes to return.
+        filters: Default metadata filter; override per query with :meth:`search`.
+    """
+
+    def __init__(self, index: BM25Index, nodes: Sequence[BaseNode], similarity_top_k: int = 10,
+                 filters: Filter = None, callback_manager: Optional[CallbackManager] = None,
+                 verbose: bool = False) -> None:
+        self.index = index
+        self.similarity_top_k = check_positive_int(similarity_top_k, "similarity_top_k")
+        super().__init__(nodes, filters, callback_manager, verbose)
+
+    @classmethod
+    def from_defaults(cls, nodes: Optional[Sequence[BaseNode]] = None,
+                      docstore: Optional[BaseDocumentStore] = None, similarity_top_k: int = 10,
+                      filters: Filter = None, **bm25_config: Any) -> "BM25Retriever":
+        """Build from nodes or a docstore; ``bm25_config`` goes to :class:`BM25Index`."""
+        nodes = _nodes_from(nodes, docstore)
+        index = BM25Index(**bm25_config).index(_units(nodes, "passage"))
+        return cls(index, nodes, similarity_top_k=similarity_top_k, filters=filters)
+
+    def _search(self, query: str, filters: Filter = None, k: Optional[int] = None) -> list[Unit]:
+        flt = self.filters if filters is None else filters
+        return self.index.search(query, k=k or self.similarity_top_k, filter=_filter(flt))
+
+    def persist(self, path: str) -> None:
+        """Save the index (with its tokenizer settings) and the nodes to the folder ``path``."""
+        with atomic_dir(path) as tmp:
+            self.index.save(tmp / "bm25")
+            self._persist_nodes(tmp)
+
+    @classmethod
+    def from_persist_dir(cls, path: str, similarity_top_k: int = 10, **kwargs: Any) -> "BM25Retriever":
+        path = Path(path)
+        index = BM25Index.load(path / "bm25")
+        store = _load_docstore(path)
+        return cls(index, list(store.docs.values()), similarity_top_k=similarity_top_k, **kwargs)
+
+
+class ClusteredBM25Retriever(_NodeRetriever):
+    """FunnelRAG's retrieval stage for LlamaIndex: BM25 over ~4K-token document clusters.
+
+    Returns the member nodes of the top ``similarity_top_k`` clusters (``cluster_id``,
+    ``cluster_score``, ``cluster_rank`` in metadata), or the clusters themselves as new
+    ``TextNode``s when ``return_clusters=True``.
+
+    Args:
+        index: A built :class:`funnel_core.clustered.ClusteredBM25Index`.
+        nodes: The document nodes the index was built from.
+        similarity_top_k: Number of clusters to retrieve.
+        max_documents: Cap on the nodes returned (``None``: all members of the clusters).
+        return_clusters: Return cluster nodes instead of their documents.
+        filters: Default metadata filter on documents; override per query with :meth:`search`.
+    """
+
+    def __init__(self, index: ClusteredBM25Index, nodes: Sequence[BaseNode], similarity_top_k: int = 10,
+                 max_documents: Optional[int] = None, return_clusters: bool = False,
+                 filters: Filter = None, callback_manager: Optional[CallbackManager] = None,
+                 verbose: bool = False) -> None:
+        self.index = index
+        self.similarity_top_k = check_positive_int(similarity_top_k, "similarity_top_k")
+        self.max_documents = check_positive_int(max_documents, "max_documents", allow_none=True)
+        self.return_clusters = return_clusters
+        super().__init__(nodes, filters, callback_manager, verbose)
+
+    @classmethod
+    def from_defaults(cls, nodes: Optional[Sequence[BaseNode]] = None,
+                      docstore: Optional[BaseDocumentStore] = None, similarity_top_k: int = 10,
+                      max_documents: Optional[int] = None, return_clusters: bool = False,
+                      filters: Filter = None, max_tokens: int = 4096, adjacency: str = "auto",
+                      knn_k: int = 20, knn_threshold: float = 0.1,
+                      **bm25_config: Any) -> "ClusteredBM25Retriever":
+        """Cluster the nodes (Algorithm 1) and index the clusters.
+
+        Adjacency: ``metadata["links"]`` (ids or titles) when present, else a BM25 kNN graph.
+        """
+        nodes = _nodes_from(nodes, docstore)
+        index = ClusteredBM25Index(max_tokens=max_tokens, adjacency=adjacency, knn_k=knn_k,
+                                   knn_threshold=knn_threshold, **bm25_config)
+        index.index(_units(nodes, "document"))
+        return cls(index, nodes, similarity_top_k=similarity_top_k, max_documents=max_documents,
+                   return_clusters=return_clusters, filters=filters)
+
+    def _search(self, query: str, filters: Filter = None, k: Optional[int] = None,
+                max_documents: Optional[int] = None) -> list[Unit]:
+        flt = self.filters if filters is None else filters
+        return self.index.search(query, k=k or self.similarity_top_k, filter=_filter(flt),
+                                 return_clusters=self.return_clusters,
+                                 max_documents=max_documents or self.max_documents)
+
+    def persist(self, path: str) -> None:
+        """Save clusters, the cluster BM25 index and the nodes to the folder ``path``."""
+        with atomic_dir(path) as tmp:
+            self.index.save(tmp / "clustered")
+            self._persist_nodes(tmp)
+
+    @classmethod
+    def from_persist_dir(cls, path: str, similarity_top_k: int = 10, **kwargs: Any) -> "ClusteredBM25Retriever":
+        path = Path(path)
+        index = ClusteredBM25Index.load(path / "clustered")
+        store = _load_docstore(path)
+        return cls(index, list(store.docs.values()), similarity_top_k=similarity_top_k, **kwargs)

@@ -1,0 +1,133 @@
+"""FunnelRAG Algorithm 1 and the adjacency builders; the clustered BM25 index."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from funnel_core import BM25Index, PersistError, Unit
+from funnel_core.cluster import (
+    bm25_knn_adjacency,
+    build_clusters,
+    cluster_documents,
+    embedding_knn_adjacency,
+    link_adjacency,
+    local_clustering_coefficient,
+)
+from funnel_core.clustered import ClusteredBM25Index, ClusteredBM25Retrieve
+
+
+def _graph(edges, n):
+    r, c = zip(*edges)
+    a = sp.csr_matrix((np.ones(len(r)), (r, c)), shape=(n, n))
+    return a.maximum(a.T)
+
+
+def test_local_clustering_coefficient_on_a_known_graph():
+    # triangle 0-1-2 plus a pendant 3 attached to 2
+    cc = local_clustering_coefficient(_graph([(0, 1), (1, 2), (0, 2), (2, 3)], 4))
+    assert cc.tolist() == pytest.approx([1.0, 1.0, 1 / 3, 0.0])
+
+
+def test_algorithm1_merges_neighbours_within_the_size_limit():
+    # two triangles joined by one edge; every document has 10 tokens
+    a = _graph([(0, 1), (1, 2), (0, 2), (3, 4), (4, 5), (3, 5), (2, 3)], 6)
+    res = cluster_documents(a, [10] * 6, max_tokens=30)
+    assert sorted(sorted(m) for m in res.members) == [[0, 1, 2], [3, 4, 5]]
+    assert res.sizes == [30, 30]
+    # a larger S merges everything reachable from the first seed's neighbourhood
+    big = cluster_documents(a, [10] * 6, max_tokens=1000)
+    assert sum(len(m) for m in big.members) == 6 and max(big.sizes) <= 1000
+
+
+def test_algorithm1_is_a_partition_deterministic_and_respects_s():
+    rng = np.random.default_rng(0)
+    n = 300
+    a = sp.random(n, n, density=0.03, random_state=1, format="csr")
+    sizes = rng.integers(50, 400, size=n)
+    r1 = cluster_documents(a, sizes, max_tokens=1000)
+    r2 = cluster_documents(a, sizes, max_tokens=1000)
+    assert r1.members == r2.members
+    flat = sorted(i for m in r1.members for i in m)
+    assert flat == list(range(n))
+    assert all(s <= 1000 or len(m) == 1 for s, m in zip(r1.sizes, r1.members))
+    assert len(r1.members) < n / 2  # it does merge
+
+
+def test_oversized_document_stays_alone():
+    a = _graph([(0, 1)], 2)
+    res = cluster_documents(a, [5000, 10], max_tokens=4096)
+    assert sorted(res.members) == [[0], [1]]
+
+
+def test_link_adjacency_by_id_and_title():
+    units = [Unit(id="a", text="x", metadata={"title": "Alpha", "links": ["Beta"]}),
+             Unit(id="b", text="y", metadata={"title": "Beta"}),
+             Unit(id="c", text="z", metadata={"links": ["a", "missing"]})]
+    adj = link_adjacency(units).toarray()
+    assert adj[0, 1] == adj[1, 0] == 1 and adj[2, 0] == adj[0, 2] == 1 and adj[1, 2] == 0
+
+
+def test_bm25_knn_adjacency_is_symmetric_and_thresholded(corpus_units):
+    idx = BM25Index().index(corpus_units)
+    adj = bm25_knn_adjacency(idx, k=3, threshold=0.05)
+    assert (adj != adj.T).nnz == 0 and adj.diagonal().sum() == 0
+    pos = {u.id: i for i, u in enumerate(corpus_units)}
+    assert adj[pos["d0"], pos["d2"]] > 0  # both about Paris, France
+    assert adj.data.max() <= 1.0
+    assert bm25_knn_adjacency(idx, k=3, threshold=1.0).nnz == 0
+
+
+def test_embedding_knn_adjacency():
+    emb = np.array([[1, 0], [0.9, 0.1], [0, 1], [0.1, 0.9]], dtype=np.float32)
+    adj = embedding_knn_adjacency(emb, k=1, threshold=0.5).toarray()
+    assert adj[0, 1] > 0 and adj[2, 3] > 0 and adj[0, 2] == 0
+
+
+def test_build_clusters_units(corpus_units):
+    clusters, res = build_clusters(corpus_units, max_tokens=40, knn_k=3, knn_threshold=0.05)
+    members = [m for c in clusters for m in c.metadata["members"]]
+    assert sorted(members) == sorted(u.id for u in corpus_units)
+    assert all(c.level == "cluster" and c.metadata["n_tokens"] <= 40 or len(c.metadata["members"]) == 1
+               for c in clusters)
+    with pytest.raises(ValueError, match="empty corpus"):
+        build_clusters([])
+    with pytest.raises(ValueError, match="adjacency must be"):
+        build_clusters(corpus_units, adjacency="nonsense")
+
+
+@pytest.fixture
+def clustered(corpus_units):
+    return ClusteredBM25Index(max_tokens=40, knn_k=3, knn_threshold=0.05).index(corpus_units)
+
+
+def test_clustered_search_opens_clusters(clustered):
+    docs = clustered.search("Eiffel Tower Paris", k=1)
+    assert "d2" in {d.id for d in docs}
+    assert all(d.level == "document" and d.metadata["cluster_rank"] == 0 for d in docs)
+    assert len({d.metadata["cluster_id"] for d in docs}) == 1
+    clusters = clustered.search("Eiffel Tower Paris", k=2, return_clusters=True)
+    assert all(c.level == "cluster" for c in clusters) and len(clusters) <= 2
+    assert len(clustered.search("Eiffel Tower Paris", k=2, max_documents=1)) == 1
+
+
+def test_clustered_filter_never_returns_filtered_documents(clustered):
+    docs = clustered.search("Paris capital tower playwright", k=5, filter={"topic": "lit"})
+    assert docs and all(d.metadata["topic"] == "lit" for d in docs)
+
+
+def test_clustered_save_load(tmp_path, clustered):
+    clustered.save(tmp_path / "c")
+    loaded = ClusteredBM25Index.load(tmp_path / "c")
+    q = "Shakespeare Hamlet"
+    assert [(d.id, d.score) for d in loaded.search(q, k=3)] == [(d.id, d.score) for d in clustered.search(q, k=3)]
+    with pytest.raises(PersistError, match="no clustered BM25 index"):
+        ClusteredBM25Index.load(tmp_path / "missing")
+
+
+def test_clustered_stage_in_a_funnel(clustered):
+    from funnel_core import LaterChunking
+
+    funnel = ClusteredBM25Retrieve(clustered, k=2) >> LaterChunking(words=5) % 3
+    res = funnel.search("Eiffel Tower", answers=["Eiffel"])
+    assert len(res.units) == 3 and res.units[0].parent_id is not None
+    assert res.trace.stages[0].level == "document"
