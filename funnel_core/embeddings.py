@@ -17,10 +17,10 @@ import numpy as np
 from funnel_core.errors import PersistError, check_positive_int, check_query
 from funnel_core.funnel import Stage
 from funnel_core.persist import atomic_dir, read_manifest, read_units, write_manifest, write_units
-from funnel_core.rerank.base import LazyModel, load_pretrained, resolve_device
+from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolve_device
 from funnel_core.units import Unit, check_unique_ids
 
-__all__ = ["SentenceEmbedder", "DenseIndex", "DenseRetrieve"]
+__all__ = ["SentenceEmbedder", "DenseIndex", "DenseRetrieve", "EmbeddingReranker"]
 
 
 class SentenceEmbedder:
@@ -152,3 +152,21 @@ class DenseRetrieve(Stage):
 
     def run(self, query: str, units: list[Unit]) -> list[Unit]:
         return self.index.search(query, k=min(self.k, self.cutoff) if self.cutoff else self.k)
+
+
+class EmbeddingReranker(Reranker):
+    """Rerank units by cosine similarity between query and unit embeddings (a bi-encoder).
+
+    Cheaper than a cross-encoder and available offline with the packaged MiniLM; useful as a
+    middle funnel stage or when no cross-encoder checkpoint is at hand.
+    """
+
+    name = "embedding_rerank"
+
+    def __init__(self, embedder: SentenceEmbedder | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.embedder = embedder or SentenceEmbedder()
+
+    def score(self, query: str, texts: Sequence[str]) -> list[float]:
+        emb = self.embedder.encode([query, *texts])
+        return [float(x) for x in emb[1:] @ emb[0]]
