@@ -1,0 +1,225 @@
+"""Issue 2 benchmark: flat BM25 quality, clustered BM25 recall, BM25 speed against the
+framework baselines, and clustering time at scale — all in one run.
+
+    python benchmarks/bench_bm25.py --data ../shared/data            # full run
+    python benchmarks/bench_bm25.py --data ../shared/data --quick    # smoke run
+
+Writes benchmarks/results/bm25.json and bm25.png.
+
+1. SciFact test: nDCG@10 / Recall@100 of our flat BM25 (published: BEIR 0.665, Pyserini 0.679).
+2. Clustered BM25 on SciFact (BM25 kNN adjacency, S=4096): clusters, tokens per cluster, and the
+   recall of relevant documents inside the top-K clusters, against flat BM25 at the same number
+   of documents.
+3. Speed in one process: queries/s, index build seconds and peak memory (tracemalloc) of our
+   BM25 against LangChain community ``BM25Retriever`` (rank_bm25) and
+   ``llama-index-retrievers-bm25`` at SciFact size and on 100k synthetic documents.
+4. Clustering seconds (BM25 kNN graph + Algorithm 1) on 10k and 100k synthetic documents.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import time
+
+import numpy as np
+
+from common import parser, peak_memory, timer, write_json
+
+from funnel_core.bm25 import BM25Index
+from funnel_core.cluster import bm25_knn_adjacency, cluster_documents
+from funnel_core.clustered import ClusteredBM25Index
+from funnel_core.evaluation import ir_metrics, load_beir, run_from_units
+from funnel_core.text import count_tokens
+from funnel_core.units import Unit
+
+
+def scifact_quality(ds, queries: dict[str, str]) -> dict:
+    qids = list(queries)
+    with timer() as t:
+        index = BM25Index().index(ds.corpus)
+    res = index.search_many([queries[q] for q in qids], k=100)
+    metrics = ir_metrics(ds.qrels, run_from_units(dict(zip(qids, res))), ["ndcg@10", "recall@100"])
+    print(f"[1] flat BM25 SciFact test: {metrics}")
+    return {"metrics": metrics, "index_seconds": t["seconds"], "published": {"beir_bm25": 0.665, "pyserini_flat": 0.679},
+            "ratio_to_beir": metrics["ndcg@10"] / 0.665}
+
+
+def clustered_recall(ds, queries: dict[str, str], ks=(1, 2, 3, 5, 10, 20)) -> dict:
+    qids = list(queries)
+    with timer() as t:
+        cidx = ClusteredBM25Index(max_tokens=4096).index(ds.corpus)
+    sizes = np.array([c.metadata["n_tokens"] for c in cidx.clusters])
+    members = np.array([len(c.metadata["members"]) for c in cidx.clusters])
+    flat = BM25Index().index(ds.corpus)
+    flat_res = flat.search_many([queries[q] for q in qids], k=1000)
+    rows = []
+    for k in ks:
+        rec_c, rec_f, n_docs = [], [], []
+        for q, fr in zip(qids, flat_res):
+            docs = cidx.search(queries[q], k=k)
+            rel = set(ds.qrels[q])
+            got = {d.id for d in docs}
+            rec_c.append(len(rel & got) / len(rel))
+            rec_f.append(len(rel & {u.id for u in fr[:len(docs)]}) / len(rel))
+            n_docs.append(len(docs))
+        rows.append({"k_clusters": k, "mean_documents": float(np.mean(n_docs)),
+                     "recall_clustered": float(np.mean(rec_c)), "recall_flat_same_docs": float(np.mean(rec_f)),
+                     "ratio": float(np.mean(rec_c) / max(np.mean(rec_f), 1e-9))})
+        print(f"[2] top-{k} clusters: {rows[-1]}")
+    return {"n_documents": len(ds.corpus), "n_clusters": len(cidx.clusters),
+            "compression": len(ds.corpus) / len(cidx.clusters), "build_seconds": t["seconds"],
+            "tokens_per_cluster": {"mean": float(sizes.mean()), "median": float(np.median(sizes)),
+                                   "max": int(sizes.max()), "min": int(sizes.min())},
+            "documents_per_cluster": {"mean": float(members.mean()), "max": int(members.max()),
+                                      "singletons": int((members == 1).sum())},
+            "recall_at_k_clusters": rows}
+
+
+def synthetic_corpus(n: int, vocab: list[str], seed: int = 0, words: int = 100, topics: int = 2000) -> list[str]:
+    """Documents drawn from topic-specific word sets plus Zipf background words (clusterable)."""
+    rng = np.random.default_rng(seed)
+    v = np.array(vocab)
+    zipf = 1.0 / np.arange(1, len(v) + 1)
+    zipf /= zipf.sum()
+    topic_words = [rng.choice(len(v), size=150, replace=False, p=zipf) for _ in range(topics)]
+    docs = []
+    for i in range(n):
+        tw = topic_words[rng.integers(topics)]
+        n_topic = int(words * 0.6)
+        ids = np.concatenate([rng.choice(tw, size=n_topic), rng.choice(len(v), size=words - n_topic, p=zipf)])
+        docs.append(" ".join(v[ids]))
+    return docs
+
+
+class Systems:
+    """Build/query adapters for the three BM25 implementations under comparison."""
+
+    @staticmethod
+    def ours(texts):
+        index = BM25Index.from_texts(texts)
+        return lambda q, k: index.search(q, k=k)
+
+    @staticmethod
+    def ours_batched(texts):
+        index = BM25Index.from_texts(texts)
+        return lambda qs, k: index.search_many(qs, k=k)
+
+    @staticmethod
+    def langchain_community(texts):
+        from langchain_community.retrievers import BM25Retriever as LCBM25
+
+        r = LCBM25.from_texts(texts, k=10)
+        return lambda q, k: r.invoke(q)
+
+    @staticmethod
+    def llama_index_bm25(texts):
+        from llama_index.core.schema import TextNode
+        from llama_index.retrievers.bm25 import BM25Retriever as LIBM25
+
+        nodes = [TextNode(text=t, id_=str(i)) for i, t in enumerate(texts)]
+        r = LIBM25.from_defaults(nodes=nodes, similarity_top_k=10)
+        return lambda q, k: r.retrieve(q)
+
+
+def speed(texts: list[str], queries: list[str], label: str, n_slow: int) -> dict:
+    out = {"n_documents": len(texts), "systems": {}}
+    for name in ("ours", "llama_index_bm25", "langchain_community"):
+        build = getattr(Systems, name)
+        gc.collect()
+        with peak_memory() as mem:
+            build(texts)
+        gc.collect()
+        with timer() as tb:
+            search = build(texts)
+        qs = queries if name != "langchain_community" else queries[:n_slow]
+        search(qs[0], 10)  # warm-up
+        t0 = time.perf_counter()
+        for q in qs:
+            search(q, 10)
+        qps = len(qs) / (time.perf_counter() - t0)
+        out["systems"][name] = {"build_seconds": tb["seconds"], "qps": qps, "queries_timed": len(qs),
+                                "peak_build_mib": mem["peak_mib"]}
+        print(f"[3] {label} {name}: {out['systems'][name]}")
+    batched = Systems.ours_batched(texts)
+    t0 = time.perf_counter()
+    batched(queries, 10)
+    out["systems"]["ours_batched"] = {"qps": len(queries) / (time.perf_counter() - t0), "queries_timed": len(queries)}
+    ours = out["systems"]["ours"]["qps"]
+    out["qps_ratio_ours_vs"] = {k: ours / v["qps"] for k, v in out["systems"].items() if k != "ours"}
+    out["build_ratio_ours_vs"] = {k: out["systems"]["ours"]["build_seconds"] / v["build_seconds"]
+                                  for k, v in out["systems"].items() if "build_seconds" in v and k != "ours"}
+    return out
+
+
+def clustering_scale(vocab: list[str], sizes: list[int]) -> list[dict]:
+    rows = []
+    for n in sizes:
+        texts = synthetic_corpus(n, vocab, seed=n)
+        units = [Unit(id=str(i), text=t) for i, t in enumerate(texts)]
+        with timer() as ti:
+            index = BM25Index().index(units)
+        with timer() as tk:
+            adj = bm25_knn_adjacency(index)
+        with peak_memory() as mem:
+            res = cluster_documents(adj, [count_tokens(t) for t in texts], max_tokens=4096)
+        rows.append({"n_documents": n, "bm25_index_seconds": ti["seconds"], "knn_graph_seconds": tk["seconds"],
+                     "algorithm1_seconds": res.seconds, "total_seconds": ti["seconds"] + tk["seconds"] + res.seconds,
+                     "n_clusters": len(res.members), "edges": int(adj.nnz // 2),
+                     "mean_tokens_per_cluster": float(np.mean(res.sizes)), "algorithm1_peak_mib": mem["peak_mib"]})
+        print(f"[4] clustering {n}: {rows[-1]}")
+    return rows
+
+
+def plot(result: dict, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    rows = result["clustered"]["recall_at_k_clusters"]
+    ax = axes[0]
+    ax.plot([r["mean_documents"] for r in rows], [r["recall_clustered"] for r in rows], "o-", label="clustered BM25 (top-K clusters)")
+    ax.plot([r["mean_documents"] for r in rows], [r["recall_flat_same_docs"] for r in rows], "s--", label="flat BM25 (same #docs)")
+    for r in rows:
+        ax.annotate(f"K={r['k_clusters']}", (r["mean_documents"], r["recall_clustered"]), fontsize=8)
+    ax.set_xscale("log"); ax.set_xlabel("documents returned"); ax.set_ylabel("recall of relevant docs")
+    ax.set_title("SciFact test: clusters vs flat"); ax.legend(fontsize=8)
+    for ax, key in zip(axes[1:], ("speed_scifact", "speed_synthetic")):
+        sysd = result[key]["systems"]
+        names = list(sysd)
+        ax.bar(names, [sysd[n]["qps"] for n in names], color=["C0", "C2", "C3", "C1"][:len(names)])
+        ax.set_yscale("log"); ax.set_ylabel("queries / s (log)")
+        ax.set_title(f"BM25 speed, {result[key]['n_documents']:,} docs")
+        ax.tick_params(axis="x", rotation=20, labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    args = parser(__doc__.splitlines()[0]).parse_args()
+    ds = load_beir(args.data / "scifact", "test")
+    queries = ds.split_queries()
+    result = {"flat_bm25_scifact": scifact_quality(ds, queries), "clustered": clustered_recall(ds, queries)}
+
+    texts = [u.text for u in ds.corpus]
+    qlist = list(ds.queries.values())
+    result["speed_scifact"] = speed(texts, qlist[:300], "scifact", n_slow=100)
+    vocab = sorted({w for t in texts[:3000] for w in t.lower().split() if w.isalpha()})
+    n_big = 20_000 if args.quick else 100_000
+    big = synthetic_corpus(n_big, vocab, seed=1)
+    rng = random.Random(0)
+    big_queries = [" ".join(rng.sample(big[rng.randrange(n_big)].split(), 8)) for _ in range(200)]
+    result["speed_synthetic"] = speed(big, big_queries, "synthetic", n_slow=20)
+    del big
+    result["clustering_scale"] = clustering_scale(vocab, [2_000, 10_000] if args.quick else [10_000, 100_000])
+    result["notes"] = ("Single process on a 2-core machine shared with other jobs (see load_average_at_start); "
+                       "timings are noisy, ratios are measured back to back in one run. Peak memory is "
+                       "tracemalloc's peak of Python+numpy allocations while building each index.")
+    path = write_json("bm25", result, args.out)
+    plot(result, path.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()

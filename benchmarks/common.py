@@ -1,0 +1,71 @@
+"""Helpers shared by the benchmark scripts: data path, timing, peak memory, JSON output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+import tracemalloc
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def default_data_dir() -> Path:
+    return Path(os.environ.get("FUNNEL_DATA", ROOT.parent / "shared" / "data"))
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--data", type=Path, default=default_data_dir(), help="folder with scifact/ and squad/")
+    p.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    p.add_argument("--out", type=Path, default=None, help="JSON output path")
+    return p
+
+
+@contextmanager
+def timer() -> Iterator[dict]:
+    box: dict[str, float] = {}
+    t0 = time.perf_counter()
+    yield box
+    box["seconds"] = time.perf_counter() - t0
+
+
+@contextmanager
+def peak_memory() -> Iterator[dict]:
+    """Peak Python-heap + numpy allocation (tracemalloc) inside the block, in MiB."""
+    box: dict[str, float] = {}
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    try:
+        yield box
+    finally:
+        box["peak_mib"] = tracemalloc.get_traced_memory()[1] / 2**20
+        tracemalloc.stop()
+
+
+def machine() -> dict[str, Any]:
+    import numpy
+
+    return {"python": platform.python_version(), "platform": platform.platform(),
+            "cpus": os.cpu_count(), "numpy": numpy.__version__,
+            "load_average_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None}
+
+
+def write_json(name: str, payload: dict, out: Path | None = None) -> Path:
+    path = out or RESULTS / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"benchmark": name, "machine": machine(), **payload}
+    path.write_text(json.dumps(payload, indent=2, default=float))
+    print(f"wrote {path}")
+    return path
