@@ -199,15 +199,16 @@ class BM25Index:
         tokens = self.tokenize([query])[0]
         return self._retriever.get_scores(tokens)
 
-    def search(self, query: str, k: int = 10, filter: MetadataFilter = None) -> list[Unit]:
+    def search(self, query: str, k: int = 10, filter: MetadataFilter = None,
+               name: str = "bm25") -> list[Unit]:
         """Top-``k`` units for one query; see :meth:`search_many`."""
-        return self.search_many([query], k=k, filter=filter)[0]
+        return self.search_many([query], k=k, filter=filter, name=name)[0]
 
     def search_many(self, queries: Sequence[str], k: int = 10, filter: MetadataFilter = None,
-                    n_threads: int = 0) -> list[list[Unit]]:
+                    n_threads: int = 0, name: str = "bm25") -> list[list[Unit]]:
         """Top-``k`` units for each query, best first, scores as Python floats.
 
-        Each returned unit is a copy with ``score`` set, ``metadata["scores"]["bm25"]`` and
+        Each returned unit is a copy with ``score`` set, ``metadata["scores"][name]`` and
         ``metadata["bm25_rank"]``. Units whose score is 0 (no matching term) or that the
         ``filter`` rejects are left out, so a result may hold fewer than ``k`` units.
         An empty or whitespace-only query returns ``[]``.
@@ -236,7 +237,7 @@ class BM25Index:
             for idx, score in zip(docs[row].tolist(), scores[row].tolist()):
                 if score <= 0.0 or (mask is not None and not mask[idx]):
                     continue
-                unit = self.units[idx].rescored(score, "bm25")
+                unit = self.units[idx].rescored(score, name)
                 unit.metadata["bm25_rank"] = len(out)
                 out.append(unit)
         return results
@@ -299,7 +300,7 @@ class BM25Retrieve(Stage):
 
     def run(self, query: str, units: list[Unit]) -> list[Unit]:
         k = min(self.k, self.cutoff) if self.cutoff else self.k
-        return self.index.search(query, k=k, filter=self.filter)
+        return self.index.search(query, k=k, filter=self.filter, name=self.name)
 
 
 def bm25_scores(query: str, texts: Sequence[str], **config: Any) -> list[float]:

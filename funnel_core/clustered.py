@@ -84,7 +84,8 @@ class ClusteredBM25Index:
         return self.cluster_index
 
     def search(self, query: str, k: int = 10, filter: MetadataFilter = None,
-               return_clusters: bool = False, max_documents: int | None = None) -> list[Unit]:
+               return_clusters: bool = False, max_documents: int | None = None,
+               name: str = "bm25") -> list[Unit]:
         """Top-``k`` clusters for ``query``, opened into documents unless ``return_clusters``.
 
         ``filter`` applies to documents: only clusters holding at least one matching document
@@ -99,7 +100,7 @@ class ClusteredBM25Index:
             doc_mask = metadata_mask(self.documents, filter, self._columns)
             cluster_filter = np.fromiter((doc_mask[docs].any() for docs in self._cluster_docs),
                                          dtype=bool, count=len(self._cluster_docs))
-        clusters = index.search(query, k=k, filter=cluster_filter)
+        clusters = index.search(query, k=k, filter=cluster_filter, name=name)
         for rank, c in enumerate(clusters):
             c.metadata["cluster_rank"] = rank
         if return_clusters:
@@ -168,4 +169,4 @@ class ClusteredBM25Retrieve(Stage):
 
     def run(self, query: str, units: list[Unit]) -> list[Unit]:
         return self.index.search(query, k=self.k, filter=self.filter,
-                                 return_clusters=self.return_clusters)
+                                 return_clusters=self.return_clusters, name=self.name)

@@ -9,6 +9,7 @@ from langchain_funnel._base import (
     units_to_documents,
 )
 from langchain_funnel.retrievers import BM25Retriever, ClusteredBM25Retriever
+from langchain_funnel.funnel import FunnelRetriever, LCCompressorStage, LCRetrieverStage, LCRunnableStage
 
-__all__ = ["BM25Retriever", "ClusteredBM25Retriever", "StageCompressor", "UnitRetriever",
+__all__ = ["FunnelRetriever", "LCCompressorStage", "LCRetrieverStage", "LCRunnableStage", "BM25Retriever", "ClusteredBM25Retriever", "StageCompressor", "UnitRetriever",
            "documents_to_units", "rerank_chain", "units_to_documents"]

@@ -177,4 +177,8 @@ class UnitRetriever(BaseRetriever):
         k = self.k if k is None else check_positive_int(k, "k")
         if not query:
             return []
-        return units_to_documents(await asyncio.to_thread(self._search, query, k, **kwargs))
+        return units_to_documents(await self._asearch(query, k, **kwargs))
+
+    async def _asearch(self, query: str, k: int, **kwargs: Any) -> list[Unit]:
+        """Async twin of :meth:`_search`; by default :meth:`_search` in a worker thread."""
+        return await asyncio.to_thread(self._search, query, k, **kwargs)

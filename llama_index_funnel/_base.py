@@ -184,11 +184,15 @@ class UnitRetriever(BaseRetriever):
             return []
         return units_to_nodes(self._search(query), self._originals())
 
+    async def _asearch(self, query: str) -> list[Unit]:
+        """Async twin of :meth:`_search`; by default :meth:`_search` in a worker thread."""
+        return await asyncio.to_thread(self._search, query)
+
     async def _aretrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
         query = check_query(query_bundle.query_str)
         if not query:
             return []
-        units = await asyncio.to_thread(self._search, query)
+        units = await self._asearch(query)
         return units_to_nodes(units, self._originals())
 
     def _originals(self) -> Sequence[BaseNode]:
