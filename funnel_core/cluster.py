@@ -202,7 +202,11 @@ def bm25_knn_adjacency(index: Any, k: int = 20, threshold: float = 0.1, query_te
     check_positive_int(query_terms, "query_terms")
     s = index._retriever.scores
     n = int(s["num_docs"])
-    w = sp.csc_matrix((s["data"], s["indices"], s["indptr"]), shape=(n, len(s["indptr"]) - 1)).tocsr()
+    w = sp.csc_matrix((s["data"], s["indices"], s["indptr"]), shape=(n, len(s["indptr"]) - 1))
+    # bm25s numbers terms in hash-seed-dependent order; put the columns in sorted-term order so
+    # tie-breaking, and hence the graph, is the same in every process.
+    vocab = index._retriever.vocab_dict
+    w = w[:, [vocab[t] for t in sorted(vocab) if vocab[t] < w.shape[1]]].tocsr()
     # keep each document's top-m weighted terms as its query (binary bag of words)
     q_rows, q_cols = [], []
     for i in range(n):

@@ -131,3 +131,22 @@ def test_clustered_stage_in_a_funnel(clustered):
     res = funnel.search("Eiffel Tower", answers=["Eiffel"])
     assert len(res.units) == 3 and res.units[0].parent_id is not None
     assert res.trace.stages[0].level == "document"
+
+
+def test_clustering_is_identical_across_processes(tmp_path):
+    """bm25s numbers terms in hash-seed order; the graph must not depend on it."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from conftest import CORPUS; from funnel_core import Unit; "
+            "from funnel_core.cluster import build_clusters; "
+            "us=[Unit(id=i, text=t) for i, t, _ in CORPUS]*1; "
+            "cs,_=build_clusters(us, max_tokens=30, knn_k=3, knn_threshold=0.01); "
+            "print([c.metadata['members'] for c in cs])")
+    outs = set()
+    for seed in ("1", "2", "3"):
+        env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=os.pathsep.join(["tests", "."]))
+        outs.add(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                check=True).stdout)
+    assert len(outs) == 1
