@@ -77,13 +77,14 @@ class BM25Index:
     Args:
         method: BM25 variant: ``"lucene"`` (default), ``"robertson"``, ``"atire"``, ``"bm25l"``,
             ``"bm25+"``.
-        k1, b, delta: BM25 parameters (``delta`` is used by bm25l and bm25+ only).
+        k1: BM25 term-frequency saturation.
+        b: BM25 length normalisation.
+        delta: Lower bound of the term-frequency component (bm25l and bm25+ only).
         stemmer: Snowball language for PyStemmer (default ``"english"``), or ``None`` for no stemming.
         stopwords: ``"en"`` (default), a list of words, or ``None`` to keep every token.
         token_pattern: Regular expression that defines a token.
         lower: Lower-case text before tokenizing.
         backend: ``"numpy"`` (default, no JIT) or ``"numba"`` (faster queries after a 10-s compile).
-        level: Granularity name given to the units this index returns (when a unit has none).
         show_progress: Show bm25s progress bars while indexing.
     """
 

@@ -284,7 +284,8 @@ def build_clusters(units: Sequence[Unit], adjacency: sp.spmatrix | str = "auto",
         adjacency: A sparse matrix, or ``"links"`` (metadata links), ``"bm25"`` (BM25 kNN), or
             ``"auto"``: links when any document has ``metadata["links"]``, else BM25 kNN.
         max_tokens: Maximum cluster size S (whitespace tokens).
-        knn_k, knn_threshold: BM25 kNN parameters (defaults tuned on SciFact train qrels).
+        knn_k: Neighbours per document in the BM25 kNN graph (tuned on SciFact train qrels).
+        knn_threshold: Minimum normalised BM25 similarity of an edge (tuned likewise).
         bm25_config: Tokenizer/BM25 settings for the kNN index.
         separator: Joins member texts into the cluster text.
 

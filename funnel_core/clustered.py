@@ -35,7 +35,8 @@ class ClusteredBM25Index:
         max_tokens: Maximum cluster size S (whitespace tokens; the paper uses ~4K).
         adjacency: ``"auto"`` (metadata links if present, else BM25 kNN), ``"links"``, ``"bm25"``,
             or a precomputed scipy sparse (n, n) matrix passed to :meth:`index`.
-        knn_k, knn_threshold: BM25 kNN graph parameters.
+        knn_k: Neighbours per document in the BM25 kNN graph.
+        knn_threshold: Minimum normalised BM25 similarity of an edge.
         **bm25_config: Settings of the BM25 index over clusters (method, k1, b, stemmer,
             stopwords, token_pattern, backend...).
     """
