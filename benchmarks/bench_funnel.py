@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from common import ROOT, parser, timer, write_json
+from common import cached_embeddings, parser, timer, write_json
 
 from funnel_core.bm25 import BM25Index
 from funnel_core.cluster import bm25_knn_adjacency
@@ -90,7 +90,7 @@ def run_squad(args, ranker, embedder) -> dict:
     with timer() as t_cl:
         cindex = ClusteredBM25Index(max_tokens=4096).index(docs, adjacency=adj)
     with timer() as t_dense:
-        dense = DenseIndex(embedder).index(passages, show_progress=True)
+        dense = DenseIndex(embedder).index(passages, cached_embeddings(embedder, [u.text for u in passages], "squad"))
     rng = random.Random(0)
     sample = rng.sample(questions, min(args.n_squad, len(questions)))
     flat = Funnel([DenseRetrieve(dense, k=400, name="dense") % 400, renamed(ranker, "rerank") % 4])
@@ -156,7 +156,7 @@ def run_scifact(args, ranker, embedder) -> dict:
     with timer() as t_cl:
         cindex = ClusteredBM25Index(max_tokens=4096).index(ds.corpus)
     with timer() as t_dense:
-        dense = DenseIndex(embedder).index(passages, show_progress=True)
+        dense = DenseIndex(embedder).index(passages, cached_embeddings(embedder, [u.text for u in passages], "scifact"))
     flat = Funnel([DenseRetrieve(dense, k=400, name="dense") % 400, renamed(ranker, "rerank")])
     funnel = Funnel([ClusteredBM25Retrieve(cindex, k=args.scifact_clusters, name="clustered_bm25"),
                      renamed(ranker, "pre_ranking") % args.scifact_documents, chunk,

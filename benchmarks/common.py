@@ -69,3 +69,22 @@ def write_json(name: str, payload: dict, out: Path | None = None) -> Path:
     path.write_text(json.dumps(payload, indent=2, default=float))
     print(f"wrote {path}")
     return path
+
+
+def cached_embeddings(embedder, texts: list[str], name: str):
+    """Encode ``texts`` once per (model, texts) and keep the array under ``.cache/``."""
+    import hashlib
+
+    import numpy as np
+
+    h = hashlib.sha1(embedder.model_name_or_path.encode())
+    for t in texts:
+        h.update(t.encode("utf-8", "replace"))
+        h.update(b"\0")
+    path = ROOT / ".cache" / f"emb-{name}-{h.hexdigest()[:16]}.npy"
+    if path.is_file():
+        return np.load(path)
+    emb = embedder.encode(texts, show_progress=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(path, emb)
+    return emb
