@@ -20,10 +20,11 @@ import numpy as np
 
 from funnel_core.errors import PersistError, check_positive_int, check_query
 from funnel_core.funnel import Stage
+from funnel_core.rerank.base import Reranker
 from funnel_core.persist import atomic_dir, read_manifest, read_units, write_manifest, write_units
 from funnel_core.units import Unit, check_unique_ids
 
-__all__ = ["BM25Index", "BM25Retrieve", "MetadataFilter", "metadata_mask", "bm25_scores", "METHODS"]
+__all__ = ["BM25Index", "BM25Retrieve", "BM25Rerank", "MetadataFilter", "metadata_mask", "bm25_scores", "METHODS"]
 
 METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
 FORMAT_VERSION = 1
@@ -317,3 +318,20 @@ def bm25_scores(query: str, texts: Sequence[str], **config: Any) -> list[float]:
         return [0.0] * len(texts)
     index.index([Unit(id=str(i), text=t) for i, t in enumerate(texts)])
     return [float(s) for s in index.get_scores(query)]
+
+
+class BM25Rerank(Reranker):
+    """Rerank candidate units by BM25, with the candidates themselves as the corpus.
+
+    A cheap, model-free way to order finer units after later chunking (they inherit their
+    parent's score, so they tie), and the BM25 scorer FB-RAG uses for S(C; Q).
+    """
+
+    name = "bm25_rerank"
+
+    def __init__(self, *, bm25_config: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.bm25_config = dict(bm25_config or {})
+
+    def score(self, query: str, texts: Sequence[str]) -> list[float]:
+        return bm25_scores(query, texts, **self.bm25_config)

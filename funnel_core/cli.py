@@ -75,7 +75,9 @@ def _cmd_query(args: argparse.Namespace) -> int:
 
         funnel = funnel >> EmbeddingReranker() % args.k
     else:
-        funnel = funnel % args.k
+        from funnel_core.bm25 import BM25Rerank
+
+        funnel = funnel >> BM25Rerank() % args.k
     res = funnel.search(args.question)
     for i, u in enumerate(res.units, 1):
         print(f"{i}. [{u.metadata.get('title')}] score={u.score:.3f}\n   {' '.join(u.text.split())[:300]}")
@@ -124,7 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("-k", type=int, default=5, help="passages to print")
     p.add_argument("--clusters", type=int, default=10, help="clusters to open")
     p.add_argument("--passage-words", type=int, default=100)
-    p.add_argument("--rerank", action="store_true", help="rerank passages with the packaged MiniLM")
+    p.add_argument("--rerank", action="store_true",
+                   help="rerank passages with the packaged MiniLM (default: BM25 over the passages)")
     p.set_defaults(fn=_cmd_query)
 
     p = sub.add_parser("bench", help="run benchmarks/bench_NAME.py")

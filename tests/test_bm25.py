@@ -145,3 +145,12 @@ def test_bm25_scores_helper():
     scores = bm25_scores("tower", ["the Eiffel tower", "a river", "tower of London tower"])
     assert scores[1] == 0.0 and scores[0] > 0 and scores[2] > 0
     assert bm25_scores("x", []) == []
+
+
+def test_bm25_rerank_orders_tied_candidates():
+    from funnel_core.bm25 import BM25Rerank
+
+    units = [Unit(id="a", text="Berlin is a capital.", score=1.0), Unit(id="b", text="The Eiffel Tower.", score=1.0)]
+    out = BM25Rerank()("Eiffel Tower", units)
+    assert [u.id for u in out] == ["b", "a"] and out[0].scores["bm25_rerank"] > 0
+    assert [u.id for u in (BM25Rerank() % 1)("Eiffel", units)] == ["b"]
