@@ -19,12 +19,13 @@ Writes benchmarks/results/bm25.json and bm25.png.
 from __future__ import annotations
 
 import gc
+import json
 import random
 import time
 
 import numpy as np
 
-from common import parser, peak_memory, timer, write_json
+from common import RESULTS, parser, peak_memory, timer, write_json
 
 from funnel_core.bm25 import BM25Index
 from funnel_core.cluster import bm25_knn_adjacency, cluster_documents
@@ -197,28 +198,41 @@ def plot(result: dict, path) -> None:
     fig.savefig(path, dpi=110)
 
 
+PARTS = ("quality", "clustered", "speed", "clustering")
+
+
 def main() -> None:
-    args = parser(__doc__.splitlines()[0]).parse_args()
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--parts", nargs="*", choices=PARTS, default=list(PARTS),
+                   help="run only these parts; results of the others are kept from the existing JSON")
+    args = p.parse_args()
     ds = load_beir(args.data / "scifact", "test")
     queries = ds.split_queries()
-    result = {"flat_bm25_scifact": scifact_quality(ds, queries), "clustered": clustered_recall(ds, queries)}
-
+    out_path = args.out or RESULTS / "bm25.json"
+    result = {k: v for k, v in json.loads(out_path.read_text()).items() if k not in ("benchmark", "machine")} \
+        if out_path.is_file() and set(args.parts) != set(PARTS) else {}
+    if "quality" in args.parts:
+        result["flat_bm25_scifact"] = scifact_quality(ds, queries)
+    if "clustered" in args.parts:
+        result["clustered"] = clustered_recall(ds, queries)
     texts = [u.text for u in ds.corpus]
-    qlist = list(ds.queries.values())
-    result["speed_scifact"] = speed(texts, qlist[:300], "scifact", n_slow=100)
     vocab = sorted({w for t in texts[:3000] for w in t.lower().split() if w.isalpha()})
-    n_big = 20_000 if args.quick else 100_000
-    big = synthetic_corpus(n_big, vocab, seed=1)
-    rng = random.Random(0)
-    big_queries = [" ".join(rng.sample(big[rng.randrange(n_big)].split(), 8)) for _ in range(200)]
-    result["speed_synthetic"] = speed(big, big_queries, "synthetic", n_slow=20)
-    del big
-    result["clustering_scale"] = clustering_scale(vocab, [2_000, 10_000] if args.quick else [10_000, 100_000])
-    result["notes"] = ("Single process on a 2-core machine shared with other jobs (see load_average_at_start); "
-                       "timings are noisy, ratios are measured back to back in one run. Peak memory is "
-                       "tracemalloc's peak of Python+numpy allocations while building each index.")
-    path = write_json("bm25", result, args.out)
-    plot(result, path.with_suffix(".png"))
+    if "speed" in args.parts:
+        result["speed_scifact"] = speed(texts, list(ds.queries.values())[:300], "scifact", n_slow=100)
+        n_big = 20_000 if args.quick else 100_000
+        big = synthetic_corpus(n_big, vocab, seed=1)
+        rng = random.Random(0)
+        big_queries = [" ".join(rng.sample(big[rng.randrange(n_big)].split(), 8)) for _ in range(200)]
+        result["speed_synthetic"] = speed(big, big_queries, "synthetic", n_slow=20)
+        del big
+    if "clustering" in args.parts:
+        result["clustering_scale"] = clustering_scale(vocab, [2_000, 10_000] if args.quick else [10_000, 100_000])
+    result["notes"] = ("Single process on a 2-core machine; see load_average_at_start for how busy it was. "
+                       "Ratios are measured back to back in one run. Peak memory is tracemalloc's peak of "
+                       "Python+numpy allocations while building each index.")
+    path = write_json("bm25", result, out_path)
+    if {"clustered", "speed_scifact", "speed_synthetic"} <= set(result):
+        plot(result, path.with_suffix(".png"))
 
 
 if __name__ == "__main__":
