@@ -21,6 +21,9 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+_LOAD_AT_START = os.getloadavg() if hasattr(os, "getloadavg") else None
+
+
 def default_data_dir() -> Path:
     return Path(os.environ.get("FUNNEL_DATA", ROOT.parent / "shared" / "data"))
 
@@ -59,7 +62,8 @@ def machine() -> dict[str, Any]:
 
     return {"python": platform.python_version(), "platform": platform.platform(),
             "cpus": os.cpu_count(), "numpy": numpy.__version__,
-            "load_average_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None}
+            "load_average_at_start": _LOAD_AT_START,
+            "load_average_at_end": os.getloadavg() if hasattr(os, "getloadavg") else None}
 
 
 def write_json(name: str, payload: dict, out: Path | None = None) -> Path:
