@@ -51,7 +51,8 @@ def bm25_knn_graph(index: BM25Index, k_graph: int = 3, t_graph: float = 0.3,
     Returns a ``(n, n)`` CSR matrix whose row ``i`` holds at most ``k_graph`` entries: the units
     ``j != i`` with the largest normalised score ``bm25(i -> j) / bm25(i -> i)`` that reach
     ``t_graph`` (and are > 0). Scores are computed ``block_size`` rows at a time as a sparse
-    matrix product, so memory stays at ``block_size * n`` floats.
+    matrix product; only pairs that share a term are ever materialised, and the top-k per row is
+    a vectorised sort of the block's non-zeros.
     """
     check_positive_int(k_graph, "k_graph")
     check_probability(t_graph, "t_graph")
@@ -72,20 +73,27 @@ def bm25_knn_graph(index: BM25Index, k_graph: int = 3, t_graph: float = 0.3,
     if k >= 1:
         for b0 in range(0, n, block_size):
             b1 = min(n, b0 + block_size)
-            scores = (q[b0:b1] @ w).toarray()
-            if shift is not None:
-                scores += shift[b0:b1, None]
-            r = np.arange(b1 - b0)
-            self_score = scores[r, b0 + r].copy()
+            block = (q[b0:b1] @ w).tocsr()  # sparse (rows, n): only pairs sharing a term
+            block.sum_duplicates()
+            rows = np.repeat(np.arange(b0, b1), np.diff(block.indptr))
+            cols, vals = block.indices.astype(np.int64), block.data.astype(np.float32)
+            if shift is not None:  # bm25l / bm25+: a per-query constant on every document
+                vals = vals + shift[rows]
+            is_self = cols == rows
+            self_score = np.zeros(b1 - b0, dtype=np.float32)
+            self_score[rows[is_self] - b0] = vals[is_self]
+            denom = self_score[rows - b0]
             with np.errstate(divide="ignore", invalid="ignore"):
-                norm = np.where(self_score[:, None] > 0, scores / self_score[:, None], 0.0)
-            norm[r, b0 + r] = -np.inf
-            top = np.argpartition(-norm, k - 1, axis=1)[:, :k]
-            vals = np.take_along_axis(norm, top, axis=1)
-            ok = (vals >= t_graph) & (vals > 0) & (np.take_along_axis(scores, top, axis=1) > 0)
-            out_rows.append(np.repeat(b0 + r, k)[ok.ravel()])
-            out_cols.append(top.ravel()[ok.ravel()])
-            out_vals.append(np.minimum(vals.ravel()[ok.ravel()], 1.0).astype(np.float32))
+                norm = np.where(denom > 0, vals / denom, 0.0)
+            ok = ~is_self & (vals > 0) & (norm > 0) & (norm >= t_graph)
+            rows, cols, norm = rows[ok], cols[ok], norm[ok]
+            order = np.lexsort((cols, -norm, rows))  # per row: best first, ties by position
+            rows, cols, norm = rows[order], cols[order], norm[order]
+            starts = np.searchsorted(rows, rows, side="left")
+            top = (np.arange(len(rows)) - starts) < k  # rank within the row
+            out_rows.append(rows[top])
+            out_cols.append(cols[top])
+            out_vals.append(np.minimum(norm[top], 1.0).astype(np.float32))
     if out_rows:
         data = (np.concatenate(out_vals), (np.concatenate(out_rows), np.concatenate(out_cols)))
         return sp.csr_matrix(data, shape=(n, n))

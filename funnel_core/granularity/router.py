@@ -126,12 +126,15 @@ class GranularityRouter:
         hidden: Width of the hidden layer.
         dropout: Dropout after the hidden layer (training only).
         device: Torch device for the MLP (``None``: CPU; it is tiny).
+        embedding_cache: A dict ``query -> embedding`` to share between routers that use the same
+            embedder (by default each router keeps its own).
 
     Query embeddings are cached per query string for the life of the router.
     """
 
     def __init__(self, n_levels: int, *, embedder: SentenceEmbedder | None = None,
-                 hidden: int = 128, dropout: float = 0.1, device: str | None = None) -> None:
+                 hidden: int = 128, dropout: float = 0.1, device: str | None = None,
+                 embedding_cache: dict[str, np.ndarray] | None = None) -> None:
         self.n_levels = check_positive_int(n_levels, "n_levels (granularity levels)")
         self.hidden = check_positive_int(hidden, "hidden")
         if not 0.0 <= float(dropout) < 1.0:
@@ -140,7 +143,7 @@ class GranularityRouter:
         self.embedder = embedder or SentenceEmbedder()
         self.device = device or "cpu"
         self._mlp = None
-        self._cache: dict[str, np.ndarray] = {}
+        self._cache: dict[str, np.ndarray] = {} if embedding_cache is None else embedding_cache
         self.history: dict[str, Any] = {}
 
     @property
