@@ -287,6 +287,8 @@ def main() -> None:
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, shared with "
                    "other jobs (timings are noisy)",
     }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))  # before the long scale run
     print("graph scale run ...", flush=True)
     result["mogg_graph_scale"] = graph_scale(test_g.nodes + train_g.nodes, args.graph_nodes, args)
     result["total_seconds"] = time.perf_counter() - t_start

@@ -45,7 +45,7 @@ def _term_weight_matrix(index: BM25Index) -> tuple[sp.csr_matrix, dict[str, int]
 
 
 def bm25_knn_graph(index: BM25Index, k_graph: int = 3, t_graph: float = 0.3,
-                   block_size: int = 512) -> sp.csr_matrix:
+                   block_size: int = 512, max_df: float | None = None) -> sp.csr_matrix:
     """Directed BM25 kNN graph over the units of ``index``, using each unit's text as a query.
 
     Returns a ``(n, n)`` CSR matrix whose row ``i`` holds at most ``k_graph`` entries: the units
@@ -53,6 +53,11 @@ def bm25_knn_graph(index: BM25Index, k_graph: int = 3, t_graph: float = 0.3,
     ``t_graph`` (and are > 0). Scores are computed ``block_size`` rows at a time as a sparse
     matrix product; only pairs that share a term are ever materialised, and the top-k per row is
     a vectorised sort of the block's non-zeros.
+
+    The cost grows with the number of node pairs that share a term, which frequent terms make
+    nearly quadratic. ``max_df`` (a fraction in (0, 1], default ``None`` = exact) leaves terms that
+    occur in more than ``max_df * n`` nodes out of the *pair* scores (they have the lowest IDF,
+    so they add least); self-scores stay exact, so the normalised threshold only gets stricter.
     """
     check_positive_int(k_graph, "k_graph")
     check_probability(t_graph, "t_graph")
@@ -67,6 +72,15 @@ def bm25_knn_graph(index: BM25Index, k_graph: int = 3, t_graph: float = 0.3,
     q = sp.csr_matrix((np.ones(int(keep.sum()), dtype=np.float32), (rows[keep], cols[keep])),
                       shape=(n, w.shape[0]))
     q.sum_duplicates()  # repeated query terms count repeatedly, as in bm25s.get_scores
+    exact_self = None
+    if max_df is not None:
+        if not 0.0 < float(max_df) <= 1.0:
+            raise ValueError(f"max_df must be in (0, 1] or None, got {max_df!r}.")
+        exact_self = np.asarray(q.multiply(w.T.tocsr()).sum(axis=1), dtype=np.float32).ravel()
+        df = np.diff(w.indptr)
+        keep_terms = (df <= max_df * n).astype(np.float32)
+        q = (q @ sp.diags(keep_terms)).tocsr()
+        q.eliminate_zeros()
     shift = None if nonocc is None else np.asarray(q @ nonocc, dtype=np.float32).ravel()
     k = min(k_graph, n - 1)
     out_rows, out_cols, out_vals = [], [], []
@@ -82,6 +96,8 @@ def bm25_knn_graph(index: BM25Index, k_graph: int = 3, t_graph: float = 0.3,
             is_self = cols == rows
             self_score = np.zeros(b1 - b0, dtype=np.float32)
             self_score[rows[is_self] - b0] = vals[is_self]
+            if exact_self is not None:
+                self_score = exact_self[b0:b1] + (0.0 if shift is None else shift[b0:b1])
             denom = self_score[rows - b0]
             with np.errstate(divide="ignore", invalid="ignore"):
                 norm = np.where(denom > 0, vals / denom, 0.0)
@@ -224,17 +240,22 @@ class GraphGranularityBuilder:
         k_graph: Edges per node (its most similar nodes).
         t_graph: Minimum normalised BM25 similarity in [0, 1] for an edge.
         block_size: Rows per block of the sparse similarity product.
+        max_df: Leave terms in more than this fraction of nodes out of pair scores (faster on
+            large corpora, approximate); ``None`` (default) is exact. See :func:`bm25_knn_graph`.
         bm25: Keyword arguments for the :class:`~funnel_core.bm25.BM25Index` used for edges.
     """
 
     def __init__(self, *, sentences_per_node: int = 2, n_gra: int = 5, k_graph: int = 3,
-                 t_graph: float = 0.3, block_size: int = 512,
+                 t_graph: float = 0.3, block_size: int = 512, max_df: float | None = None,
                  bm25: dict[str, Any] | None = None) -> None:
         self.sentences_per_node = check_positive_int(sentences_per_node, "sentences_per_node")
         self.n_gra = check_positive_int(n_gra, "n_gra (number of hop ranges)")
         self.k_graph = check_positive_int(k_graph, "k_graph")
         self.t_graph = check_probability(t_graph, "t_graph")
         self.block_size = check_positive_int(block_size, "block_size")
+        if max_df is not None and not 0.0 < float(max_df) <= 1.0:
+            raise ValueError(f"max_df must be in (0, 1] or None, got {max_df!r}.")
+        self.max_df = max_df
         self.bm25 = dict(bm25 or {})
 
     def nodes(self, documents: Iterable[Unit | str]) -> list[Unit]:
@@ -272,7 +293,8 @@ class GraphGranularityBuilder:
         index = BM25Index(**self.bm25)
         if any(index.tokenize([u.text for u in nodes])):
             index.index(nodes)
-            directed = bm25_knn_graph(index, self.k_graph, self.t_graph, self.block_size)
+            directed = bm25_knn_graph(index, self.k_graph, self.t_graph, self.block_size,
+                                      self.max_df)
         else:
             directed = sp.csr_matrix((len(nodes), len(nodes)), dtype=np.float32)
         seconds = time.perf_counter() - t0
