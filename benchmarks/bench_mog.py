@@ -201,6 +201,8 @@ def main() -> None:
     ap.add_argument("--graph-max-df", type=float, default=0.01)
     ap.add_argument("--only-graph-scale", action="store_true",
                     help="only (re)run the MoGG graph scale part and merge it into --out")
+    ap.add_argument("--torch-threads", type=int, default=1,
+                    help="torch CPU threads (1 suits a tiny MLP on a shared machine)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "mog.json"))
     args = ap.parse_args()
 
@@ -232,6 +234,9 @@ def main() -> None:
         print(json.dumps(result["mogg_graph_scale"], indent=1))
         return
 
+    import torch
+
+    torch.set_num_threads(args.torch_threads)
     embedder = SentenceEmbedder(batch_size=64)
     chunker = MultiGranularityChunker(chunk_size=args.chunk_size, n_gra=args.n_gra)
     graph_builder = GraphGranularityBuilder(k_graph=args.k_graph, t_graph=args.t_graph,
