@@ -100,7 +100,7 @@ def test_default_five_levels_and_bad_input():
         MultiGranularityChunker().split("one string")
     with pytest.warns(UserWarning, match="no words"):
         h = MultiGranularityChunker(chunk_size=5).split(["  ", "a b c"])
-    with pytest.raises(ValueError, match="every document is empty"):
+    with pytest.raises(ValueError, match="every document is empty"), pytest.warns(UserWarning):
         MultiGranularityChunker().split(["", " "])
     with pytest.raises(ValueError, match=r"level must be an int in \[1, 5\]"):
         h.level(6)
