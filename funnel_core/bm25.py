@@ -199,6 +199,8 @@ class BM25Index:
         """BM25 score of every indexed unit for ``query`` (float32 array, index order)."""
         self._require_built()
         tokens = self.tokenize([query])[0]
+        if not tokens:  # only stopwords / no word characters: bm25s would raise IndexError
+            return np.zeros(len(self.units), dtype=np.float32)
         return self._retriever.get_scores(tokens)
 
     def search(self, query: str, k: int = 10, filter: MetadataFilter = None,

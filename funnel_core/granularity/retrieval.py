@@ -1,0 +1,162 @@
+"""MoG retrieval (section 3.2.1, equations 1-2, Appendix A): the router mixes granularity levels.
+
+For a query ``q``:
+
+1. BM25 retrieves the top ``k_r`` units of every level ``j`` (scores ``s_j``; by default each
+   level's scores are divided by that level's best score, so levels of different chunk lengths
+   are comparable).
+2. The router gives one weight ``w_j`` per level (equation 1).
+3. Every finest unit ``f`` gets the weighted score ``S(f) = sum_j w_j * s_j(u_j(f))`` where
+   ``u_j(f)`` is the retrieved level-``j`` unit that covers ``f`` (0 when no retrieved unit of
+   level ``j`` covers it; equation 2 applied through the shared finest units, Appendix A).
+4. The finest unit with the best ``S`` is picked and the unit that contains it at the router's
+   best level ``argmax_j w_j`` is returned. For top-``k`` the next finest units are taken in
+   order of ``S``, skipping those whose container was already returned.
+
+This is not a plain top-k over the union of levels, which the paper shows favours coarse chunks.
+It works over any :class:`~funnel_core.granularity.levels.GranularityStructure`: the nested
+chunks of :class:`~funnel_core.granularity.levels.MultiGranularityChunker` (MoG) and the
+hop-range levels of :class:`~funnel_core.granularity.graph.GranularityGraph` (MoGG).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from funnel_core.bm25 import BM25Index
+from funnel_core.errors import check_positive_int
+from funnel_core.funnel import Stage
+from funnel_core.granularity.levels import GranularityStructure
+from funnel_core.units import Unit
+
+if TYPE_CHECKING:  # pragma: no cover
+    from funnel_core.granularity.router import GranularityRouter
+
+__all__ = ["GranularityBM25", "MixOfGranularityRetrieve", "NORMALIZATIONS"]
+
+NORMALIZATIONS = ("max", "none")
+
+
+class GranularityBM25:
+    """One :class:`~funnel_core.bm25.BM25Index` per granularity level of a structure.
+
+    Args:
+        structure: The multi-granularity corpus.
+        **bm25: Keyword arguments for every :class:`~funnel_core.bm25.BM25Index`.
+    """
+
+    def __init__(self, structure: GranularityStructure, **bm25: Any) -> None:
+        if not isinstance(structure, GranularityStructure):
+            raise TypeError(f"expected a GranularityStructure (GranularityHierarchy or "
+                            f"GranularityGraph), got {type(structure).__name__}.")
+        self.structure = structure
+        self.indexes = [BM25Index(**bm25).index(level) for level in structure.levels]
+        self.positions = [{u.id: i for i, u in enumerate(level)} for level in structure.levels]
+
+    @property
+    def n_gra(self) -> int:
+        return self.structure.n_gra
+
+    def search(self, query: str, k: int) -> list[list[Unit]]:
+        """Top-``k`` units of each level (``out[j - 1]`` for level ``j``), best first."""
+        return [index.search(query, k=k) for index in self.indexes]
+
+    def search_level(self, query: str, level: int, k: int = 1) -> list[Unit]:
+        """Top-``k`` units of one level (1-based): the fixed-granularity baseline."""
+        self.structure._check_level(level)
+        return self.indexes[level - 1].search(query, k=k)
+
+
+class MixOfGranularityRetrieve(Stage):
+    """The MoG selection rule as a first-stage retriever (ignores incoming units).
+
+    Args:
+        structure: A :class:`GranularityStructure`, or a ready :class:`GranularityBM25` over one.
+        router: A trained :class:`~funnel_core.granularity.router.GranularityRouter`. ``None``
+            gives every level the weight 1 (uniform weights; the chosen level is then the finest).
+            An untrained router raises :class:`~funnel_core.granularity.router.RouterNotTrainedError`.
+        k_r: Units BM25 retrieves per level (raised to ``top_k`` when smaller).
+        top_k: Units returned (a cut-off ``stage % k`` overrides it).
+        normalize: ``"max"`` divides each level's BM25 scores by its best score; ``"none"`` keeps
+            raw scores.
+        bm25: Keyword arguments for the per-level BM25 indexes (when ``structure`` is given).
+
+    Each returned unit is a copy of a level unit with ``score`` = the weighted score ``S`` and
+    metadata ``router_weights`` (one float per level), ``chosen_level``, ``finest_id`` and
+    ``scores["mog"]``.
+    """
+
+    name = "mog"
+
+    def __init__(self, structure: GranularityStructure | GranularityBM25,
+                 router: "GranularityRouter | None" = None, *, k_r: int = 10, top_k: int = 1,
+                 normalize: str = "max", bm25: dict[str, Any] | None = None,
+                 name: str = "mog") -> None:
+        self.k_r = check_positive_int(k_r, "k_r")
+        self.top_k = check_positive_int(top_k, "top_k")
+        if normalize not in NORMALIZATIONS:
+            raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}.")
+        self.normalize = normalize
+        self.index = structure if isinstance(structure, GranularityBM25) \
+            else GranularityBM25(structure, **(bm25 or {}))
+        self.structure = self.index.structure
+        if router is not None:
+            if router.n_levels != self.structure.n_gra:
+                raise ValueError(f"the router has {router.n_levels} outputs but the corpus has "
+                                 f"{self.structure.n_gra} granularity levels; train a router with "
+                                 f"n_levels={self.structure.n_gra}.")
+        self.router = router
+        self.name = name
+
+    def weights(self, query: str) -> np.ndarray:
+        """Router weights of the levels for ``query`` (ones when there is no router)."""
+        if self.router is None:
+            return np.ones(self.structure.n_gra, dtype=np.float64)
+        return np.asarray(self.router.predict([query])[0], dtype=np.float64)
+
+    def run(self, query: str, units: list[Unit]) -> list[Unit]:
+        return self.retrieve(query, k=self.cutoff or self.top_k)
+
+    def retrieve(self, query: str, k: int | None = None,
+                 weights: Sequence[float] | None = None) -> list[Unit]:
+        """The MoG top-``k`` for ``query`` (``weights`` overrides the router's, e.g. a cache)."""
+        k = self.top_k if k is None else check_positive_int(k, "k")
+        w = self.weights(query) if weights is None else np.asarray(weights, dtype=np.float64)
+        if w.shape != (self.structure.n_gra,):
+            raise ValueError(f"need {self.structure.n_gra} level weights, got shape {w.shape}.")
+        hits = self.index.search(query, k=max(self.k_r, k))
+        best: dict[int, np.ndarray] = {}  # finest index -> per-level best normalised score
+        for j, units in enumerate(hits):
+            if not units:
+                continue
+            top = max(u.score for u in units)
+            for u in units:
+                s = u.score / top if self.normalize == "max" and top > 0 else u.score
+                for f in self.structure.covers(j + 1, self.index.positions[j][u.id]).tolist():
+                    row = best.get(f)
+                    if row is None:
+                        row = best[f] = np.zeros(self.structure.n_gra)
+                    row[j] = max(row[j], s)
+        if not best:
+            return []
+        finest = np.fromiter(best.keys(), dtype=np.int64, count=len(best))
+        mixed = np.stack([best[f] for f in finest.tolist()]) @ w
+        order = np.lexsort((finest, -mixed))  # best weighted score first; ties: document order
+        level = int(np.argmax(w)) + 1  # ties go to the finer level
+        weights_list = [float(x) for x in w]
+        out: list[Unit] = []
+        seen: set[int] = set()
+        for i in order.tolist():
+            c = self.structure.container_index(int(finest[i]), level)
+            if c in seen:
+                continue
+            seen.add(c)
+            unit = self.structure.levels[level - 1][c].rescored(float(mixed[i]), self.name)
+            unit.metadata.update(router_weights=weights_list, chosen_level=level,
+                                 finest_id=self.structure.finest[int(finest[i])].id)
+            out.append(unit)
+            if len(out) == k:
+                break
+        return out

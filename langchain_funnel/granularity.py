@@ -1,0 +1,169 @@
+"""Mix-of-Granularity for LangChain: splitters that build the granularity structure, and the
+MoG retriever.
+
+* :class:`MultiGranularityTextSplitter` — ``n_gra`` nested levels per document; the hierarchy is
+  in ``Document.metadata`` (``granularity``, ``parent_id``, ``child_ids``, ``doc_id``,
+  ``position``) and ``Document.id``.
+* :class:`GraphGranularitySplitter` — MoGG's 1-2 sentence nodes with their BM25 kNN neighbours
+  in ``metadata["graph_neighbors"]``.
+* :class:`MixOfGranularityRetriever` — the MoG selection rule over either splitter's output;
+  ``k`` in the constructor or per call, router weights and chosen level in metadata.
+
+All three import only ``langchain_core``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional, Sequence
+
+from langchain_core.documents import BaseDocumentTransformer, Document
+from pydantic import Field, PrivateAttr
+
+from funnel_core.granularity.graph import GranularityGraph, GraphGranularityBuilder
+from funnel_core.granularity.levels import GranularityHierarchy, MultiGranularityChunker
+from funnel_core.granularity.retrieval import NORMALIZATIONS, MixOfGranularityRetrieve
+from funnel_core.units import Unit
+from langchain_funnel._base import UnitRetriever, documents_to_units, units_to_documents
+
+__all__ = ["MultiGranularityTextSplitter", "GraphGranularitySplitter", "MixOfGranularityRetriever"]
+
+
+def _doc_units(documents: Iterable[Document]) -> list[Unit]:
+    if isinstance(documents, Document):
+        raise TypeError("pass a list of Documents, not a single Document; wrap it in a list.")
+    units = []
+    for i, d in enumerate(documents):
+        if not isinstance(d, Document):
+            raise TypeError(f"expected langchain Documents, got {type(d).__name__} at position {i}.")
+        units.append(Unit(id=str(d.id) if d.id else f"doc{i}", text=d.page_content,
+                          metadata=dict(d.metadata), level="document"))
+    return units
+
+
+def _texts_to_documents(texts: Sequence[str], metadatas: Optional[Sequence[dict]]) -> list[Document]:
+    if isinstance(texts, str):
+        raise TypeError("texts must be a list of strings, got a single str; wrap it in a list.")
+    metadatas = list(metadatas) if metadatas is not None else [{} for _ in texts]
+    if len(metadatas) != len(texts):
+        raise ValueError(f"got {len(texts)} texts but {len(metadatas)} metadatas.")
+    return [Document(page_content=t, metadata=dict(m)) for t, m in zip(texts, metadatas)]
+
+
+class MultiGranularityTextSplitter(BaseDocumentTransformer):
+    """Split documents into ``n_gra`` nested granularity levels (MoG section 3.2).
+
+    Args:
+        chunk_size: Finest chunk size in words (level 1).
+        n_gra: Number of levels; each level-``j`` chunk is two adjacent level-``j - 1`` chunks.
+        sentence_aware: End finest chunks at sentence boundaries.
+
+    :meth:`split_documents` (and ``transform_documents``) return the chunks of *every* level,
+    finest first; each ``Document`` has ``id`` and metadata ``granularity`` (1 = finest),
+    ``parent_id`` (below the top level), ``child_ids`` (above level 1), ``doc_id``,
+    ``doc_index``, ``position`` and ``level``, plus the source document's metadata.
+    :meth:`split_text` returns the finest chunks of one text, as a plain splitter would.
+    """
+
+    def __init__(self, *, chunk_size: int = 64, n_gra: int = 5, sentence_aware: bool = True) -> None:
+        self._chunker = MultiGranularityChunker(chunk_size=chunk_size, n_gra=n_gra,
+                                                sentence_aware=sentence_aware)
+        self.chunk_size, self.n_gra, self.sentence_aware = chunk_size, n_gra, sentence_aware
+
+    def split_text(self, text: str) -> list[str]:
+        """The finest (level-1) chunks of ``text``."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}.")
+        return self._chunker.finest_chunks(text)
+
+    def split_documents(self, documents: Iterable[Document]) -> list[Document]:
+        """Every level's chunks of ``documents`` (the whole hierarchy), finest level first."""
+        hierarchy = self._chunker.split(_doc_units(documents))
+        return units_to_documents([u for level in hierarchy.levels for u in level])
+
+    def create_documents(self, texts: Sequence[str],
+                         metadatas: Optional[Sequence[dict]] = None) -> list[Document]:
+        """The hierarchy of plain texts (one metadata dict per text)."""
+        return self.split_documents(_texts_to_documents(texts, metadatas))
+
+    def transform_documents(self, documents: Sequence[Document], **kwargs: Any) -> list[Document]:
+        return self.split_documents(documents)
+
+
+class GraphGranularitySplitter(BaseDocumentTransformer):
+    """Split documents into MoGG graph nodes and link them by BM25 similarity (section 3.3).
+
+    Args:
+        sentences_per_node: Sentences per node (1-2 in the paper).
+        n_gra: Number of hop ranges (levels) the retriever will use.
+        k_graph: Edges per node.
+        t_graph: Minimum normalised BM25 similarity for an edge, in [0, 1].
+
+    Each node ``Document`` carries ``graph_neighbors`` (ids) and ``graph_weights``; the graph
+    spans the documents of one call. ``last_build_seconds`` is the latest edge-building time.
+    With no pair above ``t_graph`` every neighbour list is empty (a warning says so).
+    """
+
+    def __init__(self, *, sentences_per_node: int = 2, n_gra: int = 5, k_graph: int = 3,
+                 t_graph: float = 0.3) -> None:
+        self._builder = GraphGranularityBuilder(sentences_per_node=sentences_per_node,
+                                                n_gra=n_gra, k_graph=k_graph, t_graph=t_graph)
+        self.n_gra = n_gra
+        self.last_build_seconds: float | None = None
+
+    def split_documents(self, documents: Iterable[Document]) -> list[Document]:
+        """The linked graph nodes of ``documents``, in document order."""
+        graph = self._builder.build(_doc_units(documents))
+        self.last_build_seconds = graph.build_seconds
+        return units_to_documents(graph.nodes)
+
+    def create_documents(self, texts: Sequence[str],
+                         metadatas: Optional[Sequence[dict]] = None) -> list[Document]:
+        return self.split_documents(_texts_to_documents(texts, metadatas))
+
+    def transform_documents(self, documents: Sequence[Document], **kwargs: Any) -> list[Document]:
+        return self.split_documents(documents)
+
+
+class MixOfGranularityRetriever(UnitRetriever):
+    """MoG / MoGG retrieval over the output of either splitter.
+
+    Fields:
+        documents: Every ``Document`` of :class:`MultiGranularityTextSplitter` (all levels) or of
+            :class:`GraphGranularitySplitter` (detected by ``metadata["graph_neighbors"]``).
+        router: A trained :class:`~funnel_core.granularity.router.GranularityRouter`, or ``None``
+            for uniform level weights (the finest level is returned).
+        k: Documents returned (``invoke(q, k=3)`` overrides it).
+        k_r: Units BM25 retrieves per level before mixing.
+        n_gra: Hop ranges for graph nodes.
+        normalize: Per-level BM25 score normalisation, ``"max"`` or ``"none"``.
+
+    Result metadata: ``score`` (mixed score), ``router_weights``, ``chosen_level``, ``finest_id``.
+    """
+
+    documents: list[Document] = Field(description="All chunks of a granularity splitter.")
+    router: Optional[Any] = Field(default=None, description="A trained GranularityRouter.")
+    k: int = Field(default=1, description="Number of documents to return.")
+    k_r: int = Field(default=10, description="BM25 hits per granularity level.")
+    n_gra: int = Field(default=5, description="Hop ranges for MoGG graph nodes.")
+    normalize: str = Field(default="max", description=f"One of {NORMALIZATIONS}.")
+    _stage: Optional[MixOfGranularityRetrieve] = PrivateAttr(default=None)
+
+    def model_post_init(self, __context: Any) -> None:
+        super().model_post_init(__context)
+        if not self.documents:
+            raise ValueError("MixOfGranularityRetriever needs documents; split them with "
+                             "MultiGranularityTextSplitter or GraphGranularitySplitter first.")
+        units = documents_to_units(self.documents)
+        if any("graph_neighbors" in u.metadata for u in units):
+            structure = GranularityGraph.from_units(units, n_gra=self.n_gra)
+        else:
+            structure = GranularityHierarchy.from_units(units)
+        self._stage = MixOfGranularityRetrieve(structure, self.router, k_r=self.k_r,
+                                               top_k=self.k, normalize=self.normalize)
+
+    @property
+    def stage(self) -> MixOfGranularityRetrieve:
+        return self._stage
+
+    def _search(self, query: str, k: int) -> list[Unit]:
+        return self._stage.retrieve(query, k=k)

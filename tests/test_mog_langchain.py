@@ -1,0 +1,116 @@
+"""Mix-of-Granularity in LangChain: splitters, MixOfGranularityRetriever, LCEL, standard tests."""
+
+from typing import Any
+
+import pytest
+from langchain_core.documents import Document
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.prompts import ChatPromptTemplate
+from langchain_core.runnables import RunnableLambda, RunnablePassthrough
+from langchain_tests.integration_tests import RetrieversIntegrationTests
+
+from langchain_funnel.granularity import (
+    GraphGranularitySplitter,
+    MixOfGranularityRetriever,
+    MultiGranularityTextSplitter,
+)
+
+TEXTS = [
+    "Paris is the capital of France. The Eiffel Tower stands in Paris. It was built in 1889 for a "
+    "world fair. Gustave Eiffel's company designed the tower. The Louvre is the largest art museum. "
+    "It holds the Mona Lisa. The Seine river flows through the city. Many bridges cross the Seine.",
+    "Hamlet is a tragedy by William Shakespeare. It is set in Denmark. Prince Hamlet seeks revenge "
+    "for his father's murder. Shakespeare also wrote Macbeth and Othello. The Globe theatre staged "
+    "his plays in London.",
+    "BM25 is a ranking function. It scores documents by term frequency and inverse document "
+    "frequency. Dense retrieval encodes queries as vectors. A query about BM25 finds this text.",
+]
+
+
+def _docs():
+    return [Document(page_content=t, metadata={"title": f"T{i}"}, id=f"d{i}") for i, t in enumerate(TEXTS)]
+
+
+def _hierarchy_docs():
+    return MultiGranularityTextSplitter(chunk_size=10, n_gra=3).split_documents(_docs())
+
+
+def test_splitter_puts_the_hierarchy_in_metadata():
+    splitter = MultiGranularityTextSplitter(chunk_size=10, n_gra=3)
+    out = splitter.split_documents(_docs())
+    by_id = {d.id: d for d in out}
+    assert [d.metadata["granularity"] for d in out] == sorted(d.metadata["granularity"] for d in out)
+    for d in out:
+        g = d.metadata["granularity"]
+        assert d.metadata["title"].startswith("T") and d.metadata["doc_id"].startswith("d")
+        if g < 3:
+            parent = by_id[d.metadata["parent_id"]]
+            assert parent.metadata["granularity"] == g + 1 and d.id in parent.metadata["child_ids"]
+            assert d.page_content in parent.page_content
+        else:
+            assert "parent_id" not in d.metadata
+    assert splitter.split_text(TEXTS[0]) == [d.page_content for d in out
+                                             if d.metadata["doc_id"] == "d0" and d.metadata["granularity"] == 1]
+    assert splitter.transform_documents(_docs()) == out
+    created = splitter.create_documents(["Tiny note."], [{"src": "x"}])
+    assert [d.page_content for d in created] == ["Tiny note."] * 3 and created[0].metadata["src"] == "x"
+    with pytest.raises(ValueError, match="n_gra"):
+        MultiGranularityTextSplitter(n_gra=0)
+    with pytest.raises(TypeError, match="list of Documents"):
+        splitter.split_documents(_docs()[0])
+
+
+def test_retriever_mog_rule_k_and_metadata():
+    retriever = MixOfGranularityRetriever(documents=_hierarchy_docs(), k=2)
+    docs = retriever.invoke("Who designed the Eiffel Tower?")
+    assert len(docs) == 2 and "Eiffel" in docs[0].page_content
+    assert docs[0].metadata["chosen_level"] == 1  # no router: uniform weights -> finest level
+    assert docs[0].metadata["router_weights"] == [1.0, 1.0, 1.0]
+    assert isinstance(docs[0].metadata["score"], float)
+    assert len(retriever.invoke("Shakespeare Hamlet Denmark", k=3)) == 3
+    assert retriever.invoke("   ") == []
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        retriever.invoke("Paris", k=0)
+    with pytest.raises(ValueError, match="needs documents"):
+        MixOfGranularityRetriever(documents=[])
+
+
+async def test_retriever_async_and_graph_splitter():
+    splitter = GraphGranularitySplitter(sentences_per_node=1, k_graph=2, t_graph=0.05, n_gra=2)
+    nodes = splitter.split_documents(_docs())
+    assert splitter.last_build_seconds is not None
+    assert any(d.metadata["graph_neighbors"] for d in nodes)
+    retriever = MixOfGranularityRetriever(documents=nodes, k=1, n_gra=2)
+    out = await retriever.ainvoke("Who designed the Eiffel Tower?")
+    assert len(out) == 1 and "Eiffel" in out[0].page_content
+    assert out[0].metadata["center_id"] == out[0].metadata["finest_id"]
+    with pytest.warns(UserWarning, match="no edges"):
+        empty = GraphGranularitySplitter(t_graph=1.0, n_gra=2).split_documents(_docs())
+    assert all(d.metadata["graph_neighbors"] == [] for d in empty)
+    with pytest.warns(UserWarning, match="no edges"):
+        empty_retriever = MixOfGranularityRetriever(documents=empty, n_gra=2)
+    assert empty_retriever.invoke("Hamlet")[0].page_content.startswith("Hamlet")
+
+
+def test_lcel_chain_with_mog_retriever():
+    retriever = MixOfGranularityRetriever(documents=_hierarchy_docs(), k=2)
+    prompt = ChatPromptTemplate.from_template("Context:\n{context}\n\nQuestion: {question}")
+    fmt = RunnableLambda(lambda docs: "\n\n".join(d.page_content for d in docs))
+    chain = {"context": retriever | fmt, "question": RunnablePassthrough()} | prompt | \
+        RunnableLambda(lambda p: p.to_string()) | StrOutputParser()
+    text = chain.invoke("Which river flows through Paris?")
+    assert "Seine" in text and "Question: Which river flows through Paris?" in text
+
+
+class TestMixOfGranularityRetrieverStandard(RetrieversIntegrationTests):
+    @property
+    def retriever_constructor(self) -> type[MixOfGranularityRetriever]:
+        return MixOfGranularityRetriever
+
+    @property
+    def retriever_constructor_params(self) -> dict[str, Any]:
+        return {"documents": _hierarchy_docs()}
+
+    @property
+    def retriever_query_example(self) -> str:
+        return "Paris Eiffel Tower Seine Louvre"
