@@ -246,7 +246,6 @@ def plot(result: dict, path: Path) -> None:
     sq = result["squad"]
     for ax, name in zip(axes[:2], ("flat", "funnel")):
         stages = sq[name]["stages"]
-        labels = [s["name"] for s in stages]
         y = np.arange(len(stages))[::-1]
         widths = [max(s["units_out"], 0.5) for s in stages]
         ax.barh(y, widths, left=[-w / 2 for w in widths], color="C0" if name == "flat" else "C1", alpha=0.8)

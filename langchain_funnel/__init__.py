@@ -10,6 +10,7 @@ from langchain_funnel._base import (
 )
 from langchain_funnel.retrievers import BM25Retriever, ClusteredBM25Retriever
 from langchain_funnel.funnel import FunnelRetriever, LCCompressorStage, LCRetrieverStage, LCRunnableStage
+from langchain_funnel.granularity import GraphGranularitySplitter, MixOfGranularityRetriever, MultiGranularityTextSplitter
 
-__all__ = ["FunnelRetriever", "LCCompressorStage", "LCRetrieverStage", "LCRunnableStage", "BM25Retriever", "ClusteredBM25Retriever", "StageCompressor", "UnitRetriever",
+__all__ = ["GraphGranularitySplitter", "MixOfGranularityRetriever", "MultiGranularityTextSplitter", "FunnelRetriever", "LCCompressorStage", "LCRetrieverStage", "LCRunnableStage", "BM25Retriever", "ClusteredBM25Retriever", "StageCompressor", "UnitRetriever",
            "documents_to_units", "rerank_chain", "units_to_documents"]

@@ -4,6 +4,7 @@ query transforms). Thin adapters over :mod:`funnel_core`."""
 from llama_index_funnel._base import StagePostprocessor, UnitRetriever, nodes_to_units, units_to_nodes
 from llama_index_funnel.retrievers import BM25Retriever, ClusteredBM25Retriever
 from llama_index_funnel.funnel import FunnelRetriever, PostprocessorStage, RetrieverStage
+from llama_index_funnel.granularity import GraphGranularityNodeParser, MixOfGranularityRetriever, MultiGranularityNodeParser
 
-__all__ = ["FunnelRetriever", "PostprocessorStage", "RetrieverStage", "BM25Retriever", "ClusteredBM25Retriever", "StagePostprocessor", "UnitRetriever",
+__all__ = ["GraphGranularityNodeParser", "MixOfGranularityRetriever", "MultiGranularityNodeParser", "FunnelRetriever", "PostprocessorStage", "RetrieverStage", "BM25Retriever", "ClusteredBM25Retriever", "StagePostprocessor", "UnitRetriever",
            "nodes_to_units", "units_to_nodes"]

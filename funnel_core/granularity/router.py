@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -26,6 +24,7 @@ import numpy as np
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import FunnelError, PersistError, check_positive_int
 from funnel_core.evaluation.metrics import normalize_answer
+from funnel_core.persist import atomic_dir
 from funnel_core.granularity.levels import GranularityStructure
 from funnel_core.granularity.retrieval import GranularityBM25
 
@@ -279,24 +278,15 @@ class GranularityRouter:
         """Write ``config.json`` and ``router.pt`` to the folder ``path`` (atomically)."""
         import torch
 
-        from funnel_core.bm25 import _replace_dir
-
         if self._mlp is None:
             raise RouterNotTrainedError("cannot save an untrained GranularityRouter; call fit() first.")
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-        try:
+        with atomic_dir(path) as tmp:
             torch.save(self._mlp.state_dict(), tmp / "router.pt")
             config = {"format": "funnel-rag.mog-router", "version": 1, "n_levels": self.n_levels,
                       "hidden": self.hidden, "dropout": self.dropout,
                       "embedder": self.embedder.model_name_or_path,
                       "dim": int(self._mlp[0].in_features), "history": self.history}
             (tmp / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-            _replace_dir(tmp, path)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
 
     @classmethod
     def load(cls, path: str | os.PathLike, embedder: SentenceEmbedder | None = None,
