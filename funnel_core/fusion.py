@@ -44,6 +44,8 @@ __all__ = [
     "normalize_scores",
     "alpha_fusion",
     "rrf_fusion",
+    "fuse",
+    "check_fusion_config",
     "HybridRetrieve",
     "Repack",
     "repack",
@@ -194,6 +196,30 @@ def rrf_fusion(sparse: Sequence[Unit], dense: Sequence[Unit], k: int = 60,
     return _merge(sparse, dense, fused, stage, extra)
 
 
+def check_fusion_config(method: str, alpha: float, normalization: str, rrf_k: int) -> float:
+    """Validate fusion settings (shared by the stage and the framework adapters); returns alpha."""
+    if method not in FUSION_METHODS:
+        raise ValueError(f"unknown fusion method {method!r}; choose one of {FUSION_METHODS}.")
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"unknown normalization {normalization!r}; choose one of "
+                         f"{NORMALIZATIONS}.")
+    check_positive_int(rrf_k, "rrf_k")
+    return check_probability(alpha, "alpha")
+
+
+def fuse(sparse: Sequence[Unit], dense: Sequence[Unit], *, method: str = "alpha",
+         alpha: float = 0.3, normalization: str = "minmax", rrf_k: int = 60,
+         k: int | None = None, stage: str = "hybrid") -> list[Unit]:
+    """Fuse a sparse and a dense ranking with ``method`` (``"alpha"`` or ``"rrf"``), cut to ``k``."""
+    alpha = check_fusion_config(method, alpha, normalization, rrf_k)
+    check_positive_int(k, "k", allow_none=True)
+    if method == "rrf":
+        out = rrf_fusion(sparse, dense, k=rrf_k, stage=stage)
+    else:
+        out = alpha_fusion(sparse, dense, alpha=alpha, normalization=normalization, stage=stage)
+    return out[:k] if k is not None else out
+
+
 class HybridRetrieve(Stage):
     """A first stage that fuses a sparse and a dense retriever (paper section 3.4.3).
 
@@ -227,15 +253,9 @@ class HybridRetrieve(Stage):
             if not (isinstance(side, Stage) or callable(side)):
                 raise TypeError(f"the {label} side must be a funnel_core Stage or a callable "
                                 f"fn(query) -> list[Unit], got {type(side).__name__}.")
-        if method not in FUSION_METHODS:
-            raise ValueError(f"unknown fusion method {method!r}; choose one of {FUSION_METHODS}.")
-        if normalization not in NORMALIZATIONS:
-            raise ValueError(f"unknown normalization {normalization!r}; choose one of "
-                             f"{NORMALIZATIONS}.")
         self.sparse, self.dense = sparse, dense
-        self.alpha = check_probability(alpha, "alpha")
-        self.method, self.normalization = method, normalization
-        self.rrf_k = check_positive_int(rrf_k, "rrf_k")
+        self.alpha = check_fusion_config(method, alpha, normalization, rrf_k)
+        self.method, self.normalization, self.rrf_k = method, normalization, rrf_k
         self.k = check_positive_int(k, "k", allow_none=True)
         self.sparse_query, self.dense_query = sparse_query, dense_query
         self.name = name
@@ -250,13 +270,10 @@ class HybridRetrieve(Stage):
 
     def fuse(self, sparse: Sequence[Unit], dense: Sequence[Unit]) -> list[Unit]:
         """Fuse two ranked lists with this stage's method and settings, cut to ``k``."""
-        if self.method == "rrf":
-            out = rrf_fusion(sparse, dense, k=self.rrf_k, stage=self.name)
-        else:
-            out = alpha_fusion(sparse, dense, alpha=self.alpha, normalization=self.normalization,
-                               stage=self.name)
         limits = [x for x in (self.k, self.cutoff) if x is not None]
-        return out[: min(limits)] if limits else out
+        return fuse(sparse, dense, method=self.method, alpha=self.alpha,
+                    normalization=self.normalization, rrf_k=self.rrf_k,
+                    k=min(limits) if limits else None, stage=self.name)
 
     def _queries(self, query: str, sparse_query: str | None,
                  dense_query: str | None) -> tuple[str, str]:
