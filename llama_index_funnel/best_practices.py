@@ -191,11 +191,9 @@ class ExtractiveCompressorPostprocessor(StagePostprocessor):
 
     def __init__(self, *, embedder: Optional[SentenceEmbedder] = None, **data: Any) -> None:
         super().__init__(**data)
-        self._embedder = embedder
-
-    def model_post_init(self, __context: Any) -> None:
         check_ratio(self.ratio)
-        self._stage = self._build_stage()  # validates every field now, loads no model
+        self._embedder = embedder
+        self._stage = self._build_stage()  # validates every field now; the model loads lazily
 
     @classmethod
     def class_name(cls) -> str:

@@ -118,8 +118,9 @@ def test_hyde_step_feeds_dense_side_only(sides):
 def test_lcel_chain_hybrid_compress_repack(sides):
     bm25, dense = sides
     retriever = HybridRetriever(sparse=bm25, dense=dense, k=4)
-    chain = rerank_chain(retriever, ExtractiveCompressor(embedder=_EMBEDDER, ratio=0.5)) \
-        | RepackTransformer(order="reverse")
+    compressor = ExtractiveCompressor(embedder=_EMBEDDER, ratio=0.5)
+    assert compressor.stage.embedder is _EMBEDDER
+    chain = rerank_chain(retriever, compressor) | RepackTransformer(order="reverse")
     docs = chain.invoke("Who wrote Hamlet?")
     assert 1 <= len(docs) <= 4
     assert docs[-1].metadata["retrieval_rank"] == 0 and "Hamlet" in " ".join(d.page_content for d in docs)

@@ -149,10 +149,11 @@ def test_hyde_document_feeds_dense_side_and_query_feeds_sparse_side(nodes, vecto
 
 def test_query_engine_with_compressor_and_repack(nodes, vector_index, embedder):
     retriever, _ = hybrid(nodes, vector_index, similarity_top_k=4)
+    compressor = ExtractiveCompressorPostprocessor(embedder=embedder, ratio=0.5)
+    assert compressor.stage.embedder is embedder  # the shared model, not a second copy
     engine = RetrieverQueryEngine.from_args(
         retriever, llm=MockLLM(),
-        node_postprocessors=[ExtractiveCompressorPostprocessor(embedder=embedder, ratio=0.5),
-                             RepackPostprocessor(order="reverse")])
+        node_postprocessors=[compressor, RepackPostprocessor(order="reverse")])
     resp = engine.query("Who wrote Hamlet?")
     src = resp.source_nodes
     assert 1 <= len(src) <= 4
