@@ -14,7 +14,8 @@ Sentence scores come from an embedding model (cosine similarity with
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections import OrderedDict
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -55,6 +56,9 @@ class ExtractiveCompressor(Stage):
         min_sentences: Sentences always kept per scope (the best ones), even over the budget.
         embedder: A :class:`SentenceEmbedder` (``None``: the packaged all-MiniLM-L6-v2, loaded
             lazily); only for ``method="embedding"``.
+        cache_size: Sentence embeddings kept in an LRU cache (0 = off, default). The same
+            documents come back for many queries in a RAG system; with a cache only the query
+            and unseen sentences are encoded. :meth:`precompute` fills it in large batches.
         name: Stage name.
 
     Output units keep their order, id, score and metadata; their text holds the kept sentences
@@ -64,7 +68,8 @@ class ExtractiveCompressor(Stage):
 
     def __init__(self, *, method: str = "embedding", ratio: float = 0.4,
                  max_tokens: int | None = None, scope: str = "global", min_sentences: int = 1,
-                 embedder: SentenceEmbedder | None = None, name: str = "extractive_compressor") -> None:
+                 embedder: SentenceEmbedder | None = None, cache_size: int = 0,
+                 name: str = "extractive_compressor") -> None:
         if method not in COMPRESSION_METHODS:
             raise ValueError(f"unknown compression method {method!r}; choose one of "
                              f"{COMPRESSION_METHODS}.")
@@ -78,6 +83,10 @@ class ExtractiveCompressor(Stage):
             raise ValueError(f"min_sentences must be an int >= 0, got {min_sentences!r}.")
         self.min_sentences = min_sentences
         self._embedder = embedder
+        if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 0:
+            raise ValueError(f"cache_size must be an int >= 0, got {cache_size!r}.")
+        self.cache_size = cache_size
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self.name = name
 
     @property
@@ -87,14 +96,43 @@ class ExtractiveCompressor(Stage):
         return self._embedder
 
     # -- scoring -----------------------------------------------------------------------------
+    def _embed_sentences(self, sentences: Sequence[str]) -> np.ndarray:
+        if not self.cache_size:
+            return self.embedder.encode(list(sentences))
+        missing = list(dict.fromkeys(s for s in sentences if s not in self._cache))
+        if missing:
+            for s, e in zip(missing, self.embedder.encode(missing)):
+                self._cache[s] = e
+        rows = []
+        for s in sentences:
+            self._cache.move_to_end(s)
+            rows.append(self._cache[s])
+        out = np.stack(rows)
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return out
+
+    def precompute(self, units: Iterable[Unit]) -> int:
+        """Embed the sentences of ``units`` into the cache in large batches; returns how many
+        sentences the cache holds. Needs ``cache_size > 0`` and ``method="embedding"``."""
+        if not self.cache_size or self.method != "embedding":
+            raise ValueError("precompute needs method='embedding' and cache_size > 0.")
+        sentences = [s for u in units for s in split_sentences(u.text)]
+        if sentences:
+            self._embed_sentences(sentences[-self.cache_size:])
+        return len(self._cache)
+
     def score_sentences(self, query: str, sentences: Sequence[str]) -> list[float]:
         """Similarity of each sentence to the query (higher is better), as Python floats."""
         if not sentences:
             return []
         if self.method == "bm25":
             return bm25_scores(query, list(sentences))
-        emb = self.embedder.encode([query, *sentences])
-        q, s = emb[0], emb[1:]
+        if self.cache_size:
+            q, s = self.embedder.encode([query])[0], self._embed_sentences(sentences)
+        else:
+            emb = self.embedder.encode([query, *sentences])
+            q, s = emb[0], emb[1:]
         if not self.embedder.normalize:  # cosine even for an un-normalised embedder
             q = q / (np.linalg.norm(q) or 1.0)
             s = s / np.clip(np.linalg.norm(s, axis=1, keepdims=True), 1e-12, None)

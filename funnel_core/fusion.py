@@ -114,23 +114,24 @@ def _dedup(units: Sequence[Unit]) -> list[Unit]:
 
 def _merge(sparse: list[Unit], dense: list[Unit], fused: dict[str, float], stage: str,
            extra: dict[str, dict[str, Any]]) -> list[Unit]:
-    """Build output units (sparse copy preferred, metadata of both sides kept), best first."""
-    by_id: dict[str, Unit] = {}
-    for u in dense:
-        by_id[u.id] = u
-    for u in sparse:  # the sparse copy wins for text/metadata; dense scores merged in below
-        if u.id in by_id:
-            merged = u.copy()
-            merged.metadata.setdefault("scores", {})
-            for key, val in by_id[u.id].scores.items():
-                merged.metadata["scores"].setdefault(key, val)
-            by_id[u.id] = merged
-        else:
-            by_id[u.id] = u
-    order = sorted(fused, key=lambda i: (-fused[i], i))
+    """Build output units (sparse copy preferred, score history of both sides), best first.
+
+    One copy per output unit: the copy of the sparse unit (or the dense one when only the dense
+    side found it), with the other side's score history merged in and the fused score set.
+    """
+    sparse_by_id = {u.id: u for u in sparse}
+    dense_by_id = {u.id: u for u in dense}
     out = []
-    for uid in order:
-        unit = by_id[uid].rescored(fused[uid], stage)
+    for uid in sorted(fused, key=lambda i: (-fused[i], i)):
+        base = sparse_by_id.get(uid) or dense_by_id[uid]
+        unit = base.copy()
+        scores = unit.metadata.setdefault("scores", {})
+        other = dense_by_id.get(uid) if uid in sparse_by_id else None
+        if other is not None:
+            for key, val in other.scores.items():
+                scores.setdefault(key, val)
+        unit.score = float(fused[uid])
+        scores[stage] = unit.score
         unit.metadata.update(extra.get(uid, {}))
         out.append(unit)
     return out

@@ -176,6 +176,18 @@ def test_extractive_compressor_keeps_relevant_sentences_in_order(method, embedde
     assert DOCS[0].text.startswith("The Eiffel Tower is in Paris.")  # input not mutated
 
 
+def test_extractive_compressor_embedding_cache_gives_the_same_selection(embedder):
+    plain = ExtractiveCompressor(embedder=embedder, ratio=0.4)
+    cached = ExtractiveCompressor(embedder=embedder, ratio=0.4, cache_size=5)
+    assert cached.precompute(DOCS) == 5  # 7 sentences, LRU keeps the last 5
+    q = "When was the Eiffel Tower completed?"
+    assert [u.text for u in cached(q, DOCS)] == [u.text for u in plain(q, DOCS)]
+    assert plain.score_sentences(q, ["The tower was completed in 1889."]) == pytest.approx(
+        cached.score_sentences(q, ["The tower was completed in 1889."]), abs=1e-5)
+    with pytest.raises(ValueError, match="cache_size must be an int >= 0"):
+        ExtractiveCompressor(cache_size=-1)
+
+
 def test_extractive_compressor_token_budget_and_unit_scope():
     comp = ExtractiveCompressor(method="bm25", ratio=1.0, max_tokens=7)
     out = comp("Eiffel Tower completed 1889", DOCS)
