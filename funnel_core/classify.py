@@ -43,6 +43,7 @@ RETRIEVAL = "retrieval"
 SUFFICIENT = "sufficient"
 LABELS = (RETRIEVAL, SUFFICIENT)
 FORMAT_VERSION = 1
+_PRETRAINED: dict[tuple, tuple[np.ndarray, float]] = {}
 
 
 class NotFittedError(RuntimeError):
@@ -151,9 +152,20 @@ class QueryClassifier:
 
     @classmethod
     def pretrained(cls, **kwargs: Any) -> "QueryClassifier":
-        """A classifier trained on the packaged labelled set (a few seconds on CPU)."""
-        rows = load_labelled_queries()
-        return cls(**kwargs).fit([r["query"] for r in rows], [r["label"] for r in rows])
+        """A classifier trained on the packaged labelled set (a few seconds on CPU).
+
+        The trained weights are remembered per (embedding model, C, class_weight) for the life of
+        the process, so later calls only copy them.
+        """
+        clf = cls(**kwargs)
+        key = (clf.embedder.model_name_or_path, clf.C, clf.class_weight)
+        if key not in _PRETRAINED:
+            rows = load_labelled_queries()
+            clf.fit([r["query"] for r in rows], [r["label"] for r in rows])
+            _PRETRAINED[key] = (clf.coef_.copy(), clf.intercept_)
+        coef, intercept = _PRETRAINED[key]
+        clf.coef_, clf.intercept_ = coef.copy(), intercept
+        return clf
 
     # -- inference -----------------------------------------------------------------------------
     def _require_fitted(self) -> None:

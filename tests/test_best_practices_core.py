@@ -240,6 +240,13 @@ def test_query_classifier_routes_unseen_queries(classifier):
     assert classifier.needs_retrieval("  ") is False
 
 
+def test_pretrained_weights_are_reused_not_shared(classifier, embedder):
+    again = QueryClassifier.pretrained(embedder=embedder)
+    assert again is not classifier and np.array_equal(again.coef_, classifier.coef_)
+    again.coef_[0] += 1.0
+    assert not np.array_equal(again.coef_, classifier.coef_)
+
+
 def test_query_classifier_save_load_roundtrip(classifier, embedder, tmp_path):
     classifier.save(tmp_path / "clf")
     loaded = QueryClassifier.load(tmp_path / "clf", embedder=embedder)
