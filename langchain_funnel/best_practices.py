@@ -1,0 +1,279 @@
+"""LangChain objects for the "Searching for Best Practices in RAG" components.
+
+* :class:`SentenceEmbedderEmbeddings` — LangChain ``Embeddings`` over
+  :class:`funnel_core.embeddings.SentenceEmbedder` (all-MiniLM-L6-v2 offline by default), e.g.
+  for ``InMemoryVectorStore``.
+* :class:`HybridRetriever` — fuses any sparse and any dense LangChain retriever with the paper's
+  ``S_h = alpha * S_sparse + S_dense`` (min-max normalised) or RRF. The dense side may receive a
+  different query: ``dense_query`` (a runnable, e.g. :func:`hyde_query`) rewrites it, or pass
+  ``invoke(q, dense_query="...")``.
+* :func:`hyde_query` — HyDE as a runnable: asks an LLM for a hypothetical answer document.
+* :class:`RepackTransformer` — forward / reverse (best last, default) / sides.
+* :class:`ExtractiveCompressor` — query-based sentence selection (a ``StageCompressor``).
+* :func:`query_classifier_branch` — a ``RunnableBranch`` that runs the RAG chain only for
+  queries that need retrieval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Optional, Sequence
+
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForRetrieverRun,
+    CallbackManagerForRetrieverRun,
+)
+from langchain_core.documents import BaseDocumentTransformer, Document
+from langchain_core.embeddings import Embeddings
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.prompts import PromptTemplate
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import Runnable, RunnableBranch, RunnableConfig, RunnableLambda
+from langchain_core.runnables import RunnableSerializable
+from langchain_core.vectorstores import VectorStoreRetriever
+from pydantic import ConfigDict, Field, PrivateAttr
+
+from funnel_core.classify import QueryClassifier
+from funnel_core.compress import ExtractiveCompressor as _CoreCompressor
+from funnel_core.compress import check_ratio
+from funnel_core.embeddings import SentenceEmbedder
+from funnel_core.errors import check_positive_int, check_query
+from funnel_core.funnel import Stage
+from funnel_core.fusion import REPACK_ORDERS, check_fusion_config, fuse, repack
+from langchain_funnel._base import StageCompressor, documents_to_units, units_to_documents
+
+__all__ = [
+    "SentenceEmbedderEmbeddings",
+    "HybridRetriever",
+    "hyde_query",
+    "DEFAULT_HYDE_PROMPT",
+    "RepackTransformer",
+    "ExtractiveCompressor",
+    "query_classifier_branch",
+]
+
+DEFAULT_HYDE_PROMPT = PromptTemplate.from_template(
+    "Please write a passage to answer the question.\n"
+    "Try to include as many key details as possible.\n\n"
+    "Question: {question}\n\nPassage:"
+)
+
+
+class SentenceEmbedderEmbeddings(Embeddings):
+    """LangChain embeddings over :class:`~funnel_core.embeddings.SentenceEmbedder`.
+
+    Args:
+        model_name: sentence-transformers hub name or local folder; ``None`` = packaged MiniLM.
+        batch_size: Texts per forward pass.
+        device: Torch device or ``None`` for the best available.
+        embedder: An existing :class:`SentenceEmbedder` to share.
+    """
+
+    def __init__(self, *, model_name: str | None = None, batch_size: int = 64,
+                 device: str | None = None, embedder: SentenceEmbedder | None = None) -> None:
+        self.embedder = embedder or SentenceEmbedder(model_name, device=device, batch_size=batch_size)
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return self.embedder.encode(list(texts)).tolist()
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.embedder.encode([text])[0].tolist()
+
+    async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
+        return await asyncio.to_thread(self.embed_documents, texts)
+
+    async def aembed_query(self, text: str) -> list[float]:
+        return await asyncio.to_thread(self.embed_query, text)
+
+
+def hyde_query(llm: Runnable, prompt: PromptTemplate | None = None,
+               include_original: bool = True) -> Runnable:
+    """HyDE (Gao et al., 2022) as a runnable ``query -> text for the dense retriever``.
+
+    The LLM writes a hypothetical passage answering the question; with ``include_original`` the
+    question is kept in front of it (LlamaIndex's ``HyDEQueryTransform`` averages both
+    embeddings; one text holding both is the single-vector equivalent). Works with chat models
+    and plain LLMs. The prompt must have a ``{question}`` variable.
+    """
+    prompt = prompt or DEFAULT_HYDE_PROMPT
+    if "question" not in prompt.input_variables:
+        raise ValueError(f"the HyDE prompt needs a {{question}} variable, has {prompt.input_variables}.")
+    write = prompt | llm | StrOutputParser()
+
+    def _join(inputs: dict) -> str:
+        doc = inputs["doc"].strip()
+        return f"{inputs['question']}\n{doc}" if include_original and doc else (doc or inputs["question"])
+
+    return ({"question": RunnableLambda(lambda q: q), "doc": RunnableLambda(lambda q: {"question": q}) | write}
+            | RunnableLambda(_join)).with_config(run_name="hyde_query")
+
+
+class HybridRetriever(BaseRetriever):
+    """Hybrid search over any two LangChain retrievers (paper section 3.4.3).
+
+    Scores are read from ``Document.metadata["score"]`` (funnel-rag retrievers write it). A
+    similarity ``VectorStoreRetriever`` returns no scores, so its vector store is queried through
+    ``similarity_search_with_score`` with the retriever's own ``search_kwargs``. A retriever
+    that gives no scores can still be fused with ``method="rrf"``.
+
+    Attributes:
+        sparse: The sparse retriever (BM25); it always receives the user's query.
+        dense: The dense retriever; it receives ``dense_query(query)`` when set, or the
+            ``dense_query=`` string passed to ``invoke``.
+        alpha: Sparse weight in ``S_h = alpha * S_sparse + S_dense`` (0.3), in [0, 1].
+        method: ``"alpha"`` or ``"rrf"``.
+        normalization: ``"minmax"``, ``"zscore"`` or ``"none"``.
+        rrf_k: RRF constant (60).
+        k: Documents returned after fusion (constructor default; ``invoke(q, k=3)`` overrides).
+        dense_query: Optional runnable ``query -> str`` for the dense side (see :func:`hyde_query`).
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    sparse: BaseRetriever
+    dense: BaseRetriever
+    alpha: float = 0.3
+    method: str = "alpha"
+    normalization: str = "minmax"
+    rrf_k: int = 60
+    k: int = Field(default=4, description="Number of documents to return.")
+    dense_query: Optional[Runnable] = None
+
+    def model_post_init(self, __context: Any) -> None:
+        self.alpha = check_fusion_config(self.method, self.alpha, self.normalization, self.rrf_k)
+        check_positive_int(self.k, "k")
+
+    # -- sides ---------------------------------------------------------------------------------
+    @staticmethod
+    def _with_scores(retriever: BaseRetriever, query: str, config: RunnableConfig) -> list[Document]:
+        if isinstance(retriever, VectorStoreRetriever) and retriever.search_type == "similarity":
+            pairs = retriever.vectorstore.similarity_search_with_score(query, **retriever.search_kwargs)
+            return [Document(id=d.id, page_content=d.page_content,
+                             metadata={**d.metadata, "score": float(s)}) for d, s in pairs]
+        return retriever.invoke(query, config=config)
+
+    @staticmethod
+    async def _awith_scores(retriever: BaseRetriever, query: str,
+                            config: RunnableConfig) -> list[Document]:
+        if isinstance(retriever, VectorStoreRetriever) and retriever.search_type == "similarity":
+            pairs = await retriever.vectorstore.asimilarity_search_with_score(
+                query, **retriever.search_kwargs)
+            return [Document(id=d.id, page_content=d.page_content,
+                             metadata={**d.metadata, "score": float(s)}) for d, s in pairs]
+        return await retriever.ainvoke(query, config=config)
+
+    def _fuse(self, sparse: Sequence[Document], dense: Sequence[Document], k: int) -> list[Document]:
+        units = fuse(documents_to_units(sparse), documents_to_units(dense), method=self.method,
+                     alpha=self.alpha, normalization=self.normalization, rrf_k=self.rrf_k, k=k)
+        return units_to_documents(units)
+
+    def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
+                                k: int | None = None, dense_query: str | None = None,
+                                **kwargs: Any) -> list[Document]:
+        query = check_query(query)
+        k = self.k if k is None else check_positive_int(k, "k")
+        if not query:
+            return []
+        if dense_query is None:
+            dense_query = self.dense_query.invoke(query, config={"callbacks": run_manager.get_child(
+                "dense_query")}) if self.dense_query is not None else query
+        sparse = self._with_scores(self.sparse, query, {"callbacks": run_manager.get_child("sparse")})
+        dense = self._with_scores(self.dense, check_query(dense_query) or query,
+                                  {"callbacks": run_manager.get_child("dense")})
+        return self._fuse(sparse, dense, k)
+
+    async def _aget_relevant_documents(self, query: str, *,
+                                       run_manager: AsyncCallbackManagerForRetrieverRun,
+                                       k: int | None = None, dense_query: str | None = None,
+                                       **kwargs: Any) -> list[Document]:
+        query = check_query(query)
+        k = self.k if k is None else check_positive_int(k, "k")
+        if not query:
+            return []
+        if dense_query is None:
+            dense_query = await self.dense_query.ainvoke(query, config={
+                "callbacks": run_manager.get_child("dense_query")}) \
+                if self.dense_query is not None else query
+        sparse, dense = await asyncio.gather(
+            self._awith_scores(self.sparse, query, {"callbacks": run_manager.get_child("sparse")}),
+            self._awith_scores(self.dense, check_query(dense_query) or query,
+                               {"callbacks": run_manager.get_child("dense")}))
+        return self._fuse(sparse, dense, k)
+
+
+class RepackTransformer(BaseDocumentTransformer, RunnableSerializable[list[Document], list[Document]]):
+    """Reorder documents that arrive best first: ``"forward"``, ``"reverse"`` (default: best
+    last, next to the question) or ``"sides"`` (best at both ends).
+
+    A ``BaseDocumentTransformer`` and a runnable: ``retriever | RepackTransformer()``. Each
+    document gets ``metadata["retrieval_rank"]`` and ``metadata["repack_position"]``.
+    """
+
+    order: str = "reverse"
+
+    def model_post_init(self, __context: Any) -> None:
+        if self.order not in REPACK_ORDERS:
+            raise ValueError(f"unknown repack order {self.order!r}; choose one of {REPACK_ORDERS}.")
+
+    def transform_documents(self, documents: Sequence[Document], **kwargs: Any) -> list[Document]:
+        return units_to_documents(repack(documents_to_units(list(documents)), self.order))
+
+    async def atransform_documents(self, documents: Sequence[Document],
+                                   **kwargs: Any) -> list[Document]:
+        return self.transform_documents(documents)
+
+    def invoke(self, input: list[Document], config: RunnableConfig | None = None,
+               **kwargs: Any) -> list[Document]:
+        if not isinstance(input, (list, tuple)):
+            raise TypeError(f"RepackTransformer takes a list of Documents, got {type(input).__name__}.")
+        return self.transform_documents(input)
+
+
+class ExtractiveCompressor(StageCompressor):
+    """Keep the sentences most similar to the query (paper section 3.7), in original order.
+
+    A ``BaseDocumentCompressor`` and a runnable over ``{"query", "documents"}`` (see
+    ``rerank_chain``). ``metadata["compression"]`` records tokens before/after.
+    """
+
+    method: str = Field(default="embedding", description="embedding or bm25 sentence scoring.")
+    ratio: float = Field(default=0.4, description="Share of input tokens to keep, in (0, 1].")
+    max_tokens: Optional[int] = Field(default=None, description="Absolute token budget.")
+    scope: str = Field(default="global", description="global (one budget) or unit (per document).")
+    model: Optional[str] = Field(default=None, description="Embedding model; None = MiniLM.")
+    batch_size: int = 64
+    device: Optional[str] = None
+    embedder: Optional[SentenceEmbedder] = Field(default=None, exclude=True,
+                                                 description="Share an already loaded embedder.")
+
+    def model_post_init(self, __context: Any) -> None:
+        check_ratio(self.ratio)
+        self._stage = self._build_stage()  # validates the settings now; the model loads lazily
+
+    def _build_stage(self) -> Stage:
+        embedder = self.embedder
+        if embedder is None and self.method == "embedding":
+            embedder = SentenceEmbedder(self.model, device=self.device, batch_size=self.batch_size)
+        return _CoreCompressor(method=self.method, ratio=self.ratio, max_tokens=self.max_tokens,
+                               scope=self.scope, embedder=embedder)
+
+
+def query_classifier_branch(classifier: QueryClassifier, retrieval_chain: Runnable,
+                            direct_chain: Runnable, *, query_key: str | None = None) -> Runnable:
+    """A ``RunnableBranch``: ``retrieval_chain`` when the query needs retrieval, else
+    ``direct_chain`` (e.g. ``prompt | llm`` with no context).
+
+    The input is the query string, or a dict holding it under ``query_key``.
+    """
+    if not isinstance(classifier, QueryClassifier):
+        raise TypeError(f"classifier must be a QueryClassifier, got {type(classifier).__name__}.")
+    classifier._require_fitted()
+
+    def needs(x: Any) -> bool:
+        if query_key is not None:
+            if not isinstance(x, dict) or query_key not in x:
+                raise TypeError(f"expected a dict with key {query_key!r}, got {type(x).__name__}.")
+            x = x[query_key]
+        return classifier.needs_retrieval(x)
+
+    return RunnableBranch((RunnableLambda(needs).with_config(run_name="needs_retrieval"),
+                           retrieval_chain), direct_chain)

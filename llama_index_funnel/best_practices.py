@@ -1,0 +1,279 @@
+"""LlamaIndex objects for the "Searching for Best Practices in RAG" components.
+
+* :class:`SentenceEmbedderEmbedding` — a LlamaIndex ``BaseEmbedding`` over
+  :class:`funnel_core.embeddings.SentenceEmbedder` (all-MiniLM-L6-v2 offline by default), so a
+  real ``VectorStoreIndex`` can be built without any hosted embedding API.
+* :class:`HybridRetriever` — fuses any sparse and any dense LlamaIndex retriever with the paper's
+  ``S_h = alpha * S_sparse + S_dense`` (min-max normalised) or RRF. It works with
+  ``HyDEQueryTransform``: the transformed ``QueryBundle`` goes to the dense side unchanged (so
+  the vector retriever embeds the hypothetical document through ``embedding_strs``), while the
+  sparse side receives a bundle holding only the original ``query_str``.
+* :class:`RepackPostprocessor` — forward / reverse (best last, default) / sides.
+* :class:`ExtractiveCompressorPostprocessor` — query-based sentence selection (ratio 0.4).
+* :class:`QueryClassifierGate` (retriever) and :class:`QueryClassifierQueryEngine` (query
+  engine) — skip retrieval for requests that carry sufficient information.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, List, Optional
+
+from llama_index.core.base.base_query_engine import BaseQueryEngine
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
+from llama_index.core.base.response.schema import Response
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.callbacks.base import CallbackManager
+from llama_index.core.llms import LLM
+from llama_index.core.prompts.mixin import PromptMixinType
+from llama_index.core.query_engine import CustomQueryEngine
+from llama_index.core.schema import NodeWithScore, QueryBundle
+
+from funnel_core.classify import QueryClassifier
+from funnel_core.compress import ExtractiveCompressor, check_ratio
+from funnel_core.embeddings import SentenceEmbedder
+from funnel_core.errors import check_positive_int, check_query
+from funnel_core.funnel import Stage
+from funnel_core.fusion import REPACK_ORDERS, Repack, check_fusion_config, fuse
+from llama_index_funnel._base import StagePostprocessor, nodes_to_units, units_to_nodes
+
+__all__ = [
+    "SentenceEmbedderEmbedding",
+    "HybridRetriever",
+    "RepackPostprocessor",
+    "ExtractiveCompressorPostprocessor",
+    "QueryClassifierGate",
+    "QueryClassifierQueryEngine",
+]
+
+
+class SentenceEmbedderEmbedding(BaseEmbedding):
+    """LlamaIndex embedding model over :class:`~funnel_core.embeddings.SentenceEmbedder`.
+
+    Args:
+        model_name: sentence-transformers hub name or local folder; ``None`` = the packaged
+            all-MiniLM-L6-v2.
+        embed_batch_size: Texts per forward pass.
+        device: ``"cpu"``, ``"cuda"``, ... or ``None`` for the best available.
+        embedder: An existing :class:`SentenceEmbedder` to share (its model loads once).
+    """
+
+    device: Optional[str] = Field(default=None, description="Torch device, None = best available.")
+    _embedder: SentenceEmbedder = PrivateAttr()
+
+    def __init__(self, model_name: Optional[str] = None, embed_batch_size: int = 64,
+                 device: Optional[str] = None, embedder: Optional[SentenceEmbedder] = None,
+                 **kwargs: Any) -> None:
+        embedder = embedder or SentenceEmbedder(model_name, device=device, batch_size=embed_batch_size)
+        super().__init__(model_name=embedder.model_name_or_path, embed_batch_size=embed_batch_size,
+                         device=device, **kwargs)
+        self._embedder = embedder
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "SentenceEmbedderEmbedding"
+
+    def _get_query_embedding(self, query: str) -> Embedding:
+        return self._embedder.encode([query])[0].tolist()
+
+    async def _aget_query_embedding(self, query: str) -> Embedding:
+        return await asyncio.to_thread(self._get_query_embedding, query)
+
+    def _get_text_embedding(self, text: str) -> Embedding:
+        return self._embedder.encode([text])[0].tolist()
+
+    def _get_text_embeddings(self, texts: List[str]) -> List[Embedding]:
+        return self._embedder.encode(list(texts)).tolist()
+
+    async def _aget_text_embeddings(self, texts: List[str]) -> List[Embedding]:
+        return await asyncio.to_thread(self._get_text_embeddings, texts)
+
+
+class HybridRetriever(BaseRetriever):
+    """Hybrid search over two LlamaIndex retrievers (paper section 3.4.3).
+
+    Args:
+        sparse_retriever: The sparse side, e.g. a BM25 retriever; it receives only the original
+            query string.
+        dense_retriever: The dense side, e.g. ``index.as_retriever()`` over a
+            ``VectorStoreIndex``; it receives the query bundle as is, HyDE embedding strings
+            included.
+        alpha: Sparse weight in ``S_h = alpha * S_sparse + S_dense`` (0.3), in [0, 1].
+        method: ``"alpha"`` (default) or ``"rrf"``.
+        normalization: ``"minmax"`` (default), ``"zscore"`` or ``"none"`` (alpha method only).
+        rrf_k: RRF constant (60).
+        similarity_top_k: Nodes returned after fusion (``None``: the whole fused union).
+
+    Node scores are the fused scores; ``node.metadata["scores"]`` keeps each side's raw score
+    and ``sparse_score``/``dense_score``/``sparse_rank``/``dense_rank`` show how it was fused.
+    Usage with HyDE::
+
+        hyde = HyDEQueryTransform(llm=llm, include_original=True)
+        retriever = TransformRetriever(HybridRetriever(bm25, vector_retriever), hyde)
+    """
+
+    def __init__(self, sparse_retriever: BaseRetriever, dense_retriever: BaseRetriever, *,
+                 alpha: float = 0.3, method: str = "alpha", normalization: str = "minmax",
+                 rrf_k: int = 60, similarity_top_k: Optional[int] = 10,
+                 callback_manager: Optional[CallbackManager] = None, verbose: bool = False) -> None:
+        for label, r in (("sparse_retriever", sparse_retriever), ("dense_retriever", dense_retriever)):
+            if not isinstance(r, BaseRetriever):
+                raise TypeError(f"{label} must be a LlamaIndex BaseRetriever, got {type(r).__name__}.")
+        self.alpha = check_fusion_config(method, alpha, normalization, rrf_k)
+        self.method, self.normalization, self.rrf_k = method, normalization, rrf_k
+        self.similarity_top_k = check_positive_int(similarity_top_k, "similarity_top_k", allow_none=True)
+        self._sparse, self._dense = sparse_retriever, dense_retriever
+        super().__init__(callback_manager=callback_manager, verbose=verbose)
+
+    def _get_prompt_modules(self) -> PromptMixinType:
+        return {}
+
+    @staticmethod
+    def _sparse_bundle(query_bundle: QueryBundle) -> QueryBundle:
+        return QueryBundle(query_str=query_bundle.query_str)
+
+    def _fuse(self, sparse: List[NodeWithScore], dense: List[NodeWithScore]) -> List[NodeWithScore]:
+        units = fuse(nodes_to_units(sparse), nodes_to_units(dense), method=self.method,
+                     alpha=self.alpha, normalization=self.normalization, rrf_k=self.rrf_k,
+                     k=self.similarity_top_k)
+        return units_to_nodes(units, [*sparse, *dense])
+
+    def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
+        if not check_query(query_bundle.query_str):
+            return []
+        sparse = self._sparse.retrieve(self._sparse_bundle(query_bundle))
+        dense = self._dense.retrieve(query_bundle)
+        return self._fuse(sparse, dense)
+
+    async def _aretrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
+        if not check_query(query_bundle.query_str):
+            return []
+        sparse, dense = await asyncio.gather(
+            self._sparse.aretrieve(self._sparse_bundle(query_bundle)),
+            self._dense.aretrieve(query_bundle))
+        return self._fuse(sparse, dense)
+
+
+class RepackPostprocessor(StagePostprocessor):
+    """Reorder the final nodes: ``"forward"``, ``"reverse"`` (default: best last, next to the
+    question) or ``"sides"`` (best at both ends). Put it last in ``node_postprocessors``."""
+
+    order: str = Field(default="reverse", description="forward, reverse or sides.")
+
+    def model_post_init(self, __context: Any) -> None:
+        if self.order not in REPACK_ORDERS:
+            raise ValueError(f"unknown repack order {self.order!r}; choose one of {REPACK_ORDERS}.")
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "RepackPostprocessor"
+
+    def _build_stage(self) -> Stage:
+        return Repack(self.order)
+
+
+class ExtractiveCompressorPostprocessor(StagePostprocessor):
+    """Keep the sentences most similar to the query (paper section 3.7), in original order.
+
+    See :class:`funnel_core.compress.ExtractiveCompressor`; ``metadata["compression"]`` on each
+    node records tokens before/after.
+    """
+
+    method: str = Field(default="embedding", description="embedding or bm25 sentence scoring.")
+    ratio: float = Field(default=0.4, description="Share of input tokens to keep, in (0, 1].")
+    max_tokens: Optional[int] = Field(default=None, description="Absolute token budget.")
+    scope: str = Field(default="global", description="global (one budget) or unit (per node).")
+    model: Optional[str] = Field(default=None, description="Embedding model; None = MiniLM.")
+    batch_size: int = Field(default=64, description="Sentences per forward pass.")
+    device: Optional[str] = Field(default=None, description="Torch device.")
+    _embedder: Optional[SentenceEmbedder] = PrivateAttr(default=None)
+
+    def __init__(self, *, embedder: Optional[SentenceEmbedder] = None, **data: Any) -> None:
+        super().__init__(**data)
+        check_ratio(self.ratio)
+        self._embedder = embedder
+        self._stage = self._build_stage()  # validates every field now; the model loads lazily
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "ExtractiveCompressorPostprocessor"
+
+    def _build_stage(self) -> Stage:
+        embedder = self._embedder
+        if embedder is None and self.method == "embedding":
+            embedder = SentenceEmbedder(self.model, device=self.device, batch_size=self.batch_size)
+        return ExtractiveCompressor(method=self.method, ratio=self.ratio,
+                                    max_tokens=self.max_tokens, scope=self.scope, embedder=embedder)
+
+
+class QueryClassifierGate(BaseRetriever):
+    """Retrieve only when the query needs it (paper section 3.1).
+
+    For a query the classifier labels "sufficient", no retrieval runs and ``[]`` is returned,
+    so a ``RetrieverQueryEngine`` answers from the request alone. ``last_decision`` holds the
+    latest ``{"query", "needs_retrieval", "p_retrieval"}``.
+
+    Args:
+        retriever: The retriever to gate.
+        classifier: A trained :class:`~funnel_core.classify.QueryClassifier` (for instance
+            ``QueryClassifier.pretrained()``).
+    """
+
+    def __init__(self, retriever: BaseRetriever, classifier: QueryClassifier,
+                 callback_manager: Optional[CallbackManager] = None, verbose: bool = False) -> None:
+        if not isinstance(retriever, BaseRetriever):
+            raise TypeError(f"retriever must be a LlamaIndex BaseRetriever, got {type(retriever).__name__}.")
+        if not isinstance(classifier, QueryClassifier):
+            raise TypeError(f"classifier must be a QueryClassifier, got {type(classifier).__name__}.")
+        classifier._require_fitted()
+        self._retriever, self.classifier = retriever, classifier
+        self.last_decision: Optional[dict] = None
+        super().__init__(callback_manager=callback_manager, verbose=verbose)
+
+    def _get_prompt_modules(self) -> PromptMixinType:
+        return {}
+
+    def _decide(self, query: str) -> bool:
+        query = check_query(query)
+        p = self.classifier.predict_proba([query])[0] if query else 0.0
+        need = bool(query) and p >= self.classifier.threshold
+        self.last_decision = {"query": query, "needs_retrieval": need, "p_retrieval": p}
+        return need
+
+    def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
+        return self._retriever.retrieve(query_bundle) if self._decide(query_bundle.query_str) else []
+
+    async def _aretrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
+        need = await asyncio.to_thread(self._decide, query_bundle.query_str)
+        return await self._retriever.aretrieve(query_bundle) if need else []
+
+
+class QueryClassifierQueryEngine(CustomQueryEngine):
+    """Route a query to a RAG query engine or straight to the LLM.
+
+    "retrieval" queries go to ``query_engine``; "sufficient" ones to ``llm.complete``. The
+    response's ``metadata["needs_retrieval"]`` says which path answered.
+    """
+
+    query_engine: BaseQueryEngine = Field(description="The retrieval-augmented query engine.")
+    llm: LLM = Field(description="LLM that answers queries needing no retrieval.")
+    classifier: QueryClassifier = Field(description="A trained QueryClassifier.")
+
+    def model_post_init(self, __context: Any) -> None:
+        self.classifier._require_fitted()
+
+    def custom_query(self, query_str: str) -> Response:
+        if self.classifier.needs_retrieval(query_str):
+            resp = self.query_engine.query(query_str)
+            resp.metadata = {**(resp.metadata or {}), "needs_retrieval": True}
+            return resp
+        return Response(str(self.llm.complete(query_str)), metadata={"needs_retrieval": False})
+
+    async def acustom_query(self, query_str: str) -> Response:
+        if await asyncio.to_thread(self.classifier.needs_retrieval, query_str):
+            resp = await self.query_engine.aquery(query_str)
+            resp.metadata = {**(resp.metadata or {}), "needs_retrieval": True}
+            return resp
+        out = await self.llm.acomplete(query_str)
+        return Response(str(out), metadata={"needs_retrieval": False})
