@@ -11,6 +11,14 @@ from langchain_funnel._base import (
 from langchain_funnel.retrievers import BM25Retriever, ClusteredBM25Retriever
 from langchain_funnel.funnel import FunnelRetriever, LCCompressorStage, LCRetrieverStage, LCRunnableStage
 from langchain_funnel.granularity import GraphGranularitySplitter, MixOfGranularityRetriever, MultiGranularityTextSplitter
+from langchain_funnel.best_practices import (
+    ExtractiveCompressor,
+    HybridRetriever,
+    RepackTransformer,
+    SentenceEmbedderEmbeddings,
+    hyde_query,
+    query_classifier_branch,
+)
 
-__all__ = ["GraphGranularitySplitter", "MixOfGranularityRetriever", "MultiGranularityTextSplitter", "FunnelRetriever", "LCCompressorStage", "LCRetrieverStage", "LCRunnableStage", "BM25Retriever", "ClusteredBM25Retriever", "StageCompressor", "UnitRetriever",
+__all__ = ["ExtractiveCompressor", "HybridRetriever", "RepackTransformer", "SentenceEmbedderEmbeddings", "hyde_query", "query_classifier_branch", "GraphGranularitySplitter", "MixOfGranularityRetriever", "MultiGranularityTextSplitter", "FunnelRetriever", "LCCompressorStage", "LCRetrieverStage", "LCRunnableStage", "BM25Retriever", "ClusteredBM25Retriever", "StageCompressor", "UnitRetriever",
            "documents_to_units", "rerank_chain", "units_to_documents"]

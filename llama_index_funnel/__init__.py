@@ -5,6 +5,14 @@ from llama_index_funnel._base import StagePostprocessor, UnitRetriever, nodes_to
 from llama_index_funnel.retrievers import BM25Retriever, ClusteredBM25Retriever
 from llama_index_funnel.funnel import FunnelRetriever, PostprocessorStage, RetrieverStage
 from llama_index_funnel.granularity import GraphGranularityNodeParser, MixOfGranularityRetriever, MultiGranularityNodeParser
+from llama_index_funnel.best_practices import (
+    ExtractiveCompressorPostprocessor,
+    HybridRetriever,
+    QueryClassifierGate,
+    QueryClassifierQueryEngine,
+    RepackPostprocessor,
+    SentenceEmbedderEmbedding,
+)
 
-__all__ = ["GraphGranularityNodeParser", "MixOfGranularityRetriever", "MultiGranularityNodeParser", "FunnelRetriever", "PostprocessorStage", "RetrieverStage", "BM25Retriever", "ClusteredBM25Retriever", "StagePostprocessor", "UnitRetriever",
+__all__ = ["ExtractiveCompressorPostprocessor", "HybridRetriever", "QueryClassifierGate", "QueryClassifierQueryEngine", "RepackPostprocessor", "SentenceEmbedderEmbedding", "GraphGranularityNodeParser", "MixOfGranularityRetriever", "MultiGranularityNodeParser", "FunnelRetriever", "PostprocessorStage", "RetrieverStage", "BM25Retriever", "ClusteredBM25Retriever", "StagePostprocessor", "UnitRetriever",
            "nodes_to_units", "units_to_nodes"]
