@@ -141,12 +141,17 @@ class MonoT5Scorer(Reranker):
         score.model = model  # type: ignore[attr-defined]
         score.tokenizer = tokenizer  # type: ignore[attr-defined]
         score.token_ids = (true_id, false_id)  # type: ignore[attr-defined]
+        score.prompt = lambda q, t: build(ids(q.strip()), ids(" " + t.strip()))  # type: ignore[attr-defined]
         return score
 
     def load(self) -> "MonoT5Scorer":
         """Load the model now instead of on first use; returns ``self``."""
         self._model.get()
         return self
+
+    def prompt_ids(self, query: str, text: str) -> list[int]:
+        """The encoder input ids of one (query, text) prompt, after truncation."""
+        return self._model.get().prompt(query, text)
 
     def score(self, query: str, texts: Sequence[str]) -> list[float]:
         """``logit(true) - logit(false)`` of each text (sigmoid of it = P(true))."""
