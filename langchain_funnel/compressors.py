@@ -32,6 +32,8 @@ __all__ = ["CrossEncoderReranker", "MonoT5Reranker", "LaterChunkingTransformer"]
 
 
 class _ModelReranker(StageCompressor):
+    # Runnable annotates ``name`` without a default; pydantic would make it a required field.
+    name: Optional[str] = None
     top_n: Optional[int] = Field(default=None, description="Documents to keep (None: all).")
     batch_size: int = Field(default=32, description="Pairs per forward pass.")
     device: Optional[str] = Field(default=None, description="cpu / cuda / mps; None = automatic.")
@@ -97,6 +99,7 @@ class LaterChunkingTransformer(BaseModel, BaseDocumentTransformer,
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
+    name: Optional[str] = None
     words: int = Field(default=100, description="Target passage size in words.")
     overlap: int = Field(default=0, description="Words repeated between consecutive passages.")
     sentence_aware: bool = Field(default=True, description="End passages at sentence ends.")
