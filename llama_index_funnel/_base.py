@@ -91,7 +91,7 @@ def units_to_nodes(units: Sequence[Unit],
     out = []
     for unit in units:
         meta = dict(unit.metadata)
-        meta.setdefault("level", unit.level)
+        meta["level"] = unit.level  # a child of later chunking must not keep its parent's level
         original = by_id.get(unit.id)
         if original is not None and original.get_content(MetadataMode.NONE) == unit.text:
             node = original.model_copy(deep=False)

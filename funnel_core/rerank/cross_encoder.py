@@ -1,0 +1,234 @@
+"""Cross-encoder pre-ranking (FunnelRAG section 3.1.2): read query and passage together, score.
+
+:class:`CrossEncoderScorer` is a :class:`~funnel_core.rerank.base.Reranker` stage with three
+interchangeable backends:
+
+* ``"sentence-transformers"`` (default) — ``sentence_transformers.CrossEncoder.predict``; default
+  model ``cross-encoder/ms-marco-MiniLM-L6-v2``;
+* ``"flagembedding"`` — ``FlagEmbedding.FlagReranker``; default model ``BAAI/bge-reranker-v2-m3``
+  (the pre-ranker of the FunnelRAG paper);
+* ``"transformers"`` — a plain ``AutoModelForSequenceClassification`` loop; no extra dependency,
+  optional length-sorted batching, and passage-only truncation.
+
+Every backend accepts a hub name or a local folder, loads lazily on first use (thread-safe), runs
+fp16 only on CUDA, and returns raw scores as Python floats (``normalize=True`` maps them through a
+sigmoid). Truncation never cuts the query away: the ``"transformers"`` backend truncates the
+passage only (a query longer than half of ``max_length`` is first clipped to half);
+sentence-transformers and FlagEmbedding truncate the longer side first, so a query shorter than the
+passage is kept whole.
+
+``fuse_weight`` optionally interpolates the cross-encoder score with the previous stage's score
+(both min-max normalised per query): ``(1 - w) * ce + w * previous``. It is off by default.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Sequence
+
+from funnel_core.errors import check_positive_int, check_probability
+from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolve_device
+from funnel_core.units import Unit
+
+__all__ = ["CrossEncoderScorer", "encode_pairs", "BACKENDS", "DEFAULT_MODELS", "minmax"]
+
+BACKENDS = ("sentence-transformers", "flagembedding", "transformers")
+DEFAULT_MODELS = {
+    "sentence-transformers": "cross-encoder/ms-marco-MiniLM-L6-v2",
+    "flagembedding": "BAAI/bge-reranker-v2-m3",
+    "transformers": "cross-encoder/ms-marco-MiniLM-L6-v2",
+}
+
+
+def encode_pairs(tokenizer: Any, queries: Sequence[str], texts: Sequence[str], max_length: int,
+                 return_tensors: str = "pt") -> Any:
+    """Tokenize (query, passage) pairs so that only the passage is truncated.
+
+    A query longer than about half of ``max_length`` tokens is clipped to that half first, so
+    every pair fits and the passage always keeps at least the other half.
+    """
+    limit = max(1, (max_length - 3) // 2)
+    clipped: dict[str, str] = {}
+    for q in set(queries):
+        ids = tokenizer(q, add_special_tokens=False)["input_ids"]
+        clipped[q] = q if len(ids) <= limit else tokenizer.decode(ids[:limit])
+    return tokenizer([clipped[q] for q in queries], list(texts), truncation="only_second",
+                     max_length=max_length, padding=True, return_tensors=return_tensors)
+
+
+def minmax(values: Sequence[float]) -> list[float]:
+    """Scale values to [0, 1] (all equal -> all 0.5)."""
+    lo, hi = min(values), max(values)
+    if hi - lo <= 1e-12:
+        return [0.5 for _ in values]
+    return [(v - lo) / (hi - lo) for v in values]
+
+
+class CrossEncoderScorer(Reranker):
+    """Score (query, passage) pairs with a cross-encoder and rerank units.
+
+    Args:
+        model: Hub name or local folder; ``None`` picks the backend's default
+            (:data:`DEFAULT_MODELS`).
+        backend: ``"sentence-transformers"``, ``"flagembedding"`` or ``"transformers"``.
+        batch_size: Pairs per forward pass.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"`` or ``None`` (automatic).
+        max_length: Tokens per pair (query + passage); longer passages are truncated.
+        fp16: Half precision; only ever applied on CUDA (``None``: on when the device is CUDA).
+        sort_by_length: Batch pairs of similar length together (less padding). The
+            sentence-transformers backend always does this internally.
+        normalize: Sigmoid the scores into (0, 1) (for thresholds and fusion).
+        top_n: Keep the best ``top_n`` units (``None``: all).
+        score_threshold: Drop units scoring below this (after ``normalize``).
+        fuse_weight: Weight ``w`` of the previous stage's score in
+            ``(1 - w) * minmax(ce) + w * minmax(previous)``; ``None`` (default) = pure cross-encoder.
+        name: Stage name (key in ``metadata["scores"]``).
+        model_kwargs: Extra keyword arguments for the backend's loader.
+    """
+
+    name = "cross_encoder"
+
+    def __init__(self, model: str | os.PathLike | None = None, *,
+                 backend: str = "sentence-transformers", batch_size: int = 32,
+                 device: str | None = None, max_length: int = 512, fp16: bool | None = None,
+                 sort_by_length: bool = True, normalize: bool = False, top_n: int | None = None,
+                 score_threshold: float | None = None, fuse_weight: float | None = None,
+                 name: str | None = None, model_kwargs: dict[str, Any] | None = None) -> None:
+        super().__init__(top_n=top_n, score_threshold=score_threshold, normalize=normalize,
+                         batch_size=batch_size, name=name)
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown cross-encoder backend {backend!r}; choose one of {BACKENDS}.")
+        if model is not None and not isinstance(model, (str, os.PathLike)):
+            raise TypeError(f"model must be a hub name or a local folder path, got "
+                            f"{type(model).__name__}.")
+        self.backend = backend
+        self.model_name = str(model) if model is not None else DEFAULT_MODELS[backend]
+        self.device = device
+        self.max_length = check_positive_int(max_length, "max_length")
+        self.fp16 = fp16
+        self.sort_by_length = bool(sort_by_length)
+        self.fuse_weight = None if fuse_weight is None else check_probability(fuse_weight, "fuse_weight")
+        self.model_kwargs = dict(model_kwargs or {})
+        self._model = LazyModel(self._load)
+
+    # -- loading ---------------------------------------------------------------------------
+    def _use_fp16(self, device: str) -> bool:
+        return device.startswith("cuda") and self.fp16 is not False
+
+    def _load(self) -> Callable[[list[str], list[str]], list[float]]:
+        device = resolve_device(self.device)
+        fp16 = self._use_fp16(device)
+        if self.backend == "sentence-transformers":
+            return self._load_st(device, fp16)
+        if self.backend == "flagembedding":
+            return self._load_flag(device, fp16)
+        return self._load_hf(device, fp16)
+
+    def _load_st(self, device: str, fp16: bool):
+        import torch
+        from sentence_transformers import CrossEncoder
+
+        kwargs = dict(self.model_kwargs)
+        if fp16:
+            kwargs.setdefault("torch_dtype", torch.float16)
+        model = load_pretrained(CrossEncoder, self.model_name, what="cross-encoder", device=device,
+                                max_length=self.max_length, model_kwargs=kwargs or None)
+        identity = torch.nn.Identity()
+
+        def score(queries: list[str], texts: list[str]) -> list[float]:
+            out = model.predict(list(zip(queries, texts)), batch_size=self.batch_size,
+                                activation_fn=identity, show_progress_bar=False,
+                                convert_to_numpy=True)
+            if out.ndim > 1:  # several labels: the last one is "relevant"
+                out = out[:, -1]
+            return out.tolist()
+
+        score.model = model  # type: ignore[attr-defined]
+        return score
+
+    def _load_flag(self, device: str, fp16: bool):
+        from FlagEmbedding import FlagReranker
+
+        model = load_pretrained(FlagReranker, self.model_name, what="cross-encoder",
+                                use_fp16=fp16, devices=[device], batch_size=self.batch_size,
+                                max_length=self.max_length, **self.model_kwargs)
+
+        def score(queries: list[str], texts: list[str]) -> list[float]:
+            out = model.compute_score(list(zip(queries, texts)), batch_size=self.batch_size,
+                                      max_length=self.max_length, normalize=False)
+            return [float(x) for x in (out if isinstance(out, (list, tuple)) else [out])]
+
+        score.model = model  # type: ignore[attr-defined]
+        return score
+
+    def _load_hf(self, device: str, fp16: bool):
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        tokenizer = load_pretrained(AutoTokenizer.from_pretrained, self.model_name, what="tokenizer")
+        model = load_pretrained(AutoModelForSequenceClassification.from_pretrained,
+                                self.model_name, what="cross-encoder", **self.model_kwargs)
+        model = (model.half() if fp16 else model).to(device).eval()
+
+        @torch.inference_mode()
+        def score(queries: list[str], texts: list[str]) -> list[float]:
+            order = list(range(len(texts)))
+            if self.sort_by_length:
+                order.sort(key=lambda i: -(len(texts[i]) + len(queries[i])))
+            out = [0.0] * len(texts)
+            for b in range(0, len(order), self.batch_size):
+                idx = order[b:b + self.batch_size]
+                enc = encode_pairs(tokenizer, [queries[i] for i in idx], [texts[i] for i in idx],
+                                   self.max_length).to(device)
+                logits = model(**enc).logits.float()
+                for i, s in zip(idx, logits[:, -1].tolist()):
+                    out[i] = s
+            return out
+
+        score.model = model  # type: ignore[attr-defined]
+        score.tokenizer = tokenizer  # type: ignore[attr-defined]
+        return score
+
+    def load(self) -> "CrossEncoderScorer":
+        """Load the model now instead of on first use; returns ``self``."""
+        self._model.get()
+        return self
+
+    # -- scoring ---------------------------------------------------------------------------
+    def score_pairs(self, queries: Sequence[str], texts: Sequence[str]) -> list[float]:
+        """Raw scores of many (query, text) pairs, possibly of different queries, in one call."""
+        queries, texts = list(queries), list(texts)
+        if len(queries) != len(texts):
+            raise ValueError(f"got {len(queries)} queries for {len(texts)} texts; pass one query "
+                             "per text.")
+        for t in texts:
+            if not isinstance(t, str):
+                raise TypeError(f"texts must be strings, got {type(t).__name__}; convert "
+                                "non-text content to text first.")
+        if not texts:
+            return []
+        return [float(s) for s in self._model.get()(queries, texts)]
+
+    def score(self, query: str, texts: Sequence[str]) -> list[float]:
+        """Raw relevance score of each text for ``query`` (Python floats, higher is better)."""
+        return self.score_pairs([query] * len(texts), texts)
+
+    def rank(self, query: str, units: Sequence[Unit], top_n: int | None = None) -> list[Unit]:
+        """Rerank units; with ``fuse_weight`` the previous score is interpolated in."""
+        if self.fuse_weight is None or not units:
+            return super().rank(query, units, top_n)
+        units = list(units)
+        ce = minmax(self.score(query, [u.text for u in units]))
+        prev = minmax([u.score if u.score is not None else 0.0 for u in units])
+        w = self.fuse_weight
+        fused = [(1 - w) * c + w * p for c, p in zip(ce, prev)]
+        order = sorted(range(len(units)), key=lambda i: -fused[i])
+        out = [units[i].rescored(fused[i], self.name) for i in order]
+        if self.score_threshold is not None:
+            out = [u for u in out if u.score >= self.score_threshold]
+        limit = top_n if top_n is not None else self.top_n
+        return out[:limit] if limit is not None else out
+
+    def __repr__(self) -> str:
+        return (f"CrossEncoderScorer(model={self.model_name!r}, backend={self.backend!r}, "
+                f"max_length={self.max_length}, batch_size={self.batch_size})")
