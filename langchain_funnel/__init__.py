@@ -19,6 +19,8 @@ from langchain_funnel.best_practices import (
     hyde_query,
     query_classifier_branch,
 )
+from langchain_funnel.compressors import CrossEncoderReranker, LaterChunkingTransformer, MonoT5Reranker
+from langchain_funnel.compression import CompressionRetriever
 
-__all__ = ["ExtractiveCompressor", "HybridRetriever", "RepackTransformer", "SentenceEmbedderEmbeddings", "hyde_query", "query_classifier_branch", "GraphGranularitySplitter", "MixOfGranularityRetriever", "MultiGranularityTextSplitter", "FunnelRetriever", "LCCompressorStage", "LCRetrieverStage", "LCRunnableStage", "BM25Retriever", "ClusteredBM25Retriever", "StageCompressor", "UnitRetriever",
+__all__ = ["CompressionRetriever", "CrossEncoderReranker", "LaterChunkingTransformer", "MonoT5Reranker", "ExtractiveCompressor", "HybridRetriever", "RepackTransformer", "SentenceEmbedderEmbeddings", "hyde_query", "query_classifier_branch", "GraphGranularitySplitter", "MixOfGranularityRetriever", "MultiGranularityTextSplitter", "FunnelRetriever", "LCCompressorStage", "LCRetrieverStage", "LCRunnableStage", "BM25Retriever", "ClusteredBM25Retriever", "StageCompressor", "UnitRetriever",
            "documents_to_units", "rerank_chain", "units_to_documents"]

@@ -13,6 +13,7 @@ from llama_index_funnel.best_practices import (
     RepackPostprocessor,
     SentenceEmbedderEmbedding,
 )
+from llama_index_funnel.rerank import CrossEncoderRerank, LaterChunkingPostprocessor, MonoT5Rerank
 
-__all__ = ["ExtractiveCompressorPostprocessor", "HybridRetriever", "QueryClassifierGate", "QueryClassifierQueryEngine", "RepackPostprocessor", "SentenceEmbedderEmbedding", "GraphGranularityNodeParser", "MixOfGranularityRetriever", "MultiGranularityNodeParser", "FunnelRetriever", "PostprocessorStage", "RetrieverStage", "BM25Retriever", "ClusteredBM25Retriever", "StagePostprocessor", "UnitRetriever",
+__all__ = ["CrossEncoderRerank", "LaterChunkingPostprocessor", "MonoT5Rerank", "ExtractiveCompressorPostprocessor", "HybridRetriever", "QueryClassifierGate", "QueryClassifierQueryEngine", "RepackPostprocessor", "SentenceEmbedderEmbedding", "GraphGranularityNodeParser", "MixOfGranularityRetriever", "MultiGranularityNodeParser", "FunnelRetriever", "PostprocessorStage", "RetrieverStage", "BM25Retriever", "ClusteredBM25Retriever", "StagePostprocessor", "UnitRetriever",
            "nodes_to_units", "units_to_nodes"]
