@@ -320,14 +320,16 @@ class ForwardLookup(Stage):
         return out
 
     # -- Stage III -------------------------------------------------------------------------
-    def select(self, scored: Sequence[Unit]) -> list[Unit]:
+    def select(self, scored: Sequence[Unit], k: int | None = None) -> list[Unit]:
         """Best chunks under ``k`` / ``budget_words`` / ``budget_tokens``; original order if
-        ``order_preserving``. Raises ``ValueError`` when a budget cannot hold any chunk."""
+        ``order_preserving``. ``k`` overrides the constructor's. Raises ``ValueError`` when a
+        budget cannot hold any chunk."""
+        k = self.k if k is None else check_positive_int(k, "k")
         ranked = sorted(scored, key=lambda u: (-(u.score or 0.0), _order(u)))
         chosen: list[Unit] = []
         words = tokens = 0
         for u in ranked:
-            if self.k is not None and len(chosen) >= self.k:
+            if k is not None and len(chosen) >= k:
                 break
             w = len(u.text.split())
             t = self.token_counter(u.text) if self.budget_tokens is not None else 0
@@ -351,29 +353,54 @@ class ForwardLookup(Stage):
 
     # -- all stages ------------------------------------------------------------------------
     def search(self, query: str, units: Sequence[Unit],
-               samples: Sequence[ForwardSample] | None = None) -> ForwardLookupResult:
+               samples: Sequence[ForwardSample] | None = None,
+               k: int | None = None) -> ForwardLookupResult:
         """Run Stages I-III over ``units`` (the chunks of a long context, in original order).
 
-        ``samples`` skips Stage II (for example samples a query transform already drew).
+        ``samples`` skips Stage II (for example samples a query transform already drew);
+        ``k`` overrides the constructor's chunk count for this call.
         """
         query = check_query(query)
         units = list(units)
         if not query or not units:
             return ForwardLookupResult([], [], [], [])
-        seconds: dict[str, float] = {}
         t = time.perf_counter()
         index = self._index(units)
         stage1, backward = self.recall(query, units, index)
-        seconds["stage1"] = time.perf_counter() - t
+        seconds = {"stage1": time.perf_counter() - t}
         t = time.perf_counter()
         if samples is None:
             samples = self.sample(query, self.reader_context(stage1)) if self.eta_forward > 0 else []
         seconds["stage2_sampling"] = time.perf_counter() - t
+        return self._finish(query, units, list(samples), stage1, index, backward, k, seconds)
+
+    async def asearch(self, query: str, units: Sequence[Unit],
+                      samples: Sequence[ForwardSample] | None = None,
+                      k: int | None = None) -> ForwardLookupResult:
+        """Async twin of :meth:`search`: Stage II awaits the provider's async path."""
+        query = check_query(query)
+        units = list(units)
+        if not query or not units:
+            return ForwardLookupResult([], [], [], [])
+        t = time.perf_counter()
+        index = self._index(units)
+        stage1, backward = self.recall(query, units, index)
+        seconds = {"stage1": time.perf_counter() - t}
+        t = time.perf_counter()
+        if samples is None:
+            samples = (await self.asample(query, self.reader_context(stage1))
+                       if self.eta_forward > 0 else [])
+        seconds["stage2_sampling"] = time.perf_counter() - t
+        return self._finish(query, units, list(samples), stage1, index, backward, k, seconds)
+
+    def _finish(self, query: str, units: list[Unit], samples: list[ForwardSample],
+                stage1: list[Unit], index: BM25Index, backward: list[float], k: int | None,
+                seconds: dict[str, float]) -> ForwardLookupResult:
         t = time.perf_counter()
         scored = self.score(query, units, samples, index, backward)
-        selected = self.select(scored)
+        selected = self.select(scored, k)
         seconds["stage2_scoring_and_selection"] = time.perf_counter() - t
-        return ForwardLookupResult(selected, list(samples), stage1, scored, seconds)
+        return ForwardLookupResult(selected, samples, stage1, scored, seconds)
 
     def search_context(self, query: str, context: str | Sequence[str],
                        samples: Sequence[ForwardSample] | None = None) -> ForwardLookupResult:
@@ -389,15 +416,7 @@ class ForwardLookup(Stage):
         return self.search(query, units).units
 
     async def arun(self, query: str, units: list[Unit]) -> list[Unit]:
-        """Async: Stage II awaits the provider's own async path; BM25 parts run inline."""
-        query = check_query(query)
-        if not query or not units:
-            return []
-        index = self._index(units)
-        stage1, backward = self.recall(query, units, index)
-        samples = (await self.asample(query, self.reader_context(stage1))
-                   if self.eta_forward > 0 else [])
-        return self.select(self.score(query, units, samples, index, backward))
+        return (await self.asearch(query, units)).units
 
     def __repr__(self) -> str:
         return (f"ForwardLookup(llm={self.llm!r}, eta_backward={self.eta_backward}, "
