@@ -91,32 +91,32 @@ def main() -> None:
             examples.append({"question": q.question, "answers": q.answers,
                              "samples": [s.to_dict() for s in res.samples]})
 
-    def mean(xs):
-        return round(statistics.fmean(xs), 4) if xs else None
+        def mean(xs):
+            return round(statistics.fmean(xs), 4) if xs else None
 
-    result = {
-        "benchmark": "FB-RAG forward lookup on SQuAD v1.1 dev-a, whole article as the long context",
-        "command": " ".join(["python"] + sys.argv),
-        "setup": {"questions": len(picked), "question_sample": "random.Random(0).sample over all 4,961 questions",
-                  "chunk_words": args.chunk_words, "stage1_recall_k": args.recall_k,
-                  "kept_chunks": args.keep, "samples_K": args.samples, "top_p": 0.9, "top_k": 50,
-                  "temperature": 1.0, "max_new_tokens": args.max_new_tokens,
-                  "reader_words": args.reader_words or "all stage-I chunks",
-                  "llm": "SmolLM2-135M-Instruct Q4_1 GGUF (dequantised fp32), CPU",
-                  "torch_threads": args.threads, "model_load_s": round(load_s, 1),
-                  "chunks_per_article_mean": round(statistics.fmean(len(c) for c in chunks.values()), 1),
-                  "normalize": True,
-                  "machine": "2 shared CPU cores (other jobs running): timings are noisy"},
-        "answer_recall_at_kept": {v: mean([float(h) for h in hits[v]]) for v in variants},
-        "mean_words_kept": {v: mean(words_kept[v]) for v in variants},
-        "answer_recall_stage1_20_chunks": mean([float(h) for h in stage1_hits]),
-        "answer_in_reader_context": mean([float(h) for h in reader_hits]),
-        "any_sampled_answer_correct": mean([float(h) for h in sample_answer_hits]),
-        "seconds_per_query": {k: mean(v) for k, v in secs.items()},
-        "examples": examples,
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+        result = {
+            "benchmark": "FB-RAG forward lookup on SQuAD v1.1 dev-a, whole article as the long context",
+            "command": " ".join(["python"] + sys.argv),
+            "setup": {"questions": qi + 1, "questions_planned": len(picked), "question_sample": "random.Random(0).sample over all 4,961 questions",
+                      "chunk_words": args.chunk_words, "stage1_recall_k": args.recall_k,
+                      "kept_chunks": args.keep, "samples_K": args.samples, "top_p": 0.9, "top_k": 50,
+                      "temperature": 1.0, "max_new_tokens": args.max_new_tokens,
+                      "reader_words": args.reader_words or "all stage-I chunks",
+                      "llm": "SmolLM2-135M-Instruct Q4_1 GGUF (dequantised fp32), CPU",
+                      "torch_threads": args.threads, "model_load_s": round(load_s, 1),
+                      "chunks_per_article_mean": round(statistics.fmean(len(c) for c in chunks.values()), 1),
+                      "normalize": True,
+                      "machine": "2 shared CPU cores (other jobs running): timings are noisy"},
+            "answer_recall_at_kept": {v: mean([float(h) for h in hits[v]]) for v in variants},
+            "mean_words_kept": {v: mean(words_kept[v]) for v in variants},
+            "answer_recall_stage1_20_chunks": mean([float(h) for h in stage1_hits]),
+            "answer_in_reader_context": mean([float(h) for h in reader_hits]),
+            "any_sampled_answer_correct": mean([float(h) for h in sample_answer_hits]),
+            "seconds_per_query": {k: mean(v) for k, v in secs.items()},
+            "examples": examples,
+        }
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2))
     print(json.dumps({k: v for k, v in result.items() if k != "examples"}, indent=2))
 
 

@@ -93,41 +93,49 @@ def main() -> None:
                 if u.score != 0.5:
                     total += 1
                     agree += (u.score > 0.5) == (p_fast[u.id] > 0.5)
-    sub_bm25 = ir_metrics(qrels_sub, run_from_units({q: bm25_all[q] for q in qids}), ["ndcg@10"])
-    sub_rr = ir_metrics(qrels_sub, run_from_units(reranked), ["ndcg@10"])
-    gen_q = sorted(gen_qids)
-    qrels_gen = {q: ds.qrels[q] for q in gen_q}
-    gen_bm25 = ir_metrics(qrels_gen, run_from_units({q: bm25_all[q] for q in gen_q}), ["ndcg@10"])
-    gen_fast = ir_metrics(qrels_gen, run_from_units({q: reranked[q] for q in gen_q}), ["ndcg@10"])
-    gen_slow = ir_metrics(qrels_gen, run_from_units(gen_reranked), ["ndcg@10"])
-    fast_pps = fast_pairs / fast_s
-    fast_pps_gen = len(gen_q) * args.depth / fast_s_on_gen if fast_s_on_gen else None
-    slow_pps = slow_pairs / slow_s if slow_s else None
-    result = {
-        "benchmark": "RankRAG (SmolLM2-135M-Instruct Q4_1 GGUF, dequantised fp32, CPU) on SciFact test",
-        "command": " ".join(["python"] + sys.argv),
-        "setup": {"depth": args.depth, "queries": len(qids), "query_sample": "random.Random(0).sample of test qids" if args.queries else "all",
-                  "generate_path_queries": len(gen_q), "batch_size": args.batch_size,
-                  "max_passage_words": args.max_passage_words, "prompt": fast.prompt,
-                  "generate_max_new_tokens": 4, "torch_threads": args.threads, "model_load_s": round(load_s, 1),
-                  "machine": "2 shared CPU cores (other jobs running): timings are noisy"},
-        "bm25_all_300": {k: round(v, 4) for k, v in bm25_full.items()},
-        "subset": {"bm25_ndcg@10": round(sub_bm25["ndcg@10"], 4),
-                   "rankrag_ndcg@10": round(sub_rr["ndcg@10"], 4)},
-        "generate_subset": {"bm25_ndcg@10": round(gen_bm25["ndcg@10"], 4),
-                            "rankrag_logprobs_ndcg@10": round(gen_fast["ndcg@10"], 4),
-                            "rankrag_generate_ndcg@10": round(gen_slow["ndcg@10"], 4),
-                            "unparsed_replies": slow.unparsed,
-                            "judgement_agreement": round(agree / total, 4) if total else None,
-                            "parsed_pairs": total},
-        "throughput": {"logprobs_pairs_per_s_all": round(fast_pps, 3),
-                       "logprobs_pairs_per_s_on_generate_queries": round(fast_pps_gen, 3) if fast_pps_gen else None,
-                       "generate_pairs_per_s": round(slow_pps, 3) if slow_pps else None,
-                       "speedup_logprobs_over_generate": round(fast_pps_gen / slow_pps, 2) if slow_pps else None},
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+
+        done = list(reranked)
+        qrels_sub = {q: ds.qrels[q] for q in done}
+        sub_bm25 = ir_metrics(qrels_sub, run_from_units({q: bm25_all[q] for q in done}), ["ndcg@10"])
+        sub_rr = ir_metrics(qrels_sub, run_from_units(reranked), ["ndcg@10"])
+        gen_q = sorted(q for q in gen_qids if q in gen_reranked)
+        if not gen_q:
+            continue
+        qrels_gen = {q: ds.qrels[q] for q in gen_q}
+        gen_bm25 = ir_metrics(qrels_gen, run_from_units({q: bm25_all[q] for q in gen_q}), ["ndcg@10"])
+        gen_fast = ir_metrics(qrels_gen, run_from_units({q: reranked[q] for q in gen_q}), ["ndcg@10"])
+        gen_slow = ir_metrics(qrels_gen, run_from_units(gen_reranked), ["ndcg@10"])
+        fast_pps = fast_pairs / fast_s
+        fast_pps_gen = len(gen_q) * args.depth / fast_s_on_gen if fast_s_on_gen else None
+        slow_pps = slow_pairs / slow_s if slow_s else None
+        result = {
+            "benchmark": "RankRAG (SmolLM2-135M-Instruct Q4_1 GGUF, dequantised fp32, CPU) on SciFact test",
+            "command": " ".join(["python"] + sys.argv),
+            "setup": {"depth": args.depth, "queries": len(done), "queries_planned": len(qids), "query_sample": "random.Random(0).sample of test qids" if args.queries else "all",
+                      "generate_path_queries": len(gen_q), "batch_size": args.batch_size,
+                      "max_passage_words": args.max_passage_words, "prompt": fast.prompt,
+                      "generate_max_new_tokens": 4, "torch_threads": args.threads, "model_load_s": round(load_s, 1),
+                      "machine": "2 shared CPU cores (other jobs running): timings are noisy"},
+            "bm25_all_300": {k: round(v, 4) for k, v in bm25_full.items()},
+            "subset": {"bm25_ndcg@10": round(sub_bm25["ndcg@10"], 4),
+                       "rankrag_ndcg@10": round(sub_rr["ndcg@10"], 4)},
+            "generate_subset": {"bm25_ndcg@10": round(gen_bm25["ndcg@10"], 4),
+                                "rankrag_logprobs_ndcg@10": round(gen_fast["ndcg@10"], 4),
+                                "rankrag_generate_ndcg@10": round(gen_slow["ndcg@10"], 4),
+                                "unparsed_replies": slow.unparsed,
+                                "judgement_agreement": round(agree / total, 4) if total else None,
+                                "parsed_pairs": total},
+            "throughput": {"logprobs_pairs_per_s_all": round(fast_pps, 3),
+                           "logprobs_pairs_per_s_on_generate_queries": round(fast_pps_gen, 3) if fast_pps_gen else None,
+                           "generate_pairs_per_s": round(slow_pps, 3) if slow_pps else None,
+                           "speedup_logprobs_over_generate": round(fast_pps_gen / slow_pps, 2) if slow_pps else None},
+        }
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2))
+
     print(json.dumps(result, indent=2))
+
+
 
 
 if __name__ == "__main__":
