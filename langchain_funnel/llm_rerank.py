@@ -50,6 +50,9 @@ class RankRAGReranker(StageCompressor):
         chain = rerank_chain(retriever, reranker)   # query -> documents, P(True) in metadata
     """
 
+    # StageCompressor is also a Runnable, whose bare ``name`` annotation would otherwise become a
+    # required pydantic field.
+    name: Optional[str] = Field(default=None, description="Runnable name.")
     llm: Any = Field(description="LangChain chat model/LLM, funnel_core LLM, or a causal-LM name/folder.")
     top_n: int = Field(default=5, description="Documents kept after reranking.")
     prompt: str = Field(default=DEFAULT_RANKRAG_PROMPT, description="Template with {question} and {passage}.")
