@@ -135,3 +135,13 @@ def test_smollm2_gguf_loads_and_answers():
     llm = TransformersLLM(smollm2_path(), gguf_file=SMOLLM2_GGUF)
     out = llm.generate(["What is the capital of France? One word."], max_new_tokens=5)
     assert "Paris" in out[0][0]
+
+
+def test_shared_prefill_sampling_matches_greedy_when_top_k_is_1(tiny_llama_path):
+    # n samples read the prompt once (KV cache copied n times); with top_k=1 sampling is greedy,
+    # so every sample must equal the plain greedy continuation, padding included.
+    llm = TransformersLLM(tiny_llama_path, batch_size=4)
+    prompts = ["Paris is the capital of", "A cross-encoder reads the query and the passage together and"]
+    greedy = llm.generate(prompts, n=1, max_new_tokens=6)
+    sampled = llm.generate(prompts, n=3, temperature=1.0, top_k=1, max_new_tokens=6)
+    assert sampled == [[g[0]] * 3 for g in greedy]
