@@ -719,7 +719,7 @@ context = "\\n\\n".join(article)
 print(f"Q: {q.question} | gold: {q.answers}")
 print(f"context: {q.title!r}, {len(context.split()):,} words")
 
-fb = ForwardLookup.preset("FB", llm=llm, samples=2, max_new_tokens=32, recall_k=4, reader_words=200,
+fb = ForwardLookup.preset("FB", llm=llm, samples=2, max_new_tokens=24, recall_k=4, reader_words=120,
                           k=2, chunk_words=120)
 t0 = time.perf_counter()
 res = fb.search_context(q.question, context)
