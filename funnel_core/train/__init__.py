@@ -1,0 +1,1 @@
+"""Training loops: L2G distillation for cross-encoders, FiD reader training, MoG router training."""
