@@ -186,23 +186,34 @@ class AttentionLMScorer(Reranker):
                 results.append([float(attn[a:b].sum()) for a, b in spans])
         return results
 
+    def layout(self, query: str, texts: Sequence[str]) -> tuple[list[int], list[list[int]],
+                                                                 list[tuple[list[int], list[int]]]]:
+        """The prompt in token ids: ``(head, passages, suffixes)``.
+
+        ``head`` = chat-template start + instruction; ``passages[i]`` = the ids of passage ``i``
+        (template included, text truncated to ``max_passage_tokens``); ``suffixes`` = for the
+        query and then the calibration query (when on): ``(ids, attending positions)``.
+        The scored prompt is ``head + passages... + suffix``.
+        """
+        pre, post = self._wrapper()
+        head = self._ids(pre + self.instruction)
+        p_head, _, p_tail = self.passage_template.partition("{text}")
+        pieces = []
+        for i, text in enumerate(texts):
+            body = self._ids(text)[: self.max_passage_tokens]
+            pieces.append(self._ids(p_head.format(index=i + 1)) + body
+                          + self._ids(p_tail.format(index=i + 1)))
+        suffixes = [self._suffix(query, post)]
+        if self.calibration_query is not None:
+            suffixes.append(self._suffix(self.calibration_query, post))
+        return head, pieces, suffixes
+
     def score(self, query: str, texts: Sequence[str]) -> list[float]:
         """Calibrated attention of ``query`` to each passage (higher is better)."""
         texts = list(texts)
         if not texts:
             return []
-        pre, post = self._wrapper()
-        head = self._ids(pre + self.instruction)
-        pieces = []
-        for i, text in enumerate(texts):
-            p_head, _, p_tail = self.passage_template.partition("{text}")
-            body = self._ids(text)[: self.max_passage_tokens]
-            pieces.append(self._ids(p_head.format(index=i + 1)) + body
-                          + self._ids(p_tail.format(index=i + 1)))
-        q_suffix = self._suffix(query, post)
-        suffixes = [q_suffix]
-        if self.calibration_query is not None:
-            suffixes.append(self._suffix(self.calibration_query, post))
+        head, pieces, suffixes = self.layout(query, texts)
         room = self._context_limit() - len(head) - max(len(s[0]) for s in suffixes)
         if room < max(len(p) for p in pieces):
             raise ValueError(f"the prompt does not fit the model's context ({self._context_limit()} "
