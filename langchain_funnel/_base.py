@@ -85,6 +85,8 @@ class StageCompressor(BaseDocumentCompressor, Runnable[dict, list[Document]]):
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
+    # Runnable annotates ``name`` without a default; pydantic would make it a required field.
+    name: Optional[str] = None
     _stage: Optional[Stage] = PrivateAttr(default=None)
 
     @abstractmethod
