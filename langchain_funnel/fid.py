@@ -67,6 +67,7 @@ class AttentionLMReranker(StageCompressor):
     use_chat_template: bool = Field(default=True, description="Wrap in the tokenizer's chat template.")
     max_passage_tokens: int = Field(default=300, description="Tokens kept per passage.")
     max_context: Optional[int] = Field(default=None, description="Prompt limit (default: the model's).")
+    fast_prefix: bool = Field(default=True, description="SDPA for the passages, eager for the query.")
     device: Optional[str] = Field(default=None, description="cpu, cuda, ... (default: best).")
     normalize: bool = Field(default=False, description="Sigmoid-normalise scores.")
     score_threshold: Optional[float] = Field(default=None, description="Drop documents below this score.")
@@ -81,5 +82,5 @@ class AttentionLMReranker(StageCompressor):
             model=self.model, gguf_file=self.gguf_file, top_n=self.top_n,
             attend_from=self.attend_from, calibration_query=self.calibration_query,
             use_chat_template=self.use_chat_template, max_passage_tokens=self.max_passage_tokens,
-            max_context=self.max_context, device=self.device, normalize=self.normalize,
-            score_threshold=self.score_threshold)
+            max_context=self.max_context, fast_prefix=self.fast_prefix, device=self.device,
+            normalize=self.normalize, score_threshold=self.score_threshold)

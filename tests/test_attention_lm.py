@@ -85,6 +85,7 @@ def test_layout_marks_passages_and_query(scorer):
     {"calibration_query": None},                   # raw attention
     {"attend_from": "answer"},                     # the position predicting the first answer token
     {"use_chat_template": False, "calibration_query": "none"},
+    {"fast_prefix": False},                        # passages encoded with eager attention too
 ])
 def test_scores_equal_full_prompt_reference(scorer, kw):
     s = _with(scorer, **kw)

