@@ -143,7 +143,7 @@ def bench_speed(units: list[Unit], questions: list, n_passages: int, tokens: int
 
 # -- 2. quality ----------------------------------------------------------------------------
 def bench_quality(units: list[Unit], questions: list, n_questions: int, depth: int, seed: int,
-                  budget_s: float, progress_path: Path | None) -> dict:
+                  budget_s: float, progress_path: Path | None, resume: bool = False) -> dict:
     from tqdm.auto import tqdm
 
     from funnel_core.rerank.attention_lm import AttentionLMScorer
@@ -156,8 +156,13 @@ def bench_quality(units: list[Unit], questions: list, n_questions: int, depth: i
     scorer.model  # load once, outside the timed loop
     load_s = time.perf_counter() - t_load
     rows = []
+    if resume and progress_path is not None and progress_path.exists():
+        rows = json.loads(progress_path.read_text())  # same seed -> same sample, same order
+    done = {r["id"] for r in rows}
     start = time.perf_counter()
     for q in tqdm(sample, desc="SmolLM2 attention rerank"):
+        if q.id in done:
+            continue
         if time.perf_counter() - start > budget_s:
             break
         hits = index.search(q.question, depth)
@@ -208,6 +213,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--budget", type=float, default=3600.0,
                     help="seconds for the quality loop; stops early and reports what it did")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the quality loop from its progress file (same seed)")
     ap.add_argument("--passages", type=int, default=50)
     ap.add_argument("--tokens", type=int, default=130)
     ap.add_argument("--repeats", type=int, default=5)
@@ -227,7 +234,7 @@ def main() -> None:
     def save(section: str, data: dict) -> None:
         # re-read before writing: the speed and quality parts may run as separate processes
         result = json.loads(out_path.read_text()) if out_path.exists() else {}
-        result["machine"] = ("2 CPU cores shared with other jobs (load average 9-14 during the "
+        result["machine"] = ("2 CPU cores shared with other jobs (load average 9-18 during the "
                              "runs); timings are noisy, ratios measured interleaved in one process")
         result[section] = data
         result.setdefault("commands", {})[section] = command
@@ -240,7 +247,7 @@ def main() -> None:
     if not args.skip_quality:
         progress = out_path.with_suffix(".progress.json")
         quality = bench_quality(units, questions, args.questions, args.depth, args.seed,
-                                args.budget, progress)
+                                args.budget, progress, resume=args.resume)
         save("quality", quality)
         progress.unlink(missing_ok=True)
         print(json.dumps({k: v for k, v in quality.items() if k != "per_question"}, indent=2))
