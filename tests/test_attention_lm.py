@@ -100,6 +100,9 @@ def test_calibration_subtracts_content_free_attention(scorer):
     cal = scorer.score(QUERY, TEXTS)
     na = _with(scorer, calibration_query=None).score("N/A", TEXTS)
     assert cal == pytest.approx([r - n for r, n in zip(raw, na)], rel=1e-4, abs=1e-7)
+    raw_part, cal_part = scorer.score_components(QUERY, TEXTS)       # both from one pass
+    assert raw_part == pytest.approx(raw, rel=1e-4) and cal_part == pytest.approx(na, rel=1e-4)
+    assert _with(scorer, calibration_query=None).score_components(QUERY, TEXTS)[1] is None
 
 
 def test_long_inputs_are_split_into_groups_that_fit(scorer):
