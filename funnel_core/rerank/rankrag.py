@@ -1,0 +1,202 @@
+"""RankRAG reranking (Yu et al., 2024, section 4.3): an LLM judges each (question, passage) pair.
+
+The score of a passage is the probability that the LLM answers ``True`` to the paper's
+context-ranking instruction (Table 1)::
+
+    For the question {question}, access whether the passage is relevant to the question.
+
+with the passage given as context. For a local model (:class:`~funnel_core.llm.TransformersLLM`)
+the probability is read from ONE forward pass per batch, no generation:
+``P(True) = exp(l_T) / (exp(l_T) + exp(l_F))`` over the next-token log-probabilities of
+``True`` and ``False``. Providers that expose only text (remote chat models through the
+LlamaIndex / LangChain adapters) get a tolerant generate-and-parse fallback: the first
+True/False (or yes/no, relevant/not relevant) word in the reply decides; a reply with none scores
+0.5, so chatty output never crashes a ranking.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from typing import Any, Sequence
+
+from funnel_core.errors import check_positive_int
+from funnel_core.llm import LLM, as_llm
+from funnel_core.rerank.base import Reranker, sigmoid
+
+__all__ = ["RankRAGScorer", "RANKRAG_INSTRUCTION", "DEFAULT_RANKRAG_PROMPT", "parse_true_false",
+           "check_prompt_template"]
+
+#: The paper's context-ranking instruction (RankRAG, Table 1), verbatim (including "access").
+RANKRAG_INSTRUCTION = ("For the question {question}, access whether the passage is relevant to "
+                       "the question.")
+
+#: The default prompt: the passage as context, then the paper's instruction. The last sentence
+#: names the two answer words, which an instruction-tuned model that was not trained on RankRAG
+#: data (e.g. SmolLM2) needs to put its mass on them.
+DEFAULT_RANKRAG_PROMPT = ("Passage: {passage}\n\n" + RANKRAG_INSTRUCTION
+                          + " Answer True or False.")
+
+_TRUE = {"true", "yes", "relevant"}
+_FALSE = {"false", "no", "irrelevant"}
+_WORD = re.compile(r"[A-Za-z]+")
+
+
+def check_prompt_template(template: Any, required: Sequence[str], what: str = "prompt") -> str:
+    """Check that ``template`` is a ``str.format`` template with exactly the ``required`` fields.
+
+    Raises ``ValueError`` naming the missing (or unknown) placeholders and showing the fix.
+    """
+    if not isinstance(template, str):
+        raise TypeError(f"{what} must be a str template, got {type(template).__name__}.")
+    try:
+        fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+    except ValueError as exc:
+        raise ValueError(f"{what} is not a valid str.format template ({exc}); write literal "
+                         "braces as '{{' and '}}'.") from exc
+    missing = [f for f in required if f not in fields]
+    unknown = sorted(f for f in fields if f not in required)
+    if missing or unknown:
+        parts = []
+        if missing:
+            parts.append("missing " + ", ".join("{" + f + "}" for f in missing))
+        if unknown:
+            parts.append("unknown " + ", ".join("{" + f + "}" for f in unknown))
+        raise ValueError(f"{what} must contain the placeholders "
+                         f"{', '.join('{' + f + '}' for f in required)} and no others: "
+                         f"{'; '.join(parts)}. Got: {template!r:.200}")
+    return template
+
+
+def parse_true_false(text: str) -> bool | None:
+    """Read a True/False judgement from free text; ``None`` when the text has none.
+
+    The first judgement word decides: ``true``/``yes``/``relevant`` -> ``True``;
+    ``false``/``no``/``irrelevant`` and "not relevant" -> ``False``. Case, punctuation,
+    markdown and surrounding chatter are ignored.
+    """
+    if not isinstance(text, str):
+        return None
+    words = [w.lower() for w in _WORD.findall(text)]
+    for i, w in enumerate(words):
+        if w in _TRUE:
+            if w == "relevant" and i > 0 and words[i - 1] in ("not", "isn", "t"):
+                return False
+            return True
+        if w in _FALSE:
+            return False
+    return None
+
+
+class RankRAGScorer(Reranker):
+    """RankRAG's LLM relevance judge as a reranking stage.
+
+    Args:
+        llm: A :class:`~funnel_core.llm.LLM` provider, or a hub name / folder for a local
+            :class:`~funnel_core.llm.TransformersLLM`.
+        prompt: ``str.format`` template with ``{question}`` and ``{passage}``.
+        mode: ``"auto"`` (log-probabilities when the provider has them, else generate-and-parse),
+            ``"logprobs"`` or ``"generate"``.
+        max_passage_words: Passages are cut to this many words before prompting.
+        max_new_tokens: Tokens generated per judgement in generate mode.
+        samples: Judgements sampled per pair in generate mode (score = share of ``True``;
+            1 = one greedy judgement).
+        top_n, score_threshold, batch_size, name: See :class:`~funnel_core.rerank.base.Reranker`.
+            Scores are already probabilities in [0, 1]; ``normalize`` is off.
+        llm_kwargs: Passed to :class:`~funnel_core.llm.TransformersLLM` when ``llm`` is a name.
+
+    In generate mode a reply with no judgement word scores 0.5 and is counted in
+    :attr:`unparsed` (a running total, for monitoring).
+    """
+
+    name = "rankrag"
+
+    def __init__(self, *, llm: LLM | str, prompt: str = DEFAULT_RANKRAG_PROMPT,
+                 mode: str = "auto", max_passage_words: int = 300, max_new_tokens: int = 8,
+                 samples: int = 1, top_n: int | None = None,
+                 score_threshold: float | None = None, batch_size: int = 8,
+                 name: str | None = None, **llm_kwargs: Any) -> None:
+        super().__init__(top_n=top_n, score_threshold=score_threshold, normalize=False,
+                         batch_size=batch_size, name=name)
+        if mode not in ("auto", "logprobs", "generate"):
+            raise ValueError(f"mode must be 'auto', 'logprobs' or 'generate', got {mode!r}.")
+        self.llm = as_llm(llm, batch_size=batch_size, **llm_kwargs)
+        if mode == "logprobs" and not self.llm.supports_logprobs:
+            raise ValueError(f"mode='logprobs' needs a provider with token log-probabilities; "
+                             f"{self.llm!r} exposes text only. Use mode='auto' or 'generate'.")
+        self.prompt = check_prompt_template(prompt, ("question", "passage"), "RankRAG prompt")
+        self.mode = mode
+        self.max_passage_words = check_positive_int(max_passage_words, "max_passage_words")
+        self.max_new_tokens = check_positive_int(max_new_tokens, "max_new_tokens")
+        self.samples = check_positive_int(samples, "samples")
+        self.unparsed = 0
+
+    @property
+    def uses_logprobs(self) -> bool:
+        return self.mode == "logprobs" or (self.mode == "auto" and self.llm.supports_logprobs)
+
+    def build_prompt(self, query: str, text: str) -> str:
+        words = text.split()
+        if len(words) > self.max_passage_words:
+            text = " ".join(words[: self.max_passage_words])
+        return self.prompt.format(question=query, passage=text)
+
+    def score(self, query: str, texts: Sequence[str]) -> list[float]:
+        """P(True) for each passage (floats in [0, 1])."""
+        prompts = [self.build_prompt(query, t) for t in texts]
+        if self.uses_logprobs:
+            return self.score_logprobs(prompts)
+        return self.score_generate(prompts)
+
+    def score_logprobs(self, prompts: Sequence[str]) -> list[float]:
+        """One forward pass per batch: P(True) normalised over {True, False}."""
+        scores: list[float] = []
+        for start in range(0, len(prompts), self.batch_size):
+            rows = self.llm.next_token_logprobs(prompts[start:start + self.batch_size],
+                                                ["True", "False"])
+            scores.extend(sigmoid(lt - lf) for lt, lf in rows)
+        return scores
+
+    def score_generate(self, prompts: Sequence[str]) -> list[float]:
+        """Generate a short reply per pair and parse it (tolerant; never raises on chatter)."""
+        scores: list[float] = []
+        for start in range(0, len(prompts), self.batch_size):
+            replies = self.llm.generate(prompts[start:start + self.batch_size],
+                                        **self._generate_params())
+            scores.extend(self._votes(replies))
+        return scores
+
+    def _generate_params(self) -> dict[str, Any]:
+        return dict(n=self.samples, temperature=0.0 if self.samples == 1 else 0.7, top_p=1.0,
+                    top_k=0, max_new_tokens=self.max_new_tokens)
+
+    def _votes(self, replies: list[list[str]]) -> list[float]:
+        """Share of ``True`` among the parsed replies of each pair (0.5 when none parsed)."""
+        scores = []
+        for texts in replies:
+            known = [v for v in (parse_true_false(t) for t in texts) if v is not None]
+            self.unparsed += len(texts) - len(known)
+            scores.append(sum(known) / len(known) if known else 0.5)
+        return scores
+
+    async def arun(self, query: str, units: list) -> list:
+        if self.uses_logprobs:
+            return await super().arun(query, units)
+        # text providers: await the provider's own async path instead of a blocking thread
+        prompts = [self.build_prompt(query, u.text) for u in units]
+        scores: list[float] = []
+        for start in range(0, len(prompts), self.batch_size):
+            replies = await self.llm.agenerate(prompts[start:start + self.batch_size],
+                                               **self._generate_params())
+            scores.extend(self._votes(replies))
+        return self._ranked(units, scores)
+
+    def _ranked(self, units: list, scores: list[float]) -> list:
+        order = sorted(range(len(units)), key=lambda i: -scores[i])
+        out = [units[i].rescored(scores[i], self.name) for i in order]
+        if self.score_threshold is not None:
+            out = [u for u in out if u.score >= self.score_threshold]
+        return out[: self.top_n] if self.top_n is not None else out
+
+    def __repr__(self) -> str:
+        return f"RankRAGScorer(llm={self.llm!r}, mode={self.mode!r})"

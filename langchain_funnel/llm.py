@@ -1,0 +1,102 @@
+"""Any LangChain chat model or LLM as a ``funnel_core`` LLM provider (for RankRAG and FB-RAG).
+
+LangChain models expose text only, so RankRAG uses its generate-and-parse path with them.
+Prompts go through ``model.batch`` / ``model.abatch`` (the model's own batching and
+concurrency); a chat model gets each prompt as one ``HumanMessage``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.language_models import BaseChatModel, BaseLanguageModel
+from langchain_core.messages import BaseMessage, HumanMessage
+
+from funnel_core.llm import LLM, as_llm
+
+__all__ = ["LangChainLLM", "as_provider", "message_text"]
+
+
+def message_text(output: Any) -> str:
+    """The text of a chat-model message (str or content blocks) or of an LLM string output."""
+    if isinstance(output, str):
+        return output
+    if isinstance(output, BaseMessage):
+        content = output.content
+        if isinstance(content, str):
+            return content
+        parts = []
+        for block in content:
+            if isinstance(block, str):
+                parts.append(block)
+            elif isinstance(block, dict) and block.get("type") == "text":
+                parts.append(str(block.get("text", "")))
+        return "".join(parts)
+    return str(output)
+
+
+class LangChainLLM(LLM):
+    """Wrap a LangChain ``BaseChatModel`` or ``BaseLLM``.
+
+    Args:
+        model: The LangChain model.
+        pass_sampling_params: Bind ``temperature``/``top_p``/``top_k``/``max_tokens`` to the
+            model per call (``model.bind(...)``). Off by default: each integration names its
+            sampling options differently and many reject unknown ones.
+        max_concurrency: ``max_concurrency`` for ``batch``/``abatch``.
+        timeout: See :class:`funnel_core.llm.LLM`.
+    """
+
+    def __init__(self, model: BaseLanguageModel, *, pass_sampling_params: bool = False,
+                 max_concurrency: int | None = None, timeout: float | None = None) -> None:
+        super().__init__(timeout=timeout)
+        if not isinstance(model, BaseLanguageModel):
+            raise TypeError(f"LangChainLLM wraps a LangChain chat model or LLM, got "
+                            f"{type(model).__name__}.")
+        self.model = model
+        self.pass_sampling_params = pass_sampling_params
+        self.max_concurrency = max_concurrency
+
+    def __repr__(self) -> str:
+        return f"LangChainLLM({type(self.model).__name__})"
+
+    def _runnable(self, temperature: float, top_p: float, top_k: int, max_new_tokens: int) -> Any:
+        if not self.pass_sampling_params:
+            return self.model
+        kw: dict[str, Any] = {"temperature": temperature, "max_tokens": max_new_tokens}
+        if top_p < 1.0:
+            kw["top_p"] = top_p
+        if top_k > 0:
+            kw["top_k"] = top_k
+        return self.model.bind(**kw)
+
+    def _inputs(self, prompts: list[str], n: int) -> list[Any]:
+        chat = isinstance(self.model, BaseChatModel)
+        return [[HumanMessage(content=p)] if chat else p for p in prompts for _ in range(n)]
+
+    def _config(self) -> dict[str, Any]:
+        return {"max_concurrency": self.max_concurrency} if self.max_concurrency else {}
+
+    @staticmethod
+    def _regroup(outputs: list[Any], n_prompts: int, n: int) -> list[list[str]]:
+        texts = [message_text(o) for o in outputs]
+        return [texts[i * n:(i + 1) * n] for i in range(n_prompts)]
+
+    def _generate(self, prompts: list[str], *, n: int, temperature: float, top_p: float,
+                  top_k: int, max_new_tokens: int) -> list[list[str]]:
+        runnable = self._runnable(temperature, top_p, top_k, max_new_tokens)
+        outputs = runnable.batch(self._inputs(prompts, n), config=self._config())
+        return self._regroup(outputs, len(prompts), n)
+
+    async def _agenerate(self, prompts: list[str], *, n: int, temperature: float, top_p: float,
+                         top_k: int, max_new_tokens: int) -> list[list[str]]:
+        runnable = self._runnable(temperature, top_p, top_k, max_new_tokens)
+        outputs = await runnable.abatch(self._inputs(prompts, n), config=self._config())
+        return self._regroup(outputs, len(prompts), n)
+
+
+def as_provider(model: Any, **kwargs: Any) -> LLM:
+    """A funnel_core provider from a LangChain model, a funnel_core LLM, or a model name/folder."""
+    if isinstance(model, BaseLanguageModel):
+        return LangChainLLM(model, timeout=kwargs.get("timeout"))
+    return as_llm(model, **kwargs)

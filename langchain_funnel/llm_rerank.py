@@ -1,0 +1,163 @@
+"""LLM-driven retrieval for LangChain: RankRAG reranking and FB-RAG forward lookup.
+
+* :class:`RankRAGReranker` — document compressor (and LCEL Runnable): P("True") of an LLM
+  judge per (query, document).
+* :class:`ForwardLookupRetriever` — FB-RAG Stages I-III over a long context or over the
+  documents of any base retriever; ``k`` chunks (constructor or ``invoke(q, k=3)``), their
+  forward/backward scores and the LLM samples in ``Document.metadata``.
+
+The LLM can be a LangChain chat model or LLM (text only: RankRAG parses its replies), a
+``funnel_core`` provider, or a hub name / folder of a local causal LM (RankRAG reads logits).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Union
+
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForRetrieverRun,
+    CallbackManagerForRetrieverRun,
+)
+from langchain_core.documents import Document
+from langchain_core.retrievers import BaseRetriever
+from pydantic import Field, PrivateAttr
+
+from funnel_core.errors import check_positive_int, check_query
+from funnel_core.forward import FORWARD_PROMPT, PRESETS, ForwardLookup, chunk_context
+from funnel_core.funnel import Stage
+from funnel_core.rerank.rankrag import DEFAULT_RANKRAG_PROMPT, RankRAGScorer, check_prompt_template
+from funnel_core.units import Unit
+from langchain_funnel._base import StageCompressor, UnitRetriever, documents_to_units, units_to_documents
+from langchain_funnel.llm import as_provider
+
+__all__ = ["RankRAGReranker", "ForwardLookupRetriever"]
+
+
+def _provider(llm: Any, timeout: Optional[float], gguf_file: Optional[str],
+              device: Optional[str], **extra: Any) -> Any:
+    kwargs: dict[str, Any] = {"timeout": timeout}
+    if isinstance(llm, str):
+        kwargs.update(gguf_file=gguf_file, device=device, **extra)
+    return as_provider(llm, **kwargs)
+
+
+class RankRAGReranker(StageCompressor):
+    """RankRAG reranking as a LangChain document compressor.
+
+    Example::
+
+        reranker = RankRAGReranker(llm=chat_model, top_n=3)
+        chain = rerank_chain(retriever, reranker)   # query -> documents, P(True) in metadata
+    """
+
+    # StageCompressor is also a Runnable, whose bare ``name`` annotation would otherwise become a
+    # required pydantic field.
+    name: Optional[str] = Field(default=None, description="Runnable name.")
+    llm: Any = Field(description="LangChain chat model/LLM, funnel_core LLM, or a causal-LM name/folder.")
+    top_n: int = Field(default=5, description="Documents kept after reranking.")
+    prompt: str = Field(default=DEFAULT_RANKRAG_PROMPT, description="Template with {question} and {passage}.")
+    mode: str = Field(default="auto", description="'auto', 'logprobs' or 'generate'.")
+    batch_size: int = Field(default=8, description="Pairs per LLM call / forward pass.")
+    max_passage_words: int = Field(default=300, description="Passages are cut to this length.")
+    max_new_tokens: int = Field(default=8, description="Tokens per judgement (generate mode).")
+    samples: int = Field(default=1, description="Judgements per pair (generate mode).")
+    score_threshold: Optional[float] = Field(default=None, description="Drop documents below this P(True).")
+    gguf_file: Optional[str] = Field(default=None, description="GGUF file for a local model folder.")
+    device: Optional[str] = Field(default=None, description="Device of a local model.")
+    timeout: Optional[float] = Field(default=None, description="Seconds per LLM call.")
+
+    def model_post_init(self, __context: Any) -> None:
+        check_positive_int(self.top_n, "top_n")
+        check_prompt_template(self.prompt, ("question", "passage"), "RankRAG prompt")
+
+    def _build_stage(self) -> Stage:
+        llm = _provider(self.llm, self.timeout, self.gguf_file, self.device,
+                        batch_size=self.batch_size)
+        return RankRAGScorer(llm=llm, prompt=self.prompt, mode=self.mode, top_n=self.top_n,
+                             batch_size=self.batch_size, max_passage_words=self.max_passage_words,
+                             max_new_tokens=self.max_new_tokens, samples=self.samples,
+                             score_threshold=self.score_threshold)
+
+
+class ForwardLookupRetriever(UnitRetriever):
+    """FB-RAG Stages I-III as a LangChain retriever (``k`` = chunks returned).
+
+    Candidates are the ``chunk_words``-word chunks of ``context`` or the documents that
+    ``retriever`` returns. ``Document.metadata`` holds ``score`` (S_FB), ``backward_scores``,
+    ``forward_scores``, ``samples`` and ``position``; documents come in their original order
+    unless ``order_preserving=False``.
+
+    Example::
+
+        retriever = ForwardLookupRetriever(llm=chat_model, context=long_text, variant="FB", k=3)
+        docs = retriever.invoke("Who wrote Hamlet?")
+    """
+
+    llm: Any = Field(description="LangChain chat model/LLM, funnel_core LLM, or a causal-LM name/folder.")
+    context: Optional[Union[str, list[str]]] = Field(default=None, description="The long context.")
+    retriever: Optional[BaseRetriever] = Field(default=None, description="Base retriever instead of context.")
+    k: int = Field(default=3, description="Chunks returned.")
+    variant: str = Field(default="FB", description="'FB' (Ours-FB), 'F' (Ours-F) or 'B' (BM25 only).")
+    eta_backward: Optional[float] = Field(default=None, description="Overrides the variant's eta_B.")
+    eta_forward: Optional[float] = Field(default=None, description="Overrides the variant's eta_F.")
+    budget_words: Optional[int] = Field(default=None, description="Word budget of the selection.")
+    budget_tokens: Optional[int] = Field(default=None, description="Token budget of the selection.")
+    order_preserving: bool = Field(default=True, description="Return chunks in original order.")
+    samples: int = Field(default=5, description="K outputs sampled by the light LLM.")
+    temperature: float = Field(default=1.0)
+    top_p: float = Field(default=0.9)
+    top_k: int = Field(default=50)
+    max_new_tokens: int = Field(default=128)
+    prompt: str = Field(default=FORWARD_PROMPT, description="Template with {context} and {question}.")
+    recall_k: int = Field(default=20, description="Stage I chunks the LLM reads.")
+    reader_words: Optional[int] = Field(default=None, description="Cap on words the LLM reads.")
+    chunk_words: int = Field(default=300, description="Chunk size in words.")
+    timeout: Optional[float] = Field(default=None, description="Seconds per LLM call.")
+    gguf_file: Optional[str] = Field(default=None)
+    device: Optional[str] = Field(default=None)
+
+    _forward: ForwardLookup = PrivateAttr()
+    _units: Optional[list[Unit]] = PrivateAttr(default=None)
+
+    def model_post_init(self, __context: Any) -> None:
+        super().model_post_init(__context)
+        if (self.context is None) == (self.retriever is None):
+            raise ValueError("ForwardLookupRetriever needs exactly one of context= (a long text) "
+                             "or retriever= (a base retriever).")
+        if self.variant not in PRESETS:
+            raise ValueError(f"unknown FB-RAG variant {self.variant!r}; choose one of {sorted(PRESETS)}.")
+        eta_b, eta_f = PRESETS[self.variant]
+        self._forward = ForwardLookup(
+            llm=_provider(self.llm, self.timeout, self.gguf_file, self.device),
+            eta_backward=eta_b if self.eta_backward is None else self.eta_backward,
+            eta_forward=eta_f if self.eta_forward is None else self.eta_forward,
+            budget_words=self.budget_words, budget_tokens=self.budget_tokens,
+            order_preserving=self.order_preserving, samples=self.samples,
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+            max_new_tokens=self.max_new_tokens, prompt=self.prompt, recall_k=self.recall_k,
+            reader_words=self.reader_words, chunk_words=self.chunk_words)
+        if self.context is not None:
+            self._units = chunk_context(self.context, self.chunk_words)
+
+    @property
+    def forward(self) -> ForwardLookup:
+        """The ``funnel_core`` stage doing the work."""
+        return self._forward
+
+    def _search(self, query: str, k: int) -> list[Unit]:
+        units = self._units
+        if units is None:
+            units = documents_to_units(self.retriever.invoke(query))
+        return self._forward.search(query, units, k=k).units
+
+    async def _aget_relevant_documents(self, query: str, *,
+                                       run_manager: AsyncCallbackManagerForRetrieverRun,
+                                       k: int | None = None, **kwargs: Any) -> list[Document]:
+        query = check_query(query)
+        k = self.k if k is None else check_positive_int(k, "k")
+        if not query:
+            return []
+        units = self._units
+        if units is None:
+            units = documents_to_units(await self.retriever.ainvoke(query))
+        return units_to_documents((await self._forward.asearch(query, units, k=k)).units)

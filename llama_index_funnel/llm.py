@@ -1,0 +1,86 @@
+"""Any LlamaIndex ``LLM`` as a ``funnel_core`` LLM provider (for RankRAG and FB-RAG).
+
+LlamaIndex LLMs expose text only, so RankRAG uses its generate-and-parse path with them. Chat
+models get the prompt as one user message; completion models get it as the prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from llama_index.core.base.llms.types import ChatMessage, MessageRole
+from llama_index.core.llms.llm import LLM as LlamaIndexBaseLLM
+
+from funnel_core.llm import LLM, as_llm
+
+__all__ = ["LlamaIndexLLM", "as_provider"]
+
+
+class LlamaIndexLLM(LLM):
+    """Wrap a LlamaIndex ``LLM`` (OpenAI, Ollama, HuggingFaceLLM, ``MockLLM``...).
+
+    Args:
+        llm: The LlamaIndex LLM.
+        pass_sampling_params: Forward ``temperature``/``top_p``/``top_k``/``max_tokens`` as
+            call keyword arguments. Off by default: LlamaIndex integrations configure sampling
+            on the LLM object and many reject unknown call arguments.
+        timeout: See :class:`funnel_core.llm.LLM`.
+
+    ``n`` completions are ``n`` calls per prompt (concurrent on the async path).
+    """
+
+    def __init__(self, llm: LlamaIndexBaseLLM, *, pass_sampling_params: bool = False,
+                 timeout: float | None = None) -> None:
+        super().__init__(timeout=timeout)
+        if not isinstance(llm, LlamaIndexBaseLLM):
+            raise TypeError(f"LlamaIndexLLM wraps a llama_index LLM, got {type(llm).__name__}.")
+        self.llm = llm
+        self.pass_sampling_params = pass_sampling_params
+
+    def __repr__(self) -> str:
+        return f"LlamaIndexLLM({type(self.llm).__name__})"
+
+    def _kwargs(self, temperature: float, top_p: float, top_k: int,
+                max_new_tokens: int) -> dict[str, Any]:
+        if not self.pass_sampling_params:
+            return {}
+        kw: dict[str, Any] = {"temperature": temperature, "max_tokens": max_new_tokens}
+        if top_p < 1.0:
+            kw["top_p"] = top_p
+        if top_k > 0:
+            kw["top_k"] = top_k
+        return kw
+
+    def _is_chat(self) -> bool:
+        return bool(getattr(self.llm.metadata, "is_chat_model", False))
+
+    def _one(self, prompt: str, kw: dict[str, Any]) -> str:
+        if self._is_chat():
+            resp = self.llm.chat([ChatMessage(role=MessageRole.USER, content=prompt)], **kw)
+            return resp.message.content or ""
+        return self.llm.complete(prompt, **kw).text
+
+    async def _aone(self, prompt: str, kw: dict[str, Any]) -> str:
+        if self._is_chat():
+            resp = await self.llm.achat([ChatMessage(role=MessageRole.USER, content=prompt)], **kw)
+            return resp.message.content or ""
+        return (await self.llm.acomplete(prompt, **kw)).text
+
+    def _generate(self, prompts: list[str], *, n: int, temperature: float, top_p: float,
+                  top_k: int, max_new_tokens: int) -> list[list[str]]:
+        kw = self._kwargs(temperature, top_p, top_k, max_new_tokens)
+        return [[self._one(p, kw) for _ in range(n)] for p in prompts]
+
+    async def _agenerate(self, prompts: list[str], *, n: int, temperature: float, top_p: float,
+                         top_k: int, max_new_tokens: int) -> list[list[str]]:
+        kw = self._kwargs(temperature, top_p, top_k, max_new_tokens)
+        flat = await asyncio.gather(*(self._aone(p, kw) for p in prompts for _ in range(n)))
+        return [list(flat[i * n:(i + 1) * n]) for i in range(len(prompts))]
+
+
+def as_provider(llm: Any, **kwargs: Any) -> LLM:
+    """A funnel_core provider from a LlamaIndex LLM, a funnel_core LLM, or a model name/folder."""
+    if isinstance(llm, LlamaIndexBaseLLM):
+        return LlamaIndexLLM(llm, timeout=kwargs.get("timeout"))
+    return as_llm(llm, **kwargs)

@@ -1,0 +1,256 @@
+"""LLM-driven retrieval for LlamaIndex: RankRAG reranking and FB-RAG forward lookup.
+
+* :class:`RankRAGRerank` — node postprocessor: P("True") of an LLM judge per (query, node).
+* :class:`ForwardLookupQueryTransform` — a ``BaseQueryTransform`` that samples K
+  ``Rationale/Answer`` outputs and attaches them to the query bundle
+  (:class:`ForwardLookupQueryBundle`; their texts also go to ``custom_embedding_strs`` so an
+  embedding retriever behind a ``TransformRetriever`` searches with them).
+* :class:`ForwardLookupRetriever` — FB-RAG Stages I-III over a long context or over the nodes
+  of any base retriever; reuses the samples of a :class:`ForwardLookupQueryBundle`.
+
+The LLM can be a LlamaIndex ``LLM`` (text only: RankRAG parses its replies), a ``funnel_core``
+provider, or a hub name / folder of a local causal LM (RankRAG reads True/False logits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.bridge.pydantic import Field
+from llama_index.core.callbacks.base import CallbackManager
+from llama_index.core.indices.query.query_transform.base import BaseQueryTransform
+from llama_index.core.prompts.mixin import PromptDictType
+from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
+
+from funnel_core.errors import check_positive_int, check_query
+from funnel_core.forward import (
+    FORWARD_PROMPT,
+    ForwardLookup,
+    ForwardLookupResult,
+    ForwardSample,
+    chunk_context,
+)
+from funnel_core.funnel import Stage
+from funnel_core.rerank.rankrag import DEFAULT_RANKRAG_PROMPT, RankRAGScorer, check_prompt_template
+from funnel_core.units import Unit
+from llama_index_funnel._base import StagePostprocessor, nodes_to_units, units_to_nodes
+from llama_index_funnel.llm import as_provider
+
+__all__ = ["RankRAGRerank", "ForwardLookupQueryTransform", "ForwardLookupQueryBundle",
+           "ForwardLookupRetriever"]
+
+
+class RankRAGRerank(StagePostprocessor):
+    """RankRAG reranking as a LlamaIndex node postprocessor (sync + async, rerank events).
+
+    Example::
+
+        from llama_index.core.query_engine import RetrieverQueryEngine
+        rerank = RankRAGRerank(llm=smollm2_path(), gguf_file=SMOLLM2_GGUF, top_n=5)
+        engine = RetrieverQueryEngine.from_args(retriever, node_postprocessors=[rerank])
+    """
+
+    llm: Any = Field(description="LlamaIndex LLM, funnel_core LLM, or a causal-LM name/folder.")
+    top_n: int = Field(default=5, description="Nodes kept after reranking.")
+    prompt: str = Field(default=DEFAULT_RANKRAG_PROMPT,
+                        description="Template with {question} and {passage}.")
+    mode: str = Field(default="auto", description="'auto', 'logprobs' or 'generate'.")
+    batch_size: int = Field(default=8, description="Pairs per LLM call / forward pass.")
+    max_passage_words: int = Field(default=300, description="Passages are cut to this length.")
+    max_new_tokens: int = Field(default=8, description="Tokens per judgement (generate mode).")
+    samples: int = Field(default=1, description="Judgements per pair (generate mode).")
+    score_threshold: Optional[float] = Field(default=None, description="Drop nodes below this P(True).")
+    gguf_file: Optional[str] = Field(default=None, description="GGUF file for a local model folder.")
+    device: Optional[str] = Field(default=None, description="Device of a local model.")
+    timeout: Optional[float] = Field(default=None, description="Seconds per LLM call.")
+
+    def model_post_init(self, __context: Any) -> None:
+        check_positive_int(self.top_n, "top_n")
+        check_prompt_template(self.prompt, ("question", "passage"), "RankRAG prompt")
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "RankRAGRerank"
+
+    def _model_name(self) -> str:
+        return self.llm if isinstance(self.llm, str) else type(self.llm).__name__
+
+    def _build_stage(self) -> Stage:
+        kwargs: dict[str, Any] = {"timeout": self.timeout}
+        if isinstance(self.llm, str):
+            kwargs.update(gguf_file=self.gguf_file, device=self.device,
+                          batch_size=self.batch_size)
+        return RankRAGScorer(llm=as_provider(self.llm, **kwargs), prompt=self.prompt,
+                             mode=self.mode, top_n=self.top_n, batch_size=self.batch_size,
+                             max_passage_words=self.max_passage_words,
+                             max_new_tokens=self.max_new_tokens, samples=self.samples,
+                             score_threshold=self.score_threshold)
+
+
+@dataclass
+class ForwardLookupQueryBundle(QueryBundle):
+    """A ``QueryBundle`` carrying FB-RAG's forward-lookup samples (rationales and answers)."""
+
+    samples: List[ForwardSample] = field(default_factory=list)
+    reader_context: str = ""
+
+
+def _forward(llm: Any, *, timeout: Optional[float], gguf_file: Optional[str],
+             device: Optional[str], **kwargs: Any) -> ForwardLookup:
+    provider_kwargs: dict[str, Any] = {"timeout": timeout}
+    if isinstance(llm, str):
+        provider_kwargs.update(gguf_file=gguf_file, device=device)
+    return ForwardLookup(llm=as_provider(llm, **provider_kwargs), **kwargs)
+
+
+class ForwardLookupQueryTransform(BaseQueryTransform):
+    """FB-RAG Stage II as a query transform: sample K ``Rationale: ... Answer: ...`` outputs.
+
+    The light LLM reads a context chosen, in this order, from: ``metadata["context"]`` of the
+    ``run`` call; the nodes of ``retriever`` for the query; the BM25 Stage I chunks of
+    ``context``; or nothing (closed-book lookup). The returned
+    :class:`ForwardLookupQueryBundle` keeps ``query_str`` and adds the samples; with
+    ``embed_samples`` the sample texts join the query in ``custom_embedding_strs``.
+
+    Args:
+        llm: LlamaIndex LLM, funnel_core LLM, or a local causal-LM name/folder.
+        context: A long text (or list of texts) to read from.
+        retriever: Any LlamaIndex retriever whose nodes the LLM reads instead.
+        samples, temperature, top_p, top_k, max_new_tokens, prompt, recall_k, reader_words,
+            chunk_words: See :class:`funnel_core.forward.ForwardLookup`.
+        embed_samples: Put ``[query, R_1 A_1, ..., R_K A_K]`` in ``custom_embedding_strs``.
+    """
+
+    def __init__(self, llm: Any, *, context: str | Sequence[str] | None = None,
+                 retriever: Optional[BaseRetriever] = None, samples: int = 5,
+                 temperature: float = 1.0, top_p: float = 0.9, top_k: int = 50,
+                 max_new_tokens: int = 128, prompt: str = FORWARD_PROMPT, recall_k: int = 20,
+                 reader_words: Optional[int] = None, chunk_words: int = 300,
+                 embed_samples: bool = True, timeout: Optional[float] = None,
+                 gguf_file: Optional[str] = None, device: Optional[str] = None) -> None:
+        self.forward = _forward(llm, timeout=timeout, gguf_file=gguf_file, device=device,
+                                samples=samples, temperature=temperature, top_p=top_p,
+                                top_k=top_k, max_new_tokens=max_new_tokens, prompt=prompt,
+                                recall_k=recall_k, reader_words=reader_words,
+                                chunk_words=chunk_words, eta_backward=0.0, eta_forward=1.0)
+        self.units = chunk_context(context, chunk_words) if context is not None else None
+        self.retriever = retriever
+        self.embed_samples = embed_samples
+
+    def _get_prompts(self) -> PromptDictType:
+        return {}
+
+    def _update_prompts(self, prompts: PromptDictType) -> None:
+        return None
+
+    def _context_for(self, query: str, metadata: Dict) -> str:
+        if metadata.get("context"):
+            return str(metadata["context"])
+        if self.retriever is not None:
+            nodes = self.retriever.retrieve(query)
+            return "\n\n".join(n.node.get_content(MetadataMode.NONE) for n in nodes)
+        if self.units is not None:
+            stage1, _ = self.forward.recall(query, self.units)
+            return self.forward.reader_context(stage1)
+        return "(no context given: answer from what you know)"
+
+    def _run(self, query_bundle: QueryBundle, metadata: Dict) -> QueryBundle:
+        query = check_query(query_bundle.query_str)
+        if not query:
+            return query_bundle
+        context = self._context_for(query, metadata or {})
+        samples = self.forward.sample(query, context)
+        strs = list(query_bundle.custom_embedding_strs or [query])
+        if self.embed_samples:
+            strs += [s.lookup_text for s in samples if s.lookup_text]
+        return ForwardLookupQueryBundle(query_str=query_bundle.query_str,
+                                        image_path=query_bundle.image_path,
+                                        custom_embedding_strs=strs, embedding=None,
+                                        samples=samples, reader_context=context)
+
+
+class ForwardLookupRetriever(BaseRetriever):
+    """FB-RAG Stages I-III as a LlamaIndex retriever.
+
+    Candidates are the ``chunk_words``-word chunks of ``context``, or the nodes that
+    ``retriever`` returns for the query. Each node's metadata holds ``backward_scores``,
+    ``forward_scores``, ``samples`` and ``position``; ``score`` is S_FB. Given a
+    :class:`ForwardLookupQueryBundle` (from :class:`ForwardLookupQueryTransform` in a
+    ``TransformRetriever``), its samples are reused instead of sampling again.
+
+    Args:
+        llm: LlamaIndex LLM, funnel_core LLM, or a local causal-LM name/folder.
+        context: A long text or a list of texts.
+        retriever: A base retriever (instead of ``context``).
+        variant: ``"FB"`` (Ours-FB, default), ``"F"`` (Ours-F) or ``"B"`` (BM25 only);
+            ``eta_backward``/``eta_forward`` override it.
+        k, budget_words, budget_tokens, order_preserving, and the sampling arguments:
+            see :class:`funnel_core.forward.ForwardLookup`.
+    """
+
+    def __init__(self, llm: Any, *, context: str | Sequence[str] | None = None,
+                 retriever: Optional[BaseRetriever] = None, variant: str = "FB",
+                 eta_backward: Optional[float] = None, eta_forward: Optional[float] = None,
+                 k: Optional[int] = 3, budget_words: Optional[int] = None,
+                 budget_tokens: Optional[int] = None, order_preserving: bool = True,
+                 samples: int = 5, temperature: float = 1.0, top_p: float = 0.9,
+                 top_k: int = 50, max_new_tokens: int = 128, prompt: str = FORWARD_PROMPT,
+                 recall_k: int = 20, reader_words: Optional[int] = None, chunk_words: int = 300,
+                 timeout: Optional[float] = None, gguf_file: Optional[str] = None,
+                 device: Optional[str] = None,
+                 callback_manager: Optional[CallbackManager] = None) -> None:
+        if (context is None) == (retriever is None):
+            raise ValueError("ForwardLookupRetriever needs exactly one of context= (a long "
+                             "text) or retriever= (a base retriever).")
+        from funnel_core.forward import PRESETS
+
+        if variant not in PRESETS:
+            raise ValueError(f"unknown FB-RAG variant {variant!r}; choose one of {sorted(PRESETS)}.")
+        eta_b, eta_f = PRESETS[variant]
+        self.forward = _forward(
+            llm, timeout=timeout, gguf_file=gguf_file, device=device,
+            eta_backward=eta_b if eta_backward is None else eta_backward,
+            eta_forward=eta_f if eta_forward is None else eta_forward, k=k,
+            budget_words=budget_words, budget_tokens=budget_tokens,
+            order_preserving=order_preserving, samples=samples, temperature=temperature,
+            top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, prompt=prompt,
+            recall_k=recall_k, reader_words=reader_words, chunk_words=chunk_words)
+        self.units: Optional[list[Unit]] = (chunk_context(context, chunk_words)
+                                            if context is not None else None)
+        self.retriever = retriever
+        super().__init__(callback_manager=callback_manager)
+
+    @staticmethod
+    def _samples(query_bundle: QueryBundle) -> Optional[list[ForwardSample]]:
+        if isinstance(query_bundle, ForwardLookupQueryBundle) and query_bundle.samples:
+            return list(query_bundle.samples)
+        return None
+
+    def _finish(self, res: ForwardLookupResult, originals: Sequence[Any]) -> List[NodeWithScore]:
+        return units_to_nodes(res.units, originals)
+
+    def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
+        query = check_query(query_bundle.query_str)
+        if not query:
+            return []
+        originals: Sequence[Any] = ()
+        units = self.units
+        if units is None:
+            originals = self.retriever.retrieve(QueryBundle(query_str=query))
+            units = nodes_to_units(originals)
+        return self._finish(self.forward.search(query, units, self._samples(query_bundle)),
+                            originals)
+
+    async def _aretrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
+        query = check_query(query_bundle.query_str)
+        if not query:
+            return []
+        originals: Sequence[Any] = ()
+        units = self.units
+        if units is None:
+            originals = await self.retriever.aretrieve(QueryBundle(query_str=query))
+            units = nodes_to_units(originals)
+        res = await self.forward.asearch(query, units, self._samples(query_bundle))
+        return self._finish(res, originals)

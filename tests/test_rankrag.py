@@ -1,0 +1,130 @@
+"""RankRAG: the True-probability path (one forward pass, no generation) and the tolerant parser."""
+
+import math
+
+import pytest
+
+from funnel_core.llm import LLM, LLMError, TransformersLLM
+from funnel_core.rerank.rankrag import (
+    DEFAULT_RANKRAG_PROMPT,
+    RANKRAG_INSTRUCTION,
+    RankRAGScorer,
+    check_prompt_template,
+    parse_true_false,
+)
+from funnel_core.units import Unit
+
+
+class Judge(LLM):
+    """A text-only provider: chatty 'True' when the passage mentions Paris, else chatty 'False'."""
+
+    def __init__(self, fail=False, **kw):
+        super().__init__(**kw)
+        self.fail, self.prompts = fail, []
+
+    def _generate(self, prompts, *, n, **kw):
+        if self.fail:
+            raise RuntimeError("rate limited")
+        self.prompts += prompts
+        out = []
+        for p in prompts:
+            passage = p.split("For the question")[0]
+            if "Paris" in passage:
+                out.append(["Sure! After reading carefully: **True** - it is relevant."] * n)
+            elif "Berlin" in passage:
+                out.append(["I'm sorry, I cannot tell."] * n)  # no judgement word
+            else:
+                out.append(["Hmm. The passage is not relevant, so: false."] * n)
+        return out
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("True", True), ("false", False), ("  **TRUE**.", True), ("Answer: False\nbecause", False),
+    ("Yes, it is.", True), ("No.", False), ("The passage is not relevant.", False),
+    ("It is relevant to the question", True), ("It isn't relevant", False),
+    ("I cannot say", None), ("", None), (None, None), ("42 :) ???", None),
+])
+def test_parse_true_false_is_tolerant(text, expected):
+    assert parse_true_false(text) is expected
+
+
+def test_prompt_validation_names_missing_and_unknown_placeholders():
+    assert "{question}" in RANKRAG_INSTRUCTION and "access whether" in RANKRAG_INSTRUCTION
+    check_prompt_template(DEFAULT_RANKRAG_PROMPT, ("question", "passage"))
+    with pytest.raises(ValueError, match=r"missing \{passage\}"):
+        RankRAGScorer(llm=Judge(), prompt="For the question {question}, relevant?")
+    with pytest.raises(ValueError, match=r"unknown \{doc\}"):
+        RankRAGScorer(llm=Judge(), prompt="{question} {passage} {doc}")
+    with pytest.raises(ValueError, match="not a valid str.format"):
+        RankRAGScorer(llm=Judge(), prompt="{question} {passage} {")
+    with pytest.raises(ValueError, match="mode must be"):
+        RankRAGScorer(llm=Judge(), mode="magic")
+    with pytest.raises(ValueError, match="exposes text only"):
+        RankRAGScorer(llm=Judge(), mode="logprobs")
+
+
+def test_generate_and_parse_fallback_never_crashes(corpus_units):
+    judge = Judge()
+    scorer = RankRAGScorer(llm=judge, batch_size=3)
+    out = scorer("What is the capital of France?", corpus_units)
+    by_id = {u.id: u.score for u in out}
+    assert by_id["d0"] == 1.0 and by_id["d2"] == 1.0      # mention Paris -> True
+    assert by_id["d1"] == 0.5                              # unparseable -> neutral
+    assert by_id["d5"] == 0.0                              # "not relevant ... false"
+    assert [u.id for u in out[:2]] == ["d0", "d2"] and scorer.unparsed == 1
+    assert out[0].scores == {"rankrag": 1.0} and type(out[0].score) is float
+    assert "For the question What is the capital of France?, access whether" in judge.prompts[0]
+    assert not any("scores" in u.metadata for u in corpus_units)   # inputs untouched
+
+
+def test_provider_failure_raises_and_leaves_nothing_half_scored(corpus_units):
+    scorer = RankRAGScorer(llm=Judge(fail=True))
+    before = [u.to_dict() for u in corpus_units]
+    with pytest.raises(LLMError, match="rate limited.*Nothing was scored"):
+        scorer("capital of France", corpus_units)
+    assert [u.to_dict() for u in corpus_units] == before
+
+
+async def test_async_generate_path(corpus_units):
+    scorer = RankRAGScorer(llm=Judge(), top_n=2)
+    out = await scorer.acall("capital of France?", corpus_units)
+    assert [u.id for u in out] == ["d0", "d2"]
+
+
+def test_logprob_path_is_one_forward_pass_per_batch_without_generation(tiny_llama_path, corpus_units):
+    llm = TransformersLLM(tiny_llama_path)
+    scorer = RankRAGScorer(llm=llm, batch_size=3)
+    assert scorer.uses_logprobs
+    model = llm._model.get()[0]
+    calls = []
+    original_forward = model.forward
+
+    def counting_forward(*args, **kwargs):
+        calls.append(kwargs["input_ids"].shape[0])
+        return original_forward(*args, **kwargs)
+
+    def no_generate(*a, **k):
+        raise AssertionError("the True-probability path must not generate")
+
+    model.forward, model.generate = counting_forward, no_generate
+    try:
+        out = scorer("Who wrote Hamlet?", corpus_units)
+    finally:
+        del model.forward, model.generate
+    assert calls == [3, 3, 2]                       # 8 pairs, batch_size 3
+    rows = llm.next_token_logprobs([scorer.build_prompt("Who wrote Hamlet?", u.text)
+                                    for u in corpus_units], ["True", "False"])
+    expect = {u.id: math.exp(t) / (math.exp(t) + math.exp(f)) for u, (t, f) in zip(corpus_units, rows)}
+    assert {u.id: u.score for u in out} == pytest.approx(expect, abs=1e-6)
+    assert [u.score for u in out] == sorted((u.score for u in out), reverse=True)
+    assert all(0.0 < u.score < 1.0 for u in out)
+
+
+def test_top_n_threshold_and_passage_truncation(tiny_llama_path, corpus_units):
+    scorer = RankRAGScorer(llm=tiny_llama_path, top_n=3, max_passage_words=3)
+    assert scorer.build_prompt("q", "one two three four five").startswith("Passage: one two three\n")
+    assert len(scorer("Who wrote Hamlet?", corpus_units)) == 3
+    assert len((scorer % 1)("Who wrote Hamlet?", corpus_units)) == 1
+    assert scorer("   ", corpus_units) == []
+    everything = RankRAGScorer(llm=tiny_llama_path, score_threshold=1.01)
+    assert everything("Who wrote Hamlet?", corpus_units) == []
