@@ -141,8 +141,8 @@ def test_encoder_decoder_model_is_rejected(tiny_t5_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("FUNNEL_RUN_SLOW"),
-                    reason="loads SmolLM2 from GGUF (~60 s); set FUNNEL_RUN_SLOW=1")
+@pytest.mark.skipif(not os.environ.get("FUNNEL_SLOW"),
+                    reason="loads SmolLM2 from GGUF (~60 s); set FUNNEL_SLOW=1")
 def test_smollm2_ranks_the_answer_passage_first():
     from funnel_core.testing import SMOLLM2_GGUF, smollm2_path
 
