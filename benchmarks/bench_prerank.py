@@ -93,6 +93,41 @@ def throughput(model_path: str, pairs: list[tuple[str, str]], *, max_length: int
     }
 
 
+def tune_fuse_weight(scorer, data_dir: Path, n_queries: int, depth: int) -> dict:
+    """nDCG@10 on ``n_queries`` SciFact train queries of (1 - w) * CE + w * BM25 (both min-max
+    normalised over the top-``depth``) for w in 0.0 .. 1.0; returns the best w (ties: smaller w)."""
+    import random
+
+    from funnel_core.bm25 import BM25Index
+    from funnel_core.evaluation import ir_metrics, load_beir
+    from funnel_core.rerank.cross_encoder import minmax
+
+    train = load_beir(data_dir / "scifact", split="train")
+    queries = train.split_queries()
+    qids = sorted(random.Random(0).sample(sorted(queries), min(n_queries, len(queries))))
+    hits = BM25Index().index(train.corpus).search_many([queries[q] for q in qids], k=depth)
+    t = time.perf_counter()
+    pairs = [(q, u) for q, h in zip(qids, hits) for u in h]
+    ce = scorer.score_pairs([queries[q] for q, _ in pairs], [u.text for _, u in pairs])
+    ce_by = {f"{q}|{u.id}": c for (q, u), c in zip(pairs, ce)}
+    seconds = time.perf_counter() - t
+    qrels = {q: train.qrels[q] for q in qids}
+    table = {}
+    for w in [i / 10 for i in range(11)]:
+        run = {}
+        for q, h in zip(qids, hits):
+            if not h:
+                continue
+            fused = [(1 - w) * c + w * b for c, b in zip(minmax([ce_by[f"{q}|{u.id}"] for u in h]),
+                                                         minmax([u.score for u in h]))]
+            run[q] = {u.id: f for u, f in zip(h, fused)}
+        table[w] = ir_metrics(qrels, run, ["ndcg@10"])["ndcg@10"]
+    best = max(table, key=lambda w: (table[w], -w))
+    return {"train_queries": len(qids), "depth": depth, "pairs": len(pairs), "seconds": seconds,
+            "ndcg@10_by_weight": table, "best_weight": best,
+            "note": "weight of min-max BM25; 0.0 = cross-encoder alone, 1.0 = BM25 order"}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default=DEFAULT_DATA)
@@ -103,6 +138,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--fuse-weight", type=float, default=0.3,
                     help="weight of min-max BM25 in the (separately reported) interpolation")
+    ap.add_argument("--tune-fuse-on-train", type=int, default=0, metavar="N",
+                    help="choose --fuse-weight on N SciFact *train* queries (depth <= 20) first")
     ap.add_argument("--model", default=DEFAULT_OUT)
     ap.add_argument("--skip-throughput", action="store_true",
                     help="keep the throughput figures of an earlier run's JSON")
@@ -169,7 +206,15 @@ def main() -> None:
     scorer = CrossEncoderScorer(model_path, backend="transformers", device="cpu",
                                 max_length=max_length, batch_size=args.batch_size,
                                 sort_by_length=True)
-    cache_path = Path(model_path) / f"scifact_test_scores_len{max_length}.json"
+    if args.tune_fuse_on_train:
+        result["fuse_tuning"] = tune_fuse_weight(scorer, Path(args.data), args.tune_fuse_on_train,
+                                                 min(depth, 20))
+        args.fuse_weight = result["fuse_tuning"]["best_weight"]
+        print(f"fuse weight chosen on train: {args.fuse_weight}", flush=True)
+        _write(out_path, result)
+    weights = max(Path(model_path).glob("*.safetensors"), key=os.path.getmtime, default=None)
+    stamp = f"{int(weights.stat().st_mtime)}" if weights else "unknown"  # a retrained model's own cache
+    cache_path = Path(model_path) / f"scifact_test_scores_len{max_length}_{stamp}.json"
     cache: dict[str, float] = json.loads(cache_path.read_text()) if cache_path.is_file() else {}
     rerank_seconds = 0.0
     scored_pairs = 0

@@ -179,7 +179,8 @@ def rrf_fusion(sparse: Sequence[Unit], dense: Sequence[Unit], k: int = 60,
     Ranks start at 1; a side that missed a unit contributes 0. Scores are not needed.
 
     Args:
-        sparse, dense: Ranked unit lists, best first.
+        sparse: Sparse-side units, best first.
+        dense: Dense-side units, best first.
         k: The RRF constant (60 in Cormack et al.); larger flattens the rank discount.
         weights: Weights of the sparse and dense sides.
         stage: Name under which the fused score is kept in ``metadata["scores"]``.
@@ -240,8 +241,9 @@ class HybridRetrieve(Stage):
             ``"zscore"``, ``"none"``.
         rrf_k: The RRF constant (60).
         k: Units to return (``None``: the whole fused union). ``stage % k`` also cuts.
-        sparse_query, dense_query: Optional ``fn(query) -> str`` rewriting the query for one side
-            (e.g. a HyDE generator for the dense side).
+        sparse_query: Optional ``fn(query) -> str`` rewriting the query for the sparse side.
+        dense_query: Optional ``fn(query) -> str`` rewriting the query for the dense side (e.g. a
+            HyDE generator).
         name: Stage name (key of the fused score in ``metadata["scores"]``).
     """
 

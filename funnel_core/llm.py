@@ -358,8 +358,6 @@ class TransformersLLM(LLM):
         long contexts and K = 5 the shared prefill is most of the cost. Falls back to the plain
         path when the model's cache cannot be repeated.
         """
-        import torch
-
         ids, mask = enc["input_ids"], enc["attention_mask"]
         try:
             out = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], use_cache=True)

@@ -31,7 +31,7 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableBranch, RunnableConfig, RunnableLambda
 from langchain_core.runnables import RunnableSerializable
 from langchain_core.vectorstores import VectorStoreRetriever
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, Field
 
 from funnel_core.classify import QueryClassifier
 from funnel_core.compress import ExtractiveCompressor as _CoreCompressor

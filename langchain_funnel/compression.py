@@ -36,7 +36,7 @@ Compressor = Union[BaseDocumentCompressor, BaseDocumentTransformer]
 class CompressionRetriever(BaseRetriever):
     """Retrieve with ``base_retriever``, then run ``compressors`` in order, then keep ``k``.
 
-    Args:
+    Attributes:
         base_retriever: Any LangChain retriever (it should return more than ``k`` documents).
         compressors: ``BaseDocumentCompressor`` objects (called with the query) and
             ``BaseDocumentTransformer`` objects (documents only), applied in order.

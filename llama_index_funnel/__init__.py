@@ -14,6 +14,9 @@ from llama_index_funnel.best_practices import (
     SentenceEmbedderEmbedding,
 )
 from llama_index_funnel.rerank import CrossEncoderRerank, LaterChunkingPostprocessor, MonoT5Rerank
+from llama_index_funnel.fid import AttentionLMRerank, FiDAttentionRerank
+from llama_index_funnel.llm_rerank import ForwardLookupQueryBundle, ForwardLookupQueryTransform, ForwardLookupRetriever, RankRAGRerank
+from llama_index_funnel.llm import LlamaIndexLLM
 
-__all__ = ["CrossEncoderRerank", "LaterChunkingPostprocessor", "MonoT5Rerank", "ExtractiveCompressorPostprocessor", "HybridRetriever", "QueryClassifierGate", "QueryClassifierQueryEngine", "RepackPostprocessor", "SentenceEmbedderEmbedding", "GraphGranularityNodeParser", "MixOfGranularityRetriever", "MultiGranularityNodeParser", "FunnelRetriever", "PostprocessorStage", "RetrieverStage", "BM25Retriever", "ClusteredBM25Retriever", "StagePostprocessor", "UnitRetriever",
+__all__ = ["LlamaIndexLLM", "ForwardLookupQueryBundle", "ForwardLookupQueryTransform", "ForwardLookupRetriever", "RankRAGRerank", "AttentionLMRerank", "FiDAttentionRerank", "CrossEncoderRerank", "LaterChunkingPostprocessor", "MonoT5Rerank", "ExtractiveCompressorPostprocessor", "HybridRetriever", "QueryClassifierGate", "QueryClassifierQueryEngine", "RepackPostprocessor", "SentenceEmbedderEmbedding", "GraphGranularityNodeParser", "MixOfGranularityRetriever", "MultiGranularityNodeParser", "FunnelRetriever", "PostprocessorStage", "RetrieverStage", "BM25Retriever", "ClusteredBM25Retriever", "StagePostprocessor", "UnitRetriever",
            "nodes_to_units", "units_to_nodes"]

@@ -1,6 +1,5 @@
 """funnel_core.llm: the provider interface, its failure policy, and the local transformers LLM."""
 
-import asyncio
 import math
 import os
 import time

@@ -12,7 +12,6 @@ from funnel_core.rerank.rankrag import (
     check_prompt_template,
     parse_true_false,
 )
-from funnel_core.units import Unit
 
 
 class Judge(LLM):

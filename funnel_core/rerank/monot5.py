@@ -44,9 +44,12 @@ class MonoT5Scorer(Reranker):
         fp16: Half precision, only ever applied on CUDA (``None``: on when the device is CUDA).
         sort_by_length: Batch prompts of similar length together.
         template: The prompt; must contain ``{query}`` before ``{document}``.
-        true_token, false_token: The two words whose first-step logits are compared.
+        true_token: The word whose first-step logit means "relevant".
+        false_token: The word whose first-step logit means "not relevant".
         normalize: Return ``P(true)`` in (0, 1) instead of the logit difference.
-        top_n, score_threshold, name: See :class:`~funnel_core.rerank.base.Reranker`.
+        top_n: Keep at most this many units (see :class:`~funnel_core.rerank.base.Reranker`).
+        score_threshold: Drop units scoring below this.
+        name: Stage name in traces and in ``metadata["scores"]``.
         model_kwargs: Extra keyword arguments for ``from_pretrained``.
     """
 

@@ -1,4 +1,5 @@
-"""Training loops: L2G distillation (BPR) and label-supervised training of cross-encoders."""
+"""Training loops: L2G distillation (BPR) and label-supervised training of cross-encoders
+(:mod:`funnel_core.train.l2g`), and Fusion-in-Decoder reader training (:mod:`funnel_core.train.fid`)."""
 
 from funnel_core.train.l2g import (
     CrossEncoderTrainer,

@@ -253,7 +253,9 @@ class CrossEncoderTrainer:
             :func:`init_cross_encoder` to start from an encoder).
         max_length: Tokens per (query, passage) pair; the passage is truncated, never the query
             (queries longer than half of it are clipped to half).
-        learning_rate, weight_decay, warmup_ratio: Optimiser settings.
+        learning_rate: AdamW learning rate of the encoder.
+        weight_decay: AdamW weight decay.
+        warmup_ratio: Share of the steps with a linear learning-rate warm-up.
         epochs: Passes over the (query, positive) pairs.
         num_negatives: Negatives per positive in one step.
         queries_per_step: Queries per optimiser step.
@@ -434,7 +436,8 @@ def train_l2g(examples: Iterable[Mapping[str, Any]], *, model: str | os.PathLike
             optionally ``"answers"`` (gold answer strings).
         model: Starting checkpoint (hub name or folder) of the pre-ranker.
         out_dir: Where to save the trained pre-ranker.
-        alpha, top_k: Eqs. 4 and 5.
+        alpha: Weight of the max in eq. 4 (the mean gets ``1 - alpha``).
+        top_k: Documents taken as positives by aggregated score in eq. 5.
         **trainer_kwargs: Passed to :class:`CrossEncoderTrainer` (``loss`` defaults to ``"bpr"``).
     """
     groups = []

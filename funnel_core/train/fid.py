@@ -1,0 +1,303 @@
+"""Fusion-in-Decoder reader training (FunnelRAG Appendix A.3; Izacard & Grave, 2021).
+
+A T5 model learns to generate the answer from the question and ``N`` passages: each
+``question: ... title: ... context: ...`` input is encoded *separately* by the encoder, the
+``N`` encoder outputs are concatenated (with their padding masked), and the decoder is trained
+with teacher forcing and the usual language-modelling (cross-entropy) loss on the answer tokens.
+
+The model stays a stock ``T5ForConditionalGeneration``: FiD only changes how the encoder is
+called. The checkpoint written by :func:`train_fid` is therefore a plain ``save_pretrained``
+folder that :class:`funnel_core.rerank.fid.FiDAttentionScorer` (and ``transformers``) load.
+
+Example::
+
+    examples = [FiDExample(question="who wrote Hamlet?", answers=["Shakespeare"],
+                           passages=[("Hamlet", "Hamlet is a tragedy by Shakespeare."), ...])]
+    result = train_fid("google/flan-t5-base", examples, "models/fid", n_passages=20, epochs=2)
+    scorer = FiDAttentionScorer(model=result.output_dir)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from funnel_core.errors import check_positive_int
+from funnel_core.rerank.base import load_pretrained, resolve_device
+from funnel_core.rerank.fid import DEFAULT_TEMPLATE, DEFAULT_TEMPLATE_NO_TITLE
+
+__all__ = ["FiDExample", "FiDTrainResult", "fid_collate", "fid_loss", "train_fid",
+           "evaluate_fid_loss"]
+
+
+
+@dataclass
+class FiDExample:
+    """One training example: a question, its gold answers and its retrieved passages.
+
+    ``passages`` items are plain texts, ``(title, text)`` pairs, or dicts with ``"text"`` and an
+    optional ``"title"``. The first answer is the training target.
+    """
+
+    question: str
+    answers: list[str]
+    passages: list[Any] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.question, str) or not self.question.strip():
+            raise ValueError(f"FiDExample.question must be a non-empty str, got {self.question!r}.")
+        if isinstance(self.answers, str):
+            self.answers = [self.answers]
+        if not self.answers or not all(isinstance(a, str) and a.strip() for a in self.answers):
+            raise ValueError(f"FiDExample.answers must hold at least one non-empty str, got "
+                             f"{self.answers!r} for question {self.question!r}.")
+        if not self.passages:
+            raise ValueError(f"FiDExample for {self.question!r} has no passages; FiD reads the "
+                             "answer from retrieved passages.")
+
+
+@dataclass
+class FiDTrainResult:
+    """What :func:`train_fid` did: the loss per step, per epoch, and where the model is."""
+
+    output_dir: str
+    step_losses: list[float]
+    epoch_losses: list[float]
+    steps: int
+
+
+def _title_text(p: Any) -> tuple[str | None, str]:
+    if isinstance(p, str):
+        return None, p
+    if isinstance(p, tuple) and len(p) == 2:
+        return p[0], p[1]
+    if isinstance(p, dict) and "text" in p:
+        return p.get("title"), p["text"]
+    raise TypeError(f"a passage must be a str, a (title, text) pair or a dict with 'text', got "
+                    f"{type(p).__name__}.")
+
+
+def fid_collate(tokenizer: Any, examples: Sequence[FiDExample], *, n_passages: int,
+                max_length: int = 256, answer_max_length: int = 32,
+                template: str = DEFAULT_TEMPLATE,
+                template_no_title: str = DEFAULT_TEMPLATE_NO_TITLE) -> dict[str, Any]:
+    """Tensors for a batch: ``input_ids``/``attention_mask`` ``[B, n_passages, L]``, ``labels``.
+
+    Examples with fewer than ``n_passages`` passages get fully masked empty slots; extra
+    passages are dropped (keep the best first). Label padding is ``-100`` (ignored by the loss).
+    """
+    import torch
+
+    texts, slots = [], []
+    for ex in examples:
+        ps = ex.passages[:n_passages]
+        for p in ps:
+            title, text = _title_text(p)
+            t = template if title else template_no_title
+            texts.append(t.format(question=ex.question, title=title or "", text=text))
+        slots.append(len(ps))
+    enc = tokenizer(texts, truncation=True, max_length=max_length, padding="longest",
+                    return_tensors="pt")
+    width = enc["input_ids"].shape[1]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    input_ids = torch.full((len(examples), n_passages, width), pad, dtype=torch.long)
+    mask = torch.zeros((len(examples), n_passages, width), dtype=torch.long)
+    row = 0
+    for b, n in enumerate(slots):
+        input_ids[b, :n] = enc["input_ids"][row:row + n]
+        mask[b, :n] = enc["attention_mask"][row:row + n]
+        row += n
+    labels = _answer_labels(tokenizer, [ex.answers[0] for ex in examples], answer_max_length)
+    return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
+
+
+def _answer_labels(tokenizer: Any, answers: list[str], max_length: int) -> Any:
+    """Answer token ids ending in EOS (added when the tokenizer does not), padded with -100."""
+    import torch
+
+    eos = tokenizer.eos_token_id
+    rows = []
+    for ids in tokenizer(answers, truncation=True, max_length=max_length)["input_ids"]:
+        ids = list(ids)
+        if eos is not None and (not ids or ids[-1] != eos):
+            ids = ids[:max_length - 1] + [eos]
+        rows.append(ids)
+    labels = torch.full((len(rows), max(len(r) for r in rows)), -100, dtype=torch.long)
+    for i, r in enumerate(rows):
+        labels[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+    return labels
+
+
+def fid_loss(model: Any, input_ids: Any, attention_mask: Any, labels: Any) -> Any:
+    """The FiD forward pass and its LM loss.
+
+    The encoder runs on ``[B * n, L]`` (each passage alone); its outputs are reshaped to
+    ``[B, n * L]`` with the matching mask, and the decoder (teacher forcing on ``labels``)
+    attends over all passages at once.
+    """
+    from transformers.modeling_outputs import BaseModelOutput
+
+    b, n, length = input_ids.shape
+    states = model.encoder(input_ids=input_ids.view(b * n, length),
+                           attention_mask=attention_mask.view(b * n, length)).last_hidden_state
+    states = states.reshape(b, n * length, states.shape[-1])
+    out = model(encoder_outputs=BaseModelOutput(last_hidden_state=states),
+                attention_mask=attention_mask.view(b, n * length), labels=labels,
+                use_cache=False)
+    return out.loss
+
+
+def _load(model: Any, device: str) -> tuple[Any, Any]:
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    if isinstance(model, (str, os.PathLike)):
+        tokenizer = load_pretrained(AutoTokenizer.from_pretrained, str(model), what="FiD tokenizer",
+                                    padding_side="right")
+        model = load_pretrained(AutoModelForSeq2SeqLM.from_pretrained, str(model),
+                                what="FiD (T5) model", attn_implementation="eager")
+    else:
+        raise TypeError(f"model must be a hub name or a local folder, got {type(model).__name__}.")
+    return model.to(device), tokenizer
+
+
+def _batches(examples: Sequence[FiDExample], batch_size: int, rng: random.Random | None):
+    order = list(range(len(examples)))
+    if rng is not None:
+        rng.shuffle(order)
+    for i in range(0, len(order), batch_size):
+        yield [examples[j] for j in order[i:i + batch_size]]
+
+
+def evaluate_fid_loss(model: Any, examples: Sequence[FiDExample], *, n_passages: int = 10,
+                      batch_size: int = 4, max_length: int = 256, answer_max_length: int = 32,
+                      device: str | None = None, tokenizer: Any = None) -> float:
+    """Mean LM loss (per batch, weighted by examples) of a model on ``examples``, no training.
+
+    ``model`` is a hub name / folder, or an already loaded model together with ``tokenizer``.
+    """
+    import torch
+
+    device = resolve_device(device)
+    if tokenizer is None:
+        model, tokenizer = _load(model, device)
+    model.eval()
+    total, count = 0.0, 0
+    with torch.inference_mode():
+        for batch in _batches(list(examples), batch_size, None):
+            t = fid_collate(tokenizer, batch, n_passages=n_passages, max_length=max_length,
+                            answer_max_length=answer_max_length)
+            loss = fid_loss(model, *(t[k].to(device) for k in ("input_ids", "attention_mask", "labels")))
+            total += float(loss) * len(batch)
+            count += len(batch)
+    return total / max(count, 1)
+
+
+def train_fid(model: str | os.PathLike, examples: Sequence[FiDExample],
+              output_dir: str | os.PathLike, *, n_passages: int = 10, epochs: int = 1,
+              batch_size: int = 2, learning_rate: float = 1e-4, weight_decay: float = 0.01,
+              warmup_ratio: float = 0.1, max_grad_norm: float = 1.0, max_length: int = 256,
+              answer_max_length: int = 32, accumulation_steps: int = 1,
+              device: str | None = None, seed: int = 0, save_every_epoch: bool = False,
+              progress: bool = True) -> FiDTrainResult:
+    """Train a T5 checkpoint as a Fusion-in-Decoder reader and save it to ``output_dir``.
+
+    AdamW with linear warm-up and decay, gradient clipping, teacher forcing, LM loss on the
+    first gold answer (Appendix A.3). Runs on CPU or GPU (``device``); a tqdm bar shows the
+    running loss.
+
+    Args:
+        model: Hub name or local folder of the T5 checkpoint to start from.
+        examples: Training examples (question, answers, passages).
+        output_dir: Folder for the final checkpoint (model + tokenizer, ``save_pretrained``);
+            with ``save_every_epoch`` also ``epoch-<i>/`` sub-folders.
+        n_passages: Passages per question (the paper's FiD reads the top passages of the
+            previous stage).
+        epochs, batch_size, learning_rate, weight_decay, warmup_ratio, max_grad_norm: Optimiser
+            settings.
+        max_length: Tokens per (question + passage) input.
+        answer_max_length: Tokens of the target answer.
+        accumulation_steps: Batches per optimiser step.
+        device: ``"cpu"``, ``"cuda"``... (default: best available).
+        seed: Shuffling and initialisation seed.
+        progress: Show a tqdm progress bar.
+
+    Returns:
+        :class:`FiDTrainResult` with the loss of every optimiser step and the mean loss of every
+        epoch.
+    """
+    import torch
+    from tqdm.auto import tqdm
+    from transformers import get_linear_schedule_with_warmup
+
+    examples = list(examples)
+    if not examples:
+        raise ValueError("train_fid needs at least one FiDExample, got an empty list.")
+    for ex in examples:
+        if not isinstance(ex, FiDExample):
+            raise TypeError(f"examples must be FiDExample objects, got {type(ex).__name__}.")
+    for name, v in (("n_passages", n_passages), ("epochs", epochs), ("batch_size", batch_size),
+                    ("accumulation_steps", accumulation_steps), ("max_length", max_length),
+                    ("answer_max_length", answer_max_length)):
+        check_positive_int(v, name)
+    if not learning_rate > 0:
+        raise ValueError(f"learning_rate must be > 0, got {learning_rate}.")
+    out = Path(output_dir)
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    device = resolve_device(device)
+    net, tokenizer = _load(model, device)
+    net.train()
+
+    decay = [p for n, p in net.named_parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for n, p in net.named_parameters() if p.requires_grad and p.ndim < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=learning_rate)
+    batches_per_epoch = math.ceil(len(examples) / batch_size)
+    total_steps = max(1, math.ceil(batches_per_epoch / accumulation_steps) * epochs)
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(warmup_ratio * total_steps),
+                                                total_steps)
+
+    step_losses: list[float] = []
+    epoch_losses: list[float] = []
+    bar = tqdm(total=batches_per_epoch * epochs, desc="FiD training", disable=not progress)
+    steps = 0
+    for epoch in range(epochs):
+        running, seen, pending = 0.0, 0, 0.0
+        for i, batch in enumerate(_batches(examples, batch_size, rng)):
+            t = fid_collate(tokenizer, batch, n_passages=n_passages, max_length=max_length,
+                            answer_max_length=answer_max_length)
+            loss = fid_loss(net, *(t[k].to(device) for k in ("input_ids", "attention_mask", "labels")))
+            (loss / accumulation_steps).backward()
+            value = float(loss.detach())
+            pending += value / accumulation_steps
+            running += value * len(batch)
+            seen += len(batch)
+            last = i + 1 == batches_per_epoch
+            if (i + 1) % accumulation_steps == 0 or last:
+                torch.nn.utils.clip_grad_norm_(net.parameters(), max_grad_norm)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                step_losses.append(pending)
+                pending = 0.0
+                steps += 1
+            bar.update(1)
+            bar.set_postfix(epoch=epoch, loss=f"{running / seen:.4f}")
+        epoch_losses.append(running / max(seen, 1))
+        if save_every_epoch:
+            _save(net, tokenizer, out / f"epoch-{epoch}")
+    bar.close()
+    net.eval()
+    _save(net, tokenizer, out)
+    return FiDTrainResult(output_dir=str(out), step_losses=step_losses,
+                          epoch_losses=epoch_losses, steps=steps)
+
+
+def _save(model: Any, tokenizer: Any, path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
