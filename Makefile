@@ -6,7 +6,7 @@ demo: setup
 	.venv/bin/python -m funnel_core demo
 
 test: setup
-	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q
+	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q tests --nbmake examples
 
 bench: setup
 	.venv/bin/python benchmarks/run_all.py

@@ -110,6 +110,11 @@ class LaterChunkingTransformer(BaseModel, BaseDocumentTransformer,
         self._stage = LaterChunking(words=self.words, overlap=self.overlap, level=self.level,
                                     sentence_aware=self.sentence_aware)
 
+    @property
+    def stage(self) -> LaterChunking:
+        """The ``funnel_core`` stage this transformer runs (used by ``FunnelRetriever``)."""
+        return self._stage
+
     def transform_documents(self, documents: Sequence[Document], **kwargs: Any) -> list[Document]:
         """Documents -> passages, parent by parent, in the input order."""
         units = documents_to_units(list(documents))

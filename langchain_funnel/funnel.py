@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from langchain_core.documents import BaseDocumentCompressor, Document
+from langchain_core.documents import BaseDocumentCompressor, BaseDocumentTransformer, Document
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable
 from pydantic import Field
@@ -80,8 +80,9 @@ class LCRunnableStage(Stage):
 
 def as_stage(obj: Any) -> Stage:
     """A ``funnel_core`` stage, LangChain retriever, compressor, runnable or callable -> Stage."""
-    if isinstance(obj, StageCompressor):
-        return obj.stage  # our own compressors: run the core stage directly
+    stage = getattr(obj, "stage", None)
+    if isinstance(obj, (StageCompressor, BaseDocumentTransformer)) and isinstance(stage, Stage):
+        return stage  # our own compressors and transformers: run the core stage directly
     if isinstance(obj, BaseRetriever):
         return LCRetrieverStage(obj)
     if isinstance(obj, BaseDocumentCompressor):

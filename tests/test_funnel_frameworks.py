@@ -117,6 +117,17 @@ def test_langchain_funnel_with_native_components_in_lcel(corpus_units):
     assert len(asyncio.run(vec_funnel.ainvoke("Paris"))) == 2
 
 
+def test_langchain_funnel_accepts_our_transformers(corpus_units):
+    from langchain_funnel.compressors import LaterChunkingTransformer
+
+    docs = [Document(id=u.id, page_content=u.text) for u in corpus_units]
+    funnel = LCFunnelRetriever.from_stages(LCBM25Retriever.from_documents(docs, k=2),
+                                           LaterChunkingTransformer(words=4), k=10)
+    out = funnel.invoke("Eiffel Tower Paris")
+    assert len(out) > 2 and all(len(d.page_content.split()) <= 4 for d in out)
+    assert all(d.metadata["level"] == "passage" and d.metadata["parent_id"] for d in out)
+
+
 def test_langchain_funnel_rejects_bad_stage_output(corpus_units):
     docs = [Document(id=u.id, page_content=u.text) for u in corpus_units]
     bad = RunnableLambda(lambda x: "not documents")
