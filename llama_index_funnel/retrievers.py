@@ -12,7 +12,7 @@ and take per-query metadata filters through :meth:`search`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Union
 
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore
@@ -81,10 +81,26 @@ class _NodeRetriever(UnitRetriever):
         units = self._search(query, filters=filters if filters is not None else self.filters, **kwargs)
         return units_to_nodes(units, self._originals())
 
-    def _persist_nodes(self, path: Path) -> None:
-        store = SimpleDocumentStore()
-        store.add_documents(list(self._nodes.values()))
-        store.persist(str(path / "docstore.json"))
+    #: The index class and its sub-folder in a persist folder (set by subclasses).
+    _index_cls: ClassVar[Any] = None
+    _index_dir: ClassVar[str] = ""
+
+    def persist(self, path: str) -> None:
+        """Save the index (with every tokenizer and clustering setting) and the nodes to the
+        folder ``path``, atomically."""
+        with atomic_dir(path) as tmp:
+            self.index.save(tmp / self._index_dir)
+            store = SimpleDocumentStore()
+            store.add_documents(list(self._nodes.values()))
+            store.persist(str(tmp / "docstore.json"))
+
+    @classmethod
+    def from_persist_dir(cls, path: str, similarity_top_k: int = 10, **kwargs: Any) -> Any:
+        """Load a retriever written by :meth:`persist`; ``kwargs`` go to the constructor."""
+        path = Path(path)
+        index = cls._index_cls.load(path / cls._index_dir)
+        store = _load_docstore(path)
+        return cls(index, list(store.docs.values()), similarity_top_k=similarity_top_k, **kwargs)
 
 
 class BM25Retriever(_NodeRetriever):
@@ -96,6 +112,9 @@ class BM25Retriever(_NodeRetriever):
         similarity_top_k: Number of nodes to return.
         filters: Default metadata filter; override per query with :meth:`search`.
     """
+
+    _index_cls = BM25Index
+    _index_dir = "bm25"
 
     def __init__(self, index: BM25Index, nodes: Sequence[BaseNode], similarity_top_k: int = 10,
                  filters: Filter = None, callback_manager: Optional[CallbackManager] = None,
@@ -117,18 +136,6 @@ class BM25Retriever(_NodeRetriever):
         flt = self.filters if filters is None else filters
         return self.index.search(query, k=k or self.similarity_top_k, filter=_filter(flt))
 
-    def persist(self, path: str) -> None:
-        """Save the index (with its tokenizer settings) and the nodes to the folder ``path``."""
-        with atomic_dir(path) as tmp:
-            self.index.save(tmp / "bm25")
-            self._persist_nodes(tmp)
-
-    @classmethod
-    def from_persist_dir(cls, path: str, similarity_top_k: int = 10, **kwargs: Any) -> "BM25Retriever":
-        path = Path(path)
-        index = BM25Index.load(path / "bm25")
-        store = _load_docstore(path)
-        return cls(index, list(store.docs.values()), similarity_top_k=similarity_top_k, **kwargs)
 
 
 class ClusteredBM25Retriever(_NodeRetriever):
@@ -146,6 +153,9 @@ class ClusteredBM25Retriever(_NodeRetriever):
         return_clusters: Return cluster nodes instead of their documents.
         filters: Default metadata filter on documents; override per query with :meth:`search`.
     """
+
+    _index_cls = ClusteredBM25Index
+    _index_dir = "clustered"
 
     def __init__(self, index: ClusteredBM25Index, nodes: Sequence[BaseNode], similarity_top_k: int = 10,
                  max_documents: Optional[int] = None, return_clusters: bool = False,
@@ -181,16 +191,3 @@ class ClusteredBM25Retriever(_NodeRetriever):
         return self.index.search(query, k=k or self.similarity_top_k, filter=_filter(flt),
                                  return_clusters=self.return_clusters,
                                  max_documents=max_documents or self.max_documents)
-
-    def persist(self, path: str) -> None:
-        """Save clusters, the cluster BM25 index and the nodes to the folder ``path``."""
-        with atomic_dir(path) as tmp:
-            self.index.save(tmp / "clustered")
-            self._persist_nodes(tmp)
-
-    @classmethod
-    def from_persist_dir(cls, path: str, similarity_top_k: int = 10, **kwargs: Any) -> "ClusteredBM25Retriever":
-        path = Path(path)
-        index = ClusteredBM25Index.load(path / "clustered")
-        store = _load_docstore(path)
-        return cls(index, list(store.docs.values()), similarity_top_k=similarity_top_k, **kwargs)
