@@ -260,7 +260,8 @@ def plot(result: dict, path: Path) -> None:
     rows = result.get("scaling", [])
     if rows:
         ns = [r["n_passages"] for r in rows]
-        ax.plot(ns, [r["flat_total_s"] for r in rows], "o-", label="flat (dense + rerank 400)")
+        depth = result.get("args", {}).get("flat_depth", "400")
+        ax.plot(ns, [r["flat_total_s"] for r in rows], "o-", label=f"flat (dense + rerank {depth})")
         ax.plot(ns, [r["funnel_total_s"] for r in rows], "s-", label="funnel (cluster BM25 + rerank)")
         ax.plot(ns, [r["flat_dense_search_s"] for r in rows], "o:", label="flat: dense search only")
         ax.plot(ns, [r["funnel_cluster_bm25_s"] for r in rows], "s:", label="funnel: cluster BM25 only")
