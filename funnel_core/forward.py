@@ -160,10 +160,13 @@ class ForwardLookup(Stage):
     Args:
         llm: The light LLM of Stage II (a provider, or a hub name / folder for
             :class:`~funnel_core.llm.TransformersLLM`).
-        eta_backward, eta_forward: Weights of S(C; Q) and max_k S(C; [R_k, A_k]); see
-            :meth:`preset` for Ours-F and Ours-FB.
+        eta_backward: Weight of S(C; Q); see :meth:`preset` for Ours-F and Ours-FB.
+        eta_forward: Weight of max_k S(C; [R_k, A_k]).
         samples: K, outputs sampled in Stage II (>= 1).
-        temperature, top_p, top_k, max_new_tokens: Stage II sampling (paper: top-p 0.9, top-k 50).
+        temperature: Stage II sampling temperature.
+        top_p: Nucleus sampling threshold (paper: 0.9).
+        top_k: Top-k sampling cut (paper: 50).
+        max_new_tokens: Tokens generated per sample.
         prompt: Stage II template with ``{context}`` and ``{question}``.
         recall_k: Chunks kept by Stage I (BM25 with the question) for the LLM to read.
         reader_words: Cap on the words the LLM reads (Stage I chunks are added best first until

@@ -118,9 +118,11 @@ class ForwardLookupQueryTransform(BaseQueryTransform):
         llm: LlamaIndex LLM, funnel_core LLM, or a local causal-LM name/folder.
         context: A long text (or list of texts) to read from.
         retriever: Any LlamaIndex retriever whose nodes the LLM reads instead.
-        samples, temperature, top_p, top_k, max_new_tokens, prompt, recall_k, reader_words,
-            chunk_words: See :class:`funnel_core.forward.ForwardLookup`.
         embed_samples: Put ``[query, R_1 A_1, ..., R_K A_K]`` in ``custom_embedding_strs``.
+
+    The sampling and reading arguments (``samples``, ``temperature``, ``top_p``, ``top_k``,
+    ``max_new_tokens``, ``prompt``, ``recall_k``, ``reader_words``, ``chunk_words``) are those
+    of :class:`funnel_core.forward.ForwardLookup`.
     """
 
     def __init__(self, llm: Any, *, context: str | Sequence[str] | None = None,
@@ -186,8 +188,10 @@ class ForwardLookupRetriever(BaseRetriever):
         retriever: A base retriever (instead of ``context``).
         variant: ``"FB"`` (Ours-FB, default), ``"F"`` (Ours-F) or ``"B"`` (BM25 only);
             ``eta_backward``/``eta_forward`` override it.
-        k, budget_words, budget_tokens, order_preserving, and the sampling arguments:
-            see :class:`funnel_core.forward.ForwardLookup`.
+
+    ``eta_backward``, ``eta_forward``, ``k``, ``budget_words``, ``budget_tokens``,
+    ``order_preserving`` and the sampling arguments are those of
+    :class:`funnel_core.forward.ForwardLookup`.
     """
 
     def __init__(self, llm: Any, *, context: str | Sequence[str] | None = None,

@@ -61,10 +61,13 @@ class AttentionLMScorer(Reranker):
         max_context: Prompt-length limit; default the model's ``max_position_embeddings``.
         fast_prefix: Encode the passages (which need no attention weights) with SDPA attention
             and only the scored suffixes with eager attention.
-        device, fp16: Where to run; fp16 only on CUDA.
-        top_n, score_threshold, normalize, batch_size, name: See
-            :class:`~funnel_core.rerank.base.Reranker` (all passages of a query share one prompt,
-            so ``batch_size`` is unused).
+        device: Where to run (``None``: the best available).
+        fp16: Half precision, only ever applied on CUDA.
+        top_n: Keep at most this many units (see :class:`~funnel_core.rerank.base.Reranker`).
+        score_threshold: Drop units scoring below this.
+        normalize: Map scores through a sigmoid.
+        batch_size: Unused: all passages of a query share one prompt.
+        name: Stage name in traces and in ``metadata["scores"]``.
     """
 
     name = "attention_lm"

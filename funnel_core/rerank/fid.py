@@ -147,7 +147,10 @@ class FiDAttentionScorer(Reranker):
         batch_size: Passages encoded per encoder forward pass (bounds memory).
         device: ``"cpu"``, ``"cuda"``, ... (default: best available). fp16 only on CUDA.
         fp16: Half precision on CUDA (ignored elsewhere).
-        top_n, score_threshold, normalize, name: See :class:`~funnel_core.rerank.base.Reranker`.
+        top_n: Keep at most this many units (see :class:`~funnel_core.rerank.base.Reranker`).
+        score_threshold: Drop units scoring below this.
+        normalize: Map scores through a sigmoid.
+        name: Stage name in traces and in ``metadata["scores"]``.
     """
 
     name = "fid_attention"

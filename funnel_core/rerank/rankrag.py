@@ -101,8 +101,11 @@ class RankRAGScorer(Reranker):
         max_new_tokens: Tokens generated per judgement in generate mode.
         samples: Judgements sampled per pair in generate mode (score = share of ``True``;
             1 = one greedy judgement).
-        top_n, score_threshold, batch_size, name: See :class:`~funnel_core.rerank.base.Reranker`.
-            Scores are already probabilities in [0, 1]; ``normalize`` is off.
+        top_n: Keep at most this many units (see :class:`~funnel_core.rerank.base.Reranker`).
+        score_threshold: Drop units whose P(True) is below this (scores are already
+            probabilities in [0, 1]; ``normalize`` is off).
+        batch_size: Prompts per forward pass.
+        name: Stage name in traces and in ``metadata["scores"]``.
         llm_kwargs: Passed to :class:`~funnel_core.llm.TransformersLLM` when ``llm`` is a name.
 
     In generate mode a reply with no judgement word scores 0.5 and is counted in

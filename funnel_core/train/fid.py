@@ -216,8 +216,12 @@ def train_fid(model: str | os.PathLike, examples: Sequence[FiDExample],
             with ``save_every_epoch`` also ``epoch-<i>/`` sub-folders.
         n_passages: Passages per question (the paper's FiD reads the top passages of the
             previous stage).
-        epochs, batch_size, learning_rate, weight_decay, warmup_ratio, max_grad_norm: Optimiser
-            settings.
+        epochs: Passes over the examples.
+        batch_size: Examples per optimiser step.
+        learning_rate: AdamW learning rate.
+        weight_decay: AdamW weight decay.
+        warmup_ratio: Share of the steps with a linear warm-up.
+        max_grad_norm: Gradient clipping norm.
         max_length: Tokens per (question + passage) input.
         answer_max_length: Tokens of the target answer.
         accumulation_steps: Batches per optimiser step.
