@@ -30,7 +30,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Sequence
 
 from funnel_core.errors import FunnelError, check_positive_int, check_probability
-from funnel_core.rerank.base import LazyModel, load_pretrained, resolve_device
+from funnel_core.rerank.base import LazyModel, load_pretrained, resolve_device, tokenizer_lock
 
 __all__ = ["LLM", "LLMError", "LLMTimeoutError", "TransformersLLM", "as_llm", "logsumexp"]
 
@@ -312,8 +312,9 @@ class TransformersLLM(LLM):
     def _encode(self, prompts: list[str]) -> Any:
         model, tokenizer, device = self._model.get()
         texts = [self.format_prompt(p) for p in prompts]
-        enc = tokenizer(texts, return_tensors="pt", padding=True, truncation=True,
-                        max_length=self.max_length, add_special_tokens=False)
+        with tokenizer_lock(tokenizer):
+            enc = tokenizer(texts, return_tensors="pt", padding=True, truncation=True,
+                            max_length=self.max_length, add_special_tokens=False)
         return {k: v.to(device) for k, v in enc.items()}
 
     # -- generation ------------------------------------------------------------------------

@@ -177,3 +177,19 @@ def test_monot5_bad_input(tiny_t5_path):
     with pytest.raises(ModelLoadError, match="castorini/monot5-base-msmarco"):
         MonoT5Scorer().score(QUERY, ["x"])
     assert MonoT5Scorer(tiny_t5_path).score(QUERY, []) == []
+
+
+def test_concurrent_scoring_matches_sequential(tiny_cross_encoder_path):
+    """Fast tokenizers are not thread-safe; scoring from many threads must still be exact."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from funnel_core.rerank.cross_encoder import CrossEncoderScorer
+
+    scorer = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers", max_length=64, batch_size=4)
+    queries = [f"question number {i} about {'long ' * (i % 7)}topics" for i in range(24)]
+    texts = ["short passage", "a much longer passage " * 30, "medium sized passage about topics " * 3]
+    expected = [scorer.score(q, texts) for q in queries]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        got = list(pool.map(lambda q: scorer.score(q, texts), queries))
+    for e, g in zip(expected, got):
+        assert g == pytest.approx(e, abs=1e-5)

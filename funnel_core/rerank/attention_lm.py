@@ -32,7 +32,7 @@ import threading
 from typing import Any, Sequence
 
 from funnel_core.errors import check_positive_int
-from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolve_device
+from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolve_device, tokenizer_lock
 
 __all__ = ["AttentionLMScorer", "DEFAULT_INSTRUCTION"]
 
@@ -150,7 +150,8 @@ class AttentionLMScorer(Reranker):
         return pre, post
 
     def _ids(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        with tokenizer_lock(self.tokenizer):
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def _suffix(self, query: str, post: str) -> tuple[list[int], list[int]]:
         """Token ids of ``query_template + post`` and the positions of the attending tokens."""
@@ -158,7 +159,8 @@ class AttentionLMScorer(Reranker):
         head, _, tail = self.query_template.partition("{query}")
         text = head + query + tail + post
         lo, hi = len(head), len(head) + len(query)
-        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        with tokenizer_lock(tok):
+            enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
         ids = list(enc["input_ids"])
         if self.attend_from == "answer":
             return ids, [len(ids) - 1]

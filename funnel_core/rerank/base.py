@@ -22,7 +22,26 @@ from funnel_core.errors import ModelLoadError, check_positive_int
 from funnel_core.funnel import Stage
 from funnel_core.units import Unit
 
-__all__ = ["Reranker", "resolve_device", "load_pretrained", "sigmoid", "LazyModel"]
+__all__ = ["Reranker", "resolve_device", "load_pretrained", "sigmoid", "LazyModel", "tokenizer_lock"]
+
+_TOKENIZER_LOCKS: dict[int, threading.Lock] = {}
+_TOKENIZER_LOCKS_GUARD = threading.Lock()
+
+
+def tokenizer_lock(tokenizer: Any) -> threading.Lock:
+    """The lock to hold while calling ``tokenizer``.
+
+    A Hugging Face fast tokenizer sets padding and truncation on its shared Rust object at every
+    call, so concurrent calls from several threads (a retriever used by ``chain.batch`` or by an
+    async server) corrupt each other's settings and return ragged batches. Tokenizing is cheap;
+    model forward passes run outside the lock.
+    """
+    key = id(tokenizer)
+    with _TOKENIZER_LOCKS_GUARD:
+        lock = _TOKENIZER_LOCKS.get(key)
+        if lock is None:
+            lock = _TOKENIZER_LOCKS[key] = threading.Lock()
+    return lock
 
 T = TypeVar("T")
 

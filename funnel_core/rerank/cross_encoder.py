@@ -27,7 +27,7 @@ import os
 from typing import Any, Callable, Sequence
 
 from funnel_core.errors import check_positive_int, check_probability
-from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolve_device
+from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolve_device, tokenizer_lock
 from funnel_core.units import Unit
 
 __all__ = ["CrossEncoderScorer", "encode_pairs", "BACKENDS", "DEFAULT_MODELS", "minmax"]
@@ -49,11 +49,12 @@ def encode_pairs(tokenizer: Any, queries: Sequence[str], texts: Sequence[str], m
     """
     limit = max(1, (max_length - 3) // 2)
     clipped: dict[str, str] = {}
-    for q in set(queries):
-        ids = tokenizer(q, add_special_tokens=False)["input_ids"]
-        clipped[q] = q if len(ids) <= limit else tokenizer.decode(ids[:limit])
-    return tokenizer([clipped[q] for q in queries], list(texts), truncation="only_second",
-                     max_length=max_length, padding=True, return_tensors=return_tensors)
+    with tokenizer_lock(tokenizer):
+        for q in set(queries):
+            ids = tokenizer(q, add_special_tokens=False)["input_ids"]
+            clipped[q] = q if len(ids) <= limit else tokenizer.decode(ids[:limit])
+        return tokenizer([clipped[q] for q in queries], list(texts), truncation="only_second",
+                         max_length=max_length, padding=True, return_tensors=return_tensors)
 
 
 def minmax(values: Sequence[float]) -> list[float]:

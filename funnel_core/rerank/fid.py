@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from funnel_core.errors import check_positive_int
-from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolve_device
+from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolve_device, tokenizer_lock
 from funnel_core.units import Unit
 
 __all__ = ["FiDAttentionScorer", "AGGREGATIONS", "FiDInputs", "aggregate_cross_attention",
@@ -239,8 +239,9 @@ class FiDAttentionScorer(Reranker):
                 s, sp = _render(self.template_no_title, {"question": query, "title": "", "text": text})
             rendered.append(s)
             spans.append(sp)
-        enc = tokenizer(rendered, truncation=True, max_length=self.max_length,
-                        return_offsets_mapping=True, return_special_tokens_mask=True)
+        with tokenizer_lock(tokenizer):
+            enc = tokenizer(rendered, truncation=True, max_length=self.max_length,
+                            return_offsets_mapping=True, return_special_tokens_mask=True)
         ids, pmask, qmask = [], [], []
         for i in range(len(rendered)):
             offsets = enc["offset_mapping"][i]

@@ -16,7 +16,7 @@ import os
 from typing import Any, Callable, Sequence
 
 from funnel_core.errors import check_positive_int
-from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolve_device
+from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolve_device, tokenizer_lock
 
 __all__ = ["MonoT5Scorer", "DEFAULT_MONOT5"]
 
@@ -118,8 +118,9 @@ class MonoT5Scorer(Reranker):
 
         @torch.inference_mode()
         def score(queries: list[str], texts: list[str]) -> list[float]:
-            qcache = {q: ids(q.strip()) for q in set(queries)}
-            docs = tokenizer([" " + t.strip() for t in texts], add_special_tokens=False)["input_ids"]
+            with tokenizer_lock(tokenizer):
+                qcache = {q: ids(q.strip()) for q in set(queries)}
+                docs = tokenizer([" " + t.strip() for t in texts], add_special_tokens=False)["input_ids"]
             prompts = [build(qcache[q], d) for q, d in zip(queries, docs)]
             order = list(range(len(prompts)))
             if self.sort_by_length:
