@@ -32,6 +32,20 @@ def corpus_units() -> list[Unit]:
     return [Unit(id=i, text=t, metadata=dict(m), level="document") for i, t, m in CORPUS]
 
 
+@pytest.fixture
+def source_linked_nodes(corpus_units):
+    """The corpus as LlamaIndex TextNodes, each with a SOURCE relationship ("src-<id>") so tests
+    can check that results are copies of the caller's nodes."""
+    from llama_index.core.schema import NodeRelationship, RelatedNodeInfo, TextNode
+
+    out = []
+    for u in corpus_units:
+        n = TextNode(id_=u.id, text=u.text, metadata=dict(u.metadata))
+        n.relationships[NodeRelationship.SOURCE] = RelatedNodeInfo(node_id=f"src-{u.id}")
+        out.append(n)
+    return out
+
+
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("models")

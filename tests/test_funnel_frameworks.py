@@ -13,7 +13,7 @@ from llama_index.core.embeddings import MockEmbedding
 from llama_index.core.llms import MockLLM
 from llama_index.core.postprocessor import LongContextReorder, SimilarityPostprocessor
 from llama_index.core.query_engine import RetrieverQueryEngine
-from llama_index.core.schema import NodeRelationship, RelatedNodeInfo, TextNode
+from llama_index.core.schema import NodeRelationship
 
 from funnel_core import BM25Index, BM25Retrieve, Funnel, LaterChunking
 from funnel_core.clustered import ClusteredBM25Index
@@ -42,16 +42,6 @@ def keep_containing(word):
     return KeywordScorer(word, name=f"keep[{word}]")
 
 
-@pytest.fixture
-def nodes(corpus_units):
-    out = []
-    for u in corpus_units:
-        n = TextNode(id_=u.id, text=u.text, metadata=dict(u.metadata))
-        n.relationships[NodeRelationship.SOURCE] = RelatedNodeInfo(node_id=f"src-{u.id}")
-        out.append(n)
-    return out
-
-
 def test_core_preset_builds_the_papers_funnel(corpus_units):
     funnel = funnelrag(corpus_units, pre_ranker=keep_containing("Paris"), post_ranker=keep_containing("tower"),
                        k_clusters=3, k_documents=2, k_passages=1, passage_words=6, max_tokens=40)
@@ -65,8 +55,8 @@ def test_core_preset_builds_the_papers_funnel(corpus_units):
     assert set(res.units[0].scores) >= {"retrieval", "pre_ranking", "post_ranking"}
 
 
-def test_llamaindex_funnel_with_native_components_in_a_query_engine(nodes):
-    clustered = ClusteredBM25Retriever.from_defaults(nodes=nodes, similarity_top_k=3, max_tokens=40,
+def test_llamaindex_funnel_with_native_components_in_a_query_engine(source_linked_nodes):
+    clustered = ClusteredBM25Retriever.from_defaults(nodes=source_linked_nodes, similarity_top_k=3, max_tokens=40,
                                                      knn_k=3, knn_threshold=0.05)
     funnel = LIFunnelRetriever([clustered, SimilarityPostprocessor(similarity_cutoff=0.0),
                                 LaterChunking(words=6) % 6, LongContextReorder()])
@@ -78,11 +68,11 @@ def test_llamaindex_funnel_with_native_components_in_a_query_engine(nodes):
                                                     "later_chunking(6w) % 6", "LongContextReorder"]
     # passages point to their parent document node, which keeps its source relationship
     child = response.source_nodes[0].node
-    assert child.relationships[NodeRelationship.PARENT].node_id in {n.node_id for n in nodes}
+    assert child.relationships[NodeRelationship.PARENT].node_id in {n.node_id for n in source_linked_nodes}
 
 
-def test_llamaindex_funnel_keeps_native_nodes_and_async(nodes):
-    vector = VectorStoreIndex(nodes).as_retriever(similarity_top_k=4)
+def test_llamaindex_funnel_keeps_native_nodes_and_async(source_linked_nodes):
+    vector = VectorStoreIndex(source_linked_nodes).as_retriever(similarity_top_k=4)
     funnel = LIFunnelRetriever([vector, LongContextReorder()])
     out = funnel.retrieve("Paris")
     assert len(out) == 4 and all(n.node.source_node.node_id.startswith("src-") for n in out)
@@ -90,9 +80,9 @@ def test_llamaindex_funnel_keeps_native_nodes_and_async(nodes):
     assert [n.node.node_id for n in aout] == [n.node.node_id for n in out]
 
 
-def test_llamaindex_funnel_search_reports_answer_recall(nodes):
-    index = BM25Index().index([__import__("funnel_core").Unit(id=n.node_id, text=n.text) for n in nodes])
-    funnel = LIFunnelRetriever([BM25Retrieve(index, k=5), keep_containing("Shakespeare")], nodes=nodes)
+def test_llamaindex_funnel_search_reports_answer_recall(source_linked_nodes):
+    index = BM25Index().index([__import__("funnel_core").Unit(id=n.node_id, text=n.text) for n in source_linked_nodes])
+    funnel = LIFunnelRetriever([BM25Retrieve(index, k=5), keep_containing("Shakespeare")], nodes=source_linked_nodes)
     out, trace = funnel.search("Who wrote Hamlet, the tragedy?", answers=["William Shakespeare"])
     assert [r.answer_recall for r in trace.stages] == [1.0, 1.0]
     assert out[0].node.source_node.node_id.startswith("src-")  # copies of the given nodes

@@ -7,7 +7,6 @@ from llama_index.core import Settings
 from llama_index.core.embeddings import MockEmbedding
 from llama_index.core.llms import MockLLM
 from llama_index.core.query_engine import RetrieverQueryEngine
-from llama_index.core.schema import NodeRelationship, RelatedNodeInfo, TextNode
 from llama_index.core.vector_stores.types import FilterOperator, MetadataFilter, MetadataFilters
 
 from funnel_core import PersistError
@@ -17,23 +16,13 @@ Settings.embed_model = MockEmbedding(embed_dim=8)
 
 
 @pytest.fixture
-def nodes(corpus_units):
-    out = []
-    for u in corpus_units:
-        n = TextNode(id_=u.id, text=u.text, metadata=dict(u.metadata))
-        n.relationships[NodeRelationship.SOURCE] = RelatedNodeInfo(node_id=f"src-{u.id}")
-        out.append(n)
-    return out
-
-
-@pytest.fixture
-def clustered(nodes):
-    return ClusteredBM25Retriever.from_defaults(nodes=nodes, similarity_top_k=2, max_tokens=40,
+def clustered(source_linked_nodes):
+    return ClusteredBM25Retriever.from_defaults(nodes=source_linked_nodes, similarity_top_k=2, max_tokens=40,
                                                 knn_k=3, knn_threshold=0.05)
 
 
-def test_bm25_retriever_in_a_query_engine(nodes):
-    retriever = BM25Retriever.from_defaults(nodes=nodes, similarity_top_k=2)
+def test_bm25_retriever_in_a_query_engine(source_linked_nodes):
+    retriever = BM25Retriever.from_defaults(nodes=source_linked_nodes, similarity_top_k=2)
     engine = RetrieverQueryEngine.from_args(retriever, llm=MockLLM())
     response = engine.query("Where is the Eiffel Tower?")
     assert response.source_nodes[0].node.node_id == "d2"
@@ -59,8 +48,8 @@ def test_async_matches_sync(clustered):
     assert [(n.node.node_id, n.score) for n in sync] == [(n.node.node_id, n.score) for n in asyn]
 
 
-def test_per_query_metadata_filters(nodes, clustered):
-    flat = BM25Retriever.from_defaults(nodes=nodes, similarity_top_k=5)
+def test_per_query_metadata_filters(source_linked_nodes, clustered):
+    flat = BM25Retriever.from_defaults(nodes=source_linked_nodes, similarity_top_k=5)
     filters = MetadataFilters(filters=[MetadataFilter(key="topic", value="ir")])
     hits = flat.search("a ranking function for documents and queries", filters=filters)
     assert hits and all(h.node.metadata["topic"] == "ir" for h in hits)
@@ -71,15 +60,15 @@ def test_per_query_metadata_filters(nodes, clustered):
     assert {h.node.metadata["topic"] for h in flat.retrieve("Paris capital Shakespeare BM25")} > {"ir"}
 
 
-def test_return_clusters(nodes):
-    r = ClusteredBM25Retriever.from_defaults(nodes=nodes, similarity_top_k=1, return_clusters=True,
+def test_return_clusters(source_linked_nodes):
+    r = ClusteredBM25Retriever.from_defaults(nodes=source_linked_nodes, similarity_top_k=1, return_clusters=True,
                                              max_tokens=40, knn_k=3, knn_threshold=0.05)
     out = r.retrieve("Eiffel Tower")
     assert len(out) == 1 and out[0].node.metadata["level"] == "cluster"
 
 
-def test_persist_round_trip(tmp_path, nodes, clustered):
-    flat = BM25Retriever.from_defaults(nodes=nodes, similarity_top_k=3, stemmer=None)
+def test_persist_round_trip(tmp_path, source_linked_nodes, clustered):
+    flat = BM25Retriever.from_defaults(nodes=source_linked_nodes, similarity_top_k=3, stemmer=None)
     flat.persist(str(tmp_path / "flat"))
     again = BM25Retriever.from_persist_dir(str(tmp_path / "flat"), similarity_top_k=3)
     assert again.index.config["stemmer"] is None
@@ -91,7 +80,7 @@ def test_persist_round_trip(tmp_path, nodes, clustered):
     assert again.retrieve(q)[0].node.source_node.node_id.startswith("src-")
 
 
-def test_bad_input(tmp_path, nodes):
+def test_bad_input(tmp_path, source_linked_nodes):
     with pytest.raises(ValueError, match="empty corpus"):
         BM25Retriever.from_defaults(nodes=[])
     with pytest.raises(ValueError, match="pass nodes"):
@@ -99,8 +88,8 @@ def test_bad_input(tmp_path, nodes):
     with pytest.raises(TypeError, match="expected LlamaIndex nodes"):
         BM25Retriever.from_defaults(nodes=["text"])
     with pytest.raises(ValueError, match="similarity_top_k must be >= 1"):
-        BM25Retriever.from_defaults(nodes=nodes, similarity_top_k=0)
+        BM25Retriever.from_defaults(nodes=source_linked_nodes, similarity_top_k=0)
     with pytest.raises(PersistError, match="missing manifest.json|no docstore"):
         BM25Retriever.from_persist_dir(str(tmp_path / "nowhere"))
-    retriever = BM25Retriever.from_defaults(nodes=nodes)
+    retriever = BM25Retriever.from_defaults(nodes=source_linked_nodes)
     assert retriever.retrieve("   ") == []
