@@ -367,10 +367,7 @@ class ForwardLookup(Stage):
         units = list(units)
         if not query or not units:
             return ForwardLookupResult([], [], [], [])
-        t = time.perf_counter()
-        index = self._index(units)
-        stage1, backward = self.recall(query, units, index)
-        seconds = {"stage1": time.perf_counter() - t}
+        stage1, index, backward, seconds = self._stage1(query, units)
         t = time.perf_counter()
         if samples is None:
             samples = self.sample(query, self.reader_context(stage1)) if self.eta_forward > 0 else []
@@ -385,16 +382,21 @@ class ForwardLookup(Stage):
         units = list(units)
         if not query or not units:
             return ForwardLookupResult([], [], [], [])
-        t = time.perf_counter()
-        index = self._index(units)
-        stage1, backward = self.recall(query, units, index)
-        seconds = {"stage1": time.perf_counter() - t}
+        stage1, index, backward, seconds = self._stage1(query, units)
         t = time.perf_counter()
         if samples is None:
             samples = (await self.asample(query, self.reader_context(stage1))
                        if self.eta_forward > 0 else [])
         seconds["stage2_sampling"] = time.perf_counter() - t
         return self._finish(query, units, list(samples), stage1, index, backward, k, seconds)
+
+    def _stage1(self, query: str, units: list[Unit]
+                ) -> tuple[list[Unit], BM25Index, list[float], dict[str, float]]:
+        """Stage I of :meth:`search` and :meth:`asearch`: index the chunks, recall with BM25."""
+        t = time.perf_counter()
+        index = self._index(units)
+        stage1, backward = self.recall(query, units, index)
+        return stage1, index, backward, {"stage1": time.perf_counter() - t}
 
     def _finish(self, query: str, units: list[Unit], samples: list[ForwardSample],
                 stage1: list[Unit], index: BM25Index, backward: list[float], k: int | None,
