@@ -13,17 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+from common import RESULTS, default_data_dir  # repo on sys.path, offline environment
 
 from tqdm import tqdm  # noqa: E402
 
@@ -35,7 +31,7 @@ from funnel_core.testing import SMOLLM2_GGUF, smollm2_path  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--data", default=os.environ.get("FUNNEL_DATA", str(ROOT.parent / "shared" / "data")))
+    ap.add_argument("--data", default=str(default_data_dir()))
     ap.add_argument("--quick", action="store_true", help="3 questions")
     ap.add_argument("--questions", type=int, default=30, help="seed-0 sample of questions")
     ap.add_argument("--chunk-words", type=int, default=300)
@@ -46,7 +42,7 @@ def main() -> None:
                     help="words of the Stage I chunks SmolLM2 reads (best first); 0 = all 20 chunks")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_fbrag.json"))
+    ap.add_argument("--out", default=str(RESULTS / "bench_fbrag.json"))
     args = ap.parse_args()
     if args.quick:
         args.questions = 3

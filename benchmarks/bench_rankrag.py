@@ -11,16 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+from common import RESULTS, default_data_dir  # repo on sys.path, offline environment
 
 from tqdm import tqdm  # noqa: E402
 
@@ -33,7 +29,7 @@ from funnel_core.testing import SMOLLM2_GGUF, smollm2_path  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--data", default=os.environ.get("FUNNEL_DATA", str(ROOT.parent / "shared" / "data")))
+    ap.add_argument("--data", default=str(default_data_dir()))
     ap.add_argument("--quick", action="store_true", help="5 queries, 2 for the generate path")
     ap.add_argument("--queries", type=int, default=25, help="test queries reranked (seed-0 sample; 0 = all 300)")
     ap.add_argument("--generate-queries", type=int, default=3, help="queries also scored by generate-and-parse")
@@ -41,7 +37,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=10)
     ap.add_argument("--max-passage-words", type=int, default=300)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on the shared 2-core machine)")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_rankrag.json"))
+    ap.add_argument("--out", default=str(RESULTS / "bench_rankrag.json"))
     args = ap.parse_args()
     if args.quick:
         args.queries, args.generate_queries = 5, 2

@@ -91,8 +91,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         available = sorted(p.stem[6:] for p in script.parent.glob("bench_*.py"))
         print(f"no benchmark {args.name!r}; available: {', '.join(available)}", file=sys.stderr)
         return 2
+    saved_argv = sys.argv
     sys.argv = [str(script), *(["--data", args.data] if args.data else []), *args.rest]
-    runpy.run_path(str(script), run_name="__main__")
+    # as `python script.py` does: the script's folder first on sys.path (benchmarks import common)
+    sys.path.insert(0, str(script.parent))
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    finally:
+        sys.path.remove(str(script.parent))
+        sys.argv = saved_argv
     return 0
 
 

@@ -47,3 +47,11 @@ def test_errors(tmp_path, capsys):
     assert "missing manifest.json" in capsys.readouterr().err
     assert main(["bench", "no_such_benchmark"]) == 2
     assert "available:" in capsys.readouterr().err
+
+
+def test_bench_runs_a_benchmark_script(capsys):
+    """The scripts import benchmarks/common.py; `funnel bench` must make that importable."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "bm25", "--help"])
+    assert exit_info.value.code == 0
+    assert "--parts" in capsys.readouterr().out
