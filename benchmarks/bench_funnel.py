@@ -45,7 +45,13 @@ from funnel_core.units import Unit
 K_EVAL = (1, 2, 3, 4)
 
 
-def make_ranker(kind: str, data: Path, batch_size: int):
+def make_ranker(kind: str, data: Path, batch_size: int, window_words: int | None, bf16: bool):
+    """One ranker object for every reranking stage of both paradigms (the same model throughout).
+
+    ``window_words`` makes the cross-encoder score a text longer than that many words by its best
+    window (MaxP), so ~1K-token SQuAD documents are pre-ranked whole instead of by their first 192
+    tokens; passages (<= 100 words) are shorter than a window and score exactly as before.
+    """
     if kind == "embedding":
         from funnel_core.embeddings import EmbeddingReranker
 
@@ -55,7 +61,7 @@ def make_ranker(kind: str, data: Path, batch_size: int):
 
     path = get_or_train(data)
     return CrossEncoderScorer(str(path), backend="transformers", batch_size=batch_size, max_length=192,
-                              name="ranker"), str(path)
+                              window_words=window_words, bf16=bf16, name="ranker"), str(path)
 
 
 # -- SQuAD ---------------------------------------------------------------------------------------
@@ -275,29 +281,33 @@ def plot(result: dict, path: Path) -> None:
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--ranker", choices=("cross-encoder", "embedding"), default="cross-encoder")
-    p.add_argument("--n-squad", type=int, default=200)
-    p.add_argument("--n-scifact", type=int, default=100)
+    p.add_argument("--n-squad", type=int, default=100)
+    p.add_argument("--n-scifact", type=int, default=50)
+    p.add_argument("--window-words", type=int, default=120,
+                   help="cross-encoder MaxP window for texts longer than this (0: truncate instead)")
+    p.add_argument("--no-bf16", action="store_true", help="score in fp32 (default: bf16 autocast)")
     p.add_argument("--squad-clusters", type=int, default=3)
     p.add_argument("--squad-documents", type=int, default=4)
     p.add_argument("--scifact-clusters", type=int, default=3)
     p.add_argument("--scifact-documents", type=int, default=20)
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--flat-depth", type=int, default=400, help="passages the flat paradigm reranks")
     p.add_argument("--skip-scifact", action="store_true", help="SQuAD only (the SciFact part encodes ~25k passages)")
     p.add_argument("--scale-sizes", type=int, nargs="*", default=[10_000, 100_000, 1_000_000])
     args = p.parse_args()
     if args.quick:
         args.n_squad, args.n_scifact, args.scale_sizes = 20, 10, [10_000]
-    ranker, ranker_desc = make_ranker(args.ranker, args.data, args.batch_size)
+    ranker, ranker_desc = make_ranker(args.ranker, args.data, args.batch_size, args.window_words or None,
+                                      not args.no_bf16)
     embedder = SentenceEmbedder(batch_size=args.batch_size)
-    result = {"ranker": {"kind": args.ranker, "model": ranker_desc}, "args": {k: str(v) for k, v in vars(args).items()}}
+    result = {"ranker": {"kind": args.ranker, "model": ranker_desc, "repr": repr(ranker)}, "args": {k: str(v) for k, v in vars(args).items()}}
     result["squad"] = run_squad(args, ranker, embedder)
     if not args.skip_scifact:
         result["scifact"] = run_scifact(args, ranker, embedder)
     rerank = {name: sum(s["seconds_per_query"] for s in result["squad"][name]["stages"]
                         if s["name"] not in ("dense", "clustered_bm25")) for name in ("flat", "funnel")}
     result["scaling"] = run_scaling(args, rerank) if args.scale_sizes else []
-    result["notes"] = ("2-core CPU shared with other jobs; per-stage seconds come from the funnel traces. "
+    result["notes"] = ("2-core CPU; per-stage seconds come from the funnel traces. "
                        "Scaling: corpus-size-dependent parts measured on synthetic corpora (random unit "
                        "vectors for the dense side, synthetic text clusters for BM25), plus the measured "
                        "SQuAD reranking time per query, which does not depend on corpus size.")

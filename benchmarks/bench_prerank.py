@@ -89,7 +89,7 @@ def throughput(model_path: str, pairs: list[tuple[str, str]], *, max_length: int
         "median_seconds": med, "all_seconds": times,
         "wrapper_overhead": med["scorer_st"] / med["direct_predict"] - 1.0,
         "length_sorting_speedup": med["transformers_unsorted"] / med["transformers_sorted"],
-        "note": "2 CPU cores shared with other jobs; medians of interleaved repeats",
+        "note": "medians of interleaved repeats",
     }
 
 
@@ -136,6 +136,8 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=None,
                     help="tokens per pair at evaluation (default: the training max_length)")
     ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--bf16", choices=("auto", "on", "off"), default="auto",
+                    help="bfloat16 autocast for reranking (auto: as the model was trained)")
     ap.add_argument("--fuse-weight", type=float, default=0.3,
                     help="weight of min-max BM25 in the (separately reported) interpolation")
     ap.add_argument("--tune-fuse-on-train", type=int, default=0, metavar="N",
@@ -159,6 +161,7 @@ def main() -> None:
     training = json.loads((Path(model_path) / "summary.json").read_text()) \
         if (Path(model_path) / "summary.json").is_file() else {}
     max_length = args.max_length or training.get("config", {}).get("max_length", 256)
+    bf16 = training.get("config", {}).get("bf16", False) if args.bf16 == "auto" else args.bf16 == "on"
 
     data = load_beir(Path(args.data) / "scifact", split="test")
     queries = data.split_queries()
@@ -179,13 +182,14 @@ def main() -> None:
     result: dict = {
         "dataset": "BEIR SciFact test", "queries": len(qids), "quick": args.quick,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "note": "2 CPU cores shared with 5 other jobs; timings are noisy"},
+                    "load_average_at_start": list(os.getloadavg())},
         "published": PUBLISHED,
         "flat_bm25": {**bm25, "seconds": bm25_seconds,
                       "settings": "funnel_core.bm25.BM25Index defaults over load_beir corpus"},
         "model": {"path": os.path.relpath(model_path, REPO), "training": training},
         "rerank": {"max_length": max_length, "batch_size": args.batch_size,
-                   "backend": "transformers (passage-only truncation)", "depths": {}},
+                   "backend": "transformers (passage-only truncation)", "bf16_autocast": bf16,
+                   "depths": {}},
     }
     previous = json.loads(out_path.read_text()) if out_path.is_file() else {}
     if args.skip_throughput and "throughput" in previous:
@@ -205,7 +209,7 @@ def main() -> None:
     # -- reranking, tier by tier, with a score cache -------------------------------------------
     scorer = CrossEncoderScorer(model_path, backend="transformers", device="cpu",
                                 max_length=max_length, batch_size=args.batch_size,
-                                sort_by_length=True)
+                                sort_by_length=True, bf16=bf16)
     if args.tune_fuse_on_train:
         result["fuse_tuning"] = tune_fuse_weight(scorer, Path(args.data), args.tune_fuse_on_train,
                                                  min(depth, 20))
@@ -214,7 +218,7 @@ def main() -> None:
         _write(out_path, result)
     weights = max(Path(model_path).glob("*.safetensors"), key=os.path.getmtime, default=None)
     stamp = f"{int(weights.stat().st_mtime)}" if weights else "unknown"  # a retrained model's own cache
-    cache_path = Path(model_path) / f"scifact_test_scores_len{max_length}_{stamp}.json"
+    cache_path = Path(model_path) / f"scifact_test_scores_len{max_length}{'_bf16' * bf16}_{stamp}.json"
     cache: dict[str, float] = json.loads(cache_path.read_text()) if cache_path.is_file() else {}
     rerank_seconds = 0.0
     scored_pairs = 0
@@ -273,6 +277,7 @@ def main() -> None:
         if rerank_seconds > 0 and scored_pairs:
             result["rerank"]["pairs_per_s_this_run"] = scored_pairs / rerank_seconds
         result["rerank"]["deepest_depth_done"] = hi
+        result["machine"]["load_average_at_end"] = list(os.getloadavg())
         print(f"depth {hi}: CE nDCG@10 = {ce_m['ndcg@10']:.4f} (BM25 {bm25['ndcg@10']:.4f}); "
               f"CE+BM25 w={args.fuse_weight}: {fu_m['ndcg@10']:.4f}", flush=True)
         _write(out_path, result)

@@ -66,13 +66,19 @@ class CrossEncoderReranker(_ModelReranker):
                          description="sentence-transformers | flagembedding | transformers")
     fuse_weight: Optional[float] = Field(default=None, description="Weight of the previous "
                                          "score in a min-max interpolation; None = off.")
+    bf16: bool = Field(default=False, description="bfloat16 autocast (transformers backend).")
+    window_words: Optional[int] = Field(default=None, description="Score texts longer than this "
+                                        "many words by their best window (MaxP); None = truncate.")
+    window_overlap: int = Field(default=0, description="Words shared by consecutive windows.")
 
     def _build_stage(self) -> Stage:
         return CrossEncoderScorer(self.model, backend=self.backend, batch_size=self.batch_size,
                                   device=self.device, max_length=self.max_length, fp16=self.fp16,
                                   sort_by_length=self.sort_by_length, normalize=self.normalize,
                                   top_n=self.top_n, score_threshold=self.score_threshold,
-                                  fuse_weight=self.fuse_weight)
+                                  fuse_weight=self.fuse_weight, bf16=self.bf16,
+                                  window_words=self.window_words,
+                                  window_overlap=self.window_overlap)
 
 
 class MonoT5Reranker(_ModelReranker):

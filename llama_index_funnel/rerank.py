@@ -62,6 +62,10 @@ class CrossEncoderRerank(_ModelRerank):
                          description="sentence-transformers | flagembedding | transformers")
     fuse_weight: Optional[float] = Field(default=None, description="Weight of the previous "
                                          "score in a min-max interpolation; None = off.")
+    bf16: bool = Field(default=False, description="bfloat16 autocast (transformers backend).")
+    window_words: Optional[int] = Field(default=None, description="Score texts longer than this "
+                                        "many words by their best window (MaxP); None = truncate.")
+    window_overlap: int = Field(default=0, description="Words shared by consecutive windows.")
 
     @classmethod
     def class_name(cls) -> str:
@@ -72,7 +76,9 @@ class CrossEncoderRerank(_ModelRerank):
                                   device=self.device, max_length=self.max_length, fp16=self.fp16,
                                   sort_by_length=self.sort_by_length, normalize=self.normalize,
                                   top_n=self.top_n, score_threshold=self.score_threshold,
-                                  fuse_weight=self.fuse_weight)
+                                  fuse_weight=self.fuse_weight, bf16=self.bf16,
+                                  window_words=self.window_words,
+                                  window_overlap=self.window_overlap)
 
     def _model_name(self) -> str:
         return self.stage.model_name  # type: ignore[attr-defined]

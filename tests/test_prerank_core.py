@@ -193,3 +193,32 @@ def test_concurrent_scoring_matches_sequential(tiny_cross_encoder_path):
         got = list(pool.map(lambda q: scorer.score(q, texts), queries))
     for e, g in zip(expected, got):
         assert g == pytest.approx(e, abs=1e-5)
+
+
+def test_window_words_scores_a_long_text_by_its_best_window(tiny_cross_encoder_path):
+    from funnel_core.text import word_windows
+
+    long_text = " ".join(f"Sentence {i} talks about topic {i % 5} in some detail." for i in range(40))
+    windows = word_windows(long_text, 30)
+    assert len(windows) > 3
+    plain = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers", max_length=64)
+    maxp = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers", max_length=64,
+                              window_words=30)
+    short = "Paris is the capital of France."
+    got = maxp.score_pairs([QUERY, QUERY], [long_text, short])
+    assert got[0] == pytest.approx(max(plain.score(QUERY, windows)), abs=1e-5)
+    assert got[1] == pytest.approx(plain.score(QUERY, [short])[0], abs=1e-5)  # short: one window
+    with pytest.raises(ValueError, match="window_overlap"):
+        CrossEncoderScorer(tiny_cross_encoder_path, window_words=30, window_overlap=30)
+    with pytest.raises(ValueError, match="window_words"):
+        CrossEncoderScorer(tiny_cross_encoder_path, window_words=0)
+
+
+def test_bf16_autocast_keeps_the_order_of_clearly_different_scores(tiny_cross_encoder_path,
+                                                                    corpus_units):
+    texts = [u.text for u in corpus_units]
+    fp32 = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers").score(QUERY, texts)
+    bf16 = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers",
+                              bf16=True).score(QUERY, texts)
+    assert all(type(s) is float for s in bf16)
+    assert bf16 == pytest.approx(fp32, abs=0.05)

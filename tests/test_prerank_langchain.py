@@ -145,3 +145,16 @@ class TestCompressionRetrieverStandard(RetrieversIntegrationTests):
     @property
     def retriever_query_example(self):
         return "capital city of France or Germany"
+
+
+def test_reranker_maxp_windows_in_a_chain(tiny_cross_encoder_path):
+    long_text = " ".join(f"Sentence {i} is about Paris and topic {i}." for i in range(30))
+    docs = _docs() + [Document(page_content=long_text, id="long", metadata={"topic": "long"})]
+    rr = CrossEncoderReranker(model=tiny_cross_encoder_path, backend="transformers", max_length=64,
+                              window_words=20, window_overlap=5)
+    assert rr.stage.window_words == 20 and rr.stage.window_overlap == 5
+    out = (RunnableLambda(lambda q: {"query": q, "documents": docs}) | rr).invoke(QUERY)
+    want = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers", max_length=64,
+                              window_words=20, window_overlap=5).score(QUERY, [long_text])[0]
+    got = {d.id: d.metadata["score"] for d in out}
+    assert got["long"] == pytest.approx(want, abs=1e-5)

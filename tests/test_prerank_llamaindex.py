@@ -101,6 +101,16 @@ def test_events_threshold_normalize_and_copies(tiny_cross_encoder_path, nodes):
     assert rr.class_name() == "CrossEncoderRerank"
 
 
+def test_maxp_rerank_in_query_engine(tiny_cross_encoder_path, corpus_units):
+    rerank = CrossEncoderRerank(model=tiny_cross_encoder_path, backend="transformers", top_n=2,
+                                max_length=64, window_words=4, bf16=True)
+    assert rerank.stage.window_words == 4 and rerank.stage.bf16
+    engine = RetrieverQueryEngine.from_args(_BM25(corpus_units, k=4), llm=MockLLM(),
+                                            node_postprocessors=[rerank])
+    got = engine.query("Paris capital of France city").source_nodes
+    assert len(got) == 2 and got[0].score >= got[1].score
+
+
 def test_later_chunking_then_rerank(tiny_cross_encoder_path, corpus_units):
     chunk = LaterChunkingPostprocessor(words=5)
     rerank = CrossEncoderRerank(model=tiny_cross_encoder_path, backend="transformers", top_n=4)

@@ -17,6 +17,11 @@ passage only (a query longer than half of ``max_length`` is first clipped to hal
 sentence-transformers and FlagEmbedding truncate the longer side first, so a query shorter than the
 passage is kept whole.
 
+``window_words`` scores long texts whole instead of truncating them: a text longer than that many
+words is cut into sentence-aware windows (:func:`funnel_core.text.word_windows`) and scores as its
+best window (MaxP, Dai & Callan 2019). It is how a 512-position cross-encoder pre-ranks ~1K-token
+documents without seeing only their first paragraph.
+
 ``fuse_weight`` optionally interpolates the cross-encoder score with the previous stage's score
 (both min-max normalised per query): ``(1 - w) * ce + w * previous``. It is off by default.
 """
@@ -28,6 +33,7 @@ from typing import Any, Callable, Sequence
 
 from funnel_core.errors import check_positive_int, check_probability
 from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolve_device, tokenizer_lock
+from funnel_core.text import word_windows
 from funnel_core.units import Unit
 
 __all__ = ["CrossEncoderScorer", "encode_pairs", "BACKENDS", "DEFAULT_MODELS", "minmax"]
@@ -76,11 +82,16 @@ class CrossEncoderScorer(Reranker):
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"`` or ``None`` (automatic).
         max_length: Tokens per pair (query + passage); longer passages are truncated.
         fp16: Half precision; only ever applied on CUDA (``None``: on when the device is CUDA).
+        bf16: Run the ``"transformers"`` backend under bfloat16 autocast (weights stay fp32). About
+            2x faster on CPUs with AVX512-BF16 or AMX; scores move by about 1e-2. Off by default.
         sort_by_length: Batch pairs of similar length together (less padding). The
             sentence-transformers backend always does this internally.
         normalize: Sigmoid the scores into (0, 1) (for thresholds and fusion).
         top_n: Keep the best ``top_n`` units (``None``: all).
         score_threshold: Drop units scoring below this (after ``normalize``).
+        window_words: Score a text longer than this many words as the maximum over its windows
+            of about this many words (MaxP); ``None`` (default) truncates to ``max_length``.
+        window_overlap: Words repeated between consecutive windows (``window_words`` only).
         fuse_weight: Weight ``w`` of the previous stage's score in
             ``(1 - w) * minmax(ce) + w * minmax(previous)``; ``None`` (default) = pure cross-encoder.
         name: Stage name (key in ``metadata["scores"]``).
@@ -92,8 +103,9 @@ class CrossEncoderScorer(Reranker):
     def __init__(self, model: str | os.PathLike | None = None, *,
                  backend: str = "sentence-transformers", batch_size: int = 32,
                  device: str | None = None, max_length: int = 512, fp16: bool | None = None,
-                 sort_by_length: bool = True, normalize: bool = False, top_n: int | None = None,
-                 score_threshold: float | None = None, fuse_weight: float | None = None,
+                 bf16: bool = False, sort_by_length: bool = True, normalize: bool = False, top_n: int | None = None,
+                 score_threshold: float | None = None, window_words: int | None = None,
+                 window_overlap: int = 0, fuse_weight: float | None = None,
                  name: str | None = None, model_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__(top_n=top_n, score_threshold=score_threshold, normalize=normalize,
                          batch_size=batch_size, name=name)
@@ -107,7 +119,15 @@ class CrossEncoderScorer(Reranker):
         self.device = device
         self.max_length = check_positive_int(max_length, "max_length")
         self.fp16 = fp16
+        self.bf16 = bool(bf16)
         self.sort_by_length = bool(sort_by_length)
+        self.window_words = None if window_words is None else check_positive_int(window_words,
+                                                                                 "window_words")
+        if isinstance(window_overlap, bool) or not isinstance(window_overlap, int) or not (
+                0 <= window_overlap < (self.window_words or window_overlap + 1)):
+            raise ValueError(f"window_overlap must be an int in [0, window_words), got "
+                             f"{window_overlap!r}.")
+        self.window_overlap = window_overlap
         self.fuse_weight = None if fuse_weight is None else check_probability(fuse_weight, "fuse_weight")
         self.model_kwargs = dict(model_kwargs or {})
         self._model = LazyModel(self._load)
@@ -170,6 +190,8 @@ class CrossEncoderScorer(Reranker):
         model = load_pretrained(AutoModelForSequenceClassification.from_pretrained,
                                 self.model_name, what="cross-encoder", **self.model_kwargs)
         model = (model.half() if fp16 else model).to(device).eval()
+        autocast = dict(device_type=torch.device(device).type, dtype=torch.bfloat16,
+                        enabled=self.bf16 and not fp16)
 
         @torch.inference_mode()
         def score(queries: list[str], texts: list[str]) -> list[float]:
@@ -181,7 +203,8 @@ class CrossEncoderScorer(Reranker):
                 idx = order[b:b + self.batch_size]
                 enc = encode_pairs(tokenizer, [queries[i] for i in idx], [texts[i] for i in idx],
                                    self.max_length).to(device)
-                logits = model(**enc).logits.float()
+                with torch.autocast(**autocast):
+                    logits = model(**enc).logits.float()
                 for i, s in zip(idx, logits[:, -1].tolist()):
                     out[i] = s
             return out
@@ -208,7 +231,20 @@ class CrossEncoderScorer(Reranker):
                                 "non-text content to text first.")
         if not texts:
             return []
-        return [float(s) for s in self._model.get()(queries, texts)]
+        if self.window_words is None:
+            return [float(s) for s in self._model.get()(queries, texts)]
+        owner, win_queries, win_texts = [], [], []
+        for i, (q, t) in enumerate(zip(queries, texts)):
+            windows = (word_windows(t, self.window_words, self.window_overlap)
+                       if len(t.split()) > self.window_words else [t])
+            for w in windows or [t]:
+                owner.append(i)
+                win_queries.append(q)
+                win_texts.append(w)
+        best = [float("-inf")] * len(texts)
+        for i, s in zip(owner, self._model.get()(win_queries, win_texts)):
+            best[i] = max(best[i], float(s))
+        return best
 
     def score(self, query: str, texts: Sequence[str]) -> list[float]:
         """Raw relevance score of each text for ``query`` (Python floats, higher is better)."""
@@ -232,4 +268,5 @@ class CrossEncoderScorer(Reranker):
 
     def __repr__(self) -> str:
         return (f"CrossEncoderScorer(model={self.model_name!r}, backend={self.backend!r}, "
-                f"max_length={self.max_length}, batch_size={self.batch_size})")
+                f"max_length={self.max_length}, batch_size={self.batch_size}, "
+                f"window_words={self.window_words}, bf16={self.bf16})")

@@ -266,6 +266,8 @@ class CrossEncoderTrainer:
             pass through them: faster steps on CPU).
         head_learning_rate: Learning rate of the pooler and the new classification head (they
             start random when the model comes from an encoder); ``None`` = ``learning_rate``.
+        bf16: Train under bfloat16 autocast (about 1.6x faster steps on CPUs with AVX512-BF16 or
+            AMX; the weights and the optimiser stay fp32).
         max_seconds: Stop after this many seconds of training (the model is still saved), or ``None``.
         device: ``"cpu"``, ``"cuda"``, ... or ``None`` for automatic.
         seed: Seed for sampling and dropout.
@@ -277,7 +279,7 @@ class CrossEncoderTrainer:
                  learning_rate: float = 3e-5, weight_decay: float = 0.01, warmup_ratio: float = 0.1,
                  epochs: int = 1, num_negatives: int = 4, queries_per_step: int = 4,
                  loss: str = "bpr", freeze_embeddings: bool = True, freeze_layers: int = 0,
-                 head_learning_rate: float | None = None,
+                 head_learning_rate: float | None = None, bf16: bool = False,
                  max_seconds: float | None = None, device: str | None = None, seed: int = 0,
                  show_progress: bool = True, log_path: str | os.PathLike | None = None,
                  log_every: int = 10) -> None:
@@ -297,6 +299,7 @@ class CrossEncoderTrainer:
             raise ValueError(f"freeze_layers must be an int >= 0, got {freeze_layers!r}.")
         self.freeze_layers = freeze_layers
         self.head_learning_rate = None if head_learning_rate is None else float(head_learning_rate)
+        self.bf16 = bool(bf16)
         self.max_seconds = max_seconds
         self.device = device
         self.seed = seed
@@ -384,7 +387,9 @@ class CrossEncoderTrainer:
                         queries += [grp.query] * n
                         texts += [grp.positives[p]] + self._negatives(grp, rng)
                     enc = encode_pairs(tokenizer, queries, texts, self.max_length).to(device)
-                    logits = model(**enc).logits.reshape(-1, n)
+                    with torch.autocast(device_type=torch.device(device).type,
+                                        dtype=torch.bfloat16, enabled=self.bf16):
+                        logits = model(**enc).logits.float().reshape(-1, n)
                     loss = loss_fn(logits[:, 0], logits[:, 1:])
                     loss.backward()
                     torch.nn.utils.clip_grad_norm_(params, 1.0)
