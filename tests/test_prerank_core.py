@@ -222,3 +222,5 @@ def test_bf16_autocast_keeps_the_order_of_clearly_different_scores(tiny_cross_en
                               bf16=True).score(QUERY, texts)
     assert all(type(s) is float for s in bf16)
     assert bf16 == pytest.approx(fp32, abs=0.05)
+    with pytest.raises(ValueError, match="backend='transformers'"):
+        CrossEncoderScorer(tiny_cross_encoder_path, backend="sentence-transformers", bf16=True)

@@ -103,7 +103,8 @@ class CrossEncoderScorer(Reranker):
     def __init__(self, model: str | os.PathLike | None = None, *,
                  backend: str = "sentence-transformers", batch_size: int = 32,
                  device: str | None = None, max_length: int = 512, fp16: bool | None = None,
-                 bf16: bool = False, sort_by_length: bool = True, normalize: bool = False, top_n: int | None = None,
+                 bf16: bool = False, sort_by_length: bool = True, normalize: bool = False,
+                 top_n: int | None = None,
                  score_threshold: float | None = None, window_words: int | None = None,
                  window_overlap: int = 0, fuse_weight: float | None = None,
                  name: str | None = None, model_kwargs: dict[str, Any] | None = None) -> None:
@@ -123,8 +124,13 @@ class CrossEncoderScorer(Reranker):
         self.sort_by_length = bool(sort_by_length)
         self.window_words = None if window_words is None else check_positive_int(window_words,
                                                                                  "window_words")
-        if isinstance(window_overlap, bool) or not isinstance(window_overlap, int) or not (
-                0 <= window_overlap < (self.window_words or window_overlap + 1)):
+        if bf16 and backend != "transformers":
+            raise ValueError(f"bf16 autocast is implemented by the 'transformers' backend, not "
+                             f"{backend!r}; pass backend='transformers' (same model folder) or "
+                             "bf16=False.")
+        if (isinstance(window_overlap, bool) or not isinstance(window_overlap, int)
+                or window_overlap < 0
+                or (self.window_words is not None and window_overlap >= self.window_words)):
             raise ValueError(f"window_overlap must be an int in [0, window_words), got "
                              f"{window_overlap!r}.")
         self.window_overlap = window_overlap
@@ -237,7 +243,7 @@ class CrossEncoderScorer(Reranker):
         for i, (q, t) in enumerate(zip(queries, texts)):
             windows = (word_windows(t, self.window_words, self.window_overlap)
                        if len(t.split()) > self.window_words else [t])
-            for w in windows or [t]:
+            for w in windows:
                 owner.append(i)
                 win_queries.append(q)
                 win_texts.append(w)
