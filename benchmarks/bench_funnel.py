@@ -16,7 +16,9 @@ sentence-aware ~60-word windows; a document scores by its best passage.
 
 The cross-encoder is the MiniLM cross-encoder trained on SciFact train by
 ``benchmarks/prerank_model.py`` (``--ranker cross-encoder``, default), or the packaged MiniLM
-bi-encoder as a reranker (``--ranker embedding``). A scaling run times the corpus-size-dependent
+bi-encoder as a reranker (``--ranker embedding``). ``--fid FOLDER`` post-ranks the funnel's passages
+with a Fusion-in-Decoder checkpoint's cross-attention instead (the paper's stage 3; flat keeps the
+cross-encoder, as in Table 2). A scaling run times the corpus-size-dependent
 parts on synthetic corpora (10k, 100k, 1M passages). Writes results/funnel.json and funnel.png.
 """
 
@@ -64,6 +66,15 @@ def make_ranker(kind: str, data: Path, batch_size: int, window_words: int | None
                               window_words=window_words, bf16=bf16, name="ranker"), str(path)
 
 
+def post_ranker(args, ranker):
+    """The funnel's passage ranker: the FiD checkpoint given by ``--fid``, else the shared ranker."""
+    if args.fid is None:
+        return renamed(ranker, "post_ranking")
+    from funnel_core.rerank.fid import FiDAttentionScorer
+
+    return FiDAttentionScorer(model=str(args.fid), batch_size=args.batch_size, name="post_ranking")
+
+
 # -- SQuAD ---------------------------------------------------------------------------------------
 def squad_units(path: Path, doc_tokens: int = 1000):
     articles = load_squad(path)
@@ -103,7 +114,7 @@ def run_squad(args, ranker, embedder) -> dict:
     flat = Funnel([DenseRetrieve(dense, k=args.flat_depth, name="dense"), renamed(ranker, "rerank") % 4])
     funnel = Funnel([ClusteredBM25Retrieve(cindex, k=args.squad_clusters, name="clustered_bm25"),
                      renamed(ranker, "pre_ranking") % args.squad_documents, chunk,
-                     renamed(ranker, "post_ranking") % 4])
+                     post_ranker(args, ranker) % 4])
     out = {"n_documents": len(docs), "n_passages": len(passages), "n_clusters": len(cindex.clusters),
            "tokens_per_cluster": float(np.mean([c.metadata["n_tokens"] for c in cindex.clusters])),
            "clustering_seconds": t_cl["seconds"], "dense_index_seconds": t_dense["seconds"],
@@ -169,7 +180,7 @@ def run_scifact(args, ranker, embedder) -> dict:
     flat = Funnel([DenseRetrieve(dense, k=args.flat_depth, name="dense"), renamed(ranker, "rerank")])
     funnel = Funnel([ClusteredBM25Retrieve(cindex, k=args.scifact_clusters, name="clustered_bm25"),
                      renamed(ranker, "pre_ranking") % args.scifact_documents, chunk,
-                     renamed(ranker, "post_ranking")])
+                     post_ranker(args, ranker)])
     res = {"n_documents": len(ds.corpus), "n_passages": len(passages), "n_clusters": len(cindex.clusters),
            "clustering_seconds": t_cl["seconds"], "dense_index_seconds": t_dense["seconds"],
            "n_queries": len(qids)}
@@ -285,6 +296,8 @@ def plot(result: dict, path: Path) -> None:
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--ranker", choices=("cross-encoder", "embedding"), default="cross-encoder")
+    p.add_argument("--fid", type=Path, default=None, metavar="FOLDER",
+                   help="FiD (T5) checkpoint that post-ranks the funnel's passages (default: the --ranker model)")
     p.add_argument("--n-squad", type=int, default=100)
     p.add_argument("--n-scifact", type=int, default=50)
     p.add_argument("--window-words", type=int, default=120,
