@@ -136,6 +136,10 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=None,
                     help="tokens per pair at evaluation (default: the training max_length)")
     ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--window-words", type=int, default=None, metavar="N",
+                    help="score an abstract longer than N words by its best window (MaxP) "
+                         "instead of truncating it at --max-length")
+    ap.add_argument("--window-overlap", type=int, default=0, help="words shared by neighbouring windows")
     ap.add_argument("--bf16", choices=("auto", "on", "off"), default="auto",
                     help="bfloat16 autocast for reranking (auto: as the model was trained)")
     ap.add_argument("--fuse-weight", type=float, default=0.3,
@@ -188,6 +192,7 @@ def main() -> None:
                       "settings": "funnel_core.bm25.BM25Index defaults over load_beir corpus"},
         "model": {"path": os.path.relpath(model_path, REPO), "training": training},
         "rerank": {"max_length": max_length, "batch_size": args.batch_size,
+                   "window_words": args.window_words, "window_overlap": args.window_overlap,
                    "backend": "transformers (passage-only truncation)", "bf16_autocast": bf16,
                    "depths": {}},
     }
@@ -209,7 +214,8 @@ def main() -> None:
     # -- reranking, tier by tier, with a score cache -------------------------------------------
     scorer = CrossEncoderScorer(model_path, backend="transformers", device="cpu",
                                 max_length=max_length, batch_size=args.batch_size,
-                                sort_by_length=True, bf16=bf16)
+                                sort_by_length=True, bf16=bf16, window_words=args.window_words,
+                                window_overlap=args.window_overlap)
     if args.tune_fuse_on_train:
         result["fuse_tuning"] = tune_fuse_weight(scorer, Path(args.data), args.tune_fuse_on_train,
                                                  min(depth, 20))
@@ -218,7 +224,8 @@ def main() -> None:
         _write(out_path, result)
     weights = max(Path(model_path).glob("*.safetensors"), key=os.path.getmtime, default=None)
     stamp = f"{int(weights.stat().st_mtime)}" if weights else "unknown"  # a retrained model's own cache
-    cache_path = Path(model_path) / f"scifact_test_scores_len{max_length}{'_bf16' * bf16}_{stamp}.json"
+    windows = f"_maxp{args.window_words}o{args.window_overlap}" if args.window_words else ""
+    cache_path = Path(model_path) / f"scifact_test_scores_len{max_length}{'_bf16' * bf16}{windows}_{stamp}.json"
     cache: dict[str, float] = json.loads(cache_path.read_text()) if cache_path.is_file() else {}
     rerank_seconds = 0.0
     scored_pairs = 0
