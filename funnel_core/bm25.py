@@ -13,34 +13,60 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 
 import numpy as np
 
+from funnel_core.cache import LRUCache
 from funnel_core.errors import PersistError, check_positive_int, check_query
 from funnel_core.funnel import Stage
 from funnel_core.rerank.base import Reranker
-from funnel_core.persist import atomic_dir, read_manifest, read_units, write_manifest, write_units
+from funnel_core.persist import (check_number, load_snapshot, prepare_units, read_units,
+                                 save_snapshot, write_units)
+from funnel_core.text import CJK_MODES, check_token_pattern, clean_text, split_cjk
 from funnel_core.units import Unit, check_unique_ids
 
 __all__ = ["BM25Index", "BM25Retrieve", "BM25Rerank", "MetadataFilter", "metadata_mask", "bm25_scores", "METHODS"]
 
 METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
-FORMAT_VERSION = 1
+FORMAT = "funnel-rag.bm25"
+FORMAT_VERSION = 2  # 2: snapshot layout (funnel_core.persist), cjk setting
 DEFAULT_TOKEN_PATTERN = r"(?u)\b\w\w+\b"
+#: Distinct metadata keys whose filter columns an index caches (least recently used dropped).
+FILTER_CACHE_SIZE = 32
 
 #: A per-query filter: ``{"key": value}`` / ``{"key": [v1, v2]}`` (equality / membership, all
-#: keys must match), a predicate ``f(metadata) -> bool``, or a boolean array aligned with the
-#: indexed units.
+#: keys must match; a list-valued metadata field matches when it contains the value), a
+#: predicate ``f(metadata) -> bool``, or a boolean array aligned with the indexed units.
 MetadataFilter = Union[Mapping[str, Any], Callable[[dict], bool], np.ndarray, None]
+
+_LISTLIKE = (list, tuple, set, frozenset)
+
+
+def _matches(value: Any, wanted: Any) -> bool:
+    """Equality, or membership when the metadata value is a list (``tags: ["a", "b"]``)."""
+    if isinstance(value, _LISTLIKE):
+        return any(_eq(v, wanted) for v in value)
+    return _eq(value, wanted)
+
+
+def _eq(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # numpy arrays and other odd values: not equal
+        return False
 
 
 def metadata_mask(units: Sequence[Unit], filter: MetadataFilter,
-                  columns: dict[str, np.ndarray] | None = None) -> np.ndarray | None:
+                  columns: "LRUCache[str, np.ndarray] | dict[str, np.ndarray] | None" = None) -> np.ndarray | None:
     """Boolean array: which ``units`` pass ``filter`` (``None`` when there is no filter).
 
-    ``columns`` caches one object array per metadata key, so repeated dict filters are
+    ``{"key": value}`` keeps units whose ``metadata[key] == value``, or whose ``metadata[key]`` is
+    a list/tuple/set containing ``value``; ``{"key": [v1, v2]}`` keeps units matching any of the
+    values. ``columns`` caches one object array per metadata key (a bounded
+    :class:`~funnel_core.cache.LRUCache` inside an index), so repeated dict filters are
     vectorised comparisons instead of Python loops over metadata dicts.
     """
     if filter is None:
@@ -56,20 +82,94 @@ def metadata_mask(units: Sequence[Unit], filter: MetadataFilter,
     if not isinstance(filter, Mapping):
         raise TypeError(f"filter must be a dict of metadata values, a callable or a boolean "
                         f"array, got {type(filter).__name__}.")
-    columns = {} if columns is None else columns
     mask = np.ones(n, dtype=bool)
     for key, wanted in filter.items():
-        col = columns.get(key)
+        col = None if columns is None else columns.get(key)
         if col is None:
             col = np.empty(n, dtype=object)
             col[:] = [u.metadata.get(key) for u in units]
-            columns[key] = col
-        if isinstance(wanted, (list, tuple, set, frozenset)):
-            wanted_set = set(wanted)
-            mask &= np.fromiter((v in wanted_set for v in col), dtype=bool, count=n)
+            if columns is not None:
+                columns[key] = col
+        if isinstance(wanted, _LISTLIKE):
+            wanted = list(wanted)
+            try:
+                wanted_set = set(wanted)
+                hashable = True
+            except TypeError:
+                hashable = False
+
+            def ok(v: Any) -> bool:
+                if isinstance(v, _LISTLIKE):
+                    return any(ok(x) for x in v)
+                if hashable:
+                    try:
+                        return v in wanted_set
+                    except TypeError:
+                        return False
+                return any(_eq(v, w) for w in wanted)
+
+            mask &= np.fromiter((ok(v) for v in col), dtype=bool, count=n)
         else:
-            mask &= col == wanted
+            mask &= np.fromiter((_matches(v, wanted) for v in col), dtype=bool, count=n)
     return mask
+
+
+@dataclass(frozen=True)
+class _State:
+    """Everything a built index answers queries from, swapped in one assignment."""
+
+    retriever: Any
+    units: tuple
+    pos: dict
+    columns: LRUCache = field(default_factory=lambda: LRUCache(FILTER_CACHE_SIZE))
+
+
+_STOPWORD_LANGS = ("en", "english", "en_plus", "english_plus", "de", "german", "nl", "dutch", "fr",
+                   "french", "es", "spanish", "pt", "portuguese", "it", "italian", "ru", "russian",
+                   "sv", "swedish", "no", "norwegian", "zh", "chinese", "tr", "turkish", "ko",
+                   "korean", "da", "danish")
+
+
+def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Check every BM25 setting (also those read from a saved manifest); return a clean copy."""
+    method = config.get("method", "lucene")
+    if method not in METHODS:
+        raise ValueError(f"unknown BM25 method {method!r}; choose one of {METHODS}.")
+    k1 = check_number(config.get("k1", 1.5), "k1", 0.0, 100.0)
+    b = check_number(config.get("b", 0.75), "b", 0.0, 1.0)
+    delta = check_number(config.get("delta", 0.5), "delta", 0.0, 100.0)
+    stemmer = config.get("stemmer", "english")
+    if stemmer is not None and not isinstance(stemmer, str):
+        raise TypeError(f"stemmer must be a language name (str) or None, got {stemmer!r:.60}.")
+    stop = config.get("stopwords", "en")
+    if isinstance(stop, str):
+        if stop not in _STOPWORD_LANGS:
+            raise ValueError(f"unknown stopwords language {stop!r}; use one of {_STOPWORD_LANGS}, "
+                             "a list of words, or None.")
+    elif isinstance(stop, (list, tuple)):
+        if not all(isinstance(w, str) for w in stop):
+            raise TypeError("stopwords must be a language name, a list of str, or None.")
+        stop = list(stop)
+    elif stop is not None:
+        raise TypeError(f"stopwords must be a language name, a list of str, or None; got "
+                        f"{type(stop).__name__}.")
+    token_pattern = check_token_pattern(config.get("token_pattern", DEFAULT_TOKEN_PATTERN))
+    lower = config.get("lower", True)
+    if not isinstance(lower, bool):
+        raise TypeError(f"lower must be True or False, got {lower!r:.40}.")
+    backend = config.get("backend", "numpy")
+    if backend not in ("numpy", "numba"):
+        raise ValueError(f"backend must be 'numpy' or 'numba', got {backend!r}.")
+    cjk = config.get("cjk")
+    if cjk not in CJK_MODES:
+        raise ValueError(f"cjk must be one of {CJK_MODES}, got {cjk!r}; use 'bigram' for Chinese/"
+                         "Japanese text written without spaces.")
+    unknown = set(config) - {"method", "k1", "b", "delta", "stemmer", "stopwords", "token_pattern",
+                             "lower", "backend", "cjk"}
+    if unknown:
+        raise TypeError(f"unknown BM25 setting(s) {sorted(unknown)}.")
+    return dict(method=method, k1=float(k1), b=float(b), delta=float(delta), stemmer=stemmer,
+                stopwords=stop, token_pattern=token_pattern, lower=lower, backend=backend, cjk=cjk)
 
 
 class BM25Index:
@@ -78,37 +178,51 @@ class BM25Index:
     Args:
         method: BM25 variant: ``"lucene"`` (default), ``"robertson"``, ``"atire"``, ``"bm25l"``,
             ``"bm25+"``.
-        k1: BM25 term-frequency saturation.
-        b: BM25 length normalisation.
+        k1: BM25 term-frequency saturation (finite, in [0, 100]).
+        b: BM25 length normalisation (in [0, 1]).
         delta: Lower bound of the term-frequency component (bm25l and bm25+ only).
         stemmer: Snowball language for PyStemmer (default ``"english"``), or ``None`` for no stemming.
         stopwords: ``"en"`` (default), a list of words, or ``None`` to keep every token.
-        token_pattern: Regular expression that defines a token.
+        token_pattern: Regular expression that defines a token (checked at construction, see
+            :func:`~funnel_core.text.check_token_pattern`).
         lower: Lower-case text before tokenizing.
         backend: ``"numpy"`` (default, no JIT) or ``"numba"`` (faster queries after a 10-s compile).
+        cjk: ``"bigram"`` or ``"char"`` to split Chinese/Japanese/Korean runs into bigrams or
+            characters (see :func:`~funnel_core.text.split_cjk`); ``None`` (default) keeps them whole.
         show_progress: Show bm25s progress bars while indexing.
+
+    The whole built state (bm25s index, units, id lookup, filter-column cache) is one immutable
+    object replaced in a single assignment by :meth:`index`, :meth:`add` and :meth:`delete`, so
+    concurrent searches see either the old or the new index, never a mix. The index keeps its
+    own copies of the units: editing them afterwards does not change results.
     """
 
     def __init__(self, *, method: str = "lucene", k1: float = 1.5, b: float = 0.75,
                  delta: float = 0.5, stemmer: str | None = "english",
                  stopwords: str | list[str] | None = "en",
                  token_pattern: str = DEFAULT_TOKEN_PATTERN, lower: bool = True,
-                 backend: str = "numpy", show_progress: bool = False) -> None:
-        if method not in METHODS:
-            raise ValueError(f"unknown BM25 method {method!r}; choose one of {METHODS}.")
-        if backend not in ("numpy", "numba"):
-            raise ValueError(f"backend must be 'numpy' or 'numba', got {backend!r}.")
-        self.config: dict[str, Any] = dict(
-            method=method, k1=float(k1), b=float(b), delta=float(delta), stemmer=stemmer,
-            stopwords=stopwords, token_pattern=token_pattern, lower=bool(lower), backend=backend,
-        )
+                 backend: str = "numpy", cjk: str | None = None, show_progress: bool = False) -> None:
+        self.config: dict[str, Any] = validate_config(dict(
+            method=method, k1=k1, b=b, delta=delta, stemmer=stemmer, stopwords=stopwords,
+            token_pattern=token_pattern, lower=lower, backend=backend, cjk=cjk))
         if stemmer is not None:
             self._make_stemmer()  # fail early on an unknown language
         self.show_progress = show_progress
-        self.units: list[Unit] = []
-        self._retriever = None
+        self._state: _State | None = None
         self._local = threading.local()
-        self._columns: dict[str, np.ndarray] = {}
+        self._write_lock = threading.Lock()
+
+    # -- state views (read the state once per call for a consistent view) ------------------
+    @property
+    def units(self) -> list[Unit]:
+        """The indexed units (the index's own copies; do not edit them)."""
+        st = self._state
+        return [] if st is None else list(st.units)
+
+    @property
+    def _retriever(self) -> Any:
+        st = self._state
+        return None if st is None else st.retriever
 
     # -- tokenizing ------------------------------------------------------------------------
     def _make_stemmer(self):
@@ -133,38 +247,102 @@ class BM25Index:
         return st
 
     def tokenize(self, texts: Sequence[str]) -> list[list[str]]:
-        """Tokenize texts exactly as the index does (lower, pattern, stopwords, stemmer)."""
+        """Tokenize texts exactly as the index does (lower, pattern, stopwords, stemmer, CJK).
+
+        Lone surrogates are replaced by U+FFFD first (see :func:`~funnel_core.text.clean_text`).
+        """
         import bm25s
 
         stop = self.config["stopwords"]
-        return bm25s.tokenize(
-            list(texts), lower=self.config["lower"], token_pattern=self.config["token_pattern"],
+        tokens = bm25s.tokenize(
+            [clean_text(t) for t in texts], lower=self.config["lower"],
+            token_pattern=self.config["token_pattern"],
             stopwords=stop if stop is not None else [], stemmer=self._stemmer(),
             return_ids=False, show_progress=False,
         )
+        cjk = self.config["cjk"]
+        return [split_cjk(t, cjk) for t in tokens] if cjk else tokens
 
     # -- building --------------------------------------------------------------------------
-    def index(self, units: Iterable[Unit]) -> "BM25Index":
-        """Build the index over ``units`` (replaces any previous content)."""
+    def _build(self, units: list[Unit]) -> _State:
         import bm25s
 
+        tokens = self.tokenize([u.text for u in units])
+        if not any(tokens):
+            stop = self.config["stopwords"]
+            raise ValueError(
+                f"none of the {len(units)} units has an indexable token (token_pattern="
+                f"{self.config['token_pattern']!r}, stopwords={stop if isinstance(stop, str) else 'custom' if stop else None!r}"
+                f", e.g. unit id={units[0].id!r} text={units[0].text!r:.60}); index text with words, "
+                "or loosen the tokenizer (stopwords=None, token_pattern=r'\\w+', cjk='bigram' for "
+                "Chinese/Japanese).")
+        retriever = bm25s.BM25(method=self.config["method"], k1=self.config["k1"],
+                               b=self.config["b"], delta=self.config["delta"],
+                               backend=self.config["backend"])
+        retriever.index(tokens, show_progress=self.show_progress)
+        return _State(retriever, tuple(units), {u.id: i for i, u in enumerate(units)})
+
+    def index(self, units: Iterable[Unit]) -> "BM25Index":
+        """Build the index over ``units`` (replaces any previous content in one swap)."""
+        if isinstance(units, (str, Unit)):
+            raise TypeError("index expects a list of Unit objects; wrap a single unit in a list.")
         units = list(units)
         if not units:
             raise ValueError(
                 "cannot build a BM25 index over an empty corpus; pass at least one unit/document."
             )
-        for u in units:
-            if not isinstance(u, Unit):
-                raise TypeError(f"BM25Index.index expects Unit objects, got {type(u).__name__}.")
+        units = prepare_units(units, "BM25Index.index")
         check_unique_ids(units)
-        tokens = self.tokenize([u.text for u in units])
-        retriever = bm25s.BM25(method=self.config["method"], k1=self.config["k1"],
-                               b=self.config["b"], delta=self.config["delta"],
-                               backend=self.config["backend"])
-        retriever.index(tokens, show_progress=self.show_progress)
-        # Swap in the new state only once it is complete.
-        self._retriever, self.units, self._columns = retriever, units, {}
+        state = self._build(units)
+        with self._write_lock:
+            self._state = state
         return self
+
+    def add(self, units: Iterable[Unit]) -> "BM25Index":
+        """Add ``units`` (new ids) to the index.
+
+        BM25's statistics (IDF, average length) depend on every document, so the new state is
+        rebuilt over old + new units (O(corpus)); scores equal those of a fresh index over the
+        same units. Concurrent searches see the old index until the new one is swapped in.
+        """
+        if isinstance(units, (str, Unit)):
+            raise TypeError("add expects a list of Unit objects; wrap a single unit in a list.")
+        new = prepare_units(list(units), "BM25Index.add")
+        if not new:
+            return self
+        with self._write_lock:
+            st = self._state
+            old = list(st.units) if st is not None else []
+            taken = st.pos if st is not None else {}
+            for u in new:
+                if u.id in taken:
+                    raise ValueError(f"unit id {u.id!r} is already in the index; delete it first "
+                                     "(delete([id])) or use a new id.")
+            check_unique_ids(new)
+            self._state = self._build(old + new)
+        return self
+
+    def delete(self, ids: Iterable[str]) -> int:
+        """Remove the units with these ids; return how many were removed.
+
+        Unknown ids are ignored. Deleting every unit raises ``ValueError`` (an index cannot be
+        empty). O(corpus), like :meth:`add`.
+        """
+        if isinstance(ids, str):
+            raise TypeError("delete expects a list of ids; wrap a single id in a list.")
+        drop = {str(i) for i in ids}
+        with self._write_lock:
+            st = self._state
+            if st is None or not drop:
+                return 0
+            keep = [u for u in st.units if u.id not in drop]
+            removed = len(st.units) - len(keep)
+            if removed == 0:
+                return 0
+            if not keep:
+                raise ValueError("delete would remove every unit; build a new index instead.")
+            self._state = self._build(keep)
+        return removed
 
     @classmethod
     def from_texts(cls, texts: Sequence[str], ids: Sequence[str] | None = None,
@@ -184,24 +362,29 @@ class BM25Index:
         return cls(**config).index(units)
 
     def __len__(self) -> int:
-        return len(self.units)
+        st = self._state
+        return 0 if st is None else len(st.units)
 
-    def _require_built(self) -> None:
-        if self._retriever is None:
+    def _require_built(self) -> _State:
+        st = self._state
+        if st is None:
             raise RuntimeError("this BM25Index is empty; call index(units) or BM25Index.load(path).")
+        return st
 
     # -- filtering -------------------------------------------------------------------------
-    def _mask(self, filter: MetadataFilter) -> np.ndarray | None:
-        return metadata_mask(self.units, filter, self._columns)
+    def _mask(self, filter: MetadataFilter, st: _State | None = None) -> np.ndarray | None:
+        st = st or self._require_built()
+        return metadata_mask(st.units, filter, st.columns)
 
     # -- searching -------------------------------------------------------------------------
     def get_scores(self, query: str) -> np.ndarray:
         """BM25 score of every indexed unit for ``query`` (float32 array, index order)."""
-        self._require_built()
+        st = self._require_built()
+        query = check_query(query)
         tokens = self.tokenize([query])[0]
         if not tokens:  # only stopwords / no word characters: bm25s would raise IndexError
-            return np.zeros(len(self.units), dtype=np.float32)
-        return self._retriever.get_scores(tokens)
+            return np.zeros(len(st.units), dtype=np.float32)
+        return st.retriever.get_scores(tokens)
 
     def search(self, query: str, k: int = 10, filter: MetadataFilter = None,
                name: str = "bm25") -> list[Unit]:
@@ -217,13 +400,13 @@ class BM25Index:
         ``filter`` rejects are left out, so a result may hold fewer than ``k`` units.
         An empty or whitespace-only query returns ``[]``.
         """
-        self._require_built()
+        st = self._require_built()
         check_positive_int(k, "k")
         if isinstance(queries, str):
             raise TypeError("search_many expects a list of queries; use search() for one query.")
         queries = [check_query(q) for q in queries]
-        mask = self._mask(filter)
-        n_allowed = len(self.units) if mask is None else int(mask.sum())
+        mask = self._mask(filter, st)
+        n_allowed = len(st.units) if mask is None else int(mask.sum())
         results: list[list[Unit]] = [[] for _ in queries]
         live = [i for i, q in enumerate(queries) if q]
         if not live or n_allowed == 0:
@@ -231,7 +414,7 @@ class BM25Index:
         k_eff = min(k, n_allowed)
         tokens = self.tokenize([queries[i] for i in live])
         backend = "numba" if self.config["backend"] == "numba" else "numpy"
-        docs, scores = self._retriever.retrieve(
+        docs, scores = st.retriever.retrieve(
             tokens, k=k_eff, show_progress=False, n_threads=n_threads,
             backend_selection=backend,
             weight_mask=None if mask is None else mask.astype(np.float32),
@@ -241,53 +424,73 @@ class BM25Index:
             for idx, score in zip(docs[row].tolist(), scores[row].tolist()):
                 if score <= 0.0 or (mask is not None and not mask[idx]):
                     continue
-                unit = self.units[idx].rescored(score, name)
+                unit = st.units[idx].rescored(score, name)
                 unit.metadata["bm25_rank"] = len(out)
                 out.append(unit)
         return results
 
     # -- persistence -----------------------------------------------------------------------
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the index to the folder ``path`` atomically (see :func:`atomic_dir`).
-
-        The manifest records every setting (variant, k1, b, delta, stemmer, stopwords, token
-        pattern, lower-casing, backend); units keep their ids, texts and metadata.
-        """
-        self._require_built()
-        with atomic_dir(path) as tmp:
-            self._retriever.save(str(tmp / "bm25s"), show_progress=False)
-            write_units(tmp / "units.jsonl", self.units)
-            write_manifest(tmp, "funnel-rag.bm25", FORMAT_VERSION, config=self.config,
-                           n_units=len(self.units))
+    def _write(self, folder: Path, st: _State | None = None) -> dict[str, Any]:
+        """Write the files of a state (default: the current one) into ``folder``; return the
+        settings."""
+        st = st or self._require_built()
+        folder.mkdir(parents=True, exist_ok=True)
+        st.retriever.save(str(folder / "bm25s"), show_progress=False)
+        write_units(folder / "units.jsonl", st.units)
+        return {"config": self.config, "n_units": len(st.units)}
 
     @classmethod
-    def load(cls, path: str | os.PathLike, backend: str | None = None) -> "BM25Index":
-        """Load an index written by :meth:`save`, with the tokenizer settings it was built with."""
+    def _read(cls, folder: Path, meta: Mapping[str, Any], backend: str | None = None) -> "BM25Index":
         import bm25s
 
-        path = Path(path)
-        manifest = read_manifest(path, "funnel-rag.bm25", "BM25 index")
+        config = meta.get("config")
+        if not isinstance(config, dict):
+            raise PersistError(f"the BM25 manifest in {str(folder)!r} has no settings.")
+        config = dict(config)
+        if backend is not None:
+            config["backend"] = backend
         try:
-            config = dict(manifest["config"])
-            if backend is not None:
-                config["backend"] = backend
-            index = cls(**config)
-            units = read_units(path / "units.jsonl")
-            retriever = bm25s.BM25.load(str(path / "bm25s"))
-            if config["backend"] == "numba":
-                retriever.backend = "numba"
-        except Exception as exc:  # corrupt json, missing arrays, ...
+            index = cls(**validate_config(config))
+        except (TypeError, ValueError) as exc:
+            raise PersistError(f"the BM25 index in {str(folder)!r} has an invalid setting ({exc}); "
+                               "it was tampered with or is corrupt: rebuild it.") from exc
+        units = read_units(folder / "units.jsonl")
+        retriever = bm25s.BM25.load(str(folder / "bm25s"))
+        if index.config["backend"] == "numba":
+            retriever.backend = "numba"
+        params = (retriever.method, float(retriever.k1), float(retriever.b), float(retriever.delta))
+        want = tuple(index.config[k] for k in ("method", "k1", "b", "delta"))
+        n = meta.get("n_units")
+        if (len(units) != n or retriever.scores["num_docs"] != len(units) or params != want
+                or int(np.max(retriever.scores["indices"], initial=-1)) >= len(units)):
             raise PersistError(
-                f"the BM25 index at {str(path)!r} is corrupt or incomplete ({type(exc).__name__}: "
-                f"{exc}); rebuild it from the corpus and save it again."
-            ) from exc
-        if len(units) != manifest.get("n_units") or retriever.scores["num_docs"] != len(units):
-            raise PersistError(
-                f"the BM25 index at {str(path)!r} is inconsistent: manifest says "
-                f"{manifest.get('n_units')} units, found {len(units)}; rebuild and save again."
-            )
-        index.units, index._retriever = units, retriever
+                f"the BM25 index in {str(folder)!r} is inconsistent (manifest: {n!r} units, "
+                f"found {len(units)}; parameters {params} vs {want}); rebuild and save again.")
+        check_unique_ids(units)
+        index._state = _State(retriever, tuple(units), {u.id: i for i, u in enumerate(units)})
         return index
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Commit the index to the persist folder ``path`` (see :mod:`funnel_core.persist`).
+
+        The manifest records every setting (variant, k1, b, delta, stemmer, stopwords, token
+        pattern, lower-casing, backend, CJK mode); units keep their ids, texts and metadata.
+        A crash during the save leaves the previous snapshot loadable; ``path`` must be empty,
+        new, or a folder funnel-rag saved to before.
+        """
+        st = self._require_built()  # one state, even if index()/add() swap it meanwhile
+        save_snapshot(path, FORMAT, FORMAT_VERSION, lambda folder: self._write(folder, st))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, backend: str | None = None,
+             verify: bool = True) -> "BM25Index":
+        """Load an index written by :meth:`save`, with the tokenizer settings it was built with.
+
+        ``verify=False`` skips the SHA-256 check of every file (faster; corruption then may go
+        unnoticed).
+        """
+        return load_snapshot(path, FORMAT, FORMAT_VERSION, "BM25 index",
+                             lambda folder, m: cls._read(folder, m["meta"], backend), verify=verify)
 
 
 class BM25Retrieve(Stage):
@@ -315,6 +518,7 @@ def bm25_scores(query: str, texts: Sequence[str], **config: Any) -> list[float]:
     """
     if not texts:
         return []
+    query = check_query(query)
     index = BM25Index(**config)
     if not any(index.tokenize(list(texts))):
         return [0.0] * len(texts)

@@ -9,6 +9,8 @@ embeddings (numpy), with save/load.
 from __future__ import annotations
 
 import os
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -16,7 +18,7 @@ import numpy as np
 
 from funnel_core.errors import PersistError, check_positive_int, check_query
 from funnel_core.funnel import Stage
-from funnel_core.persist import atomic_dir, read_manifest, read_units, write_manifest, write_units
+from funnel_core.persist import load_snapshot, prepare_units, read_units, save_snapshot, write_units
 from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolve_device
 from funnel_core.units import Unit, check_unique_ids
 
@@ -72,40 +74,117 @@ class SentenceEmbedder:
         return np.asarray(emb, dtype=np.float32)
 
 
+@dataclass(frozen=True)
+class _DenseState:
+    units: tuple
+    embeddings: np.ndarray
+    pos: dict
+
+
 class DenseIndex:
-    """Exact dense retrieval (inner product over normalised embeddings) over units."""
+    """Exact dense retrieval (inner product over normalised embeddings) over units.
+
+    Units and embeddings live in one immutable state object swapped in a single assignment by
+    :meth:`index`, :meth:`add` and :meth:`delete`, so concurrent searches never see units and
+    embeddings of different versions. The index keeps its own copies of the units.
+    """
+
+    FORMAT = "funnel-rag.dense"
+    FORMAT_VERSION = 2  # 2: snapshot layout (funnel_core.persist)
 
     def __init__(self, embedder: SentenceEmbedder | None = None) -> None:
         self.embedder = embedder or SentenceEmbedder()
-        self.units: list[Unit] = []
-        self.embeddings = np.zeros((0, 0), dtype=np.float32)
+        self._state = _DenseState((), np.zeros((0, 0), dtype=np.float32), {})
+        self._write_lock = threading.Lock()
+
+    @property
+    def units(self) -> list[Unit]:
+        return list(self._state.units)
+
+    @property
+    def embeddings(self) -> np.ndarray:
+        return self._state.embeddings
+
+    def _embed(self, units: list[Unit], embeddings: np.ndarray | None, show_progress: bool) -> np.ndarray:
+        emb = self.embedder.encode([u.text for u in units], show_progress) if embeddings is None \
+            else np.asarray(embeddings, dtype=np.float32)
+        if emb.ndim != 2 or emb.shape[0] != len(units):
+            raise ValueError(f"got embeddings of shape {emb.shape} for {len(units)} units; pass one "
+                             "row per unit.")
+        if not np.isfinite(emb).all():
+            raise ValueError("embeddings contain NaN or infinite values; check the embedding model.")
+        return np.ascontiguousarray(emb)
 
     def index(self, units: Sequence[Unit], embeddings: np.ndarray | None = None,
               show_progress: bool = False) -> "DenseIndex":
-        units = list(units)
+        """Index ``units`` (embedded with the embedder unless ``embeddings`` are given)."""
+        if isinstance(units, (str, Unit)):
+            raise TypeError("index expects a list of Unit objects; wrap a single unit in a list.")
+        units = prepare_units(list(units), "DenseIndex.index")
         if not units:
             raise ValueError("cannot build a dense index over an empty corpus; pass at least one unit.")
         check_unique_ids(units)
-        emb = self.embedder.encode([u.text for u in units], show_progress) if embeddings is None \
-            else np.asarray(embeddings, dtype=np.float32)
-        if emb.shape[0] != len(units):
-            raise ValueError(f"got {emb.shape[0]} embeddings for {len(units)} units.")
-        self.units, self.embeddings = units, emb
+        emb = self._embed(units, embeddings, show_progress)
+        with self._write_lock:
+            self._state = _DenseState(tuple(units), emb, {u.id: i for i, u in enumerate(units)})
         return self
 
+    def add(self, units: Sequence[Unit], embeddings: np.ndarray | None = None) -> "DenseIndex":
+        """Add ``units`` with new ids (only the new units are embedded)."""
+        if isinstance(units, (str, Unit)):
+            raise TypeError("add expects a list of Unit objects; wrap a single unit in a list.")
+        new = prepare_units(list(units), "DenseIndex.add")
+        if not new:
+            return self
+        check_unique_ids(new)
+        emb = self._embed(new, embeddings, False)
+        with self._write_lock:
+            st = self._state
+            for u in new:
+                if u.id in st.pos:
+                    raise ValueError(f"unit id {u.id!r} is already in the index; delete it first "
+                                     "(delete([id])) or use a new id.")
+            if len(st.units) and emb.shape[1] != st.embeddings.shape[1]:
+                raise ValueError(f"new embeddings have dimension {emb.shape[1]}, the index "
+                                 f"{st.embeddings.shape[1]}; use the same embedding model.")
+            all_units = st.units + tuple(new)
+            all_emb = np.vstack([st.embeddings, emb]) if len(st.units) else emb
+            self._state = _DenseState(all_units, all_emb, {u.id: i for i, u in enumerate(all_units)})
+        return self
+
+    def delete(self, ids: Sequence[str]) -> int:
+        """Remove the units with these ids (unknown ids are ignored); return how many."""
+        if isinstance(ids, str):
+            raise TypeError("delete expects a list of ids; wrap a single id in a list.")
+        drop = {str(i) for i in ids}
+        with self._write_lock:
+            st = self._state
+            keep = [i for i, u in enumerate(st.units) if u.id not in drop]
+            removed = len(st.units) - len(keep)
+            if removed == 0:
+                return 0
+            if not keep:
+                raise ValueError("delete would remove every unit; build a new index instead.")
+            units = tuple(st.units[i] for i in keep)
+            self._state = _DenseState(units, st.embeddings[keep], {u.id: i for i, u in enumerate(units)})
+        return removed
+
     def __len__(self) -> int:
-        return len(self.units)
+        return len(self._state.units)
 
     def search_many(self, queries: Sequence[str], k: int = 10,
                     query_embeddings: np.ndarray | None = None) -> list[list[Unit]]:
         """Top-``k`` units per query by inner product; scores in ``metadata["scores"]["dense"]``."""
-        if not self.units:
+        st = self._state
+        if not st.units:
             raise RuntimeError("this DenseIndex is empty; call index(units) or DenseIndex.load(path).")
         check_positive_int(k, "k")
+        if isinstance(queries, str):
+            raise TypeError("search_many expects a list of queries; use search() for one query.")
         queries = [check_query(q) for q in queries]
         q_emb = self.embedder.encode(queries) if query_embeddings is None else query_embeddings
-        sims = q_emb @ self.embeddings.T
-        k = min(k, len(self.units))
+        sims = q_emb @ st.embeddings.T
+        k = min(k, len(st.units))
         out = []
         for qi, q in enumerate(queries):
             if not q:
@@ -114,34 +193,49 @@ class DenseIndex:
             row = sims[qi]
             top = np.argpartition(-row, k - 1)[:k]
             top = top[np.argsort(-row[top], kind="stable")]
-            out.append([self.units[i].rescored(float(row[i]), "dense") for i in top])
+            out.append([st.units[i].rescored(float(row[i]), "dense") for i in top])
         return out
 
     def search(self, query: str, k: int = 10) -> list[Unit]:
         return self.search_many([query], k)[0]
 
+    def _write(self, folder: Path, st: "_DenseState") -> dict[str, Any]:
+        folder.mkdir(parents=True, exist_ok=True)
+        np.save(folder / "embeddings.npy", st.embeddings, allow_pickle=False)
+        write_units(folder / "units.jsonl", st.units)
+        return {"model": self.embedder.model_name_or_path, "n_units": len(st.units),
+                "dimension": int(st.embeddings.shape[1])}
+
     def save(self, path: str | os.PathLike) -> None:
-        """Write units, embeddings and the model name to ``path`` (atomically)."""
-        with atomic_dir(path) as tmp:
-            np.save(tmp / "embeddings.npy", self.embeddings)
-            write_units(tmp / "units.jsonl", self.units)
-            write_manifest(tmp, "funnel-rag.dense", 1, model=self.embedder.model_name_or_path,
-                           n_units=len(self.units))
+        """Commit units, embeddings and the model name to the persist folder ``path``."""
+        st = self._state
+        if not st.units:
+            raise RuntimeError("this DenseIndex is empty; index units before saving.")
+        save_snapshot(path, self.FORMAT, self.FORMAT_VERSION, lambda folder: self._write(folder, st))
 
     @classmethod
-    def load(cls, path: str | os.PathLike, embedder: SentenceEmbedder | None = None) -> "DenseIndex":
-        path = Path(path)
-        manifest = read_manifest(path, "funnel-rag.dense", "dense index")
-        try:
-            emb = np.load(path / "embeddings.npy")
-            units = read_units(path / "units.jsonl")
-        except Exception as exc:
-            raise PersistError(f"the dense index at {str(path)!r} is corrupt ({exc}); rebuild it.") from exc
-        if emb.shape[0] != len(units):
-            raise PersistError(f"the dense index at {str(path)!r} is inconsistent; rebuild it.")
-        index = cls(embedder or SentenceEmbedder(manifest["model"]))
-        index.units, index.embeddings = units, emb
+    def _read(cls, folder: Path, meta: dict[str, Any],
+              embedder: SentenceEmbedder | None = None) -> "DenseIndex":
+        model, n = meta.get("model"), meta.get("n_units")
+        if not isinstance(model, str) or not model or len(model) > 4096:
+            raise PersistError(f"the dense index in {str(folder)!r} names an invalid model {model!r:.80}.")
+        emb = np.load(folder / "embeddings.npy", allow_pickle=False)
+        units = read_units(folder / "units.jsonl")
+        if (emb.ndim != 2 or emb.dtype != np.float32 or emb.shape[0] != len(units) or n != len(units)
+                or emb.shape[1] != meta.get("dimension") or not np.isfinite(emb).all()):
+            raise PersistError(f"the dense index in {str(folder)!r} is inconsistent (embeddings "
+                               f"{emb.dtype} {emb.shape}, {len(units)} units, manifest {n!r}); rebuild it.")
+        check_unique_ids(units)
+        index = cls(embedder or SentenceEmbedder(model))
+        index._state = _DenseState(tuple(units), emb, {u.id: i for i, u in enumerate(units)})
         return index
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, embedder: SentenceEmbedder | None = None,
+             verify: bool = True) -> "DenseIndex":
+        """Load an index written by :meth:`save` (``verify=False`` skips the SHA-256 checks)."""
+        return load_snapshot(path, cls.FORMAT, cls.FORMAT_VERSION, "dense index",
+                             lambda folder, m: cls._read(folder, m["meta"], embedder), verify=verify)
 
 
 class DenseRetrieve(Stage):

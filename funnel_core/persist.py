@@ -1,76 +1,565 @@
-"""Persistence helpers shared by every index: atomic folder writes, JSONL units, manifests."""
+"""Persistence with commit semantics, shared by every saved object of funnel-rag.
+
+One mechanism, learnt from Lucene's ``IndexWriter.commit`` (immutable segment files plus an
+atomically replaced ``segments_N``), for the BM25, clustered and dense indexes, the MoG router,
+the query classifier and both frameworks' retrievers.
+
+A persist folder ``path`` looks like this::
+
+    path/
+      .funnel-rag                  ownership marker (and lock file); written before anything else
+      CURRENT                      pointer: names the committed snapshot (+ SHA-256 of its manifest)
+      snapshot-00000007-9f1c2a4b/  the committed snapshot: immutable once written
+        manifest.json              format, versions, SHA-256 and size of every file, settings
+        ...                        the object's files
+
+Saving (:func:`save_snapshot`):
+
+1. refuse ``path`` if it is a file, or a non-empty folder without our marker (we never write
+   into a folder we do not own); otherwise write the marker and take an exclusive lock;
+2. write the object into a fresh ``.tmp-<random>`` folder, fsync every file, write the
+   manifest, fsync it and every folder, rename the folder to ``snapshot-<seq>-<random>`` and
+   fsync ``path``;
+3. commit: write ``.CURRENT.tmp-<random>``, fsync it, ``os.replace`` it over ``CURRENT``, fsync
+   ``path``;
+4. only then remove the snapshots ``CURRENT`` no longer names and the temp folders of crashed
+   saves. Nothing else in ``path`` is touched.
+
+A save killed at any point leaves ``CURRENT`` naming either the previous snapshot or the new one,
+both complete; the next successful save removes what the crash left behind.
+
+Loading (:func:`load_snapshot`) reads ``CURRENT`` once, checks its checksum, the manifest's
+checksum, format and version (a newer or unknown version raises :class:`PersistError`), verifies
+the SHA-256 of every file (``verify=False`` skips that for speed) and opens only files of that
+snapshot, so a concurrent save can never be mixed in. If a concurrent save removed the snapshot
+while it was being read, the load starts again from the new pointer.
+
+Manifests are untrusted input: every setting read from one is validated by the constructor of
+the object it configures (numbers finite and in range, token patterns checked for catastrophic
+backtracking, ...), and ``NaN``/``Infinity`` are refused in manifests.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import math
 import os
+import re
+import secrets
 import shutil
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from funnel_core.errors import PersistError
 from funnel_core.units import Unit
 
-__all__ = ["atomic_dir", "write_units", "read_units", "write_manifest", "read_manifest"]
+__all__ = [
+    "LAYOUT_VERSION",
+    "save_snapshot",
+    "load_snapshot",
+    "snapshot_info",
+    "write_units",
+    "read_units",
+    "write_json",
+    "read_json",
+    "prepare_units",
+    "json_safe",
+    "from_json_safe",
+]
+
+#: Version of the folder layout (marker, pointer, snapshot, manifest) written by this module.
+LAYOUT_VERSION = 1
+MARKER = ".funnel-rag"
+POINTER = "CURRENT"
+MANIFEST = "manifest.json"
+_SNAPSHOT_RE = re.compile(r"^snapshot-(\d{8})-([0-9a-f]{8})$")
+_TMP_RE = re.compile(r"^\.tmp-[0-9a-f]{16}$")
+_POINTER_TMP_RE = re.compile(r"^\.CURRENT\.tmp-[0-9a-f]{16}$")
+_MAX_POINTER_BYTES = 4096
+_LOAD_ATTEMPTS = 5
+
+T = TypeVar("T")
+
+#: Test hook: called with the name of every step boundary of a save (the reliability suite kills
+#: the process there). ``None`` in normal use.
+_step_hook: Callable[[str], None] | None = None
 
 
-@contextmanager
-def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary sibling folder; on success it replaces ``path`` in one rename.
+def _step(name: str) -> None:
+    if _step_hook is not None:
+        _step_hook(name)
 
-    If the body raises (or the process dies), ``path`` keeps its previous content: a crash
-    during a save never corrupts an existing index.
+
+# -- fsync helpers -------------------------------------------------------------------------------
+def _fsync_dir(path: Path) -> None:
+    if os.name == "nt":  # directories cannot be opened for fsync on Windows
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _hash_and_fsync(path: Path) -> tuple[str, int]:
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb+") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+            size += len(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+    return h.hexdigest(), size
+
+
+def _sha256_file(path: Path) -> tuple[str, int]:
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+            size += len(chunk)
+    return h.hexdigest(), size
+
+
+def _write_durable(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+@contextlib.contextmanager
+def _locked(marker: Path) -> Iterator[None]:
+    """Exclusive advisory lock on the marker file (released by the kernel if we die)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: saves to one folder must not run concurrently there
+        yield
+        return
+    with open(marker, "rb") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+# -- ownership -----------------------------------------------------------------------------------
+def _claim(path: Path) -> Path:
+    """Make sure ``path`` is a folder we own; return its marker file."""
+    if path.exists() and not path.is_dir():
+        raise PersistError(
+            f"{str(path)!r} is a file, not a folder; funnel-rag saves into a folder of its own. "
+            "Pick another path (e.g. a new sub-folder) or move the file away.")
+    marker = path / MARKER
+    if marker.is_file():
+        return marker
+    if path.is_dir():
+        entries = [p.name for p in path.iterdir()]
+        if entries:
+            shown = ", ".join(sorted(entries)[:5]) + (", ..." if len(entries) > 5 else "")
+            hint = (" It holds an index in the old (pre-snapshot) layout; load it with the "
+                    "previous funnel-rag version and save it to a new folder." if MANIFEST in entries
+                    and (path / MANIFEST).is_file() else "")
+            raise PersistError(
+                f"refusing to save into {str(path)!r}: the folder is not empty ({shown}) and is "
+                f"not a funnel-rag persist folder (no {MARKER} marker), so saving could clobber "
+                f"files we did not write. Save into an empty or new folder, e.g. "
+                f"{str(path / 'funnel_rag')!r}.{hint}")
+    path.mkdir(parents=True, exist_ok=True)
+    _write_durable(marker, json.dumps({"funnel-rag": "persist folder", "layout": LAYOUT_VERSION})
+                   .encode() + b"\n")
+    _fsync_dir(path)
+    if path.parent != path:
+        with contextlib.suppress(OSError):
+            _fsync_dir(path.parent)
+    _step("marker_written")
+    return marker
+
+
+# -- the pointer ---------------------------------------------------------------------------------
+def _pointer_bytes(payload: Mapping[str, Any]) -> bytes:
+    body = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+    return body + b"\n" + hashlib.sha256(body).hexdigest().encode() + b"\n"
+
+
+def _read_pointer(path: Path, what: str) -> dict[str, Any]:
+    f = path / POINTER
+    try:
+        with open(f, "rb") as fh:
+            data = fh.read(_MAX_POINTER_BYTES + 1)
+    except FileNotFoundError:
+        if not path.exists():
+            raise PersistError(f"no {what} at {str(path)!r} (the folder does not exist); build one "
+                               "and save it there first, or check the path.") from None
+        if (path / MANIFEST).is_file():
+            raise PersistError(
+                f"{str(path)!r} holds a {what} in the old (pre-snapshot) layout, which this "
+                "version does not read; rebuild it and save it again.") from None
+        raise PersistError(f"no {what} at {str(path)!r} (missing {POINTER}: nothing was ever "
+                           "committed there); build one and save it there first.") from None
+    except IsADirectoryError:
+        raise PersistError(f"{str(f)!r} is a folder, not a funnel-rag pointer file.") from None
+    except NotADirectoryError:
+        raise PersistError(f"no {what} at {str(path)!r}: it is a file, not a folder.") from None
+    body, _, rest = data.partition(b"\n")
+    try:
+        payload = json.loads(body, parse_constant=_reject_constant)
+    except ValueError:
+        payload = None
+    if (len(data) > _MAX_POINTER_BYTES or not isinstance(payload, dict)
+            or data != _pointer_bytes(payload)):
+        raise PersistError(f"the pointer file {str(f)!r} is corrupt (checksum mismatch); restore "
+                           "the folder from a backup or rebuild the index and save it again.")
+    name = payload.get("snapshot")
+    if not isinstance(name, str) or not _SNAPSHOT_RE.match(name):
+        raise PersistError(f"the pointer file {str(f)!r} names an invalid snapshot {name!r}.")
+    return payload
+
+
+def _reject_constant(token: str) -> Any:
+    raise ValueError(f"{token} is not allowed in a funnel-rag manifest")
+
+
+# -- saving --------------------------------------------------------------------------------------
+def save_snapshot(path: str | os.PathLike, fmt: str, version: int,
+                  write: Callable[[Path], Mapping[str, Any]]) -> Path:
+    """Commit a new snapshot of an object to the persist folder ``path``.
+
+    Args:
+        path: The persist folder (created if missing; must be empty or one of ours).
+        fmt: The object's format name, e.g. ``"funnel-rag.bm25"``.
+        version: The object's format version.
+        write: ``write(folder) -> settings``: writes the object's files into ``folder`` and
+            returns its settings (JSON-safe), stored in the manifest under ``"meta"``.
+
+    Returns:
+        The committed snapshot folder.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    marker = _claim(path)
+    with _locked(marker):
+        tmp = path / f".tmp-{secrets.token_hex(8)}"
+        tmp.mkdir()
+        _step("tmp_created")
+        try:
+            meta = write(tmp)
+            _step("files_written")
+            files: dict[str, dict[str, Any]] = {}
+            dirs = [tmp]
+            for p in sorted(tmp.rglob("*")):
+                if p.is_dir():
+                    dirs.append(p)
+                elif p.is_file():
+                    digest, size = _hash_and_fsync(p)
+                    files[p.relative_to(tmp).as_posix()] = {"sha256": digest, "size": size}
+            _step("files_synced")
+            manifest = {"format": fmt, "version": int(version), "layout": LAYOUT_VERSION,
+                        "files": files, "meta": dict(meta or {})}
+            try:
+                data = json.dumps(manifest, indent=1, sort_keys=True, allow_nan=False).encode()
+            except ValueError as exc:
+                raise ValueError(f"cannot save: a setting of this {fmt} is not finite ({exc}).") from exc
+            _write_durable(tmp / MANIFEST, data)
+            for d in reversed(dirs):
+                _fsync_dir(d)
+            _step("manifest_written")
+            seq = 1 + max([int(m.group(1)) for m in map(_SNAPSHOT_RE.match, _listdir(path)) if m],
+                          default=0)
+            name = f"snapshot-{seq:08d}-{secrets.token_hex(4)}"
+            os.rename(tmp, path / name)
+            _fsync_dir(path)
+            _step("snapshot_renamed")
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        ptr_tmp = path / f".CURRENT.tmp-{secrets.token_hex(8)}"
+        try:
+            _write_durable(ptr_tmp, _pointer_bytes({
+                "snapshot": name, "format": fmt, "manifest_sha256": hashlib.sha256(data).hexdigest()}))
+            _step("pointer_written")
+            os.replace(ptr_tmp, path / POINTER)
+            _step("pointer_replaced")
+            _fsync_dir(path)
+            _step("committed")
+        except BaseException:
+            with contextlib.suppress(OSError):
+                ptr_tmp.unlink()
+            raise
+        # clean up what crashed saves and older commits left behind; never anything else
+        for entry in _listdir(path):
+            if entry == name:
+                continue
+            if _SNAPSHOT_RE.match(entry) or _TMP_RE.match(entry):
+                shutil.rmtree(path / entry, ignore_errors=True)
+                _step("cleanup")
+            elif _POINTER_TMP_RE.match(entry):
+                with contextlib.suppress(OSError):
+                    (path / entry).unlink()
+        _fsync_dir(path)
+        _step("done")
+    return path / name
+
+
+def _listdir(path: Path) -> list[str]:
+    return sorted(os.listdir(path))
+
+
+def _current_name(path: Path) -> str | None:
     try:
-        yield tmp
-        if path.exists():
-            backup = path.with_name(f".{path.name}.old-{os.getpid()}")
-            shutil.rmtree(backup, ignore_errors=True)
-            os.rename(path, backup)
-            os.rename(tmp, path)
-            shutil.rmtree(backup, ignore_errors=True)
-        else:
-            os.rename(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        return _read_pointer(path, "object")["snapshot"]
+    except PersistError:
+        return None
+
+
+# -- loading -------------------------------------------------------------------------------------
+def _check_relpath(rel: Any, folder: Path) -> Path:
+    if (not isinstance(rel, str) or not rel or rel.startswith("/") or "\\" in rel
+            or any(part in ("", ".", "..") for part in rel.split("/"))):
+        raise PersistError(f"the manifest in {str(folder)!r} lists an unsafe file name {rel!r}.")
+    return folder / rel
+
+
+def _open(path: Path, fmt: str | Sequence[str], max_version: int, what: str,
+          verify: bool) -> tuple[Path, dict[str, Any], str]:
+    pointer = _read_pointer(path, what)
+    name = pointer["snapshot"]
+    folder = path / name
+    mfile = folder / MANIFEST
+    try:
+        data = mfile.read_bytes()
+    except FileNotFoundError:
+        raise _Vanished(name) from None
+    if hashlib.sha256(data).hexdigest() != pointer.get("manifest_sha256"):
+        raise PersistError(f"the manifest {str(mfile)!r} does not match its checksum in "
+                           f"{POINTER}: it is corrupt; rebuild and save again.")
+    try:
+        manifest = json.loads(data, parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise PersistError(f"the manifest {str(mfile)!r} is corrupt ({exc}).") from exc
+    fmts = (fmt,) if isinstance(fmt, str) else tuple(fmt)
+    if not isinstance(manifest, dict) or manifest.get("format") not in fmts:
+        got = manifest.get("format") if isinstance(manifest, dict) else None
+        raise PersistError(f"{str(path)!r} holds {got!r}, not a {what} ({' or '.join(fmts)}); "
+                           f"point to the folder you saved the {what} in.")
+    for key, limit in (("layout", LAYOUT_VERSION), ("version", max_version)):
+        v = manifest.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise PersistError(f"the {what} at {str(path)!r} has an invalid {key} {v!r} in its "
+                               "manifest; it was not written by funnel-rag, or it is corrupt.")
+        if v > limit:
+            raise PersistError(f"the {what} at {str(path)!r} was written by a newer funnel-rag "
+                               f"({key} {v}; this version reads up to {limit}); upgrade funnel-rag "
+                               "(pip install -U funnel-rag) to load it.")
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not isinstance(manifest.get("meta"), dict):
+        raise PersistError(f"the manifest {str(mfile)!r} is incomplete (no file list or settings).")
+    for rel, info in files.items():
+        f = _check_relpath(rel, folder)
+        if not isinstance(info, dict) or not isinstance(info.get("sha256"), str):
+            raise PersistError(f"the manifest {str(mfile)!r} has no checksum for {rel!r}.")
+        if not verify:
+            if not f.is_file():
+                raise _Vanished(name) if not folder.is_dir() else PersistError(
+                    f"the file {str(f)!r} listed in the manifest is missing; rebuild and save again.")
+            continue
+        try:
+            digest, size = _sha256_file(f)
+        except FileNotFoundError:
+            if not folder.is_dir():
+                raise _Vanished(name) from None
+            raise PersistError(f"the file {str(f)!r} listed in the manifest is missing; the "
+                               "snapshot is damaged: rebuild and save again.") from None
+        if digest != info["sha256"] or size != info.get("size"):
+            raise PersistError(f"checksum mismatch for {str(f)!r}: the file is corrupt or was "
+                               "changed after saving; rebuild and save again (or restore a backup).")
+    return folder, manifest, name
+
+
+class _Vanished(Exception):
+    """The snapshot being read was removed by a concurrent save."""
+
+
+def load_snapshot(path: str | os.PathLike, fmt: str | Sequence[str], max_version: int, what: str,
+                  read: Callable[[Path, dict[str, Any]], T], verify: bool = True) -> T:
+    """Open the committed snapshot of ``path`` and rebuild the object with ``read``.
+
+    Args:
+        path: The persist folder.
+        fmt: Accepted format name(s).
+        max_version: The newest format version this code reads.
+        what: What the object is, for error messages ("BM25 index").
+        read: ``read(snapshot_folder, manifest) -> object``; settings are ``manifest["meta"]``
+            (untrusted: validate them). Errors other than :class:`PersistError` are wrapped.
+        verify: Check the SHA-256 of every file (default). ``False`` only checks that they exist.
+    """
+    path = Path(path)
+    last: BaseException | None = None
+    for _ in range(_LOAD_ATTEMPTS):
+        try:
+            folder, manifest, name = _open(path, fmt, max_version, what, verify)
+        except _Vanished as exc:
+            if _current_name(path) == exc.args[0]:
+                raise PersistError(f"the committed snapshot {str(path / exc.args[0])!r} of the {what} "
+                                   "is missing (deleted by hand?); rebuild and save again.") from None
+            last = exc
+            continue
+        try:
+            return read(folder, manifest)
+        except PersistError:
+            if _current_name(path) != name and not folder.is_dir():
+                continue
+            raise
+        except Exception as exc:
+            if _current_name(path) != name and not folder.is_dir():
+                last = exc
+                continue  # removed under us by a concurrent save: read the new one
+            raise PersistError(f"the {what} at {str(path)!r} is corrupt or incomplete "
+                               f"({type(exc).__name__}: {exc}); rebuild it and save it again.") from exc
+    raise PersistError(f"the {what} at {str(path)!r} kept changing while it was being loaded "
+                       f"({_LOAD_ATTEMPTS} attempts); retry when saves to it have stopped.") from last
+
+
+def snapshot_info(path: str | os.PathLike) -> dict[str, Any]:
+    """The committed snapshot's name and manifest (no verification), for inspection."""
+    path = Path(path)
+    pointer = _read_pointer(path, "persisted object")
+    manifest = json.loads((path / pointer["snapshot"] / MANIFEST).read_text(encoding="utf-8"))
+    return {"snapshot": pointer["snapshot"], **manifest}
+
+
+# -- JSON with lossless metadata -----------------------------------------------------------------
+_TAGS = ("$tuple", "$dict", "$set")
+
+
+def json_safe(value: Any, where: str = "value") -> Any:
+    """A JSON-representable copy of ``value`` that :func:`from_json_safe` turns back into it.
+
+    Tuples and dicts with non-string keys (int, float, bool, None, tuples) are kept through a
+    tagged form; numpy scalars become Python numbers, numpy arrays lists. Anything JSON cannot
+    hold (datetime, bytes, sets of objects, custom classes) raises ``TypeError`` naming
+    ``where`` (the unit id and key path) and the fix.
+    """
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, list):
+        return [json_safe(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, tuple):
+        return {"$tuple": [json_safe(v, f"{where}[{i}]") for i, v in enumerate(value)]}
+    if isinstance(value, dict):
+        if all(isinstance(k, str) for k in value) and not (len(value) == 1 and next(iter(value)) in _TAGS):
+            return {k: json_safe(v, f"{where}[{k!r}]") for k, v in value.items()}
+        for k in value:
+            if not (k is None or isinstance(k, (str, bool, int, float, tuple))):
+                raise TypeError(f"{where} has a key {k!r} of type {type(k).__name__} that cannot be "
+                                "saved; use str, int, float, bool or tuple keys.")
+        return {"$dict": [[json_safe(k, f"{where} key"), json_safe(v, f"{where}[{k!r}]")]
+                          for k, v in value.items()]}
+    mod = type(value).__module__
+    if mod == "numpy" or mod.startswith("numpy."):
+        import numpy as np
+
+        if isinstance(value, np.generic):
+            return json_safe(value.item(), where)
+        if isinstance(value, np.ndarray):
+            return json_safe(value.tolist(), where)
+    raise TypeError(
+        f"{where} is a {type(value).__name__} ({value!r:.60}), which cannot be saved with the "
+        "index; convert it to str, int, float, bool, None, list, tuple or dict first (e.g. "
+        "datetime -> value.isoformat(), bytes -> value.decode(), set -> sorted(list(value))).")
+
+
+def from_json_safe(value: Any) -> Any:
+    """Invert :func:`json_safe`."""
+    if isinstance(value, list):
+        return [from_json_safe(v) for v in value]
+    if isinstance(value, dict):
+        if len(value) == 1:
+            (tag, inner), = value.items()
+            if tag == "$tuple" and isinstance(inner, list):
+                return tuple(from_json_safe(v) for v in inner)
+            if tag == "$dict" and isinstance(inner, list):
+                return {_hashable(from_json_safe(k)): from_json_safe(v) for k, v in inner}
+        return {k: from_json_safe(v) for k, v in value.items()}
+    return value
+
+
+def _hashable(key: Any) -> Any:
+    if isinstance(key, list):  # pragma: no cover - only from hand-edited files
+        return tuple(key)
+    return key
+
+
+def prepare_units(units: Sequence[Any], what: str) -> list[Unit]:
+    """Own copies of ``units`` with JSON-safe metadata, for an index to keep.
+
+    Checks types (``TypeError`` naming the position), converts numpy scalars in metadata to
+    Python numbers, and raises ``TypeError`` naming the unit id and key for metadata that cannot
+    be saved, at index time rather than at save time. Editing the caller's units afterwards does
+    not change the index.
+    """
+    out = []
+    for i, u in enumerate(units):
+        if not isinstance(u, Unit):
+            raise TypeError(f"{what} expects Unit objects, got {type(u).__name__} at position {i} "
+                            f"({u!r:.60}); wrap texts with Unit(id=..., text=...).")
+        if not isinstance(u.metadata, dict):
+            raise TypeError(f"metadata of unit id={u.id!r} must be a dict, got {type(u.metadata).__name__}.")
+        meta = from_json_safe(json_safe(u.metadata, f"metadata of unit id={u.id!r}"))
+        out.append(Unit(id=u.id, text=u.text, score=u.score, metadata=meta,
+                        parent_id=None if u.parent_id is None else str(u.parent_id), level=str(u.level)))
+    return out
+
+
+def write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, ensure_ascii=True, allow_nan=False), encoding="ascii")
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="ascii"), parse_constant=_reject_constant)
 
 
 def write_units(path: Path, units: Sequence[Unit]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
+    """One JSON object per line; ASCII-escaped, so lone surrogates in text survive."""
+    with open(path, "w", encoding="ascii") as f:
         for u in units:
-            f.write(json.dumps(u.to_dict(), ensure_ascii=False) + "\n")
+            d = u.to_dict()
+            d["metadata"] = json_safe(d["metadata"], f"metadata of unit id={u.id!r}")
+            f.write(json.dumps(d, ensure_ascii=True) + "\n")
 
 
 def read_units(path: Path) -> list[Unit]:
-    with open(path, encoding="utf-8") as f:
-        return [Unit.from_dict(json.loads(line)) for line in f if line.strip()]
+    out = []
+    with open(path, encoding="ascii") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            d = json.loads(line)
+            if not isinstance(d, dict) or not isinstance(d.get("id"), str) or not isinstance(d.get("text"), str):
+                raise ValueError(f"line {n} of {path.name} is not a unit")
+            if d.get("score") is not None and not isinstance(d["score"], (int, float)):
+                raise ValueError(f"line {n} of {path.name} has a non-numeric score")
+            d["metadata"] = from_json_safe(d.get("metadata") or {})
+            if not isinstance(d["metadata"], dict):
+                raise ValueError(f"line {n} of {path.name} has non-dict metadata")
+            out.append(Unit.from_dict(d))
+    return out
 
 
-def write_manifest(folder: Path, fmt: str, version: int, **fields: Any) -> None:
-    manifest = {"format": fmt, "version": version, **fields}
-    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
-
-
-def read_manifest(folder: str | os.PathLike, fmt: str, what: str) -> dict[str, Any]:
-    """Read ``folder/manifest.json`` and check its format; raise :class:`PersistError` otherwise."""
-    folder = Path(folder)
-    f = folder / "manifest.json"
-    if not f.is_file():
-        raise PersistError(
-            f"no {what} at {str(folder)!r} (missing manifest.json); build one and save/persist "
-            "it there first, or check the folder name."
-        )
-    try:
-        manifest = json.loads(f.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise PersistError(f"the {what} at {str(folder)!r} has a corrupt manifest.json ({exc}); "
-                           "rebuild it and save it again.") from exc
-    if manifest.get("format") != fmt:
-        raise PersistError(f"{str(folder)!r} holds {manifest.get('format')!r}, not a {what} "
-                           f"({fmt!r}); point to the folder you saved the {what} in.")
-    return manifest
+def check_number(value: Any, name: str, lo: float | None = None, hi: float | None = None,
+                 lo_open: bool = False, integer: bool = False) -> float | int:
+    """A finite number (int when ``integer``) within [lo, hi] (``lo_open``: (lo, hi]); raise
+    ``TypeError``/``ValueError`` naming ``name`` and the value otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        kind = "an int" if integer else "a number"
+        raise TypeError(f"{name} must be {kind}, got {type(value).__name__} {value!r}.")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}.")
+    if lo is not None and (value <= lo if lo_open else value < lo) or hi is not None and value > hi:
+        rng = f"{'(' if lo_open else '['}{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
+        raise ValueError(f"{name} must be in {rng}, got {value!r}.")
+    return value

@@ -101,15 +101,21 @@ def test_save_is_atomic_and_keeps_old_index_on_failure(tmp_path, corpus_units, m
 
 
 def test_missing_and_corrupt_persist_folders(tmp_path, corpus_units):
-    with pytest.raises(PersistError, match="missing manifest.json"):
+    with pytest.raises(PersistError, match="does not exist"):
         BM25Index.load(tmp_path / "nope")
     BM25Index().index(corpus_units).save(tmp_path / "ix")
-    (tmp_path / "ix" / "units.jsonl").write_text("{not json\n")
+    units_file = next((tmp_path / "ix").glob("snapshot-*/units.jsonl"))
+    units_file.write_text("{not json\n")
+    with pytest.raises(PersistError, match="checksum mismatch for .*units.jsonl"):
+        BM25Index.load(tmp_path / "ix")
     with pytest.raises(PersistError, match="corrupt"):
-        BM25Index.load(tmp_path / "ix")
-    (tmp_path / "ix" / "manifest.json").write_text(json.dumps({"format": "something-else"}))
+        BM25Index.load(tmp_path / "ix", verify=False)
+    from funnel_core.embeddings import DenseIndex
+
+    emb = np.eye(len(corpus_units), dtype=np.float32)
+    DenseIndex().index(corpus_units, embeddings=emb).save(tmp_path / "dense")
     with pytest.raises(PersistError, match="not a BM25 index"):
-        BM25Index.load(tmp_path / "ix")
+        BM25Index.load(tmp_path / "dense")
 
 
 def test_bad_input(corpus_units, index):
