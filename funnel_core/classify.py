@@ -17,7 +17,8 @@ documents, recommendation, planning; sufficient: translation, rewriting, summari
 information extraction, text classification, reasoning/maths, code, creative writing/chit-chat.
 :meth:`QueryClassifier.pretrained` trains on it.
 
-Persistence is ``json`` (config, classes) + ``npy`` (weights): no pickle.
+Persistence is ``json`` (config, classes) + ``npy`` (weights): no pickle, through the
+commit mechanism of :mod:`funnel_core.persist`.
 :class:`RetrievalGate` is a stage that runs a retrieval stage only when the classifier says so.
 """
 
@@ -34,6 +35,7 @@ import numpy as np
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import PersistError, check_probability, check_query
 from funnel_core.funnel import Stage, as_stage
+from funnel_core.persist import check_number, load_snapshot, save_snapshot
 from funnel_core.units import Unit
 
 __all__ = ["QueryClassifier", "RetrievalGate", "NotFittedError", "load_labelled_queries",
@@ -42,7 +44,8 @@ __all__ = ["QueryClassifier", "RetrievalGate", "NotFittedError", "load_labelled_
 RETRIEVAL = "retrieval"
 SUFFICIENT = "sufficient"
 LABELS = (RETRIEVAL, SUFFICIENT)
-FORMAT_VERSION = 1
+FORMAT = "funnel-rag.query-classifier"
+FORMAT_VERSION = 2  # 2: snapshot layout (funnel_core.persist)
 _PRETRAINED: dict[tuple, tuple[np.ndarray, float]] = {}
 
 
@@ -198,37 +201,50 @@ class QueryClassifier:
 
     # -- persistence ---------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> None:
-        """Write ``config.json`` and ``weights.npy`` into the folder ``path``."""
+        """Commit ``weights.npy`` and the settings to the persist folder ``path`` (see
+        :mod:`funnel_core.persist`: snapshot, fsync, atomic pointer, SHA-256 per file)."""
         self._require_fitted()
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        np.save(path / "weights.npy", np.append(self.coef_, self.intercept_))
-        (path / "config.json").write_text(json.dumps({
-            "format": "funnel-rag.query-classifier", "version": FORMAT_VERSION,
-            "embedder": self.embedder.model_name_or_path, "dimension": int(self.coef_.shape[0]),
-            "C": self.C, "threshold": self.threshold, "class_weight": self.class_weight,
-            "labels": list(LABELS)}, indent=2), encoding="utf-8")
+        coef, intercept = self.coef_.copy(), float(self.intercept_)
+
+        def write(folder: Path) -> dict[str, Any]:
+            np.save(folder / "weights.npy", np.append(coef, intercept), allow_pickle=False)
+            return {"embedder": self.embedder.model_name_or_path, "dimension": int(coef.shape[0]),
+                    "C": self.C, "threshold": self.threshold, "class_weight": self.class_weight,
+                    "labels": list(LABELS)}
+
+        save_snapshot(path, FORMAT, FORMAT_VERSION, write)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, embedder: SentenceEmbedder | None = None) -> "QueryClassifier":
+    def load(cls, path: str | os.PathLike, embedder: SentenceEmbedder | None = None,
+             verify: bool = True) -> "QueryClassifier":
         """Load a classifier written by :meth:`save` (the embedder named in it, unless given)."""
-        path = Path(path)
-        if not (path / "config.json").is_file() or not (path / "weights.npy").is_file():
-            raise PersistError(f"no query classifier at {str(path)!r} (need config.json and "
-                               "weights.npy); train one and call save(path).")
-        try:
-            cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
-            w = np.load(path / "weights.npy", allow_pickle=False)
-        except Exception as exc:
-            raise PersistError(f"the query classifier at {str(path)!r} is corrupt ({exc}); "
-                               "retrain and save it again.") from exc
-        if w.ndim != 1 or w.shape[0] != cfg.get("dimension", -1) + 1:
-            raise PersistError(f"the query classifier at {str(path)!r} is inconsistent "
-                               f"(weights {w.shape}, config dimension {cfg.get('dimension')}).")
-        clf = cls(embedder=embedder or SentenceEmbedder(cfg["embedder"]), C=cfg["C"],
-                  threshold=cfg["threshold"], class_weight=cfg["class_weight"])
-        clf.coef_, clf.intercept_ = w[:-1].astype(np.float64), float(w[-1])
-        return clf
+
+        def read(folder: Path, manifest: dict[str, Any]) -> "QueryClassifier":
+            cfg = manifest["meta"]
+            try:
+                name = cfg["embedder"]
+                if not isinstance(name, str) or not name or len(name) > 4096:
+                    raise ValueError(f"invalid embedder name {name!r:.80}")
+                dim = check_number(cfg["dimension"], "dimension", 1, 1_000_000, integer=True)
+                C = check_number(cfg["C"], "C", 0.0, 1e12, lo_open=True)
+                threshold = check_number(cfg["threshold"], "threshold", 0.0, 1.0)
+                if cfg["class_weight"] not in (None, "balanced"):
+                    raise ValueError(f"invalid class_weight {cfg['class_weight']!r:.60}")
+                if cfg.get("labels", list(LABELS)) != list(LABELS):
+                    raise ValueError(f"unknown labels {cfg.get('labels')!r:.80}")
+            except (KeyError, TypeError, ValueError) as exc:
+                raise PersistError(f"the query classifier at {str(path)!r} has an invalid setting "
+                                   f"({type(exc).__name__}: {exc}); retrain and save it again.") from exc
+            w = np.load(folder / "weights.npy", allow_pickle=False)
+            if w.ndim != 1 or w.shape[0] != dim + 1 or not np.isfinite(w).all():
+                raise PersistError(f"the query classifier at {str(path)!r} is inconsistent "
+                                   f"(weights {w.shape}, config dimension {dim}).")
+            clf = cls(embedder=embedder or SentenceEmbedder(name), C=C, threshold=threshold,
+                      class_weight=cfg["class_weight"])
+            clf.coef_, clf.intercept_ = w[:-1].astype(np.float64), float(w[-1])
+            return clf
+
+        return load_snapshot(path, FORMAT, FORMAT_VERSION, "query classifier", read, verify=verify)
 
 
 class RetrievalGate(Stage):

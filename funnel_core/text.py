@@ -159,7 +159,7 @@ def _backtracking_risk(sp, seq, top: bool) -> str | None:
             rest = items[i + 1:]
             is_word = body[0] == (c.IN, [(c.CATEGORY, c.CATEGORY_WORD)]) or body[0] == (c.CATEGORY, c.CATEGORY_WORD)
             for rop, rav in rest:
-                if rop == c.AT and (rav in (c.AT_END, c.AT_END_STRING) or (rav == c.AT_BOUNDARY and is_word)):
+                if rop == c.AT and rav == c.AT_BOUNDARY and is_word:
                     continue
                 return "an unbounded repeat followed by more pattern that can fail"
         else:

@@ -22,7 +22,7 @@ from llama_index.core.vector_stores.types import MetadataFilters
 from funnel_core.bm25 import BM25Index
 from funnel_core.clustered import ClusteredBM25Index
 from funnel_core.errors import PersistError, check_positive_int, check_query
-from funnel_core.persist import atomic_dir
+from funnel_core.persist import load_snapshot, save_snapshot
 from funnel_core.units import Unit
 from llama_index_funnel._base import UnitRetriever, units_to_nodes
 from llama_index_funnel.filters import to_predicate
@@ -81,26 +81,42 @@ class _NodeRetriever(UnitRetriever):
         units = self._search(query, filters=filters if filters is not None else self.filters, **kwargs)
         return units_to_nodes(units, self._originals())
 
-    #: The index class and its sub-folder in a persist folder (set by subclasses).
+    #: The index class and the sub-folder of a persist dir this retriever owns (set by
+    #: subclasses). LlamaIndex users persist a StorageContext into the same ``./storage``; our
+    #: files live only under ``<persist_dir>/<_index_dir>/``, so its stores are never touched.
     _index_cls: ClassVar[Any] = None
     _index_dir: ClassVar[str] = ""
 
     def persist(self, path: str) -> None:
-        """Save the index (with every tokenizer and clustering setting) and the nodes to the
-        folder ``path``, atomically."""
-        with atomic_dir(path) as tmp:
-            self.index.save(tmp / self._index_dir)
+        """Commit the index (every tokenizer and clustering setting) and the nodes to
+        ``path/<_index_dir>`` (see :mod:`funnel_core.persist`); other files in ``path``, such
+        as a ``StorageContext``'s stores, are left alone."""
+        index, st = self.index, self.index._require_built()
+        nodes = list(self._nodes.values())
+
+        def write(folder: Path) -> dict:
+            meta = index._write(folder / "index", st)
             store = SimpleDocumentStore()
-            store.add_documents(list(self._nodes.values()))
-            store.persist(str(tmp / "docstore.json"))
+            store.add_documents(nodes)
+            store.persist(str(folder / "nodes.json"))
+            return {"index": meta, "n_nodes": len(nodes)}
+
+        save_snapshot(Path(path) / self._index_dir, f"funnel-rag.llama-index.{self._index_dir}", 1, write)
 
     @classmethod
-    def from_persist_dir(cls, path: str, similarity_top_k: int = 10, **kwargs: Any) -> Any:
+    def from_persist_dir(cls, path: str, similarity_top_k: int = 10, verify: bool = True,
+                         **kwargs: Any) -> Any:
         """Load a retriever written by :meth:`persist`; ``kwargs`` go to the constructor."""
-        path = Path(path)
-        index = cls._index_cls.load(path / cls._index_dir)
-        store = _load_docstore(path)
-        return cls(index, list(store.docs.values()), similarity_top_k=similarity_top_k, **kwargs)
+
+        def read(folder: Path, manifest: dict) -> tuple:
+            index = cls._index_cls._read(folder / "index", manifest["meta"].get("index") or {})
+            store = SimpleDocumentStore.from_persist_path(str(folder / "nodes.json"))
+            return index, list(store.docs.values())
+
+        index, nodes = load_snapshot(Path(path) / cls._index_dir,
+                                     f"funnel-rag.llama-index.{cls._index_dir}", 1,
+                                     f"{cls.__name__} (in {cls._index_dir}/)", read, verify=verify)
+        return cls(index, nodes, similarity_top_k=similarity_top_k, **kwargs)
 
 
 class BM25Retriever(_NodeRetriever):
@@ -114,7 +130,7 @@ class BM25Retriever(_NodeRetriever):
     """
 
     _index_cls = BM25Index
-    _index_dir = "bm25"
+    _index_dir = "funnel_rag_bm25"
 
     def __init__(self, index: BM25Index, nodes: Sequence[BaseNode], similarity_top_k: int = 10,
                  filters: Filter = None, callback_manager: Optional[CallbackManager] = None,
@@ -155,7 +171,7 @@ class ClusteredBM25Retriever(_NodeRetriever):
     """
 
     _index_cls = ClusteredBM25Index
-    _index_dir = "clustered"
+    _index_dir = "funnel_rag_clustered_bm25"
 
     def __init__(self, index: ClusteredBM25Index, nodes: Sequence[BaseNode], similarity_top_k: int = 10,
                  max_documents: Optional[int] = None, return_clusters: bool = False,

@@ -89,7 +89,7 @@ def test_bad_input(tmp_path, source_linked_nodes):
         BM25Retriever.from_defaults(nodes=["text"])
     with pytest.raises(ValueError, match="similarity_top_k must be >= 1"):
         BM25Retriever.from_defaults(nodes=source_linked_nodes, similarity_top_k=0)
-    with pytest.raises(PersistError, match="missing manifest.json|no docstore"):
+    with pytest.raises(PersistError, match="missing manifest.json|no docstore|does not exist"):
         BM25Retriever.from_persist_dir(str(tmp_path / "nowhere"))
     retriever = BM25Retriever.from_defaults(nodes=source_linked_nodes)
     assert retriever.retrieve("   ") == []

@@ -12,7 +12,7 @@ torch and sentence-transformers are imported lazily.
 
 from __future__ import annotations
 
-import json
+import math
 import os
 import random
 import time
@@ -21,10 +21,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from funnel_core.cache import LRUCache
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import FunnelError, PersistError, check_positive_int
 from funnel_core.evaluation.metrics import normalize_answer
-from funnel_core.persist import atomic_dir
+from funnel_core.persist import check_number, load_snapshot, save_snapshot
 from funnel_core.granularity.levels import GranularityStructure
 from funnel_core.granularity.retrieval import GranularityBM25
 
@@ -32,6 +33,8 @@ __all__ = ["GranularityRouter", "RouterNotTrainedError", "soft_labels", "level_s
            "SIMILARITIES", "BEST_LABEL", "SECOND_LABEL"]
 
 SIMILARITIES = ("cosine", "tfidf", "hit")
+ROUTER_FORMAT = "funnel-rag.mog-router"
+ROUTER_VERSION = 2  # 2: snapshot layout (funnel_core.persist), safetensors weights
 BEST_LABEL, SECOND_LABEL = 0.8, 0.2
 
 
@@ -125,15 +128,19 @@ class GranularityRouter:
         hidden: Width of the hidden layer.
         dropout: Dropout after the hidden layer (training only).
         device: Torch device for the MLP (``None``: CPU; it is tiny).
-        embedding_cache: A dict ``query -> embedding`` to share between routers that use the same
-            embedder (by default each router keeps its own).
+        embedding_cache: A mapping ``query -> embedding`` to share between routers that use the
+            same embedder, e.g. an :class:`~funnel_core.cache.LRUCache` (by default each router
+            keeps its own bounded one).
+        cache_size: Size limit of the default query-embedding cache (least recently used
+            queries are dropped, so memory stays bounded when queries come from users).
 
-    Query embeddings are cached per query string for the life of the router.
+    Query embeddings are cached per query string (at most ``cache_size`` of them).
     """
 
     def __init__(self, n_levels: int, *, embedder: SentenceEmbedder | None = None,
                  hidden: int = 128, dropout: float = 0.1, device: str | None = None,
-                 embedding_cache: dict[str, np.ndarray] | None = None) -> None:
+                 embedding_cache: "dict[str, np.ndarray] | LRUCache | None" = None,
+                 cache_size: int = 10_000) -> None:
         self.n_levels = check_positive_int(n_levels, "n_levels (granularity levels)")
         self.hidden = check_positive_int(hidden, "hidden")
         if not 0.0 <= float(dropout) < 1.0:
@@ -142,7 +149,7 @@ class GranularityRouter:
         self.embedder = embedder or SentenceEmbedder()
         self.device = device or "cpu"
         self._mlp = None
-        self._cache: dict[str, np.ndarray] = {} if embedding_cache is None else embedding_cache
+        self._cache = LRUCache(cache_size) if embedding_cache is None else embedding_cache
         self.history: dict[str, Any] = {}
 
     @property
@@ -154,13 +161,18 @@ class GranularityRouter:
         """Embeddings of ``queries`` (cached)."""
         if isinstance(queries, str):
             raise TypeError("embed expects a list of queries; wrap a single query in a list.")
-        todo = sorted({q for q in queries if q not in self._cache})
-        if todo:
-            for q, e in zip(todo, self.embedder.encode(todo)):
-                self._cache[q] = e
         if not queries:
             return np.zeros((0, self.embedder.dimension), dtype=np.float32)
-        return np.stack([self._cache[q] for q in queries])
+        found: dict[str, np.ndarray] = {}
+        for q in set(queries):
+            e = self._cache.get(q)
+            if e is not None:
+                found[q] = e
+        todo = sorted(set(queries) - set(found))
+        if todo:
+            for q, e in zip(todo, self.embedder.encode(todo)):
+                self._cache[q] = found[q] = e
+        return np.stack([found[q] for q in queries])
 
     def _build(self, dim: int):
         import torch
@@ -275,38 +287,63 @@ class GranularityRouter:
 
     # -- persistence -----------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> None:
-        """Write ``config.json`` and ``router.pt`` to the folder ``path`` (atomically)."""
-        import torch
-
+        """Commit ``router.safetensors`` (no pickle) and the settings to the persist folder
+        ``path`` (see :mod:`funnel_core.persist`)."""
         if self._mlp is None:
             raise RouterNotTrainedError("cannot save an untrained GranularityRouter; call fit() first.")
-        with atomic_dir(path) as tmp:
-            torch.save(self._mlp.state_dict(), tmp / "router.pt")
-            config = {"format": "funnel-rag.mog-router", "version": 1, "n_levels": self.n_levels,
-                      "hidden": self.hidden, "dropout": self.dropout,
-                      "embedder": self.embedder.model_name_or_path,
-                      "dim": int(self._mlp[0].in_features), "history": self.history}
-            (tmp / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+        from safetensors.torch import save_file
+
+        state = {k: t.detach().cpu().contiguous().clone() for k, t in self._mlp.state_dict().items()}
+
+        def write(folder: Path) -> dict[str, Any]:
+            save_file(state, str(folder / "router.safetensors"))
+            return {"n_levels": self.n_levels, "hidden": self.hidden, "dropout": self.dropout,
+                    "embedder": self.embedder.model_name_or_path,
+                    "dim": int(self._mlp[0].in_features), "history": _finite(self.history)}
+
+        save_snapshot(path, ROUTER_FORMAT, ROUTER_VERSION, write)
 
     @classmethod
     def load(cls, path: str | os.PathLike, embedder: SentenceEmbedder | None = None,
-             device: str | None = None) -> "GranularityRouter":
-        """Load a router written by :meth:`save` (with the embedder it was trained with)."""
-        import torch
+             device: str | None = None, verify: bool = True) -> "GranularityRouter":
+        """Load a router written by :meth:`save` (with the embedder it was trained with).
 
-        path = Path(path)
-        if not (path / "config.json").is_file() or not (path / "router.pt").is_file():
-            raise PersistError(f"no trained router at {str(path)!r} (need config.json and "
-                               "router.pt); train one and call save(path).")
-        try:
-            config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-            router = cls(config["n_levels"], hidden=config["hidden"], dropout=config["dropout"],
-                         embedder=embedder or SentenceEmbedder(config["embedder"]), device=device)
-            mlp = router._build(config["dim"])
-            mlp.load_state_dict(torch.load(path / "router.pt", map_location=router.device))
-        except Exception as exc:
-            raise PersistError(f"the router at {str(path)!r} is corrupt ({type(exc).__name__}: "
-                               f"{exc}); train and save it again.") from exc
-        mlp.eval()
-        router._mlp, router.history = mlp, config.get("history", {})
-        return router
+        Weights are read with safetensors (no pickle, no code execution).
+        """
+
+        def read(folder: Path, manifest: dict[str, Any]) -> "GranularityRouter":
+            from safetensors.torch import load_file
+
+            config = manifest["meta"]
+            try:
+                name = config["embedder"]
+                if not isinstance(name, str) or not name or len(name) > 4096:
+                    raise ValueError(f"invalid embedder name {name!r:.80}")
+                n_levels = check_number(config["n_levels"], "n_levels", 1, 10_000, integer=True)
+                hidden = check_number(config["hidden"], "hidden", 1, 100_000, integer=True)
+                dim = check_number(config["dim"], "dim", 1, 1_000_000, integer=True)
+                dropout = check_number(config["dropout"], "dropout", 0.0, 1.0)
+                router = cls(n_levels, hidden=hidden, dropout=dropout,
+                             embedder=embedder or SentenceEmbedder(name), device=device)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise PersistError(f"the router at {str(path)!r} has an invalid setting "
+                                   f"({type(exc).__name__}: {exc}); train and save it again.") from exc
+            mlp = router._build(dim)
+            mlp.load_state_dict(load_file(str(folder / "router.safetensors"), device=router.device))
+            mlp.eval()
+            history = config.get("history", {})
+            router._mlp, router.history = mlp, history if isinstance(history, dict) else {}
+            return router
+
+        return load_snapshot(path, ROUTER_FORMAT, ROUTER_VERSION, "trained router", read, verify=verify)
+
+
+def _finite(obj: Any) -> Any:
+    """``obj`` with non-finite floats replaced by ``None`` (manifests hold no NaN/Infinity)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
