@@ -6,7 +6,10 @@ stack trace to learn what went wrong.
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
 
 __all__ = [
     "FunnelError",
@@ -35,13 +38,19 @@ def check_query(query: Any) -> str:
 
     Raises ``TypeError`` for a non-string query. An empty or whitespace-only query is *not* an
     error: callers return an empty result for it (documented behaviour of every retriever).
+    Lone surrogates (text decoded with ``errors="surrogateescape"``) become U+FFFD.
     """
     if not isinstance(query, str):
         raise TypeError(
             f"query must be a str, got {type(query).__name__} ({query!r:.80}); "
             "pass the question text, e.g. retriever.retrieve('what is BM25?')."
         )
-    return query.strip()
+    query = query.strip()
+    if not query.isascii() and _SURROGATE_RE.search(query):
+        # a lone surrogate (broken decoding) cannot be encoded for tokenizers: make it a
+        # non-word character, so the rest of the query still works
+        query = _SURROGATE_RE.sub("\ufffd", query)
+    return query
 
 
 def check_positive_int(value: Any, name: str, *, allow_none: bool = False) -> int | None:

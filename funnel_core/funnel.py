@@ -170,7 +170,7 @@ class Funnel(Stage):
         query = check_query(query)
         if not query:
             return FunnelResult([], Trace(query=query))
-        res = self._run(query, list(units or []), answers)
+        res = self._run(query, _check_units(units), answers)
         if self.cutoff is not None:
             res.units = res.units[: self.cutoff]
         return res
@@ -194,7 +194,7 @@ class Funnel(Stage):
         if not query:
             return FunnelResult([], Trace(query=query))
         trace = Trace(query=query)
-        out = list(units or [])
+        out = _check_units(units)
         for stage in self.stages:
             n_in = len(out)
             t0 = time.perf_counter()
@@ -224,3 +224,16 @@ class Funnel(Stage):
 
     def __repr__(self) -> str:
         return " >> ".join(repr(s) for s in self.stages)
+
+
+def _check_units(units: Sequence[Unit] | None) -> list[Unit]:
+    """``units`` as a list, or ``TypeError`` naming the first element that is not a Unit."""
+    if isinstance(units, (str, Unit)):
+        raise TypeError("units must be a list of Unit objects; wrap a single unit in a list.")
+    out = list(units or [])
+    for i, u in enumerate(out):
+        if not isinstance(u, Unit):
+            raise TypeError(f"units[{i}] is a {type(u).__name__} ({u!r:.60}), not a Unit; build "
+                            "units with Unit(id=..., text=...) (or pass no units when the first "
+                            "stage is a retriever).")
+    return out

@@ -139,7 +139,11 @@ class Reranker(Stage):
         """Raw relevance score of each text for the query (higher is better)."""
 
     def rank(self, query: str, units: Sequence[Unit], top_n: int | None = None) -> list[Unit]:
-        """Score ``units`` and return rescored copies, best first (stable for ties)."""
+        """Score ``units`` and return rescored copies, best first (stable for ties).
+
+        ``top_n`` (an int >= 1, or ``None`` for the instance's setting) caps the result.
+        """
+        check_positive_int(top_n, "top_n", allow_none=True)
         units = list(units)
         if not units:
             return []
