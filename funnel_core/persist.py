@@ -333,7 +333,8 @@ def _open(path: Path, fmt: str | Sequence[str], max_version: int, what: str,
     try:
         data = mfile.read_bytes()
     except FileNotFoundError:
-        raise _Vanished(name) from None
+        raise _Vanished(name, f"the committed snapshot {str(folder)!r} is missing (deleted by "
+                              "hand?); rebuild and save again.") from None
     if hashlib.sha256(data).hexdigest() != pointer.get("manifest_sha256"):
         raise PersistError(f"the manifest {str(mfile)!r} does not match its checksum in "
                            f"{POINTER}: it is corrupt; rebuild and save again.")
@@ -364,16 +365,14 @@ def _open(path: Path, fmt: str | Sequence[str], max_version: int, what: str,
             raise PersistError(f"the manifest {str(mfile)!r} has no checksum for {rel!r}.")
         if not verify:
             if not f.is_file():
-                raise _Vanished(name) if not folder.is_dir() else PersistError(
-                    f"the file {str(f)!r} listed in the manifest is missing; rebuild and save again.")
+                raise _Vanished(name, f"the file {str(f)!r} listed in the manifest is missing; "
+                                      "the snapshot is damaged: rebuild and save again.")
             continue
         try:
             digest, size = _sha256_file(f)
         except FileNotFoundError:
-            if not folder.is_dir():
-                raise _Vanished(name) from None
-            raise PersistError(f"the file {str(f)!r} listed in the manifest is missing; the "
-                               "snapshot is damaged: rebuild and save again.") from None
+            raise _Vanished(name, f"the file {str(f)!r} listed in the manifest is missing; the "
+                                  "snapshot is damaged: rebuild and save again.") from None
         if digest != info["sha256"] or size != info.get("size"):
             raise PersistError(f"checksum mismatch for {str(f)!r}: the file is corrupt or was "
                                "changed after saving; rebuild and save again (or restore a backup).")
@@ -400,24 +399,24 @@ def load_snapshot(path: str | os.PathLike, fmt: str | Sequence[str], max_version
     path = Path(path)
     last: BaseException | None = None
     for _ in range(_LOAD_ATTEMPTS):
+        # A FileNotFoundError while opening or reading means either damage (the pointer still
+        # names the same snapshot: raise) or a concurrent save that committed a newer snapshot
+        # and removed this one (the pointer moved on: read the new one).
         try:
             folder, manifest, name = _open(path, fmt, max_version, what, verify)
         except _Vanished as exc:
             if _current_name(path) == exc.args[0]:
-                raise PersistError(f"the committed snapshot {str(path / exc.args[0])!r} of the {what} "
-                                   "is missing (deleted by hand?); rebuild and save again.") from None
+                raise PersistError(exc.args[1]) from None
             last = exc
             continue
         try:
             return read(folder, manifest)
-        except PersistError:
-            if _current_name(path) != name and not folder.is_dir():
-                continue
-            raise
         except Exception as exc:
-            if _current_name(path) != name and not folder.is_dir():
+            if _current_name(path) != name:
                 last = exc
                 continue  # removed under us by a concurrent save: read the new one
+            if isinstance(exc, PersistError):
+                raise
             raise PersistError(f"the {what} at {str(path)!r} is corrupt or incomplete "
                                f"({type(exc).__name__}: {exc}); rebuild it and save it again.") from exc
     raise PersistError(f"the {what} at {str(path)!r} kept changing while it was being loaded "

@@ -1,0 +1,50 @@
+"""Short run of the reliability suite (< 60 s); the long run is ``make reliability``."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import reliability_harness as rh  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork (POSIX)")
+
+
+@pytest.mark.parametrize("kind", ["bm25", "clustered"])
+def test_kill_at_every_step_boundary(kind, tmp_path):
+    s = rh.kill_at_steps(kind, repeats=1, workdir=tmp_path)
+    assert s["trials"] >= 2 * len(rh.STEPS) - 2  # marker: first save only; cleanup: overwrite only
+    assert s["survived"] == s["trials"] and s["neither"] == 0, s
+    assert s["orphans_after_next_save"] == 0 and s["next_save_wrong"] == 0, s
+    assert s["loaded_previous"] > 0 and s["loaded_new"] > 0  # both sides of the commit point seen
+
+
+def test_kill_at_random_points(tmp_path):
+    s = rh.kill_random("bm25", trials=12, workdir=tmp_path)
+    assert s["survived"] == s["trials"] == 12 and s["orphans_after_next_save"] == 0, s
+
+
+def test_bit_flips_never_load_silently(tmp_path):
+    s = rh.bit_flips("bm25", trials=120, workdir=tmp_path)
+    assert s["silent"] == 0 and s["detected"] > 100, s
+
+
+def test_concurrent_save_load_never_mixes(tmp_path):
+    s = rh.concurrent_save_load("bm25", seconds=3.0, readers=2, workdir=tmp_path)
+    assert s["mixed"] == 0 and s["errors"] == 0 and s["loads"] > 10 and s["saves"] > 5, s
+    assert s["orphans_after_final_save"] == 0
+
+
+@pytest.mark.parametrize("kind", ["bm25", "clustered"])
+def test_queries_during_add_delete(kind):
+    s = rh.queries_during_updates(kind, seconds=2.0, threads=3)
+    assert s["errors"] == 0 and s["wrong"] == 0 and s["queries"] > 50 and s["updates"] >= 4, s
+
+
+def test_fuzz_queries_corpora_filters():
+    s = rh.fuzz(max_examples=40)
+    assert s["failures"] == 0, s.get("failure")
+    assert s["examples"] >= 40
