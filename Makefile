@@ -1,4 +1,4 @@
-.PHONY: setup demo test bench docs
+.PHONY: setup demo test bench docs reliability
 setup:
 	bash scripts/setup.sh
 
@@ -13,3 +13,6 @@ bench: setup  # every benchmark in turn (hours on 2 CPU cores); DATA=../shared/d
 
 docs: setup
 	.venv/bin/mkdocs build --strict
+
+reliability: setup  # long reliability run (~15 min on 2 cores): kills, bit flips, concurrency, fuzz
+	HF_HUB_OFFLINE=1 PYTHONPATH=. .venv/bin/python tests/reliability/run.py --out benchmarks/results/reliability.json

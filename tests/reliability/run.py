@@ -1,0 +1,98 @@
+"""Long run of the reliability suite: ``make reliability`` (writes benchmarks/results/reliability.json).
+
+Usage: python tests/reliability/run.py [--out FILE] [--scale N] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import reliability_harness as rh  # noqa: E402
+
+
+def machine() -> dict:
+    flags = []
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = line.split(":", 1)[1].split()
+                break
+    except OSError:
+        pass
+    model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                  if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    return {"cpu": model, "cpu_count": os.cpu_count(), "load_average": list(os.getloadavg()),
+            "cpu_flags": sorted(f for f in flags if f.startswith(("avx", "sse4", "amx", "fma"))),
+            "python": sys.version.split()[0], "platform": platform.platform()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", default="benchmarks/results/reliability.json")
+    ap.add_argument("--scale", type=int, default=10, help="multiplies the trial counts of the short run")
+    ap.add_argument("--quick", action="store_true", help="scale 1, for a smoke test")
+    args = ap.parse_args()
+    n = 1 if args.quick else args.scale
+    t0 = time.perf_counter()
+    out: dict = {"args": {"scale": n}, "machine_before": machine(), "experiments": {}}
+    plan = [
+        ("kill_at_every_step_bm25", lambda: rh.kill_at_steps("bm25", repeats=n)),
+        ("kill_at_every_step_clustered", lambda: rh.kill_at_steps("clustered", repeats=max(1, n // 2))),
+        ("kill_random_bm25", lambda: rh.kill_random("bm25", trials=20 * n, seed=1)),
+        ("kill_random_clustered", lambda: rh.kill_random("clustered", trials=10 * n, seed=2)),
+        ("bit_flips_bm25", lambda: rh.bit_flips("bm25", trials=150 * n, seed=3)),
+        ("bit_flips_clustered", lambda: rh.bit_flips("clustered", trials=100 * n, seed=4)),
+        ("concurrent_save_load_bm25", lambda: rh.concurrent_save_load("bm25", seconds=3.0 * n, readers=2)),
+        ("concurrent_save_load_clustered", lambda: rh.concurrent_save_load("clustered", seconds=2.0 * n, readers=2)),
+        ("queries_during_updates_bm25", lambda: rh.queries_during_updates("bm25", seconds=2.0 * n, threads=4)),
+        ("queries_during_updates_clustered", lambda: rh.queries_during_updates("clustered", seconds=2.0 * n, threads=4)),
+        ("fuzz", lambda: rh.fuzz(max_examples=50 * n, seed=5)),
+    ]
+    for name, run in plan:
+        t = time.perf_counter()
+        res = run()
+        res["seconds"] = round(time.perf_counter() - t, 2)
+        out["experiments"][name] = res
+        print(name, json.dumps({k: v for k, v in res.items() if k not in ("by_file", "per_step")}), flush=True)
+    ex = out["experiments"]
+    kills = [ex[k] for k in ex if k.startswith("kill")]
+    flips = [ex[k] for k in ex if k.startswith("bit_flips")]
+    conc = [ex[k] for k in ex if k.startswith("concurrent")]
+    upd = [ex[k] for k in ex if k.startswith("queries")]
+    out["summary"] = {
+        "kill_during_save": {"trials": sum(k["trials"] for k in kills), "survived": sum(k["survived"] for k in kills),
+                             "neither_loadable": sum(k["neither"] for k in kills),
+                             "orphans_after_next_save": sum(k["orphans_after_next_save"] for k in kills)},
+        "bit_flips": {"trials": sum(f["trials"] for f in flips), "detected": sum(f["detected"] for f in flips),
+                      "harmless": sum(f["harmless"] for f in flips), "silent": sum(f["silent"] for f in flips)},
+        "concurrent_save_load": {"trials": sum(c["loads"] + c["errors"] for c in conc),
+                                 "survived": sum(c["loads"] - c["mixed"] for c in conc),
+                                 "mixed": sum(c["mixed"] for c in conc), "errors": sum(c["errors"] for c in conc),
+                                 "saves": sum(c["saves"] for c in conc)},
+        "queries_during_updates": {"trials": sum(u["queries"] + u["errors"] for u in upd),
+                                   "survived": sum(u["queries"] - u["wrong"] for u in upd),
+                                   "wrong": sum(u["wrong"] for u in upd), "errors": sum(u["errors"] for u in upd),
+                                   "updates": sum(u["updates"] for u in upd)},
+        "fuzz": {"trials": ex["fuzz"]["examples"], "failures": ex["fuzz"]["failures"]},
+    }
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    out["machine_after"] = machine()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1, sort_keys=False) + "\n")
+    print(json.dumps(out["summary"], indent=1))
+    bad = (out["summary"]["kill_during_save"]["neither_loadable"] + out["summary"]["kill_during_save"]["orphans_after_next_save"]
+           + out["summary"]["bit_flips"]["silent"] + out["summary"]["concurrent_save_load"]["mixed"]
+           + out["summary"]["queries_during_updates"]["wrong"] + out["summary"]["queries_during_updates"]["errors"]
+           + out["summary"]["fuzz"]["failures"])
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
