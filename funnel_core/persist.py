@@ -433,6 +433,7 @@ def snapshot_info(path: str | os.PathLike) -> dict[str, Any]:
 
 # -- JSON with lossless metadata -----------------------------------------------------------------
 _TAGS = ("$tuple", "$dict", "$set")
+_PLAIN = (str, int, float, bool)
 
 
 def json_safe(value: Any, where: str = "value") -> Any:
@@ -508,7 +509,12 @@ def prepare_units(units: Sequence[Any], what: str) -> list[Unit]:
                             f"({u!r:.60}); wrap texts with Unit(id=..., text=...).")
         if not isinstance(u.metadata, dict):
             raise TypeError(f"metadata of unit id={u.id!r} must be a dict, got {type(u.metadata).__name__}.")
-        meta = from_json_safe(json_safe(u.metadata, f"metadata of unit id={u.id!r}"))
+        m = u.metadata
+        if all(type(k) is str and (v is None or type(v) in _PLAIN) for k, v in m.items()) and not (
+                len(m) == 1 and next(iter(m)) in _TAGS):
+            meta = dict(m)  # fast path: flat metadata of plain values
+        else:
+            meta = from_json_safe(json_safe(m, f"metadata of unit id={u.id!r}"))
         out.append(Unit(id=u.id, text=u.text, score=u.score, metadata=meta,
                         parent_id=None if u.parent_id is None else str(u.parent_id), level=str(u.level)))
     return out

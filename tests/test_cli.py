@@ -44,7 +44,7 @@ def test_errors(tmp_path, capsys):
     assert main(["index", str(tmp_path / "empty"), "--out", str(tmp_path / "o")]) == 1
     assert "no .txt" in capsys.readouterr().err
     assert main(["query", str(tmp_path / "nope"), "q"]) == 1
-    assert "missing manifest.json" in capsys.readouterr().err
+    assert "no clustered BM25 index at" in capsys.readouterr().err
     assert main(["bench", "no_such_benchmark"]) == 2
     assert "available:" in capsys.readouterr().err
 

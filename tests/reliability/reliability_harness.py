@@ -11,7 +11,7 @@ long run (``run.py``, ``make reliability``) call the same functions with differe
   random delay; same checks.
 * :func:`bit_flips` — one random bit of one random file of a saved index is flipped; the load must
   raise :class:`PersistError` or give exactly the original index (never a silently changed one).
-* :func:`concurrent_save_load` — one process alternately saves A and B into one folder while
+* :func:`concurrent_save_load` — writer processes alternately save A and B into one folder while
   reader processes load it; every load must be exactly A or B (settings and data of one index).
 * :func:`queries_during_updates` — threads query an index while another thread runs index(),
   add() and delete(); every result must equal the result of one of the versions.
@@ -268,9 +268,10 @@ def _writer(path: str, kind: str, seconds: float, out: Any) -> None:
     out.put({"saves": n})
 
 
-def concurrent_save_load(kind: str = "bm25", seconds: float = 3.0, readers: int = 2,
+def concurrent_save_load(kind: str = "bm25", seconds: float = 3.0, readers: int = 2, writers: int = 2,
                          workdir: Path | None = None) -> dict[str, Any]:
-    """One writer process alternates saves of A and B; reader processes load continuously."""
+    """Writer processes alternate saves of A and B into one folder (serialised by the lock);
+    reader processes load it continuously."""
     a, b = make_pair(kind)
     sigs = {"a": signature(a), "b": signature(b)}
     root = Path(tempfile.mkdtemp(dir=workdir))
@@ -279,7 +280,7 @@ def concurrent_save_load(kind: str = "bm25", seconds: float = 3.0, readers: int 
         path = root / kind
         a.save(path)
         q = ctx.Queue()
-        procs = [ctx.Process(target=_writer, args=(str(path), kind, seconds, q))]
+        procs = [ctx.Process(target=_writer, args=(str(path), kind, seconds, q)) for _ in range(writers)]
         procs += [ctx.Process(target=_reader, args=(str(path), kind, sigs, seconds, q)) for _ in range(readers)]
         for p in procs:
             p.start()
