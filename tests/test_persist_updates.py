@@ -183,6 +183,28 @@ def test_clustered_concurrent_index_add_delete(corpus_units):
     _hammer(search, [v1, v2, v3], writer)
 
 
+def test_dense_concurrent_index_add_delete(corpus_units):
+    rng = np.random.default_rng(2)
+    emb = rng.normal(size=(len(corpus_units), 5)).astype(np.float32)
+    qemb = rng.normal(size=(len(QUERIES), 5)).astype(np.float32)
+    a, extra = corpus_units[:5], corpus_units[5:]
+    live = DenseIndex().index(a, embeddings=emb[:5])
+    refs = [DenseIndex().index(a, embeddings=emb[:5]), DenseIndex().index(corpus_units, embeddings=emb)]
+
+    def search(v, q):
+        i = QUERIES.index(q)
+        return sig((live if v is None else v).search_many([q], k=3, query_embeddings=qemb[i:i + 1])[0])
+
+    def writer():
+        for i in range(40):
+            live.add(extra, embeddings=emb[5:])
+            live.delete([u.id for u in extra])
+            live.index(corpus_units, embeddings=emb)
+            live.index(a, embeddings=emb[:5])
+
+    _hammer(search, refs, writer)
+
+
 # -- bad inputs (item 6) -------------------------------------------------------------------------
 def test_corpus_without_indexable_tokens():
     with pytest.raises(ValueError, match=r"none of the 2 units has an indexable token .*stopwords=None"):
