@@ -548,6 +548,10 @@ def read_units(path: Path) -> list[Unit]:
                 raise ValueError(f"line {n} of {path.name} is not a unit")
             if d.get("score") is not None and not isinstance(d["score"], (int, float)):
                 raise ValueError(f"line {n} of {path.name} has a non-numeric score")
+            if d.get("parent_id") is not None and not isinstance(d["parent_id"], str):
+                raise ValueError(f"line {n} of {path.name} has a non-string parent_id")
+            if not isinstance(d.get("level", "passage"), str):
+                raise ValueError(f"line {n} of {path.name} has a non-string level")
             d["metadata"] = from_json_safe(d.get("metadata") or {})
             if not isinstance(d["metadata"], dict):
                 raise ValueError(f"line {n} of {path.name} has non-dict metadata")
