@@ -88,16 +88,22 @@ def _binary_symmetric(adj: sp.spmatrix) -> sp.csr_matrix:
     return a
 
 
-def local_clustering_coefficient(adj: sp.spmatrix) -> np.ndarray:
+def local_clustering_coefficient(adj: sp.spmatrix, chunk_size: int = 16384) -> np.ndarray:
     """Local clustering coefficient of every node of an undirected graph (weights ignored).
 
     ``C(v) = 2 T(v) / (deg(v) (deg(v) - 1))`` with ``T(v)`` the triangles through ``v``, computed
-    as ``((A @ A) * A).sum(1) / 2`` on the sparse binary adjacency.
+    as ``((A @ A) * A).sum(1) / 2`` on the sparse binary adjacency, ``chunk_size`` rows of
+    ``A @ A`` at a time (the whole product has ~n * deg^2 entries: ~10 GB at 1M documents).
     """
+    check_positive_int(chunk_size, "chunk_size")
     a = _binary_symmetric(adj)
-    a.data[:] = 1.0
-    deg = np.asarray(a.sum(axis=1)).ravel()
-    tri = np.asarray((a @ a).multiply(a).sum(axis=1)).ravel() / 2.0
+    a.data = np.ones(len(a.data), dtype=np.float32)  # path counts are exact small integers
+    n = a.shape[0]
+    deg = np.diff(a.indptr).astype(np.float64)
+    tri = np.zeros(n, dtype=np.float64)
+    for start in range(0, n, chunk_size):
+        rows = a[start:start + chunk_size]
+        tri[start:start + chunk_size] = np.asarray((rows @ a).multiply(rows).sum(axis=1)).ravel() / 2.0
     denom = deg * (deg - 1)
     with np.errstate(divide="ignore", invalid="ignore"):
         cc = np.where(denom > 0, 2.0 * tri / denom, 0.0)
@@ -242,7 +248,7 @@ def knn_block(w: sp.csr_matrix, start: int, stop: int, *, k: int = 20, threshold
             rows, so blocks can be computed anywhere (threads, processes, a cluster) and stacked
             with ``scipy.sparse.vstack``.
         postings: ``w.tocsc()``, passed in to avoid recomputing it per block.
-        backend: ``"numba"`` (compiled, term-at-a-time with exact score-bound pruning, both
+        backend: ``"numba"`` (compiled, term at a time, no score block materialised, all
             cores), ``"scipy"`` (one sparse product per block), or ``"auto"`` (numba if installed).
             Both return the same matrix.
 
@@ -314,14 +320,7 @@ def _knn_block_scipy(w, postings, start, stop, k, threshold, m):
                                   self_score, k, threshold)
 
 
-def _column_max(postings: sp.csc_matrix) -> np.ndarray:
-    ub = np.zeros(postings.shape[1], dtype=np.float64)
-    nz = np.diff(postings.indptr) > 0
-    ub[nz] = np.maximum.reduceat(postings.data.astype(np.float64), postings.indptr[:-1][nz])
-    return ub
-
-
-def _knn_block_numba(w, postings, start, stop, k, threshold, m, ub=None):
+def _knn_block_numba(w, postings, start, stop, k, threshold, m):
     import numba
 
     n = w.shape[0]
@@ -330,15 +329,12 @@ def _knn_block_numba(w, postings, start, stop, k, threshold, m, ub=None):
         return sp.csr_matrix((0, n))
     from funnel_core._cluster_numba import knn_block_kernel as kernel
 
-    if ub is None:
-        ub = _column_max(postings)
-    prune = bool(w.nnz == 0 or w.data.min() >= 0)  # score bounds need non-negative weights
     out_cols = np.zeros((B, k), dtype=np.int64)
     out_vals = np.zeros((B, k), dtype=np.float64)
     out_cnt = np.zeros(B, dtype=np.int64)
     nparts = max(1, min(B, 4 * numba.get_num_threads()))
     kernel(w.indptr.astype(np.int64, copy=False), w.indices, w.data, postings.indptr.astype(np.int64, copy=False),
-           postings.indices, postings.data, ub, start, stop, n, k, threshold, m, prune, nparts,
+           postings.indices, postings.data, start, stop, n, k, threshold, m, nparts,
            out_cols, out_vals, out_cnt)
     keep = np.arange(k)[None, :] < out_cnt[:, None]
     indptr = np.concatenate([[0], np.cumsum(out_cnt)])
@@ -374,12 +370,11 @@ def knn_adjacency_from_weights(w: sp.csr_matrix, k: int = 20, threshold: float =
         w.sort_indices()
     n = w.shape[0]
     postings = w.tocsc()
-    ub = _column_max(postings) if backend == "numba" else None
     blocks = []
     for start in range(0, n, chunk_size):
         stop = min(n, start + chunk_size)
         if backend == "numba":
-            blocks.append(_knn_block_numba(w, postings, start, stop, k, float(threshold), query_terms, ub))
+            blocks.append(_knn_block_numba(w, postings, start, stop, k, float(threshold), query_terms))
         else:
             blocks.append(knn_block(w, start, stop, k=k, threshold=threshold, query_terms=query_terms,
                                     postings=postings, backend="scipy"))
