@@ -4,6 +4,8 @@
     python benchmarks/bench_cluster_scale.py --sizes 1000000        # one size, merged into the JSON
     python benchmarks/bench_cluster_scale.py --quick                # 5k and 20k, smoke run
     python benchmarks/bench_cluster_scale.py --code-root /tmp/old --label before --sizes 100000
+    python benchmarks/bench_cluster_scale.py --squad                # real SQuAD paragraphs: time + purity
+    python benchmarks/bench_cluster_scale.py --sizes --merge other.json   # merge another run's rows
 
 Pipeline per size (what :class:`funnel_core.clustered.ClusteredBM25Index` does): BM25 index over
 the documents -> BM25 kNN adjacency (:func:`funnel_core.cluster.bm25_knn_adjacency`, k=20,
@@ -92,13 +94,22 @@ def child(args) -> dict:
     from funnel_core.cluster import bm25_knn_adjacency, build_clusters
     from funnel_core.units import Unit
 
-    n = args.child
-    row: dict = {"n_documents": n, "label": args.label, "code": str(Path(funnel_core.__file__).parent),
-                 "load_average_at_start": os.getloadavg()}
     t0 = time.perf_counter()
-    texts = synthetic_corpus(n, scifact_vocab(args.data), seed=n)
-    units = [Unit(id=str(i), text=t) for i, t in enumerate(texts)]
-    del texts
+    if args.child == 0:  # the real SQuAD corpus: every train + dev-a paragraph, one document each
+        from funnel_core.evaluation.datasets import load_squad
+
+        units = [Unit(id=f"{f}-{ai}-{pi}", text=p, metadata={"article": a.title})
+                 for f in ("train", "dev-a")
+                 for ai, a in enumerate(load_squad(args.data / "squad" / f"squad-v1.1-{f}.json"))
+                 for pi, p in enumerate(a.paragraphs)]
+    else:
+        texts = synthetic_corpus(args.child, scifact_vocab(args.data), seed=args.child)
+        units = [Unit(id=str(i), text=t) for i, t in enumerate(texts)]
+        del texts
+    n = len(units)
+    row: dict = {"n_documents": n, "corpus": "squad-train+dev-a paragraphs" if args.child == 0 else "synthetic",
+                 "label": args.label, "code": str(Path(funnel_core.__file__).parent),
+                 "load_average_at_start": os.getloadavg()}
     row["generate_seconds"] = time.perf_counter() - t0
     row["rss_after_generate_mib"] = rss_now_mib()
     seconds, peak = {}, {}
@@ -114,6 +125,7 @@ def child(args) -> dict:
     index = step("bm25_index", lambda: BM25Index().index(units))
     knn_kw = {} if args.backend is None else {"backend": args.backend}
     adj = step("knn_graph", lambda: bm25_knn_adjacency(index, k=args.k, threshold=args.threshold, **knn_kw))
+    row["knn_postings_per_document"] = knn_work(index, args.k)
     del index
     t = time.perf_counter()
     clusters, clustering = build_clusters(units, adjacency=adj, max_tokens=args.max_tokens)
@@ -125,6 +137,18 @@ def child(args) -> dict:
     step("cluster_index", lambda: BM25Index().index(clusters))
     members = np.array([len(c.metadata["members"]) for c in clusters])
     tokens = np.array([c.metadata["n_tokens"] for c in clusters])
+    if args.child == 0:
+        article = {u.id: u.metadata["article"] for u in units}
+        shared, purity = 0, 0
+        for c in clusters:
+            arts = [article[m] for m in c.metadata["members"]]
+            counts = {a: arts.count(a) for a in set(arts)}
+            purity += max(counts.values())
+            shared += sum(v for v in counts.values() if v > 1)
+        row["quality"] = {
+            "purity": purity / n,  # share of documents in their cluster's majority article
+            "with_same_article_paragraph": shared / n,  # share whose cluster holds another paragraph of their article
+            "note": "paragraphs of one Wikipedia article are the natural neighbours; 1.0 is the best possible"}
     row.update({
         "step_seconds": seconds, "pipeline_seconds": sum(seconds.values()),
         "peak_rss_mib_after_step": peak, "peak_rss_mib": rss_peak_mib(),
@@ -134,6 +158,21 @@ def child(args) -> dict:
         "cpu_seconds": resource.getrusage(resource.RUSAGE_SELF).ru_utime + resource.getrusage(resource.RUSAGE_SELF).ru_stime,
     })
     return row
+
+
+def knn_work(index, query_terms: int = 16) -> float | None:
+    """Summed posting length of every document's kNN query terms, per document: the work of the
+    exact kNN graph (grows ~linearly in n per document when the vocabulary is fixed)."""
+    try:
+        from funnel_core.cluster import _query_matrix, bm25_weight_matrix
+    except ImportError:  # older code
+        return None
+    w = bm25_weight_matrix(index)
+    df = np.diff(w.tocsc().indptr).astype(np.float64)
+    total = 0.0
+    for s in range(0, w.shape[0], 50_000):
+        total += float((_query_matrix(w[s:s + 50_000], query_terms) @ df).sum())
+    return total / w.shape[0]
 
 
 def cpu_flags() -> dict:
@@ -168,14 +207,14 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for li, (label, block) in enumerate(result["runs"].items()):
+    for li, (label, block) in enumerate((lb, b) for lb, b in result["runs"].items() if lb != "squad"):
         rows = sorted(block["rows"], key=lambda r: r["n_documents"])
         ns = np.array([r["n_documents"] for r in rows])
         style = "-" if li == 0 else ":"
         for si, s in enumerate(STEPS + ("pipeline",)):
             ys = [r["pipeline_seconds"] if s == "pipeline" else r["step_seconds"][s] for r in rows]
             ax1.plot(ns, ys, style, marker="o", color=f"C{si}", label=f"{s} ({label})")
-            f = block["fits"].get(s)
+            f = (block.get("fits") or {}).get(s)
             if f and s in ("knn_graph", "pipeline"):
                 xs = np.geomspace(ns.min(), TARGET_N, 50)
                 ax1.plot(xs, f["coef"] * xs ** f["exponent"], "--", color=f"C{si}", alpha=0.5, lw=1)
@@ -207,15 +246,32 @@ def main() -> None:
     p.add_argument("--code-root", type=Path, default=None,
                    help="import funnel_core from this folder (e.g. an export of an older commit)")
     p.add_argument("--timeout", type=float, default=None, help="seconds per size")
+    p.add_argument("--squad", action="store_true",
+                   help="also run the pipeline on the real SQuAD train + dev-a paragraphs (cluster purity by article)")
+    p.add_argument("--merge", type=Path, nargs="*", default=[],
+                   help="add the rows of these result files (same format) before writing")
     p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child is not None:
         print(json.dumps(child(args)))
         return
-    sizes = args.sizes or ([5_000, 20_000] if args.quick else [100_000, 300_000, 1_000_000])
+    sizes = args.sizes if args.sizes is not None else ([5_000, 20_000] if args.quick else [100_000, 300_000, 1_000_000])
     result = json.loads(args.out.read_text()) if args.out.is_file() else {}
     runs = result.get("runs", {})
+    for other in args.merge:
+        for label, ob in json.loads(other.read_text())["runs"].items():
+            tb = runs.setdefault(label, {"rows": [], "args": ob.get("args", {})})
+            keys = {(r["n_documents"], r.get("corpus", "synthetic")) for r in ob["rows"]}
+            tb["rows"] = sorted([r for r in tb["rows"] if (r["n_documents"], r.get("corpus", "synthetic")) not in keys]
+                                + ob["rows"], key=lambda r: r["n_documents"])
     block = runs.setdefault(args.label, {"rows": [], "args": {}})
+    if args.squad:
+        block = runs.setdefault("squad", {"rows": [], "args": {}})
+        sizes = [0]
+    if not sizes:
+        for b in runs.values():
+            refit(b)
+        write(result, runs, args)
     for n in sizes:
         cmd = [sys.executable, __file__, "--child", str(n), "--data", str(args.data), "--k", str(args.k),
                "--threshold", str(args.threshold), "--max-tokens", str(args.max_tokens), "--label", args.label]
@@ -232,29 +288,38 @@ def main() -> None:
         row["subprocess_wall_seconds"] = time.perf_counter() - t
         print(f"  -> pipeline {row['pipeline_seconds']:.1f} s, peak RSS {row['peak_rss_mib']:.0f} MiB, "
               f"{row['n_clusters']:,} clusters", flush=True)
-        block["rows"] = [r for r in block["rows"] if r["n_documents"] != n] + [row]
+        block["rows"] = [r for r in block["rows"] if r["n_documents"] != row["n_documents"]] + [row]
         block["rows"].sort(key=lambda r: r["n_documents"])
         block["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                         if k not in ("child", "sizes", "out")}
-        rows = block["rows"]
-        block["fits"] = {s: fit(rows, lambda r, s=s: r["step_seconds"][s]) for s in STEPS}
-        block["fits"]["pipeline"] = fit(rows, lambda r: r["pipeline_seconds"])
-        block["fits"]["peak_rss_mib"] = fit(rows, lambda r: r["peak_rss_mib"])
-        steps_21m = {s: f["at_21M"] for s, f in block["fits"].items() if f and s in STEPS}
-        block["extrapolation_21M"] = ({"seconds_per_step": steps_21m, "dominant_step": max(steps_21m, key=steps_21m.get),
-                                       "pipeline_hours": sum(steps_21m.values()) / 3600,
-                                       "peak_rss_gib": block["fits"]["peak_rss_mib"]["at_21M"] / 1024
-                                       if block["fits"]["peak_rss_mib"] else None}
-                                      if steps_21m else None)
-        result.update({"benchmark": "cluster_scale", "machine": {**machine(), "cpu": cpu_flags()},
-                       "target": {"n_documents": 1_000_000, "seconds": 600, "peak_rss_gib": 8},
-                       "notes": __doc__.split("Pipeline per size", 1)[1].split("Writes", 1)[0].strip(),
-                       "runs": runs})
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2, default=float))
+                         if k not in ("child", "sizes", "out", "merge")}
+        refit(block)
+        write(result, runs, args)
     print(f"wrote {args.out}")
     if not args.quick:
         plot(result, args.out.with_suffix(".png"))
+
+
+def refit(block: dict) -> None:
+    rows = [r for r in block["rows"] if r.get("corpus", "synthetic") == "synthetic"]
+    block["fits"] = {s: fit(rows, lambda r, s=s: r["step_seconds"][s]) for s in STEPS}
+    block["fits"]["pipeline"] = fit(rows, lambda r: r["pipeline_seconds"])
+    block["fits"]["peak_rss_mib"] = fit(rows, lambda r: r["peak_rss_mib"])
+    steps_21m = {s: f["at_21M"] for s, f in block["fits"].items() if f and s in STEPS}
+    block["extrapolation_21M"] = ({"seconds_per_step": steps_21m, "dominant_step": max(steps_21m, key=steps_21m.get),
+                                   "pipeline_hours": sum(steps_21m.values()) / 3600,
+                                   "peak_rss_gib": block["fits"]["peak_rss_mib"]["at_21M"] / 1024
+                                   if block["fits"]["peak_rss_mib"] else None}
+                                  if steps_21m else None)
+    block["fits"]["knn_postings_per_document"] = fit(rows, lambda r: r.get("knn_postings_per_document") or 0)
+
+
+def write(result: dict, runs: dict, args) -> None:
+    result.update({"benchmark": "cluster_scale", "machine": {**machine(), "cpu": cpu_flags()},
+                   "target": {"n_documents": 1_000_000, "seconds": 600, "peak_rss_gib": 8},
+                   "notes": __doc__.split("Pipeline per size", 1)[1].split("Writes", 1)[0].strip(),
+                   "runs": runs})
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2, default=float))
 
 
 if __name__ == "__main__":
