@@ -92,18 +92,24 @@ def local_clustering_coefficient(adj: sp.spmatrix, chunk_size: int = 16384) -> n
     """Local clustering coefficient of every node of an undirected graph (weights ignored).
 
     ``C(v) = 2 T(v) / (deg(v) (deg(v) - 1))`` with ``T(v)`` the triangles through ``v``, computed
-    as ``((A @ A) * A).sum(1) / 2`` on the sparse binary adjacency, ``chunk_size`` rows of
-    ``A @ A`` at a time (the whole product has ~n * deg^2 entries: ~10 GB at 1M documents).
+    by a compiled neighbour-marking count when numba is installed, else as
+    ``((A @ A) * A).sum(1) / 2`` on the sparse binary adjacency, ``chunk_size`` rows of ``A @ A``
+    at a time (the whole product has ~n * deg^2 entries: ~10 GB at 1M documents).
     """
     check_positive_int(chunk_size, "chunk_size")
     a = _binary_symmetric(adj)
     a.data = np.ones(len(a.data), dtype=np.float32)  # path counts are exact small integers
     n = a.shape[0]
     deg = np.diff(a.indptr).astype(np.float64)
-    tri = np.zeros(n, dtype=np.float64)
-    for start in range(0, n, chunk_size):
-        rows = a[start:start + chunk_size]
-        tri[start:start + chunk_size] = np.asarray((rows @ a).multiply(rows).sum(axis=1)).ravel() / 2.0
+    try:
+        from funnel_core._cluster_numba import triangles_kernel
+    except ImportError:  # no numba: the sparse product, in row chunks
+        tri = np.zeros(n, dtype=np.float64)
+        for start in range(0, n, chunk_size):
+            rows = a[start:start + chunk_size]
+            tri[start:start + chunk_size] = np.asarray((rows @ a).multiply(rows).sum(axis=1)).ravel() / 2.0
+    else:
+        tri = triangles_kernel(a.indptr.astype(np.int64), a.indices.astype(np.int64), n)
     denom = deg * (deg - 1)
     with np.errstate(divide="ignore", invalid="ignore"):
         cc = np.where(denom > 0, 2.0 * tri / denom, 0.0)
