@@ -96,12 +96,11 @@ def child(args) -> dict:
 
     t0 = time.perf_counter()
     if args.child == 0:  # the real SQuAD corpus: every train + dev-a paragraph, one document each
-        from funnel_core.evaluation.datasets import load_squad
-
-        units = [Unit(id=f"{f}-{ai}-{pi}", text=p, metadata={"article": a.title})
-                 for f in ("train", "dev-a")
-                 for ai, a in enumerate(load_squad(args.data / "squad" / f"squad-v1.1-{f}.json"))
-                 for pi, p in enumerate(a.paragraphs)]
+        units = []
+        for f in ("train", "dev-a"):
+            data = json.loads((args.data / "squad" / f"squad-v1.1-{f}.json").read_text(encoding="utf-8"))["data"]
+            units += [Unit(id=f"{f}-{ai}-{pi}", text=para["context"], metadata={"article": art["title"]})
+                      for ai, art in enumerate(data) for pi, para in enumerate(art["paragraphs"])]
     else:
         texts = synthetic_corpus(args.child, scifact_vocab(args.data), seed=args.child)
         units = [Unit(id=str(i), text=t) for i, t in enumerate(texts)]
@@ -112,26 +111,31 @@ def child(args) -> dict:
                  "load_average_at_start": os.getloadavg()}
     row["generate_seconds"] = time.perf_counter() - t0
     row["rss_after_generate_mib"] = rss_now_mib()
-    seconds, peak = {}, {}
+    seconds, cpu, peak = {}, {}, {}
 
     def step(name, fn):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         out = fn()
         seconds[name] = time.perf_counter() - t
+        cpu[name] = time.process_time() - c  # all threads; robust to other users' load
         peak[name] = rss_peak_mib()
-        print(f"  n={n} {name}: {seconds[name]:.1f} s, peak RSS so far {peak[name]:.0f} MiB", file=sys.stderr, flush=True)
+        print(f"  n={n} {name}: {seconds[name]:.1f} s ({cpu[name]:.1f} CPU s), peak RSS so far {peak[name]:.0f} MiB",
+              file=sys.stderr, flush=True)
         return out
 
     index = step("bm25_index", lambda: BM25Index().index(units))
+    if args.knn_sample:
+        return sampled_knn(args, row, index, units, seconds, cpu, peak)
     knn_kw = {} if args.backend is None else {"backend": args.backend}
     adj = step("knn_graph", lambda: bm25_knn_adjacency(index, k=args.k, threshold=args.threshold, **knn_kw))
     row["knn_postings_per_document"] = knn_work(index, args.k)
     del index
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     clusters, clustering = build_clusters(units, adjacency=adj, max_tokens=args.max_tokens)
-    total = time.perf_counter() - t
+    total, total_cpu = time.perf_counter() - t, time.process_time() - c
     seconds["algorithm1"] = clustering.seconds
     seconds["cluster_units"] = total - clustering.seconds
+    cpu["algorithm1+cluster_units"] = total_cpu
     peak["algorithm1"] = peak["cluster_units"] = rss_peak_mib()
     print(f"  n={n} build_clusters: {total:.1f} s (Algorithm 1 {clustering.seconds:.1f} s)", file=sys.stderr, flush=True)
     step("cluster_index", lambda: BM25Index().index(clusters))
@@ -150,12 +154,45 @@ def child(args) -> dict:
             "with_same_article_paragraph": shared / n,  # share whose cluster holds another paragraph of their article
             "note": "paragraphs of one Wikipedia article are the natural neighbours; 1.0 is the best possible"}
     row.update({
-        "step_seconds": seconds, "pipeline_seconds": sum(seconds.values()),
+        "step_seconds": seconds, "pipeline_seconds": sum(seconds.values()), "step_cpu_seconds": cpu,
         "peak_rss_mib_after_step": peak, "peak_rss_mib": rss_peak_mib(),
         "edges": int(adj.nnz // 2), "n_clusters": len(clusters), "compression": n / len(clusters),
         "mean_tokens_per_cluster": float(tokens.mean()), "max_tokens_per_cluster": int(tokens.max()),
         "singleton_clusters": int((members == 1).sum()), "load_average_at_end": os.getloadavg(),
         "cpu_seconds": resource.getrusage(resource.RUSAGE_SELF).ru_utime + resource.getrusage(resource.RUSAGE_SELF).ru_stime,
+    })
+    return row
+
+
+def sampled_knn(args, row, index, units, seconds, cpu, peak) -> dict:
+    """Full BM25 index, then only ``--knn-sample`` rows of the kNN graph (evenly spaced blocks
+    of :func:`funnel_core.cluster.knn_block`), timed and scaled to all n rows. Algorithm 1 and
+    the cluster index are not run. For sizes whose full run does not fit the time available."""
+    from funnel_core.cluster import bm25_weight_matrix, knn_block
+
+    n = len(units)
+    t, c = time.perf_counter(), time.process_time()
+    w = bm25_weight_matrix(index)
+    postings = w.tocsc()
+    prep, prep_cpu = time.perf_counter() - t, time.process_time() - c
+    blocks = 8
+    per = max(1, args.knn_sample // blocks)
+    starts = np.linspace(0, n - per, blocks).astype(int)
+    knn_block(w, 0, 10, k=args.k, threshold=args.threshold, postings=postings)  # load the compiled kernel
+    t, c = time.perf_counter(), time.process_time()
+    edges = sum(knn_block(w, int(s), int(s) + per, k=args.k, threshold=args.threshold, postings=postings).nnz
+                for s in starts)
+    wall, cpu_s = time.perf_counter() - t, time.process_time() - c
+    rows_done = per * blocks
+    row.update({
+        "step_seconds": seconds, "step_cpu_seconds": cpu, "peak_rss_mib_after_step": peak,
+        "peak_rss_mib": rss_peak_mib(), "load_average_at_end": os.getloadavg(),
+        "knn_postings_per_document": knn_work(index, 16),
+        "knn_sample": {"rows": rows_done, "blocks": blocks, "directed_edges": int(edges),
+                       "seconds": wall, "cpu_seconds": cpu_s, "prepare_seconds": prep, "prepare_cpu_seconds": prep_cpu,
+                       "estimated_knn_graph_seconds": prep + wall * n / rows_done,
+                       "estimated_knn_graph_cpu_seconds": prep_cpu + cpu_s * n / rows_done},
+        "partial": "BM25 index run in full; kNN graph sampled and scaled; Algorithm 1 and cluster index not run",
     })
     return row
 
@@ -208,7 +245,17 @@ def plot(result: dict, path: Path) -> None:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     for li, (label, block) in enumerate((lb, b) for lb, b in result["runs"].items() if lb != "squad"):
-        rows = sorted(block["rows"], key=lambda r: r["n_documents"])
+        for r in block["rows"]:
+            if "knn_sample" in r:
+                ax1.plot([r["n_documents"]], [r["knn_sample"]["estimated_knn_graph_seconds"]], "*", ms=12,
+                         color="C1", label=f"knn_graph, sampled {r['knn_sample']['rows']:,} rows, scaled ({label})")
+                ax1.plot([r["n_documents"]], [r["step_seconds"]["bm25_index"]], "*", ms=12, color="C0",
+                         label=f"bm25_index ({label})")
+                ax2.plot([r["n_documents"]], [r["peak_rss_mib"] / 1024], "*", ms=12, color="C1",
+                         label=f"BM25 index + kNN sample ({label})")
+        rows = sorted((r for r in block["rows"] if "partial" not in r), key=lambda r: r["n_documents"])
+        if not rows:
+            continue
         ns = np.array([r["n_documents"] for r in rows])
         style = "-" if li == 0 else ":"
         for si, s in enumerate(STEPS + ("pipeline",)):
@@ -250,6 +297,8 @@ def main() -> None:
                    help="also run the pipeline on the real SQuAD train + dev-a paragraphs (cluster purity by article)")
     p.add_argument("--merge", type=Path, nargs="*", default=[],
                    help="add the rows of these result files (same format) before writing")
+    p.add_argument("--knn-sample", type=int, default=0,
+                   help="partial run: full BM25 index, then only this many kNN rows, scaled to n (label it)")
     p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child is not None:
@@ -279,6 +328,8 @@ def main() -> None:
             cmd += ["--backend", args.backend]
         if args.code_root:
             cmd += ["--code-root", str(args.code_root)]
+        if args.knn_sample:
+            cmd += ["--knn-sample", str(args.knn_sample)]
         print(f"[cluster_scale] {args.label} n={n:,}", flush=True)
         t = time.perf_counter()
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=args.timeout)
@@ -286,8 +337,9 @@ def main() -> None:
             raise SystemExit(f"size {n} failed with exit code {proc.returncode}")
         row = json.loads(proc.stdout.strip().splitlines()[-1])
         row["subprocess_wall_seconds"] = time.perf_counter() - t
-        print(f"  -> pipeline {row['pipeline_seconds']:.1f} s, peak RSS {row['peak_rss_mib']:.0f} MiB, "
-              f"{row['n_clusters']:,} clusters", flush=True)
+        if "partial" not in row:
+            print(f"  -> pipeline {row['pipeline_seconds']:.1f} s, peak RSS {row['peak_rss_mib']:.0f} MiB, "
+                  f"{row['n_clusters']:,} clusters", flush=True)
         block["rows"] = [r for r in block["rows"] if r["n_documents"] != row["n_documents"]] + [row]
         block["rows"].sort(key=lambda r: r["n_documents"])
         block["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
@@ -300,7 +352,7 @@ def main() -> None:
 
 
 def refit(block: dict) -> None:
-    rows = [r for r in block["rows"] if r.get("corpus", "synthetic") == "synthetic"]
+    rows = [r for r in block["rows"] if r.get("corpus", "synthetic") == "synthetic" and "partial" not in r]
     block["fits"] = {s: fit(rows, lambda r, s=s: r["step_seconds"][s]) for s in STEPS}
     block["fits"]["pipeline"] = fit(rows, lambda r: r["pipeline_seconds"])
     block["fits"]["peak_rss_mib"] = fit(rows, lambda r: r["peak_rss_mib"])

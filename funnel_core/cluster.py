@@ -25,8 +25,12 @@ Adjacency builders (all return a symmetric ``scipy.sparse.csr_matrix`` of edge w
 
 * :func:`link_adjacency` — explicit links in metadata (ids or titles, like Wikipedia links);
 * :func:`bm25_knn_adjacency` — each document queries the BM25 index with its top-``m``
-  highest-weighted terms, as one sparse matrix product; neighbours are the top ``k`` with a
-  score normalised by the self-score above ``threshold``;
+  highest-weighted terms; neighbours are the top ``k`` (ties: lower index) with a score
+  normalised by the self-score at or above ``threshold``. Rows are computed in blocks by the
+  pure function :func:`knn_block` (a compiled term-at-a-time kernel when numba is installed,
+  else one scipy sparse product per block; both give the same matrix), so blocks can be
+  sharded across processes and stacked. The work is the summed posting length of the query
+  terms: for a fixed vocabulary it grows ~n per document, so ~n^2 in all;
 * :func:`embedding_knn_adjacency` — cosine k-nearest neighbours above a threshold.
 """
 
