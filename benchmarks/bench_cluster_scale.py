@@ -16,8 +16,13 @@ Each size runs in its own subprocess, so the peak RSS (``ru_maxrss`` of that pro
 every step) is per size. Documents are synthetic and clusterable: 2,000 topics, each a set of
 150 words drawn Zipf-wise from the SciFact vocabulary; a document is 60 words from its topic's set
 plus 40 Zipf background words (the distribution of ``bench_bm25.synthetic_corpus``, generated
-vectorised). The vocabulary is fixed, so posting lists grow linearly with n: a harder case for
-the kNN step than a real corpus, whose vocabulary grows with it.
+vectorised). The vocabulary is fixed, so posting lists grow linearly with n and so does the kNN
+work per document (``knn_postings_per_document``: the summed posting length of a document's 16
+query terms; the ``--squad`` row gives the same figure for real Wikipedia paragraphs).
+
+Wall-clock seconds depend on how busy the shared machine is (``load_average_*``);
+``step_cpu_seconds`` (process CPU time, all threads) does not, and is the figure to compare
+between runs.
 
 Writes benchmarks/results/cluster_scale.json (rows are merged by (label, n), so sizes can be run
 separately) and cluster_scale.png: seconds per step and peak RSS against n, with power-law fits
