@@ -248,7 +248,27 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (ax1, ax3, ax2) = plt.subplots(1, 3, figsize=(18, 5))
+    cpu_steps = ("bm25_index", "knn_graph", "algorithm1+cluster_units", "cluster_index")
+    for li, (label, block) in enumerate((lb, b) for lb, b in result["runs"].items()
+                                         if any(r.get("step_cpu_seconds") for r in b["rows"])
+                                         and lb != "squad"):
+        for si, s in enumerate(cpu_steps):
+            pts = sorted((r["n_documents"], r["knn_sample"]["estimated_knn_graph_cpu_seconds"] if s == "knn_graph"
+                          and "knn_sample" in r else (r.get("step_cpu_seconds") or {}).get(s))
+                         for r in block["rows"])
+            pts = [q for q in pts if q[1]]
+            if pts:
+                ax3.plot(*zip(*pts), "-" if li == 0 else ":", marker="os"[li % 2], color=f"C{si}", label=f"{s} ({label})")
+            f = (block.get("cpu_fits") or {}).get(s)
+            if f and s == "knn_graph":
+                xs = np.geomspace(1e5, TARGET_N, 50)
+                ax3.plot(xs, f["coef"] * xs ** f["exponent"], "--", color=f"C{si}", alpha=0.5, lw=1,
+                         label=f"kNN fit n^{f['exponent']:.2f}")
+    ax3.axhline(1200, color="grey", lw=0.8, ls="--")
+    ax3.set_xscale("log"); ax3.set_yscale("log"); ax3.set_xlabel("documents"); ax3.set_ylabel("CPU seconds (all threads)")
+    ax3.set_title("CPU seconds per step (1M kNN: 8,000 rows sampled, scaled); line: 2 cores x 10 min", fontsize=9)
+    ax3.legend(fontsize=6)
     for li, (label, block) in enumerate((lb, b) for lb, b in result["runs"].items() if lb != "squad"):
         for r in block["rows"]:
             if "knn_sample" in r:
@@ -274,7 +294,7 @@ def plot(result: dict, path: Path) -> None:
     ax1.axhline(600, color="grey", lw=0.8, ls="--")
     ax1.axvline(TARGET_N, color="grey", lw=0.8, ls=":")
     ax1.set_xscale("log"); ax1.set_yscale("log"); ax1.set_xlabel("documents"); ax1.set_ylabel("seconds")
-    ax1.set_title("clustering pipeline time per step (dashed: power-law fit; line: 10 min)")
+    ax1.set_title("wall seconds per step on the shared machine (dashed: fit; line: 10 min)", fontsize=9)
     ax1.legend(fontsize=6, ncol=2)
     ax2.axhline(8, color="grey", lw=0.8, ls="--")
     ax2.set_xscale("log"); ax2.set_xlabel("documents"); ax2.set_ylabel("GiB"); ax2.set_title("peak RSS per size (line: 8 GiB)")
@@ -367,7 +387,22 @@ def refit(block: dict) -> None:
                                    "peak_rss_gib": block["fits"]["peak_rss_mib"]["at_21M"] / 1024
                                    if block["fits"]["peak_rss_mib"] else None}
                                   if steps_21m else None)
-    block["fits"]["knn_postings_per_document"] = fit(rows, lambda r: r.get("knn_postings_per_document") or 0)
+    block["fits"]["knn_postings_per_document"] = fit(block["rows"], lambda r: r.get("knn_postings_per_document") or 0)
+
+    # CPU seconds (all threads), insensitive to other users' load; the kNN step of a partial
+    # (sampled) row counts with its scaled estimate
+    def cpu_of(r, s):
+        if s == "knn_graph" and "knn_sample" in r:
+            return r["knn_sample"]["estimated_knn_graph_cpu_seconds"]
+        return (r.get("step_cpu_seconds") or {}).get(s, 0)
+
+    synth = [r for r in block["rows"] if r.get("corpus", "synthetic") == "synthetic"]
+    cpu_fits = {s: fit(synth, lambda r, s=s: cpu_of(r, s))
+                for s in ("bm25_index", "knn_graph", "algorithm1+cluster_units", "cluster_index")}
+    block["cpu_fits"] = cpu_fits
+    at = {s: f["at_21M"] for s, f in cpu_fits.items() if f}
+    block["extrapolation_21M_cpu"] = ({"cpu_seconds_per_step": at, "dominant_step": max(at, key=at.get),
+                                       "cpu_hours_fitted_steps": sum(at.values()) / 3600} if at else None)
 
 
 def write(result: dict, runs: dict, args) -> None:
