@@ -25,8 +25,12 @@ Adjacency builders (all return a symmetric ``scipy.sparse.csr_matrix`` of edge w
 
 * :func:`link_adjacency` — explicit links in metadata (ids or titles, like Wikipedia links);
 * :func:`bm25_knn_adjacency` — each document queries the BM25 index with its top-``m``
-  highest-weighted terms, as one sparse matrix product; neighbours are the top ``k`` with a
-  score normalised by the self-score above ``threshold``;
+  highest-weighted terms; neighbours are the top ``k`` (ties: lower index) with a score
+  normalised by the self-score at or above ``threshold``. Rows are computed in blocks by the
+  pure function :func:`knn_block` (a compiled term-at-a-time kernel when numba is installed,
+  else one scipy sparse product per block; both give the same matrix), so blocks can be
+  sharded across processes and stacked. The work is the summed posting length of the query
+  terms: for a fixed vocabulary it grows ~n per document, so ~n^2 in all;
 * :func:`embedding_knn_adjacency` — cosine k-nearest neighbours above a threshold.
 """
 
@@ -49,6 +53,9 @@ __all__ = [
     "local_clustering_coefficient",
     "link_adjacency",
     "bm25_knn_adjacency",
+    "bm25_weight_matrix",
+    "knn_block",
+    "knn_adjacency_from_weights",
     "embedding_knn_adjacency",
     "build_clusters",
 ]
@@ -85,16 +92,28 @@ def _binary_symmetric(adj: sp.spmatrix) -> sp.csr_matrix:
     return a
 
 
-def local_clustering_coefficient(adj: sp.spmatrix) -> np.ndarray:
+def local_clustering_coefficient(adj: sp.spmatrix, chunk_size: int = 16384) -> np.ndarray:
     """Local clustering coefficient of every node of an undirected graph (weights ignored).
 
     ``C(v) = 2 T(v) / (deg(v) (deg(v) - 1))`` with ``T(v)`` the triangles through ``v``, computed
-    as ``((A @ A) * A).sum(1) / 2`` on the sparse binary adjacency.
+    by a compiled neighbour-marking count when numba is installed, else as
+    ``((A @ A) * A).sum(1) / 2`` on the sparse binary adjacency, ``chunk_size`` rows of ``A @ A``
+    at a time (the whole product has ~n * deg^2 entries: ~10 GB at 1M documents).
     """
+    check_positive_int(chunk_size, "chunk_size")
     a = _binary_symmetric(adj)
-    a.data[:] = 1.0
-    deg = np.asarray(a.sum(axis=1)).ravel()
-    tri = np.asarray((a @ a).multiply(a).sum(axis=1)).ravel() / 2.0
+    a.data = np.ones(len(a.data), dtype=np.float32)  # path counts are exact small integers
+    n = a.shape[0]
+    deg = np.diff(a.indptr).astype(np.float64)
+    try:
+        from funnel_core._cluster_numba import triangles_kernel
+    except ImportError:  # no numba: the sparse product, in row chunks
+        tri = np.zeros(n, dtype=np.float64)
+        for start in range(0, n, chunk_size):
+            rows = a[start:start + chunk_size]
+            tri[start:start + chunk_size] = np.asarray((rows @ a).multiply(rows).sum(axis=1)).ravel() / 2.0
+    else:
+        tri = triangles_kernel(a.indptr.astype(np.int64), a.indices.astype(np.int64), n)
     denom = deg * (deg - 1)
     with np.errstate(divide="ignore", invalid="ignore"):
         cc = np.where(denom > 0, 2.0 * tri / denom, 0.0)
@@ -189,63 +208,189 @@ def link_adjacency(units: Sequence[Unit], key: str = "links", title_key: str = "
     return adj.maximum(adj.T).tocsr()
 
 
-def bm25_knn_adjacency(index: Any, k: int = 20, threshold: float = 0.1, query_terms: int = 16,
-                       chunk_size: int = 2048) -> sp.csr_matrix:
-    """BM25 k-nearest-neighbour graph over the units of a :class:`~funnel_core.bm25.BM25Index`.
+def bm25_weight_matrix(index: Any) -> sp.csr_matrix:
+    """The (documents x terms) BM25 weight matrix of a :class:`~funnel_core.bm25.BM25Index`.
 
-    Each document's query is its ``query_terms`` highest-BM25-weight terms; all documents are
-    scored at once per chunk as ``Q @ W.T`` (scipy.sparse), where ``W`` is the index's (docs x
-    terms) BM25 weight matrix. A neighbour's score is normalised by the document's self-score, so
-    ``threshold`` is in [0, 1]. Edge weight = that normalised score; the graph is symmetrised.
+    float32 CSR with sorted column indices; the columns are in sorted-term order (bm25s numbers
+    terms in a hash-seed-dependent order), so every tie-break, and hence the kNN graph, is the
+    same in every process.
     """
-    check_positive_int(k, "k")
-    check_positive_int(query_terms, "query_terms")
     s = index._retriever.scores
     n = int(s["num_docs"])
-    w = sp.csc_matrix((s["data"], s["indices"], s["indptr"]), shape=(n, len(s["indptr"]) - 1))
-    # bm25s numbers terms in hash-seed-dependent order; put the columns in sorted-term order so
-    # tie-breaking, and hence the graph, is the same in every process.
+    w = sp.csc_matrix((np.asarray(s["data"], dtype=np.float32), s["indices"], s["indptr"]),
+                      shape=(n, len(s["indptr"]) - 1))
     vocab = index._retriever.vocab_dict
     w = w[:, [vocab[t] for t in sorted(vocab) if vocab[t] < w.shape[1]]].tocsr()
-    # keep each document's top-m weighted terms as its query (binary bag of words)
-    q_rows, q_cols = [], []
-    for i in range(n):
-        lo, hi = w.indptr[i], w.indptr[i + 1]
-        if hi == lo:
-            continue
-        row_w = w.data[lo:hi]
-        top = np.argsort(-row_w, kind="stable")[:query_terms]
-        q_rows.append(np.full(len(top), i))
-        q_cols.append(w.indices[lo:hi][top])
-    if not q_rows:
-        return sp.csr_matrix((n, n))
-    q = sp.csr_matrix((np.ones(sum(len(r) for r in q_rows)), (np.concatenate(q_rows), np.concatenate(q_cols))),
-                      shape=w.shape)
-    wt = w.T.tocsc()
-    rows, cols, vals = [], [], []
+    w.sort_indices()
+    return w
+
+
+def _knn_backend(backend: str) -> str:
+    if backend not in ("auto", "numba", "scipy"):
+        raise ValueError(f"backend must be 'auto', 'numba' or 'scipy', got {backend!r}.")
+    if backend == "scipy":
+        return backend
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        if backend == "numba":
+            raise ImportError("backend='numba' needs numba: pip install 'funnel-rag[fast]', or use "
+                              "backend='scipy'.") from None
+        return "scipy"
+    return "numba"
+
+
+def knn_block(w: sp.csr_matrix, start: int, stop: int, *, k: int = 20, threshold: float = 0.1,
+              query_terms: int = 16, postings: sp.csc_matrix | None = None,
+              backend: str = "auto") -> sp.csr_matrix:
+    """Directed BM25 kNN rows ``start:stop`` of :func:`bm25_knn_adjacency` (a pure function).
+
+    Document ``i``'s query is its ``query_terms`` highest-weighted terms (ties: lower column);
+    its score for document ``j`` is ``sum(w[j, t] for t in query)`` (float64, exact for float32
+    weights of BM25's range, so independent of summation order); its self-score is its score for
+    itself. Its neighbours are the documents ``j != i`` with a non-zero score whose score divided
+    by the self-score is at least ``threshold``, the ``k`` highest (ties: lower index), with edge
+    weight ``min(score / self-score, 1)``. Rows with no terms or a non-positive self-score are empty.
+
+    Args:
+        w: (n, terms) weight matrix, CSR with sorted indices (:func:`bm25_weight_matrix`).
+        start, stop: The rows to compute; any split of ``range(n)`` into blocks gives the same
+            rows, so blocks can be computed anywhere (threads, processes, a cluster) and stacked
+            with ``scipy.sparse.vstack``.
+        postings: ``w.tocsc()``, passed in to avoid recomputing it per block.
+        backend: ``"numba"`` (compiled, term at a time, no score block materialised, all
+            cores), ``"scipy"`` (one sparse product per block), or ``"auto"`` (numba if installed).
+            Both return the same matrix.
+
+    Returns:
+        ``(stop - start, n)`` float64 CSR matrix; row ``r`` holds document ``start + r``'s edges.
+    """
+    _check_knn_args(k, threshold, query_terms)
+    n = w.shape[0]
+    if not 0 <= start <= stop <= n:
+        raise ValueError(f"need 0 <= start <= stop <= {n}, got start={start}, stop={stop}.")
+    if not w.has_sorted_indices:
+        w = w.copy()
+        w.sort_indices()
+    if postings is None:
+        postings = w.tocsc()
+    if _knn_backend(backend) == "numba":
+        return _knn_block_numba(w, postings, start, stop, k, float(threshold), query_terms)
+    return _knn_block_scipy(w, postings, start, stop, k, float(threshold), query_terms)
+
+
+def _check_knn_args(k: int, threshold: float, query_terms: int) -> None:
+    check_positive_int(k, "k")
+    check_positive_int(query_terms, "query_terms")
+    if not 0.0 <= threshold <= 1.0:
+        raise ValueError(f"threshold is a share of the self-score in [0, 1], got {threshold!r}.")
+
+
+def _query_matrix(sub: sp.csr_matrix, m: int) -> sp.csr_matrix:
+    """Binary (rows x terms) matrix of each row's top-``m`` weighted terms (ties: lower column)."""
+    counts = np.diff(sub.indptr)
+    row = np.repeat(np.arange(sub.shape[0]), counts)
+    order = np.lexsort((sub.indices, -sub.data, row))  # indices are sorted, so ties -> lower column
+    rank = np.arange(len(order)) - sub.indptr[row[order]]
+    keep = np.sort(order[rank < m])
+    q = sp.csr_matrix((np.ones(len(keep)), (row[keep], sub.indices[keep])), shape=sub.shape)
+    return q
+
+
+def _block_from_candidates(B: int, n: int, start: int, row: np.ndarray, col: np.ndarray,
+                           score: np.ndarray, self_score: np.ndarray, k: int, threshold: float) -> sp.csr_matrix:
+    ok = (self_score[row] > 0) & (col != start + row) & (score != 0)
+    row, col, score = row[ok], col[ok], score[ok]
+    norm = score / self_score[row]
+    ok = norm >= threshold
+    row, col, norm = row[ok], col[ok], norm[ok]
+    order = np.lexsort((col, -norm, row))
+    row, col, norm = row[order], col[order], norm[order]
+    first = np.searchsorted(row, np.arange(B))
+    rank = np.arange(len(row)) - first[row]
+    top = rank < k
+    row, col, norm = row[top], col[top], norm[top]
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(row, minlength=B))])
+    return sp.csr_matrix((np.minimum(norm, 1.0), col, indptr), shape=(B, n))
+
+
+def _knn_block_scipy(w, postings, start, stop, k, threshold, m):
+    n = w.shape[0]
+    B = stop - start
+    if B == 0:
+        return sp.csr_matrix((0, n))
+    sub = w[start:stop]
+    q = _query_matrix(sub, m)
+    self_score = np.asarray(q.multiply(sub.astype(np.float64)).sum(axis=1)).ravel()
+    wt = sp.csr_matrix((postings.data.astype(np.float64), postings.indices, postings.indptr),
+                       shape=(w.shape[1], n))  # = w.T in float64: exact sums
+    scores = (q @ wt).tocsr()
+    row = np.repeat(np.arange(B), np.diff(scores.indptr))
+    return _block_from_candidates(B, n, start, row, scores.indices.astype(np.int64), scores.data,
+                                  self_score, k, threshold)
+
+
+def _knn_block_numba(w, postings, start, stop, k, threshold, m):
+    import numba
+
+    n = w.shape[0]
+    B = stop - start
+    if B == 0:
+        return sp.csr_matrix((0, n))
+    from funnel_core._cluster_numba import knn_block_kernel as kernel
+
+    out_cols = np.zeros((B, k), dtype=np.int64)
+    out_vals = np.zeros((B, k), dtype=np.float64)
+    out_cnt = np.zeros(B, dtype=np.int64)
+    nparts = max(1, min(B, 4 * numba.get_num_threads()))
+    kernel(w.indptr.astype(np.int64, copy=False), w.indices, w.data, postings.indptr.astype(np.int64, copy=False),
+           postings.indices, postings.data, start, stop, n, k, threshold, m, nparts,
+           out_cols, out_vals, out_cnt)
+    keep = np.arange(k)[None, :] < out_cnt[:, None]
+    indptr = np.concatenate([[0], np.cumsum(out_cnt)])
+    return sp.csr_matrix((out_vals[keep], out_cols[keep], indptr), shape=(B, n))
+
+
+def bm25_knn_adjacency(index: Any, k: int = 20, threshold: float = 0.1, query_terms: int = 16,
+                       chunk_size: int = 4096, backend: str = "auto") -> sp.csr_matrix:
+    """BM25 k-nearest-neighbour graph over the units of a :class:`~funnel_core.bm25.BM25Index`.
+
+    Each document's query is its ``query_terms`` highest-BM25-weight terms; a neighbour's score
+    (the BM25 score of that query, ``Q @ W.T``) is normalised by the document's self-score, so
+    ``threshold`` is in [0, 1]; the ``k`` best neighbours at or above it are kept (ties: lower
+    index), edge weight = that normalised score; the graph is symmetrised (maximum). Rows are
+    computed in blocks of ``chunk_size`` by :func:`knn_block` (see there for ``backend``).
+    """
+    _check_knn_args(k, threshold, query_terms)
+    w = bm25_weight_matrix(index)
+    return knn_adjacency_from_weights(w, k=k, threshold=threshold, query_terms=query_terms,
+                                      chunk_size=chunk_size, backend=backend)
+
+
+def knn_adjacency_from_weights(w: sp.csr_matrix, k: int = 20, threshold: float = 0.1,
+                               query_terms: int = 16, chunk_size: int = 4096,
+                               backend: str = "auto") -> sp.csr_matrix:
+    """:func:`bm25_knn_adjacency` from a (documents x terms) weight matrix: every block of
+    :func:`knn_block`, stacked and symmetrised. Returns a float64 CSR matrix, int32 indices."""
+    _check_knn_args(k, threshold, query_terms)
+    check_positive_int(chunk_size, "chunk_size")
+    backend = _knn_backend(backend)
+    if not w.has_sorted_indices:
+        w = w.copy()
+        w.sort_indices()
+    n = w.shape[0]
+    postings = w.tocsc()
+    blocks = []
     for start in range(0, n, chunk_size):
-        block = (q[start:start + chunk_size] @ wt).tocsr()  # (chunk, n) scores
-        for r in range(block.shape[0]):
-            i = start + r
-            lo, hi = block.indptr[r], block.indptr[r + 1]
-            if hi == lo:
-                continue
-            cand, sc = block.indices[lo:hi], block.data[lo:hi]
-            self_mask = cand == i
-            self_score = float(sc[self_mask][0]) if self_mask.any() else float(sc.max())
-            if self_score <= 0:
-                continue
-            norm = sc / self_score
-            norm[self_mask] = -1.0
-            kk = min(k, len(cand))
-            top = np.argpartition(-norm, kk - 1)[:kk]
-            top = top[norm[top] >= threshold]
-            rows.append(np.full(len(top), i))
-            cols.append(cand[top])
-            vals.append(np.minimum(norm[top], 1.0))
-    if not rows:
-        return sp.csr_matrix((n, n))
-    adj = sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n, n))
+        stop = min(n, start + chunk_size)
+        if backend == "numba":
+            blocks.append(_knn_block_numba(w, postings, start, stop, k, float(threshold), query_terms))
+        else:
+            blocks.append(knn_block(w, start, stop, k=k, threshold=threshold, query_terms=query_terms,
+                                    postings=postings, backend="scipy"))
+    del postings
+    adj = sp.vstack(blocks, format="csr") if blocks else sp.csr_matrix((n, n))
+    del blocks
     return adj.maximum(adj.T).tocsr()
 
 

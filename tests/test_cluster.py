@@ -150,3 +150,121 @@ def test_clustering_is_identical_across_processes(tmp_path):
         outs.add(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                                 check=True).stdout)
     assert len(outs) == 1
+
+
+# -- the blocked BM25 kNN graph against a brute-force reference ------------------------------------
+
+def _reference_knn(w_dense: np.ndarray, k: int, threshold: float, m: int) -> np.ndarray:
+    """Plain dense reference: every document's query is its top-m weighted terms (ties: lower
+    column); scores = W @ q; neighbours j != i with a non-zero score / self-score >= threshold,
+    the k best (ties: lower index); weight min(norm, 1); symmetrised with the maximum."""
+    n, v = w_dense.shape
+    out = np.zeros((n, n))
+    for i in range(n):
+        nz = [c for c in range(v) if w_dense[i, c] != 0]
+        if not nz:
+            continue
+        ranked = sorted(nz, key=lambda c: (-w_dense[i, c], c))[:m]
+        q = np.zeros(v)
+        q[ranked] = 1.0
+        scores = w_dense.astype(np.float64) @ q
+        self_score = scores[i]
+        if self_score <= 0:
+            continue
+        cands = [(-(scores[j] / self_score), j) for j in range(n)
+                 if j != i and scores[j] != 0 and scores[j] / self_score >= threshold]
+        for negv, j in sorted(cands)[:k]:
+            out[i, j] = min(-negv, 1.0)
+    return np.maximum(out, out.T)
+
+
+def _random_words_corpus(n=160, seed=0):
+    rng = np.random.default_rng(seed)
+    words = [f"w{chr(97 + a)}{chr(97 + b)}" for a in range(6) for b in range(6)]  # 36 words
+    docs = []
+    for i in range(n):
+        topic = rng.integers(4)
+        pool = words[topic * 8: topic * 8 + 12]
+        docs.append(" ".join(rng.choice(pool, size=rng.integers(3, 9)).tolist()))
+    docs[7] = docs[3]  # exact duplicates: equal scores, ties broken by index
+    docs[11] = docs[3]
+    return [Unit(id=str(i), text=t) for i, t in enumerate(docs)]
+
+
+@pytest.fixture(scope="module")
+def knn_index():
+    return BM25Index(stemmer=None, stopwords=None).index(_random_words_corpus())
+
+
+def _weights_by_term_queries(index) -> np.ndarray:
+    """W rebuilt column by column from one-term BM25 queries (sorted-term order): independent of
+    how the library reads the bm25s score matrix."""
+    r = index._retriever
+    n_terms = len(r.scores["indptr"]) - 1  # bm25s also numbers a placeholder token past the end
+    vocab = sorted(t for t, i in r.vocab_dict.items() if i < n_terms)
+    return np.stack([r.get_scores([t]) for t in vocab], axis=1).astype(np.float32)
+
+
+@pytest.mark.parametrize("backend", ["numba", "scipy"])
+@pytest.mark.parametrize("chunk_size", [1, 7, 64, 160, 1000])
+def test_blocked_knn_equals_brute_force(knn_index, backend, chunk_size):
+    w_dense = _weights_by_term_queries(knn_index)
+    from funnel_core.cluster import bm25_weight_matrix
+
+    np.testing.assert_array_equal(bm25_weight_matrix(knn_index).toarray(), w_dense)
+    for k, threshold, m in [(5, 0.1, 16), (3, 0.0, 2), (12, 0.4, 4)]:
+        ref = _reference_knn(w_dense, k, threshold, m)
+        got = bm25_knn_adjacency(knn_index, k=k, threshold=threshold, query_terms=m,
+                                 chunk_size=chunk_size, backend=backend)
+        assert got.shape == ref.shape and got.dtype == np.float64
+        np.testing.assert_array_equal(got.toarray(), ref)  # entry for entry, exact
+        assert got.nnz > 0
+
+
+def test_knn_blocks_stack_to_the_whole_graph_and_backends_agree():
+    from funnel_core.cluster import knn_adjacency_from_weights, knn_block
+
+    rng = np.random.default_rng(3)
+    # weights from a small set: many exact ties between candidates
+    w = sp.random(300, 40, density=0.15, random_state=4, format="csr",
+                  data_rvs=lambda s: rng.choice([0.5, 1.0, 1.5, 2.0], size=s)).astype(np.float32)
+    w.sort_indices()
+    full = {b: sp.vstack([knn_block(w, s, min(300, s + 37), k=4, threshold=0.2, query_terms=3, backend=b)
+                          for s in range(0, 300, 37)]).tocsr() for b in ("numba", "scipy")}
+    assert (full["numba"] != full["scipy"]).nnz == 0
+    ref = _reference_knn(w.toarray(), 4, 0.2, 3)
+    directed = full["numba"].toarray()
+    assert np.array_equal(np.maximum(directed, directed.T), ref)
+    assert (np.count_nonzero(directed, axis=1) <= 4).all() and np.diag(directed).sum() == 0
+    adj = knn_adjacency_from_weights(w, k=4, threshold=0.2, query_terms=3, chunk_size=50)
+    assert np.array_equal(adj.toarray(), ref)
+
+
+def test_knn_argument_errors(knn_index):
+    from funnel_core.cluster import bm25_weight_matrix, knn_block
+
+    w = bm25_weight_matrix(knn_index)
+    with pytest.raises(ValueError, match="threshold"):
+        knn_block(w, 0, 10, threshold=1.5)
+    with pytest.raises(ValueError, match="start"):
+        knn_block(w, 5, 1)
+    with pytest.raises(ValueError, match="backend"):
+        bm25_knn_adjacency(knn_index, backend="gpu")
+
+
+def test_clustering_coefficient_in_chunks_equals_triangle_count():
+    from itertools import combinations
+
+    a = sp.random(120, 120, density=0.06, random_state=2, format="csr")
+    a = ((a + a.T) > 0).astype(float).tolil()
+    a.setdiag(0)
+    a = a.tocsr()
+    a.eliminate_zeros()
+    nbrs = [set(a.indices[a.indptr[i]:a.indptr[i + 1]]) for i in range(120)]
+    ref = []
+    for i in range(120):
+        d = len(nbrs[i])
+        tri = sum(1 for u, v in combinations(sorted(nbrs[i]), 2) if v in nbrs[u])
+        ref.append(2 * tri / (d * (d - 1)) if d > 1 else 0.0)
+    for chunk in (1, 17, 120, 500):
+        np.testing.assert_allclose(local_clustering_coefficient(a, chunk_size=chunk), ref)
