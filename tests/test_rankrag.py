@@ -8,6 +8,7 @@ from funnel_core.llm import LLM, LLMError, TransformersLLM
 from funnel_core.rerank.rankrag import (
     DEFAULT_RANKRAG_PROMPT,
     RANKRAG_INSTRUCTION,
+    RANKRAG_PROMPTS,
     RankRAGScorer,
     check_prompt_template,
     parse_true_false,
@@ -121,9 +122,70 @@ def test_logprob_path_is_one_forward_pass_per_batch_without_generation(tiny_llam
 
 def test_top_n_threshold_and_passage_truncation(tiny_llama_path, corpus_units):
     scorer = RankRAGScorer(llm=tiny_llama_path, top_n=3, max_passage_words=3)
-    assert scorer.build_prompt("q", "one two three four five").startswith("Passage: one two three\n")
+    assert "\n\none two three\n\nUser: For the question q," in scorer.build_prompt("q", "one two three four five")
     assert len(scorer("Who wrote Hamlet?", corpus_units)) == 3
     assert len((scorer % 1)("Who wrote Hamlet?", corpus_units)) == 1
     assert scorer("   ", corpus_units) == []
     everything = RankRAGScorer(llm=tiny_llama_path, score_threshold=1.01)
     assert everything("Who wrote Hamlet?", corpus_units) == []
+
+
+def test_default_prompt_is_appendix_d1():
+    """RankRAG Appendix D.1: system prompt, the passage, the instruction with its answer sentence."""
+    text = DEFAULT_RANKRAG_PROMPT.format(question="Who wrote Hamlet?", passage="Hamlet is a play.")
+    assert text == (
+        "System: This is a chat between a user and an artificial intelligence assistant. The "
+        "assistant gives helpful, detailed, and polite answers to the user's questions based on "
+        "the context. The assistant should also indicate when the answer cannot be found in the "
+        "context.\n\n"
+        "Hamlet is a play.\n\n"
+        "User: For the question Who wrote Hamlet?, access whether the passage is relevant to the "
+        "question. Return True if relevant, otherwise False.\n\n"
+        "Assistant:")
+    assert RANKRAG_PROMPTS["paper"] == DEFAULT_RANKRAG_PROMPT
+    small = RANKRAG_PROMPTS["smollm2"].format(question="q?", passage="p")
+    assert small == "Passage: p\n\nFor the question q?, access whether the passage is relevant to the question. Answer True or False."
+
+
+# -- a model whose next-token logits are set by hand ----------------------------------------
+#: next-token logits (the same for every prompt): True 2, False 0, zebra 4, the bare space 3,
+#: every other token -1
+BIASES = {"True": 2.0, "False": 0.0, "zebra": 4.0, "\u0120": 3.0}
+OTHER = -1.0
+
+
+def set_logit_llm(tiny_llama_path, biases=BIASES, other=OTHER):
+    """A TransformersLLM over the tiny Llama whose output layer ignores its input: logit(token) =
+    ``biases[token]`` (``other`` for every other token). "zebra" is added to the vocabulary so
+    that it is one token with a known id. Returns the LLM and ``{token: id}``."""
+    import torch
+
+    llm = TransformersLLM(tiny_llama_path, batch_size=4)
+    model, tok, _ = llm._model.get()
+    tok.add_tokens(["zebra"])
+    model.resize_token_embeddings(len(tok))
+    ids = {t: tok.convert_tokens_to_ids(t) for t in biases}
+    assert len(set(ids.values())) == len(ids) and tok.unk_token_id not in ids.values()
+    head = torch.nn.Linear(model.config.hidden_size, len(tok), bias=True)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.fill_(other)
+        for t, i in ids.items():
+            head.bias[i] = biases[t]
+    model.lm_head = head
+    return llm, ids
+
+
+def test_scores_are_p_true_of_the_answer_word(tiny_llama_path, corpus_units):
+    llm, _ = set_logit_llm(tiny_llama_path)
+    # P(True) over {True, False} from the logits: e^2 / (e^2 + e^0); neither "zebra" (4) nor the
+    # bare space that starts " True" and " False" alike (3) may enter it.
+    want = math.exp(2.0) / (math.exp(2.0) + math.exp(0.0))
+    for prompt in ("paper", "smollm2"):
+        scorer = RankRAGScorer(llm=llm, prompt=RANKRAG_PROMPTS[prompt], batch_size=3)
+        out = scorer("Who wrote Hamlet?", corpus_units)
+        assert [u.score for u in out] == pytest.approx([want] * len(corpus_units), abs=1e-6)
+    # swap the logits of True and False: the score must follow the answer word
+    llm2, _ = set_logit_llm(tiny_llama_path, {"True": -1.0, "False": 1.0, "zebra": 4.0, "\u0120": 3.0})
+    out = RankRAGScorer(llm=llm2)("Who wrote Hamlet?", corpus_units[:2])
+    assert [u.score for u in out] == pytest.approx([1 / (1 + math.exp(2.0))] * 2, abs=1e-6)
