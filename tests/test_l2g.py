@@ -146,3 +146,86 @@ def test_init_cross_encoder_from_minilm(minilm_path, tmp_path):
     scores = CrossEncoderScorer(path, backend="transformers", max_length=64).score(
         "capital of France", ["Paris is the capital of France.", "Cats sleep."])
     assert len(scores) == 2 and all(type(s) is float for s in scores)
+
+
+def _state(path):
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(path)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_freeze_layers_keeps_those_weights_and_trains_the_rest(tiny_cross_encoder_path, tmp_path):
+    import torch
+
+    before = _state(tiny_cross_encoder_path)
+    trainer = CrossEncoderTrainer(model=tiny_cross_encoder_path, max_length=32, learning_rate=1e-2,
+                                  epochs=2, num_negatives=2, queries_per_step=2, warmup_ratio=0.0,
+                                  freeze_embeddings=True, freeze_layers=1, show_progress=False)
+    report = trainer.train(_toy_groups(), tmp_path / "frozen")
+    after = _state(report.path)
+    assert before.keys() == after.keys()
+    frozen = [k for k in before if k.startswith(("bert.embeddings.word_embeddings.",
+                                                 "bert.encoder.layer.0."))]
+    trained = [k for k in before if k.startswith(("bert.encoder.layer.1.", "classifier."))]
+    assert len(frozen) > 5 and len(trained) > 5
+    for k in frozen:
+        assert torch.equal(before[k], after[k]), f"{k} is frozen but changed"
+    for k in trained:
+        if k.endswith("position_ids"):
+            continue
+        assert not torch.equal(before[k], after[k]), f"{k} was trained but did not change"
+
+
+def _pairwise_agreement(student, teacher, top=2):
+    """Share of the (teacher's top-``top`` document, other document) pairs that the student
+    orders the same way as the teacher."""
+    best = sorted(range(len(teacher)), key=lambda i: -teacher[i])[:top]
+    pairs = [(i, j) for i in best for j in range(len(teacher)) if j not in best and teacher[i] > teacher[j]]
+    return sum(student[i] > student[j] for i, j in pairs) / len(pairs)
+
+
+TOPICS = {
+    "capital city of France": ["Paris is the capital city of France.",
+                               "France has its capital city in Paris on the Seine."],
+    "yellow fruit banana": ["A banana is a yellow fruit.", "Ripe banana fruit turns yellow."],
+    "rain weather forecast": ["The weather forecast says rain tomorrow.",
+                              "Rain is in the weather forecast for the weekend."],
+    "cats sleep a lot": ["Cats sleep a lot during the day.", "A cat can sleep sixteen hours."],
+}
+
+
+def _teacher(query, text):
+    """An informative post-ranker: word overlap of the passage with the query."""
+    q = set(query.lower().split())
+    return float(len(q & set(text.lower().rstrip(".").split())))
+
+
+def test_l2g_student_agrees_more_with_an_informative_teacher(tiny_cross_encoder_path, tmp_path):
+    """Eqs. 4-6 end to end: the teacher's passage scores, aggregated to documents, pick the
+    positives; after BPR training the student orders the documents more like the teacher."""
+    docs = [Unit(id=f"d{i}", text=t, level="document")
+            for i, t in enumerate(t for texts in TOPICS.values() for t in texts)]
+    passages = LaterChunking(words=5)("q", docs)
+    examples = []
+    for query in TOPICS:
+        scored = [p.rescored(_teacher(query, p.text), "post") for p in passages]
+        examples.append({"query": query, "documents": docs, "passages": scored})
+    agg = {q: aggregate_passage_scores(ex["passages"]) for q, ex in zip(TOPICS, examples)}
+
+    def agreement(model_path):
+        scorer = CrossEncoderScorer(str(model_path), backend="transformers", max_length=32)
+        values = []
+        for query in TOPICS:
+            student = scorer.score(query, [d.text for d in docs])
+            values.append(_pairwise_agreement(student, [agg[query][d.id] for d in docs]))
+        return sum(values) / len(values)
+
+    before = agreement(tiny_cross_encoder_path)
+    report = train_l2g(examples, model=tiny_cross_encoder_path, out_dir=tmp_path / "student",
+                       top_k=2, max_length=32, epochs=30, num_negatives=3, queries_per_step=4,
+                       learning_rate=5e-3, warmup_ratio=0.0, freeze_embeddings=False,
+                       show_progress=False, seed=0)
+    after = agreement(report.path)
+    assert report.config["loss"] == "bpr"
+    assert after > before + 0.2 and after > 0.75, (before, after)   # seen: 0.54 -> 0.85
