@@ -1,4 +1,4 @@
-.PHONY: setup demo test bench docs
+.PHONY: setup demo test bench docs mutate
 setup:
 	bash scripts/setup.sh
 
@@ -13,3 +13,7 @@ bench: setup  # every benchmark in turn (hours on 2 CPU cores); DATA=../shared/d
 
 docs: setup
 	.venv/bin/mkdocs build --strict
+
+mutate: setup  # mutation testing of the paper algorithms (slow, not in CI): python scripts/mutate.py [fid rankrag ...]
+	.venv/bin/python -c "import mutmut" 2>/dev/null || .venv/bin/python -m pip install -q "mutmut>=3.3"
+	HF_HUB_OFFLINE=1 nice -n 10 .venv/bin/python scripts/mutate.py --max-children 2
