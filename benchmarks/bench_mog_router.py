@@ -47,12 +47,13 @@ from funnel_core.text import count_tokens  # noqa: E402
 
 LABEL_VARIANTS = {  # name -> soft_labels kwargs
     "paper_ties_finer": {"tolerance": 0.0, "ties": "finer"},
+    "tolerance_0.25_finer": {"tolerance": 0.25, "ties": "finer"},
     "ties_coarser": {"tolerance": 0.0, "ties": "coarser"},
-    "tolerance_0.25_coarser": {"tolerance": 0.25, "ties": "coarser"},
 }
 SELECTION_VARIANTS = {  # name -> (preset, level_margin)
     "paper": ("paper", 0.0),
     "paper_margin_0.2": ("paper", 0.2),
+    "paper_margin_0.5": ("paper", 0.5),
     "normalised": ("normalised", 0.0),
 }
 

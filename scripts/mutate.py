@@ -115,7 +115,9 @@ def main() -> None:
     if not args.report:
         globs = [g for n in names for g in MODULES[n]]
         mutmut = Path(sys.executable).with_name("mutmut")
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        # one thread per worker: mutmut forks workers from a process that ran torch tests
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
         subprocess.run([str(mutmut), "run", "--max-children", str(args.max_children), *globs],
                        cwd=ROOT, env=env, check=False)
     table = report(names)
