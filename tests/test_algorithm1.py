@@ -108,3 +108,14 @@ def test_isolated_and_oversized_documents_stay_alone():
     adj = graph(3, {(0, 1): 1.0})
     out = cluster_documents(adj, [4, 3, 1], max_tokens=6)
     assert out.members == [[0], [1], [2]]
+
+
+def test_default_size_limit_is_4096_tokens_and_errors_name_the_value():
+    # two linked documents of 2048 + 2048 tokens fit the default S = 4096; 2048 + 2049 do not
+    adj = graph(2, {(0, 1): 1.0})
+    assert cluster_documents(adj, [2048, 2048]).members == [[0, 1]]
+    assert cluster_documents(adj, [2048, 2049]).members == [[0], [1]]
+    with pytest.raises(ValueError, match="max_tokens must be >= 1"):
+        cluster_documents(adj, [1, 1], max_tokens=0)
+    with pytest.raises(ValueError, match=r"adjacency shape \(2, 2\) does not match 3 documents"):
+        cluster_documents(adj, [1, 1, 1])

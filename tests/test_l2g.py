@@ -77,6 +77,11 @@ def test_bpr_and_listwise_losses():
     assert bpr_loss(torch.tensor([10.0]), torch.tensor([[-10.0]])).item() < 1e-6
     lw = listwise_loss(torch.tensor([0.0]), torch.tensor([[0.0, 0.0]])).item()
     assert lw == pytest.approx(math.log(3), rel=1e-6)
+    # a batch of two: mean of -log softmax(positive) per row
+    lw2 = listwise_loss(torch.tensor([[1.0], [0.0]]), torch.tensor([[0.0, 0.0], [2.0, 0.0]])).item()
+    row1 = -(1.0 - math.log(math.exp(1.0) + 2.0))
+    row2 = -(0.0 - math.log(1.0 + math.exp(2.0) + 1.0))
+    assert lw2 == pytest.approx((row1 + row2) / 2, rel=1e-6)
 
 
 def test_qrels_groups_use_bm25_hard_negatives(corpus_units):

@@ -174,6 +174,7 @@ def test_soft_labels_follow_the_paper():
     # one level: only the best label; negative second-best still gets 0.2 (it is second)
     assert soft_labels(np.array([[0.3]])).tolist() == [[0.8]]
     assert soft_labels(np.array([[0.5, -0.1]])).tolist() == [[0.8, 0.2]]
+    assert soft_labels([[1, 2, 0]]).tolist() == [[0.2, 0.8, 0.0]]           # integer similarities
     with pytest.raises(ValueError, match="shape"):
         soft_labels(np.array([0.1, 0.2]))
 

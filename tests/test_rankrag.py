@@ -43,6 +43,7 @@ class Judge(LLM):
     ("Yes, it is.", True), ("No.", False), ("The passage is not relevant.", False),
     ("It is relevant to the question", True), ("It isn't relevant", False),
     ("I cannot say", None), ("", None), (None, None), ("42 :) ???", None),
+    ("Not relevant.", False), ("Relevant, or not?", True), ("it isn relevant", False),
 ])
 def test_parse_true_false_is_tolerant(text, expected):
     assert parse_true_false(text) is expected
@@ -189,3 +190,39 @@ def test_scores_are_p_true_of_the_answer_word(tiny_llama_path, corpus_units):
     llm2, _ = set_logit_llm(tiny_llama_path, {"True": -1.0, "False": 1.0, "zebra": 4.0, "\u0120": 3.0})
     out = RankRAGScorer(llm=llm2)("Who wrote Hamlet?", corpus_units[:2])
     assert [u.score for u in out] == pytest.approx([1 / (1 + math.exp(2.0))] * 2, abs=1e-6)
+
+
+class Voter(LLM):
+    """A text provider that replays a fixed list of replies per prompt and records its calls."""
+
+    def __init__(self, replies):
+        super().__init__()
+        self.replies, self.calls = replies, []
+
+    def _generate(self, prompts, *, n, **params):
+        self.calls.append({"n": n, **params})
+        return [[self.replies[i % len(self.replies)] for i in range(n)] for _ in prompts]
+
+
+def test_sampled_judgements_vote_with_the_generation_settings(corpus_units):
+    voter = Voter(["True", "False", "True"])
+    scorer = RankRAGScorer(llm=voter, samples=3, max_new_tokens=5)
+    out = scorer("q?", corpus_units[:2])
+    assert [u.score for u in out] == pytest.approx([2 / 3, 2 / 3])        # share of True votes
+    assert voter.calls[0] == {"n": 3, "temperature": 0.7, "top_p": 1.0, "top_k": 0,
+                              "max_new_tokens": 5}
+    greedy = Voter(["False"])
+    RankRAGScorer(llm=greedy)("q?", corpus_units[:1])
+    assert greedy.calls[0]["n"] == 1 and greedy.calls[0]["temperature"] == 0.0
+
+
+async def test_async_generate_path_threshold_top_n_and_stage_name(corpus_units):
+    # Judge: Paris -> 1.0, Berlin -> 0.5 (unparsed), everything else -> 0.0
+    keep_half = RankRAGScorer(llm=Judge(), score_threshold=0.5)
+    out = await keep_half.acall("capital?", corpus_units)
+    assert [u.id for u in out] == ["d0", "d2", "d1"]                      # >= threshold kept
+    assert out[-1].score == 0.5 and out[0].scores == {"rankrag": 1.0}
+    everything = await RankRAGScorer(llm=Judge(), name="judge").acall("capital?", corpus_units)
+    assert len(everything) == len(corpus_units) and everything[0].scores == {"judge": 1.0}
+    voted = await RankRAGScorer(llm=Voter(["yes", "no"]), samples=2).acall("q?", corpus_units[:1])
+    assert voted[0].score == 0.5
