@@ -119,3 +119,29 @@ def test_default_size_limit_is_4096_tokens_and_errors_name_the_value():
         cluster_documents(adj, [1, 1], max_tokens=0)
     with pytest.raises(ValueError, match=r"adjacency shape \(2, 2\) does not match 3 documents"):
         cluster_documents(adj, [1, 1, 1])
+
+
+def test_documents_without_neighbours_do_not_stop_the_visit():
+    # all coefficients 0 -> index order; 0 is isolated and visited first, then 1 merges 2
+    adj = graph(3, {(1, 2): 1.0})
+    assert cluster_documents(adj, [1, 1, 1], max_tokens=5).members == [[0], [1, 2]]
+    # grow_absorbed: the triangle {0, 1, 2} (coefficients 1) forms first; visiting 1 and 2 finds
+    # every neighbour in their own cluster, and the visit goes on to 3 (coefficient 0) -> [3, 4]
+    tri = graph(5, {(0, 1): 1.0, (0, 2): 1.0, (1, 2): 1.0, (3, 4): 1.0})
+    out = cluster_documents(tri, [1] * 5, max_tokens=10, grow_absorbed=True)
+    assert out.members == [[0, 1, 2], [3, 4]]
+
+
+def test_clustering_reports_its_stats():
+    out = cluster_documents(TRIANGLE_AND_PATH, [1] * 5, max_tokens=3)
+    assert out.stats == {"n_documents": 5, "n_clusters": 2, "n_edges": 5, "max_tokens": 3}
+    assert 0.0 <= out.seconds < 60.0
+
+
+def test_coefficients_of_low_degree_nodes_raise_no_warnings():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # 0 / 0 for degree-0 and degree-1 nodes is hidden
+        cc = local_clustering_coefficient(graph(4, {(0, 1): 1.0}))
+    assert cc.tolist() == [0.0, 0.0, 0.0, 0.0]
