@@ -8,6 +8,7 @@ module's mutation score: killed (or timed out) / mutants that some selected test
     python scripts/mutate.py fid rankrag     # some modules
     python scripts/mutate.py --report        # only the table, from the last run's results
     python scripts/mutate.py --max-children 2
+    python scripts/mutate.py --survivors     # re-run only the last run's survivors (after new tests)
 """
 
 from __future__ import annotations
@@ -106,6 +107,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("modules", nargs="*", help=f"some of {sorted(SHORT)} (default: all)")
     ap.add_argument("--report", action="store_true", help="print the last run's scores only")
+    ap.add_argument("--survivors", action="store_true",
+                    help="re-run only the mutants that survived the last run")
     ap.add_argument("--max-children", type=int, default=2)
     args = ap.parse_args()
     unknown = [m for m in args.modules if m not in SHORT]
@@ -114,6 +117,13 @@ def main() -> None:
     names = [list(MODULES)[SHORT[m]] for m in args.modules] or list(MODULES)
     if not args.report:
         globs = [g for n in names for g in MODULES[n]]
+        if args.survivors:
+            codes = results()
+            globs = sorted(k for k in codes if codes[k] is not None and codes[k] not in KILLED
+                           and codes[k] not in NOT_REACHED
+                           and any(fnmatch.fnmatchcase(k, g) for g in globs))
+            if not globs:
+                sys.exit("no survivors to re-run")
         mutmut = Path(sys.executable).with_name("mutmut")
         # one thread per worker: mutmut forks workers from a process that ran torch tests
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
