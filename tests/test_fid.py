@@ -145,6 +145,28 @@ def test_table7_scheme_selects_tokens_per_layer_and_head(scheme):
     assert old_a < old_b                                           # the averaged map ranks B first
 
 
+def test_defaults_are_eq3_with_lr_4_and_the_averaged_map_values():
+    import torch
+
+    # one layer, two heads, six tokens; head 0 peaks on tokens 0-3, head 1 on tokens 2-5
+    a = [[[0.4, 0.3, 0.2, 0.1, 0.0, 0.0], [0.0, 0.0, 0.1, 0.2, 0.3, 0.4]]]
+    t, mask = torch.tensor(a), torch.ones(6, dtype=torch.bool)
+    # defaults: eq. 3 with lr = 4: each head's top 4 mean = 1.0 / 4 = 0.25 -> 0.25
+    assert aggregate_cross_attention(t, mask) == pytest.approx(0.25)
+    assert _score(a, "mean", 5) == pytest.approx(1.0 / 5)
+    # averaged map: head mean (0.2, 0.15, 0.15, 0.15, 0.15, 0.2); top 2 -> 0.2
+    assert _score(a, "averaged_map_mean", 2) == pytest.approx(0.2)
+    # max over heads per token: (0.4, 0.3, 0.2, 0.2, 0.3, 0.4); top 2 -> 0.4; max -> 0.4
+    assert _score(a, "averaged_map_max_heads", 2) == pytest.approx(0.4)
+    assert _score(a, "averaged_map_max_heads", 4) == pytest.approx(0.35)
+    assert _score(a, "averaged_map_max_tokens", 4) == pytest.approx(0.2)
+    # two layers: layer 1 doubles layer 0; max over layers of the head mean, top 2
+    two = a + [[[2 * v for v in row] for row in a[0]]]
+    assert _score(two, "averaged_map_max_layers", 2) == pytest.approx(0.4)
+    assert _score(two, "averaged_map_last_k_layers", 2, last_k=1) == pytest.approx(0.4)
+    assert _score(two, "averaged_map_mean", 2) == pytest.approx(0.3)
+
+
 def test_last_k_layers_defaults_to_the_last_six():
     # eight layers, one head, one token: A attends in layers 2-5, B everywhere a little
     a = [[[v]] for v in (0, 0, 1, 1, 1, 1, 0, 0)]

@@ -34,11 +34,11 @@ def test_aggregate_is_alpha_max_plus_mean():
     assert agg["b"] == pytest.approx(2.0)
     assert aggregate_passage_scores(passages, alpha=1.0)["a"] == 3.0
     assert aggregate_passage_scores(passages, alpha=0.0)["a"] == 2.0
-    with pytest.raises(ValueError, match="parent_id"):
+    with pytest.raises(ValueError, match="parent_id; split documents with LaterChunking so every passage knows its document."):
         aggregate_passage_scores([Unit(id="x", text="x", score=1.0)])
-    with pytest.raises(ValueError, match="no score"):
+    with pytest.raises(ValueError, match="no score; score passages with the post-ranker before aggregating."):
         aggregate_passage_scores([Unit(id="x", text="x", parent_id="a")])
-    with pytest.raises(ValueError, match="alpha"):
+    with pytest.raises(ValueError, match="^alpha"):
         aggregate_passage_scores(passages, alpha=1.5)
 
 
@@ -47,6 +47,7 @@ def test_partition_hits_plus_top_k():
     scores = {"d1": 0.1, "d2": 0.9, "d3": 0.5}  # d4 unscored ranks last
     pos, neg = l2g_partition(ids, scores, hits=["d4"], top_k=1)
     assert pos == ["d2", "d4"] and neg == ["d1", "d3"]
+    assert l2g_partition(ids, scores, hits=["d4"]) == (pos, neg)          # top_k defaults to 1
     pos, neg = l2g_partition(ids, scores, hits=[], top_k=2)
     assert pos == ["d2", "d3"] and neg == ["d1", "d4"]
     with pytest.raises(ValueError, match="top_k"):
@@ -64,6 +65,14 @@ def test_l2g_group_from_later_chunked_documents():
     assert set(g.positives) == {docs[0].text, docs[1].text}  # the hit + the top-1 by S_d
     assert g.negatives == [docs[2].text]
     assert l2g_group("q", docs[:1], scored[:1], answers=["Paris"], top_k=1) is None  # no negative
+    default = l2g_group("capital of France?", docs, scored, answers=["Paris"], query_id="q7")
+    assert (default.positives, default.negatives, default.query_id) == (g.positives, g.negatives, "q7")
+    # alpha reaches eq. 4: BM25's passages score 5 and -5 (max 5, mean 0), Berlin's 0.9 and 0.9
+    hand = [_p("b1", "berlin", 0.9), _p("b2", "berlin", 0.9), _p("m1", "bm25", 5.0),
+            _p("m2", "bm25", -5.0), _p("p1", "paris", 0.2)]
+    assert l2g_group("q", docs, hand, top_k=1, alpha=1.0).positives == [docs[2].text]
+    assert l2g_group("q", docs, hand, top_k=1, alpha=0.0).positives == [docs[1].text]
+    assert l2g_group("q", docs, hand, top_k=1).positives == [docs[2].text]   # 0.5: 2.5 > 0.9
 
 
 def test_bpr_and_listwise_losses():

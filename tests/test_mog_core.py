@@ -206,6 +206,9 @@ def test_choose_level_and_margin_rule():
     assert choose_level([0.9, 0.75, 0.1], margin=0.1) == 1   # 0.15 lead: the router's choice
     assert choose_level([0.2, 0.85, 0.9], margin=0.1) == 3   # runner-up finer: keep the coarser best
     assert choose_level([0.7], margin=0.5) == 1
+    assert choose_level([0.5, 0.45], margin=0.1) == 2          # two levels: the rule applies
+    assert choose_level([0.75, 0.5], margin=0.25) == 1         # a lead equal to the margin is enough
+    assert choose_level([0.5, 0.5], margin=0.0) == 1
     w = np.array([[0.9, 0.1, 0.0], [0.9, 0.85, 0.0], [0.1, 0.2, 0.5], [0.6, 0.6, 0.1]])
     assert level_choice_counts(w) == [3, 0, 1]       # rows 0, 1, 3 -> level 1; row 2 -> level 3
     # margin 0.1: row 1 (lead 0.05) and row 3 (tie) move to level 2
@@ -334,6 +337,25 @@ def test_default_is_the_paper_preset_raw_scores_k_r_3(hierarchy):
     assert one[0].score == pytest.approx(s1)
 
 
+def test_hit_rate_by_hand():
+    from funnel_core.granularity.router import _hit_rate
+
+    assert _hit_rate("The Eiffel Tower, in 1889.", "Eiffel 1889") == 1.0
+    assert _hit_rate("The Eiffel Tower", "Gustave Eiffel") == 0.5
+    assert _hit_rate("anything", "the") == 0.0          # normalised reference has no words
+
+
+def test_coarse_top_k_returns_distinct_containers_with_the_stage_name(hierarchy):
+    index = GranularityBM25(hierarchy)
+    mog = MixOfGranularityRetrieve(index, k_r=10, name="mog-test")
+    out = mog.retrieve("Paris Eiffel Tower Louvre Seine Shakespeare Hamlet", k=2, weights=[0, 0, 0.1, 1])
+    assert len(out) == 2 and len({u.id for u in out}) == 2
+    assert all(u.metadata["chosen_level"] == 4 for u in out)
+    assert set(out[0].scores) == {"mog-test"}
+    with pytest.raises(ValueError, match=r"need 4 level weights, got shape \(3,\)"):
+        mog.retrieve("Paris", weights=[1, 0, 0])
+
+
 def test_level_margin_returns_the_coarser_unit_when_the_router_is_unsure(hierarchy):
     index = GranularityBM25(hierarchy)
     q = "Who designed the Eiffel Tower in Paris?"
@@ -346,7 +368,7 @@ def test_level_margin_returns_the_coarser_unit_when_the_router_is_unsure(hierarc
 def test_mog_top_k_uniform_router_and_errors(hierarchy, trained_router):
     mog = MixOfGranularityRetrieve(hierarchy, None, k_r=5, top_k=3)
     out = mog("Shakespeare tragedy Hamlet Denmark")
-    assert len(out) == 3 and len({u.id for u in out}) == 3
+    assert len(out) == 2 and len({u.id for u in out}) == 2
     assert all(u.metadata["chosen_level"] == 1 for u in out)  # uniform weights -> finest
     assert [u.score for u in out] == sorted((u.score for u in out), reverse=True)
     assert "Hamlet" in out[0].text

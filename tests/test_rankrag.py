@@ -226,3 +226,11 @@ async def test_async_generate_path_threshold_top_n_and_stage_name(corpus_units):
     assert len(everything) == len(corpus_units) and everything[0].scores == {"judge": 1.0}
     voted = await RankRAGScorer(llm=Voter(["yes", "no"]), samples=2).acall("q?", corpus_units[:1])
     assert voted[0].score == 0.5
+
+
+def test_passages_at_the_word_limit_are_kept_verbatim(tiny_llama_path):
+    scorer = RankRAGScorer(llm=tiny_llama_path, max_passage_words=3, prompt=RANKRAG_PROMPTS["smollm2"])
+    assert scorer.build_prompt("q", "one  two three").startswith("Passage: one  two three\n")
+    assert scorer.build_prompt("q", "one  two three four").startswith("Passage: one two three\n")
+    with pytest.raises(ValueError, match="turns candidate '' into no tokens"):
+        scorer.llm.candidate_token_ids("")
