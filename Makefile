@@ -1,4 +1,4 @@
-.PHONY: setup demo test bench docs reliability
+.PHONY: setup demo test bench docs reliability mutate
 setup:
 	bash scripts/setup.sh
 
@@ -16,3 +16,7 @@ docs: setup
 
 reliability: setup  # long reliability run (~15 min on 2 cores): kills, bit flips, concurrency, fuzz
 	HF_HUB_OFFLINE=1 PYTHONPATH=. .venv/bin/python tests/reliability/run.py --out benchmarks/results/reliability.json
+
+mutate: setup  # mutation testing of the paper algorithms (slow, not in CI): python scripts/mutate.py [fid rankrag ...]
+	.venv/bin/python -c "import mutmut" 2>/dev/null || .venv/bin/python -m pip install -q "mutmut>=3.3"
+	HF_HUB_OFFLINE=1 nice -n 10 .venv/bin/python scripts/mutate.py --max-children 2

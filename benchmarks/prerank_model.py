@@ -1,5 +1,11 @@
 """The SciFact cross-encoder of this project: all-MiniLM-L6-v2 turned into a cross-encoder and
-trained on SciFact **train** (qrels/train.tsv) with BM25 hard negatives and the BPR loss.
+trained on SciFact **train** relevance labels (qrels/train.tsv) with BM25 hard negatives and the
+listwise softmax loss (``loss="listwise"`` in :data:`CONFIG`: the positive against its 5 hard
+negatives).
+
+This is supervised training on labels, not FunnelRAG's local-to-global distillation: no
+post-ranker scores are aggregated (eqs. 4-5) and the pairwise BPR loss (eq. 6) is not used. L2G
+itself is :func:`funnel_core.train.l2g.train_l2g`.
 
 Other benchmarks import :func:`get_or_train` to reuse the model (or train it when missing)::
 

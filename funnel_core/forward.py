@@ -19,7 +19,9 @@ Each returned unit carries why it won: ``metadata["backward_scores"]`` (``{"quer
 answers), ``metadata["position"]`` (chunk index in the context), and ``score`` = S_FB.
 
 The prompts below are faithful rewrites of the paper's Tables 4-6 (forward-lookup prompts for
-free-form and multiple-choice questions, and the final-answer prompt), not verbatim copies.
+free-form and multiple-choice questions, and the final-answer prompt), not verbatim copies. The
+Stage II default asks for brief reasoning, as the paper does; :data:`FORWARD_PROMPT_QUOTE` (a
+rationale that quotes the context) is kept as an option.
 """
 
 from __future__ import annotations
@@ -39,10 +41,41 @@ from funnel_core.units import Unit
 
 __all__ = ["ForwardLookup", "ForwardSample", "ForwardLookupResult", "chunk_context",
            "parse_rationale_answer", "FORWARD_PROMPT", "FORWARD_PROMPT_MULTIPLE_CHOICE",
+           "FORWARD_PROMPT_QUOTE", "FORWARD_PROMPT_MULTIPLE_CHOICE_QUOTE", "FORWARD_PROMPTS",
            "ANSWER_PROMPT", "PRESETS"]
 
-#: Stage II prompt for free-form questions (FB-RAG Table 4, rewritten).
+#: Stage II prompt for free-form questions (FB-RAG Table 4, rewritten): the model reasons
+#: briefly, then answers. The default (``FORWARD_PROMPTS["paper"]``).
 FORWARD_PROMPT = (
+    "You are given a long context and a question. Read the context and answer the question.\n"
+    "First explain your reasoning briefly, in one or two sentences. Then give the answer in a "
+    "few words.\n\n"
+    "Context:\n{context}\n\n"
+    "Question: {question}\n\n"
+    "Use exactly this format:\n"
+    "Rationale: <brief reasoning>\n"
+    "Answer: <the answer>"
+)
+
+#: Stage II prompt for multiple-choice questions (FB-RAG Table 5, rewritten); the options are
+#: part of ``{question}``.
+FORWARD_PROMPT_MULTIPLE_CHOICE = (
+    "You are given a long context and a multiple-choice question. Read the context and pick the "
+    "correct option.\n"
+    "First explain your reasoning briefly, in one or two sentences. Then give the letter and "
+    "text of the option.\n\n"
+    "Context:\n{context}\n\n"
+    "Question and options: {question}\n\n"
+    "Use exactly this format:\n"
+    "Rationale: <brief reasoning>\n"
+    "Answer: <letter and option>"
+)
+
+#: A variant that is not the paper's: the rationale quotes (or closely paraphrases) the
+#: supporting sentences of the context, so the forward lookup has the context's own words to
+#: match with BM25. This package's earlier default (used by ``benchmarks/bench_fbrag.py``
+#: before the paper's prompt became the default).
+FORWARD_PROMPT_QUOTE = (
     "You are given a long context and a question. Read the context and answer the question.\n"
     "First give a short rationale: the sentences of the context that support your answer, "
     "quoted or closely paraphrased. Then give the answer in a few words.\n\n"
@@ -53,9 +86,8 @@ FORWARD_PROMPT = (
     "Answer: <the answer>"
 )
 
-#: Stage II prompt for multiple-choice questions (FB-RAG Table 5, rewritten); the options are
-#: part of ``{question}``.
-FORWARD_PROMPT_MULTIPLE_CHOICE = (
+#: The quoting variant for multiple-choice questions.
+FORWARD_PROMPT_MULTIPLE_CHOICE_QUOTE = (
     "You are given a long context and a multiple-choice question. Read the context and pick the "
     "correct option.\n"
     "First give a short rationale: the sentences of the context that decide between the "
@@ -66,6 +98,15 @@ FORWARD_PROMPT_MULTIPLE_CHOICE = (
     "Rationale: <the deciding text from the context>\n"
     "Answer: <letter and option>"
 )
+
+#: Named Stage II prompts: ``"paper"`` (brief reasoning, the default), ``"quote"`` (quoting
+#: rationale), and their multiple-choice forms.
+FORWARD_PROMPTS = {
+    "paper": FORWARD_PROMPT,
+    "quote": FORWARD_PROMPT_QUOTE,
+    "paper_multiple_choice": FORWARD_PROMPT_MULTIPLE_CHOICE,
+    "quote_multiple_choice": FORWARD_PROMPT_MULTIPLE_CHOICE_QUOTE,
+}
 
 #: Stage III prompt for the final generator over the selected chunks (FB-RAG Table 6, rewritten).
 ANSWER_PROMPT = (
@@ -167,7 +208,8 @@ class ForwardLookup(Stage):
         top_p: Nucleus sampling threshold (paper: 0.9).
         top_k: Top-k sampling cut (paper: 50).
         max_new_tokens: Tokens generated per sample.
-        prompt: Stage II template with ``{context}`` and ``{question}``.
+        prompt: Stage II template with ``{context}`` and ``{question}`` (default: the paper's
+            brief-reasoning prompt; ``FORWARD_PROMPTS["quote"]`` asks for quoted support).
         recall_k: Chunks kept by Stage I (BM25 with the question) for the LLM to read.
         reader_words: Cap on the words the LLM reads (Stage I chunks are added best first until
             the cap, then put back in original order); ``None`` reads all ``recall_k`` chunks.

@@ -373,12 +373,18 @@ class TransformersLLM(LLM):
 
     # -- scoring ---------------------------------------------------------------------------
     def candidate_token_ids(self, candidate: str) -> list[int]:
-        """First-token ids of ``candidate`` as the answer would start: bare and after a space."""
+        """First-token ids of ``candidate`` as the answer would start: bare and after a space.
+
+        A spelling whose first token is whitespace only (a tokenizer that splits ``" True"``
+        into a space and ``True``) contributes nothing: that token starts every answer word.
+        """
         tokenizer = self.tokenizer
         ids = []
         for spelling in (candidate, " " + candidate.lstrip()):
             toks = tokenizer.encode(spelling, add_special_tokens=False)
-            if toks and toks[0] not in ids:
+            if not toks or not tokenizer.decode(toks[:1]).strip():
+                continue
+            if toks[0] not in ids:
                 ids.append(toks[0])
         if not ids:
             raise ValueError(f"the tokenizer of {self!r} turns candidate {candidate!r} into no tokens.")

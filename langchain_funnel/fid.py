@@ -27,7 +27,7 @@ class FiDAttentionReranker(StageCompressor):
     top_n: Optional[int] = Field(default=None, description="Documents to keep (None keeps all).")
     lr: Optional[int] = Field(default=4, description="Representative tokens per passage.")
     aggregation: str = Field(default="mean", description="Table 7 aggregation scheme.")
-    last_k: int = Field(default=2, description="Layers for aggregation='last_k_layers'.")
+    last_k: int = Field(default=6, description="Layers for aggregation='last_k_layers' (paper: 6).")
     include_query_tokens: bool = Field(default=False, description="Table 8 ablation.")
     decoder_steps: int = Field(default=1, description="Decoder positions averaged.")
     return_answer: bool = Field(default=False, description="Store the FiD answer in metadata['fid_answer'].")

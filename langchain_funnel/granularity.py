@@ -143,7 +143,7 @@ class MixOfGranularityRetriever(UnitRetriever):
     documents: list[Document] = Field(description="All chunks of a granularity splitter.")
     router: Optional[Any] = Field(default=None, description="A trained GranularityRouter.")
     k: int = Field(default=1, description="Number of documents to return.")
-    k_r: int = Field(default=10, description="BM25 hits per granularity level.")
+    k_r: int = Field(default=3, description="BM25 hits per granularity level (paper: 3).")
     n_gra: int = Field(default=5, description="Hop ranges for MoGG graph nodes.")
     normalize: str = Field(default="max", description=f"One of {NORMALIZATIONS}.")
     _stage: Optional[MixOfGranularityRetrieve] = PrivateAttr(default=None)

@@ -176,7 +176,7 @@ class MixOfGranularityRetriever(UnitRetriever):
     """
 
     def __init__(self, nodes: Sequence[BaseNode], router: Optional[GranularityRouter] = None, *,
-                 similarity_top_k: int = 1, k_r: int = 10, n_gra: int = 5,
+                 similarity_top_k: int = 1, k_r: int = 3, n_gra: int = 5,
                  normalize: str = "max", bm25: Optional[dict] = None,
                  callback_manager: Optional[CallbackManager] = None, verbose: bool = False) -> None:
         nodes = list(nodes)

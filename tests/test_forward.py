@@ -5,6 +5,7 @@ import pytest
 from funnel_core.bm25 import bm25_scores
 from funnel_core.forward import (
     FORWARD_PROMPT,
+    FORWARD_PROMPTS,
     ForwardLookup,
     chunk_context,
     parse_rationale_answer,
@@ -178,3 +179,22 @@ def test_with_a_real_local_causal_lm(tiny_llama_path):
     res = fb.search_context(QUESTION, CONTEXT)
     assert len(res.samples) == 2 and all(isinstance(s.text, str) for s in res.samples)
     assert len(res.units) == 2 and all(len(u.metadata["forward_scores"]) == 2 for u in res.units)
+
+
+def test_default_stage2_prompt_asks_for_brief_reasoning_and_quote_is_an_option():
+    """FB-RAG Table 4: a brief reasoning, then the answer (the default); quoting is an option."""
+    assert FORWARD_PROMPTS["paper"] == FORWARD_PROMPT
+    assert "reasoning briefly" in FORWARD_PROMPT and "quoted" not in FORWARD_PROMPT
+    assert "Rationale: <brief reasoning>" in FORWARD_PROMPTS["paper_multiple_choice"]
+    assert "quoted or closely paraphrased" in FORWARD_PROMPTS["quote"]
+    assert "quoted or closely paraphrased" in FORWARD_PROMPTS["quote_multiple_choice"]
+    for name, template in FORWARD_PROMPTS.items():
+        assert "{context}" in template and "{question}" in template, name
+        assert template.rstrip().endswith(">"), name
+    reader = Reader()
+    ForwardLookup.preset("F", llm=reader, recall_k=3, k=1, chunk_words=20).search_context(QUESTION, CONTEXT)
+    assert "explain your reasoning briefly" in reader.calls[0]["prompts"][0]
+    quoting = Reader()
+    ForwardLookup.preset("F", llm=quoting, recall_k=3, k=1, chunk_words=20,
+                         prompt=FORWARD_PROMPTS["quote"]).search_context(QUESTION, CONTEXT)
+    assert "quoted or closely paraphrased" in quoting.calls[0]["prompts"][0]

@@ -144,3 +144,19 @@ def test_shared_prefill_sampling_matches_greedy_when_top_k_is_1(tiny_llama_path)
     greedy = llm.generate(prompts, n=1, max_new_tokens=6)
     sampled = llm.generate(prompts, n=3, temperature=1.0, top_k=1, max_new_tokens=6)
     assert sampled == [[g[0]] * 3 for g in greedy]
+
+
+def test_next_token_logprobs_read_the_candidate_tokens(tiny_llama_path):
+    """With logits set by hand, log P(word) = logit(word) - logsumexp(all logits), for the word's
+    own token: not "zebra", not the bare space that starts " True" and " False" in this vocab."""
+    from tests.test_rankrag import BIASES, OTHER, set_logit_llm
+
+    llm, ids = set_logit_llm(tiny_llama_path)
+    vocab = len(llm.tokenizer)
+    log_z = logsumexp(list(BIASES.values()) + [OTHER] * (vocab - len(BIASES)))
+    rows = llm.next_token_logprobs(["Is Paris in France?", "a longer prompt about BM25 ranking"],
+                                   ["True", "False", "zebra"])
+    want = [BIASES["True"] - log_z, BIASES["False"] - log_z, BIASES["zebra"] - log_z]
+    assert rows == [pytest.approx(want, abs=1e-4)] * 2
+    assert llm.candidate_token_ids("True") == [ids["True"]]
+    assert llm.candidate_token_ids("zebra") == [ids["zebra"]]

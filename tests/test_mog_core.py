@@ -6,6 +6,7 @@ import pytest
 from funnel_core.bm25 import BM25Index
 from funnel_core.errors import PersistError
 from funnel_core.granularity import (
+    MOG_PRESETS,
     GranularityBM25,
     GranularityGraph,
     GranularityHierarchy,
@@ -15,6 +16,8 @@ from funnel_core.granularity import (
     MultiGranularityChunker,
     RouterNotTrainedError,
     bm25_knn_graph,
+    choose_level,
+    level_choice_counts,
     level_similarities,
     soft_labels,
 )
@@ -168,6 +171,48 @@ def test_empty_graph_warns_and_levels_are_the_nodes():
 def test_soft_labels_follow_the_paper():
     labels = soft_labels(np.array([[0.1, 0.9, 0.5, 0.0], [1.0, 1.0, 1.0, 0.2], [0, 0, 0, 0]]))
     assert labels.tolist() == [[0.0, 0.8, 0.2, 0.0], [0.8, 0.2, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]
+    # one level: only the best label; negative second-best still gets 0.2 (it is second)
+    assert soft_labels(np.array([[0.3]])).tolist() == [[0.8]]
+    assert soft_labels(np.array([[0.5, -0.1]])).tolist() == [[0.8, 0.2]]
+    assert soft_labels([[1, 2, 0]]).tolist() == [[0.2, 0.8, 0.0]]           # integer similarities
+    with pytest.raises(ValueError, match="shape"):
+        soft_labels(np.array([0.1, 0.2]))
+
+
+def test_soft_labels_tolerance_and_tie_rule():
+    sims = np.array([[0.90, 1.00, 0.97, 0.2],    # near-tie between levels 2 and 3, level 1 close
+                     [0.50, 0.50, 0.50, 0.50]])  # exact four-way tie
+    # tolerance 0: exact ties only -> row 0: best level 2, second level 3
+    assert soft_labels(sims).tolist() == [[0, 0.8, 0.2, 0], [0.8, 0.2, 0, 0]]
+    assert soft_labels(sims, ties="coarser").tolist() == [[0, 0.8, 0.2, 0], [0, 0, 0.2, 0.8]]
+    # tolerance 0.05: levels with sim >= 1.00 - 0.05 (2 and 3) tie for best; finer wins (2);
+    # then among {1, 3, 4} the best is 0.97, tied with nothing within 0.05 above 0.92 -> level 3
+    assert soft_labels(sims, tolerance=0.05).tolist()[0] == [0, 0.8, 0.2, 0]
+    # coarser wins the tie: best level 3, then among {1, 2, 4}: top 1.00, tied: {2} -> level 2
+    assert soft_labels(sims, tolerance=0.05, ties="coarser").tolist()[0] == [0, 0.2, 0.8, 0]
+    # tolerance 0.2: levels 1-3 tie (>= 0.8); finer -> 1 best, then among {2, 3, 4}: 2
+    assert soft_labels(sims, tolerance=0.2).tolist()[0] == [0.8, 0.2, 0, 0]
+    assert soft_labels(sims, tolerance=0.2, ties="coarser").tolist()[0] == [0, 0.2, 0.8, 0]
+    with pytest.raises(ValueError, match="ties must be"):
+        soft_labels(sims, ties="random")
+    with pytest.raises(ValueError, match="tolerance"):
+        soft_labels(sims, tolerance=-0.1)
+
+
+def test_choose_level_and_margin_rule():
+    assert choose_level([0.1, 0.9, 0.3]) == 2
+    assert choose_level([0.5, 0.5, 0.1]) == 1            # ties go to the finer level
+    assert choose_level([0.9, 0.85, 0.1], margin=0.1) == 2   # unsure (0.05 < 0.1): coarser of the two
+    assert choose_level([0.9, 0.75, 0.1], margin=0.1) == 1   # 0.15 lead: the router's choice
+    assert choose_level([0.2, 0.85, 0.9], margin=0.1) == 3   # runner-up finer: keep the coarser best
+    assert choose_level([0.7], margin=0.5) == 1
+    assert choose_level([0.5, 0.45], margin=0.1) == 2          # two levels: the rule applies
+    assert choose_level([0.75, 0.5], margin=0.25) == 1         # a lead equal to the margin is enough
+    assert choose_level([0.5, 0.5], margin=0.0) == 1
+    w = np.array([[0.9, 0.1, 0.0], [0.9, 0.85, 0.0], [0.1, 0.2, 0.5], [0.6, 0.6, 0.1]])
+    assert level_choice_counts(w) == [3, 0, 1]       # rows 0, 1, 3 -> level 1; row 2 -> level 3
+    # margin 0.1: row 1 (lead 0.05) and row 3 (tie) move to level 2
+    assert level_choice_counts(w, margin=0.1) == [1, 2, 1]
 
 
 def test_level_similarities_hit_tfidf_cosine(hierarchy, embedder):
@@ -230,14 +275,15 @@ def test_router_save_load_and_untrained(trained_router, tmp_path, embedder):
 
 
 # -- MoG selection ---------------------------------------------------------------------------
-def _expected_finest(structure, index, query, w, k_r):
-    """The rule written out naively: per level top-k_r, max-normalised, weighted sum per finest."""
+def _expected_finest(structure, index, query, w, k_r, normalize="none"):
+    """The rule written out naively: per level top-k_r (raw scores, eq. 1; or max-normalised),
+    weighted sum per finest unit."""
     total = np.zeros(len(structure.finest))
     for j in range(1, structure.n_gra + 1):
         hits = index.search_level(query, j, k_r)
         if not hits:
             continue
-        top = max(h.score for h in hits)
+        top = max(h.score for h in hits) if normalize == "max" else 1.0
         best = np.zeros(len(structure.finest))
         for h in hits:
             i = [u.id for u in structure.level(j)].index(h.id)
@@ -247,18 +293,76 @@ def _expected_finest(structure, index, query, w, k_r):
     return int(np.argmax(total)), float(total.max())
 
 
+@pytest.mark.parametrize("normalize", ["none", "max"])
 @pytest.mark.parametrize("weights", [[1, 0, 0, 0], [0.1, 0.2, 0.9, 0.3], [0.2, 0.2, 0.2, 0.7]])
-def test_mog_rule_picks_finest_then_returns_container_at_best_level(hierarchy, weights):
+def test_mog_rule_picks_finest_then_returns_container_at_best_level(hierarchy, weights, normalize):
     index = GranularityBM25(hierarchy)
-    mog = MixOfGranularityRetrieve(index, k_r=3)
+    mog = MixOfGranularityRetrieve(index, k_r=3, normalize=normalize)
     query = "Who designed the Eiffel Tower in Paris?"
     out = mog.retrieve(query, k=1, weights=weights)
-    f, score = _expected_finest(hierarchy, index, query, np.array(weights, float), 3)
+    f, score = _expected_finest(hierarchy, index, query, np.array(weights, float), 3, normalize)
     level = int(np.argmax(weights)) + 1
     assert out[0].id == hierarchy.container(f, level).id
     assert out[0].metadata["chosen_level"] == level and out[0].level == f"granularity-{level}"
     assert out[0].metadata["router_weights"] == [float(x) for x in weights]
     assert out[0].score == pytest.approx(score) and out[0].metadata["finest_id"] == hierarchy.finest[f].id
+
+
+def test_default_is_the_paper_preset_raw_scores_k_r_3(hierarchy):
+    index = GranularityBM25(hierarchy)
+    default = MixOfGranularityRetrieve(index)
+    assert (default.k_r, default.normalize, default.level_margin) == (3, "none", 0.0)
+    assert MOG_PRESETS["paper"] == {"k_r": 3, "normalize": "none", "level_margin": 0.0}
+    norm = MixOfGranularityRetrieve.from_preset("normalised", index)
+    assert (norm.k_r, norm.normalize) == (10, "max")
+    assert MixOfGranularityRetrieve.from_preset("paper", index, k_r=5).k_r == 5
+    with pytest.raises(ValueError, match="preset must be one of"):
+        MixOfGranularityRetrieve.from_preset("best", index)
+    with pytest.raises(ValueError, match="level_margin"):
+        MixOfGranularityRetrieve(index, level_margin=2.0)
+    # the default scores are raw weighted BM25 sums (eq. 1), not ratios to each level's best
+    w = [0.1, 0.2, 0.9, 0.3]
+    queries = ["Who designed the Eiffel Tower in Paris?", "Shakespeare tragedy Hamlet Denmark",
+               "capital of France", "Eiffel Tower"]
+    raw_vs_norm = []
+    for q in queries:
+        got = default.retrieve(q, k=1, weights=w)[0]
+        f, score = _expected_finest(hierarchy, index, q, np.array(w), 3, "none")
+        assert got.score == pytest.approx(score) and got.metadata["finest_id"] == hierarchy.finest[f].id
+        raw_vs_norm.append(score != pytest.approx(_expected_finest(hierarchy, index, q, np.array(w), 3, "max")[1]))
+    assert any(raw_vs_norm)
+    # k_r bounds the hits per level: with k_r=1 only each level's top unit can score
+    one = MixOfGranularityRetrieve(index, k_r=1).retrieve(queries[0], k=5, weights=w)
+    f1, s1 = _expected_finest(hierarchy, index, queries[0], np.array(w), 1, "none")
+    assert one[0].score == pytest.approx(s1)
+
+
+def test_hit_rate_by_hand():
+    from funnel_core.granularity.router import _hit_rate
+
+    assert _hit_rate("The Eiffel Tower, in 1889.", "Eiffel 1889") == 1.0
+    assert _hit_rate("The Eiffel Tower", "Gustave Eiffel") == 0.5
+    assert _hit_rate("anything", "the") == 0.0          # normalised reference has no words
+
+
+def test_coarse_top_k_returns_distinct_containers_with_the_stage_name(hierarchy):
+    index = GranularityBM25(hierarchy)
+    mog = MixOfGranularityRetrieve(index, k_r=10, name="mog-test")
+    out = mog.retrieve("Paris Eiffel Tower Louvre Seine Shakespeare Hamlet", k=2, weights=[0, 0, 0.1, 1])
+    assert len(out) == 2 and len({u.id for u in out}) == 2
+    assert all(u.metadata["chosen_level"] == 4 for u in out)
+    assert set(out[0].scores) == {"mog-test"}
+    with pytest.raises(ValueError, match=r"need 4 level weights, got shape \(3,\)"):
+        mog.retrieve("Paris", weights=[1, 0, 0])
+
+
+def test_level_margin_returns_the_coarser_unit_when_the_router_is_unsure(hierarchy):
+    index = GranularityBM25(hierarchy)
+    q = "Who designed the Eiffel Tower in Paris?"
+    w = [0.9, 0.85, 0.1, 0.1]
+    assert MixOfGranularityRetrieve(index).retrieve(q, weights=w)[0].metadata["chosen_level"] == 1
+    unsure = MixOfGranularityRetrieve(index, level_margin=0.1).retrieve(q, weights=w)[0]
+    assert unsure.metadata["chosen_level"] == 2 and unsure.level == "granularity-2"
 
 
 def test_mog_top_k_uniform_router_and_errors(hierarchy, trained_router):

@@ -8,6 +8,7 @@ from funnel_core.llm import LLM, LLMError, TransformersLLM
 from funnel_core.rerank.rankrag import (
     DEFAULT_RANKRAG_PROMPT,
     RANKRAG_INSTRUCTION,
+    RANKRAG_PROMPTS,
     RankRAGScorer,
     check_prompt_template,
     parse_true_false,
@@ -42,6 +43,7 @@ class Judge(LLM):
     ("Yes, it is.", True), ("No.", False), ("The passage is not relevant.", False),
     ("It is relevant to the question", True), ("It isn't relevant", False),
     ("I cannot say", None), ("", None), (None, None), ("42 :) ???", None),
+    ("Not relevant.", False), ("Relevant, or not?", True), ("it isn relevant", False),
 ])
 def test_parse_true_false_is_tolerant(text, expected):
     assert parse_true_false(text) is expected
@@ -121,9 +123,114 @@ def test_logprob_path_is_one_forward_pass_per_batch_without_generation(tiny_llam
 
 def test_top_n_threshold_and_passage_truncation(tiny_llama_path, corpus_units):
     scorer = RankRAGScorer(llm=tiny_llama_path, top_n=3, max_passage_words=3)
-    assert scorer.build_prompt("q", "one two three four five").startswith("Passage: one two three\n")
+    assert "\n\none two three\n\nUser: For the question q," in scorer.build_prompt("q", "one two three four five")
     assert len(scorer("Who wrote Hamlet?", corpus_units)) == 3
     assert len((scorer % 1)("Who wrote Hamlet?", corpus_units)) == 1
     assert scorer("   ", corpus_units) == []
     everything = RankRAGScorer(llm=tiny_llama_path, score_threshold=1.01)
     assert everything("Who wrote Hamlet?", corpus_units) == []
+
+
+def test_default_prompt_is_appendix_d1():
+    """RankRAG Appendix D.1: system prompt, the passage, the instruction with its answer sentence."""
+    text = DEFAULT_RANKRAG_PROMPT.format(question="Who wrote Hamlet?", passage="Hamlet is a play.")
+    assert text == (
+        "System: This is a chat between a user and an artificial intelligence assistant. The "
+        "assistant gives helpful, detailed, and polite answers to the user's questions based on "
+        "the context. The assistant should also indicate when the answer cannot be found in the "
+        "context.\n\n"
+        "Hamlet is a play.\n\n"
+        "User: For the question Who wrote Hamlet?, access whether the passage is relevant to the "
+        "question. Return True if relevant, otherwise False.\n\n"
+        "Assistant:")
+    assert RANKRAG_PROMPTS["paper"] == DEFAULT_RANKRAG_PROMPT
+    small = RANKRAG_PROMPTS["smollm2"].format(question="q?", passage="p")
+    assert small == "Passage: p\n\nFor the question q?, access whether the passage is relevant to the question. Answer True or False."
+
+
+# -- a model whose next-token logits are set by hand ----------------------------------------
+#: next-token logits (the same for every prompt): True 2, False 0, zebra 4, the bare space 3,
+#: every other token -1
+BIASES = {"True": 2.0, "False": 0.0, "zebra": 4.0, "\u0120": 3.0}
+OTHER = -1.0
+
+
+def set_logit_llm(tiny_llama_path, biases=BIASES, other=OTHER):
+    """A TransformersLLM over the tiny Llama whose output layer ignores its input: logit(token) =
+    ``biases[token]`` (``other`` for every other token). "zebra" is added to the vocabulary so
+    that it is one token with a known id. Returns the LLM and ``{token: id}``."""
+    import torch
+
+    llm = TransformersLLM(tiny_llama_path, batch_size=4)
+    model, tok, _ = llm._model.get()
+    tok.add_tokens(["zebra"])
+    model.resize_token_embeddings(len(tok))
+    ids = {t: tok.convert_tokens_to_ids(t) for t in biases}
+    assert len(set(ids.values())) == len(ids) and tok.unk_token_id not in ids.values()
+    head = torch.nn.Linear(model.config.hidden_size, len(tok), bias=True)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.fill_(other)
+        for t, i in ids.items():
+            head.bias[i] = biases[t]
+    model.lm_head = head
+    return llm, ids
+
+
+def test_scores_are_p_true_of_the_answer_word(tiny_llama_path, corpus_units):
+    llm, _ = set_logit_llm(tiny_llama_path)
+    # P(True) over {True, False} from the logits: e^2 / (e^2 + e^0); neither "zebra" (4) nor the
+    # bare space that starts " True" and " False" alike (3) may enter it.
+    want = math.exp(2.0) / (math.exp(2.0) + math.exp(0.0))
+    for prompt in ("paper", "smollm2"):
+        scorer = RankRAGScorer(llm=llm, prompt=RANKRAG_PROMPTS[prompt], batch_size=3)
+        out = scorer("Who wrote Hamlet?", corpus_units)
+        assert [u.score for u in out] == pytest.approx([want] * len(corpus_units), abs=1e-6)
+    # swap the logits of True and False: the score must follow the answer word
+    llm2, _ = set_logit_llm(tiny_llama_path, {"True": -1.0, "False": 1.0, "zebra": 4.0, "\u0120": 3.0})
+    out = RankRAGScorer(llm=llm2)("Who wrote Hamlet?", corpus_units[:2])
+    assert [u.score for u in out] == pytest.approx([1 / (1 + math.exp(2.0))] * 2, abs=1e-6)
+
+
+class Voter(LLM):
+    """A text provider that replays a fixed list of replies per prompt and records its calls."""
+
+    def __init__(self, replies):
+        super().__init__()
+        self.replies, self.calls = replies, []
+
+    def _generate(self, prompts, *, n, **params):
+        self.calls.append({"n": n, **params})
+        return [[self.replies[i % len(self.replies)] for i in range(n)] for _ in prompts]
+
+
+def test_sampled_judgements_vote_with_the_generation_settings(corpus_units):
+    voter = Voter(["True", "False", "True"])
+    scorer = RankRAGScorer(llm=voter, samples=3, max_new_tokens=5)
+    out = scorer("q?", corpus_units[:2])
+    assert [u.score for u in out] == pytest.approx([2 / 3, 2 / 3])        # share of True votes
+    assert voter.calls[0] == {"n": 3, "temperature": 0.7, "top_p": 1.0, "top_k": 0,
+                              "max_new_tokens": 5}
+    greedy = Voter(["False"])
+    RankRAGScorer(llm=greedy)("q?", corpus_units[:1])
+    assert greedy.calls[0]["n"] == 1 and greedy.calls[0]["temperature"] == 0.0
+
+
+async def test_async_generate_path_threshold_top_n_and_stage_name(corpus_units):
+    # Judge: Paris -> 1.0, Berlin -> 0.5 (unparsed), everything else -> 0.0
+    keep_half = RankRAGScorer(llm=Judge(), score_threshold=0.5)
+    out = await keep_half.acall("capital?", corpus_units)
+    assert [u.id for u in out] == ["d0", "d2", "d1"]                      # >= threshold kept
+    assert out[-1].score == 0.5 and out[0].scores == {"rankrag": 1.0}
+    everything = await RankRAGScorer(llm=Judge(), name="judge").acall("capital?", corpus_units)
+    assert len(everything) == len(corpus_units) and everything[0].scores == {"judge": 1.0}
+    voted = await RankRAGScorer(llm=Voter(["yes", "no"]), samples=2).acall("q?", corpus_units[:1])
+    assert voted[0].score == 0.5
+
+
+def test_passages_at_the_word_limit_are_kept_verbatim(tiny_llama_path):
+    scorer = RankRAGScorer(llm=tiny_llama_path, max_passage_words=3, prompt=RANKRAG_PROMPTS["smollm2"])
+    assert scorer.build_prompt("q", "one  two three").startswith("Passage: one  two three\n")
+    assert scorer.build_prompt("q", "one  two three four").startswith("Passage: one two three\n")
+    with pytest.raises(ValueError, match="turns candidate '' into no tokens"):
+        scorer.llm.candidate_token_ids("")

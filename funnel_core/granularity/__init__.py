@@ -13,10 +13,16 @@ from funnel_core.granularity.levels import (
     MultiGranularityChunker,
     level_name,
 )
-from funnel_core.granularity.retrieval import GranularityBM25, MixOfGranularityRetrieve
+from funnel_core.granularity.retrieval import (
+    MOG_PRESETS,
+    GranularityBM25,
+    MixOfGranularityRetrieve,
+    choose_level,
+)
 from funnel_core.granularity.router import (
     GranularityRouter,
     RouterNotTrainedError,
+    level_choice_counts,
     level_similarities,
     soft_labels,
 )
@@ -24,6 +30,7 @@ from funnel_core.granularity.router import (
 __all__ = [
     "GranularityStructure", "GranularityHierarchy", "MultiGranularityChunker", "level_name",
     "GranularityGraph", "GraphGranularityBuilder", "bm25_knn_graph",
-    "GranularityBM25", "MixOfGranularityRetrieve",
+    "GranularityBM25", "MixOfGranularityRetrieve", "MOG_PRESETS", "choose_level",
     "GranularityRouter", "RouterNotTrainedError", "level_similarities", "soft_labels",
+    "level_choice_counts",
 ]

@@ -2,16 +2,22 @@
 
 For a query ``q``:
 
-1. BM25 retrieves the top ``k_r`` units of every level ``j`` (scores ``s_j``; by default each
-   level's scores are divided by that level's best score, so levels of different chunk lengths
-   are comparable).
+1. BM25 retrieves the top ``k_r`` units of every level ``j`` (``k_r = 3`` in the paper) with
+   their raw scores ``s_j`` (equation 1; ``normalize="max"`` divides each level's scores by that
+   level's best score instead, so levels of different chunk lengths are comparable: not the
+   paper's rule).
 2. The router gives one weight ``w_j`` per level (equation 1).
 3. Every finest unit ``f`` gets the weighted score ``S(f) = sum_j w_j * s_j(u_j(f))`` where
    ``u_j(f)`` is the retrieved level-``j`` unit that covers ``f`` (0 when no retrieved unit of
    level ``j`` covers it; equation 2 applied through the shared finest units, Appendix A).
 4. The finest unit with the best ``S`` is picked and the unit that contains it at the router's
    best level ``argmax_j w_j`` is returned. For top-``k`` the next finest units are taken in
-   order of ``S``, skipping those whose container was already returned.
+   order of ``S``, skipping those whose container was already returned. (Option, not in the
+   paper: with ``level_margin > 0`` a router that is unsure, whose best weight leads the
+   runner-up by less than the margin, gets the coarser of the two levels.)
+
+:data:`MOG_PRESETS` names the settings: ``"paper"`` (``k_r=3``, raw scores; the defaults) and
+``"normalised"`` (``k_r=10``, per-level max normalisation, this package's earlier default).
 
 This is not a plain top-k over the union of levels, which the paper shows favours coarse chunks.
 It works over any :class:`~funnel_core.granularity.levels.GranularityStructure`: the nested
@@ -34,9 +40,33 @@ from funnel_core.units import Unit
 if TYPE_CHECKING:  # pragma: no cover
     from funnel_core.granularity.router import GranularityRouter
 
-__all__ = ["GranularityBM25", "MixOfGranularityRetrieve", "NORMALIZATIONS"]
+__all__ = ["GranularityBM25", "MixOfGranularityRetrieve", "NORMALIZATIONS", "MOG_PRESETS",
+           "choose_level"]
 
 NORMALIZATIONS = ("max", "none")
+
+#: Named settings of :class:`MixOfGranularityRetrieve`: ``"paper"`` is equation 1 as written
+#: (raw BM25 scores, ``k_r = 3``); ``"normalised"`` divides each level's scores by its best.
+MOG_PRESETS: dict[str, dict[str, Any]] = {
+    "paper": {"k_r": 3, "normalize": "none", "level_margin": 0.0},
+    "normalised": {"k_r": 10, "normalize": "max", "level_margin": 0.0},
+}
+
+
+def choose_level(weights: Sequence[float], margin: float = 0.0) -> int:
+    """The level (1-based) whose unit is returned: ``argmax_j w_j``, ties to the finer level.
+
+    With ``margin > 0``: when the best weight leads the runner-up by less than ``margin``, the
+    coarser of the two levels is chosen (an unsure router gets more context). Not in the paper.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    order = np.lexsort((np.arange(len(w)), -w))  # best first, finer first on ties
+    best = int(order[0])
+    if margin > 0 and len(w) > 1:
+        second = int(order[1])
+        if w[best] - w[second] < margin:
+            best = max(best, second)
+    return best + 1
 
 
 class GranularityBM25:
@@ -77,10 +107,11 @@ class MixOfGranularityRetrieve(Stage):
         router: A trained :class:`~funnel_core.granularity.router.GranularityRouter`. ``None``
             gives every level the weight 1 (uniform weights; the chosen level is then the finest).
             An untrained router raises :class:`~funnel_core.granularity.router.RouterNotTrainedError`.
-        k_r: Units BM25 retrieves per level (raised to ``top_k`` when smaller).
+        k_r: Units BM25 retrieves per level (raised to ``top_k`` when smaller; paper: 3).
         top_k: Units returned (a cut-off ``stage % k`` overrides it).
-        normalize: ``"max"`` divides each level's BM25 scores by its best score; ``"none"`` keeps
-            raw scores.
+        normalize: ``"none"`` keeps raw BM25 scores (equation 1, the default); ``"max"`` divides
+            each level's scores by its best score.
+        level_margin: See :func:`choose_level` (0: the router's best level, as in the paper).
         bm25: Keyword arguments for the per-level BM25 indexes (when ``structure`` is given).
 
     Each returned unit is a copy of a level unit with ``score`` = the weighted score ``S`` and
@@ -91,10 +122,13 @@ class MixOfGranularityRetrieve(Stage):
     name = "mog"
 
     def __init__(self, structure: GranularityStructure | GranularityBM25,
-                 router: "GranularityRouter | None" = None, *, k_r: int = 10, top_k: int = 1,
-                 normalize: str = "max", bm25: dict[str, Any] | None = None,
-                 name: str = "mog") -> None:
+                 router: "GranularityRouter | None" = None, *, k_r: int = 3, top_k: int = 1,
+                 normalize: str = "none", level_margin: float = 0.0,
+                 bm25: dict[str, Any] | None = None, name: str = "mog") -> None:
         self.k_r = check_positive_int(k_r, "k_r")
+        if not 0.0 <= float(level_margin) <= 1.0:
+            raise ValueError(f"level_margin must be in [0, 1], got {level_margin!r}.")
+        self.level_margin = float(level_margin)
         self.top_k = check_positive_int(top_k, "top_k")
         if normalize not in NORMALIZATIONS:
             raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}.")
@@ -109,6 +143,14 @@ class MixOfGranularityRetrieve(Stage):
                                  f"n_levels={self.structure.n_gra}.")
         self.router = router
         self.name = name
+
+    @classmethod
+    def from_preset(cls, preset: str, structure: GranularityStructure | GranularityBM25,
+                    router: "GranularityRouter | None" = None, **overrides: Any) -> "MixOfGranularityRetrieve":
+        """A retriever with the settings of :data:`MOG_PRESETS` ``[preset]`` (``overrides`` win)."""
+        if preset not in MOG_PRESETS:
+            raise ValueError(f"preset must be one of {sorted(MOG_PRESETS)}, got {preset!r}.")
+        return cls(structure, router, **{**MOG_PRESETS[preset], **overrides})
 
     def weights(self, query: str) -> np.ndarray:
         """Router weights of the levels for ``query`` (ones when there is no router)."""
@@ -144,7 +186,7 @@ class MixOfGranularityRetrieve(Stage):
         finest = np.fromiter(best.keys(), dtype=np.int64, count=len(best))
         mixed = np.stack([best[f] for f in finest.tolist()]) @ w
         order = np.lexsort((finest, -mixed))  # best weighted score first; ties: document order
-        level = int(np.argmax(w)) + 1  # ties go to the finer level
+        level = choose_level(w, self.level_margin)
         weights_list = [float(x) for x in w]
         out: list[Unit] = []
         seen: set[int] = set()

@@ -30,7 +30,7 @@ from funnel_core.granularity.levels import GranularityStructure
 from funnel_core.granularity.retrieval import GranularityBM25
 
 __all__ = ["GranularityRouter", "RouterNotTrainedError", "soft_labels", "level_similarities",
-           "SIMILARITIES", "BEST_LABEL", "SECOND_LABEL"]
+           "level_choice_counts", "SIMILARITIES", "BEST_LABEL", "SECOND_LABEL"]
 
 SIMILARITIES = ("cosine", "tfidf", "hit")
 ROUTER_FORMAT = "funnel-rag.mog-router"
@@ -98,24 +98,56 @@ def level_similarities(queries: Sequence[str], references: Sequence[str],
     return sims
 
 
-def soft_labels(similarities: np.ndarray) -> np.ndarray:
+def soft_labels(similarities: np.ndarray, *, tolerance: float = 0.0,
+                ties: str = "finer") -> np.ndarray:
     """The paper's soft labels from ``(n, n_gra)`` similarities: 0.8 best, 0.2 second, 0 else.
 
-    Ties go to the finer level. A row whose best similarity is not positive (no level's snippet
-    resembles the reference) gets all zeros and is usually left out of training.
+    Args:
+        similarities: ``(n_queries, n_gra)`` similarity of each level's snippet to the reference.
+        tolerance: Levels within ``tolerance`` of the best similarity count as tied with it
+            (0: exact ties only, the paper's rule). Not in the paper: with hit rates, a coarser
+            snippet that holds the answer ties with a finer one, and a small tolerance lets the
+            ``ties`` rule decide near-ties too.
+        ties: Which tied level wins: ``"finer"`` (the default) or ``"coarser"``.
+
+    The second label goes to the best of the remaining levels by the same rule. A row whose best
+    similarity is not positive (no level's snippet resembles the reference) gets all zeros and is
+    usually left out of training.
     """
     sims = np.asarray(similarities, dtype=np.float64)
     if sims.ndim != 2 or sims.shape[1] < 1:
         raise ValueError(f"similarities must have shape (n_queries, n_gra), got {sims.shape}.")
+    if ties not in ("finer", "coarser"):
+        raise ValueError(f"ties must be 'finer' or 'coarser', got {ties!r}.")
+    if not float(tolerance) >= 0.0:
+        raise ValueError(f"tolerance must be >= 0, got {tolerance!r}.")
     labels = np.zeros_like(sims)
     for i, row in enumerate(sims):
-        order = np.lexsort((np.arange(len(row)), -row))  # best first, finer first on ties
-        if row[order[0]] <= 0:
-            continue
-        labels[i, order[0]] = BEST_LABEL
-        if len(order) > 1:
-            labels[i, order[1]] = SECOND_LABEL
+        left = list(range(len(row)))
+        for label in (BEST_LABEL, SECOND_LABEL):
+            if not left:
+                break
+            top = max(row[j] for j in left)
+            if label == BEST_LABEL and top <= 0:
+                break
+            tied = [j for j in left if row[j] >= top - tolerance]
+            pick = min(tied) if ties == "finer" else max(tied)
+            labels[i, pick] = label
+            left.remove(pick)
     return labels
+
+
+def level_choice_counts(weights: np.ndarray, margin: float = 0.0) -> list[int]:
+    """How many queries each level (1-based position) would be chosen for, given router
+    ``weights`` of shape ``(n, n_levels)`` (see
+    :func:`~funnel_core.granularity.retrieval.choose_level`)."""
+    from funnel_core.granularity.retrieval import choose_level
+
+    w = np.asarray(weights, dtype=np.float64)
+    counts = [0] * w.shape[1]
+    for row in w:
+        counts[choose_level(row, margin) - 1] += 1
+    return counts
 
 
 class GranularityRouter:

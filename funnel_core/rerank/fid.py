@@ -4,9 +4,10 @@ A Fusion-in-Decoder (FiD) reader encodes every ``question + passage`` pair separ
 encoder, concatenates the encoder outputs, and lets the decoder attend over all of them at once.
 How much the decoder attends to a passage is a relevance signal: FunnelRAG scores passage ``k``
 by the cross-attention of the first decoder token, averaged over the ``L`` layers, the ``H``
-heads and the ``lr`` most-attended ("representative") tokens of the passage::
+heads and the ``lr`` most-attended ("representative") tokens of the passage, the tokens being
+chosen separately in every layer and head (Appendix A.2)::
 
-    S_k = 1 / (L * H * lr) * sum_l sum_h sum_{t in top-lr(k)} alpha[l, h, t]     (eq. 3)
+    S_k = 1 / (L * H * lr) * sum_l sum_h sum_{t in top-lr(k, l, h)} alpha[l, h, t]     (eq. 3)
 
 with the question's own tokens left out of the candidates (the paper's best setting, ``lr=4``).
 
@@ -26,9 +27,11 @@ Implementation notes
   overlaps the ``{title}`` or ``{text}`` field of the input template, to the query when it
   overlaps ``{question}``; template words ("question:", "context:") and special tokens belong to
   neither and are never scored.
-* Aggregation order: mean over the scored decoder positions, then heads (mean or max), then
-  layers (mean, max, or mean of the last ``k``), then tokens (mean of the top ``lr``, max, or mean
-  of all when ``lr=None``).
+* Aggregation order (Appendix A.2): mean over the scored decoder positions; then, for every
+  layer and head separately, the mean of that head's ``lr`` most-attended candidate tokens; then
+  heads (mean, or max for Table 7 (iii)) and layers (mean, max for (ii), or the last ``last_k``
+  = 6 for (v)). ``aggregation="averaged_map_*"`` selects the tokens from the head- and
+  layer-averaged map instead (not the paper's order; kept for comparison).
 """
 
 from __future__ import annotations
@@ -42,25 +45,51 @@ from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolv
 from funnel_core.units import Unit
 
 __all__ = ["FiDAttentionScorer", "AGGREGATIONS", "FiDInputs", "aggregate_cross_attention",
-           "DEFAULT_TEMPLATE", "DEFAULT_TEMPLATE_NO_TITLE"]
+           "DEFAULT_TEMPLATE", "DEFAULT_TEMPLATE_NO_TITLE", "DEFAULT_LAST_K"]
 
 DEFAULT_TEMPLATE = "question: {question} title: {title} context: {text}"
 DEFAULT_TEMPLATE_NO_TITLE = "question: {question} context: {text}"
 
-#: Named aggregation schemes (FunnelRAG Table 7): (reduce over heads, reduce over layers,
-#: reduce over tokens). ``"topk"`` = mean of the ``lr`` most-attended tokens (all when lr=None).
-AGGREGATIONS: dict[str, tuple[str, str, str]] = {
-    "mean": ("mean", "mean", "topk"),           # equation 3
-    "max_layers": ("mean", "max", "topk"),
-    "max_heads": ("max", "mean", "topk"),
-    "max_tokens": ("mean", "mean", "max"),
-    "last_k_layers": ("mean", "last_k", "topk"),
+#: Named aggregation schemes: FunnelRAG Table 7 (Appendix C.1) and, under ``averaged_map_*``,
+#: the earlier averaged-map variants. Each value is ``(layers, heads, tokens, order)``:
+#:
+#: * ``order="per_head"`` (the paper, eq. 3 / Appendix A.2): for every layer ``l`` and head
+#:   ``h`` the ``lr`` most-attended candidate tokens are selected *in that head's own map* and
+#:   averaged (``tokens="topk"``; ``"max"`` keeps the single most-attended token instead), giving
+#:   ``s[l, h]``; the heads are then combined (mean or max) inside each layer, and the layers
+#:   (mean, max, or mean of the last ``last_k``), in the nesting of eq. 3
+#:   (``sum_l sum_h sum_t``): ``S = layers_l( heads_h( tokens_t a[l, h, t] ) )``.
+#: * ``order="averaged_map"`` (not in the paper, kept for comparison): the map is first reduced
+#:   over heads, then over layers, and the top-``lr`` tokens are taken from that single averaged
+#:   map. The two orders pick different passages on peaky maps.
+AGGREGATIONS: dict[str, tuple[str, str, str, str]] = {
+    "mean": ("mean", "mean", "topk", "per_head"),            # (i) eq. 3
+    "max_layers": ("max", "mean", "topk", "per_head"),       # (ii) max over layers
+    "max_heads": ("mean", "max", "topk", "per_head"),        # (iii) max over heads
+    "max_tokens": ("mean", "mean", "max", "per_head"),       # (iv) max over tokens
+    "last_k_layers": ("last_k", "mean", "topk", "per_head"),  # (v) mean of the last k layers
+    "averaged_map_mean": ("mean", "mean", "topk", "averaged_map"),
+    "averaged_map_max_layers": ("max", "mean", "topk", "averaged_map"),
+    "averaged_map_max_heads": ("mean", "max", "topk", "averaged_map"),
+    "averaged_map_max_tokens": ("mean", "mean", "max", "averaged_map"),
+    "averaged_map_last_k_layers": ("last_k", "mean", "topk", "averaged_map"),
 }
+
+#: Layers averaged by ``"last_k_layers"`` (Table 7 (v): the last six decoder layers).
+DEFAULT_LAST_K = 6
+
+
+def _reduce(x: Any, op: str, dim: int, last_k: int) -> Any:
+    if op == "max":
+        return x.max(dim=dim).values
+    if op == "last_k":
+        return x.narrow(dim, max(0, x.shape[dim] - last_k), min(last_k, x.shape[dim])).mean(dim=dim)
+    return x.mean(dim=dim)
 
 
 def aggregate_cross_attention(attn: Any, token_mask: Any, *, aggregation: str = "mean",
-                              lr: int | None = 4, last_k: int = 2) -> float:
-    """Score one passage from its cross-attention block.
+                              lr: int | None = 4, last_k: int = DEFAULT_LAST_K) -> float:
+    """Score one passage from its cross-attention block (eq. 3 or a Table 7 scheme).
 
     Args:
         attn: Tensor ``[layers, heads, tokens]`` — the attention the (mean of the scored)
@@ -68,24 +97,27 @@ def aggregate_cross_attention(attn: Any, token_mask: Any, *, aggregation: str = 
         token_mask: Bool tensor ``[tokens]``: which tokens may count (passage tokens, plus query
             tokens when they are included).
         aggregation: A key of :data:`AGGREGATIONS`.
-        lr: Representative tokens per passage (``None``: all candidate tokens).
-        last_k: Layers averaged by ``"last_k_layers"``.
+        lr: Representative tokens per (layer, head) (``None``: all candidate tokens).
+        last_k: Layers averaged by ``"last_k_layers"`` (all layers when the model has fewer).
     """
-    heads_op, layers_op, tokens_op = AGGREGATIONS[aggregation]
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {sorted(AGGREGATIONS)}, got {aggregation!r}.")
+    layers_op, heads_op, tokens_op, order = AGGREGATIONS[aggregation]
     a = attn[:, :, token_mask]
-    if a.shape[-1] == 0:
+    n_tokens = a.shape[-1]
+    if n_tokens == 0:
         return 0.0
-    a = a.max(dim=1).values if heads_op == "max" else a.mean(dim=1)          # [L, T]
-    if layers_op == "max":
-        a = a.max(dim=0).values
-    elif layers_op == "last_k":
-        a = a[-last_k:].mean(dim=0)
-    else:
-        a = a.mean(dim=0)                                                      # [T]
+    k = n_tokens if lr is None else min(lr, n_tokens)
+    if order == "averaged_map":
+        a = _reduce(a, heads_op, 1, last_k)                                  # [L, T]
+        a = _reduce(a, layers_op, 0, last_k)                                 # [T]
+        return float(a.max()) if tokens_op == "max" else float(a.topk(k).values.mean())
     if tokens_op == "max":
-        return float(a.max())
-    k = a.shape[0] if lr is None else min(lr, a.shape[0])
-    return float(a.topk(k).values.mean())
+        s = a.max(dim=-1).values                                             # [L, H]
+    else:
+        s = a.topk(k, dim=-1).values.mean(dim=-1)                            # [L, H]
+    s = _reduce(s, heads_op, 1, last_k)                                      # [L]
+    return float(_reduce(s, layers_op, 0, last_k))
 
 
 @dataclass
@@ -132,10 +164,12 @@ class FiDAttentionScorer(Reranker):
         template: Input format with ``{question}``, ``{title}`` and ``{text}`` (FiD convention).
         template_no_title: Format used when a passage has no title.
         title_key: Metadata key holding a unit's title.
-        lr: Representative tokens per passage (paper: 4); ``None`` averages all passage tokens.
+        lr: Representative tokens per passage, layer and head (paper: 4); ``None`` averages all
+            passage tokens.
         aggregation: One of :data:`AGGREGATIONS` (Table 7): ``"mean"`` (eq. 3), ``"max_layers"``,
-            ``"max_heads"``, ``"max_tokens"``, ``"last_k_layers"``.
-        last_k: Layers used by ``"last_k_layers"``.
+            ``"max_heads"``, ``"max_tokens"``, ``"last_k_layers"``; ``"averaged_map_<scheme>"``
+            picks the tokens from the head/layer-averaged map (not the paper's order).
+        last_k: Layers used by ``"last_k_layers"`` (paper: the last 6).
         include_query_tokens: Let the question's tokens inside each passage input count (Table 8
             ablation; the paper excludes them).
         decoder_steps: Decoder positions whose cross-attention is averaged (1 = the first token,
@@ -157,7 +191,7 @@ class FiDAttentionScorer(Reranker):
 
     def __init__(self, *, model: str, template: str = DEFAULT_TEMPLATE,
                  template_no_title: str = DEFAULT_TEMPLATE_NO_TITLE, title_key: str = "title",
-                 lr: int | None = 4, aggregation: str = "mean", last_k: int = 2,
+                 lr: int | None = 4, aggregation: str = "mean", last_k: int = DEFAULT_LAST_K,
                  include_query_tokens: bool = False, decoder_steps: int = 1,
                  return_answer: bool = False, max_answer_tokens: int = 20,
                  max_length: int = 256, batch_size: int = 16, device: str | None = None,

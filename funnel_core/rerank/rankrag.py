@@ -1,11 +1,19 @@
 """RankRAG reranking (Yu et al., 2024, section 4.3): an LLM judges each (question, passage) pair.
 
 The score of a passage is the probability that the LLM answers ``True`` to the paper's
-context-ranking instruction (Table 1)::
+context-ranking instruction (Table 1, in the prompt format of Appendix D.1)::
 
-    For the question {question}, access whether the passage is relevant to the question.
+    System: <ChatQA system prompt>
 
-with the passage given as context. For a local model (:class:`~funnel_core.llm.TransformersLLM`)
+    <passage>
+
+    User: For the question {question}, access whether the passage is relevant to the question.
+    Return True if relevant, otherwise False.
+
+    Assistant:
+
+(:data:`PAPER_RANKRAG_PROMPT`, the default; :data:`SMOLLM2_RANKRAG_PROMPT` is a shorter
+variant for small chat models). For a local model (:class:`~funnel_core.llm.TransformersLLM`)
 the probability is read from ONE forward pass per batch, no generation:
 ``P(True) = exp(l_T) / (exp(l_T) + exp(l_F))`` over the next-token log-probabilities of
 ``True`` and ``False``. Providers that expose only text (remote chat models through the
@@ -24,18 +32,49 @@ from funnel_core.errors import check_positive_int
 from funnel_core.llm import LLM, as_llm
 from funnel_core.rerank.base import Reranker, sigmoid
 
-__all__ = ["RankRAGScorer", "RANKRAG_INSTRUCTION", "DEFAULT_RANKRAG_PROMPT", "parse_true_false",
+__all__ = ["RankRAGScorer", "RANKRAG_INSTRUCTION", "RANKRAG_ANSWER_INSTRUCTION",
+           "RANKRAG_SYSTEM_PROMPT", "PAPER_RANKRAG_PROMPT", "SMOLLM2_RANKRAG_PROMPT",
+           "RANKRAG_PROMPTS", "DEFAULT_RANKRAG_PROMPT", "ANSWER_WORDS", "parse_true_false",
            "check_prompt_template"]
 
 #: The paper's context-ranking instruction (RankRAG, Table 1), verbatim (including "access").
 RANKRAG_INSTRUCTION = ("For the question {question}, access whether the passage is relevant to "
                        "the question.")
 
-#: The default prompt: the passage as context, then the paper's instruction. The last sentence
-#: names the two answer words, which an instruction-tuned model that was not trained on RankRAG
-#: data (e.g. SmolLM2) needs to put its mass on them.
-DEFAULT_RANKRAG_PROMPT = ("Passage: {passage}\n\n" + RANKRAG_INSTRUCTION
+#: The answer sentence that Appendix D.1 appends to the instruction.
+RANKRAG_ANSWER_INSTRUCTION = "Return True if relevant, otherwise False."
+
+#: The system prompt of RankRAG's prompt format (Appendix D.1; the ChatQA system message).
+RANKRAG_SYSTEM_PROMPT = ("This is a chat between a user and an artificial intelligence "
+                         "assistant. The assistant gives helpful, detailed, and polite answers to "
+                         "the user's questions based on the context. The assistant should also "
+                         "indicate when the answer cannot be found in the context.")
+
+#: RankRAG's context-ranking prompt as Appendix D.1 gives it: system prompt, the passage as
+#: context, the user turn with the instruction and "Return True if relevant, otherwise False.",
+#: and the assistant turn to be completed. The turns are written as plain text ("System:",
+#: "User:", "Assistant:"), the format of the RankRAG / ChatQA models; with a chat-template model
+#: the whole text becomes one user message (pass ``use_chat_template=False`` to the
+#: :class:`~funnel_core.llm.TransformersLLM` to feed it raw).
+PAPER_RANKRAG_PROMPT = ("System: " + RANKRAG_SYSTEM_PROMPT + "\n\n"
+                        "{passage}\n\n"
+                        "User: " + RANKRAG_INSTRUCTION + " " + RANKRAG_ANSWER_INSTRUCTION + "\n\n"
+                        "Assistant:")
+
+#: A shorter prompt for small instruction-tuned models that were not trained on RankRAG data
+#: (e.g. SmolLM2-135M-Instruct through its chat template): no system text, the passage labelled,
+#: and "Answer True or False." in place of the paper's answer sentence. Not the paper's prompt.
+SMOLLM2_RANKRAG_PROMPT = ("Passage: {passage}\n\n" + RANKRAG_INSTRUCTION
                           + " Answer True or False.")
+
+#: Named prompts: ``"paper"`` (Appendix D.1, the default) and ``"smollm2"``.
+RANKRAG_PROMPTS = {"paper": PAPER_RANKRAG_PROMPT, "smollm2": SMOLLM2_RANKRAG_PROMPT}
+
+#: The default prompt: the paper's (Appendix D.1).
+DEFAULT_RANKRAG_PROMPT = PAPER_RANKRAG_PROMPT
+
+#: The two answer words whose next-token probabilities are compared (P(True) is the score).
+ANSWER_WORDS = ("True", "False")
 
 _TRUE = {"true", "yes", "relevant"}
 _FALSE = {"false", "no", "irrelevant"}
@@ -94,7 +133,9 @@ class RankRAGScorer(Reranker):
     Args:
         llm: A :class:`~funnel_core.llm.LLM` provider, or a hub name / folder for a local
             :class:`~funnel_core.llm.TransformersLLM`.
-        prompt: ``str.format`` template with ``{question}`` and ``{passage}``.
+        prompt: ``str.format`` template with ``{question}`` and ``{passage}`` (default: the
+            paper's, :data:`PAPER_RANKRAG_PROMPT`; ``RANKRAG_PROMPTS["smollm2"]`` is the short
+            variant for small chat models).
         mode: ``"auto"`` (log-probabilities when the provider has them, else generate-and-parse),
             ``"logprobs"`` or ``"generate"``.
         max_passage_words: Passages are cut to this many words before prompting.
@@ -156,7 +197,7 @@ class RankRAGScorer(Reranker):
         scores: list[float] = []
         for start in range(0, len(prompts), self.batch_size):
             rows = self.llm.next_token_logprobs(prompts[start:start + self.batch_size],
-                                                ["True", "False"])
+                                                list(ANSWER_WORDS))
             scores.extend(sigmoid(lt - lf) for lt, lf in rows)
         return scores
 

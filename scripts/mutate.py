@@ -1,0 +1,139 @@
+"""Mutation testing of the paper algorithms with mutmut (``make mutate``; slow, not in CI).
+
+Runs mutmut (configured in ``pyproject.toml`` under ``[tool.mutmut]``) on the functions that
+implement the papers' algorithms only, then prints and saves (``mutants/scores.json``) each
+module's mutation score: killed (or timed out) / mutants that some selected test reaches.
+
+    python scripts/mutate.py                 # every module
+    python scripts/mutate.py fid rankrag     # some modules
+    python scripts/mutate.py --report        # only the table, from the last run's results
+    python scripts/mutate.py --max-children 2
+    python scripts/mutate.py --survivors     # re-run only the last run's survivors (after new tests)
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: module -> mutmut mutant-name globs (``x_<function>`` for functions, ``xǁClassǁmethod``).
+MODULES: dict[str, list[str]] = {
+    "clustering (Algorithm 1)": [
+        "funnel_core.cluster.x__binary_symmetric__mutmut_*",
+        "funnel_core.cluster.x_local_clustering_coefficient__mutmut_*",
+        "funnel_core.cluster.x_cluster_documents__mutmut_*",
+    ],
+    "FiD aggregation (eq. 3, Table 7)": [
+        "funnel_core.rerank.fid.x__reduce__mutmut_*",
+        "funnel_core.rerank.fid.x_aggregate_cross_attention__mutmut_*",
+    ],
+    "L2G labels and losses (eqs. 4-6)": [
+        "funnel_core.train.l2g.x_aggregate_passage_scores__mutmut_*",
+        "funnel_core.train.l2g.x_l2g_partition__mutmut_*",
+        "funnel_core.train.l2g.x_l2g_group__mutmut_*",
+        "funnel_core.train.l2g.x_bpr_loss__mutmut_*",
+        "funnel_core.train.l2g.x_listwise_loss__mutmut_*",
+    ],
+    "RankRAG scoring": [
+        "funnel_core.rerank.rankrag.x_parse_true_false__mutmut_*",
+        "funnel_core.rerank.rankrag.xǁRankRAGScorerǁbuild_prompt__mutmut_*",
+        "funnel_core.rerank.rankrag.xǁRankRAGScorerǁscore__mutmut_*",
+        "funnel_core.rerank.rankrag.xǁRankRAGScorerǁscore_logprobs__mutmut_*",
+        "funnel_core.rerank.rankrag.xǁRankRAGScorerǁscore_generate__mutmut_*",
+        "funnel_core.rerank.rankrag.xǁRankRAGScorerǁ_votes__mutmut_*",
+        "funnel_core.rerank.rankrag.xǁRankRAGScorerǁ_ranked__mutmut_*",
+        "funnel_core.llm.xǁTransformersLLMǁcandidate_token_ids__mutmut_*",
+    ],
+    "MoG selection and labels (eqs. 1-2)": [
+        "funnel_core.granularity.retrieval.x_choose_level__mutmut_*",
+        "funnel_core.granularity.retrieval.xǁMixOfGranularityRetrieveǁretrieve__mutmut_*",
+        "funnel_core.granularity.router.x_soft_labels__mutmut_*",
+        "funnel_core.granularity.router.x_level_choice_counts__mutmut_*",
+        "funnel_core.granularity.router.x__hit_rate__mutmut_*",
+    ],
+    "fusion (hybrid, RRF, repacking)": [
+        "funnel_core.fusion.x_normalize_scores__mutmut_*",
+        "funnel_core.fusion.x__scores_of__mutmut_*",
+        "funnel_core.fusion.x__dedup__mutmut_*",
+        "funnel_core.fusion.x__merge__mutmut_*",
+        "funnel_core.fusion.x_alpha_fusion__mutmut_*",
+        "funnel_core.fusion.x_rrf_fusion__mutmut_*",
+        "funnel_core.fusion.x_fuse__mutmut_*",
+        "funnel_core.fusion.x_repack__mutmut_*",
+    ],
+}
+SHORT = {"clustering": 0, "fid": 1, "l2g": 2, "rankrag": 3, "mog": 4, "fusion": 5}
+KILLED = {1, 3, 36, -24, 24, 152, 255}  # mutmut exit codes: killed, or timed out
+NOT_REACHED = {5, 33}                   # no selected test reaches the function
+
+
+def results() -> dict[str, int | None]:
+    out: dict[str, int | None] = {}
+    for meta in (ROOT / "mutants").rglob("*.py.meta"):
+        out.update(json.loads(meta.read_text())["exit_code_by_key"])
+    return out
+
+
+def report(names: list[str]) -> dict:
+    codes = results()
+    table = {}
+    for name in names:
+        keys = [k for k in codes if any(fnmatch.fnmatchcase(k, g) for g in MODULES[name])]
+        checked = [k for k in keys if codes[k] is not None and codes[k] not in NOT_REACHED]
+        killed = [k for k in checked if codes[k] in KILLED]
+        survived = sorted(k for k in checked if codes[k] not in KILLED)
+        table[name] = {"mutants": len(keys), "checked": len(checked), "killed": len(killed),
+                       "not_reached": sum(codes[k] in NOT_REACHED for k in keys),
+                       "not_checked": sum(codes[k] is None for k in keys),
+                       "score": round(len(killed) / len(checked), 3) if checked else None,
+                       "survivors": survived}
+    width = max(len(n) for n in names)
+    print(f"{'module':<{width}}  score   killed/checked  (not reached, not checked)")
+    for name, row in table.items():
+        score = "  n/a" if row["score"] is None else f"{100 * row['score']:5.1f}%"
+        print(f"{name:<{width}}  {score}  {row['killed']:>6}/{row['checked']:<7}  "
+              f"({row['not_reached']}, {row['not_checked']})")
+    return table
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("modules", nargs="*", help=f"some of {sorted(SHORT)} (default: all)")
+    ap.add_argument("--report", action="store_true", help="print the last run's scores only")
+    ap.add_argument("--survivors", action="store_true",
+                    help="re-run only the mutants that survived the last run")
+    ap.add_argument("--max-children", type=int, default=2)
+    args = ap.parse_args()
+    unknown = [m for m in args.modules if m not in SHORT]
+    if unknown:
+        sys.exit(f"unknown module(s) {unknown}; choose from {sorted(SHORT)}")
+    names = [list(MODULES)[SHORT[m]] for m in args.modules] or list(MODULES)
+    if not args.report:
+        globs = [g for n in names for g in MODULES[n]]
+        if args.survivors:
+            codes = results()
+            globs = sorted(k for k in codes if codes[k] is not None and codes[k] not in KILLED
+                           and codes[k] not in NOT_REACHED
+                           and any(fnmatch.fnmatchcase(k, g) for g in globs))
+            if not globs:
+                sys.exit("no survivors to re-run")
+        mutmut = Path(sys.executable).with_name("mutmut")
+        # one thread per worker: mutmut forks workers from a process that ran torch tests
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+        subprocess.run([str(mutmut), "run", "--max-children", str(args.max_children), *globs],
+                       cwd=ROOT, env=env, check=False)
+    table = report(names)
+    (ROOT / "mutants").mkdir(exist_ok=True)
+    (ROOT / "mutants" / "scores.json").write_text(json.dumps(table, indent=1, ensure_ascii=False))
+
+
+if __name__ == "__main__":
+    main()
