@@ -233,6 +233,12 @@ def rows_readme() -> list[Row]:
                     f"{sp['langchain_community']['qps']:.1f}", f"{sp['ours']['queries_timed']} / "
                     f"{sp['llama_index_bm25']['queries_timed']} / {sp['langchain_community']['queries_timed']} queries",
                     "not recorded (one timing run)", cmd))
+        sy = b["speed_synthetic"]
+        ss = sy["systems"]
+        out.append((f"same, {sy['n_documents']:,} synthetic docs",
+                    f"{ss['ours']['qps']:,.0f} vs {ss['llama_index_bm25']['qps']:,.0f} vs {ss['langchain_community']['qps']:.1f}",
+                    f"{ss['ours']['queries_timed']} / {ss['llama_index_bm25']['queries_timed']} / "
+                    f"{ss['langchain_community']['queries_timed']} queries", "not recorded (one timing run)", cmd))
         c = b["clustered"]
         k5 = next(r for r in c["recall_at_k_clusters"] if r["k_clusters"] == 5)
         out.append(("clustering SciFact (Algorithm 1, BM25 kNN, S=4096): recall of relevant docs in top-5 clusters",
