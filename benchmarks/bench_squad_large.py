@@ -42,6 +42,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import os
 import random
 import sys
 import time
@@ -57,7 +58,7 @@ from stats import bootstrap_ci, mcnemar_exact, paired_bootstrap, percentile
 
 from funnel_core.bm25 import BM25Index, BM25Retrieve
 from funnel_core.clustered import ClusteredBM25Index
-from funnel_core.evaluation.metrics import has_answer, normalize_answer
+from funnel_core.evaluation.metrics import normalize_answer
 from funnel_core.funnel import Funnel, Stage
 from funnel_core.fusion import HybridRetrieve, fuse
 from funnel_core.presets import funnelrag, renamed
@@ -363,25 +364,33 @@ def parse_funnel(name: str):
 
 
 def time_pipelines(pipes, timing_qs, warm_q, pid_index, ans, ranks_cached):
-    res = {}
+    """Seconds per query of each real pipeline; systems run round-robin per question, so a change in
+    the machine's load falls on all of them alike. The shared models are loaded and warmed first."""
+    warmed = set()
     for name, pipe in pipes.items():
-        pipe.search(warm_q.question)  # models loaded, caches warm
-        secs, agree, pair_counts, hit_real = [], [], [], []
-        for q in timing_qs:
+        key = "funnel" if name.startswith("funnel") else ("ce" if "->" in name else name)
+        if key not in warmed:
+            pipe.search(warm_q.question)
+            warmed.add(key)
+    secs, agree, pair_counts = (defaultdict(list) for _ in range(3))
+    for j, q in enumerate(timing_qs):
+        for name, pipe in pipes.items():
             t0 = time.perf_counter()
             r = pipe.search(q.question)
-            secs.append(time.perf_counter() - t0)
+            secs[name].append(time.perf_counter() - t0)
             ids = [pid_index.get(u.id) for u in r.units]
             hit = ans.hit_rank(q, [i for i in ids[:4] if i is not None])
-            hit_real.append(hit)
             cached = ranks_cached[name][q.id]
-            agree.append(float((0 < hit <= 4) == (0 < cached <= 4)))
-            pair_counts.append(sum(s.units_in for s in r.trace.stages
-                                   if s.name in ("rerank", "pre_ranking", "post_ranking")))
-        res[name] = {"seconds_p50": percentile(secs, 50), "seconds_p95": percentile(secs, 95),
-                     "seconds_mean": float(np.mean(secs)), "timed_questions": len(secs),
-                     "reranked_units_per_query_real": float(np.mean(pair_counts)),
-                     "AR@4_hit_agreement_real_vs_cached": float(np.mean(agree))}
+            agree[name].append(float((0 < hit <= 4) == (0 < cached <= 4)))
+            pair_counts[name].append(sum(s.units_in for s in r.trace.stages
+                                         if s.name in ("rerank", "pre_ranking", "post_ranking")))
+        print(f"  [time] question {j + 1}/{len(timing_qs)} done, load {os.getloadavg()[0]:.1f}", flush=True)
+    res = {}
+    for name in pipes:
+        res[name] = {"seconds_p50": percentile(secs[name], 50), "seconds_p95": percentile(secs[name], 95),
+                     "seconds_mean": float(np.mean(secs[name])), "timed_questions": len(secs[name]),
+                     "reranked_units_per_query_real": float(np.mean(pair_counts[name])),
+                     "AR@4_hit_agreement_real_vs_cached": float(np.mean(agree[name]))}
         print(f"  [time] {name}: p50 {res[name]['seconds_p50']:.3f} s, p95 {res[name]['seconds_p95']:.3f} s, "
               f"agreement {res[name]['AR@4_hit_agreement_real_vs_cached']:.2f}", flush=True)
     return res
@@ -486,7 +495,7 @@ def main() -> None:
                    help="prefix of precomputed MiniLM embeddings (embed_texts.py); computed here when absent")
     p.add_argument("--n-train", type=int, default=400, help="tuning questions (train; held out of CE training)")
     p.add_argument("--n-report", type=int, default=4961, help="reported questions (dev-a, seeded sample)")
-    p.add_argument("--n-timing", type=int, default=20, help="timed questions (seeded sample of the reported ones)")
+    p.add_argument("--n-timing", type=int, default=10, help="timed questions (seeded sample of the reported ones)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--bootstrap", type=int, default=2000)
     p.add_argument("--export-pairs", type=Path, default=None, help="write the unscored pairs here and stop")
@@ -637,7 +646,57 @@ def main() -> None:
     recall_tune = cluster_recall(tune_qs, {s: {q.id: v[q.id] for q in tune_qs} for s, v in clus.items()},
                                  doc_bm25, doc_index, dense_docs, ans, RECALL_K)
 
-    timing = {}
+    load_before_timing = os.getloadavg()
+
+    def finish(timing_done: bool) -> None:
+        comp = comparisons(rows, ranks, report_qs, best_funnel, args.bootstrap)
+        result = {
+            "args": {k: str(v) for k, v in vars(args).items()},
+            "command": "python benchmarks/bench_squad_large.py" + (" --quick" if args.quick else ""),
+            "corpus": {"files": [str(f) for f in args.squad], "documents": len(documents), "passages": len(passages),
+                       "passage_words": PASSAGE_WORDS, "clusters": cluster_info, "dense_embeddings": emb_source},
+            "samples": {"train_tuning": len(tune_qs), "dev_a_report": len(report_qs),
+                        "dev_a_timing": len(timing_qs) if timing_done else 0,
+                        "seeds": {"train": TUNE_SEED_OF, "report": REPORT_SEED, "timing": TIMING_SEED}},
+            "cross_encoder": {"model": str(args.model.relative_to(ROOT)) if args.model.is_relative_to(ROOT) else str(args.model),
+                              "cache_key": scores.model_key, "max_length": 192, "batch_size": args.batch_size,
+                              "timing_dtype": "bf16 autocast" if bf16 else "fp32",
+                              "training": _training_summary(args.model)},
+            "cpu_flags": flags,
+            "load_average_before_timing": load_before_timing,
+            "dense": {**dense.settings, "build_seconds": dense.build_seconds,
+                      "recall@100_hnsw_vs_exact": hnsw_recall, "recall@10_hnsw_vs_exact": hnsw_recall10},
+            "hybrid": {"alpha": alpha, "alpha_AR@20_on_train": {str(a): v for a, v in alpha_scores.items()},
+                       "fusion": "funnel_core.fusion.fuse(method='alpha', normalization='minmax') of BM25 top-100 and dense top-100"},
+            "best_funnel_chosen_on_train": best_funnel,
+            "systems_dev_a": rows, "systems_train": tune_rows,
+            "comparison": comp,
+            "cluster_recall_dev_a": recall_report, "cluster_recall_train": recall_tune,
+            "build_seconds": timings,
+            "method": ("AR@k from cached cross-encoder scores: each (question, passage) pair is scored once "
+                       "(cache key: model hash, question id, passage index); a funnel's MaxP document score is the "
+                       "max of its passages' cached scores because its 100-word windows are exactly the corpus "
+                       "passages. AR@k = a passage among the top k contains a gold answer string (SQuAD "
+                       "normalisation). Seconds per query: each system's real funnel_core pipeline, uncached, models "
+                       "warm, systems run round-robin per question, on the timing sample, on this machine's CPU (2 "
+                       f"shared cores; load average in the JSON) with the cross-encoder in {'bf16 autocast' if bf16 else 'fp32'}, "
+                       f"batch size {args.batch_size}. Bulk scores for the cache may come from a GPU in fp16 "
+                       "(score_pairs.py); 'AR@4_hit_agreement_real_vs_cached' checks them against the CPU pipeline on "
+                       "the timing sample."),
+            "wall_seconds": time.perf_counter() - t_start,
+        }
+        name = "squad_large_quick" if args.quick else "squad_large"
+        path = write_json(name, result, args.out)
+        with gzip.open(path.with_name(name + "_per_question.jsonl.gz"), "wt", encoding="utf-8") as f:
+            for split, qs in (("train", tune_qs), ("dev-a", report_qs)):
+                for q in qs:
+                    f.write(json.dumps({"id": q.id, "split": split, "hit_rank": {n: ranks[n][q.id] for n in ranks}},
+                                       sort_keys=True) + "\n")
+        plot(rows, path.with_suffix(".png"),
+             f"SQuAD train+dev-a corpus ({len(passages)} passages): {len(report_qs)} dev-a questions, "
+             f"time on {len(timing_qs) if timing_done else 0}")
+
+    finish(False)
     if not args.skip_timing:
         from funnel_core.rerank.cross_encoder import CrossEncoderScorer
 
@@ -647,50 +706,7 @@ def main() -> None:
         timing = time_pipelines(pipes, timing_qs, warm_q, pid_index, ans, ranks)
         for n, t in timing.items():
             rows[n].update(t)
-    comp = comparisons(rows, ranks, report_qs, best_funnel, args.bootstrap)
-
-    result = {
-        "args": {k: str(v) for k, v in vars(args).items()},
-        "command": "python benchmarks/bench_squad_large.py" + (" --quick" if args.quick else ""),
-        "corpus": {"files": [str(f) for f in args.squad], "documents": len(documents), "passages": len(passages),
-                   "passage_words": PASSAGE_WORDS, "clusters": cluster_info, "dense_embeddings": emb_source},
-        "samples": {"train_tuning": len(tune_qs), "dev_a_report": len(report_qs), "dev_a_timing": len(timing_qs),
-                    "seeds": {"train": TUNE_SEED_OF, "report": REPORT_SEED, "timing": TIMING_SEED}},
-        "cross_encoder": {"model": str(args.model.relative_to(ROOT)) if args.model.is_relative_to(ROOT) else str(args.model),
-                          "cache_key": scores.model_key, "max_length": 192, "batch_size": args.batch_size,
-                          "timing_dtype": "bf16 autocast" if bf16 else "fp32",
-                          "training": _training_summary(args.model)},
-        "cpu_flags": flags,
-        "dense": {**dense.settings, "build_seconds": dense.build_seconds,
-                  "recall@100_hnsw_vs_exact": hnsw_recall, "recall@10_hnsw_vs_exact": hnsw_recall10},
-        "hybrid": {"alpha": alpha, "alpha_AR@20_on_train": {str(a): v for a, v in alpha_scores.items()},
-                   "fusion": "funnel_core.fusion.fuse(method='alpha', normalization='minmax') of BM25 top-100 and dense top-100"},
-        "best_funnel_chosen_on_train": best_funnel,
-        "systems_dev_a": rows, "systems_train": tune_rows,
-        "comparison": comp,
-        "cluster_recall_dev_a": recall_report, "cluster_recall_train": recall_tune,
-        "build_seconds": timings,
-        "method": ("AR@k from cached cross-encoder scores: each (question, passage) pair is scored once "
-                   "(cache key: model hash, question id, passage index); a funnel's MaxP document score is the "
-                   "max of its passages' cached scores because its 100-word windows are exactly the corpus "
-                   "passages. AR@k = a passage among the top k contains a gold answer string (SQuAD "
-                   "normalisation). Seconds per query: each system's real funnel_core pipeline, uncached, models "
-                   "warm, on the timing sample, on this machine's CPU (2 shared cores) with the cross-encoder in "
-                   f"{'bf16 autocast' if bf16 else 'fp32'}, batch size {args.batch_size}. Bulk scores for the cache "
-                   "may come from a GPU in fp16 (score_pairs.py); 'AR@4_hit_agreement_real_vs_cached' checks them "
-                   "against the CPU pipeline on the timing sample."),
-        "wall_seconds": time.perf_counter() - t_start,
-    }
-    name = "squad_large_quick" if args.quick else "squad_large"
-    path = write_json(name, result, args.out)
-    with gzip.open(path.with_name(name + "_per_question.jsonl.gz"), "wt", encoding="utf-8") as f:
-        for split, qs in (("train", tune_qs), ("dev-a", report_qs)):
-            for q in qs:
-                f.write(json.dumps({"id": q.id, "split": split, "hit_rank": {n: ranks[n][q.id] for n in ranks}},
-                                   sort_keys=True) + "\n")
-    plot(rows, path.with_suffix(".png"),
-         f"SQuAD train+dev-a corpus ({len(passages)} passages): {len(report_qs)} dev-a questions, "
-         f"time on {len(timing_qs)}")
+        finish(True)
 
 
 def _subset(pairs_cnt, extra, all_qs, qs):
