@@ -90,6 +90,22 @@ def large_sentences(d: dict) -> list[str]:
             f"differs by **{diff['difference']:+.3f} AR@4** (paired bootstrap 95% {ci(diff['ci'])}; McNemar exact "
             f"p = {mc['p_value']:.3g}, {mc['a_only']} vs {mc['b_only']} discordant questions) at "
             f"**{x['time_ratio_funnel_over_flat']:.2f}x** the time.")
+    # the same question in cross-encoder pairs per query (the cost that does not depend on the machine)
+    allflat = {n: r for n, r in rows.items() if r["kind"] == "flat"}
+    fr = rows[f]
+    reach = [n for n in allflat if allflat[n]["AR@4"] >= fr["AR@4"]]
+    if reach:
+        cheapest = min(reach, key=lambda n: allflat[n]["pairs_per_query"])
+        cr = allflat[cheapest]
+        out.append(f"In cross-encoder pairs per query: the cheapest flat system with at least the funnel's AR@4 is "
+                   f"`{cheapest}` (AR@4 {f3(cr['AR@4'])} with {cr['pairs_per_query']:.0f} pairs/query) against "
+                   f"{fr['pairs_per_query']:.0f} pairs/query for `{f}` "
+                   f"({fr['pairs_per_query'] / max(cr['pairs_per_query'], 1e-9):.1f}x the pairs).")
+    else:
+        best = max(allflat, key=lambda n: allflat[n]["AR@4"])
+        out.append(f"No flat system reaches the funnel's AR@4 ({f3(fr['AR@4'])}); the best flat system is `{best}` "
+                   f"({f3(allflat[best]['AR@4'])}, {allflat[best]['pairs_per_query']:.0f} pairs/query vs "
+                   f"{fr['pairs_per_query']:.0f}).")
     # where does any funnel dominate any flat system?
     flats = {n: r for n, r in rows.items() if r["kind"] == "flat" and "seconds_p50" in r}
     funnels = {n: r for n, r in rows.items() if r["kind"] == "funnel" and "seconds_p50" in r}
@@ -101,7 +117,7 @@ def large_sentences(d: dict) -> list[str]:
         out.append(
             f"Highest AR@4 of any flat system: `{best_flat}` {f3(bf['AR@4'])} {ci(bf['AR@4_ci95'])}; of any funnel: "
             f"`{max(funnels, key=lambda n: funnels[n]['AR@4'])}` {f3(max(r['AR@4'] for r in funnels.values()))}. "
-            + (f"Funnels whose AR@4 interval reaches the best flat system's AR@4 at less time: "
+            + ("Funnels whose AR@4 interval reaches the best flat system's AR@4 at less time: "
                + ", ".join(f"`{n}` ({funnels[n]['seconds_p50'] / bf['seconds_p50']:.2f}x time)" for n in faster_equal)
                + "." if faster_equal else
                "No funnel configuration reaches the best flat system's AR@4 (within its interval) in less time."))
