@@ -365,7 +365,55 @@ def block_readme_table() -> str:
     return md_table(["what", "result", "sample", "95% interval", "command"], [list(r) for r in rows_readme()])
 
 
+def block_clustering_scifact() -> str:
+    b = load("bm25.json")
+    p = load("prerank.json")
+    c = b["clustered"]
+    ss, sy = b["speed_scifact"]["systems"], b["speed_synthetic"]["systems"]
+    rec = c["recall_at_k_clusters"]
+    ks = " / ".join(str(r["k_clusters"]) for r in rec)
+    rows = [["flat BM25, SciFact test nDCG@10 / Recall@100",
+             f"{p['flat_bm25']['ndcg@10']:.3f} / {p['flat_bm25']['recall@100']:.3f} ({p['queries']} test queries)"],
+            [f"queries/s, SciFact ({b['speed_scifact']['n_documents']:,} docs): ours / llama-index-retrievers-bm25 / LangChain community",
+             f"{ss['ours']['qps']:,.0f} / {ss['llama_index_bm25']['qps']:,.0f} / {ss['langchain_community']['qps']:.1f} "
+             f"({ss['ours']['queries_timed']} / {ss['llama_index_bm25']['queries_timed']} / {ss['langchain_community']['queries_timed']} queries timed, one run)"],
+            [f"queries/s, {b['speed_synthetic']['n_documents']:,} synthetic docs",
+             f"{sy['ours']['qps']:,.0f} / {sy['llama_index_bm25']['qps']:,.0f} / {sy['langchain_community']['qps']:.1f}"],
+            [f"peak memory building the {b['speed_synthetic']['n_documents']:,}-doc index (tracemalloc)",
+             f"{sy['ours']['peak_build_mib']:.0f} / {sy['llama_index_bm25']['peak_build_mib']:.0f} / "
+             f"{sy['langchain_community']['peak_build_mib']:.0f} MiB"],
+            ["SciFact clusters (S = 4096)", f"{c['n_clusters']} clusters for {c['n_documents']:,} docs "
+             f"({c['compression']:.1f}x), {c['tokens_per_cluster']['mean']:,.0f} tokens each on average"],
+            [f"recall of relevant docs in the top-{ks} clusters (interval not recorded)",
+             " / ".join(f"{r['recall_clustered']:.3f}" for r in rec) + " (flat BM25 at the same number of docs: "
+             + " / ".join(f"{r['recall_flat_same_docs']:.3f}" for r in rec) + ")"]]
+    for r in b.get("clustering_scale", []):
+        rows.append([f"clustering time, {r['n_documents']:,} synthetic docs (BM25 index + kNN graph + Algorithm 1)",
+                     f"{r['total_seconds']:.1f} s"])
+    return md_table(["measurement", "result"], rows)
+
+
+def block_funnel_small_squad() -> str:
+    f = load("funnel.json")
+    sq = f["squad"]
+    n = sq["n_questions"]
+    rows = []
+    for name, label in (("flat", sq["settings"]["flat"]), ("funnel", sq["settings"]["funnel"])):
+        r = sq[name]
+        rows.append([f"{name}: {label}"] + [f"{r[f'AR@{k}']:.2f}" for k in (1, 2, 3, 4)]
+                    + [wci(r["AR@4"], n), f"{r['contextual_integrity@4']:.2f}", f"{r['seconds_per_query']:.2f}"])
+    ratio = sq["ratio_funnel_over_flat"]
+    rows.append(["ratio funnel / flat"] + [f"{ratio[f'AR@{k}']:.2f}" for k in (1, 2, 3, 4)] + ["", "",
+                                                                                            f"{ratio['seconds_per_query']:.2f}"])
+    return (f"SQuAD dev-a only ({n} questions; {sq['n_documents']} documents, {sq['n_passages']:,} passages, "
+            f"{sq['n_clusters']} clusters); command: `python benchmarks/bench_funnel.py --data ../shared/data`\n\n"
+            + md_table(["paradigm", "AR@1", "AR@2", "AR@3", "AR@4", "AR@4 95% interval",
+                        "contextual integrity@4 (lower is better)", "seconds/query"], rows))
+
+
 BLOCKS: dict[str, Callable[[], str]] = {
+    "clustering-scifact": block_clustering_scifact,
+    "funnel-small-squad": block_funnel_small_squad,
     "readme-table": block_readme_table,
     "large-summary": block_large_readme,
     "large-systems": block_large_systems,
@@ -373,7 +421,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "large-cluster-recall": block_large_cluster_recall,
     "large-ce": block_large_ce,
 }
-FILES = [ROOT / "README.md", ROOT / "docs" / "benchmarks.md"]
+FILES = [ROOT / "README.md", ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "clustering.md",
+         ROOT / "docs" / "funnel.md"]
 MARK = re.compile(r"(<!-- results:([a-z0-9-]+):begin -->\n)(.*?)(<!-- results:\2:end -->)", re.S)
 
 
