@@ -150,7 +150,10 @@ def block_large_systems() -> str:
     head = (f"{s['dev_a_report']:,} dev-a questions (AR), {s['dev_a_timing']} timed; command: "
             f"{large_cmd(d)}. Best funnel chosen on {s['train_tuning']} train questions: "
             f"`{d['best_funnel_chosen_on_train']}`. Hybrid alpha (train): {d['hybrid']['alpha']}. "
-            f"HNSW recall@100 vs exact search: {d['dense']['recall@100_hnsw_vs_exact']:.3f}.\n\n")
+            f"HNSW recall@100 vs exact search: {d['dense']['recall@100_hnsw_vs_exact']:.3f}."
+            + (f" Times: `{d['timing_run']['command']}` (systems with no time were not timed; load average "
+               f"{d['load_average_before_timing'][0]:.0f} before and {d['load_average_after_timing'][0]:.0f} after "
+               "on the 2 shared cores)." if "timing_run" in d else "") + "\n\n")
     return head + md_table(["system", "kind", "AR@1", "AR@2", "AR@3", "AR@4", "AR@4 95% CI (bootstrap)",
                             "AR@10", "AR@20", "CE pairs/query", "s/query p50", "s/query p95"], body)
 

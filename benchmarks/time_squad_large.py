@@ -16,6 +16,7 @@ import json
 import os
 import random
 import re
+import shlex
 import time
 from pathlib import Path
 
@@ -85,7 +86,7 @@ def main() -> None:
     res["load_average_before_timing"] = load_before
     res["load_average_after_timing"] = os.getloadavg()
     res["timing_run"] = {"command": "python benchmarks/time_squad_large.py " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in (("n_timing", args.n_timing), ("systems", args.systems))),
+        f"--{k.replace('_', '-')} {shlex.quote(str(v))}" for k, v in (("n_timing", args.n_timing), ("systems", args.systems))),
         "systems_timed": names, "seconds": time.perf_counter() - t0, "cpu_flags": flags,
         "dtype": "bf16 autocast" if bf16 else "fp32", "batch_size": args.batch_size}
 
