@@ -501,6 +501,9 @@ def main() -> None:
     p.add_argument("--export-pairs", type=Path, default=None, help="write the unscored pairs here and stop")
     p.add_argument("--import-scores", type=Path, nargs=2, default=None, metavar=("PAIRS", "SCORES"),
                    help="add scores computed by score_pairs.py to the cache")
+    p.add_argument("--export-texts", type=Path, default=None,
+                   help="write the texts to embed (passages, dev-a questions, train tuning questions) as a "
+                        "json.gz for embed_texts.py, and stop")
     p.add_argument("--cpu-score", action="store_true", help="score missing pairs here on the CPU")
     p.add_argument("--skip-timing", action="store_true")
     args = p.parse_args()
@@ -533,6 +536,13 @@ def main() -> None:
     all_qs = tune_qs + report_qs
     print(f"questions: {len(tune_qs)} train (tuning), {len(report_qs)} dev-a (report), {len(timing_qs)} timed", flush=True)
 
+    if args.export_texts:
+        texts = {"passages": [u.text for u in passages], "dev_a": [q.question for q in dev_all],
+                 "train_tune": [q.question for q in train_all if q.id in tune_ids]}
+        args.export_texts.write_bytes(gzip.compress(json.dumps(texts).encode("utf-8")))
+        print(f"wrote {args.export_texts}; embed with: python benchmarks/embed_texts.py {args.export_texts} "
+              f"MINILM_FOLDER {args.embeddings}", flush=True)
+        return
     from funnel_core.embeddings import SentenceEmbedder
 
     embedder = SentenceEmbedder(batch_size=args.batch_size)
