@@ -136,7 +136,10 @@ def block_large_readme() -> str:
 def block_large_systems() -> str:
     d = large()
     rows = d["systems_dev_a"]
-    order = sorted(rows, key=lambda n: ({"first stage": 0, "flat": 1, "funnel": 2}[rows[n]["kind"]], n))
+    def natural(name: str):
+        return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+    order = sorted(rows, key=lambda n: ({"first stage": 0, "flat": 1, "funnel": 2}[rows[n]["kind"]], natural(n)))
     body = []
     for n in order:
         r = rows[n]
