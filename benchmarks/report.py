@@ -219,7 +219,7 @@ def rows_readme() -> list[Row]:
         bf = d["best_funnel_chosen_on_train"]
         preset = next(k for k in r if "preset" in k)
         out = []
-        for name in dict.fromkeys([best_flat, "bm25 -> CE@20", "hybrid -> CE@20", bf, preset]):
+        for name in dict.fromkeys([best_flat, "hybrid -> CE@10", "bm25 -> CE@20", bf, preset]):
             if name not in r:
                 continue
             x = r[name]
