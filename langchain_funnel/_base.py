@@ -25,6 +25,7 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableParallel, RunnablePassthrough
 from pydantic import ConfigDict, Field, PrivateAttr
 
+from funnel_core.config import ConfiguredAdapter
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import Stage
 from funnel_core.units import Unit
@@ -76,28 +77,23 @@ def units_to_documents(units: Sequence[Unit]) -> list[Document]:
     return docs
 
 
-class StageCompressor(BaseDocumentCompressor, Runnable[dict, list[Document]]):
+class StageCompressor(ConfiguredAdapter, BaseDocumentCompressor, Runnable[dict, list[Document]]):
     """A LangChain document compressor that runs one ``funnel_core`` stage.
 
-    Subclasses declare their configuration as pydantic fields and implement
-    :meth:`_build_stage`; the stage and its model are built once, on first use. As a ``Runnable``
-    it takes ``{"query": ..., "documents": [...]}``; :func:`rerank_chain` wires a retriever to it.
+    A configured compressor subclasses ``adapter_base(SomeConfig, StageCompressor)``: its fields
+    are the core config's and :attr:`stage` is built from their current values (see
+    :class:`funnel_core.config.ConfiguredAdapter`). As a ``Runnable`` it takes
+    ``{"query": ..., "documents": [...]}``.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
     # Runnable annotates ``name: str | None`` without a default; pydantic would make it required.
     name: Optional[str] = None
     _stage: Optional[Stage] = PrivateAttr(default=None)
+    _stage_key: Any = PrivateAttr(default=None)
 
-    @abstractmethod
-    def _build_stage(self) -> Stage:
-        """Build the ``funnel_core`` stage from this object's fields."""
-
-    @property
-    def stage(self) -> Stage:
-        if self._stage is None:
-            self._stage = self._build_stage()
-        return self._stage
+    def model_post_init(self, __context: Any) -> None:
+        self.stage  # validates every setting now; models still load lazily, on first use
 
     def compress_documents(self, documents: Sequence[Document], query: str,
                            callbacks: Callbacks | None = None) -> Sequence[Document]:

@@ -28,6 +28,7 @@ from llama_index.core.schema import (
     TextNode,
 )
 
+from funnel_core.config import ConfiguredAdapter
 from funnel_core.errors import check_query
 from funnel_core.funnel import Stage
 from funnel_core.units import Unit
@@ -111,24 +112,21 @@ def units_to_nodes(units: Sequence[Unit],
     return out
 
 
-class StagePostprocessor(BaseNodePostprocessor):
+class StagePostprocessor(ConfiguredAdapter, BaseNodePostprocessor):
     """A LlamaIndex node postprocessor that runs one ``funnel_core`` stage.
 
-    Subclasses declare their configuration as pydantic ``Field``s and implement
-    :meth:`_build_stage`; the stage (and the model inside it) is built once, on first use.
+    A configured postprocessor subclasses ``adapter_base(SomeConfig, StagePostprocessor)``: its
+    fields are the core config's, and :attr:`stage` is built from their *current* values (a
+    changed field is honoured at the next call; the loaded model is kept when only cheap
+    settings changed). Other subclasses implement :meth:`_build_stage`, rebuilt when a field
+    changes.
     """
 
     _stage: Optional[Stage] = PrivateAttr(default=None)
+    _stage_key: Any = PrivateAttr(default=None)
 
-    @abstractmethod
-    def _build_stage(self) -> Stage:
-        """Build the ``funnel_core`` stage from this object's fields."""
-
-    @property
-    def stage(self) -> Stage:
-        if self._stage is None:
-            self._stage = self._build_stage()
-        return self._stage
+    def model_post_init(self, __context: Any) -> None:
+        self.stage  # validates every setting now; models still load lazily, on first use
 
     def _top_n(self) -> int:
         return int(getattr(self, "top_n", None) or 0)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Sequence
 
+from funnel_core.config import CrossEncoderConfig, configured
 from funnel_core.errors import check_positive_int, check_probability
 from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolve_device, tokenizer_lock
 from funnel_core.text import word_windows
@@ -71,6 +72,7 @@ def minmax(values: Sequence[float]) -> list[float]:
     return [(v - lo) / (hi - lo) for v in values]
 
 
+@configured(CrossEncoderConfig)
 class CrossEncoderScorer(Reranker):
     """Score (query, passage) pairs with a cross-encoder and rerank units.
 
