@@ -28,7 +28,7 @@ from pydantic import ConfigDict, Field, PrivateAttr
 from funnel_core.config import ConfiguredAdapter
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import Stage
-from funnel_core.units import Unit
+from funnel_core.units import FUNNEL_KEY, Unit, framework_metadata, split_metadata
 
 __all__ = ["StageCompressor", "UnitRetriever", "document_to_unit", "documents_to_units",
            "units_to_documents", "rerank_chain"]
@@ -43,14 +43,21 @@ def _doc_id(doc: Document) -> str:
 
 
 def document_to_unit(doc: Document) -> Unit:
-    """A ``Document`` -> :class:`Unit` (id from ``doc.id``, ``metadata["id"]`` or a text hash)."""
+    """A ``Document`` -> :class:`Unit` (id from ``doc.id``, ``metadata["id"]`` or a text hash).
+
+    The unit keeps a reference to the document (``unit.source``). Its metadata is the user's
+    keys plus our earlier bookkeeping (``metadata["funnel"]``); a prior score is read from
+    ``metadata["funnel"]["score"]`` only, never from a user's ``score`` key.
+    """
     if not isinstance(doc, Document):
         raise TypeError(f"expected a langchain Document, got {type(doc).__name__}.")
-    meta = dict(doc.metadata)
-    score = meta.get("score")
+    user, ours = split_metadata(doc.metadata)
+    score = ours.pop("score", None)
+    level = str(ours.pop("level", "passage"))
+    parent_id = ours.pop("parent_id", None)
     return Unit(id=_doc_id(doc), text=doc.page_content,
-                score=score if isinstance(score, (int, float)) else None, metadata=meta,
-                parent_id=meta.get("parent_id"), level=str(meta.get("level", "passage")))
+                score=score if isinstance(score, (int, float)) else None,
+                metadata={**user, **ours}, parent_id=parent_id, level=level, source=doc)
 
 
 def documents_to_units(docs: Sequence[Document]) -> list[Unit]:
@@ -64,16 +71,33 @@ def documents_to_units(docs: Sequence[Document]) -> list[Unit]:
     return units
 
 
-def units_to_documents(units: Sequence[Unit]) -> list[Document]:
-    """Units -> ``Document`` objects; ``score``, ``parent_id``, ``level`` go into metadata."""
+def units_to_documents(units: Sequence[Unit], originals: Sequence[Document] = ()) -> list[Document]:
+    """Units -> copies of the user's ``Document`` objects (new ones for units cut from them).
+
+    The user's metadata is kept as it was; our bookkeeping (``score``, ``scores``, ``level``,
+    ``parent_id``, ...) goes under ``metadata["funnel"]``. ``originals`` are documents to take
+    the user's metadata from for units that carry none (looked up by id and ``parent_id``).
+    """
+    by_id: dict[str, Document] = {_doc_id(d): d for d in originals}
+    for u in units:
+        if isinstance(u.source, Document):
+            by_id.setdefault(u.id, u.source)
     docs = []
     for u in units:
-        meta = dict(u.metadata)
-        meta["score"] = u.score
-        meta["level"] = u.level
-        if u.parent_id is not None:
-            meta["parent_id"] = u.parent_id
-        docs.append(Document(id=u.id, page_content=u.text, metadata=meta))
+        src = u.source if isinstance(u.source, Document) else by_id.get(u.id)
+        if src is not None and _doc_id(src) != u.id and u.source is not src:
+            src = None
+        base = src if src is not None else by_id.get(u.parent_id) if u.parent_id else None
+        user, ours = framework_metadata(u, base.metadata if base is not None else None)
+        ours["score"] = u.score
+        meta = {**user, FUNNEL_KEY: ours}
+        if src is not None:
+            doc = src.model_copy(update={"page_content": u.text, "metadata": meta})
+            if doc.id is None:
+                doc.id = u.id
+        else:
+            doc = Document(id=u.id, page_content=u.text, metadata=meta)
+        docs.append(doc)
     return docs
 
 
@@ -100,14 +124,14 @@ class StageCompressor(ConfiguredAdapter, BaseDocumentCompressor, Runnable[dict, 
         query = check_query(query)
         if not documents or not query:
             return list(documents)
-        return units_to_documents(self.stage(query, documents_to_units(documents)))
+        return units_to_documents(self.stage(query, documents_to_units(documents)), documents)
 
     async def acompress_documents(self, documents: Sequence[Document], query: str,
                                   callbacks: Callbacks | None = None) -> Sequence[Document]:
         query = check_query(query)
         if not documents or not query:
             return list(documents)
-        return units_to_documents(await self.stage.acall(query, documents_to_units(documents)))
+        return units_to_documents(await self.stage.acall(query, documents_to_units(documents)), documents)
 
     # -- Runnable --------------------------------------------------------------------------
     @staticmethod

@@ -111,7 +111,7 @@ def hyde_query(llm: Runnable, prompt: PromptTemplate | None = None,
 class HybridRetriever(BaseRetriever):
     """Hybrid search over any two LangChain retrievers (paper section 3.4.3).
 
-    Scores are read from ``Document.metadata["score"]`` (funnel-rag retrievers write it). A
+    Scores are read from ``Document.metadata["funnel"]["score"]`` (funnel-rag retrievers write it). A
     similarity ``VectorStoreRetriever`` returns no scores, so its vector store is queried through
     ``similarity_search_with_score`` with the retriever's own ``search_kwargs``. A retriever
     that gives no scores can still be fused with ``method="rrf"``.
@@ -148,7 +148,7 @@ class HybridRetriever(BaseRetriever):
         if isinstance(retriever, VectorStoreRetriever) and retriever.search_type == "similarity":
             pairs = retriever.vectorstore.similarity_search_with_score(query, **retriever.search_kwargs)
             return [Document(id=d.id, page_content=d.page_content,
-                             metadata={**d.metadata, "score": float(s)}) for d, s in pairs]
+                             metadata={**d.metadata, "funnel": {**(d.metadata.get("funnel") or {}), "score": float(s)}}) for d, s in pairs]
         return retriever.invoke(query, config=config)
 
     @staticmethod
@@ -158,7 +158,7 @@ class HybridRetriever(BaseRetriever):
             pairs = await retriever.vectorstore.asimilarity_search_with_score(
                 query, **retriever.search_kwargs)
             return [Document(id=d.id, page_content=d.page_content,
-                             metadata={**d.metadata, "score": float(s)}) for d, s in pairs]
+                             metadata={**d.metadata, "funnel": {**(d.metadata.get("funnel") or {}), "score": float(s)}}) for d, s in pairs]
         return await retriever.ainvoke(query, config=config)
 
     def _fuse(self, sparse: Sequence[Document], dense: Sequence[Document], k: int) -> list[Document]:

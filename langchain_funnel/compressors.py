@@ -10,7 +10,7 @@
 The rerankers are ``BaseDocumentCompressor`` objects (use them with
 :class:`~langchain_funnel.compression.CompressionRetriever`) and ``Runnable`` objects over
 ``{"query", "documents"}`` (use them in LCEL, e.g. ``rerank_chain(retriever, reranker)``).
-Scores go to ``Document.metadata["score"]``; earlier scores stay in ``metadata["scores"]``.
+Scores go to ``Document.metadata["funnel"]["score"]``; earlier scores stay in ``metadata["funnel"]["scores"]``.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class LaterChunkingTransformer(adapter_base(LaterChunkingConfig, _TransformerBas
     def transform_documents(self, documents: Sequence[Document], **kwargs: Any) -> list[Document]:
         """Documents -> passages, parent by parent, in the input order."""
         units = documents_to_units(list(documents))
-        return units_to_documents([c for u in units for c in self.stage.split(u)])
+        return units_to_documents([c for u in units for c in self.stage.split(u)], list(documents))
 
     async def atransform_documents(self, documents: Sequence[Document],
                                    **kwargs: Any) -> list[Document]:

@@ -64,6 +64,8 @@ def _load_docstore(path: Path) -> SimpleDocumentStore:
 class _NodeRetriever(UnitRetriever):
     """Shared node bookkeeping, filters and persistence of the two BM25 retrievers."""
 
+    annotate = False  # the user's nodes, hash unchanged (QueryFusionRetriever dedups by hash)
+
     def __init__(self, nodes: Sequence[BaseNode], filters: Filter = None,
                  callback_manager: Optional[CallbackManager] = None, verbose: bool = False) -> None:
         self._nodes = {n.node_id: n for n in nodes}
@@ -79,7 +81,7 @@ class _NodeRetriever(UnitRetriever):
         if not query:
             return []
         units = self._search(query, filters=filters if filters is not None else self.filters, **kwargs)
-        return units_to_nodes(units, self._originals())
+        return units_to_nodes(units, self._originals(), self.annotate)
 
     #: The index class and its sub-folder in a persist folder (set by subclasses).
     _index_cls: ClassVar[Any] = None

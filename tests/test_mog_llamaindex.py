@@ -109,10 +109,10 @@ def test_mog_retriever_in_query_engine_with_trained_router(nodes):
     retriever = MixOfGranularityRetriever(nodes, router, similarity_top_k=2, k_r=5)
     fine = retriever.retrieve("What year was the tower built for the world fair?")
     broad_out = retriever.retrieve("Give an overview of the history of Hamlet and Denmark.")
-    assert fine[0].node.metadata["chosen_level"] == 1 and len(fine) == 2
+    assert fine[0].node.metadata["funnel"]["chosen_level"] == 1 and len(fine) == 2
     assert "1889" in " ".join(n.node.get_content() for n in fine)
-    assert broad_out[0].node.metadata["chosen_level"] == 3 and "Hamlet" in broad_out[0].node.get_content()
-    assert len(broad_out[0].node.metadata["router_weights"]) == 3
+    assert broad_out[0].node.metadata["funnel"]["chosen_level"] == 3 and "Hamlet" in broad_out[0].node.get_content()
+    assert len(broad_out[0].node.metadata["funnel"]["router_weights"]) == 3
     # the original hierarchy node comes back, relationships intact
     assert broad_out[0].node.relationships[NodeRelationship.SOURCE].node_id == "doc1"
     assert "router_weights" not in broad_out[0].node.get_content(metadata_mode=MetadataMode.LLM)
@@ -131,7 +131,7 @@ def test_graph_parser_and_mogg_retriever(docs):
     retriever = MixOfGranularityRetriever(gnodes, None, similarity_top_k=1, n_gra=2)
     out = retriever.retrieve("Who designed the Eiffel Tower?")
     assert len(out) == 1 and "Eiffel" in out[0].node.get_content()
-    assert out[0].node.metadata["chosen_level"] == 1
+    assert out[0].node.metadata["funnel"]["chosen_level"] == 1
     engine = RetrieverQueryEngine.from_args(retriever, llm=MockLLM())
     assert engine.query("Eiffel").source_nodes
     with pytest.raises(ValueError, match="t_graph"):
