@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 from abc import abstractmethod
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, ClassVar, Optional, Sequence
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
@@ -71,12 +72,14 @@ def documents_to_units(docs: Sequence[Document]) -> list[Unit]:
     return units
 
 
-def units_to_documents(units: Sequence[Unit], originals: Sequence[Document] = ()) -> list[Document]:
+def units_to_documents(units: Sequence[Unit], originals: Sequence[Document] = (),
+                       base: Optional[Callable[[Unit], Optional[Document]]] = None) -> list[Document]:
     """Units -> copies of the user's ``Document`` objects (new ones for units cut from them).
 
     The user's metadata is kept as it was; our bookkeeping (``score``, ``scores``, ``level``,
     ``parent_id``, ...) goes under ``metadata["funnel"]``. ``originals`` are documents to take
-    the user's metadata from for units that carry none (looked up by id and ``parent_id``).
+    the user's metadata from for units that carry none (looked up by id and ``parent_id``);
+    ``base(unit)``, when given, names that document directly.
     """
     by_id: dict[str, Document] = {_doc_id(d): d for d in originals}
     for u in units:
@@ -87,8 +90,9 @@ def units_to_documents(units: Sequence[Unit], originals: Sequence[Document] = ()
         src = u.source if isinstance(u.source, Document) else by_id.get(u.id)
         if src is not None and _doc_id(src) != u.id and u.source is not src:
             src = None
-        base = src if src is not None else by_id.get(u.parent_id) if u.parent_id else None
-        user, ours = framework_metadata(u, base.metadata if base is not None else None)
+        parent = src if src is not None else base(u) if base is not None else (
+            by_id.get(u.parent_id) if u.parent_id else None)
+        user, ours = framework_metadata(u, parent.metadata if parent is not None else None)
         ours["score"] = u.score
         meta = {**user, FUNNEL_KEY: ours}
         if src is not None:
@@ -121,73 +125,109 @@ class StageCompressor(ConfiguredAdapter, BaseDocumentCompressor, Runnable[dict, 
 
     def compress_documents(self, documents: Sequence[Document], query: str,
                            callbacks: Callbacks | None = None) -> Sequence[Document]:
+        """Run the stage; the call is a run of its own (visible to callbacks, ``astream_events``
+        and tracers), a child of ``callbacks``' run when given."""
+        return self.invoke({"query": query, "documents": list(documents)},
+                           config={"callbacks": callbacks} if callbacks is not None else None)
+
+    async def acompress_documents(self, documents: Sequence[Document], query: str,
+                                  callbacks: Callbacks | None = None) -> Sequence[Document]:
+        return await self.ainvoke({"query": query, "documents": list(documents)},
+                                  config={"callbacks": callbacks} if callbacks is not None else None)
+
+    def _compress(self, input: Any) -> list[Document]:
+        documents, query = self._unpack(input)
         query = check_query(query)
         if not documents or not query:
             return list(documents)
         return units_to_documents(self.stage(query, documents_to_units(documents)), documents)
 
-    async def acompress_documents(self, documents: Sequence[Document], query: str,
-                                  callbacks: Callbacks | None = None) -> Sequence[Document]:
+    async def _acompress(self, input: Any) -> list[Document]:
+        documents, query = self._unpack(input)
         query = check_query(query)
         if not documents or not query:
             return list(documents)
-        return units_to_documents(await self.stage.acall(query, documents_to_units(documents)), documents)
+        units = await self.stage.acall(query, documents_to_units(documents))
+        return units_to_documents(units, documents)
 
     # -- Runnable --------------------------------------------------------------------------
     @staticmethod
     def _unpack(input: Any) -> tuple[Sequence[Document], str]:
         if not isinstance(input, dict) or "query" not in input or "documents" not in input:
             raise TypeError("as a Runnable, a compressor takes {'query': str, 'documents': "
-                            f"list[Document]}}, got {type(input).__name__}; see rerank_chain().")
+                            f"list[Document]}}, got {type(input).__name__}; or use "
+                            "FunnelRetriever.from_stages(retriever, compressor).")
         return input["documents"], input["query"]
 
     def invoke(self, input: dict, config: RunnableConfig | None = None,
                **kwargs: Any) -> list[Document]:
-        docs, query = self._unpack(input)
-        return list(self.compress_documents(docs, query))
+        return self._call_with_config(self._compress, input, config)
 
     async def ainvoke(self, input: dict, config: RunnableConfig | None = None,
                       **kwargs: Any) -> list[Document]:
-        docs, query = self._unpack(input)
-        return list(await self.acompress_documents(docs, query))
+        return await self._acall_with_config(self._acompress, input, config)
 
 
-def rerank_chain(retriever: Runnable, *compressors: StageCompressor) -> Runnable:
-    """LCEL: ``query -> retriever -> compressor -> ... -> documents``.
+def rerank_chain(retriever: Runnable, *compressors: Any) -> Any:
+    """``retriever`` then ``compressors``, as one retriever: a thin constructor of
+    :class:`~langchain_funnel.funnel.FunnelRetriever` (no cap on the number of documents)."""
+    from langchain_funnel.funnel import FunnelRetriever
 
-    Equivalent to ``RunnableParallel(documents=retriever, query=RunnablePassthrough()) | c1 | ...``
-    with the query threaded through every compressor.
-    """
-    chain: Runnable = RunnableParallel(documents=retriever, query=RunnablePassthrough())
-    for comp in compressors:
-        chain = chain | RunnableParallel(documents=comp, query=lambda x: x["query"])
-    return chain | (lambda x: x["documents"])
+    return FunnelRetriever.from_stages(retriever, *compressors, k=None)
+
+
+def check_search_kwargs(owner: Any, search: Any, kwargs: dict[str, Any]) -> None:
+    """Reject per-call keyword arguments ``search`` does not take (a typo such as ``filters=``
+    for ``filter=`` must not silently return unfiltered results)."""
+    if not kwargs:
+        return
+    params = inspect.signature(search).parameters
+    accepted = ["k"] + [n for n, p in params.items()
+                        if n not in ("query", "k") and p.kind is not inspect.Parameter.VAR_KEYWORD]
+    unknown = sorted(set(kwargs) - set(accepted))
+    if unknown:
+        raise TypeError(f"{type(owner).__name__} got unknown keyword argument(s) {unknown} at "
+                        f"query time; accepted: {accepted}.")
+
+
+def check_k(k: Any, name: str = "k") -> int | None:
+    """``k`` is an int >= 1 (``k=0`` is an error, as in every retriever of both adapters)."""
+    return check_positive_int(k, name)
 
 
 class UnitRetriever(BaseRetriever):
     """A LangChain retriever whose subclasses implement :meth:`_search` over ``funnel_core``.
 
-    ``k`` is set in the constructor and can be overridden per call: ``invoke(q, k=3)``.
+    ``k`` is set in the constructor and can be overridden per call: ``invoke(q, k=3)``;
+    ``k=0`` is an error. Other per-call keyword arguments are those of :meth:`_search` (e.g.
+    ``filter=``); an unknown one raises ``TypeError`` naming it and the accepted ones.
     An empty or whitespace query returns ``[]``; a non-string query raises ``TypeError``.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
-    k: int = Field(default=4, description="Number of documents to return.")
+    k: Optional[int] = Field(default=4, description="Number of documents to return.")
 
     def model_post_init(self, __context: Any) -> None:
-        check_positive_int(self.k, "k")
+        if self.k is not None or not self._k_optional:
+            check_k(self.k)
+
+    #: Whether ``k=None`` (no cap) is allowed.
+    _k_optional: ClassVar[bool] = False
 
     @abstractmethod
-    def _search(self, query: str, k: int, **kwargs: Any) -> list[Unit]:
+    def _search(self, query: str, k: int) -> list[Unit]:
         """Return up to ``k`` units for a (non-empty, stripped) query.
 
-        ``kwargs`` are the extra keyword arguments of ``invoke`` (e.g. ``filter=``).
+        Further keyword-only parameters are the per-call options of ``invoke`` (e.g. ``filter``).
         """
+
+    def _prepare(self, query: str, k: int | None, kwargs: dict[str, Any]) -> tuple[str, Any]:
+        check_search_kwargs(self, self._search, kwargs)
+        return check_query(query), self.k if k is None else check_k(k)
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
                                 k: int | None = None, **kwargs: Any) -> list[Document]:
-        query = check_query(query)
-        k = self.k if k is None else check_positive_int(k, "k")
+        query, k = self._prepare(query, k, kwargs)
         if not query:
             return []
         return units_to_documents(self._search(query, k, **kwargs))
@@ -195,8 +235,7 @@ class UnitRetriever(BaseRetriever):
     async def _aget_relevant_documents(self, query: str, *,
                                        run_manager: AsyncCallbackManagerForRetrieverRun,
                                        k: int | None = None, **kwargs: Any) -> list[Document]:
-        query = check_query(query)
-        k = self.k if k is None else check_positive_int(k, "k")
+        query, k = self._prepare(query, k, kwargs)
         if not query:
             return []
         return units_to_documents(await self._asearch(query, k, **kwargs))

@@ -77,8 +77,8 @@ class LaterChunkingTransformer(adapter_base(LaterChunkingConfig, _TransformerBas
 
     def invoke(self, input: Sequence[Document], config: RunnableConfig | None = None,
                **kwargs: Any) -> list[Document]:
-        return self.transform_documents(input)
+        return self._call_with_config(self.transform_documents, input, config)
 
     async def ainvoke(self, input: Sequence[Document], config: RunnableConfig | None = None,
                       **kwargs: Any) -> list[Document]:
-        return await self.atransform_documents(input)
+        return await self._acall_with_config(self.atransform_documents, input, config)

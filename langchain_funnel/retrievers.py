@@ -20,8 +20,8 @@ from pydantic import Field
 from funnel_core.bm25 import BM25Index, MetadataFilter
 from funnel_core.clustered import ClusteredBM25Index
 from funnel_core.errors import check_positive_int
-from funnel_core.units import Unit
-from langchain_funnel._base import UnitRetriever, documents_to_units
+from funnel_core.units import Unit, check_unique_ids, split_metadata
+from langchain_funnel._base import UnitRetriever
 
 __all__ = ["BM25Retriever", "ClusteredBM25Retriever"]
 
@@ -40,9 +40,19 @@ def _units_from_texts(texts: Iterable[str], metadatas: Optional[Sequence[dict]],
 
 
 def _units_from_documents(documents: Iterable[Document], level: str) -> list[Unit]:
-    units = documents_to_units(list(documents))
-    for u in units:
-        u.level = level
+    """Documents -> index units: ``Document.id`` as the id (positional for documents without
+    one, as :meth:`from_texts` does); a duplicate id raises, as it does for ``from_texts``."""
+    if isinstance(documents, Document):
+        raise TypeError("documents must be a list of Documents, got a single Document; wrap it "
+                        "in a list.")
+    units = []
+    for i, d in enumerate(documents):
+        if not isinstance(d, Document):
+            raise TypeError(f"expected langchain Documents, got {type(d).__name__} at position {i}.")
+        user = split_metadata(d.metadata)[0]
+        units.append(Unit(id=str(d.id) if d.id else str(i), text=d.page_content, metadata=user,
+                          level=level))
+    check_unique_ids(units)
     return units
 
 
@@ -66,7 +76,7 @@ class BM25Retriever(UnitRetriever):
         index = BM25Index(**bm25_config).index(_units_from_documents(documents, "passage"))
         return cls(index=index, k=k)
 
-    def _search(self, query: str, k: int, filter: MetadataFilter = None, **kwargs: Any) -> list[Unit]:
+    def _search(self, query: str, k: int, filter: MetadataFilter = None) -> list[Unit]:
         return self.index.search(query, k=k, filter=filter if filter is not None else self.filter)
 
     def save(self, path: str | Path) -> None:
@@ -117,8 +127,9 @@ class ClusteredBM25Retriever(UnitRetriever):
         return cls(index=index, k=k, k_clusters=k_clusters)
 
     def _search(self, query: str, k: int, filter: MetadataFilter = None,
-                k_clusters: Optional[int] = None, **kwargs: Any) -> list[Unit]:
-        n_clusters = k_clusters or self.k_clusters
+                k_clusters: Optional[int] = None) -> list[Unit]:
+        n_clusters = self.k_clusters if k_clusters is None else check_positive_int(k_clusters,
+                                                                                  "k_clusters")
         if self.return_clusters:  # k counts what is returned: here, clusters
             n_clusters = min(n_clusters, k)
         return self.index.search(query, k=n_clusters,

@@ -15,6 +15,7 @@ from typing import Any, List, Optional, Sequence
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.bridge.pydantic import PrivateAttr
+from llama_index.core.callbacks import CBEventType, EventPayload
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
@@ -173,8 +174,10 @@ class StagePostprocessor(ConfiguredAdapter, BaseNodePostprocessor):
             return list(nodes)
         dispatcher.event(ReRankStartEvent(query=query_bundle, nodes=nodes, top_n=self._top_n(),
                                           model_name=self._model_name()))
-        units = self.stage(query, nodes_to_units(nodes))
-        out = units_to_nodes(units, nodes)
+        with self.callback_manager.event(CBEventType.RERANKING,
+                                         payload=self._cb_payload(nodes, query)) as event:
+            out = units_to_nodes(self.stage(query, nodes_to_units(nodes)), nodes)
+            event.on_end(payload={EventPayload.NODES: out})
         dispatcher.event(ReRankEndEvent(nodes=out))
         return out
 
@@ -185,10 +188,16 @@ class StagePostprocessor(ConfiguredAdapter, BaseNodePostprocessor):
             return list(nodes)
         dispatcher.event(ReRankStartEvent(query=query_bundle, nodes=nodes, top_n=self._top_n(),
                                           model_name=self._model_name()))
-        units = await self.stage.acall(query, nodes_to_units(nodes))
-        out = units_to_nodes(units, nodes)
+        with self.callback_manager.event(CBEventType.RERANKING,
+                                         payload=self._cb_payload(nodes, query)) as event:
+            out = units_to_nodes(await self.stage.acall(query, nodes_to_units(nodes)), nodes)
+            event.on_end(payload={EventPayload.NODES: out})
         dispatcher.event(ReRankEndEvent(nodes=out))
         return out
+
+    def _cb_payload(self, nodes: List[NodeWithScore], query: str) -> dict:
+        return {EventPayload.NODES: nodes, EventPayload.MODEL_NAME: self._model_name(),
+                EventPayload.QUERY_STR: query, EventPayload.TOP_K: self._top_n()}
 
 
 class UnitRetriever(BaseRetriever):

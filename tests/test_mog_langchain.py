@@ -42,7 +42,7 @@ def test_splitter_puts_the_hierarchy_in_metadata():
     assert [d.metadata["funnel"]["granularity"] for d in out] == sorted(d.metadata["funnel"]["granularity"] for d in out)
     for d in out:
         g = d.metadata["funnel"]["granularity"]
-        assert d.metadata["title"].startswith("T") and d.metadata["doc_id"].startswith("d")
+        assert d.metadata["title"].startswith("T") and d.metadata["funnel"]["doc_id"].startswith("d")
         if g < 3:
             parent = by_id[d.metadata["funnel"]["parent_id"]]
             assert parent.metadata["funnel"]["granularity"] == g + 1 and d.id in parent.metadata["funnel"]["child_ids"]
@@ -50,7 +50,10 @@ def test_splitter_puts_the_hierarchy_in_metadata():
         else:
             assert "parent_id" not in d.metadata
     assert splitter.split_text(TEXTS[0]) == [d.page_content for d in out
-                                             if d.metadata["doc_id"] == "d0" and d.metadata["funnel"]["granularity"] == 1]
+                                             if d.metadata["funnel"]["doc_id"] == "d0"]
+    finest = MultiGranularityTextSplitter(chunk_size=10, n_gra=3, levels="finest")
+    assert finest.split_text(TEXTS[0]) == [d.page_content for d in out
+                                           if d.metadata["funnel"]["doc_id"] == "d0" and d.metadata["funnel"]["granularity"] == 1]
     assert splitter.transform_documents(_docs()) == out
     created = splitter.create_documents(["Tiny note."], [{"src": "x"}])
     assert [d.page_content for d in created] == ["Tiny note."] * 3 and created[0].metadata["src"] == "x"
