@@ -39,7 +39,7 @@ def check_query(query: Any) -> str:
     if not isinstance(query, str):
         raise TypeError(
             f"query must be a str, got {type(query).__name__} ({query!r:.80}); "
-            "pass the question text, e.g. retriever.retrieve('what is BM25?')."
+            "pass the question text as a str, e.g. 'what is BM25?'."
         )
     return query.strip()
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 __all__ = ["Unit", "StageRecord", "Trace", "as_float", "FUNNEL_KEY", "INTERNAL_KEYS",
-           "split_metadata", "framework_metadata"]
+           "split_metadata", "framework_metadata", "text_digest"]
 
 #: The one metadata key under which the adapters put funnel-rag's bookkeeping on a framework
 #: object (a LlamaIndex node, a LangChain ``Document``); the user's own keys are never touched.
@@ -32,6 +32,17 @@ INTERNAL_KEYS = frozenset({
     "fb_rag_order", "retrieval_rank", "repack_position", "graph_neighbors", "graph_weights",
     "granularity", "child_ids", "doc_index", "fid_answer", "compression",
 })
+
+
+def text_digest(text: "str | Iterable[str]", n: int = 12) -> str:
+    """A short stable hex digest of a text (or texts): ids that differ between contexts."""
+    import hashlib
+
+    h = hashlib.sha1()
+    for t in [text] if isinstance(text, str) else text:
+        h.update(t.encode("utf-8", "surrogatepass"))
+        h.update(b"\0")
+    return h.hexdigest()[:n]
 
 
 def split_metadata(metadata: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

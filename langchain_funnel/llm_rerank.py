@@ -25,7 +25,7 @@ from funnel_core.llm import LLM
 from funnel_core.forward import FORWARD_PROMPT, PRESETS, ForwardLookup, chunk_context
 from funnel_core.funnel import Stage
 from funnel_core.rerank.rankrag import DEFAULT_RANKRAG_PROMPT, RankRAGScorer, check_prompt_template
-from funnel_core.units import Unit
+from funnel_core.units import Unit, text_digest
 from langchain_funnel._base import StageCompressor, UnitRetriever, documents_to_units, units_to_documents
 from langchain_funnel.llm import as_provider
 
@@ -121,7 +121,8 @@ class ForwardLookupRetriever(UnitRetriever):
             max_new_tokens=self.max_new_tokens, prompt=self.prompt, recall_k=self.recall_k,
             reader_words=self.reader_words, chunk_words=self.chunk_words)
         if self.context is not None:
-            self._units = chunk_context(self.context, self.chunk_words)
+            self._units = chunk_context(self.context, self.chunk_words,
+                                        id_prefix=f"chunk-{text_digest(self.context)}")
 
     @property
     def forward(self) -> ForwardLookup:

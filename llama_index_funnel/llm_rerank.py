@@ -36,7 +36,7 @@ from funnel_core.forward import (
 )
 from funnel_core.funnel import Stage
 from funnel_core.rerank.rankrag import DEFAULT_RANKRAG_PROMPT, RankRAGScorer, check_prompt_template
-from funnel_core.units import Unit
+from funnel_core.units import Unit, text_digest
 from llama_index_funnel._base import StagePostprocessor, nodes_to_units, units_to_nodes
 from llama_index_funnel.llm import as_provider
 
@@ -125,7 +125,8 @@ class ForwardLookupQueryTransform(BaseQueryTransform):
                                 top_k=top_k, max_new_tokens=max_new_tokens, prompt=prompt,
                                 recall_k=recall_k, reader_words=reader_words,
                                 chunk_words=chunk_words, eta_backward=0.0, eta_forward=1.0)
-        self.units = chunk_context(context, chunk_words) if context is not None else None
+        self.units = (chunk_context(context, chunk_words, id_prefix=f"chunk-{text_digest(context)}")
+                      if context is not None else None)
         self.retriever = retriever
         self.embed_samples = embed_samples
 
@@ -209,8 +210,9 @@ class ForwardLookupRetriever(BaseRetriever):
             order_preserving=order_preserving, samples=samples, temperature=temperature,
             top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, prompt=prompt,
             recall_k=recall_k, reader_words=reader_words, chunk_words=chunk_words)
-        self.units: Optional[list[Unit]] = (chunk_context(context, chunk_words)
-                                            if context is not None else None)
+        self.units: Optional[list[Unit]] = (
+            chunk_context(context, chunk_words, id_prefix=f"chunk-{text_digest(context)}")
+            if context is not None else None)
         self.retriever = retriever
         super().__init__(callback_manager=callback_manager)
 

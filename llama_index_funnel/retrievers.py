@@ -136,22 +136,27 @@ class BM25Retriever(_NodeRetriever):
 
     def _search(self, query: str, filters: Filter = None, k: Optional[int] = None) -> list[Unit]:
         flt = self.filters if filters is None else filters
-        return self.index.search(query, k=k or self.similarity_top_k, filter=_filter(flt))
+        k = self.similarity_top_k if k is None else check_positive_int(k, "k")
+        return self.index.search(query, k=k, filter=_filter(flt))
 
 
 
 class ClusteredBM25Retriever(_NodeRetriever):
     """FunnelRAG's retrieval stage for LlamaIndex: BM25 over ~4K-token document clusters.
 
-    Returns the member nodes of the top ``similarity_top_k`` clusters (``cluster_id``,
-    ``cluster_score``, ``cluster_rank`` in metadata), or the clusters themselves as new
-    ``TextNode``s when ``return_clusters=True``.
+    The top ``k_clusters`` clusters are opened into their member nodes, and at most
+    ``similarity_top_k`` nodes are returned (as in every LlamaIndex retriever, and as ``k`` in
+    the LangChain twin). With ``return_clusters=True`` the clusters themselves are returned as
+    new ``TextNode``s (at most ``similarity_top_k`` of them). Cluster bookkeeping
+    (``cluster_id``, ``cluster_score``, ``cluster_rank``) is in ``metadata["funnel"]`` with
+    ``annotate=True``.
 
     Args:
         index: A built :class:`funnel_core.clustered.ClusteredBM25Index`.
         nodes: The document nodes the index was built from.
-        similarity_top_k: Number of clusters to retrieve.
-        max_documents: Cap on the nodes returned (``None``: all members of the clusters).
+        similarity_top_k: Number of nodes returned.
+        k_clusters: Number of clusters retrieved and opened (the same name in LangChain).
+        max_documents: Deprecated cap on the nodes returned; use ``similarity_top_k``.
         return_clusters: Return cluster nodes instead of their documents.
         filters: Default metadata filter on documents; override per query with :meth:`search`.
     """
@@ -162,9 +167,10 @@ class ClusteredBM25Retriever(_NodeRetriever):
     def __init__(self, index: ClusteredBM25Index, nodes: Sequence[BaseNode], similarity_top_k: int = 10,
                  max_documents: Optional[int] = None, return_clusters: bool = False,
                  filters: Filter = None, callback_manager: Optional[CallbackManager] = None,
-                 verbose: bool = False) -> None:
+                 verbose: bool = False, k_clusters: int = 10) -> None:
         self.index = index
         self.similarity_top_k = check_positive_int(similarity_top_k, "similarity_top_k")
+        self.k_clusters = check_positive_int(k_clusters, "k_clusters")
         self.max_documents = check_positive_int(max_documents, "max_documents", allow_none=True)
         self.return_clusters = return_clusters
         super().__init__(nodes, filters, callback_manager, verbose)
@@ -174,7 +180,7 @@ class ClusteredBM25Retriever(_NodeRetriever):
                       docstore: Optional[BaseDocumentStore] = None, similarity_top_k: int = 10,
                       max_documents: Optional[int] = None, return_clusters: bool = False,
                       filters: Filter = None, max_tokens: int = 4096, adjacency: str = "auto",
-                      knn_k: int = 20, knn_threshold: float = 0.1,
+                      knn_k: int = 20, knn_threshold: float = 0.1, k_clusters: int = 10,
                       **bm25_config: Any) -> "ClusteredBM25Retriever":
         """Cluster the nodes (Algorithm 1) and index the clusters.
 
@@ -185,11 +191,17 @@ class ClusteredBM25Retriever(_NodeRetriever):
                                    knn_threshold=knn_threshold, **bm25_config)
         index.index(_units(nodes, "document"))
         return cls(index, nodes, similarity_top_k=similarity_top_k, max_documents=max_documents,
-                   return_clusters=return_clusters, filters=filters)
+                   return_clusters=return_clusters, filters=filters, k_clusters=k_clusters)
 
     def _search(self, query: str, filters: Filter = None, k: Optional[int] = None,
-                max_documents: Optional[int] = None) -> list[Unit]:
+                k_clusters: Optional[int] = None) -> list[Unit]:
         flt = self.filters if filters is None else filters
-        return self.index.search(query, k=k or self.similarity_top_k, filter=_filter(flt),
-                                 return_clusters=self.return_clusters,
-                                 max_documents=max_documents or self.max_documents)
+        k = self.similarity_top_k if k is None else check_positive_int(k, "k")
+        if self.max_documents is not None:
+            k = min(k, self.max_documents)
+        n_clusters = self.k_clusters if k_clusters is None else check_positive_int(k_clusters,
+                                                                                  "k_clusters")
+        if self.return_clusters:  # what is returned are clusters: k counts them
+            n_clusters = min(n_clusters, k)
+        return self.index.search(query, k=n_clusters, filter=_filter(flt),
+                                 return_clusters=self.return_clusters, max_documents=k)

@@ -44,7 +44,7 @@ def test_query_fusion_rrf_merges_our_nodes_with_the_frameworks(source_linked_nod
     bm25 = BM25Retriever.from_defaults(nodes=source_linked_nodes, similarity_top_k=4)
     vector = VectorStoreIndex(source_linked_nodes, embed_model=MockEmbedding(embed_dim=8)) \
         .as_retriever(similarity_top_k=8)
-    clustered = ClusteredBM25Retriever.from_defaults(nodes=source_linked_nodes,
+    clustered = ClusteredBM25Retriever.from_defaults(nodes=source_linked_nodes, k_clusters=4,
                                                      similarity_top_k=4, max_tokens=40, knn_k=3,
                                                      knn_threshold=0.05)
     for others in ([vector], [clustered], [vector, clustered]):
@@ -170,3 +170,25 @@ def test_rerank_callback_event_and_events_inside_funnel(tiny_cross_encoder_path,
     assert "ReRankStartEvent" in events.events and "ReRankEndEvent" in events.events
     span_names = [s.id_ for s in spans.completed_spans]
     assert any("CrossEncoderRerank" in name for name in span_names), span_names
+
+
+def test_clustered_similarity_top_k_counts_nodes_in_both_frameworks(source_linked_nodes):
+    from langchain_core.documents import Document
+
+    from langchain_funnel import ClusteredBM25Retriever as LCClustered
+
+    kw = dict(max_tokens=25, knn_k=3, knn_threshold=0.01)
+    li = ClusteredBM25Retriever.from_defaults(nodes=source_linked_nodes, similarity_top_k=2,
+                                              k_clusters=3, **kw)
+    lc = LCClustered.from_documents([Document(id=n.node_id, page_content=n.text,
+                                              metadata=n.metadata) for n in source_linked_nodes],
+                                    k=2, k_clusters=3, **kw)
+    q = "Paris France capital Hamlet Shakespeare BM25"
+    assert len(li.index.search(q, k=3)) > 2  # three clusters hold more than two nodes
+    a, b = li.retrieve(q), lc.invoke(q)
+    assert len(a) == 2 and [n.node.node_id for n in a] == [d.id for d in b]
+    assert len(li.retrieve(q)) == len(li.search(q, k=2)) == 2
+    import pytest
+
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        li.search(q, k=0)
