@@ -34,6 +34,7 @@ from typing import Any, Callable, Sequence
 from funnel_core.config import CrossEncoderConfig, configured
 from funnel_core.errors import check_positive_int, check_probability
 from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolve_device, tokenizer_lock
+from funnel_core.scoring import minmax  # noqa: F401 (re-exported: funnel_core.rerank.cross_encoder.minmax)
 from funnel_core.text import word_windows
 from funnel_core.units import Unit
 
@@ -62,14 +63,6 @@ def encode_pairs(tokenizer: Any, queries: Sequence[str], texts: Sequence[str], m
             clipped[q] = q if len(ids) <= limit else tokenizer.decode(ids[:limit])
         return tokenizer([clipped[q] for q in queries], list(texts), truncation="only_second",
                          max_length=max_length, padding=True, return_tensors=return_tensors)
-
-
-def minmax(values: Sequence[float]) -> list[float]:
-    """Scale values to [0, 1] (all equal -> all 0.5)."""
-    lo, hi = min(values), max(values)
-    if hi - lo <= 1e-12:
-        return [0.5 for _ in values]
-    return [(v - lo) / (hi - lo) for v in values]
 
 
 @configured(CrossEncoderConfig)
