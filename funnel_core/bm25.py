@@ -20,8 +20,8 @@ import numpy as np
 
 from funnel_core.errors import PersistError, check_positive_int, check_query
 from funnel_core.funnel import Stage
-from funnel_core.rerank.base import Reranker
 from funnel_core.persist import atomic_dir, read_manifest, read_units, write_manifest, write_units
+from funnel_core.rerank.base import Reranker
 from funnel_core.units import Unit, check_unique_ids
 
 __all__ = ["BM25Index", "BM25Retrieve", "BM25Rerank", "MetadataFilter", "metadata_mask", "bm25_scores", "METHODS"]

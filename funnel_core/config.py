@@ -108,7 +108,7 @@ class StageConfig:
     model_attrs: ClassVar[tuple[str, ...]] = ("_model",)
 
     def __post_init__(self) -> None:
-        hints = _hints(type(self))
+        hints = _hints(type(self))  # type: ignore[arg-type]
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             checked = _check_type(f.name, value, hints.get(f.name, Any), type(self).__name__)
@@ -171,8 +171,8 @@ def check_kwargs(owner: str, given: Any, accepted: Any) -> None:
         raise TypeError(f"{owner} got unknown argument(s) {unknown}; accepted: {sorted(accepted)}.")
 
 
-@functools.lru_cache(maxsize=None)
-def _hints(cls: type) -> dict[str, Any]:
+@functools.cache
+def _hints(cls: Any) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
@@ -185,7 +185,7 @@ def configured(config_cls: type[StageConfig]) -> Any:
     """
 
     def wrap(stage_cls: type) -> type:
-        init = stage_cls.__init__
+        init = stage_cls.__init__  # type: ignore[misc]
         sig = inspect.signature(init)
         names = set(config_cls.field_names())
 
@@ -193,7 +193,8 @@ def configured(config_cls: type[StageConfig]) -> Any:
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             bound = sig.bind(self, *args, **kwargs)
             given = {k: v for k, v in bound.arguments.items() if k in names}
-            extra = bound.arguments.get(_var_kw(sig)) or {}
+            var_kw = _var_kw(sig)
+            extra = (bound.arguments.get(var_kw) if var_kw else None) or {}
             given.update({k: v for k, v in extra.items() if k in names})
             cfg = config_cls(**given)  # type errors first, naming the field
             init(self, *args, **kwargs)
@@ -242,7 +243,7 @@ def pydantic_fields(config_cls: type[StageConfig], *, exclude: tuple[str, ...] =
     derived from the core config (type, default, description) instead of restated."""
     from pydantic import Field
 
-    hints = _hints(config_cls)
+    hints = _hints(config_cls)  # type: ignore[arg-type]
     defaults = defaults or {}
     out: dict[str, Any] = {}
     for f in dataclasses.fields(config_cls):
@@ -480,10 +481,10 @@ def adapter_base(config_cls: type[StageConfig], base: type, *, exclude: tuple[st
     """
     from pydantic import create_model
 
-    model = create_model(f"_{config_cls.__name__}Fields", __base__=base,
-                         __module__=base.__module__,
-                         **pydantic_fields(config_cls, exclude=exclude, defaults=defaults))
-    model.config_class = config_cls
+    model: Any = create_model(f"_{config_cls.__name__}Fields", __base__=base,
+                              __module__=base.__module__,
+                              **pydantic_fields(config_cls, exclude=exclude, defaults=defaults))
+    model.config_class = config_cls  # type: ignore[attr-defined]
     return model
 
 

@@ -6,7 +6,7 @@ stack trace to learn what went wrong.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, overload
 
 __all__ = [
     "FunnelError",
@@ -42,6 +42,18 @@ def check_query(query: Any) -> str:
             "pass the question text as a str, e.g. 'what is BM25?'."
         )
     return query.strip()
+
+
+@overload
+def check_positive_int(value: Any, name: str) -> int: ...
+
+
+@overload
+def check_positive_int(value: Any, name: str, *, allow_none: Literal[False]) -> int: ...
+
+
+@overload
+def check_positive_int(value: Any, name: str, *, allow_none: bool) -> int | None: ...
 
 
 def check_positive_int(value: Any, name: str, *, allow_none: bool = False) -> int | None:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, Sequence, Union
 
-
 from funnel_core.errors import check_positive_int, check_probability, check_query
 from funnel_core.funnel import Stage
 from funnel_core.scoring import NORMALIZATIONS, normalize_scores

@@ -115,7 +115,7 @@ class LaterChunking(Stage):
         word_windows("probe", words, overlap)  # validates overlap early
         self.words = words
         self.overlap = overlap
-        self.level = level
+        self.level: str = level
         self.sentence_aware = sentence_aware
         self.name = name or f"later_chunking({words}w)"
 

@@ -23,7 +23,7 @@ from langchain_core.callbacks import (
 )
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.retrievers import BaseRetriever
-from langchain_core.runnables import Runnable, RunnableConfig, RunnableParallel, RunnablePassthrough
+from langchain_core.runnables import Runnable, RunnableConfig
 from pydantic import ConfigDict, Field, PrivateAttr
 
 from funnel_core.config import ConfiguredAdapter
@@ -121,7 +121,7 @@ class StageCompressor(ConfiguredAdapter, BaseDocumentCompressor, Runnable[dict, 
     _stage_key: Any = PrivateAttr(default=None)
 
     def model_post_init(self, __context: Any) -> None:
-        self.stage  # validates every setting now; models still load lazily, on first use
+        _ = self.stage  # validates every setting now; models still load lazily, on first use
 
     def compress_documents(self, documents: Sequence[Document], query: str,
                            callbacks: Callbacks | None = None) -> Sequence[Document]:

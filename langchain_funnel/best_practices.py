@@ -28,8 +28,7 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import PromptTemplate
 from langchain_core.retrievers import BaseRetriever
-from langchain_core.runnables import Runnable, RunnableBranch, RunnableConfig, RunnableLambda
-from langchain_core.runnables import RunnableSerializable
+from langchain_core.runnables import Runnable, RunnableBranch, RunnableConfig, RunnableLambda, RunnableSerializable
 from langchain_core.vectorstores import VectorStoreRetriever
 from pydantic import ConfigDict, Field
 

@@ -41,7 +41,8 @@ class CompressionRetriever(FunnelRetriever):
 
     base_retriever: BaseRetriever
     compressors: list[Any] = Field(default_factory=list)
-    funnel: Optional[Funnel] = Field(default=None, description="Built from the fields above.")
+    funnel: Optional[Funnel] = Field(default=None,  # type: ignore[assignment]
+                                     description="Built from the fields above.")
     _k_optional = False
 
     def model_post_init(self, __context: Any) -> None:

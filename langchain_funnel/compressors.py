@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 
 from langchain_core.documents import BaseDocumentTransformer, Document
 from langchain_core.runnables import Runnable, RunnableConfig
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from funnel_core.config import ConfiguredAdapter, CrossEncoderConfig, LaterChunkingConfig, MonoT5Config, adapter_base
 from funnel_core.funnel import Stage
@@ -54,7 +54,7 @@ class _TransformerBase(ConfiguredAdapter, BaseModel, BaseDocumentTransformer,
     _stage_key: Any = PrivateAttr(default=None)
 
     def model_post_init(self, __context: Any) -> None:
-        self.stage  # validates the settings now
+        _ = self.stage  # validates the settings now
 
 
 class LaterChunkingTransformer(adapter_base(LaterChunkingConfig, _TransformerBase)):  # type: ignore[misc]

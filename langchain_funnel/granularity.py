@@ -53,7 +53,7 @@ def _doc_units(documents: Iterable[Document]) -> tuple[list[Unit], dict[str, Doc
 
 
 def _to_documents(units: Sequence[Unit], by_id: dict[str, Document]) -> list[Document]:
-    return units_to_documents(units, base=lambda u: by_id.get(u.metadata.get("doc_id")))
+    return units_to_documents(units, base=lambda u: by_id.get(str(u.metadata.get("doc_id"))))
 
 
 def _texts_to_documents(texts: Sequence[str], metadatas: Optional[Sequence[dict]]) -> list[Document]:
@@ -184,6 +184,7 @@ class MixOfGranularityRetriever(UnitRetriever):
             raise ValueError("MixOfGranularityRetriever needs documents; split them with "
                              "MultiGranularityTextSplitter or GraphGranularitySplitter first.")
         units = documents_to_units(self.documents)
+        structure: GranularityGraph | GranularityHierarchy
         if any("graph_neighbors" in u.metadata for u in units):
             structure = GranularityGraph.from_units(units, n_gra=self.n_gra)
         else:
@@ -193,7 +194,8 @@ class MixOfGranularityRetriever(UnitRetriever):
 
     @property
     def stage(self) -> MixOfGranularityRetrieve:
+        assert self._stage is not None
         return self._stage
 
     def _search(self, query: str, k: int) -> list[Unit]:
-        return self._stage.retrieve(query, k=k)
+        return self.stage.retrieve(query, k=k)

@@ -20,11 +20,8 @@ from langchain_core.retrievers import BaseRetriever
 from pydantic import Field, PrivateAttr
 
 from funnel_core.config import RankRAGConfig, adapter_base
-from funnel_core.errors import check_positive_int, check_query
-from funnel_core.llm import LLM
 from funnel_core.forward import FORWARD_PROMPT, PRESETS, ForwardLookup, chunk_context
-from funnel_core.funnel import Stage
-from funnel_core.rerank.rankrag import DEFAULT_RANKRAG_PROMPT, RankRAGScorer, check_prompt_template
+from funnel_core.llm import LLM
 from funnel_core.units import Unit, text_digest
 from langchain_funnel._base import StageCompressor, UnitRetriever, documents_to_units, units_to_documents
 from langchain_funnel.llm import as_provider
@@ -132,17 +129,18 @@ class ForwardLookupRetriever(UnitRetriever):
     def _search(self, query: str, k: int) -> list[Unit]:
         units = self._units
         if units is None:
+            assert self.retriever is not None
             units = documents_to_units(self.retriever.invoke(query))
         return self._forward.search(query, units, k=k).units
 
     async def _aget_relevant_documents(self, query: str, *,
                                        run_manager: AsyncCallbackManagerForRetrieverRun,
                                        k: int | None = None, **kwargs: Any) -> list[Document]:
-        query = check_query(query)
-        k = self.k if k is None else check_positive_int(k, "k")
+        query, k = self._prepare(query, k, kwargs)
         if not query:
             return []
         units = self._units
         if units is None:
+            assert self.retriever is not None
             units = documents_to_units(await self.retriever.ainvoke(query))
         return units_to_documents((await self._forward.asearch(query, units, k=k)).units)

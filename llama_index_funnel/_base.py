@@ -153,7 +153,7 @@ class StagePostprocessor(ConfiguredAdapter, BaseNodePostprocessor):
     _stage_key: Any = PrivateAttr(default=None)
 
     def model_post_init(self, __context: Any) -> None:
-        self.stage  # validates every setting now; models still load lazily, on first use
+        _ = self.stage  # validates every setting now; models still load lazily, on first use
 
     def _top_n(self) -> int:
         return int(getattr(self, "top_n", None) or 0)

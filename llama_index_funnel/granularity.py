@@ -185,6 +185,7 @@ class MixOfGranularityRetriever(UnitRetriever):
                              "MultiGranularityNodeParser or GraphGranularityNodeParser first.")
         self.similarity_top_k = check_positive_int(similarity_top_k, "similarity_top_k")
         units = [node_to_unit(n) for n in nodes]
+        structure: GranularityGraph | GranularityHierarchy
         if any("graph_neighbors" in u.metadata for u in units):
             structure = GranularityGraph.from_units(units, n_gra=n_gra)
         else:

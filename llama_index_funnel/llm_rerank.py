@@ -18,15 +18,15 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 from llama_index.core.base.base_retriever import BaseRetriever
-from llama_index.core.bridge.pydantic import Field, PrivateAttr
-from llama_index.core.llms.llm import LLM as LlamaIndexBaseLLM
+from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.indices.query.query_transform.base import BaseQueryTransform
+from llama_index.core.llms.llm import LLM as LlamaIndexBaseLLM
 from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
 from funnel_core.config import RankRAGConfig, adapter_base
-from funnel_core.errors import check_positive_int, check_query
+from funnel_core.errors import check_query
 from funnel_core.forward import (
     FORWARD_PROMPT,
     ForwardLookup,
@@ -34,8 +34,6 @@ from funnel_core.forward import (
     ForwardSample,
     chunk_context,
 )
-from funnel_core.funnel import Stage
-from funnel_core.rerank.rankrag import DEFAULT_RANKRAG_PROMPT, RankRAGScorer, check_prompt_template
 from funnel_core.units import Unit, text_digest
 from llama_index_funnel._base import StagePostprocessor, nodes_to_units, units_to_nodes
 from llama_index_funnel.llm import as_provider
@@ -232,6 +230,7 @@ class ForwardLookupRetriever(BaseRetriever):
         originals: Sequence[Any] = ()
         units = self.units
         if units is None:
+            assert self.retriever is not None
             originals = self.retriever.retrieve(QueryBundle(query_str=query))
             units = nodes_to_units(originals)
         return self._finish(self.forward.search(query, units, self._samples(query_bundle)),
@@ -244,6 +243,7 @@ class ForwardLookupRetriever(BaseRetriever):
         originals: Sequence[Any] = ()
         units = self.units
         if units is None:
+            assert self.retriever is not None
             originals = await self.retriever.aretrieve(QueryBundle(query_str=query))
             units = nodes_to_units(originals)
         res = await self.forward.asearch(query, units, self._samples(query_bundle))

@@ -80,12 +80,14 @@ class _NodeRetriever(UnitRetriever):
         query = check_query(query)
         if not query:
             return []
-        units = self._search(query, filters=filters if filters is not None else self.filters, **kwargs)
+        units = self._search(query, filters=filters if filters is not None else self.filters,  # type: ignore[call-arg]
+                             **kwargs)
         return units_to_nodes(units, self._originals(), self.annotate)
 
     #: The index class and its sub-folder in a persist folder (set by subclasses).
     _index_cls: ClassVar[Any] = None
     _index_dir: ClassVar[str] = ""
+    index: Any
 
     def persist(self, path: str) -> None:
         """Save the index (with every tokenizer and clustering setting) and the nodes to the
@@ -99,10 +101,12 @@ class _NodeRetriever(UnitRetriever):
     @classmethod
     def from_persist_dir(cls, path: str, similarity_top_k: int = 10, **kwargs: Any) -> Any:
         """Load a retriever written by :meth:`persist`; ``kwargs`` go to the constructor."""
-        path = Path(path)
-        index = cls._index_cls.load(path / cls._index_dir)
-        store = _load_docstore(path)
-        return cls(index, list(store.docs.values()), similarity_top_k=similarity_top_k, **kwargs)
+        folder = Path(path)
+        index = cls._index_cls.load(folder / cls._index_dir)
+        store = _load_docstore(folder)
+        return cls(index, list(store.docs.values()),  # type: ignore[call-arg, arg-type]
+                   similarity_top_k=similarity_top_k,
+                   **kwargs)
 
 
 class BM25Retriever(_NodeRetriever):

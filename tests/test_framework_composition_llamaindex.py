@@ -7,12 +7,19 @@ from llama_index.core import VectorStoreIndex
 from llama_index.core.callbacks import CallbackManager, CBEventType
 from llama_index.core.callbacks.base_handler import BaseCallbackHandler
 from llama_index.core.embeddings import MockEmbedding
-from llama_index.core.llms import MockLLM
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.span_handlers import SimpleSpanHandler
+from llama_index.core.llms import MockLLM
 from llama_index.core.retrievers import QueryFusionRetriever
-from llama_index.core.schema import MetadataMode, NodeRelationship, NodeWithScore, QueryBundle, RelatedNodeInfo, TextNode
+from llama_index.core.schema import (
+    MetadataMode,
+    NodeRelationship,
+    NodeWithScore,
+    QueryBundle,
+    RelatedNodeInfo,
+    TextNode,
+)
 
 from llama_index_funnel import (
     BM25Retriever,

@@ -11,7 +11,15 @@ from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
 from llama_index.core.llms import MockLLM
 from llama_index.core.query_engine import RetrieverQueryEngine
-from llama_index.core.schema import ImageNode, MediaResource, Node, NodeRelationship, NodeWithScore, QueryBundle, TextNode
+from llama_index.core.schema import (
+    ImageNode,
+    MediaResource,
+    Node,
+    NodeRelationship,
+    NodeWithScore,
+    QueryBundle,
+    TextNode,
+)
 
 from funnel_core.bm25 import BM25Index
 from funnel_core.errors import ModelLoadError

@@ -4,12 +4,12 @@ import asyncio
 from typing import Any
 
 import pytest
+from conftest import CORPUS
 from langchain_core.documents import Document
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnablePassthrough
 from langchain_tests.integration_tests import RetrieversIntegrationTests
 
-from conftest import CORPUS
 from funnel_core import PersistError
 from langchain_funnel.retrievers import BM25Retriever, ClusteredBM25Retriever
 

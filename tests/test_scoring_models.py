@@ -48,7 +48,8 @@ def test_tokenizer_lock_lives_on_the_tokenizer():
 
 def test_old_import_paths():
     from funnel_core.fusion import normalize_scores as f
-    from funnel_core.rerank import LazyModel, load_pretrained, resolve_device, sigmoid, tokenizer_lock as t
+    from funnel_core.rerank import LazyModel, load_pretrained, resolve_device, sigmoid
+    from funnel_core.rerank import tokenizer_lock as t
     from funnel_core.rerank.cross_encoder import minmax as m
 
     assert f is normalize_scores and m is minmax and t is tokenizer_lock

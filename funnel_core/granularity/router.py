@@ -24,9 +24,9 @@ import numpy as np
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import FunnelError, PersistError, check_positive_int
 from funnel_core.evaluation.metrics import normalize_answer
-from funnel_core.persist import atomic_dir
 from funnel_core.granularity.levels import GranularityStructure
 from funnel_core.granularity.retrieval import GranularityBM25
+from funnel_core.persist import atomic_dir
 
 __all__ = ["GranularityRouter", "RouterNotTrainedError", "soft_labels", "level_similarities",
            "SIMILARITIES", "BEST_LABEL", "SECOND_LABEL"]
