@@ -17,7 +17,7 @@ from langchain_funnel.best_practices import (
     query_classifier_branch,
 )
 from langchain_funnel.compression import CompressionRetriever
-from langchain_funnel.compressors import CrossEncoderReranker, LaterChunkingTransformer, MonoT5Reranker
+from langchain_funnel.rerank import CrossEncoderReranker, LaterChunkingTransformer, MonoT5Reranker
 from langchain_funnel.fid import AttentionLMReranker, FiDAttentionReranker
 from langchain_funnel.funnel import FunnelRetriever, LCCompressorStage, LCRetrieverStage, LCRunnableStage
 from langchain_funnel.granularity import (

@@ -108,7 +108,7 @@ def test_langchain_funnel_with_native_components_in_lcel(corpus_units):
 
 
 def test_langchain_funnel_accepts_our_transformers(corpus_units):
-    from langchain_funnel.compressors import LaterChunkingTransformer
+    from langchain_funnel.rerank import LaterChunkingTransformer
 
     docs = [Document(id=u.id, page_content=u.text) for u in corpus_units]
     funnel = LCFunnelRetriever.from_stages(LCBM25Retriever.from_documents(docs, k=2),

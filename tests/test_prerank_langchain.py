@@ -15,7 +15,7 @@ from funnel_core.rerank.cross_encoder import CrossEncoderScorer
 from funnel_core.testing import tiny_cross_encoder
 from langchain_funnel._base import UnitRetriever, rerank_chain
 from langchain_funnel.compression import CompressionRetriever
-from langchain_funnel.compressors import CrossEncoderReranker, LaterChunkingTransformer, MonoT5Reranker
+from langchain_funnel.rerank import CrossEncoderReranker, LaterChunkingTransformer, MonoT5Reranker
 from tests.conftest import CORPUS
 
 QUERY = "Paris capital of France city"
