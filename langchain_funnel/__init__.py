@@ -17,7 +17,6 @@ from langchain_funnel.best_practices import (
     query_classifier_branch,
 )
 from langchain_funnel.compression import CompressionRetriever
-from langchain_funnel.rerank import CrossEncoderReranker, LaterChunkingTransformer, MonoT5Reranker
 from langchain_funnel.fid import AttentionLMReranker, FiDAttentionReranker
 from langchain_funnel.funnel import FunnelRetriever, LCCompressorStage, LCRetrieverStage, LCRunnableStage
 from langchain_funnel.granularity import (
@@ -27,6 +26,7 @@ from langchain_funnel.granularity import (
 )
 from langchain_funnel.llm import LangChainLLM
 from langchain_funnel.llm_rerank import ForwardLookupRetriever, RankRAGReranker
+from langchain_funnel.rerank import CrossEncoderReranker, LaterChunkingTransformer, MonoT5Reranker
 from langchain_funnel.retrievers import BM25Retriever, ClusteredBM25Retriever
 
 __all__ = ["LangChainLLM", "ForwardLookupRetriever", "RankRAGReranker", "AttentionLMReranker", "FiDAttentionReranker", "CompressionRetriever", "CrossEncoderReranker", "LaterChunkingTransformer", "MonoT5Reranker", "ExtractiveCompressor", "HybridRetriever", "RepackTransformer", "SentenceEmbedderEmbeddings", "hyde_query", "query_classifier_branch", "GraphGranularitySplitter", "MixOfGranularityRetriever", "MultiGranularityTextSplitter", "FunnelRetriever", "LCCompressorStage", "LCRetrieverStage", "LCRunnableStage", "BM25Retriever", "ClusteredBM25Retriever", "StageCompressor", "UnitRetriever",

@@ -11,15 +11,18 @@ Both take ``k`` in the constructor and per call (``invoke(q, k=3)``) and a per-c
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, ClassVar, Iterable, Optional, Sequence
 
 from langchain_core.documents import Document
 from pydantic import Field
 
 from funnel_core.bm25 import BM25Index, MetadataFilter
 from funnel_core.clustered import ClusteredBM25Index
+from funnel_core.config import check_kwargs
 from funnel_core.errors import check_positive_int
+from funnel_core.persist import atomic_dir, read_manifest, write_manifest
 from funnel_core.units import Unit, check_unique_ids, split_metadata
 from langchain_funnel._base import UnitRetriever
 
@@ -79,13 +82,16 @@ class BM25Retriever(UnitRetriever):
     def _search(self, query: str, k: int, filter: MetadataFilter = None) -> list[Unit]:
         return self.index.search(query, k=k, filter=filter if filter is not None else self.filter)
 
+    _settings: ClassVar[tuple[str, ...]] = ("k", "filter")
+
     def save(self, path: str | Path) -> None:
-        """Save the index with its tokenizer settings (atomic)."""
-        self.index.save(path)
+        """Save the index (with its tokenizer settings) and this retriever's settings (atomic)."""
+        _save(self, path)
 
     @classmethod
-    def load(cls, path: str | Path, k: int = 4) -> "BM25Retriever":
-        return cls(index=BM25Index.load(path), k=k)
+    def load(cls, path: str | Path, **overrides: Any) -> "BM25Retriever":
+        """Load what :meth:`save` wrote, with the saved settings (``overrides`` win)."""
+        return _load(cls, path, BM25Index, overrides)
 
 
 class ClusteredBM25Retriever(UnitRetriever):
@@ -136,10 +142,37 @@ class ClusteredBM25Retriever(UnitRetriever):
                                  filter=filter if filter is not None else self.filter,
                                  return_clusters=self.return_clusters, max_documents=k)
 
+    _settings: ClassVar[tuple[str, ...]] = ("k", "k_clusters", "return_clusters", "filter")
+
     def save(self, path: str | Path) -> None:
-        """Save documents, clusters and the cluster index (atomic)."""
-        self.index.save(path)
+        """Save documents, clusters, the cluster index and this retriever's settings (atomic)."""
+        _save(self, path)
 
     @classmethod
-    def load(cls, path: str | Path, k: int = 4, k_clusters: int = 10) -> "ClusteredBM25Retriever":
-        return cls(index=ClusteredBM25Index.load(path), k=k, k_clusters=k_clusters)
+    def load(cls, path: str | Path, **overrides: Any) -> "ClusteredBM25Retriever":
+        """Load what :meth:`save` wrote, with the saved settings (``overrides`` win)."""
+        return _load(cls, path, ClusteredBM25Index, overrides)
+
+
+def _save(retriever: Any, path: str | Path) -> None:
+    settings = {n: getattr(retriever, n) for n in retriever._settings}
+    if settings.get("filter") is not None and not isinstance(settings["filter"], dict):
+        warnings.warn(f"{type(retriever).__name__}.save: a predicate filter cannot be saved; the "
+                      "loaded retriever has no default filter (pass filter= to load or per call).",
+                      stacklevel=3)
+        settings["filter"] = None
+    with atomic_dir(path) as tmp:
+        retriever.index.save(tmp / "index")
+        write_manifest(tmp, f"langchain_funnel.{type(retriever).__name__}", 1, settings=settings)
+
+
+def _load(cls: Any, path: str | Path, index_cls: Any, overrides: dict[str, Any]) -> Any:
+    folder = Path(path)
+    if (folder / "index").is_dir():
+        settings = read_manifest(folder, f"langchain_funnel.{cls.__name__}",
+                                 f"saved {cls.__name__}")["settings"]
+        index = index_cls.load(folder / "index")
+    else:  # written before the settings were saved: the index alone
+        settings, index = {}, index_cls.load(folder)
+    check_kwargs(f"{cls.__name__}.load", overrides, cls._settings)
+    return cls(index=index, **{**settings, **overrides})

@@ -11,6 +11,7 @@ and take per-query metadata filters through :meth:`search`.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Union
 
@@ -22,7 +23,7 @@ from llama_index.core.vector_stores.types import MetadataFilters
 from funnel_core.bm25 import BM25Index
 from funnel_core.clustered import ClusteredBM25Index
 from funnel_core.errors import PersistError, check_positive_int, check_query
-from funnel_core.persist import atomic_dir
+from funnel_core.persist import atomic_dir, read_manifest, write_manifest
 from funnel_core.units import Unit
 from llama_index_funnel._base import UnitRetriever, units_to_nodes
 from llama_index_funnel.filters import to_predicate
@@ -89,24 +90,42 @@ class _NodeRetriever(UnitRetriever):
     _index_dir: ClassVar[str] = ""
     index: Any
 
+    #: Constructor settings saved by :meth:`persist` (set by subclasses).
+    _settings: ClassVar[tuple[str, ...]] = ()
+
     def persist(self, path: str) -> None:
-        """Save the index (with every tokenizer and clustering setting) and the nodes to the
-        folder ``path``, atomically."""
+        """Save the index (with every tokenizer and clustering setting), the nodes and this
+        retriever's settings (``similarity_top_k``, ``filters``, ...) to ``path``, atomically."""
+        settings = {n: getattr(self, n) for n in self._settings}
+        flt = settings.get("filters")
+        if isinstance(flt, MetadataFilters):
+            settings["filters"] = {"metadata_filters": flt.model_dump(mode="json")}
+        elif flt is not None and not isinstance(flt, dict):
+            warnings.warn(f"{type(self).__name__}.persist: a predicate filter cannot be saved; "
+                          "the loaded retriever has no default filter.", stacklevel=2)
+            settings["filters"] = None
         with atomic_dir(path) as tmp:
             self.index.save(tmp / self._index_dir)
             store = SimpleDocumentStore()
             store.add_documents(list(self._nodes.values()))
             store.persist(str(tmp / "docstore.json"))
+            write_manifest(tmp, f"llama_index_funnel.{type(self).__name__}", 1, settings=settings)
 
     @classmethod
-    def from_persist_dir(cls, path: str, similarity_top_k: int = 10, **kwargs: Any) -> Any:
-        """Load a retriever written by :meth:`persist`; ``kwargs`` go to the constructor."""
+    def from_persist_dir(cls, path: str, **kwargs: Any) -> Any:
+        """Load a retriever written by :meth:`persist`, with its saved settings; ``kwargs`` (e.g.
+        ``similarity_top_k=``) override them."""
         folder = Path(path)
+        settings: dict[str, Any] = {}
+        if (folder / "manifest.json").is_file():
+            settings = dict(read_manifest(folder, f"llama_index_funnel.{cls.__name__}",
+                                          f"persisted {cls.__name__}")["settings"])
+            flt = settings.get("filters")
+            if isinstance(flt, dict) and set(flt) == {"metadata_filters"}:
+                settings["filters"] = MetadataFilters.model_validate(flt["metadata_filters"])
         index = cls._index_cls.load(folder / cls._index_dir)
         store = _load_docstore(folder)
-        return cls(index, list(store.docs.values()),  # type: ignore[call-arg, arg-type]
-                   similarity_top_k=similarity_top_k,
-                   **kwargs)
+        return cls(index, list(store.docs.values()), **{**settings, **kwargs})  # type: ignore[call-arg, arg-type]
 
 
 class BM25Retriever(_NodeRetriever):
@@ -121,6 +140,7 @@ class BM25Retriever(_NodeRetriever):
 
     _index_cls = BM25Index
     _index_dir = "bm25"
+    _settings = ("similarity_top_k", "filters")
 
     def __init__(self, index: BM25Index, nodes: Sequence[BaseNode], similarity_top_k: int = 10,
                  filters: Filter = None, callback_manager: Optional[CallbackManager] = None,
@@ -167,6 +187,7 @@ class ClusteredBM25Retriever(_NodeRetriever):
 
     _index_cls = ClusteredBM25Index
     _index_dir = "clustered"
+    _settings = ("similarity_top_k", "k_clusters", "max_documents", "return_clusters", "filters")
 
     def __init__(self, index: ClusteredBM25Index, nodes: Sequence[BaseNode], similarity_top_k: int = 10,
                  max_documents: Optional[int] = None, return_clusters: bool = False,
