@@ -35,6 +35,7 @@ from pydantic import ConfigDict, Field
 from funnel_core.classify import QueryClassifier
 from funnel_core.compress import ExtractiveCompressor as _CoreCompressor
 from funnel_core.compress import check_ratio
+from funnel_core.config import check_kwargs
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import Stage
@@ -168,6 +169,7 @@ class HybridRetriever(BaseRetriever):
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
                                 k: int | None = None, dense_query: str | None = None,
                                 **kwargs: Any) -> list[Document]:
+        check_kwargs(type(self).__name__, kwargs, ("k", "dense_query"))  # no silent typos
         query = check_query(query)
         k = self.k if k is None else check_positive_int(k, "k")
         if not query:
@@ -184,6 +186,7 @@ class HybridRetriever(BaseRetriever):
                                        run_manager: AsyncCallbackManagerForRetrieverRun,
                                        k: int | None = None, dense_query: str | None = None,
                                        **kwargs: Any) -> list[Document]:
+        check_kwargs(type(self).__name__, kwargs, ("k", "dense_query"))  # no silent typos
         query = check_query(query)
         k = self.k if k is None else check_positive_int(k, "k")
         if not query:

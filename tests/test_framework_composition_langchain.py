@@ -139,6 +139,10 @@ def test_unknown_keyword_arguments_and_k_zero_are_errors():
     mog_docs = MultiGranularityTextSplitter(chunk_size=5, n_gra=2).split_documents(_docs())
     with pytest.raises(TypeError, match="accepted"):
         MixOfGranularityRetriever(documents=mog_docs).invoke(Q, filter={})
+    from langchain_funnel import HybridRetriever
+
+    with pytest.raises(TypeError, match=r"\['filters'\].*accepted: \['dense_query', 'k'\]"):
+        HybridRetriever(sparse=bm25, dense=clustered, k=2).invoke(Q, filters={})
 
 
 def test_from_documents_duplicate_id_raises_like_from_texts():
