@@ -199,3 +199,19 @@ def test_clustered_similarity_top_k_counts_nodes_in_both_frameworks(source_linke
 
     with pytest.raises(ValueError, match="k must be >= 1"):
         li.search(q, k=0)
+
+
+def test_node_parser_keeps_user_keys():
+    from llama_index.core import Document as LIDocument
+
+    from llama_index_funnel import MultiGranularityNodeParser
+
+    doc = LIDocument(text="Paris is the capital of France. The Eiffel Tower stands in Paris.",
+                     metadata={"position": "user-position", "level": "user-level", "secret": "s"},
+                     excluded_llm_metadata_keys=["secret"])
+    nodes = MultiGranularityNodeParser(chunk_size=5, n_gra=2).get_nodes_from_documents([doc])
+    assert nodes
+    for n in nodes:
+        assert n.metadata["position"] == "user-position" and n.metadata["level"] == "user-level"
+        assert "secret" in n.excluded_llm_metadata_keys and "funnel" in n.excluded_llm_metadata_keys
+        assert isinstance(n.metadata["funnel"]["position"], int)
