@@ -24,7 +24,6 @@ import random
 import time
 
 import numpy as np
-
 from common import RESULTS, parser, peak_memory, timer, write_json
 
 from funnel_core.bm25 import BM25Index

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 from common import RESULTS, default_data_dir  # repo on sys.path, offline environment
-
 from tqdm import tqdm  # noqa: E402
 
 from funnel_core.evaluation import has_answer, load_squad  # noqa: E402

@@ -31,7 +31,6 @@ from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
-
 from common import cached_embeddings, parser, timer, write_json
 
 from funnel_core.bm25 import BM25Index
@@ -58,8 +57,9 @@ def make_ranker(kind: str, data: Path, batch_size: int, window_words: int | None
         from funnel_core.embeddings import EmbeddingReranker
 
         return EmbeddingReranker(SentenceEmbedder(batch_size=batch_size), name="ranker"), "packaged MiniLM bi-encoder"
-    from funnel_core.rerank.cross_encoder import CrossEncoderScorer
     from prerank_model import get_or_train
+
+    from funnel_core.rerank.cross_encoder import CrossEncoderScorer
 
     path = get_or_train(data)
     return CrossEncoderScorer(str(path), backend="transformers", batch_size=batch_size, max_length=192,

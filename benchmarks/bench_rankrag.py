@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 from common import RESULTS, default_data_dir  # repo on sys.path, offline environment
-
 from tqdm import tqdm  # noqa: E402
 
 from funnel_core.bm25 import BM25Index  # noqa: E402

@@ -237,6 +237,16 @@ class BM25Index:
                 "(e.g. 'english') or stemmer=None."
             ) from exc
 
+    def __getstate__(self) -> dict:
+        # the per-thread stemmer cache cannot be pickled or deep-copied; it is rebuilt lazily
+        state = self.__dict__.copy()
+        state.pop("_local", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
+
     def _stemmer(self):
         # PyStemmer objects are not thread-safe: one per thread.
         if self.config["stemmer"] is None:

@@ -7,7 +7,7 @@ stack trace to learn what went wrong.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal, overload
 
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
 
@@ -43,7 +43,7 @@ def check_query(query: Any) -> str:
     if not isinstance(query, str):
         raise TypeError(
             f"query must be a str, got {type(query).__name__} ({query!r:.80}); "
-            "pass the question text, e.g. retriever.retrieve('what is BM25?')."
+            "pass the question text as a str, e.g. 'what is BM25?'."
         )
     query = query.strip()
     if not query.isascii() and _SURROGATE_RE.search(query):
@@ -51,6 +51,18 @@ def check_query(query: Any) -> str:
         # non-word character, so the rest of the query still works
         query = _SURROGATE_RE.sub("\ufffd", query)
     return query
+
+
+@overload
+def check_positive_int(value: Any, name: str) -> int: ...
+
+
+@overload
+def check_positive_int(value: Any, name: str, *, allow_none: Literal[False]) -> int: ...
+
+
+@overload
+def check_positive_int(value: Any, name: str, *, allow_none: bool) -> int | None: ...
 
 
 def check_positive_int(value: Any, name: str, *, allow_none: bool = False) -> int | None:

@@ -95,7 +95,7 @@ class FunctionStage(Stage):
         if not callable(fn):
             raise TypeError(f"FunctionStage needs a callable, got {type(fn).__name__}.")
         self.fn = fn
-        self.name = name or getattr(fn, "__name__", "function")
+        self.name = str(name or getattr(fn, "__name__", "function"))
         self.level = level
 
     def run(self, query: str, units: list[Unit]) -> list[Unit]:

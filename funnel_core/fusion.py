@@ -31,10 +31,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, Sequence, Union
 
-import numpy as np
-
 from funnel_core.errors import check_positive_int, check_probability, check_query
 from funnel_core.funnel import Stage
+from funnel_core.scoring import NORMALIZATIONS, normalize_scores
 from funnel_core.units import Unit
 
 __all__ = [
@@ -51,7 +50,7 @@ __all__ = [
     "repack",
 ]
 
-NORMALIZATIONS = ("minmax", "zscore", "none")
+# NORMALIZATIONS and normalize_scores live in funnel_core.scoring (one tie rule); re-exported here.
 FUSION_METHODS = ("alpha", "rrf")
 REPACK_ORDERS = ("forward", "reverse", "sides")
 
@@ -59,34 +58,6 @@ REPACK_ORDERS = ("forward", "reverse", "sides")
 #: ``fn(query) -> list[Unit]`` (for example ``index.search`` or a framework retriever wrapped
 #: by an adapter).
 Side = Union[Stage, Callable[[str], Sequence[Unit]]]
-
-
-def normalize_scores(scores: Sequence[float], method: str = "minmax") -> list[float]:
-    """Normalise one list of scores (see the module docstring for the methods).
-
-    Args:
-        scores: Scores of the candidates one retriever returned for one query.
-        method: ``"minmax"``, ``"zscore"`` or ``"none"``.
-
-    Returns:
-        Python floats, same order as ``scores``.
-    """
-    if method not in NORMALIZATIONS:
-        raise ValueError(f"unknown normalization {method!r}; choose one of {NORMALIZATIONS}.")
-    arr = np.asarray([float(s) for s in scores], dtype=np.float64)
-    if arr.size == 0 or method == "none":
-        return arr.tolist()
-    if not np.all(np.isfinite(arr)):
-        raise ValueError("scores must be finite numbers to be normalised; got NaN or inf.")
-    if method == "minmax":
-        lo, hi = float(arr.min()), float(arr.max())
-        if hi - lo <= 1e-12:
-            return [1.0] * arr.size
-        return ((arr - lo) / (hi - lo)).tolist()
-    std = float(arr.std())
-    if std <= 1e-12:
-        return [0.0] * arr.size
-    return ((arr - arr.mean()) / std).tolist()
 
 
 def _scores_of(units: Sequence[Unit], side: str) -> list[float]:

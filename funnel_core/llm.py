@@ -30,7 +30,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Sequence
 
 from funnel_core.errors import FunnelError, check_positive_int, check_probability
-from funnel_core.rerank.base import LazyModel, load_pretrained, resolve_device, tokenizer_lock
+from funnel_core.models import LazyModel, load_pretrained, resolve_device, tokenizer_lock
 
 __all__ = ["LLM", "LLMError", "LLMTimeoutError", "TransformersLLM", "as_llm", "logsumexp"]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
+from funnel_core.config import LaterChunkingConfig, configured
 from funnel_core.errors import check_positive_int
 from funnel_core.funnel import Stage
 from funnel_core.units import Unit
@@ -257,6 +258,7 @@ def word_windows(text: str, words: int = 100, overlap: int = 0,
     return [" ".join(w) for w in windows]
 
 
+@configured(LaterChunkingConfig)
 class LaterChunking(Stage):
     """FunnelRAG's "later chunking": split every input unit into ~``words``-word units.
 
@@ -278,7 +280,7 @@ class LaterChunking(Stage):
         word_windows("probe", words, overlap)  # validates overlap early
         self.words = words
         self.overlap = overlap
-        self.level = level
+        self.level: str = level
         self.sentence_aware = sentence_aware
         self.name = name or f"later_chunking({words}w)"
 

@@ -16,7 +16,69 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-__all__ = ["Unit", "StageRecord", "Trace", "as_float"]
+__all__ = ["Unit", "StageRecord", "Trace", "as_float", "FUNNEL_KEY", "INTERNAL_KEYS",
+           "split_metadata", "framework_metadata", "text_digest"]
+
+#: The one metadata key under which the adapters put funnel-rag's bookkeeping on a framework
+#: object (a LlamaIndex node, a LangChain ``Document``); the user's own keys are never touched.
+FUNNEL_KEY = "funnel"
+
+#: Metadata keys written by ``funnel_core`` stages (scores, ranks, structure). At the framework
+#: boundary they go under :data:`FUNNEL_KEY`, whatever the user's metadata holds.
+INTERNAL_KEYS = frozenset({
+    "scores", "score", "level", "parent_id", "funnel_trace", "bm25_rank", "cluster_id",
+    "cluster_score", "cluster_rank", "parent_score", "parent_level", "position", "members",
+    "router_weights", "chosen_level", "finest_id", "forward_scores", "backward_scores", "samples",
+    "fb_rag_order", "retrieval_rank", "repack_position", "graph_neighbors", "graph_weights",
+    "granularity", "child_ids", "doc_index", "fid_answer", "compression",
+})
+
+
+def text_digest(text: "str | Iterable[str]", n: int = 12) -> str:
+    """A short stable hex digest of a text (or texts): ids that differ between contexts."""
+    import hashlib
+
+    h = hashlib.sha1()
+    for t in [text] if isinstance(text, str) else text:
+        h.update(t.encode("utf-8", "surrogatepass"))
+        h.update(b"\0")
+    return h.hexdigest()[:n]
+
+
+def split_metadata(metadata: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A framework object's metadata -> (the user's keys, our bookkeeping under FUNNEL_KEY)."""
+    ours = metadata.get(FUNNEL_KEY)
+    user = {k: v for k, v in metadata.items() if k != FUNNEL_KEY}
+    return user, dict(ours) if isinstance(ours, dict) else {}
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return a is b or bool(a == b)
+    except Exception:  # e.g. numpy arrays
+        return False
+
+
+def framework_metadata(unit: "Unit", base: dict[str, Any] | None) -> tuple[dict[str, Any],
+                                                                             dict[str, Any]]:
+    """Split a unit's metadata for a framework object: ``(user, ours)``.
+
+    ``base`` is the metadata of the framework object the unit came from (or of its parent, for
+    a unit cut from it): the user's keys are exactly its keys (our namespace removed), never
+    changed; ``ours`` holds every key a stage wrote (an :data:`INTERNAL_KEYS` key, a new key, or
+    a changed value) plus ``level`` and ``parent_id``. Without a ``base``, the user's keys are
+    the unit's keys outside :data:`INTERNAL_KEYS`.
+    """
+    if base is None:
+        user = {k: v for k, v in unit.metadata.items() if k not in INTERNAL_KEYS and k != FUNNEL_KEY}
+    else:
+        user = split_metadata(base)[0]
+    ours = {k: v for k, v in unit.metadata.items()
+            if k != FUNNEL_KEY and (k in INTERNAL_KEYS or k not in user or not _same(user[k], v))}
+    ours["level"] = unit.level
+    if unit.parent_id is not None:
+        ours["parent_id"] = unit.parent_id
+    return dict(user), ours
 
 
 def as_float(value: Any) -> float:
@@ -37,6 +99,9 @@ class Unit:
         metadata: Free-form metadata; ``metadata["scores"]`` holds the history of scores by stage.
         parent_id: Id of the coarser unit this one was cut from (set by later chunking).
         level: Granularity name: ``"cluster"``, ``"document"``, ``"passage"`` or a MoG level.
+        source: The framework object (LlamaIndex node, LangChain ``Document``) the unit was made
+            from, so an adapter can hand back a copy of the user's own object. Opaque to the
+            core, never serialised (not in :meth:`to_dict`), not compared.
     """
 
     id: str
@@ -45,6 +110,7 @@ class Unit:
     metadata: dict[str, Any] = field(default_factory=dict)
     parent_id: str | None = None
     level: str = "passage"
+    source: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str):
@@ -66,6 +132,7 @@ class Unit:
             metadata=copy.deepcopy(self.metadata),
             parent_id=self.parent_id,
             level=self.level,
+            source=self.source,
         )
 
     def rescored(self, score: float, stage: str) -> "Unit":

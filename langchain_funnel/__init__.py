@@ -8,9 +8,6 @@ from langchain_funnel._base import (
     rerank_chain,
     units_to_documents,
 )
-from langchain_funnel.retrievers import BM25Retriever, ClusteredBM25Retriever
-from langchain_funnel.funnel import FunnelRetriever, LCCompressorStage, LCRetrieverStage, LCRunnableStage
-from langchain_funnel.granularity import GraphGranularitySplitter, MixOfGranularityRetriever, MultiGranularityTextSplitter
 from langchain_funnel.best_practices import (
     ExtractiveCompressor,
     HybridRetriever,
@@ -19,11 +16,18 @@ from langchain_funnel.best_practices import (
     hyde_query,
     query_classifier_branch,
 )
-from langchain_funnel.compressors import CrossEncoderReranker, LaterChunkingTransformer, MonoT5Reranker
 from langchain_funnel.compression import CompressionRetriever
 from langchain_funnel.fid import AttentionLMReranker, FiDAttentionReranker
-from langchain_funnel.llm_rerank import ForwardLookupRetriever, RankRAGReranker
+from langchain_funnel.funnel import FunnelRetriever, LCCompressorStage, LCRetrieverStage, LCRunnableStage
+from langchain_funnel.granularity import (
+    GraphGranularitySplitter,
+    MixOfGranularityRetriever,
+    MultiGranularityTextSplitter,
+)
 from langchain_funnel.llm import LangChainLLM
+from langchain_funnel.llm_rerank import ForwardLookupRetriever, RankRAGReranker
+from langchain_funnel.rerank import CrossEncoderReranker, LaterChunkingTransformer, MonoT5Reranker
+from langchain_funnel.retrievers import BM25Retriever, ClusteredBM25Retriever
 
 __all__ = ["LangChainLLM", "ForwardLookupRetriever", "RankRAGReranker", "AttentionLMReranker", "FiDAttentionReranker", "CompressionRetriever", "CrossEncoderReranker", "LaterChunkingTransformer", "MonoT5Reranker", "ExtractiveCompressor", "HybridRetriever", "RepackTransformer", "SentenceEmbedderEmbeddings", "hyde_query", "query_classifier_branch", "GraphGranularitySplitter", "MixOfGranularityRetriever", "MultiGranularityTextSplitter", "FunnelRetriever", "LCCompressorStage", "LCRetrieverStage", "LCRunnableStage", "BM25Retriever", "ClusteredBM25Retriever", "StageCompressor", "UnitRetriever",
            "documents_to_units", "rerank_chain", "units_to_documents"]

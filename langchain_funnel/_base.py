@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 from abc import abstractmethod
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, ClassVar, Optional, Sequence
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
@@ -22,12 +23,13 @@ from langchain_core.callbacks import (
 )
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.retrievers import BaseRetriever
-from langchain_core.runnables import Runnable, RunnableConfig, RunnableParallel, RunnablePassthrough
+from langchain_core.runnables import Runnable, RunnableConfig
 from pydantic import ConfigDict, Field, PrivateAttr
 
+from funnel_core.config import ConfiguredAdapter
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import Stage
-from funnel_core.units import Unit
+from funnel_core.units import FUNNEL_KEY, Unit, framework_metadata, split_metadata
 
 __all__ = ["StageCompressor", "UnitRetriever", "document_to_unit", "documents_to_units",
            "units_to_documents", "rerank_chain"]
@@ -42,14 +44,21 @@ def _doc_id(doc: Document) -> str:
 
 
 def document_to_unit(doc: Document) -> Unit:
-    """A ``Document`` -> :class:`Unit` (id from ``doc.id``, ``metadata["id"]`` or a text hash)."""
+    """A ``Document`` -> :class:`Unit` (id from ``doc.id``, ``metadata["id"]`` or a text hash).
+
+    The unit keeps a reference to the document (``unit.source``). Its metadata is the user's
+    keys plus our earlier bookkeeping (``metadata["funnel"]``); a prior score is read from
+    ``metadata["funnel"]["score"]`` only, never from a user's ``score`` key.
+    """
     if not isinstance(doc, Document):
         raise TypeError(f"expected a langchain Document, got {type(doc).__name__}.")
-    meta = dict(doc.metadata)
-    score = meta.get("score")
+    user, ours = split_metadata(doc.metadata)
+    score = ours.pop("score", None)
+    level = str(ours.pop("level", "passage"))
+    parent_id = ours.pop("parent_id", None)
     return Unit(id=_doc_id(doc), text=doc.page_content,
-                score=score if isinstance(score, (int, float)) else None, metadata=meta,
-                parent_id=meta.get("parent_id"), level=str(meta.get("level", "passage")))
+                score=score if isinstance(score, (int, float)) else None,
+                metadata={**user, **ours}, parent_id=parent_id, level=level, source=doc)
 
 
 def documents_to_units(docs: Sequence[Document]) -> list[Unit]:
@@ -63,111 +72,162 @@ def documents_to_units(docs: Sequence[Document]) -> list[Unit]:
     return units
 
 
-def units_to_documents(units: Sequence[Unit]) -> list[Document]:
-    """Units -> ``Document`` objects; ``score``, ``parent_id``, ``level`` go into metadata."""
+def units_to_documents(units: Sequence[Unit], originals: Sequence[Document] = (),
+                       base: Optional[Callable[[Unit], Optional[Document]]] = None) -> list[Document]:
+    """Units -> copies of the user's ``Document`` objects (new ones for units cut from them).
+
+    The user's metadata is kept as it was; our bookkeeping (``score``, ``scores``, ``level``,
+    ``parent_id``, ...) goes under ``metadata["funnel"]``. ``originals`` are documents to take
+    the user's metadata from for units that carry none (looked up by id and ``parent_id``);
+    ``base(unit)``, when given, names that document directly.
+    """
+    by_id: dict[str, Document] = {_doc_id(d): d for d in originals}
+    for u in units:
+        if isinstance(u.source, Document):
+            by_id.setdefault(u.id, u.source)
     docs = []
     for u in units:
-        meta = dict(u.metadata)
-        meta["score"] = u.score
-        meta["level"] = u.level
-        if u.parent_id is not None:
-            meta["parent_id"] = u.parent_id
-        docs.append(Document(id=u.id, page_content=u.text, metadata=meta))
+        src = u.source if isinstance(u.source, Document) else by_id.get(u.id)
+        if src is not None and _doc_id(src) != u.id and u.source is not src:
+            src = None
+        parent = src if src is not None else base(u) if base is not None else (
+            by_id.get(u.parent_id) if u.parent_id else None)
+        user, ours = framework_metadata(u, parent.metadata if parent is not None else None)
+        ours["score"] = u.score
+        meta = {**user, FUNNEL_KEY: ours}
+        if src is not None:
+            doc = src.model_copy(update={"page_content": u.text, "metadata": meta})
+            if doc.id is None:
+                doc.id = u.id
+        else:
+            doc = Document(id=u.id, page_content=u.text, metadata=meta)
+        docs.append(doc)
     return docs
 
 
-class StageCompressor(BaseDocumentCompressor, Runnable[dict, list[Document]]):
+class StageCompressor(ConfiguredAdapter, BaseDocumentCompressor, Runnable[dict, list[Document]]):
     """A LangChain document compressor that runs one ``funnel_core`` stage.
 
-    Subclasses declare their configuration as pydantic fields and implement
-    :meth:`_build_stage`; the stage and its model are built once, on first use. As a ``Runnable``
-    it takes ``{"query": ..., "documents": [...]}``; :func:`rerank_chain` wires a retriever to it.
+    A configured compressor subclasses ``adapter_base(SomeConfig, StageCompressor)``: its fields
+    are the core config's and :attr:`stage` is built from their current values (see
+    :class:`funnel_core.config.ConfiguredAdapter`). As a ``Runnable`` it takes
+    ``{"query": ..., "documents": [...]}``.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
     # Runnable annotates ``name: str | None`` without a default; pydantic would make it required.
     name: Optional[str] = None
     _stage: Optional[Stage] = PrivateAttr(default=None)
+    _stage_key: Any = PrivateAttr(default=None)
 
-    @abstractmethod
-    def _build_stage(self) -> Stage:
-        """Build the ``funnel_core`` stage from this object's fields."""
-
-    @property
-    def stage(self) -> Stage:
-        if self._stage is None:
-            self._stage = self._build_stage()
-        return self._stage
+    def model_post_init(self, __context: Any) -> None:
+        _ = self.stage  # validates every setting now; models still load lazily, on first use
 
     def compress_documents(self, documents: Sequence[Document], query: str,
                            callbacks: Callbacks | None = None) -> Sequence[Document]:
-        query = check_query(query)
-        if not documents or not query:
-            return list(documents)
-        return units_to_documents(self.stage(query, documents_to_units(documents)))
+        """Run the stage; the call is a run of its own (visible to callbacks, ``astream_events``
+        and tracers), a child of ``callbacks``' run when given."""
+        return self.invoke({"query": query, "documents": list(documents)},
+                           config={"callbacks": callbacks} if callbacks is not None else None)
 
     async def acompress_documents(self, documents: Sequence[Document], query: str,
                                   callbacks: Callbacks | None = None) -> Sequence[Document]:
+        return await self.ainvoke({"query": query, "documents": list(documents)},
+                                  config={"callbacks": callbacks} if callbacks is not None else None)
+
+    def _compress(self, input: Any) -> list[Document]:
+        documents, query = self._unpack(input)
         query = check_query(query)
         if not documents or not query:
             return list(documents)
-        return units_to_documents(await self.stage.acall(query, documents_to_units(documents)))
+        return units_to_documents(self.stage(query, documents_to_units(documents)), documents)
+
+    async def _acompress(self, input: Any) -> list[Document]:
+        documents, query = self._unpack(input)
+        query = check_query(query)
+        if not documents or not query:
+            return list(documents)
+        units = await self.stage.acall(query, documents_to_units(documents))
+        return units_to_documents(units, documents)
 
     # -- Runnable --------------------------------------------------------------------------
     @staticmethod
     def _unpack(input: Any) -> tuple[Sequence[Document], str]:
         if not isinstance(input, dict) or "query" not in input or "documents" not in input:
             raise TypeError("as a Runnable, a compressor takes {'query': str, 'documents': "
-                            f"list[Document]}}, got {type(input).__name__}; see rerank_chain().")
+                            f"list[Document]}}, got {type(input).__name__}; or use "
+                            "FunnelRetriever.from_stages(retriever, compressor).")
         return input["documents"], input["query"]
 
     def invoke(self, input: dict, config: RunnableConfig | None = None,
                **kwargs: Any) -> list[Document]:
-        docs, query = self._unpack(input)
-        return list(self.compress_documents(docs, query))
+        return self._call_with_config(self._compress, input, config)
 
     async def ainvoke(self, input: dict, config: RunnableConfig | None = None,
                       **kwargs: Any) -> list[Document]:
-        docs, query = self._unpack(input)
-        return list(await self.acompress_documents(docs, query))
+        return await self._acall_with_config(self._acompress, input, config)
 
 
-def rerank_chain(retriever: Runnable, *compressors: StageCompressor) -> Runnable:
-    """LCEL: ``query -> retriever -> compressor -> ... -> documents``.
+def rerank_chain(retriever: Runnable, *compressors: Any) -> Any:
+    """``retriever`` then ``compressors``, as one retriever: a thin constructor of
+    :class:`~langchain_funnel.funnel.FunnelRetriever` (no cap on the number of documents)."""
+    from langchain_funnel.funnel import FunnelRetriever
 
-    Equivalent to ``RunnableParallel(documents=retriever, query=RunnablePassthrough()) | c1 | ...``
-    with the query threaded through every compressor.
-    """
-    chain: Runnable = RunnableParallel(documents=retriever, query=RunnablePassthrough())
-    for comp in compressors:
-        chain = chain | RunnableParallel(documents=comp, query=lambda x: x["query"])
-    return chain | (lambda x: x["documents"])
+    return FunnelRetriever.from_stages(retriever, *compressors, k=None)
+
+
+def check_search_kwargs(owner: Any, search: Any, kwargs: dict[str, Any]) -> None:
+    """Reject per-call keyword arguments ``search`` does not take (a typo such as ``filters=``
+    for ``filter=`` must not silently return unfiltered results)."""
+    if not kwargs:
+        return
+    params = inspect.signature(search).parameters
+    accepted = ["k"] + [n for n, p in params.items()
+                        if n not in ("query", "k") and p.kind is not inspect.Parameter.VAR_KEYWORD]
+    unknown = sorted(set(kwargs) - set(accepted))
+    if unknown:
+        raise TypeError(f"{type(owner).__name__} got unknown keyword argument(s) {unknown} at "
+                        f"query time; accepted: {accepted}.")
+
+
+def check_k(k: Any, name: str = "k") -> int | None:
+    """``k`` is an int >= 1 (``k=0`` is an error, as in every retriever of both adapters)."""
+    return check_positive_int(k, name)
 
 
 class UnitRetriever(BaseRetriever):
     """A LangChain retriever whose subclasses implement :meth:`_search` over ``funnel_core``.
 
-    ``k`` is set in the constructor and can be overridden per call: ``invoke(q, k=3)``.
+    ``k`` is set in the constructor and can be overridden per call: ``invoke(q, k=3)``;
+    ``k=0`` is an error. Other per-call keyword arguments are those of :meth:`_search` (e.g.
+    ``filter=``); an unknown one raises ``TypeError`` naming it and the accepted ones.
     An empty or whitespace query returns ``[]``; a non-string query raises ``TypeError``.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
-    k: int = Field(default=4, description="Number of documents to return.")
+    k: Optional[int] = Field(default=4, description="Number of documents to return.")
 
     def model_post_init(self, __context: Any) -> None:
-        check_positive_int(self.k, "k")
+        if self.k is not None or not self._k_optional:
+            check_k(self.k)
+
+    #: Whether ``k=None`` (no cap) is allowed.
+    _k_optional: ClassVar[bool] = False
 
     @abstractmethod
-    def _search(self, query: str, k: int, **kwargs: Any) -> list[Unit]:
+    def _search(self, query: str, k: int) -> list[Unit]:
         """Return up to ``k`` units for a (non-empty, stripped) query.
 
-        ``kwargs`` are the extra keyword arguments of ``invoke`` (e.g. ``filter=``).
+        Further keyword-only parameters are the per-call options of ``invoke`` (e.g. ``filter``).
         """
+
+    def _prepare(self, query: str, k: int | None, kwargs: dict[str, Any]) -> tuple[str, Any]:
+        check_search_kwargs(self, self._search, kwargs)
+        return check_query(query), self.k if k is None else check_k(k)
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
                                 k: int | None = None, **kwargs: Any) -> list[Document]:
-        query = check_query(query)
-        k = self.k if k is None else check_positive_int(k, "k")
+        query, k = self._prepare(query, k, kwargs)
         if not query:
             return []
         return units_to_documents(self._search(query, k, **kwargs))
@@ -175,8 +235,7 @@ class UnitRetriever(BaseRetriever):
     async def _aget_relevant_documents(self, query: str, *,
                                        run_manager: AsyncCallbackManagerForRetrieverRun,
                                        k: int | None = None, **kwargs: Any) -> list[Document]:
-        query = check_query(query)
-        k = self.k if k is None else check_positive_int(k, "k")
+        query, k = self._prepare(query, k, kwargs)
         if not query:
             return []
         return units_to_documents(await self._asearch(query, k, **kwargs))

@@ -28,14 +28,14 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import PromptTemplate
 from langchain_core.retrievers import BaseRetriever
-from langchain_core.runnables import Runnable, RunnableBranch, RunnableConfig, RunnableLambda
-from langchain_core.runnables import RunnableSerializable
+from langchain_core.runnables import Runnable, RunnableBranch, RunnableConfig, RunnableLambda, RunnableSerializable
 from langchain_core.vectorstores import VectorStoreRetriever
 from pydantic import ConfigDict, Field
 
 from funnel_core.classify import QueryClassifier
 from funnel_core.compress import ExtractiveCompressor as _CoreCompressor
 from funnel_core.compress import check_ratio
+from funnel_core.config import check_kwargs
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import Stage
@@ -111,7 +111,7 @@ def hyde_query(llm: Runnable, prompt: PromptTemplate | None = None,
 class HybridRetriever(BaseRetriever):
     """Hybrid search over any two LangChain retrievers (paper section 3.4.3).
 
-    Scores are read from ``Document.metadata["score"]`` (funnel-rag retrievers write it). A
+    Scores are read from ``Document.metadata["funnel"]["score"]`` (funnel-rag retrievers write it). A
     similarity ``VectorStoreRetriever`` returns no scores, so its vector store is queried through
     ``similarity_search_with_score`` with the retriever's own ``search_kwargs``. A retriever
     that gives no scores can still be fused with ``method="rrf"``.
@@ -148,7 +148,7 @@ class HybridRetriever(BaseRetriever):
         if isinstance(retriever, VectorStoreRetriever) and retriever.search_type == "similarity":
             pairs = retriever.vectorstore.similarity_search_with_score(query, **retriever.search_kwargs)
             return [Document(id=d.id, page_content=d.page_content,
-                             metadata={**d.metadata, "score": float(s)}) for d, s in pairs]
+                             metadata={**d.metadata, "funnel": {**(d.metadata.get("funnel") or {}), "score": float(s)}}) for d, s in pairs]
         return retriever.invoke(query, config=config)
 
     @staticmethod
@@ -158,7 +158,7 @@ class HybridRetriever(BaseRetriever):
             pairs = await retriever.vectorstore.asimilarity_search_with_score(
                 query, **retriever.search_kwargs)
             return [Document(id=d.id, page_content=d.page_content,
-                             metadata={**d.metadata, "score": float(s)}) for d, s in pairs]
+                             metadata={**d.metadata, "funnel": {**(d.metadata.get("funnel") or {}), "score": float(s)}}) for d, s in pairs]
         return await retriever.ainvoke(query, config=config)
 
     def _fuse(self, sparse: Sequence[Document], dense: Sequence[Document], k: int) -> list[Document]:
@@ -169,6 +169,7 @@ class HybridRetriever(BaseRetriever):
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
                                 k: int | None = None, dense_query: str | None = None,
                                 **kwargs: Any) -> list[Document]:
+        check_kwargs(type(self).__name__, kwargs, ("k", "dense_query"))  # no silent typos
         query = check_query(query)
         k = self.k if k is None else check_positive_int(k, "k")
         if not query:
@@ -185,6 +186,7 @@ class HybridRetriever(BaseRetriever):
                                        run_manager: AsyncCallbackManagerForRetrieverRun,
                                        k: int | None = None, dense_query: str | None = None,
                                        **kwargs: Any) -> list[Document]:
+        check_kwargs(type(self).__name__, kwargs, ("k", "dense_query"))  # no silent typos
         query = check_query(query)
         k = self.k if k is None else check_positive_int(k, "k")
         if not query:

@@ -16,25 +16,21 @@ langchain-core only, so it ships its own::
 
 from __future__ import annotations
 
-from typing import Any, Sequence, Union
+from typing import Any, Optional
 
-from langchain_core.callbacks import (
-    AsyncCallbackManagerForRetrieverRun,
-    CallbackManagerForRetrieverRun,
-)
-from langchain_core.documents import BaseDocumentCompressor, BaseDocumentTransformer, Document
+from langchain_core.documents import BaseDocumentCompressor, BaseDocumentTransformer
 from langchain_core.retrievers import BaseRetriever
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
-from funnel_core.errors import check_positive_int, check_query
+from funnel_core.funnel import Funnel
+from langchain_funnel.funnel import FunnelRetriever, build_funnel
 
 __all__ = ["CompressionRetriever"]
 
-Compressor = Union[BaseDocumentCompressor, BaseDocumentTransformer]
 
-
-class CompressionRetriever(BaseRetriever):
-    """Retrieve with ``base_retriever``, then run ``compressors`` in order, then keep ``k``.
+class CompressionRetriever(FunnelRetriever):
+    """Retrieve with ``base_retriever``, then run ``compressors`` in order, then keep ``k``: a
+    :class:`~langchain_funnel.funnel.FunnelRetriever` over ``[base_retriever, *compressors]``.
 
     Attributes:
         base_retriever: Any LangChain retriever (it should return more than ``k`` documents).
@@ -43,50 +39,16 @@ class CompressionRetriever(BaseRetriever):
         k: Documents returned (also ``invoke(query, k=3)``).
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
     base_retriever: BaseRetriever
     compressors: list[Any] = Field(default_factory=list)
-    k: int = Field(default=4, description="Number of documents to return.")
+    funnel: Optional[Funnel] = Field(default=None,  # type: ignore[assignment]
+                                     description="Built from the fields above.")
+    _k_optional = False
 
     def model_post_init(self, __context: Any) -> None:
-        check_positive_int(self.k, "k")
+        super().model_post_init(__context)
         for c in self.compressors:
             if not isinstance(c, (BaseDocumentCompressor, BaseDocumentTransformer)):
                 raise TypeError(f"compressors must be BaseDocumentCompressor or "
                                 f"BaseDocumentTransformer objects, got {type(c).__name__}.")
-
-    def _k(self, k: int | None) -> int:
-        return self.k if k is None else check_positive_int(k, "k")
-
-    def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
-                                k: int | None = None, **kwargs: Any) -> list[Document]:
-        query, k = check_query(query), self._k(k)
-        if not query:
-            return []
-        docs: Sequence[Document] = self.base_retriever.invoke(
-            query, config={"callbacks": run_manager.get_child()})
-        for c in self.compressors:
-            if not docs:
-                break
-            if isinstance(c, BaseDocumentCompressor):
-                docs = c.compress_documents(docs, query, callbacks=run_manager.get_child())
-            else:
-                docs = c.transform_documents(docs)
-        return list(docs)[:k]
-
-    async def _aget_relevant_documents(self, query: str, *,
-                                       run_manager: AsyncCallbackManagerForRetrieverRun,
-                                       k: int | None = None, **kwargs: Any) -> list[Document]:
-        query, k = check_query(query), self._k(k)
-        if not query:
-            return []
-        docs: Sequence[Document] = await self.base_retriever.ainvoke(
-            query, config={"callbacks": run_manager.get_child()})
-        for c in self.compressors:
-            if not docs:
-                break
-            if isinstance(c, BaseDocumentCompressor):
-                docs = await c.acompress_documents(docs, query, callbacks=run_manager.get_child())
-            else:
-                docs = await c.atransform_documents(docs)
-        return list(docs)[:k]
+        self.funnel = build_funnel([self.base_retriever, *self.compressors])

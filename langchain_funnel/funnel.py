@@ -8,54 +8,94 @@ any runnable taking ``{"query", "documents"}`` and returning documents — wrapp
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Optional, Sequence
 
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForRetrieverRun,
+    CallbackManagerForRetrieverRun,
+)
 from langchain_core.documents import BaseDocumentCompressor, BaseDocumentTransformer, Document
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable
+from langchain_core.runnables.config import ensure_config, set_config_context
 from pydantic import Field
 
 from funnel_core.errors import check_query
 from funnel_core.funnel import Funnel, FunnelResult, Stage
 from funnel_core.funnel import as_stage as core_as_stage
 from funnel_core.units import Trace, Unit
-from langchain_funnel._base import StageCompressor, UnitRetriever, documents_to_units, units_to_documents
+from langchain_funnel._base import UnitRetriever, documents_to_units, units_to_documents
 
-__all__ = ["FunnelRetriever", "LCRetrieverStage", "LCCompressorStage", "LCRunnableStage", "as_stage"]
+__all__ = ["FunnelRetriever", "LCRetrieverStage", "LCCompressorStage", "LCTransformerStage",
+           "LCRunnableStage", "as_stage"]
 
 
-def _scored(units: list[Unit], name: str) -> list[Unit]:
-    return [u.rescored(u.score, name) if u.score is not None else u for u in units]
+def _scored(docs: Any, name: str) -> list[Unit]:
+    if not isinstance(docs, (list, tuple)) or not all(isinstance(d, Document) for d in docs):
+        raise TypeError(f"funnel stage {name!r} must return a list of Documents, got "
+                        f"{type(docs).__name__}.")
+    return [u.rescored(u.score, name) if u.score is not None else u
+            for u in documents_to_units(list(docs))]
+
+
+def _callbacks() -> Any:
+    """The callbacks of the run we are inside (FunnelRetriever sets them as the context)."""
+    return ensure_config().get("callbacks")
 
 
 class LCRetrieverStage(Stage):
-    """A LangChain retriever as a first funnel stage (incoming units are ignored)."""
+    """A LangChain retriever (or any runnable ``query -> documents``) as a first funnel stage
+    (incoming units are ignored)."""
 
-    def __init__(self, retriever: BaseRetriever, name: Optional[str] = None) -> None:
+    def __init__(self, retriever: Runnable, name: Optional[str] = None) -> None:
         self.retriever = retriever
         self.name = name or type(retriever).__name__
 
     def run(self, query: str, units: list[Unit]) -> list[Unit]:
-        return _scored(documents_to_units(self.retriever.invoke(query)), self.name)
+        return _scored(self.retriever.invoke(query), self.name)
 
     async def arun(self, query: str, units: list[Unit]) -> list[Unit]:
-        return _scored(documents_to_units(await self.retriever.ainvoke(query)), self.name)
+        return _scored(await self.retriever.ainvoke(query), self.name)
 
 
 class LCCompressorStage(Stage):
-    """A LangChain ``BaseDocumentCompressor`` as a funnel stage."""
+    """A LangChain ``BaseDocumentCompressor`` (ours or any other) as a funnel stage; it runs as a
+    child of the retriever's run."""
 
     def __init__(self, compressor: BaseDocumentCompressor, name: Optional[str] = None) -> None:
         self.compressor = compressor
-        self.name = name or type(compressor).__name__
+        self.name = name or getattr(compressor, "name", None) or type(compressor).__name__
 
     def run(self, query: str, units: list[Unit]) -> list[Unit]:
-        docs = self.compressor.compress_documents(units_to_documents(units), query)
-        return _scored(documents_to_units(list(docs)), self.name)
+        docs = self.compressor.compress_documents(units_to_documents(units), query,
+                                                  callbacks=_callbacks())
+        return _scored(list(docs), self.name)
 
     async def arun(self, query: str, units: list[Unit]) -> list[Unit]:
-        docs = await self.compressor.acompress_documents(units_to_documents(units), query)
-        return _scored(documents_to_units(list(docs)), self.name)
+        docs = await self.compressor.acompress_documents(units_to_documents(units), query,
+                                                         callbacks=_callbacks())
+        return _scored(list(docs), self.name)
+
+
+class LCTransformerStage(Stage):
+    """A LangChain ``BaseDocumentTransformer`` (documents -> documents) as a funnel stage."""
+
+    def __init__(self, transformer: BaseDocumentTransformer, name: Optional[str] = None) -> None:
+        self.transformer = transformer
+        self.name = name or getattr(transformer, "name", None) or type(transformer).__name__
+
+    def run(self, query: str, units: list[Unit]) -> list[Unit]:
+        docs = units_to_documents(units)
+        if isinstance(self.transformer, Runnable):
+            return _scored(self.transformer.invoke(docs), self.name)
+        return _scored(list(self.transformer.transform_documents(docs)), self.name)
+
+    async def arun(self, query: str, units: list[Unit]) -> list[Unit]:
+        docs = units_to_documents(units)
+        if isinstance(self.transformer, Runnable):
+            return _scored(await self.transformer.ainvoke(docs), self.name)
+        return _scored(list(await self.transformer.atransform_documents(docs)), self.name)
 
 
 class LCRunnableStage(Stage):
@@ -65,37 +105,37 @@ class LCRunnableStage(Stage):
         self.runnable = runnable
         self.name = name or getattr(runnable, "name", None) or type(runnable).__name__
 
-    def _out(self, docs: Any) -> list[Unit]:
-        if not isinstance(docs, list) or not all(isinstance(d, Document) for d in docs):
-            raise TypeError(f"funnel stage {self.name!r} must return a list of Documents, got "
-                            f"{type(docs).__name__}.")
-        return _scored(documents_to_units(docs), self.name)
-
     def run(self, query: str, units: list[Unit]) -> list[Unit]:
-        return self._out(self.runnable.invoke({"query": query, "documents": units_to_documents(units)}))
+        return _scored(self.runnable.invoke({"query": query, "documents": units_to_documents(units)}),
+                       self.name)
 
     async def arun(self, query: str, units: list[Unit]) -> list[Unit]:
-        return self._out(await self.runnable.ainvoke({"query": query, "documents": units_to_documents(units)}))
+        out = await self.runnable.ainvoke({"query": query, "documents": units_to_documents(units)})
+        return _scored(out, self.name)
 
 
-def as_stage(obj: Any) -> Stage:
-    """A ``funnel_core`` stage, LangChain retriever, compressor, runnable or callable -> Stage."""
-    stage = getattr(obj, "stage", None)
-    if isinstance(obj, (StageCompressor, BaseDocumentTransformer)) and isinstance(stage, Stage):
-        return stage  # our own compressors and transformers: run the core stage directly
+def as_stage(obj: Any, first: bool = False) -> Stage:
+    """A ``funnel_core`` stage, LangChain retriever, compressor, transformer, runnable or
+    callable -> Stage. With ``first``, a plain runnable is read as ``query -> documents``."""
     if isinstance(obj, BaseRetriever):
         return LCRetrieverStage(obj)
     if isinstance(obj, BaseDocumentCompressor):
         return LCCompressorStage(obj)
+    if isinstance(obj, BaseDocumentTransformer):
+        return LCTransformerStage(obj)
     if isinstance(obj, Runnable):
-        return LCRunnableStage(obj)
+        return LCRetrieverStage(obj) if first else LCRunnableStage(obj)
     return core_as_stage(obj)
 
 
 class FunnelRetriever(UnitRetriever):
-    """FunnelRAG's coarse-to-fine funnel as a LangChain retriever (``k`` caps the output).
+    """FunnelRAG's coarse-to-fine funnel as a LangChain retriever (``k`` caps the output;
+    ``k=None``: everything the last stage returns).
 
-    Build with :meth:`from_stages`; compose in LCEL like any retriever::
+    The one way to chain stages in LangChain: :class:`~langchain_funnel.compression.CompressionRetriever`
+    and :func:`~langchain_funnel._base.rerank_chain` are thin constructors of it. Every stage runs
+    as a child run of the retriever's run, so callbacks, ``astream_events`` and
+    ``with_config(run_name=...)`` see each one. Build with :meth:`from_stages`::
 
         funnel = FunnelRetriever.from_stages(clustered_retriever, CrossEncoderReranker(...),
                                              LaterChunkingTransformer(...), k=4)
@@ -103,21 +143,42 @@ class FunnelRetriever(UnitRetriever):
     """
 
     funnel: Funnel = Field(description="The funnel_core Funnel this retriever runs.")
+    _k_optional = True
 
     @classmethod
-    def from_stages(cls, *stages: Any, k: int = 4) -> "FunnelRetriever":
+    def from_stages(cls, *stages: Any, k: Optional[int] = 4) -> "FunnelRetriever":
         if len(stages) == 1 and isinstance(stages[0], Funnel):
             return cls(funnel=stages[0], k=k)
-        return cls(funnel=Funnel([as_stage(s) for s in stages]), k=k)
+        return cls(funnel=build_funnel(stages), k=k)
 
-    def _search(self, query: str, k: int, **kwargs: Any) -> list[Unit]:
+    def _search(self, query: str, k: Optional[int]) -> list[Unit]:
         return self.funnel.search(query).units[:k]
 
-    async def _asearch(self, query: str, k: int, **kwargs: Any) -> list[Unit]:
+    async def _asearch(self, query: str, k: Optional[int], **kwargs: Any) -> list[Unit]:
         return (await self.funnel.asearch(query)).units[:k]
+
+    def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
+                                k: int | None = None, **kwargs: Any) -> list[Document]:
+        with set_config_context({"callbacks": run_manager.get_child()}) as ctx:
+            return ctx.run(super()._get_relevant_documents, query, run_manager=run_manager, k=k,
+                           **kwargs)
+
+    async def _aget_relevant_documents(self, query: str, *,
+                                       run_manager: AsyncCallbackManagerForRetrieverRun,
+                                       k: int | None = None, **kwargs: Any) -> list[Document]:
+        parent = super()._aget_relevant_documents
+        with set_config_context({"callbacks": run_manager.get_child()}) as ctx:
+            return await asyncio.create_task(parent(query, run_manager=run_manager, k=k, **kwargs),
+                                             context=ctx)
 
     def search(self, query: str, answers: Optional[Sequence[str]] = None) -> tuple[list[Document], Trace]:
         """Run the funnel and return ``(documents, trace)`` (answer recall per stage with answers)."""
         query = check_query(query)
         result: FunnelResult = self.funnel.search(query, answers=answers)
         return units_to_documents(result.units[: self.k]), result.trace
+
+
+def build_funnel(stages: Sequence[Any]) -> Funnel:
+    """Stages (LangChain objects or ``funnel_core`` stages) -> a ``Funnel``; the first one may be
+    any runnable ``query -> documents``."""
+    return Funnel([as_stage(s, first=(i == 0)) for i, s in enumerate(stages)])

@@ -14,6 +14,7 @@ All three import only ``langchain_core``.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any, Iterable, Optional, Sequence
 
 from langchain_core.documents import BaseDocumentTransformer, Document
@@ -22,22 +23,37 @@ from pydantic import Field, PrivateAttr
 from funnel_core.granularity.graph import GranularityGraph, GraphGranularityBuilder
 from funnel_core.granularity.levels import GranularityHierarchy, MultiGranularityChunker
 from funnel_core.granularity.retrieval import NORMALIZATIONS, MixOfGranularityRetrieve
-from funnel_core.units import Unit
+from funnel_core.units import Unit, split_metadata
 from langchain_funnel._base import UnitRetriever, documents_to_units, units_to_documents
 
 __all__ = ["MultiGranularityTextSplitter", "GraphGranularitySplitter", "MixOfGranularityRetriever"]
 
 
-def _doc_units(documents: Iterable[Document]) -> list[Unit]:
+def _doc_units(documents: Iterable[Document]) -> tuple[list[Unit], dict[str, Document]]:
+    """Documents -> units (empty documents skipped, as LangChain's splitters return nothing for
+    them) and the documents by unit id.
+
+    A document's id is its own ``Document.id``; one without gets a fresh ``uuid4``, so chunk ids
+    (``<id>/L<level>/<position>``) never collide across calls (a second batch added to a vector
+    store must not overwrite the first).
+    """
     if isinstance(documents, Document):
         raise TypeError("pass a list of Documents, not a single Document; wrap it in a list.")
-    units = []
+    units, by_id = [], {}
     for i, d in enumerate(documents):
         if not isinstance(d, Document):
             raise TypeError(f"expected langchain Documents, got {type(d).__name__} at position {i}.")
-        units.append(Unit(id=str(d.id) if d.id else f"doc{i}", text=d.page_content,
-                          metadata=dict(d.metadata), level="document"))
-    return units
+        if not d.page_content.strip():
+            continue
+        uid = str(d.id) if d.id else uuid.uuid4().hex
+        units.append(Unit(id=uid, text=d.page_content, metadata=split_metadata(d.metadata)[0],
+                          level="document"))
+        by_id[uid] = d
+    return units, by_id
+
+
+def _to_documents(units: Sequence[Unit], by_id: dict[str, Document]) -> list[Document]:
+    return units_to_documents(units, base=lambda u: by_id.get(str(u.metadata.get("doc_id"))))
 
 
 def _texts_to_documents(texts: Sequence[str], metadatas: Optional[Sequence[dict]]) -> list[Document]:
@@ -64,21 +80,32 @@ class MultiGranularityTextSplitter(BaseDocumentTransformer):
     :meth:`split_text` returns the finest chunks of one text, as a plain splitter would.
     """
 
-    def __init__(self, *, chunk_size: int = 64, n_gra: int = 5, sentence_aware: bool = True) -> None:
+    def __init__(self, *, chunk_size: int = 64, n_gra: int = 5, sentence_aware: bool = True,
+                 levels: str = "all") -> None:
+        if levels not in ("all", "finest"):
+            raise ValueError(f"levels must be 'all' (the whole hierarchy, for "
+                             f"MixOfGranularityRetriever) or 'finest', got {levels!r}.")
         self._chunker = MultiGranularityChunker(chunk_size=chunk_size, n_gra=n_gra,
                                                 sentence_aware=sentence_aware)
         self.chunk_size, self.n_gra, self.sentence_aware = chunk_size, n_gra, sentence_aware
+        self.levels = levels
 
     def split_text(self, text: str) -> list[str]:
-        """The finest (level-1) chunks of ``text``."""
+        """The chunk texts of ``text``: the same chunks as :meth:`split_documents` (every level,
+        finest first, or the finest only with ``levels="finest"``)."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}.")
-        return self._chunker.finest_chunks(text)
+        return [d.page_content for d in self.split_documents([Document(page_content=text)])]
 
     def split_documents(self, documents: Iterable[Document]) -> list[Document]:
-        """Every level's chunks of ``documents`` (the whole hierarchy), finest level first."""
-        hierarchy = self._chunker.split(_doc_units(documents))
-        return units_to_documents([u for level in hierarchy.levels for u in level])
+        """Every level's chunks of ``documents`` (the whole hierarchy), finest level first
+        (only the finest with ``levels="finest"``); ``[]`` for no or only empty documents."""
+        units, by_id = _doc_units(documents)
+        if not units:
+            return []
+        hierarchy = self._chunker.split(units)
+        levels = hierarchy.levels if self.levels == "all" else hierarchy.levels[:1]
+        return _to_documents([u for level in levels for u in level], by_id)
 
     def create_documents(self, texts: Sequence[str],
                          metadatas: Optional[Sequence[dict]] = None) -> list[Document]:
@@ -112,9 +139,12 @@ class GraphGranularitySplitter(BaseDocumentTransformer):
 
     def split_documents(self, documents: Iterable[Document]) -> list[Document]:
         """The linked graph nodes of ``documents``, in document order."""
-        graph = self._builder.build(_doc_units(documents))
+        units, by_id = _doc_units(documents)
+        if not units:
+            return []
+        graph = self._builder.build(units)
         self.last_build_seconds = graph.build_seconds
-        return units_to_documents(graph.nodes)
+        return _to_documents(graph.nodes, by_id)
 
     def create_documents(self, texts: Sequence[str],
                          metadatas: Optional[Sequence[dict]] = None) -> list[Document]:
@@ -154,6 +184,7 @@ class MixOfGranularityRetriever(UnitRetriever):
             raise ValueError("MixOfGranularityRetriever needs documents; split them with "
                              "MultiGranularityTextSplitter or GraphGranularitySplitter first.")
         units = documents_to_units(self.documents)
+        structure: GranularityGraph | GranularityHierarchy
         if any("graph_neighbors" in u.metadata for u in units):
             structure = GranularityGraph.from_units(units, n_gra=self.n_gra)
         else:
@@ -163,7 +194,8 @@ class MixOfGranularityRetriever(UnitRetriever):
 
     @property
     def stage(self) -> MixOfGranularityRetrieve:
+        assert self._stage is not None
         return self._stage
 
     def _search(self, query: str, k: int) -> list[Unit]:
-        return self._stage.retrieve(query, k=k)
+        return self.stage.retrieve(query, k=k)

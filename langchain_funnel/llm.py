@@ -88,8 +88,8 @@ class LangChainLLM(LLM):
         outputs = runnable.batch(self._inputs(prompts, n), config=self._config())
         return self._regroup(outputs, len(prompts), n)
 
-    async def _agenerate(self, prompts: list[str], *, n: int, temperature: float, top_p: float,
-                         top_k: int, max_new_tokens: int) -> list[list[str]]:
+    async def _agenerate(self, prompts: list[str], *, n: int, temperature: float,  # type: ignore[override]
+                         top_p: float, top_k: int, max_new_tokens: int) -> list[list[str]]:
         runnable = self._runnable(temperature, top_p, top_k, max_new_tokens)
         outputs = await runnable.abatch(self._inputs(prompts, n), config=self._config())
         return self._regroup(outputs, len(prompts), n)

@@ -19,11 +19,10 @@ from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from pydantic import Field, PrivateAttr
 
-from funnel_core.errors import check_positive_int, check_query
+from funnel_core.config import RankRAGConfig, adapter_base
 from funnel_core.forward import FORWARD_PROMPT, PRESETS, ForwardLookup, chunk_context
-from funnel_core.funnel import Stage
-from funnel_core.rerank.rankrag import DEFAULT_RANKRAG_PROMPT, RankRAGScorer, check_prompt_template
-from funnel_core.units import Unit
+from funnel_core.llm import LLM
+from funnel_core.units import Unit, text_digest
 from langchain_funnel._base import StageCompressor, UnitRetriever, documents_to_units, units_to_documents
 from langchain_funnel.llm import as_provider
 
@@ -38,42 +37,27 @@ def _provider(llm: Any, timeout: Optional[float], gguf_file: Optional[str],
     return as_provider(llm, **kwargs)
 
 
-class RankRAGReranker(StageCompressor):
-    """RankRAG reranking as a LangChain document compressor.
+class RankRAGReranker(adapter_base(RankRAGConfig, StageCompressor,  # type: ignore[misc]
+                                   defaults={"top_n": 5})):
+    """RankRAG reranking as a LangChain document compressor; the fields are those of
+    :class:`funnel_core.config.RankRAGConfig`, and ``llm`` may also be a LangChain model.
 
     Example::
 
         reranker = RankRAGReranker(llm=chat_model, top_n=3)
-        chain = rerank_chain(retriever, reranker)   # query -> documents, P(True) in metadata
+        retriever = FunnelRetriever.from_stages(bm25_retriever, reranker)
     """
 
-    # StageCompressor is also a Runnable, whose bare ``name`` annotation would otherwise become a
-    # required pydantic field.
-    name: Optional[str] = Field(default=None, description="Runnable name.")
-    llm: Any = Field(description="LangChain chat model/LLM, funnel_core LLM, or a causal-LM name/folder.")
-    top_n: int = Field(default=5, description="Documents kept after reranking.")
-    prompt: str = Field(default=DEFAULT_RANKRAG_PROMPT, description="Template with {question} and {passage}.")
-    mode: str = Field(default="auto", description="'auto', 'logprobs' or 'generate'.")
-    batch_size: int = Field(default=8, description="Pairs per LLM call / forward pass.")
-    max_passage_words: int = Field(default=300, description="Passages are cut to this length.")
-    max_new_tokens: int = Field(default=8, description="Tokens per judgement (generate mode).")
-    samples: int = Field(default=1, description="Judgements per pair (generate mode).")
-    score_threshold: Optional[float] = Field(default=None, description="Drop documents below this P(True).")
-    gguf_file: Optional[str] = Field(default=None, description="GGUF file for a local model folder.")
-    device: Optional[str] = Field(default=None, description="Device of a local model.")
-    timeout: Optional[float] = Field(default=None, description="Seconds per LLM call.")
+    _llm_provider: Any = PrivateAttr(default=None)
 
-    def model_post_init(self, __context: Any) -> None:
-        check_positive_int(self.top_n, "top_n")
-        check_prompt_template(self.prompt, ("question", "passage"), "RankRAG prompt")
-
-    def _build_stage(self) -> Stage:
-        llm = _provider(self.llm, self.timeout, self.gguf_file, self.device,
-                        batch_size=self.batch_size)
-        return RankRAGScorer(llm=llm, prompt=self.prompt, mode=self.mode, top_n=self.top_n,
-                             batch_size=self.batch_size, max_passage_words=self.max_passage_words,
-                             max_new_tokens=self.max_new_tokens, samples=self.samples,
-                             score_threshold=self.score_threshold)
+    def _config_values(self) -> dict[str, Any]:
+        values = super()._config_values()
+        if not isinstance(self.llm, (str, LLM)):  # a LangChain model: converted once
+            key = (id(self.llm), self.timeout)
+            if self._llm_provider is None or self._llm_provider[0] != key:
+                self._llm_provider = (key, as_provider(self.llm, timeout=self.timeout))
+            values["llm"] = self._llm_provider[1]
+        return values
 
 
 class ForwardLookupRetriever(UnitRetriever):
@@ -134,7 +118,8 @@ class ForwardLookupRetriever(UnitRetriever):
             max_new_tokens=self.max_new_tokens, prompt=self.prompt, recall_k=self.recall_k,
             reader_words=self.reader_words, chunk_words=self.chunk_words)
         if self.context is not None:
-            self._units = chunk_context(self.context, self.chunk_words)
+            self._units = chunk_context(self.context, self.chunk_words,
+                                        id_prefix=f"chunk-{text_digest(self.context)}")
 
     @property
     def forward(self) -> ForwardLookup:
@@ -144,17 +129,18 @@ class ForwardLookupRetriever(UnitRetriever):
     def _search(self, query: str, k: int) -> list[Unit]:
         units = self._units
         if units is None:
+            assert self.retriever is not None
             units = documents_to_units(self.retriever.invoke(query))
         return self._forward.search(query, units, k=k).units
 
     async def _aget_relevant_documents(self, query: str, *,
                                        run_manager: AsyncCallbackManagerForRetrieverRun,
                                        k: int | None = None, **kwargs: Any) -> list[Document]:
-        query = check_query(query)
-        k = self.k if k is None else check_positive_int(k, "k")
+        query, k = self._prepare(query, k, kwargs)
         if not query:
             return []
         units = self._units
         if units is None:
+            assert self.retriever is not None
             units = documents_to_units(await self.retriever.ainvoke(query))
         return units_to_documents((await self._forward.asearch(query, units, k=k)).units)

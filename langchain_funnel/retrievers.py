@@ -11,17 +11,20 @@ Both take ``k`` in the constructor and per call (``invoke(q, k=3)``) and a per-c
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, ClassVar, Iterable, Optional, Sequence
 
 from langchain_core.documents import Document
 from pydantic import Field
 
 from funnel_core.bm25 import BM25Index, MetadataFilter
 from funnel_core.clustered import ClusteredBM25Index
+from funnel_core.config import check_kwargs
 from funnel_core.errors import check_positive_int
-from funnel_core.units import Unit
-from langchain_funnel._base import UnitRetriever, documents_to_units
+from funnel_core.persist import atomic_dir, read_manifest, write_manifest
+from funnel_core.units import Unit, check_unique_ids, split_metadata
+from langchain_funnel._base import UnitRetriever
 
 __all__ = ["BM25Retriever", "ClusteredBM25Retriever"]
 
@@ -40,9 +43,19 @@ def _units_from_texts(texts: Iterable[str], metadatas: Optional[Sequence[dict]],
 
 
 def _units_from_documents(documents: Iterable[Document], level: str) -> list[Unit]:
-    units = documents_to_units(list(documents))
-    for u in units:
-        u.level = level
+    """Documents -> index units: ``Document.id`` as the id (positional for documents without
+    one, as :meth:`from_texts` does); a duplicate id raises, as it does for ``from_texts``."""
+    if isinstance(documents, Document):
+        raise TypeError("documents must be a list of Documents, got a single Document; wrap it "
+                        "in a list.")
+    units = []
+    for i, d in enumerate(documents):
+        if not isinstance(d, Document):
+            raise TypeError(f"expected langchain Documents, got {type(d).__name__} at position {i}.")
+        user = split_metadata(d.metadata)[0]
+        units.append(Unit(id=str(d.id) if d.id else str(i), text=d.page_content, metadata=user,
+                          level=level))
+    check_unique_ids(units)
     return units
 
 
@@ -66,16 +79,19 @@ class BM25Retriever(UnitRetriever):
         index = BM25Index(**bm25_config).index(_units_from_documents(documents, "passage"))
         return cls(index=index, k=k)
 
-    def _search(self, query: str, k: int, filter: MetadataFilter = None, **kwargs: Any) -> list[Unit]:
+    def _search(self, query: str, k: int, filter: MetadataFilter = None) -> list[Unit]:
         return self.index.search(query, k=k, filter=filter if filter is not None else self.filter)
 
+    _settings: ClassVar[tuple[str, ...]] = ("k", "filter")
+
     def save(self, path: str | Path) -> None:
-        """Save the index with its tokenizer settings (atomic)."""
-        self.index.save(path)
+        """Save the index (with its tokenizer settings) and this retriever's settings (atomic)."""
+        _save(self, path)
 
     @classmethod
-    def load(cls, path: str | Path, k: int = 4) -> "BM25Retriever":
-        return cls(index=BM25Index.load(path), k=k)
+    def load(cls, path: str | Path, **overrides: Any) -> "BM25Retriever":
+        """Load what :meth:`save` wrote, with the saved settings (``overrides`` win)."""
+        return _load(cls, path, BM25Index, overrides)
 
 
 class ClusteredBM25Retriever(UnitRetriever):
@@ -117,18 +133,46 @@ class ClusteredBM25Retriever(UnitRetriever):
         return cls(index=index, k=k, k_clusters=k_clusters)
 
     def _search(self, query: str, k: int, filter: MetadataFilter = None,
-                k_clusters: Optional[int] = None, **kwargs: Any) -> list[Unit]:
-        n_clusters = k_clusters or self.k_clusters
+                k_clusters: Optional[int] = None) -> list[Unit]:
+        n_clusters = self.k_clusters if k_clusters is None else check_positive_int(k_clusters,
+                                                                                  "k_clusters")
         if self.return_clusters:  # k counts what is returned: here, clusters
             n_clusters = min(n_clusters, k)
         return self.index.search(query, k=n_clusters,
                                  filter=filter if filter is not None else self.filter,
                                  return_clusters=self.return_clusters, max_documents=k)
 
+    _settings: ClassVar[tuple[str, ...]] = ("k", "k_clusters", "return_clusters", "filter")
+
     def save(self, path: str | Path) -> None:
-        """Save documents, clusters and the cluster index (atomic)."""
-        self.index.save(path)
+        """Save documents, clusters, the cluster index and this retriever's settings (atomic)."""
+        _save(self, path)
 
     @classmethod
-    def load(cls, path: str | Path, k: int = 4, k_clusters: int = 10) -> "ClusteredBM25Retriever":
-        return cls(index=ClusteredBM25Index.load(path), k=k, k_clusters=k_clusters)
+    def load(cls, path: str | Path, **overrides: Any) -> "ClusteredBM25Retriever":
+        """Load what :meth:`save` wrote, with the saved settings (``overrides`` win)."""
+        return _load(cls, path, ClusteredBM25Index, overrides)
+
+
+def _save(retriever: Any, path: str | Path) -> None:
+    settings = {n: getattr(retriever, n) for n in retriever._settings}
+    if settings.get("filter") is not None and not isinstance(settings["filter"], dict):
+        warnings.warn(f"{type(retriever).__name__}.save: a predicate filter cannot be saved; the "
+                      "loaded retriever has no default filter (pass filter= to load or per call).",
+                      stacklevel=3)
+        settings["filter"] = None
+    with atomic_dir(path) as tmp:
+        retriever.index.save(tmp / "index")
+        write_manifest(tmp, f"langchain_funnel.{type(retriever).__name__}", 1, settings=settings)
+
+
+def _load(cls: Any, path: str | Path, index_cls: Any, overrides: dict[str, Any]) -> Any:
+    folder = Path(path)
+    if (folder / "index").is_dir():
+        settings = read_manifest(folder, f"langchain_funnel.{cls.__name__}",
+                                 f"saved {cls.__name__}")["settings"]
+        index = index_cls.load(folder / "index")
+    else:  # written before the settings were saved: the index alone
+        settings, index = {}, index_cls.load(folder)
+    check_kwargs(f"{cls.__name__}.load", overrides, cls._settings)
+    return cls(index=index, **{**settings, **overrides})

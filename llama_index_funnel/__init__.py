@@ -2,9 +2,6 @@
 query transforms). Thin adapters over :mod:`funnel_core`."""
 
 from llama_index_funnel._base import StagePostprocessor, UnitRetriever, nodes_to_units, units_to_nodes
-from llama_index_funnel.retrievers import BM25Retriever, ClusteredBM25Retriever
-from llama_index_funnel.funnel import FunnelRetriever, PostprocessorStage, RetrieverStage
-from llama_index_funnel.granularity import GraphGranularityNodeParser, MixOfGranularityRetriever, MultiGranularityNodeParser
 from llama_index_funnel.best_practices import (
     ExtractiveCompressorPostprocessor,
     HybridRetriever,
@@ -13,10 +10,22 @@ from llama_index_funnel.best_practices import (
     RepackPostprocessor,
     SentenceEmbedderEmbedding,
 )
-from llama_index_funnel.rerank import CrossEncoderRerank, LaterChunkingPostprocessor, MonoT5Rerank
 from llama_index_funnel.fid import AttentionLMRerank, FiDAttentionRerank
-from llama_index_funnel.llm_rerank import ForwardLookupQueryBundle, ForwardLookupQueryTransform, ForwardLookupRetriever, RankRAGRerank
+from llama_index_funnel.funnel import FunnelRetriever, PostprocessorStage, RetrieverStage
+from llama_index_funnel.granularity import (
+    GraphGranularityNodeParser,
+    MixOfGranularityRetriever,
+    MultiGranularityNodeParser,
+)
 from llama_index_funnel.llm import LlamaIndexLLM
+from llama_index_funnel.llm_rerank import (
+    ForwardLookupQueryBundle,
+    ForwardLookupQueryTransform,
+    ForwardLookupRetriever,
+    RankRAGRerank,
+)
+from llama_index_funnel.rerank import CrossEncoderRerank, LaterChunkingPostprocessor, MonoT5Rerank
+from llama_index_funnel.retrievers import BM25Retriever, ClusteredBM25Retriever
 
 __all__ = ["LlamaIndexLLM", "ForwardLookupQueryBundle", "ForwardLookupQueryTransform", "ForwardLookupRetriever", "RankRAGRerank", "AttentionLMRerank", "FiDAttentionRerank", "CrossEncoderRerank", "LaterChunkingPostprocessor", "MonoT5Rerank", "ExtractiveCompressorPostprocessor", "HybridRetriever", "QueryClassifierGate", "QueryClassifierQueryEngine", "RepackPostprocessor", "SentenceEmbedderEmbedding", "GraphGranularityNodeParser", "MixOfGranularityRetriever", "MultiGranularityNodeParser", "FunnelRetriever", "PostprocessorStage", "RetrieverStage", "BM25Retriever", "ClusteredBM25Retriever", "StagePostprocessor", "UnitRetriever",
            "nodes_to_units", "units_to_nodes"]

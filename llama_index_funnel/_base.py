@@ -15,6 +15,7 @@ from typing import Any, List, Optional, Sequence
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.bridge.pydantic import PrivateAttr
+from llama_index.core.callbacks import CBEventType, EventPayload
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
@@ -28,25 +29,31 @@ from llama_index.core.schema import (
     TextNode,
 )
 
+from funnel_core.config import ConfiguredAdapter
 from funnel_core.errors import check_query
 from funnel_core.funnel import Stage
-from funnel_core.units import Unit
+from funnel_core.units import FUNNEL_KEY, Unit, framework_metadata, split_metadata
 
 dispatcher = get_dispatcher(__name__)
 
 __all__ = ["StagePostprocessor", "UnitRetriever", "node_to_unit", "nodes_to_units",
            "units_to_nodes", "INTERNAL_METADATA_KEYS"]
 
-#: Metadata keys funnel-rag writes; hidden from the LLM and the embedder.
-INTERNAL_METADATA_KEYS = (
-    "scores", "funnel_trace", "bm25_rank", "cluster_id", "cluster_score", "cluster_rank",
-    "parent_score", "parent_level", "position", "members", "level", "router_weights",
-    "chosen_level", "forward_scores", "backward_scores", "samples",
-)
+#: Kept for backward compatibility: our bookkeeping now lives under ``metadata["funnel"]``.
+INTERNAL_METADATA_KEYS = (FUNNEL_KEY,)
+
+
+def _node_text(node: BaseNode) -> str:
+    return node.get_content(metadata_mode=MetadataMode.NONE)
 
 
 def node_to_unit(nws: NodeWithScore | BaseNode) -> Unit:
-    """Convert a ``NodeWithScore`` (or a bare node) into a :class:`Unit` (metadata copied)."""
+    """Convert a ``NodeWithScore`` (or a bare node) into a :class:`Unit`.
+
+    The unit keeps a reference to the node (``unit.source``) so that :func:`units_to_nodes` hands
+    back a copy of it; its metadata is the user's plus our earlier bookkeeping
+    (``metadata["funnel"]``), which the stages read.
+    """
     if isinstance(nws, BaseNode):
         nws = NodeWithScore(node=nws, score=None)
     if not isinstance(nws, NodeWithScore):
@@ -56,79 +63,97 @@ def node_to_unit(nws: NodeWithScore | BaseNode) -> Unit:
         raise TypeError(f"node {node.node_id!r} ({type(node).__name__}) has no text to score; "
                         "funnel-rag stages work on text nodes only.")
     parent = node.relationships.get(NodeRelationship.PARENT)
-    meta = dict(node.metadata)
-    return Unit(id=node.node_id, text=node.get_content(metadata_mode=MetadataMode.NONE),
-                score=nws.score, metadata=meta,
+    user, ours = split_metadata(node.metadata)
+    level = str(ours.pop("level", "passage"))
+    ours.pop("parent_id", None)
+    return Unit(id=node.node_id, text=_node_text(node), score=nws.score, metadata={**user, **ours},
                 parent_id=parent.node_id if isinstance(parent, RelatedNodeInfo) else None,
-                level=str(meta.get("level", "passage")))
+                level=level, source=node)
 
 
 def nodes_to_units(nodes: Sequence[NodeWithScore | BaseNode]) -> list[Unit]:
     return [node_to_unit(n) for n in nodes]
 
 
-def _hide_internal(node: BaseNode) -> None:
-    for key in INTERNAL_METADATA_KEYS:
-        if key in node.metadata:
-            if key not in node.excluded_llm_metadata_keys:
-                node.excluded_llm_metadata_keys.append(key)
-            if key not in node.excluded_embed_metadata_keys:
-                node.excluded_embed_metadata_keys.append(key)
+def _hide(node: BaseNode, key: str = FUNNEL_KEY) -> None:
+    if key not in node.excluded_llm_metadata_keys:
+        node.excluded_llm_metadata_keys.append(key)
+    if key not in node.excluded_embed_metadata_keys:
+        node.excluded_embed_metadata_keys.append(key)
 
 
-def units_to_nodes(units: Sequence[Unit],
-                   originals: Sequence[NodeWithScore | BaseNode] = ()) -> list[NodeWithScore]:
-    """Convert units back to ``NodeWithScore``.
+def unit_to_node(unit: Unit, by_id: dict[str, BaseNode] | None = None,
+                 annotate: bool = True) -> BaseNode:
+    """One unit -> a node: a copy of the node it came from (``unit.source``, or ``by_id``; with the
+    unit's text if a stage shortened it), or,
+    for a unit cut from a node, a ``TextNode`` that inherits its parent's metadata, excluded
+    keys and ``SOURCE`` and points to it with ``PARENT``.
 
-    A unit whose id matches an original node becomes a *copy* of that node (its class, text,
-    relationships kept) with the unit's metadata; a new unit (for example a passage cut by later
-    chunking) becomes a ``TextNode`` with a ``PARENT`` relationship to ``parent_id``.
+    With ``annotate``, our bookkeeping goes under ``metadata["funnel"]`` (excluded from LLM and
+    embedding text); without it (retrievers), a copied node's metadata is exactly the user's, so
+    ``node.hash`` is unchanged and ``QueryFusionRetriever`` recognises the node.
     """
+    by_id = by_id or {}
+    src = unit.source if isinstance(unit.source, BaseNode) else by_id.get(unit.id)
+    if src is not None and src.node_id == unit.id:
+        node = src.model_copy()
+        node.relationships = dict(src.relationships)
+        if _node_text(src) != unit.text:  # e.g. compressed: the same node with less text
+            node.set_content(unit.text)
+        base: BaseNode | None = src
+    else:
+        parent = by_id.get(unit.parent_id) if unit.parent_id is not None else None
+        node = TextNode(id_=unit.id, text=unit.text)
+        if parent is not None:
+            node.metadata_template = parent.metadata_template
+            node.metadata_separator = parent.metadata_separator
+            if parent.source_node is not None:
+                node.relationships[NodeRelationship.SOURCE] = parent.source_node
+        if unit.parent_id is not None:
+            node.relationships[NodeRelationship.PARENT] = RelatedNodeInfo(node_id=unit.parent_id)
+        base, annotate = parent, True  # a new node: nothing to keep hash-equal
+    node.excluded_llm_metadata_keys = list(base.excluded_llm_metadata_keys) if base else []
+    node.excluded_embed_metadata_keys = list(base.excluded_embed_metadata_keys) if base else []
+    user, ours = framework_metadata(unit, base.metadata if base is not None else None)
+    if annotate:
+        user[FUNNEL_KEY] = ours
+        _hide(node)
+    elif src is not None and FUNNEL_KEY in src.metadata:  # keep the node exactly as it was
+        user[FUNNEL_KEY] = src.metadata[FUNNEL_KEY]
+    node.metadata = user
+    return node
+
+
+def units_to_nodes(units: Sequence[Unit], originals: Sequence[NodeWithScore | BaseNode] = (),
+                   annotate: bool = True) -> list[NodeWithScore]:
+    """Convert units back to ``NodeWithScore`` (see :func:`unit_to_node`); ``originals`` are
+    nodes to copy for units that carry no node (looked up by id, and by ``parent_id`` for units
+    cut from them)."""
     by_id: dict[str, BaseNode] = {}
     for o in originals:
         node = o.node if isinstance(o, NodeWithScore) else o
         by_id[node.node_id] = node
-    out = []
-    for unit in units:
-        meta = dict(unit.metadata)
-        meta["level"] = unit.level  # a child of later chunking must not keep its parent's level
-        original = by_id.get(unit.id)
-        if original is not None and original.get_content(MetadataMode.NONE) == unit.text:
-            node = original.model_copy(deep=False)
-            node.metadata = meta
-            node.excluded_llm_metadata_keys = list(original.excluded_llm_metadata_keys)
-            node.excluded_embed_metadata_keys = list(original.excluded_embed_metadata_keys)
-            node.relationships = dict(original.relationships)
-        else:
-            node = TextNode(id_=unit.id, text=unit.text, metadata=meta)
-            if unit.parent_id is not None:
-                node.relationships[NodeRelationship.PARENT] = RelatedNodeInfo(node_id=unit.parent_id)
-                parent = by_id.get(unit.parent_id)
-                if parent is not None and parent.source_node is not None:
-                    node.relationships[NodeRelationship.SOURCE] = parent.source_node
-        _hide_internal(node)
-        out.append(NodeWithScore(node=node, score=unit.score))
-    return out
+    for u in units:  # parents that came through the stages themselves
+        if isinstance(u.source, BaseNode):
+            by_id.setdefault(u.id, u.source)
+    return [NodeWithScore(node=unit_to_node(u, by_id, annotate), score=u.score) for u in units]
 
 
-class StagePostprocessor(BaseNodePostprocessor):
+class StagePostprocessor(ConfiguredAdapter, BaseNodePostprocessor):
     """A LlamaIndex node postprocessor that runs one ``funnel_core`` stage.
 
-    Subclasses declare their configuration as pydantic ``Field``s and implement
-    :meth:`_build_stage`; the stage (and the model inside it) is built once, on first use.
+    A configured postprocessor subclasses ``adapter_base(SomeConfig, StagePostprocessor)``: its
+    fields are the core config's, and :attr:`stage` is built from their *current* values (a
+    changed field is honoured at the next call; the loaded model is kept when only cheap
+    settings changed). Other subclasses implement :meth:`_build_stage`, rebuilt when a field
+    changes.
     """
 
     _stage: Optional[Stage] = PrivateAttr(default=None)
+    _stage_key: Any = PrivateAttr(default=None)
 
-    @abstractmethod
-    def _build_stage(self) -> Stage:
-        """Build the ``funnel_core`` stage from this object's fields."""
-
-    @property
-    def stage(self) -> Stage:
-        if self._stage is None:
-            self._stage = self._build_stage()
-        return self._stage
+    def model_post_init(self, __context: Any) -> None:
+        _ = self.stage  # validates every setting now; models still load lazily, on first use
 
     def _top_n(self) -> int:
         return int(getattr(self, "top_n", None) or 0)
@@ -149,8 +174,10 @@ class StagePostprocessor(BaseNodePostprocessor):
             return list(nodes)
         dispatcher.event(ReRankStartEvent(query=query_bundle, nodes=nodes, top_n=self._top_n(),
                                           model_name=self._model_name()))
-        units = self.stage(query, nodes_to_units(nodes))
-        out = units_to_nodes(units, nodes)
+        with self.callback_manager.event(CBEventType.RERANKING,
+                                         payload=self._cb_payload(nodes, query)) as event:
+            out = units_to_nodes(self.stage(query, nodes_to_units(nodes)), nodes)
+            event.on_end(payload={EventPayload.NODES: out})
         dispatcher.event(ReRankEndEvent(nodes=out))
         return out
 
@@ -161,10 +188,16 @@ class StagePostprocessor(BaseNodePostprocessor):
             return list(nodes)
         dispatcher.event(ReRankStartEvent(query=query_bundle, nodes=nodes, top_n=self._top_n(),
                                           model_name=self._model_name()))
-        units = await self.stage.acall(query, nodes_to_units(nodes))
-        out = units_to_nodes(units, nodes)
+        with self.callback_manager.event(CBEventType.RERANKING,
+                                         payload=self._cb_payload(nodes, query)) as event:
+            out = units_to_nodes(await self.stage.acall(query, nodes_to_units(nodes)), nodes)
+            event.on_end(payload={EventPayload.NODES: out})
         dispatcher.event(ReRankEndEvent(nodes=out))
         return out
+
+    def _cb_payload(self, nodes: List[NodeWithScore], query: str) -> dict:
+        return {EventPayload.NODES: nodes, EventPayload.MODEL_NAME: self._model_name(),
+                EventPayload.QUERY_STR: query, EventPayload.TOP_K: self._top_n()}
 
 
 class UnitRetriever(BaseRetriever):
@@ -172,7 +205,13 @@ class UnitRetriever(BaseRetriever):
 
     An empty or whitespace query returns ``[]``; a non-string query raises ``TypeError``.
     ``_aretrieve`` runs the search in a worker thread so the event loop keeps running.
+
+    ``annotate`` (class default, or set on the instance): put per-query bookkeeping under
+    ``metadata["funnel"]``. The BM25 retrievers leave it off, as LlamaIndex's own retrievers do,
+    so a returned node is the user's node with its hash unchanged.
     """
+
+    annotate: bool = True
 
     @abstractmethod
     def _search(self, query: str) -> list[Unit]:
@@ -182,7 +221,7 @@ class UnitRetriever(BaseRetriever):
         query = check_query(query_bundle.query_str)
         if not query:
             return []
-        return units_to_nodes(self._search(query), self._originals())
+        return units_to_nodes(self._search(query), self._originals(), self.annotate)
 
     async def _asearch(self, query: str) -> list[Unit]:
         """Async twin of :meth:`_search`; by default :meth:`_search` in a worker thread."""
@@ -193,7 +232,7 @@ class UnitRetriever(BaseRetriever):
         if not query:
             return []
         units = await self._asearch(query)
-        return units_to_nodes(units, self._originals())
+        return units_to_nodes(units, self._originals(), self.annotate)
 
     def _originals(self) -> Sequence[BaseNode]:
         """Original nodes to copy back (override when the retriever keeps them)."""

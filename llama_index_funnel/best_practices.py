@@ -263,14 +263,14 @@ class QueryClassifierQueryEngine(CustomQueryEngine):
     def model_post_init(self, __context: Any) -> None:
         self.classifier._require_fitted()
 
-    def custom_query(self, query_str: str) -> Response:
+    def custom_query(self, query_str: str) -> Any:
         if self.classifier.needs_retrieval(query_str):
             resp = self.query_engine.query(query_str)
             resp.metadata = {**(resp.metadata or {}), "needs_retrieval": True}
             return resp
         return Response(str(self.llm.complete(query_str)), metadata={"needs_retrieval": False})
 
-    async def acustom_query(self, query_str: str) -> Response:
+    async def acustom_query(self, query_str: str) -> Any:
         if await asyncio.to_thread(self.classifier.needs_retrieval, query_str):
             resp = await self.query_engine.aquery(query_str)
             resp.metadata = {**(resp.metadata or {}), "needs_retrieval": True}

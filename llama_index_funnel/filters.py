@@ -66,7 +66,9 @@ def to_predicate(filters: MetadataFilters | None) -> Callable[[dict], bool] | No
         return None
     if not isinstance(filters, MetadataFilters):
         raise TypeError(f"filters must be llama_index MetadataFilters, got {type(filters).__name__}.")
-    parts = [to_predicate(f) if isinstance(f, MetadataFilters) else _one(f) for f in filters.filters]
+    parts: list[Callable[[dict], bool]] = [
+        to_predicate(f) if isinstance(f, MetadataFilters) else _one(f)  # type: ignore[misc]
+        for f in filters.filters]
     cond = filters.condition or FilterCondition.AND
     if cond == FilterCondition.OR:
         return lambda m: any(p(m) for p in parts)

@@ -5,16 +5,16 @@ stages *or* LlamaIndex's own objects: any ``BaseRetriever`` (as a first stage) a
 ``BaseNodePostprocessor`` (as a later stage), wrapped by :func:`as_stage`. Every returned node
 carries the whole trace in ``metadata["funnel_trace"]``.
 
-Nodes that come from LlamaIndex components keep their identity across stages: each wrapper
-registers the nodes it sees in a per-call registry (a ``ContextVar``, so concurrent and async
-calls never mix), and the final units are converted back into copies of those nodes with their
-relationships intact.
+Nodes keep their identity across stages: every :class:`~funnel_core.units.Unit` carries the
+node it came from (``unit.source``), so each stage hands the next one copies of the user's own
+nodes (relationships, excluded keys and hash intact). Our postprocessors run through
+``postprocess_nodes`` like any other, so rerank events and instrumentation spans are emitted
+inside the funnel too.
 """
 
 from __future__ import annotations
 
-from contextvars import ContextVar
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks import CallbackManager
@@ -24,23 +24,14 @@ from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 from funnel_core.errors import check_query
 from funnel_core.funnel import Funnel, FunnelResult, Stage
 from funnel_core.funnel import as_stage as core_as_stage
-from funnel_core.units import Unit
+from funnel_core.units import Trace, Unit
 from llama_index_funnel._base import UnitRetriever, nodes_to_units, units_to_nodes
 
 __all__ = ["FunnelRetriever", "RetrieverStage", "PostprocessorStage", "as_stage"]
 
-_REGISTRY: ContextVar[Optional[Dict[str, BaseNode]]] = ContextVar("funnel_node_registry", default=None)
 
-
-def _register(nodes: Sequence[NodeWithScore]) -> None:
-    reg = _REGISTRY.get()
-    if reg is not None:
-        for n in nodes:
-            reg[n.node.node_id] = n.node
-
-
-def _originals() -> list[BaseNode]:
-    return list((_REGISTRY.get() or {}).values())
+def _scored(nodes: Sequence[NodeWithScore], name: str) -> list[Unit]:
+    return [u.rescored(u.score, name) if u.score is not None else u for u in nodes_to_units(nodes)]
 
 
 class RetrieverStage(Stage):
@@ -51,35 +42,29 @@ class RetrieverStage(Stage):
         self.name = name or type(retriever).__name__
 
     def run(self, query: str, units: list[Unit]) -> list[Unit]:
-        nodes = self.retriever.retrieve(query)
-        _register(nodes)
-        return [u.rescored(u.score if u.score is not None else 0.0, self.name) for u in nodes_to_units(nodes)]
+        return _scored(self.retriever.retrieve(query), self.name)
 
     async def arun(self, query: str, units: list[Unit]) -> list[Unit]:
-        nodes = await self.retriever.aretrieve(query)
-        _register(nodes)
-        return [u.rescored(u.score if u.score is not None else 0.0, self.name) for u in nodes_to_units(nodes)]
+        return _scored(await self.retriever.aretrieve(query), self.name)
 
 
 class PostprocessorStage(Stage):
-    """A LlamaIndex ``BaseNodePostprocessor`` (reranker, filter, reorder...) as a funnel stage."""
+    """A LlamaIndex ``BaseNodePostprocessor`` (ours or any other: reranker, filter, reorder...)
+    as a funnel stage; it runs through ``postprocess_nodes``, so its events and spans fire."""
 
     def __init__(self, postprocessor: BaseNodePostprocessor, name: Optional[str] = None) -> None:
         self.postprocessor = postprocessor
         self.name = name or postprocessor.class_name()
 
-    def _out(self, nodes: Sequence[NodeWithScore]) -> list[Unit]:
-        _register(nodes)
-        units = nodes_to_units(nodes)
-        return [u.rescored(u.score, self.name) if u.score is not None else u for u in units]
-
     def run(self, query: str, units: list[Unit]) -> list[Unit]:
-        nodes = units_to_nodes(units, _originals())
-        return self._out(self.postprocessor.postprocess_nodes(nodes, query_bundle=QueryBundle(query)))
+        nodes = units_to_nodes(units)
+        return _scored(self.postprocessor.postprocess_nodes(nodes, query_bundle=QueryBundle(query)),
+                       self.name)
 
     async def arun(self, query: str, units: list[Unit]) -> list[Unit]:
-        nodes = units_to_nodes(units, _originals())
-        return self._out(await self.postprocessor.apostprocess_nodes(nodes, query_bundle=QueryBundle(query)))
+        nodes = units_to_nodes(units)
+        out = await self.postprocessor.apostprocess_nodes(nodes, query_bundle=QueryBundle(query))
+        return _scored(out, self.name)
 
 
 def as_stage(obj: Any) -> Stage:
@@ -87,8 +72,7 @@ def as_stage(obj: Any) -> Stage:
     if isinstance(obj, BaseRetriever):
         return RetrieverStage(obj)
     if isinstance(obj, BaseNodePostprocessor):
-        stage = getattr(obj, "stage", None)  # our own postprocessors: use the core stage directly
-        return stage if isinstance(stage, Stage) else PostprocessorStage(obj)
+        return PostprocessorStage(obj)
     return core_as_stage(obj)
 
 
@@ -115,42 +99,18 @@ class FunnelRetriever(UnitRetriever):
         self._nodes = {n.node_id: n for n in nodes or ()}
         super().__init__(callback_manager=callback_manager, verbose=verbose)
 
+    def _originals(self) -> Sequence[BaseNode]:
+        return list(self._nodes.values())
+
     def _search(self, query: str) -> list[Unit]:
         return self.funnel.search(query).units
 
     async def _asearch(self, query: str) -> list[Unit]:
         return (await self.funnel.asearch(query)).units
 
-    def _with_registry(self, fn, *args):
-        token = _REGISTRY.set(dict(self._nodes))
-        try:
-            out = fn(*args)
-            return out, _originals()
-        finally:
-            _REGISTRY.reset(token)
-
-    def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
-        query = check_query(query_bundle.query_str)
-        if not query:
-            return []
-        units, originals = self._with_registry(self._search, query)
-        return units_to_nodes(units, originals)
-
-    async def _aretrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
-        query = check_query(query_bundle.query_str)
-        if not query:
-            return []
-        token = _REGISTRY.set(dict(self._nodes))
-        try:
-            units = await self._asearch(query)
-            return units_to_nodes(units, _originals())
-        finally:
-            _REGISTRY.reset(token)
-
-    def search(self, query: str, answers: Optional[Sequence[str]] = None) -> tuple[List[NodeWithScore], Any]:
+    def search(self, query: str, answers: Optional[Sequence[str]] = None) -> tuple[List[NodeWithScore], Trace]:
         """Run the funnel and return ``(nodes, trace)``; with ``answers`` the trace records the
         answer recall that survives each stage."""
         query = check_query(query)
-        result: FunnelResult
-        result, originals = self._with_registry(self.funnel.search, query, None, answers)
-        return units_to_nodes(result.units, originals), result.trace
+        result: FunnelResult = self.funnel.search(query, None, answers)
+        return units_to_nodes(result.units, self._originals(), self.annotate), result.trace

@@ -20,8 +20,6 @@ from llama_index.core.schema import (
     BaseNode,
     MetadataMode,
     NodeRelationship,
-    NodeWithScore,
-    QueryBundle,
     TextNode,
 )
 from llama_index.core.utils import get_tqdm_iterable
@@ -31,29 +29,25 @@ from funnel_core.granularity.graph import GranularityGraph, GraphGranularityBuil
 from funnel_core.granularity.levels import GranularityHierarchy, MultiGranularityChunker
 from funnel_core.granularity.retrieval import MixOfGranularityRetrieve
 from funnel_core.granularity.router import GranularityRouter
-from funnel_core.units import Unit
+from funnel_core.units import FUNNEL_KEY, Unit, framework_metadata, split_metadata
 from llama_index_funnel._base import UnitRetriever, node_to_unit
 
 __all__ = ["MultiGranularityNodeParser", "GraphGranularityNodeParser", "MixOfGranularityRetriever"]
 
-#: Structural metadata the parsers write; never shown to the LLM or the embedder.
-_HIDDEN = ("granularity", "doc_id", "doc_index", "position", "graph_neighbors", "graph_weights",
-           "center_id", "node_ids", "router_weights", "chosen_level", "finest_id", "level",
-           "scores")
-
-
 def _doc_unit(node: BaseNode) -> Unit:
     return Unit(id=node.node_id, text=node.get_content(metadata_mode=MetadataMode.NONE),
-                metadata=dict(node.metadata), level="document")
+                metadata=split_metadata(node.metadata)[0], level="document")
 
 
 def _text_node(unit: Unit, source: BaseNode, drop: Sequence[str] = ()) -> TextNode:
-    meta = {k: v for k, v in unit.metadata.items() if k not in drop}
-    node = TextNode(id_=unit.id, text=unit.text, metadata=meta)
-    node.excluded_llm_metadata_keys = [k for k in meta if k in _HIDDEN] + \
-        [k for k in source.excluded_llm_metadata_keys if k in meta and k not in _HIDDEN]
-    node.excluded_embed_metadata_keys = [k for k in meta if k in _HIDDEN] + \
-        [k for k in source.excluded_embed_metadata_keys if k in meta and k not in _HIDDEN]
+    """A parsed node: the source's metadata and excluded keys as they were, the structure
+    (granularity, doc_id, position, graph neighbours, ...) under ``metadata["funnel"]``."""
+    user, ours = framework_metadata(unit, source.metadata)
+    for key in drop:
+        ours.pop(key, None)
+    node = TextNode(id_=unit.id, text=unit.text, metadata={**user, FUNNEL_KEY: ours},
+                    excluded_llm_metadata_keys=[*source.excluded_llm_metadata_keys, FUNNEL_KEY],
+                    excluded_embed_metadata_keys=[*source.excluded_embed_metadata_keys, FUNNEL_KEY])
     node.relationships[NodeRelationship.SOURCE] = source.as_related_node_info()
     return node
 
@@ -185,6 +179,7 @@ class MixOfGranularityRetriever(UnitRetriever):
                              "MultiGranularityNodeParser or GraphGranularityNodeParser first.")
         self.similarity_top_k = check_positive_int(similarity_top_k, "similarity_top_k")
         units = [node_to_unit(n) for n in nodes]
+        structure: GranularityGraph | GranularityHierarchy
         if any("graph_neighbors" in u.metadata for u in units):
             structure = GranularityGraph.from_units(units, n_gra=n_gra)
         else:
@@ -202,19 +197,6 @@ class MixOfGranularityRetriever(UnitRetriever):
 
     def _search(self, query: str) -> list[Unit]:
         return self.stage.retrieve(query, k=self.similarity_top_k)
-
-    @staticmethod
-    def _hide(results: List[NodeWithScore]) -> List[NodeWithScore]:
-        for r in results:
-            for keys in (r.node.excluded_llm_metadata_keys, r.node.excluded_embed_metadata_keys):
-                keys.extend(k for k in _HIDDEN if k in r.node.metadata and k not in keys)
-        return results
-
-    def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
-        return self._hide(super()._retrieve(query_bundle))
-
-    async def _aretrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
-        return self._hide(await super()._aretrieve(query_bundle))
 
     def _originals(self) -> Sequence[BaseNode]:
         return self._nodes

@@ -72,8 +72,8 @@ class LlamaIndexLLM(LLM):
         kw = self._kwargs(temperature, top_p, top_k, max_new_tokens)
         return [[self._one(p, kw) for _ in range(n)] for p in prompts]
 
-    async def _agenerate(self, prompts: list[str], *, n: int, temperature: float, top_p: float,
-                         top_k: int, max_new_tokens: int) -> list[list[str]]:
+    async def _agenerate(self, prompts: list[str], *, n: int, temperature: float,  # type: ignore[override]
+                         top_p: float, top_k: int, max_new_tokens: int) -> list[list[str]]:
         kw = self._kwargs(temperature, top_p, top_k, max_new_tokens)
         flat = await asyncio.gather(*(self._aone(p, kw) for p in prompts for _ in range(n)))
         return [list(flat[i * n:(i + 1) * n]) for i in range(len(prompts))]

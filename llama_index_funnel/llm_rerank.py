@@ -18,13 +18,15 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 from llama_index.core.base.base_retriever import BaseRetriever
-from llama_index.core.bridge.pydantic import Field
+from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.indices.query.query_transform.base import BaseQueryTransform
+from llama_index.core.llms.llm import LLM as LlamaIndexBaseLLM
 from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
-from funnel_core.errors import check_positive_int, check_query
+from funnel_core.config import RankRAGConfig, adapter_base
+from funnel_core.errors import check_query
 from funnel_core.forward import (
     FORWARD_PROMPT,
     ForwardLookup,
@@ -32,9 +34,7 @@ from funnel_core.forward import (
     ForwardSample,
     chunk_context,
 )
-from funnel_core.funnel import Stage
-from funnel_core.rerank.rankrag import DEFAULT_RANKRAG_PROMPT, RankRAGScorer, check_prompt_template
-from funnel_core.units import Unit
+from funnel_core.units import Unit, text_digest
 from llama_index_funnel._base import StagePostprocessor, nodes_to_units, units_to_nodes
 from llama_index_funnel.llm import as_provider
 
@@ -42,8 +42,12 @@ __all__ = ["RankRAGRerank", "ForwardLookupQueryTransform", "ForwardLookupQueryBu
            "ForwardLookupRetriever"]
 
 
-class RankRAGRerank(StagePostprocessor):
+class RankRAGRerank(adapter_base(RankRAGConfig, StagePostprocessor,  # type: ignore[misc]
+                                 defaults={"top_n": 5})):
     """RankRAG reranking as a LlamaIndex node postprocessor (sync + async, rerank events).
+
+    The fields are those of :class:`funnel_core.config.RankRAGConfig`; ``llm`` may also be a
+    LlamaIndex ``LLM``.
 
     Example::
 
@@ -52,23 +56,7 @@ class RankRAGRerank(StagePostprocessor):
         engine = RetrieverQueryEngine.from_args(retriever, node_postprocessors=[rerank])
     """
 
-    llm: Any = Field(description="LlamaIndex LLM, funnel_core LLM, or a causal-LM name/folder.")
-    top_n: int = Field(default=5, description="Nodes kept after reranking.")
-    prompt: str = Field(default=DEFAULT_RANKRAG_PROMPT,
-                        description="Template with {question} and {passage}.")
-    mode: str = Field(default="auto", description="'auto', 'logprobs' or 'generate'.")
-    batch_size: int = Field(default=8, description="Pairs per LLM call / forward pass.")
-    max_passage_words: int = Field(default=300, description="Passages are cut to this length.")
-    max_new_tokens: int = Field(default=8, description="Tokens per judgement (generate mode).")
-    samples: int = Field(default=1, description="Judgements per pair (generate mode).")
-    score_threshold: Optional[float] = Field(default=None, description="Drop nodes below this P(True).")
-    gguf_file: Optional[str] = Field(default=None, description="GGUF file for a local model folder.")
-    device: Optional[str] = Field(default=None, description="Device of a local model.")
-    timeout: Optional[float] = Field(default=None, description="Seconds per LLM call.")
-
-    def model_post_init(self, __context: Any) -> None:
-        check_positive_int(self.top_n, "top_n")
-        check_prompt_template(self.prompt, ("question", "passage"), "RankRAG prompt")
+    _llm_provider: Any = PrivateAttr(default=None)
 
     @classmethod
     def class_name(cls) -> str:
@@ -77,16 +65,14 @@ class RankRAGRerank(StagePostprocessor):
     def _model_name(self) -> str:
         return self.llm if isinstance(self.llm, str) else type(self.llm).__name__
 
-    def _build_stage(self) -> Stage:
-        kwargs: dict[str, Any] = {"timeout": self.timeout}
-        if isinstance(self.llm, str):
-            kwargs.update(gguf_file=self.gguf_file, device=self.device,
-                          batch_size=self.batch_size)
-        return RankRAGScorer(llm=as_provider(self.llm, **kwargs), prompt=self.prompt,
-                             mode=self.mode, top_n=self.top_n, batch_size=self.batch_size,
-                             max_passage_words=self.max_passage_words,
-                             max_new_tokens=self.max_new_tokens, samples=self.samples,
-                             score_threshold=self.score_threshold)
+    def _config_values(self) -> dict[str, Any]:
+        values = super()._config_values()
+        if isinstance(self.llm, LlamaIndexBaseLLM):  # converted once per (LLM, timeout)
+            key = (id(self.llm), self.timeout)
+            if self._llm_provider is None or self._llm_provider[0] != key:
+                self._llm_provider = (key, as_provider(self.llm, timeout=self.timeout))
+            values["llm"] = self._llm_provider[1]
+        return values
 
 
 @dataclass
@@ -137,7 +123,8 @@ class ForwardLookupQueryTransform(BaseQueryTransform):
                                 top_k=top_k, max_new_tokens=max_new_tokens, prompt=prompt,
                                 recall_k=recall_k, reader_words=reader_words,
                                 chunk_words=chunk_words, eta_backward=0.0, eta_forward=1.0)
-        self.units = chunk_context(context, chunk_words) if context is not None else None
+        self.units = (chunk_context(context, chunk_words, id_prefix=f"chunk-{text_digest(context)}")
+                      if context is not None else None)
         self.retriever = retriever
         self.embed_samples = embed_samples
 
@@ -221,8 +208,9 @@ class ForwardLookupRetriever(BaseRetriever):
             order_preserving=order_preserving, samples=samples, temperature=temperature,
             top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, prompt=prompt,
             recall_k=recall_k, reader_words=reader_words, chunk_words=chunk_words)
-        self.units: Optional[list[Unit]] = (chunk_context(context, chunk_words)
-                                            if context is not None else None)
+        self.units: Optional[list[Unit]] = (
+            chunk_context(context, chunk_words, id_prefix=f"chunk-{text_digest(context)}")
+            if context is not None else None)
         self.retriever = retriever
         super().__init__(callback_manager=callback_manager)
 
@@ -242,6 +230,7 @@ class ForwardLookupRetriever(BaseRetriever):
         originals: Sequence[Any] = ()
         units = self.units
         if units is None:
+            assert self.retriever is not None
             originals = self.retriever.retrieve(QueryBundle(query_str=query))
             units = nodes_to_units(originals)
         return self._finish(self.forward.search(query, units, self._samples(query_bundle)),
@@ -254,6 +243,7 @@ class ForwardLookupRetriever(BaseRetriever):
         originals: Sequence[Any] = ()
         units = self.units
         if units is None:
+            assert self.retriever is not None
             originals = await self.retriever.aretrieve(QueryBundle(query_str=query))
             units = nodes_to_units(originals)
         res = await self.forward.asearch(query, units, self._samples(query_bundle))

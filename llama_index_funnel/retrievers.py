@@ -11,6 +11,7 @@ and take per-query metadata filters through :meth:`search`.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Union
 
@@ -64,6 +65,8 @@ def _load_docstore(path: Path) -> SimpleDocumentStore:
 class _NodeRetriever(UnitRetriever):
     """Shared node bookkeeping, filters and persistence of the two BM25 retrievers."""
 
+    annotate = False  # the user's nodes, hash unchanged (QueryFusionRetriever dedups by hash)
+
     def __init__(self, nodes: Sequence[BaseNode], filters: Filter = None,
                  callback_manager: Optional[CallbackManager] = None, verbose: bool = False) -> None:
         self._nodes = {n.node_id: n for n in nodes}
@@ -78,45 +81,67 @@ class _NodeRetriever(UnitRetriever):
         query = check_query(query)
         if not query:
             return []
-        units = self._search(query, filters=filters if filters is not None else self.filters, **kwargs)
-        return units_to_nodes(units, self._originals())
+        units = self._search(query, filters=filters if filters is not None else self.filters,  # type: ignore[call-arg]
+                             **kwargs)
+        return units_to_nodes(units, self._originals(), self.annotate)
 
     #: The index class and the sub-folder of a persist dir this retriever owns (set by
     #: subclasses). LlamaIndex users persist a StorageContext into the same ``./storage``; our
     #: files live only under ``<persist_dir>/<_index_dir>/``, so its stores are never touched.
     _index_cls: ClassVar[Any] = None
     _index_dir: ClassVar[str] = ""
+    index: Any
+
+    #: Constructor settings saved by :meth:`persist` (set by subclasses).
+    _settings: ClassVar[tuple[str, ...]] = ()
+
+    def _saved_settings(self) -> dict[str, Any]:
+        settings = {n: getattr(self, n) for n in self._settings}
+        flt = settings.get("filters")
+        if isinstance(flt, MetadataFilters):
+            settings["filters"] = {"metadata_filters": flt.model_dump(mode="json")}
+        elif flt is not None and not isinstance(flt, dict):
+            warnings.warn(f"{type(self).__name__}.persist: a predicate filter cannot be saved; "
+                          "the loaded retriever has no default filter.", stacklevel=3)
+            settings["filters"] = None
+        return settings
 
     def persist(self, path: str) -> None:
-        """Commit the index (every tokenizer and clustering setting) and the nodes to
-        ``path/<_index_dir>`` (see :mod:`funnel_core.persist`); other files in ``path``, such
-        as a ``StorageContext``'s stores, are left alone."""
+        """Commit the index (every tokenizer and clustering setting), the nodes and this
+        retriever's settings (``similarity_top_k``, ``filters``, ...) to ``path/<_index_dir>``
+        (see :mod:`funnel_core.persist`); other files in ``path``, such as a ``StorageContext``'s
+        stores, are left alone."""
         index, st = self.index, self.index._require_built()
         nodes = list(self._nodes.values())
+        settings = self._saved_settings()
 
         def write(folder: Path) -> dict:
             meta = index._write(folder / "index", st)
             store = SimpleDocumentStore()
             store.add_documents(nodes)
             store.persist(str(folder / "nodes.json"))
-            return {"index": meta, "n_nodes": len(nodes)}
+            return {"index": meta, "n_nodes": len(nodes), "settings": settings}
 
         save_snapshot(Path(path) / self._index_dir, f"funnel-rag.llama-index.{self._index_dir}", 1, write)
 
     @classmethod
-    def from_persist_dir(cls, path: str, similarity_top_k: int = 10, verify: bool = True,
-                         **kwargs: Any) -> Any:
-        """Load a retriever written by :meth:`persist`; ``kwargs`` go to the constructor."""
+    def from_persist_dir(cls, path: str, verify: bool = True, **kwargs: Any) -> Any:
+        """Load a retriever written by :meth:`persist`, with its saved settings; ``kwargs`` (e.g.
+        ``similarity_top_k=``) override them."""
 
         def read(folder: Path, manifest: dict) -> tuple:
-            index = cls._index_cls._read(folder / "index", manifest["meta"].get("index") or {})
+            meta = manifest["meta"]
+            index = cls._index_cls._read(folder / "index", meta.get("index") or {})
             store = SimpleDocumentStore.from_persist_path(str(folder / "nodes.json"))
-            return index, list(store.docs.values())
+            return index, list(store.docs.values()), dict(meta.get("settings") or {})
 
-        index, nodes = load_snapshot(Path(path) / cls._index_dir,
-                                     f"funnel-rag.llama-index.{cls._index_dir}", 1,
-                                     f"{cls.__name__} (in {cls._index_dir}/)", read, verify=verify)
-        return cls(index, nodes, similarity_top_k=similarity_top_k, **kwargs)
+        index, nodes, settings = load_snapshot(Path(path) / cls._index_dir,
+                                               f"funnel-rag.llama-index.{cls._index_dir}", 1,
+                                               f"{cls.__name__} (in {cls._index_dir}/)", read, verify=verify)
+        flt = settings.get("filters")
+        if isinstance(flt, dict) and set(flt) == {"metadata_filters"}:
+            settings["filters"] = MetadataFilters.model_validate(flt["metadata_filters"])
+        return cls(index, nodes, **{**settings, **kwargs})  # type: ignore[call-arg, arg-type]
 
 
 class BM25Retriever(_NodeRetriever):
@@ -131,6 +156,7 @@ class BM25Retriever(_NodeRetriever):
 
     _index_cls = BM25Index
     _index_dir = "funnel_rag_bm25"
+    _settings = ("similarity_top_k", "filters")
 
     def __init__(self, index: BM25Index, nodes: Sequence[BaseNode], similarity_top_k: int = 10,
                  filters: Filter = None, callback_manager: Optional[CallbackManager] = None,
@@ -150,35 +176,42 @@ class BM25Retriever(_NodeRetriever):
 
     def _search(self, query: str, filters: Filter = None, k: Optional[int] = None) -> list[Unit]:
         flt = self.filters if filters is None else filters
-        return self.index.search(query, k=k or self.similarity_top_k, filter=_filter(flt))
+        k = self.similarity_top_k if k is None else check_positive_int(k, "k")
+        return self.index.search(query, k=k, filter=_filter(flt))
 
 
 
 class ClusteredBM25Retriever(_NodeRetriever):
     """FunnelRAG's retrieval stage for LlamaIndex: BM25 over ~4K-token document clusters.
 
-    Returns the member nodes of the top ``similarity_top_k`` clusters (``cluster_id``,
-    ``cluster_score``, ``cluster_rank`` in metadata), or the clusters themselves as new
-    ``TextNode``s when ``return_clusters=True``.
+    The top ``k_clusters`` clusters are opened into their member nodes, and at most
+    ``similarity_top_k`` nodes are returned (as in every LlamaIndex retriever, and as ``k`` in
+    the LangChain twin). With ``return_clusters=True`` the clusters themselves are returned as
+    new ``TextNode``s (at most ``similarity_top_k`` of them). Cluster bookkeeping
+    (``cluster_id``, ``cluster_score``, ``cluster_rank``) is in ``metadata["funnel"]`` with
+    ``annotate=True``.
 
     Args:
         index: A built :class:`funnel_core.clustered.ClusteredBM25Index`.
         nodes: The document nodes the index was built from.
-        similarity_top_k: Number of clusters to retrieve.
-        max_documents: Cap on the nodes returned (``None``: all members of the clusters).
+        similarity_top_k: Number of nodes returned.
+        k_clusters: Number of clusters retrieved and opened (the same name in LangChain).
+        max_documents: Deprecated cap on the nodes returned; use ``similarity_top_k``.
         return_clusters: Return cluster nodes instead of their documents.
         filters: Default metadata filter on documents; override per query with :meth:`search`.
     """
 
     _index_cls = ClusteredBM25Index
     _index_dir = "funnel_rag_clustered_bm25"
+    _settings = ("similarity_top_k", "k_clusters", "max_documents", "return_clusters", "filters")
 
     def __init__(self, index: ClusteredBM25Index, nodes: Sequence[BaseNode], similarity_top_k: int = 10,
                  max_documents: Optional[int] = None, return_clusters: bool = False,
                  filters: Filter = None, callback_manager: Optional[CallbackManager] = None,
-                 verbose: bool = False) -> None:
+                 verbose: bool = False, k_clusters: int = 10) -> None:
         self.index = index
         self.similarity_top_k = check_positive_int(similarity_top_k, "similarity_top_k")
+        self.k_clusters = check_positive_int(k_clusters, "k_clusters")
         self.max_documents = check_positive_int(max_documents, "max_documents", allow_none=True)
         self.return_clusters = return_clusters
         super().__init__(nodes, filters, callback_manager, verbose)
@@ -188,7 +221,7 @@ class ClusteredBM25Retriever(_NodeRetriever):
                       docstore: Optional[BaseDocumentStore] = None, similarity_top_k: int = 10,
                       max_documents: Optional[int] = None, return_clusters: bool = False,
                       filters: Filter = None, max_tokens: int = 4096, adjacency: str = "auto",
-                      knn_k: int = 20, knn_threshold: float = 0.1,
+                      knn_k: int = 20, knn_threshold: float = 0.1, k_clusters: int = 10,
                       **bm25_config: Any) -> "ClusteredBM25Retriever":
         """Cluster the nodes (Algorithm 1) and index the clusters.
 
@@ -199,11 +232,17 @@ class ClusteredBM25Retriever(_NodeRetriever):
                                    knn_threshold=knn_threshold, **bm25_config)
         index.index(_units(nodes, "document"))
         return cls(index, nodes, similarity_top_k=similarity_top_k, max_documents=max_documents,
-                   return_clusters=return_clusters, filters=filters)
+                   return_clusters=return_clusters, filters=filters, k_clusters=k_clusters)
 
     def _search(self, query: str, filters: Filter = None, k: Optional[int] = None,
-                max_documents: Optional[int] = None) -> list[Unit]:
+                k_clusters: Optional[int] = None) -> list[Unit]:
         flt = self.filters if filters is None else filters
-        return self.index.search(query, k=k or self.similarity_top_k, filter=_filter(flt),
-                                 return_clusters=self.return_clusters,
-                                 max_documents=max_documents or self.max_documents)
+        k = self.similarity_top_k if k is None else check_positive_int(k, "k")
+        if self.max_documents is not None:
+            k = min(k, self.max_documents)
+        n_clusters = self.k_clusters if k_clusters is None else check_positive_int(k_clusters,
+                                                                                  "k_clusters")
+        if self.return_clusters:  # what is returned are clusters: k counts them
+            n_clusters = min(n_clusters, k)
+        return self.index.search(query, k=n_clusters, filter=_filter(flt),
+                                 return_clusters=self.return_clusters, max_documents=k)

@@ -69,3 +69,29 @@ def tiny_llama_path(model_dir) -> str:
 @pytest.fixture(scope="session")
 def minilm_path() -> str:
     return testing.minilm_path()
+
+
+# -- test tiers ---------------------------------------------------------------------------------
+# `pytest -m "not models"` is the quick tier (no model is built or loaded); `framework_standard`
+# marks the frameworks' own standard suites; the rest is `fast`.
+_MODEL_FIXTURES = {"model_dir", "tiny_cross_encoder_path", "tiny_t5_path", "tiny_llama_path",
+                   "minilm_path"}
+_MODEL_MODULES = {"test_l2g", "test_fid", "test_attention_lm", "test_mog_core", "test_llm",
+                  "test_best_practices_core", "test_best_practices_llamaindex",
+                  "test_best_practices_langchain", "test_cli"}
+_MODEL_TESTS = {"test_mog_retriever_in_query_engine_with_trained_router"}  # trains a router
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        cls = getattr(item, "cls", None)
+        standard = cls is not None and any(b.__module__.startswith("langchain_tests")
+                                           for b in cls.__mro__[1:])
+        if standard:
+            item.add_marker(pytest.mark.framework_standard)
+        if (_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())) or module in _MODEL_MODULES
+                or item.originalname in _MODEL_TESTS):
+            item.add_marker(pytest.mark.models)
+        elif not standard:
+            item.add_marker(pytest.mark.fast)

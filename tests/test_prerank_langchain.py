@@ -15,7 +15,7 @@ from funnel_core.rerank.cross_encoder import CrossEncoderScorer
 from funnel_core.testing import tiny_cross_encoder
 from langchain_funnel._base import UnitRetriever, rerank_chain
 from langchain_funnel.compression import CompressionRetriever
-from langchain_funnel.compressors import CrossEncoderReranker, LaterChunkingTransformer, MonoT5Reranker
+from langchain_funnel.rerank import CrossEncoderReranker, LaterChunkingTransformer, MonoT5Reranker
 from tests.conftest import CORPUS
 
 QUERY = "Paris capital of France city"
@@ -47,11 +47,11 @@ def test_reranker_orders_by_model_and_keeps_metadata(tiny_cross_encoder_path):
                              max_length=64).score(QUERY, [d.page_content for d in docs])
     best = sorted(zip(raw, [d.id for d in docs]), reverse=True)[:3]
     assert [d.id for d in out] == [i for _, i in best]
-    assert [d.metadata["score"] for d in out] == pytest.approx([s for s, _ in best], abs=1e-5)
+    assert [d.metadata["funnel"]["score"] for d in out] == pytest.approx([s for s, _ in best], abs=1e-5)
     for d in out:
-        assert "topic" in d.metadata and type(d.metadata["score"]) is float
-        assert d.metadata["scores"]["cross_encoder"] == d.metadata["score"]
-    assert docs[0].metadata["score"] == 10.0  # inputs untouched
+        assert "topic" in d.metadata and type(d.metadata["funnel"]["score"]) is float
+        assert d.metadata["funnel"]["scores"]["cross_encoder"] == d.metadata["funnel"]["score"]
+    assert docs[0].metadata["score"] == 10.0 and "funnel" not in docs[0].metadata  # inputs untouched
     a = asyncio.run(rr.acompress_documents(docs, QUERY))
     assert [d.id for d in a] == [d.id for d in out]
 
@@ -62,10 +62,10 @@ def test_lcel_chain_retriever_chunking_reranker_prompt(tiny_cross_encoder_path):
                               normalize=True)
     chain = rerank_chain(retriever, rr)
     docs = chain.invoke(QUERY)
-    assert len(docs) == 2 and all(0 < d.metadata["score"] < 1 for d in docs)
+    assert len(docs) == 2 and all(0 < d.metadata["funnel"]["score"] < 1 for d in docs)
     # retriever | later chunking, then rerank the passages, then format a prompt
     chunked = (retriever | LaterChunkingTransformer(words=5)).invoke(QUERY)
-    assert all(d.metadata["level"] == "passage" and "parent_id" in d.metadata for d in chunked)
+    assert all(d.metadata["funnel"]["level"] == "passage" and "parent_id" in d.metadata["funnel"] for d in chunked)
     prompt = ChatPromptTemplate.from_template("Context:\n{context}\n\nQ: {question}")
     full = (rerank_chain(retriever | LaterChunkingTransformer(words=5), rr)
             | RunnableLambda(lambda ds: {"context": "\n".join(d.page_content for d in ds),
@@ -78,12 +78,12 @@ def test_lcel_chain_retriever_chunking_reranker_prompt(tiny_cross_encoder_path):
 
 def test_later_chunking_transformer_metadata():
     doc = Document(id="doc", page_content=" ".join(f"w{i}" for i in range(23)),
-                   metadata={"title": "T", "score": 2.5})
+                   metadata={"title": "T", "score": "user", "funnel": {"score": 2.5}})
     out = LaterChunkingTransformer(words=10).transform_documents([doc])
     assert [d.id for d in out] == ["doc#0", "doc#1", "doc#2"]
-    assert [d.metadata["position"] for d in out] == [0, 1, 2]
-    assert all(d.metadata["parent_id"] == "doc" and d.metadata["parent_score"] == 2.5 for d in out)
-    assert all(d.metadata["title"] == "T" for d in out)
+    assert [d.metadata["funnel"]["position"] for d in out] == [0, 1, 2]
+    assert all(d.metadata["funnel"]["parent_id"] == "doc" and d.metadata["funnel"]["parent_score"] == 2.5 for d in out)
+    assert all(d.metadata["title"] == "T" and d.metadata["score"] == "user" for d in out)
     assert " ".join(d.page_content for d in out).split() == doc.page_content.split()
     assert asyncio.run(LaterChunkingTransformer(words=10).atransform_documents([doc]))[2].id == "doc#2"
     with pytest.raises(ValueError, match="words must be >= 1"):
@@ -93,8 +93,8 @@ def test_later_chunking_transformer_metadata():
 def test_monot5_reranker(tiny_t5_path):
     rr = MonoT5Reranker(model=tiny_t5_path, top_n=2, max_length=64, device="cpu")
     out = rr.compress_documents(_docs(), QUERY)
-    assert len(out) == 2 and out[0].metadata["score"] >= out[1].metadata["score"]
-    assert "monot5" in out[0].metadata["scores"]
+    assert len(out) == 2 and out[0].metadata["funnel"]["score"] >= out[1].metadata["funnel"]["score"]
+    assert "monot5" in out[0].metadata["funnel"]["scores"]
 
 
 def test_compression_retriever_pipeline(tiny_cross_encoder_path):
@@ -104,7 +104,7 @@ def test_compression_retriever_pipeline(tiny_cross_encoder_path):
     docs = ret.invoke(QUERY)
     assert len(docs) == 3 and all("#" in d.id for d in docs)
     assert len(ret.invoke(QUERY, k=1)) == 1
-    assert [d.metadata["score"] for d in docs] == sorted((d.metadata["score"] for d in docs),
+    assert [d.metadata["funnel"]["score"] for d in docs] == sorted((d.metadata["funnel"]["score"] for d in docs),
                                                          reverse=True)
     assert ret.invoke("   ") == []
     with pytest.raises(ValueError, match="k must be >= 1"):
@@ -156,5 +156,5 @@ def test_reranker_maxp_windows_in_a_chain(tiny_cross_encoder_path):
     out = (RunnableLambda(lambda q: {"query": q, "documents": docs}) | rr).invoke(QUERY)
     want = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers", max_length=64,
                               window_words=20, window_overlap=5).score(QUERY, [long_text])[0]
-    got = {d.id: d.metadata["score"] for d in out}
+    got = {d.id: d.metadata["funnel"]["score"] for d in out}
     assert got["long"] == pytest.approx(want, abs=1e-5)

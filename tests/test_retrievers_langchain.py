@@ -4,12 +4,12 @@ import asyncio
 from typing import Any
 
 import pytest
+from conftest import CORPUS
 from langchain_core.documents import Document
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnablePassthrough
 from langchain_tests.integration_tests import RetrieversIntegrationTests
 
-from conftest import CORPUS
 from funnel_core import PersistError
 from langchain_funnel.retrievers import BM25Retriever, ClusteredBM25Retriever
 
@@ -69,7 +69,7 @@ def test_scores_and_k_per_call():
     r = BM25Retriever.from_texts(TEXTS[:8], metadatas=METAS[:8], k=4)
     docs = r.invoke("Eiffel Tower")
     assert docs[0].page_content.startswith("The Eiffel Tower")
-    assert isinstance(docs[0].metadata["score"], float) and docs[0].metadata["scores"]["bm25"] > 0
+    assert isinstance(docs[0].metadata["funnel"]["score"], float) and docs[0].metadata["funnel"]["scores"]["bm25"] > 0
     assert len(r.invoke("Paris capital France tower", k=1)) == 1
     assert asyncio.run(r.ainvoke("Eiffel Tower", k=1))[0].page_content == docs[0].page_content
 

@@ -27,10 +27,11 @@ def test_bm25_retriever_in_a_query_engine(source_linked_nodes):
     response = engine.query("Where is the Eiffel Tower?")
     assert response.source_nodes[0].node.node_id == "d2"
     assert response.source_nodes[0].score > 0
-    # results are copies of the caller's nodes: relationships kept, internals hidden from the LLM
+    # results are copies of the caller's nodes: relationships kept, metadata and hash unchanged
     node = response.source_nodes[0].node
-    assert node.source_node.node_id == "src-d2"
-    assert "scores" in node.metadata and "scores" not in node.get_content(metadata_mode="llm")
+    original = next(n for n in source_linked_nodes if n.node_id == "d2")
+    assert node.source_node.node_id == "src-d2" and node is not original
+    assert node.metadata == original.metadata and node.hash == original.hash
 
 
 def test_clustered_retriever_in_a_query_engine(clustered):
@@ -38,7 +39,12 @@ def test_clustered_retriever_in_a_query_engine(clustered):
     response = engine.query("Who wrote the tragedy Hamlet?")
     ids = [n.node.node_id for n in response.source_nodes]
     assert "d5" in ids
-    meta = response.source_nodes[0].node.metadata
+    assert "funnel" not in response.source_nodes[0].node.metadata  # the user's node, unchanged
+    clustered.annotate = True  # opt in: cluster bookkeeping under metadata["funnel"]
+    try:
+        meta = clustered.retrieve("Who wrote the tragedy Hamlet?")[0].node.metadata["funnel"]
+    finally:
+        clustered.annotate = False
     assert {"cluster_id", "cluster_score", "cluster_rank"} <= set(meta)
 
 
@@ -64,7 +70,7 @@ def test_return_clusters(source_linked_nodes):
     r = ClusteredBM25Retriever.from_defaults(nodes=source_linked_nodes, similarity_top_k=1, return_clusters=True,
                                              max_tokens=40, knn_k=3, knn_threshold=0.05)
     out = r.retrieve("Eiffel Tower")
-    assert len(out) == 1 and out[0].node.metadata["level"] == "cluster"
+    assert len(out) == 1 and out[0].node.metadata["funnel"]["level"] == "cluster"
 
 
 def test_persist_round_trip(tmp_path, source_linked_nodes, clustered):

@@ -31,6 +31,7 @@ import copy
 import threading
 from typing import Any, Sequence
 
+from funnel_core.config import AttentionLMConfig, configured
 from funnel_core.errors import check_positive_int
 from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolve_device, tokenizer_lock
 
@@ -40,6 +41,7 @@ DEFAULT_INSTRUCTION = "Here are some passages:\n\n"
 _SENTINEL = "\u2063FUNNEL\u2063"
 
 
+@configured(AttentionLMConfig)
 class AttentionLMScorer(Reranker):
     """Rerank passages by the calibrated attention a causal LM's query pays to them (ICR).
 

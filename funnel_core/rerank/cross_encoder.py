@@ -31,8 +31,10 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Sequence
 
+from funnel_core.config import CrossEncoderConfig, configured
 from funnel_core.errors import check_positive_int, check_probability
 from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolve_device, tokenizer_lock
+from funnel_core.scoring import minmax  # noqa: F401 (re-exported: funnel_core.rerank.cross_encoder.minmax)
 from funnel_core.text import word_windows
 from funnel_core.units import Unit
 
@@ -63,14 +65,7 @@ def encode_pairs(tokenizer: Any, queries: Sequence[str], texts: Sequence[str], m
                          max_length=max_length, padding=True, return_tensors=return_tensors)
 
 
-def minmax(values: Sequence[float]) -> list[float]:
-    """Scale values to [0, 1] (all equal -> all 0.5)."""
-    lo, hi = min(values), max(values)
-    if hi - lo <= 1e-12:
-        return [0.5 for _ in values]
-    return [(v - lo) / (hi - lo) for v in values]
-
-
+@configured(CrossEncoderConfig)
 class CrossEncoderScorer(Reranker):
     """Score (query, passage) pairs with a cross-encoder and rerank units.
 

@@ -40,6 +40,7 @@ import string
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from funnel_core.config import FiDAttentionConfig, configured
 from funnel_core.errors import check_positive_int
 from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolve_device, tokenizer_lock
 from funnel_core.units import Unit
@@ -151,6 +152,7 @@ def _render(template: str, fields: dict[str, str]) -> tuple[str, dict[str, tuple
     return "".join(out), spans
 
 
+@configured(FiDAttentionConfig)
 class FiDAttentionScorer(Reranker):
     """Rerank passages by the cross-attention a Fusion-in-Decoder T5 reader pays to them.
 

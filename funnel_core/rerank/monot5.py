@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Sequence
 
+from funnel_core.config import MonoT5Config, configured
 from funnel_core.errors import check_positive_int
 from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolve_device, tokenizer_lock
 
@@ -32,6 +33,7 @@ def _single_token(tokenizer: Any, word: str) -> int:
     return ids[-1] if len(ids) > 1 and tokenizer.convert_ids_to_tokens(ids[0]) in ("▁", "Ġ") else ids[0]
 
 
+@configured(MonoT5Config)
 class MonoT5Scorer(Reranker):
     """Rerank with a monoT5 sequence-to-sequence relevance model.
 

@@ -28,6 +28,7 @@ import re
 import string
 from typing import Any, Sequence
 
+from funnel_core.config import RankRAGConfig, configured
 from funnel_core.errors import check_positive_int
 from funnel_core.llm import LLM, as_llm
 from funnel_core.rerank.base import Reranker, sigmoid
@@ -127,6 +128,7 @@ def parse_true_false(text: str) -> bool | None:
     return None
 
 
+@configured(RankRAGConfig)
 class RankRAGScorer(Reranker):
     """RankRAG's LLM relevance judge as a reranking stage.
 

@@ -338,8 +338,7 @@ class CrossEncoderTrainer:
         """Train on ``groups`` and save the model, tokenizer and ``training.json`` to ``out_dir``."""
         import torch
         from tqdm.auto import tqdm
-        from transformers import (AutoModelForSequenceClassification, AutoTokenizer,
-                                  get_linear_schedule_with_warmup)
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer, get_linear_schedule_with_warmup
 
         from funnel_core.rerank.base import load_pretrained, resolve_device
         from funnel_core.rerank.cross_encoder import encode_pairs

@@ -1,0 +1,101 @@
+"""Model loading shared by every model-backed stage: device choice, ``from_pretrained`` with
+errors that name the model and the fix, lazy thread-safe loading, and tokenizer locks.
+
+Heavy libraries (torch, transformers) are imported inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Callable, TypeVar
+
+from funnel_core.errors import ModelLoadError
+
+__all__ = ["resolve_device", "load_pretrained", "LazyModel", "tokenizer_lock"]
+
+T = TypeVar("T")
+
+_LOCK_ATTR = "_funnel_rag_lock"
+_LOCKS_GUARD = threading.Lock()
+
+
+def tokenizer_lock(tokenizer: Any) -> threading.Lock:
+    """The lock to hold while calling ``tokenizer``.
+
+    A Hugging Face fast tokenizer sets padding and truncation on its shared Rust object at every
+    call, so concurrent calls from several threads (a retriever used by ``chain.batch`` or by an
+    async server) corrupt each other's settings and return ragged batches. Tokenizing is cheap;
+    model forward passes run outside the lock.
+
+    The lock is stored on the tokenizer itself, so it lives exactly as long as the tokenizer (no
+    registry keyed by ``id()``, which grows without bound and can hand a dead tokenizer's lock to
+    a new object at the same address).
+    """
+    lock = getattr(tokenizer, _LOCK_ATTR, None)
+    if lock is None:
+        with _LOCKS_GUARD:
+            lock = getattr(tokenizer, _LOCK_ATTR, None)
+            if lock is None:
+                lock = threading.Lock()
+                try:
+                    setattr(tokenizer, _LOCK_ATTR, lock)
+                except (AttributeError, TypeError):  # an object without a __dict__
+                    return _LOCKS_GUARD
+    return lock
+
+
+def resolve_device(device: str | None) -> str:
+    """``None``/``"auto"`` -> ``"cuda"`` when available, else ``"mps"``, else ``"cpu"``."""
+    if device not in (None, "auto"):
+        return str(device)
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def load_pretrained(loader: Callable[..., T], name_or_path: str, what: str = "model",
+                    **kwargs: Any) -> T:
+    """Call ``loader(name_or_path, **kwargs)`` and explain failures.
+
+    A hub name that cannot be downloaded (no network, ``HF_HUB_OFFLINE=1``) or a folder that does
+    not exist raises :class:`~funnel_core.errors.ModelLoadError` naming the model and the fix.
+    """
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise TypeError(f"{what} must be a hub name or a local folder path, got "
+                        f"{type(name_or_path).__name__}.")
+    try:
+        return loader(str(name_or_path), **kwargs)
+    except (OSError, ValueError) as exc:
+        local = os.path.isdir(str(name_or_path))
+        hint = ("the folder exists but does not hold a loadable checkpoint (config.json, weights "
+                "and tokenizer files)") if local else (
+            "it is not a local folder and could not be fetched from the model hub (offline?); "
+            "download it where the hub is reachable (e.g. `huggingface-cli download "
+            f"{name_or_path} --local-dir ./models/x`) and pass that folder instead")
+        raise ModelLoadError(f"cannot load {what} {str(name_or_path)!r}: {hint}. "
+                             f"Underlying error: {type(exc).__name__}: {exc}") from exc
+
+
+class LazyModel:
+    """Load something once, on first use, thread-safely."""
+
+    def __init__(self, factory: Callable[[], Any]) -> None:
+        self._factory = factory
+        self._value: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def loaded(self) -> bool:
+        return self._value is not None
+
+    def get(self) -> Any:
+        if self._value is None:
+            with self._lock:
+                if self._value is None:
+                    self._value = self._factory()
+        return self._value

@@ -1,0 +1,84 @@
+"""LangChain document compressors and a transformer for FunnelRAG's pre-ranking stage.
+
+* :class:`CrossEncoderReranker` — cross-encoder reranking (sentence-transformers, FlagEmbedding
+  or plain transformers backend);
+* :class:`MonoT5Reranker` — monoT5 reranking;
+* :class:`LaterChunkingTransformer` — FunnelRAG's later chunking as a ``BaseDocumentTransformer``
+  (and a ``Runnable`` over a list of documents): documents in, ~100-word passages out, each with
+  ``parent_id``, ``parent_score`` and ``position`` in its metadata.
+
+The rerankers are ``BaseDocumentCompressor`` objects (use them with
+:class:`~langchain_funnel.compression.CompressionRetriever`) and ``Runnable`` objects over
+``{"query", "documents"}`` (use them in LCEL, e.g. ``rerank_chain(retriever, reranker)``).
+Scores go to ``Document.metadata["funnel"]["score"]``; earlier scores stay in ``metadata["funnel"]["scores"]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Optional, Sequence
+
+from langchain_core.documents import BaseDocumentTransformer, Document
+from langchain_core.runnables import Runnable, RunnableConfig
+from pydantic import BaseModel, ConfigDict, PrivateAttr
+
+from funnel_core.config import ConfiguredAdapter, CrossEncoderConfig, LaterChunkingConfig, MonoT5Config, adapter_base
+from funnel_core.funnel import Stage
+from langchain_funnel._base import StageCompressor, documents_to_units, units_to_documents
+
+__all__ = ["CrossEncoderReranker", "MonoT5Reranker", "LaterChunkingTransformer"]
+
+
+class CrossEncoderReranker(adapter_base(CrossEncoderConfig, StageCompressor)):  # type: ignore[misc]
+    """Rerank documents with a cross-encoder; the fields are those of
+    :class:`funnel_core.config.CrossEncoderConfig`.
+
+    Example::
+
+        reranker = CrossEncoderReranker(model="BAAI/bge-reranker-v2-m3", backend="flagembedding",
+                                        top_n=8)
+        retriever = FunnelRetriever.from_stages(bm25_retriever, reranker, k=4)
+    """
+
+
+class MonoT5Reranker(adapter_base(MonoT5Config, StageCompressor)):  # type: ignore[misc]
+    """Rerank documents with monoT5 (``castorini/monot5-base-msmarco`` by default); the fields
+    are those of :class:`funnel_core.config.MonoT5Config`."""
+
+
+class _TransformerBase(ConfiguredAdapter, BaseModel, BaseDocumentTransformer,
+                       Runnable[Sequence[Document], list[Document]]):
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    name: Optional[str] = None
+    _stage: Optional[Stage] = PrivateAttr(default=None)
+    _stage_key: Any = PrivateAttr(default=None)
+
+    def model_post_init(self, __context: Any) -> None:
+        _ = self.stage  # validates the settings now
+
+
+class LaterChunkingTransformer(adapter_base(LaterChunkingConfig, _TransformerBase)):  # type: ignore[misc]
+    """Split documents into ~``words``-word passages (FunnelRAG section 3.1.3).
+
+    Each passage keeps a copy of its document's metadata; ``metadata["funnel"]`` holds
+    ``parent_id``, ``parent_score``, ``position`` and ``level``. As a ``Runnable`` it maps a list
+    of documents to a list of passages, so ``retriever | LaterChunkingTransformer()`` works in
+    LCEL. The fields are those of :class:`funnel_core.config.LaterChunkingConfig`.
+    """
+
+    def transform_documents(self, documents: Sequence[Document], **kwargs: Any) -> list[Document]:
+        """Documents -> passages, parent by parent, in the input order."""
+        units = documents_to_units(list(documents))
+        return units_to_documents([c for u in units for c in self.stage.split(u)], list(documents))
+
+    async def atransform_documents(self, documents: Sequence[Document],
+                                   **kwargs: Any) -> list[Document]:
+        return await asyncio.to_thread(self.transform_documents, documents)
+
+    def invoke(self, input: Sequence[Document], config: RunnableConfig | None = None,
+               **kwargs: Any) -> list[Document]:
+        return self._call_with_config(self.transform_documents, input, config)
+
+    async def ainvoke(self, input: Sequence[Document], config: RunnableConfig | None = None,
+                      **kwargs: Any) -> list[Document]:
+        return await self._acall_with_config(self.atransform_documents, input, config)
