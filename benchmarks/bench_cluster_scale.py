@@ -41,7 +41,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from common import RESULTS, default_data_dir, machine
 
 STEPS = ("bm25_index", "knn_graph", "algorithm1", "cluster_units", "cluster_index")
@@ -132,7 +131,7 @@ def child(args) -> dict:
     if args.knn_sample:
         return sampled_knn(args, row, index, units, seconds, cpu, peak)
     knn_kw = {} if args.backend is None else {"backend": args.backend}
-    adj = step("knn_graph", lambda: bm25_knn_adjacency(index, k=args.k, threshold=args.threshold, **knn_kw))
+    adj = step("knn_graph", lambda: bm25_knn_adjacency(index, k=args.k, threshold=args.threshold, **knn_kw))  # noqa: F821 (called before the del below)
     row["knn_postings_per_document"] = knn_work(index, args.k)
     del index
     t, c = time.perf_counter(), time.process_time()

@@ -50,7 +50,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-
 from common import ROOT, parser, write_json
 from squad_ce_model import DEFAULT_FILES, DEFAULT_OUT, cpu_flags, tuning_question_ids, use_bf16
 from squad_large_data import PASSAGE_WORDS, build_corpus

@@ -14,14 +14,13 @@ file's questions and report on another file's questions over the same corpus.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import scipy.sparse as sp
-
-import json
 
 from funnel_core.evaluation.datasets import SquadArticle, SquadQuestion
 from funnel_core.text import LaterChunking, count_tokens

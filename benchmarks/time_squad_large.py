@@ -20,12 +20,11 @@ import shlex
 import time
 from pathlib import Path
 
-
+import bench_squad_large as B
 from common import ROOT, parser
 from squad_ce_model import DEFAULT_FILES, DEFAULT_OUT, cpu_flags, use_bf16
 from squad_large_data import PASSAGE_WORDS, build_corpus
 
-import bench_squad_large as B
 from funnel_core.bm25 import BM25Index
 from funnel_core.clustered import ClusteredBM25Index
 

@@ -22,9 +22,8 @@ import numpy as np
 from funnel_core.cache import LRUCache
 from funnel_core.errors import PersistError, check_positive_int, check_query
 from funnel_core.funnel import Stage
+from funnel_core.persist import check_number, load_snapshot, prepare_units, read_units, save_snapshot, write_units
 from funnel_core.rerank.base import Reranker
-from funnel_core.persist import (check_number, load_snapshot, prepare_units, read_units,
-                                 save_snapshot, write_units)
 from funnel_core.text import CJK_MODES, check_token_pattern, clean_text, split_cjk
 from funnel_core.units import Unit, check_unique_ids
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Generic, Hashable, Iterator, MutableMapping, TypeVar
+from typing import Callable, Generic, Hashable, Iterator, MutableMapping, TypeVar
 
 from funnel_core.errors import check_positive_int
 

@@ -17,13 +17,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from funnel_core.bm25 import BM25Index, MetadataFilter, metadata_mask, FILTER_CACHE_SIZE
+from funnel_core.bm25 import FILTER_CACHE_SIZE, BM25Index, MetadataFilter, metadata_mask
 from funnel_core.cache import LRUCache
 from funnel_core.cluster import Clustering, bm25_knn_adjacency, build_clusters, link_adjacency
 from funnel_core.errors import PersistError, check_positive_int
 from funnel_core.funnel import Stage
-from funnel_core.persist import (check_number, load_snapshot, prepare_units, read_units,
-                                 save_snapshot, write_units)
+from funnel_core.persist import check_number, load_snapshot, prepare_units, read_units, save_snapshot, write_units
 from funnel_core.text import OpenClusters, count_tokens
 from funnel_core.units import Unit, check_unique_ids
 

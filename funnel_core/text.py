@@ -106,11 +106,12 @@ def check_token_pattern(pattern: object) -> str:
     except re.error as exc:
         raise ValueError(f"token_pattern {pattern!r} is not a valid regular expression ({exc}); "
                          r"use e.g. the default r'(?u)\b\w\w+\b'.") from exc
-    if compiled.search("") is not None or compiled.match(" ") is not None and compiled.match(" ").end() == 0:
+    space = compiled.match(" ")
+    if compiled.search("") is not None or (space is not None and space.end() == 0):
         raise ValueError(f"token_pattern {pattern!r} matches the empty string, so it would yield "
                          r"empty tokens; make every token at least one character, e.g. r'\w+'.")
     try:
-        from re import _parser as sre_parse  # Python >= 3.11
+        from re import _parser as sre_parse  # type: ignore[attr-defined]  # Python >= 3.11
     except ImportError:  # pragma: no cover - Python 3.10
         import sre_parse  # type: ignore[no-redef]
     reason = _backtracking_risk(sre_parse, sre_parse.parse(pattern), top=True)

@@ -21,8 +21,8 @@ from pydantic import Field
 from funnel_core.bm25 import BM25Index, MetadataFilter
 from funnel_core.clustered import ClusteredBM25Index
 from funnel_core.config import check_kwargs
-from funnel_core.errors import check_positive_int
-from funnel_core.persist import atomic_dir, read_manifest, write_manifest
+from funnel_core.errors import PersistError, check_positive_int
+from funnel_core.persist import load_snapshot, save_snapshot, snapshot_info
 from funnel_core.units import Unit, check_unique_ids, split_metadata
 from langchain_funnel._base import UnitRetriever
 
@@ -161,18 +161,29 @@ def _save(retriever: Any, path: str | Path) -> None:
                       "loaded retriever has no default filter (pass filter= to load or per call).",
                       stacklevel=3)
         settings["filter"] = None
-    with atomic_dir(path) as tmp:
-        retriever.index.save(tmp / "index")
-        write_manifest(tmp, f"langchain_funnel.{type(retriever).__name__}", 1, settings=settings)
+    index, st = retriever.index, retriever.index._require_built()
+
+    def write(folder: Path) -> dict:
+        return {"index": index._write(folder / "index", st), "settings": settings}
+
+    save_snapshot(path, f"funnel-rag.langchain.{type(retriever).__name__}", 1, write)
 
 
 def _load(cls: Any, path: str | Path, index_cls: Any, overrides: dict[str, Any]) -> Any:
-    folder = Path(path)
-    if (folder / "index").is_dir():
-        settings = read_manifest(folder, f"langchain_funnel.{cls.__name__}",
-                                 f"saved {cls.__name__}")["settings"]
-        index = index_cls.load(folder / "index")
-    else:  # written before the settings were saved: the index alone
-        settings, index = {}, index_cls.load(folder)
+    def read(folder: Path, manifest: dict) -> tuple:
+        meta = manifest["meta"]
+        return index_cls._read(folder / "index", meta.get("index") or {}), dict(meta.get("settings") or {})
+
+    try:
+        index, settings = load_snapshot(path, f"funnel-rag.langchain.{cls.__name__}", 1,
+                                        f"saved {cls.__name__}", read)
+    except PersistError:
+        try:
+            ours = snapshot_info(path).get("format") == f"funnel-rag.langchain.{cls.__name__}"
+        except Exception:
+            ours = False
+        if ours:
+            raise
+        settings, index = {}, index_cls.load(path)  # a bare index folder (index.save(path))
     check_kwargs(f"{cls.__name__}.load", overrides, cls._settings)
     return cls(index=index, **{**settings, **overrides})

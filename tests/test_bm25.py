@@ -1,7 +1,6 @@
 """BM25 engine: variants, tokenizer settings, filters without padding, batching, persistence,
 bad input and thread safety."""
 
-import json
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np

@@ -17,7 +17,6 @@ from funnel_core.bm25 import BM25Index
 from funnel_core.clustered import ClusteredBM25Index
 from funnel_core.embeddings import DenseIndex
 from funnel_core.errors import PersistError
-from funnel_core.units import Unit
 
 QUERIES = ["Paris France", "Shakespeare", "dense vectors", "capital of Germany", "ranking"]
 

@@ -356,7 +356,9 @@ def queries_during_updates(kind: str = "bm25", seconds: float = 3.0, threads: in
 
 def fuzz(max_examples: int = 50, seed: int = 0) -> dict[str, Any]:
     """Hypothesis over corpora, queries and filters; returns examples run and failures."""
-    from hypothesis import HealthCheck, given, seed as hseed, settings, strategies as st
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hseed
+    from hypothesis import strategies as st
 
     counts = {"examples": 0, "no_indexable_token": 0}
     words = st.sampled_from(["paris", "berlin", "capital", "the", "of", "東京", "首都", "ümlaut",
