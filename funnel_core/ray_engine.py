@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["require_ray", "ensure_ray", "shutdown", "knn_adjacency", "embed", "score"]
+__all__ = ["require_ray", "ensure_ray", "shutdown", "knn_blocks", "knn_adjacency", "embed", "score"]
 
 
 def require_ray() -> Any:
@@ -36,6 +36,9 @@ def require_ray() -> Any:
     return ray
 
 
+_STARTED: list[bool] = [False]  # whether ensure_ray started the running session
+
+
 def ensure_ray(address: str | None = None, num_cpus: int | None = None, **init_kwargs: Any) -> Any:
     """Start Ray (``ray.init``) unless it is running; return the ``ray`` module."""
     ray = require_ray()
@@ -43,17 +46,20 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, **init_k
         init_kwargs.setdefault("include_dashboard", False)
         init_kwargs.setdefault("logging_level", "WARNING")
         ray.init(address=address, num_cpus=num_cpus, **init_kwargs)
+        _STARTED[0] = True
     return ray
 
 
-def shutdown() -> None:
-    """Stop the Ray session of this process, if any."""
+def shutdown(only_if_started_here: bool = False) -> None:
+    """Stop the Ray session of this process, if any (with ``only_if_started_here``: only when
+    :func:`ensure_ray` started it, leaving a caller's own session alone)."""
     try:
         import ray
     except ImportError:
         return
-    if ray.is_initialized():
+    if ray.is_initialized() and (_STARTED[0] or not only_if_started_here):
         ray.shutdown()
+        _STARTED[0] = False
 
 
 # -- kNN graph -----------------------------------------------------------------------------
@@ -71,16 +77,14 @@ def _knn_task(w: sp.csr_matrix, postings: sp.csc_matrix, start: int, stop: int,
     return knn_block(w, start, stop, postings=postings, **params)
 
 
-def knn_adjacency(w: sp.csr_matrix, *, k: int = 20, threshold: float = 0.1, query_terms: int = 16,
-                  block_size: int = 4096, num_workers: int | None = None, backend: str = "auto",
-                  progress: bool = False, threads_per_worker: int = 1,
-                  **ray_init: Any) -> sp.csr_matrix:
-    """The BM25 kNN graph of weight matrix ``w`` with one Ray task per block of ``block_size`` rows.
+def knn_blocks(w: sp.csr_matrix, spans: Sequence[tuple[int, int]], *, k: int = 20,
+               threshold: float = 0.1, query_terms: int = 16, num_workers: int | None = None,
+               backend: str = "auto", progress: bool = False, threads_per_worker: int = 1,
+               **ray_init: Any) -> list[sp.csr_matrix]:
+    """Directed kNN rows ``start:stop`` of ``w`` for each span, one Ray task per span, in order.
 
     At most ``num_workers`` tasks (default: the cluster's CPUs) run at once, each with
-    ``threads_per_worker`` numba threads. Equal, entry for entry, to
-    :func:`funnel_core.cluster.knn_adjacency_from_weights` on the same input (each block is the
-    pure function :func:`funnel_core.cluster.knn_block`).
+    ``threads_per_worker`` numba threads; ``w`` and its postings go to the object store once.
     """
     from tqdm.auto import tqdm
 
@@ -94,6 +98,9 @@ def knn_adjacency(w: sp.csr_matrix, *, k: int = 20, threshold: float = 0.1, quer
         w = w.copy()
         w.sort_indices()
     n = w.shape[0]
+    for start, stop in spans:
+        if not 0 <= start <= stop <= n:
+            raise ValueError(f"need 0 <= start <= stop <= {n}, got span ({start}, {stop}).")
     if num_workers is None:
         num_workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
     if num_workers < 1:
@@ -102,27 +109,46 @@ def knn_adjacency(w: sp.csr_matrix, *, k: int = 20, threshold: float = 0.1, quer
     p_ref = ray.put(w.tocsc())
     params = dict(k=k, threshold=float(threshold), query_terms=query_terms, backend=backend)
     task = ray.remote(num_cpus=1)(_knn_task)
-    starts = list(range(0, n, block_size))
-    blocks: list[sp.csr_matrix | None] = [None] * len(starts)
+    spans = list(spans)
+    blocks: list[Any] = [None] * len(spans)
     pending: dict[Any, int] = {}
-    bar = tqdm(total=len(starts), desc="kNN blocks (ray)", disable=not progress, unit="block")
+    bar = tqdm(total=len(spans), desc="kNN blocks (ray)", disable=not progress, unit="block")
     nxt = 0
     try:
-        while nxt < len(starts) or pending:
-            while nxt < len(starts) and len(pending) < num_workers:
-                s = starts[nxt]
-                pending[task.remote(w_ref, p_ref, s, min(n, s + block_size), params,
-                                    threads_per_worker)] = nxt
+        while nxt < len(spans) or pending:
+            while nxt < len(spans) and len(pending) < num_workers:
+                start, stop = spans[nxt]
+                pending[task.remote(w_ref, p_ref, start, stop, params, threads_per_worker)] = nxt
                 nxt += 1
             done, _ = ray.wait(list(pending), num_returns=1)
             for ref in done:
-                blocks[pending.pop(ref)] = ray.get(ref)
+                # a private copy: ray.get gives read-only views that pin the object store
+                blocks[pending.pop(ref)] = ray.get(ref).copy()
                 bar.update(1)
     finally:
         bar.close()
         for ref in pending:
             ray.cancel(ref)
-    del w_ref, p_ref
+    return blocks
+
+
+def knn_adjacency(w: sp.csr_matrix, *, k: int = 20, threshold: float = 0.1, query_terms: int = 16,
+                  block_size: int = 4096, num_workers: int | None = None, backend: str = "auto",
+                  progress: bool = False, threads_per_worker: int = 1,
+                  **ray_init: Any) -> sp.csr_matrix:
+    """The BM25 kNN graph of weight matrix ``w`` with one Ray task per block of ``block_size`` rows
+    (:func:`knn_blocks`), stacked in order and symmetrised (maximum).
+
+    Equal, entry for entry, to :func:`funnel_core.cluster.knn_adjacency_from_weights` on the same
+    input: each block is the pure function :func:`funnel_core.cluster.knn_block`.
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size!r}.")
+    n = w.shape[0]
+    spans = [(s, min(n, s + block_size)) for s in range(0, n, block_size)]
+    blocks = knn_blocks(w, spans, k=k, threshold=threshold, query_terms=query_terms,
+                        num_workers=num_workers, backend=backend, progress=progress,
+                        threads_per_worker=threads_per_worker, **ray_init)
     adj = sp.vstack(blocks, format="csr") if blocks else sp.csr_matrix((n, n))
     del blocks
     return adj.maximum(adj.T).tocsr()
