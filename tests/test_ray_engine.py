@@ -212,3 +212,18 @@ def test_funnel_build_command(ray_session, tmp_path):
     b = offline.load_build(tmp_path / "idx-local")["clustered"]
     assert [c.metadata["members"] for c in a.clusters] == [c.metadata["members"] for c in b.clusters]
     assert main(["query", str(tmp_path / "idx"), "t1w3 t1w4", "-k", "2"]) == 0
+
+
+@pytest.mark.slow
+def test_build_index_with_embeddings_persists_a_dense_index(tmp_path):
+    from funnel_core.embeddings import SentenceEmbedder
+
+    docs = _corpus(30, seed=4)
+    report = offline.build_index(docs, tmp_path / "b", engine="local", max_tokens=100, embed=True)
+    built = offline.load_build(tmp_path / "b")
+    dense = built["dense"]
+    assert [u.id for u in dense.units] == [d.id for d in docs]
+    np.testing.assert_allclose(dense.embeddings, SentenceEmbedder(device="cpu").encode([d.text for d in docs]),
+                               atol=1e-5)
+    assert dense.search(docs[7].text, k=1)[0].id == docs[7].id
+    assert "embeddings" in report.seconds and built["manifest"]["n_clusters"] == report.n_clusters
