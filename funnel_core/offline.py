@@ -450,7 +450,7 @@ def build_index(documents: Sequence[Unit], out_dir: str | os.PathLike, *, engine
         clustered.save(tmp / "clustered")
         sp.save_npz(tmp / "knn.npz", adj)
         if embed:
-            from funnel_core.embeddings import DenseIndex, SentenceEmbedder
+            from funnel_core.embeddings import SentenceEmbedder
 
             t = time.perf_counter()
             _log(progress, f"[4/4] embeddings of {len(documents)} documents (engine={engine})")

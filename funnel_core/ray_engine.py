@@ -163,7 +163,7 @@ class _EmbedActor:
 
         self.embedder = SentenceEmbedder(model, device=device, batch_size=batch_size,
                                          normalize=normalize)
-        self.embedder.model  # load now: once per actor, not inside the first batch's timing
+        _ = self.embedder.model  # load now: once per actor, not inside the first batch's timing
 
     def __call__(self, batch: Any) -> Any:
         from funnel_core.offline import _embed_table

@@ -198,9 +198,9 @@ def test_local_engine_does_not_import_ray(tmp_path):
 
 
 def test_funnel_build_command(ray_session, tmp_path):
-    from funnel_core.cli import main
-
     import json
+
+    from funnel_core.cli import main
 
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("\n".join(json.dumps({"id": d.id, "text": d.text}) for d in _corpus(120, seed=3)))
