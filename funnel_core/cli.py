@@ -3,6 +3,7 @@
     funnel demo                               offline demo over the stdlib's docstrings
     funnel index PATH --out DIR               cluster + index a folder of .txt/.md/.jsonl files
     funnel query DIR "question" [-k 5]        query an index; prints results and the stage trace
+    funnel build CORPUS OUT [--engine ray]    offline pipeline (BM25, kNN, clusters, embeddings)
     funnel bench NAME [--data ../shared/data] run a benchmark script from benchmarks/
 """
 
@@ -64,11 +65,39 @@ def _cmd_index(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_build(args: argparse.Namespace) -> int:
+    from funnel_core.offline import build_index, report_json
+
+    units = load_folder(args.corpus, words=args.words)
+    ray_options = {}
+    if args.ray_address:
+        ray_options["address"] = args.ray_address
+    elif args.num_cpus:
+        ray_options["num_cpus"] = args.num_cpus
+    try:
+        report = build_index(units, args.out, engine=args.engine, max_tokens=args.max_tokens,
+                             knn_k=args.knn_k, knn_threshold=args.knn_threshold,
+                             block_size=args.block_size, embed=not args.no_embed,
+                             embed_model=args.embed_model, embed_batch_size=args.embed_batch_size,
+                             num_workers=args.workers, num_gpus=args.num_gpus, progress=True,
+                             ray_options=ray_options)
+    finally:
+        if args.engine == "ray":
+            from funnel_core.ray_engine import shutdown
+
+            shutdown(only_if_started_here=True)
+    print(report_json(report))
+    return 0
+
+
 def _cmd_query(args: argparse.Namespace) -> int:
     from funnel_core.clustered import ClusteredBM25Index, ClusteredBM25Retrieve
     from funnel_core.text import LaterChunking
 
-    index = ClusteredBM25Index.load(args.index)
+    path = Path(args.index)
+    if (path / "clustered" / "manifest.json").is_file():  # a folder written by `funnel build`
+        path = path / "clustered"
+    index = ClusteredBM25Index.load(path)
     funnel = ClusteredBM25Retrieve(index, k=args.clusters) >> LaterChunking(words=args.passage_words)
     if args.rerank:
         from funnel_core.embeddings import EmbeddingReranker
@@ -127,7 +156,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=4096, help="maximum cluster size S")
     p.set_defaults(fn=_cmd_index)
 
-    p = sub.add_parser("query", help="query an index written by `funnel index`")
+    p = sub.add_parser("build", help="offline pipeline over a corpus: BM25, kNN graph, clusters, "
+                       "embeddings (local or Ray engine) into a persisted index")
+    p.add_argument("corpus", help="a .jsonl/.txt/.md file or a folder of them")
+    p.add_argument("out", help="folder to write (replaced atomically)")
+    p.add_argument("--engine", choices=["local", "ray"], default="local",
+                   help="local (this process, default) or ray (pip install 'funnel-rag[ray]')")
+    p.add_argument("--words", type=int, default=300, help="words per document for text files")
+    p.add_argument("--max-tokens", type=int, default=4096, help="maximum cluster size S")
+    p.add_argument("--knn-k", type=int, default=20, help="neighbours per document in the kNN graph")
+    p.add_argument("--knn-threshold", type=float, default=0.1, help="minimum normalised BM25 similarity")
+    p.add_argument("--block-size", type=int, default=4096, help="documents per kNN block (one Ray task)")
+    p.add_argument("--no-embed", action="store_true", help="skip the document embeddings")
+    p.add_argument("--embed-model", default=None,
+                   help="sentence-transformers model name or folder (default: packaged MiniLM)")
+    p.add_argument("--embed-batch-size", type=int, default=64)
+    p.add_argument("--workers", type=int, default=None,
+                   help="ray: kNN tasks in flight (default: all CPUs) and embedding actors (default 1)")
+    p.add_argument("--num-gpus", type=float, default=0,
+                   help="GPUs per embedding actor (0: CPU actors)")
+    p.add_argument("--ray-address", default=None, help="ray: join this cluster (e.g. auto)")
+    p.add_argument("--num-cpus", type=int, default=None, help="ray: CPUs of a local Ray")
+    p.set_defaults(fn=_cmd_build)
+
+    p = sub.add_parser("query", help="query an index written by `funnel index` or `funnel build`")
     p.add_argument("index")
     p.add_argument("question")
     p.add_argument("-k", type=int, default=5, help="passages to print")
@@ -146,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.fn(args)
-    except (OSError, ValueError, TypeError) as exc:
+    except (OSError, ValueError, TypeError, ImportError) as exc:
         print(f"funnel {args.command}: error: {exc}", file=sys.stderr)
         return 1
 
