@@ -92,7 +92,11 @@ def fid_scan(scorer, rows, passages, titles, *, answers: bool, max_seconds: floa
             print(f"  fid scan {i + 1}/{len(rows)} {time.perf_counter() - t0:.0f} s", flush=True)
         if time.perf_counter() - t0 > max_seconds:
             break
-    return np.stack(stats), np.stack(legacy), texts, time.perf_counter() - t0
+    # BM25 can return fewer than n passages (short queries): pad with NaN
+    width = max(len(x) for x in stats)
+    pad = lambda a: np.concatenate([a, np.full((width - len(a),) + a.shape[1:], np.nan, a.dtype)])
+    return (np.stack([pad(x) for x in stats]), np.stack([pad(x) for x in legacy]), texts,
+            time.perf_counter() - t0)
 
 
 def main() -> None:
@@ -182,13 +186,14 @@ def main() -> None:
                           "layers": int(stats.shape[2]), "heads": int(stats.shape[3]),
                           "answers": answers}
     print(f"dev scan: {len(answers)} questions in {secs:.0f} s", flush=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")  # kept if a later step fails
 
     # 3. L2G teacher scores -> groups
     scorer.return_answer = False
     l2g_rows = data["l2g_train"][:args.l2g_train] if args.l2g_train else data["l2g_train"]
     tstats, _, _, tsecs = fid_scan(scorer, l2g_rows, passages, titles, answers=False,
                                    max_seconds=args.teacher_seconds)
-    teacher = tstats[:, VARIANTS.index("top4")].mean(axis=(2, 3))       # eq. 3 [q, n]
+    teacher = tstats[:, :, VARIANTS.index("top4")].mean(axis=(2, 3))    # eq. 3 [q, n]
     dop = data["doc_of_passage"]
     l2g_groups, label_groups = [], []
     for r, sc in zip(l2g_rows, teacher):
