@@ -89,6 +89,47 @@ def summarise(m: np.ndarray, rng) -> dict:
             for j, k in enumerate(KS)}
 
 
+LABELS = {"bm25": "BM25 order", "cross_encoder": "SQuAD cross-encoder (MiniLM, bench15)",
+          "random": "random order (seeded)",
+          "oracle_any_of_n": "answer anywhere in the candidates (ceiling)",
+          "fid_mean": "FiD eq. 3 (i): top-4 tokens per layer and head, mean",
+          "fid_max_layers": "FiD (ii) max over layers", "fid_max_heads": "FiD (iii) max over heads",
+          "fid_max_tokens": "FiD (iv) top-1 token", "fid_last_2_layers": "FiD (v) last 2 layers",
+          "fid_last_3_layers": "FiD (v) last 3 layers", "fid_all_tokens": "FiD all passage tokens",
+          "fid_averaged_map_top4": "FiD averaged map, then top-4 (earlier implementation)"}
+
+
+def markdown(out: dict) -> str:
+    """The tables of the docs, rendered from the JSON (no number typed by hand)."""
+    def row(label, r):
+        return "| " + label + " | " + " | ".join(
+            f"{r[f'AR@{k}']['mean']:.3f} [{r[f'AR@{k}']['ci95'][0]:.3f}, {r[f'AR@{k}']['ci95'][1]:.3f}]"
+            for k in KS) + " |"
+    head = "| ranking of the candidates | AR@1 | AR@2 | AR@3 | AR@4 |\n|---|---|---|---|---|"
+    lines = []
+    ce = out["with_cross_encoder"]
+    if ce["questions"]:
+        lines += [f"**Post-rankers on the same candidates** ({ce['questions']} dev-a questions):", "",
+                  head] + [row(LABELS[n], ce["results"][n]) for n in
+                           ("random", "bm25", "cross_encoder", "fid_mean", "fid_max_tokens", "oracle_any_of_n")]
+        lines += ["", "| paired difference | AR@1 | AR@2 | AR@3 | AR@4 |", "|---|---|---|---|---|"]
+        lines += [row(n.replace("fid_mean", "FiD eq. 3").replace("fid_max_tokens", "FiD top-1 token")
+                      .replace("fid_averaged_map_top4", "FiD averaged map").replace("bm25", "BM25"), r)
+                  for n, r in ce["paired_vs_cross_encoder"].items()]
+    res = out["results_all_questions"]
+    lines += ["", f"**Table 7 schemes and Table 8 query ablation** ({out['questions']} dev-a questions; "
+              "\"+ query\" = the question's tokens may be selected too):", "",
+              "| FiD scheme | AR@1 | AR@1 + query | AR@4 | AR@4 + query |", "|---|---|---|---|---|"]
+    for n in ("fid_mean", "fid_max_layers", "fid_max_heads", "fid_max_tokens", "fid_last_2_layers",
+              "fid_last_3_layers", "fid_all_tokens", "fid_averaged_map_top4"):
+        a, b = res[n], res[n + "+query"]
+        lines.append(f"| {LABELS[n]} | {a['AR@1']['mean']:.3f} | {b['AR@1']['mean']:.3f} | "
+                     f"{a['AR@4']['mean']:.3f} | {b['AR@4']['mean']:.3f} |")
+    for n in ("random", "bm25", "oracle_any_of_n"):
+        lines.append(f"| {LABELS[n]} | {res[n]['AR@1']['mean']:.3f} | | {res[n]['AR@4']['mean']:.3f} | |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default=str(REPO / ".m22_gpu" / "data.json.gz"))
@@ -97,6 +138,7 @@ def main() -> None:
     ap.add_argument("--ce-scores", default=None, help=".npy of CE scores in candidate order (skips --ce)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "postrank_fid_minilm.json"))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--markdown", default=None, help="also write the docs tables to this file")
     args = ap.parse_args()
     from funnel_core.evaluation.metrics import has_answer, normalize_answer
 
@@ -111,6 +153,7 @@ def main() -> None:
     systems: dict[str, np.ndarray] = {}
     n = data["meta"]["n_passages"]
     systems["bm25"] = np.tile(-np.arange(n, dtype=np.float64), (len(dev), 1))
+    systems["random"] = np.random.default_rng(args.seed).random((len(dev), n))
     ce_info = None
     if args.ce_scores or args.ce:
         if args.ce_scores:
@@ -148,6 +191,12 @@ def main() -> None:
             paired[f"{name} - cross_encoder"] = {f"AR@{k}": {"mean": round(float(d[:, j].mean()), 4),
                                                              "ci95": boot(d[:, j], rng)}
                                                  for j, k in enumerate(KS)}
+    eq3 = fid["mean"]
+    diagnostics = {"eq3_score_coefficient_of_variation_across_candidates_mean":
+                   round(float(np.nanmean(np.nanstd(eq3, axis=1) / np.nanmean(eq3, axis=1))), 4),
+                   "mean_attention_per_passage_token_all": float(np.nanmean(stats[:, :, 2].astype(np.float64))),
+                   "note": "a coefficient of variation near 0 means the first decoder step attends almost "
+                           "uniformly to the candidates"}
     summary_path = run / "summary.json"
     gpu = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     em = None
@@ -162,7 +211,7 @@ def main() -> None:
            "candidates": "BM25 top-n passages of the large SQuAD corpus (train + dev-a articles)",
            "data_meta": data["meta"], "fid_exact_match": em,
            "fid_training": gpu.get("fid_training"), "gpu_run": {k: v for k, v in gpu.items() if k not in ("fid_dev", "fid_training")},
-           "gpu_log": log[-3000:], "layers_heads": list(stats.shape[3:]),
+           "gpu_log": log[-3000:], "layers_heads": list(stats.shape[3:]), "diagnostics": diagnostics,
            "ce_model": args.ce or args.ce_scores, "ce_scoring": ce_info,
            "results_all_questions": full,
            "with_cross_encoder": {"questions": n_ce if subset else 0,
@@ -170,6 +219,8 @@ def main() -> None:
                                   "results": subset, "paired_vs_cross_encoder": paired},
            "bootstrap": "1,000 resamples of questions, 95% percentile interval", "load_average": os.getloadavg()}
     Path(args.out).write_text(json.dumps(out, indent=1), encoding="utf-8")
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(out), encoding="utf-8")
     for name, r in (subset or full).items():
         print(f"{name:32s} " + "  ".join(f"{k} {v['mean']:.3f}" for k, v in r.items()))
     print("EM", em)
