@@ -1,7 +1,8 @@
 """Turn the outputs of ``fid_l2g_gpu.py`` into the post-ranker / L2G benchmark JSON.
 
     python benchmarks/fid_l2g_report.py --data .m22_gpu/data.json.gz --run .m22_gpu/run1 \\
-        --ce /work/wt/bench15/models/minilm-squad-ce --out benchmarks/results/postrank_fid_minilm.json
+        --ce models/minilm-squad-ce --ce-questions 250 --markdown table.md \\
+        --out benchmarks/results/postrank_fid_minilm.json
 
 Post-ranking (dev-a, each question's BM25 top-n passages over the large SQuAD corpus): AR@1..4
 (an answer string in the concatenated top-k passages, ``funnel_core``'s AR@k) of
@@ -135,6 +136,8 @@ def main() -> None:
     ap.add_argument("--data", default=str(REPO / ".m22_gpu" / "data.json.gz"))
     ap.add_argument("--run", default=str(REPO / ".m22_gpu" / "run1"))
     ap.add_argument("--ce", default=None, help="cross-encoder folder to score the candidates with")
+    ap.add_argument("--ce-questions", type=int, default=None,
+                    help="score the cross-encoder on the first N questions only (CPU budget)")
     ap.add_argument("--ce-scores", default=None, help=".npy of CE scores in candidate order (skips --ce)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "postrank_fid_minilm.json"))
     ap.add_argument("--seed", type=int, default=0)
@@ -162,9 +165,10 @@ def main() -> None:
             ce_info = json.loads(info_path.read_text()) if info_path.exists() else None
         else:
             from score_pairs import score
-            qi = np.array([i for i, r in enumerate(dev) for _ in r["p"]])
-            pi = np.array([j for r in dev for j in r["p"]])
-            flat, ce_info = score([r["q"] for r in dev], passages, qi, pi, args.ce, batch_size=32,
+            sub = dev[:args.ce_questions] if args.ce_questions else dev
+            qi = np.array([i for i, r in enumerate(sub) for _ in r["p"]])
+            pi = np.array([j for r in sub for j in r["p"]])
+            flat, ce_info = score([r["q"] for r in sub], passages, qi, pi, args.ce, batch_size=32,
                                   device="cpu")
         n_ce = 0
         pos = 0
