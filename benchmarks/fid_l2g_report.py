@@ -144,6 +144,7 @@ def main() -> None:
     ap.add_argument("--markdown", default=None, help="also write the docs tables to this file")
     args = ap.parse_args()
     from funnel_core.evaluation.metrics import has_answer, normalize_answer
+    from squad_ce_model import cpu_flags
 
     with gzip.open(args.data, "rt", encoding="utf-8") as f:
         data = json.load(f)
@@ -221,7 +222,9 @@ def main() -> None:
            "with_cross_encoder": {"questions": n_ce if subset else 0,
                                   "note": "the first N questions of the same seeded sample: the CPU scoring of the cross-encoder was capped",
                                   "results": subset, "paired_vs_cross_encoder": paired},
-           "bootstrap": "1,000 resamples of questions, 95% percentile interval", "load_average": os.getloadavg()}
+           "bootstrap": "1,000 resamples of questions, 95% percentile interval", "load_average": os.getloadavg(),
+           "fid_device": "one NVIDIA H100 (device machine), bf16 autocast; see gpu_log",
+           "report_cpu_flags": cpu_flags()}
     Path(args.out).write_text(json.dumps(out, indent=1), encoding="utf-8")
     if args.markdown:
         Path(args.markdown).write_text(markdown(out), encoding="utf-8")
