@@ -5,8 +5,10 @@ A T5 model learns to generate the answer from the question and ``N`` passages: e
 ``N`` encoder outputs are concatenated (with their padding masked), and the decoder is trained
 with teacher forcing and the usual language-modelling (cross-entropy) loss on the answer tokens.
 
-The model stays a stock ``T5ForConditionalGeneration``: FiD only changes how the encoder is
-called. The checkpoint written by :func:`train_fid` is therefore a plain ``save_pretrained``
+The model stays a stock ``T5ForConditionalGeneration``, or a stock ``EncoderDecoderModel``
+warm-started from a BERT encoder (BERT2BERT, Rothe et al., 2020: the encoder and the decoder both
+start from e.g. the packaged all-MiniLM-L6-v2, the decoder's cross-attention and LM-head transform
+start random; :func:`init_fid_from_encoder`): FiD only changes how the encoder is called. The checkpoint written by :func:`train_fid` is therefore a plain ``save_pretrained``
 folder that :class:`funnel_core.rerank.fid.FiDAttentionScorer` (and ``transformers``) load.
 
 Example::
@@ -31,7 +33,7 @@ from funnel_core.rerank.base import load_pretrained, resolve_device
 from funnel_core.rerank.fid import DEFAULT_TEMPLATE, DEFAULT_TEMPLATE_NO_TITLE
 
 __all__ = ["FiDExample", "FiDTrainResult", "fid_collate", "fid_loss", "train_fid",
-           "evaluate_fid_loss"]
+           "evaluate_fid_loss", "init_fid_from_encoder"]
 
 
 
@@ -68,6 +70,8 @@ class FiDTrainResult:
     step_losses: list[float]
     epoch_losses: list[float]
     steps: int
+    seconds: float = 0.0
+    stopped_early: bool = False
 
 
 def _title_text(p: Any) -> tuple[str | None, str]:
@@ -116,15 +120,23 @@ def fid_collate(tokenizer: Any, examples: Sequence[FiDExample], *, n_passages: i
 
 
 def _answer_labels(tokenizer: Any, answers: list[str], max_length: int) -> Any:
-    """Answer token ids ending in EOS (added when the tokenizer does not), padded with -100."""
+    """Answer token ids ending in EOS, padded with -100.
+
+    The answer is tokenised *without* the tokenizer's special tokens (a BERT tokenizer would add
+    ``[CLS] ... [SEP]``, and the decoder already starts from its own start token), then the EOS
+    (T5: ``</s>``; BERT2BERT: ``[SEP]``, see :func:`init_fid_from_encoder`) is appended.
+    """
     import torch
 
     eos = tokenizer.eos_token_id
+    if eos is None:
+        eos = getattr(tokenizer, "sep_token_id", None)
     rows = []
-    for ids in tokenizer(answers, truncation=True, max_length=max_length)["input_ids"]:
-        ids = list(ids)
-        if eos is not None and (not ids or ids[-1] != eos):
-            ids = ids[:max_length - 1] + [eos]
+    for ids in tokenizer(answers, truncation=True, max_length=max_length,
+                         add_special_tokens=False)["input_ids"]:
+        ids = list(ids)[:max_length - 1 if eos is not None else max_length]
+        if eos is not None:
+            ids.append(eos)
         rows.append(ids)
     labels = torch.full((len(rows), max(len(r) for r in rows)), -100, dtype=torch.long)
     for i, r in enumerate(rows):
@@ -158,7 +170,8 @@ def _load(model: Any, device: str) -> tuple[Any, Any]:
         tokenizer = load_pretrained(AutoTokenizer.from_pretrained, str(model), what="FiD tokenizer",
                                     padding_side="right")
         model = load_pretrained(AutoModelForSeq2SeqLM.from_pretrained, str(model),
-                                what="FiD (T5) model", attn_implementation="eager")
+                                what="FiD (T5 or EncoderDecoderModel) model",
+                                attn_implementation="eager")
     else:
         raise TypeError(f"model must be a hub name or a local folder, got {type(model).__name__}.")
     return model.to(device), tokenizer
@@ -202,7 +215,8 @@ def train_fid(model: str | os.PathLike, examples: Sequence[FiDExample],
               warmup_ratio: float = 0.1, max_grad_norm: float = 1.0, max_length: int = 256,
               answer_max_length: int = 32, accumulation_steps: int = 1,
               device: str | None = None, seed: int = 0, save_every_epoch: bool = False,
-              progress: bool = True) -> FiDTrainResult:
+              progress: bool = True, max_seconds: float | None = None,
+              bf16: bool = False) -> FiDTrainResult:
     """Train a T5 checkpoint as a Fusion-in-Decoder reader and save it to ``output_dir``.
 
     AdamW with linear warm-up and decay, gradient clipping, teacher forcing, LM loss on the
@@ -228,6 +242,10 @@ def train_fid(model: str | os.PathLike, examples: Sequence[FiDExample],
         device: ``"cpu"``, ``"cuda"``... (default: best available).
         seed: Shuffling and initialisation seed.
         progress: Show a tqdm progress bar.
+        max_seconds: Stop after the optimiser step that passes this wall-clock budget (the
+            learning-rate schedule still spans the full run; ``stopped_early`` says so).
+        bf16: bfloat16 autocast for the forward pass (weights and optimiser stay fp32); use it
+            on a GPU or a CPU with AVX512-BF16/AMX.
 
     Returns:
         :class:`FiDTrainResult` with the loss of every optimiser step and the mean loss of every
@@ -269,12 +287,19 @@ def train_fid(model: str | os.PathLike, examples: Sequence[FiDExample],
     epoch_losses: list[float] = []
     bar = tqdm(total=batches_per_epoch * epochs, desc="FiD training", disable=not progress)
     steps = 0
+    import time
+
+    t0 = time.perf_counter()
+    stopped = False
+    autocast_device = torch.device(device).type
     for epoch in range(epochs):
         running, seen, pending = 0.0, 0, 0.0
         for i, batch in enumerate(_batches(examples, batch_size, rng)):
             t = fid_collate(tokenizer, batch, n_passages=n_passages, max_length=max_length,
                             answer_max_length=answer_max_length)
-            loss = fid_loss(net, *(t[k].to(device) for k in ("input_ids", "attention_mask", "labels")))
+            with torch.autocast(device_type=autocast_device, dtype=torch.bfloat16, enabled=bf16):
+                loss = fid_loss(net, *(t[k].to(device)
+                                       for k in ("input_ids", "attention_mask", "labels")))
             (loss / accumulation_steps).backward()
             value = float(loss.detach())
             pending += value / accumulation_steps
@@ -289,16 +314,60 @@ def train_fid(model: str | os.PathLike, examples: Sequence[FiDExample],
                 step_losses.append(pending)
                 pending = 0.0
                 steps += 1
+                if max_seconds is not None and time.perf_counter() - t0 > max_seconds:
+                    stopped = True
             bar.update(1)
             bar.set_postfix(epoch=epoch, loss=f"{running / seen:.4f}")
+            if stopped:
+                break
         epoch_losses.append(running / max(seen, 1))
         if save_every_epoch:
             _save(net, tokenizer, out / f"epoch-{epoch}")
+        if stopped:
+            break
     bar.close()
     net.eval()
     _save(net, tokenizer, out)
     return FiDTrainResult(output_dir=str(out), step_losses=step_losses,
-                          epoch_losses=epoch_losses, steps=steps)
+                          epoch_losses=epoch_losses, steps=steps,
+                          seconds=time.perf_counter() - t0, stopped_early=stopped)
+
+
+def init_fid_from_encoder(encoder: str | os.PathLike, output_dir: str | os.PathLike, *,
+                          decoder: str | os.PathLike | None = None, seed: int = 0) -> str:
+    """Warm-start a BERT2BERT ``EncoderDecoderModel`` for FiD training and save it.
+
+    The encoder and the decoder both start from ``encoder`` (a BERT-style encoder folder such as
+    :func:`funnel_core.testing.minilm_path`; ``decoder`` overrides the decoder's start); the
+    decoder gets causal self-attention plus newly initialised cross-attention layers and LM-head
+    transform (its output embedding is tied to its word embeddings), as in Rothe et al. (2020).
+    The decoder starts from ``[CLS]`` and stops at ``[SEP]``; the saved tokenizer names them
+    ``bos``/``eos`` so :func:`train_fid` and
+    :class:`~funnel_core.rerank.fid.FiDAttentionScorer` handle it like a T5 checkpoint.
+
+    Returns the folder, loadable with ``AutoModelForSeq2SeqLM.from_pretrained``.
+    """
+    import torch
+    from transformers import AutoTokenizer, EncoderDecoderModel
+
+    torch.manual_seed(seed)
+    out = Path(output_dir)
+    enc, dec = str(encoder), str(decoder or encoder)
+    tokenizer = load_pretrained(AutoTokenizer.from_pretrained, enc, what="encoder tokenizer")
+    if tokenizer.cls_token_id is None or tokenizer.sep_token_id is None or tokenizer.pad_token_id is None:
+        raise ValueError(f"the tokenizer of {enc!r} lacks [CLS]/[SEP]/[PAD]; "
+                         "init_fid_from_encoder expects a BERT-style encoder.")
+    model = load_pretrained(EncoderDecoderModel.from_encoder_decoder_pretrained, enc,
+                            what="BERT2BERT warm start", decoder_pretrained_model_name_or_path=dec)
+    for cfg in (model.config, model.generation_config):
+        cfg.decoder_start_token_id = tokenizer.cls_token_id
+        cfg.bos_token_id = tokenizer.cls_token_id
+        cfg.eos_token_id = tokenizer.sep_token_id
+        cfg.pad_token_id = tokenizer.pad_token_id
+    model.config.vocab_size = model.config.decoder.vocab_size
+    tokenizer.bos_token, tokenizer.eos_token = tokenizer.cls_token, tokenizer.sep_token
+    _save(model, tokenizer, out)
+    return str(out)
 
 
 def _save(model: Any, tokenizer: Any, path: Path) -> None:

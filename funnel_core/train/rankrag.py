@@ -1,0 +1,230 @@
+"""RankRAG instruction tuning of a small causal LM (Yu et al., 2024, section 4.2, stage II).
+
+RankRAG tunes one LLM on a blend of context-ranking data (question + passage -> ``True`` /
+``False``) and answer-generation data (question + context -> answer), so that the same model
+both ranks and answers. :func:`rankrag_blend` builds that blend from (question, answers, gold
+passage, hard negatives) records; :func:`train_rankrag` fine-tunes a causal LM on it with LoRA
+(``peft``; the adapters are merged into the weights) or in full, with the loss on the answer tokens
+only, and saves a plain ``save_pretrained`` folder that
+:class:`~funnel_core.llm.TransformersLLM` / :class:`~funnel_core.rerank.rankrag.RankRAGScorer`
+load like any local model.
+
+The prompts are rendered exactly as the scorer renders them at inference: the ranking prompt is a
+``RankRAGScorer`` prompt template (``{question}``, ``{passage}``), and ``format_prompt`` of the
+:class:`~funnel_core.llm.TransformersLLM` that will score (chat template and system prompt) turns
+every prompt into the text the model reads; the target (``True``/``False`` or the answer) follows
+it, then the tokenizer's end-of-turn / EOS token.
+
+torch, transformers and peft are imported inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from funnel_core.errors import check_positive_int
+
+__all__ = ["RankRAGExample", "RankRAGTrainResult", "rankrag_blend", "train_rankrag",
+           "DEFAULT_QA_PROMPT"]
+
+#: Answer-generation prompt of the blend (RankRAG's QA instruction, short-answer form).
+DEFAULT_QA_PROMPT = ("Passage: {passage}\n\nAnswer the following question from the passage with a "
+                     "short span. Question: {question}")
+
+
+@dataclass
+class RankRAGExample:
+    """One instruction-tuning example: the user prompt (un-templated) and the target reply."""
+
+    prompt: str
+    target: str
+    kind: str = "rank"          # "rank" or "qa"
+
+
+@dataclass
+class RankRAGTrainResult:
+    output_dir: str
+    step_losses: list[float]
+    steps: int
+    seconds: float
+    stopped_early: bool
+    examples_seen: int
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def _cut(text: str, max_words: int) -> str:
+    words = text.split()
+    return " ".join(words[:max_words]) if len(words) > max_words else text
+
+
+def rankrag_blend(records: Sequence[dict], *, rank_prompt: str, qa_prompt: str = DEFAULT_QA_PROMPT,
+                  negatives_per_question: int = 1, qa_share: float = 0.25,
+                  max_passage_words: int = 300, seed: int = 0) -> list[RankRAGExample]:
+    """The RankRAG blend: context ranking (gold -> ``True``, hard negatives -> ``False``) plus QA.
+
+    Args:
+        records: Dicts with ``question``, ``answers`` (list), ``positive`` (a passage with the
+            answer) and ``negatives`` (hard negatives, best first).
+        rank_prompt: The ranking prompt template (``{question}``, ``{passage}``), the same one the
+            scorer uses (e.g. ``RankRAGScorer(...).prompt``).
+        qa_prompt: Answer-generation template (``{question}``, ``{passage}``).
+        negatives_per_question: ``False`` examples per question (``True`` examples: one).
+        qa_share: Share of the questions that also give an answer-generation example.
+        max_passage_words: Passages are cut as ``RankRAGScorer`` cuts them.
+        seed: Shuffling seed (the returned list is shuffled).
+    """
+    if not 0.0 <= qa_share <= 1.0:
+        raise ValueError(f"qa_share must be in [0, 1], got {qa_share}.")
+    check_positive_int(negatives_per_question, "negatives_per_question")
+    rng = random.Random(seed)
+    out: list[RankRAGExample] = []
+    for r in records:
+        q, pos = r["question"], _cut(r["positive"], max_passage_words)
+        out.append(RankRAGExample(rank_prompt.format(question=q, passage=pos), "True", "rank"))
+        for neg in list(r["negatives"])[:negatives_per_question]:
+            out.append(RankRAGExample(rank_prompt.format(question=q, passage=_cut(neg, max_passage_words)),
+                                      "False", "rank"))
+        if r.get("answers") and rng.random() < qa_share:
+            out.append(RankRAGExample(qa_prompt.format(question=q, passage=pos), r["answers"][0], "qa"))
+    rng.shuffle(out)
+    return out
+
+
+def encode_example(tokenizer: Any, format_prompt: Callable[[str], str], ex: RankRAGExample,
+                   max_length: int) -> tuple[list[int], list[int]]:
+    """Token ids of ``format_prompt(prompt) + target + end`` and labels (-100 on the prompt).
+
+    The prompt is cut from the left (as :class:`~funnel_core.llm.TransformersLLM` truncates) so
+    the target always survives.
+    """
+    prompt_ids = tokenizer(format_prompt(ex.prompt), add_special_tokens=False)["input_ids"]
+    target_ids = tokenizer(ex.target, add_special_tokens=False)["input_ids"]
+    end = _end_token_id(tokenizer)
+    if end is not None:
+        target_ids = target_ids + [end]
+    keep = max(1, max_length - len(target_ids))
+    prompt_ids = prompt_ids[-keep:]
+    return prompt_ids + target_ids, [-100] * len(prompt_ids) + target_ids
+
+
+def _end_token_id(tokenizer: Any) -> int | None:
+    """``<|im_end|>`` for ChatML templates (SmolLM2), else the EOS token."""
+    template = getattr(tokenizer, "chat_template", None) or ""
+    if "<|im_end|>" in template:
+        ids = tokenizer.convert_tokens_to_ids(["<|im_end|>"])
+        if ids and ids[0] is not None and ids[0] != tokenizer.unk_token_id:
+            return ids[0]
+    return tokenizer.eos_token_id
+
+
+def train_rankrag(llm: Any, examples: Sequence[RankRAGExample], output_dir: str | os.PathLike, *,
+                  lora: bool = True, lora_r: int = 16, lora_alpha: int = 32,
+                  lora_dropout: float = 0.05,
+                  target_modules: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj",
+                                                   "gate_proj", "up_proj", "down_proj"),
+                  epochs: int = 1, batch_size: int = 8, learning_rate: float = 2e-4,
+                  weight_decay: float = 0.0, warmup_ratio: float = 0.05, max_length: int = 384,
+                  max_seconds: float | None = None, seed: int = 0,
+                  log: Callable[[dict], None] | None = None) -> RankRAGTrainResult:
+    """Fine-tune ``llm``'s model on ``examples`` and save a merged ``save_pretrained`` folder.
+
+    Args:
+        llm: A :class:`~funnel_core.llm.TransformersLLM` (its model, tokenizer, device and
+            ``format_prompt`` are used, so training sees the prompts the scorer will send).
+        examples: From :func:`rankrag_blend`.
+        output_dir: Where the merged model and tokenizer are saved.
+        lora: LoRA adapters (merged before saving) when True, else full fine-tuning.
+        lora_r, lora_alpha, lora_dropout, target_modules: LoRA settings (peft).
+        epochs, batch_size, learning_rate, weight_decay, warmup_ratio: AdamW with linear warm-up
+            and decay over the planned steps.
+        max_length: Tokens per example (the prompt is cut from the left).
+        max_seconds: Stop after the step that passes this wall-clock budget (the model is saved).
+        seed: Shuffling / LoRA initialisation seed.
+        log: Called with ``{"step", "loss", "seconds"}`` after every step.
+    """
+    import torch
+    from transformers import get_linear_schedule_with_warmup
+
+    examples = list(examples)
+    if not examples:
+        raise ValueError("train_rankrag needs at least one RankRAGExample, got none.")
+    check_positive_int(batch_size, "batch_size")
+    check_positive_int(epochs, "epochs")
+    model, tokenizer, device = llm._model.get()
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    if lora:
+        try:
+            from peft import LoraConfig, get_peft_model
+        except ImportError as exc:  # pragma: no cover - install problem
+            raise ImportError("LoRA tuning needs peft: `pip install 'funnel-rag[train]'` "
+                              "(or `pip install peft`), or pass lora=False.") from exc
+        present = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+        targets = [t for t in target_modules if t in present]
+        if not targets:
+            raise ValueError(f"none of target_modules {list(target_modules)} is a module of "
+                             f"{type(model).__name__}; name its linear layers.")
+        model = get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=lora_alpha,
+                                                 lora_dropout=lora_dropout, target_modules=targets,
+                                                 task_type="CAUSAL_LM"))
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay)
+    per_epoch = math.ceil(len(examples) / batch_size)
+    total = per_epoch * epochs
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(warmup_ratio * total), total)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    encoded = [encode_example(tokenizer, llm.format_prompt, ex, max_length) for ex in examples]
+    losses: list[float] = []
+    t0, steps, seen, stopped = time.perf_counter(), 0, 0, False
+    for _ in range(epochs):
+        order = list(range(len(encoded)))
+        rng.shuffle(order)
+        for b in range(0, len(order), batch_size):
+            rows = [encoded[i] for i in order[b:b + batch_size]]
+            width = max(len(ids) for ids, _ in rows)
+            ids = torch.full((len(rows), width), pad, dtype=torch.long)
+            labels = torch.full((len(rows), width), -100, dtype=torch.long)
+            mask = torch.zeros((len(rows), width), dtype=torch.long)
+            for i, (x, y) in enumerate(rows):          # right padding for training
+                ids[i, :len(x)] = torch.tensor(x)
+                labels[i, :len(y)] = torch.tensor(y)
+                mask[i, :len(x)] = 1
+            out = model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                        labels=labels.to(device), use_cache=False)
+            out.loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            steps += 1
+            seen += len(rows)
+            losses.append(float(out.loss.detach()))
+            if log:
+                log({"step": steps, "loss": losses[-1], "seconds": round(time.perf_counter() - t0, 1)})
+            if max_seconds is not None and time.perf_counter() - t0 > max_seconds:
+                stopped = True
+                break
+        if stopped:
+            break
+    seconds = time.perf_counter() - t0
+    model.eval()
+    if lora:
+        model = model.merge_and_unload()
+    out_dir = Path(output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    config = dict(lora=lora, lora_r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
+                  epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
+                  warmup_ratio=warmup_ratio, max_length=max_length, max_seconds=max_seconds,
+                  seed=seed, planned_steps=total)
+    return RankRAGTrainResult(output_dir=str(out_dir), step_losses=losses, steps=steps,
+                              seconds=seconds, stopped_early=stopped, examples_seen=seen,
+                              config=config)
