@@ -121,14 +121,14 @@ def main() -> None:
 
     import torch
     import transformers
+    from score_pairs import score as score_pairs
     from transformers import AutoModel, AutoTokenizer
 
+    from funnel_core.evaluation.metrics import has_answer
     from funnel_core.rerank.fid import FiDAttentionScorer
     from funnel_core.train import CrossEncoderTrainer, init_cross_encoder, l2g_group
     from funnel_core.train.fid import FiDExample, init_fid_from_encoder, train_fid
-    from funnel_core.evaluation.metrics import has_answer
     from funnel_core.units import Unit
-    from score_pairs import score as score_pairs
 
     transformers.logging.set_verbosity_error()
     t_start = time.perf_counter()

@@ -143,8 +143,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--markdown", default=None, help="also write the docs tables to this file")
     args = ap.parse_args()
-    from funnel_core.evaluation.metrics import has_answer, normalize_answer
     from squad_ce_model import cpu_flags
+
+    from funnel_core.evaluation.metrics import has_answer, normalize_answer
 
     with gzip.open(args.data, "rt", encoding="utf-8") as f:
         data = json.load(f)

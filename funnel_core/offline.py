@@ -414,7 +414,7 @@ def build_index(documents: Sequence[Unit], out_dir: str | os.PathLike, *, engine
     from funnel_core.bm25 import BM25Index
     from funnel_core.cluster import bm25_weight_matrix
     from funnel_core.clustered import ClusteredBM25Index
-    from funnel_core.persist import atomic_dir, write_manifest
+    from funnel_core.persist import save_snapshot
 
     _check_engine(engine)
     documents = list(documents)
@@ -446,7 +446,9 @@ def build_index(documents: Sequence[Unit], out_dir: str | os.PathLike, *, engine
                   query_terms=query_terms, block_size=block_size, knn_backend=knn_backend,
                   embed=embed, embed_model=embed_model, num_workers=num_workers, num_gpus=num_gpus,
                   bm25_config=bm25_config)
-    with atomic_dir(out_dir) as tmp:
+    box: dict[str, Any] = {}
+
+    def write(tmp: Path) -> dict:
         clustered.save(tmp / "clustered")
         sp.save_npz(tmp / "knn.npz", adj)
         if embed:
@@ -467,7 +469,11 @@ def build_index(documents: Sequence[Unit], out_dir: str | os.PathLike, *, engine
         report = BuildReport(path=str(out_dir), engine=engine, n_documents=len(documents),
                              n_clusters=len(clustered.clusters), n_edges=int(adj.nnz // 2),
                              seconds={k: round(v, 3) for k, v in secs.items()}, config=config)
-        write_manifest(tmp, BUILD_FORMAT, 1, **{k: v for k, v in report.to_dict().items() if k != "path"})
+        box["report"] = report
+        return {k: v for k, v in report.to_dict().items() if k != "path"}
+
+    save_snapshot(out_dir, BUILD_FORMAT, 1, write)
+    report = box["report"]
     _log(progress, f"done: {report.n_documents} documents, {report.n_clusters} clusters -> {out_dir} "
                    f"({secs['total']:.1f} s)")
     return report
@@ -478,13 +484,14 @@ def load_build(path: str | os.PathLike) -> dict[str, Any]:
     "dense": DenseIndex or None, "knn": csr_matrix, "manifest": dict}``."""
     from funnel_core.clustered import ClusteredBM25Index
     from funnel_core.embeddings import DenseIndex
-    from funnel_core.persist import read_manifest
+    from funnel_core.persist import load_snapshot
 
-    path = Path(path)
-    manifest = read_manifest(path, BUILD_FORMAT, "offline build")
-    dense = DenseIndex.load(path / "dense") if (path / "dense").exists() else None
-    return {"clustered": ClusteredBM25Index.load(path / "clustered"), "dense": dense,
-            "knn": sp.load_npz(path / "knn.npz").tocsr(), "manifest": manifest}
+    def read(folder: Path, manifest: dict) -> dict[str, Any]:
+        dense = DenseIndex.load(folder / "dense") if (folder / "dense").exists() else None
+        return {"clustered": ClusteredBM25Index.load(folder / "clustered"), "dense": dense,
+                "knn": sp.load_npz(folder / "knn.npz").tocsr(), "manifest": manifest["meta"]}
+
+    return load_snapshot(path, BUILD_FORMAT, 1, "offline build", read)
 
 
 def _json_default(o: Any) -> Any:  # pragma: no cover - used by the CLI for numpy scalars

@@ -71,7 +71,7 @@ def _knn_task(w: sp.csr_matrix, postings: sp.csc_matrix, start: int, stop: int,
         try:
             import numba
 
-            numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
+            numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))  # type: ignore[attr-defined]
         except ImportError:
             pass
     return knn_block(w, start, stop, postings=postings, **params)
