@@ -240,11 +240,13 @@ class BM25Index:
         # the per-thread stemmer cache cannot be pickled or deep-copied; it is rebuilt lazily
         state = self.__dict__.copy()
         state.pop("_local", None)
+        state.pop("_write_lock", None)
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._local = threading.local()
+        self._write_lock = threading.Lock()
 
     def _stemmer(self):
         # PyStemmer objects are not thread-safe: one per thread.

@@ -25,6 +25,15 @@ class LRUCache(MutableMapping, Generic[K, V]):
         self._data: OrderedDict[K, V] = OrderedDict()
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict:
+        # a lock cannot be pickled or deep-copied: the copy gets its own
+        with self._lock:
+            return {"maxsize": self.maxsize, "_data": OrderedDict(self._data)}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def __getitem__(self, key: K) -> V:
         with self._lock:
             value = self._data[key]

@@ -90,14 +90,27 @@ def _cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _is_build(path: Path) -> bool:
+    from funnel_core.offline import BUILD_FORMAT
+    from funnel_core.persist import snapshot_info
+
+    try:
+        return snapshot_info(path).get("format") == BUILD_FORMAT
+    except Exception:
+        return False
+
+
 def _cmd_query(args: argparse.Namespace) -> int:
     from funnel_core.clustered import ClusteredBM25Index, ClusteredBM25Retrieve
     from funnel_core.text import LaterChunking
 
     path = Path(args.index)
-    if (path / "clustered" / "manifest.json").is_file():  # a folder written by `funnel build`
-        path = path / "clustered"
-    index = ClusteredBM25Index.load(path)
+    if _is_build(path):  # a folder written by `funnel build`
+        from funnel_core.offline import load_build
+
+        index = load_build(path)["clustered"]
+    else:
+        index = ClusteredBM25Index.load(path)
     funnel = ClusteredBM25Retrieve(index, k=args.clusters) >> LaterChunking(words=args.passage_words)
     if args.rerank:
         from funnel_core.embeddings import EmbeddingReranker

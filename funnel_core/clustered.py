@@ -91,6 +91,16 @@ class ClusteredBM25Index:
         self._write_lock = threading.Lock()
 
     # -- state views -----------------------------------------------------------------------
+
+    def __getstate__(self) -> dict:
+        # a lock cannot be pickled or deep-copied: the copy gets its own
+        state = self.__dict__.copy()
+        state.pop("_write_lock", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._write_lock = threading.Lock()
     @property
     def documents(self) -> list[Unit]:
         st = self._state

@@ -97,6 +97,16 @@ class DenseIndex:
         self._state = _DenseState((), np.zeros((0, 0), dtype=np.float32), {})
         self._write_lock = threading.Lock()
 
+
+    def __getstate__(self) -> dict:
+        # a lock cannot be pickled or deep-copied: the copy gets its own
+        state = self.__dict__.copy()
+        state.pop("_write_lock", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._write_lock = threading.Lock()
     @property
     def units(self) -> list[Unit]:
         return list(self._state.units)
