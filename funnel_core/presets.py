@@ -49,7 +49,8 @@ def funnelrag(documents: Sequence[Unit] | ClusteredBM25Index, pre_ranker: Stage 
     """The FunnelRAG pipeline: retrieval -> pre-ranking -> post-ranking.
 
     Args:
-        documents: The corpus (clustered here) or an already built :class:`ClusteredBM25Index`.
+        documents: The corpus (clustered here) or an already built :class:`ClusteredBM25Index`
+            (or :class:`~funnel_core.milvus.MilvusClusteredBM25Index`).
         pre_ranker: Document scorer: a stage (e.g. ``CrossEncoderScorer``) or a cross-encoder
             hub name / local folder.
         post_ranker: Passage scorer (e.g. ``FiDAttentionScorer``); defaults to the pre-ranker.
@@ -64,8 +65,11 @@ def funnelrag(documents: Sequence[Unit] | ClusteredBM25Index, pre_ranker: Stage 
     for value, name in ((k_clusters, "k_clusters"), (k_documents, "k_documents"),
                         (k_passages, "k_passages"), (passage_words, "passage_words")):
         check_positive_int(value, name)
-    index = documents if isinstance(documents, ClusteredBM25Index) else \
-        ClusteredBM25Index(max_tokens=max_tokens).index(documents)
+    # an index with the clustered search interface (ClusteredBM25Index, or
+    # funnel_core.milvus.MilvusClusteredBM25Index) is used as is
+    built = isinstance(documents, ClusteredBM25Index) or callable(getattr(documents, "search", None))
+    index: Any = documents if built else \
+        ClusteredBM25Index(max_tokens=max_tokens).index(documents)  # type: ignore[arg-type]
     retrieve: Stage = ClusteredBM25Retrieve(index, k=k_clusters, name="retrieval")
     if max_documents:
         retrieve = retrieve % max_documents
