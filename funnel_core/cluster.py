@@ -254,9 +254,10 @@ def knn_block(w: sp.csr_matrix, start: int, stop: int, *, k: int = 20, threshold
 
     Args:
         w: (n, terms) weight matrix, CSR with sorted indices (:func:`bm25_weight_matrix`).
-        start, stop: The rows to compute; any split of ``range(n)`` into blocks gives the same
+        start: First row to compute; any split of ``range(n)`` into blocks gives the same
             rows, so blocks can be computed anywhere (threads, processes, a cluster) and stacked
             with ``scipy.sparse.vstack``.
+        stop: One past the last row to compute.
         postings: ``w.tocsc()``, passed in to avoid recomputing it per block.
         backend: ``"numba"`` (compiled, term at a time, no score block materialised, all
             cores), ``"scipy"`` (one sparse product per block), or ``"auto"`` (numba if installed).

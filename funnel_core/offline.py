@@ -82,7 +82,9 @@ def knn_graph(index_or_weights: Any, *, k: int = 20, threshold: float = 0.1, que
     Args:
         index_or_weights: A :class:`~funnel_core.bm25.BM25Index` over the documents, or its
             (documents x terms) weight matrix (:func:`funnel_core.cluster.bm25_weight_matrix`).
-        k, threshold, query_terms: As in :func:`funnel_core.cluster.knn_block`.
+        k: As in :func:`funnel_core.cluster.knn_block`.
+        threshold: As in :func:`funnel_core.cluster.knn_block`.
+        query_terms: As in :func:`funnel_core.cluster.knn_block`.
         engine: ``"local"`` (blocks one after the other in this process) or ``"ray"`` (each block
             of ``block_size`` rows is a Ray task; the blocks are stacked in order).
         block_size: Rows per block.

@@ -84,7 +84,8 @@ _MODEL_TESTS = {"test_mog_retriever_in_query_engine_with_trained_router"}  # tra
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        mod = getattr(item, "module", None)  # notebook items (nbmake) have none
+        module = mod.__name__.rsplit(".", 1)[-1] if mod else ""
         cls = getattr(item, "cls", None)
         standard = cls is not None and any(b.__module__.startswith("langchain_tests")
                                            for b in cls.__mro__[1:])
