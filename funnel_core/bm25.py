@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 
 import numpy as np
 
-from funnel_core.cache import LRUCache
+from funnel_core.cache import FreshOnCopy, LRUCache
 from funnel_core.errors import PersistError, check_positive_int, check_query
 from funnel_core.funnel import Stage
 from funnel_core.persist import check_number, load_snapshot, prepare_units, read_units, save_snapshot, write_units
@@ -171,7 +171,7 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
                 stopwords=stop, token_pattern=token_pattern, lower=lower, backend=backend, cjk=cjk)
 
 
-class BM25Index:
+class BM25Index(FreshOnCopy):
     """A BM25 index over :class:`~funnel_core.units.Unit` objects.
 
     Args:
@@ -195,6 +195,9 @@ class BM25Index:
     concurrent searches see either the old or the new index, never a mix. The index keeps its
     own copies of the units: editing them afterwards does not change results.
     """
+
+    #: the per-thread stemmer cache and the writer lock are rebuilt in copies and unpickled indexes
+    _fresh_on_copy = {"_write_lock": threading.Lock, "_local": threading.local}
 
     def __init__(self, *, method: str = "lucene", k1: float = 1.5, b: float = 0.75,
                  delta: float = 0.5, stemmer: str | None = "english",
@@ -235,18 +238,6 @@ class BM25Index:
                 f"unknown stemmer language {lang!r}; use one of Stemmer.algorithms() "
                 "(e.g. 'english') or stemmer=None."
             ) from exc
-
-    def __getstate__(self) -> dict:
-        # the per-thread stemmer cache cannot be pickled or deep-copied; it is rebuilt lazily
-        state = self.__dict__.copy()
-        state.pop("_local", None)
-        state.pop("_write_lock", None)
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._local = threading.local()
-        self._write_lock = threading.Lock()
 
     def _stemmer(self):
         # PyStemmer objects are not thread-safe: one per thread.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Callable, Generic, Hashable, Iterator, MutableMapping, TypeVar
+from typing import Any, Callable, ClassVar, Generic, Hashable, Iterator, MutableMapping, TypeVar
 
 from funnel_core.errors import check_positive_int
 
@@ -74,3 +74,21 @@ class LRUCache(MutableMapping, Generic[K, V]):
 
     def __repr__(self) -> str:  # pragma: no cover
         return f"LRUCache(maxsize={self.maxsize}, size={len(self)})"
+
+
+class FreshOnCopy:
+    """Mixin for objects holding locks or thread-locals: pickling and deep copies drop the
+    attributes named in ``_fresh_on_copy`` and the copy makes its own from the given factories."""
+
+    _fresh_on_copy: ClassVar[dict[str, Callable[[], Any]]] = {"_write_lock": threading.Lock}
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        for name in self._fresh_on_copy:
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        for name, make in self._fresh_on_copy.items():
+            setattr(self, name, make())

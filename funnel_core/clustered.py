@@ -18,7 +18,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from funnel_core.bm25 import FILTER_CACHE_SIZE, BM25Index, MetadataFilter, metadata_mask
-from funnel_core.cache import LRUCache
+from funnel_core.cache import FreshOnCopy, LRUCache
 from funnel_core.cluster import Clustering, bm25_knn_adjacency, build_clusters, link_adjacency
 from funnel_core.errors import PersistError, check_positive_int
 from funnel_core.funnel import Stage
@@ -54,7 +54,7 @@ def _cluster_number(cluster_id: str) -> int:
     return int(tail) if tail.isdigit() else -1
 
 
-class ClusteredBM25Index:
+class ClusteredBM25Index(FreshOnCopy):
     """Documents clustered into ~``max_tokens`` units, with a BM25 index over the clusters.
 
     Args:
@@ -92,15 +92,6 @@ class ClusteredBM25Index:
 
     # -- state views -----------------------------------------------------------------------
 
-    def __getstate__(self) -> dict:
-        # a lock cannot be pickled or deep-copied: the copy gets its own
-        state = self.__dict__.copy()
-        state.pop("_write_lock", None)
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._write_lock = threading.Lock()
     @property
     def documents(self) -> list[Unit]:
         st = self._state

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from funnel_core.cache import FreshOnCopy
 from funnel_core.errors import PersistError, check_positive_int, check_query
 from funnel_core.funnel import Stage
 from funnel_core.persist import load_snapshot, prepare_units, read_units, save_snapshot, write_units
@@ -81,7 +82,8 @@ class _DenseState:
     pos: dict
 
 
-class DenseIndex:
+
+class DenseIndex(FreshOnCopy):
     """Exact dense retrieval (inner product over normalised embeddings) over units.
 
     Units and embeddings live in one immutable state object swapped in a single assignment by
@@ -98,15 +100,6 @@ class DenseIndex:
         self._write_lock = threading.Lock()
 
 
-    def __getstate__(self) -> dict:
-        # a lock cannot be pickled or deep-copied: the copy gets its own
-        state = self.__dict__.copy()
-        state.pop("_write_lock", None)
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._write_lock = threading.Lock()
     @property
     def units(self) -> list[Unit]:
         return list(self._state.units)
