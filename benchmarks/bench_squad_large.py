@@ -362,9 +362,13 @@ def parse_funnel(name: str):
     return int(parts[1][1:]), int(parts[2][1:]), int(parts[3][2:])
 
 
-def time_pipelines(pipes, timing_qs, warm_q, pid_index, ans, ranks_cached):
+def time_pipelines(pipes, timing_qs, warm_q, pid_index, ans, ranks_cached, max_seconds=None, log=None):
     """Seconds per query of each real pipeline; systems run round-robin per question, so a change in
-    the machine's load falls on all of them alike. The shared models are loaded and warmed first."""
+    the machine's load falls on all of them alike. The shared models are loaded and warmed first.
+
+    ``max_seconds`` stops after the question during which the budget ran out (every system has then
+    been timed on the same questions); ``log`` (a list) receives one record per question with its
+    1-minute load average before and after and each system's seconds."""
     warmed = set()
     for name, pipe in pipes.items():
         key = "funnel" if name.startswith("funnel") else ("ce" if "->" in name else name)
@@ -372,7 +376,12 @@ def time_pipelines(pipes, timing_qs, warm_q, pid_index, ans, ranks_cached):
             pipe.search(warm_q.question)
             warmed.add(key)
     secs, agree, pair_counts = (defaultdict(list) for _ in range(3))
+    start = time.perf_counter()
     for j, q in enumerate(timing_qs):
+        if max_seconds is not None and time.perf_counter() - start > max_seconds:
+            print(f"  [time] budget of {max_seconds:.0f} s spent after {j} questions", flush=True)
+            break
+        load_q = os.getloadavg()[0]
         for name, pipe in pipes.items():
             t0 = time.perf_counter()
             r = pipe.search(q.question)
@@ -383,6 +392,9 @@ def time_pipelines(pipes, timing_qs, warm_q, pid_index, ans, ranks_cached):
             agree[name].append(float((0 < hit <= 4) == (0 < cached <= 4)))
             pair_counts[name].append(sum(s.units_in for s in r.trace.stages
                                          if s.name in ("rerank", "pre_ranking", "post_ranking")))
+        if log is not None:
+            log.append({"id": q.id, "load1_before": load_q, "load1_after": os.getloadavg()[0],
+                        "seconds": {name: secs[name][-1] for name in pipes}})
         print(f"  [time] question {j + 1}/{len(timing_qs)} done, load {os.getloadavg()[0]:.1f}", flush=True)
     res = {}
     for name in pipes:
@@ -445,14 +457,24 @@ def comparisons(rows, ranks, qs, best_funnel, n_boot):
     near_time = min(flat, key=lambda n: abs(np.log(flat[n]["seconds_p50"] / f["seconds_p50"])))
     near_ar = min(flat, key=lambda n: (abs(flat[n]["AR@4"] - f["AR@4"]), flat[n]["seconds_p50"]))
     best_flat = max(flat, key=lambda n: (flat[n]["AR@4"], -flat[n]["seconds_p50"]))
+    # equal AR@4: the fastest flat system with at least the funnel's AR@4 (else the most accurate one);
+    # equal time: the most accurate flat system no slower than the funnel (else the fastest one)
+    reach = [n for n in flat if flat[n]["AR@4"] >= f["AR@4"]]
+    equal_ar = (min(reach, key=lambda n: (flat[n]["seconds_p50"], -flat[n]["AR@4"])) if reach else best_flat)
+    within = [n for n in flat if flat[n]["seconds_p50"] <= f["seconds_p50"]]
+    equal_time = (max(within, key=lambda n: (flat[n]["AR@4"], -flat[n]["seconds_p50"])) if within
+                  else min(flat, key=lambda n: flat[n]["seconds_p50"]))
     fh = ar([ranks[best_funnel][q.id] for q in qs], 4)
-    for label, other in (("nearest_in_time", near_time), ("nearest_in_AR@4", near_ar), ("best_flat", best_flat)):
+    for label, other in (("nearest_in_time", near_time), ("nearest_in_AR@4", near_ar), ("best_flat", best_flat),
+                         ("equal_AR@4", equal_ar), ("equal_time", equal_time)):
         oh = ar([ranks[other][q.id] for q in qs], 4)
         out[label] = {"flat": other, "AR@4_funnel": f["AR@4"], "AR@4_flat": flat[other]["AR@4"],
                       "AR@4_difference": paired_bootstrap(fh, oh, n_boot=n_boot),
                       "mcnemar_exact": mcnemar_exact(fh, oh),
                       "seconds_p50_funnel": f["seconds_p50"], "seconds_p50_flat": flat[other]["seconds_p50"],
                       "time_ratio_funnel_over_flat": f["seconds_p50"] / flat[other]["seconds_p50"]}
+    out["equal_AR@4"]["flat_reaches_funnel_AR@4"] = bool(reach)
+    out["equal_time"]["flat_within_funnel_time"] = bool(within)
     return out
 
 

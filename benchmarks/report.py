@@ -10,6 +10,11 @@ that produced it, its sample size and its interval. Where a JSON holds per-quest
 a bootstrap interval the row shows that; for a proportion with only its mean and n recorded the
 row shows a Wilson 95% interval (marked "Wilson"); where neither is possible the row says so.
 A row whose JSON is missing (or lacks the fields) is left out with a warning.
+
+To add a block: write a function returning the block's markdown, decorate it with
+``@block("name")`` and put the two markers in a file of ``FILES``. To add rows to the README's
+summary table: a function returning ``Part`` tuples, decorated with ``@readme_rows(what, command)``.
+``table(header, rows, note)`` renders every table.
 """
 
 from __future__ import annotations
@@ -20,11 +25,38 @@ import math
 import re
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 Row = tuple[str, str, str, str, str]   # what, result, n, interval, command
+Part = tuple[str, str, str, str]       # what, result, n, interval (the registration adds the command)
+
+#: block name -> renderer; filled by ``@block``
+BLOCKS: dict[str, Callable[[], str]] = {}
+#: (what, renderer of README rows) in table order; filled by ``@readme_rows``
+README_ROWS: list[tuple[str, Callable[[], list[Row]]]] = []
+
+
+def block(name: str) -> Callable[[Callable[[], str]], Callable[[], str]]:
+    """Register the renderer of the block ``<!-- results:NAME:begin/end -->``."""
+    def register(fn: Callable[[], str]) -> Callable[[], str]:
+        if name in BLOCKS:
+            raise ValueError(f"block {name!r} is registered twice ({BLOCKS[name].__name__}, {fn.__name__})")
+        BLOCKS[name] = fn
+        return fn
+    return register
+
+
+def readme_rows(what: str, command: str | None = None):
+    """Register rows of the README's results table. With ``command`` the function returns ``Part``
+    tuples and every row gets that command; without, it returns whole ``Row`` tuples."""
+    def register(fn: Callable[[], list]) -> Callable[[], list]:
+        def rows() -> list[Row]:
+            return [(*r, command) for r in fn()] if command is not None else fn()
+        README_ROWS.append((what, rows))
+        return fn
+    return register
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -55,10 +87,33 @@ def wci(p: float, n: int) -> str:
     return f"{ci(wilson(p, n))} (Wilson)"
 
 
-def md_table(header: list[str], rows: list[list[str]]) -> str:
+def table(header: Sequence[str], rows: Sequence[Sequence[str]], note: str = "") -> str:
+    """A markdown table, after ``note`` (a paragraph naming command, sample and interval) if given."""
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(out)
+    return (note.rstrip() + "\n\n" if note else "") + "\n".join(out)
+
+
+def versus(metric: str, items: Sequence[tuple[str, str]], sep: str = ", ") -> str:
+    """``"metric a 0.1, b 0.2"``: one measurement of several systems in one cell."""
+    return (f"{metric} " if metric else "") + sep.join(f"{label} {value}" for label, value in items)
+
+
+def bold_max(values: Sequence[float | None], digits: int = 3) -> list[str]:
+    """Format ``values``; the largest (after rounding) in bold, every tie included; None -> blank."""
+    shown = [None if v is None else round(v, digits) for v in values]
+    top = max((v for v in shown if v is not None), default=None)
+    return ["" if v is None else (f"**{v:.{digits}f}**" if v == top else f"{v:.{digits}f}") for v in shown]
+
+
+def secs(x: float) -> str:
+    """Seconds for a table cell: two decimals, or two significant digits below 0.01 s."""
+    return f"{x:.2g}" if abs(x) < 0.01 else f"{x:.2f}"
+
+
+def count(n: int) -> str:
+    """10000 -> 10k, 1000000 -> 1M."""
+    return f"{n // 1_000_000}M" if n % 1_000_000 == 0 else (f"{n // 1000}k" if n % 1000 == 0 else f"{n:,}")
 
 
 # -- the large SQuAD benchmark (issue 15) --------------------------------------------------------
@@ -70,72 +125,126 @@ def large_cmd(d: dict) -> str:
     return f"`{d['command']}` (see docs/benchmarks.md)"
 
 
-def large_sentences(d: dict) -> list[str]:
-    """Where the funnel beats the best flat system and where it does not, from the JSON."""
+def _system(name: str, ar4: float, seconds: float) -> str:
+    return f"`{name}` (AR@4 {f3(ar4)}, {seconds:.2f} s/query)"
+
+
+def _diff(x: dict) -> str:
+    diff, mc = x["AR@4_difference"], x["mcnemar_exact"]
+    return (f"AR@4 funnel - flat **{diff['difference']:+.3f}** (paired bootstrap 95% {ci(diff['ci'])}; McNemar exact "
+            f"p = {mc['p_value']:.3g}, {mc['a_only']} vs {mc['b_only']} discordant questions)")
+
+
+def _verdict(diff: dict) -> str:
+    lo, hi = diff["ci"]
+    return ("the funnel is more accurate" if lo > 0 else "the funnel is less accurate" if hi < 0
+            else "no difference the sample can resolve")
+
+
+def large_plain(d: dict) -> list[str]:
+    """Where the funnel beats the best flat system and where it does not, in plain words, from the JSON:
+    at equal AR@4 the time ratio, at equal time the AR@4 difference with its interval."""
     c = d["comparison"]
     f = c["funnel"]
     rows = d["systems_dev_a"]
-    out = []
-    for key, label in (("nearest_in_AR@4", "the flat system nearest in AR@4"),
-                       ("nearest_in_time", "the flat system nearest in time"),
-                       ("best_flat", "the best flat system")):
-        if key not in c:
-            continue
-        x = c[key]
-        diff = x["AR@4_difference"]
-        mc = x["mcnemar_exact"]
-        out.append(
-            f"Against {label}, `{x['flat']}` (AR@4 {f3(x['AR@4_flat'])}, {x['seconds_p50_flat']:.2f} s/query), "
-            f"the funnel chosen on train, `{f}` (AR@4 {f3(x['AR@4_funnel'])}, {x['seconds_p50_funnel']:.2f} s/query), "
-            f"differs by **{diff['difference']:+.3f} AR@4** (paired bootstrap 95% {ci(diff['ci'])}; McNemar exact "
-            f"p = {mc['p_value']:.3g}, {mc['a_only']} vs {mc['b_only']} discordant questions) at "
-            f"**{x['time_ratio_funnel_over_flat']:.2f}x** the time.")
-    # the same question in cross-encoder pairs per query (the cost that does not depend on the machine)
-    allflat = {n: r for n, r in rows.items() if r["kind"] == "flat"}
     fr = rows[f]
+    out = []
+    if "equal_AR@4" in c:
+        x = c["equal_AR@4"]
+        ratio = x["time_ratio_funnel_over_flat"]
+        who = (f"the fastest flat system with at least the funnel's AR@4, {_system(x['flat'], x['AR@4_flat'], x['seconds_p50_flat'])}"
+               if x.get("flat_reaches_funnel_AR@4") else
+               f"no flat system reaches the funnel's AR@4; the most accurate one, "
+               f"{_system(x['flat'], x['AR@4_flat'], x['seconds_p50_flat'])}")
+        out.append(f"**At equal AR@4 the funnel is {'faster' if ratio < 1 else 'slower'}**: the funnel chosen on train, "
+                   f"{_system(f, x['AR@4_funnel'], x['seconds_p50_funnel'])}, takes **{ratio:.2f}x the time** of {who}; "
+                   f"{_diff(x)}.")
+    if "equal_time" in c:
+        x = c["equal_time"]
+        who = (f"the most accurate flat system no slower than the funnel, "
+               f"{_system(x['flat'], x['AR@4_flat'], x['seconds_p50_flat'])}"
+               if x.get("flat_within_funnel_time") else
+               f"every flat system is slower than the funnel; the fastest, {_system(x['flat'], x['AR@4_flat'], x['seconds_p50_flat'])}")
+        out.append(f"**At equal time, {_verdict(x['AR@4_difference'])}**: against {who}, {_diff(x)}; the funnel takes "
+                   f"{x['time_ratio_funnel_over_flat']:.2f}x its time.")
+    flats = {n: r for n, r in rows.items() if r["kind"] == "flat" and "seconds_p50" in r}
+    funnels = {n: r for n, r in rows.items() if r["kind"] == "funnel" and "seconds_p50" in r}
+    undominated = [n for n, r in funnels.items()
+                   if not any(o["AR@4"] >= r["AR@4"] and o["seconds_p50"] <= r["seconds_p50"] for o in flats.values())]
+    out.append(f"Of the {len(funnels)} timed funnel configurations, "
+               + (f"{len(undominated)} are not matched by a flat system at least as accurate in at most their time: "
+                  + ", ".join(f"`{n}`" for n in undominated) + "."
+                  if undominated else
+                  f"none beats the flat systems: for each, a flat system (of {len(flats)} timed) is at least as "
+                  "accurate in at most its time."))
+    allflat = {n: r for n, r in rows.items() if r["kind"] == "flat"}
     reach = [n for n in allflat if allflat[n]["AR@4"] >= fr["AR@4"]]
-    if reach:
+    if reach:  # the cost that does not depend on the machine
         cheapest = min(reach, key=lambda n: allflat[n]["pairs_per_query"])
         cr = allflat[cheapest]
-        out.append(f"In cross-encoder pairs per query: the cheapest flat system with at least the funnel's AR@4 is "
-                   f"`{cheapest}` (AR@4 {f3(cr['AR@4'])} with {cr['pairs_per_query']:.0f} pairs/query) against "
-                   f"{fr['pairs_per_query']:.0f} pairs/query for `{f}` "
+        out.append(f"In cross-encoder pairs per query (independent of the machine): the cheapest flat system with at least "
+                   f"the funnel's AR@4 is `{cheapest}` (AR@4 {f3(cr['AR@4'])} with {cr['pairs_per_query']:.0f} pairs/query) "
+                   f"against {fr['pairs_per_query']:.0f} pairs/query for `{f}` "
                    f"({fr['pairs_per_query'] / max(cr['pairs_per_query'], 1e-9):.1f}x the pairs).")
     else:
         best = max(allflat, key=lambda n: allflat[n]["AR@4"])
         out.append(f"No flat system reaches the funnel's AR@4 ({f3(fr['AR@4'])}); the best flat system is `{best}` "
                    f"({f3(allflat[best]['AR@4'])}, {allflat[best]['pairs_per_query']:.0f} pairs/query vs "
                    f"{fr['pairs_per_query']:.0f}).")
-    # where does any funnel dominate any flat system?
-    flats = {n: r for n, r in rows.items() if r["kind"] == "flat" and "seconds_p50" in r}
-    funnels = {n: r for n, r in rows.items() if r["kind"] == "funnel" and "seconds_p50" in r}
-    best_flat = max(flats, key=lambda n: flats[n]["AR@4"]) if flats else None
-    if best_flat:
-        bf = flats[best_flat]
-        faster_equal = [n for n, r in funnels.items()
-                        if r["AR@4_ci95"][1] >= bf["AR@4"] and r["seconds_p50"] < bf["seconds_p50"]]
-        out.append(
-            f"Highest AR@4 of any flat system: `{best_flat}` {f3(bf['AR@4'])} {ci(bf['AR@4_ci95'])}; of any funnel: "
-            f"`{max(funnels, key=lambda n: funnels[n]['AR@4'])}` {f3(max(r['AR@4'] for r in funnels.values()))}. "
-            + ("Funnels whose AR@4 interval reaches the best flat system's AR@4 at less time: "
-               + ", ".join(f"`{n}` ({funnels[n]['seconds_p50'] / bf['seconds_p50']:.2f}x time)" for n in faster_equal)
-               + "." if faster_equal else
-               "No funnel configuration reaches the best flat system's AR@4 (within its interval) in less time."))
     return out
 
 
+def large_nearest(d: dict) -> list[str]:
+    """The paired comparisons the issue asks for: the flat system nearest in AR@4, nearest in time, best."""
+    c = d["comparison"]
+    f = c["funnel"]
+    out = []
+    for key, label in (("nearest_in_AR@4", "the flat system nearest in AR@4"),
+                       ("nearest_in_time", "the flat system nearest in time"),
+                       ("best_flat", "the most accurate flat system")):
+        if key in c:
+            x = c[key]
+            out.append(f"Against {label}, {_system(x['flat'], x['AR@4_flat'], x['seconds_p50_flat'])}, the funnel "
+                       f"{_system(f, x['AR@4_funnel'], x['seconds_p50_funnel'])}: {_diff(x)} at "
+                       f"**{x['time_ratio_funnel_over_flat']:.2f}x** the time.")
+    rows = d["systems_dev_a"]
+    flats = {n: r for n, r in rows.items() if r["kind"] == "flat"}
+    funnels = {n: r for n, r in rows.items() if r["kind"] == "funnel"}
+    bf = max(flats, key=lambda n: flats[n]["AR@4"])
+    bu = max(funnels, key=lambda n: funnels[n]["AR@4"])
+    out.append(f"Highest AR@4 of any flat system: `{bf}` {f3(flats[bf]['AR@4'])} {ci(flats[bf]['AR@4_ci95'])}; "
+               f"of any funnel: `{bu}` {f3(funnels[bu]['AR@4'])} {ci(funnels[bu]['AR@4_ci95'])}.")
+    return out
+
+
+def timing_note(d: dict) -> str:
+    s = d["samples"]
+    if "timing_run" not in d:
+        return f"time on {s['dev_a_timing']} dev-a questions"
+    lq = d.get("load_average_per_question") or {}
+    per_q = (f"; 1-minute load average over the timed questions: median {lq['median']:.1f}, range "
+             f"{lq['min']:.1f}-{lq['max']:.1f}" if lq else "")
+    return (f"time: median (p50) and p95 over {s['dev_a_timing']} dev-a questions, systems run round-robin per "
+            f"question, warm models, `{d['timing_run']['command']}` (load average "
+            f"{d['load_average_before_timing'][0]:.0f} before and {d['load_average_after_timing'][0]:.0f} after on the "
+            f"2 shared cores{per_q})")
+
+
+@block("large-summary")
 def block_large_readme() -> str:
     d = large()
     s = d["samples"]
-    return "\n\n".join(large_sentences(d)) + (
-        f"\n\n(SQuAD train + dev-a corpus, {d['corpus']['passages']:,} passages; {s['dev_a_report']:,} dev-a "
-        f"questions for AR@4, {s['dev_a_timing']} for time; choices tuned on {s['train_tuning']} train questions; "
-        "full table, plot and method in [docs/benchmarks.md](docs/benchmarks.md).)")
+    return "\n\n".join(f"- {x}" for x in large_plain(d)) + (
+        f"\n\n(SQuAD train + dev-a corpus, {d['corpus']['passages']:,} passages; AR@4 on {s['dev_a_report']:,} dev-a "
+        f"questions; {timing_note(d)}; choices tuned on {s['train_tuning']} train questions; full table, plot and "
+        "method in [docs/benchmarks.md](docs/benchmarks.md).)")
 
 
+@block("large-systems")
 def block_large_systems() -> str:
     d = large()
     rows = d["systems_dev_a"]
+
     def natural(name: str):
         return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
@@ -150,34 +259,34 @@ def block_large_systems() -> str:
                        f"{r['seconds_p50']:.3f}" if "seconds_p50" in r else "",
                        f"{r['seconds_p95']:.3f}" if "seconds_p95" in r else ""])
     s = d["samples"]
-    head = (f"{s['dev_a_report']:,} dev-a questions (AR), {s['dev_a_timing']} timed; command: "
-            f"{large_cmd(d)}. Best funnel chosen on {s['train_tuning']} train questions: "
-            f"`{d['best_funnel_chosen_on_train']}`. Hybrid alpha (train): {d['hybrid']['alpha']}. "
-            f"HNSW recall@100 vs exact search: {d['dense']['recall@100_hnsw_vs_exact']:.3f}."
-            + (f" Times: `{d['timing_run']['command']}` (systems with no time were not timed; load average "
-               f"{d['load_average_before_timing'][0]:.0f} before and {d['load_average_after_timing'][0]:.0f} after "
-               "on the 2 shared cores)." if "timing_run" in d else "") + "\n\n")
-    return head + md_table(["system", "kind", "AR@1", "AR@2", "AR@3", "AR@4", "AR@4 95% CI (bootstrap)",
-                            "AR@10", "AR@20", "CE pairs/query", "s/query p50", "s/query p95"], body)
+    note = (f"{s['dev_a_report']:,} dev-a questions (AR); command: {large_cmd(d)}. Best funnel chosen on "
+            f"{s['train_tuning']} train questions: `{d['best_funnel_chosen_on_train']}`. Hybrid alpha (train): "
+            f"{d['hybrid']['alpha']}. HNSW recall@100 vs exact search: {d['dense']['recall@100_hnsw_vs_exact']:.3f}. "
+            f"{timing_note(d)[0].upper() + timing_note(d)[1:]}; systems with no time were not timed.")
+    return table(["system", "kind", "AR@1", "AR@2", "AR@3", "AR@4", "AR@4 95% CI (bootstrap)",
+                  "AR@10", "AR@20", "CE pairs/query", "s/query p50", "s/query p95"], body, note)
 
 
+@block("large-comparison")
 def block_large_comparison() -> str:
-    return "\n".join(f"- {s}" for s in large_sentences(large()))
+    d = large()
+    return "\n".join(f"- {s}" for s in large_plain(d) + large_nearest(d))
 
 
+@block("large-cluster-recall")
 def block_large_cluster_recall() -> str:
     d = large()
     out = []
     for s, rows in d["cluster_recall_dev_a"].items():
         info = d["corpus"]["clusters"].get(s, {})
-        out.append(f"**S = {s}** ({info.get('clusters', '?')} clusters, "
-                   f"{info.get('mean_documents_per_cluster', float('nan')):.2f} documents each on average)\n")
-        out.append(md_table(["K clusters", "documents", "answer recall, clusters", "95% CI (bootstrap)",
-                             "flat BM25, same #docs", "flat dense, same #docs", "clusters - BM25 (paired 95% CI)"],
-                            [[str(r["K"]), f"{r['mean_documents']:.1f}", f3(r["clusters"]), ci(r["clusters_ci95"]),
-                              f3(r["flat_bm25_documents"]), f3(r["flat_dense_documents"]),
-                              f"{r['clusters_minus_bm25']['difference']:+.3f} {ci(r['clusters_minus_bm25']['ci'])}"]
-                             for r in rows]))
+        out.append(table(["K clusters", "documents", "answer recall, clusters", "95% CI (bootstrap)",
+                          "flat BM25, same #docs", "flat dense, same #docs", "clusters - BM25 (paired 95% CI)"],
+                         [[str(r["K"]), f"{r['mean_documents']:.1f}", f3(r["clusters"]), ci(r["clusters_ci95"]),
+                           f3(r["flat_bm25_documents"]), f3(r["flat_dense_documents"]),
+                           f"{r['clusters_minus_bm25']['difference']:+.3f} {ci(r['clusters_minus_bm25']['ci'])}"]
+                          for r in rows],
+                         f"**S = {s}** ({info.get('clusters', '?')} clusters, "
+                         f"{info.get('mean_documents_per_cluster', float('nan')):.2f} documents each on average)"))
         out.append("")
     n = d["samples"]["dev_a_report"]
     return (f"Answer recall of the documents inside the top-K clusters vs the same number of documents from flat "
@@ -185,11 +294,12 @@ def block_large_cluster_recall() -> str:
             f"questions; command: {large_cmd(d)}.\n\n" + "\n".join(out).rstrip())
 
 
+@block("large-ce")
 def block_large_ce() -> str:
     t = load("squad_ce_training.json")
     curve = t.get("loss_curve", [])
     pts = ", ".join(f"{c['step']}: {c['loss']:.2f}" for c in curve[:: max(1, len(curve) // 8)])
-    return md_table(["what", "value"], [
+    return table(["what", "value"], [
         ["init", t["init"]], ["training questions", f"{t['groups']:,} groups from {t['train_questions_sampled']:,} "
                                                     "sampled SQuAD train questions (the 400 tuning questions excluded)"],
         ["positives / negatives", f"{t['positives']}; {t['negatives']}"],
@@ -200,177 +310,285 @@ def block_large_ce() -> str:
         ["command", "; ".join(f"`{c}`" for c in t.get("commands", []))]])
 
 
+# -- clustering at scale (issue 15 item 5) -------------------------------------------------------
+CLUSTER_STEPS = ("bm25_index", "knn_graph", "algorithm1", "cluster_units", "cluster_index")
+CLUSTER_RUN_ORDER = ("squad", "before", "after", "before_cpu", "after_cpu", "after_cpu_knn_sample")
+
+
+def cluster_command(run: dict, row: dict) -> str:
+    """The bench_cluster_scale.py command of a row, from the arguments and fields its JSON recorded."""
+    a = run.get("args", {})
+    parts = ["python benchmarks/bench_cluster_scale.py"]
+    parts += ["--squad"] if a.get("squad") else [f"--sizes {row['n_documents']}"]
+    parts += [f"--label {a['label']}"] if a.get("label") else []
+    parts += ["--code-root OLD_CODE"] if a.get("label") == "before" else []
+    sample = row["knn_sample"]["rows"] if isinstance(row.get("knn_sample"), dict) else a.get("knn_sample")
+    parts += [f"--knn-sample {sample}"] if sample else []
+    return " ".join(parts)
+
+
+@block("cluster-scale")
+def block_cluster_scale() -> str:
+    c = load("cluster_scale.json")
+    tgt = c["target"]
+    runs = c["runs"]
+    body = []
+    for name in [n for n in CLUSTER_RUN_ORDER if n in runs] + [n for n in runs if n not in CLUSTER_RUN_ORDER]:
+        run = runs[name]
+        for r in run["rows"]:
+            st = r.get("step_seconds", {})
+            knn = (f"~{r['knn_sample']['estimated_knn_graph_seconds']:,.0f} (sampled {r['knn_sample']['rows']:,} rows)"
+                   if "knn_sample" in r and "knn_graph" not in st else f"{st['knn_graph']:.0f}" if "knn_graph" in st else "")
+            alg = (f"{st['algorithm1'] + st['cluster_units']:.0f}" if "algorithm1" in st else "")
+            body.append([f"`{name}`", r.get("corpus", "synthetic"), f"{r['n_documents']:,}",
+                         f"{st['bm25_index']:.0f}" if "bm25_index" in st else "", knn, alg,
+                         f"{st['cluster_index']:.0f}" if "cluster_index" in st else "",
+                         f"{r['pipeline_seconds']:.0f}" if r.get("pipeline_seconds") else "not run in full",
+                         f"{r['cpu_seconds']:.0f}" if r.get("cpu_seconds") else "",
+                         f"{r['peak_rss_mib'] / 1024:.2f}", f"{r['load_average_at_start'][0]:.1f}",
+                         f"{r['n_clusters']:,}" if "n_clusters" in r else "",
+                         f"`{cluster_command(run, r)}`"])
+    note = (f"The real clustering pipeline (BM25 index -> BM25 kNN graph -> Algorithm 1 + cluster units -> "
+            f"cluster BM25 index), one subprocess per row, wall-clock seconds per step on the 2 shared cores (the "
+            f"1-minute load average at the start is in the table; the process CPU seconds do not depend on it), one "
+            f"run per row, so no interval. `before` rows run the code before the kNN rewrite (`--code-root`), "
+            f"`after` rows the current code. Target: {tgt['n_documents']:,} documents in under {tgt['seconds']} s and "
+            f"{tgt['peak_rss_gib']} GiB peak RSS.")
+    out = [table(["run", "corpus", "documents", "BM25 index s", "kNN graph s", "Algorithm 1 + units s",
+                  "cluster index s", "pipeline s (wall)", "CPU s", "peak RSS GiB", "load avg", "clusters",
+                  "command"], body, note)]
+    full = [(name, r) for name, run in runs.items() for r in run["rows"]
+            if r["n_documents"] == tgt["n_documents"] and r.get("pipeline_seconds")]
+    for name, r in full:
+        met_t = r["pipeline_seconds"] <= tgt["seconds"]
+        met_m = r["peak_rss_mib"] / 1024 <= tgt["peak_rss_gib"]
+        dom = max(r["step_seconds"], key=r["step_seconds"].get)
+        out.append(f"At {r['n_documents']:,} documents (`{name}`) the pipeline ran end to end in "
+                   f"**{r['pipeline_seconds']:.0f} s** wall ({'meets' if met_t else 'misses'} the {tgt['seconds']} s "
+                   f"target; {r['cpu_seconds']:.0f} CPU seconds) with **{r['peak_rss_mib'] / 1024:.1f} GiB** peak RSS "
+                   f"({'meets' if met_m else 'misses'} the {tgt['peak_rss_gib']} GiB target); the slowest step is "
+                   f"`{dom}` ({r['step_seconds'][dom]:.0f} s, {r['step_seconds'][dom] / r['pipeline_seconds']:.0%}).")
+    for name, run in runs.items():
+        fits, ex = run.get("cpu_fits") or {}, run.get("extrapolation_21M_cpu") or {}
+        fits = {k: v for k, v in fits.items() if v}
+        if fits and ex:
+            sizes = sorted({n for v in fits.values() for n in v["sizes"]})
+            out.append(f"Power-law fits of CPU seconds `t = a * n^b` over {' and '.join(f'{n:,}' for n in sizes)} "
+                       f"documents (`{name}`): " + ", ".join(f"`{k}` b = {v['exponent']:.2f}" for k, v in fits.items())
+                       + f". Extrapolated to FunnelRAG's 21M documents: **{ex['cpu_hours_fitted_steps']:,.0f} CPU hours**, "
+                       f"dominated by `{ex['dominant_step']}` (two sizes per fit: a rough extrapolation).")
+    return "\n\n".join(out)
+
+
 # -- README rows from the other JSON files -------------------------------------------------------
 def rows_readme() -> list[Row]:
     rows: list[Row] = []
-
-    def add(fn: Callable[[], list[Row]], what: str) -> None:
+    for what, fn in README_ROWS:
         try:
             rows.extend(fn())
-        except (FileNotFoundError, KeyError, TypeError, ValueError) as exc:
+        except (FileNotFoundError, KeyError, TypeError, ValueError, StopIteration) as exc:
             print(f"report: left out {what}: {type(exc).__name__}: {exc}", file=sys.stderr)
-
-    def squad_large_rows() -> list[Row]:
-        d = large()
-        r = d["systems_dev_a"]
-        s = d["samples"]
-        n = f"{s['dev_a_report']:,} dev-a q ({s['dev_a_timing']} timed)"
-        best_flat = max((k for k in r if r[k]["kind"] == "flat"), key=lambda k: r[k]["AR@4"])
-        bf = d["best_funnel_chosen_on_train"]
-        preset = next(k for k in r if "preset" in k)
-        out = []
-        for name in dict.fromkeys([best_flat, "hybrid -> CE@10", "bm25 -> CE@20", bf, preset]):
-            if name not in r:
-                continue
-            x = r[name]
-            t = f", {x['seconds_p50']:.2f} s/query p50" if "seconds_p50" in x else ""
-            out.append((f"large SQuAD corpus ({d['corpus']['passages']:,} passages): `{name}`",
-                        f"AR@4 **{f3(x['AR@4'])}**, AR@1 {f3(x['AR@1'])}, {x['pairs_per_query']:.0f} CE pairs/query{t}",
-                        n, ci(x["AR@4_ci95"]) + " (bootstrap)", large_cmd(d)))
-        k5 = next((row for row in d["cluster_recall_dev_a"].get("4096", []) if row["K"] == 5), None)
-        if k5:
-            out.append(("large SQuAD corpus: answer recall in top-5 clusters (S=4096) vs flat BM25 documents",
-                        f"{f3(k5['clusters'])} at {k5['mean_documents']:.1f} documents vs {f3(k5['flat_bm25_documents'])}",
-                        f"{s['dev_a_report']:,} dev-a q", ci(k5["clusters_ci95"]) + " (bootstrap)", large_cmd(d)))
-        return out
-
-    def ce_rows() -> list[Row]:
-        t = load("squad_ce_training.json")
-        return [("MiniLM cross-encoder trained on SQuAD train (listwise, BM25 hard negatives)",
-                 f"{t['steps']:,} steps, {t['train_seconds']:.0f} s on {t.get('gpu') or 'CPU'} ({t['dtype']}); "
-                 f"loss {t['loss_first50']:.2f} -> {t['loss_last50']:.2f}", f"{t['groups']:,} train questions",
-                 "n/a (training run)", "; ".join(f"`{c.split('#')[0].strip()}`" for c in t.get("commands", [])))]
-
-    def bm25_rows() -> list[Row]:
-        p = load("prerank.json")
-        b = load("bm25.json")
-        cmd = "`python benchmarks/bm25.py`".replace("bm25.py", "bench_bm25.py")
-        m = p["flat_bm25"]
-        out = [("flat BM25, SciFact test nDCG@10", f"**{m['ndcg@10']:.3f}** (published: BEIR {p['published']['bm25_beir']}, "
-                f"Pyserini {p['published']['bm25_pyserini_flat']}); Recall@100 {m['recall@100']:.3f}",
-                f"{p['queries']} test queries", "not recorded", cmd)]
-        sp = b["speed_scifact"]["systems"]
-        out.append(("BM25 queries/s vs LlamaIndex BM25 / LangChain community BM25 (SciFact)",
-                    f"{sp['ours']['qps']:,.0f} vs {sp['llama_index_bm25']['qps']:,.0f} vs "
-                    f"{sp['langchain_community']['qps']:.1f}", f"{sp['ours']['queries_timed']} / "
-                    f"{sp['llama_index_bm25']['queries_timed']} / {sp['langchain_community']['queries_timed']} queries",
-                    "not recorded (one timing run)", cmd))
-        sy = b["speed_synthetic"]
-        ss = sy["systems"]
-        out.append((f"same, {sy['n_documents']:,} synthetic docs",
-                    f"{ss['ours']['qps']:,.0f} vs {ss['llama_index_bm25']['qps']:,.0f} vs {ss['langchain_community']['qps']:.1f}",
-                    f"{ss['ours']['queries_timed']} / {ss['llama_index_bm25']['queries_timed']} / "
-                    f"{ss['langchain_community']['queries_timed']} queries", "not recorded (one timing run)", cmd))
-        c = b["clustered"]
-        k5 = next(r for r in c["recall_at_k_clusters"] if r["k_clusters"] == 5)
-        out.append(("clustering SciFact (Algorithm 1, BM25 kNN, S=4096): recall of relevant docs in top-5 clusters",
-                    f"{c['n_documents']:,} docs -> {c['n_clusters']} clusters; {k5['recall_clustered']:.3f} at "
-                    f"{k5['mean_documents']:.0f} docs vs {k5['recall_flat_same_docs']:.3f} for flat BM25 at the same count",
-                    "SciFact test queries (count not recorded in bm25.json)", "not recorded", cmd))
-        for r in b.get("clustering_scale", []):
-            out.append((f"clustering time, {r['n_documents']:,} synthetic docs (BM25 index + kNN graph + Algorithm 1)",
-                        f"{r['total_seconds']:.1f} s ({r['bm25_index_seconds']:.0f} + {r['knn_graph_seconds']:.0f} + "
-                        f"{r['algorithm1_seconds']:.0f} s)", "one run", "not recorded (one run)", cmd))
-        return out
-
-    def prerank_rows() -> list[Row]:
-        out = []
-        for name, cmd in (("prerank.json", "`python benchmarks/prerank_model.py --retrain && python benchmarks/bench_prerank.py --tune-fuse-on-train 100`"),
-                          ("prerank_maxp100.json", "`python benchmarks/bench_prerank.py --window-words 100 --skip-throughput --fuse-weight 0.3 --out benchmarks/results/prerank_maxp100.json`")):
-            p = load(name)
-            dep = p["rerank"]["depths"]
-            mx = " (MaxP, 100-word windows)" if p["rerank"].get("window_words") else ""
-            out.append((f"SciFact-trained MiniLM cross-encoder{mx}: rerank BM25 top-10 / top-100, nDCG@10",
-                        f"alone **{dep['10']['cross_encoder']['ndcg@10']:.3f} / {dep['100']['cross_encoder']['ndcg@10']:.3f}**; "
-                        f"interpolated with BM25 (w 0.3) {dep['10']['interpolated_ce_bm25_w0.3']['ndcg@10']:.3f} / "
-                        f"{dep['100']['interpolated_ce_bm25_w0.3']['ndcg@10']:.3f}; flat BM25 {p['flat_bm25']['ndcg@10']:.3f}",
-                        f"{p['queries']} test queries", "not recorded", cmd))
-        return out
-
-    def funnel_rows() -> list[Row]:
-        f = load("funnel.json")
-        sq = f["squad"]
-        n = sq["n_questions"]
-        cmd = "`python benchmarks/bench_funnel.py --data ../shared/data`"
-        out = [(f"small SQuAD corpus ({sq['n_passages']:,} passages, dev-a only), flat dense top-400 -> CE vs funnel "
-                f"(SciFact-trained CE)",
-                f"AR@4 flat {sq['flat']['AR@4']:.2f}, {sq['flat']['seconds_per_query']:.2f} s/query; funnel "
-                f"{sq['funnel']['AR@4']:.2f}, {sq['funnel']['seconds_per_query']:.2f} s/query",
-                f"{n} questions", f"flat {wci(sq['flat']['AR@4'], n)}; funnel {wci(sq['funnel']['AR@4'], n)}", cmd)]
-        sc = f["scifact"]
-        out.append(("SciFact test, flat dense top-400 passages -> CE vs funnel",
-                    f"nDCG@10 flat {sc['flat']['ndcg@10']:.3f}, {sc['flat']['seconds_per_query']:.2f} s/query; funnel "
-                    f"{sc['funnel']['ndcg@10']:.3f}, {sc['funnel']['seconds_per_query']:.2f} s/query",
-                    f"{sc['n_queries']} queries", "not recorded", cmd))
-        return out
-
-    def hybrid_rows() -> list[Row]:
-        h = load("hybrid.json")
-        s = h["scifact"]
-        res = s["results"]
-        tuned = next(k for k in res if k.startswith(f"hybrid_alpha{s['best_alpha_minmax']}_minmax"))
-        cmd = "`python benchmarks/bench_hybrid.py`"
-        out = [("hybrid BM25 + MiniLM on SciFact test (alpha tuned on train)",
-                f"nDCG@10 **{res[tuned]['test']['ndcg@10']:.3f}** vs BM25 {res['bm25']['test']['ndcg@10']:.3f}, dense "
-                f"{res['dense_minilm']['test']['ndcg@10']:.3f}", f"{s['n_queries']['test']} test queries", "not recorded", cmd)]
-        c = h["squad_compression"]
-        n = c["n_questions_sampled"]
-        r = c["results"]
-        out.append(("extractive compression (SQuAD dev-a, BM25 top-5 paragraphs, ratio 0.4)",
-                    f"answer recall {r['before']['answer_recall']:.3f} -> {r['after_bm25']['answer_recall']:.3f} (BM25 "
-                    f"sentences), tokens x{r['after_bm25']['token_ratio_vs_before']:.2f}; random sentences "
-                    f"{r['after_random']['answer_recall']:.3f}", f"{n} questions",
-                    wci(r["after_bm25"]["answer_recall"], n), cmd))
-        q = h["query_classifier"]
-        out.append(("query classifier (labelled queries, 15 task types)", f"{q['folds']}-fold accuracy "
-                    f"{q['cv_accuracy_mean']:.3f} +- {q['cv_accuracy_std']:.3f} (sd over folds)",
-                    f"{q['n_examples']} queries", "sd over folds only", cmd))
-        return out
-
-    def mog_rows() -> list[Row]:
-        m = load("mog.json")
-        me = m["methods"]
-        n = m["n_test_questions"]
-        return [("Mix-of-Granularity on SQuAD dev-a (held-out half), AR@1",
-                 f"level 1 {me['level_1']['AR@1']:.3f}, level 5 {me['level_5']['AR@1']:.3f}, MoG {me['mog']['AR@1']:.3f}, "
-                 f"MoGG {me['mogg']['AR@1']:.3f}, AutoMerging {me['auto_merging']['AR@1']:.3f}", f"{n} questions",
-                 f"MoG {wci(me['mog']['AR@1'], n)}", f"`{m['command'].split(' --data')[0]}`")]
-
-    def fid_rows() -> list[Row]:
-        f = load("fid.json")
-        sp = f["speed"]["passages_per_second"]
-        q = f["quality"]
-        a = q["answer_recall"]
-        return [("FiD attention scorer speed (50 passages x 130 tokens, CPU), passages/s",
-                 f"MiniLM CE {sp['cross_encoder_minilm']:.2f}, FiD t5-small-sized {sp['t5-small-sized']:.2f}, t5-base-sized "
-                 f"{sp['t5-base-sized']:.2f}", f"{f['speed']['repeats']} repeats", "not recorded", "`python benchmarks/bench_fid.py`"),
-                ("decoder-only attention reranker (SmolLM2-135M), SQuAD AR@1",
-                 f"{a['attention_calibrated@1']:.3f} vs BM25 order {a['bm25@1']:.3f}", f"{q['questions_done']} questions",
-                 f"difference {ci(q['calibrated_vs_bm25']['bootstrap95'])} (bootstrap)", "`python benchmarks/bench_fid.py`")]
-
-    def llm_rows() -> list[Row]:
-        r = load("bench_rankrag.json")
-        f = load("bench_fbrag.json")
-        n = f["setup"]["questions"]
-        a = f["answer_recall_at_kept"]
-        return [("RankRAG with SmolLM2-135M, SciFact nDCG@10", f"{r['subset']['rankrag_ndcg@10']:.3f} vs BM25 "
-                 f"{r['subset']['bm25_ndcg@10']:.3f}", f"{r['setup']['queries']} queries", "not recorded",
-                 "`python benchmarks/bench_rankrag.py`"),
-                ("FB-RAG with SmolLM2-135M, SQuAD answer recall (3 chunks kept)",
-                 f"BM25 backward-only {a['backward_only_bm25']:.2f}, Ours-FB {a['ours_fb']:.2f}, Ours-F {a['ours_f']:.2f}",
-                 f"{n} questions", f"Ours-FB {wci(a['ours_fb'], n)}", "`python benchmarks/bench_fbrag.py`")]
-
-    for fn, what in ((squad_large_rows, "squad_large"), (ce_rows, "squad_ce_training"), (bm25_rows, "bm25"),
-                     (prerank_rows, "prerank"), (funnel_rows, "funnel"), (hybrid_rows, "hybrid"),
-                     (mog_rows, "mog"), (fid_rows, "fid"), (llm_rows, "rankrag/fbrag")):
-        add(fn, what)
     return rows
 
 
+@readme_rows("squad_large")
+def squad_large_rows() -> list[Row]:
+    d = large()
+    r = d["systems_dev_a"]
+    s = d["samples"]
+    n = f"{s['dev_a_report']:,} dev-a q ({s['dev_a_timing']} timed)"
+    best_flat = max((k for k in r if r[k]["kind"] == "flat"), key=lambda k: r[k]["AR@4"])
+    bf = d["best_funnel_chosen_on_train"]
+    preset = next(k for k in r if "preset" in k)
+    out = []
+    for name in dict.fromkeys([best_flat, "hybrid -> CE@10", "bm25 -> CE@20", bf, preset]):
+        if name not in r:
+            continue
+        x = r[name]
+        t = f", {x['seconds_p50']:.2f} s/query p50" if "seconds_p50" in x else ""
+        out.append((f"large SQuAD corpus ({d['corpus']['passages']:,} passages): `{name}`",
+                    f"AR@4 **{f3(x['AR@4'])}**, AR@1 {f3(x['AR@1'])}, {x['pairs_per_query']:.0f} CE pairs/query{t}",
+                    n, ci(x["AR@4_ci95"]) + " (bootstrap)", large_cmd(d)))
+    k5 = next((row for row in d["cluster_recall_dev_a"].get("4096", []) if row["K"] == 5), None)
+    if k5:
+        out.append(("large SQuAD corpus: answer recall in top-5 clusters (S=4096) vs flat BM25 documents",
+                    f"{f3(k5['clusters'])} at {k5['mean_documents']:.1f} documents vs {f3(k5['flat_bm25_documents'])}",
+                    f"{s['dev_a_report']:,} dev-a q", ci(k5["clusters_ci95"]) + " (bootstrap)", large_cmd(d)))
+    return out
+
+
+@readme_rows("cluster_scale")
+def cluster_scale_rows() -> list[Row]:
+    c = load("cluster_scale.json")
+    out = []
+    for name, run in c["runs"].items():
+        for r in run["rows"]:
+            if r["n_documents"] == c["target"]["n_documents"] and r.get("pipeline_seconds"):
+                out.append((f"clustering pipeline end to end, {r['n_documents']:,} synthetic docs (BM25 index + kNN "
+                             "graph + Algorithm 1 + cluster index)",
+                             f"**{r['pipeline_seconds']:.0f} s** wall, {r['cpu_seconds']:.0f} CPU s, peak RSS "
+                             f"{r['peak_rss_mib'] / 1024:.1f} GiB (target {c['target']['seconds']} s, "
+                             f"{c['target']['peak_rss_gib']} GiB)", "one run", "not recorded (one run)",
+                             f"`{cluster_command(run, r)}`"))
+    return out
+
+
+@readme_rows("squad_ce_training")
+def ce_rows() -> list[Row]:
+    t = load("squad_ce_training.json")
+    return [("MiniLM cross-encoder trained on SQuAD train (listwise, BM25 hard negatives)",
+             f"{t['steps']:,} steps, {t['train_seconds']:.0f} s on {t.get('gpu') or 'CPU'} ({t['dtype']}); "
+             f"loss {t['loss_first50']:.2f} -> {t['loss_last50']:.2f}", f"{t['groups']:,} train questions",
+             "n/a (training run)", "; ".join(f"`{c.split('#')[0].strip()}`" for c in t.get("commands", [])))]
+
+
+def _qps(systems: dict) -> tuple[str, str]:
+    keys = ("ours", "llama_index_bm25", "langchain_community")
+    return (" vs ".join(f"{systems[k]['qps']:,.0f}" if systems[k]["qps"] >= 10 else f"{systems[k]['qps']:.1f}" for k in keys),
+            " / ".join(str(systems[k]["queries_timed"]) for k in keys) + " queries")
+
+
+@readme_rows("bm25", "`python benchmarks/bench_bm25.py`")
+def bm25_rows() -> list[Part]:
+    p = load("prerank.json")
+    b = load("bm25.json")
+    m = p["flat_bm25"]
+    out = [("flat BM25, SciFact test nDCG@10", f"**{m['ndcg@10']:.3f}** (published: BEIR {p['published']['bm25_beir']}, "
+            f"Pyserini {p['published']['bm25_pyserini_flat']}); Recall@100 {m['recall@100']:.3f}",
+            f"{p['queries']} test queries", "not recorded")]
+    out.append(("BM25 queries/s vs LlamaIndex BM25 / LangChain community BM25 (SciFact)",
+                *_qps(b["speed_scifact"]["systems"]), "not recorded (one timing run)"))
+    sy = b["speed_synthetic"]
+    out.append((f"same, {sy['n_documents']:,} synthetic docs", *_qps(sy["systems"]), "not recorded (one timing run)"))
+    c = b["clustered"]
+    k5 = next(r for r in c["recall_at_k_clusters"] if r["k_clusters"] == 5)
+    out.append(("clustering SciFact (Algorithm 1, BM25 kNN, S=4096): recall of relevant docs in top-5 clusters",
+                f"{c['n_documents']:,} docs -> {c['n_clusters']} clusters; {k5['recall_clustered']:.3f} at "
+                f"{k5['mean_documents']:.0f} docs vs {k5['recall_flat_same_docs']:.3f} for flat BM25 at the same count",
+                "SciFact test queries (count not recorded in bm25.json)", "not recorded"))
+    for r in b.get("clustering_scale", []):
+        out.append((f"clustering time, {r['n_documents']:,} synthetic docs (BM25 index + kNN graph + Algorithm 1)",
+                    f"{r['total_seconds']:.1f} s ({r['bm25_index_seconds']:.0f} + {r['knn_graph_seconds']:.0f} + "
+                    f"{r['algorithm1_seconds']:.0f} s)", "one run", "not recorded (one run)"))
+    return out
+
+
+PRERANK_RUNS = (
+    ("prerank.json", "`python benchmarks/prerank_model.py --retrain && python benchmarks/bench_prerank.py "
+                     "--tune-fuse-on-train 100`"),
+    ("prerank_maxp100.json", "`python benchmarks/bench_prerank.py --window-words 100 --skip-throughput "
+                             "--fuse-weight 0.3 --out benchmarks/results/prerank_maxp100.json`"))
+
+
+def fuse_key(p: dict) -> str:
+    """The JSON key of the cross-encoder + BM25 interpolation a prerank run recorded (one weight)."""
+    return next(k for k in p["rerank"]["depths"]["10"] if k.startswith("interpolated_ce_bm25_w"))
+
+
+def _prerank_part(name: str) -> Part:
+    p = load(name)
+    dep = p["rerank"]["depths"]
+    fk = fuse_key(p)
+    mx = " (MaxP, 100-word windows)" if p["rerank"].get("window_words") else ""
+    return (f"SciFact-trained MiniLM cross-encoder{mx}: rerank BM25 top-10 / top-100, nDCG@10",
+            f"alone **{dep['10']['cross_encoder']['ndcg@10']:.3f} / {dep['100']['cross_encoder']['ndcg@10']:.3f}**; "
+            f"interpolated with BM25 (w {fk.rsplit('_w', 1)[1]}) {dep['10'][fk]['ndcg@10']:.3f} / "
+            f"{dep['100'][fk]['ndcg@10']:.3f}; flat BM25 {p['flat_bm25']['ndcg@10']:.3f}",
+            f"{p['queries']} test queries", "not recorded")
+
+
+@readme_rows("prerank")
+def prerank_rows() -> list[Row]:
+    return [(*_prerank_part(name), cmd) for name, cmd in PRERANK_RUNS]
+
+
+@readme_rows("funnel", "`python benchmarks/bench_funnel.py --data ../shared/data`")
+def funnel_rows() -> list[Part]:
+    f = load("funnel.json")
+    sq, sc = f["squad"], f["scifact"]
+    n = sq["n_questions"]
+    return [(f"small SQuAD corpus ({sq['n_passages']:,} passages, dev-a only), flat dense top-400 -> CE vs funnel "
+             "(SciFact-trained CE)",
+             versus("AR@4", [(k, f"{sq[k]['AR@4']:.2f}, {sq[k]['seconds_per_query']:.2f} s/query") for k in ("flat", "funnel")], "; "),
+             f"{n} questions", f"flat {wci(sq['flat']['AR@4'], n)}; funnel {wci(sq['funnel']['AR@4'], n)}"),
+            ("SciFact test, flat dense top-400 passages -> CE vs funnel",
+             versus("nDCG@10", [(k, f"{sc[k]['ndcg@10']:.3f}, {sc[k]['seconds_per_query']:.2f} s/query") for k in ("flat", "funnel")], "; "),
+             f"{sc['n_queries']} queries", "not recorded")]
+
+
+@readme_rows("hybrid", "`python benchmarks/bench_hybrid.py`")
+def hybrid_rows() -> list[Part]:
+    h = load("hybrid.json")
+    s = h["scifact"]
+    res = s["results"]
+    tuned = next(k for k in res if k.startswith(f"hybrid_alpha{s['best_alpha_minmax']}_minmax"))
+    c = h["squad_compression"]
+    n = c["n_questions_sampled"]
+    r = c["results"]
+    q = h["query_classifier"]
+    return [("hybrid BM25 + MiniLM on SciFact test (alpha tuned on train)",
+             f"nDCG@10 **{res[tuned]['test']['ndcg@10']:.3f}** vs BM25 {res['bm25']['test']['ndcg@10']:.3f}, "
+             f"dense {res['dense_minilm']['test']['ndcg@10']:.3f}", f"{s['n_queries']['test']} test queries",
+             "not recorded"),
+            ("extractive compression (SQuAD dev-a, BM25 top-5 paragraphs, ratio 0.4)",
+             f"answer recall {r['before']['answer_recall']:.3f} -> {r['after_bm25']['answer_recall']:.3f} (BM25 "
+             f"sentences), tokens x{r['after_bm25']['token_ratio_vs_before']:.2f}; random sentences "
+             f"{r['after_random']['answer_recall']:.3f}", f"{n} questions", wci(r["after_bm25"]["answer_recall"], n)),
+            ("query classifier (labelled queries, 15 task types)", f"{q['folds']}-fold accuracy "
+             f"{q['cv_accuracy_mean']:.3f} +- {q['cv_accuracy_std']:.3f} (sd over folds)", f"{q['n_examples']} queries",
+             "sd over folds only")]
+
+
+@readme_rows("mog")
+def mog_rows() -> list[Row]:
+    m = load("mog.json")
+    me = m["methods"]
+    n = m["n_test_questions"]
+    return [("Mix-of-Granularity on SQuAD dev-a (held-out half), AR@1",
+             versus("", [(label, f"{me[k]['AR@1']:.3f}") for k, label in (
+                 ("level_1", "level 1"), ("level_5", "level 5"), ("mog", "MoG"), ("mogg", "MoGG"),
+                 ("auto_merging", "AutoMerging"))]),
+             f"{n} questions", f"MoG {wci(me['mog']['AR@1'], n)}", f"`{m['command'].split(' --data')[0]}`")]
+
+
+@readme_rows("fid", "`python benchmarks/bench_fid.py`")
+def fid_rows() -> list[Part]:
+    f = load("fid.json")
+    sp = f["speed"]["passages_per_second"]
+    q = f["quality"]
+    a = q["answer_recall"]
+    return [("FiD attention scorer speed (50 passages x 130 tokens, CPU), passages/s",
+             versus("", [(label, f"{sp[k]:.2f}") for k, label in (
+                 ("cross_encoder_minilm", "MiniLM CE"), ("t5-small-sized", "FiD t5-small-sized"),
+                 ("t5-base-sized", "t5-base-sized"))]),
+             f"{f['speed']['repeats']} repeats", "not recorded"),
+            ("decoder-only attention reranker (SmolLM2-135M), SQuAD AR@1",
+             f"{a['attention_calibrated@1']:.3f} vs BM25 order {a['bm25@1']:.3f}", f"{q['questions_done']} questions",
+             f"difference {ci(q['calibrated_vs_bm25']['bootstrap95'])} (bootstrap)")]
+
+
+@readme_rows("rankrag/fbrag")
+def llm_rows() -> list[Row]:
+    r = load("bench_rankrag.json")
+    f = load("bench_fbrag.json")
+    n = f["setup"]["questions"]
+    a = f["answer_recall_at_kept"]
+    return [("RankRAG with SmolLM2-135M, SciFact nDCG@10", f"{r['subset']['rankrag_ndcg@10']:.3f} vs BM25 "
+             f"{r['subset']['bm25_ndcg@10']:.3f}", f"{r['setup']['queries']} queries", "not recorded",
+             "`python benchmarks/bench_rankrag.py`"),
+            ("FB-RAG with SmolLM2-135M, SQuAD answer recall (3 chunks kept)",
+             versus("", [(label, f"{a[k]:.2f}") for k, label in (
+                 ("backward_only_bm25", "BM25 backward-only"), ("ours_fb", "Ours-FB"), ("ours_f", "Ours-F"))]),
+             f"{n} questions", f"Ours-FB {wci(a['ours_fb'], n)}", "`python benchmarks/bench_fbrag.py`")]
+
+
+@block("readme-table")
 def block_readme_table() -> str:
-    return md_table(["what", "result", "sample", "95% interval", "command"], [list(r) for r in rows_readme()])
+    return table(["what", "result", "sample", "95% interval", "command"], [list(r) for r in rows_readme()])
 
 
+# -- docs/clustering.md, docs/funnel.md, docs/prerank.md -----------------------------------------
+@block("clustering-scifact")
 def block_clustering_scifact() -> str:
     b = load("bm25.json")
     p = load("prerank.json")
@@ -396,9 +614,13 @@ def block_clustering_scifact() -> str:
     for r in b.get("clustering_scale", []):
         rows.append([f"clustering time, {r['n_documents']:,} synthetic docs (BM25 index + kNN graph + Algorithm 1)",
                      f"{r['total_seconds']:.1f} s"])
-    return md_table(["measurement", "result"], rows)
+    return table(["measurement", "result"], rows)
 
 
+FUNNEL_CMD = "`python benchmarks/bench_funnel.py --data ../shared/data`"
+
+
+@block("funnel-small-squad")
 def block_funnel_small_squad() -> str:
     f = load("funnel.json")
     sq = f["squad"]
@@ -409,39 +631,156 @@ def block_funnel_small_squad() -> str:
         rows.append([f"{name}: {label}"] + [f"{r[f'AR@{k}']:.2f}" for k in (1, 2, 3, 4)]
                     + [wci(r["AR@4"], n), f"{r['contextual_integrity@4']:.2f}", f"{r['seconds_per_query']:.2f}"])
     ratio = sq["ratio_funnel_over_flat"]
-    rows.append(["ratio funnel / flat"] + [f"{ratio[f'AR@{k}']:.2f}" for k in (1, 2, 3, 4)] + ["", "",
-                                                                                            f"{ratio['seconds_per_query']:.2f}"])
-    return (f"SQuAD dev-a only ({n} questions; {sq['n_documents']} documents, {sq['n_passages']:,} passages, "
-            f"{sq['n_clusters']} clusters); command: `python benchmarks/bench_funnel.py --data ../shared/data`\n\n"
-            + md_table(["paradigm", "AR@1", "AR@2", "AR@3", "AR@4", "AR@4 95% interval",
-                        "contextual integrity@4 (lower is better)", "seconds/query"], rows))
+    rows.append(["ratio funnel / flat"] + [f"{ratio[f'AR@{k}']:.2f}" for k in (1, 2, 3, 4)]
+                + ["", "", f"{ratio['seconds_per_query']:.2f}"])
+    return table(["paradigm", "AR@1", "AR@2", "AR@3", "AR@4", "AR@4 95% interval",
+                  "contextual integrity@4 (lower is better)", "seconds/query"], rows,
+                 f"SQuAD dev-a only ({n} questions; {sq['n_documents']} documents, {sq['n_passages']:,} passages, "
+                 f"{sq['n_clusters']} clusters); command: {FUNNEL_CMD}")
 
 
-BLOCKS: dict[str, Callable[[], str]] = {
-    "clustering-scifact": block_clustering_scifact,
-    "funnel-small-squad": block_funnel_small_squad,
-    "readme-table": block_readme_table,
-    "large-summary": block_large_readme,
-    "large-systems": block_large_systems,
-    "large-comparison": block_large_comparison,
-    "large-cluster-recall": block_large_cluster_recall,
-    "large-ce": block_large_ce,
-}
+STAGE_LABELS = {"clustered_bm25": "clustered BM25, top-{k} clusters", "pre_ranking": "cross-encoder pre-ranking",
+                "later_chunking": "later chunking into 100-word passages", "post_ranking": "cross-encoder post-ranking",
+                "dense": "dense search", "rerank": "cross-encoder rerank"}
+
+
+def stage_label(name: str, k_clusters: int) -> str:
+    base, _, keep = name.partition(" % ")
+    return STAGE_LABELS.get(base, base).format(k=k_clusters) + (f" % {keep}" if keep else "")
+
+
+def units(x: float) -> str:
+    return "all" if x == 0 else (f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}")
+
+
+@block("funnel-stages")
+def block_funnel_stages() -> str:
+    f = load("funnel.json")
+    sq = f["squad"]
+    k = f["args"]["squad_clusters"]
+    rows = [[stage_label(st["name"], k), f"{units(st['units_in'])} -> {units(st['units_out'])}"
+             + (" documents" if st["name"] == "clustered_bm25" else ""),
+             secs(st["seconds_per_query"]), f"{st['answer_recall_after']:.2f}"] for st in sq["funnel"]["stages"]]
+    fl = sq["flat"]
+    rerank = next(st for st in fl["stages"] if st["name"].startswith("rerank"))
+    first = next(st for st in fl["stages"] if not st["name"].startswith("rerank"))
+    diff = sq["funnel"]["AR@4"] - fl["AR@4"]
+    n = sq["n_questions"]
+    return (table(["stage", "units in -> out", "seconds", "answer recall after"], rows,
+                  f"Where the funnel's time and recall go (from its trace, mean per query over the {n} questions "
+                  f"above; command: {FUNNEL_CMD}):")
+            + f"\n\nThe flat side spends {rerank['seconds_per_query']:.2f} of its {fl['seconds_per_query']:.2f} s "
+            f"reranking {units(rerank['units_in'])} passages; its {first['name']} search takes "
+            f"{first['seconds_per_query'] * 1000:.0f} ms. In this run the funnel's AR@4 is {diff * 100:+.0f} points "
+            f"against flat (intervals in the table above) at {sq['ratio_funnel_over_flat']['seconds_per_query']:.2f}x "
+            "the time.")
+
+
+@block("funnel-scifact")
+def block_funnel_scifact() -> str:
+    f = load("funnel.json")
+    sc, a = f["scifact"], f["args"]
+    labels = {"flat": f"flat: dense top-{a['flat_depth']} passages -> cross-encoder",
+              "funnel": f"funnel: BM25 top-{a['scifact_clusters']} clusters -> cross-encoder on abstracts % "
+                        f"{a['scifact_documents']} -> passages -> cross-encoder"}
+    cols = ("ndcg@10", "recall@100")
+    best = {c: bold_max([sc[k][c] for k in labels]) for c in cols}
+    fastest = min(labels, key=lambda k: sc[k]["seconds_per_query"])
+    rows = [[labels[k]] + [best[c][i] for c in cols]
+            + [f"**{sc[k]['seconds_per_query']:.2f}**" if k == fastest else f"{sc[k]['seconds_per_query']:.2f}"]
+            for i, k in enumerate(labels)]
+    ratio = sc["ratio_funnel_over_flat"]
+    rows.append(["ratio funnel / flat"] + [f"{ratio[c]:.2f}" for c in (*cols, "seconds_per_query")])
+    return table(["paradigm", "nDCG@10", "recall@100", "seconds/query"], rows,
+                 f"SciFact ({sc['n_queries']} test queries; {sc['n_documents']:,} abstracts as documents, "
+                 f"{sc['n_passages']:,} sentence-window passages, {sc['n_clusters']} clusters; document-level metrics, "
+                 f"a document scored by its best passage; one run, intervals not recorded); command: {FUNNEL_CMD}")
+
+
+@block("funnel-scaling")
+def block_funnel_scaling() -> str:
+    sc = load("funnel.json")["scaling"]
+
+    def ms(x: float) -> str:
+        return f"{x * 1000:.2g} ms" if x < 0.01 else f"{x * 1000:.0f} ms"
+
+    rows = [[count(r["n_passages"]), ms(r["flat_dense_search_s"]), ms(r["funnel_cluster_bm25_s"]),
+             f"{r['cluster_bm25_build_s']:.1f} s", f"{r['flat_total_s']:.2f} s", f"{r['funnel_total_s']:.2f} s"]
+            for r in sc]
+    lo, hi = sc[0], sc[-1]
+    return (table(["passages", "flat dense search", "funnel clustered BM25", "cluster index build", "flat total",
+                   "funnel total"], rows,
+                  f"Scaling (synthetic corpora, one run; the corpus-size-dependent first stage is measured, the "
+                  f"reranking time is the SQuAD figure above, which does not depend on corpus size); command: {FUNNEL_CMD}")
+            + f"\n\nOn a CPU the rerankers dominate at every size here; the first stage's time grows with the corpus, "
+            f"by {hi['flat_dense_search_s'] / lo['flat_dense_search_s']:.0f}x from {count(lo['n_passages'])} to "
+            f"{count(hi['n_passages'])} for exact dense search against "
+            f"{hi['funnel_cluster_bm25_s'] / lo['funnel_cluster_bm25_s']:.0f}x for BM25 over clusters.")
+
+
+PRERANK_FILES = ("prerank.json", "prerank_maxp100.json", "prerank_negdepth30.json")
+
+
+@block("prerank-scifact")
+def block_prerank_scifact() -> str:
+    base, maxp, neg = (load(n) for n in PRERANK_FILES)
+    depths = list(base["rerank"]["depths"])
+
+    def ndcg(p: dict, key: str) -> list[float]:
+        return [p["rerank"]["depths"][k][key]["ndcg@10"] for k in depths]
+
+    def w(p: dict) -> str:
+        return fuse_key(p).rsplit("_w", 1)[1]
+
+    def tuned(p: dict) -> str:
+        ft = p.get("fuse_tuning")
+        return (f"w={w(p)} chosen on {ft['train_queries']} train queries" if ft and str(ft["best_weight"]) == w(p)
+                else f"w={w(p)} (the weight chosen above, not re-tuned)")
+
+    nd = base["model"]["training"]["negative_depth"] if "training" in base.get("model", {}) else 100
+    ours = [("flat BM25 (`BM25Index` defaults)", [base["flat_bm25"]["ndcg@10"]] * len(depths)),
+            (f"**our MiniLM cross-encoder, negatives from BM25 top-{nd} (published model)**", ndcg(base, "cross_encoder")),
+            (f"same + BM25, min-max interpolation, {tuned(base)}", ndcg(base, fuse_key(base))),
+            ("same model, MaxP over 100-word windows (`--window-words 100`, `results/prerank_maxp100.json`)",
+             ndcg(maxp, "cross_encoder")),
+            (f"same MaxP + BM25, {tuned(maxp)}", ndcg(maxp, fuse_key(maxp))),
+            (f"our MiniLM cross-encoder, negatives from BM25 top-{neg['model']['training']['negative_depth']} "
+             "(`results/prerank_negdepth30.json`)", ndcg(neg, "cross_encoder")),
+            (f"same + BM25, {tuned(neg)}", ndcg(neg, fuse_key(neg)))]
+    cols = [bold_max([v[i] for _, v in ours]) for i in range(len(depths))]
+    rows = [[label] + [cols[i][j] for i in range(len(depths))] for j, (label, _) in enumerate(ours)]
+    pub = base["published"]["bm25_top100_ms_marco_minilm_ce_beir"]
+    rows.append(["published: BM25 top-100 + ms-marco-MiniLM CE (BEIR)"] + [""] * (len(depths) - 1) + [f"{pub:.3f}"])
+    return table(["SciFact test nDCG@10", f"depth {depths[0]}", *depths[1:]], rows,
+                 f"SciFact test ({base['queries']} queries), nDCG@10 after reranking the BM25 top-depth; one run per "
+                 f"model, flat BM25 in the same run; means only, intervals not recorded; the best of each column in "
+                 f"bold. Commands: {PRERANK_RUNS[0][1]} (`results/prerank.json`); {PRERANK_RUNS[1][1]}; the top-30 "
+                 f"model: `prerank_model.py --retrain` with its `NEGATIVE_DEPTH` set to 30, then `bench_prerank.py --tune-fuse-on-train 100 "
+                 f"--out benchmarks/results/prerank_negdepth30.json`.")
+
+
 FILES = [ROOT / "README.md", ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "clustering.md",
-         ROOT / "docs" / "funnel.md"]
+         ROOT / "docs" / "funnel.md", ROOT / "docs" / "prerank.md"]
 MARK = re.compile(r"(<!-- results:([a-z0-9-]+):begin -->\n)(.*?)(<!-- results:\2:end -->)", re.S)
 
 
-def render(text: str) -> str:
+def render(text: str, problems: list[str] | None = None) -> str:
+    """Re-render every marked block of ``text``; a block whose renderer is unknown or fails is left as
+    it is, with a warning (and a line in ``problems`` when given)."""
+    def warn(msg: str) -> None:
+        print(f"report: {msg}", file=sys.stderr)
+        if problems is not None:
+            problems.append(msg)
+
     def sub(m: re.Match) -> str:
         name = m.group(2)
         if name not in BLOCKS:
-            print(f"report: unknown block {name!r}; left as is", file=sys.stderr)
+            warn(f"unknown block {name!r}; left as is")
             return m.group(0)
         try:
             body = BLOCKS[name]()
         except (FileNotFoundError, KeyError, TypeError, ValueError, StopIteration) as exc:
-            print(f"report: block {name!r} left as is ({type(exc).__name__}: {exc})", file=sys.stderr)
+            warn(f"block {name!r} left as is ({type(exc).__name__}: {exc})")
             return m.group(0)
         return m.group(1) + body.rstrip() + "\n" + m.group(4)
 
@@ -450,21 +789,22 @@ def render(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--check", action="store_true", help="report stale blocks, write nothing")
+    ap.add_argument("--check", action="store_true",
+                    help="exit 1 when a block is stale or cannot be rendered; write nothing")
     args = ap.parse_args(argv)
-    stale = []
+    stale, problems = [], []
     for path in FILES:
         if not path.is_file():
             continue
         old = path.read_text(encoding="utf-8")
-        new = render(old)
+        new = render(old, problems)
         if new != old:
             stale.append(path)
             if not args.check:
                 path.write_text(new, encoding="utf-8")
     for p in stale:
         print(f"{'stale' if args.check else 'updated'}: {p.relative_to(ROOT)}")
-    return 1 if (args.check and stale) else 0
+    return 1 if (args.check and (stale or problems)) else 0
 
 
 if __name__ == "__main__":

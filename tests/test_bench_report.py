@@ -79,3 +79,158 @@ def test_render_rewrites_only_marked_blocks_and_is_idempotent(monkeypatch):
 def test_committed_tables_are_up_to_date():
     """`python benchmarks/report.py` on the committed JSON changes nothing (no hand-typed drift)."""
     assert report.main(["--check"]) == 0
+
+
+# -- the generated blocks, checked against the JSON read here, independently of the renderers --------
+def cells(block: str) -> list[list[str]]:
+    """The body rows of the (first) markdown table in ``block``, as stripped cells without bold."""
+    lines = [ln for ln in block.splitlines() if ln.startswith("|")]
+    return [[c.strip().strip("*") for c in ln.strip("|").split("|")] for ln in lines[2:]]
+
+
+def test_every_marker_in_the_docs_has_a_renderer_and_renders():
+    names = {m.group(2) for path in report.FILES for m in report.MARK.finditer(path.read_text(encoding="utf-8"))}
+    # the tables this session moved out of hand-typing are among them
+    assert {"prerank-scifact", "funnel-stages", "funnel-scifact", "funnel-scaling", "cluster-scale",
+            "large-summary"} <= names
+    for name in names:
+        assert name in report.BLOCKS, f"marker {name!r} has no renderer"
+        assert report.BLOCKS[name]().strip()
+
+
+def test_readme_rows_render_without_leaving_any_out(capsys):
+    rows = report.rows_readme()
+    assert "left out" not in capsys.readouterr().err
+    assert len(rows) >= 10 and all(len(r) == 5 and r[4] for r in rows)   # every row names its command
+
+
+def test_check_fails_on_a_block_that_cannot_render(monkeypatch, tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("<!-- results:broken:begin -->\nx\n<!-- results:broken:end -->\n", encoding="utf-8")
+
+    def broken() -> str:
+        raise KeyError("no such field")
+
+    monkeypatch.setitem(report.BLOCKS, "broken", broken)
+    monkeypatch.setattr(report, "FILES", [doc])
+    assert report.main(["--check"]) == 1       # up to date as text, but not rendered from the JSON
+
+
+def test_prerank_table_is_the_json():
+    base = report.load("prerank.json")
+    maxp = report.load("prerank_maxp100.json")
+    rows = cells(report.BLOCKS["prerank-scifact"]())
+    depths = ["10", "20", "30", "50", "100"]
+    by_label = {r[0]: r[1:] for r in rows}
+    flat = next(v for k, v in by_label.items() if k.startswith("flat BM25"))
+    assert flat == [f"{base['flat_bm25']['ndcg@10']:.3f}"] * 5
+    ours = next(v for k, v in by_label.items() if "negatives from BM25 top-100" in k)
+    assert ours == [f"{base['rerank']['depths'][d]['cross_encoder']['ndcg@10']:.3f}" for d in depths]
+    mp = next(v for k, v in by_label.items() if k.startswith("same model, MaxP"))
+    assert mp == [f"{maxp['rerank']['depths'][d]['cross_encoder']['ndcg@10']:.3f}" for d in depths]
+    assert by_label["published: BM25 top-100 + ms-marco-MiniLM CE (BEIR)"][-1] == "0.688"
+    # bold marks the column maximum only (computed here from all rows of the table)
+    raw = [ln for ln in report.BLOCKS["prerank-scifact"]().splitlines() if ln.startswith("| ")][1:-1]
+    for j in range(5):
+        col = [ln.strip("|").split("|")[1 + j].strip() for ln in raw]
+        top = max(float(c.strip("*")) for c in col)
+        assert all(c.startswith("**") == (float(c.strip("*")) == top) for c in col)
+
+
+def test_funnel_stage_table_is_the_trace():
+    f = report.load("funnel.json")
+    rows = cells(report.BLOCKS["funnel-stages"]())
+    stages = f["squad"]["funnel"]["stages"]
+    assert len(rows) == len(stages)
+    for row, st in zip(rows, stages):
+        assert float(row[3]) == pytest.approx(st["answer_recall_after"], abs=0.005)
+        assert float(row[2]) == pytest.approx(st["seconds_per_query"], rel=0.06, abs=0.006)
+        assert row[1].split(" -> ")[1].split()[0] == report.units(st["units_out"])
+    scale = cells(report.BLOCKS["funnel-scaling"]())
+    assert [r[0] for r in scale] == [report.count(r["n_passages"]) for r in f["scaling"]]
+
+
+def test_bold_max_count_and_seconds_by_hand():
+    assert report.bold_max([0.5, None, 0.7, 0.7001]) == ["0.500", "", "**0.700**", "**0.700**"]
+    assert report.count(10_000) == "10k" and report.count(1_000_000) == "1M" and report.count(19_809) == "19,809"
+    assert report.secs(0.00065) == "0.00065" and report.secs(1.234) == "1.23"
+
+
+def _scale_json(seconds: float, rss_mib: float) -> dict:
+    row = {"n_documents": 1_000_000, "corpus": "synthetic", "load_average_at_start": [2.0, 2.0, 2.0],
+           "step_seconds": {"bm25_index": 10.0, "knn_graph": seconds - 40.0, "algorithm1": 10.0,
+                            "cluster_units": 10.0, "cluster_index": 10.0},
+           "pipeline_seconds": seconds, "cpu_seconds": seconds, "peak_rss_mib": rss_mib, "n_clusters": 100}
+    part = {"n_documents": 1_000_000, "load_average_at_start": [1.0], "step_seconds": {"bm25_index": 5.0},
+            "peak_rss_mib": 100.0, "knn_sample": {"rows": 8000, "estimated_knn_graph_seconds": 1234.0}}
+    return {"target": {"n_documents": 1_000_000, "seconds": 600, "peak_rss_gib": 8},
+            "runs": {"after": {"args": {"label": "after"}, "rows": [row]},
+                     "after_knn": {"args": {"label": "after"}, "rows": [part]}}}
+
+
+@pytest.mark.parametrize("seconds,rss_mib,time_word,mem_word", [(923.0, 5741.0, "misses", "meets"),
+                                                                 (540.0, 9000.0, "meets", "misses")])
+def test_cluster_scale_block_says_whether_the_target_is_met(monkeypatch, seconds, rss_mib, time_word, mem_word):
+    monkeypatch.setattr(report, "load", lambda name: _scale_json(seconds, rss_mib))
+    text = report.BLOCKS["cluster-scale"]()
+    assert f"**{seconds:.0f} s** wall ({time_word} the 600 s target" in text
+    assert f"**{rss_mib / 1024:.1f} GiB** peak RSS ({mem_word} the 8 GiB target)" in text
+    assert "`knn_graph`" in text                                    # the slowest step is named
+    assert "--knn-sample 8000" in text and "~1,234 (sampled 8,000 rows)" in text
+
+
+def _large(funnel_s: float, flat_fast_s: float, ci_equal_time: list[float]) -> dict:
+    def sysrow(kind, ar4, s):
+        return {"kind": kind, "AR@4": ar4, "seconds_p50": s, "pairs_per_query": 10.0 if kind == "flat" else 300.0,
+                "AR@4_ci95": [ar4 - 0.01, ar4 + 0.01]}
+
+    def comp(flat, ar_flat, s_flat):
+        return {"flat": flat, "AR@4_funnel": 0.90, "AR@4_flat": ar_flat,
+                "AR@4_difference": {"difference": 0.90 - ar_flat, "ci": ci_equal_time},
+                "mcnemar_exact": {"p_value": 0.5, "a_only": 3, "b_only": 4},
+                "seconds_p50_funnel": funnel_s, "seconds_p50_flat": s_flat,
+                "time_ratio_funnel_over_flat": funnel_s / s_flat}
+
+    return {"systems_dev_a": {"flat fast": sysrow("flat", 0.91, flat_fast_s), "flat slow": sysrow("flat", 0.95, 20.0),
+                              "funnel A": sysrow("funnel", 0.90, funnel_s), "funnel B": sysrow("funnel", 0.80, 30.0)},
+            "comparison": {"funnel": "funnel A",
+                           "equal_AR@4": {**comp("flat fast", 0.91, flat_fast_s), "flat_reaches_funnel_AR@4": True},
+                           "equal_time": {**comp("flat fast", 0.91, flat_fast_s), "flat_within_funnel_time": True}}}
+
+
+def test_plain_summary_says_where_the_funnel_wins_and_loses():
+    # funnel A: 0.90 in 1 s; the fastest flat system at >= 0.90 takes 2 s -> faster at equal AR@4, and no
+    # flat system is at least as accurate in at most 1 s -> funnel A is listed; funnel B (0.80, 30 s) is not
+    won = report.large_plain(_large(1.0, 2.0, [0.01, 0.03]))
+    assert "**At equal AR@4 the funnel is faster**" in won[0] and "**0.50x the time**" in won[0]
+    assert "the funnel is more accurate" in won[1]
+    assert "`funnel A`" in won[2] and "`funnel B`" not in won[2]
+    lost = report.large_plain(_large(10.0, 2.0, [-0.03, -0.01]))
+    assert "slower" in lost[0] and "**5.00x the time**" in lost[0]
+    assert "the funnel is less accurate" in lost[1]
+    assert "none beats the flat systems" in lost[2]
+    tie = report.large_plain(_large(10.0, 2.0, [-0.01, 0.01]))
+    assert "no difference the sample can resolve" in tie[1]
+
+
+def test_equal_accuracy_and_equal_time_partners_of_the_funnel():
+    """bench_squad_large.comparisons: at equal AR@4 the fastest flat system with at least the funnel's AR@4;
+    at equal time the most accurate flat system no slower than the funnel."""
+    from types import SimpleNamespace
+
+    import bench_squad_large as B
+
+    qs = [SimpleNamespace(id=f"q{i}") for i in range(100)]
+    hits = {"flat X": 92, "flat Y": 95, "flat Z": 93, "funnel F": 92}      # questions answered in the top-4
+    secs = {"flat X": 1.0, "flat Y": 5.0, "flat Z": 20.0, "funnel F": 10.0}
+    rows = {n: {"kind": n.split()[0], "AR@4": hits[n] / 100, "seconds_p50": secs[n]} for n in hits}
+    ranks = {n: {q.id: (1 if i < hits[n] else 0) for i, q in enumerate(qs)} for n in hits}
+    c = B.comparisons(rows, ranks, qs, "funnel F", n_boot=200)
+    assert c["equal_AR@4"]["flat"] == "flat X" and c["equal_AR@4"]["flat_reaches_funnel_AR@4"]
+    assert c["equal_AR@4"]["time_ratio_funnel_over_flat"] == pytest.approx(10.0)
+    assert c["equal_time"]["flat"] == "flat Y" and c["equal_time"]["flat_within_funnel_time"]
+    assert c["equal_time"]["AR@4_difference"]["difference"] == pytest.approx(-0.03)
+    # a funnel faster than every flat system: the equal-time partner is the fastest flat one, flagged
+    rows["funnel F"]["seconds_p50"] = 0.5
+    c = B.comparisons(rows, ranks, qs, "funnel F", n_boot=200)
+    assert c["equal_time"]["flat"] == "flat X" and not c["equal_time"]["flat_within_funnel_time"]
