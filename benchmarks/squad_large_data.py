@@ -14,7 +14,6 @@ file's questions and report on another file's questions over the same corpus.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -22,7 +21,7 @@ from typing import Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from funnel_core.evaluation.datasets import SquadArticle, SquadQuestion
+from funnel_core.evaluation.datasets import load_squad
 from funnel_core.text import LaterChunking, count_tokens
 from funnel_core.units import Unit
 
@@ -46,25 +45,6 @@ class LargeCorpus:
 
         adj = self.links + bm25_knn_adjacency(BM25Index().index(self.documents), k=knn_k)
         return adj.tocsr()
-
-
-def load_squad(path) -> list[SquadArticle]:
-    """SQuAD v1.1-format articles; like ``funnel_core.evaluation.load_squad`` but a question without
-    an ``id`` (the rebuilt train file has none) gets ``"<title>/<paragraph>/<question>"``."""
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)["data"]
-    articles = []
-    for art in data:
-        a = SquadArticle(title=art["title"], paragraphs=[])
-        for pi, para in enumerate(art["paragraphs"]):
-            a.paragraphs.append(para["context"])
-            for qi, qa in enumerate(para["qas"]):
-                answers = sorted({x["text"] for x in qa["answers"]})
-                a.questions.append(SquadQuestion(id=qa.get("id") or f"{art['title']}/{pi}/{qi}",
-                                                 question=qa["question"], answers=answers,
-                                                 article=art["title"], paragraph_index=pi))
-        articles.append(a)
-    return articles
 
 
 def split_name(path: Path) -> str:

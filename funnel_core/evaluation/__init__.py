@@ -6,6 +6,7 @@ from funnel_core.evaluation.datasets import (
     SquadQuestion,
     load_beir,
     load_squad,
+    squad_question_id,
 )
 from funnel_core.evaluation.metrics import (
     answer_recall,
@@ -16,6 +17,6 @@ from funnel_core.evaluation.metrics import (
     run_from_units,
 )
 
-__all__ = ["BeirDataset", "SquadArticle", "SquadQuestion", "load_beir", "load_squad",
+__all__ = ["BeirDataset", "SquadArticle", "SquadQuestion", "load_beir", "load_squad", "squad_question_id",
            "answer_recall", "contextual_integrity", "has_answer", "ir_metrics",
            "normalize_answer", "run_from_units"]

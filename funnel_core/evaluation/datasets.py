@@ -12,7 +12,7 @@ from pathlib import Path
 
 from funnel_core.units import Unit
 
-__all__ = ["BeirDataset", "load_beir", "SquadQuestion", "SquadArticle", "load_squad"]
+__all__ = ["BeirDataset", "load_beir", "SquadQuestion", "SquadArticle", "load_squad", "squad_question_id"]
 
 
 @dataclass
@@ -80,19 +80,36 @@ class SquadArticle:
     questions: list[SquadQuestion] = field(default_factory=list)
 
 
+def squad_question_id(title: str, paragraph: int, question: int) -> str:
+    """The synthetic id of a SQuAD question that has none: ``"<title>/<paragraph>/<question>"``
+    (positions counted from 0 in the file). It depends only on the file, so it is stable across runs."""
+    return f"{title}/{paragraph}/{question}"
+
+
 def load_squad(path: str | os.PathLike) -> list[SquadArticle]:
-    """Load SQuAD v1.1-format JSON into articles with their paragraphs and questions."""
+    """Load SQuAD v1.1-format JSON into articles with their paragraphs and questions.
+
+    A question without an ``id`` (the rebuilt SQuAD v1.1 train file has none) gets
+    :func:`squad_question_id` of its position; a question with one keeps it.
+    """
     path = Path(path)
     with open(_need(path), encoding="utf-8") as f:
         data = json.load(f)["data"]
     articles = []
+    seen: dict[str, str] = {}
     for art in data:
         a = SquadArticle(title=art["title"], paragraphs=[])
         for pi, para in enumerate(art["paragraphs"]):
             a.paragraphs.append(para["context"])
-            for qa in para["qas"]:
+            for qi, qa in enumerate(para["qas"]):
                 answers = sorted({x["text"] for x in qa["answers"]})
-                a.questions.append(SquadQuestion(id=qa["id"], question=qa["question"],
+                qid = str(qa.get("id") or squad_question_id(art["title"], pi, qi))
+                if qid in seen:
+                    raise ValueError(f"{path}: question id {qid!r} occurs twice (at {seen[qid]} and at "
+                                     f"{art['title']!r} paragraph {pi} question {qi}); give the questions "
+                                     "distinct ids or drop the duplicate article.")
+                seen[qid] = f"{art['title']!r} paragraph {pi} question {qi}"
+                a.questions.append(SquadQuestion(id=qid, question=qa["question"],
                                                  answers=answers, article=art["title"],
                                                  paragraph_index=pi))
         articles.append(a)
