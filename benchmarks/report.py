@@ -759,6 +759,32 @@ def block_prerank_scifact() -> str:
                  f"--out benchmarks/results/prerank_negdepth30.json`.")
 
 
+@block("l2g-squad")
+def block_l2g_squad() -> str:
+    """L2G vs label-only vs init vs BM25 order: pre-ranking answer recall on dev-a (l2g_squad.json)."""
+    d = load("l2g_squad.json")
+    res, tr = d["results"], d["training"]
+    body = [[f"{name}" + (f" (n={r['n']})" if r["n"] != res["n_questions"] else "")]
+            + [f"{f3(r[f'recall@{k}'])} {ci(r[f'recall@{k}_ci95'])}" for k in (1, 2, 3)]
+            for name, r in res["systems"].items()]
+    diffs = [[name.replace(" @", " , k_d="), f"{v['difference']:+.3f}", ci(v["ci"]),
+              f"{v['mcnemar']['a_only']} / {v['mcnemar']['b_only']}", f"{v['mcnemar']['p_value']:.3g}"]
+             for name, v in res["paired"].items() if name.endswith(("@1", "@2"))]
+    ev, a = d["evaluation"], d["args"]
+    arms = "; ".join(f"{k}: {v['steps']} steps in {v['seconds']:.0f} s, {v['groups']} groups, loss (mean of "
+                     f"first/last 10) {v['first_last_loss_mean10'][0]:.3f} -> {v['first_last_loss_mean10'][1]:.3f}"
+                     for k, v in tr.items())
+    head = (f"{res['n_questions']} dev-a questions ({ev['candidates']}, {ev['sample']}"
+            f"{'' if d['complete'] else '; run incomplete'}); {a['n_train']} train questions; "
+            f"{a['max_length']} tokens per (question, document); command: `{d['command']}`. "
+            f"Training: {arms}. Load average at start {d['load_average_start'][0]:.1f}.\n\n")
+    return (head + table(["pre-ranker (answer recall after pre-ranking)", "k_d=1 [95% CI]",
+                             "k_d=2 [95% CI]", "k_d=3 [95% CI]"], body)
+            + "\n\nPaired differences on the same questions (bootstrap 95% CI; McNemar discordant "
+              "counts a-only / b-only and exact p):\n\n"
+            + table(["a - b", "difference", "95% CI", "a only / b only", "p"], diffs))
+
+
 FILES = [ROOT / "README.md", ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "clustering.md",
          ROOT / "docs" / "funnel.md", ROOT / "docs" / "prerank.md"]
 MARK = re.compile(r"(<!-- results:([a-z0-9-]+):begin -->\n)(.*?)(<!-- results:\2:end -->)", re.S)

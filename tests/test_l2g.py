@@ -243,3 +243,19 @@ def test_l2g_student_agrees_more_with_an_informative_teacher(tiny_cross_encoder_
     after = agreement(report.path)
     assert report.config["loss"] == "bpr"
     assert after > before + 0.2 and after > 0.75, (before, after)   # seen: 0.54 -> 0.85
+
+
+def test_max_steps_gives_two_arms_the_same_budget(tiny_cross_encoder_path, tmp_path):
+    """Label-only and L2G groups differ in size; ``max_steps`` stops both after the same number of
+    steps (and never past the epochs asked for)."""
+    small, large = _toy_groups()[:1], _toy_groups() * 3
+    kw = dict(model=tiny_cross_encoder_path, max_length=32, epochs=50, num_negatives=2,
+              queries_per_step=2, show_progress=False)
+    a = CrossEncoderTrainer(max_steps=7, **kw).train(small, tmp_path / "a")
+    b = CrossEncoderTrainer(max_steps=7, **kw).train(large, tmp_path / "b")
+    assert a.steps == b.steps == 7 and len(a.losses) == len(b.losses) == 7
+    assert json.loads((tmp_path / "a" / "training.json").read_text())["planned_steps"] == 7
+    c = CrossEncoderTrainer(max_steps=1000, **{**kw, "epochs": 2}).train(small, tmp_path / "c")
+    assert c.steps == 2          # 2 positives / 2 per step = 1 step per epoch, 2 epochs
+    with pytest.raises(ValueError, match="max_steps"):
+        CrossEncoderTrainer(model=tiny_cross_encoder_path, max_steps=0)

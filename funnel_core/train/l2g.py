@@ -269,6 +269,10 @@ class CrossEncoderTrainer:
         bf16: Train under bfloat16 autocast (about 1.6x faster steps on CPUs with AVX512-BF16 or
             AMX; the weights and the optimiser stay fp32).
         max_seconds: Stop after this many seconds of training (the model is still saved), or ``None``.
+        max_steps: Stop after this many optimiser steps, or ``None`` (all ``epochs``). When set, the
+            learning-rate schedule spans ``min(max_steps, epochs * steps per epoch)`` steps, so two
+            runs on different groups with the same ``max_steps`` take the same steps on the same
+            schedule (the "same budget" control of L2G against label-only training).
         device: ``"cpu"``, ``"cuda"``, ... or ``None`` for automatic.
         seed: Seed for sampling and dropout.
         show_progress: Show a tqdm bar with the running loss.
@@ -280,7 +284,8 @@ class CrossEncoderTrainer:
                  epochs: int = 1, num_negatives: int = 4, queries_per_step: int = 4,
                  loss: str = "bpr", freeze_embeddings: bool = True, freeze_layers: int = 0,
                  head_learning_rate: float | None = None, bf16: bool = False,
-                 max_seconds: float | None = None, device: str | None = None, seed: int = 0,
+                 max_seconds: float | None = None, max_steps: int | None = None,
+                 device: str | None = None, seed: int = 0,
                  show_progress: bool = True, log_path: str | os.PathLike | None = None,
                  log_every: int = 10) -> None:
         if loss not in _LOSSES:
@@ -301,6 +306,7 @@ class CrossEncoderTrainer:
         self.head_learning_rate = None if head_learning_rate is None else float(head_learning_rate)
         self.bf16 = bool(bf16)
         self.max_seconds = max_seconds
+        self.max_steps = None if max_steps is None else check_positive_int(max_steps, "max_steps")
         self.device = device
         self.seed = seed
         self.show_progress = show_progress
@@ -368,6 +374,8 @@ class CrossEncoderTrainer:
                                        for (lr, wd), ps in buckets.items()])
         per_epoch = math.ceil(sum(len(g.positives) for g in groups) / self.queries_per_step)
         total = per_epoch * self.epochs
+        if self.max_steps is not None:
+            total = min(total, self.max_steps)
         scheduler = get_linear_schedule_with_warmup(optimizer, int(self.warmup_ratio * total), total)
         loss_fn = _LOSSES[self.loss]
         n = 1 + self.num_negatives
@@ -380,6 +388,8 @@ class CrossEncoderTrainer:
             for epoch in range(self.epochs):
                 items = self._items(groups, rng)
                 for b in range(0, len(items), self.queries_per_step):
+                    if step >= total:
+                        break
                     queries, texts = [], []
                     for g, p in items[b:b + self.queries_per_step]:
                         grp = groups[g]
@@ -409,7 +419,7 @@ class CrossEncoderTrainer:
                     if self.max_seconds is not None and time.perf_counter() - start > self.max_seconds:
                         stopped = True
                         break
-                if stopped:
+                if stopped or step >= total:
                     break
         finally:
             bar.close()
