@@ -72,6 +72,8 @@ __all__ = [
     "MilvusSettingsError",
     "UnsupportedFilterError",
     "filter_expression",
+    "comparison_expression",
+    "combine_expressions",
     "milvus_tokens",
     "load_index",
     "open_index",
@@ -346,6 +348,77 @@ def filter_expression(filter: Any, field: str = "metadata") -> str | None:
             eqs = " or ".join(f"{path} == {lit}" for lit in lits)
             parts.append(f"({eqs} or json_contains_any({path}, [{', '.join(lits)}]))")
     return " and ".join(parts) if parts else None
+
+
+#: Comparison operators of :func:`comparison_expression` (the frameworks' filter objects map
+#: onto these: LlamaIndex ``FilterOperator``, LangChain ``structured_query.Comparator``).
+COMPARISONS = ("eq", "ne", "gt", "gte", "lt", "lte", "in", "nin", "contains", "any", "all", "like")
+_CMP_OPS = {"eq": "==", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
+
+
+def comparison_expression(key: str, op: str, value: Any, field: str = "metadata") -> str | None:
+    """One metadata comparison as a Milvus boolean expression, with the semantics of a Python
+    predicate on the metadata dict: a unit whose metadata lacks ``key`` fails ``eq``/``gt``/...
+    and passes ``ne``/``nin`` (Milvus alone would make both false), values of another type fail.
+
+    ``op`` is one of :data:`COMPARISONS`: ``in``/``nin`` take a list of values; ``contains``
+    (a list-valued field holds ``value``), ``any``/``all`` (holds any / all of a list);
+    ``like`` (a string field contains ``value`` as a substring). Returns ``None`` for a
+    comparison every unit passes (``nin []``) and ``"false"`` for one none passes (``in []``).
+    """
+    if not isinstance(key, str) or not key:
+        raise TypeError(f"a metadata filter key must be a non-empty str, got {key!r}.")
+    path = _json_path(field, key)
+    guarded = f"exists {path} and "
+    if op in _CMP_OPS:
+        return f"({guarded}{path} {_CMP_OPS[op]} {_literal(value, key)})"
+    if op == "ne":
+        return f"not ({guarded}{path} == {_literal(value, key)})"
+    if op in ("in", "nin", "any", "all"):
+        if not isinstance(value, (list, tuple, set, frozenset)):
+            raise TypeError(f"the {op!r} filter on {key!r} takes a list of values, got "
+                            f"{type(value).__name__} {value!r:.60}.")
+        lits = [_literal(v, key) for v in value]
+        if not lits:
+            return {"in": "false", "any": "false", "nin": None, "all": None}[op]
+        if op == "any":
+            return f"({guarded}json_contains_any({path}, [{', '.join(lits)}]))"
+        if op == "all":
+            return f"({guarded}json_contains_all({path}, [{', '.join(lits)}]))"
+        eqs = " or ".join(f"{path} == {lit}" for lit in lits)
+        return f"({guarded}({eqs}))" if op == "in" else f"not ({guarded}({eqs}))"
+    if op == "contains":
+        return f"({guarded}json_contains({path}, {_literal(value, key)}))"
+    if op == "like":
+        text = str(value)
+        if any(c in text for c in "%_\\"):
+            raise UnsupportedFilterError(
+                f"the substring filter {text!r} on {key!r} holds '%', '_' or a backslash, which "
+                "Milvus LIKE patterns cannot escape; write the expression yourself (a Milvus "
+                "expression string) or filter on another field.")
+        return f"({guarded}{path} like {json.dumps('%' + text + '%', ensure_ascii=False)})"
+    raise UnsupportedFilterError(
+        f"the filter operator {op!r} (key {key!r}) has no Milvus expression; use one of "
+        f"{COMPARISONS}, or pass a Milvus expression string such as 'metadata[\"year\"] >= 2015'.")
+
+
+def combine_expressions(parts: Sequence[str | None], condition: str = "and") -> str | None:
+    """Join expressions with ``and`` / ``or`` / ``not`` (= not any); a ``None`` part is one that
+    every unit passes, ``"false"`` one that none passes."""
+    if condition not in ("and", "or", "not"):
+        raise ValueError(f"condition must be 'and', 'or' or 'not', got {condition!r}.")
+    if condition == "and":
+        live = [p for p in parts if p is not None]
+        if "false" in live:
+            return "false"
+        return " and ".join(f"({p})" for p in live) if live else None
+    if any(p is None for p in parts):  # one part always true
+        return None if condition == "or" else "false"
+    live = [p for p in parts if p != "false"]
+    if not live:
+        return "false" if condition == "or" else None
+    joined = " or ".join(f"({p})" for p in live)
+    return joined if condition == "or" else f"not ({joined})"
 
 
 def _in_expr(field: str, values: Iterable[str]) -> str:
