@@ -200,7 +200,7 @@ class ClusteredBM25Retriever(UnitRetriever):
 
 def _save(retriever: Any, path: str | Path) -> None:
     settings = {n: getattr(retriever, n) for n in retriever._settings}
-    if settings.get("filter") is not None and not isinstance(settings["filter"], dict):
+    if settings.get("filter") is not None and not isinstance(settings["filter"], (dict, str)):
         warnings.warn(f"{type(retriever).__name__}.save: a predicate filter cannot be saved; the "
                       "loaded retriever has no default filter (pass filter= to load or per call).",
                       stacklevel=3)
