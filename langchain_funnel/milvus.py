@@ -40,7 +40,7 @@ from funnel_core.milvus import (
 from funnel_core.units import Unit
 from langchain_funnel._base import UnitRetriever
 
-__all__ = ["DenseRetriever", "MilvusTranslator", "to_milvus_filter", "push_down"]
+__all__ = ["DenseRetriever", "MilvusTranslator", "to_milvus_filter", "push_down", "hybrid_sides"]
 
 _OPS = {Comparator.EQ: "eq", Comparator.NE: "ne", Comparator.GT: "gt", Comparator.GTE: "gte",
         Comparator.LT: "lt", Comparator.LTE: "lte", Comparator.IN: "in", Comparator.NIN: "nin",
@@ -146,3 +146,31 @@ def _milvus(backend: Any, where: str) -> MilvusBackend:
                          "collection=...) or a Milvus URI, not 'memory'.")
     return b
 
+
+
+def _side_names(backend: MilvusBackend) -> tuple[MilvusBackend, MilvusBackend]:
+    base = backend.collection or "funnel_hybrid"
+    return backend.with_collection(f"{base}_bm25"), backend.with_collection(f"{base}_dense")
+
+
+def hybrid_sides(documents: Optional[Iterable[Document]], backend: Any, embedder: Any = None,
+                 candidates: int = 20, dense_config: Optional[dict] = None,
+                 **bm25_config: Any) -> tuple[Any, DenseRetriever]:
+    """The sparse (BM25) and dense sides of a hybrid retriever on one backend: built from
+    ``documents``, or re-opened (``documents=None``, Milvus only). On Milvus the collections are
+    ``<collection>_bm25`` and ``<collection>_dense`` (``collection`` default ``funnel_hybrid``)."""
+    from funnel_core.errors import check_positive_int
+    from langchain_funnel.retrievers import BM25Retriever
+
+    candidates = check_positive_int(candidates, "candidates")
+    if documents is None:
+        sb, db = _side_names(_milvus(backend, "HybridRetriever.from_backend"))
+        return (BM25Retriever.from_backend(sb, k=candidates),
+                DenseRetriever.from_backend(db, embedder, k=candidates))
+    b = as_backend(backend)
+    docs = list(documents)
+    sb_, db_ = _side_names(b) if b is not None else (None, None)
+    sparse = BM25Retriever.from_documents(docs, k=candidates, backend=sb_, **bm25_config)
+    dense = DenseRetriever.from_documents(docs, embedder, backend=db_, k=candidates,
+                                          **(dense_config or {}))
+    return sparse, dense

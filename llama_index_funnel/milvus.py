@@ -36,7 +36,7 @@ from funnel_core.milvus import (
 from funnel_core.units import Unit
 from llama_index_funnel._base import UnitRetriever, units_to_nodes
 
-__all__ = ["DenseRetriever", "to_milvus_filter", "is_milvus", "milvus_backend"]
+__all__ = ["DenseRetriever", "to_milvus_filter", "is_milvus", "milvus_backend", "hybrid_sides"]
 
 _OPS = {FilterOperator.EQ: "eq", FilterOperator.NE: "ne", FilterOperator.GT: "gt",
         FilterOperator.GTE: "gte", FilterOperator.LT: "lt", FilterOperator.LTE: "lte",
@@ -155,3 +155,31 @@ class DenseRetriever(UnitRetriever):
         if not query:
             return []
         return units_to_nodes(self._search(query, filters, k), self._originals(), self.annotate)
+
+
+def _side_names(backend: MilvusBackend) -> tuple[MilvusBackend, MilvusBackend]:
+    base = backend.collection or "funnel_hybrid"
+    return backend.with_collection(f"{base}_bm25"), backend.with_collection(f"{base}_dense")
+
+
+def hybrid_sides(nodes: Optional[Sequence[BaseNode]], backend: Any, embedder: Any = None,
+                 candidates: int = 20, dense_config: Optional[dict] = None,
+                 **bm25_config: Any) -> tuple[Any, DenseRetriever]:
+    """The sparse (BM25) and dense sides of a hybrid retriever on one backend: built from
+    ``nodes``, or re-opened (``nodes=None``, Milvus only). On Milvus the collections are
+    ``<collection>_bm25`` and ``<collection>_dense`` (``collection`` default ``funnel_hybrid``)."""
+    from llama_index_funnel.retrievers import BM25Retriever
+
+    b = as_backend(backend)
+    candidates = check_positive_int(candidates, "candidates")
+    if nodes is None:
+        b = milvus_backend(backend, "HybridRetriever.from_backend")
+        sb, db = _side_names(b)
+        return (BM25Retriever.from_backend(sb, similarity_top_k=candidates),
+                DenseRetriever.from_backend(db, embedder, similarity_top_k=candidates))
+    sb_, db_ = _side_names(b) if b is not None else (None, None)
+    sparse = BM25Retriever.from_defaults(nodes=nodes, similarity_top_k=candidates, backend=sb_,
+                                         **bm25_config)
+    dense = DenseRetriever.from_defaults(nodes, embedder, backend=db_, similarity_top_k=candidates,
+                                         **(dense_config or {}))
+    return sparse, dense

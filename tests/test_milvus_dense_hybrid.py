@@ -81,6 +81,19 @@ def test_llamaindex_dense_and_hybrid_on_milvus(db, embedder):
         assert [n.score for n in got] == pytest.approx([n.score for n in want], abs=1e-4)
     assert engine.query(QUESTION).source_nodes[0].node.node_id == "d0"
 
+    # the one-argument form: both sides built into Milvus, then re-opened without re-indexing
+    one = HybridRetriever.from_defaults(nodes, backend=backend.with_collection("li_h"), embedder=embedder,
+                                        candidates=4, dense_config={"index_type": "FLAT"},
+                                        similarity_top_k=3)
+    assert one._sparse.index.collection == "li_h_bm25" and one._dense.index.collection == "li_h_dense"
+    in_memory = HybridRetriever.from_defaults(nodes, embedder=embedder, candidates=4, similarity_top_k=3)
+    reopened = HybridRetriever.from_backend(backend.with_collection("li_h"), embedder=embedder,
+                                            candidates=4, similarity_top_k=3)
+    for q in QUERIES:
+        want = [n.node.node_id for n in in_memory.retrieve(q)]
+        assert [n.node.node_id for n in one.retrieve(q)] == want
+        assert [n.node.node_id for n in reopened.retrieve(q)] == want
+
 
 # -- LangChain ------------------------------------------------------------------------------------
 def test_langchain_dense_and_hybrid_on_milvus(db, embedder):
@@ -118,3 +131,13 @@ def test_langchain_dense_and_hybrid_on_milvus(db, embedder):
     for q in QUERIES:
         assert chain.invoke(q) == [d.id for d in hybrid_ref.invoke(q)]
     assert chain.invoke(QUESTION)[0] == "d0"
+
+    one = HybridRetriever.from_documents(docs, backend=backend.with_collection("lc_h"), embedder=embedder,
+                                         candidates=4, dense_config={"index_type": "FLAT"}, k=3)
+    in_memory = HybridRetriever.from_documents(docs, embedder=embedder, candidates=4, k=3)
+    reopened = HybridRetriever.from_backend(backend.with_collection("lc_h"), embedder=embedder,
+                                            candidates=4, k=3)
+    assert one.dense.index.collection == "lc_h_dense"
+    for q in QUERIES:
+        want = [d.id for d in in_memory.invoke(q)]
+        assert [d.id for d in one.invoke(q)] == want == [d.id for d in reopened.invoke(q)]
