@@ -51,9 +51,9 @@ import json
 import math
 import os
 import re
-import tempfile
 import threading
 import uuid
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -72,8 +72,14 @@ __all__ = [
     "MilvusSettingsError",
     "UnsupportedFilterError",
     "filter_expression",
+    "comparison_expression",
+    "combine_expressions",
     "milvus_tokens",
     "load_index",
+    "open_index",
+    "is_milvus_entry",
+    "MilvusBackend",
+    "as_backend",
     "FORMAT_VERSION",
 ]
 
@@ -182,6 +188,86 @@ def _client(uri: str, token: str | None, db_name: str | None, timeout: float | N
         return client
 
 
+@dataclass(frozen=True)
+class MilvusBackend:
+    """Where an index keeps its data when it is not in this process's memory: Milvus.
+
+    The one argument the retrievers of both adapters take (``backend=``) to build into Milvus
+    and re-open what is there::
+
+        MilvusBackend("funnel.db")                              # Milvus Lite, a local file
+        MilvusBackend("http://milvus:19530", token="user:pw", db_name="rag")   # a server/cluster
+
+    Args:
+        uri: A local path ending in ``.db`` (embedded Milvus Lite) or ``http(s)://host:port``.
+        collection: Collection (alias) name; ``None``: the index class's default
+            (``funnel_bm25``, ``funnel_clusters``, ``funnel_dense``).
+        token: Milvus token (``"user:password"`` or an API key); never written to disk.
+        db_name: Milvus database (server only).
+        timeout: Seconds for each Milvus call (``None``: pymilvus default).
+        show_progress: tqdm bars while inserting.
+    """
+
+    uri: str = "funnel.db"
+    collection: str | None = None
+    token: str | None = field(default=None, repr=False)
+    db_name: str | None = None
+    timeout: float | None = None
+    show_progress: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "uri", _normalise_uri(self.uri))
+
+    def with_collection(self, collection: str) -> "MilvusBackend":
+        """The same connection, another collection."""
+        return replace(self, collection=collection)
+
+    def _kwargs(self) -> dict[str, Any]:
+        return {"token": self.token, "db_name": self.db_name, "timeout": self.timeout,
+                "show_progress": self.show_progress}
+
+    def bm25(self, **bm25_config: Any) -> "MilvusBM25Index":
+        """A :class:`MilvusBM25Index` on this connection (not built: call ``.index(...)``, or
+        search to re-open an existing collection)."""
+        return MilvusBM25Index(self.uri, self.collection or "funnel_bm25", **self._kwargs(),
+                               **bm25_config)
+
+    def clustered(self, **config: Any) -> "MilvusClusteredBM25Index":
+        """A :class:`MilvusClusteredBM25Index` on this connection (clustering and BM25 settings
+        as keyword arguments)."""
+        return MilvusClusteredBM25Index(self.uri, self.collection or "funnel_clusters",
+                                        **self._kwargs(), **config)
+
+    def dense(self, embedder: Any = None, **config: Any) -> "MilvusDenseIndex":
+        """A :class:`MilvusDenseIndex` on this connection (``index_type``, ``batch_size``, ...)."""
+        return MilvusDenseIndex(self.uri, self.collection or "funnel_dense", embedder,
+                                **self._kwargs(), **config)
+
+
+#: What ``backend=`` means when it is not a Milvus URI: the in-memory default.
+IN_MEMORY = ("memory", "bm25s", "numpy")
+
+
+def as_backend(backend: Any) -> MilvusBackend | None:
+    """``backend=`` as the adapters take it: ``None`` / ``"memory"`` -> ``None`` (in memory), a
+    :class:`MilvusBackend` as is, a URI string (``"funnel.db"``, ``"http://host:19530"``) ->
+    ``MilvusBackend(uri)``."""
+    if backend is None or isinstance(backend, MilvusBackend):
+        return backend
+    if isinstance(backend, (str, os.PathLike)):
+        if isinstance(backend, str) and backend in IN_MEMORY:
+            return None
+        try:
+            return MilvusBackend(os.fspath(backend))
+        except ValueError as exc:
+            raise ValueError(f"backend={os.fspath(backend)!r} is neither 'memory' (the default, "
+                             "in-process) nor a Milvus URI: pass a local path ending in '.db' "
+                             "(Milvus Lite) or 'http://host:19530', or "
+                             "funnel_core.milvus.MilvusBackend(uri, token=..., db_name=...).") from exc
+    raise TypeError(f"backend must be None/'memory', a Milvus URI string or a "
+                    f"funnel_core.milvus.MilvusBackend, got {type(backend).__name__}.")
+
+
 # -- tokens and filters ---------------------------------------------------------------------------
 def _safe_token(tok: str) -> str:
     if _SAFE_TOKEN.match(tok) and not tok.startswith(_ESCAPE):
@@ -262,6 +348,77 @@ def filter_expression(filter: Any, field: str = "metadata") -> str | None:
             eqs = " or ".join(f"{path} == {lit}" for lit in lits)
             parts.append(f"({eqs} or json_contains_any({path}, [{', '.join(lits)}]))")
     return " and ".join(parts) if parts else None
+
+
+#: Comparison operators of :func:`comparison_expression` (the frameworks' filter objects map
+#: onto these: LlamaIndex ``FilterOperator``, LangChain ``structured_query.Comparator``).
+COMPARISONS = ("eq", "ne", "gt", "gte", "lt", "lte", "in", "nin", "contains", "any", "all", "like")
+_CMP_OPS = {"eq": "==", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
+
+
+def comparison_expression(key: str, op: str, value: Any, field: str = "metadata") -> str | None:
+    """One metadata comparison as a Milvus boolean expression, with the semantics of a Python
+    predicate on the metadata dict: a unit whose metadata lacks ``key`` fails ``eq``/``gt``/...
+    and passes ``ne``/``nin`` (Milvus alone would make both false), values of another type fail.
+
+    ``op`` is one of :data:`COMPARISONS`: ``in``/``nin`` take a list of values; ``contains``
+    (a list-valued field holds ``value``), ``any``/``all`` (holds any / all of a list);
+    ``like`` (a string field contains ``value`` as a substring). Returns ``None`` for a
+    comparison every unit passes (``nin []``) and ``"false"`` for one none passes (``in []``).
+    """
+    if not isinstance(key, str) or not key:
+        raise TypeError(f"a metadata filter key must be a non-empty str, got {key!r}.")
+    path = _json_path(field, key)
+    guarded = f"exists {path} and "
+    if op in _CMP_OPS:
+        return f"({guarded}{path} {_CMP_OPS[op]} {_literal(value, key)})"
+    if op == "ne":
+        return f"not ({guarded}{path} == {_literal(value, key)})"
+    if op in ("in", "nin", "any", "all"):
+        if not isinstance(value, (list, tuple, set, frozenset)):
+            raise TypeError(f"the {op!r} filter on {key!r} takes a list of values, got "
+                            f"{type(value).__name__} {value!r:.60}.")
+        lits = [_literal(v, key) for v in value]
+        if not lits:
+            return {"in": "false", "any": "false", "nin": None, "all": None}[op]
+        if op == "any":
+            return f"({guarded}json_contains_any({path}, [{', '.join(lits)}]))"
+        if op == "all":
+            return f"({guarded}json_contains_all({path}, [{', '.join(lits)}]))"
+        eqs = " or ".join(f"{path} == {lit}" for lit in lits)
+        return f"({guarded}({eqs}))" if op == "in" else f"not ({guarded}({eqs}))"
+    if op == "contains":
+        return f"({guarded}json_contains({path}, {_literal(value, key)}))"
+    if op == "like":
+        text = str(value)
+        if any(c in text for c in "%_\\"):
+            raise UnsupportedFilterError(
+                f"the substring filter {text!r} on {key!r} holds '%', '_' or a backslash, which "
+                "Milvus LIKE patterns cannot escape; write the expression yourself (a Milvus "
+                "expression string) or filter on another field.")
+        return f"({guarded}{path} like {json.dumps('%' + text + '%', ensure_ascii=False)})"
+    raise UnsupportedFilterError(
+        f"the filter operator {op!r} (key {key!r}) has no Milvus expression; use one of "
+        f"{COMPARISONS}, or pass a Milvus expression string such as 'metadata[\"year\"] >= 2015'.")
+
+
+def combine_expressions(parts: Sequence[str | None], condition: str = "and") -> str | None:
+    """Join expressions with ``and`` / ``or`` / ``not`` (= not any); a ``None`` part is one that
+    every unit passes, ``"false"`` one that none passes."""
+    if condition not in ("and", "or", "not"):
+        raise ValueError(f"condition must be 'and', 'or' or 'not', got {condition!r}.")
+    if condition == "and":
+        live = [p for p in parts if p is not None]
+        if "false" in live:
+            return "false"
+        return " and ".join(f"({p})" for p in live) if live else None
+    if any(p is None for p in parts):  # one part always true
+        return None if condition == "or" else "false"
+    live = [p for p in parts if p != "false"]
+    if not live:
+        return "false" if condition == "or" else None
+    joined = " or ".join(f"({p})" for p in live)
+    return joined if condition == "or" else f"not ({joined})"
 
 
 def _in_expr(field: str, values: Iterable[str]) -> str:
@@ -499,43 +656,46 @@ class _Collection:
     # manifest --------------------------------------------------------------------------------
     def _manifest(self) -> dict[str, Any]:
         meta = self._opened()
-        return {"format": self.kind + ".manifest", "version": FORMAT_VERSION, "uri": self.uri,
-                "db_name": self.db_name, "collection": self.collection,
+        return {"backend": "milvus", "format": self.kind, "version": FORMAT_VERSION,
+                "uri": self.uri, "db_name": self.db_name, "collection": self.collection,
                 "settings": meta.get("settings", {}), "n_units": meta.get("n_units")}
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Write a small manifest (uri, db_name, collection name, settings) to the folder
-        ``path``; the data stays in Milvus. The token is never written: pass it to :meth:`load`.
-        """
-        folder = Path(path)
-        folder.mkdir(parents=True, exist_ok=True)
-        data = json.dumps(self._manifest(), indent=2, sort_keys=True).encode("utf-8")
-        fd, tmp = tempfile.mkstemp(prefix=".manifest.", dir=folder)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, folder / "manifest.json")
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+    def _require_built(self) -> dict[str, Any]:
+        """The collection's stored settings (opens it; raises if it does not exist)."""
+        return self._opened()
 
-    @staticmethod
-    def _read_manifest(path: str | os.PathLike, kind: str) -> dict[str, Any]:
-        f = Path(path) / "manifest.json"
-        if not f.is_file():
-            raise PersistError(f"no Milvus index manifest at {str(path)!r} (missing manifest.json); "
-                               "save the index there first.")
-        try:
-            m = json.loads(f.read_text(encoding="utf-8"))
-        except ValueError as exc:
-            raise PersistError(f"corrupt manifest.json in {str(path)!r} ({exc}); save the index "
-                               "again.") from exc
-        if m.get("format") != kind + ".manifest":
-            raise PersistError(f"{str(path)!r} holds {m.get('format')!r}, not a {kind!r} manifest; "
-                               "load it with the class that saved it (or funnel_core.milvus.load_index).")
-        return m
+    def _write(self, folder: Path, st: Any = None) -> dict[str, Any]:
+        """Persisting an index over Milvus writes no files: its manifest entry (uri, db_name,
+        collection name, settings; never the token, never the data) is returned to be stored in
+        the snapshot manifest of whoever persists it (see :func:`open_index`)."""
+        return self._manifest()
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Commit a small manifest (uri, db_name, collection name, settings) to the persist
+        folder ``path`` through :func:`funnel_core.persist.save_snapshot`; the data stays in
+        Milvus. The token is never written: pass it to :meth:`load`."""
+        from funnel_core.persist import save_snapshot
+
+        manifest = self._manifest()
+        save_snapshot(path, self.kind, FORMAT_VERSION, lambda folder: manifest)
+
+    @classmethod
+    def _saved_manifest(cls, path: str | os.PathLike) -> dict[str, Any]:
+        from funnel_core.persist import load_snapshot
+
+        return load_snapshot(path, cls.kind, FORMAT_VERSION, f"{cls.__name__} manifest",
+                             lambda folder, m: dict(m["meta"]))
+
+    @classmethod
+    def _from_manifest(cls, m: Mapping[str, Any], token: str | None = None,
+                       **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, token: str | None = None, **kwargs: Any) -> Any:
+        """Re-open the collection named in the manifest saved at ``path`` (no re-indexing);
+        ``kwargs`` go to the constructor (e.g. ``timeout``)."""
+        return cls._from_manifest(cls._saved_manifest(path), token=token, **kwargs)
 
 
 # -- flat BM25 -------------------------------------------------------------------------------------
@@ -740,11 +900,11 @@ class MilvusBM25Index(_BM25Common):
         return results
 
     @classmethod
-    def load(cls, path: str | os.PathLike, token: str | None = None,
-             **kwargs: Any) -> "MilvusBM25Index":
-        """Re-open the collection named in the manifest at ``path`` (no re-indexing)."""
-        m = cls._read_manifest(path, cls.kind)
-        return cls(m["uri"], m["collection"], token=token, db_name=m.get("db_name"), **kwargs).open()
+    def _from_manifest(cls, m: Mapping[str, Any], token: str | None = None,
+                       **kwargs: Any) -> "MilvusBM25Index":
+        uri, collection, db_name, settings = _manifest_fields(m, cls.kind)
+        bm25 = {**dict(settings.get("bm25") or {}), **kwargs}
+        return cls(uri, collection, token=token, db_name=db_name, **bm25).open()
 
 
 def _doc_rows(owner: _BM25Common, units: Sequence[Unit],
@@ -987,11 +1147,11 @@ class MilvusClusteredBM25Index(_BM25Common):
         return [self.search(q, k=k, filter=filter, **kwargs) for q in queries]
 
     @classmethod
-    def load(cls, path: str | os.PathLike, token: str | None = None,
-             **kwargs: Any) -> "MilvusClusteredBM25Index":
-        """Re-open the collections named in the manifest at ``path`` (no re-indexing)."""
-        m = cls._read_manifest(path, cls.kind)
-        return cls(m["uri"], m["collection"], token=token, db_name=m.get("db_name"), **kwargs).open()
+    def _from_manifest(cls, m: Mapping[str, Any], token: str | None = None,
+                       **kwargs: Any) -> "MilvusClusteredBM25Index":
+        uri, collection, db_name, settings = _manifest_fields(m, cls.kind)
+        bm25 = {**dict(settings.get("bm25") or {}), **kwargs}
+        return cls(uri, collection, token=token, db_name=db_name, **bm25).open()
 
 
 # -- dense -----------------------------------------------------------------------------------------
@@ -1157,34 +1317,74 @@ class MilvusDenseIndex(_Collection):
     @classmethod
     def load(cls, path: str | os.PathLike, embedder: Any = None, token: str | None = None,
              **kwargs: Any) -> "MilvusDenseIndex":
-        """Re-open the collection named in the manifest at ``path``; the embedder defaults to
-        the model recorded at build time."""
-        m = cls._read_manifest(path, cls.kind)
-        if embedder is None and m.get("settings", {}).get("model"):
+        """Re-open the collection named in the manifest saved at ``path`` (no re-embedding);
+        the embedder defaults to the model recorded at build time."""
+        return cls._from_manifest(cls._saved_manifest(path), token=token, embedder=embedder, **kwargs)
+
+    @classmethod
+    def _from_manifest(cls, m: Mapping[str, Any], token: str | None = None, embedder: Any = None,
+                       **kwargs: Any) -> "MilvusDenseIndex":
+        uri, collection, db_name, settings = _manifest_fields(m, cls.kind)
+        if embedder is None and isinstance(settings.get("model"), str) and settings["model"]:
             from funnel_core.embeddings import SentenceEmbedder
 
-            embedder = SentenceEmbedder(m["settings"]["model"])
-        return cls(m["uri"], m["collection"], embedder, token=token, db_name=m.get("db_name"),
-                   **kwargs).open()
+            embedder = SentenceEmbedder(settings["model"])
+        return cls(uri, collection, embedder, token=token, db_name=db_name, **kwargs).open()
 
 
-_KINDS = {c.kind + ".manifest": c for c in (MilvusBM25Index, MilvusClusteredBM25Index, MilvusDenseIndex)}
+def _manifest_fields(m: Mapping[str, Any], kind: str) -> tuple[str, str, str | None, dict]:
+    """(uri, collection, db_name, settings) of a saved manifest entry, validated (manifests are
+    untrusted input)."""
+    if not isinstance(m, Mapping) or m.get("backend") != "milvus" or m.get("format") != kind:
+        got = m.get("format") if isinstance(m, Mapping) else type(m).__name__
+        raise PersistError(f"the saved index is {got!r}, not a {kind!r} manifest; load it with "
+                           "the class that saved it (or funnel_core.milvus.load_index).")
+    if m.get("version") != FORMAT_VERSION:
+        raise PersistError(f"the saved {kind!r} manifest has version {m.get('version')!r}, this "
+                           f"funnel-rag reads version {FORMAT_VERSION}; save it again.")
+    uri, collection, db_name = m.get("uri"), m.get("collection"), m.get("db_name")
+    settings = m.get("settings") or {}
+    if (not isinstance(uri, str) or not isinstance(collection, str)
+            or not (db_name is None or isinstance(db_name, str)) or not isinstance(settings, dict)):
+        raise PersistError(f"the saved {kind!r} manifest is incomplete (uri {uri!r}, collection "
+                           f"{collection!r}); save the index again.")
+    return uri, collection, db_name, settings
+
+
+_KINDS: dict[str, Any] = {c.kind: c for c in (MilvusBM25Index, MilvusClusteredBM25Index, MilvusDenseIndex)}
+
+
+def is_milvus_entry(meta: Any) -> bool:
+    """Whether a persisted index entry (``index._write`` output) is a Milvus manifest."""
+    return isinstance(meta, Mapping) and meta.get("backend") == "milvus"
+
+
+def open_index(meta: Mapping[str, Any], token: str | None = None, **kwargs: Any) -> Any:
+    """Re-open the Milvus index described by a manifest entry that ``index._write`` returned
+    (stored inside a retriever's snapshot manifest): no data is read from disk, the collection
+    is opened and its settings checked."""
+    kind = meta.get("format") if isinstance(meta, Mapping) else None
+    cls = _KINDS.get(kind) if isinstance(kind, str) else None
+    if cls is None or not is_milvus_entry(meta):
+        raise PersistError(f"the saved index entry names {kind!r}, which is no Milvus index of "
+                           f"this funnel-rag ({sorted(_KINDS)}); save it again.")
+    return cls._from_manifest(meta, token=token, **kwargs)
 
 
 def load_index(path: str | os.PathLike, default: Any = None, **kwargs: Any) -> Any:
-    """Load whatever index was saved at ``path``: a Milvus manifest re-opens its collection,
-    anything else goes to ``default.load(path)`` (e.g. ``BM25Index``)."""
-    f = Path(path) / "manifest.json"
-    fmt = None
-    if f.is_file():
-        try:
-            fmt = json.loads(f.read_text(encoding="utf-8")).get("format")
-        except ValueError:
-            fmt = None
-    cls = _KINDS.get(fmt)
+    """Load whatever index was saved at ``path``: a Milvus manifest re-opens its collection
+    (``kwargs``: ``token=``, ...), anything else goes to ``default.load(path, **kwargs)`` (e.g.
+    ``BM25Index``)."""
+    from funnel_core.persist import snapshot_info
+
+    try:
+        fmt = snapshot_info(path).get("format")
+    except Exception:
+        fmt = None
+    cls = _KINDS.get(fmt) if isinstance(fmt, str) else None
     if cls is not None:
         return cls.load(path, **kwargs)
     if default is None:
-        raise PersistError(f"{str(path)!r} holds no Milvus index manifest ({fmt!r}); pass "
+        raise PersistError(f"{str(path)!r} holds no saved Milvus index ({fmt!r}); pass "
                            "default=<index class> to load other indexes.")
     return default.load(path, **kwargs)

@@ -201,6 +201,30 @@ class HybridRetriever(BaseRetriever):
                                {"callbacks": run_manager.get_child("dense")}))
         return self._fuse(sparse, dense, k)
 
+    # -- built on one backend (in memory or Milvus); see langchain_funnel.milvus ---------------
+    @classmethod
+    def from_documents(cls, documents: Sequence[Document], *, backend: Any = None,
+                       embedder: Any = None, candidates: int = 20,
+                       dense_config: Optional[dict] = None, bm25_config: Optional[dict] = None,
+                       **fusion: Any) -> "HybridRetriever":
+        """Our BM25 and dense retrievers over ``documents`` (``candidates`` each), fused;
+        ``backend=MilvusBackend(...)`` (or a URI) keeps both in Milvus. ``fusion``: ``alpha``,
+        ``method``, ``k``, ..."""
+        from langchain_funnel.milvus import hybrid_sides
+
+        sparse, dense = hybrid_sides(documents, backend, embedder, candidates, dense_config,
+                                     **(bm25_config or {}))
+        return cls(sparse=sparse, dense=dense, **fusion)
+
+    @classmethod
+    def from_backend(cls, backend: Any, *, embedder: Any = None, candidates: int = 20,
+                     **fusion: Any) -> "HybridRetriever":
+        """Re-open both sides built by :meth:`from_documents` on Milvus (no re-indexing)."""
+        from langchain_funnel.milvus import hybrid_sides
+
+        sparse, dense = hybrid_sides(None, backend, embedder, candidates)
+        return cls(sparse=sparse, dense=dense, **fusion)
+
 
 class RepackTransformer(BaseDocumentTransformer, RunnableSerializable[list[Document], list[Document]]):
     """Reorder documents that arrive best first: ``"forward"``, ``"reverse"`` (default: best

@@ -7,13 +7,20 @@
 
 Both take ``k`` in the constructor and per call (``invoke(q, k=3)``) and a per-call metadata
 ``filter`` (``invoke(q, filter={"source": "a.md"})`` or a predicate).
+
+Both keep their data in memory by default, or in Milvus with one argument: ``backend=`` (a
+:class:`funnel_core.milvus.MilvusBackend`, or a URI: ``"funnel.db"`` for embedded Milvus Lite,
+``"http://host:19530"`` for a server) in ``from_documents``/``from_texts`` builds into Milvus, and
+``from_backend(backend)`` re-opens a built collection without re-indexing. Over Milvus, filters
+are pushed down (dicts, Milvus expression strings, or structured-query ``Comparison``/``Operation``
+objects) and ``save`` writes only a manifest (URI, collection, settings), never the data.
 """
 
 from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Optional, Sequence
+from typing import Any, ClassVar, Iterable, Optional, Sequence, Union
 
 from langchain_core.documents import Document
 from pydantic import Field
@@ -22,9 +29,21 @@ from funnel_core.bm25 import BM25Index, MetadataFilter
 from funnel_core.clustered import ClusteredBM25Index
 from funnel_core.config import check_kwargs
 from funnel_core.errors import PersistError, check_positive_int
+from funnel_core.milvus import (
+    MilvusBackend,
+    MilvusBM25Index,
+    MilvusClusteredBM25Index,
+    as_backend,
+    is_milvus_entry,
+    load_index,
+    open_index,
+)
 from funnel_core.persist import load_snapshot, save_snapshot, snapshot_info
 from funnel_core.units import Unit, check_unique_ids, split_metadata
 from langchain_funnel._base import UnitRetriever
+from langchain_funnel.milvus import _milvus, push_down
+
+Backend = Union[MilvusBackend, str, None]
 
 __all__ = ["BM25Retriever", "ClusteredBM25Retriever"]
 
@@ -62,25 +81,36 @@ def _units_from_documents(documents: Iterable[Document], level: str) -> list[Uni
 class BM25Retriever(UnitRetriever):
     """Flat BM25 over LangChain documents (bm25s engine, scores in metadata).
 
-    Build with :meth:`from_documents` / :meth:`from_texts`; ``save(path)`` / ``load(path)``.
+    Build with :meth:`from_documents` / :meth:`from_texts` (``backend=`` keeps the index in
+    Milvus), re-open a Milvus collection with :meth:`from_backend`; ``save(path)`` / ``load(path)``.
     """
 
-    index: BM25Index
+    index: Union[BM25Index, MilvusBM25Index]
     filter: Any = Field(default=None, description="Default metadata filter (dict or predicate).")
 
     @classmethod
     def from_texts(cls, texts: Iterable[str], metadatas: Optional[Sequence[dict]] = None,
-                   ids: Optional[Sequence[str]] = None, k: int = 4, **bm25_config: Any) -> "BM25Retriever":
-        index = BM25Index(**bm25_config).index(_units_from_texts(texts, metadatas, ids, "passage"))
-        return cls(index=index, k=k)
+                   ids: Optional[Sequence[str]] = None, k: int = 4, backend: Backend = None,
+                   **bm25_config: Any) -> "BM25Retriever":
+        units = _units_from_texts(texts, metadatas, ids, "passage")
+        return cls(index=_bm25(backend, bm25_config).index(units), k=k)
 
     @classmethod
-    def from_documents(cls, documents: Iterable[Document], k: int = 4, **bm25_config: Any) -> "BM25Retriever":
-        index = BM25Index(**bm25_config).index(_units_from_documents(documents, "passage"))
-        return cls(index=index, k=k)
+    def from_documents(cls, documents: Iterable[Document], k: int = 4, backend: Backend = None,
+                       **bm25_config: Any) -> "BM25Retriever":
+        units = _units_from_documents(documents, "passage")
+        return cls(index=_bm25(backend, bm25_config).index(units), k=k)
+
+    @classmethod
+    def from_backend(cls, backend: Union[MilvusBackend, str], **settings: Any) -> "BM25Retriever":
+        """Re-open a BM25 collection built before (no re-indexing; its tokenizer settings are
+        read from Milvus); ``settings`` are this retriever's (``k``, ``filter``)."""
+        check_kwargs(f"{cls.__name__}.from_backend", settings, cls._settings)
+        return cls(index=_milvus(backend, f"{cls.__name__}.from_backend").bm25().open(), **settings)
 
     def _search(self, query: str, k: int, filter: MetadataFilter = None) -> list[Unit]:
-        return self.index.search(query, k=k, filter=filter if filter is not None else self.filter)
+        flt = push_down(self.index, filter if filter is not None else self.filter)
+        return self.index.search(query, k=k, filter=flt)
 
     _settings: ClassVar[tuple[str, ...]] = ("k", "filter")
 
@@ -90,7 +120,8 @@ class BM25Retriever(UnitRetriever):
 
     @classmethod
     def load(cls, path: str | Path, **overrides: Any) -> "BM25Retriever":
-        """Load what :meth:`save` wrote, with the saved settings (``overrides`` win)."""
+        """Load what :meth:`save` wrote, with the saved settings (``overrides`` win). A
+        retriever saved over Milvus re-opens its collection (``token=`` for a server)."""
         return _load(cls, path, BM25Index, overrides)
 
 
@@ -103,7 +134,7 @@ class ClusteredBM25Retriever(UnitRetriever):
     ``return_clusters=True`` the clusters themselves are returned.
     """
 
-    index: ClusteredBM25Index
+    index: Union[ClusteredBM25Index, MilvusClusteredBM25Index]
     k_clusters: int = Field(default=10, description="Number of clusters to retrieve.")
     return_clusters: bool = False
     filter: Any = Field(default=None, description="Default metadata filter on documents.")
@@ -116,21 +147,33 @@ class ClusteredBM25Retriever(UnitRetriever):
     def from_texts(cls, texts: Iterable[str], metadatas: Optional[Sequence[dict]] = None,
                    ids: Optional[Sequence[str]] = None, k: int = 4, k_clusters: int = 10,
                    max_tokens: int = 4096, adjacency: str = "auto", knn_k: int = 20,
-                   knn_threshold: float = 0.1, **bm25_config: Any) -> "ClusteredBM25Retriever":
-        """Cluster the texts (metadata ``links`` when present, else BM25 kNN) and index them."""
-        index = ClusteredBM25Index(max_tokens=max_tokens, adjacency=adjacency, knn_k=knn_k,
-                                   knn_threshold=knn_threshold, **bm25_config)
+                   knn_threshold: float = 0.1, backend: Backend = None,
+                   **bm25_config: Any) -> "ClusteredBM25Retriever":
+        """Cluster the texts (metadata ``links`` when present, else BM25 kNN) and index them
+        (in memory, or in Milvus with ``backend=``)."""
+        index = _clustered(backend, dict(max_tokens=max_tokens, adjacency=adjacency, knn_k=knn_k,
+                                         knn_threshold=knn_threshold, **bm25_config))
         index.index(_units_from_texts(texts, metadatas, ids, "document"))
         return cls(index=index, k=k, k_clusters=k_clusters)
 
     @classmethod
     def from_documents(cls, documents: Iterable[Document], k: int = 4, k_clusters: int = 10,
                        max_tokens: int = 4096, adjacency: str = "auto", knn_k: int = 20,
-                       knn_threshold: float = 0.1, **bm25_config: Any) -> "ClusteredBM25Retriever":
-        index = ClusteredBM25Index(max_tokens=max_tokens, adjacency=adjacency, knn_k=knn_k,
-                                   knn_threshold=knn_threshold, **bm25_config)
+                       knn_threshold: float = 0.1, backend: Backend = None,
+                       **bm25_config: Any) -> "ClusteredBM25Retriever":
+        index = _clustered(backend, dict(max_tokens=max_tokens, adjacency=adjacency, knn_k=knn_k,
+                                         knn_threshold=knn_threshold, **bm25_config))
         index.index(_units_from_documents(documents, "document"))
         return cls(index=index, k=k, k_clusters=k_clusters)
+
+    @classmethod
+    def from_backend(cls, backend: Union[MilvusBackend, str],
+                     **settings: Any) -> "ClusteredBM25Retriever":
+        """Re-open a clustered collection built before (no re-clustering, no re-indexing);
+        ``settings`` are this retriever's (``k``, ``k_clusters``, ``return_clusters``, ``filter``)."""
+        check_kwargs(f"{cls.__name__}.from_backend", settings, cls._settings)
+        b = _milvus(backend, f"{cls.__name__}.from_backend")
+        return cls(index=b.clustered().open(), **settings)
 
     def _search(self, query: str, k: int, filter: MetadataFilter = None,
                 k_clusters: Optional[int] = None) -> list[Unit]:
@@ -138,8 +181,8 @@ class ClusteredBM25Retriever(UnitRetriever):
                                                                                   "k_clusters")
         if self.return_clusters:  # k counts what is returned: here, clusters
             n_clusters = min(n_clusters, k)
-        return self.index.search(query, k=n_clusters,
-                                 filter=filter if filter is not None else self.filter,
+        flt = push_down(self.index, filter if filter is not None else self.filter)
+        return self.index.search(query, k=n_clusters, filter=flt,
                                  return_clusters=self.return_clusters, max_documents=k)
 
     _settings: ClassVar[tuple[str, ...]] = ("k", "k_clusters", "return_clusters", "filter")
@@ -150,29 +193,34 @@ class ClusteredBM25Retriever(UnitRetriever):
 
     @classmethod
     def load(cls, path: str | Path, **overrides: Any) -> "ClusteredBM25Retriever":
-        """Load what :meth:`save` wrote, with the saved settings (``overrides`` win)."""
+        """Load what :meth:`save` wrote, with the saved settings (``overrides`` win). A
+        retriever saved over Milvus re-opens its collections (``token=`` for a server)."""
         return _load(cls, path, ClusteredBM25Index, overrides)
 
 
 def _save(retriever: Any, path: str | Path) -> None:
     settings = {n: getattr(retriever, n) for n in retriever._settings}
-    if settings.get("filter") is not None and not isinstance(settings["filter"], dict):
+    if settings.get("filter") is not None and not isinstance(settings["filter"], (dict, str)):
         warnings.warn(f"{type(retriever).__name__}.save: a predicate filter cannot be saved; the "
                       "loaded retriever has no default filter (pass filter= to load or per call).",
                       stacklevel=3)
         settings["filter"] = None
     index, st = retriever.index, retriever.index._require_built()
 
-    def write(folder: Path) -> dict:
+    def write(folder: Path) -> dict:  # over Milvus: a manifest entry, no files (no data)
         return {"index": index._write(folder / "index", st), "settings": settings}
 
     save_snapshot(path, f"funnel-rag.langchain.{type(retriever).__name__}", 1, write)
 
 
 def _load(cls: Any, path: str | Path, index_cls: Any, overrides: dict[str, Any]) -> Any:
+    token = overrides.pop("token", None)
+
     def read(folder: Path, manifest: dict) -> tuple:
         meta = manifest["meta"]
-        return index_cls._read(folder / "index", meta.get("index") or {}), dict(meta.get("settings") or {})
+        entry = meta.get("index") or {}
+        index = entry if is_milvus_entry(entry) else index_cls._read(folder / "index", entry)
+        return index, dict(meta.get("settings") or {})
 
     try:
         index, settings = load_snapshot(path, f"funnel-rag.langchain.{cls.__name__}", 1,
@@ -184,6 +232,19 @@ def _load(cls: Any, path: str | Path, index_cls: Any, overrides: dict[str, Any])
             ours = False
         if ours:
             raise
-        settings, index = {}, index_cls.load(path)  # a bare index folder (index.save(path))
+        # a bare index folder (index.save(path)); a Milvus one re-opens its collection
+        settings, index = {}, load_index(path, index_cls, **({"token": token} if token else {}))
     check_kwargs(f"{cls.__name__}.load", overrides, cls._settings)
+    if isinstance(index, dict):  # saved over Milvus: re-open the collection (outside the
+        index = open_index(index, token=token)  # snapshot read, so its errors are its own)
     return cls(index=index, **{**settings, **overrides})
+
+
+def _bm25(backend: Backend, config: dict[str, Any]) -> Any:
+    b = as_backend(backend)
+    return BM25Index(**config) if b is None else b.bm25(**config)
+
+
+def _clustered(backend: Backend, config: dict[str, Any]) -> Any:
+    b = as_backend(backend)
+    return ClusteredBM25Index(**config) if b is None else b.clustered(**config)

@@ -154,6 +154,29 @@ class HybridRetriever(BaseRetriever):
             self._dense.aretrieve(query_bundle))
         return self._fuse(sparse, dense)
 
+    # -- built on one backend (in memory or Milvus); see llama_index_funnel.milvus ------------
+    @classmethod
+    def from_defaults(cls, nodes: Any, *, backend: Any = None, embedder: Any = None,
+                      candidates: int = 20, dense_config: Optional[dict] = None,
+                      bm25_config: Optional[dict] = None, **fusion: Any) -> "HybridRetriever":
+        """Our BM25 and dense retrievers over ``nodes`` (``candidates`` each), fused;
+        ``backend=MilvusBackend(...)`` (or a URI) keeps both in Milvus. ``fusion``: ``alpha``,
+        ``method``, ``similarity_top_k``, ..."""
+        from llama_index_funnel.milvus import hybrid_sides
+
+        sparse, dense = hybrid_sides(nodes, backend, embedder, candidates, dense_config,
+                                     **(bm25_config or {}))
+        return cls(sparse, dense, **fusion)
+
+    @classmethod
+    def from_backend(cls, backend: Any, *, embedder: Any = None, candidates: int = 20,
+                     **fusion: Any) -> "HybridRetriever":
+        """Re-open both sides built by :meth:`from_defaults` on Milvus (no re-indexing)."""
+        from llama_index_funnel.milvus import hybrid_sides
+
+        sparse, dense = hybrid_sides(None, backend, embedder, candidates)
+        return cls(sparse, dense, **fusion)
+
 
 class RepackPostprocessor(StagePostprocessor):
     """Reorder the final nodes: ``"forward"``, ``"reverse"`` (default: best last, next to the

@@ -7,6 +7,14 @@
 Both keep the caller's nodes: results are copies of them (relationships intact) with the
 scores in ``metadata["scores"]``; both persist to a folder (nodes in a ``SimpleDocumentStore``)
 and take per-query metadata filters through :meth:`search`.
+
+Both keep their data in memory by default, or in Milvus with one argument: ``backend=`` (a
+:class:`funnel_core.milvus.MilvusBackend`, or a URI: ``"funnel.db"`` for embedded Milvus Lite,
+``"http://host:19530"`` for a server) in ``from_defaults`` builds into Milvus, and
+``from_backend(backend)`` re-opens a built collection without re-indexing. Over Milvus,
+``MetadataFilters`` are pushed down as Milvus expressions, and ``persist`` writes only a manifest
+(URI, collection, settings), never the data: nodes are not written either; a retriever re-opened
+from Milvus returns ``TextNode``s rebuilt from the collection (id, text, metadata, parent).
 """
 
 from __future__ import annotations
@@ -23,14 +31,17 @@ from llama_index.core.vector_stores.types import MetadataFilters
 from funnel_core.bm25 import BM25Index
 from funnel_core.clustered import ClusteredBM25Index
 from funnel_core.errors import PersistError, check_positive_int, check_query
+from funnel_core.milvus import MilvusBackend, as_backend, is_milvus_entry, open_index
 from funnel_core.persist import load_snapshot, save_snapshot
 from funnel_core.units import Unit
 from llama_index_funnel._base import UnitRetriever, units_to_nodes
 from llama_index_funnel.filters import to_predicate
+from llama_index_funnel.milvus import is_milvus, milvus_backend, push_down
 
 __all__ = ["BM25Retriever", "ClusteredBM25Retriever"]
 
-Filter = Union[MetadataFilters, Dict[str, Any], Callable[[dict], bool], None]
+Filter = Union[MetadataFilters, Dict[str, Any], Callable[[dict], bool], str, None]
+Backend = Union[MilvusBackend, str, None]
 
 
 def _nodes_from(nodes: Optional[Sequence[BaseNode]], docstore: Optional[BaseDocumentStore]) -> list[BaseNode]:
@@ -51,7 +62,11 @@ def _units(nodes: Sequence[BaseNode], level: str) -> list[Unit]:
                  metadata=dict(n.metadata), level=level) for n in nodes]
 
 
-def _filter(filters: Filter) -> Any:
+def _filter(filters: Filter, index: Any = None) -> Any:
+    """The filter handed to the index: ``MetadataFilters`` become a Milvus expression (pushed
+    down) for a Milvus index, a predicate for an in-memory one."""
+    if is_milvus(index):
+        return push_down(index, filters)
     return to_predicate(filters) if isinstance(filters, MetadataFilters) else filters
 
 
@@ -100,7 +115,7 @@ class _NodeRetriever(UnitRetriever):
         flt = settings.get("filters")
         if isinstance(flt, MetadataFilters):
             settings["filters"] = {"metadata_filters": flt.model_dump(mode="json")}
-        elif flt is not None and not isinstance(flt, dict):
+        elif flt is not None and not isinstance(flt, (dict, str)):  # str: a Milvus expression
             warnings.warn(f"{type(self).__name__}.persist: a predicate filter cannot be saved; "
                           "the loaded retriever has no default filter.", stacklevel=3)
             settings["filters"] = None
@@ -117,6 +132,8 @@ class _NodeRetriever(UnitRetriever):
 
         def write(folder: Path) -> dict:
             meta = index._write(folder / "index", st)
+            if is_milvus_entry(meta):  # over Milvus: a manifest entry only, no data, no nodes
+                return {"index": meta, "n_nodes": 0, "settings": settings}
             store = SimpleDocumentStore()
             store.add_documents(nodes)
             store.persist(str(folder / "nodes.json"))
@@ -125,19 +142,27 @@ class _NodeRetriever(UnitRetriever):
         save_snapshot(Path(path) / self._index_dir, f"funnel-rag.llama-index.{self._index_dir}", 1, write)
 
     @classmethod
-    def from_persist_dir(cls, path: str, verify: bool = True, **kwargs: Any) -> Any:
+    def from_persist_dir(cls, path: str, verify: bool = True, token: Optional[str] = None,
+                         **kwargs: Any) -> Any:
         """Load a retriever written by :meth:`persist`, with its saved settings; ``kwargs`` (e.g.
-        ``similarity_top_k=``) override them."""
+        ``similarity_top_k=``) override them. A retriever persisted over Milvus re-opens its
+        collection (``token=`` for a server; tokens are never written)."""
 
         def read(folder: Path, manifest: dict) -> tuple:
             meta = manifest["meta"]
-            index = cls._index_cls._read(folder / "index", meta.get("index") or {})
+            entry = meta.get("index") or {}
+            settings = dict(meta.get("settings") or {})
+            if is_milvus_entry(entry):
+                return entry, [], settings
+            index = cls._index_cls._read(folder / "index", entry)
             store = SimpleDocumentStore.from_persist_path(str(folder / "nodes.json"))
-            return index, list(store.docs.values()), dict(meta.get("settings") or {})
+            return index, list(store.docs.values()), settings
 
         index, nodes, settings = load_snapshot(Path(path) / cls._index_dir,
                                                f"funnel-rag.llama-index.{cls._index_dir}", 1,
                                                f"{cls.__name__} (in {cls._index_dir}/)", read, verify=verify)
+        if isinstance(index, dict):  # opened outside the snapshot read: its errors are its own
+            index = open_index(index, token=token)
         flt = settings.get("filters")
         if isinstance(flt, dict) and set(flt) == {"metadata_filters"}:
             settings["filters"] = MetadataFilters.model_validate(flt["metadata_filters"])
@@ -158,7 +183,7 @@ class BM25Retriever(_NodeRetriever):
     _index_dir = "funnel_rag_bm25"
     _settings = ("similarity_top_k", "filters")
 
-    def __init__(self, index: BM25Index, nodes: Sequence[BaseNode], similarity_top_k: int = 10,
+    def __init__(self, index: Any, nodes: Sequence[BaseNode], similarity_top_k: int = 10,
                  filters: Filter = None, callback_manager: Optional[CallbackManager] = None,
                  verbose: bool = False) -> None:
         self.index = index
@@ -168,16 +193,28 @@ class BM25Retriever(_NodeRetriever):
     @classmethod
     def from_defaults(cls, nodes: Optional[Sequence[BaseNode]] = None,
                       docstore: Optional[BaseDocumentStore] = None, similarity_top_k: int = 10,
-                      filters: Filter = None, **bm25_config: Any) -> "BM25Retriever":
-        """Build from nodes or a docstore; ``bm25_config`` goes to :class:`BM25Index`."""
+                      filters: Filter = None, backend: Backend = None,
+                      **bm25_config: Any) -> "BM25Retriever":
+        """Build from nodes or a docstore; ``bm25_config`` goes to :class:`BM25Index`
+        (``backend=``: build into Milvus instead, see :class:`funnel_core.milvus.MilvusBackend`)."""
         nodes = _nodes_from(nodes, docstore)
-        index = BM25Index(**bm25_config).index(_units(nodes, "passage"))
+        b = as_backend(backend)
+        index = BM25Index(**bm25_config) if b is None else b.bm25(**bm25_config)
+        index.index(_units(nodes, "passage"))
         return cls(index, nodes, similarity_top_k=similarity_top_k, filters=filters)
+
+    @classmethod
+    def from_backend(cls, backend: Union[MilvusBackend, str], similarity_top_k: int = 10,
+                     filters: Filter = None) -> "BM25Retriever":
+        """Re-open a BM25 collection built before (no re-indexing; its tokenizer settings are
+        read from Milvus); results are ``TextNode``s rebuilt from the collection."""
+        index = milvus_backend(backend, f"{cls.__name__}.from_backend").bm25().open()
+        return cls(index, [], similarity_top_k=similarity_top_k, filters=filters)
 
     def _search(self, query: str, filters: Filter = None, k: Optional[int] = None) -> list[Unit]:
         flt = self.filters if filters is None else filters
         k = self.similarity_top_k if k is None else check_positive_int(k, "k")
-        return self.index.search(query, k=k, filter=_filter(flt))
+        return self.index.search(query, k=k, filter=_filter(flt, self.index))
 
 
 
@@ -205,7 +242,7 @@ class ClusteredBM25Retriever(_NodeRetriever):
     _index_dir = "funnel_rag_clustered_bm25"
     _settings = ("similarity_top_k", "k_clusters", "max_documents", "return_clusters", "filters")
 
-    def __init__(self, index: ClusteredBM25Index, nodes: Sequence[BaseNode], similarity_top_k: int = 10,
+    def __init__(self, index: Any, nodes: Sequence[BaseNode], similarity_top_k: int = 10,
                  max_documents: Optional[int] = None, return_clusters: bool = False,
                  filters: Filter = None, callback_manager: Optional[CallbackManager] = None,
                  verbose: bool = False, k_clusters: int = 10) -> None:
@@ -222,17 +259,30 @@ class ClusteredBM25Retriever(_NodeRetriever):
                       max_documents: Optional[int] = None, return_clusters: bool = False,
                       filters: Filter = None, max_tokens: int = 4096, adjacency: str = "auto",
                       knn_k: int = 20, knn_threshold: float = 0.1, k_clusters: int = 10,
-                      **bm25_config: Any) -> "ClusteredBM25Retriever":
-        """Cluster the nodes (Algorithm 1) and index the clusters.
+                      backend: Backend = None, **bm25_config: Any) -> "ClusteredBM25Retriever":
+        """Cluster the nodes (Algorithm 1) and index the clusters (in memory, or in Milvus with
+        ``backend=``, see :class:`funnel_core.milvus.MilvusBackend`).
 
         Adjacency: ``metadata["links"]`` (ids or titles) when present, else a BM25 kNN graph.
         """
         nodes = _nodes_from(nodes, docstore)
-        index = ClusteredBM25Index(max_tokens=max_tokens, adjacency=adjacency, knn_k=knn_k,
-                                   knn_threshold=knn_threshold, **bm25_config)
+        config = dict(max_tokens=max_tokens, adjacency=adjacency, knn_k=knn_k,
+                      knn_threshold=knn_threshold, **bm25_config)
+        b = as_backend(backend)
+        index = ClusteredBM25Index(**config) if b is None else b.clustered(**config)
         index.index(_units(nodes, "document"))
         return cls(index, nodes, similarity_top_k=similarity_top_k, max_documents=max_documents,
                    return_clusters=return_clusters, filters=filters, k_clusters=k_clusters)
+
+    @classmethod
+    def from_backend(cls, backend: Union[MilvusBackend, str], similarity_top_k: int = 10,
+                     k_clusters: int = 10, return_clusters: bool = False,
+                     filters: Filter = None) -> "ClusteredBM25Retriever":
+        """Re-open a clustered collection built before (no re-clustering, no re-indexing);
+        results are ``TextNode``s rebuilt from the collection."""
+        index = milvus_backend(backend, f"{cls.__name__}.from_backend").clustered().open()
+        return cls(index, [], similarity_top_k=similarity_top_k, k_clusters=k_clusters,
+                   return_clusters=return_clusters, filters=filters)
 
     def _search(self, query: str, filters: Filter = None, k: Optional[int] = None,
                 k_clusters: Optional[int] = None) -> list[Unit]:
@@ -244,5 +294,5 @@ class ClusteredBM25Retriever(_NodeRetriever):
                                                                                   "k_clusters")
         if self.return_clusters:  # what is returned are clusters: k counts them
             n_clusters = min(n_clusters, k)
-        return self.index.search(query, k=n_clusters, filter=_filter(flt),
+        return self.index.search(query, k=n_clusters, filter=_filter(flt, self.index),
                                  return_clusters=self.return_clusters, max_documents=k)

@@ -19,6 +19,7 @@ pytest.importorskip("milvus_lite", reason="milvus-lite is not installed (pip ins
 from funnel_core.bm25 import BM25Index  # noqa: E402
 from funnel_core.clustered import ClusteredBM25Index  # noqa: E402
 from funnel_core.embeddings import DenseIndex  # noqa: E402
+from funnel_core.errors import PersistError  # noqa: E402
 from funnel_core.milvus import (  # noqa: E402
     MilvusBM25Index,
     MilvusClusteredBM25Index,
@@ -31,6 +32,7 @@ from funnel_core.milvus import (  # noqa: E402
     load_index,
     milvus_tokens,
 )
+from funnel_core.persist import snapshot_info  # noqa: E402
 from funnel_core.units import Unit  # noqa: E402
 
 TOPICS = {
@@ -212,15 +214,36 @@ def test_reopen_save_load_without_reindexing(db, flat, tmp_path):
     assert again.search(QUERIES[0], k=5) == flat.search(QUERIES[0], k=5)
     assert again.config["stemmer"] == "english"
     flat.save(tmp_path / "m")
-    files = list((tmp_path / "m").iterdir())
-    assert [f.name for f in files] == ["manifest.json"]
-    raw = files[0].read_text()
+    # one committed snapshot (funnel_core.persist) holding only its manifest: no data files
+    info = snapshot_info(tmp_path / "m")
+    assert info["format"] == MilvusBM25Index.kind and info["files"] == {}
+    snapshot_files = [f.name for f in (tmp_path / "m" / info["snapshot"]).iterdir()]
+    assert snapshot_files == ["manifest.json"]
+    raw = (tmp_path / "m" / info["snapshot"] / "manifest.json").read_text()
     assert len(raw) < 2000 and "Document 1." not in raw and "token\"" not in raw
-    manifest = json.loads(raw)
-    assert manifest["collection"] == "flat" and manifest["uri"] == flat.uri
+    assert info["meta"]["collection"] == "flat" and info["meta"]["uri"] == flat.uri
+    assert info["meta"]["settings"]["bm25"]["stemmer"] == "english"
     loaded = load_index(tmp_path / "m")
     assert isinstance(loaded, MilvusBM25Index)
     assert loaded.search(QUERIES[2], k=5) == flat.search(QUERIES[2], k=5)
+    assert MilvusBM25Index.load(tmp_path / "m").config == flat.config
+    # an in-memory index saved there is refused by the Milvus class, loaded by load_index
+    BM25Index().index([Unit(id="a", text="alpha beta")]).save(tmp_path / "mem")
+    assert isinstance(load_index(tmp_path / "mem", BM25Index), BM25Index)
+    with pytest.raises(PersistError, match="not a.*milvus-bm25"):
+        MilvusBM25Index.load(tmp_path / "mem")
+    with pytest.raises(PersistError, match="no saved Milvus index"):
+        load_index(tmp_path / "mem")
+
+
+def test_saved_manifest_checks_the_collection_settings(db, corpus, tmp_path):
+    """A manifest saved for one build, opened after the collection was rebuilt with other
+    tokenizer settings: an error naming both values, not silently different results."""
+    idx = MilvusBM25Index(db, "resettled").index(corpus[:10])
+    idx.save(tmp_path / "s")
+    MilvusBM25Index(db, "resettled", stemmer=None).index(corpus[:10])
+    with pytest.raises(MilvusSettingsError, match=r"stemmer=None.*stemmer='english'"):
+        MilvusBM25Index.load(tmp_path / "s")
 
 
 def test_errors_name_the_value_and_fix(db, flat):

@@ -1,0 +1,176 @@
+"""LangChain over the Milvus backend (:mod:`funnel_core.milvus`).
+
+* The BM25 retrievers of :mod:`langchain_funnel.retrievers` take ``backend=`` (a
+  :class:`~funnel_core.milvus.MilvusBackend` or a URI) in ``from_documents``/``from_texts`` to
+  build into Milvus, and re-open a built collection with ``from_backend`` (no re-indexing).
+* :class:`DenseRetriever` — dense retrieval over a :class:`~funnel_core.milvus.MilvusDenseIndex`
+  (or the in-memory :class:`~funnel_core.embeddings.DenseIndex`), e.g. the dense side of
+  :class:`~langchain_funnel.best_practices.HybridRetriever`.
+* :class:`MilvusTranslator` / :func:`to_milvus_filter` — LangChain's filter objects
+  (``langchain_core.structured_query``: ``Comparison``/``Operation``, what a self-query
+  retriever produces) -> a Milvus boolean expression, pushed down to Milvus. The retrievers
+  accept such an object as ``filter=`` directly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Optional, Union
+
+from langchain_core.documents import Document
+from langchain_core.structured_query import (
+    Comparator,
+    Comparison,
+    FilterDirective,
+    Operation,
+    Operator,
+    StructuredQuery,
+    Visitor,
+)
+from pydantic import Field
+
+from funnel_core.embeddings import DenseIndex
+from funnel_core.milvus import (
+    MilvusBackend,
+    MilvusDenseIndex,
+    UnsupportedFilterError,
+    as_backend,
+    combine_expressions,
+    comparison_expression,
+)
+from funnel_core.units import Unit
+from langchain_funnel._base import UnitRetriever
+
+__all__ = ["DenseRetriever", "MilvusTranslator", "to_milvus_filter", "push_down", "hybrid_sides"]
+
+_OPS = {Comparator.EQ: "eq", Comparator.NE: "ne", Comparator.GT: "gt", Comparator.GTE: "gte",
+        Comparator.LT: "lt", Comparator.LTE: "lte", Comparator.IN: "in", Comparator.NIN: "nin",
+        Comparator.CONTAIN: "contains", Comparator.LIKE: "like"}
+
+
+class MilvusTranslator(Visitor):
+    """Translate ``langchain_core.structured_query`` objects into Milvus boolean expressions on
+    funnel-rag's JSON ``metadata`` field (a missing key fails ``eq``/``gt``/... and passes
+    ``ne``/``nin``; ``contain`` = a list-valued field holds the value; ``like`` = substring)."""
+
+    allowed_comparators = tuple(_OPS)
+    allowed_operators = (Operator.AND, Operator.OR, Operator.NOT)
+
+    def visit_comparison(self, comparison: Comparison) -> Optional[str]:
+        self._validate_func(comparison.comparator)
+        return comparison_expression(comparison.attribute, _OPS[comparison.comparator],
+                                     comparison.value)
+
+    def visit_operation(self, operation: Operation) -> Optional[str]:
+        self._validate_func(operation.operator)
+        parts = [arg.accept(self) for arg in operation.arguments]
+        return combine_expressions(parts, operation.operator.value)
+
+    def visit_structured_query(self, structured_query: StructuredQuery) -> tuple[str, dict]:
+        if structured_query.filter is None:
+            return structured_query.query, {}
+        return structured_query.query, {"filter": structured_query.filter.accept(self)}
+
+
+def to_milvus_filter(directive: Optional[FilterDirective]) -> Optional[str]:
+    """A ``Comparison``/``Operation`` -> a Milvus expression (``None``: no constraint)."""
+    if directive is None:
+        return None
+    if not isinstance(directive, FilterDirective):
+        raise TypeError(f"expected a langchain_core.structured_query Comparison or Operation, got "
+                        f"{type(directive).__name__}.")
+    return directive.accept(MilvusTranslator())
+
+
+def push_down(index: Any, flt: Any) -> Any:
+    """The filter a retriever hands its index: structured-query objects become Milvus
+    expressions for a Milvus index (an in-memory index cannot run them: an error names the fix)."""
+    if isinstance(flt, FilterDirective):
+        if getattr(index, "kind", "").startswith("funnel-rag.milvus"):
+            return to_milvus_filter(flt)
+        raise UnsupportedFilterError(
+            "a structured-query filter (Comparison/Operation) is translated for the Milvus "
+            "backend only; with the in-memory index pass a dict such as {'topic': 'geo'} or a "
+            "predicate, or build the retriever with backend=MilvusBackend(...).")
+    return flt
+
+
+class DenseRetriever(UnitRetriever):
+    """Dense retrieval over a Milvus (or in-memory) dense index; ``k`` and ``filter`` per call.
+
+    Build with :meth:`from_documents` (``backend=`` picks Milvus), re-open a built collection
+    with :meth:`from_backend`. ``filter`` is a dict (``{"source": "a.md"}``), a Milvus
+    expression string or a structured-query ``Comparison``/``Operation``, pushed down to Milvus
+    (the in-memory ``DenseIndex`` takes no filter). Scores (inner product of normalised
+    embeddings) are in ``metadata["funnel"]["score"]``.
+    """
+
+    index: Union[MilvusDenseIndex, DenseIndex]
+    filter: Any = Field(default=None, description="Default metadata filter (Milvus only).")
+
+    @classmethod
+    def from_documents(cls, documents: Iterable[Document], embedder: Any = None,
+                       backend: Union[MilvusBackend, str, None] = None, k: int = 4,
+                       **index_config: Any) -> "DenseRetriever":
+        """Embed ``documents`` (``embedder``: a :class:`~funnel_core.embeddings.SentenceEmbedder`,
+        default the packaged all-MiniLM-L6-v2) into Milvus (``backend=``) or memory."""
+        from langchain_funnel.retrievers import _units_from_documents
+
+        units = _units_from_documents(documents, "passage")
+        b = as_backend(backend)
+        index: Any = b.dense(embedder, **index_config) if b is not None else DenseIndex(embedder)
+        return cls(index=index.index(units), k=k)
+
+    @classmethod
+    def from_backend(cls, backend: Union[MilvusBackend, str], embedder: Any = None,
+                     **settings: Any) -> "DenseRetriever":
+        """Re-open a dense collection built before (no re-embedding); pass the ``embedder`` it
+        was built with (default: the packaged all-MiniLM-L6-v2)."""
+        b = _milvus(backend, "DenseRetriever.from_backend")
+        return cls(index=b.dense(embedder).open(), **settings)
+
+    def _search(self, query: str, k: int, filter: Any = None) -> list[Unit]:
+        flt = push_down(self.index, filter if filter is not None else self.filter)
+        if isinstance(self.index, DenseIndex):
+            if flt is not None:
+                raise UnsupportedFilterError(
+                    "the in-memory DenseIndex takes no metadata filter; build the retriever with "
+                    "backend=MilvusBackend(...) to filter, or drop filter=.")
+            return self.index.search(query, k=k)
+        return self.index.search(query, k=k, filter=flt)
+
+
+def _milvus(backend: Any, where: str) -> MilvusBackend:
+    b = as_backend(backend)
+    if b is None:
+        raise ValueError(f"{where} re-opens a Milvus collection: pass backend=MilvusBackend(uri, "
+                         "collection=...) or a Milvus URI, not 'memory'.")
+    return b
+
+
+
+def _side_names(backend: MilvusBackend) -> tuple[MilvusBackend, MilvusBackend]:
+    base = backend.collection or "funnel_hybrid"
+    return backend.with_collection(f"{base}_bm25"), backend.with_collection(f"{base}_dense")
+
+
+def hybrid_sides(documents: Optional[Iterable[Document]], backend: Any, embedder: Any = None,
+                 candidates: int = 20, dense_config: Optional[dict] = None,
+                 **bm25_config: Any) -> tuple[Any, DenseRetriever]:
+    """The sparse (BM25) and dense sides of a hybrid retriever on one backend: built from
+    ``documents``, or re-opened (``documents=None``, Milvus only). On Milvus the collections are
+    ``<collection>_bm25`` and ``<collection>_dense`` (``collection`` default ``funnel_hybrid``)."""
+    from funnel_core.errors import check_positive_int
+    from langchain_funnel.retrievers import BM25Retriever
+
+    candidates = check_positive_int(candidates, "candidates")
+    if documents is None:
+        sb, db = _side_names(_milvus(backend, "HybridRetriever.from_backend"))
+        return (BM25Retriever.from_backend(sb, k=candidates),
+                DenseRetriever.from_backend(db, embedder, k=candidates))
+    b = as_backend(backend)
+    docs = list(documents)
+    sb_, db_ = _side_names(b) if b is not None else (None, None)
+    sparse = BM25Retriever.from_documents(docs, k=candidates, backend=sb_, **bm25_config)
+    dense = DenseRetriever.from_documents(docs, embedder, backend=db_, k=candidates,
+                                          **(dense_config or {}))
+    return sparse, dense

@@ -1,0 +1,185 @@
+"""LlamaIndex over the Milvus backend (:mod:`funnel_core.milvus`).
+
+* The BM25 retrievers of :mod:`llama_index_funnel.retrievers` take ``backend=`` (a
+  :class:`~funnel_core.milvus.MilvusBackend` or a URI) in ``from_defaults`` to build into Milvus,
+  and re-open a built collection with ``from_backend`` (no re-indexing).
+* :class:`DenseRetriever` — dense retrieval over a :class:`~funnel_core.milvus.MilvusDenseIndex`
+  (or the in-memory :class:`~funnel_core.embeddings.DenseIndex`), e.g. the dense side of
+  :class:`~llama_index_funnel.best_practices.HybridRetriever`.
+* :func:`to_milvus_filter` — LlamaIndex ``MetadataFilters`` (nested, AND/OR/NOT) -> a Milvus
+  boolean expression with the semantics of :func:`llama_index_funnel.filters.to_predicate` (a
+  missing key fails ``==``/``>``/... and passes ``!=``/``nin``). The retrievers translate
+  ``filters=MetadataFilters(...)`` by themselves when their index is on Milvus.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence, Union
+
+from llama_index.core.callbacks import CallbackManager
+from llama_index.core.schema import BaseNode, NodeWithScore
+from llama_index.core.vector_stores.types import (
+    FilterCondition,
+    FilterOperator,
+    MetadataFilters,
+)
+
+from funnel_core.embeddings import DenseIndex
+from funnel_core.errors import check_positive_int, check_query
+from funnel_core.milvus import (
+    MilvusBackend,
+    UnsupportedFilterError,
+    as_backend,
+    combine_expressions,
+    comparison_expression,
+)
+from funnel_core.units import Unit
+from llama_index_funnel._base import UnitRetriever, units_to_nodes
+
+__all__ = ["DenseRetriever", "to_milvus_filter", "is_milvus", "milvus_backend", "hybrid_sides"]
+
+_OPS = {FilterOperator.EQ: "eq", FilterOperator.NE: "ne", FilterOperator.GT: "gt",
+        FilterOperator.GTE: "gte", FilterOperator.LT: "lt", FilterOperator.LTE: "lte",
+        FilterOperator.IN: "in", FilterOperator.NIN: "nin", FilterOperator.CONTAINS: "contains",
+        FilterOperator.ANY: "any", FilterOperator.ALL: "all", FilterOperator.TEXT_MATCH: "like"}
+
+
+def _one(f: Any) -> Optional[str]:
+    op = getattr(f, "operator", FilterOperator.EQ)
+    if op not in _OPS:
+        raise UnsupportedFilterError(
+            f"the LlamaIndex filter operator {op!r} (key {f.key!r}) has no Milvus expression; "
+            f"use one of {[o.value for o in _OPS]}, or pass the expression yourself as a string, "
+            "e.g. filters='metadata[\"key\"] == \"value\"'.")
+    return comparison_expression(f.key, _OPS[op], f.value)
+
+
+def to_milvus_filter(filters: Optional[MetadataFilters]) -> Optional[str]:
+    """Translate ``MetadataFilters`` into a Milvus boolean expression on funnel-rag's JSON
+    ``metadata`` field (``None``: no constraint; ``"false"``: nothing passes)."""
+    if filters is None:
+        return None
+    if not isinstance(filters, MetadataFilters):
+        raise TypeError(f"filters must be llama_index MetadataFilters, got {type(filters).__name__}.")
+    parts = [to_milvus_filter(f) if isinstance(f, MetadataFilters) else _one(f)
+             for f in filters.filters]
+    cond = (filters.condition or FilterCondition.AND).value
+    return combine_expressions(parts, cond)
+
+
+def is_milvus(index: Any) -> bool:
+    """Whether ``index`` keeps its data in Milvus."""
+    return str(getattr(index, "kind", "")).startswith("funnel-rag.milvus")
+
+
+def milvus_backend(backend: Any, where: str) -> MilvusBackend:
+    """``backend`` as a :class:`MilvusBackend`; ``None``/``"memory"`` is an error naming ``where``."""
+    b = as_backend(backend)
+    if b is None:
+        raise ValueError(f"{where} re-opens a Milvus collection: pass backend=MilvusBackend(uri, "
+                         "collection=...) or a Milvus URI, not 'memory'.")
+    return b
+
+
+def push_down(index: Any, flt: Any) -> Any:
+    """The filter handed to a Milvus index: ``MetadataFilters`` become an expression."""
+    return to_milvus_filter(flt) if isinstance(flt, MetadataFilters) else flt
+
+
+class DenseRetriever(UnitRetriever):
+    """LlamaIndex retriever over a dense index (Milvus or in-memory); scores in metadata.
+
+    Build with :meth:`from_defaults` (``backend=`` picks Milvus), re-open a built collection
+    with :meth:`from_backend`.
+
+    Args:
+        index: A built :class:`~funnel_core.milvus.MilvusDenseIndex` or
+            :class:`~funnel_core.embeddings.DenseIndex`.
+        nodes: Nodes the index was built from (results are copies of them); ``None``: results
+            are ``TextNode``s rebuilt from the index (id, text, metadata).
+        similarity_top_k: Nodes returned.
+        filters: Default metadata filter (``MetadataFilters``, dict or Milvus expression
+            string), pushed down; Milvus indexes only. Override per query with :meth:`search`.
+    """
+
+    def __init__(self, index: Union[DenseIndex, Any], nodes: Optional[Sequence[BaseNode]] = None,
+                 similarity_top_k: int = 10, filters: Any = None,
+                 callback_manager: Optional[CallbackManager] = None, verbose: bool = False) -> None:
+        if not (is_milvus(index) or isinstance(index, DenseIndex)):
+            raise TypeError(f"index must be a MilvusDenseIndex or a DenseIndex, got {type(index).__name__}.")
+        self.index = index
+        self._nodes = {n.node_id: n for n in (nodes or ())}
+        self.similarity_top_k = check_positive_int(similarity_top_k, "similarity_top_k")
+        self.filters = filters
+        super().__init__(callback_manager=callback_manager, verbose=verbose)
+
+    @classmethod
+    def from_defaults(cls, nodes: Sequence[BaseNode], embedder: Any = None,
+                      backend: Union[MilvusBackend, str, None] = None, similarity_top_k: int = 10,
+                      filters: Any = None, **index_config: Any) -> "DenseRetriever":
+        """Embed ``nodes`` (``embedder``: a :class:`~funnel_core.embeddings.SentenceEmbedder`,
+        default the packaged all-MiniLM-L6-v2) into Milvus (``backend=``) or memory."""
+        from llama_index_funnel.retrievers import _nodes_from, _units
+
+        nodes = _nodes_from(nodes, None)
+        b = as_backend(backend)
+        index: Any = b.dense(embedder, **index_config) if b is not None else DenseIndex(embedder)
+        index.index(_units(nodes, "passage"))
+        return cls(index, nodes, similarity_top_k=similarity_top_k, filters=filters)
+
+    @classmethod
+    def from_backend(cls, backend: Union[MilvusBackend, str], embedder: Any = None,
+                     similarity_top_k: int = 10, filters: Any = None) -> "DenseRetriever":
+        """Re-open a dense collection built before (no re-embedding); pass the ``embedder`` it
+        was built with (default: the packaged all-MiniLM-L6-v2)."""
+        b = milvus_backend(backend, f"{cls.__name__}.from_backend")
+        return cls(b.dense(embedder).open(), None, similarity_top_k=similarity_top_k, filters=filters)
+
+    def _originals(self) -> Sequence[BaseNode]:
+        return list(self._nodes.values())
+
+    def _search(self, query: str, filters: Any = None, k: Optional[int] = None) -> list[Unit]:
+        flt = self.filters if filters is None else filters
+        k = self.similarity_top_k if k is None else check_positive_int(k, "k")
+        if isinstance(self.index, DenseIndex):
+            if flt is not None:
+                raise UnsupportedFilterError(
+                    "the in-memory DenseIndex takes no metadata filter; build the retriever with "
+                    "backend=MilvusBackend(...) to filter, or drop filters=.")
+            return self.index.search(query, k=k)
+        return self.index.search(query, k=k, filter=push_down(self.index, flt))
+
+    def search(self, query: str, filters: Any = None, k: Optional[int] = None) -> List[NodeWithScore]:
+        """Retrieve with a per-query filter and ``k``."""
+        query = check_query(query)
+        if not query:
+            return []
+        return units_to_nodes(self._search(query, filters, k), self._originals(), self.annotate)
+
+
+def _side_names(backend: MilvusBackend) -> tuple[MilvusBackend, MilvusBackend]:
+    base = backend.collection or "funnel_hybrid"
+    return backend.with_collection(f"{base}_bm25"), backend.with_collection(f"{base}_dense")
+
+
+def hybrid_sides(nodes: Optional[Sequence[BaseNode]], backend: Any, embedder: Any = None,
+                 candidates: int = 20, dense_config: Optional[dict] = None,
+                 **bm25_config: Any) -> tuple[Any, DenseRetriever]:
+    """The sparse (BM25) and dense sides of a hybrid retriever on one backend: built from
+    ``nodes``, or re-opened (``nodes=None``, Milvus only). On Milvus the collections are
+    ``<collection>_bm25`` and ``<collection>_dense`` (``collection`` default ``funnel_hybrid``)."""
+    from llama_index_funnel.retrievers import BM25Retriever
+
+    b = as_backend(backend)
+    candidates = check_positive_int(candidates, "candidates")
+    if nodes is None:
+        b = milvus_backend(backend, "HybridRetriever.from_backend")
+        sb, db = _side_names(b)
+        return (BM25Retriever.from_backend(sb, similarity_top_k=candidates),
+                DenseRetriever.from_backend(db, embedder, similarity_top_k=candidates))
+    sb_, db_ = _side_names(b) if b is not None else (None, None)
+    sparse = BM25Retriever.from_defaults(nodes=nodes, similarity_top_k=candidates, backend=sb_,
+                                         **bm25_config)
+    dense = DenseRetriever.from_defaults(nodes, embedder, backend=db_, similarity_top_k=candidates,
+                                         **(dense_config or {}))
+    return sparse, dense
