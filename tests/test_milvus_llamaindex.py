@@ -34,6 +34,7 @@ from funnel_core.milvus import (  # noqa: E402
     MilvusBM25Index,
     MilvusClusteredBM25Index,
     MilvusCollectionError,
+    MilvusSettingsError,
     UnsupportedFilterError,
 )
 from funnel_core.persist import snapshot_info  # noqa: E402
@@ -179,6 +180,16 @@ def test_persist_writes_a_manifest_only_and_reopens(bm25, memory, tmp_path):
     assert node.source_node.node_id == f"src-{node.node_id}" and node.hash == original.hash
     wider = BM25Retriever.from_persist_dir(str(tmp_path / "p"), similarity_top_k=5, filters=None)
     _same(wider.retrieve("Shakespeare"), memory.search("Shakespeare", k=5))
+
+
+def test_persisted_retriever_refuses_a_collection_rebuilt_with_other_settings(db, tmp_path):
+    backend = MilvusBackend(db, collection="li_moved")
+    BM25Retriever.from_defaults(nodes=_nodes()[:3], backend=backend).persist(str(tmp_path / "m"))
+    BM25Retriever.from_defaults(nodes=_nodes()[:3], backend=backend, stemmer=None)
+    with pytest.raises(MilvusSettingsError, match=r"stemmer=None.*stemmer='english'.*rebuild"):
+        BM25Retriever.from_persist_dir(str(tmp_path / "m"))
+    BM25Retriever.from_defaults(nodes=_nodes()[:3], backend=backend)  # back to the saved settings
+    assert BM25Retriever.from_persist_dir(str(tmp_path / "m")).retrieve("Paris")[0].node.node_id == "d0"
 
 
 def test_from_backend_reopens_without_reindexing(db, bm25, memory):
