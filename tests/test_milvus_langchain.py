@@ -158,13 +158,15 @@ FILTERS = [
 ]
 
 
+WIDE = "capital city Paris France Shakespeare BM25 ranking vectors tragedy"
+
+
 @pytest.mark.parametrize("directive", FILTERS, ids=lambda d: to_milvus_filter(d)[:60])
 def test_structured_query_filters_pushed_down_match_a_predicate(bm25, memory, directive):
     """The translated expression keeps exactly the documents a Python predicate keeps: the
     in-memory retriever with that predicate is the reference (scores equal, never padded)."""
-    q = "capital city Paris France Shakespeare BM25 ranking vectors tragedy"
-    got = bm25.invoke(q, k=8, filter=directive)
-    want = memory.invoke(q, k=8, filter=_predicate(directive))
+    got = bm25.invoke(WIDE, k=8, filter=directive)
+    want = memory.invoke(WIDE, k=8, filter=_predicate(directive))
     _same(got, want)
 
 
@@ -212,6 +214,18 @@ def test_the_token_is_never_written_and_is_passed_at_load(db, tmp_path):
     assert again.index.token == "root:s3cret-pw" and [d.id for d in again.invoke("alpha")] == ["0"]
     bare = BM25Retriever.load(tmp_path / "bare", k=1)  # a bare Milvus index folder
     assert isinstance(bare.index, MilvusBM25Index) and [d.id for d in bare.invoke("gamma")] == ["1"]
+
+
+def test_a_structured_query_default_filter_is_saved_as_its_expression(bm25, memory, tmp_path):
+    directive = FILTERS[-2]  # topic == lit or year > 2006
+    bm25.filter = directive
+    try:
+        bm25.save(tmp_path / "sq")
+    finally:
+        bm25.filter = None
+    again = BM25Retriever.load(tmp_path / "sq", k=8)
+    assert again.filter == to_milvus_filter(directive)
+    _same(again.invoke(WIDE), memory.invoke(WIDE, k=8, filter=_predicate(directive)))
 
 
 def test_from_backend_reopens_without_reindexing(db, bm25):
