@@ -15,6 +15,11 @@ Writes benchmarks/results/milvus.json.
    top-10 overlap of both backends.
 3. ``dense``: SciFact with the packaged all-MiniLM-L6-v2: HNSW on Milvus vs exact numpy search,
    nDCG@10, top-10 overlap, insert seconds (embeddings computed once, cached), queries/s.
+4. ``frameworks``: the LlamaIndex and LangChain BM25 retrievers on SciFact built with
+   ``backend=MilvusBackend(...)`` vs in memory, through the frameworks' own calls (``retrieve``,
+   ``invoke``): nDCG@10, identical top-10 share, queries/s, build seconds, and what persisting
+   costs: bytes written and seconds to re-open (``from_persist_dir`` / ``load``) against
+   re-building.
 
 Milvus Lite 3.2 is a pure-Python engine (per-query BM25 loops in Python): its speed says
 nothing about a Milvus server, which runs the same client calls in C++/Go, distributed.
@@ -39,7 +44,7 @@ from funnel_core.evaluation import ir_metrics, load_beir, run_from_units
 from funnel_core.milvus import MilvusBM25Index, MilvusClusteredBM25Index, MilvusDenseIndex
 from funnel_core.units import Unit
 
-PARTS = ("scifact", "synthetic", "dense")
+PARTS = ("scifact", "synthetic", "dense", "frameworks")
 
 
 def cpu_flags() -> list[str]:
@@ -233,6 +238,70 @@ def part_dense(ds, db: str, quick: bool) -> dict:
     return out
 
 
+def _folder_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+def part_frameworks(ds, db: str, quick: bool) -> dict:
+    """Both adapters' BM25 retrievers, in memory and on Milvus Lite, through framework calls."""
+    from langchain_core.documents import Document
+    from llama_index.core.schema import TextNode
+
+    from funnel_core.milvus import MilvusBackend
+    from langchain_funnel.retrievers import BM25Retriever as LCBM25
+    from llama_index_funnel.retrievers import BM25Retriever as LIBM25
+
+    queries = ds.split_queries()
+    qids = list(queries)[: 60 if quick else None]
+    qs = [queries[q] for q in qids]
+    qrels = {q: ds.qrels[q] for q in qids}
+    out: dict = {"n_documents": len(ds.corpus), "n_queries": len(qs)}
+    tmp = Path(tempfile.mkdtemp(prefix="bench_fw_"))
+    nodes = [TextNode(id_=u.id, text=u.text, metadata=dict(u.metadata)) for u in ds.corpus]
+    docs = [Document(id=u.id, page_content=u.text, metadata=dict(u.metadata)) for u in ds.corpus]
+
+    def run(ids_per_query: list[list[str]]) -> dict:
+        return {q: {d: float(len(ids) - r) for r, d in enumerate(ids)} for q, ids in zip(qids, ids_per_query)}
+
+    frameworks = {
+        "llamaindex": (lambda backend: LIBM25.from_defaults(nodes=nodes, similarity_top_k=10, backend=backend),
+                       lambda r, q: [n.node.node_id for n in r.retrieve(q)],
+                       lambda r, path: r.persist(str(path)), lambda path: LIBM25.from_persist_dir(str(path))),
+        "langchain": (lambda backend: LCBM25.from_documents(docs, k=10, backend=backend),
+                      lambda r, q: [d.id for d in r.invoke(q)],
+                      lambda r, path: r.save(path), lambda path: LCBM25.load(path)),
+    }
+    for name, (build, ask, persist, reopen) in frameworks.items():
+        res: dict = {}
+        for where, backend in (("memory", None), ("milvus", MilvusBackend(db, collection=f"fw_{name}"))):
+            with timer() as t:
+                r = build(backend)
+            res[f"{where}_build_seconds"] = t["seconds"]
+            t0 = time.perf_counter()
+            ids = [ask(r, q) for q in qs]
+            res[f"{where}_qps"] = len(qs) / (time.perf_counter() - t0)
+            res[f"{where}_ndcg@10"] = ir_metrics(qrels, run(ids), ["ndcg@10"])["ndcg@10"]
+            res[f"{where}_ids"] = ids
+            folder = tmp / f"{name}_{where}"
+            with timer() as t:
+                persist(r, folder)
+            res[f"{where}_persist_seconds"] = t["seconds"]
+            res[f"{where}_persisted_bytes"] = _folder_bytes(folder)
+            with timer() as t:
+                again = reopen(folder)
+                first = ask(again, qs[0])
+            res[f"{where}_reopen_seconds"] = t["seconds"]
+            res[f"{where}_reopened_same_answer"] = first == ids[0]
+        mem, mil = res.pop("memory_ids"), res.pop("milvus_ids")
+        res["identical_top10_share"] = sum(a == b for a, b in zip(mem, mil)) / len(qs)
+        res["mean_top10_overlap"] = float(np.mean([len(set(a) & set(b)) / max(len(a), len(b), 1)
+                                                   for a, b in zip(mem, mil)]))
+        out[name] = res
+        print(f"[frameworks {name}] {json.dumps(res, default=float)}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
 def _f(x, nd: int = 3) -> str:
     return "n/a" if x is None else f"{x:.{nd}f}"
 
@@ -305,6 +374,28 @@ def render_markdown(r: dict) -> str:
                   f"| insert seconds (embeddings precomputed) | | {_f(d['milvus_hnsw_insert_seconds'], 1)} |",
                   f"| queries/s, one query per call | {_f(d['numpy_qps_single'], 0)} | {_f(d['milvus_qps_single'], 0)} |",
                   ""]
+    f = r.get("frameworks")
+    if f:
+        lines += [f"Through the frameworks: the BM25 retrievers of both adapters on SciFact test "
+                  f"({f['n_queries']} queries, {f['n_documents']} documents, top 10), built in memory "
+                  f"or with `backend=MilvusBackend(...)` (load average {_f(f['load_average_before'][0], 1)} -> "
+                  f"{_f(f['load_average_after'][0], 1)}):", "",
+                  "| | LlamaIndex in memory | LlamaIndex on Milvus Lite | LangChain in memory | LangChain on Milvus Lite |",
+                  "|---|---|---|---|---|"]
+        li, lc = f.get("llamaindex", {}), f.get("langchain", {})
+
+        def row(label: str, key: str, nd: int = 3) -> str:
+            return (f"| {label} | {_f(li.get('memory_' + key), nd)} | {_f(li.get('milvus_' + key), nd)} | "
+                    f"{_f(lc.get('memory_' + key), nd)} | {_f(lc.get('milvus_' + key), nd)} |")
+
+        lines += [row("nDCG@10", "ndcg@10"),
+                  f"| identical top-10 lists (Milvus vs memory) | | {_f(li.get('identical_top10_share'))} | | "
+                  f"{_f(lc.get('identical_top10_share'))} |",
+                  row("build seconds", "build_seconds", 1), row("queries/s (retrieve / invoke)", "qps", 0),
+                  row("persist / save: seconds", "persist_seconds", 2),
+                  "| persist / save: bytes written | " + " | ".join(
+                      f"{d.get(w + '_persisted_bytes', 0):,}" for d in (li, lc) for w in ("memory", "milvus")) + " |",
+                  row("re-open (from_persist_dir / load) + first query: seconds", "reopen_seconds", 2), ""]
     v = r.get("versions", {})
     cmds = []
     for key in [k for k in r if k.split("_memtable")[0] in PARTS]:
@@ -357,7 +448,8 @@ def main() -> None:
         for part in args.parts:
             load_before = os.getloadavg()
             with timer() as t:
-                res = {"scifact": part_scifact, "synthetic": part_synthetic, "dense": part_dense}[part](
+                res = {"scifact": part_scifact, "synthetic": part_synthetic, "dense": part_dense,
+                       "frameworks": part_frameworks}[part](
                     ds, db, args.quick)
             res["part_seconds"] = t["seconds"]
             res["load_average_before"] = load_before

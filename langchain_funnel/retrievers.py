@@ -201,6 +201,9 @@ class ClusteredBM25Retriever(UnitRetriever):
 def _save(retriever: Any, path: str | Path) -> None:
     settings = {n: getattr(retriever, n) for n in retriever._settings}
     if settings.get("filter") is not None and not isinstance(settings["filter"], (dict, str)):
+        # a structured-query filter over Milvus is saved as the expression it is pushed down as
+        settings["filter"] = _saved_filter(retriever.index, settings["filter"])
+    if settings.get("filter") is not None and not isinstance(settings["filter"], (dict, str)):
         warnings.warn(f"{type(retriever).__name__}.save: a predicate filter cannot be saved; the "
                       "loaded retriever has no default filter (pass filter= to load or per call).",
                       stacklevel=3)
@@ -238,6 +241,20 @@ def _load(cls: Any, path: str | Path, index_cls: Any, overrides: dict[str, Any])
     if isinstance(index, dict):  # saved over Milvus: re-open the collection (outside the
         index = open_index(index, token=token)  # snapshot read, so its errors are its own)
     return cls(index=index, **{**settings, **overrides})
+
+
+def _saved_filter(index: Any, flt: Any) -> Any:
+    """A structured-query filter over a Milvus index -> the expression string it is pushed down
+    as (saved losslessly); anything else is returned as is."""
+    from langchain_core.structured_query import FilterDirective
+
+    if not isinstance(flt, FilterDirective):
+        return flt
+    try:
+        expr = push_down(index, flt)
+    except Exception:  # not translatable for this index: left as is (a warning follows)
+        return flt
+    return "" if expr is None else expr  # "": no constraint
 
 
 def _bm25(backend: Backend, config: dict[str, Any]) -> Any:

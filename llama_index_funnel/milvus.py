@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, List, Mapping, Optional, Sequence, Union
 
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.schema import BaseNode, NodeWithScore
@@ -33,10 +33,11 @@ from funnel_core.milvus import (
     combine_expressions,
     comparison_expression,
 )
-from funnel_core.units import Unit
+from funnel_core.units import FUNNEL_KEY, INTERNAL_KEYS, Unit
 from llama_index_funnel._base import UnitRetriever, units_to_nodes
 
-__all__ = ["DenseRetriever", "to_milvus_filter", "is_milvus", "milvus_backend", "hybrid_sides"]
+__all__ = ["DenseRetriever", "to_milvus_filter", "is_milvus", "milvus_backend", "hybrid_sides",
+           "with_shells", "restore_nodes"]
 
 _OPS = {FilterOperator.EQ: "eq", FilterOperator.NE: "ne", FilterOperator.GT: "gt",
         FilterOperator.GTE: "gte", FilterOperator.LT: "lt", FilterOperator.LTE: "lte",
@@ -65,6 +66,53 @@ def to_milvus_filter(filters: Optional[MetadataFilters]) -> Optional[str]:
              for f in filters.filters]
     cond = (filters.condition or FilterCondition.AND).value
     return combine_expressions(parts, cond)
+
+
+_SHELL = "node"
+
+
+def with_shells(units: Sequence[Unit], nodes: Sequence[BaseNode]) -> list[Unit]:
+    """Units for a Milvus build, each carrying its node's structure (type, relationships,
+    excluded keys, templates; not its text, metadata or embedding, which Milvus stores anyway)
+    under ``metadata["funnel"]["node"]``, so that a retriever re-opened from Milvus hands back
+    the same nodes (same hash, ``SOURCE``/``PARENT`` relationships intact)."""
+    from llama_index.core.storage.docstore.utils import doc_to_json
+
+    out = []
+    for u, n in zip(units, nodes):
+        j = doc_to_json(n)
+        data = {k: v for k, v in j["__data__"].items() if k not in ("text", "metadata", "embedding", "id_")}
+        ours = dict(u.metadata.get(FUNNEL_KEY) or {})
+        ours[_SHELL] = {"type": str(getattr(j["__type__"], "value", j["__type__"])), "data": data}
+        u.metadata = {**u.metadata, FUNNEL_KEY: ours}
+        out.append(u)
+    return out
+
+
+def restore_nodes(units: Sequence[Unit], known: Mapping[str, BaseNode]) -> list[Unit]:
+    """Take the node structure stored by :func:`with_shells` out of the units' metadata and,
+    for units whose node is not in memory (``known``), rebuild that node as ``unit.source``."""
+    from llama_index.core.storage.docstore.utils import json_to_doc
+
+    for u in units:
+        ours = u.metadata.get(FUNNEL_KEY)
+        if not isinstance(ours, dict) or _SHELL not in ours:
+            continue
+        shell = ours[_SHELL]
+        rest = {k: v for k, v in ours.items() if k != _SHELL}
+        meta = {k: v for k, v in u.metadata.items() if k != FUNNEL_KEY}
+        if rest:
+            meta[FUNNEL_KEY] = rest
+        u.metadata = meta
+        if u.id in known or not isinstance(shell, dict):
+            continue
+        user = {k: v for k, v in meta.items() if k not in INTERNAL_KEYS}
+        try:
+            u.source = json_to_doc({"__type__": shell.get("type"), "__data__": {
+                **dict(shell.get("data") or {}), "id_": u.id, "text": u.text, "metadata": user}})
+        except Exception:  # an unknown node type: a TextNode is rebuilt from id, text, metadata
+            u.source = None
+    return list(units)
 
 
 def is_milvus(index: Any) -> bool:
@@ -124,7 +172,8 @@ class DenseRetriever(UnitRetriever):
         nodes = _nodes_from(nodes, None)
         b = as_backend(backend)
         index: Any = b.dense(embedder, **index_config) if b is not None else DenseIndex(embedder)
-        index.index(_units(nodes, "passage"))
+        units = _units(nodes, "passage")
+        index.index(with_shells(units, nodes) if b is not None else units)
         return cls(index, nodes, similarity_top_k=similarity_top_k, filters=filters)
 
     @classmethod
@@ -147,7 +196,8 @@ class DenseRetriever(UnitRetriever):
                     "the in-memory DenseIndex takes no metadata filter; build the retriever with "
                     "backend=MilvusBackend(...) to filter, or drop filters=.")
             return self.index.search(query, k=k)
-        return self.index.search(query, k=k, filter=push_down(self.index, flt))
+        return restore_nodes(self.index.search(query, k=k, filter=push_down(self.index, flt)),
+                             self._nodes)
 
     def search(self, query: str, filters: Any = None, k: Optional[int] = None) -> List[NodeWithScore]:
         """Retrieve with a per-query filter and ``k``."""

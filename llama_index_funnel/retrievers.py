@@ -13,8 +13,9 @@ Both keep their data in memory by default, or in Milvus with one argument: ``bac
 ``"http://host:19530"`` for a server) in ``from_defaults`` builds into Milvus, and
 ``from_backend(backend)`` re-opens a built collection without re-indexing. Over Milvus,
 ``MetadataFilters`` are pushed down as Milvus expressions, and ``persist`` writes only a manifest
-(URI, collection, settings), never the data: nodes are not written either; a retriever re-opened
-from Milvus returns ``TextNode``s rebuilt from the collection (id, text, metadata, parent).
+(URI, collection, settings), never the data: nodes are not written either; a build into Milvus
+stores each node's structure with its row, so a retriever re-opened from Milvus returns the same
+nodes (relationships intact), rebuilt from the collection.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from funnel_core.persist import load_snapshot, save_snapshot
 from funnel_core.units import Unit
 from llama_index_funnel._base import UnitRetriever, units_to_nodes
 from llama_index_funnel.filters import to_predicate
-from llama_index_funnel.milvus import is_milvus, milvus_backend, push_down
+from llama_index_funnel.milvus import is_milvus, milvus_backend, push_down, restore_nodes, with_shells
 
 __all__ = ["BM25Retriever", "ClusteredBM25Retriever"]
 
@@ -90,6 +91,11 @@ class _NodeRetriever(UnitRetriever):
 
     def _originals(self) -> Sequence[BaseNode]:
         return list(self._nodes.values())
+
+    def _restore(self, units: list[Unit]) -> list[Unit]:
+        """Over Milvus: the node structure stored with each unit is taken out of its metadata,
+        and the node rebuilt when it is not in memory (a retriever re-opened from Milvus)."""
+        return restore_nodes(units, self._nodes) if is_milvus(self.index) else units
 
     def search(self, query: str, filters: Filter = None, **kwargs: Any) -> List[NodeWithScore]:
         """Retrieve with a per-query filter (MetadataFilters, dict or predicate) and options."""
@@ -200,7 +206,8 @@ class BM25Retriever(_NodeRetriever):
         nodes = _nodes_from(nodes, docstore)
         b = as_backend(backend)
         index = BM25Index(**bm25_config) if b is None else b.bm25(**bm25_config)
-        index.index(_units(nodes, "passage"))
+        units = _units(nodes, "passage")
+        index.index(units if b is None else with_shells(units, nodes))
         return cls(index, nodes, similarity_top_k=similarity_top_k, filters=filters)
 
     @classmethod
@@ -214,7 +221,7 @@ class BM25Retriever(_NodeRetriever):
     def _search(self, query: str, filters: Filter = None, k: Optional[int] = None) -> list[Unit]:
         flt = self.filters if filters is None else filters
         k = self.similarity_top_k if k is None else check_positive_int(k, "k")
-        return self.index.search(query, k=k, filter=_filter(flt, self.index))
+        return self._restore(self.index.search(query, k=k, filter=_filter(flt, self.index)))
 
 
 
@@ -270,7 +277,8 @@ class ClusteredBM25Retriever(_NodeRetriever):
                       knn_threshold=knn_threshold, **bm25_config)
         b = as_backend(backend)
         index = ClusteredBM25Index(**config) if b is None else b.clustered(**config)
-        index.index(_units(nodes, "document"))
+        units = _units(nodes, "document")
+        index.index(units if b is None else with_shells(units, nodes))
         return cls(index, nodes, similarity_top_k=similarity_top_k, max_documents=max_documents,
                    return_clusters=return_clusters, filters=filters, k_clusters=k_clusters)
 
@@ -294,5 +302,5 @@ class ClusteredBM25Retriever(_NodeRetriever):
                                                                                   "k_clusters")
         if self.return_clusters:  # what is returned are clusters: k counts them
             n_clusters = min(n_clusters, k)
-        return self.index.search(query, k=n_clusters, filter=_filter(flt, self.index),
-                                 return_clusters=self.return_clusters, max_documents=k)
+        return self._restore(self.index.search(query, k=n_clusters, filter=_filter(flt, self.index),
+                                               return_clusters=self.return_clusters, max_documents=k))

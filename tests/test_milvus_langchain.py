@@ -158,13 +158,15 @@ FILTERS = [
 ]
 
 
+WIDE = "capital city Paris France Shakespeare BM25 ranking vectors tragedy"
+
+
 @pytest.mark.parametrize("directive", FILTERS, ids=lambda d: to_milvus_filter(d)[:60])
 def test_structured_query_filters_pushed_down_match_a_predicate(bm25, memory, directive):
     """The translated expression keeps exactly the documents a Python predicate keeps: the
     in-memory retriever with that predicate is the reference (scores equal, never padded)."""
-    q = "capital city Paris France Shakespeare BM25 ranking vectors tragedy"
-    got = bm25.invoke(q, k=8, filter=directive)
-    want = memory.invoke(q, k=8, filter=_predicate(directive))
+    got = bm25.invoke(WIDE, k=8, filter=directive)
+    want = memory.invoke(WIDE, k=8, filter=_predicate(directive))
     _same(got, want)
 
 
@@ -198,6 +200,32 @@ def test_save_writes_a_manifest_only_and_load_reopens(bm25, tmp_path):
     assert again.invoke("Shakespeare") == []  # the saved default filter (geo) applies
     _same(BM25Retriever.load(tmp_path / "r", k=1, filter=None).invoke("Shakespeare"),
           bm25.invoke("Shakespeare", k=1))  # load-time settings win
+
+
+def test_the_token_is_never_written_and_is_passed_at_load(db, tmp_path):
+    backend = MilvusBackend(db, collection="lc_tok", token="root:s3cret-pw")
+    assert "s3cret" not in repr(backend)
+    r = BM25Retriever.from_texts(["alpha beta", "gamma delta"], backend=backend)
+    r.save(tmp_path / "t")
+    r.index.save(tmp_path / "bare")  # the index alone: a manifest-only snapshot too
+    written = [f.read_text() for f in tmp_path.rglob("*") if f.is_file()]
+    assert written and not any("s3cret" in w for w in written)
+    again = BM25Retriever.load(tmp_path / "t", token="root:s3cret-pw")
+    assert again.index.token == "root:s3cret-pw" and [d.id for d in again.invoke("alpha")] == ["0"]
+    bare = BM25Retriever.load(tmp_path / "bare", k=1)  # a bare Milvus index folder
+    assert isinstance(bare.index, MilvusBM25Index) and [d.id for d in bare.invoke("gamma")] == ["1"]
+
+
+def test_a_structured_query_default_filter_is_saved_as_its_expression(bm25, memory, tmp_path):
+    directive = FILTERS[-2]  # topic == lit or year > 2006
+    bm25.filter = directive
+    try:
+        bm25.save(tmp_path / "sq")
+    finally:
+        bm25.filter = None
+    again = BM25Retriever.load(tmp_path / "sq", k=8)
+    assert again.filter == to_milvus_filter(directive)
+    _same(again.invoke(WIDE), memory.invoke(WIDE, k=8, filter=_predicate(directive)))
 
 
 def test_from_backend_reopens_without_reindexing(db, bm25):
@@ -291,6 +319,32 @@ class TestMilvusBM25RetrieverStandard(RetrieversIntegrationTests):
     @property
     def retriever_constructor_params(self) -> dict:
         return {"index": _std_retriever_index(), "k": 3}
+
+    @property
+    def retriever_query_example(self) -> str:
+        return "capital city of France Paris"
+
+
+def _std_clustered_index() -> MilvusClusteredBM25Index:
+    if "clustered" not in _STD:
+        from funnel_core.units import Unit
+
+        folder = tempfile.mkdtemp(prefix="milvus_std_cl_")
+        units = [Unit(id=str(i), text=t, metadata=dict(m, n=i))
+                 for i, (_, t, m) in enumerate(CORPUS * 2)]
+        _STD["clustered"] = MilvusClusteredBM25Index(f"{folder}/std.db", "std_cl", max_tokens=40, knn_k=3,
+                                                     knn_threshold=0.05).index(units)
+    return _STD["clustered"]
+
+
+class TestMilvusClusteredBM25RetrieverStandard(RetrieversIntegrationTests):
+    @property
+    def retriever_constructor(self) -> type[ClusteredBM25Retriever]:
+        return ClusteredBM25Retriever
+
+    @property
+    def retriever_constructor_params(self) -> dict:
+        return {"index": _std_clustered_index(), "k": 3, "k_clusters": 5}
 
     @property
     def retriever_query_example(self) -> str:

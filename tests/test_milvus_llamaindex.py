@@ -34,6 +34,7 @@ from funnel_core.milvus import (  # noqa: E402
     MilvusBM25Index,
     MilvusClusteredBM25Index,
     MilvusCollectionError,
+    MilvusSettingsError,
     UnsupportedFilterError,
 )
 from funnel_core.persist import snapshot_info  # noqa: E402
@@ -171,11 +172,24 @@ def test_persist_writes_a_manifest_only_and_reopens(bm25, memory, tmp_path):
     assert isinstance(again.index, MilvusBM25Index) and again.similarity_top_k == 3
     assert isinstance(again.filters, MetadataFilters)
     _same(again.retrieve("capital"), memory.search("capital", filters={"topic": "geo"}))
-    # rebuilt from Milvus: same id, text and user metadata as the caller's node
-    node = again.retrieve(QUESTION)[0].node
-    assert (node.node_id, node.text, node.metadata["title"]) == ("d0", CORPUS[0][1], "Paris")
+    # no nodes in memory: rebuilt from Milvus, the same node as the caller's (text, metadata,
+    # relationships, hash), with nothing of ours left in its metadata
+    node = again.retrieve("capital")[0].node
+    original = {n.node_id: n for n in _nodes()}[node.node_id]
+    assert (node.text, node.metadata) == (original.text, original.metadata)
+    assert node.source_node.node_id == f"src-{node.node_id}" and node.hash == original.hash
     wider = BM25Retriever.from_persist_dir(str(tmp_path / "p"), similarity_top_k=5, filters=None)
     _same(wider.retrieve("Shakespeare"), memory.search("Shakespeare", k=5))
+
+
+def test_persisted_retriever_refuses_a_collection_rebuilt_with_other_settings(db, tmp_path):
+    backend = MilvusBackend(db, collection="li_moved")
+    BM25Retriever.from_defaults(nodes=_nodes()[:3], backend=backend).persist(str(tmp_path / "m"))
+    BM25Retriever.from_defaults(nodes=_nodes()[:3], backend=backend, stemmer=None)
+    with pytest.raises(MilvusSettingsError, match=r"stemmer=None.*stemmer='english'.*rebuild"):
+        BM25Retriever.from_persist_dir(str(tmp_path / "m"))
+    BM25Retriever.from_defaults(nodes=_nodes()[:3], backend=backend)  # back to the saved settings
+    assert BM25Retriever.from_persist_dir(str(tmp_path / "m")).retrieve("Paris")[0].node.node_id == "d0"
 
 
 def test_from_backend_reopens_without_reindexing(db, bm25, memory):
@@ -184,6 +198,9 @@ def test_from_backend_reopens_without_reindexing(db, bm25, memory):
     for q in QUERIES:
         _same(again.retrieve(q), memory.retrieve(q))
     assert sorted(bm25.index.client.list_collections()) == before
+    top = again.retrieve(QUESTION)[0].node
+    assert top.source_node.node_id == "src-d0" and top.hash == _nodes()[0].hash
+    assert "funnel" not in top.metadata
     with pytest.raises(MilvusCollectionError, match="no collection 'nope'.*index"):
         BM25Retriever.from_backend(MilvusBackend(db, collection="nope")).retrieve("x")
     with pytest.raises(ValueError, match="re-opens a Milvus collection"):
@@ -211,6 +228,7 @@ def test_clustered_retriever_on_milvus(db, tmp_path):
     reopened = ClusteredBM25Retriever.from_backend(MilvusBackend(db, collection="li_cl"),
                                                    similarity_top_k=3, k_clusters=2)
     assert [n.node.node_id for n in reopened.retrieve(QUESTION)] == [n.node.node_id for n in cl.retrieve(QUESTION)]
+    assert all(n.node.source_node.node_id == f"src-{n.node.node_id}" for n in reopened.retrieve(QUESTION))
 
 
 def test_query_fusion_retriever_beside_milvus(bm25, memory):
