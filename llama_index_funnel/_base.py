@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 from abc import abstractmethod
-from typing import Any, List, Optional, Sequence
+from collections import ChainMap
+from typing import Any, List, Mapping, Optional, Sequence
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.bridge.pydantic import PrivateAttr
@@ -82,7 +83,7 @@ def _hide(node: BaseNode, key: str = FUNNEL_KEY) -> None:
         node.excluded_embed_metadata_keys.append(key)
 
 
-def unit_to_node(unit: Unit, by_id: dict[str, BaseNode] | None = None,
+def unit_to_node(unit: Unit, by_id: Mapping[str, BaseNode] | None = None,
                  annotate: bool = True) -> BaseNode:
     """One unit -> a node: a copy of the node it came from (``unit.source``, or ``by_id``; with the
     unit's text if a stage shortened it), or,
@@ -124,19 +125,23 @@ def unit_to_node(unit: Unit, by_id: dict[str, BaseNode] | None = None,
     return node
 
 
-def units_to_nodes(units: Sequence[Unit], originals: Sequence[NodeWithScore | BaseNode] = (),
+def units_to_nodes(units: Sequence[Unit],
+                   originals: Sequence[NodeWithScore | BaseNode] | Mapping[str, BaseNode] = (),
                    annotate: bool = True) -> list[NodeWithScore]:
     """Convert units back to ``NodeWithScore`` (see :func:`unit_to_node`); ``originals`` are
     nodes to copy for units that carry no node (looked up by id, and by ``parent_id`` for units
-    cut from them)."""
+    cut from them): a sequence of nodes, or a retriever's own ``{node_id: node}`` mapping, which
+    is used as it is (no per-query copy of the whole corpus)."""
     by_id: dict[str, BaseNode] = {}
-    for o in originals:
-        node = o.node if isinstance(o, NodeWithScore) else o
-        by_id[node.node_id] = node
+    if not isinstance(originals, Mapping):
+        for o in originals:
+            node = o.node if isinstance(o, NodeWithScore) else o
+            by_id[node.node_id] = node
     for u in units:  # parents that came through the stages themselves
         if isinstance(u.source, BaseNode):
             by_id.setdefault(u.id, u.source)
-    return [NodeWithScore(node=unit_to_node(u, by_id, annotate), score=u.score) for u in units]
+    lookup: Mapping[str, BaseNode] = ChainMap(by_id, originals) if isinstance(originals, Mapping) else by_id
+    return [NodeWithScore(node=unit_to_node(u, lookup, annotate), score=u.score) for u in units]
 
 
 class StagePostprocessor(ConfiguredAdapter, BaseNodePostprocessor):
@@ -234,8 +239,9 @@ class UnitRetriever(BaseRetriever):
         units = await self._asearch(query)
         return units_to_nodes(units, self._originals(), self.annotate)
 
-    def _originals(self) -> Sequence[BaseNode]:
-        """Original nodes to copy back (override when the retriever keeps them)."""
+    def _originals(self) -> Sequence[BaseNode] | Mapping[str, BaseNode]:
+        """Original nodes to copy back (override when the retriever keeps them, e.g. its own
+        ``{node_id: node}`` dict)."""
         return ()
 
 

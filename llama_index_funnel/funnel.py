@@ -14,7 +14,7 @@ inside the funnel too.
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Mapping, Optional, Sequence
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks import CallbackManager
@@ -99,8 +99,8 @@ class FunnelRetriever(UnitRetriever):
         self._nodes = {n.node_id: n for n in nodes or ()}
         super().__init__(callback_manager=callback_manager, verbose=verbose)
 
-    def _originals(self) -> Sequence[BaseNode]:
-        return list(self._nodes.values())
+    def _originals(self) -> Mapping[str, BaseNode]:
+        return self._nodes
 
     def _search(self, query: str) -> list[Unit]:
         return self.funnel.search(query).units

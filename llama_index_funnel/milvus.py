@@ -184,8 +184,8 @@ class DenseRetriever(UnitRetriever):
         b = milvus_backend(backend, f"{cls.__name__}.from_backend")
         return cls(b.dense(embedder).open(), None, similarity_top_k=similarity_top_k, filters=filters)
 
-    def _originals(self) -> Sequence[BaseNode]:
-        return list(self._nodes.values())
+    def _originals(self) -> Mapping[str, BaseNode]:
+        return self._nodes
 
     def _search(self, query: str, filters: Any = None, k: Optional[int] = None) -> list[Unit]:
         flt = self.filters if filters is None else filters

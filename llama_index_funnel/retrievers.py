@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Sequence, Union
 
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore
@@ -89,8 +89,8 @@ class _NodeRetriever(UnitRetriever):
         self.filters = filters
         super().__init__(callback_manager=callback_manager, verbose=verbose)
 
-    def _originals(self) -> Sequence[BaseNode]:
-        return list(self._nodes.values())
+    def _originals(self) -> Mapping[str, BaseNode]:
+        return self._nodes
 
     def _restore(self, units: list[Unit]) -> list[Unit]:
         """Over Milvus: the node structure stored with each unit is taken out of its metadata,
