@@ -174,6 +174,8 @@ def main() -> None:
     p.add_argument("--bootstrap", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reuse", action="store_true", help="reuse finished checkpoints under --work")
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="start both arms from this cross-encoder folder (copied) instead of MiniLM + a new head")
     args = p.parse_args()
     if args.quick:
         args.n_train, args.n_dev, args.steps, args.max_length = 24, 10, 3, 64
@@ -247,7 +249,13 @@ def main() -> None:
 
     init_dir = args.work / "init"
     if not (args.reuse and (init_dir / "config.json").is_file()):
-        init_cross_encoder(minilm_path(), init_dir, seed=args.seed)
+        if args.init_from is not None:
+            import shutil
+
+            shutil.rmtree(init_dir, ignore_errors=True)
+            shutil.copytree(args.init_from, init_dir, ignore=shutil.ignore_patterns("fp16", "*.jsonl"))
+        else:
+            init_cross_encoder(minilm_path(), init_dir, seed=args.seed)
     train_kw = dict(max_length=args.max_length, learning_rate=args.lr, head_learning_rate=args.head_lr,
                     epochs=1000, max_steps=args.steps, num_negatives=args.num_negatives,
                     queries_per_step=args.queries_per_step, loss="bpr", freeze_embeddings=True,
@@ -289,7 +297,7 @@ def main() -> None:
         summary = summarize(records, systems, args.bootstrap)
         ref_n = sum("teacher MaxP (reference)" in r["order"] for r in records)
         write_json("l2g_squad", {
-            "command": "nice -n 10 python benchmarks/bench_l2g_squad.py" + (" --quick" if args.quick else ""),
+            "command": "nice -n 10 python benchmarks/bench_l2g_squad.py " + " ".join(sys.argv[1:]),
             "complete": complete,
             "args": {k: ([str(x) for x in v] if isinstance(v, list) else str(v) if isinstance(v, Path) else v)
                      for k, v in vars(args).items()},
@@ -297,8 +305,10 @@ def main() -> None:
             "teacher": {"model": str(args.teacher), "score_cache": cache_path,
                         "what": "SQuAD-trained MiniLM passage cross-encoder = the funnel's post-ranker in bench_squad_large.py",
                         "why_not_fid": WHY_NOT_FID},
-            "student": {"init": "all-MiniLM-L6-v2 encoder + random one-logit head (init_cross_encoder, seed "
-                                f"{args.seed}); the same init for L2G and label-only; 'before' = this init",
+            "student": {"init": (f"a copy of {args.init_from} (the passage cross-encoder, used on documents)"
+                                 if args.init_from else
+                                 "all-MiniLM-L6-v2 encoder + random one-logit head (init_cross_encoder, seed "
+                                 f"{args.seed})") + "; the same init for L2G and label-only; 'before' = this init",
                         "document_input": f"(question, document) truncated to {args.max_length} tokens"},
             "training_data": data_stats, "training": training,
             "evaluation": {"split": "dev-a", "sample": f"prefix of random.Random({REPORT_SEED}).sample(dev-a)",

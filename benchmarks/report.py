@@ -760,9 +760,9 @@ def block_prerank_scifact() -> str:
 
 
 @block("l2g-squad")
-def block_l2g_squad() -> str:
-    """L2G vs label-only vs init vs BM25 order: pre-ranking answer recall on dev-a (l2g_squad.json)."""
-    d = load("l2g_squad.json")
+def block_l2g_squad(name: str = "l2g_squad.json") -> str:
+    """L2G vs label-only vs init vs BM25 order: pre-ranking answer recall on dev-a (l2g_squad*.json)."""
+    d = load(name)
     res, tr = d["results"], d["training"]
     body = [[f"{name}" + (f" (n={r['n']})" if r["n"] != res["n_questions"] else "")]
             + [f"{f3(r[f'recall@{k}'])} {ci(r[f'recall@{k}_ci95'])}" for k in (1, 2, 3)]
@@ -777,13 +777,22 @@ def block_l2g_squad() -> str:
     head = (f"{res['n_questions']} dev-a questions ({ev['candidates']}, {ev['sample']}"
             f"{'' if d['complete'] else '; run incomplete'}); {a['n_train']} train questions; "
             f"{a['max_length']} tokens per (question, document); command: `{d['command']}`. "
-            f"Training: {arms}. Load average at start {d['load_average_start'][0]:.1f}.\n\n")
+            f"Student init: {d['student']['init']}. Training: {arms}. Positives per group: L2G "
+            f"{d['training_data']['l2g_mean_positives']:.2f}, label-only {d['training_data']['label_mean_positives']:.2f}; "
+            f"the teacher's top-1 training document contains an answer for "
+            f"{d['training_data']['teacher_top1_document_contains_answer']:.0%} of the training questions. "
+            f"Load average at start {d['load_average_start'][0]:.1f}.\n\n")
     return (head + table(["pre-ranker (answer recall after pre-ranking)", "k_d=1 [95% CI]",
                              "k_d=2 [95% CI]", "k_d=3 [95% CI]"], body)
             + "\n\nPaired differences on the same questions (bootstrap 95% CI; McNemar discordant "
               "counts a-only / b-only and exact p):\n\n"
             + table(["a - b", "difference", "95% CI", "a only / b only", "p"], diffs))
 
+
+
+@block("l2g-squad-ce-init")
+def block_l2g_squad_ce_init() -> str:
+    return block_l2g_squad("l2g_squad_ce_init.json")
 
 FILES = [ROOT / "README.md", ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "clustering.md",
          ROOT / "docs" / "funnel.md", ROOT / "docs" / "prerank.md"]
