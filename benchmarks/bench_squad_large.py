@@ -506,6 +506,76 @@ def plot(rows, path: Path, title: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+# -- the funnel with a FiD post-ranker (issue 22) ------------------------------------------------
+def run_postrank_fid(args, corpus, qs, warm_q, bf16: bool, flags: dict) -> dict:
+    """One funnel configuration, real pipelines, the same questions: the SQuAD cross-encoder as
+    pre-ranker in both, and as post-ranker either the cross-encoder or the FiD checkpoint's
+    cross-attention scores (``FiDAttentionScorer``, FunnelRAG Eq. 3). AR@1..4 with bootstrap
+    intervals, a paired comparison (FiD - cross-encoder), seconds per query, and FiD's exact match of
+    its generated answers (a sanity figure). Nothing comes from the score cache."""
+    from funnel_core.evaluation import has_answer, normalize_answer
+    from funnel_core.rerank.cross_encoder import CrossEncoderScorer
+    from funnel_core.rerank.fid import FiDAttentionScorer
+
+    if args.fid_model is None:
+        sys.exit("--postrank fid needs --fid-model FOLDER (a seq2seq FiD checkpoint, e.g. from "
+                 "funnel_core.train.fid.train_fid; see docs/postrank.md)")
+    name = args.fid_funnel
+    s, k, kd = parse_funnel(name)
+    t0 = time.perf_counter()
+    cindex = ClusteredBM25Index(max_tokens=s).index(corpus.documents, adjacency=corpus.adjacency())
+    build_seconds = time.perf_counter() - t0
+    ranker = CrossEncoderScorer(str(args.model), backend="transformers", batch_size=args.batch_size,
+                                max_length=192, window_words=PASSAGE_WORDS, bf16=bf16, name="ranker")
+    fid = FiDAttentionScorer(model=str(args.fid_model), batch_size=args.batch_size, return_answer=True,
+                             name="post_ranking")
+    pipes = {"cross-encoder": funnelrag(cindex, ranker, k_clusters=k, k_documents=kd, k_passages=4,
+                                        passage_words=PASSAGE_WORDS),
+             "fid": funnelrag(cindex, ranker, fid, k_clusters=k, k_documents=kd, k_passages=4,
+                              passage_words=PASSAGE_WORDS)}
+    for pipe in pipes.values():
+        pipe.search(warm_q.question)
+    ranks: dict[str, list[int]] = {n: [] for n in pipes}
+    secs: dict[str, list[float]] = {n: [] for n in pipes}
+    em: list[float] = []
+    load_before = os.getloadavg()
+    for j, q in enumerate(qs):
+        for n, pipe in pipes.items():  # round-robin per question: load falls on both alike
+            t1 = time.perf_counter()
+            r = pipe.search(q.question)
+            secs[n].append(time.perf_counter() - t1)
+            ranks[n].append(next((i for i, u in enumerate(r.units[:4], 1) if has_answer(u.text, q.answers)), 0))
+            if n == "fid":
+                gen = next((u.metadata.get("fid_answer") for u in r.units if u.metadata.get("fid_answer") is not None), "")
+                em.append(float(normalize_answer(gen or "") in {normalize_answer(a) for a in q.answers}))
+        if (j + 1) % 10 == 0 or j + 1 == len(qs):
+            print(f"  [postrank] {j + 1}/{len(qs)} questions, load {os.getloadavg()[0]:.1f}", flush=True)
+    systems = {}
+    for n in pipes:
+        systems[n] = {f"AR@{i}": float(ar(ranks[n], i).mean()) for i in (1, 2, 3, 4)}
+        systems[n]["AR@4_ci95"] = list(bootstrap_ci(ar(ranks[n], 4), n_boot=args.bootstrap))
+        systems[n].update(seconds_p50=percentile(secs[n], 50), seconds_p95=percentile(secs[n], 95))
+    fh, ch = ar(ranks["fid"], 4), ar(ranks["cross-encoder"], 4)
+    return {
+        "benchmark": "squad_large_postrank",
+        "command": "python benchmarks/bench_squad_large.py --postrank fid " + " ".join(
+            f"--{k_.replace('_', '-')} {v}" for k_, v in (("fid_model", args.fid_model), ("fid_funnel", f"'{name}'"),
+                                                         ("n_postrank", args.n_postrank))),
+        "funnel": name, "pre_ranker": str(args.model), "fid_model": str(args.fid_model),
+        "samples": {"dev_a_questions": len(qs), "seed": REPORT_SEED,
+                    "note": "a prefix of the seeded dev-a permutation that bench_squad_large.py reports on"},
+        "systems": systems,
+        "fid_minus_cross_encoder_AR@4": {**paired_bootstrap(fh, ch, n_boot=args.bootstrap),
+                                          "mcnemar_exact": mcnemar_exact(fh, ch)},
+        "fid_exact_match": float(np.mean(em)) if em else None,
+        "fid_exact_match_ci95": list(bootstrap_ci(em, n_boot=args.bootstrap)) if em else None,
+        "cluster_index_seconds": build_seconds, "cpu_flags": flags,
+        "cross_encoder_dtype": "bf16 autocast" if bf16 else "fp32", "batch_size": args.batch_size,
+        "load_average_before": load_before, "load_average_after": os.getloadavg(),
+        "per_question": [{"id": q.id, **{f"hit_rank_{n}": ranks[n][i] for n in pipes}} for i, q in enumerate(qs)],
+    }
+
+
 # -- main ----------------------------------------------------------------------------------------
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
@@ -527,6 +597,13 @@ def main() -> None:
                         "json.gz for embed_texts.py, and stop")
     p.add_argument("--cpu-score", action="store_true", help="score missing pairs here on the CPU")
     p.add_argument("--skip-timing", action="store_true")
+    p.add_argument("--postrank", choices=("ce", "fid"), default="ce",
+                   help="post-ranker of the funnel: the cross-encoder (default: the full benchmark) or a FiD "
+                        "checkpoint's cross-attention (--fid-model; runs only that comparison, real pipelines)")
+    p.add_argument("--fid-model", type=Path, default=None, help="FiD checkpoint folder for --postrank fid")
+    p.add_argument("--fid-funnel", default="funnel S1024 K20 kd8",
+                   help="the funnel configuration compared with --postrank fid (default: the one chosen on train)")
+    p.add_argument("--n-postrank", type=int, default=200, help="dev-a questions for --postrank fid")
     args = p.parse_args()
     grid = list(FUNNEL_GRID)
     if args.quick:
@@ -556,6 +633,13 @@ def main() -> None:
     warm_q = next(q for q in dev_all if q.id not in {t.id for t in timing_qs})
     all_qs = tune_qs + report_qs
     print(f"questions: {len(tune_qs)} train (tuning), {len(report_qs)} dev-a (report), {len(timing_qs)} timed", flush=True)
+    if args.postrank == "fid":
+        out = run_postrank_fid(args, corpus, report_qs[:args.n_postrank], warm_q, bf16, flags)
+        path = write_json("squad_large_postrank_fid", out, args.out)
+        for n, r in out["systems"].items():
+            print(f"  {n}: AR@4 {r['AR@4']:.3f} {r['AR@4_ci95']}, {r['seconds_p50']:.2f} s/query", flush=True)
+        print(f"wrote {path}", flush=True)
+        return
 
     if args.export_texts:
         texts = {"passages": [u.text for u in passages], "dev_a": [q.question for q in dev_all],
