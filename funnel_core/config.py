@@ -36,6 +36,8 @@ __all__ = [
     "AttentionLMConfig",
     "RankRAGConfig",
     "LaterChunkingConfig",
+    "ExtractiveCompressorConfig",
+    "RepackConfig",
     "configured",
     "current_stage",
     "pydantic_fields",
@@ -470,6 +472,39 @@ class LaterChunkingConfig(StageConfig):
     level: str = doc("Granularity name of the passages.", "passage")
     sentence_aware: bool = doc("End passages at sentence ends.", True)
     name: Optional[str] = doc("Stage name in traces (None: later_chunking(<words>w)).", None)
+
+
+@dataclass(frozen=True)
+class ExtractiveCompressorConfig(StageConfig):
+    """Settings of :class:`funnel_core.compress.ExtractiveCompressor` (an already loaded
+    ``embedder`` object is passed to the stage or adapter beside the config, not in it)."""
+
+    stage_path: ClassVar[str] = "funnel_core.compress:ExtractiveCompressor"
+    model_keys: ClassVar[tuple[str, ...]] = ("model", "batch_size", "device")
+    model_attrs: ClassVar[tuple[str, ...]] = ("_embedder", "_cache")
+
+    method: str = doc("embedding (cosine similarity) or bm25 sentence scoring.", "embedding")
+    ratio: float = doc("Share of input tokens to keep, in (0, 1].", 0.4)
+    max_tokens: Optional[int] = doc("Absolute token budget (the smaller of the two wins).", None)
+    scope: str = doc("global (one budget over all units) or unit (one budget per unit).",
+                     "global")
+    min_sentences: int = doc("Sentences always kept per scope (the best ones).", 1)
+    model: Optional[str] = doc("Sentence-embedding model; None = the packaged MiniLM.", None)
+    batch_size: int = doc("Sentences per forward pass.", 64)
+    device: Optional[str] = doc("Torch device; None = best available.", None)
+    cache_size: int = doc("Sentence embeddings kept in an LRU cache (0 = off).", 0)
+    name: Optional[str] = doc("Stage name in traces (None: extractive_compressor).", None)
+
+
+@dataclass(frozen=True)
+class RepackConfig(StageConfig):
+    """Settings of :class:`funnel_core.fusion.Repack`."""
+
+    stage_path: ClassVar[str] = "funnel_core.fusion:Repack"
+    model_attrs: ClassVar[tuple[str, ...]] = ()
+
+    order: str = doc("forward, reverse (best last, next to the question) or sides.", "reverse")
+    name: Optional[str] = doc("Stage name in traces (None: repack).", None)
 
 
 def adapter_base(config_cls: type[StageConfig], base: type, *, exclude: tuple[str, ...] = (),
