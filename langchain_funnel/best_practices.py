@@ -23,19 +23,18 @@ from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
     CallbackManagerForRetrieverRun,
 )
-from langchain_core.documents import BaseDocumentTransformer, Document
+from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import PromptTemplate
 from langchain_core.retrievers import BaseRetriever
-from langchain_core.runnables import Runnable, RunnableBranch, RunnableConfig, RunnableLambda, RunnableSerializable
+from langchain_core.runnables import Runnable, RunnableBranch, RunnableConfig, RunnableLambda
 from langchain_core.vectorstores import VectorStoreRetriever
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, Field
 
 from funnel_core.classify import QueryClassifier
 from funnel_core.compress import with_embedder
 from funnel_core.config import (
-    ConfiguredAdapter,
     ExtractiveCompressorConfig,
     RepackConfig,
     adapter_base,
@@ -47,6 +46,7 @@ from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import Stage
 from funnel_core.fusion import check_fusion_config, fuse
 from langchain_funnel._base import StageCompressor, documents_to_units, units_to_documents
+from langchain_funnel.rerank import _TransformerBase
 
 __all__ = [
     "SentenceEmbedderEmbeddings",
@@ -208,18 +208,7 @@ class HybridRetriever(BaseRetriever):
         return self._fuse(sparse, dense, k)
 
 
-class _RepackBase(ConfiguredAdapter, BaseDocumentTransformer,
-                  RunnableSerializable[list[Document], list[Document]]):
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-    name: Optional[str] = None
-    _stage: Optional[Stage] = PrivateAttr(default=None)
-    _stage_key: Any = PrivateAttr(default=None)
-
-    def model_post_init(self, __context: Any) -> None:
-        _ = self.stage  # validates the settings now
-
-
-class RepackTransformer(adapter_base(RepackConfig, _RepackBase)):  # type: ignore[misc]
+class RepackTransformer(adapter_base(RepackConfig, _TransformerBase)):  # type: ignore[misc]
     """Reorder documents that arrive best first: ``"forward"``, ``"reverse"`` (default: best
     last, next to the question) or ``"sides"`` (best at both ends).
 
@@ -235,11 +224,11 @@ class RepackTransformer(adapter_base(RepackConfig, _RepackBase)):  # type: ignor
                                    **kwargs: Any) -> list[Document]:
         return self.transform_documents(documents)
 
-    def invoke(self, input: list[Document], config: RunnableConfig | None = None,
+    def invoke(self, input: Sequence[Document], config: RunnableConfig | None = None,
                **kwargs: Any) -> list[Document]:
         if not isinstance(input, (list, tuple)):
             raise TypeError(f"RepackTransformer takes a list of Documents, got {type(input).__name__}.")
-        return self.transform_documents(input)
+        return self._call_with_config(self.transform_documents, input, config)
 
 
 class ExtractiveCompressor(adapter_base(ExtractiveCompressorConfig, StageCompressor)):  # type: ignore[misc]
