@@ -74,6 +74,8 @@ class ExtractiveCompressor(Stage):
     ``kept_tokens``, ``kept_sentences`` and ``total_sentences``.
     """
 
+    config: ExtractiveCompressorConfig  #: the settings it was built with (set by @configured)
+
     def __init__(self, *, method: str = "embedding", ratio: float = 0.4,
                  max_tokens: int | None = None, scope: str = "global", min_sentences: int = 1,
                  embedder: SentenceEmbedder | None = None, cache_size: int = 0,

@@ -321,6 +321,8 @@ class Repack(Stage):
     ``Repack(...) % k`` keeps the ``k`` best units (cut before reordering).
     """
 
+    config: RepackConfig  #: the settings it was built with (set by @configured)
+
     def __init__(self, order: str = "reverse", name: str | None = None) -> None:
         if order not in REPACK_ORDERS:
             raise ValueError(f"unknown repack order {order!r}; choose one of {REPACK_ORDERS}.")

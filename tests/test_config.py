@@ -14,6 +14,7 @@ from funnel_core.config import (
     CrossEncoderConfig,
     ExtractiveCompressorConfig,
     FiDAttentionConfig,
+    ForwardLookupConfig,
     LaterChunkingConfig,
     MonoT5Config,
     RankRAGConfig,
@@ -22,7 +23,8 @@ from funnel_core.config import (
 )
 
 CONFIGS = [CrossEncoderConfig, MonoT5Config, FiDAttentionConfig, AttentionLMConfig,
-           RankRAGConfig, LaterChunkingConfig, ExtractiveCompressorConfig, RepackConfig]
+           RankRAGConfig, LaterChunkingConfig, ExtractiveCompressorConfig, RepackConfig,
+           ForwardLookupConfig]
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: c.__name__)
