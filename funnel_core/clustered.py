@@ -2,8 +2,10 @@
 
 :class:`ClusteredBM25Index` clusters the documents (Algorithm 1, :mod:`funnel_core.cluster`),
 indexes the cluster texts with BM25, and at query time retrieves the top-``k`` clusters and
-opens them into their member documents (each keeping ``cluster_id``, ``cluster_score`` and
-``cluster_rank`` in metadata), or returns the clusters themselves.
+opens them into their member documents (each keeping ``cluster_id``, ``cluster_score``,
+``cluster_rank`` and its own ``document_score`` in metadata), or returns the clusters themselves.
+Within a cluster, documents are ordered by their own BM25 score (a BM25 index over the
+documents, same settings), best first.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import scipy.sparse as sp
@@ -26,7 +28,7 @@ from funnel_core.persist import check_number, load_snapshot, prepare_units, read
 from funnel_core.text import OpenClusters, count_tokens
 from funnel_core.units import Unit, check_unique_ids
 
-__all__ = ["ClusteredBM25Index", "ClusteredBM25Retrieve"]
+__all__ = ["ClusteredBM25Index", "ClusteredBM25Retrieve", "order_within_clusters"]
 
 FORMAT = "funnel-rag.clustered-bm25"
 FORMAT_VERSION = 2  # 2: snapshot layout (funnel_core.persist), incremental cluster ids
@@ -46,7 +48,20 @@ class _ClusteredState:
     cluster_docs: tuple
     opener: OpenClusters
     next_cluster: int
+    document_index: BM25Index  # BM25 over the documents themselves (same order): in-cluster order
     columns: LRUCache = field(default_factory=lambda: LRUCache(FILTER_CACHE_SIZE))
+
+
+def order_within_clusters(docs: list[Unit], document_score: Callable[[Unit], float]) -> list[Unit]:
+    """Opened documents in cluster order, and within a cluster by their own score, best first.
+
+    ``docs`` carry ``metadata["cluster_rank"]`` (from :class:`~funnel_core.text.OpenClusters`);
+    each gets ``metadata["document_score"] = document_score(doc)``. Equal scores keep the
+    cluster's member order (the sort is stable). Shared by every clustered backend.
+    """
+    for d in docs:
+        d.metadata["document_score"] = float(document_score(d))
+    return sorted(docs, key=lambda d: (d.metadata["cluster_rank"], -d.metadata["document_score"]))
 
 
 def _cluster_number(cluster_id: str) -> int:
@@ -113,7 +128,8 @@ class ClusteredBM25Index(FreshOnCopy):
         return None if st is None else st.clustering
 
     def _make_state(self, documents: list[Unit], clusters: list[Unit], clustering: Clustering | None,
-                    next_cluster: int | None = None) -> _ClusteredState:
+                    next_cluster: int | None = None,
+                    document_index: BM25Index | None = None) -> _ClusteredState:
         doc_pos = {d.id: i for i, d in enumerate(documents)}
         cluster_docs = tuple(np.array([doc_pos[m] for m in c.metadata["members"]], dtype=np.int64)
                              for c in clusters)
@@ -125,8 +141,11 @@ class ClusteredBM25Index(FreshOnCopy):
         cluster_index = BM25Index(**self.bm25_config).index(clusters)
         if next_cluster is None:
             next_cluster = 1 + max((_cluster_number(c.id) for c in clusters), default=-1)
+        if document_index is None:
+            document_index = BM25Index(**self.bm25_config).index(documents)
         return _ClusteredState(tuple(documents), tuple(clusters), cluster_index, clustering, doc_pos,
-                               cluster_docs, OpenClusters({d.id: d for d in documents}), next_cluster)
+                               cluster_docs, OpenClusters({d.id: d for d in documents}), next_cluster,
+                               document_index)
 
     # -- building --------------------------------------------------------------------------
     def index(self, documents: Sequence[Unit], adjacency: sp.spmatrix | None = None) -> "ClusteredBM25Index":
@@ -134,17 +153,26 @@ class ClusteredBM25Index(FreshOnCopy):
         if isinstance(documents, (str, Unit)):
             raise TypeError("index expects a list of Unit objects; wrap a single unit in a list.")
         documents = _as_documents(prepare_units(list(documents), "ClusteredBM25Index.index"))
+        if not documents:
+            raise ValueError("cannot cluster an empty corpus; pass at least one document.")
+        document_index = BM25Index(**self.bm25_config).index(documents)
+        if adjacency is None:
+            mode = self.adjacency
+            if mode == "auto":
+                mode = "links" if any(d.metadata.get("links") for d in documents) else "bm25"
+            # the BM25 kNN graph is built over the same document index the search orders by
+            adjacency = (bm25_knn_adjacency(document_index, k=self.knn_k, threshold=self.knn_threshold)
+                         if mode == "bm25" else link_adjacency(documents))
         clusters, clustering = build_clusters(
-            documents, adjacency=self.adjacency if adjacency is None else adjacency,
-            max_tokens=self.max_tokens, knn_k=self.knn_k, knn_threshold=self.knn_threshold,
-            bm25_config=self.bm25_config)
-        state = self._make_state(documents, clusters, clustering)
+            documents, adjacency=adjacency, max_tokens=self.max_tokens, knn_k=self.knn_k,
+            knn_threshold=self.knn_threshold, bm25_config=self.bm25_config)
+        state = self._make_state(documents, clusters, clustering, document_index=document_index)
         with self._write_lock:
             self._state = state
         return self
 
-    def _neighbours(self, documents: list[Unit], n_old: int,
-                    adjacency: sp.spmatrix | None) -> sp.csr_matrix:
+    def _neighbours(self, documents: list[Unit], n_old: int, adjacency: sp.spmatrix | None,
+                    document_index: BM25Index) -> sp.csr_matrix:
         n = len(documents)
         if adjacency is not None:
             adj = sp.csr_matrix(adjacency, dtype=np.float64)
@@ -159,12 +187,8 @@ class ClusteredBM25Index(FreshOnCopy):
             mode = "links" if any(d.metadata.get("links") for d in documents) else "bm25"
         if mode == "links":
             return link_adjacency(documents)[n_old:]
-        index = BM25Index(**self.bm25_config)
-        try:
-            index.index(documents)
-        except ValueError:  # no indexable token anywhere: no edges
-            return sp.csr_matrix((n - n_old, n))
-        return bm25_knn_adjacency(index, k=self.knn_k, threshold=self.knn_threshold)[n_old:].tocsr()
+        return bm25_knn_adjacency(document_index, k=self.knn_k,
+                                  threshold=self.knn_threshold)[n_old:].tocsr()
 
     def add(self, documents: Sequence[Unit], adjacency: sp.spmatrix | None = None) -> "ClusteredBM25Index":
         """Add documents (new ids), each placed by Algorithm 1's rule against existing clusters.
@@ -193,7 +217,8 @@ class ClusteredBM25Index(FreshOnCopy):
                                          "first (delete([id])) or use a new id.")
                 docs = list(st.documents) + new
                 n_old = len(st.documents)
-                rows = self._neighbours(docs, n_old, adjacency)
+                document_index = BM25Index(**self.bm25_config).index(docs)
+                rows = self._neighbours(docs, n_old, adjacency, document_index)
                 members = [list(c.metadata["members"]) for c in st.clusters]
                 sizes = [int(c.metadata["n_tokens"]) for c in st.clusters]
                 ids = [c.id for c in st.clusters]
@@ -224,7 +249,7 @@ class ClusteredBM25Index(FreshOnCopy):
                     cluster_of[d.id] = target
                     changed.add(target)
                 state = self._make_state(docs, self._cluster_units(docs, members, sizes, ids, st, changed),
-                                         None, next_cluster)
+                                         None, next_cluster, document_index)
             if state is not None:
                 self._state = state
         if state is None:  # nothing indexed yet: cluster from scratch
@@ -317,6 +342,9 @@ class ClusteredBM25Index(FreshOnCopy):
         docs = st.opener(query, clusters)
         if doc_mask is not None:
             docs = [d for d in docs if doc_mask[st.doc_pos[d.id]]]
+        if docs:
+            own = st.document_index.get_scores(query)
+            docs = order_within_clusters(docs, lambda d: own[st.doc_pos[d.id]])
         return docs[:max_documents] if max_documents else docs
 
     # -- persistence -----------------------------------------------------------------------
@@ -325,10 +353,11 @@ class ClusteredBM25Index(FreshOnCopy):
         folder.mkdir(parents=True, exist_ok=True)
         write_units(folder / "documents.jsonl", st.documents)
         cluster_meta = st.cluster_index._write(folder / "clusters")
+        document_meta = st.document_index._write(folder / "documents_bm25")
         return dict(max_tokens=self.max_tokens, adjacency=self.adjacency, knn_k=self.knn_k,
                     knn_threshold=self.knn_threshold, bm25_config=self.bm25_config,
                     n_documents=len(st.documents), n_clusters=len(st.clusters),
-                    next_cluster=st.next_cluster, clusters=cluster_meta)
+                    next_cluster=st.next_cluster, clusters=cluster_meta, documents_bm25=document_meta)
 
     def save(self, path: str | os.PathLike) -> None:
         """Commit documents, clusters and the cluster BM25 index to the persist folder ``path``
@@ -372,9 +401,17 @@ class ClusteredBM25Index(FreshOnCopy):
                                 sizes=[int(c.metadata.get("n_tokens", 0)) for c in clusters],
                                 stats={"n_documents": len(documents), "n_clusters": len(clusters),
                                        "max_tokens": obj.max_tokens, "loaded": True})
+        if m.get("documents_bm25") is None:  # saved before documents were scored: index them now
+            document_index = BM25Index(**obj.bm25_config).index(documents)
+        else:
+            document_index = BM25Index._read(folder / "documents_bm25", m["documents_bm25"])
+            if (document_index.config != obj.bm25_config
+                    or [u.id for u in document_index.units] != [d.id for d in documents]):
+                raise PersistError(f"the document BM25 index in {str(folder)!r} does not match the "
+                                   "documents; rebuild the clustered index.")
         obj._state = _ClusteredState(tuple(documents), tuple(clusters), cluster_index, clustering,
                                      doc_pos, cluster_docs, OpenClusters({d.id: d for d in documents}),
-                                     int(next_cluster))
+                                     int(next_cluster), document_index)
         return obj
 
     @classmethod

@@ -20,13 +20,15 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from funnel_core.bm25 import bm25_scores
+from funnel_core.config import ExtractiveCompressorConfig, configured
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int
 from funnel_core.funnel import Stage
 from funnel_core.text import count_tokens, split_sentences
 from funnel_core.units import Unit
 
-__all__ = ["ExtractiveCompressor", "COMPRESSION_METHODS", "COMPRESSION_SCOPES", "check_ratio"]
+__all__ = ["ExtractiveCompressor", "COMPRESSION_METHODS", "COMPRESSION_SCOPES", "check_ratio",
+           "with_embedder"]
 
 COMPRESSION_METHODS = ("embedding", "bm25")
 COMPRESSION_SCOPES = ("global", "unit")
@@ -42,6 +44,7 @@ def check_ratio(ratio: object) -> float:
     return float(ratio)
 
 
+@configured(ExtractiveCompressorConfig)
 class ExtractiveCompressor(Stage):
     """Keep the sentences of the retrieved units most similar to the query.
 
@@ -54,22 +57,30 @@ class ExtractiveCompressor(Stage):
             units and a unit with nothing relevant may disappear; ``"unit"``: each unit is
             compressed to its own budget and none is dropped.
         min_sentences: Sentences always kept per scope (the best ones), even over the budget.
-        embedder: A :class:`SentenceEmbedder` (``None``: the packaged all-MiniLM-L6-v2, loaded
-            lazily); only for ``method="embedding"``.
+        embedder: A loaded :class:`SentenceEmbedder` to share (``None``: one built lazily from
+            ``model``, ``batch_size`` and ``device``); only for ``method="embedding"``.
+        model: Sentence-embedding model when no ``embedder`` is given (``None``: the packaged
+            all-MiniLM-L6-v2).
+        batch_size: Sentences per forward pass of that model.
+        device: Torch device of that model (``None``: best available).
         cache_size: Sentence embeddings kept in an LRU cache (0 = off, default). The same
             documents come back for many queries in a RAG system; with a cache only the query
             and unseen sentences are encoded. :meth:`precompute` fills it in large batches.
-        name: Stage name.
+        name: Stage name (``None``: ``"extractive_compressor"``).
 
+    The settings (all but ``embedder``) are :class:`~funnel_core.config.ExtractiveCompressorConfig`.
     Output units keep their order, id, score and metadata; their text holds the kept sentences
     in original order, and ``metadata["compression"]`` records ``original_tokens``,
     ``kept_tokens``, ``kept_sentences`` and ``total_sentences``.
     """
 
+    config: ExtractiveCompressorConfig  #: the settings it was built with (set by @configured)
+
     def __init__(self, *, method: str = "embedding", ratio: float = 0.4,
                  max_tokens: int | None = None, scope: str = "global", min_sentences: int = 1,
                  embedder: SentenceEmbedder | None = None, cache_size: int = 0,
-                 name: str = "extractive_compressor") -> None:
+                 name: str | None = None, model: str | None = None, batch_size: int = 64,
+                 device: str | None = None) -> None:
         if method not in COMPRESSION_METHODS:
             raise ValueError(f"unknown compression method {method!r}; choose one of "
                              f"{COMPRESSION_METHODS}.")
@@ -87,12 +98,14 @@ class ExtractiveCompressor(Stage):
             raise ValueError(f"cache_size must be an int >= 0, got {cache_size!r}.")
         self.cache_size = cache_size
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
-        self.name = name
+        self.model, self.device = model, device
+        self.batch_size = check_positive_int(batch_size, "batch_size")
+        self.name = name or "extractive_compressor"
 
     @property
     def embedder(self) -> SentenceEmbedder:
         if self._embedder is None:
-            self._embedder = SentenceEmbedder()
+            self._embedder = SentenceEmbedder(self.model, device=self.device, batch_size=self.batch_size)
         return self._embedder
 
     # -- scoring -----------------------------------------------------------------------------
@@ -190,3 +203,11 @@ class ExtractiveCompressor(Stage):
             }
             out.append(new)
         return out
+
+
+def with_embedder(stage: ExtractiveCompressor, embedder: SentenceEmbedder | None) -> ExtractiveCompressor:
+    """``stage`` using ``embedder`` (an already loaded model shared by the caller), when given."""
+    if embedder is not None and stage._embedder is not embedder:
+        stage._embedder = embedder
+        stage._cache.clear()  # embeddings of another model
+    return stage

@@ -36,6 +36,9 @@ __all__ = [
     "AttentionLMConfig",
     "RankRAGConfig",
     "LaterChunkingConfig",
+    "ExtractiveCompressorConfig",
+    "RepackConfig",
+    "ForwardLookupConfig",
     "configured",
     "current_stage",
     "pydantic_fields",
@@ -470,6 +473,68 @@ class LaterChunkingConfig(StageConfig):
     level: str = doc("Granularity name of the passages.", "passage")
     sentence_aware: bool = doc("End passages at sentence ends.", True)
     name: Optional[str] = doc("Stage name in traces (None: later_chunking(<words>w)).", None)
+
+
+@dataclass(frozen=True)
+class ExtractiveCompressorConfig(StageConfig):
+    """Settings of :class:`funnel_core.compress.ExtractiveCompressor` (an already loaded
+    ``embedder`` object is passed to the stage or adapter beside the config, not in it)."""
+
+    stage_path: ClassVar[str] = "funnel_core.compress:ExtractiveCompressor"
+    model_keys: ClassVar[tuple[str, ...]] = ("model", "batch_size", "device")
+    model_attrs: ClassVar[tuple[str, ...]] = ("_embedder", "_cache")
+
+    method: str = doc("embedding (cosine similarity) or bm25 sentence scoring.", "embedding")
+    ratio: float = doc("Share of input tokens to keep, in (0, 1].", 0.4)
+    max_tokens: Optional[int] = doc("Absolute token budget (the smaller of the two wins).", None)
+    scope: str = doc("global (one budget over all units) or unit (one budget per unit).",
+                     "global")
+    min_sentences: int = doc("Sentences always kept per scope (the best ones).", 1)
+    model: Optional[str] = doc("Sentence-embedding model; None = the packaged MiniLM.", None)
+    batch_size: int = doc("Sentences per forward pass.", 64)
+    device: Optional[str] = doc("Torch device; None = best available.", None)
+    cache_size: int = doc("Sentence embeddings kept in an LRU cache (0 = off).", 0)
+    name: Optional[str] = doc("Stage name in traces (None: extractive_compressor).", None)
+
+
+@dataclass(frozen=True)
+class RepackConfig(StageConfig):
+    """Settings of :class:`funnel_core.fusion.Repack`."""
+
+    stage_path: ClassVar[str] = "funnel_core.fusion:Repack"
+    model_attrs: ClassVar[tuple[str, ...]] = ()
+
+    order: str = doc("forward, reverse (best last, next to the question) or sides.", "reverse")
+    name: Optional[str] = doc("Stage name in traces (None: repack).", None)
+
+
+@dataclass(frozen=True)
+class ForwardLookupConfig(StageConfig):
+    """Settings of :class:`funnel_core.forward.ForwardLookup` (FB-RAG Stages I-III). The light
+    LLM (and a ``token_counter``) is passed to the stage beside the config, not in it."""
+
+    stage_path: ClassVar[str] = "funnel_core.forward:ForwardLookup"
+    model_attrs: ClassVar[tuple[str, ...]] = ()
+
+    eta_backward: float = doc("Weight of the backward score S(C; Q), >= 0.", 0.5)
+    eta_forward: float = doc("Weight of the forward score S(C; R, A), >= 0.", 0.5)
+    samples: int = doc("K outputs sampled by the light LLM.", 5)
+    temperature: float = doc("Sampling temperature.", 1.0)
+    top_p: float = doc("Nucleus sampling mass.", 0.9)
+    top_k: int = doc("Top-k sampling.", 50)
+    max_new_tokens: int = doc("Tokens per sampled output.", 128)
+    prompt: Optional[str] = doc("Template with {context} and {question}; None = FORWARD_PROMPT.",
+                                None)
+    recall_k: int = doc("Stage I chunks the light LLM reads.", 20)
+    reader_words: Optional[int] = doc("Cap on the words the light LLM reads.", None)
+    k: Optional[int] = doc("Chunks returned (None: all, or up to a budget).", None)
+    budget_words: Optional[int] = doc("Word budget of the selection.", None)
+    budget_tokens: Optional[int] = doc("Token budget of the selection.", None)
+    order_preserving: bool = doc("Return chunks in their original order.", True)
+    normalize: bool = doc("Min-max normalise both scores before weighting.", True)
+    chunk_words: int = doc("Chunk size in words.", 300)
+    bm25: Optional[dict] = doc("BM25 settings of Stage I and the backward score.", None)
+    name: Optional[str] = doc("Stage name in traces.", None)
 
 
 def adapter_base(config_cls: type[StageConfig], base: type, *, exclude: tuple[str, ...] = (),

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from funnel_core.bm25 import BM25Index
+from funnel_core.config import ForwardLookupConfig, check_kwargs, configured
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import Stage
 from funnel_core.llm import LLM, as_llm
@@ -42,7 +43,7 @@ from funnel_core.units import Unit
 __all__ = ["ForwardLookup", "ForwardSample", "ForwardLookupResult", "chunk_context",
            "parse_rationale_answer", "FORWARD_PROMPT", "FORWARD_PROMPT_MULTIPLE_CHOICE",
            "FORWARD_PROMPT_QUOTE", "FORWARD_PROMPT_MULTIPLE_CHOICE_QUOTE", "FORWARD_PROMPTS",
-           "ANSWER_PROMPT", "PRESETS"]
+           "ANSWER_PROMPT", "PRESETS", "variant_config"]
 
 #: Stage II prompt for free-form questions (FB-RAG Table 4, rewritten): the model reasons
 #: briefly, then answers. The default (``FORWARD_PROMPTS["paper"]``).
@@ -120,6 +121,19 @@ ANSWER_PROMPT = (
 #: eta_B / eta_F of the paper's two variants.
 PRESETS = {"F": (0.0, 1.0), "FB": (0.5, 0.5), "B": (1.0, 0.0)}
 
+
+def variant_config(variant: str = "FB", eta_backward: float | None = None,
+                   eta_forward: float | None = None, **settings: Any) -> ForwardLookupConfig:
+    """The :class:`~funnel_core.config.ForwardLookupConfig` of an FB-RAG variant (``"FB"``,
+    ``"F"`` or ``"B"``), with ``eta_backward``/``eta_forward`` overriding the variant's weights
+    and ``settings`` the other fields (what both frameworks' adapters take)."""
+    if variant not in PRESETS:
+        raise ValueError(f"unknown FB-RAG variant {variant!r}; choose one of {sorted(PRESETS)}.")
+    check_kwargs("ForwardLookupConfig", settings, ForwardLookupConfig.field_names())
+    eta_b, eta_f = PRESETS[variant]
+    return ForwardLookupConfig(eta_backward=eta_b if eta_backward is None else eta_backward,
+                               eta_forward=eta_f if eta_forward is None else eta_forward, **settings)
+
 _RATIONALE = re.compile(r"rationale\s*[:\-]\s*", re.IGNORECASE)
 _ANSWER = re.compile(r"(?:final\s+)?answer\s*[:\-]\s*", re.IGNORECASE)
 
@@ -195,6 +209,7 @@ class ForwardLookupResult:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
+@configured(ForwardLookupConfig)
 class ForwardLookup(Stage):
     """FB-RAG Stages I-III as one stage: ``(question, chunks) -> selected chunks``.
 
@@ -229,9 +244,11 @@ class ForwardLookup(Stage):
 
     name = "fb_rag"
 
+    config: ForwardLookupConfig  #: the settings it was built with (set by @configured)
+
     def __init__(self, *, llm: LLM | str, eta_backward: float = 0.5, eta_forward: float = 0.5,
                  samples: int = 5, temperature: float = 1.0, top_p: float = 0.9, top_k: int = 50,
-                 max_new_tokens: int = 128, prompt: str = FORWARD_PROMPT, recall_k: int = 20,
+                 max_new_tokens: int = 128, prompt: str | None = FORWARD_PROMPT, recall_k: int = 20,
                  reader_words: int | None = None, k: int | None = None,
                  budget_words: int | None = None, budget_tokens: int | None = None,
                  token_counter: Callable[[str], int] | None = None,
@@ -250,7 +267,8 @@ class ForwardLookup(Stage):
         LLM._check_params(self.samples, temperature, top_p, top_k, max_new_tokens)
         self.temperature, self.top_p, self.top_k = float(temperature), float(top_p), int(top_k)
         self.max_new_tokens = max_new_tokens
-        self.prompt = check_prompt_template(prompt, ("context", "question"), "FB-RAG prompt")
+        self.prompt = check_prompt_template(FORWARD_PROMPT if prompt is None else prompt,
+                                            ("context", "question"), "FB-RAG prompt")
         self.recall_k = check_positive_int(recall_k, "recall_k")
         self.reader_words = check_positive_int(reader_words, "reader_words", allow_none=True)
         self.k = check_positive_int(k, "k", allow_none=True)
@@ -270,6 +288,12 @@ class ForwardLookup(Stage):
         self.bm25 = dict(bm25 or {})
         if name:
             self.name = name
+
+    @classmethod
+    def from_settings(cls, llm: LLM | str, config: ForwardLookupConfig, **kwargs: Any) -> "ForwardLookup":
+        """The stage for ``config`` reading with ``llm`` (``kwargs``: ``token_counter``, LLM
+        loader arguments)."""
+        return cls(llm=llm, **config.kwargs(), **kwargs)
 
     @classmethod
     def preset(cls, variant: str, **kwargs: Any) -> "ForwardLookup":

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, Sequence, Union
 
+from funnel_core.config import RepackConfig, configured
 from funnel_core.errors import check_positive_int, check_probability, check_query
 from funnel_core.funnel import Stage
 from funnel_core.scoring import NORMALIZATIONS, normalize_scores
@@ -310,17 +311,22 @@ def repack(units: Sequence[Unit], order: str = "reverse") -> list[Unit]:
     return out
 
 
+@configured(RepackConfig)
 class Repack(Stage):
     """Repacking stage: ``"forward"``, ``"reverse"`` (default, best last) or ``"sides"``.
+
+    Settings: :class:`~funnel_core.config.RepackConfig`.
 
     Put it last in a funnel, after any cut-off: it changes the order, not the set. A cut-off
     ``Repack(...) % k`` keeps the ``k`` best units (cut before reordering).
     """
 
-    def __init__(self, order: str = "reverse", name: str = "repack") -> None:
+    config: RepackConfig  #: the settings it was built with (set by @configured)
+
+    def __init__(self, order: str = "reverse", name: str | None = None) -> None:
         if order not in REPACK_ORDERS:
             raise ValueError(f"unknown repack order {order!r}; choose one of {REPACK_ORDERS}.")
-        self.order, self.name = order, name
+        self.order, self.name = order, name or "repack"
 
     def run(self, query: str, units: list[Unit]) -> list[Unit]:
         return repack(units[: self.cutoff] if self.cutoff else units, self.order)

@@ -937,8 +937,9 @@ class MilvusClusteredBM25Index(_BM25Common):
     uploaded: the clusters' tokenized texts go into a BM25 collection (``<collection>``), the
     member documents into a second collection keyed by id with their ``cluster_id``, position and
     metadata. A search is: BM25 top-``k`` clusters in Milvus -> their member documents fetched
-    from Milvus -> documents in cluster order, then member order (as the in-memory backend),
-    each with ``cluster_id``, ``cluster_score``, ``cluster_rank`` and the cluster's score.
+    from Milvus -> documents in cluster order, then by their own BM25 score (as the in-memory
+    backend), each with ``cluster_id``, ``cluster_score``, ``cluster_rank``, ``document_score``
+    and the cluster's score.
 
     ``uri``, ``collection``, ``token``, ``db_name``, ``timeout`` and ``show_progress`` are as
     for :class:`MilvusBM25Index`; ``max_tokens``, ``adjacency``, ``knn_k`` and ``knn_threshold``
@@ -1123,10 +1124,16 @@ class MilvusClusteredBM25Index(_BM25Common):
             clusters.append(c)
         if return_clusters or not clusters:
             return clusters
+        from funnel_core.clustered import order_within_clusters
+
         rank = {c.id: r for r, c in enumerate(clusters)}
-        rows = self._query_all(docs_name, _and(_in_expr("cluster_id", rank), doc_expr),
+        member_expr = _and(_in_expr("cluster_id", rank), doc_expr)
+        rows = self._query_all(docs_name, member_expr,
                                ["id", "text", "metadata", "info", "cluster_id", "position"])
         rows.sort(key=lambda r: (rank[r["cluster_id"]], r["position"]))
+        # each document's own BM25 score (documents collection statistics) orders a cluster
+        own = {e["id"]: s for s, e in self._bm25_search(docs_name, [query], min(len(rows), MAX_TOPK),
+                                                         member_expr, ["id"])[0]}
         docs = []
         for r in rows:
             cluster = clusters[rank[r["cluster_id"]]]
@@ -1137,6 +1144,7 @@ class MilvusClusteredBM25Index(_BM25Common):
             doc.metadata.update(cluster_id=cluster.id, cluster_score=cluster.score,
                                 cluster_rank=rank[cluster.id])
             docs.append(doc)
+        docs = order_within_clusters(docs, lambda d: own.get(d.id, 0.0))
         return docs[:max_documents] if max_documents else docs
 
     def search_many(self, queries: Sequence[str], k: int = 10, filter: Any = None,

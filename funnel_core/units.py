@@ -27,7 +27,8 @@ FUNNEL_KEY = "funnel"
 #: boundary they go under :data:`FUNNEL_KEY`, whatever the user's metadata holds.
 INTERNAL_KEYS = frozenset({
     "scores", "score", "level", "parent_id", "funnel_trace", "bm25_rank", "cluster_id",
-    "cluster_score", "cluster_rank", "parent_score", "parent_level", "position", "members",
+    "cluster_score", "cluster_rank", "document_score", "parent_score", "parent_level", "position",
+    "members",
     "router_weights", "chosen_level", "finest_id", "forward_scores", "backward_scores", "samples",
     "fb_rag_order", "retrieval_rank", "repack_position", "graph_neighbors", "graph_weights",
     "granularity", "child_ids", "doc_index", "fid_answer", "compression",

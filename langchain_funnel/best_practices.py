@@ -23,24 +23,30 @@ from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
     CallbackManagerForRetrieverRun,
 )
-from langchain_core.documents import BaseDocumentTransformer, Document
+from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import PromptTemplate
 from langchain_core.retrievers import BaseRetriever
-from langchain_core.runnables import Runnable, RunnableBranch, RunnableConfig, RunnableLambda, RunnableSerializable
+from langchain_core.runnables import Runnable, RunnableBranch, RunnableConfig, RunnableLambda
 from langchain_core.vectorstores import VectorStoreRetriever
 from pydantic import ConfigDict, Field
 
 from funnel_core.classify import QueryClassifier
-from funnel_core.compress import ExtractiveCompressor as _CoreCompressor
-from funnel_core.compress import check_ratio
-from funnel_core.config import check_kwargs
+from funnel_core.compress import with_embedder
+from funnel_core.config import (
+    ExtractiveCompressorConfig,
+    RepackConfig,
+    adapter_base,
+    check_kwargs,
+    current_stage,
+)
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import Stage
-from funnel_core.fusion import REPACK_ORDERS, check_fusion_config, fuse, repack
+from funnel_core.fusion import check_fusion_config, fuse
 from langchain_funnel._base import StageCompressor, documents_to_units, units_to_documents
+from langchain_funnel.rerank import _TransformerBase
 
 __all__ = [
     "SentenceEmbedderEmbeddings",
@@ -226,61 +232,44 @@ class HybridRetriever(BaseRetriever):
         return cls(sparse=sparse, dense=dense, **fusion)
 
 
-class RepackTransformer(BaseDocumentTransformer, RunnableSerializable[list[Document], list[Document]]):
+class RepackTransformer(adapter_base(RepackConfig, _TransformerBase)):  # type: ignore[misc]
     """Reorder documents that arrive best first: ``"forward"``, ``"reverse"`` (default: best
     last, next to the question) or ``"sides"`` (best at both ends).
 
     A ``BaseDocumentTransformer`` and a runnable: ``retriever | RepackTransformer()``. Each
-    document gets ``metadata["retrieval_rank"]`` and ``metadata["repack_position"]``.
+    document gets ``retrieval_rank`` and ``repack_position`` under ``metadata["funnel"]``. The
+    fields are those of :class:`funnel_core.config.RepackConfig`.
     """
 
-    order: str = "reverse"
-
-    def model_post_init(self, __context: Any) -> None:
-        if self.order not in REPACK_ORDERS:
-            raise ValueError(f"unknown repack order {self.order!r}; choose one of {REPACK_ORDERS}.")
-
     def transform_documents(self, documents: Sequence[Document], **kwargs: Any) -> list[Document]:
-        return units_to_documents(repack(documents_to_units(list(documents)), self.order))
+        return units_to_documents(self.stage.run("", documents_to_units(list(documents))))
 
     async def atransform_documents(self, documents: Sequence[Document],
                                    **kwargs: Any) -> list[Document]:
         return self.transform_documents(documents)
 
-    def invoke(self, input: list[Document], config: RunnableConfig | None = None,
+    def invoke(self, input: Sequence[Document], config: RunnableConfig | None = None,
                **kwargs: Any) -> list[Document]:
         if not isinstance(input, (list, tuple)):
             raise TypeError(f"RepackTransformer takes a list of Documents, got {type(input).__name__}.")
-        return self.transform_documents(input)
+        return self._call_with_config(self.transform_documents, input, config)
 
 
-class ExtractiveCompressor(StageCompressor):
+class ExtractiveCompressor(adapter_base(ExtractiveCompressorConfig, StageCompressor)):  # type: ignore[misc]
     """Keep the sentences most similar to the query (paper section 3.7), in original order.
 
     A ``BaseDocumentCompressor`` and a runnable over ``{"query", "documents"}`` (see
-    ``rerank_chain``). ``metadata["compression"]`` records tokens before/after.
+    ``rerank_chain``). The fields are those of
+    :class:`funnel_core.config.ExtractiveCompressorConfig`, plus ``embedder`` to share an already
+    loaded :class:`SentenceEmbedder`. ``metadata["funnel"]["compression"]`` records tokens
+    before/after.
     """
 
-    method: str = Field(default="embedding", description="embedding or bm25 sentence scoring.")
-    ratio: float = Field(default=0.4, description="Share of input tokens to keep, in (0, 1].")
-    max_tokens: Optional[int] = Field(default=None, description="Absolute token budget.")
-    scope: str = Field(default="global", description="global (one budget) or unit (per document).")
-    model: Optional[str] = Field(default=None, description="Embedding model; None = MiniLM.")
-    batch_size: int = 64
-    device: Optional[str] = None
     embedder: Optional[SentenceEmbedder] = Field(default=None, exclude=True,
                                                  description="Share an already loaded embedder.")
 
-    def model_post_init(self, __context: Any) -> None:
-        check_ratio(self.ratio)
-        self._stage = self._build_stage()  # validates the settings now; the model loads lazily
-
     def _build_stage(self) -> Stage:
-        embedder = self.embedder
-        if embedder is None and self.method == "embedding":
-            embedder = SentenceEmbedder(self.model, device=self.device, batch_size=self.batch_size)
-        return _CoreCompressor(method=self.method, ratio=self.ratio, max_tokens=self.max_tokens,
-                               scope=self.scope, embedder=embedder)
+        return with_embedder(current_stage(self.config, self._stage), self.embedder)
 
 
 def query_classifier_branch(classifier: QueryClassifier, retrieval_chain: Runnable,

@@ -19,8 +19,8 @@ from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from pydantic import Field, PrivateAttr
 
-from funnel_core.config import RankRAGConfig, adapter_base
-from funnel_core.forward import FORWARD_PROMPT, PRESETS, ForwardLookup, chunk_context
+from funnel_core.config import ForwardLookupConfig, RankRAGConfig, adapter_base
+from funnel_core.forward import ForwardLookup, chunk_context, variant_config
 from funnel_core.llm import LLM
 from funnel_core.units import Unit, text_digest
 from langchain_funnel._base import StageCompressor, UnitRetriever, documents_to_units, units_to_documents
@@ -60,13 +60,17 @@ class RankRAGReranker(adapter_base(RankRAGConfig, StageCompressor,  # type: igno
         return values
 
 
-class ForwardLookupRetriever(UnitRetriever):
+class ForwardLookupRetriever(adapter_base(ForwardLookupConfig, UnitRetriever,  # type: ignore[misc]
+                                         exclude=("eta_backward", "eta_forward"),
+                                         defaults={"k": 3})):
     """FB-RAG Stages I-III as a LangChain retriever (``k`` = chunks returned).
 
     Candidates are the ``chunk_words``-word chunks of ``context`` or the documents that
-    ``retriever`` returns. ``Document.metadata`` holds ``score`` (S_FB), ``backward_scores``,
+    ``retriever`` returns. ``metadata["funnel"]`` holds ``score`` (S_FB), ``backward_scores``,
     ``forward_scores``, ``samples`` and ``position``; documents come in their original order
-    unless ``order_preserving=False``.
+    unless ``order_preserving=False``. The settings are the fields of
+    :class:`funnel_core.config.ForwardLookupConfig` (edits are honoured at the next call), with
+    ``variant`` choosing the weights that ``eta_backward``/``eta_forward`` override.
 
     Example::
 
@@ -77,27 +81,16 @@ class ForwardLookupRetriever(UnitRetriever):
     llm: Any = Field(description="LangChain chat model/LLM, funnel_core LLM, or a causal-LM name/folder.")
     context: Optional[Union[str, list[str]]] = Field(default=None, description="The long context.")
     retriever: Optional[BaseRetriever] = Field(default=None, description="Base retriever instead of context.")
-    k: int = Field(default=3, description="Chunks returned.")
     variant: str = Field(default="FB", description="'FB' (Ours-FB), 'F' (Ours-F) or 'B' (BM25 only).")
     eta_backward: Optional[float] = Field(default=None, description="Overrides the variant's eta_B.")
     eta_forward: Optional[float] = Field(default=None, description="Overrides the variant's eta_F.")
-    budget_words: Optional[int] = Field(default=None, description="Word budget of the selection.")
-    budget_tokens: Optional[int] = Field(default=None, description="Token budget of the selection.")
-    order_preserving: bool = Field(default=True, description="Return chunks in original order.")
-    samples: int = Field(default=5, description="K outputs sampled by the light LLM.")
-    temperature: float = Field(default=1.0)
-    top_p: float = Field(default=0.9)
-    top_k: int = Field(default=50)
-    max_new_tokens: int = Field(default=128)
-    prompt: str = Field(default=FORWARD_PROMPT, description="Template with {context} and {question}.")
-    recall_k: int = Field(default=20, description="Stage I chunks the LLM reads.")
-    reader_words: Optional[int] = Field(default=None, description="Cap on words the LLM reads.")
-    chunk_words: int = Field(default=300, description="Chunk size in words.")
     timeout: Optional[float] = Field(default=None, description="Seconds per LLM call.")
-    gguf_file: Optional[str] = Field(default=None)
-    device: Optional[str] = Field(default=None)
+    gguf_file: Optional[str] = Field(default=None, description="GGUF file when llm is a name.")
+    device: Optional[str] = Field(default=None, description="Device when llm is a name.")
 
-    _forward: ForwardLookup = PrivateAttr()
+    _forward: Optional[ForwardLookup] = PrivateAttr(default=None)
+    _provider_key: Any = PrivateAttr(default=None)
+    _units_key: Any = PrivateAttr(default=None)
     _units: Optional[list[Unit]] = PrivateAttr(default=None)
 
     def model_post_init(self, __context: Any) -> None:
@@ -105,33 +98,48 @@ class ForwardLookupRetriever(UnitRetriever):
         if (self.context is None) == (self.retriever is None):
             raise ValueError("ForwardLookupRetriever needs exactly one of context= (a long text) "
                              "or retriever= (a base retriever).")
-        if self.variant not in PRESETS:
-            raise ValueError(f"unknown FB-RAG variant {self.variant!r}; choose one of {sorted(PRESETS)}.")
-        eta_b, eta_f = PRESETS[self.variant]
-        self._forward = ForwardLookup(
-            llm=_provider(self.llm, self.timeout, self.gguf_file, self.device),
-            eta_backward=eta_b if self.eta_backward is None else self.eta_backward,
-            eta_forward=eta_f if self.eta_forward is None else self.eta_forward,
-            budget_words=self.budget_words, budget_tokens=self.budget_tokens,
-            order_preserving=self.order_preserving, samples=self.samples,
-            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-            max_new_tokens=self.max_new_tokens, prompt=self.prompt, recall_k=self.recall_k,
-            reader_words=self.reader_words, chunk_words=self.chunk_words)
-        if self.context is not None:
-            self._units = chunk_context(self.context, self.chunk_words,
-                                        id_prefix=f"chunk-{text_digest(self.context)}")
+        _ = self.forward  # validates every setting now
+
+    @property
+    def config(self) -> ForwardLookupConfig:
+        """The core configuration from the current field values."""
+        names = [n for n in ForwardLookupConfig.field_names()
+                 if n not in ("eta_backward", "eta_forward")]
+        return variant_config(self.variant, self.eta_backward, self.eta_forward,
+                              **{n: getattr(self, n) for n in names})
 
     @property
     def forward(self) -> ForwardLookup:
-        """The ``funnel_core`` stage doing the work."""
-        return self._forward
+        """The ``funnel_core`` stage doing the work, for the current settings."""
+        config = self.config
+        key = (id(self.llm), self.timeout, self.gguf_file, self.device)
+        fwd = self._forward
+        if fwd is None or key != self._provider_key:
+            fwd = ForwardLookup.from_settings(_provider(self.llm, self.timeout, self.gguf_file,
+                                                        self.device), config)
+        elif fwd.config != config:
+            fwd = ForwardLookup.from_settings(fwd.llm, config)  # same provider, new settings
+        self._forward, self._provider_key = fwd, key
+        return fwd
+
+    @property
+    def units(self) -> Optional[list[Unit]]:
+        """The chunks of ``context`` (``None`` with a base retriever)."""
+        if self.context is None:
+            return None
+        key = (id(self.context), self.chunk_words)
+        if self._units is None or key != self._units_key:
+            self._units = chunk_context(self.context, self.chunk_words,
+                                        id_prefix=f"chunk-{text_digest(self.context)}")
+            self._units_key = key
+        return self._units
 
     def _search(self, query: str, k: int) -> list[Unit]:
-        units = self._units
+        units = self.units
         if units is None:
             assert self.retriever is not None
             units = documents_to_units(self.retriever.invoke(query))
-        return self._forward.search(query, units, k=k).units
+        return self.forward.search(query, units, k=k).units
 
     async def _aget_relevant_documents(self, query: str, *,
                                        run_manager: AsyncCallbackManagerForRetrieverRun,
@@ -139,8 +147,8 @@ class ForwardLookupRetriever(UnitRetriever):
         query, k = self._prepare(query, k, kwargs)
         if not query:
             return []
-        units = self._units
+        units = self.units
         if units is None:
             assert self.retriever is not None
             units = documents_to_units(await self.retriever.ainvoke(query))
-        return units_to_documents((await self._forward.asearch(query, units, k=k)).units)
+        return units_to_documents((await self.forward.asearch(query, units, k=k)).units)

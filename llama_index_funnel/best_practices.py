@@ -31,11 +31,12 @@ from llama_index.core.query_engine import CustomQueryEngine
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from funnel_core.classify import QueryClassifier
-from funnel_core.compress import ExtractiveCompressor, check_ratio
+from funnel_core.compress import with_embedder
+from funnel_core.config import ExtractiveCompressorConfig, RepackConfig, adapter_base, current_stage
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import Stage
-from funnel_core.fusion import REPACK_ORDERS, Repack, check_fusion_config, fuse
+from funnel_core.fusion import check_fusion_config, fuse
 from llama_index_funnel._base import StagePostprocessor, nodes_to_units, units_to_nodes
 
 __all__ = [
@@ -178,56 +179,38 @@ class HybridRetriever(BaseRetriever):
         return cls(sparse, dense, **fusion)
 
 
-class RepackPostprocessor(StagePostprocessor):
+class RepackPostprocessor(adapter_base(RepackConfig, StagePostprocessor)):  # type: ignore[misc]
     """Reorder the final nodes: ``"forward"``, ``"reverse"`` (default: best last, next to the
-    question) or ``"sides"`` (best at both ends). Put it last in ``node_postprocessors``."""
-
-    order: str = Field(default="reverse", description="forward, reverse or sides.")
-
-    def model_post_init(self, __context: Any) -> None:
-        if self.order not in REPACK_ORDERS:
-            raise ValueError(f"unknown repack order {self.order!r}; choose one of {REPACK_ORDERS}.")
+    question) or ``"sides"`` (best at both ends). Put it last in ``node_postprocessors``.
+    The fields are those of :class:`funnel_core.config.RepackConfig`."""
 
     @classmethod
     def class_name(cls) -> str:
         return "RepackPostprocessor"
 
-    def _build_stage(self) -> Stage:
-        return Repack(self.order)
 
-
-class ExtractiveCompressorPostprocessor(StagePostprocessor):
+class ExtractiveCompressorPostprocessor(adapter_base(ExtractiveCompressorConfig,  # type: ignore[misc]
+                                                     StagePostprocessor)):
     """Keep the sentences most similar to the query (paper section 3.7), in original order.
 
-    See :class:`funnel_core.compress.ExtractiveCompressor`; ``metadata["compression"]`` on each
+    The fields are those of :class:`funnel_core.config.ExtractiveCompressorConfig`; pass
+    ``embedder=`` to share an already loaded :class:`SentenceEmbedder` (then ``model``,
+    ``batch_size`` and ``device`` are not used). ``metadata["funnel"]["compression"]`` on each
     node records tokens before/after.
     """
 
-    method: str = Field(default="embedding", description="embedding or bm25 sentence scoring.")
-    ratio: float = Field(default=0.4, description="Share of input tokens to keep, in (0, 1].")
-    max_tokens: Optional[int] = Field(default=None, description="Absolute token budget.")
-    scope: str = Field(default="global", description="global (one budget) or unit (per node).")
-    model: Optional[str] = Field(default=None, description="Embedding model; None = MiniLM.")
-    batch_size: int = Field(default=64, description="Sentences per forward pass.")
-    device: Optional[str] = Field(default=None, description="Torch device.")
     _embedder: Optional[SentenceEmbedder] = PrivateAttr(default=None)
 
     def __init__(self, *, embedder: Optional[SentenceEmbedder] = None, **data: Any) -> None:
         super().__init__(**data)
-        check_ratio(self.ratio)
         self._embedder = embedder
-        self._stage = self._build_stage()  # validates every field now; the model loads lazily
 
     @classmethod
     def class_name(cls) -> str:
         return "ExtractiveCompressorPostprocessor"
 
     def _build_stage(self) -> Stage:
-        embedder = self._embedder
-        if embedder is None and self.method == "embedding":
-            embedder = SentenceEmbedder(self.model, device=self.device, batch_size=self.batch_size)
-        return ExtractiveCompressor(method=self.method, ratio=self.ratio,
-                                    max_tokens=self.max_tokens, scope=self.scope, embedder=embedder)
+        return with_embedder(current_stage(self.config, self._stage), self._embedder)
 
 
 class QueryClassifierGate(BaseRetriever):

@@ -25,14 +25,14 @@ from llama_index.core.llms.llm import LLM as LlamaIndexBaseLLM
 from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
-from funnel_core.config import RankRAGConfig, adapter_base
+from funnel_core.config import ForwardLookupConfig, RankRAGConfig, adapter_base
 from funnel_core.errors import check_query
 from funnel_core.forward import (
-    FORWARD_PROMPT,
     ForwardLookup,
     ForwardLookupResult,
     ForwardSample,
     chunk_context,
+    variant_config,
 )
 from funnel_core.units import Unit, text_digest
 from llama_index_funnel._base import StagePostprocessor, nodes_to_units, units_to_nodes
@@ -83,12 +83,12 @@ class ForwardLookupQueryBundle(QueryBundle):
     reader_context: str = ""
 
 
-def _forward(llm: Any, *, timeout: Optional[float], gguf_file: Optional[str],
-             device: Optional[str], **kwargs: Any) -> ForwardLookup:
+def _forward(llm: Any, config: ForwardLookupConfig, *, timeout: Optional[float],
+             gguf_file: Optional[str], device: Optional[str]) -> ForwardLookup:
     provider_kwargs: dict[str, Any] = {"timeout": timeout}
     if isinstance(llm, str):
         provider_kwargs.update(gguf_file=gguf_file, device=device)
-    return ForwardLookup(llm=as_provider(llm, **provider_kwargs), **kwargs)
+    return ForwardLookup.from_settings(as_provider(llm, **provider_kwargs), config)
 
 
 class ForwardLookupQueryTransform(BaseQueryTransform):
@@ -107,23 +107,18 @@ class ForwardLookupQueryTransform(BaseQueryTransform):
         embed_samples: Put ``[query, R_1 A_1, ..., R_K A_K]`` in ``custom_embedding_strs``.
 
     The sampling and reading arguments (``samples``, ``temperature``, ``top_p``, ``top_k``,
-    ``max_new_tokens``, ``prompt``, ``recall_k``, ``reader_words``, ``chunk_words``) are those
-    of :class:`funnel_core.forward.ForwardLookup`.
+    ``max_new_tokens``, ``prompt``, ``recall_k``, ``reader_words``, ``chunk_words``) are fields
+    of :class:`funnel_core.config.ForwardLookupConfig`, passed as ``**settings``.
     """
 
     def __init__(self, llm: Any, *, context: str | Sequence[str] | None = None,
-                 retriever: Optional[BaseRetriever] = None, samples: int = 5,
-                 temperature: float = 1.0, top_p: float = 0.9, top_k: int = 50,
-                 max_new_tokens: int = 128, prompt: str = FORWARD_PROMPT, recall_k: int = 20,
-                 reader_words: Optional[int] = None, chunk_words: int = 300,
-                 embed_samples: bool = True, timeout: Optional[float] = None,
-                 gguf_file: Optional[str] = None, device: Optional[str] = None) -> None:
-        self.forward = _forward(llm, timeout=timeout, gguf_file=gguf_file, device=device,
-                                samples=samples, temperature=temperature, top_p=top_p,
-                                top_k=top_k, max_new_tokens=max_new_tokens, prompt=prompt,
-                                recall_k=recall_k, reader_words=reader_words,
-                                chunk_words=chunk_words, eta_backward=0.0, eta_forward=1.0)
-        self.units = (chunk_context(context, chunk_words, id_prefix=f"chunk-{text_digest(context)}")
+                 retriever: Optional[BaseRetriever] = None, embed_samples: bool = True,
+                 timeout: Optional[float] = None, gguf_file: Optional[str] = None,
+                 device: Optional[str] = None, **settings: Any) -> None:
+        config = variant_config("F", **settings)  # Stage II reads: the forward side only
+        self.forward = _forward(llm, config, timeout=timeout, gguf_file=gguf_file, device=device)
+        self.units = (chunk_context(context, config.chunk_words,
+                                    id_prefix=f"chunk-{text_digest(context)}")
                       if context is not None else None)
         self.retriever = retriever
         self.embed_samples = embed_samples
@@ -176,40 +171,24 @@ class ForwardLookupRetriever(BaseRetriever):
         variant: ``"FB"`` (Ours-FB, default), ``"F"`` (Ours-F) or ``"B"`` (BM25 only);
             ``eta_backward``/``eta_forward`` override it.
 
-    ``eta_backward``, ``eta_forward``, ``k``, ``budget_words``, ``budget_tokens``,
-    ``order_preserving`` and the sampling arguments are those of
-    :class:`funnel_core.forward.ForwardLookup`.
+        timeout, gguf_file, device: Settings of the provider built when ``llm`` is a name.
+        **settings: The other fields of :class:`funnel_core.config.ForwardLookupConfig`
+            (``k`` = chunks returned, 3 here; ``budget_words``, ``chunk_words``, sampling...).
     """
 
     def __init__(self, llm: Any, *, context: str | Sequence[str] | None = None,
                  retriever: Optional[BaseRetriever] = None, variant: str = "FB",
                  eta_backward: Optional[float] = None, eta_forward: Optional[float] = None,
-                 k: Optional[int] = 3, budget_words: Optional[int] = None,
-                 budget_tokens: Optional[int] = None, order_preserving: bool = True,
-                 samples: int = 5, temperature: float = 1.0, top_p: float = 0.9,
-                 top_k: int = 50, max_new_tokens: int = 128, prompt: str = FORWARD_PROMPT,
-                 recall_k: int = 20, reader_words: Optional[int] = None, chunk_words: int = 300,
                  timeout: Optional[float] = None, gguf_file: Optional[str] = None,
                  device: Optional[str] = None,
-                 callback_manager: Optional[CallbackManager] = None) -> None:
+                 callback_manager: Optional[CallbackManager] = None, **settings: Any) -> None:
         if (context is None) == (retriever is None):
             raise ValueError("ForwardLookupRetriever needs exactly one of context= (a long "
                              "text) or retriever= (a base retriever).")
-        from funnel_core.forward import PRESETS
-
-        if variant not in PRESETS:
-            raise ValueError(f"unknown FB-RAG variant {variant!r}; choose one of {sorted(PRESETS)}.")
-        eta_b, eta_f = PRESETS[variant]
-        self.forward = _forward(
-            llm, timeout=timeout, gguf_file=gguf_file, device=device,
-            eta_backward=eta_b if eta_backward is None else eta_backward,
-            eta_forward=eta_f if eta_forward is None else eta_forward, k=k,
-            budget_words=budget_words, budget_tokens=budget_tokens,
-            order_preserving=order_preserving, samples=samples, temperature=temperature,
-            top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens, prompt=prompt,
-            recall_k=recall_k, reader_words=reader_words, chunk_words=chunk_words)
+        config = variant_config(variant, eta_backward, eta_forward, **{"k": 3, **settings})
+        self.forward = _forward(llm, config, timeout=timeout, gguf_file=gguf_file, device=device)
         self.units: Optional[list[Unit]] = (
-            chunk_context(context, chunk_words, id_prefix=f"chunk-{text_digest(context)}")
+            chunk_context(context, config.chunk_words, id_prefix=f"chunk-{text_digest(context)}")
             if context is not None else None)
         self.retriever = retriever
         super().__init__(callback_manager=callback_manager)

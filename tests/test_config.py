@@ -12,15 +12,19 @@ import pytest
 from funnel_core.config import (
     AttentionLMConfig,
     CrossEncoderConfig,
+    ExtractiveCompressorConfig,
     FiDAttentionConfig,
+    ForwardLookupConfig,
     LaterChunkingConfig,
     MonoT5Config,
     RankRAGConfig,
+    RepackConfig,
     current_stage,
 )
 
 CONFIGS = [CrossEncoderConfig, MonoT5Config, FiDAttentionConfig, AttentionLMConfig,
-           RankRAGConfig, LaterChunkingConfig]
+           RankRAGConfig, LaterChunkingConfig, ExtractiveCompressorConfig, RepackConfig,
+           ForwardLookupConfig]
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: c.__name__)

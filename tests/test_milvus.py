@@ -320,7 +320,8 @@ def clustered(db, clustered_ref) -> MilvusClusteredBM25Index:
 
 def _doc_view(units: list[Unit]) -> list[tuple]:
     return [(u.id, u.text, u.parent_id, u.level, u.metadata["cluster_id"], u.metadata["cluster_rank"],
-             round(u.score, 4), {k: v for k, v in u.metadata.items() if k not in ("scores", "cluster_score")})
+             round(u.score, 4), round(u.metadata["document_score"], 4),
+             {k: v for k, v in u.metadata.items() if k not in ("scores", "cluster_score", "document_score")})
             for u in units]
 
 
