@@ -123,6 +123,26 @@ def _end_token_id(tokenizer: Any) -> int | None:
     return tokenizer.eos_token_id
 
 
+def _forget_gguf_origin(model: Any) -> None:
+    """Let a model loaded from a GGUF file be saved as a plain checkpoint.
+
+    transformers dequantises GGUF weights on load but keeps a GGUF "quantizer" on the model and a
+    ``quantization_config`` in its config; ``save_pretrained`` then refuses ("quantized with gguf
+    and is not serializable") and a saved config would send the next ``from_pretrained`` looking
+    for the GGUF file. The weights are ordinary float tensors by now, so both are dropped.
+    """
+    quantizer = getattr(model, "hf_quantizer", None)
+    qconf = getattr(model.config, "quantization_config", None)
+    method = getattr(getattr(quantizer, "quantization_config", None), "quant_method", None)
+    if method is None and qconf is not None:
+        method = qconf.get("quant_method") if isinstance(qconf, dict) else getattr(qconf, "quant_method", None)
+    if str(getattr(method, "value", method)).lower() != "gguf":
+        return
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+
+
 def train_rankrag(llm: Any, examples: Sequence[RankRAGExample], output_dir: str | os.PathLike, *,
                   lora: bool = True, lora_r: int = 16, lora_alpha: int = 32,
                   lora_dropout: float = 0.05,
@@ -217,6 +237,7 @@ def train_rankrag(llm: Any, examples: Sequence[RankRAGExample], output_dir: str 
     model.eval()
     if lora:
         model = model.merge_and_unload()
+    _forget_gguf_origin(model)
     out_dir = Path(output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
