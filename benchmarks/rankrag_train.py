@@ -166,6 +166,7 @@ def main() -> None:
     ap.add_argument("--probe-steps", type=int, default=1, help="timed steps per dtype (after 1 warm-up)")
     ap.add_argument("--probe-batch", type=int, default=2, help="examples in the timed batch")
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (the dtype probe is CPU-only)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=REPO / "models" / "rankrag-smollm2-135m")
     ap.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "rankrag_train.json")
@@ -211,17 +212,17 @@ def main() -> None:
     encoded = [encode_example(tok, probe_llm.format_prompt, e, args.max_length) for e in blend]
     lengths = sorted(len(x) for x, _ in encoded)
     probe: dict = {}
-    if args.dtype == "auto":
+    if args.dtype == "auto" and args.device == "cpu":
         batch = collate(encoded[:args.probe_batch], tok.pad_token_id or 0)
         for dt in ("float32", "bfloat16"):
             probe[dt] = round(time_steps(model_dir, dt, batch, args.probe_steps, args.threads, lora_kw), 3)
             print(f"probe {dt}: {probe[dt]} s/step", flush=True)
         dtype = min(probe, key=probe.get)
     else:
-        dtype = args.dtype
+        dtype = "float32" if args.dtype == "auto" else args.dtype
     del probe_llm
 
-    llm = TransformersLLM(model_dir, device="cpu", torch_dtype=dtype, max_length=args.max_length)
+    llm = TransformersLLM(model_dir, device=args.device, torch_dtype=dtype, max_length=args.max_length)
     curve: list[dict] = []
 
     def log(row: dict) -> None:
