@@ -36,6 +36,11 @@ def test_blend_labels_and_qa_share():
         assert (e.target == "True") == positive
     assert sorted(e.target for e in qa) == ["BM25", "Paris", "Shakespeare"]
     assert not [e for e in rankrag_blend(RECORDS, rank_prompt=PROMPT, qa_share=0.0) if e.kind == "qa"]
+    many = [dict(RECORDS[0], question=f"q{i}?") for i in range(32)]
+    for share, expect in ((0.25, 8), (0.5, 16)):          # an exact share, not a coin per question
+        qa_n = [sum(e.kind == "qa" for e in rankrag_blend(many, rank_prompt=PROMPT, qa_share=share, seed=s))
+                for s in range(5)]
+        assert qa_n == [expect] * 5, qa_n
     with pytest.raises(ValueError, match="qa_share"):
         rankrag_blend(RECORDS, rank_prompt=PROMPT, qa_share=2.0)
 

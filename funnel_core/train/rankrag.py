@@ -75,7 +75,8 @@ def rankrag_blend(records: Sequence[dict], *, rank_prompt: str, qa_prompt: str =
             scorer uses (e.g. ``RankRAGScorer(...).prompt``).
         qa_prompt: Answer-generation template (``{question}``, ``{passage}``).
         negatives_per_question: ``False`` examples per question (``True`` examples: one).
-        qa_share: Share of the questions that also give an answer-generation example.
+        qa_share: Share of the questions (with answers) that also give an answer-generation
+            example: exactly ``round(qa_share * n)`` of them, drawn with ``seed``.
         max_passage_words: Passages are cut as ``RankRAGScorer`` cuts them.
         seed: Shuffling seed (the returned list is shuffled).
     """
@@ -83,14 +84,18 @@ def rankrag_blend(records: Sequence[dict], *, rank_prompt: str, qa_prompt: str =
         raise ValueError(f"qa_share must be in [0, 1], got {qa_share}.")
     check_positive_int(negatives_per_question, "negatives_per_question")
     rng = random.Random(seed)
+    # exactly round(qa_share * n) of the questions with answers give a QA example (a per-question
+    # coin flip gave 1 of 32 at qa_share=0.25 with seed 0)
+    answered = [i for i, r in enumerate(records) if r.get("answers")]
+    qa_rows = set(rng.sample(answered, round(qa_share * len(answered))))
     out: list[RankRAGExample] = []
-    for r in records:
+    for row, r in enumerate(records):
         q, pos = r["question"], _cut(r["positive"], max_passage_words)
         out.append(RankRAGExample(rank_prompt.format(question=q, passage=pos), "True", "rank"))
         for neg in list(r["negatives"])[:negatives_per_question]:
             out.append(RankRAGExample(rank_prompt.format(question=q, passage=_cut(neg, max_passage_words)),
                                       "False", "rank"))
-        if r.get("answers") and rng.random() < qa_share:
+        if row in qa_rows:
             out.append(RankRAGExample(qa_prompt.format(question=q, passage=pos), r["answers"][0], "qa"))
     rng.shuffle(out)
     return out
