@@ -457,7 +457,12 @@ def block_rankrag_tuned() -> str:
             f"(`benchmarks/results/rankrag_train.json`).\n\n")
     table = md_table(["system", "SQuAD AR@1", "AR@2", "AR@3", "AR@4", "AR@4 95% interval",
                       "SciFact nDCG@10 (95% interval)", "s/query p50 / p95 (SQuAD / SciFact)"], rows)
-    tail = "\n\n" + "; ".join(worse) + "."
+    distinct = {k: sorted(len(set(q["scores"][k])) for q in d["per_query"])
+                for k in ("smollm2_zeroshot", "smollm2_rankrag")}
+    ties = ("Distinct P(True) values among the " + str(d["setup"]["depth"]) + " candidates of a query "
+            f"({d['setup']['llm_dtype']} logits; ties keep BM25's order), median: zero-shot "
+            + " / tuned ".join(str(v[len(v) // 2]) for v in distinct.values() if v) + ".")
+    tail = "\n\n" + "; ".join(worse) + ".\n\n" + ties
     return head + table + tail
 
 
