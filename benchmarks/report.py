@@ -794,8 +794,58 @@ def block_l2g_squad(name: str = "l2g_squad.json") -> str:
 def block_l2g_squad_ce_init() -> str:
     return block_l2g_squad("l2g_squad_ce_init.json")
 
+
+@block("rankrag-tuned")
+def block_rankrag_tuned() -> str:
+    """RankRAG zero-shot vs tuned SmolLM2, BM25 and the SQuAD CE (bench_rankrag_tuned.py)."""
+    d, r = load("rankrag_tuned.json"), load("rankrag_tuned.json")["results"]
+    sq, sf = r.get("squad_dev_a"), r.get("scifact_test")
+    labels = {"bm25": "BM25 (no reranking)", "ce": "cross-encoder (MiniLM, SQuAD-trained)",
+              "smollm2_zeroshot": "SmolLM2-135M zero-shot, P(True)", "smollm2_rankrag": "SmolLM2-135M RankRAG-tuned, P(True)"}
+    rows, worse = [], []
+    for s, label in labels.items():
+        a, b = (sq["systems"][s] if sq else None), (sf["systems"][s] if sf else None)
+        row = [label]
+        row += ([f"{a[f'AR@{k}']:.3f}" for k in (1, 2, 3, 4)] + [ci(a["AR@4_ci95"])] if a else ["-"] * 5)
+        row += [f"{b['nDCG@10']:.3f} {ci(b['nDCG@10_ci95'])}" if b else "-"]
+        secs = [x for x in (a, b) if x]
+        row += [" / ".join(f"{x['seconds_per_query_p50']:.1f} / {x['seconds_per_query_p95']:.1f}" for x in secs)]
+        rows.append(row)
+        if s in ("ce", "smollm2_rankrag"):
+            for blk, m, name in ((a, "AR@4", "SQuAD dev-a AR@4"), (b, "nDCG@10", "SciFact nDCG@10")):
+                if blk and blk[m] < (sq if m == "AR@4" else sf)["systems"]["bm25"][m]:
+                    diff = blk[f"{m}_minus_bm25"]
+                    worse.append(f"{label} is worse than BM25 on {name} ({blk[m]:.3f} vs "
+                                 f"{(sq if m == 'AR@4' else sf)['systems']['bm25'][m]:.3f}; paired difference "
+                                 f"{diff['difference']:+.3f}, 95% interval {ci(diff['ci95'])})")
+    for blk, m, name in ((sq, "AR@4", "SQuAD dev-a AR@4"), (sf, "nDCG@10", "SciFact nDCG@10")):
+        if not blk:
+            continue
+        tuned, zs, ce_ = (blk["systems"][k][m] for k in ("smollm2_rankrag", "smollm2_zeroshot", "ce"))
+        vs_zs = blk[f"rankrag_minus_smollm2_zeroshot_{m}"]
+        worse.append(f"on {name} the tuning moved SmolLM2 from {zs:.3f} to {tuned:.3f} (paired difference "
+                     f"{vs_zs['difference']:+.3f}, 95% interval {ci(vs_zs['ci95'])})"
+                     + (f" and the tuned model is worse than the cross-encoder ({ce_:.3f})" if tuned < ce_ else ""))
+    t = (d["setup"].get("training") or {}).get("train", {})
+    head = (f"Command: `{d['command']}`; SQuAD dev-a: {sq['queries'] if sq else 0} questions, SciFact test: "
+            f"{sf['queries'] if sf else 0} queries (seeded samples, the run's time cap decided n); BM25 top-"
+            f"{d['setup']['depth']} reranked; LLM dtype {d['setup']['llm_dtype']}; load average "
+            f"{d['machine']['load_avg_start']} at start, {d['machine']['load_avg_now']} at the end "
+            f"({d['machine']['cpu_count']} shared CPU cores). Tuned model: {t.get('steps', '?')} LoRA steps, "
+            f"{t.get('examples_seen', '?')} examples, {t.get('seconds', 0):.0f} s "
+            f"(`benchmarks/results/rankrag_train.json`).\n\n")
+    tbl = table(["system", "SQuAD AR@1", "AR@2", "AR@3", "AR@4", "AR@4 95% interval",
+                 "SciFact nDCG@10 (95% interval)", "s/query p50 / p95 (SQuAD / SciFact)"], rows)
+    distinct = {k: sorted(len(set(q["scores"][k])) for q in d["per_query"])
+                for k in ("smollm2_zeroshot", "smollm2_rankrag")}
+    ties = ("Distinct P(True) values among the " + str(d["setup"]["depth"]) + " candidates of a query "
+            f"({d['setup']['llm_dtype']} logits; ties keep BM25's order), median: zero-shot "
+            + " / tuned ".join(str(v[len(v) // 2]) for v in distinct.values() if v) + ".")
+    tail = "\n\n" + "; ".join(worse) + ".\n\n" + ties
+    return head + tbl + tail
+
 FILES = [ROOT / "README.md", ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "clustering.md",
-         ROOT / "docs" / "funnel.md", ROOT / "docs" / "prerank.md"]
+         ROOT / "docs" / "funnel.md", ROOT / "docs" / "prerank.md", ROOT / "docs" / "llm_retrieval.md"]
 MARK = re.compile(r"(<!-- results:([a-z0-9-]+):begin -->\n)(.*?)(<!-- results:\2:end -->)", re.S)
 
 

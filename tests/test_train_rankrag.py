@@ -36,6 +36,11 @@ def test_blend_labels_and_qa_share():
         assert (e.target == "True") == positive
     assert sorted(e.target for e in qa) == ["BM25", "Paris", "Shakespeare"]
     assert not [e for e in rankrag_blend(RECORDS, rank_prompt=PROMPT, qa_share=0.0) if e.kind == "qa"]
+    many = [dict(RECORDS[0], question=f"q{i}?") for i in range(32)]
+    for share, expect in ((0.25, 8), (0.5, 16)):          # an exact share, not a coin per question
+        qa_n = [sum(e.kind == "qa" for e in rankrag_blend(many, rank_prompt=PROMPT, qa_share=share, seed=s))
+                for s in range(5)]
+        assert qa_n == [expect] * 5, qa_n
     with pytest.raises(ValueError, match="qa_share"):
         rankrag_blend(RECORDS, rank_prompt=PROMPT, qa_share=2.0)
 
@@ -109,3 +114,31 @@ def test_lora_adapters_are_trained_and_merged(tiny_llama_path, tmp_path):
     assert not torch.allclose(tuned[q], base[q])                # the merge changed a target layer
     norm = "model.norm.weight"
     assert torch.equal(tuned[norm], base[norm])                 # a non-target tensor is untouched
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("os").environ.get("FUNNEL_SLOW"),
+                    reason="set FUNNEL_SLOW=1 (loads SmolLM2 from its GGUF file, ~1 min)")
+def test_a_model_loaded_from_gguf_is_saved_as_a_plain_checkpoint(tmp_path):
+    # transformers refuses to save a GGUF-loaded model ("quantized with gguf ... not serializable")
+    # and would write a quantization_config pointing at the GGUF file: a whole training run would
+    # crash at its very end. The saved folder must load with a plain from_pretrained.
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from funnel_core.llm import TransformersLLM
+    from funnel_core.testing import SMOLLM2_GGUF, smollm2_path
+    from funnel_core.train.rankrag import RankRAGExample, train_rankrag
+
+    llm = TransformersLLM(smollm2_path(), gguf_file=SMOLLM2_GGUF, device="cpu")
+    res = train_rankrag(llm, [RankRAGExample("Passage: Paris is in France. Relevant?", "True")],
+                        tmp_path / "tuned", lora=True, epochs=1, batch_size=1, max_length=48)
+    assert res.steps == 1
+    assert "quantization_config" not in json.loads((tmp_path / "tuned" / "config.json").read_text())
+    reloaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "tuned"), dtype=torch.float32)
+    trained = llm._model.get()[0]              # the adapters are merged into this very model
+    ids = torch.tensor([[1, 504, 3458, 314, 4649, 30]])
+    with torch.inference_mode():
+        assert torch.allclose(reloaded(input_ids=ids).logits, trained(input_ids=ids).logits, atol=1e-4)

