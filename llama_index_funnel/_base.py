@@ -140,7 +140,9 @@ def units_to_nodes(units: Sequence[Unit],
     for u in units:  # parents that came through the stages themselves
         if isinstance(u.source, BaseNode):
             by_id.setdefault(u.id, u.source)
-    lookup: Mapping[str, BaseNode] = ChainMap(by_id, originals) if isinstance(originals, Mapping) else by_id
+    lookup: Mapping[str, BaseNode] = by_id
+    if isinstance(originals, Mapping):  # read-only view: ours first, then the retriever's dict
+        lookup = ChainMap(by_id, originals)  # type: ignore[arg-type]  # ChainMap only reads it
     return [NodeWithScore(node=unit_to_node(u, lookup, annotate), score=u.score) for u in units]
 
 
