@@ -37,8 +37,8 @@ for p in (str(REPO), str(REPO / "benchmarks")):
 from common import parser  # noqa: E402
 
 RUNTIMES = {  # name -> CrossEncoderScorer keyword arguments
-    "torch-fp32": {"runtime": "torch", "bf16": False},
-    "torch-bf16": {"runtime": "torch", "bf16": True},
+    "torch-fp32": {"runtime": "torch", "dtype": "float32"},
+    "torch-bf16": {"runtime": "torch", "dtype": "bfloat16"},
     "onnx-fp32": {"runtime": "onnx"},
     "onnx-int8": {"runtime": "onnx-int8"},
     "openvino": {"runtime": "openvino"},

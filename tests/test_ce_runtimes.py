@@ -32,6 +32,8 @@ def model(tiny_cross_encoder_path, tmp_path) -> str:
 
 
 def _scores(model: str, backend: str, runtime: str, **kw) -> list[float]:
+    if runtime == "torch":
+        kw.setdefault("dtype", "float32")
     return CrossEncoderScorer(model, backend=backend, runtime=runtime, max_length=48, batch_size=4,
                               **kw).score(QUERY, TEXTS)
 
@@ -51,7 +53,10 @@ def test_onnx_int8_is_a_quantised_file_with_close_scores(model):
     folder = Path(model) / "funnel_onnx"
     manifest = json.loads((folder / "funnel_export.json").read_text())
     assert set(manifest["files"]) == {"model.onnx", "model_int8.onnx"}
-    assert (folder / "model_int8.onnx").stat().st_size < 0.6 * (folder / "model.onnx").stat().st_size
+    onnx = pytest.importorskip("onnx")
+    ops = {n.op_type for n in onnx.load(str(folder / "model_int8.onnx")).graph.node}
+    assert {"DynamicQuantizeLinear", "MatMulInteger"} <= ops  # int8 MatMuls, not the fp32 graph
+    assert "MatMulInteger" not in {n.op_type for n in onnx.load(str(folder / "model.onnx")).graph.node}
     assert int8 != fp32  # really the quantised graph
     assert int8 == pytest.approx(fp32, abs=1e-2)
 
@@ -59,7 +64,8 @@ def test_onnx_int8_is_a_quantised_file_with_close_scores(model):
 def test_openvino_runs_the_export(model):
     pytest.importorskip("openvino")
     ref = _scores(model, "transformers", "torch")
-    scorer = CrossEncoderScorer(model, backend="transformers", runtime="openvino", max_length=48)
+    scorer = CrossEncoderScorer(model, backend="transformers", runtime="openvino", max_length=48,
+                                batch_size=4)
     assert scorer.score(QUERY, TEXTS) == pytest.approx(ref, abs=1e-3)  # bf16 inference where native
     assert scorer.active_runtime == "openvino"
 
@@ -143,3 +149,16 @@ def test_explicit_bf16_keeps_torch_under_auto(model):
     scorer = CrossEncoderScorer(model, backend="transformers", bf16=True, max_length=48)
     scorer.score(QUERY, TEXTS[:2])
     assert scorer.active_runtime == "torch"
+
+
+def test_torch_dtype_auto_follows_the_hardware(model):
+    from funnel_core.hardware import cpu_flags, decide_dtype
+
+    scorer = CrossEncoderScorer(model, backend="transformers", runtime="torch", device="cpu")
+    scorer.score(QUERY, TEXTS[:2])
+    assert scorer.active_dtype == decide_dtype("auto", "cpu", cpu_flags()).dtype
+    fp32 = CrossEncoderScorer(model, backend="transformers", runtime="torch", dtype="fp32")
+    fp32.score(QUERY, TEXTS[:2])
+    assert fp32.active_dtype == "float32"
+    with pytest.raises(ValueError, match="dtype"):
+        CrossEncoderScorer(model, runtime="onnx", dtype="bf16")

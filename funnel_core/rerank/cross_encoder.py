@@ -100,6 +100,11 @@ class CrossEncoderScorer(Reranker):
             backend (passage-only truncation) and the ``"sentence-transformers"`` backend (the
             tokenizer's pair truncation, as sentence-transformers does); the export is cached
             next to the model (``<model>/funnel_onnx/``) or under ``export_dir``.
+        dtype: Torch-runtime precision: ``"auto"`` (default; :mod:`funnel_core.hardware`: bf16
+            autocast only where native — AVX-512-BF16/AMX CPUs, GPUs of compute capability >= 8 —,
+            fp16 on older GPUs, fp32 otherwise), ``"float32"``, ``"bfloat16"``, ``"float16"``.
+            ``bf16=True`` / ``fp16=True|False`` are explicit requests that override it. An
+            explicit bf16 request on hardware without native bf16 warns once.
         export_dir: Folder for the ONNX export (``None``: next to a local model folder when
             writable, else ``$FUNNEL_RAG_CACHE/ce_export/...``).
     """
@@ -114,7 +119,8 @@ class CrossEncoderScorer(Reranker):
                  score_threshold: float | None = None, window_words: int | None = None,
                  window_overlap: int = 0, fuse_weight: float | None = None,
                  name: str | None = None, model_kwargs: dict[str, Any] | None = None,
-                 runtime: str = "auto", export_dir: str | os.PathLike | None = None) -> None:
+                 runtime: str = "auto", export_dir: str | os.PathLike | None = None,
+                 dtype: str = "auto") -> None:
         super().__init__(top_n=top_n, score_threshold=score_threshold, normalize=normalize,
                          batch_size=batch_size, name=name)
         if backend not in BACKENDS:
@@ -152,20 +158,33 @@ class CrossEncoderScorer(Reranker):
         if runtime not in ("auto", "torch") and (bf16 or fp16):
             raise ValueError(f"bf16/fp16 apply to runtime='torch', not {runtime!r}; drop them or "
                              "pass runtime='torch'.")
+        from funnel_core.hardware import normalize_dtype
+
+        self.dtype = normalize_dtype(dtype)
+        if runtime not in ("auto", "torch") and self.dtype not in ("auto", "float32"):
+            raise ValueError(f"dtype={dtype!r} applies to runtime='torch', not {runtime!r}; pass "
+                             "dtype='auto' or runtime='torch'.")
+        self.active_dtype: str | None = None  # what the torch runtime resolved "auto" to
         self.runtime = runtime
         self.export_dir = None if export_dir is None else os.fspath(export_dir)
         self.active_runtime: str | None = None  # what "auto" resolved to, once loaded
         self._model = LazyModel(self._load)
 
     # -- loading ---------------------------------------------------------------------------
-    def _use_fp16(self, device: str) -> bool:
-        return device.startswith("cuda") and self.fp16 is not False
+    def _requested_dtype(self) -> str:
+        if self.bf16:
+            return "bfloat16"
+        if self.fp16 is not None:
+            return "float16" if self.fp16 else "float32"
+        return self.dtype
 
     def _load(self) -> Callable[[list[str], list[str]], list[float]]:
+        from funnel_core.hardware import resolve_dtype
+
         device = resolve_device(self.device)
-        fp16 = self._use_fp16(device)
         runtime = choose_runtime(self.runtime, device, self.backend)
-        if runtime == "auto" or (self.runtime == "auto" and (self.bf16 or fp16)):
+        explicit = self.bf16 or bool(self.fp16) or self.dtype not in ("auto", "float32")
+        if self.runtime == "auto" and explicit:
             runtime = "torch"  # an explicit torch precision request keeps torch
         self.active_runtime = runtime
         if runtime != "torch":
@@ -173,6 +192,8 @@ class CrossEncoderScorer(Reranker):
                 raise ValueError(f"runtime {runtime!r} runs on the CPU, but device={device!r}; "
                                  "pass device='cpu' or runtime='torch'.")
             return self._load_onnx(runtime)
+        self.active_dtype = resolve_dtype(self._requested_dtype(), device)
+        fp16 = self.active_dtype == "float16"
         if self.backend == "sentence-transformers":
             return self._load_st(device, fp16)
         if self.backend == "flagembedding":
@@ -189,11 +210,14 @@ class CrossEncoderScorer(Reranker):
         model = load_pretrained(CrossEncoder, self.model_name, what="cross-encoder", device=device,
                                 max_length=self.max_length, model_kwargs=kwargs or None)
         identity = torch.nn.Identity()
+        autocast = dict(device_type=torch.device(device).type, dtype=torch.bfloat16,
+                        enabled=self.active_dtype == "bfloat16")
 
         def score(queries: list[str], texts: list[str]) -> list[float]:
-            out = model.predict(list(zip(queries, texts)), batch_size=self.batch_size,
-                                activation_fn=identity, show_progress_bar=False,
-                                convert_to_numpy=True)
+            with torch.autocast(**autocast):
+                out = model.predict(list(zip(queries, texts)), batch_size=self.batch_size,
+                                    activation_fn=identity, show_progress_bar=False,
+                                    convert_to_numpy=True)
             if out.ndim > 1:  # several labels: the last one is "relevant"
                 out = out[:, -1]
             return out.tolist()
@@ -225,7 +249,7 @@ class CrossEncoderScorer(Reranker):
                                 self.model_name, what="cross-encoder", **self.model_kwargs)
         model = (model.half() if fp16 else model).to(device).eval()
         autocast = dict(device_type=torch.device(device).type, dtype=torch.bfloat16,
-                        enabled=self.bf16 and not fp16)
+                        enabled=self.active_dtype == "bfloat16")
 
         @torch.inference_mode()
         def score(queries: list[str], texts: list[str]) -> list[float]:
@@ -329,4 +353,5 @@ class CrossEncoderScorer(Reranker):
     def __repr__(self) -> str:
         return (f"CrossEncoderScorer(model={self.model_name!r}, backend={self.backend!r}, "
                 f"max_length={self.max_length}, batch_size={self.batch_size}, "
-                f"window_words={self.window_words}, bf16={self.bf16}, runtime={self.runtime!r})")
+                f"window_words={self.window_words}, bf16={self.bf16}, runtime={self.runtime!r}, "
+                f"dtype={self.dtype!r})")
