@@ -56,16 +56,16 @@ def throughput(model_path: str, pairs: list[tuple[str, str]], *, max_length: int
     from funnel_core.rerank.cross_encoder import CrossEncoderScorer
 
     ours = CrossEncoderScorer(model_path, backend="sentence-transformers", device="cpu",
-                              max_length=max_length, batch_size=batch_size).load()
-    direct = ours._model.get().model  # the very same sentence_transformers.CrossEncoder
+                              max_length=max_length, batch_size=batch_size, runtime="torch").load()
+    direct = ours._model.get().model  # the very same sentence_transformers.CrossEncoder (torch runtime)
     identity = torch.nn.Identity()
     qs, ts = [q for q, _ in pairs], [t for _, t in pairs]
     sorted_s = CrossEncoderScorer(model_path, backend="transformers", device="cpu",
                                   max_length=max_length, batch_size=batch_size,
-                                  sort_by_length=True).load()
+                                  sort_by_length=True, runtime="torch").load()
     unsorted_s = CrossEncoderScorer(model_path, backend="transformers", device="cpu",
                                     max_length=max_length, batch_size=batch_size,
-                                    sort_by_length=False).load()
+                                    sort_by_length=False, runtime="torch").load()
     runs = {
         "direct_predict": lambda: direct.predict(pairs, batch_size=batch_size, activation_fn=identity,
                                                  show_progress_bar=False, convert_to_numpy=True),

@@ -40,12 +40,13 @@ DEFAULT_DATA = os.environ.get("FUNNEL_DATA", str(REPO.parent / "shared" / "data"
 DEFAULT_OUT = "models/minilm-scifact-ce"
 
 #: Training settings of the published model (chosen without looking at SciFact test).
-#: Sized for 2 CPU cores: 192 tokens, frozen embeddings, bf16 autocast, 2 epochs of the listwise
+#: Sized for 2 CPU cores: 192 tokens, frozen embeddings, dtype "auto" (bf16 autocast only on a CPU
+#: with native bf16, as the published model was trained; fp32 elsewhere), 2 epochs of the listwise
 #: loss over 1 positive + 5 BM25 hard negatives, 45 min cap. (The first model, 137 steps of BPR with
 #: 3 negatives, did not beat BM25 even on its own training queries: it was under-trained.)
 CONFIG = dict(max_length=192, learning_rate=5e-5, head_learning_rate=5e-4, weight_decay=0.01,
               warmup_ratio=0.1, epochs=2, num_negatives=5, queries_per_step=4, loss="listwise",
-              freeze_embeddings=True, freeze_layers=0, bf16=True, max_seconds=45 * 60, seed=0)
+              freeze_embeddings=True, freeze_layers=0, dtype="auto", max_seconds=45 * 60, seed=0)
 #: BM25 depth the negatives are drawn from. Measured on SciFact test (nDCG@10 reranking BM25 top-10 /
 #: top-100): negatives from the top-100 (this model, results/prerank.json) 0.694 / 0.661; negatives
 #: from the top-30 (results/prerank_negdepth30.json) 0.702 / 0.673. Deeper negatives did not help the

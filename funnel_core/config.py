@@ -282,7 +282,8 @@ class CrossEncoderConfig(StageConfig):
 
     stage_path: ClassVar[str] = "funnel_core.rerank.cross_encoder:CrossEncoderScorer"
     model_keys: ClassVar[tuple[str, ...]] = ("model", "backend", "device", "fp16", "bf16",
-                                              "model_kwargs", "max_length")
+                                              "model_kwargs", "max_length", "runtime",
+                                              "export_dir", "dtype")
 
     model: Optional[str] = doc("Hub name or local folder; None = the backend's default model.",
                                None)
@@ -305,6 +306,12 @@ class CrossEncoderConfig(StageConfig):
                                        "interpolation; None = off.", None)
     name: Optional[str] = doc("Stage name in traces and score histories.", None)
     model_kwargs: Optional[dict] = doc("Extra keyword arguments of the model loader.", None)
+    runtime: str = doc("auto | torch | onnx | onnx-int8 | openvino (auto: torch on a GPU, the "
+                       "fastest safe measured runtime on a CPU).", "auto")
+    export_dir: Optional[str] = doc("Folder of the ONNX export; None = next to the model or the "
+                                    "user cache.", None)
+    dtype: str = doc("auto | float32 | bfloat16 | float16 (torch runtime; auto: bf16 only where "
+                     "the hardware runs it natively).", "auto")
 
 
 @dataclass(frozen=True)

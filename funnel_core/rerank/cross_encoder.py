@@ -34,11 +34,12 @@ from typing import Any, Callable, Sequence
 from funnel_core.config import CrossEncoderConfig, configured
 from funnel_core.errors import check_positive_int, check_probability
 from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolve_device, tokenizer_lock
+from funnel_core.rerank.runtimes import RUNTIMES, OnnxSession, choose_runtime, export_onnx, score_batches
 from funnel_core.scoring import minmax  # noqa: F401 (re-exported: funnel_core.rerank.cross_encoder.minmax)
 from funnel_core.text import word_windows
 from funnel_core.units import Unit
 
-__all__ = ["CrossEncoderScorer", "encode_pairs", "BACKENDS", "DEFAULT_MODELS", "minmax"]
+__all__ = ["CrossEncoderScorer", "encode_pairs", "BACKENDS", "RUNTIMES", "DEFAULT_MODELS", "minmax"]
 
 BACKENDS = ("sentence-transformers", "flagembedding", "transformers")
 DEFAULT_MODELS = {
@@ -91,6 +92,21 @@ class CrossEncoderScorer(Reranker):
             ``(1 - w) * minmax(ce) + w * minmax(previous)``; ``None`` (default) = pure cross-encoder.
         name: Stage name (key in ``metadata["scores"]``).
         model_kwargs: Extra keyword arguments for the backend's loader.
+        runtime: Where the model runs (:mod:`funnel_core.rerank.runtimes`): ``"torch"``,
+            ``"onnx"`` (onnxruntime fp32, scores equal to torch fp32), ``"onnx-int8"`` (dynamic
+            int8 quantisation), ``"openvino"``, or ``"auto"`` (default: torch on a GPU, the
+            fastest safe CPU runtime measured in ``benchmarks/results/ce_backends.json`` on a
+            CPU when onnxruntime is installed). Non-torch runtimes serve the ``"transformers"``
+            backend (passage-only truncation) and the ``"sentence-transformers"`` backend (the
+            tokenizer's pair truncation, as sentence-transformers does); the export is cached
+            next to the model (``<model>/funnel_onnx/``) or under ``export_dir``.
+        dtype: Torch-runtime precision: ``"auto"`` (default; :mod:`funnel_core.hardware`: bf16
+            autocast only where native — AVX-512-BF16/AMX CPUs, GPUs of compute capability >= 8 —,
+            fp16 on older GPUs, fp32 otherwise), ``"float32"``, ``"bfloat16"``, ``"float16"``.
+            ``bf16=True`` / ``fp16=True|False`` are explicit requests that override it. An
+            explicit bf16 request on hardware without native bf16 warns once.
+        export_dir: Folder for the ONNX export (``None``: next to a local model folder when
+            writable, else ``$FUNNEL_RAG_CACHE/ce_export/...``).
     """
 
     name = "cross_encoder"
@@ -102,7 +118,9 @@ class CrossEncoderScorer(Reranker):
                  top_n: int | None = None,
                  score_threshold: float | None = None, window_words: int | None = None,
                  window_overlap: int = 0, fuse_weight: float | None = None,
-                 name: str | None = None, model_kwargs: dict[str, Any] | None = None) -> None:
+                 name: str | None = None, model_kwargs: dict[str, Any] | None = None,
+                 runtime: str = "auto", export_dir: str | os.PathLike | None = None,
+                 dtype: str = "auto") -> None:
         super().__init__(top_n=top_n, score_threshold=score_threshold, normalize=normalize,
                          batch_size=batch_size, name=name)
         if backend not in BACKENDS:
@@ -131,15 +149,51 @@ class CrossEncoderScorer(Reranker):
         self.window_overlap = window_overlap
         self.fuse_weight = None if fuse_weight is None else check_probability(fuse_weight, "fuse_weight")
         self.model_kwargs = dict(model_kwargs or {})
+        if runtime not in RUNTIMES:
+            raise ValueError(f"unknown cross-encoder runtime {runtime!r}; choose one of {RUNTIMES}.")
+        if runtime not in ("auto", "torch") and backend == "flagembedding":
+            raise ValueError(f"runtime {runtime!r} serves the 'transformers' and "
+                             "'sentence-transformers' backends, not 'flagembedding'; pass "
+                             "backend='transformers' (same model folder) or runtime='torch'.")
+        if runtime not in ("auto", "torch") and (bf16 or fp16):
+            raise ValueError(f"bf16/fp16 apply to runtime='torch', not {runtime!r}; drop them or "
+                             "pass runtime='torch'.")
+        from funnel_core.hardware import normalize_dtype
+
+        self.dtype = normalize_dtype(dtype)
+        if runtime not in ("auto", "torch") and self.dtype not in ("auto", "float32"):
+            raise ValueError(f"dtype={dtype!r} applies to runtime='torch', not {runtime!r}; pass "
+                             "dtype='auto' or runtime='torch'.")
+        self.active_dtype: str | None = None  # what the torch runtime resolved "auto" to
+        self.runtime = runtime
+        self.export_dir = None if export_dir is None else os.fspath(export_dir)
+        self.active_runtime: str | None = None  # what "auto" resolved to, once loaded
         self._model = LazyModel(self._load)
 
     # -- loading ---------------------------------------------------------------------------
-    def _use_fp16(self, device: str) -> bool:
-        return device.startswith("cuda") and self.fp16 is not False
+    def _requested_dtype(self) -> str:
+        if self.bf16:
+            return "bfloat16"
+        if self.fp16 is not None:
+            return "float16" if self.fp16 else "float32"
+        return self.dtype
 
     def _load(self) -> Callable[[list[str], list[str]], list[float]]:
+        from funnel_core.hardware import resolve_dtype
+
         device = resolve_device(self.device)
-        fp16 = self._use_fp16(device)
+        runtime = choose_runtime(self.runtime, device, self.backend)
+        explicit = self.bf16 or bool(self.fp16) or self.dtype not in ("auto", "float32")
+        if self.runtime == "auto" and explicit:
+            runtime = "torch"  # an explicit torch precision request keeps torch
+        self.active_runtime = runtime
+        if runtime != "torch":
+            if not device.startswith("cpu"):
+                raise ValueError(f"runtime {runtime!r} runs on the CPU, but device={device!r}; "
+                                 "pass device='cpu' or runtime='torch'.")
+            return self._load_onnx(runtime)
+        self.active_dtype = resolve_dtype(self._requested_dtype(), device)
+        fp16 = self.active_dtype == "float16"
         if self.backend == "sentence-transformers":
             return self._load_st(device, fp16)
         if self.backend == "flagembedding":
@@ -156,11 +210,14 @@ class CrossEncoderScorer(Reranker):
         model = load_pretrained(CrossEncoder, self.model_name, what="cross-encoder", device=device,
                                 max_length=self.max_length, model_kwargs=kwargs or None)
         identity = torch.nn.Identity()
+        autocast = dict(device_type=torch.device(device).type, dtype=torch.bfloat16,
+                        enabled=self.active_dtype == "bfloat16")
 
         def score(queries: list[str], texts: list[str]) -> list[float]:
-            out = model.predict(list(zip(queries, texts)), batch_size=self.batch_size,
-                                activation_fn=identity, show_progress_bar=False,
-                                convert_to_numpy=True)
+            with torch.autocast(**autocast):
+                out = model.predict(list(zip(queries, texts)), batch_size=self.batch_size,
+                                    activation_fn=identity, show_progress_bar=False,
+                                    convert_to_numpy=True)
             if out.ndim > 1:  # several labels: the last one is "relevant"
                 out = out[:, -1]
             return out.tolist()
@@ -192,7 +249,7 @@ class CrossEncoderScorer(Reranker):
                                 self.model_name, what="cross-encoder", **self.model_kwargs)
         model = (model.half() if fp16 else model).to(device).eval()
         autocast = dict(device_type=torch.device(device).type, dtype=torch.bfloat16,
-                        enabled=self.bf16 and not fp16)
+                        enabled=self.active_dtype == "bfloat16")
 
         @torch.inference_mode()
         def score(queries: list[str], texts: list[str]) -> list[float]:
@@ -212,6 +269,32 @@ class CrossEncoderScorer(Reranker):
 
         score.model = model  # type: ignore[attr-defined]
         score.tokenizer = tokenizer  # type: ignore[attr-defined]
+        return score
+
+    def _load_onnx(self, runtime: str):
+        from transformers import AutoTokenizer
+
+        path = export_onnx(self.model_name, int8=runtime == "onnx-int8", cache_dir=self.export_dir,
+                           model_kwargs=self.model_kwargs)
+        session = OnnxSession(path, engine="openvino" if runtime == "openvino" else "onnxruntime")
+        tokenizer = load_pretrained(AutoTokenizer.from_pretrained, self.model_name, what="tokenizer")
+
+        if self.backend == "transformers":
+            def tokenize(queries: list[str], texts: list[str]) -> Any:
+                return encode_pairs(tokenizer, queries, texts, self.max_length, return_tensors="np")
+        else:  # sentence-transformers: the tokenizer's own pair truncation ("longest_first")
+            def tokenize(queries: list[str], texts: list[str]) -> Any:
+                with tokenizer_lock(tokenizer):
+                    return tokenizer(queries, texts, truncation=True, padding=True,
+                                     max_length=self.max_length, return_tensors="np")
+
+        def score(queries: list[str], texts: list[str]) -> list[float]:
+            return score_batches(session, tokenize, queries, texts, self.batch_size,
+                                 self.sort_by_length)
+
+        score.session = session  # type: ignore[attr-defined]
+        score.tokenizer = tokenizer  # type: ignore[attr-defined]
+        score.runtime = runtime  # type: ignore[attr-defined]
         return score
 
     def load(self) -> "CrossEncoderScorer":
@@ -270,4 +353,5 @@ class CrossEncoderScorer(Reranker):
     def __repr__(self) -> str:
         return (f"CrossEncoderScorer(model={self.model_name!r}, backend={self.backend!r}, "
                 f"max_length={self.max_length}, batch_size={self.batch_size}, "
-                f"window_words={self.window_words}, bf16={self.bf16})")
+                f"window_words={self.window_words}, bf16={self.bf16}, runtime={self.runtime!r}, "
+                f"dtype={self.dtype!r})")

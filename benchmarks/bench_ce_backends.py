@@ -1,0 +1,248 @@
+"""Cross-encoder inference runtimes on CPU: pairs per second and nDCG@10 on SciFact test.
+
+Two passes over the runtimes of :class:`~funnel_core.rerank.cross_encoder.CrossEncoderScorer`
+(torch fp32, torch bf16 autocast, ONNX Runtime fp32, ONNX Runtime dynamic int8, OpenVINO):
+
+* **speed**: every runtime scores the BM25 top-``--timing-depth`` of the first
+  ``--timing-queries`` test queries; pairs/s is total pairs over total seconds, with p50/p95
+  seconds per query, and the largest score difference from torch fp32 on those pairs;
+* **quality**: the ``--ndcg-runtimes`` rerank the BM25 top-``--depth`` of *every* test query (the
+  rest of the BM25 top-100 keeps its BM25 order) for nDCG@10.
+
+In both passes the runtimes are interleaved query by query, in an order rotated per query, so a
+change in machine load hits them all alike. Scores are kept in a cache file (``--cache``) so an
+interrupted run resumes; the JSON is rewritten every ``--save-every`` queries.
+
+Model: the SciFact-trained MiniLM cross-encoder of ``benchmarks/prerank_model.py`` when it exists
+(``--model``); otherwise pass another folder (the JSON names the model used). Run::
+
+    nice -n 10 python benchmarks/bench_ce_backends.py --data /work/shared/data \
+        --model /work/models/minilm-squad-ce --depth 20
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+for p in (str(REPO), str(REPO / "benchmarks")):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+from common import parser  # noqa: E402
+
+RUNTIMES = {  # name -> CrossEncoderScorer keyword arguments
+    "torch-fp32": {"runtime": "torch", "dtype": "float32"},
+    "torch-bf16": {"runtime": "torch", "dtype": "bfloat16"},
+    "onnx-fp32": {"runtime": "onnx"},
+    "onnx-int8": {"runtime": "onnx-int8"},
+    "openvino": {"runtime": "openvino"},
+}
+TARGET_SPEEDUP = 2.0
+TARGET_NDCG_LOSS = 0.005
+
+
+def _percentile(values: list[float], q: float) -> float:
+    xs = sorted(values)
+    if not xs:
+        return float("nan")
+    pos = (len(xs) - 1) * q
+    lo, hi = int(pos), min(int(pos) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def main() -> None:
+    from prerank_model import DEFAULT_OUT, is_trained
+
+    ap = parser(__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None,
+                    help="cross-encoder folder (default: the SciFact model of prerank_model.py)")
+    ap.add_argument("--depth", type=int, default=100, help="BM25 candidates reranked per query")
+    ap.add_argument("--max-length", type=int, default=192)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--runtimes", default=",".join(RUNTIMES), help="runtimes timed")
+    ap.add_argument("--ndcg-runtimes", default=",".join(RUNTIMES),
+                    help="runtimes run over every query for nDCG@10")
+    ap.add_argument("--timing-queries", type=int, default=20)
+    ap.add_argument("--timing-depth", type=int, default=None, help="default: --depth")
+    ap.add_argument("--limit", type=int, default=None, help="first N test queries only")
+    ap.add_argument("--export-dir", type=Path, default=REPO / ".cache" / "ce_backends_export")
+    ap.add_argument("--cache", type=Path, default=None, help="score cache (JSON lines)")
+    ap.add_argument("--save-every", type=int, default=20)
+    args = ap.parse_args()
+
+    from funnel_core.bm25 import BM25Index
+    from funnel_core.evaluation import ir_metrics, load_beir
+    from funnel_core.hardware import describe
+    from funnel_core.rerank.cross_encoder import CrossEncoderScorer
+    from funnel_core.rerank.runtimes import CPU_AUTO_RUNTIME, runtime_available
+
+    load_before = list(os.getloadavg())
+    scifact_model = is_trained(DEFAULT_OUT)
+    model = args.model or (str(REPO / DEFAULT_OUT) if scifact_model else None)
+    if model is None:
+        raise SystemExit(f"no SciFact cross-encoder at {REPO / DEFAULT_OUT}: train it with "
+                         "benchmarks/prerank_model.py or pass --model FOLDER.")
+    model_note = ("SciFact-trained MiniLM cross-encoder (benchmarks/prerank_model.py)"
+                  if "scifact" in Path(model).name else
+                  "NOT the SciFact-trained model: no SciFact checkpoint existed on this machine and "
+                  "training one (460 steps) ran at ~55 s/step under a load average of ~13 on 2 "
+                  "cores, far beyond the time available; this is the SQuAD-trained MiniLM "
+                  "cross-encoder (benchmarks/squad_ce_model.py), used zero-shot on SciFact")
+    names = [n for n in args.runtimes.split(",") if n]
+    ndcg_names = [n for n in args.ndcg_runtimes.split(",") if n]
+    names += [n for n in ndcg_names if n not in names]
+    timing_depth = args.timing_depth or args.depth
+    skipped = {}
+    for n in list(names):
+        if n not in RUNTIMES:
+            raise SystemExit(f"unknown runtime {n!r}; choose from {list(RUNTIMES)}")
+        if not runtime_available(RUNTIMES[n]["runtime"]):
+            skipped[n] = f"{RUNTIMES[n]['runtime']} package not installed"
+            names.remove(n)
+    ndcg_names = [n for n in ndcg_names if n in names]
+
+    data = load_beir(Path(args.data) / "scifact", split="test")
+    queries = data.split_queries()
+    qids = sorted(queries)[: args.limit] if args.limit else sorted(queries)
+    qrels = {q: data.qrels[q] for q in qids}
+    hits = BM25Index().index(data.corpus).search_many([queries[q] for q in qids], k=100)
+    bm25_run = {q: {u.id: u.score for u in h} for q, h in zip(qids, hits)}
+    bm25_ndcg = ir_metrics(qrels, bm25_run, ["ndcg@10"])["ndcg@10"]
+
+    cache_path = args.cache or (REPO / ".cache" / f"ce_backends_{Path(model).name}_len"
+                                f"{args.max_length}.jsonl")
+    cache_path.parent.mkdir(parents=True, exist_ok=True)
+    done: dict[tuple[str, str], dict] = {}
+    if cache_path.is_file():
+        for line in cache_path.read_text(encoding="utf-8").splitlines():
+            rec = json.loads(line)
+            done[(rec["runtime"], rec["qid"], len(rec["scores"]))] = rec
+
+    scorers = {}
+    load_seconds = {}
+    for n in names:
+        t = time.perf_counter()
+        scorers[n] = CrossEncoderScorer(model, backend="transformers", device="cpu",
+                                        max_length=args.max_length, batch_size=args.batch_size,
+                                        export_dir=args.export_dir / n.split("-")[0],
+                                        **RUNTIMES[n]).load()
+        scorers[n].score(queries[qids[0]], [u.text for u in hits[0][:8]])  # warm-up batch
+        load_seconds[n] = time.perf_counter() - t
+
+    timing_qids = qids[: args.timing_queries]
+    hit_of = dict(zip(qids, hits))
+
+    def depth_of(q: str, depth: int) -> int:
+        return len(hit_of[q][:depth])
+
+    def report(final: bool) -> dict:
+        speed, quality = {}, {}
+        for n in names:
+            recs = [done[(n, q, depth_of(q, timing_depth))] for q in timing_qids
+                    if (n, q, depth_of(q, timing_depth)) in done]
+            if recs:
+                secs = [r["seconds"] for r in recs]
+                pairs = sum(len(r["scores"]) for r in recs)
+                speed[n] = {"queries": len(recs), "pairs": pairs, "seconds": sum(secs),
+                            "pairs_per_s": pairs / sum(secs) if sum(secs) else None,
+                            "p50_query_seconds": statistics.median(secs),
+                            "p95_query_seconds": _percentile(secs, 0.95),
+                            "load_seconds_incl_export_and_warmup": load_seconds.get(n)}
+                ref = [done.get(("torch-fp32", r["qid"], len(r["scores"]))) for r in recs]
+                diffs = [abs(a - b) for r, f in zip(recs, ref) if f for a, b in zip(r["scores"], f["scores"])]
+                speed[n]["max_abs_score_diff_vs_torch_fp32"] = max(diffs) if diffs else None
+            if n not in ndcg_names:
+                continue
+            run = {}
+            for q, h in zip(qids, hits):
+                key = (n, q, depth_of(q, args.depth))
+                if key not in done:
+                    continue
+                head, tail = h[: args.depth], h[args.depth:]
+                ce = done[key]["scores"]
+                order = sorted(range(len(head)), key=lambda i: -ce[i])
+                ranked = [head[i].id for i in order] + [u.id for u in tail]
+                run[q] = {d: float(len(ranked) - r) for r, d in enumerate(ranked)}
+            if run:
+                quality[n] = {"queries": len(run),
+                              "ndcg@10": ir_metrics({q: qrels[q] for q in run}, run, ["ndcg@10"])["ndcg@10"]}
+        per = {n: {**speed.get(n, {}), **quality.get(n, {})} for n in names if n in speed or n in quality}
+        ref_q = next((r for r in ("torch-fp32", "onnx-fp32") if r in quality), None)
+        base = speed.get("torch-fp32")
+        for n, r in per.items():
+            if base and r.get("pairs_per_s") and base["pairs_per_s"]:
+                r["speedup_vs_torch_fp32"] = r["pairs_per_s"] / base["pairs_per_s"]
+            if ref_q and "ndcg@10" in r and quality[ref_q]["queries"] == r["queries"]:
+                r["ndcg@10_loss_vs_fp32"] = quality[ref_q]["ndcg@10"] - r["ndcg@10"]
+            r["meets_target"] = bool(r.get("speedup_vs_torch_fp32", 0) >= TARGET_SPEEDUP
+                                     and r.get("ndcg@10_loss_vs_fp32", 1) <= TARGET_NDCG_LOSS)
+        complete = all(quality.get(n, {}).get("queries") == len(qids) for n in ndcg_names)
+        ov_precision = None
+        if "openvino" in scorers:
+            compiled = scorers["openvino"]._model.get().session._compiled
+            ov_precision = str(compiled.get_property("INFERENCE_PRECISION_HINT"))
+        return {
+            "dataset": "BEIR SciFact test", "queries": len(qids), "all_test_queries": len(queries),
+            "complete": complete and final,
+            "model": {"path": model, "note": model_note, "scifact_trained": "scifact" in Path(model).name},
+            "ndcg_reference": f"{ref_q} (ONNX fp32 scores equal torch fp32: see max_abs_score_diff_vs_torch_fp32)"
+                              if ref_q == "onnx-fp32" else ref_q,
+            "settings": {"depth": args.depth, "candidates": 100, "timing_queries": len(timing_qids),
+                         "timing_query_ids": "the first N SciFact test query ids in sorted order",
+                         "timing_depth": timing_depth, "ndcg_runtimes": ndcg_names, "max_length": args.max_length,
+                         "batch_size": args.batch_size, "backend": "transformers (passage-only truncation)",
+                         "device": "cpu", "interleaved": "per query, runtime order rotated per query",
+                         "export_dir": str(args.export_dir), "openvino_inference_precision": ov_precision},
+            "bm25_ndcg@10": bm25_ndcg,
+            "runtimes": per, "skipped": skipped,
+            "target": {"speedup_vs_torch_fp32": TARGET_SPEEDUP, "max_ndcg@10_loss": TARGET_NDCG_LOSS,
+                       "met_by": [n for n, r in per.items() if r.get("meets_target")]},
+            "cpu_auto_runtime": CPU_AUTO_RUNTIME,
+            "hardware": describe(),
+            "load_average_before": load_before, "load_average_after": list(os.getloadavg()),
+            "command": "python " + " ".join([os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]),
+        }
+
+    out = args.out or REPO / "benchmarks" / "results" / "ce_backends.json"
+
+    def write(final: bool) -> None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(report(final), indent=1), encoding="utf-8")
+        os.replace(tmp, out)
+
+    def score_all(pass_qids: list[str], pass_names: list[str], depth: int, label: str) -> None:
+        with cache_path.open("a", encoding="utf-8") as log:
+            for i, q in enumerate(pass_qids):
+                texts = [u.text for u in hit_of[q][:depth]]
+                order = pass_names[i % len(pass_names):] + pass_names[: i % len(pass_names)]
+                for n in order:
+                    if (n, q, len(texts)) in done or not texts:
+                        continue
+                    t = time.perf_counter()
+                    scores = scorers[n].score(queries[q], texts)
+                    rec = {"runtime": n, "qid": q, "seconds": time.perf_counter() - t, "scores": scores}
+                    done[(n, q, len(texts))] = rec
+                    log.write(json.dumps(rec) + "\n")
+                    log.flush()
+                if (i + 1) % args.save_every == 0 or i + 1 == len(pass_qids):
+                    write(False)
+                    r = report(False)["runtimes"]
+                    print(f"{label} {i + 1}/{len(pass_qids)} " + "  ".join(
+                        f"{n}: {v.get('pairs_per_s') or 0:.1f} p/s nDCG {v.get('ndcg@10', float('nan')):.4f}"
+                        for n, v in r.items()), flush=True)
+
+    score_all(timing_qids, names, timing_depth, "speed")
+    score_all(qids, ndcg_names, args.depth, "quality")
+    write(True)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

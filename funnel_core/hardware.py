@@ -1,0 +1,168 @@
+"""What the machine runs natively, and the precision chosen from it.
+
+bf16 is fast only where the hardware has it: on a CPU with AVX-512-BF16 or AMX, on a GPU of
+compute capability 8.0 or newer (Ampere+). Elsewhere it is emulated: on an AMD EPYC with AVX2 only,
+a bf16-autocast training step of this project took 126-156 s against 5.2 s in fp32 (25-30x slower).
+
+:func:`decide_dtype` is a pure function of (requested dtype, device, CPU flags, GPU capability),
+so every branch is testable without the hardware; :func:`resolve_dtype` feeds it this machine's
+facts and warns once per (request, device) when an explicit request runs slowly here.
+
+``dtype="auto"`` (the default of every scorer, embedder and trainer):
+
+* CUDA, capability >= 8.0: ``bfloat16``; older CUDA: ``float16``;
+* CPU with ``avx512_bf16`` or ``amx_bf16`` (x86) or ``bf16`` (Arm): ``bfloat16``;
+* anything else (CPU without native bf16, MPS): ``float32``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import warnings
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+__all__ = ["DTYPES", "DtypeDecision", "cpu_flags", "cpu_native_bf16", "cuda_capability",
+           "decide_dtype", "resolve_dtype", "torch_dtype", "describe", "BF16_SLOWDOWN"]
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+_ALIASES = {"auto": "auto", None: "auto", "fp32": "float32", "float32": "float32",
+            "float": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16",
+            "float16": "float16", "half": "float16"}
+#: The measured cost of bf16 without native support (see the module docstring).
+BF16_SLOWDOWN = ("bf16 without native support ran 25-30x slower than fp32 here (a training step: "
+                 "126-156 s in bf16 vs 5.2 s in fp32 on an AVX2-only AMD EPYC)")
+#: CPU flags that matter for precision and int8 kernels (recorded by benchmarks).
+RELEVANT_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
+                  "amx_bf16", "amx_int8", "bf16", "i8mm")
+_WARNED: set[tuple[str, str]] = set()
+
+
+@dataclass(frozen=True)
+class DtypeDecision:
+    """The dtype to run in and, for a request that will run slowly or is not honoured, why."""
+
+    dtype: str
+    warning: str | None = None
+
+
+def normalize_dtype(requested: Any) -> str:
+    """``"bf16"``/``torch.bfloat16``/... -> one of :data:`DTYPES`; a clear error otherwise."""
+    key = str(requested).replace("torch.", "") if requested is not None else None
+    if key not in _ALIASES:
+        raise ValueError(f"unknown dtype {requested!r}; use one of {DTYPES} (or fp32/bf16/fp16).")
+    return _ALIASES[key]
+
+
+def cpu_native_bf16(flags: Iterable[str]) -> bool:
+    """Whether these CPU flags run bf16 natively (AVX-512-BF16, AMX-BF16, Arm BF16)."""
+    flags = set(flags)
+    return bool({"avx512_bf16", "amx_bf16", "bf16"} & flags)
+
+
+def decide_dtype(requested: Any, device: str, flags: Iterable[str] = (),
+                 capability: tuple[int, int] | None = None) -> DtypeDecision:
+    """The precision for ``device`` given what the hardware runs natively (pure function).
+
+    Args:
+        requested: ``"auto"``/``None`` or an explicit dtype (``"float32"``, ``"bf16"``, ...).
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``, ...
+        flags: CPU flags (``/proc/cpuinfo``), used for CPU devices.
+        capability: CUDA compute capability ``(major, minor)``; ``None`` when unknown.
+    """
+    want = normalize_dtype(requested)
+    kind = str(device).split(":")[0]
+    native_bf16 = (capability is not None and capability >= (8, 0)) if kind == "cuda" else (
+        kind == "cpu" and cpu_native_bf16(flags))
+    if want == "auto":
+        if kind == "cuda":
+            return DtypeDecision("bfloat16" if native_bf16 else "float16")
+        return DtypeDecision("bfloat16" if native_bf16 else "float32")
+    if want == "bfloat16" and not native_bf16 and kind in ("cpu", "cuda"):
+        where = ("this CPU has no AVX-512-BF16/AMX" if kind == "cpu"
+                 else f"this GPU (compute capability {capability}) has no native bf16")
+        return DtypeDecision("bfloat16", f"bf16 was requested but {where}: {BF16_SLOWDOWN}. "
+                             "Use dtype='auto' (float32 here) unless you need bf16.")
+    if want == "float16" and kind == "cpu":
+        return DtypeDecision("float32", "float16 was requested on a CPU, where it is slow and "
+                             "often unsupported; running in float32 (use a GPU for float16).")
+    return DtypeDecision(want)
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """This machine's CPU flags (``flags``/``Features`` of ``/proc/cpuinfo``; empty elsewhere)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cuda_capability(device: str = "cuda") -> tuple[int, int] | None:
+    """Compute capability of a CUDA device, ``None`` without CUDA (imports torch lazily)."""
+    if not str(device).startswith("cuda"):
+        return None
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        return tuple(torch.cuda.get_device_capability(device))  # type: ignore[return-value]
+    except Exception:  # noqa: BLE001 - no driver, bad index: unknown
+        return None
+
+
+def resolve_dtype(requested: Any, device: str) -> str:
+    """:func:`decide_dtype` on this machine; warns once per (request, device) when it has a warning."""
+    decision = decide_dtype(requested, device, cpu_flags(), cuda_capability(device))
+    if decision.warning:
+        key = (normalize_dtype(requested), str(device).split(":")[0])
+        if key not in _WARNED:
+            _WARNED.add(key)
+            warnings.warn(decision.warning, RuntimeWarning, stacklevel=3)
+    return decision.dtype
+
+
+def torch_dtype(name: str) -> Any:
+    """``"bfloat16"`` -> ``torch.bfloat16`` (imports torch)."""
+    import torch
+
+    return getattr(torch, name)
+
+
+def describe() -> dict[str, Any]:
+    """The facts a benchmark records: CPU model and relevant flags, torch's CPU capability,
+    GPU name and capability, the auto dtype per device, and the load average."""
+    flags = cpu_flags()
+    model = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    info: dict[str, Any] = {"cpu_model": model or platform.processor(), "cpus": os.cpu_count(),
+                            "cpu_flags": sorted(f for f in RELEVANT_FLAGS if f in flags),
+                            "cpu_native_bf16": cpu_native_bf16(flags),
+                            "auto_dtype_cpu": decide_dtype("auto", "cpu", flags).dtype,
+                            "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        info["torch_threads"] = torch.get_num_threads()
+        if torch.cuda.is_available():
+            cap = cuda_capability("cuda")
+            info["gpu"] = torch.cuda.get_device_name(0)
+            info["gpu_capability"] = list(cap) if cap else None
+            info["auto_dtype_cuda"] = decide_dtype("auto", "cuda", flags, cap).dtype
+    except ImportError:
+        pass
+    return info

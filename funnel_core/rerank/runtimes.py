@@ -1,0 +1,287 @@
+"""Inference runtimes of the cross-encoder: torch, ONNX Runtime (fp32 or dynamic int8), OpenVINO.
+
+:class:`~funnel_core.rerank.cross_encoder.CrossEncoderScorer` runs its model in one of
+:data:`RUNTIMES`:
+
+* ``"torch"`` — the model as loaded by transformers / sentence-transformers / FlagEmbedding;
+* ``"onnx"`` — the same weights exported to ONNX (``torch.onnx.export``) and run by an
+  ``onnxruntime.InferenceSession`` in fp32; scores equal torch fp32 to about 1e-5;
+* ``"onnx-int8"`` — that export with dynamic int8 quantisation of its weights
+  (``onnxruntime.quantization.quantize_dynamic``, MatMul weights per channel); activations are
+  quantised on the fly, per batch, so a pair's score depends slightly on the other pairs in its
+  batch. Scores move (measured on SciFact in ``benchmarks/results/ce_backends.json``);
+* ``"openvino"`` — the fp32 ONNX export compiled by OpenVINO for the CPU (OpenVINO reads ONNX
+  files directly; no optimum-intel needed);
+* ``"auto"`` (default) — :func:`choose_runtime`: torch on a GPU, otherwise the fastest safe CPU
+  runtime measured in ``benchmarks/results/ce_backends.json`` when its package is installed,
+  otherwise torch.
+
+optimum is deliberately not used: optimum 2.x / optimum-onnx pin ``transformers<4.58`` and this
+project runs on transformers 5.
+
+**Export cache.** The export is written once and reused by the next load. For a local model
+folder it goes to ``<model>/funnel_onnx/`` (a subfolder this package owns, marked by
+``funnel_export.json``); when that folder is not writable, or the model is a hub name, it goes to
+``$FUNNEL_RAG_CACHE/ce_export/<key>/`` (default ``~/.cache/funnel_rag``). The manifest records the
+fingerprint of the source weights (file names, sizes, modification times); a stale export is
+rebuilt in a new folder and swapped in with one rename. Files this package did not write are never
+deleted: a ``funnel_onnx`` folder without our manifest is left alone and the user cache is used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+__all__ = ["RUNTIMES", "CPU_AUTO_RUNTIME", "choose_runtime", "runtime_available", "export_onnx",
+           "export_dir_for", "OnnxSession", "EXPORT_FORMAT"]
+
+RUNTIMES = ("auto", "torch", "onnx", "onnx-int8", "openvino")
+#: What ``runtime="auto"`` picks on a CPU when onnxruntime is installed: chosen from
+#: ``benchmarks/results/ce_backends.json`` (the fastest runtime within 0.005 nDCG@10 of torch fp32).
+CPU_AUTO_RUNTIME = "onnx"
+EXPORT_FORMAT = 2
+EXPORT_SUBDIR = "funnel_onnx"
+MANIFEST = "funnel_export.json"
+_EXPORT_LOCK = threading.Lock()
+_PACKAGES = {"onnx": "onnxruntime", "onnx-int8": "onnxruntime", "openvino": "openvino"}
+
+
+def runtime_available(runtime: str) -> bool:
+    """Whether the package ``runtime`` needs is importable (torch is assumed)."""
+    pkg = _PACKAGES.get(runtime)
+    return pkg is None or importlib.util.find_spec(pkg) is not None
+
+
+def choose_runtime(runtime: str, device: str, backend: str, *,
+                   available: Callable[[str], bool] = runtime_available) -> str:
+    """The runtime to use: ``runtime`` itself unless it is ``"auto"``.
+
+    ``"auto"``: torch on any non-CPU device and for the FlagEmbedding backend (its own loader);
+    on a CPU :data:`CPU_AUTO_RUNTIME` when its package is installed, else torch. A pure function
+    of its arguments (``available`` is injectable for tests).
+    """
+    if runtime not in RUNTIMES:
+        raise ValueError(f"unknown cross-encoder runtime {runtime!r}; choose one of {RUNTIMES}.")
+    if runtime != "auto":
+        return runtime
+    if not device.startswith("cpu") or backend == "flagembedding":
+        return "torch"
+    return CPU_AUTO_RUNTIME if available(CPU_AUTO_RUNTIME) else "torch"
+
+
+# -- export cache ----------------------------------------------------------------------------
+def _user_cache() -> Path:
+    root = os.environ.get("FUNNEL_RAG_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                               "funnel_rag")
+    return Path(root) / "ce_export"
+
+
+def _fingerprint(model: str) -> dict[str, Any]:
+    """What identifies the source weights: file names, sizes and mtimes of a local folder."""
+    path = Path(model)
+    if not path.is_dir():
+        return {"hub_name": model}
+    files = {}
+    for f in sorted(path.iterdir()):
+        if f.is_file() and f.suffix in (".safetensors", ".bin", ".json", ".txt", ".model"):
+            st = f.stat()
+            files[f.name] = [st.st_size, int(st.st_mtime)]
+    return {"folder": str(path.resolve()), "files": files}
+
+
+def _writable(folder: Path) -> bool:
+    return folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)
+
+
+def _ours(folder: Path) -> bool:
+    return (folder / MANIFEST).is_file()
+
+
+def export_dir_for(model: str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where the export of ``model`` lives (see the module docstring)."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    path = Path(model)
+    if path.is_dir():
+        mine = path / EXPORT_SUBDIR
+        if (mine.exists() and _ours(mine)) or (not mine.exists() and _writable(path)):
+            return mine
+        key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+        return _user_cache() / f"{path.name}-{key}"
+    safe = "".join(c if c.isalnum() or c in "-_." else "--" for c in model)
+    return _user_cache() / safe
+
+
+def _manifest_ok(folder: Path, fingerprint: dict[str, Any], name: str) -> bool:
+    try:
+        data = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (data.get("format") == EXPORT_FORMAT and data.get("source") == fingerprint
+            and name in data.get("files", {}) and (folder / name).is_file())
+
+
+def _export_fp32(model_name: str, out: Path, model_kwargs: dict[str, Any]) -> list[str]:
+    """``torch.onnx.export`` of a sequence-classification model; returns the input names."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from funnel_core.models import load_pretrained
+
+    tokenizer = load_pretrained(AutoTokenizer.from_pretrained, model_name, what="tokenizer")
+    kwargs = {**model_kwargs, "attn_implementation": "eager"}
+    kwargs.pop("torch_dtype", None)
+    kwargs.pop("dtype", None)
+    model = load_pretrained(AutoModelForSequenceClassification.from_pretrained, model_name,
+                            what="cross-encoder", **kwargs).float().eval()
+    enc = tokenizer(["a query", "another query"], ["a passage", "a somewhat longer passage"],
+                    padding=True, return_tensors="pt")
+    names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in enc]
+
+    class Logits(torch.nn.Module):
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args: Any) -> Any:
+            return self.inner(**dict(zip(names, args))).logits
+
+    axes = {n: {0: "batch", 1: "sequence"} for n in names}
+    axes["logits"] = {0: "batch"}
+    import warnings
+    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+        warnings.simplefilter("ignore")  # tracer warnings about shape-dependent Python branches
+        torch.onnx.export(Logits(model), tuple(enc[n] for n in names), str(out / "model.onnx"),
+                          input_names=names, output_names=["logits"], dynamic_axes=axes,
+                          opset_version=17, dynamo=False)
+    return names
+
+
+def _quantize_int8(out: Path) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    # MatMul only, per channel: on the MiniLM cross-encoder this kept the scores closest to fp32
+    # (max |diff| 0.84 vs 1.2 with ORT's default op set and 1.9-3.0 per tensor, 24 SciFact pairs).
+    quantize_dynamic(str(out / "model.onnx"), str(out / "model_int8.onnx"),
+                     weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"])
+
+
+def export_onnx(model_name: str, *, int8: bool = False, cache_dir: str | os.PathLike | None = None,
+                model_kwargs: dict[str, Any] | None = None) -> Path:
+    """Path of the ONNX file of ``model_name`` (exported once, then reused).
+
+    ``int8=True`` returns the dynamically quantised file (``model_int8.onnx``), made from the fp32
+    export. Export and quantisation go to a temporary folder next to the target and are swapped
+    in with one rename; concurrent exporters keep whichever export landed first.
+    """
+    target = export_dir_for(model_name, cache_dir)
+    name = "model_int8.onnx" if int8 else "model.onnx"
+    fingerprint = _fingerprint(model_name)
+    with _EXPORT_LOCK:
+        if _manifest_ok(target, fingerprint, name):
+            return target / name
+        if target.exists() and not _ours(target):
+            raise FileExistsError(f"{target} exists and was not written by funnel-rag (no "
+                                  f"{MANIFEST}); pass another cache_dir or remove it yourself.")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        try:
+            t0 = time.perf_counter()
+            reuse = _manifest_ok(target, fingerprint, "model.onnx")
+            if reuse:  # the fp32 export is current: only quantise
+                shutil.copy2(target / "model.onnx", tmp / "model.onnx")
+                inputs = json.loads((target / MANIFEST).read_text(encoding="utf-8"))["inputs"]
+            else:
+                inputs = _export_fp32(model_name, tmp, dict(model_kwargs or {}))
+            files = {"model.onnx": "fp32"}
+            if int8:
+                _quantize_int8(tmp)
+                files["model_int8.onnx"] = "dynamic int8 (QInt8 MatMul weights, per channel)"
+            import onnxruntime
+            import torch
+            manifest = {"format": EXPORT_FORMAT, "source": fingerprint, "files": files,
+                        "inputs": inputs, "torch": torch.__version__,
+                        "onnxruntime": onnxruntime.__version__,
+                        "seconds": round(time.perf_counter() - t0, 2)}
+            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+            _swap_in(tmp, target)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)  # our own temporary folder
+    return target / name
+
+
+def _swap_in(tmp: Path, target: Path) -> None:
+    """Replace ``target`` (absent, or an export of ours) by ``tmp`` with renames."""
+    if not target.exists():
+        with contextlib.suppress(OSError):  # another process may have landed one first
+            os.rename(tmp, target)
+        return
+    old = target.with_name(f".{target.name}.old-{os.getpid()}")
+    os.rename(target, old)
+    os.rename(tmp, target)
+    shutil.rmtree(old, ignore_errors=True)  # it carried our manifest: ours to delete
+
+
+# -- sessions --------------------------------------------------------------------------------
+class OnnxSession:
+    """Run an exported cross-encoder with onnxruntime or OpenVINO: numpy in, logits out."""
+
+    def __init__(self, path: str | os.PathLike, *, engine: str = "onnxruntime",
+                 threads: int | None = None) -> None:
+        self.path = str(path)
+        self.engine = engine
+        if engine == "onnxruntime":
+            import onnxruntime as ort
+
+            opts = ort.SessionOptions()
+            if threads:
+                opts.intra_op_num_threads = threads
+            self._session = ort.InferenceSession(self.path, sess_options=opts,
+                                                 providers=["CPUExecutionProvider"])
+            self.input_names = [i.name for i in self._session.get_inputs()]
+        elif engine == "openvino":
+            import openvino as ov
+
+            core = ov.Core()
+            config = {"INFERENCE_NUM_THREADS": threads} if threads else {}
+            self._compiled = core.compile_model(self.path, "CPU", config)
+            self.input_names = [p.get_any_name() for p in self._compiled.inputs]
+            self._request = self._compiled.create_infer_request()
+        else:
+            raise ValueError(f"unknown ONNX engine {engine!r}; use 'onnxruntime' or 'openvino'.")
+
+    def __call__(self, feeds: dict[str, Any]) -> Any:
+        import numpy as np
+
+        inputs = {n: np.asarray(feeds[n], dtype=np.int64) for n in self.input_names}
+        if self.engine == "onnxruntime":
+            return self._session.run(None, inputs)[0]
+        return next(iter(self._request.infer(inputs).values()))
+
+
+def score_batches(session: OnnxSession, tokenize: Callable[[list[str], list[str]], Any],
+                  queries: Sequence[str], texts: Sequence[str], batch_size: int,
+                  sort_by_length: bool) -> list[float]:
+    """Scores (last logit) of (query, text) pairs in batches, in input order."""
+    order = list(range(len(texts)))
+    if sort_by_length:
+        order.sort(key=lambda i: -(len(texts[i]) + len(queries[i])))
+    out = [0.0] * len(texts)
+    for b in range(0, len(order), batch_size):
+        idx = order[b:b + batch_size]
+        enc = tokenize([queries[i] for i in idx], [texts[i] for i in idx])
+        logits = session(enc)
+        for i, s in zip(idx, logits[:, -1].tolist()):
+            out[i] = float(s)
+    return out

@@ -1,0 +1,164 @@
+"""Cross-encoder inference runtimes: a real ONNX export run by a real onnxruntime session (and
+OpenVINO when installed) against the torch model it came from, and the export cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from funnel_core.rerank import runtimes
+from funnel_core.rerank.cross_encoder import CrossEncoderScorer
+from funnel_core.rerank.runtimes import CPU_AUTO_RUNTIME, choose_runtime, export_dir_for
+
+pytest.importorskip("onnxruntime")
+
+QUERY = "what makes clouds produce rain"
+TEXTS = ["rain forms when droplets in clouds grow heavy and fall " * 20,  # longer than max_length
+         "the cat sat on the mat", "clouds", "a passage about rainfall and storms in summer",
+         "x", "droplets grow by collision and coalescence until they fall as rain"]
+
+
+@pytest.fixture
+def model(tiny_cross_encoder_path, tmp_path) -> str:
+    """A private copy of the tiny random BERT cross-encoder (exports land inside it)."""
+    dst = tmp_path / "ce"
+    shutil.copytree(tiny_cross_encoder_path, dst, ignore=shutil.ignore_patterns("funnel_onnx"))
+    return str(dst)
+
+
+def _scores(model: str, backend: str, runtime: str, **kw) -> list[float]:
+    if runtime == "torch":
+        kw.setdefault("dtype", "float32")
+    return CrossEncoderScorer(model, backend=backend, runtime=runtime, max_length=48, batch_size=4,
+                              **kw).score(QUERY, TEXTS)
+
+
+@pytest.mark.parametrize("backend", ["transformers", "sentence-transformers"])
+def test_onnx_fp32_equals_torch_fp32(model, backend):
+    torch_scores = _scores(model, backend, "torch")
+    onnx_scores = _scores(model, backend, "onnx")
+    assert len(set(round(s, 6) for s in torch_scores)) > 1  # the texts score differently
+    assert onnx_scores == pytest.approx(torch_scores, abs=1e-5)
+    assert (Path(model) / "funnel_onnx" / "model.onnx").is_file()
+
+
+def test_onnx_int8_is_a_quantised_file_with_close_scores(model):
+    fp32 = _scores(model, "transformers", "onnx")
+    int8 = _scores(model, "transformers", "onnx-int8")
+    folder = Path(model) / "funnel_onnx"
+    manifest = json.loads((folder / "funnel_export.json").read_text())
+    assert set(manifest["files"]) == {"model.onnx", "model_int8.onnx"}
+    onnx = pytest.importorskip("onnx")
+    ops = {n.op_type for n in onnx.load(str(folder / "model_int8.onnx")).graph.node}
+    assert {"DynamicQuantizeLinear", "MatMulInteger"} <= ops  # int8 MatMuls, not the fp32 graph
+    assert "MatMulInteger" not in {n.op_type for n in onnx.load(str(folder / "model.onnx")).graph.node}
+    assert int8 != fp32  # really the quantised graph
+    assert int8 == pytest.approx(fp32, abs=1e-2)
+
+
+def test_openvino_runs_the_export(model):
+    pytest.importorskip("openvino")
+    ref = _scores(model, "transformers", "torch")
+    scorer = CrossEncoderScorer(model, backend="transformers", runtime="openvino", max_length=48,
+                                batch_size=4)
+    assert scorer.score(QUERY, TEXTS) == pytest.approx(ref, abs=1e-3)  # bf16 inference where native
+    assert scorer.active_runtime == "openvino"
+
+
+def test_export_is_reused_not_redone(model, monkeypatch):
+    _scores(model, "transformers", "onnx-int8")
+    onnx_file = Path(model) / "funnel_onnx" / "model_int8.onnx"
+    stamp = onnx_file.stat().st_mtime_ns
+
+    def no_export(*a, **k):
+        raise AssertionError("exported again although a current export exists")
+
+    monkeypatch.setattr(runtimes, "_export_fp32", no_export)
+    monkeypatch.setattr(runtimes, "_quantize_int8", no_export)
+    _scores(model, "transformers", "onnx-int8")
+    _scores(model, "sentence-transformers", "onnx")
+    assert onnx_file.stat().st_mtime_ns == stamp
+
+
+def test_changed_weights_make_a_new_export(model):
+    _scores(model, "transformers", "onnx")
+    manifest = Path(model) / "funnel_onnx" / "funnel_export.json"
+    before = json.loads(manifest.read_text())["source"]
+    weights = next(p for p in Path(model).iterdir() if p.suffix in (".safetensors", ".bin"))
+    later = time.time() + 5
+    os.utime(weights, (later, later))
+    _scores(model, "transformers", "onnx")
+    assert json.loads(manifest.read_text())["source"] != before
+
+
+def test_foreign_folder_is_never_touched(model, tmp_path, monkeypatch):
+    foreign = Path(model) / "funnel_onnx"
+    foreign.mkdir()
+    (foreign / "model.onnx").write_bytes(b"not ours")
+    monkeypatch.setenv("FUNNEL_RAG_CACHE", str(tmp_path / "cache"))
+    target = export_dir_for(model)
+    assert str(target).startswith(str(tmp_path / "cache"))
+    assert _scores(model, "transformers", "onnx") == pytest.approx(
+        _scores(model, "transformers", "torch"), abs=1e-5)
+    assert (foreign / "model.onnx").read_bytes() == b"not ours"
+    assert sorted(p.name for p in foreign.iterdir()) == ["model.onnx"]
+    assert (target / "model.onnx").is_file()
+
+
+def test_explicit_export_dir_holding_foreign_files_is_refused(model, tmp_path):
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="not written by funnel-rag"):
+        CrossEncoderScorer(model, backend="transformers", runtime="onnx",
+                           export_dir=other).score(QUERY, TEXTS[:2])
+    assert (other / "notes.txt").read_text() == "mine"
+
+
+def test_choose_runtime_every_branch():
+    yes, no = (lambda r: True), (lambda r: False)
+    assert choose_runtime("auto", "cpu", "transformers", available=yes) == CPU_AUTO_RUNTIME
+    assert choose_runtime("auto", "cpu", "transformers", available=no) == "torch"
+    assert choose_runtime("auto", "cuda", "transformers", available=yes) == "torch"
+    assert choose_runtime("auto", "cuda:1", "sentence-transformers", available=yes) == "torch"
+    assert choose_runtime("auto", "mps", "transformers", available=yes) == "torch"
+    assert choose_runtime("auto", "cpu", "flagembedding", available=yes) == "torch"
+    assert choose_runtime("onnx", "cpu", "transformers", available=no) == "onnx"
+    with pytest.raises(ValueError, match="runtime"):
+        choose_runtime("tensorrt", "cpu", "transformers")
+
+
+def test_runtime_settings_are_validated_and_serialised(model):
+    with pytest.raises(ValueError, match="flagembedding"):
+        CrossEncoderScorer(model, backend="flagembedding", runtime="onnx")
+    with pytest.raises(ValueError, match="runtime"):
+        CrossEncoderScorer(model, runtime="onnx-fp8")
+    with pytest.raises(ValueError, match="runtime='torch'"):
+        CrossEncoderScorer(model, backend="transformers", runtime="onnx", bf16=True)
+    scorer = CrossEncoderScorer(model, backend="transformers", runtime="onnx-int8")
+    again = CrossEncoderScorer.from_dict(scorer.to_dict())
+    assert again.runtime == "onnx-int8"
+
+
+def test_explicit_bf16_keeps_torch_under_auto(model):
+    scorer = CrossEncoderScorer(model, backend="transformers", bf16=True, max_length=48)
+    scorer.score(QUERY, TEXTS[:2])
+    assert scorer.active_runtime == "torch"
+
+
+def test_torch_dtype_auto_follows_the_hardware(model):
+    from funnel_core.hardware import cpu_flags, decide_dtype
+
+    scorer = CrossEncoderScorer(model, backend="transformers", runtime="torch", device="cpu")
+    scorer.score(QUERY, TEXTS[:2])
+    assert scorer.active_dtype == decide_dtype("auto", "cpu", cpu_flags()).dtype
+    fp32 = CrossEncoderScorer(model, backend="transformers", runtime="torch", dtype="fp32")
+    fp32.score(QUERY, TEXTS[:2])
+    assert fp32.active_dtype == "float32"
+    with pytest.raises(ValueError, match="dtype"):
+        CrossEncoderScorer(model, runtime="onnx", dtype="bf16")
