@@ -149,6 +149,7 @@ class _DenseState:
     units: tuple
     embeddings: np.ndarray
     pos: dict
+    ann: Any = None  # a faiss HNSW index over ``embeddings`` (None: exact numpy search)
 
     def by_text(self) -> dict:
         """Text -> row (built on first use; the state never changes, so neither does this)."""
@@ -160,21 +161,74 @@ class _DenseState:
 
 
 
-class DenseIndex(FreshOnCopy):
-    """Exact dense retrieval (inner product over normalised embeddings) over units.
+#: Corpora at least this large get an HNSW index under ``index="auto"``.
+ANN_THRESHOLD = 100_000
+_INDEX_KINDS = ("auto", "exact", "hnsw")
 
-    Units and embeddings live in one immutable state object swapped in a single assignment by
-    :meth:`index`, :meth:`add` and :meth:`delete`, so concurrent searches never see units and
-    embeddings of different versions. The index keeps its own copies of the units.
+
+class DenseIndex(FreshOnCopy):
+    """Dense retrieval (inner product over normalised embeddings) over units: exact (numpy) or
+    approximate (a faiss HNSW graph).
+
+    Args:
+        embedder: The :class:`SentenceEmbedder` (default: the packaged MiniLM).
+        index: ``"exact"`` (brute force, numpy), ``"hnsw"`` (faiss ``IndexHNSWFlat``, inner
+            product; needs ``faiss-cpu``), or ``"auto"`` (default): HNSW from ``ann_threshold``
+            units on when faiss is installed, exact below.
+        ann_threshold: Corpus size from which ``"auto"`` builds HNSW.
+        hnsw_m: HNSW neighbours per node (memory and recall grow with it).
+        ef_construction: HNSW build beam width.
+        ef_search: HNSW query beam width (recall vs speed; raised to ``k`` when smaller).
+
+    Units and embeddings (and the HNSW graph) live in one immutable state object swapped in a
+    single assignment by :meth:`index`, :meth:`add` and :meth:`delete`, so concurrent searches
+    never see units and embeddings of different versions. The index keeps its own copies of the
+    units. :meth:`add`/:meth:`delete` rebuild the graph (O(corpus)); the graph is saved with the
+    index and loaded back without a rebuild.
     """
 
     FORMAT = "funnel-rag.dense"
     FORMAT_VERSION = 2  # 2: snapshot layout (funnel_core.persist)
 
-    def __init__(self, embedder: SentenceEmbedder | None = None) -> None:
+    def __init__(self, embedder: SentenceEmbedder | None = None, *, index: str = "auto",
+                 ann_threshold: int = ANN_THRESHOLD, hnsw_m: int = 32, ef_construction: int = 80,
+                 ef_search: int = 128) -> None:
+        if index not in _INDEX_KINDS:
+            raise ValueError(f"index must be one of {_INDEX_KINDS}, got {index!r}.")
         self.embedder = embedder or SentenceEmbedder()
+        self.kind = index
+        self.ann_threshold = check_positive_int(ann_threshold, "ann_threshold")
+        self.hnsw_m = check_positive_int(hnsw_m, "hnsw_m")
+        self.ef_construction = check_positive_int(ef_construction, "ef_construction")
+        self.ef_search = check_positive_int(ef_search, "ef_search")
+        if index == "hnsw":
+            _faiss()  # fail early with the fix
         self._state = _DenseState((), np.zeros((0, 0), dtype=np.float32), {})
         self._write_lock = threading.Lock()
+
+    @property
+    def backend(self) -> str:
+        """``"hnsw"`` or ``"exact"``: what the current state searches with."""
+        return "hnsw" if self._state.ann is not None else "exact"
+
+    def _wants_ann(self, n: int) -> bool:
+        if self.kind == "hnsw":
+            return True
+        if self.kind == "exact" or n < self.ann_threshold:
+            return False
+        try:
+            _faiss()
+        except ImportError:
+            return False
+        return True
+
+    def _make_state(self, units: tuple, emb: np.ndarray, ann: Any = None) -> _DenseState:
+        if ann is None and self._wants_ann(len(units)):
+            faiss = _faiss()
+            ann = faiss.IndexHNSWFlat(int(emb.shape[1]), self.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+            ann.hnsw.efConstruction = self.ef_construction
+            ann.add(np.ascontiguousarray(emb, dtype=np.float32))
+        return _DenseState(units, emb, {u.id: i for i, u in enumerate(units)}, ann)
 
 
     @property
@@ -206,7 +260,7 @@ class DenseIndex(FreshOnCopy):
         check_unique_ids(units)
         emb = self._embed(units, embeddings, show_progress)
         with self._write_lock:
-            self._state = _DenseState(tuple(units), emb, {u.id: i for i, u in enumerate(units)})
+            self._state = self._make_state(tuple(units), emb)
         return self
 
     def add(self, units: Sequence[Unit], embeddings: np.ndarray | None = None) -> "DenseIndex":
@@ -229,7 +283,7 @@ class DenseIndex(FreshOnCopy):
                                  f"{st.embeddings.shape[1]}; use the same embedding model.")
             all_units = st.units + tuple(new)
             all_emb = np.vstack([st.embeddings, emb]) if len(st.units) else emb
-            self._state = _DenseState(all_units, all_emb, {u.id: i for i, u in enumerate(all_units)})
+            self._state = self._make_state(all_units, all_emb)
         return self
 
     def delete(self, ids: Sequence[str]) -> int:
@@ -246,7 +300,7 @@ class DenseIndex(FreshOnCopy):
             if not keep:
                 raise ValueError("delete would remove every unit; build a new index instead.")
             units = tuple(st.units[i] for i in keep)
-            self._state = _DenseState(units, st.embeddings[keep], {u.id: i for i, u in enumerate(units)})
+            self._state = self._make_state(units, st.embeddings[keep])
         return removed
 
     def __len__(self) -> int:
@@ -263,9 +317,18 @@ class DenseIndex(FreshOnCopy):
             raise TypeError("search_many expects a list of queries; use search() for one query.")
         queries = [check_query(q) for q in queries]
         q_emb = self.embedder.encode(queries) if query_embeddings is None else query_embeddings
-        sims = q_emb @ st.embeddings.T
         k = min(k, len(st.units))
         out = []
+        if st.ann is not None:
+            ann = st.ann
+            params = _faiss().SearchParametersHNSW()
+            params.efSearch = max(self.ef_search, k)
+            sims, ids = ann.search(np.ascontiguousarray(q_emb, dtype=np.float32), k, params=params)
+            for qi, q in enumerate(queries):
+                out.append([] if not q else [st.units[int(i)].rescored(float(d), "dense")
+                                             for d, i in zip(sims[qi], ids[qi]) if i >= 0])
+            return out
+        sims = q_emb @ st.embeddings.T
         for qi, q in enumerate(queries):
             if not q:
                 out.append([])
@@ -283,8 +346,13 @@ class DenseIndex(FreshOnCopy):
         folder.mkdir(parents=True, exist_ok=True)
         np.save(folder / "embeddings.npy", st.embeddings, allow_pickle=False)
         write_units(folder / "units.jsonl", st.units)
+        settings = {"index": self.kind, "ann_threshold": self.ann_threshold, "hnsw_m": self.hnsw_m,
+                    "ef_construction": self.ef_construction, "ef_search": self.ef_search}
+        if st.ann is not None:
+            _faiss().write_index(st.ann, str(folder / "hnsw.faiss"))
         return {"model": self.embedder.model_name_or_path, "n_units": len(st.units),
-                "dimension": int(st.embeddings.shape[1])}
+                "dimension": int(st.embeddings.shape[1]), "settings": settings,
+                "ann": "hnsw" if st.ann is not None else None}
 
     def save(self, path: str | os.PathLike) -> None:
         """Commit units, embeddings and the model name to the persist folder ``path``."""
@@ -306,8 +374,19 @@ class DenseIndex(FreshOnCopy):
             raise PersistError(f"the dense index in {str(folder)!r} is inconsistent (embeddings "
                                f"{emb.dtype} {emb.shape}, {len(units)} units, manifest {n!r}); rebuild it.")
         check_unique_ids(units)
-        index = cls(embedder or SentenceEmbedder(model))
-        index._state = _DenseState(tuple(units), emb, {u.id: i for i, u in enumerate(units)})
+        settings = meta.get("settings") or {}
+        try:
+            index = cls(embedder or SentenceEmbedder(model), **settings)
+        except (TypeError, ValueError) as exc:
+            raise PersistError(f"the dense index in {str(folder)!r} has an invalid setting ({exc}); "
+                               "rebuild it.") from exc
+        ann = None
+        if meta.get("ann") == "hnsw":
+            ann = _faiss().read_index(str(folder / "hnsw.faiss"))
+            if ann.ntotal != len(units) or ann.d != emb.shape[1]:
+                raise PersistError(f"the HNSW graph in {str(folder)!r} holds {ann.ntotal} vectors of "
+                                   f"dimension {ann.d} for {len(units)} units; rebuild the index.")
+        index._state = index._make_state(tuple(units), emb, ann)
         return index
 
     @classmethod
@@ -316,6 +395,15 @@ class DenseIndex(FreshOnCopy):
         """Load an index written by :meth:`save` (``verify=False`` skips the SHA-256 checks)."""
         return load_snapshot(path, cls.FORMAT, cls.FORMAT_VERSION, "dense index",
                              lambda folder, m: cls._read(folder, m["meta"], embedder), verify=verify)
+
+
+def _faiss() -> Any:
+    try:
+        import faiss
+    except ImportError as exc:  # pragma: no cover - faiss-cpu is in the extras
+        raise ImportError("DenseIndex(index='hnsw') needs faiss: pip install faiss-cpu "
+                          "(or use index='exact').") from exc
+    return faiss
 
 
 class DenseRetrieve(Stage):
