@@ -11,8 +11,11 @@ Writes benchmarks/results/bm25.json and bm25.png.
    recall of relevant documents inside the top-K clusters, against flat BM25 at the same number
    of documents.
 3. Speed in one process: queries/s, index build seconds and peak memory (tracemalloc) of our
-   BM25 against LangChain community ``BM25Retriever`` (rank_bm25) and
-   ``llama-index-retrievers-bm25`` at SciFact size and on 100k synthetic documents.
+   BM25 against raw bm25s (same tokenizer settings), LangChain community ``BM25Retriever``
+   (rank_bm25) and ``llama-index-retrievers-bm25`` at SciFact size and on 100k synthetic documents.
+3b. (part "raw") ours vs raw bm25s over the same built index on 100k synthetic documents, k=10
+   and k=100, numpy and numba (after its compile), single queries and batches, interleaved
+   rounds: median ms per query, p50/p95, load average (``vs_raw_bm25s`` in the JSON).
 4. Clustering seconds (BM25 kNN graph + Algorithm 1) on 10k and 100k synthetic documents.
 """
 
@@ -101,6 +104,11 @@ class Systems:
         return lambda q, k: index.search(q, k=k)
 
     @staticmethod
+    def raw_bm25s(texts):
+        """bm25s on its own, same tokenizer settings as ours (stopwords "en", English Snowball)."""
+        return raw_bm25s_search(texts)
+
+    @staticmethod
     def ours_batched(texts):
         index = BM25Index.from_texts(texts)
         return lambda qs, k: index.search_many(qs, k=k)
@@ -122,9 +130,109 @@ class Systems:
         return lambda q, k: r.retrieve(q)
 
 
+def raw_bm25s_search(texts=None, retriever=None, backend: str = "numpy"):
+    """Raw bm25s search (``bm25s.tokenize`` with our default settings + ``BM25.retrieve``):
+    built over ``texts``, or querying an already built bm25s ``retriever``."""
+    import bm25s
+    import Stemmer
+
+    stem = Stemmer.Stemmer("english")
+    if retriever is None:
+        retriever = bm25s.BM25(method="lucene", k1=1.5, b=0.75)
+        retriever.index(bm25s.tokenize(texts, stopwords="en", stemmer=stem, show_progress=False),
+                        show_progress=False)
+
+    def search(q, k):
+        toks = bm25s.tokenize([q], stopwords="en", stemmer=stem, return_ids=False, show_progress=False)
+        return retriever.retrieve(toks, k=k, show_progress=False, backend_selection=backend)
+
+    def search_many(qs, k, n_threads=0):
+        toks = bm25s.tokenize(qs, stopwords="en", stemmer=stem, return_ids=False, show_progress=False)
+        return retriever.retrieve(toks, k=k, show_progress=False, n_threads=n_threads,
+                                  backend_selection=backend)
+
+    search.many = search_many  # type: ignore[attr-defined]
+    return search
+
+
+def vs_raw(texts: list[str], queries: list[str], rounds: int, ks=(10, 100)) -> dict:
+    """Ours against raw bm25s over the SAME built bm25s index (so only the query path differs),
+    numpy and numba backends, single queries and batches, interleaved: each round times every
+    system once over all queries, in a rotated order; the figure per system is the median over
+    rounds of its mean seconds per query, and p50/p95 come from the per-query timings."""
+    import tempfile
+
+    from common import LatencyReport
+
+    with timer() as tb:
+        ours_np = BM25Index.from_texts(texts)
+    with tempfile.TemporaryDirectory() as tmp:
+        ours_np.save(tmp)
+        ours_nb = BM25Index.load(tmp, backend="numba", verify=False)
+    raw_np = raw_bm25s_search(retriever=ours_np._retriever)
+    raw_nb = raw_bm25s_search(retriever=ours_nb._retriever, backend="numba")
+    with timer() as tc:  # numba JIT compile happens on the first numba call
+        ours_nb.search(queries[0], k=10)
+        ours_nb.search_many(queries[:2], k=10)
+        raw_nb.many(queries[:2], 10)
+    for f in (lambda q, k: ours_np.search(q, k=k), raw_np):
+        f(queries[0], 10)  # warm-up
+    single = {"raw_bm25s": raw_np, "ours": lambda q, k: ours_np.search(q, k=k),
+              "raw_bm25s_numba": raw_nb, "ours_numba": lambda q, k: ours_nb.search(q, k=k)}
+    batched = {"raw_bm25s_batched": lambda qs, k: raw_np.many(qs, k),
+               "ours_batched": lambda qs, k: ours_np.search_many(qs, k=k),
+               "ours_batched_2threads": lambda qs, k: ours_np.search_many(qs, k=k, n_threads=2),
+               "raw_bm25s_numba_batched": lambda qs, k: raw_nb.many(qs, k),
+               "ours_numba_batched": lambda qs, k: ours_nb.search_many(qs, k=k),
+               "ours_numba_batched_2threads": lambda qs, k: ours_nb.search_many(qs, k=k, n_threads=2)}
+    names = list(single) + list(batched)
+    for k in ks:  # warm every path (numba threading layer, caches) before timing
+        for f in single.values():
+            f(queries[0], k)
+        for g in batched.values():
+            g(queries[:4], k)
+    out: dict = {"n_documents": len(texts), "n_queries": len(queries), "rounds": rounds,
+                 "index_seconds": tb["seconds"], "numba_compile_seconds": tc["seconds"], "k": {}}
+    for k in ks:
+        reps = {n: LatencyReport(f"{n} k={k}") for n in names}
+        means: dict[str, list[float]] = {n: [] for n in names}
+        for r in range(rounds):
+            order = names[r % len(names):] + names[:r % len(names)]
+            for n in order:
+                if n in single:
+                    f = single[n]
+                    t_all = 0.0
+                    for q in queries:
+                        t0 = time.perf_counter()
+                        f(q, k)
+                        dt = time.perf_counter() - t0
+                        reps[n].seconds.append(dt)
+                        t_all += dt
+                else:
+                    t0 = time.perf_counter()
+                    batched[n](queries, k)
+                    t_all = time.perf_counter() - t0
+                    reps[n].add(t_all, len(queries))
+                means[n].append(t_all / len(queries))
+        rows = {n: {"median_ms_per_query": 1e3 * float(np.median(means[n])),
+                    "round_ms_per_query": [1e3 * m for m in means[n]],
+                    "qps": 1.0 / float(np.median(means[n])), "latency": reps[n].summary()} for n in names}
+        med = {n: rows[n]["median_ms_per_query"] for n in names}
+        ratios = {"ours_vs_raw_bm25s": med["ours"] / med["raw_bm25s"],
+                  "ours_numba_vs_raw_bm25s_numba": med["ours_numba"] / med["raw_bm25s_numba"],
+                  "ours_batched_vs_ours_single": med["ours_batched"] / med["ours"],
+                  "ours_batched_vs_raw_bm25s_batched": med["ours_batched"] / med["raw_bm25s_batched"],
+                  "ours_numba_vs_ours_numpy": med["ours_numba"] / med["ours"],
+                  "ours_numba_batched_vs_ours_batched": med["ours_numba_batched"] / med["ours_batched"]}
+        out["k"][str(k)] = {"systems": rows, "time_ratios": ratios}
+        print(f"[3b] k={k}: " + ", ".join(f"{n} {v:.2f} ms" for n, v in med.items()))
+        print(f"[3b] k={k} time ratios (<1: first is faster): " + ", ".join(f"{n} {v:.3f}" for n, v in ratios.items()))
+    return out
+
+
 def speed(texts: list[str], queries: list[str], label: str, n_slow: int) -> dict:
     out = {"n_documents": len(texts), "systems": {}}
-    for name in ("ours", "llama_index_bm25", "langchain_community"):
+    for name in ("ours", "raw_bm25s", "llama_index_bm25", "langchain_community"):
         build = getattr(Systems, name)
         gc.collect()
         with peak_memory() as mem:
@@ -197,11 +305,12 @@ def plot(result: dict, path) -> None:
     fig.savefig(path, dpi=110)
 
 
-PARTS = ("quality", "clustered", "speed", "clustering")
+PARTS = ("quality", "clustered", "speed", "raw", "clustering")
 
 
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds of the 'raw' part")
     p.add_argument("--parts", nargs="*", choices=PARTS, default=list(PARTS),
                    help="run only these parts; results of the others are kept from the existing JSON")
     args = p.parse_args()
@@ -223,6 +332,13 @@ def main() -> None:
         rng = random.Random(0)
         big_queries = [" ".join(rng.sample(big[rng.randrange(n_big)].split(), 8)) for _ in range(200)]
         result["speed_synthetic"] = speed(big, big_queries, "synthetic", n_slow=20)
+        del big
+    if "raw" in args.parts:
+        n_big = 20_000 if args.quick else 100_000
+        big = synthetic_corpus(n_big, vocab, seed=1)
+        rng = random.Random(0)
+        big_queries = [" ".join(rng.sample(big[rng.randrange(n_big)].split(), 8)) for _ in range(200)]
+        result["vs_raw_bm25s"] = vs_raw(big, big_queries, rounds=args.rounds)
         del big
     if "clustering" in args.parts:
         result["clustering_scale"] = clustering_scale(vocab, [2_000, 10_000] if args.quick else [10_000, 100_000])

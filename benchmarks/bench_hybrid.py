@@ -156,6 +156,28 @@ def bench_scifact(data: Path, depth: int, quick: bool, cache: Path) -> dict:
     }
 
 
+def bench_latency(data: Path, depth: int, n_queries: int, cache: Path) -> dict:
+    """Seconds per SciFact test query of the hybrid stage end to end (BM25 search, query
+    embedding with the warm MiniLM, dense search, alpha fusion), p50/p95 with the load average
+    (issue 19's latency report). The embedding cache is off, so each query runs the model."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from common import LatencyReport
+
+    test = load_beir(data / "scifact", split="test")
+    bm25 = BM25Index().index(test.corpus)
+    embedder = SentenceEmbedder(batch_size=64, cache=False)
+    dense = DenseIndex(embedder, index="exact").index(
+        test.corpus, embeddings=cached_embeddings(embedder, test.corpus, cache, "scifact-minilm"))
+    stage = HybridRetrieve(bm25.search, dense.search, k=depth, alpha=0.3)
+    queries = list(test.split_queries().values())[:n_queries]
+    stage.run(queries[0], [])  # warm: loads the model
+    rep = LatencyReport(f"hybrid alpha=0.3, {depth} per side, SciFact test")
+    for q in queries:
+        with rep.time():
+            stage.run(q, [])
+    return rep.summary()
+
+
 # -- SQuAD compression -----------------------------------------------------------------------
 def random_compress(units: list[Unit], ratio: float, rng: random.Random) -> list[Unit]:
     """Control: keep random sentences up to the same token budget (global, original order)."""
@@ -256,8 +278,16 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cache", type=Path, default=ROOT / ".cache")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "hybrid.json")
-    ap.add_argument("--only", choices=["scifact", "squad", "classifier"], default=None)
+    ap.add_argument("--only", choices=["scifact", "squad", "classifier", "latency"], default=None)
+    ap.add_argument("--latency-queries", type=int, default=100)
     args = ap.parse_args()
+    if args.only == "latency":  # update only the latency report of an existing hybrid.json
+        kept = json.loads(args.out.read_text()) if args.out.is_file() else {}
+        kept["latency"] = bench_latency(args.data, args.depth, args.latency_queries, args.cache)
+        kept["latency"]["command"] = " ".join(["python", *sys.argv])
+        args.out.write_text(json.dumps(kept, indent=2))
+        print(json.dumps(kept["latency"], indent=1))
+        return
 
     report: dict = {"command": " ".join(["python", *sys.argv]), "quick": args.quick,
                     "machine": f"{platform.machine()} {os.cpu_count()} cores (shared, CPU only)"}
@@ -271,6 +301,8 @@ def main() -> None:
         print(json.dumps(report["squad_compression"]["results"], indent=1))
     if args.only in (None, "classifier"):
         report["query_classifier"] = bench_classifier(5, args.seed)
+    if args.only is None:
+        report["latency"] = bench_latency(args.data, args.depth, args.latency_queries, args.cache)
         print(json.dumps(report["query_classifier"], indent=1))
     report["total_seconds"] = time.perf_counter() - t0
     args.out.parent.mkdir(parents=True, exist_ok=True)

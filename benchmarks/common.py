@@ -57,6 +57,76 @@ def peak_memory() -> Iterator[dict]:
         tracemalloc.stop()
 
 
+# -- latency report (issue 19): p50/p95 per query with warm models, load average, CPU flags ----
+def load_average() -> list[float] | None:
+    """The 1/5/15-minute load average (``None`` where the OS has none)."""
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+
+def latency_cpu() -> dict[str, Any]:
+    """CPU model, core count and the SIMD flags that decide fast paths (AVX2, AVX-512, AMX, bf16)."""
+    model, flags = platform.processor(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and ":" in line:
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and ":" in line:
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    wanted = ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile",
+              "avx_vnni")
+    return {"model": model, "cores": os.cpu_count(), "flags": sorted(f for f in wanted if f in flags)}
+
+
+def latency_summary(seconds: "list[float] | Any") -> dict[str, Any]:
+    """p50/p95/mean/min/max seconds of a list of per-query timings (warm: drop warm-up calls
+    before passing them)."""
+    import numpy as np
+
+    a = np.asarray(list(seconds), dtype=float)
+    if a.size == 0:
+        return {"n": 0}
+    return {"n": int(a.size), "p50_s": float(np.percentile(a, 50)), "p95_s": float(np.percentile(a, 95)),
+            "mean_s": float(a.mean()), "min_s": float(a.min()), "max_s": float(a.max())}
+
+
+class LatencyReport:
+    """Time calls one by one and report p50/p95 seconds per query with the load average around
+    the run and the CPU flags, so figures from a busy machine are recognisable::
+
+        rep = LatencyReport("bm25 search k=10")
+        for q in queries:
+            with rep.time():
+                index.search(q, k=10)
+        result["latency"] = rep.summary()
+
+    Warm the models up before the first timed call; ``add(seconds, n)`` records a batch of
+    ``n`` queries timed together (its per-query mean enters the percentiles ``n`` times).
+    """
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.seconds: list[float] = []
+        self.load_before = load_average()
+
+    @contextmanager
+    def time(self) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds.append(time.perf_counter() - t0)
+
+    def add(self, seconds: float, n: int = 1) -> None:
+        self.seconds.extend([seconds / n] * n)
+
+    def summary(self) -> dict[str, Any]:
+        return {"what": self.what, **latency_summary(self.seconds), "load_average_before": self.load_before,
+                "load_average_after": load_average(), "cpu": latency_cpu()}
+
+
 def machine() -> dict[str, Any]:
     import numpy
 

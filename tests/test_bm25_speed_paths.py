@@ -1,0 +1,123 @@
+"""The fast BM25 query path (issue 19) against references: bm25s' own tokenizer, a full sort of
+bm25s' score vector, and copy safety of the cheap hit copies."""
+
+import dataclasses
+import random
+
+import numpy as np
+import pytest
+
+from funnel_core import BM25Index, Unit
+from funnel_core.bm25 import METHODS, _hit
+
+WORDS = ("the running runner runs ran quickly quick cities city's CITY Paris parisian ranking "
+         "ranked ranks of and a an to tower towers lattice iron Eiffel école naïve x y z 42 4x4 "
+         "don't it's über straße").split()
+
+
+def _texts(n, seed=0):
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(0, 14))) for _ in range(n)]
+
+
+@pytest.mark.parametrize("config", [
+    {}, {"stemmer": None}, {"stopwords": None}, {"stopwords": ["tower", "the"]}, {"lower": False},
+    {"token_pattern": r"(?u)\b\w+\b", "stopwords": None}, {"stopwords": "fr", "stemmer": "french"},
+])
+def test_tokenize_equals_bm25s_tokenize(config):
+    import bm25s
+
+    index = BM25Index(**config)
+    texts = _texts(300) + ["", "   ", "THE", "Running-runners; ranks!"]
+    stop = index.config["stopwords"]
+    reference = bm25s.tokenize(texts, lower=index.config["lower"], token_pattern=index.config["token_pattern"],
+                               stopwords=stop if stop is not None else [], stemmer=index._stemmer(),
+                               return_ids=False, show_progress=False)
+    assert index.tokenize(texts) == reference
+    assert [index.tokenize([t])[0] for t in texts] == reference  # the one-query path too
+
+
+def _reference_top(index, query, k):
+    """Full sort of bm25s' score vector: positive scores only, score descending, index ascending."""
+    scores = index.get_scores(query)
+    pos = [i for i in range(len(scores)) if scores[i] > 0]
+    pos.sort(key=lambda i: (-float(scores[i]), i))
+    return [(index.units[i].id, float(scores[i])) for i in pos[:k]]
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("k", [1, 5, 200])
+def test_search_equals_a_full_sort_of_bm25s_scores(method, k):
+    texts = _texts(150, seed=1)
+    texts[0] = texts[0] + " tower"  # at least one match
+    index = BM25Index.from_texts(texts, method=method)
+    queries = ["tower of Paris", "running quickly", "the", "xylophone", "ranks city tower lattice"]
+    many = index.search_many(queries, k=k)
+    threaded = index.search_many(queries, k=k, n_threads=2)
+    for q, got, got2 in zip(queries, many, threaded):
+        want = _reference_top(index, q, k)
+        assert [(u.id, u.score) for u in got] == want
+        assert [(u.id, u.score) for u in index.search(q, k=k)] == want
+        assert [(u.id, u.score) for u in got2] == want
+        assert [u.metadata["bm25_rank"] for u in got] == list(range(len(got)))
+        assert all(u.metadata["scores"] == {"bm25": u.score} for u in got)
+
+
+def test_filter_on_the_fast_path_matches_the_reference():
+    texts = _texts(120, seed=2)
+    meta = [{"even": i % 2 == 0} for i in range(len(texts))]
+    index = BM25Index.from_texts(texts, metadatas=meta)
+    got = index.search("tower running Paris", k=10, filter={"even": True})
+    want = [(i, s) for i, s in _reference_top(index, "tower running Paris", len(texts))
+            if int(i) % 2 == 0][:10]
+    assert [(u.id, u.score) for u in got] == want and got
+
+
+def test_a_hit_sets_every_unit_field():
+    unit = Unit(id="a", text="t", score=3.0, metadata={"k": 1}, parent_id="p", level="document",
+                source=object())
+    hit = _hit(unit, 2.5, "bm25", 4, True)
+    for f in dataclasses.fields(Unit):
+        assert f.name in vars(hit), f"_hit does not set Unit.{f.name}"
+    assert hit.to_dict() == {"id": "a", "text": "t", "score": 2.5, "parent_id": "p", "level": "document",
+                             "metadata": {"k": 1, "scores": {"bm25": 2.5}, "bm25_rank": 4}}
+    assert hit.source is unit.source and unit.metadata == {"k": 1} and unit.score == 3.0
+
+
+@pytest.mark.parametrize("metadata", [
+    {"title": "Paris", "year": 2020, "pair": (1, 2)},            # immutable values: shallow copy
+    {"tags": ["geo", "fr"], "nested": {"a": [1]}},               # mutable values: deep copy
+    {"scores": {"earlier": 1.0}, "title": "Paris"},              # a score history is kept
+])
+def test_editing_returned_units_never_changes_the_index(metadata):
+    import copy
+
+    units = [Unit(id="a", text="Paris tower", metadata=copy.deepcopy(metadata)),
+             Unit(id="b", text="London bridge", metadata={})]
+    index = BM25Index().index(units)
+    first = index.search("Paris", k=2)
+    hit = first[0]
+    hit.metadata["title"] = "changed"
+    hit.metadata.setdefault("scores", {})["mine"] = 9.0
+    for v in hit.metadata.values():
+        if isinstance(v, list):
+            v.append("x")
+        if isinstance(v, dict):
+            v["new"] = 1
+    hit.text, hit.score = "edited", -1.0
+    again = index.search("Paris", k=2)[0]
+    expected = {**metadata, "scores": {**metadata.get("scores", {}), "bm25": again.score}, "bm25_rank": 0}
+    assert again.metadata == expected
+    assert again.text == "Paris tower" and again.score == first[0].metadata["scores"]["bm25"]
+    assert index.units[0].metadata == metadata and index.units[0].text == "Paris tower"
+
+
+def test_numba_backend_gives_the_same_results_when_installed():
+    pytest.importorskip("numba")
+    texts = _texts(80, seed=3)
+    numpy_index = BM25Index.from_texts(texts)
+    numba_index = BM25Index.from_texts(texts, backend="numba")
+    q = ["tower Paris running", "lattice iron", "the"]
+    a, b = numpy_index.search_many(q, k=7), numba_index.search_many(q, k=7)
+    assert [[u.score for u in r] for r in a] == [[u.score for u in r] for r in b]
+    assert np.allclose([len(r) for r in a], [len(r) for r in b])
