@@ -120,6 +120,7 @@ def _cmd_query(args: argparse.Namespace) -> int:
         from funnel_core.bm25 import BM25Rerank
 
         funnel = funnel >> BM25Rerank() % args.k
+    funnel.warm_up()  # models load here, not inside the timed trace
     res = funnel.search(args.question)
     for i, u in enumerate(res.units, 1):
         print(f"{i}. [{u.metadata.get('title')}] score={u.score:.3f}\n   {' '.join(u.text.split())[:300]}")

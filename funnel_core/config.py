@@ -600,6 +600,11 @@ class ConfiguredAdapter:
             raise AttributeError(f"{type(self).__name__} has no core config.")
         return self.config_class(**self._config_values())
 
+    def warm_up(self) -> Any:
+        """Load the stage's model now and run one dummy batch (see ``Stage.warm_up``); returns self."""
+        self.stage.warm_up()
+        return self
+
     def _build_stage(self) -> Any:
         """Build the ``funnel_core`` stage from this object's fields."""
         return current_stage(self.config, self._stage)

@@ -111,6 +111,7 @@ def run_demo(questions: list[str] | None = None, out=print) -> None:
         f"({time.perf_counter() - t0:.1f} s)")
     t0 = time.perf_counter()
     index, funnel = build_demo_funnel(units)
+    funnel.warm_up()
     sizes = [c.metadata["n_tokens"] for c in index.clusters]
     out(f"clustered into {len(index.clusters)} clusters (Algorithm 1, S=4096 tokens, explicit links; "
         f"mean {sum(sizes) / len(sizes):.0f} tokens) in {time.perf_counter() - t0:.1f} s\n")

@@ -30,7 +30,29 @@ from typing import Any, Callable, Iterable, Sequence
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.units import StageRecord, Trace, Unit
 
-__all__ = ["Stage", "FunctionStage", "Funnel", "FunnelResult", "as_stage"]
+__all__ = ["Stage", "FunctionStage", "Funnel", "FunnelResult", "as_stage", "warm_up_objects"]
+
+
+def warm_up_objects(objects: Iterable[Any], _seen: set[int] | None = None) -> None:
+    """Warm up every stage among ``objects`` and load every lazy model (one level into lists,
+    and into objects holding a ``_model`` :class:`~funnel_core.models.LazyModel`, e.g. embedders)."""
+    from funnel_core.models import LazyModel
+
+    seen = set() if _seen is None else _seen
+    for obj in objects:
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, Stage):
+            obj.warm_up()
+        elif isinstance(obj, LazyModel):
+            obj.get()
+        elif isinstance(getattr(obj, "_model", None), LazyModel):
+            obj._model.get()
+        elif isinstance(obj, (list, tuple)):
+            warm_up_objects(obj, seen)
+        elif callable(getattr(obj, "warm_up", None)) and not isinstance(obj, type):
+            obj.warm_up()  # an adapter (postprocessor, compressor, retriever) wrapping a stage
 
 
 class Stage(ABC):
@@ -52,6 +74,18 @@ class Stage(ABC):
     async def arun(self, query: str, units: list[Unit]) -> list[Unit]:
         """Async twin of :meth:`run`; by default runs :meth:`run` in a worker thread."""
         return await asyncio.to_thread(self.run, query, units)
+
+    def warm_up(self) -> "Stage":
+        """Load every lazily loaded model now (this stage's and its sub-stages') and run one
+        dummy batch, so the first real query pays neither; returns ``self``. For servers: call it
+        at start-up. The CLI calls it before timing."""
+        warm_up_objects([v for v in vars(self).values() if v is not self], {id(self)})
+        self._warm_up_batch()
+        return self
+
+    def _warm_up_batch(self) -> None:
+        """Run one dummy batch through the loaded model (stages with a model override this)."""
+        return None
 
     # -- calling ---------------------------------------------------------------------------
     def __call__(self, query: str, units: Sequence[Unit] | None = None) -> list[Unit]:

@@ -207,6 +207,15 @@ class UnitRetriever(BaseRetriever):
     model_config = ConfigDict(arbitrary_types_allowed=True)
     k: Optional[int] = Field(default=4, description="Number of documents to return.")
 
+    def warm_up(self) -> "UnitRetriever":
+        """Load the models of the stages and indexes this retriever holds and run one dummy batch
+        (``funnel_core`` ``Stage.warm_up``), e.g. at server start-up; returns ``self``."""
+        from funnel_core.funnel import warm_up_objects
+
+        private = getattr(self, "__pydantic_private__", None) or {}
+        warm_up_objects([*vars(self).values(), *private.values()])
+        return self
+
     def model_post_init(self, __context: Any) -> None:
         if self.k is not None or not self._k_optional:
             check_k(self.k)

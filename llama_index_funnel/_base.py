@@ -220,6 +220,15 @@ class UnitRetriever(BaseRetriever):
 
     annotate: bool = True
 
+    def warm_up(self) -> "UnitRetriever":
+        """Load the models of the stages and indexes this retriever holds and run one dummy batch
+        (``funnel_core`` ``Stage.warm_up``), e.g. at server start-up; returns ``self``."""
+        from funnel_core.funnel import warm_up_objects
+
+        private = getattr(self, "__pydantic_private__", None) or {}
+        warm_up_objects([*vars(self).values(), *private.values()])
+        return self
+
     @abstractmethod
     def _search(self, query: str) -> list[Unit]:
         """Return the units for a (non-empty, stripped) query."""

@@ -74,3 +74,6 @@ class Reranker(Stage):
 
     def run(self, query: str, units: list[Unit]) -> list[Unit]:
         return self.rank(query, units)
+
+    def _warm_up_batch(self) -> None:
+        self.score("warm up", ["a short passage to warm the model up"])
