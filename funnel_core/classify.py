@@ -165,26 +165,28 @@ class QueryClassifier:
         if key not in _PRETRAINED:
             rows = load_labelled_queries()
             clf.fit([r["query"] for r in rows], [r["label"] for r in rows])
-            _PRETRAINED[key] = (clf.coef_.copy(), clf.intercept_)
+            _PRETRAINED[key] = (clf._require_fitted().copy(), clf.intercept_)
         coef, intercept = _PRETRAINED[key]
         clf.coef_, clf.intercept_ = coef.copy(), intercept
         return clf
 
     # -- inference -----------------------------------------------------------------------------
-    def _require_fitted(self) -> None:
+    def _require_fitted(self) -> np.ndarray:
+        """The trained weights (raises :class:`NotFittedError` before training)."""
         if self.coef_ is None:
             raise NotFittedError("this QueryClassifier is not trained; call fit(queries, labels), "
                                  "QueryClassifier.pretrained() or QueryClassifier.load(path).")
+        return self.coef_
 
     def predict_proba(self, queries: Sequence[str]) -> list[float]:
         """``P(retrieval)`` for each query, as Python floats."""
-        self._require_fitted()
+        coef = self._require_fitted()
         if isinstance(queries, str):
             raise TypeError("predict_proba expects a list of queries; use needs_retrieval() for one.")
         if len(queries) == 0:
             return []
         X = self.embedder.encode([check_query(q) for q in queries]).astype(np.float64)
-        logits = X @ self.coef_ + self.intercept_
+        logits = X @ coef + self.intercept_
         return [float(p) for p in 1.0 / (1.0 + np.exp(-logits))]
 
     def predict(self, queries: Sequence[str]) -> list[str]:
@@ -203,8 +205,7 @@ class QueryClassifier:
     def save(self, path: str | os.PathLike) -> None:
         """Commit ``weights.npy`` and the settings to the persist folder ``path`` (see
         :mod:`funnel_core.persist`: snapshot, fsync, atomic pointer, SHA-256 per file)."""
-        self._require_fitted()
-        coef, intercept = self.coef_.copy(), float(self.intercept_)
+        coef, intercept = self._require_fitted().copy(), float(self.intercept_)
 
         def write(folder: Path) -> dict[str, Any]:
             np.save(folder / "weights.npy", np.append(coef, intercept), allow_pickle=False)

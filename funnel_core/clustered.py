@@ -274,7 +274,10 @@ class ClusteredBM25Index(FreshOnCopy):
                 return 0
             if not docs:
                 raise ValueError("delete would remove every document; build a new index instead.")
-            members, sizes, cids, changed = [], [], [], set()
+            members: list[list[str]] = []
+            sizes: list[int] = []
+            cids: list[str] = []
+            changed: set[int] = set()
             tokens = {d.id: count_tokens(d.text) for d in docs}
             for c in st.clusters:
                 mem = [m for m in c.metadata["members"] if m not in drop]
@@ -286,11 +289,11 @@ class ClusteredBM25Index(FreshOnCopy):
                 sizes.append(sum(tokens[m] for m in mem))
                 cids.append(c.id)
             old = {c.id: c for c in st.clusters}
-            clusters = [old[cid] if k not in changed else None for k, cid in enumerate(cids)]
             by_id = {d.id: d for d in docs}
-            for k in changed:
-                clusters[k] = Unit(id=cids[k], text=_SEPARATOR.join(by_id[m].text for m in members[k]),
-                                   metadata={"members": members[k], "n_tokens": sizes[k]}, level="cluster")
+            clusters = [old[cid] if k not in changed else
+                        Unit(id=cid, text=_SEPARATOR.join(by_id[m].text for m in members[k]),
+                             metadata={"members": members[k], "n_tokens": sizes[k]}, level="cluster")
+                        for k, cid in enumerate(cids)]
             self._state = self._make_state(docs, clusters, None, st.next_cluster)
         return removed
 
@@ -329,11 +332,11 @@ class ClusteredBM25Index(FreshOnCopy):
         st = self._require_built()
         check_positive_int(k, "k")
         check_positive_int(max_documents, "max_documents", allow_none=True)
-        cluster_filter = doc_mask = None
-        if filter is not None:
-            doc_mask = metadata_mask(st.documents, filter, st.columns)
-            cluster_filter = np.fromiter((doc_mask[docs].any() for docs in st.cluster_docs),
-                                         dtype=bool, count=len(st.cluster_docs))
+        cluster_filter: np.ndarray | None = None
+        doc_mask = None if filter is None else metadata_mask(st.documents, filter, st.columns)
+        if doc_mask is not None:
+            cluster_filter = np.array([bool(doc_mask[docs].any()) for docs in st.cluster_docs],
+                                      dtype=bool)
         clusters = st.cluster_index.search(query, k=k, filter=cluster_filter, name=name)
         for rank, c in enumerate(clusters):
             c.metadata["cluster_rank"] = rank

@@ -180,7 +180,7 @@ class ExtractiveCompressor(Stage):
         else:
             kept, start = set(), 0
             for sents in per_unit:
-                idx = range(start, start + len(sents))
+                idx = list(range(start, start + len(sents)))
                 local = self._select([scores[i] for i in idx], [lengths[i] for i in idx])
                 kept |= {start + i for i in local}
                 start += len(sents)

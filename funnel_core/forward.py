@@ -335,7 +335,8 @@ class ForwardLookup(Stage):
 
     def reader_context(self, stage1: Sequence[Unit]) -> str:
         """The text the light LLM reads: Stage I chunks (capped by ``reader_words``) in order."""
-        chosen, words = [], 0
+        chosen: list[Unit] = []
+        words = 0
         for u in stage1:
             n = len(u.text.split())
             if self.reader_words is not None and chosen and words + n > self.reader_words:

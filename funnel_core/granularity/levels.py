@@ -151,6 +151,9 @@ class GranularityHierarchy(GranularityStructure):
         self._check_level(level)
         unit = self.by_id[unit_id]
         while unit.metadata["granularity"] < level:
+            if unit.parent_id is None:
+                raise ValueError(f"unit {unit.id!r} has no parent above level "
+                                 f"{unit.metadata['granularity']}; rebuild the granularity levels.")
             unit = self.by_id[unit.parent_id]
         if unit.metadata["granularity"] != level:
             raise ValueError(f"unit {unit_id!r} is coarser than level {level}.")

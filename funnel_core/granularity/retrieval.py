@@ -173,9 +173,10 @@ class MixOfGranularityRetrieve(Stage):
         for j, units in enumerate(hits):
             if not units:
                 continue
-            top = max(u.score for u in units)
-            for u in units:
-                s = u.score / top if self.normalize == "max" and top > 0 else u.score
+            raw = [float(u.score or 0.0) for u in units]  # BM25 hits are always scored
+            top = max(raw)
+            for u, score in zip(units, raw):
+                s = score / top if self.normalize == "max" and top > 0 else score
                 for f in self.structure.covers(j + 1, self.index.positions[j][u.id]).tolist():
                     row = best.get(f)
                     if row is None:
@@ -186,7 +187,7 @@ class MixOfGranularityRetrieve(Stage):
         finest = np.fromiter(best.keys(), dtype=np.int64, count=len(best))
         mixed = np.stack([best[f] for f in finest.tolist()]) @ w
         order = np.lexsort((finest, -mixed))  # best weighted score first; ties: document order
-        level = choose_level(w, self.level_margin)
+        level = choose_level(w.tolist(), self.level_margin)
         weights_list = [float(x) for x in w]
         out: list[Unit] = []
         seen: set[int] = set()

@@ -351,9 +351,9 @@ class GranularityRouter:
                 name = config["embedder"]
                 if not isinstance(name, str) or not name or len(name) > 4096:
                     raise ValueError(f"invalid embedder name {name!r:.80}")
-                n_levels = check_number(config["n_levels"], "n_levels", 1, 10_000, integer=True)
-                hidden = check_number(config["hidden"], "hidden", 1, 100_000, integer=True)
-                dim = check_number(config["dim"], "dim", 1, 1_000_000, integer=True)
+                n_levels = int(check_number(config["n_levels"], "n_levels", 1, 10_000, integer=True))
+                hidden = int(check_number(config["hidden"], "hidden", 1, 100_000, integer=True))
+                dim = int(check_number(config["dim"], "dim", 1, 1_000_000, integer=True))
                 dropout = check_number(config["dropout"], "dropout", 0.0, 1.0)
                 router = cls(n_levels, hidden=hidden, dropout=dropout,
                              embedder=embedder or SentenceEmbedder(name), device=device)
