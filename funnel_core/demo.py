@@ -6,21 +6,34 @@ Every machine with Python has this corpus, so the demo needs no download:
       >> embedding rerank of documents (packaged all-MiniLM-L6-v2) % 8
       >> later chunking into ~60-word passages
       >> embedding rerank of passages % 3
+
+Every document and every passage the funnel can produce is embedded once, ahead of the
+questions, into a :class:`~funnel_core.embeddings.DenseIndex` kept in the user's cache folder
+(keyed by the corpus and the model); the rerankers read their vectors from it, so a question
+embeds only itself.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
+import os
 import pkgutil
 import sys
 import time
 import warnings
-from typing import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable
 
+from funnel_core.errors import PersistError
 from funnel_core.units import Unit
 
-__all__ = ["stdlib_corpus", "build_demo_funnel", "run_demo", "DEMO_QUESTIONS"]
+if TYPE_CHECKING:
+    from funnel_core.embeddings import DenseIndex, SentenceEmbedder
+    from funnel_core.text import LaterChunking
+
+__all__ = ["stdlib_corpus", "build_demo_funnel", "demo_vectors", "run_demo", "DEMO_QUESTIONS"]
 
 DEMO_QUESTIONS = [
     "How do I parse command line arguments with subcommands?",
@@ -88,18 +101,54 @@ def stdlib_corpus() -> list[Unit]:
     return units
 
 
-def build_demo_funnel(units: list[Unit], k_clusters: int = 5):
-    """The demo's funnel over ``units`` (see the module docstring)."""
+def cache_root() -> Path:
+    """Where the demo keeps its embeddings: ``$FUNNEL_RAG_CACHE``, else
+    ``$XDG_CACHE_HOME/funnel-rag``, else ``~/.cache/funnel-rag``."""
+    if os.environ.get("FUNNEL_RAG_CACHE"):
+        return Path(os.environ["FUNNEL_RAG_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "funnel-rag"
+
+
+def demo_vectors(units: list[Unit], chunker: "LaterChunking", embedder: "SentenceEmbedder",
+                 cache_dir: str | os.PathLike | None = None) -> "DenseIndex":
+    """A dense index over every document in ``units`` and every passage ``chunker`` cuts from
+    them (each distinct text once), loaded from ``cache_dir`` (default: a folder under
+    :func:`cache_root` named by a hash of the texts and the model) or built and saved there."""
+    from funnel_core.embeddings import DenseIndex
+
+    texts: dict[str, Unit] = {}
+    for doc in units:
+        for u in (doc, *chunker.split(doc)):
+            texts.setdefault(u.text, u)
+    digest = hashlib.sha256(repr(embedder._model_key()).encode())
+    for text, u in texts.items():
+        digest.update(f"{u.id}\0{text}\0".encode())
+    folder = Path(cache_dir) if cache_dir is not None else cache_root() / f"demo-{digest.hexdigest()[:16]}"
+    if (folder / "CURRENT").exists():
+        try:
+            return DenseIndex.load(folder, embedder)
+        except (PersistError, OSError, ValueError) as exc:  # a damaged cache is rebuilt, never trusted
+            warnings.warn(f"rebuilding the demo's embedding cache in {str(folder)!r} ({exc})", stacklevel=2)
+    index = DenseIndex(embedder, index="exact").index(list(texts.values()))
+    index.save(folder)
+    return index
+
+
+def build_demo_funnel(units: list[Unit], k_clusters: int = 5, cache_dir: str | os.PathLike | None = None):
+    """The demo's funnel over ``units`` (see the module docstring); ``cache_dir``: see
+    :func:`demo_vectors`."""
     from funnel_core.clustered import ClusteredBM25Index, ClusteredBM25Retrieve
     from funnel_core.embeddings import EmbeddingReranker, SentenceEmbedder
     from funnel_core.text import LaterChunking
 
     index = ClusteredBM25Index(max_tokens=4096).index(units)
     embedder = SentenceEmbedder()
+    chunker = LaterChunking(words=60)
+    vectors = demo_vectors(units, chunker, embedder, cache_dir)
     funnel = (ClusteredBM25Retrieve(index, k=k_clusters) % 40
-              >> EmbeddingReranker(embedder, name="minilm_docs") % 8
-              >> LaterChunking(words=60)
-              >> EmbeddingReranker(embedder, name="minilm_passages") % 3)
+              >> EmbeddingReranker(embedder, index=vectors, name="minilm_docs") % 8
+              >> chunker
+              >> EmbeddingReranker(embedder, index=vectors, name="minilm_passages") % 3)
     return index, funnel
 
 
@@ -114,7 +163,8 @@ def run_demo(questions: list[str] | None = None, out=print) -> None:
     funnel.warm_up()
     sizes = [c.metadata["n_tokens"] for c in index.clusters]
     out(f"clustered into {len(index.clusters)} clusters (Algorithm 1, S=4096 tokens, explicit links; "
-        f"mean {sum(sizes) / len(sizes):.0f} tokens) in {time.perf_counter() - t0:.1f} s\n")
+        f"mean {sum(sizes) / len(sizes):.0f} tokens) and embedded every document and passage (once; "
+        f"kept under {cache_root()}) in {time.perf_counter() - t0:.1f} s\n")
     for q in questions or DEMO_QUESTIONS:
         res = funnel.search(q)
         out(f"Q: {q}")
