@@ -248,7 +248,8 @@ def efficiency(rows: list[dict], key: str) -> list[dict]:
 
 
 def markdown(payload: dict) -> str:
-    """The doc's tables, generated from the JSON (docs/offline_build.md pastes this output)."""
+    """The doc's tables, generated from the JSON (``benchmarks/report.py`` renders them into
+    docs/offline_build.md); a run without 1-vs-2 worker pairs gives the first table only."""
     name = {("local", 1): "local, 1 thread", ("local", 2): "local, 2 threads",
             ("ray", 1): "ray, 1 worker", ("ray", 2): "ray, 2 workers"}
     lines = ["| documents | rows computed | engine | seconds | same graph as local | load avg (1 min) before |",
@@ -257,6 +258,8 @@ def markdown(payload: dict) -> str:
         same = r.get("equal_to_local", r.get("equal_to_first", "reference"))
         lines.append(f"| {r['n_documents']:,} | {r['rows_computed']:,} | {name[(r['engine'], r['workers'])]} | "
                      f"{r['seconds']:.1f} | {same} | {r['load_before'][0]} |")
+    if not payload.get("knn_efficiency"):
+        return "\n".join(lines)
     lines += ["", "| documents | rows computed | engine | 1 worker (s) | 2 workers (s) | speed-up | parallel efficiency |",
               "|---|---|---|---|---|---|---|"]
     for e in payload["knn_efficiency"]:

@@ -891,9 +891,30 @@ def block_ce_backends() -> str:
     return "\n".join(lines)
 
 
+
+@block("offline-engines")
+def block_offline_engines() -> str:
+    """Issue 21: local vs Ray engines (bench_offline_engines.py's own tables)."""
+    from bench_offline_engines import markdown
+
+    return markdown(load("offline_engines.json"))
+
+
+@block("offline-engines-1m-full")
+def block_offline_engines_1m_full() -> str:
+    from bench_offline_engines import markdown
+
+    d = load("offline_engines_1m_full.json")
+    loads = "; ".join(f"{r['engine']}: load average {r['load_before'][0]:.1f} before, {r['load_after'][0]:.1f} after"
+                      for r in d["knn"])
+    return (f"Command: `python benchmarks/bench_offline_engines.py --sizes 1000000 --local-threads 2 "
+            f"--ray-workers 2 --embed-n 0 --out benchmarks/results/offline_engines_1m_full.json` ({loads}; "
+            f"the Ray row excludes `ray.init` and the per-worker warm-up, which the JSON records):\n\n"
+            + markdown(d))
+
 FILES = [ROOT / "README.md", ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "clustering.md",
          ROOT / "docs" / "funnel.md", ROOT / "docs" / "prerank.md",
-         ROOT / "docs" / "llm_retrieval.md", ROOT / "docs" / "performance.md"]
+         ROOT / "docs" / "llm_retrieval.md", ROOT / "docs" / "performance.md", ROOT / "docs" / "offline_build.md"]
 MARK = re.compile(r"(<!-- results:([a-z0-9-]+):begin -->\n)(.*?)(<!-- results:\2:end -->)", re.S)
 
 
