@@ -912,6 +912,71 @@ def block_offline_engines_1m_full() -> str:
             f"the Ray row excludes `ray.init` and the per-worker warm-up, which the JSON records):\n\n"
             + markdown(d))
 
+
+@block("bm25-vs-raw")
+def block_bm25_vs_raw() -> str:
+    """Issue 19: our BM25Index against raw bm25s on the same index (bm25.json, vs_raw_bm25s)."""
+    d = load("bm25.json")["vs_raw_bm25s"]
+    ks = sorted(d["k"], key=int)
+    pairs = [("`search` / raw bm25s `retrieve` (numpy)", "ours_vs_raw_bm25s"),
+             ("`search_many` / `search`, per query (numpy)", "ours_batched_vs_ours_single"),
+             ("`search_many` / raw bm25s batched (numpy)", "ours_batched_vs_raw_bm25s_batched"),
+             ("numba: ours / raw bm25s numba", "ours_numba_vs_raw_bm25s_numba"),
+             ("ours: numba / numpy", "ours_numba_vs_ours_numpy")]
+    rows = [[label] + [f"{d['k'][k]['time_ratios'][key]:.2f}x" for k in ks] for label, key in pairs]
+    ms = [[name] + [f"{d['k'][k]['systems'][name]['median_ms_per_query']:.2f}" for k in ks]
+          for name in d["k"][ks[0]]["systems"]]
+    loads = [s["latency"]["load_average_before"][0] for k in ks for s in d["k"][k]["systems"].values()]
+    return (table(["time ratio (< 1: ours faster)"] + [f"k={k}" for k in ks], rows,
+                  f"{d['n_documents']:,} synthetic documents, {d['n_queries']} queries, {d['rounds']} interleaved "
+                  f"rounds, median ms per query; ours and raw bm25s query the same built index (numba compile "
+                  f"{d['numba_compile_seconds']:.0f} s, not timed); 1-minute load average {min(loads):.1f}-"
+                  f"{max(loads):.1f} on 2 cores. Command: `python benchmarks/bench_bm25.py --parts raw --rounds "
+                  f"{d['rounds']}`.")
+            + "\n\n" + table(["system (ms per query)"] + [f"k={k}" for k in ks], ms))
+
+
+@block("dense-ann")
+def block_dense_ann() -> str:
+    """Issue 19: faiss HNSW against exact search (dense_ann.json)."""
+    d = load("dense_ann.json")
+    rows = []
+    for size, s in d["sizes"].items():
+        ex = s["exact"]["10"]
+        rows.append([f"{int(size):,}", "exact", "1.000", "1.000", secs(ex["p50_s"]), secs(ex["p95_s"])])
+        for ef, h in s["hnsw"].items():
+            rows.append([f"{int(size):,}", f"HNSW {ef}", f"{h['10']['recall@10']:.3f}", f"{h['100']['recall@100']:.3f}",
+                         secs(h["10"]["latency"]["p50_s"]), secs(h["10"]["latency"]["p95_s"])])
+    first = next(iter(d["sizes"].values()))
+    return table(["vectors", "search", "recall@10", "recall@100", "p50 s (k=10)", "p95 s (k=10)"], rows,
+                 f"{first['vectors']}, {first['dimension']} dimensions, {first['n_queries']} queries; HNSW M="
+                 f"{first['hnsw_m']}, efConstruction={first['ef_construction']}, built in "
+                 f"{first['hnsw_build_seconds']:.0f} s; recall against exact search; load average "
+                 f"{first['exact']['10']['load_average_before'][0]:.1f} on 2 cores. Command: "
+                 f"`python benchmarks/bench_dense_ann.py --sizes 100000 --ef-search 64 128 256 512`.")
+
+
+@block("demo-timing")
+def block_demo_timing() -> str:
+    """Issue 19: the offline demo's seconds per question (demo_timing.json)."""
+    d = load("demo_timing.json")
+    runs = {d["embedding_cache"]: d, **d.get("previous_runs", {})}
+    rows = []
+    for cache in ("miss", "hit"):
+        r = runs.get(cache)
+        if r is None:
+            continue
+        warm = [q["seconds"] for rd in r["rounds"] for q in rd["questions"]]
+        rows.append([f"{cache} ({'one-time embedding of every document and passage' if cache == 'miss' else 'cache read'})",
+                     f"{r['build_seconds']:.1f}", f"{r['first_question_seconds']:.2f}",
+                     f"{max(warm):.3f}", "yes" if max(warm) < 0.5 else "no",
+                     f"{r['machine']['load_average_at_start'][0]:.1f}"])
+    return table(["embedding cache", "build s", "first question s", "slowest later question s", "all < 0.5 s",
+                  "load average at start"], rows,
+                 f"`python -m funnel_core demo`'s funnel over {d['n_documents']:,} stdlib docstrings "
+                 f"({d['n_clusters']} clusters); later questions asked with warm models, twice each; "
+                 "command: `python benchmarks/bench_demo.py --repeats 2` (run once on an empty cache, once again).")
+
 FILES = [ROOT / "README.md", ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "clustering.md",
          ROOT / "docs" / "funnel.md", ROOT / "docs" / "prerank.md",
          ROOT / "docs" / "llm_retrieval.md", ROOT / "docs" / "performance.md", ROOT / "docs" / "offline_build.md"]

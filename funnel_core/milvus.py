@@ -80,6 +80,7 @@ __all__ = [
     "is_milvus_entry",
     "MilvusBackend",
     "as_backend",
+    "hybrid_backends",
     "FORMAT_VERSION",
 ]
 
@@ -266,6 +267,13 @@ def as_backend(backend: Any) -> MilvusBackend | None:
                              "funnel_core.milvus.MilvusBackend(uri, token=..., db_name=...).") from exc
     raise TypeError(f"backend must be None/'memory', a Milvus URI string or a "
                     f"funnel_core.milvus.MilvusBackend, got {type(backend).__name__}.")
+
+
+def hybrid_backends(backend: MilvusBackend) -> tuple[MilvusBackend, MilvusBackend]:
+    """The two collections of a hybrid retriever on ``backend``: ``<collection>_bm25`` and
+    ``<collection>_dense`` (``collection`` default ``funnel_hybrid``)."""
+    base = backend.collection or "funnel_hybrid"
+    return backend.with_collection(f"{base}_bm25"), backend.with_collection(f"{base}_dense")
 
 
 # -- tokens and filters ---------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from funnel_core.milvus import (
     as_backend,
     combine_expressions,
     comparison_expression,
+    hybrid_backends,
 )
 from funnel_core.units import Unit
 from langchain_funnel._base import UnitRetriever
@@ -148,11 +149,6 @@ def _milvus(backend: Any, where: str) -> MilvusBackend:
 
 
 
-def _side_names(backend: MilvusBackend) -> tuple[MilvusBackend, MilvusBackend]:
-    base = backend.collection or "funnel_hybrid"
-    return backend.with_collection(f"{base}_bm25"), backend.with_collection(f"{base}_dense")
-
-
 def hybrid_sides(documents: Optional[Iterable[Document]], backend: Any, embedder: Any = None,
                  candidates: int = 20, dense_config: Optional[dict] = None,
                  **bm25_config: Any) -> tuple[Any, DenseRetriever]:
@@ -164,12 +160,12 @@ def hybrid_sides(documents: Optional[Iterable[Document]], backend: Any, embedder
 
     candidates = check_positive_int(candidates, "candidates")
     if documents is None:
-        sb, db = _side_names(_milvus(backend, "HybridRetriever.from_backend"))
+        sb, db = hybrid_backends(_milvus(backend, "HybridRetriever.from_backend"))
         return (BM25Retriever.from_backend(sb, k=candidates),
                 DenseRetriever.from_backend(db, embedder, k=candidates))
     b = as_backend(backend)
     docs = list(documents)
-    sb_, db_ = _side_names(b) if b is not None else (None, None)
+    sb_, db_ = hybrid_backends(b) if b is not None else (None, None)
     sparse = BM25Retriever.from_documents(docs, k=candidates, backend=sb_, **bm25_config)
     dense = DenseRetriever.from_documents(docs, embedder, backend=db_, k=candidates,
                                           **(dense_config or {}))

@@ -32,6 +32,7 @@ from funnel_core.milvus import (
     as_backend,
     combine_expressions,
     comparison_expression,
+    hybrid_backends,
 )
 from funnel_core.units import FUNNEL_KEY, INTERNAL_KEYS, Unit
 from llama_index_funnel._base import UnitRetriever, units_to_nodes
@@ -207,11 +208,6 @@ class DenseRetriever(UnitRetriever):
         return units_to_nodes(self._search(query, filters, k), self._originals(), self.annotate)
 
 
-def _side_names(backend: MilvusBackend) -> tuple[MilvusBackend, MilvusBackend]:
-    base = backend.collection or "funnel_hybrid"
-    return backend.with_collection(f"{base}_bm25"), backend.with_collection(f"{base}_dense")
-
-
 def hybrid_sides(nodes: Optional[Sequence[BaseNode]], backend: Any, embedder: Any = None,
                  candidates: int = 20, dense_config: Optional[dict] = None,
                  **bm25_config: Any) -> tuple[Any, DenseRetriever]:
@@ -224,10 +220,10 @@ def hybrid_sides(nodes: Optional[Sequence[BaseNode]], backend: Any, embedder: An
     candidates = check_positive_int(candidates, "candidates")
     if nodes is None:
         b = milvus_backend(backend, "HybridRetriever.from_backend")
-        sb, db = _side_names(b)
+        sb, db = hybrid_backends(b)
         return (BM25Retriever.from_backend(sb, similarity_top_k=candidates),
                 DenseRetriever.from_backend(db, embedder, similarity_top_k=candidates))
-    sb_, db_ = _side_names(b) if b is not None else (None, None)
+    sb_, db_ = hybrid_backends(b) if b is not None else (None, None)
     sparse = BM25Retriever.from_defaults(nodes=nodes, similarity_top_k=candidates, backend=sb_,
                                          **bm25_config)
     dense = DenseRetriever.from_defaults(nodes, embedder, backend=db_, similarity_top_k=candidates,
