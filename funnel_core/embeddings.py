@@ -356,6 +356,11 @@ class DenseIndex(FreshOnCopy):
                 "dimension": int(st.embeddings.shape[1]), "settings": settings,
                 "ann": "hnsw" if st.ann is not None else None}
 
+    def warm_up(self) -> "DenseIndex":
+        """Load the embedding model now (queries are embedded with it); returns ``self``."""
+        self.embedder._model.get()
+        return self
+
     def save(self, path: str | os.PathLike) -> None:
         """Commit units, embeddings and the model name to the persist folder ``path``."""
         st = self._state

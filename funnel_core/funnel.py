@@ -55,6 +55,14 @@ def warm_up_objects(objects: Iterable[Any], _seen: set[int] | None = None) -> No
             obj.warm_up()  # an adapter (postprocessor, compressor, retriever) wrapping a stage
 
 
+def warm_up_attributes(obj: Any) -> Any:
+    """Warm up everything ``obj`` holds (its attributes and, for pydantic models, its private
+    attributes; see :func:`warm_up_objects`); returns ``obj``. Adapters call it from ``warm_up()``."""
+    private = getattr(obj, "__pydantic_private__", None) or {}
+    warm_up_objects([*vars(obj).values(), *private.values()], {id(obj)})
+    return obj
+
+
 class Stage(ABC):
     """Base class of every pipeline stage: ``(query, units) -> units``.
 

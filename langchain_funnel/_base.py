@@ -210,11 +210,9 @@ class UnitRetriever(BaseRetriever):
     def warm_up(self) -> "UnitRetriever":
         """Load the models of the stages and indexes this retriever holds and run one dummy batch
         (``funnel_core`` ``Stage.warm_up``), e.g. at server start-up; returns ``self``."""
-        from funnel_core.funnel import warm_up_objects
+        from funnel_core.funnel import warm_up_attributes
 
-        private = getattr(self, "__pydantic_private__", None) or {}
-        warm_up_objects([*vars(self).values(), *private.values()])
-        return self
+        return warm_up_attributes(self)
 
     def model_post_init(self, __context: Any) -> None:
         if self.k is not None or not self._k_optional:

@@ -43,7 +43,7 @@ from funnel_core.config import (
 )
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
-from funnel_core.funnel import Stage
+from funnel_core.funnel import Stage, warm_up_attributes
 from funnel_core.fusion import check_fusion_config, fuse
 from langchain_funnel._base import StageCompressor, documents_to_units, units_to_documents
 from langchain_funnel.rerank import _TransformerBase
@@ -143,6 +143,11 @@ class HybridRetriever(BaseRetriever):
     rrf_k: int = 60
     k: int = Field(default=4, description="Number of documents to return.")
     dense_query: Optional[Runnable] = None
+
+    def warm_up(self) -> "HybridRetriever":
+        """Load the models of everything this retriever holds (see ``funnel_core`` ``Stage.warm_up``),
+        e.g. at server start-up; returns ``self``."""
+        return warm_up_attributes(self)
 
     def model_post_init(self, __context: Any) -> None:
         self.alpha = check_fusion_config(self.method, self.alpha, self.normalization, self.rrf_k)

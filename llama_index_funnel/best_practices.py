@@ -35,7 +35,7 @@ from funnel_core.compress import with_embedder
 from funnel_core.config import ExtractiveCompressorConfig, RepackConfig, adapter_base, current_stage
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
-from funnel_core.funnel import Stage
+from funnel_core.funnel import Stage, warm_up_attributes
 from funnel_core.fusion import check_fusion_config, fuse
 from llama_index_funnel._base import StagePostprocessor, nodes_to_units, units_to_nodes
 
@@ -126,6 +126,11 @@ class HybridRetriever(BaseRetriever):
         self.similarity_top_k = check_positive_int(similarity_top_k, "similarity_top_k", allow_none=True)
         self._sparse, self._dense = sparse_retriever, dense_retriever
         super().__init__(callback_manager=callback_manager, verbose=verbose)
+
+    def warm_up(self) -> "HybridRetriever":
+        """Load the models of everything this retriever holds (see ``funnel_core`` ``Stage.warm_up``),
+        e.g. at server start-up; returns ``self``."""
+        return warm_up_attributes(self)
 
     def _get_prompt_modules(self) -> PromptMixinType:
         return {}
@@ -236,6 +241,11 @@ class QueryClassifierGate(BaseRetriever):
         self._retriever, self.classifier = retriever, classifier
         self.last_decision: Optional[dict] = None
         super().__init__(callback_manager=callback_manager, verbose=verbose)
+
+    def warm_up(self) -> "QueryClassifierGate":
+        """Load the models of everything this retriever holds (see ``funnel_core`` ``Stage.warm_up``),
+        e.g. at server start-up; returns ``self``."""
+        return warm_up_attributes(self)
 
     def _get_prompt_modules(self) -> PromptMixinType:
         return {}

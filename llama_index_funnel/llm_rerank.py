@@ -34,6 +34,7 @@ from funnel_core.forward import (
     chunk_context,
     variant_config,
 )
+from funnel_core.funnel import warm_up_attributes
 from funnel_core.units import Unit, text_digest
 from llama_index_funnel._base import StagePostprocessor, nodes_to_units, units_to_nodes
 from llama_index_funnel.llm import as_provider
@@ -192,6 +193,11 @@ class ForwardLookupRetriever(BaseRetriever):
             if context is not None else None)
         self.retriever = retriever
         super().__init__(callback_manager=callback_manager)
+
+    def warm_up(self) -> "ForwardLookupRetriever":
+        """Load the models of everything this retriever holds (see ``funnel_core`` ``Stage.warm_up``),
+        e.g. at server start-up; returns ``self``."""
+        return warm_up_attributes(self)
 
     @staticmethod
     def _samples(query_bundle: QueryBundle) -> Optional[list[ForwardSample]]:

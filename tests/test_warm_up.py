@@ -70,3 +70,38 @@ def test_langchain_compressor_and_retriever_warm_up(tiny_cross_encoder_path, mon
     assert scorer._model.loaded
     _forbid_loading(scorer, monkeypatch)
     assert len(retriever.invoke("where is paris")) == 2
+
+
+@pytest.mark.models
+def test_hybrid_retrievers_warm_their_dense_side(tmp_path):
+    """The hybrid retrievers (which subclass the frameworks' BaseRetriever directly) reach the
+    embedding model of a dense index re-opened from disk (not loaded until used)."""
+    from langchain_core.documents import Document
+    from llama_index.core.schema import TextNode
+
+    from funnel_core.embeddings import DenseIndex, SentenceEmbedder
+    from langchain_funnel.best_practices import HybridRetriever as LCHybrid
+    from langchain_funnel.milvus import DenseRetriever as LCDense
+    from langchain_funnel.retrievers import BM25Retriever as LCBM25
+    from llama_index_funnel.best_practices import HybridRetriever as LIHybrid
+    from llama_index_funnel.milvus import DenseRetriever as LIDense
+    from llama_index_funnel.retrievers import BM25Retriever as LIBM25
+
+    texts = [u.text for u in UNITS]
+    DenseIndex(SentenceEmbedder(cache=False)).index(UNITS).save(tmp_path / "dense")
+
+    def reopened() -> DenseIndex:
+        index = DenseIndex.load(tmp_path / "dense", SentenceEmbedder(cache=False))
+        assert not index.embedder._model.loaded
+        return index
+
+    nodes = [TextNode(id_=u.id, text=u.text) for u in UNITS]
+    li_dense = reopened()
+    li = LIHybrid(LIBM25.from_defaults(nodes=nodes, similarity_top_k=2), LIDense(li_dense, nodes))
+    assert li.warm_up() is li and li_dense.embedder._model.loaded
+
+    lc_dense = reopened()
+    lc = LCHybrid(sparse=LCBM25.from_texts(texts, k=2), dense=LCDense(index=lc_dense, k=2))
+    assert lc.warm_up() is lc and lc_dense.embedder._model.loaded
+    assert lc.invoke("where is paris")[0].page_content == "paris is in france"
+    assert li.retrieve("where is paris")[0].node.get_content() == "paris is in france"
