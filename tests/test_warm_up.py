@@ -76,7 +76,6 @@ def test_langchain_compressor_and_retriever_warm_up(tiny_cross_encoder_path, mon
 def test_hybrid_retrievers_warm_their_dense_side(tmp_path):
     """The hybrid retrievers (which subclass the frameworks' BaseRetriever directly) reach the
     embedding model of a dense index re-opened from disk (not loaded until used)."""
-    from langchain_core.documents import Document
     from llama_index.core.schema import TextNode
 
     from funnel_core.embeddings import DenseIndex, SentenceEmbedder
