@@ -20,7 +20,8 @@ import time
 
 from common import RESULTS, LatencyReport, parser, timer, write_json
 
-from funnel_core.demo import DEMO_QUESTIONS, build_demo_funnel, cache_root, stdlib_corpus
+from funnel_core.cache import cache_root
+from funnel_core.demo import DEMO_QUESTIONS, build_demo_funnel, stdlib_corpus
 from funnel_core.embeddings import EMBEDDING_CACHE
 
 

@@ -1,14 +1,28 @@
-"""A small thread-safe LRU cache with a size limit (bounded memory for user-driven keys)."""
+"""A small thread-safe LRU cache with a size limit (bounded memory for user-driven keys), and
+the folder where funnel-rag keeps files it can rebuild (:func:`cache_root`)."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
+from pathlib import Path
 from typing import Any, Callable, ClassVar, Generic, Hashable, Iterator, MutableMapping, TypeVar
 
 from funnel_core.errors import check_positive_int
 
-__all__ = ["LRUCache"]
+__all__ = ["LRUCache", "cache_root"]
+
+
+
+def cache_root() -> Path:
+    """Where funnel-rag keeps files it can always rebuild (ONNX exports of cross-encoders, the
+    demo's embeddings): ``$FUNNEL_RAG_CACHE``, else ``$XDG_CACHE_HOME/funnel-rag``, else
+    ``~/.cache/funnel-rag``."""
+    if os.environ.get("FUNNEL_RAG_CACHE"):
+        return Path(os.environ["FUNNEL_RAG_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "funnel-rag"
+
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")

@@ -26,6 +26,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
+from funnel_core.cache import cache_root
 from funnel_core.errors import PersistError
 from funnel_core.units import Unit
 
@@ -99,14 +100,6 @@ def stdlib_corpus() -> list[Unit]:
                 seen.add(u.id)
                 units.append(u)
     return units
-
-
-def cache_root() -> Path:
-    """Where the demo keeps its embeddings: ``$FUNNEL_RAG_CACHE``, else
-    ``$XDG_CACHE_HOME/funnel-rag``, else ``~/.cache/funnel-rag``."""
-    if os.environ.get("FUNNEL_RAG_CACHE"):
-        return Path(os.environ["FUNNEL_RAG_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "funnel-rag"
 
 
 def demo_vectors(units: list[Unit], chunker: "LaterChunking", embedder: "SentenceEmbedder",

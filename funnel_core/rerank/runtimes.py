@@ -22,7 +22,8 @@ project runs on transformers 5.
 **Export cache.** The export is written once and reused by the next load. For a local model
 folder it goes to ``<model>/funnel_onnx/`` (a subfolder this package owns, marked by
 ``funnel_export.json``); when that folder is not writable, or the model is a hub name, it goes to
-``$FUNNEL_RAG_CACHE/ce_export/<key>/`` (default ``~/.cache/funnel_rag``). The manifest records the
+``funnel_core.cache.cache_root() / ce_export/<key>/`` (``$FUNNEL_RAG_CACHE``, default
+``~/.cache/funnel-rag``). The manifest records the
 fingerprint of the source weights (file names, sizes, modification times); a stale export is
 rebuilt in a new folder and swapped in with one rename. Files this package did not write are never
 deleted: a ``funnel_onnx`` folder without our manifest is left alone and the user cache is used.
@@ -81,9 +82,9 @@ def choose_runtime(runtime: str, device: str, backend: str, *,
 
 # -- export cache ----------------------------------------------------------------------------
 def _user_cache() -> Path:
-    root = os.environ.get("FUNNEL_RAG_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
-                                                               "funnel_rag")
-    return Path(root) / "ce_export"
+    from funnel_core.cache import cache_root
+
+    return cache_root() / "ce_export"
 
 
 def _fingerprint(model: str) -> dict[str, Any]:
