@@ -977,8 +977,115 @@ def block_demo_timing() -> str:
                  f"({d['n_clusters']} clusters); later questions asked with warm models, twice each; "
                  "command: `python benchmarks/bench_demo.py --repeats 2` (run once on an empty cache, once again).")
 
+# -- postrank / llm_retrieval tables (typed by hand before) --------------------------------------
+@block("fid-speed")
+def block_fid_speed() -> str:
+    """CE vs FiD attention scoring speed on CPU (fid.json, bench_fid.py speed part)."""
+    s = load("fid.json")["speed"]
+    labels = {"cross_encoder_minilm": "MiniLM cross-encoder",
+              "t5-small-sized": "FiD attention, t5-small-sized (512, 6+6 layers, 8 heads)",
+              "t5-base-sized": "FiD attention, t5-base-sized (768, 12+12 layers, 12 heads)"}
+    rows = [[label, f"{s['parameters'][k] / 1e6:.1f} M", f"{s['seconds_median'][k]:.1f}",
+             f"{s['passages_per_second'][k]:.2f}",
+             f"{s['cross_encoder_speedup_over'][k]:.1f}×" if k in s["cross_encoder_speedup_over"] else "—"]
+            for k, label in labels.items()]
+    return table(["scorer", "parameters", f"seconds / {s['passages']} passages", "passages / s",
+                  "cross-encoder is faster by"], rows)
+
+
+@block("fid-icr-squad")
+def block_fid_icr_squad() -> str:
+    """SmolLM2 attention (ICR) reranking of BM25's top-20 on SQuAD (fid.json, bench_fid.py quality part)."""
+    q = load("fid.json")["quality"]
+    r, c = q["answer_recall"], q["calibrated_vs_bm25"]
+    rows = [["BM25 order", f3(r["bm25@1"])],
+            ['SmolLM2 attention, calibrated with "N/A" (ICR)', f3(r["attention_calibrated@1"])],
+            ["SmolLM2 attention, raw (no calibration)", f3(r["attention_raw@1"])],
+            [f"answer anywhere in the top-{q['depth']} (ceiling)", f3(r[f"bm25@{q['depth']}"])]]
+    return (table([f"ranking of BM25's top-{q['depth']}", "answer recall@1"], rows)
+            + f"\n\nCalibrated attention vs BM25 ({q['questions_done']} questions): {c['wins']} question"
+            f"{'s' if c['wins'] != 1 else ''} won, {c['losses']} lost; recall@1 difference "
+            f"{c['diff']:.3f} (95% bootstrap {ci(c['bootstrap95'])}).")
+
+
+FID_LABELS = {"random": "random order (seeded)", "bm25": "BM25 order",
+              "cross_encoder": "SQuAD cross-encoder (MiniLM, bench15)",
+              "fid_mean": "FiD eq. 3 (i): top-4 tokens per layer and head, mean",
+              "fid_max_layers": "FiD (ii) max over layers", "fid_max_heads": "FiD (iii) max over heads",
+              "fid_max_tokens": "FiD (iv) top-1 token", "fid_last_2_layers": "FiD (v) last 2 layers",
+              "fid_last_3_layers": "FiD (v) last 3 layers", "fid_all_tokens": "FiD all passage tokens",
+              "fid_averaged_map_top4": "FiD averaged map, then top-4 (earlier implementation)",
+              "oracle_any_of_n": "answer anywhere in the candidates (ceiling)"}
+FID_PAIR_LABELS = {"fid_mean": "FiD eq. 3", "fid_max_tokens": "FiD top-1 token",
+                   "fid_averaged_map_top4": "FiD averaged map", "bm25": "BM25"}
+
+
+def _ar_ci(x: dict) -> str:
+    return f"{x['mean']:.3f} {ci(x['ci95'])}"
+
+
+@block("postrank-fid-ce")
+def block_postrank_fid_ce() -> str:
+    """Post-rankers with the cross-encoder on the first questions (postrank_fid_minilm.json)."""
+    w = load("postrank_fid_minilm.json")["with_cross_encoder"]
+    ks = (1, 2, 3, 4)
+    head = ["AR@1", "AR@2", "AR@3", "AR@4"]
+    shown = ("random", "bm25", "cross_encoder", "fid_mean", "fid_max_tokens", "oracle_any_of_n")
+    rows = [[FID_LABELS[s]] + [_ar_ci(w["results"][s][f"AR@{k}"]) for k in ks] for s in shown]
+    diffs = [[f"{FID_PAIR_LABELS[name.split(' - ')[0]]} - {name.split(' - ')[1]}"]
+             + [_ar_ci(v[f"AR@{k}"]) for k in ks] for name, v in w["paired_vs_cross_encoder"].items()]
+    return (f"**Post-rankers on the same candidates** ({w['questions']} dev-a questions):\n\n"
+            + table(["ranking of the candidates", *head], rows) + "\n\n"
+            + table(["paired difference", *head], diffs))
+
+
+@block("postrank-fid-schemes")
+def block_postrank_fid_schemes() -> str:
+    """FiD Table 7 schemes x Table 8 query ablation on all questions (postrank_fid_minilm.json)."""
+    d = load("postrank_fid_minilm.json")
+    r = d["results_all_questions"]
+    rows = []
+    for s, label in FID_LABELS.items():
+        if s not in r:
+            continue
+        q = r.get(f"{s}+query")
+        rows.append([label, f3(r[s]["AR@1"]["mean"]), f3(q["AR@1"]["mean"]) if q else "",
+                     f3(r[s]["AR@4"]["mean"]), f3(q["AR@4"]["mean"]) if q else ""])
+    fid = [x for x in rows if x[0].startswith("FiD")]
+    return (f"**Table 7 schemes and Table 8 query ablation** ({d['questions']} dev-a questions; "
+            '"+ query" = the question\'s tokens may be selected too):\n\n'
+            + table(["FiD scheme", "AR@1", "AR@1 + query", "AR@4", "AR@4 + query"],
+                    fid + [x for x in rows if not x[0].startswith("FiD")]))
+
+
+@block("rankrag-scifact")
+def block_rankrag_scifact() -> str:
+    """RankRAG (SmolLM2 P(True)) on SciFact test (bench_rankrag.json)."""
+    d = load("bench_rankrag.json")
+    n, g = d["setup"]["queries"], d["generate_subset"]
+    rows = [["BM25 (all 300 queries, our index)", f3(d["bm25_all_300"]["ndcg@10"])],
+            [f"BM25, the {n} sampled queries", f3(d["subset"]["bm25_ndcg@10"])],
+            [f"BM25 + RankRAG (P(True), SmolLM2), same {n} queries", f"**{d['subset']['rankrag_ndcg@10']:.3f}**"],
+            [f"{d['setup']['generate_path_queries']} of those queries: BM25 / P(True) / generate-and-parse",
+             " / ".join(f3(g[k]) for k in ("bm25_ndcg@10", "rankrag_logprobs_ndcg@10", "rankrag_generate_ndcg@10"))]]
+    return table(["", "nDCG@10"], rows)
+
+
+@block("fbrag-squad")
+def block_fbrag_squad() -> str:
+    """FB-RAG answer recall of the kept chunks on SQuAD (bench_fbrag.json)."""
+    d = load("bench_fbrag.json")
+    r, words = d["answer_recall_at_kept"], d["mean_words_kept"]
+    labels = {"backward_only_bm25": "backward only (BM25 with the question)",
+              "ours_fb": "Ours-FB (0.5 / 0.5)", "ours_f": "Ours-F (0 / 1)"}
+    cells = bold_max([r[k] for k in labels], digits=2)
+    mean_words = sum(words.values()) / len(words)
+    return table([f"kept {d['setup']['kept_chunks']} chunks (~{round(mean_words, -1):.0f} words)", "answer recall"],
+                 [[label, c] for label, c in zip(labels.values(), cells)])
+
+
 FILES = [ROOT / "README.md", ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "clustering.md",
-         ROOT / "docs" / "funnel.md", ROOT / "docs" / "prerank.md",
+         ROOT / "docs" / "funnel.md", ROOT / "docs" / "prerank.md", ROOT / "docs" / "postrank.md",
          ROOT / "docs" / "llm_retrieval.md", ROOT / "docs" / "performance.md", ROOT / "docs" / "offline_build.md"]
 MARK = re.compile(r"(<!-- results:([a-z0-9-]+):begin -->\n)(.*?)(<!-- results:\2:end -->)", re.S)
 
