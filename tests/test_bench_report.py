@@ -137,6 +137,22 @@ def test_prerank_table_is_the_json():
         assert all(c.startswith("**") == (float(c.strip("*")) == top) for c in col)
 
 
+def test_postrank_fid_tables_are_the_json():
+    """The FiD post-ranking tables of docs/postrank.md: cells read back from the JSON by hand."""
+    import json
+    d = json.loads((BENCH / "results" / "postrank_fid_minilm.json").read_text(encoding="utf-8"))
+    rows = {r[0]: r[1:] for r in cells(report.BLOCKS["postrank-fid-schemes"]())}
+    all_q = d["results_all_questions"]
+    # scheme (ii): plain and "+ query" columns come from two different JSON keys
+    assert rows["FiD (ii) max over layers"] == [
+        f"{all_q['fid_max_layers']['AR@1']['mean']:.3f}", f"{all_q['fid_max_layers+query']['AR@1']['mean']:.3f}",
+        f"{all_q['fid_max_layers']['AR@4']['mean']:.3f}", f"{all_q['fid_max_layers+query']['AR@4']['mean']:.3f}"]
+    assert rows["BM25 order"] == [f"{all_q['bm25']['AR@1']['mean']:.3f}", "", f"{all_q['bm25']['AR@4']['mean']:.3f}", ""]
+    ce = {r[0]: r[1:] for r in cells(report.BLOCKS["postrank-fid-ce"]())}
+    x = d["with_cross_encoder"]["results"]["cross_encoder"]["AR@3"]
+    assert ce["SQuAD cross-encoder (MiniLM, bench15)"][2] == f"{x['mean']:.3f} [{x['ci95'][0]:.3f}, {x['ci95'][1]:.3f}]"
+
+
 def test_funnel_stage_table_is_the_trace():
     f = report.load("funnel.json")
     rows = cells(report.BLOCKS["funnel-stages"]())
