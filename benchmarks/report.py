@@ -1084,9 +1084,96 @@ def block_fbrag_squad() -> str:
                  [[label, c] for label, c in zip(labels.values(), cells)])
 
 
+# -- MoG / best-practices tables (typed by hand before) ------------------------------------------
+def _ar_words(r: dict) -> list[str]:
+    """AR@1, words@1, AR@3, words@3 cells of a MoG result."""
+    return [f3(r["AR@1"]), f"{r['words@1']:.1f}", f3(r["AR@3"]), f"{r['words@3']:.1f}"]
+
+
+@block("mog-methods")
+def block_mog_methods() -> str:
+    """docs/mix_of_granularity.md: fixed levels, MoG, MoGG and AutoMerging on SQuAD dev-a (mog.json)."""
+    d = load("mog.json")
+    me, n = d["methods"], d["n_test_questions"]
+    labels = {"level_1": "level_1 (BM25 on one level)", "level_2": "level_2", "level_3": "level_3",
+              "level_4": "level_4", "level_5": "level_5", "mog": "**MoG** (trained router)",
+              "mog_uniform": "MoG, uniform weights", "auto_merging": "AutoMergingRetriever (LlamaIndex)",
+              "mogg_hop_1": "MoGG hop 1 alone", "mogg_hop_3": "MoGG hop 3 alone",
+              "mogg_hop_5": "MoGG hop 5 alone", "mogg": "**MoGG** (trained router)"}
+    rows = [[label] + _ar_words(me[k]) for k, label in labels.items() if k in me]
+    am = d["auto_merging_all_returned"]
+    return (table(["method", "AR@1", "words@1", "AR@3", "words@3"], rows,
+                  f"{n} test questions; from `benchmarks/results/mog.json` (command: `{d['command']}`).")
+            + f"\n\nAutoMergingRetriever over all its returned nodes ({am['mean_nodes_returned']:.1f} on "
+              f"average): AR {f3(am['AR(all nodes)'])} with {am['words(all nodes)']:.1f} words.")
+
+
+@block("mog-router")
+def block_mog_router() -> str:
+    """docs/mix_of_granularity.md: router label variants x selection presets (mog_router.json)."""
+    d = load("mog_router.json")
+    rows = [["—", f"BM25 on {k} alone", *_ar_words(r), ""] for k, r in d["fixed_levels"].items()]
+    rows += [["—", f"uniform weights, preset `{k}`", *_ar_words(r), "all level 1"]
+             for k, r in d["uniform_weights"].items()]
+    for lab, router in d["routers"].items():
+        for sel, r in router["selection"].items():
+            rows.append([f"`{lab}`", f"`{sel}`", *_ar_words(r),
+                         " / ".join(str(c) for c in r["chosen_level_counts"])])
+    dist = "; ".join(f"`{lab}` " + " / ".join(str(c) for c in r["best_level_label_distribution"])
+                     for lab, r in d["routers"].items())
+    n_lab = {r["n_labelled"] for r in d["routers"].values()}
+    return (table(["labels (ties)", "selection", "AR@1", "words@1", "AR@3", "words@3",
+                   "chosen level 1/2/3/4/5"], rows,
+                  f"{d['n_test_questions']} test questions, {d['n_train_questions']} training questions; "
+                  "from `benchmarks/results/mog_router.json`.")
+            + f"\n\nBest-level label distribution (levels 1-5) of the "
+              f"{' / '.join(f'{x:,}' for x in sorted(n_lab))} labelled training questions: {dist}.")
+
+
+@block("hybrid-scifact")
+def block_hybrid_scifact() -> str:
+    """docs/best_practices.md: BM25, dense and their fusions on SciFact (hybrid.json)."""
+    s = load("hybrid.json")["scifact"]
+    labels = {"bm25": "BM25 (`BM25Index()` defaults: Lucene BM25, English stemmer + stopwords, title + abstract)",
+              "dense_minilm": "dense all-MiniLM-L6-v2 (`DenseIndex`)",
+              "hybrid_alpha0.3_minmax (paper default)": "hybrid, alpha = 0.3, min-max (paper default)",
+              "hybrid_alpha0.9_minmax (train-tuned)": "**hybrid, alpha = 0.9, min-max (train-tuned)**",
+              "hybrid_alpha1.0_zscore (train-tuned)": "hybrid, alpha = 1.0, z-score (train-tuned)",
+              "rrf_k60": "RRF, k = 60", "rrf_k1 (train-tuned)": "RRF, k = 1 (train-tuned)"}
+    res = s["results"]
+    keys = [k for k in labels if k in res] + [k for k in res if k not in labels]
+    test = bold_max([res[k]["test"]["ndcg@10"] for k in keys], 4)
+    rows = [[labels.get(k, k), f"{res[k]['train']['ndcg@10']:.4f}", t, f"{res[k]['test']['recall@100']:.4f}"]
+            for k, t in zip(keys, test)]
+    return table(["system", "train nDCG@10", "test nDCG@10", "test recall@100"], rows,
+                 f"{s['n_queries']['test']} test queries (tuned on {s['n_queries']['train']} train queries), "
+                 f"{s['n_corpus']:,} abstracts; best test nDCG@10 in bold; from `benchmarks/results/hybrid.json`.")
+
+
+@block("compression-squad")
+def block_compression_squad() -> str:
+    """docs/best_practices.md: extractive compression on SQuAD (hybrid.json, squad_compression)."""
+    c = load("hybrid.json")["squad_compression"]
+    r = c["results"]
+    labels = {"before": "BM25 top-5 paragraphs (before)", "after_embedding": "compressed, embedding (MiniLM cosine)",
+              "after_bm25": "compressed, BM25 sentence scores",
+              "after_random": "control: random sentences, same budget"}
+    rows = []
+    for k, label in labels.items():
+        x = r[k]
+        rows.append([label, f3(x["answer_recall"]), f"{x['mean_tokens']:.1f}",
+                     f"{x['token_ratio_vs_before']:.3f}" if "token_ratio_vs_before" in x else "1.00",
+                     f"{x['answer_recall_kept']:.1%}" if "answer_recall_kept" in x else "-"])
+    n = c["n_questions_sampled"]
+    return table(["context", "answer recall", "mean tokens", "tokens vs before", "AR kept"], rows,
+                 f"{n} questions; compressed answer recall (embedding) {wci(r['after_embedding']['answer_recall'], n)}; "
+                 "from `benchmarks/results/hybrid.json`.")
+
+
 FILES = [ROOT / "README.md", ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "clustering.md",
          ROOT / "docs" / "funnel.md", ROOT / "docs" / "prerank.md", ROOT / "docs" / "postrank.md",
-         ROOT / "docs" / "llm_retrieval.md", ROOT / "docs" / "performance.md", ROOT / "docs" / "offline_build.md"]
+         ROOT / "docs" / "llm_retrieval.md", ROOT / "docs" / "performance.md", ROOT / "docs" / "offline_build.md",
+         ROOT / "docs" / "mix_of_granularity.md", ROOT / "docs" / "best_practices.md"]
 MARK = re.compile(r"(<!-- results:([a-z0-9-]+):begin -->\n)(.*?)(<!-- results:\2:end -->)", re.S)
 
 

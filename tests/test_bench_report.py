@@ -250,3 +250,15 @@ def test_equal_accuracy_and_equal_time_partners_of_the_funnel():
     rows["funnel F"]["seconds_p50"] = 0.5
     c = B.comparisons(rows, ranks, qs, "funnel F", n_boot=200)
     assert c["equal_time"]["flat"] == "flat X" and not c["equal_time"]["flat_within_funnel_time"]
+
+
+def test_hybrid_and_mog_tables_are_the_json():
+    """Cells of the blocks that were typed by hand before equal the JSON values, read independently."""
+    import json
+    res = BENCH / "results"
+    h = json.loads((res / "hybrid.json").read_text())["scifact"]["results"]
+    rows = [r.split(" | ") for r in report.block_hybrid_scifact().splitlines() if r.startswith("| RRF, k = 60")]
+    assert rows and rows[0][2] == f"{h['rrf_k60']['test']['ndcg@10']:.4f}"
+    m = json.loads((res / "mog_router.json").read_text())["routers"]["paper_ties_finer"]["selection"]["paper_margin_0.5"]
+    line = next(r for r in report.block_mog_router().splitlines() if "`paper_ties_finer` | `paper_margin_0.5`" in r)
+    assert f"| {m['AR@1']:.3f} |" in line and line.rstrip(" |").endswith(" / ".join(map(str, m["chosen_level_counts"])))
