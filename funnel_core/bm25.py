@@ -184,7 +184,9 @@ def _gc_paused(pause: bool = True) -> Iterator[None]:
     two dicts); that many surviving allocations trigger full collections that traverse the whole
     index, which made ``search_many`` ~1.1-1.7x slower per query than ``search`` at k=100
     (``benchmarks/results/bm25.json``). The hits hold no reference cycles, so reference counting
-    frees them without the collector; the collector's previous state is restored on exit.
+    frees them without the collector; the collector's previous state is restored on exit. The
+    collector is process-wide: for the length of the loop no thread's cycles are collected
+    (reference counting still frees everything acyclic).
     """
     was_enabled = gc.isenabled()
     if pause and was_enabled:
