@@ -29,7 +29,7 @@ from funnel_core.funnel import Stage
 from funnel_core.persist import check_number, load_snapshot, prepare_units, read_units, save_snapshot, write_units
 from funnel_core.rerank.base import Reranker
 from funnel_core.text import CJK_MODES, check_token_pattern, clean_text, split_cjk
-from funnel_core.units import Unit, check_unique_ids
+from funnel_core.units import Unit, check_unique_ids, units_from_texts
 
 __all__ = ["BM25Index", "BM25Retrieve", "BM25Rerank", "MetadataFilter", "metadata_mask", "bm25_scores", "METHODS"]
 
@@ -467,17 +467,7 @@ class BM25Index(FreshOnCopy):
                    metadatas: Sequence[dict] | None = None, level: str = "passage",
                    **config: Any) -> "BM25Index":
         """Build an index from plain strings (ids default to ``"0"``, ``"1"``, ...)."""
-        if isinstance(texts, str):
-            raise TypeError("texts must be a list of strings, got a single str; wrap it in a list.")
-        texts = list(texts)
-        ids = [str(i) for i in range(len(texts))] if ids is None else list(ids)
-        metadatas = [{} for _ in texts] if metadatas is None else list(metadatas)
-        if not len(ids) == len(metadatas) == len(texts):
-            raise ValueError(f"texts ({len(texts)}), ids ({len(ids)}) and metadatas "
-                             f"({len(metadatas)}) must have the same length.")
-        units = [Unit(id=i, text=t, metadata=dict(m), level=level)
-                 for i, t, m in zip(ids, texts, metadatas)]
-        return cls(**config).index(units)
+        return cls(**config).index(units_from_texts(texts, ids, metadatas, level))
 
     def __len__(self) -> int:
         st = self._state

@@ -35,7 +35,7 @@ import numpy as np
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import PersistError, check_probability, check_query
 from funnel_core.funnel import Stage, as_stage
-from funnel_core.persist import check_number, load_snapshot, save_snapshot
+from funnel_core.persist import check_model_name, check_number, load_snapshot, save_snapshot
 from funnel_core.units import Unit
 
 __all__ = ["QueryClassifier", "RetrievalGate", "NotFittedError", "load_labelled_queries",
@@ -223,9 +223,7 @@ class QueryClassifier:
         def read(folder: Path, manifest: dict[str, Any]) -> "QueryClassifier":
             cfg = manifest["meta"]
             try:
-                name = cfg["embedder"]
-                if not isinstance(name, str) or not name or len(name) > 4096:
-                    raise ValueError(f"invalid embedder name {name!r:.80}")
+                name = check_model_name(cfg["embedder"])
                 dim = check_number(cfg["dimension"], "dimension", 1, 1_000_000, integer=True)
                 C = check_number(cfg["C"], "C", 0.0, 1e12, lo_open=True)
                 threshold = check_number(cfg["threshold"], "threshold", 0.0, 1.0)

@@ -60,7 +60,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from funnel_core.errors import FunnelError, PersistError, check_positive_int, check_query
-from funnel_core.units import Unit, check_unique_ids
+from funnel_core.units import Unit, check_unique_ids, units_from_texts
 
 __all__ = [
     "MilvusBM25Index",
@@ -868,16 +868,7 @@ class MilvusBM25Index(_BM25Common):
                    metadatas: Sequence[dict] | None = None, level: str = "passage",
                    **kwargs: Any) -> "MilvusBM25Index":
         """Build from plain strings; ``kwargs`` go to the constructor (uri, collection, ...)."""
-        if isinstance(texts, str):
-            raise TypeError("texts must be a list of strings, got a single str; wrap it in a list.")
-        texts = list(texts)
-        ids = [str(i) for i in range(len(texts))] if ids is None else list(ids)
-        metadatas = [{} for _ in texts] if metadatas is None else list(metadatas)
-        if not len(ids) == len(metadatas) == len(texts):
-            raise ValueError(f"texts ({len(texts)}), ids ({len(ids)}) and metadatas "
-                             f"({len(metadatas)}) must have the same length.")
-        return cls(**kwargs).index([Unit(id=i, text=t, metadata=dict(m), level=level)
-                                    for i, t, m in zip(ids, texts, metadatas)])
+        return cls(**kwargs).index(units_from_texts(texts, ids, metadatas, level))
 
     def search(self, query: str, k: int = 10, filter: Any = None, name: str = "bm25") -> list[Unit]:
         """Top-``k`` units for one query; see :meth:`search_many`."""

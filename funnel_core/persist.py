@@ -103,25 +103,17 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _hash_and_fsync(path: Path) -> tuple[str, int]:
+def _sha256_file(path: Path, fsync: bool = False) -> tuple[str, int]:
+    """SHA-256 and size of the file at ``path``; with ``fsync`` (saving) also flushed to disk."""
     h = hashlib.sha256()
     size = 0
-    with open(path, "rb+") as f:
+    with open(path, "rb+" if fsync else "rb") as f:
         while chunk := f.read(1 << 20):
             h.update(chunk)
             size += len(chunk)
-        f.flush()
-        os.fsync(f.fileno())
-    return h.hexdigest(), size
-
-
-def _sha256_file(path: Path) -> tuple[str, int]:
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-            size += len(chunk)
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
     return h.hexdigest(), size
 
 
@@ -255,7 +247,7 @@ def save_snapshot(path: str | os.PathLike, fmt: str, version: int,
                 if p.is_dir():
                     dirs.append(p)
                 elif p.is_file():
-                    digest, size = _hash_and_fsync(p)
+                    digest, size = _sha256_file(p, fsync=True)
                     files[p.relative_to(tmp).as_posix()] = {"sha256": digest, "size": size}
             _step("files_synced")
             manifest = {"format": fmt, "version": int(version), "layout": LAYOUT_VERSION,
@@ -571,4 +563,12 @@ def check_number(value: Any, name: str, lo: float | None = None, hi: float | Non
     if lo is not None and (value <= lo if lo_open else value < lo) or hi is not None and value > hi:
         rng = f"{'(' if lo_open else '['}{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
         raise ValueError(f"{name} must be in {rng}, got {value!r}.")
+    return value
+
+
+def check_model_name(value: Any) -> str:
+    """A model name or folder read from a manifest: a non-empty str of at most 4,096 characters;
+    raise ``ValueError`` naming the value otherwise."""
+    if not isinstance(value, str) or not value or len(value) > 4096:
+        raise ValueError(f"invalid embedder name {value!r:.80}")
     return value

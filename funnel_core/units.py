@@ -14,10 +14,10 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 __all__ = ["Unit", "StageRecord", "Trace", "as_float", "FUNNEL_KEY", "INTERNAL_KEYS",
-           "split_metadata", "framework_metadata", "text_digest"]
+           "split_metadata", "framework_metadata", "text_digest", "units_from_texts"]
 
 #: The one metadata key under which the adapters put funnel-rag's bookkeeping on a framework
 #: object (a LlamaIndex node, a LangChain ``Document``); the user's own keys are never touched.
@@ -172,6 +172,21 @@ class Unit:
             parent_id=data.get("parent_id"),
             level=data.get("level", "passage"),
         )
+
+
+def units_from_texts(texts: Iterable[str], ids: Sequence[Any] | None = None,
+                     metadatas: Sequence[dict] | None = None, level: str = "passage") -> list[Unit]:
+    """Plain strings -> units (ids default to ``"0"``, ``"1"``, ...; each metadata dict copied):
+    what every index's and retriever's ``from_texts`` builds."""
+    if isinstance(texts, str):
+        raise TypeError("texts must be a list of strings, got a single str; wrap it in a list.")
+    texts = list(texts)
+    ids = [str(i) for i in range(len(texts))] if ids is None else list(ids)
+    metadatas = [{} for _ in texts] if metadatas is None else list(metadatas)
+    if not len(ids) == len(metadatas) == len(texts):
+        raise ValueError(f"texts ({len(texts)}), ids ({len(ids)}) and metadatas "
+                         f"({len(metadatas)}) must have the same length.")
+    return [Unit(id=i, text=t, metadata=dict(m), level=level) for i, t, m in zip(ids, texts, metadatas)]
 
 
 def check_unique_ids(units: Iterable[Unit]) -> None:

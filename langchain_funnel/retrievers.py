@@ -39,26 +39,13 @@ from funnel_core.milvus import (
     open_index,
 )
 from funnel_core.persist import load_snapshot, save_snapshot, snapshot_info
-from funnel_core.units import Unit, check_unique_ids, split_metadata
+from funnel_core.units import Unit, check_unique_ids, split_metadata, units_from_texts
 from langchain_funnel._base import UnitRetriever
 from langchain_funnel.milvus import _milvus, push_down
 
 Backend = Union[MilvusBackend, str, None]
 
 __all__ = ["BM25Retriever", "ClusteredBM25Retriever"]
-
-
-def _units_from_texts(texts: Iterable[str], metadatas: Optional[Sequence[dict]],
-                      ids: Optional[Sequence[str]], level: str) -> list[Unit]:
-    if isinstance(texts, str):
-        raise TypeError("texts must be a list of strings, got a single str; wrap it in a list.")
-    texts = list(texts)
-    metadatas = list(metadatas) if metadatas is not None else [{} for _ in texts]
-    ids = [str(i) for i in ids] if ids is not None else [str(i) for i in range(len(texts))]
-    if not len(texts) == len(metadatas) == len(ids):
-        raise ValueError(f"texts ({len(texts)}), metadatas ({len(metadatas)}) and ids ({len(ids)}) "
-                         "must have the same length.")
-    return [Unit(id=i, text=t, metadata=dict(m), level=level) for t, m, i in zip(texts, metadatas, ids)]
 
 
 def _units_from_documents(documents: Iterable[Document], level: str) -> list[Unit]:
@@ -92,7 +79,7 @@ class BM25Retriever(UnitRetriever):
     def from_texts(cls, texts: Iterable[str], metadatas: Optional[Sequence[dict]] = None,
                    ids: Optional[Sequence[str]] = None, k: int = 4, backend: Backend = None,
                    **bm25_config: Any) -> "BM25Retriever":
-        units = _units_from_texts(texts, metadatas, ids, "passage")
+        units = units_from_texts(texts, ids, metadatas, "passage")
         return cls(index=_bm25(backend, bm25_config).index(units), k=k)
 
     @classmethod
@@ -153,7 +140,7 @@ class ClusteredBM25Retriever(UnitRetriever):
         (in memory, or in Milvus with ``backend=``)."""
         index = _clustered(backend, dict(max_tokens=max_tokens, adjacency=adjacency, knn_k=knn_k,
                                          knn_threshold=knn_threshold, **bm25_config))
-        index.index(_units_from_texts(texts, metadatas, ids, "document"))
+        index.index(units_from_texts(texts, ids, metadatas, "document"))
         return cls(index=index, k=k, k_clusters=k_clusters)
 
     @classmethod

@@ -27,7 +27,7 @@ from funnel_core.errors import FunnelError, PersistError, check_positive_int
 from funnel_core.evaluation.metrics import normalize_answer
 from funnel_core.granularity.levels import GranularityStructure
 from funnel_core.granularity.retrieval import GranularityBM25
-from funnel_core.persist import check_number, load_snapshot, save_snapshot
+from funnel_core.persist import check_model_name, check_number, load_snapshot, save_snapshot
 
 __all__ = ["GranularityRouter", "RouterNotTrainedError", "soft_labels", "level_similarities",
            "level_choice_counts", "SIMILARITIES", "BEST_LABEL", "SECOND_LABEL"]
@@ -348,9 +348,7 @@ class GranularityRouter:
 
             config = manifest["meta"]
             try:
-                name = config["embedder"]
-                if not isinstance(name, str) or not name or len(name) > 4096:
-                    raise ValueError(f"invalid embedder name {name!r:.80}")
+                name = check_model_name(config["embedder"])
                 n_levels = int(check_number(config["n_levels"], "n_levels", 1, 10_000, integer=True))
                 hidden = int(check_number(config["hidden"], "hidden", 1, 100_000, integer=True))
                 dim = int(check_number(config["dim"], "dim", 1, 1_000_000, integer=True))
