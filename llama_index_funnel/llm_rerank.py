@@ -171,8 +171,12 @@ class ForwardLookupRetriever(BaseRetriever):
         retriever: A base retriever (instead of ``context``).
         variant: ``"FB"`` (Ours-FB, default), ``"F"`` (Ours-F) or ``"B"`` (BM25 only);
             ``eta_backward``/``eta_forward`` override it.
-
-        timeout, gguf_file, device: Settings of the provider built when ``llm`` is a name.
+        eta_backward: Weight of the backward (query-to-chunk) score; overrides ``variant``.
+        eta_forward: Weight of the forward (sampled-answer-to-chunk) score; overrides ``variant``.
+        timeout: Seconds per generation of the provider built when ``llm`` is a name.
+        gguf_file: GGUF file of the provider built when ``llm`` is a name.
+        device: Torch device of the provider built when ``llm`` is a name.
+        callback_manager: LlamaIndex callback manager.
         **settings: The other fields of :class:`funnel_core.config.ForwardLookupConfig`
             (``k`` = chunks returned, 3 here; ``budget_words``, ``chunk_words``, sampling...).
     """
