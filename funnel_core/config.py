@@ -39,7 +39,9 @@ __all__ = [
     "ExtractiveCompressorConfig",
     "RepackConfig",
     "ForwardLookupConfig",
+    "FusionConfig",
     "configured",
+    "config_attributes",
     "current_stage",
     "pydantic_fields",
     "doc",
@@ -221,6 +223,33 @@ def configured(config_cls: type[StageConfig]) -> Any:
         stage_cls.to_dict = to_dict  # type: ignore[attr-defined]
         stage_cls.from_dict = classmethod(from_dict)  # type: ignore[attr-defined]
         return stage_cls
+
+    return wrap
+
+
+class _ConfigAttribute:
+    """One config field exposed as an attribute of its owner: reading gives the field of
+    ``owner.<attr>``; assigning replaces the config (validated), so an edit is honoured."""
+
+    def __init__(self, attr: str, name: str, description: str | None) -> None:
+        self.attr, self.name, self.__doc__ = attr, name, description
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        return self if obj is None else getattr(getattr(obj, self.attr), self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        setattr(obj, self.attr, getattr(obj, self.attr).replace(**{self.name: value}))
+
+
+def config_attributes(config_cls: type[StageConfig], attr: str = "config") -> Any:
+    """Class decorator for a plain (non-pydantic) class that keeps a ``config_cls`` instance in
+    ``self.<attr>``: every field of the config becomes an attribute that reads and writes it, so
+    the settings are declared once (in the config) and an assignment is validated."""
+
+    def wrap(cls: type) -> type:
+        for f in dataclasses.fields(config_cls):
+            setattr(cls, f.name, _ConfigAttribute(attr, f.name, f.metadata.get("description")))
+        return cls
 
     return wrap
 
@@ -513,6 +542,41 @@ class RepackConfig(StageConfig):
 
     order: str = doc("forward, reverse (best last, next to the question) or sides.", "reverse")
     name: Optional[str] = doc("Stage name in traces (None: repack).", None)
+
+
+@dataclass(frozen=True)
+class FusionConfig(StageConfig):
+    """How hybrid search fuses a sparse and a dense ranking (paper section 3.4.3): the settings of
+    :class:`funnel_core.fusion.HybridRetrieve` and of both adapters' ``HybridRetriever`` beside
+    their two sides (objects, not settings). Not a stage by itself: :meth:`fuse` applies it."""
+
+    model_attrs: ClassVar[tuple[str, ...]] = ()
+
+    alpha: float = doc("Sparse weight in S_h = alpha * S_sparse + S_dense, in [0, 1] "
+                       "(method='alpha').", 0.3)
+    method: str = doc("alpha (weighted sum of normalised scores) or rrf (reciprocal rank "
+                      "fusion).", "alpha")
+    normalization: str = doc("Score normalisation of each side for method='alpha': minmax, "
+                             "zscore or none.", "minmax")
+    rrf_k: int = doc("RRF constant (method='rrf'; Cormack et al.: 60).", 60)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        from funnel_core.fusion import check_fusion_config
+
+        object.__setattr__(self, "alpha", check_fusion_config(self.method, self.alpha,
+                                                              self.normalization, self.rrf_k))
+
+    def build(self, reuse: Any = None) -> Any:
+        raise TypeError("FusionConfig configures a HybridRetrieve (or an adapter's "
+                        "HybridRetriever) beside its sparse and dense sides; pass it there.")
+
+    def fuse(self, sparse: Any, dense: Any, k: Optional[int] = None,
+             stage: str = "hybrid") -> list:
+        """:func:`funnel_core.fusion.fuse` of two ranked unit lists with these settings."""
+        from funnel_core.fusion import fuse
+
+        return fuse(sparse, dense, k=k, stage=stage, **self.kwargs())
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, Sequence, Union
 
-from funnel_core.config import RepackConfig, configured
+from funnel_core.config import FusionConfig, RepackConfig, check_kwargs, config_attributes, configured
 from funnel_core.errors import check_positive_int, check_probability, check_query
 from funnel_core.funnel import Stage
 from funnel_core.scoring import NORMALIZATIONS, normalize_scores
@@ -46,6 +46,8 @@ __all__ = [
     "rrf_fusion",
     "fuse",
     "check_fusion_config",
+    "fusion_config",
+    "FusionConfig",
     "HybridRetrieve",
     "Repack",
     "repack",
@@ -194,6 +196,21 @@ def fuse(sparse: Sequence[Unit], dense: Sequence[Unit], *, method: str = "alpha"
     return out[:k] if k is not None else out
 
 
+def fusion_config(fusion: FusionConfig | None, settings: dict[str, Any], owner: str) -> FusionConfig:
+    """The :class:`FusionConfig` of a hybrid retriever built with ``fusion=`` or with its fields
+    as keyword arguments (``alpha=0.5, method="rrf"``, ...), not both."""
+    if fusion is None:
+        check_kwargs(owner, settings, FusionConfig.field_names())
+        return FusionConfig(**settings)
+    if not isinstance(fusion, FusionConfig):
+        raise TypeError(f"{owner}: fusion must be a FusionConfig, got {type(fusion).__name__}.")
+    if settings:
+        raise TypeError(f"{owner}: pass fusion settings either as fusion=FusionConfig(...) or as "
+                        f"keyword arguments, not both (got {sorted(settings)} too).")
+    return fusion
+
+
+@config_attributes(FusionConfig, "fusion")
 class HybridRetrieve(Stage):
     """A first stage that fuses a sparse and a dense retriever (paper section 3.4.3).
 
@@ -207,30 +224,27 @@ class HybridRetrieve(Stage):
     Args:
         sparse: The sparse side (BM25).
         dense: The dense side (embeddings).
-        alpha: Sparse weight in ``S_h = alpha * S_sparse + S_dense``, in [0, 1]; 0.3 by default.
-        method: ``"alpha"`` (default) or ``"rrf"``.
-        normalization: Score normalisation for ``"alpha"``: ``"minmax"`` (default),
-            ``"zscore"``, ``"none"``.
-        rrf_k: The RRF constant (60).
         k: Units to return (``None``: the whole fused union). ``stage % k`` also cuts.
         sparse_query: Optional ``fn(query) -> str`` rewriting the query for the sparse side.
         dense_query: Optional ``fn(query) -> str`` rewriting the query for the dense side (e.g. a
             HyDE generator).
         name: Stage name (key of the fused score in ``metadata["scores"]``).
+        fusion: A :class:`~funnel_core.config.FusionConfig`; or its fields as keyword arguments
+            (``alpha=0.3``, ``method="alpha"`` or ``"rrf"``, ``normalization="minmax"``,
+            ``rrf_k=60``). Each field is also an attribute (``stage.alpha = 0.5`` is validated).
     """
 
-    def __init__(self, sparse: Side, dense: Side, *, alpha: float = 0.3, method: str = "alpha",
-                 normalization: str = "minmax", rrf_k: int = 60, k: int | None = None,
+    def __init__(self, sparse: Side, dense: Side, *, k: int | None = None,
                  sparse_query: Callable[[str], str] | None = None,
                  dense_query: Callable[[str], str] | None = None,
-                 name: str = "hybrid") -> None:
+                 name: str = "hybrid", fusion: FusionConfig | None = None,
+                 **settings: Any) -> None:
         for label, side in (("sparse", sparse), ("dense", dense)):
             if not (isinstance(side, Stage) or callable(side)):
                 raise TypeError(f"the {label} side must be a funnel_core Stage or a callable "
                                 f"fn(query) -> list[Unit], got {type(side).__name__}.")
         self.sparse, self.dense = sparse, dense
-        self.alpha = check_fusion_config(method, alpha, normalization, rrf_k)
-        self.method, self.normalization, self.rrf_k = method, normalization, rrf_k
+        self.fusion = fusion_config(fusion, settings, type(self).__name__)
         self.k = check_positive_int(k, "k", allow_none=True)
         self.sparse_query, self.dense_query = sparse_query, dense_query
         self.name = name
@@ -246,9 +260,7 @@ class HybridRetrieve(Stage):
     def fuse(self, sparse: Sequence[Unit], dense: Sequence[Unit]) -> list[Unit]:
         """Fuse two ranked lists with this stage's method and settings, cut to ``k``."""
         limits = [x for x in (self.k, self.cutoff) if x is not None]
-        return fuse(sparse, dense, method=self.method, alpha=self.alpha,
-                    normalization=self.normalization, rrf_k=self.rrf_k,
-                    k=min(limits) if limits else None, stage=self.name)
+        return self.fusion.fuse(sparse, dense, k=min(limits) if limits else None, stage=self.name)
 
     def _queries(self, query: str, sparse_query: str | None,
                  dense_query: str | None) -> tuple[str, str]:

@@ -36,6 +36,7 @@ from funnel_core.classify import QueryClassifier
 from funnel_core.compress import with_embedder
 from funnel_core.config import (
     ExtractiveCompressorConfig,
+    FusionConfig,
     RepackConfig,
     adapter_base,
     check_kwargs,
@@ -44,7 +45,6 @@ from funnel_core.config import (
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import Stage, warm_up_attributes
-from funnel_core.fusion import check_fusion_config, fuse
 from langchain_funnel._base import StageCompressor, documents_to_units, units_to_documents
 from langchain_funnel.rerank import _TransformerBase
 
@@ -114,13 +114,17 @@ def hyde_query(llm: Runnable, prompt: PromptTemplate | None = None,
             | RunnableLambda(_join)).with_config(run_name="hyde_query")
 
 
-class HybridRetriever(BaseRetriever):
+class HybridRetriever(adapter_base(FusionConfig, BaseRetriever)):  # type: ignore[misc]
     """Hybrid search over any two LangChain retrievers (paper section 3.4.3).
 
     Scores are read from ``Document.metadata["funnel"]["score"]`` (funnel-rag retrievers write it). A
     similarity ``VectorStoreRetriever`` returns no scores, so its vector store is queried through
     ``similarity_search_with_score`` with the retriever's own ``search_kwargs``. A retriever
     that gives no scores can still be fused with ``method="rrf"``.
+
+    The fusion fields (``alpha``, ``method``, ``normalization``, ``rrf_k``) are those of
+    :class:`funnel_core.config.FusionConfig`, declared there once; :attr:`fusion` is the config
+    of their current values.
 
     Attributes:
         sparse: The sparse retriever (BM25); it always receives the user's query.
@@ -137,10 +141,6 @@ class HybridRetriever(BaseRetriever):
     model_config = ConfigDict(arbitrary_types_allowed=True)
     sparse: BaseRetriever
     dense: BaseRetriever
-    alpha: float = 0.3
-    method: str = "alpha"
-    normalization: str = "minmax"
-    rrf_k: int = 60
     k: int = Field(default=4, description="Number of documents to return.")
     dense_query: Optional[Runnable] = None
 
@@ -150,8 +150,13 @@ class HybridRetriever(BaseRetriever):
         return warm_up_attributes(self)
 
     def model_post_init(self, __context: Any) -> None:
-        self.alpha = check_fusion_config(self.method, self.alpha, self.normalization, self.rrf_k)
+        self.alpha = self.fusion.alpha  # validates every fusion setting now
         check_positive_int(self.k, "k")
+
+    @property
+    def fusion(self) -> FusionConfig:
+        """The fusion settings of the current field values."""
+        return FusionConfig(**{n: getattr(self, n) for n in FusionConfig.field_names()})
 
     # -- sides ---------------------------------------------------------------------------------
     @staticmethod
@@ -173,8 +178,7 @@ class HybridRetriever(BaseRetriever):
         return await retriever.ainvoke(query, config=config)
 
     def _fuse(self, sparse: Sequence[Document], dense: Sequence[Document], k: int) -> list[Document]:
-        units = fuse(documents_to_units(sparse), documents_to_units(dense), method=self.method,
-                     alpha=self.alpha, normalization=self.normalization, rrf_k=self.rrf_k, k=k)
+        units = self.fusion.fuse(documents_to_units(sparse), documents_to_units(dense), k=k)
         return units_to_documents(units)
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,

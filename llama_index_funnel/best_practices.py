@@ -32,11 +32,18 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from funnel_core.classify import QueryClassifier
 from funnel_core.compress import with_embedder
-from funnel_core.config import ExtractiveCompressorConfig, RepackConfig, adapter_base, current_stage
+from funnel_core.config import (
+    ExtractiveCompressorConfig,
+    FusionConfig,
+    RepackConfig,
+    adapter_base,
+    config_attributes,
+    current_stage,
+)
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import Stage, warm_up_attributes
-from funnel_core.fusion import check_fusion_config, fuse
+from funnel_core.fusion import fusion_config
 from llama_index_funnel._base import StagePostprocessor, nodes_to_units, units_to_nodes
 
 __all__ = [
@@ -91,6 +98,7 @@ class SentenceEmbedderEmbedding(BaseEmbedding):
         return await asyncio.to_thread(self._get_text_embeddings, texts)
 
 
+@config_attributes(FusionConfig, "fusion")
 class HybridRetriever(BaseRetriever):
     """Hybrid search over two LlamaIndex retrievers (paper section 3.4.3).
 
@@ -100,11 +108,13 @@ class HybridRetriever(BaseRetriever):
         dense_retriever: The dense side, e.g. ``index.as_retriever()`` over a
             ``VectorStoreIndex``; it receives the query bundle as is, HyDE embedding strings
             included.
-        alpha: Sparse weight in ``S_h = alpha * S_sparse + S_dense`` (0.3), in [0, 1].
-        method: ``"alpha"`` (default) or ``"rrf"``.
-        normalization: ``"minmax"`` (default), ``"zscore"`` or ``"none"`` (alpha method only).
-        rrf_k: RRF constant (60).
         similarity_top_k: Nodes returned after fusion (``None``: the whole fused union).
+        callback_manager: LlamaIndex callback manager.
+        verbose: LlamaIndex's verbose flag.
+        fusion: A :class:`funnel_core.config.FusionConfig`, or its fields as keyword arguments:
+            ``alpha`` (sparse weight in ``S_h = alpha * S_sparse + S_dense``, 0.3), ``method``
+            (``"alpha"`` or ``"rrf"``), ``normalization`` (``"minmax"``, ``"zscore"`` or
+            ``"none"``), ``rrf_k`` (60). Each is also an attribute; an assignment is validated.
 
     Node scores are the fused scores; ``node.metadata["scores"]`` keeps each side's raw score
     and ``sparse_score``/``dense_score``/``sparse_rank``/``dense_rank`` show how it was fused.
@@ -115,14 +125,13 @@ class HybridRetriever(BaseRetriever):
     """
 
     def __init__(self, sparse_retriever: BaseRetriever, dense_retriever: BaseRetriever, *,
-                 alpha: float = 0.3, method: str = "alpha", normalization: str = "minmax",
-                 rrf_k: int = 60, similarity_top_k: Optional[int] = 10,
-                 callback_manager: Optional[CallbackManager] = None, verbose: bool = False) -> None:
+                 similarity_top_k: Optional[int] = 10,
+                 callback_manager: Optional[CallbackManager] = None, verbose: bool = False,
+                 fusion: Optional[FusionConfig] = None, **settings: Any) -> None:
         for label, r in (("sparse_retriever", sparse_retriever), ("dense_retriever", dense_retriever)):
             if not isinstance(r, BaseRetriever):
                 raise TypeError(f"{label} must be a LlamaIndex BaseRetriever, got {type(r).__name__}.")
-        self.alpha = check_fusion_config(method, alpha, normalization, rrf_k)
-        self.method, self.normalization, self.rrf_k = method, normalization, rrf_k
+        self.fusion = fusion_config(fusion, settings, type(self).__name__)
         self.similarity_top_k = check_positive_int(similarity_top_k, "similarity_top_k", allow_none=True)
         self._sparse, self._dense = sparse_retriever, dense_retriever
         super().__init__(callback_manager=callback_manager, verbose=verbose)
@@ -140,9 +149,8 @@ class HybridRetriever(BaseRetriever):
         return QueryBundle(query_str=query_bundle.query_str)
 
     def _fuse(self, sparse: List[NodeWithScore], dense: List[NodeWithScore]) -> List[NodeWithScore]:
-        units = fuse(nodes_to_units(sparse), nodes_to_units(dense), method=self.method,
-                     alpha=self.alpha, normalization=self.normalization, rrf_k=self.rrf_k,
-                     k=self.similarity_top_k)
+        units = self.fusion.fuse(nodes_to_units(sparse), nodes_to_units(dense),
+                                 k=self.similarity_top_k)
         return units_to_nodes(units, [*sparse, *dense])
 
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
