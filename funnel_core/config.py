@@ -40,8 +40,12 @@ __all__ = [
     "RepackConfig",
     "ForwardLookupConfig",
     "FusionConfig",
+    "MultiGranularityConfig",
+    "GraphGranularityConfig",
+    "MixOfGranularityConfig",
     "configured",
     "config_attributes",
+    "config_of",
     "current_stage",
     "pydantic_fields",
     "doc",
@@ -252,6 +256,22 @@ def config_attributes(config_cls: type[StageConfig], attr: str = "config") -> An
         return cls
 
     return wrap
+
+
+def config_of(config_cls: type[StageConfig], config: Any, settings: dict[str, Any],
+              owner: str) -> Any:
+    """The ``config_cls`` of an object built with ``config=`` (a ready config) or with the
+    config's fields as keyword arguments (``settings``), not both; unknown names raise naming
+    the accepted ones."""
+    if config is None:
+        check_kwargs(owner, settings, config_cls.field_names())
+        return config_cls(**settings)
+    if not isinstance(config, config_cls):
+        raise TypeError(f"{owner}: expected a {config_cls.__name__}, got {type(config).__name__}.")
+    if settings:
+        raise TypeError(f"{owner}: pass the settings either as one {config_cls.__name__} or as "
+                        f"keyword arguments, not both (got {sorted(settings)} too).")
+    return config
 
 
 def _var_kw(sig: inspect.Signature) -> str | None:
@@ -577,6 +597,78 @@ class FusionConfig(StageConfig):
         from funnel_core.fusion import fuse
 
         return fuse(sparse, dense, k=k, stage=stage, **self.kwargs())
+
+
+@dataclass(frozen=True)
+class MultiGranularityConfig(StageConfig):
+    """Settings of :class:`funnel_core.granularity.levels.MultiGranularityChunker` (MoG section
+    3.2), shared by both frameworks' multi-granularity splitters."""
+
+    stage_path: ClassVar[str] = "funnel_core.granularity.levels:MultiGranularityChunker"
+    model_attrs: ClassVar[tuple[str, ...]] = ()
+
+    chunk_size: int = doc("Finest chunk size in words (level 1).", 64)
+    n_gra: int = doc("Number of granularity levels; a level-j chunk is two adjacent level-(j-1) "
+                     "chunks of the same document.", 5)
+    sentence_aware: bool = doc("End finest chunks at sentence ends.", True)
+
+
+@dataclass(frozen=True)
+class GraphGranularityConfig(StageConfig):
+    """Settings of :class:`funnel_core.granularity.graph.GraphGranularityBuilder` (MoGG section
+    3.3), shared by both frameworks' graph splitters."""
+
+    stage_path: ClassVar[str] = "funnel_core.granularity.graph:GraphGranularityBuilder"
+    model_attrs: ClassVar[tuple[str, ...]] = ()
+
+    sentences_per_node: int = doc("Sentences per graph node (1-2 in the paper).", 2)
+    n_gra: int = doc("Number of hop ranges (levels) the retriever will use.", 5)
+    k_graph: int = doc("Edges per node (its most BM25-similar nodes).", 3)
+    t_graph: float = doc("Minimum normalised BM25 similarity of an edge, in [0, 1].", 0.3)
+    block_size: int = doc("Nodes scored per block when building the kNN graph (memory bound).",
+                          512)
+    max_df: Optional[float] = doc("Ignore terms in more than this share of nodes when linking "
+                                  "(None: keep all).", None)
+    bm25: Optional[dict] = doc("BM25 settings of the similarity (k1, b, ...).", None)
+
+
+@dataclass(frozen=True)
+class MixOfGranularityConfig(StageConfig):
+    """Settings of the MoG selection rule (:class:`funnel_core.granularity.retrieval.
+    MixOfGranularityRetrieve`) beside its corpus and router, shared by both frameworks'
+    ``MixOfGranularityRetriever``. Build the stage with
+    :func:`funnel_core.granularity.retrieval.mog_stage`."""
+
+    model_attrs: ClassVar[tuple[str, ...]] = ()
+    #: Fields whose change needs new per-level BM25 indexes.
+    index_keys: ClassVar[tuple[str, ...]] = ("n_gra", "bm25")
+
+    k_r: int = doc("Units BM25 retrieves per level before mixing (paper: 3).", 3)
+    normalize: str = doc("Per-level BM25 scores: none (raw, equation 1) or max (divided by the "
+                         "level's best).", "none")
+    level_margin: float = doc("Prefer a finer level unless a coarser one's router weight is "
+                              "higher by more than this, in [0, 1] (0: the paper's argmax).", 0.0)
+    n_gra: int = doc("Hop ranges when the units are graph nodes (a hierarchy's levels come from "
+                     "its units).", 5)
+    bm25: Optional[dict] = doc("BM25 settings of the per-level indexes.", None)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        from funnel_core.errors import check_positive_int
+        from funnel_core.granularity.retrieval import NORMALIZATIONS
+
+        check_positive_int(self.k_r, "k_r")
+        check_positive_int(self.n_gra, "n_gra (number of hop ranges)")
+        if self.normalize not in NORMALIZATIONS:
+            raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got "
+                             f"{self.normalize!r}.")
+        if not 0.0 <= self.level_margin <= 1.0:
+            raise ValueError(f"level_margin must be in [0, 1], got {self.level_margin!r}.")
+
+    def build(self, reuse: Any = None) -> Any:
+        raise TypeError("MixOfGranularityConfig needs the corpus units and a router: build the "
+                        "stage with funnel_core.granularity.retrieval.mog_stage(units, router, "
+                        "config).")
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, Sequence, Union
 
-from funnel_core.config import FusionConfig, RepackConfig, check_kwargs, config_attributes, configured
+from funnel_core.config import FusionConfig, RepackConfig, config_attributes, config_of, configured
 from funnel_core.errors import check_positive_int, check_probability, check_query
 from funnel_core.funnel import Stage
 from funnel_core.scoring import NORMALIZATIONS, normalize_scores
@@ -46,7 +46,6 @@ __all__ = [
     "rrf_fusion",
     "fuse",
     "check_fusion_config",
-    "fusion_config",
     "FusionConfig",
     "HybridRetrieve",
     "Repack",
@@ -196,20 +195,6 @@ def fuse(sparse: Sequence[Unit], dense: Sequence[Unit], *, method: str = "alpha"
     return out[:k] if k is not None else out
 
 
-def fusion_config(fusion: FusionConfig | None, settings: dict[str, Any], owner: str) -> FusionConfig:
-    """The :class:`FusionConfig` of a hybrid retriever built with ``fusion=`` or with its fields
-    as keyword arguments (``alpha=0.5, method="rrf"``, ...), not both."""
-    if fusion is None:
-        check_kwargs(owner, settings, FusionConfig.field_names())
-        return FusionConfig(**settings)
-    if not isinstance(fusion, FusionConfig):
-        raise TypeError(f"{owner}: fusion must be a FusionConfig, got {type(fusion).__name__}.")
-    if settings:
-        raise TypeError(f"{owner}: pass fusion settings either as fusion=FusionConfig(...) or as "
-                        f"keyword arguments, not both (got {sorted(settings)} too).")
-    return fusion
-
-
 @config_attributes(FusionConfig, "fusion")
 class HybridRetrieve(Stage):
     """A first stage that fuses a sparse and a dense retriever (paper section 3.4.3).
@@ -244,7 +229,7 @@ class HybridRetrieve(Stage):
                 raise TypeError(f"the {label} side must be a funnel_core Stage or a callable "
                                 f"fn(query) -> list[Unit], got {type(side).__name__}.")
         self.sparse, self.dense = sparse, dense
-        self.fusion = fusion_config(fusion, settings, type(self).__name__)
+        self.fusion = config_of(FusionConfig, fusion, settings, type(self).__name__)
         self.k = check_positive_int(k, "k", allow_none=True)
         self.sparse_query, self.dense_query = sparse_query, dense_query
         self.name = name

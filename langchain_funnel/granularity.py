@@ -20,9 +20,16 @@ from typing import Any, Iterable, Optional, Sequence
 from langchain_core.documents import BaseDocumentTransformer, Document
 from pydantic import Field, PrivateAttr
 
-from funnel_core.granularity.graph import GranularityGraph, GraphGranularityBuilder
-from funnel_core.granularity.levels import GranularityHierarchy, MultiGranularityChunker
-from funnel_core.granularity.retrieval import NORMALIZATIONS, MixOfGranularityRetrieve
+from funnel_core.config import (
+    GraphGranularityConfig,
+    MixOfGranularityConfig,
+    MultiGranularityConfig,
+    adapter_base,
+    config_attributes,
+    config_of,
+    current_stage,
+)
+from funnel_core.granularity.retrieval import MixOfGranularityRetrieve, mog_stage
 from funnel_core.units import Unit, split_metadata
 from langchain_funnel._base import UnitRetriever, documents_to_units, units_to_documents
 
@@ -65,13 +72,17 @@ def _texts_to_documents(texts: Sequence[str], metadatas: Optional[Sequence[dict]
     return [Document(page_content=t, metadata=dict(m)) for t, m in zip(texts, metadatas)]
 
 
+@config_attributes(MultiGranularityConfig, "config")
 class MultiGranularityTextSplitter(BaseDocumentTransformer):
     """Split documents into ``n_gra`` nested granularity levels (MoG section 3.2).
 
     Args:
-        chunk_size: Finest chunk size in words (level 1).
-        n_gra: Number of levels; each level-``j`` chunk is two adjacent level-``j - 1`` chunks.
-        sentence_aware: End finest chunks at sentence boundaries.
+        levels: ``"all"`` (every level, for :class:`MixOfGranularityRetriever`) or ``"finest"``.
+        config: A :class:`funnel_core.config.MultiGranularityConfig`, or its fields as keyword
+            arguments: ``chunk_size`` (finest chunk size in words, 64), ``n_gra`` (levels; a
+            level-``j`` chunk is two adjacent level-``j - 1`` chunks, 5) and ``sentence_aware``
+            (end finest chunks at sentence ends). Each is also an attribute; an edit is
+            validated and honoured at the next call.
 
     :meth:`split_documents` (and ``transform_documents``) return the chunks of *every* level,
     finest first; each ``Document`` has ``id`` and metadata ``granularity`` (1 = finest),
@@ -80,14 +91,13 @@ class MultiGranularityTextSplitter(BaseDocumentTransformer):
     :meth:`split_text` returns the finest chunks of one text, as a plain splitter would.
     """
 
-    def __init__(self, *, chunk_size: int = 64, n_gra: int = 5, sentence_aware: bool = True,
-                 levels: str = "all") -> None:
+    def __init__(self, *, levels: str = "all", config: Optional[MultiGranularityConfig] = None,
+                 **settings: Any) -> None:
         if levels not in ("all", "finest"):
             raise ValueError(f"levels must be 'all' (the whole hierarchy, for "
                              f"MixOfGranularityRetriever) or 'finest', got {levels!r}.")
-        self._chunker = MultiGranularityChunker(chunk_size=chunk_size, n_gra=n_gra,
-                                                sentence_aware=sentence_aware)
-        self.chunk_size, self.n_gra, self.sentence_aware = chunk_size, n_gra, sentence_aware
+        self.config = config_of(MultiGranularityConfig, config, settings, type(self).__name__)
+        self._chunker = self.config.build()  # validates every setting now, naming the value
         self.levels = levels
 
     def split_text(self, text: str) -> list[str]:
@@ -103,6 +113,7 @@ class MultiGranularityTextSplitter(BaseDocumentTransformer):
         units, by_id = _doc_units(documents)
         if not units:
             return []
+        self._chunker = current_stage(self.config, self._chunker)
         hierarchy = self._chunker.split(units)
         levels = hierarchy.levels if self.levels == "all" else hierarchy.levels[:1]
         return _to_documents([u for level in levels for u in level], by_id)
@@ -116,25 +127,25 @@ class MultiGranularityTextSplitter(BaseDocumentTransformer):
         return self.split_documents(documents)
 
 
+@config_attributes(GraphGranularityConfig, "config")
 class GraphGranularitySplitter(BaseDocumentTransformer):
     """Split documents into MoGG graph nodes and link them by BM25 similarity (section 3.3).
 
     Args:
-        sentences_per_node: Sentences per node (1-2 in the paper).
-        n_gra: Number of hop ranges (levels) the retriever will use.
-        k_graph: Edges per node.
-        t_graph: Minimum normalised BM25 similarity for an edge, in [0, 1].
+        config: A :class:`funnel_core.config.GraphGranularityConfig`, or its fields as keyword
+            arguments: ``sentences_per_node`` (1-2 in the paper), ``n_gra`` (hop ranges the
+            retriever will use), ``k_graph`` (edges per node), ``t_graph`` (minimum normalised
+            BM25 similarity of an edge), ``block_size``, ``max_df``, ``bm25``. Each is also an
+            attribute; an edit is validated and honoured at the next call.
 
     Each node ``Document`` carries ``graph_neighbors`` (ids) and ``graph_weights``; the graph
     spans the documents of one call. ``last_build_seconds`` is the latest edge-building time.
     With no pair above ``t_graph`` every neighbour list is empty (a warning says so).
     """
 
-    def __init__(self, *, sentences_per_node: int = 2, n_gra: int = 5, k_graph: int = 3,
-                 t_graph: float = 0.3) -> None:
-        self._builder = GraphGranularityBuilder(sentences_per_node=sentences_per_node,
-                                                n_gra=n_gra, k_graph=k_graph, t_graph=t_graph)
-        self.n_gra = n_gra
+    def __init__(self, *, config: Optional[GraphGranularityConfig] = None, **settings: Any) -> None:
+        self.config = config_of(GraphGranularityConfig, config, settings, type(self).__name__)
+        self._builder = self.config.build()  # validates every setting now, naming the value
         self.last_build_seconds: float | None = None
 
     def split_documents(self, documents: Iterable[Document]) -> list[Document]:
@@ -142,6 +153,7 @@ class GraphGranularitySplitter(BaseDocumentTransformer):
         units, by_id = _doc_units(documents)
         if not units:
             return []
+        self._builder = current_stage(self.config, self._builder)
         graph = self._builder.build(units)
         self.last_build_seconds = graph.build_seconds
         return _to_documents(graph.nodes, by_id)
@@ -154,7 +166,7 @@ class GraphGranularitySplitter(BaseDocumentTransformer):
         return self.split_documents(documents)
 
 
-class MixOfGranularityRetriever(UnitRetriever):
+class MixOfGranularityRetriever(adapter_base(MixOfGranularityConfig, UnitRetriever)):  # type: ignore[misc]
     """MoG / MoGG retrieval over the output of either splitter.
 
     Fields:
@@ -163,9 +175,10 @@ class MixOfGranularityRetriever(UnitRetriever):
         router: A trained :class:`~funnel_core.granularity.router.GranularityRouter`, or ``None``
             for uniform level weights (the finest level is returned).
         k: Documents returned (``invoke(q, k=3)`` overrides it).
-        k_r: Units BM25 retrieves per level before mixing.
-        n_gra: Hop ranges for graph nodes.
-        normalize: Per-level BM25 score normalisation, ``"max"`` or ``"none"``.
+
+    The other fields (``k_r``, ``normalize``, ``level_margin``, ``n_gra``, ``bm25``) are those
+    of :class:`funnel_core.config.MixOfGranularityConfig`; an edit is honoured at the next call
+    (the per-level BM25 indexes are rebuilt only when ``n_gra`` or ``bm25`` changed).
 
     Result metadata: ``score`` (mixed score), ``router_weights``, ``chosen_level``, ``finest_id``.
     """
@@ -173,28 +186,28 @@ class MixOfGranularityRetriever(UnitRetriever):
     documents: list[Document] = Field(description="All chunks of a granularity splitter.")
     router: Optional[Any] = Field(default=None, description="A trained GranularityRouter.")
     k: int = Field(default=1, description="Number of documents to return.")
-    k_r: int = Field(default=3, description="BM25 hits per granularity level (paper: 3).")
-    n_gra: int = Field(default=5, description="Hop ranges for MoGG graph nodes.")
-    normalize: str = Field(default="max", description=f"One of {NORMALIZATIONS}.")
     _stage: Optional[MixOfGranularityRetrieve] = PrivateAttr(default=None)
+    _units: list[Unit] = PrivateAttr(default_factory=list)
 
     def model_post_init(self, __context: Any) -> None:
         super().model_post_init(__context)
         if not self.documents:
             raise ValueError("MixOfGranularityRetriever needs documents; split them with "
                              "MultiGranularityTextSplitter or GraphGranularitySplitter first.")
-        units = documents_to_units(self.documents)
-        structure: GranularityGraph | GranularityHierarchy
-        if any("graph_neighbors" in u.metadata for u in units):
-            structure = GranularityGraph.from_units(units, n_gra=self.n_gra)
-        else:
-            structure = GranularityHierarchy.from_units(units)
-        self._stage = MixOfGranularityRetrieve(structure, self.router, k_r=self.k_r,
-                                               top_k=self.k, normalize=self.normalize)
+        self._units = documents_to_units(self.documents)
+        _ = self.stage  # validates the settings and indexes the levels now
+
+    @property
+    def config(self) -> MixOfGranularityConfig:
+        """The core settings of the current field values."""
+        return MixOfGranularityConfig(**{n: getattr(self, n)
+                                         for n in MixOfGranularityConfig.field_names()})
 
     @property
     def stage(self) -> MixOfGranularityRetrieve:
-        assert self._stage is not None
+        """The core MoG stage for the current settings (see ``funnel_core`` ``mog_stage``)."""
+        self._stage = mog_stage(self._units, self.router, self.config, top_k=self.k,
+                                previous=self._stage)
         return self._stage
 
     def _search(self, query: str, k: int) -> list[Unit]:

@@ -38,12 +38,12 @@ from funnel_core.config import (
     RepackConfig,
     adapter_base,
     config_attributes,
+    config_of,
     current_stage,
 )
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import Stage, warm_up_attributes
-from funnel_core.fusion import fusion_config
 from llama_index_funnel._base import StagePostprocessor, nodes_to_units, units_to_nodes
 
 __all__ = [
@@ -131,7 +131,7 @@ class HybridRetriever(BaseRetriever):
         for label, r in (("sparse_retriever", sparse_retriever), ("dense_retriever", dense_retriever)):
             if not isinstance(r, BaseRetriever):
                 raise TypeError(f"{label} must be a LlamaIndex BaseRetriever, got {type(r).__name__}.")
-        self.fusion = fusion_config(fusion, settings, type(self).__name__)
+        self.fusion = config_of(FusionConfig, fusion, settings, type(self).__name__)
         self.similarity_top_k = check_positive_int(similarity_top_k, "similarity_top_k", allow_none=True)
         self._sparse, self._dense = sparse_retriever, dense_retriever
         super().__init__(callback_manager=callback_manager, verbose=verbose)

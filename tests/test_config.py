@@ -15,8 +15,10 @@ from funnel_core.config import (
     ExtractiveCompressorConfig,
     FiDAttentionConfig,
     ForwardLookupConfig,
+    GraphGranularityConfig,
     LaterChunkingConfig,
     MonoT5Config,
+    MultiGranularityConfig,
     RankRAGConfig,
     RepackConfig,
     current_stage,
@@ -24,7 +26,7 @@ from funnel_core.config import (
 
 CONFIGS = [CrossEncoderConfig, MonoT5Config, FiDAttentionConfig, AttentionLMConfig,
            RankRAGConfig, LaterChunkingConfig, ExtractiveCompressorConfig, RepackConfig,
-           ForwardLookupConfig]
+           ForwardLookupConfig, MultiGranularityConfig, GraphGranularityConfig]
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: c.__name__)

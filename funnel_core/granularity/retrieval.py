@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from funnel_core.bm25 import BM25Index
+from funnel_core.config import MixOfGranularityConfig
 from funnel_core.errors import check_positive_int
 from funnel_core.funnel import Stage
 from funnel_core.granularity.levels import GranularityStructure
@@ -41,7 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from funnel_core.granularity.router import GranularityRouter
 
 __all__ = ["GranularityBM25", "MixOfGranularityRetrieve", "NORMALIZATIONS", "MOG_PRESETS",
-           "choose_level"]
+           "choose_level", "structure_from_units", "mog_stage"]
 
 NORMALIZATIONS = ("max", "none")
 
@@ -143,6 +144,11 @@ class MixOfGranularityRetrieve(Stage):
                                  f"n_levels={self.structure.n_gra}.")
         self.router = router
         self.name = name
+        #: The settings as a :class:`~funnel_core.config.MixOfGranularityConfig` (:func:`mog_stage`
+        #: compares it to decide what to rebuild).
+        self.config = MixOfGranularityConfig(k_r=self.k_r, normalize=normalize,
+                                             level_margin=self.level_margin, bm25=bm25,
+                                             n_gra=self.structure.n_gra)
 
     @classmethod
     def from_preset(cls, preset: str, structure: GranularityStructure | GranularityBM25,
@@ -203,3 +209,47 @@ class MixOfGranularityRetrieve(Stage):
             if len(out) == k:
                 break
         return out
+
+
+def structure_from_units(units: Sequence[Unit], n_gra: int = 5) -> GranularityStructure:
+    """The granularity structure that a splitter's units came from: a
+    :class:`~funnel_core.granularity.graph.GranularityGraph` with ``n_gra`` hop ranges when the
+    units carry ``metadata["graph_neighbors"]`` (MoGG nodes), else a
+    :class:`~funnel_core.granularity.levels.GranularityHierarchy` (every level's units)."""
+    from funnel_core.granularity.graph import GranularityGraph
+    from funnel_core.granularity.levels import GranularityHierarchy
+
+    units = list(units)
+    if any("graph_neighbors" in u.metadata for u in units):
+        return GranularityGraph.from_units(units, n_gra=n_gra)
+    return GranularityHierarchy.from_units(units)
+
+
+def mog_stage(units: Sequence[Unit], router: "GranularityRouter | None" = None,
+              config: MixOfGranularityConfig | None = None, *, top_k: int = 1,
+              previous: MixOfGranularityRetrieve | None = None) -> MixOfGranularityRetrieve:
+    """The MoG stage over a splitter's ``units`` with ``config``'s settings (the adapters build
+    theirs here, from their current field values).
+
+    ``previous`` (the stage built last time) comes back as is when nothing changed; when only
+    cheap settings changed (``k_r``, ``normalize``, ``level_margin``, ``top_k``, the router) the
+    new stage reuses its per-level BM25 indexes; a change of ``n_gra`` or ``bm25`` re-indexes.
+    """
+    config = config or MixOfGranularityConfig()
+    if previous is not None:
+        if (previous.config == config and previous.router is router
+                and previous.top_k == top_k):
+            return previous
+        old = previous.config
+        if all(getattr(old, key) == getattr(config, key)
+               for key in MixOfGranularityConfig.index_keys):
+            stage = MixOfGranularityRetrieve(previous.index, router, top_k=top_k,
+                                             k_r=config.k_r, normalize=config.normalize,
+                                             level_margin=config.level_margin)
+            stage.config = config
+            return stage
+    index = GranularityBM25(structure_from_units(units, config.n_gra), **(config.bm25 or {}))
+    stage = MixOfGranularityRetrieve(index, router, top_k=top_k, k_r=config.k_r,
+                                     normalize=config.normalize, level_margin=config.level_margin)
+    stage.config = config
+    return stage
