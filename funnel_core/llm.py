@@ -288,8 +288,9 @@ class TransformersLLM(LLM):
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
         dtype = self.torch_dtype or ("float16" if device.startswith("cuda") else "float32")
-        model = load_pretrained(AutoModelForCausalLM.from_pretrained, self.model_name_or_path,
-                                what=what, dtype=getattr(torch, dtype), **extra)
+        loader: Any = AutoModelForCausalLM.from_pretrained  # its decorated type hides the signature
+        model = load_pretrained(loader, self.model_name_or_path, what=what,
+                                dtype=getattr(torch, dtype), **extra)
         model.to(device).eval()
         if model.generation_config.pad_token_id is None:
             model.generation_config.pad_token_id = tokenizer.pad_token_id

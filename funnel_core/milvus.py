@@ -55,7 +55,10 @@ import threading
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    from typing_extensions import Self  # typing.Self from Python 3.11
 
 import numpy as np
 
@@ -416,13 +419,13 @@ def combine_expressions(parts: Sequence[str | None], condition: str = "and") -> 
     if condition not in ("and", "or", "not"):
         raise ValueError(f"condition must be 'and', 'or' or 'not', got {condition!r}.")
     if condition == "and":
-        live = [p for p in parts if p is not None]
+        live: list[str] = [p for p in parts if p is not None]
         if "false" in live:
             return "false"
         return " and ".join(f"({p})" for p in live) if live else None
     if any(p is None for p in parts):  # one part always true
         return None if condition == "or" else "false"
-    live = [p for p in parts if p != "false"]
+    live = [p for p in parts if p is not None and p != "false"]
     if not live:
         return "false" if condition == "or" else None
     joined = " or ".join(f"({p})" for p in live)
@@ -434,8 +437,7 @@ def _in_expr(field: str, values: Iterable[str]) -> str:
 
 
 def _and(*exprs: str | None) -> str:
-    exprs = [e for e in exprs if e]
-    return " and ".join(f"({e})" for e in exprs)
+    return " and ".join(f"({e})" for e in exprs if e)
 
 
 # -- shared collection mechanics ----------------------------------------------------------------
@@ -559,7 +561,7 @@ class _Collection:
         with self._lock:
             self._meta = None
 
-    def open(self) -> "_Collection":
+    def open(self) -> Self:
         """Connect and check the existing collection now (instead of at the first search)."""
         self._opened()
         return self
@@ -702,7 +704,7 @@ class _Collection:
     @classmethod
     def load(cls, path: str | os.PathLike, token: str | None = None, **kwargs: Any) -> Any:
         """Re-open the collection named in the manifest saved at ``path`` (no re-indexing);
-        ``kwargs`` go to the constructor (e.g. ``timeout``)."""
+        ``kwargs`` go to the constructor (e.g. ``timeout``; a dense index takes ``embedder``)."""
         return cls._from_manifest(cls._saved_manifest(path), token=token, **kwargs)
 
 
@@ -890,7 +892,7 @@ class MilvusBM25Index(_BM25Common):
                                  ["id", "text", "metadata", "info"])
         results = []
         for row in hits:
-            out = []
+            out: list[Unit] = []
             for score, entity in row:
                 unit = _unit_from_row(entity).rescored(score, name)
                 unit.metadata["bm25_rank"] = len(out)
@@ -1112,7 +1114,7 @@ class MilvusClusteredBM25Index(_BM25Common):
             cluster_expr = _in_expr("id", allowed)
         fields = ["id", "metadata", "info"] + (["text"] if return_clusters else [])
         hits = self._bm25_search(self.collection, [query], k, cluster_expr, fields)[0]
-        clusters = []
+        clusters: list[Unit] = []
         for score, entity in hits:
             info = entity.get("info") or {}
             c = Unit(id=entity["id"], text=entity.get("text", ""),
@@ -1322,7 +1324,7 @@ class MilvusDenseIndex(_Collection):
         return self.search_many([query], k, filter=filter)[0]
 
     @classmethod
-    def load(cls, path: str | os.PathLike, embedder: Any = None, token: str | None = None,
+    def load(cls, path: str | os.PathLike, token: str | None = None, *, embedder: Any = None,
              **kwargs: Any) -> "MilvusDenseIndex":
         """Re-open the collection named in the manifest saved at ``path`` (no re-embedding);
         the embedder defaults to the model recorded at build time."""

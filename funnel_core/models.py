@@ -58,7 +58,7 @@ def resolve_device(device: str | None) -> str:
     return "cpu"
 
 
-def load_pretrained(loader: Callable[..., T], name_or_path: str, what: str = "model",
+def load_pretrained(loader: Callable[..., T], name_or_path: str | os.PathLike, what: str = "model",
                     **kwargs: Any) -> T:
     """Call ``loader(name_or_path, **kwargs)`` and explain failures.
 

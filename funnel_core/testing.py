@@ -116,7 +116,8 @@ def tiny_cross_encoder(path: str | os.PathLike, num_layers: int = 2, hidden: int
     tokenizer = AutoTokenizer.from_pretrained(minilm_path())
     config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=hidden,
                         num_hidden_layers=num_layers, num_attention_heads=2,
-                        intermediate_size=hidden * 2, max_position_embeddings=512, num_labels=1)
+                        intermediate_size=hidden * 2, max_position_embeddings=512)
+    config.num_labels = 1  # a PretrainedConfig keyword its typed signature does not list
     model = BertForSequenceClassification(config)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
@@ -137,8 +138,8 @@ def tiny_t5(path: str | os.PathLike, num_layers: int = 2, d_model: int = 32) -> 
     tokenizer.pad_token, tokenizer.eos_token, tokenizer.unk_token = "<pad>", "</s>", "<unk>"
     config = T5Config(vocab_size=len(tokenizer), d_model=d_model, d_kv=8, d_ff=d_model * 2,
                       num_layers=num_layers, num_decoder_layers=num_layers, num_heads=4,
-                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                      decoder_start_token_id=tokenizer.pad_token_id)
+                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    config.decoder_start_token_id = tokenizer.pad_token_id  # not in T5Config's typed signature
     model = T5ForConditionalGeneration(config)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)

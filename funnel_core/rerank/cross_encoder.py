@@ -210,8 +210,9 @@ class CrossEncoderScorer(Reranker):
         model = load_pretrained(CrossEncoder, self.model_name, what="cross-encoder", device=device,
                                 max_length=self.max_length, model_kwargs=kwargs or None)
         identity = torch.nn.Identity()
-        autocast = dict(device_type=torch.device(device).type, dtype=torch.bfloat16,
-                        enabled=self.active_dtype == "bfloat16")
+        autocast: dict[str, Any] = dict(device_type=torch.device(device).type,
+                                        dtype=torch.bfloat16,
+                                        enabled=self.active_dtype == "bfloat16")
 
         def score(queries: list[str], texts: list[str]) -> list[float]:
             with torch.autocast(**autocast):
@@ -248,8 +249,9 @@ class CrossEncoderScorer(Reranker):
         model = load_pretrained(AutoModelForSequenceClassification.from_pretrained,
                                 self.model_name, what="cross-encoder", **self.model_kwargs)
         model = (model.half() if fp16 else model).to(device).eval()
-        autocast = dict(device_type=torch.device(device).type, dtype=torch.bfloat16,
-                        enabled=self.active_dtype == "bfloat16")
+        autocast: dict[str, Any] = dict(device_type=torch.device(device).type,
+                                        dtype=torch.bfloat16,
+                                        enabled=self.active_dtype == "bfloat16")
 
         @torch.inference_mode()
         def score(queries: list[str], texts: list[str]) -> list[float]:
@@ -346,7 +348,7 @@ class CrossEncoderScorer(Reranker):
         order = sorted(range(len(units)), key=lambda i: -fused[i])
         out = [units[i].rescored(fused[i], self.name) for i in order]
         if self.score_threshold is not None:
-            out = [u for u in out if u.score >= self.score_threshold]
+            out = [u for u in out if u.score is not None and u.score >= self.score_threshold]
         limit = top_n if top_n is not None else self.top_n
         return out[:limit] if limit is not None else out
 
