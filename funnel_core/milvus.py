@@ -74,6 +74,7 @@ __all__ = [
     "MilvusCollectionError",
     "MilvusSettingsError",
     "UnsupportedFilterError",
+    "search_dense",
     "filter_expression",
     "comparison_expression",
     "combine_expressions",
@@ -123,6 +124,22 @@ class UnsupportedFilterError(MilvusError, TypeError):
 # -- connection -----------------------------------------------------------------------------------
 _CLIENTS: dict[tuple, Any] = {}
 _CLIENTS_LOCK = threading.Lock()
+
+
+def search_dense(index: Any, query: str, k: int, flt: Any, *, argument: str = "filter") -> list:
+    """Search a dense index for the framework retrievers: a Milvus index gets ``flt`` pushed
+    down; the in-memory :class:`~funnel_core.embeddings.DenseIndex` takes no filter, so one
+    raises :class:`UnsupportedFilterError` naming the fix (``argument`` is the retriever's name
+    for the filter)."""
+    from funnel_core.embeddings import DenseIndex
+
+    if not isinstance(index, DenseIndex):
+        return index.search(query, k=k, filter=flt)
+    if flt is not None:
+        raise UnsupportedFilterError(
+            "the in-memory DenseIndex takes no metadata filter; build the retriever with "
+            f"backend=MilvusBackend(...) to filter, or drop {argument}=.")
+    return index.search(query, k=k)
 
 
 def _is_local(uri: str) -> bool:

@@ -37,6 +37,7 @@ from funnel_core.milvus import (
     combine_expressions,
     comparison_expression,
     hybrid_backends,
+    search_dense,
 )
 from funnel_core.units import Unit
 from langchain_funnel._base import UnitRetriever
@@ -131,13 +132,7 @@ class DenseRetriever(UnitRetriever):
 
     def _search(self, query: str, k: int, filter: Any = None) -> list[Unit]:
         flt = push_down(self.index, filter if filter is not None else self.filter)
-        if isinstance(self.index, DenseIndex):
-            if flt is not None:
-                raise UnsupportedFilterError(
-                    "the in-memory DenseIndex takes no metadata filter; build the retriever with "
-                    "backend=MilvusBackend(...) to filter, or drop filter=.")
-            return self.index.search(query, k=k)
-        return self.index.search(query, k=k, filter=flt)
+        return search_dense(self.index, query, k, flt)
 
 
 def _milvus(backend: Any, where: str) -> MilvusBackend:

@@ -33,6 +33,7 @@ from funnel_core.milvus import (
     combine_expressions,
     comparison_expression,
     hybrid_backends,
+    search_dense,
 )
 from funnel_core.units import FUNNEL_KEY, INTERNAL_KEYS, Unit
 from llama_index_funnel._base import UnitRetriever, units_to_nodes
@@ -191,14 +192,8 @@ class DenseRetriever(UnitRetriever):
     def _search(self, query: str, filters: Any = None, k: Optional[int] = None) -> list[Unit]:
         flt = self.filters if filters is None else filters
         k = self.similarity_top_k if k is None else check_positive_int(k, "k")
-        if isinstance(self.index, DenseIndex):
-            if flt is not None:
-                raise UnsupportedFilterError(
-                    "the in-memory DenseIndex takes no metadata filter; build the retriever with "
-                    "backend=MilvusBackend(...) to filter, or drop filters=.")
-            return self.index.search(query, k=k)
-        return restore_nodes(self.index.search(query, k=k, filter=push_down(self.index, flt)),
-                             self._nodes)
+        hits = search_dense(self.index, query, k, push_down(self.index, flt), argument="filters")
+        return hits if isinstance(self.index, DenseIndex) else restore_nodes(hits, self._nodes)
 
     def search(self, query: str, filters: Any = None, k: Optional[int] = None) -> List[NodeWithScore]:
         """Retrieve with a per-query filter and ``k``."""
