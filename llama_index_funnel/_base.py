@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 from abc import abstractmethod
 from collections import ChainMap
-from typing import Any, List, Mapping, Optional, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, List, Mapping, Optional, Sequence
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.bridge.pydantic import PrivateAttr
@@ -179,13 +180,8 @@ class StagePostprocessor(ConfiguredAdapter, BaseNodePostprocessor):
         query = self._query(query_bundle)
         if not nodes or not query:
             return list(nodes)
-        dispatcher.event(ReRankStartEvent(query=query_bundle, nodes=nodes, top_n=self._top_n(),
-                                          model_name=self._model_name()))
-        with self.callback_manager.event(CBEventType.RERANKING,
-                                         payload=self._cb_payload(nodes, query)) as event:
-            out = units_to_nodes(self.stage(query, nodes_to_units(nodes)), nodes)
-            event.on_end(payload={EventPayload.NODES: out})
-        dispatcher.event(ReRankEndEvent(nodes=out))
+        with self._reranking(nodes, query_bundle, query) as out:
+            out.extend(units_to_nodes(self.stage(query, nodes_to_units(nodes)), nodes))
         return out
 
     async def _apostprocess_nodes(self, nodes: List[NodeWithScore],
@@ -193,14 +189,24 @@ class StagePostprocessor(ConfiguredAdapter, BaseNodePostprocessor):
         query = self._query(query_bundle)
         if not nodes or not query:
             return list(nodes)
+        with self._reranking(nodes, query_bundle, query) as out:
+            out.extend(units_to_nodes(await self.stage.acall(query, nodes_to_units(nodes)), nodes))
+        return out
+
+    @contextmanager
+    def _reranking(self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle],
+                   query: str) -> Iterator[List[NodeWithScore]]:
+        """LlamaIndex's reranking events around one call (as its own rerankers emit them): the
+        dispatcher's ReRankStart/End and the callback manager's RERANKING; the caller fills the
+        yielded list with the output nodes."""
         dispatcher.event(ReRankStartEvent(query=query_bundle, nodes=nodes, top_n=self._top_n(),
                                           model_name=self._model_name()))
+        out: List[NodeWithScore] = []
         with self.callback_manager.event(CBEventType.RERANKING,
                                          payload=self._cb_payload(nodes, query)) as event:
-            out = units_to_nodes(await self.stage.acall(query, nodes_to_units(nodes)), nodes)
+            yield out
             event.on_end(payload={EventPayload.NODES: out})
         dispatcher.event(ReRankEndEvent(nodes=out))
-        return out
 
     def _cb_payload(self, nodes: List[NodeWithScore], query: str) -> dict:
         return {EventPayload.NODES: nodes, EventPayload.MODEL_NAME: self._model_name(),
