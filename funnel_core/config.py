@@ -39,6 +39,8 @@ __all__ = [
     "ExtractiveCompressorConfig",
     "RepackConfig",
     "ForwardLookupConfig",
+    "LLMProviderConfig",
+    "ForwardVariantConfig",
     "FusionConfig",
     "MultiGranularityConfig",
     "GraphGranularityConfig",
@@ -562,6 +564,62 @@ class RepackConfig(StageConfig):
 
     order: str = doc("forward, reverse (best last, next to the question) or sides.", "reverse")
     name: Optional[str] = doc("Stage name in traces (None: repack).", None)
+
+
+@dataclass(frozen=True)
+class LLMProviderConfig(StageConfig):
+    """How an adapter builds its ``funnel_core`` LLM provider when ``llm`` is given as a name (a
+    hub name or local folder of a causal LM); ``timeout`` also applies to a framework's model."""
+
+    model_attrs: ClassVar[tuple[str, ...]] = ()
+
+    timeout: Optional[float] = doc("Seconds per LLM call.", None)
+    gguf_file: Optional[str] = doc("GGUF file inside the folder, when llm is a name.", None)
+    device: Optional[str] = doc("Torch device of the local model, when llm is a name.", None)
+
+    def build(self, reuse: Any = None) -> Any:
+        raise TypeError(f"{type(self).__name__} configures the LLM provider of an adapter; "
+                        "pass it beside the llm.")
+
+    def provider_kwargs(self, llm: Any) -> dict[str, Any]:
+        """Keyword arguments of the adapters' ``as_provider(llm, ...)``."""
+        out: dict[str, Any] = {"timeout": self.timeout}
+        if isinstance(llm, str):
+            out.update(gguf_file=self.gguf_file, device=self.device)
+        return out
+
+
+@dataclass(frozen=True)
+class ForwardVariantConfig(LLMProviderConfig):
+    """The settings of both frameworks' ``ForwardLookupRetriever`` beside
+    :class:`ForwardLookupConfig`: the FB-RAG variant, whose weights ``eta_backward`` and
+    ``eta_forward`` override, and the LLM provider (:class:`LLMProviderConfig`)."""
+
+    variant: str = doc("FB (Ours-FB), F (Ours-F) or B (BM25 only).", "FB")
+    eta_backward: Optional[float] = doc("Overrides the variant's weight of the backward score.",
+                                        None)
+    eta_forward: Optional[float] = doc("Overrides the variant's weight of the forward score.",
+                                       None)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        from funnel_core.forward import PRESETS
+
+        if self.variant not in PRESETS:
+            raise ValueError(f"unknown FB-RAG variant {self.variant!r}; choose one of "
+                             f"{sorted(PRESETS)}.")
+
+    def stage_config(self, **settings: Any) -> "ForwardLookupConfig":
+        """The :class:`ForwardLookupConfig` of this variant with ``settings`` (its other fields)."""
+        from funnel_core.forward import variant_config
+
+        return variant_config(self.variant, self.eta_backward, self.eta_forward, **settings)
+
+    @classmethod
+    def split(cls, settings: dict[str, Any]) -> tuple["ForwardVariantConfig", dict[str, Any]]:
+        """``settings`` split into this config and the rest (the ForwardLookupConfig fields)."""
+        mine = {k: v for k, v in settings.items() if k in cls.field_names()}
+        return cls(**mine), {k: v for k, v in settings.items() if k not in mine}
 
 
 @dataclass(frozen=True)

@@ -19,22 +19,14 @@ from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from pydantic import Field, PrivateAttr
 
-from funnel_core.config import ForwardLookupConfig, RankRAGConfig, adapter_base
-from funnel_core.forward import ForwardLookup, chunk_context, variant_config
+from funnel_core.config import ForwardLookupConfig, ForwardVariantConfig, RankRAGConfig, adapter_base
+from funnel_core.forward import ForwardLookup, chunk_context
 from funnel_core.llm import LLM
 from funnel_core.units import Unit, text_digest
 from langchain_funnel._base import StageCompressor, UnitRetriever, documents_to_units, units_to_documents
 from langchain_funnel.llm import as_provider
 
 __all__ = ["RankRAGReranker", "ForwardLookupRetriever"]
-
-
-def _provider(llm: Any, timeout: Optional[float], gguf_file: Optional[str],
-              device: Optional[str], **extra: Any) -> Any:
-    kwargs: dict[str, Any] = {"timeout": timeout}
-    if isinstance(llm, str):
-        kwargs.update(gguf_file=gguf_file, device=device, **extra)
-    return as_provider(llm, **kwargs)
 
 
 class RankRAGReranker(adapter_base(RankRAGConfig, StageCompressor,  # type: ignore[misc]
@@ -60,17 +52,19 @@ class RankRAGReranker(adapter_base(RankRAGConfig, StageCompressor,  # type: igno
         return values
 
 
-class ForwardLookupRetriever(adapter_base(ForwardLookupConfig, UnitRetriever,  # type: ignore[misc]
-                                         exclude=("eta_backward", "eta_forward"),
-                                         defaults={"k": 3})):
+class ForwardLookupRetriever(adapter_base(  # type: ignore[misc]
+        ForwardLookupConfig, adapter_base(ForwardVariantConfig, UnitRetriever),
+        exclude=("eta_backward", "eta_forward"), defaults={"k": 3})):
     """FB-RAG Stages I-III as a LangChain retriever (``k`` = chunks returned).
 
     Candidates are the ``chunk_words``-word chunks of ``context`` or the documents that
     ``retriever`` returns. ``metadata["funnel"]`` holds ``score`` (S_FB), ``backward_scores``,
     ``forward_scores``, ``samples`` and ``position``; documents come in their original order
     unless ``order_preserving=False``. The settings are the fields of
-    :class:`funnel_core.config.ForwardLookupConfig` (edits are honoured at the next call), with
-    ``variant`` choosing the weights that ``eta_backward``/``eta_forward`` override.
+    :class:`funnel_core.config.ForwardLookupConfig` and of
+    :class:`funnel_core.config.ForwardVariantConfig` (``variant``, whose weights
+    ``eta_backward``/``eta_forward`` override, and the provider's ``timeout``, ``gguf_file``,
+    ``device``); edits are honoured at the next call.
 
     Example::
 
@@ -81,12 +75,6 @@ class ForwardLookupRetriever(adapter_base(ForwardLookupConfig, UnitRetriever,  #
     llm: Any = Field(description="LangChain chat model/LLM, funnel_core LLM, or a causal-LM name/folder.")
     context: Optional[Union[str, list[str]]] = Field(default=None, description="The long context.")
     retriever: Optional[BaseRetriever] = Field(default=None, description="Base retriever instead of context.")
-    variant: str = Field(default="FB", description="'FB' (Ours-FB), 'F' (Ours-F) or 'B' (BM25 only).")
-    eta_backward: Optional[float] = Field(default=None, description="Overrides the variant's eta_B.")
-    eta_forward: Optional[float] = Field(default=None, description="Overrides the variant's eta_F.")
-    timeout: Optional[float] = Field(default=None, description="Seconds per LLM call.")
-    gguf_file: Optional[str] = Field(default=None, description="GGUF file when llm is a name.")
-    device: Optional[str] = Field(default=None, description="Device when llm is a name.")
 
     _forward: Optional[ForwardLookup] = PrivateAttr(default=None)
     _provider_key: Any = PrivateAttr(default=None)
@@ -101,22 +89,27 @@ class ForwardLookupRetriever(adapter_base(ForwardLookupConfig, UnitRetriever,  #
         _ = self.forward  # validates every setting now
 
     @property
+    def variant_config(self) -> ForwardVariantConfig:
+        """The variant and provider settings of the current field values."""
+        return ForwardVariantConfig(**{n: getattr(self, n)
+                                       for n in ForwardVariantConfig.field_names()})
+
+    @property
     def config(self) -> ForwardLookupConfig:
         """The core configuration from the current field values."""
         names = [n for n in ForwardLookupConfig.field_names()
                  if n not in ("eta_backward", "eta_forward")]
-        return variant_config(self.variant, self.eta_backward, self.eta_forward,
-                              **{n: getattr(self, n) for n in names})
+        return self.variant_config.stage_config(**{n: getattr(self, n) for n in names})
 
     @property
     def forward(self) -> ForwardLookup:
         """The ``funnel_core`` stage doing the work, for the current settings."""
-        config = self.config
-        key = (id(self.llm), self.timeout, self.gguf_file, self.device)
+        config, provider = self.config, self.variant_config
+        key = (id(self.llm), provider.timeout, provider.gguf_file, provider.device)
         fwd = self._forward
         if fwd is None or key != self._provider_key:
-            fwd = ForwardLookup.from_settings(_provider(self.llm, self.timeout, self.gguf_file,
-                                                        self.device), config)
+            fwd = ForwardLookup.from_settings(
+                as_provider(self.llm, **provider.provider_kwargs(self.llm)), config)
         elif fwd.config != config:
             fwd = ForwardLookup.from_settings(fwd.llm, config)  # same provider, new settings
         self._forward, self._provider_key = fwd, key

@@ -25,7 +25,13 @@ from llama_index.core.llms.llm import LLM as LlamaIndexBaseLLM
 from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
-from funnel_core.config import ForwardLookupConfig, RankRAGConfig, adapter_base
+from funnel_core.config import (
+    ForwardLookupConfig,
+    ForwardVariantConfig,
+    LLMProviderConfig,
+    RankRAGConfig,
+    adapter_base,
+)
 from funnel_core.errors import check_query
 from funnel_core.forward import (
     ForwardLookup,
@@ -84,12 +90,8 @@ class ForwardLookupQueryBundle(QueryBundle):
     reader_context: str = ""
 
 
-def _forward(llm: Any, config: ForwardLookupConfig, *, timeout: Optional[float],
-             gguf_file: Optional[str], device: Optional[str]) -> ForwardLookup:
-    provider_kwargs: dict[str, Any] = {"timeout": timeout}
-    if isinstance(llm, str):
-        provider_kwargs.update(gguf_file=gguf_file, device=device)
-    return ForwardLookup.from_settings(as_provider(llm, **provider_kwargs), config)
+def _forward(llm: Any, config: ForwardLookupConfig, provider: LLMProviderConfig) -> ForwardLookup:
+    return ForwardLookup.from_settings(as_provider(llm, **provider.provider_kwargs(llm)), config)
 
 
 class ForwardLookupQueryTransform(BaseQueryTransform):
@@ -114,10 +116,11 @@ class ForwardLookupQueryTransform(BaseQueryTransform):
 
     def __init__(self, llm: Any, *, context: str | Sequence[str] | None = None,
                  retriever: Optional[BaseRetriever] = None, embed_samples: bool = True,
-                 timeout: Optional[float] = None, gguf_file: Optional[str] = None,
-                 device: Optional[str] = None, **settings: Any) -> None:
+                 **settings: Any) -> None:
+        provider = LLMProviderConfig(**{k: settings.pop(k) for k in LLMProviderConfig.field_names()
+                                        if k in settings})
         config = variant_config("F", **settings)  # Stage II reads: the forward side only
-        self.forward = _forward(llm, config, timeout=timeout, gguf_file=gguf_file, device=device)
+        self.forward = _forward(llm, config, provider)
         self.units = (chunk_context(context, config.chunk_words,
                                     id_prefix=f"chunk-{text_digest(context)}")
                       if context is not None else None)
@@ -169,29 +172,24 @@ class ForwardLookupRetriever(BaseRetriever):
         llm: LlamaIndex LLM, funnel_core LLM, or a local causal-LM name/folder.
         context: A long text or a list of texts.
         retriever: A base retriever (instead of ``context``).
-        variant: ``"FB"`` (Ours-FB, default), ``"F"`` (Ours-F) or ``"B"`` (BM25 only);
-            ``eta_backward``/``eta_forward`` override it.
-        eta_backward: Weight of the backward (query-to-chunk) score; overrides ``variant``.
-        eta_forward: Weight of the forward (sampled-answer-to-chunk) score; overrides ``variant``.
-        timeout: Seconds per generation of the provider built when ``llm`` is a name.
-        gguf_file: GGUF file of the provider built when ``llm`` is a name.
-        device: Torch device of the provider built when ``llm`` is a name.
         callback_manager: LlamaIndex callback manager.
-        **settings: The other fields of :class:`funnel_core.config.ForwardLookupConfig`
-            (``k`` = chunks returned, 3 here; ``budget_words``, ``chunk_words``, sampling...).
+        **settings: The fields of :class:`funnel_core.config.ForwardVariantConfig` (``variant``:
+            ``"FB"`` (Ours-FB, default), ``"F"`` (Ours-F) or ``"B"`` (BM25 only), whose weights
+            ``eta_backward``/``eta_forward`` override; the provider's ``timeout``,
+            ``gguf_file``, ``device`` when ``llm`` is a name) and of
+            :class:`funnel_core.config.ForwardLookupConfig` (``k`` = chunks returned, 3 here;
+            ``budget_words``, ``chunk_words``, sampling...).
     """
 
     def __init__(self, llm: Any, *, context: str | Sequence[str] | None = None,
-                 retriever: Optional[BaseRetriever] = None, variant: str = "FB",
-                 eta_backward: Optional[float] = None, eta_forward: Optional[float] = None,
-                 timeout: Optional[float] = None, gguf_file: Optional[str] = None,
-                 device: Optional[str] = None,
+                 retriever: Optional[BaseRetriever] = None,
                  callback_manager: Optional[CallbackManager] = None, **settings: Any) -> None:
         if (context is None) == (retriever is None):
             raise ValueError("ForwardLookupRetriever needs exactly one of context= (a long "
                              "text) or retriever= (a base retriever).")
-        config = variant_config(variant, eta_backward, eta_forward, **{"k": 3, **settings})
-        self.forward = _forward(llm, config, timeout=timeout, gguf_file=gguf_file, device=device)
+        variant, settings = ForwardVariantConfig.split(settings)
+        config = variant.stage_config(**{"k": 3, **settings})
+        self.forward = _forward(llm, config, variant)
         self.units: Optional[list[Unit]] = (
             chunk_context(context, config.chunk_words, id_prefix=f"chunk-{text_digest(context)}")
             if context is not None else None)

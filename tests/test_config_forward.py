@@ -92,3 +92,27 @@ def test_unknown_setting_is_named_with_the_accepted_ones():
 
     with pytest.raises(TypeError, match=r"unknown argument\(s\) \['chunk_size'\]; accepted:.*chunk_words"):
         ForwardLookupRetriever(MockLLM(), context=CONTEXT, chunk_size=30)
+
+
+def test_variant_and_provider_settings_are_declared_once():
+    """variant, eta_* overrides and the provider settings are ForwardVariantConfig's fields in
+    both adapters (they were declared in each), with the same defaults and descriptions."""
+    import dataclasses
+
+    from llama_index.core.llms import MockLLM
+
+    from funnel_core.config import ForwardVariantConfig, LLMProviderConfig
+
+    for f in dataclasses.fields(ForwardVariantConfig):
+        info = LCForward.model_fields[f.name]
+        assert info.default == f.default and info.description == f.metadata["description"]
+    lc = LCForward(llm=_chat(), context=CONTEXT, variant="F", eta_backward=0.2, timeout=9.0)
+    assert lc.variant_config == ForwardVariantConfig(variant="F", eta_backward=0.2, timeout=9.0)
+    li = ForwardLookupRetriever(MockLLM(), context=CONTEXT, variant="F", eta_backward=0.2)
+    assert li.forward.config == lc.config  # same variant arithmetic: eta_B 0.2, eta_F 1.0
+    assert (li.forward.eta_backward, li.forward.eta_forward) == (0.2, 1.0)
+    # a provider built from a name gets gguf_file/device; a model object only the timeout
+    cfg = LLMProviderConfig(timeout=5.0, gguf_file="m.gguf", device="cpu")
+    assert cfg.provider_kwargs("some/folder") == {"timeout": 5.0, "gguf_file": "m.gguf",
+                                                  "device": "cpu"}
+    assert cfg.provider_kwargs(MockLLM()) == {"timeout": 5.0}
