@@ -42,6 +42,7 @@ __all__ = [
     "LLMProviderConfig",
     "ForwardVariantConfig",
     "FusionConfig",
+    "ClusterRetrievalConfig",
     "MultiGranularityConfig",
     "GraphGranularityConfig",
     "MixOfGranularityConfig",
@@ -138,6 +139,13 @@ class StageConfig:
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def split(cls, settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``settings`` split into this config's fields and the rest (another object's), for a
+        constructor that takes the settings of two configs as keyword arguments."""
+        mine = {k: v for k, v in settings.items() if k in cls.field_names()}
+        return mine, {k: v for k, v in settings.items() if k not in mine}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], **overrides: Any) -> "StageConfig":
@@ -615,12 +623,6 @@ class ForwardVariantConfig(LLMProviderConfig):
 
         return variant_config(self.variant, self.eta_backward, self.eta_forward, **settings)
 
-    @classmethod
-    def split(cls, settings: dict[str, Any]) -> tuple["ForwardVariantConfig", dict[str, Any]]:
-        """``settings`` split into this config and the rest (the ForwardLookupConfig fields)."""
-        mine = {k: v for k, v in settings.items() if k in cls.field_names()}
-        return cls(**mine), {k: v for k, v in settings.items() if k not in mine}
-
 
 @dataclass(frozen=True)
 class FusionConfig(StageConfig):
@@ -655,6 +657,41 @@ class FusionConfig(StageConfig):
         from funnel_core.fusion import fuse
 
         return fuse(sparse, dense, k=k, stage=stage, **self.kwargs())
+
+
+@dataclass(frozen=True)
+class ClusterRetrievalConfig(StageConfig):
+    """How both frameworks' ``ClusteredBM25Retriever`` query a
+    :class:`~funnel_core.clustered.ClusteredBM25Index` (FunnelRAG's retrieval stage), beside the
+    framework's own cap on what is returned (``similarity_top_k`` / ``k``). The index's build
+    settings (``max_tokens``, ``adjacency``, ``knn_k``, ``knn_threshold``, BM25) belong to
+    the index and pass through to it."""
+
+    model_attrs: ClassVar[tuple[str, ...]] = ()
+
+    k_clusters: int = doc("Clusters retrieved by BM25 and opened into their documents.", 10)
+    return_clusters: bool = doc("Return the clusters themselves instead of their documents "
+                                "(then the framework's cap counts clusters).", False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        from funnel_core.errors import check_positive_int
+
+        check_positive_int(self.k_clusters, "k_clusters")
+
+    def build(self, reuse: Any = None) -> Any:
+        raise TypeError("ClusterRetrievalConfig configures a ClusteredBM25Retriever over its "
+                        "index; pass it there.")
+
+    def clusters_for(self, k: int, k_clusters: Optional[int] = None) -> int:
+        """Clusters to retrieve for a call returning at most ``k`` results (``k_clusters``: a
+        per-call override); with :attr:`return_clusters` the results are clusters, so ``k``
+        caps them too."""
+        from funnel_core.errors import check_positive_int
+
+        n = self.k_clusters if k_clusters is None else check_positive_int(k_clusters,
+                                                                          "k_clusters")
+        return min(n, k) if self.return_clusters else n
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ from pydantic import Field
 
 from funnel_core.bm25 import BM25Index, MetadataFilter
 from funnel_core.clustered import ClusteredBM25Index
-from funnel_core.config import check_kwargs
-from funnel_core.errors import PersistError, check_positive_int
+from funnel_core.config import ClusterRetrievalConfig, adapter_base, check_kwargs
+from funnel_core.errors import PersistError
 from funnel_core.milvus import (
     MilvusBackend,
     MilvusBM25Index,
@@ -112,46 +112,50 @@ class BM25Retriever(UnitRetriever):
         return _load(cls, path, BM25Index, overrides)
 
 
-class ClusteredBM25Retriever(UnitRetriever):
+class ClusteredBM25Retriever(adapter_base(ClusterRetrievalConfig, UnitRetriever)):  # type: ignore[misc]
     """FunnelRAG's retrieval stage for LangChain: BM25 over document clusters.
 
     ``k_clusters`` clusters are retrieved and opened into their documents; ``k`` caps the
     documents returned (so ``invoke(q, k=1)`` returns one document). Each document carries
     ``cluster_id``, ``cluster_score``, ``cluster_rank`` and ``score`` in metadata. With
-    ``return_clusters=True`` the clusters themselves are returned.
+    ``return_clusters=True`` the clusters themselves are returned. ``k_clusters`` and
+    ``return_clusters`` are the fields of :class:`funnel_core.config.ClusterRetrievalConfig`.
     """
 
     index: Union[ClusteredBM25Index, MilvusClusteredBM25Index]
-    k_clusters: int = Field(default=10, description="Number of clusters to retrieve.")
-    return_clusters: bool = False
     filter: Any = Field(default=None, description="Default metadata filter on documents.")
 
     def model_post_init(self, __context: Any) -> None:
         super().model_post_init(__context)
-        check_positive_int(self.k_clusters, "k_clusters")
+        _ = self.cluster_config  # validates now, naming the value
+
+    @property
+    def cluster_config(self) -> ClusterRetrievalConfig:
+        """The cluster settings of the current field values."""
+        return ClusterRetrievalConfig(**{n: getattr(self, n)
+                                         for n in ClusterRetrievalConfig.field_names()})
 
     @classmethod
     def from_texts(cls, texts: Iterable[str], metadatas: Optional[Sequence[dict]] = None,
-                   ids: Optional[Sequence[str]] = None, k: int = 4, k_clusters: int = 10,
-                   max_tokens: int = 4096, adjacency: str = "auto", knn_k: int = 20,
-                   knn_threshold: float = 0.1, backend: Backend = None,
-                   **bm25_config: Any) -> "ClusteredBM25Retriever":
+                   ids: Optional[Sequence[str]] = None, k: int = 4, backend: Backend = None,
+                   **settings: Any) -> "ClusteredBM25Retriever":
         """Cluster the texts (metadata ``links`` when present, else BM25 kNN) and index them
-        (in memory, or in Milvus with ``backend=``)."""
-        index = _clustered(backend, dict(max_tokens=max_tokens, adjacency=adjacency, knn_k=knn_k,
-                                         knn_threshold=knn_threshold, **bm25_config))
+        (in memory, or in Milvus with ``backend=``). ``settings``: the retriever's
+        ``k_clusters``/``return_clusters``, and the index's ``max_tokens``, ``adjacency``,
+        ``knn_k``, ``knn_threshold`` and BM25 settings."""
+        mine, index_settings = ClusterRetrievalConfig.split(settings)
+        index = _clustered(backend, index_settings)
         index.index(units_from_texts(texts, ids, metadatas, "document"))
-        return cls(index=index, k=k, k_clusters=k_clusters)
+        return cls(index=index, k=k, **mine)
 
     @classmethod
-    def from_documents(cls, documents: Iterable[Document], k: int = 4, k_clusters: int = 10,
-                       max_tokens: int = 4096, adjacency: str = "auto", knn_k: int = 20,
-                       knn_threshold: float = 0.1, backend: Backend = None,
-                       **bm25_config: Any) -> "ClusteredBM25Retriever":
-        index = _clustered(backend, dict(max_tokens=max_tokens, adjacency=adjacency, knn_k=knn_k,
-                                         knn_threshold=knn_threshold, **bm25_config))
+    def from_documents(cls, documents: Iterable[Document], k: int = 4, backend: Backend = None,
+                       **settings: Any) -> "ClusteredBM25Retriever":
+        """Cluster and index ``documents``; ``settings`` as in :meth:`from_texts`."""
+        mine, index_settings = ClusterRetrievalConfig.split(settings)
+        index = _clustered(backend, index_settings)
         index.index(_units_from_documents(documents, "document"))
-        return cls(index=index, k=k, k_clusters=k_clusters)
+        return cls(index=index, k=k, **mine)
 
     @classmethod
     def from_backend(cls, backend: Union[MilvusBackend, str],
@@ -164,10 +168,7 @@ class ClusteredBM25Retriever(UnitRetriever):
 
     def _search(self, query: str, k: int, filter: MetadataFilter = None,
                 k_clusters: Optional[int] = None) -> list[Unit]:
-        n_clusters = self.k_clusters if k_clusters is None else check_positive_int(k_clusters,
-                                                                                  "k_clusters")
-        if self.return_clusters:  # k counts what is returned: here, clusters
-            n_clusters = min(n_clusters, k)
+        n_clusters = self.cluster_config.clusters_for(k, k_clusters)
         flt = push_down(self.index, filter if filter is not None else self.filter)
         return self.index.search(query, k=n_clusters, filter=flt,
                                  return_clusters=self.return_clusters, max_documents=k)

@@ -117,8 +117,8 @@ class ForwardLookupQueryTransform(BaseQueryTransform):
     def __init__(self, llm: Any, *, context: str | Sequence[str] | None = None,
                  retriever: Optional[BaseRetriever] = None, embed_samples: bool = True,
                  **settings: Any) -> None:
-        provider = LLMProviderConfig(**{k: settings.pop(k) for k in LLMProviderConfig.field_names()
-                                        if k in settings})
+        mine, settings = LLMProviderConfig.split(settings)
+        provider = LLMProviderConfig(**mine)
         config = variant_config("F", **settings)  # Stage II reads: the forward side only
         self.forward = _forward(llm, config, provider)
         self.units = (chunk_context(context, config.chunk_words,
@@ -187,7 +187,8 @@ class ForwardLookupRetriever(BaseRetriever):
         if (context is None) == (retriever is None):
             raise ValueError("ForwardLookupRetriever needs exactly one of context= (a long "
                              "text) or retriever= (a base retriever).")
-        variant, settings = ForwardVariantConfig.split(settings)
+        mine, settings = ForwardVariantConfig.split(settings)
+        variant = ForwardVariantConfig(**mine)
         config = variant.stage_config(**{"k": 3, **settings})
         self.forward = _forward(llm, config, variant)
         self.units: Optional[list[Unit]] = (

@@ -31,6 +31,7 @@ from llama_index.core.vector_stores.types import MetadataFilters
 
 from funnel_core.bm25 import BM25Index
 from funnel_core.clustered import ClusteredBM25Index
+from funnel_core.config import ClusterRetrievalConfig, config_attributes, config_of
 from funnel_core.errors import PersistError, check_positive_int, check_query
 from funnel_core.milvus import MilvusBackend, as_backend, is_milvus_entry, open_index
 from funnel_core.persist import load_snapshot, save_snapshot
@@ -225,6 +226,7 @@ class BM25Retriever(_NodeRetriever):
 
 
 
+@config_attributes(ClusterRetrievalConfig, "cluster_config")
 class ClusteredBM25Retriever(_NodeRetriever):
     """FunnelRAG's retrieval stage for LlamaIndex: BM25 over ~4K-token document clusters.
 
@@ -239,10 +241,13 @@ class ClusteredBM25Retriever(_NodeRetriever):
         index: A built :class:`funnel_core.clustered.ClusteredBM25Index`.
         nodes: The document nodes the index was built from.
         similarity_top_k: Number of nodes returned.
-        k_clusters: Number of clusters retrieved and opened (the same name in LangChain).
         max_documents: Deprecated cap on the nodes returned; use ``similarity_top_k``.
-        return_clusters: Return cluster nodes instead of their documents.
         filters: Default metadata filter on documents; override per query with :meth:`search`.
+        callback_manager: LlamaIndex callback manager.
+        verbose: LlamaIndex's verbose flag.
+        **settings: The fields of :class:`funnel_core.config.ClusterRetrievalConfig`, the same
+            in LangChain: ``k_clusters`` (clusters retrieved and opened, 10) and
+            ``return_clusters``. Each is also an attribute; an edit is validated.
     """
 
     _index_cls = ClusteredBM25Index
@@ -250,47 +255,45 @@ class ClusteredBM25Retriever(_NodeRetriever):
     _settings = ("similarity_top_k", "k_clusters", "max_documents", "return_clusters", "filters")
 
     def __init__(self, index: Any, nodes: Sequence[BaseNode], similarity_top_k: int = 10,
-                 max_documents: Optional[int] = None, return_clusters: bool = False,
-                 filters: Filter = None, callback_manager: Optional[CallbackManager] = None,
-                 verbose: bool = False, k_clusters: int = 10) -> None:
+                 max_documents: Optional[int] = None, filters: Filter = None,
+                 callback_manager: Optional[CallbackManager] = None, verbose: bool = False,
+                 **settings: Any) -> None:
         self.index = index
         self.similarity_top_k = check_positive_int(similarity_top_k, "similarity_top_k")
-        self.k_clusters = check_positive_int(k_clusters, "k_clusters")
+        self.cluster_config = config_of(ClusterRetrievalConfig, None, settings,
+                                        type(self).__name__)
         self.max_documents = check_positive_int(max_documents, "max_documents", allow_none=True)
-        self.return_clusters = return_clusters
         super().__init__(nodes, filters, callback_manager, verbose)
 
     @classmethod
     def from_defaults(cls, nodes: Optional[Sequence[BaseNode]] = None,
                       docstore: Optional[BaseDocumentStore] = None, similarity_top_k: int = 10,
-                      max_documents: Optional[int] = None, return_clusters: bool = False,
-                      filters: Filter = None, max_tokens: int = 4096, adjacency: str = "auto",
-                      knn_k: int = 20, knn_threshold: float = 0.1, k_clusters: int = 10,
-                      backend: Backend = None, **bm25_config: Any) -> "ClusteredBM25Retriever":
+                      max_documents: Optional[int] = None, filters: Filter = None,
+                      backend: Backend = None, **settings: Any) -> "ClusteredBM25Retriever":
         """Cluster the nodes (Algorithm 1) and index the clusters (in memory, or in Milvus with
-        ``backend=``, see :class:`funnel_core.milvus.MilvusBackend`).
+        ``backend=``, see :class:`funnel_core.milvus.MilvusBackend`). ``settings``: the
+        retriever's ``k_clusters``/``return_clusters``, and the index's ``max_tokens``,
+        ``adjacency``, ``knn_k``, ``knn_threshold`` and BM25 settings.
 
         Adjacency: ``metadata["links"]`` (ids or titles) when present, else a BM25 kNN graph.
         """
         nodes = _nodes_from(nodes, docstore)
-        config = dict(max_tokens=max_tokens, adjacency=adjacency, knn_k=knn_k,
-                      knn_threshold=knn_threshold, **bm25_config)
+        mine, config = ClusterRetrievalConfig.split(settings)
         b = as_backend(backend)
         index = ClusteredBM25Index(**config) if b is None else b.clustered(**config)
         units = _units(nodes, "document")
         index.index(units if b is None else with_shells(units, nodes))
         return cls(index, nodes, similarity_top_k=similarity_top_k, max_documents=max_documents,
-                   return_clusters=return_clusters, filters=filters, k_clusters=k_clusters)
+                   filters=filters, **mine)
 
     @classmethod
     def from_backend(cls, backend: Union[MilvusBackend, str], similarity_top_k: int = 10,
-                     k_clusters: int = 10, return_clusters: bool = False,
-                     filters: Filter = None) -> "ClusteredBM25Retriever":
+                     filters: Filter = None, **settings: Any) -> "ClusteredBM25Retriever":
         """Re-open a clustered collection built before (no re-clustering, no re-indexing);
-        results are ``TextNode``s rebuilt from the collection."""
+        results are ``TextNode``s rebuilt from the collection. ``settings``: ``k_clusters``,
+        ``return_clusters``."""
         index = milvus_backend(backend, f"{cls.__name__}.from_backend").clustered().open()
-        return cls(index, [], similarity_top_k=similarity_top_k, k_clusters=k_clusters,
-                   return_clusters=return_clusters, filters=filters)
+        return cls(index, [], similarity_top_k=similarity_top_k, filters=filters, **settings)
 
     def _search(self, query: str, filters: Filter = None, k: Optional[int] = None,
                 k_clusters: Optional[int] = None) -> list[Unit]:
@@ -298,9 +301,6 @@ class ClusteredBM25Retriever(_NodeRetriever):
         k = self.similarity_top_k if k is None else check_positive_int(k, "k")
         if self.max_documents is not None:
             k = min(k, self.max_documents)
-        n_clusters = self.k_clusters if k_clusters is None else check_positive_int(k_clusters,
-                                                                                  "k_clusters")
-        if self.return_clusters:  # what is returned are clusters: k counts them
-            n_clusters = min(n_clusters, k)
+        n_clusters = self.cluster_config.clusters_for(k, k_clusters)
         return self._restore(self.index.search(query, k=n_clusters, filter=_filter(flt, self.index),
-                                               return_clusters=self.return_clusters, max_documents=k))
+                                               return_clusters=self.cluster_config.return_clusters, max_documents=k))
