@@ -25,15 +25,9 @@ from llama_index_funnel.granularity import (
     MultiGranularityNodeParser,
 )
 from llama_index_funnel.granularity import MixOfGranularityRetriever as LIMoG
+from tests.test_mog_llamaindex import TEXTS as LI_TEXTS
 
-TEXTS = [
-    "Paris is the capital of France. The Eiffel Tower stands in Paris. It was built in 1889 for a "
-    "world fair. Gustave Eiffel's company designed the tower. The Louvre is the largest art museum. "
-    "It holds the Mona Lisa. The Seine river flows through the city. Many bridges cross the Seine.",
-    "Hamlet is a tragedy by William Shakespeare. It is set in Denmark. Prince Hamlet seeks revenge "
-    "for his father's murder. Shakespeare also wrote Macbeth and Othello. The Globe theatre staged "
-    "his plays in London.",
-]
+TEXTS = LI_TEXTS[:2]  # the two long texts of the LlamaIndex MoG tests
 QUERY = "Which tower stands in Paris?"
 
 
