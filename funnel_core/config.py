@@ -321,7 +321,7 @@ class MonoT5Config(StageConfig):
     stage_path: ClassVar[str] = "funnel_core.rerank.monot5:MonoT5Scorer"
     model_keys: ClassVar[tuple[str, ...]] = ("model", "device", "fp16", "model_kwargs",
                                               "true_token", "false_token", "template",
-                                              "max_length")
+                                              "max_length", "dtype")
 
     model: str = doc("Hub name or local folder.", "castorini/monot5-base-msmarco")
     batch_size: int = doc("Prompts per forward pass.", 16)
@@ -338,6 +338,8 @@ class MonoT5Config(StageConfig):
     score_threshold: Optional[float] = doc("Drop units scoring below this.", None)
     name: Optional[str] = doc("Stage name in traces and score histories.", None)
     model_kwargs: Optional[dict] = doc("Extra keyword arguments of the model loader.", None)
+    dtype: str = doc("auto | float32 | bfloat16 | float16 (auto: bf16 autocast only where the "
+                     "hardware runs it natively, fp16 on older GPUs, else fp32).", "auto")
 
 
 @dataclass(frozen=True)
@@ -345,7 +347,7 @@ class FiDAttentionConfig(StageConfig):
     """Settings of :class:`funnel_core.rerank.fid.FiDAttentionScorer`."""
 
     stage_path: ClassVar[str] = "funnel_core.rerank.fid:FiDAttentionScorer"
-    model_keys: ClassVar[tuple[str, ...]] = ("model", "device", "fp16")
+    model_keys: ClassVar[tuple[str, ...]] = ("model", "device", "fp16", "dtype")
 
     model: str = doc("Hub name or local folder of a T5 / FiD checkpoint.")
     template: str = doc("Reader input with {question}, {title} and {text}.",
@@ -368,6 +370,8 @@ class FiDAttentionConfig(StageConfig):
     score_threshold: Optional[float] = doc("Drop units below this score.", None)
     normalize: bool = doc("Sigmoid-normalise scores.", False)
     name: Optional[str] = doc("Stage name in traces and score histories.", None)
+    dtype: str = doc("auto | float32 | bfloat16 | float16 (auto: bf16 autocast only where the "
+                     "hardware runs it natively, fp16 on older GPUs, else fp32).", "auto")
 
 
 @dataclass(frozen=True)
@@ -375,7 +379,7 @@ class AttentionLMConfig(StageConfig):
     """Settings of :class:`funnel_core.rerank.attention_lm.AttentionLMScorer`."""
 
     stage_path: ClassVar[str] = "funnel_core.rerank.attention_lm:AttentionLMScorer"
-    model_keys: ClassVar[tuple[str, ...]] = ("model", "gguf_file", "device", "fp16")
+    model_keys: ClassVar[tuple[str, ...]] = ("model", "gguf_file", "device", "fp16", "dtype")
 
     model: str = doc("Hub name or local folder of a causal LM.")
     gguf_file: Optional[str] = doc("GGUF file inside the folder.", None)
@@ -397,6 +401,8 @@ class AttentionLMConfig(StageConfig):
     normalize: bool = doc("Sigmoid-normalise scores.", False)
     batch_size: int = doc("Prompts per forward pass.", 1)
     name: Optional[str] = doc("Stage name in traces and score histories.", None)
+    dtype: str = doc("auto | float32 | bfloat16 | float16 (auto: bf16 autocast only where the "
+                     "hardware runs it natively, fp16 on older GPUs, else fp32).", "auto")
 
     def kwargs(self) -> dict[str, Any]:
         out = super().kwargs()
