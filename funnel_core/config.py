@@ -420,7 +420,7 @@ class RankRAGConfig(StageConfig):
     """
 
     stage_path: ClassVar[str] = "funnel_core.rerank.rankrag:RankRAGScorer"
-    model_keys: ClassVar[tuple[str, ...]] = ("llm", "gguf_file", "device", "timeout")
+    model_keys: ClassVar[tuple[str, ...]] = ("llm", "gguf_file", "device", "timeout", "dtype")
     model_attrs: ClassVar[tuple[str, ...]] = ("llm",)
 
     llm: Any = doc("funnel_core LLM provider, or a causal-LM name/folder.")
@@ -437,6 +437,9 @@ class RankRAGConfig(StageConfig):
     device: Optional[str] = doc("Device of a local model.", None)
     timeout: Optional[float] = doc("Seconds per LLM call.", None)
     name: Optional[str] = doc("Stage name in traces and score histories.", None)
+    dtype: str = doc("Weights of a local model: auto | float32 | bfloat16 | float16 (auto: bf16 "
+                     "only where the hardware runs it natively, fp16 on older GPUs, else fp32).",
+                     "auto")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -465,7 +468,7 @@ class RankRAGConfig(StageConfig):
         if out["prompt"] is None:
             del out["prompt"]
         if not isinstance(out["llm"], str):  # provider objects carry their own settings
-            for key in ("gguf_file", "device", "timeout"):
+            for key in ("gguf_file", "device", "timeout", "dtype"):
                 out.pop(key)
         else:
             out = {k: v for k, v in out.items() if v is not None or k not in ("gguf_file",
