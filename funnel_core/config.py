@@ -497,7 +497,7 @@ class ExtractiveCompressorConfig(StageConfig):
     ``embedder`` object is passed to the stage or adapter beside the config, not in it)."""
 
     stage_path: ClassVar[str] = "funnel_core.compress:ExtractiveCompressor"
-    model_keys: ClassVar[tuple[str, ...]] = ("model", "batch_size", "device")
+    model_keys: ClassVar[tuple[str, ...]] = ("model", "batch_size", "device", "dtype")
     model_attrs: ClassVar[tuple[str, ...]] = ("_embedder", "_cache")
 
     method: str = doc("embedding (cosine similarity) or bm25 sentence scoring.", "embedding")
@@ -511,6 +511,8 @@ class ExtractiveCompressorConfig(StageConfig):
     device: Optional[str] = doc("Torch device; None = best available.", None)
     cache_size: int = doc("Sentence embeddings kept in an LRU cache (0 = off).", 0)
     name: Optional[str] = doc("Stage name in traces (None: extractive_compressor).", None)
+    dtype: str = doc("Precision of the embedding model: auto | float32 | bfloat16 | float16 "
+                     "(auto: bf16 autocast only where the hardware runs it natively).", "auto")
 
 
 @dataclass(frozen=True)

@@ -299,3 +299,15 @@ def test_full_fine_tuning_upcasts_half_weights(tiny_llama_path, tmp_path, cpu):
                         lora=False, batch_size=2)
     assert res.config["base_weights_dtype"] == "float32" and llm.active_dtype == "float32"
     assert all(p.dtype == torch.float32 for p in llm._model.get()[0].parameters())
+
+
+def test_extractive_compressor_passes_dtype_to_its_embedder(minilm_path, cpu):
+    from funnel_core.compress import ExtractiveCompressor
+
+    cpu(AVX512_BF16)
+    comp = ExtractiveCompressor(model=minilm_path, device="cpu", dtype="float32")
+    assert comp.config.dtype == "float32" and comp.embedder.dtype == "float32"
+    assert ExtractiveCompressor.from_dict(comp.to_dict()).embedder.dtype == "float32"
+    comp.embedder.encode(["a sentence"])
+    assert comp.embedder.active_dtype == "float32"
+    assert ExtractiveCompressor(model=minilm_path, device="cpu").embedder.dtype == "auto"
