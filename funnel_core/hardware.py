@@ -26,7 +26,7 @@ from typing import Any, Iterable
 
 __all__ = ["DTYPES", "DtypeDecision", "cpu_flags", "cpu_native_bf16", "cuda_capability",
            "decide_dtype", "resolve_dtype", "torch_dtype", "describe", "BF16_SLOWDOWN",
-           "requested_dtype", "gguf_request", "autocast", "fp32_output_head"]
+           "requested_dtype", "autocast", "fp32_output_head"]
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 _ALIASES = {"auto": "auto", None: "auto", "fp32": "float32", "float32": "float32",
@@ -146,18 +146,6 @@ def requested_dtype(dtype: Any, *, fp16: bool | None = None, bf16: bool = False)
     if fp16 is not None:
         return "float16" if fp16 else "float32"
     return normalize_dtype(dtype)
-
-
-def gguf_request(requested: Any, gguf_file: Any) -> str:
-    """The request for a model loaded from a GGUF file: ``"auto"`` becomes ``"float32"``.
-
-    transformers keeps GGUF weights packed and its kernels compute in float32; any other dtype
-    casts the input and the output of every matmul (transformers warns so). With SmolLM2's GGUF
-    on a CPU with native bf16, bf16 was slower than fp32 here (``benchmarks/bench_dtype.py``).
-    An explicit request is kept.
-    """
-    want = normalize_dtype(requested)
-    return "float32" if gguf_file and want == "auto" else want
 
 
 def autocast(dtype: str, device: str) -> Any:

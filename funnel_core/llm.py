@@ -30,7 +30,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Sequence
 
 from funnel_core.errors import FunnelError, check_positive_int, check_probability
-from funnel_core.hardware import gguf_request, normalize_dtype, resolve_dtype
+from funnel_core.hardware import normalize_dtype, resolve_dtype
 from funnel_core.models import LazyModel, load_pretrained, resolve_device, tokenizer_lock
 
 __all__ = ["LLM", "LLMError", "LLMTimeoutError", "TransformersLLM", "as_llm", "logsumexp"]
@@ -243,8 +243,7 @@ class TransformersLLM(LLM):
             wins over ``dtype``; ``None`` (default) leaves it to ``dtype``.
         dtype: ``"auto"`` (default; :mod:`funnel_core.hardware`): the weights are loaded in
             bfloat16 only where the hardware runs it natively (AVX-512-BF16/AMX CPUs, GPUs of
-            compute capability >= 8), in float16 on older GPUs, in float32 otherwise and for a
-            ``gguf_file`` (transformers computes packed GGUF weights in float32). float16 is
+            compute capability >= 8), in float16 on older GPUs, in float32 otherwise. float16 is
             never used on a CPU (float32 instead, with a warning); an explicit bf16 request on
             hardware without native bf16 warns once. :attr:`active_dtype` is what it resolved
             to. Whatever the weights, :meth:`next_token_logprobs` computes the last position's
@@ -299,7 +298,7 @@ class TransformersLLM(LLM):
                                     truncation_side="left", **extra)
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
-        active = resolve_dtype(self.torch_dtype or gguf_request(self.dtype, self.gguf_file), device)
+        active = resolve_dtype(self.torch_dtype or self.dtype, device)
         model = load_pretrained(AutoModelForCausalLM.from_pretrained, self.model_name_or_path,
                                 what=what, dtype=getattr(torch, active), **extra)
         model.to(device).eval()

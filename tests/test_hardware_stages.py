@@ -311,34 +311,3 @@ def test_extractive_compressor_passes_dtype_to_its_embedder(minilm_path, cpu):
     comp.embedder.encode(["a sentence"])
     assert comp.embedder.active_dtype == "float32"
     assert ExtractiveCompressor(model=minilm_path, device="cpu").embedder.dtype == "auto"
-
-
-def test_gguf_checkpoints_run_fp32_under_auto(monkeypatch, tiny_llama_path, cpu):
-    """transformers computes packed GGUF weights in float32: auto keeps float32 for them. No GGUF
-    file is loaded: the loader is redirected to the tiny Llama folder (without ``gguf_file``), so
-    only the stage's own decision differs between the two runs."""
-    import torch
-
-    from funnel_core import llm as llm_module
-    from funnel_core.rerank import attention_lm
-
-    assert hardware.gguf_request("auto", "m.gguf") == "float32"
-    assert hardware.gguf_request("bf16", "m.gguf") == "bfloat16"         # explicit: kept
-    assert hardware.gguf_request("auto", None) == "auto"
-    real = attention_lm.load_pretrained
-
-    def loader(fn, name, *, what, **kw):
-        kw.pop("gguf_file", None)
-        return real(fn, tiny_llama_path, what=what, **kw)
-
-    cpu(AVX512_BF16)
-    for module in (attention_lm, llm_module):
-        monkeypatch.setattr(module, "load_pretrained", loader)
-    for gguf, want in ((None, "bfloat16"), ("m.gguf", "float32")):
-        scorer = attention_lm.AttentionLMScorer(model="folder", gguf_file=gguf, device="cpu")
-        scorer.score(QUERY, TEXTS[:2])
-        llm = llm_module.TransformersLLM("folder", gguf_file=gguf, device="cpu")
-        llm.next_token_logprobs([QUERY], ["True"])
-        assert scorer.active_dtype == llm.active_dtype == want
-        weights = next(llm._model.get()[0].parameters()).dtype
-        assert weights == getattr(torch, want)

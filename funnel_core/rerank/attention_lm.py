@@ -33,7 +33,7 @@ from typing import Any, Sequence
 
 from funnel_core.config import AttentionLMConfig, configured
 from funnel_core.errors import check_positive_int
-from funnel_core.hardware import autocast, gguf_request, normalize_dtype, requested_dtype, resolve_dtype
+from funnel_core.hardware import autocast, normalize_dtype, requested_dtype, resolve_dtype
 from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolve_device, tokenizer_lock
 
 __all__ = ["AttentionLMScorer", "DEFAULT_INSTRUCTION"]
@@ -74,9 +74,8 @@ class AttentionLMScorer(Reranker):
         name: Stage name in traces and in ``metadata["scores"]``.
         dtype: ``"auto"`` (default; :mod:`funnel_core.hardware`: bfloat16 autocast only where the
             hardware runs it natively — AVX-512-BF16/AMX CPUs, GPUs of compute capability >= 8 —,
-            float16 weights on older GPUs, float32 otherwise and for a ``gguf_file``: transformers
-            computes packed GGUF weights in float32), ``"float32"``, ``"bfloat16"`` (autocast,
-            weights stay float32) or ``"float16"``. The attention probabilities are
+            float16 weights on older GPUs, float32 otherwise), ``"float32"``, ``"bfloat16"``
+            (autocast, weights stay float32) or ``"float16"``. The attention probabilities are
             then bf16-rounded; the tests check that the ranking stays that of float32 on
             SmolLM2. An explicit bf16 request on hardware without native bf16 warns once.
             :attr:`active_dtype` is what it resolved to, once loaded.
@@ -135,8 +134,7 @@ class AttentionLMScorer(Reranker):
         extra = {"gguf_file": self.gguf_file} if self.gguf_file else {}
         tokenizer = load_pretrained(AutoTokenizer.from_pretrained, self.model_name,
                                     what="causal-LM tokenizer", **extra)
-        request = requested_dtype(gguf_request(self.dtype, self.gguf_file), fp16=self.fp16 or None)
-        active = resolve_dtype(request, device)
+        active = resolve_dtype(requested_dtype(self.dtype, fp16=self.fp16 or None), device)
         dtype = torch.float16 if active == "float16" else torch.float32
         model = load_pretrained(AutoModelForCausalLM.from_pretrained, self.model_name,
                                 what="causal LM", attn_implementation="eager", dtype=dtype, **extra)
