@@ -21,7 +21,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import numpy as np
 
@@ -97,8 +97,8 @@ class SentenceEmbedder:
 
         device = resolve_device(self.device)
         active = resolve_dtype(self.dtype, device)
-        model = load_pretrained(SentenceTransformer, self.model_name_or_path,
-                                what="embedding model", device=device)
+        model: Any = load_pretrained(SentenceTransformer, self.model_name_or_path,
+                                     what="embedding model", device=device)
         if active == "float16":
             model = model.half()
         model._funnel_dtype = active  # read by active_dtype
@@ -163,7 +163,7 @@ class SentenceEmbedder:
                 vec.flags.writeable = False  # a cached row is shared: nobody may edit it
                 cache[key] = made[key] = vec
             rows = [made[k] if r is None else r for k, r in zip(keys, rows)]
-        return np.stack(rows).astype(np.float32, copy=True)
+        return np.stack(cast("list[np.ndarray]", rows)).astype(np.float32, copy=True)
 
 
 @dataclass(frozen=True)

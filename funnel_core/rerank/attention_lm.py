@@ -136,8 +136,9 @@ class AttentionLMScorer(Reranker):
                                     what="causal-LM tokenizer", **extra)
         active = resolve_dtype(requested_dtype(self.dtype, fp16=self.fp16 or None), device)
         dtype = torch.float16 if active == "float16" else torch.float32
-        model = load_pretrained(AutoModelForCausalLM.from_pretrained, self.model_name,
-                                what="causal LM", attn_implementation="eager", dtype=dtype, **extra)
+        loader: Any = AutoModelForCausalLM.from_pretrained  # its decorated type hides the signature
+        model: Any = load_pretrained(loader, self.model_name, what="causal LM",
+                                     attn_implementation="eager", dtype=dtype, **extra)
         if getattr(model.config, "is_encoder_decoder", False):
             raise TypeError(f"{self.model_name!r} is an encoder-decoder model; use "
                             "FiDAttentionScorer for T5 checkpoints.")

@@ -330,7 +330,7 @@ class FiDAttentionScorer(Reranker):
 
         model, tokenizer, device = self._model.get()
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        pieces = []
+        pieces: list[Any] = []
         with torch.inference_mode(), self._autocast(device):
             for start in range(0, len(inputs.input_ids), self.batch_size):
                 chunk = inputs.input_ids[start:start + self.batch_size]
