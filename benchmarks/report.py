@@ -977,6 +977,30 @@ def block_demo_timing() -> str:
                  f"({d['n_clusters']} clusters); later questions asked with warm models, twice each; "
                  "command: `python benchmarks/bench_demo.py --repeats 2` (run once on an empty cache, once again).")
 
+@block("dtype-agreement")
+def block_dtype_agreement() -> str:
+    """Issue 19: bf16 against fp32 scores of real models on the CPU (dtype_agreement.json)."""
+    d = load("dtype_agreement.json")
+    rows = []
+    for name, r in d["stages"].items():
+        sec = r["seconds_per_question_median"]
+        rows.append([f"`{name}`", f"{r['spearman_min']:.4f}", f"{r['spearman_mean']:.4f}",
+                     f"{r['top1_agreement']:.2f}", f"{r['max_abs_diff_over_range']:.4f}",
+                     f"{r['gold_top1_fp32']:.2f} / {r['gold_top1_bf16']:.2f}",
+                     f"{sec['float32']:.3f} / {sec['bfloat16']:.3f}"])
+    hw, m = d["hardware"], d["machine"]
+    a = d["args"]
+    return table(["stage", "Spearman min", "Spearman mean", "top-1 agreement",
+                  "max abs(fp32 - bf16) / fp32 range", "gold top-1 fp32 / bf16",
+                  "median s per question fp32 / bf16"], rows,
+                 f"{d['n_questions']} SQuAD train questions x {d['n_candidates']} candidates (the gold "
+                 f"paragraph and others of its article), scored once in each precision on the CPU "
+                 f"({hw['cpu_model']}, flags {', '.join(hw['cpu_flags'])}; auto = {hw['auto_dtype_cpu']}); "
+                 f"load average {m['load_average_at_start'][0]:.1f} at start, "
+                 f"{m['load_average_at_end'][0]:.1f} at the end. Command: `python benchmarks/bench_dtype.py "
+                 f"--questions {a['questions']} --candidates {a['candidates']}`.")
+
+
 # -- postrank / llm_retrieval tables (typed by hand before) --------------------------------------
 @block("fid-speed")
 def block_fid_speed() -> str:

@@ -24,6 +24,7 @@ from funnel_core.config import ExtractiveCompressorConfig, configured
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int
 from funnel_core.funnel import Stage
+from funnel_core.hardware import normalize_dtype
 from funnel_core.text import count_tokens, split_sentences
 from funnel_core.units import Unit
 
@@ -63,6 +64,8 @@ class ExtractiveCompressor(Stage):
             all-MiniLM-L6-v2).
         batch_size: Sentences per forward pass of that model.
         device: Torch device of that model (``None``: best available).
+        dtype: Precision of that model (:class:`SentenceEmbedder`'s ``dtype``; ``"auto"``:
+            bf16 autocast only where the hardware runs it natively).
         cache_size: Sentence embeddings kept in an LRU cache (0 = off, default). The same
             documents come back for many queries in a RAG system; with a cache only the query
             and unseen sentences are encoded. :meth:`precompute` fills it in large batches.
@@ -80,7 +83,7 @@ class ExtractiveCompressor(Stage):
                  max_tokens: int | None = None, scope: str = "global", min_sentences: int = 1,
                  embedder: SentenceEmbedder | None = None, cache_size: int = 0,
                  name: str | None = None, model: str | None = None, batch_size: int = 64,
-                 device: str | None = None) -> None:
+                 device: str | None = None, dtype: str = "auto") -> None:
         if method not in COMPRESSION_METHODS:
             raise ValueError(f"unknown compression method {method!r}; choose one of "
                              f"{COMPRESSION_METHODS}.")
@@ -99,13 +102,15 @@ class ExtractiveCompressor(Stage):
         self.cache_size = cache_size
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self.model, self.device = model, device
+        self.dtype = normalize_dtype(dtype)
         self.batch_size = check_positive_int(batch_size, "batch_size")
         self.name = name or "extractive_compressor"
 
     @property
     def embedder(self) -> SentenceEmbedder:
         if self._embedder is None:
-            self._embedder = SentenceEmbedder(self.model, device=self.device, batch_size=self.batch_size)
+            self._embedder = SentenceEmbedder(self.model, device=self.device, batch_size=self.batch_size,
+                                              dtype=self.dtype)
         return self._embedder
 
     # -- scoring -----------------------------------------------------------------------------

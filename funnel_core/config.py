@@ -380,7 +380,7 @@ class MonoT5Config(StageConfig):
     stage_path: ClassVar[str] = "funnel_core.rerank.monot5:MonoT5Scorer"
     model_keys: ClassVar[tuple[str, ...]] = ("model", "device", "fp16", "model_kwargs",
                                               "true_token", "false_token", "template",
-                                              "max_length")
+                                              "max_length", "dtype")
 
     model: str = doc("Hub name or local folder.", "castorini/monot5-base-msmarco")
     batch_size: int = doc("Prompts per forward pass.", 16)
@@ -397,6 +397,8 @@ class MonoT5Config(StageConfig):
     score_threshold: Optional[float] = doc("Drop units scoring below this.", None)
     name: Optional[str] = doc("Stage name in traces and score histories.", None)
     model_kwargs: Optional[dict] = doc("Extra keyword arguments of the model loader.", None)
+    dtype: str = doc("auto | float32 | bfloat16 | float16 (auto: bf16 autocast only where the "
+                     "hardware runs it natively, fp16 on older GPUs, else fp32).", "auto")
 
 
 @dataclass(frozen=True)
@@ -404,7 +406,7 @@ class FiDAttentionConfig(StageConfig):
     """Settings of :class:`funnel_core.rerank.fid.FiDAttentionScorer`."""
 
     stage_path: ClassVar[str] = "funnel_core.rerank.fid:FiDAttentionScorer"
-    model_keys: ClassVar[tuple[str, ...]] = ("model", "device", "fp16")
+    model_keys: ClassVar[tuple[str, ...]] = ("model", "device", "fp16", "dtype")
 
     model: str = doc("Hub name or local folder of a T5 / FiD checkpoint.")
     template: str = doc("Reader input with {question}, {title} and {text}.",
@@ -427,6 +429,8 @@ class FiDAttentionConfig(StageConfig):
     score_threshold: Optional[float] = doc("Drop units below this score.", None)
     normalize: bool = doc("Sigmoid-normalise scores.", False)
     name: Optional[str] = doc("Stage name in traces and score histories.", None)
+    dtype: str = doc("auto | float32 | bfloat16 | float16 (auto: bf16 autocast only where the "
+                     "hardware runs it natively, fp16 on older GPUs, else fp32).", "auto")
 
 
 @dataclass(frozen=True)
@@ -434,7 +438,7 @@ class AttentionLMConfig(StageConfig):
     """Settings of :class:`funnel_core.rerank.attention_lm.AttentionLMScorer`."""
 
     stage_path: ClassVar[str] = "funnel_core.rerank.attention_lm:AttentionLMScorer"
-    model_keys: ClassVar[tuple[str, ...]] = ("model", "gguf_file", "device", "fp16")
+    model_keys: ClassVar[tuple[str, ...]] = ("model", "gguf_file", "device", "fp16", "dtype")
 
     model: str = doc("Hub name or local folder of a causal LM.")
     gguf_file: Optional[str] = doc("GGUF file inside the folder.", None)
@@ -456,6 +460,8 @@ class AttentionLMConfig(StageConfig):
     normalize: bool = doc("Sigmoid-normalise scores.", False)
     batch_size: int = doc("Prompts per forward pass.", 1)
     name: Optional[str] = doc("Stage name in traces and score histories.", None)
+    dtype: str = doc("auto | float32 | bfloat16 | float16 (auto: bf16 autocast only where the "
+                     "hardware runs it natively, fp16 on older GPUs, else fp32).", "auto")
 
     def kwargs(self) -> dict[str, Any]:
         out = super().kwargs()
@@ -473,7 +479,7 @@ class RankRAGConfig(StageConfig):
     """
 
     stage_path: ClassVar[str] = "funnel_core.rerank.rankrag:RankRAGScorer"
-    model_keys: ClassVar[tuple[str, ...]] = ("llm", "gguf_file", "device", "timeout")
+    model_keys: ClassVar[tuple[str, ...]] = ("llm", "gguf_file", "device", "timeout", "dtype")
     model_attrs: ClassVar[tuple[str, ...]] = ("llm",)
 
     llm: Any = doc("funnel_core LLM provider, or a causal-LM name/folder.")
@@ -490,6 +496,9 @@ class RankRAGConfig(StageConfig):
     device: Optional[str] = doc("Device of a local model.", None)
     timeout: Optional[float] = doc("Seconds per LLM call.", None)
     name: Optional[str] = doc("Stage name in traces and score histories.", None)
+    dtype: str = doc("Weights of a local model: auto | float32 | bfloat16 | float16 (auto: bf16 "
+                     "only where the hardware runs it natively, fp16 on older GPUs, else fp32).",
+                     "auto")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -518,7 +527,7 @@ class RankRAGConfig(StageConfig):
         if out["prompt"] is None:
             del out["prompt"]
         if not isinstance(out["llm"], str):  # provider objects carry their own settings
-            for key in ("gguf_file", "device", "timeout"):
+            for key in ("gguf_file", "device", "timeout", "dtype"):
                 out.pop(key)
         else:
             out = {k: v for k, v in out.items() if v is not None or k not in ("gguf_file",
@@ -547,7 +556,7 @@ class ExtractiveCompressorConfig(StageConfig):
     ``embedder`` object is passed to the stage or adapter beside the config, not in it)."""
 
     stage_path: ClassVar[str] = "funnel_core.compress:ExtractiveCompressor"
-    model_keys: ClassVar[tuple[str, ...]] = ("model", "batch_size", "device")
+    model_keys: ClassVar[tuple[str, ...]] = ("model", "batch_size", "device", "dtype")
     model_attrs: ClassVar[tuple[str, ...]] = ("_embedder", "_cache")
 
     method: str = doc("embedding (cosine similarity) or bm25 sentence scoring.", "embedding")
@@ -561,6 +570,8 @@ class ExtractiveCompressorConfig(StageConfig):
     device: Optional[str] = doc("Torch device; None = best available.", None)
     cache_size: int = doc("Sentence embeddings kept in an LRU cache (0 = off).", 0)
     name: Optional[str] = doc("Stage name in traces (None: extractive_compressor).", None)
+    dtype: str = doc("Precision of the embedding model: auto | float32 | bfloat16 | float16 "
+                     "(auto: bf16 autocast only where the hardware runs it natively).", "auto")
 
 
 @dataclass(frozen=True)

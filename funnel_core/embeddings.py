@@ -21,13 +21,14 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import numpy as np
 
 from funnel_core.cache import FreshOnCopy, LRUCache
 from funnel_core.errors import PersistError, check_positive_int, check_query
 from funnel_core.funnel import Stage
+from funnel_core.hardware import autocast, normalize_dtype, resolve_dtype
 from funnel_core.persist import load_snapshot, prepare_units, read_units, save_snapshot, write_units
 from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolve_device
 from funnel_core.units import Unit, check_unique_ids
@@ -58,11 +59,18 @@ class SentenceEmbedder:
             bigger bound); ``False`` embeds every text every time. Entries are keyed by the model
             (folder or hub name, normalisation, maximum sequence length) and the text's SHA-1, so
             embedders of different models never share rows.
+        dtype: ``"auto"`` (default; :mod:`funnel_core.hardware`: bfloat16 autocast only where the
+            hardware runs it natively — AVX-512-BF16/AMX CPUs, GPUs of compute capability >= 8 —,
+            float16 weights on older GPUs, float32 otherwise), ``"float32"``, ``"bfloat16"``
+            (autocast, weights stay float32) or ``"float16"``. Embeddings are returned as
+            float32 either way; the cache keys them by the precision they were computed in
+            (:attr:`active_dtype`). An explicit bf16 request on hardware without native bf16
+            warns once.
     """
 
     def __init__(self, model_name_or_path: str | None = None, device: str | None = None,
                  batch_size: int = 64, normalize: bool = True,
-                 cache: "bool | LRUCache" = True) -> None:
+                 cache: "bool | LRUCache" = True, dtype: str = "auto") -> None:
         if model_name_or_path is None:
             from funnel_core.testing import minilm_path
 
@@ -81,13 +89,26 @@ class SentenceEmbedder:
             raise TypeError(f"cache must be True, False or an LRUCache, got {type(cache).__name__}.")
         #: how many texts went through the model (cache misses), for tests and traces
         self.n_embedded = 0
+        self.dtype = normalize_dtype(dtype)
         self._model = LazyModel(self._load)
 
     def _load(self) -> Any:
         from sentence_transformers import SentenceTransformer
 
-        return load_pretrained(SentenceTransformer, self.model_name_or_path, what="embedding model",
-                               device=resolve_device(self.device))
+        device = resolve_device(self.device)
+        active = resolve_dtype(self.dtype, device)
+        model: Any = load_pretrained(SentenceTransformer, self.model_name_or_path,
+                                     what="embedding model", device=device)
+        if active == "float16":
+            model = model.half()
+        model._funnel_dtype = active  # read by active_dtype
+        return model
+
+    @property
+    def active_dtype(self) -> str | None:
+        """The precision the loaded model runs in (``dtype`` resolved on its device; ``None``
+        until loaded). It travels with the loaded model to a stage rebuilt around it."""
+        return getattr(self.model, "_funnel_dtype", None) if self._model.loaded else None
 
     @property
     def model(self) -> Any:
@@ -102,13 +123,14 @@ class SentenceEmbedder:
         """What decides an embedding besides the text: model, normalisation, truncation length."""
         max_len = getattr(self.model, "max_seq_length", None)
         return (os.path.abspath(self.model_name_or_path) if os.path.isdir(self.model_name_or_path)
-                else self.model_name_or_path, bool(self.normalize), max_len,
-                str(getattr(self, "dtype", None)))
+                else self.model_name_or_path, bool(self.normalize), max_len, self.active_dtype)
 
     def _run_model(self, texts: list[str], show_progress: bool) -> np.ndarray:
-        emb = self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True,
-                                normalize_embeddings=self.normalize,
-                                show_progress_bar=show_progress)
+        model = self.model
+        with autocast(self.active_dtype or "float32", str(model.device)):
+            emb = model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True,
+                               normalize_embeddings=self.normalize,
+                               show_progress_bar=show_progress)
         self.n_embedded += len(texts)
         return np.asarray(emb, dtype=np.float32)
 
@@ -141,7 +163,7 @@ class SentenceEmbedder:
                 vec.flags.writeable = False  # a cached row is shared: nobody may edit it
                 cache[key] = made[key] = vec
             rows = [made[k] if r is None else r for k, r in zip(keys, rows)]
-        return np.stack(rows).astype(np.float32, copy=True)
+        return np.stack(cast("list[np.ndarray]", rows)).astype(np.float32, copy=True)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 __all__ = ["DTYPES", "DtypeDecision", "cpu_flags", "cpu_native_bf16", "cuda_capability",
-           "decide_dtype", "resolve_dtype", "torch_dtype", "describe", "BF16_SLOWDOWN"]
+           "decide_dtype", "resolve_dtype", "torch_dtype", "describe", "BF16_SLOWDOWN",
+           "requested_dtype", "autocast", "fp32_output_head"]
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 _ALIASES = {"auto": "auto", None: "auto", "fp32": "float32", "float32": "float32",
@@ -135,6 +136,50 @@ def torch_dtype(name: str) -> Any:
     import torch
 
     return getattr(torch, name)
+
+
+def requested_dtype(dtype: Any, *, fp16: bool | None = None, bf16: bool = False) -> str:
+    """The request made by a stage's settings: the older ``bf16=True`` / ``fp16=True|False`` flags
+    are explicit requests that win over ``dtype`` (``fp16=None`` means "not set")."""
+    if bf16:
+        return "bfloat16"
+    if fp16 is not None:
+        return "float16" if fp16 else "float32"
+    return normalize_dtype(dtype)
+
+
+def autocast(dtype: str, device: str) -> Any:
+    """A fresh ``torch.autocast`` context: bfloat16 autocast when ``dtype`` is ``"bfloat16"``,
+    a disabled (no-op) one otherwise (float16 and float32 run in the weights' own dtype)."""
+    import torch
+
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16,
+                          enabled=dtype == "bfloat16")
+
+
+def fp32_output_head(model: Any) -> None:
+    """Run ``model``'s output projection (``get_output_embeddings()``) in float32 under bf16
+    autocast, for a model whose weights are float32.
+
+    Under autocast the vocabulary logits come out of the head in bfloat16, i.e. in steps of 1/16
+    to 1/8 at typical magnitudes, and scores read from two logits (monoT5's true/false,
+    RankRAG's True/False) then tie. The head is one matrix product, so keeping it in float32
+    costs little. A no-op for models without a linear output head.
+    """
+    import torch
+
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if not isinstance(head, torch.nn.Linear) or getattr(head, "_funnel_fp32", False):
+        return
+    linear = torch.nn.functional.linear
+
+    def forward(x: Any) -> Any:
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            bias = None if head.bias is None else head.bias.float()
+            return linear(x.float(), head.weight.float(), bias)
+
+    head.forward = forward  # type: ignore[method-assign,assignment]
+    head._funnel_fp32 = True  # type: ignore[assignment]
 
 
 def describe() -> dict[str, Any]:

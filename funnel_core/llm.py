@@ -30,6 +30,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Sequence
 
 from funnel_core.errors import FunnelError, check_positive_int, check_probability
+from funnel_core.hardware import normalize_dtype, resolve_dtype
 from funnel_core.models import LazyModel, load_pretrained, resolve_device, tokenizer_lock
 
 __all__ = ["LLM", "LLMError", "LLMTimeoutError", "TransformersLLM", "as_llm", "logsumexp"]
@@ -238,7 +239,16 @@ class TransformersLLM(LLM):
             keeps the question and the answer slot that end every prompt of this package).
         system_prompt: Optional system message for chat templates.
         use_chat_template: Wrap prompts in the tokenizer's chat template when it has one.
-        torch_dtype: ``None`` = float16 on CUDA, float32 elsewhere (fp16 is never used on CPU).
+        torch_dtype: An explicit weight dtype (``"float32"``, ``"bfloat16"``, ``"float16"``) that
+            wins over ``dtype``; ``None`` (default) leaves it to ``dtype``.
+        dtype: ``"auto"`` (default; :mod:`funnel_core.hardware`): the weights are loaded in
+            bfloat16 only where the hardware runs it natively (AVX-512-BF16/AMX CPUs, GPUs of
+            compute capability >= 8), in float16 on older GPUs, in float32 otherwise. float16 is
+            never used on a CPU (float32 instead, with a warning); an explicit bf16 request on
+            hardware without native bf16 warns once. :attr:`active_dtype` is what it resolved
+            to. Whatever the weights, :meth:`next_token_logprobs` computes the last position's
+            vocabulary logits in float32 (a half-precision head gives them in steps of 1/16 to
+            1/8, and True/False scores tie).
         seed: Seed for sampling (``None`` leaves torch's global generator alone).
         timeout: See :class:`LLM`.
 
@@ -255,7 +265,7 @@ class TransformersLLM(LLM):
                  device: str | None = None, batch_size: int = 8, max_length: int = 2048,
                  system_prompt: str | None = None, use_chat_template: bool = True,
                  torch_dtype: str | None = None, seed: int | None = None,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, dtype: str = "auto") -> None:
         super().__init__(timeout=timeout)
         if not isinstance(model_name_or_path, str) or not model_name_or_path.strip():
             raise TypeError(f"model_name_or_path must be a hub name or folder, got {model_name_or_path!r}.")
@@ -266,7 +276,8 @@ class TransformersLLM(LLM):
         self.max_length = check_positive_int(max_length, "max_length")
         self.system_prompt = system_prompt
         self.use_chat_template = use_chat_template
-        self.torch_dtype = torch_dtype
+        self.torch_dtype = None if torch_dtype is None else normalize_dtype(torch_dtype)
+        self.dtype = normalize_dtype(dtype)
         self.seed = seed
         self._model = LazyModel(self._load)
 
@@ -287,11 +298,12 @@ class TransformersLLM(LLM):
                                     truncation_side="left", **extra)
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
-        dtype = self.torch_dtype or ("float16" if device.startswith("cuda") else "float32")
+        active = resolve_dtype(self.torch_dtype or self.dtype, device)
         loader: Any = AutoModelForCausalLM.from_pretrained  # its decorated type hides the signature
         model = load_pretrained(loader, self.model_name_or_path, what=what,
-                                dtype=getattr(torch, dtype), **extra)
+                                dtype=getattr(torch, active), **extra)
         model.to(device).eval()
+        model._funnel_dtype = active  # read by active_dtype
         if model.generation_config.pad_token_id is None:
             model.generation_config.pad_token_id = tokenizer.pad_token_id
         return model, tokenizer, device
@@ -299,6 +311,11 @@ class TransformersLLM(LLM):
     @property
     def tokenizer(self) -> Any:
         return self._model.get()[1]
+
+    @property
+    def active_dtype(self) -> str | None:
+        """The dtype of the loaded weights (``None`` until loaded)."""
+        return getattr(self._model.get()[0], "_funnel_dtype", None) if self._model.loaded else None
 
     def format_prompt(self, prompt: str) -> str:
         """The exact text the model reads for ``prompt`` (chat template applied if any)."""
@@ -398,15 +415,32 @@ class TransformersLLM(LLM):
         model, _, _ = self._model.get()
         cand_ids = [self.candidate_token_ids(c) for c in candidates]
         rows: list[list[float]] = []
-        for start in range(0, len(prompts), self.batch_size):
-            enc = self._encode(prompts[start:start + self.batch_size])
-            with torch.inference_mode():
-                # left padding: the last position of every row is its real last token
-                logits = model(**enc, use_cache=False, logits_to_keep=1).logits[:, -1, :]
-                logp = torch.log_softmax(logits.float(), dim=-1).cpu()
-            for row in logp:
-                rows.append([logsumexp([float(row[i]) for i in ids]) for ids in cand_ids])
+        head = model.get_output_embeddings()
+        hook = None
+        if isinstance(head, torch.nn.Linear) and head.weight.dtype != torch.float32:
+            hook = head.register_forward_hook(_fp32_linear_output)
+        try:
+            for start in range(0, len(prompts), self.batch_size):
+                enc = self._encode(prompts[start:start + self.batch_size])
+                with torch.inference_mode():
+                    # left padding: the last position of every row is its real last token
+                    logits = model(**enc, use_cache=False, logits_to_keep=1).logits[:, -1, :]
+                    logp = torch.log_softmax(logits.float(), dim=-1).cpu()
+                for row in logp:
+                    rows.append([logsumexp([float(row[i]) for i in ids]) for ids in cand_ids])
+        finally:
+            if hook is not None:
+                hook.remove()
         return rows
+
+
+def _fp32_linear_output(module: Any, args: tuple, output: Any) -> Any:
+    """Forward hook: the linear layer's output recomputed in float32 (from its half weights)."""
+    import torch
+
+    x = args[0]
+    bias = None if module.bias is None else module.bias.float()
+    return torch.nn.functional.linear(x.float(), module.weight.float(), bias)
 
 
 def as_llm(llm: Any, **kwargs: Any) -> LLM:

@@ -57,11 +57,11 @@ def _reference(scorer, query, texts):
 
 @pytest.fixture(scope="module")
 def scorer(tiny_llama_path):
-    return AttentionLMScorer(model=tiny_llama_path)
+    return AttentionLMScorer(model=tiny_llama_path, dtype="float32")  # the reference runs in fp32
 
 
 def _with(scorer, **kw):
-    new = AttentionLMScorer(model=scorer.model_name, **kw)
+    new = AttentionLMScorer(model=scorer.model_name, dtype=scorer.dtype, **kw)
     new._model = scorer._model
     return new
 

@@ -29,11 +29,12 @@ def counting(embedder):
 
 @pytest.fixture
 def reference(minilm_path):
-    return SentenceEmbedder(minilm_path, cache=False)
+    # float32: in bf16 a row also depends on the batch it was padded in (~1e-3), above atol
+    return SentenceEmbedder(minilm_path, cache=False, dtype="float32")
 
 
 def test_a_text_is_embedded_once_and_rows_equal_the_uncached_model(minilm_path, reference):
-    emb = SentenceEmbedder(minilm_path, cache=LRUCache(100))
+    emb = SentenceEmbedder(minilm_path, cache=LRUCache(100), dtype="float32")
     calls = counting(emb)
     first = emb.encode(TEXTS[:2] + TEXTS[:1])  # a repeat inside one call is embedded once
     assert calls == [TEXTS[:2]]
@@ -74,8 +75,9 @@ def test_uncached_embedder_calls_the_model_every_time(minilm_path):
 
 def test_reranker_reuses_the_dense_index_matrix(minilm_path, reference, tmp_path):
     units = [Unit(id=str(i), text=t) for i, t in enumerate(TEXTS)]
-    DenseIndex(SentenceEmbedder(minilm_path, cache=False)).index(units).save(tmp_path / "dense")
-    index = DenseIndex.load(tmp_path / "dense", embedder=SentenceEmbedder(minilm_path, cache=LRUCache(10)))
+    DenseIndex(SentenceEmbedder(minilm_path, cache=False, dtype="float32")).index(units).save(tmp_path / "dense")
+    index = DenseIndex.load(tmp_path / "dense", embedder=SentenceEmbedder(minilm_path, cache=LRUCache(10),
+                                                                          dtype="float32"))
     rr = EmbeddingReranker(index=index)
     calls = counting(rr.embedder)
     extra = Unit(id="x", text="Paris is the capital of France.")

@@ -217,12 +217,12 @@ def test_aggregation_equals_the_equation_on_random_peaky_maps(scheme, lr):
 
 @pytest.fixture(scope="module")
 def scorer(tiny_t5_path):
-    return FiDAttentionScorer(model=tiny_t5_path)
+    return FiDAttentionScorer(model=tiny_t5_path, dtype="float32")  # the reference runs in fp32
 
 
 def _with(scorer, **kw):
     """A scorer sharing the loaded model, with other settings."""
-    new = FiDAttentionScorer(model=scorer.model_name, **kw)
+    new = FiDAttentionScorer(model=scorer.model_name, dtype=scorer.dtype, **kw)
     new._model = scorer._model
     return new
 

@@ -112,7 +112,8 @@ def test_transformers_llm_generates_with_chat_template(tiny_llama_path):
 def test_next_token_logprobs_match_a_manual_forward_pass(tiny_llama_path):
     import torch
 
-    llm = TransformersLLM(tiny_llama_path, batch_size=4)
+    # float32: the manual pass below reads the model's own logits (bf16 ones are coarser)
+    llm = TransformersLLM(tiny_llama_path, batch_size=4, dtype="float32")
     prompts = ["Is Paris in France?", "A much longer prompt about BM25 ranking and documents here."]
     rows = llm.next_token_logprobs(prompts, ["True", "False"])
     model, tok, _ = llm._model.get()

@@ -139,7 +139,8 @@ def test_async_matches_sync(scorer, corpus_units):
 def test_monot5_scores_are_true_false_logit_differences(tiny_t5_path, corpus_units):
     import torch
 
-    m = MonoT5Scorer(tiny_t5_path, device="cpu", max_length=64, batch_size=3)
+    m = MonoT5Scorer(tiny_t5_path, device="cpu", max_length=64, batch_size=3,
+                     dtype="float32")  # the reference below runs the model in fp32
     texts = [u.text for u in corpus_units[:4]]
     scores = m.score(QUERY, texts)
     fn = m._model.get()

@@ -93,7 +93,8 @@ async def test_async_generate_path(corpus_units):
 
 
 def test_logprob_path_is_one_forward_pass_per_batch_without_generation(tiny_llama_path, corpus_units):
-    llm = TransformersLLM(tiny_llama_path)
+    # float32: the batches of 3 are compared with one batch of 8 (bf16 depends on the padding)
+    llm = TransformersLLM(tiny_llama_path, dtype="float32")
     scorer = RankRAGScorer(llm=llm, batch_size=3)
     assert scorer.uses_logprobs
     model = llm._model.get()[0]
@@ -161,7 +162,7 @@ def set_logit_llm(tiny_llama_path, biases=BIASES, other=OTHER):
     that it is one token with a known id. Returns the LLM and ``{token: id}``."""
     import torch
 
-    llm = TransformersLLM(tiny_llama_path, batch_size=4)
+    llm = TransformersLLM(tiny_llama_path, batch_size=4, dtype="float32")  # head set in fp32
     model, tok, _ = llm._model.get()
     tok.add_tokens(["zebra"])
     model.resize_token_embeddings(len(tok))

@@ -103,7 +103,7 @@ def test_lora_adapters_are_trained_and_merged(tiny_llama_path, tmp_path):
     from funnel_core.train.rankrag import rankrag_blend, train_rankrag
 
     base = _keys(__import__("pathlib").Path(tiny_llama_path))
-    llm = TransformersLLM(tiny_llama_path, device="cpu")
+    llm = TransformersLLM(tiny_llama_path, device="cpu", dtype="float32")  # compared with fp32 base
     blend = rankrag_blend(RECORDS, rank_prompt=PROMPT, negatives_per_question=1, qa_share=0.0)
     res = train_rankrag(llm, blend, tmp_path / "lora", lora=True, epochs=10, batch_size=6,
                         learning_rate=5e-2, warmup_ratio=0.0, seed=0)

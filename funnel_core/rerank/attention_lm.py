@@ -33,6 +33,7 @@ from typing import Any, Sequence
 
 from funnel_core.config import AttentionLMConfig, configured
 from funnel_core.errors import check_positive_int
+from funnel_core.hardware import autocast, normalize_dtype, requested_dtype, resolve_dtype
 from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolve_device, tokenizer_lock
 
 __all__ = ["AttentionLMScorer", "DEFAULT_INSTRUCTION"]
@@ -64,12 +65,20 @@ class AttentionLMScorer(Reranker):
         fast_prefix: Encode the passages (which need no attention weights) with SDPA attention
             and only the scored suffixes with eager attention.
         device: Where to run (``None``: the best available).
-        fp16: Half precision, only ever applied on CUDA.
+        fp16: An explicit float16 request (CUDA only; a CPU runs float32 and warns); ``False``
+            (default) leaves the precision to ``dtype``.
         top_n: Keep at most this many units (see :class:`~funnel_core.rerank.base.Reranker`).
         score_threshold: Drop units scoring below this.
         normalize: Map scores through a sigmoid.
         batch_size: Unused: all passages of a query share one prompt.
         name: Stage name in traces and in ``metadata["scores"]``.
+        dtype: ``"auto"`` (default; :mod:`funnel_core.hardware`: bfloat16 autocast only where the
+            hardware runs it natively — AVX-512-BF16/AMX CPUs, GPUs of compute capability >= 8 —,
+            float16 weights on older GPUs, float32 otherwise), ``"float32"``, ``"bfloat16"``
+            (autocast, weights stay float32) or ``"float16"``. The attention probabilities are
+            then bf16-rounded; the tests check that the ranking stays that of float32 on
+            SmolLM2. An explicit bf16 request on hardware without native bf16 warns once.
+            :attr:`active_dtype` is what it resolved to, once loaded.
     """
 
     name = "attention_lm"
@@ -81,7 +90,8 @@ class AttentionLMScorer(Reranker):
                  layers: slice | None = None, max_passage_tokens: int = 300,
                  max_context: int | None = None, fast_prefix: bool = True,
                  device: str | None = None, fp16: bool = False, top_n: int | None = None, score_threshold: float | None = None,
-                 normalize: bool = False, batch_size: int = 1, name: str | None = None) -> None:
+                 normalize: bool = False, batch_size: int = 1, name: str | None = None,
+                 dtype: str = "auto") -> None:
         super().__init__(top_n=top_n, score_threshold=score_threshold, normalize=normalize,
                          batch_size=batch_size, name=name)
         if not isinstance(model, str) or not model:
@@ -110,6 +120,7 @@ class AttentionLMScorer(Reranker):
         self.fast_prefix = bool(fast_prefix)
         self.device = device
         self.fp16 = fp16
+        self.dtype = normalize_dtype(dtype)
         self._sdpa_failed = False
         self._lock = threading.Lock()  # the attention implementation is switched per call
         self._model = LazyModel(self._load)
@@ -123,14 +134,23 @@ class AttentionLMScorer(Reranker):
         extra = {"gguf_file": self.gguf_file} if self.gguf_file else {}
         tokenizer = load_pretrained(AutoTokenizer.from_pretrained, self.model_name,
                                     what="causal-LM tokenizer", **extra)
-        dtype = torch.float16 if (self.fp16 and device.startswith("cuda")) else torch.float32
-        model = load_pretrained(AutoModelForCausalLM.from_pretrained, self.model_name,
-                                what="causal LM", attn_implementation="eager", dtype=dtype, **extra)
+        active = resolve_dtype(requested_dtype(self.dtype, fp16=self.fp16 or None), device)
+        dtype = torch.float16 if active == "float16" else torch.float32
+        loader: Any = AutoModelForCausalLM.from_pretrained  # its decorated type hides the signature
+        model: Any = load_pretrained(loader, self.model_name, what="causal LM",
+                                     attn_implementation="eager", dtype=dtype, **extra)
         if getattr(model.config, "is_encoder_decoder", False):
             raise TypeError(f"{self.model_name!r} is an encoder-decoder model; use "
                             "FiDAttentionScorer for T5 checkpoints.")
         model.to(device).eval()
+        model._funnel_dtype = active  # read by active_dtype, moves with the loaded model
         return model, tokenizer, device
+
+    @property
+    def active_dtype(self) -> str | None:
+        """The precision the loaded model runs in (``dtype`` resolved on its device; ``None``
+        until loaded). It travels with the loaded model to a stage rebuilt around it."""
+        return getattr(self.model, "_funnel_dtype", None) if self._model.loaded else None
 
     @property
     def model(self) -> Any:
@@ -197,7 +217,7 @@ class AttentionLMScorer(Reranker):
         import torch
 
         model, _, device = self._model.get()
-        with self._lock, torch.inference_mode():
+        with self._lock, torch.inference_mode(), autocast(self.active_dtype or "float32", device):
             prefix = torch.tensor([prefix_ids], dtype=torch.long, device=device)
             cache = self._prefix_cache(model, prefix)
             results = []

@@ -42,6 +42,7 @@ from typing import Any, Sequence
 
 from funnel_core.config import FiDAttentionConfig, configured
 from funnel_core.errors import check_positive_int
+from funnel_core.hardware import autocast, normalize_dtype, requested_dtype, resolve_dtype
 from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolve_device, tokenizer_lock
 from funnel_core.units import Unit
 
@@ -181,12 +182,20 @@ class FiDAttentionScorer(Reranker):
         max_answer_tokens: Generation budget for the answer.
         max_length: Tokens per (question + passage) input; longer inputs are truncated.
         batch_size: Passages encoded per encoder forward pass (bounds memory).
-        device: ``"cpu"``, ``"cuda"``, ... (default: best available). fp16 only on CUDA.
-        fp16: Half precision on CUDA (ignored elsewhere).
+        device: ``"cpu"``, ``"cuda"``, ... (default: best available).
+        fp16: An explicit float16 request (CUDA only; a CPU runs float32 and warns); ``False``
+            (default) leaves the precision to ``dtype``.
         top_n: Keep at most this many units (see :class:`~funnel_core.rerank.base.Reranker`).
         score_threshold: Drop units scoring below this.
         normalize: Map scores through a sigmoid.
         name: Stage name in traces and in ``metadata["scores"]``.
+        dtype: ``"auto"`` (default; :mod:`funnel_core.hardware`: bfloat16 autocast only where the
+            hardware runs it natively — AVX-512-BF16/AMX CPUs, GPUs of compute capability >= 8 —,
+            float16 weights on older GPUs, float32 otherwise), ``"float32"``, ``"bfloat16"``
+            (autocast, weights stay float32) or ``"float16"``. The cross-attention probabilities
+            are then bf16-rounded (about 3 significant digits); the tests check that the ranking
+            stays that of float32 on a real reader. An explicit bf16 request on hardware without
+            native bf16 warns once. :attr:`active_dtype` is what it resolved to, once loaded.
     """
 
     name = "fid_attention"
@@ -199,7 +208,7 @@ class FiDAttentionScorer(Reranker):
                  max_length: int = 256, batch_size: int = 16, device: str | None = None,
                  fp16: bool = False, top_n: int | None = None,
                  score_threshold: float | None = None, normalize: bool = False,
-                 name: str | None = None) -> None:
+                 name: str | None = None, dtype: str = "auto") -> None:
         super().__init__(top_n=top_n, score_threshold=score_threshold, normalize=normalize,
                          batch_size=batch_size, name=name)
         if not isinstance(model, str) or not model:
@@ -227,6 +236,7 @@ class FiDAttentionScorer(Reranker):
         self.max_length = check_positive_int(max_length, "max_length")
         self.device = device
         self.fp16 = fp16
+        self.dtype = normalize_dtype(dtype)
         self.last_answer: str | None = None
         self._model = LazyModel(self._load)
 
@@ -238,7 +248,8 @@ class FiDAttentionScorer(Reranker):
         device = resolve_device(self.device)
         tokenizer = load_pretrained(AutoTokenizer.from_pretrained, self.model_name,
                                     what="FiD tokenizer", padding_side="right")
-        dtype = torch.float16 if (self.fp16 and device.startswith("cuda")) else torch.float32
+        active = resolve_dtype(requested_dtype(self.dtype, fp16=self.fp16 or None), device)
+        dtype = torch.float16 if active == "float16" else torch.float32
         model = load_pretrained(AutoModelForSeq2SeqLM.from_pretrained, self.model_name,
                                 what="FiD (T5) model", attn_implementation="eager", dtype=dtype)
         if not getattr(model.config, "is_encoder_decoder", False):
@@ -248,7 +259,17 @@ class FiDAttentionScorer(Reranker):
             raise TypeError(f"the tokenizer of {self.model_name!r} is not a fast tokenizer; FiD "
                             "scoring needs character offsets (install `tokenizers`).")
         model.to(device).eval()
+        model._funnel_dtype = active  # read by active_dtype, moves with the loaded model
         return model, tokenizer, device
+
+    @property
+    def active_dtype(self) -> str | None:
+        """The precision the loaded model runs in (``dtype`` resolved on its device; ``None``
+        until loaded). It travels with the loaded model to a stage rebuilt around it."""
+        return getattr(self.model, "_funnel_dtype", None) if self._model.loaded else None
+
+    def _autocast(self, device: str) -> Any:
+        return autocast(self.active_dtype or "float32", device)
 
     @property
     def model(self) -> Any:
@@ -309,8 +330,8 @@ class FiDAttentionScorer(Reranker):
 
         model, tokenizer, device = self._model.get()
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        pieces = []
-        with torch.inference_mode():
+        pieces: list[Any] = []
+        with torch.inference_mode(), self._autocast(device):
             for start in range(0, len(inputs.input_ids), self.batch_size):
                 chunk = inputs.input_ids[start:start + self.batch_size]
                 width = max(int(x.shape[0]) for x in chunk)
@@ -338,7 +359,7 @@ class FiDAttentionScorer(Reranker):
         if need == 0:
             return prefix, None
         mask = torch.ones(encoder_states.shape[:2], dtype=torch.long, device=device)
-        with torch.inference_mode():
+        with torch.inference_mode(), self._autocast(device):
             generated = model.generate(
                 encoder_outputs=BaseModelOutput(last_hidden_state=encoder_states),
                 attention_mask=mask, decoder_input_ids=prefix, max_new_tokens=need,
@@ -356,7 +377,7 @@ class FiDAttentionScorer(Reranker):
         mask = torch.ones(encoder_states.shape[:2], dtype=torch.long, device=device)
         from transformers.modeling_outputs import BaseModelOutput
 
-        with torch.inference_mode():
+        with torch.inference_mode(), self._autocast(device):
             out = model(encoder_outputs=BaseModelOutput(last_hidden_state=encoder_states),
                         attention_mask=mask, decoder_input_ids=decoder_input_ids,
                         output_attentions=True, use_cache=False)

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 from funnel_core.config import MonoT5Config, configured
 from funnel_core.errors import check_positive_int
+from funnel_core.hardware import autocast, fp32_output_head, normalize_dtype, requested_dtype, resolve_dtype
 from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolve_device, tokenizer_lock
 
 __all__ = ["MonoT5Scorer", "DEFAULT_MONOT5"]
@@ -43,7 +44,8 @@ class MonoT5Scorer(Reranker):
         batch_size: Pairs per forward pass.
         device: ``"cpu"``, ``"cuda"``, ... or ``None`` (automatic).
         max_length: Encoder tokens per prompt; the document is truncated to fit.
-        fp16: Half precision, only ever applied on CUDA (``None``: on when the device is CUDA).
+        fp16: An explicit half-precision request: ``True`` = float16 (CUDA only; a CPU runs
+            float32 and warns), ``False`` = float32; ``None`` (default) leaves it to ``dtype``.
         sort_by_length: Batch prompts of similar length together.
         template: The prompt; must contain ``{query}`` before ``{document}``.
         true_token: The word whose first-step logit means "relevant".
@@ -53,6 +55,12 @@ class MonoT5Scorer(Reranker):
         score_threshold: Drop units scoring below this.
         name: Stage name in traces and in ``metadata["scores"]``.
         model_kwargs: Extra keyword arguments for ``from_pretrained``.
+        dtype: ``"auto"`` (default; :mod:`funnel_core.hardware`: bfloat16 autocast only where the
+            hardware runs it natively — AVX-512-BF16/AMX CPUs, GPUs of compute capability >= 8 —,
+            float16 weights on older GPUs, float32 otherwise), ``"float32"``, ``"bfloat16"``
+            (autocast, weights stay float32; the true/false logits are still computed in
+            float32) or ``"float16"``. An explicit bf16 request on hardware without native bf16
+            warns once. :attr:`active_dtype` is what it resolved to, once loaded.
     """
 
     name = "monot5"
@@ -63,7 +71,8 @@ class MonoT5Scorer(Reranker):
                  template: str = "Query: {query} Document: {document} Relevant:",
                  true_token: str = "true", false_token: str = "false", normalize: bool = False,
                  top_n: int | None = None, score_threshold: float | None = None,
-                 name: str | None = None, model_kwargs: dict[str, Any] | None = None) -> None:
+                 name: str | None = None, model_kwargs: dict[str, Any] | None = None,
+                 dtype: str = "auto") -> None:
         super().__init__(top_n=top_n, score_threshold=score_threshold, normalize=normalize,
                          batch_size=batch_size, name=name)
         if not isinstance(model, (str, os.PathLike)):
@@ -81,6 +90,7 @@ class MonoT5Scorer(Reranker):
         self.template = template
         self.true_token, self.false_token = true_token, false_token
         self.model_kwargs = dict(model_kwargs or {})
+        self.dtype = normalize_dtype(dtype)
         self._model = LazyModel(self._load)
 
     def _load(self) -> Callable[[list[str], list[str]], list[float]]:
@@ -91,8 +101,11 @@ class MonoT5Scorer(Reranker):
         tokenizer = load_pretrained(AutoTokenizer.from_pretrained, self.model_name, what="tokenizer")
         model = load_pretrained(AutoModelForSeq2SeqLM.from_pretrained, self.model_name,
                                 what="monoT5 model", **self.model_kwargs)
-        if device.startswith("cuda") and self.fp16 is not False:
+        active = resolve_dtype(requested_dtype(self.dtype, fp16=self.fp16), device)
+        if active == "float16":
             model = model.half()
+        elif active == "bfloat16":
+            fp32_output_head(model)  # true/false logits in fp32: no bf16 steps, no ties
         model = model.to(device).eval()
         true_id = _single_token(tokenizer, self.true_token)
         false_id = _single_token(tokenizer, self.false_token)
@@ -137,18 +150,26 @@ class MonoT5Scorer(Reranker):
                     input_ids[row, : len(prompts[i])] = torch.tensor(prompts[i])
                     mask[row, : len(prompts[i])] = 1
                 dec = torch.full((len(idx), 1), start, dtype=torch.long)
-                logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device),
-                               decoder_input_ids=dec.to(device)).logits[:, 0, :].float()
+                with autocast(active, device):
+                    logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device),
+                                   decoder_input_ids=dec.to(device)).logits[:, 0, :].float()
                 diff = (logits[:, true_id] - logits[:, false_id]).tolist()
                 for i, s in zip(idx, diff):
                     out[i] = s
             return out
 
         score.model = model  # type: ignore[attr-defined]
+        score._funnel_dtype = active  # type: ignore[attr-defined]
         score.tokenizer = tokenizer  # type: ignore[attr-defined]
         score.token_ids = (true_id, false_id)  # type: ignore[attr-defined]
         score.prompt = lambda q, t: build(ids(q.strip()), ids(" " + t.strip()))  # type: ignore[attr-defined]
         return score
+
+    @property
+    def active_dtype(self) -> str | None:
+        """The precision the loaded model runs in (``dtype`` resolved on its device; ``None``
+        until loaded). It travels with the loaded model to a stage rebuilt around it."""
+        return getattr(self._model.get(), "_funnel_dtype", None) if self._model.loaded else None
 
     def load(self) -> "MonoT5Scorer":
         """Load the model now instead of on first use; returns ``self``."""
@@ -170,4 +191,5 @@ class MonoT5Scorer(Reranker):
         return [float(s) for s in self._model.get()([query] * len(texts), texts)]
 
     def __repr__(self) -> str:
-        return f"MonoT5Scorer(model={self.model_name!r}, max_length={self.max_length})"
+        return (f"MonoT5Scorer(model={self.model_name!r}, max_length={self.max_length}, "
+                f"dtype={self.dtype!r})")

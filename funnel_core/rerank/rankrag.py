@@ -149,7 +149,9 @@ class RankRAGScorer(Reranker):
             probabilities in [0, 1]; ``normalize`` is off).
         batch_size: Prompts per forward pass.
         name: Stage name in traces and in ``metadata["scores"]``.
-        llm_kwargs: Passed to :class:`~funnel_core.llm.TransformersLLM` when ``llm`` is a name.
+        llm_kwargs: Passed to :class:`~funnel_core.llm.TransformersLLM` when ``llm`` is a name,
+            e.g. ``dtype`` (``"auto"`` by default: bf16 weights only where the hardware runs bf16
+            natively; see :attr:`active_dtype`), ``device``, ``gguf_file``.
 
     In generate mode a reply with no judgement word scores 0.5 and is counted in
     :attr:`unparsed` (a running total, for monitoring).
@@ -176,6 +178,12 @@ class RankRAGScorer(Reranker):
         self.max_new_tokens = check_positive_int(max_new_tokens, "max_new_tokens")
         self.samples = check_positive_int(samples, "samples")
         self.unparsed = 0
+
+    @property
+    def active_dtype(self) -> str | None:
+        """The dtype of a local model's loaded weights (``None`` until loaded, or for a provider
+        that does not say)."""
+        return getattr(self.llm, "active_dtype", None)
 
     @property
     def uses_logprobs(self) -> bool:

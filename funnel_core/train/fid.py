@@ -72,6 +72,7 @@ class FiDTrainResult:
     steps: int
     seconds: float = 0.0
     stopped_early: bool = False
+    dtype: str = "float32"  # the compute precision used: "bfloat16" (autocast) or "float32"
 
 
 def _title_text(p: Any) -> tuple[str | None, str]:
@@ -216,7 +217,7 @@ def train_fid(model: str | os.PathLike, examples: Sequence[FiDExample],
               answer_max_length: int = 32, accumulation_steps: int = 1,
               device: str | None = None, seed: int = 0, save_every_epoch: bool = False,
               progress: bool = True, max_seconds: float | None = None,
-              bf16: bool = False) -> FiDTrainResult:
+              bf16: bool = False, dtype: str = "auto") -> FiDTrainResult:
     """Train a T5 checkpoint as a Fusion-in-Decoder reader and save it to ``output_dir``.
 
     AdamW with linear warm-up and decay, gradient clipping, teacher forcing, LM loss on the
@@ -244,8 +245,14 @@ def train_fid(model: str | os.PathLike, examples: Sequence[FiDExample],
         progress: Show a tqdm progress bar.
         max_seconds: Stop after the optimiser step that passes this wall-clock budget (the
             learning-rate schedule still spans the full run; ``stopped_early`` says so).
-        bf16: bfloat16 autocast for the forward pass (weights and optimiser stay fp32); use it
-            on a GPU or a CPU with AVX512-BF16/AMX.
+        bf16: An explicit request for bfloat16 autocast of the forward pass (weights and
+            optimiser stay fp32); on hardware without native bf16 it warns once (25-30x slower
+            steps were measured there). ``False`` (default) leaves it to ``dtype``.
+        dtype: ``"auto"`` (default; :mod:`funnel_core.hardware`): bfloat16 autocast only where
+            the hardware runs bf16 natively (AVX-512-BF16/AMX CPUs, GPUs of compute capability
+            >= 8), float32 otherwise; ``"float32"`` or ``"bfloat16"``. float16 is not used for
+            training (it would need loss scaling): it trains in float32. The result's ``dtype``
+            records the precision used.
 
     Returns:
         :class:`FiDTrainResult` with the loss of every optimiser step and the mean loss of every
@@ -271,6 +278,11 @@ def train_fid(model: str | os.PathLike, examples: Sequence[FiDExample],
     torch.manual_seed(seed)
     rng = random.Random(seed)
     device = resolve_device(device)
+    from funnel_core.hardware import autocast, requested_dtype, resolve_dtype
+
+    active = resolve_dtype(requested_dtype(dtype, bf16=bf16), device)
+    if active == "float16":
+        active = "float32"
     net, tokenizer = _load(model, device)
     net.train()
 
@@ -291,13 +303,12 @@ def train_fid(model: str | os.PathLike, examples: Sequence[FiDExample],
 
     t0 = time.perf_counter()
     stopped = False
-    autocast_device = torch.device(device).type
     for epoch in range(epochs):
         running, seen, pending = 0.0, 0, 0.0
         for i, batch in enumerate(_batches(examples, batch_size, rng)):
             t = fid_collate(tokenizer, batch, n_passages=n_passages, max_length=max_length,
                             answer_max_length=answer_max_length)
-            with torch.autocast(device_type=autocast_device, dtype=torch.bfloat16, enabled=bf16):
+            with autocast(active, device):
                 loss = fid_loss(net, *(t[k].to(device)
                                        for k in ("input_ids", "attention_mask", "labels")))
             (loss / accumulation_steps).backward()
@@ -330,7 +341,7 @@ def train_fid(model: str | os.PathLike, examples: Sequence[FiDExample],
     _save(net, tokenizer, out)
     return FiDTrainResult(output_dir=str(out), step_losses=step_losses,
                           epoch_losses=epoch_losses, steps=steps,
-                          seconds=time.perf_counter() - t0, stopped_early=stopped)
+                          seconds=time.perf_counter() - t0, stopped_early=stopped, dtype=active)
 
 
 def init_fid_from_encoder(encoder: str | os.PathLike, output_dir: str | os.PathLike, *,

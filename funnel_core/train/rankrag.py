@@ -156,7 +156,8 @@ def train_rankrag(llm: Any, examples: Sequence[RankRAGExample], output_dir: str 
                   epochs: int = 1, batch_size: int = 8, learning_rate: float = 2e-4,
                   weight_decay: float = 0.0, warmup_ratio: float = 0.05, max_length: int = 384,
                   max_seconds: float | None = None, seed: int = 0,
-                  log: Callable[[dict], None] | None = None) -> RankRAGTrainResult:
+                  log: Callable[[dict], None] | None = None,
+                  dtype: str = "auto") -> RankRAGTrainResult:
     """Fine-tune ``llm``'s model on ``examples`` and save a merged ``save_pretrained`` folder.
 
     Args:
@@ -172,6 +173,14 @@ def train_rankrag(llm: Any, examples: Sequence[RankRAGExample], output_dir: str 
         max_seconds: Stop after the step that passes this wall-clock budget (the model is saved).
         seed: Shuffling / LoRA initialisation seed.
         log: Called with ``{"step", "loss", "seconds"}`` after every step.
+        dtype: Compute precision of the steps: ``"auto"`` (default; :mod:`funnel_core.hardware`):
+            bfloat16 autocast only where the hardware runs bf16 natively, float32 otherwise;
+            ``"float32"`` or ``"bfloat16"`` (an explicit bf16 request on hardware without it
+            warns once). float16 is not used for training (it would need loss scaling): it
+            trains in float32. The trained parameters are float32: LoRA adapters are (peft
+            upcasts them) and full fine-tuning upcasts a half-precision model first; frozen
+            base weights stay in the dtype ``llm`` loaded them in. ``config["dtype"]`` of the
+            result records the precision used.
     """
     import torch
     from transformers import get_linear_schedule_with_warmup
@@ -181,7 +190,15 @@ def train_rankrag(llm: Any, examples: Sequence[RankRAGExample], output_dir: str 
         raise ValueError("train_rankrag needs at least one RankRAGExample, got none.")
     check_positive_int(batch_size, "batch_size")
     check_positive_int(epochs, "epochs")
+    from funnel_core.hardware import autocast, resolve_dtype
+
     model, tokenizer, device = llm._model.get()
+    active = resolve_dtype(dtype, device)
+    if active == "float16":
+        active = "float32"
+    if not lora and next(model.parameters()).dtype != torch.float32:
+        model.float()  # full fine-tuning keeps float32 master weights
+        model._funnel_dtype = "float32"  # what llm.active_dtype reports from now on
     torch.manual_seed(seed)
     rng = random.Random(seed)
     if lora:
@@ -221,8 +238,9 @@ def train_rankrag(llm: Any, examples: Sequence[RankRAGExample], output_dir: str 
                 ids[i, :len(x)] = torch.tensor(x)
                 labels[i, :len(y)] = torch.tensor(y)
                 mask[i, :len(x)] = 1
-            out = model(input_ids=ids.to(device), attention_mask=mask.to(device),
-                        labels=labels.to(device), use_cache=False)
+            with autocast(active, device):
+                out = model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                            labels=labels.to(device), use_cache=False)
             out.loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             optimizer.step()
@@ -250,7 +268,8 @@ def train_rankrag(llm: Any, examples: Sequence[RankRAGExample], output_dir: str 
     config = dict(lora=lora, lora_r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
                   epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
                   warmup_ratio=warmup_ratio, max_length=max_length, max_seconds=max_seconds,
-                  seed=seed, planned_steps=total)
+                  seed=seed, planned_steps=total, dtype=active,
+                  base_weights_dtype=str(next(model.parameters()).dtype).replace("torch.", ""))
     return RankRAGTrainResult(output_dir=str(out_dir), step_losses=losses, steps=steps,
                               seconds=seconds, stopped_early=stopped, examples_seen=seen,
                               config=config)
