@@ -118,6 +118,8 @@ class StageConfig:
     stage_path: ClassVar[str] = ""
     model_keys: ClassVar[tuple[str, ...]] = ()
     model_attrs: ClassVar[tuple[str, ...]] = ("_model",)
+    #: For a config that is not a stage by itself (no ``stage_path``): where it is used instead.
+    used_by: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
         hints = _hints(type(self))  # type: ignore[arg-type]
@@ -173,6 +175,8 @@ class StageConfig:
     def build(self, reuse: Any = None) -> Any:
         """Build the stage. With ``reuse`` (a stage built from another config of this class),
         its loaded model moves over when no field of :attr:`model_keys` changed."""
+        if not self.stage_path:
+            raise TypeError(f"{type(self).__name__} is not a stage by itself: {self.used_by}.")
         stage = self.stage_class()(**self.kwargs())
         old = getattr(reuse, "config", None)
         if type(old) is type(self) and all(getattr(old, k) == getattr(self, k)
@@ -591,14 +595,11 @@ class LLMProviderConfig(StageConfig):
     hub name or local folder of a causal LM); ``timeout`` also applies to a framework's model."""
 
     model_attrs: ClassVar[tuple[str, ...]] = ()
+    used_by: ClassVar[str] = "it configures the LLM provider of an adapter; pass it beside the llm"
 
     timeout: Optional[float] = doc("Seconds per LLM call.", None)
     gguf_file: Optional[str] = doc("GGUF file inside the folder, when llm is a name.", None)
     device: Optional[str] = doc("Torch device of the local model, when llm is a name.", None)
-
-    def build(self, reuse: Any = None) -> Any:
-        raise TypeError(f"{type(self).__name__} configures the LLM provider of an adapter; "
-                        "pass it beside the llm.")
 
     def provider_kwargs(self, llm: Any) -> dict[str, Any]:
         """Keyword arguments of the adapters' ``as_provider(llm, ...)``."""
@@ -642,6 +643,8 @@ class FusionConfig(StageConfig):
     their two sides (objects, not settings). Not a stage by itself: :meth:`fuse` applies it."""
 
     model_attrs: ClassVar[tuple[str, ...]] = ()
+    used_by: ClassVar[str] = ("it configures a HybridRetrieve (or an adapter's HybridRetriever) "
+                              "beside its sparse and dense sides; pass it there")
 
     alpha: float = doc("Sparse weight in S_h = alpha * S_sparse + S_dense, in [0, 1] "
                        "(method='alpha').", 0.3)
@@ -657,10 +660,6 @@ class FusionConfig(StageConfig):
 
         object.__setattr__(self, "alpha", check_fusion_config(self.method, self.alpha,
                                                               self.normalization, self.rrf_k))
-
-    def build(self, reuse: Any = None) -> Any:
-        raise TypeError("FusionConfig configures a HybridRetrieve (or an adapter's "
-                        "HybridRetriever) beside its sparse and dense sides; pass it there.")
 
     def fuse(self, sparse: Any, dense: Any, k: Optional[int] = None,
              stage: str = "hybrid") -> list:
@@ -679,6 +678,7 @@ class ClusterRetrievalConfig(StageConfig):
     the index and pass through to it."""
 
     model_attrs: ClassVar[tuple[str, ...]] = ()
+    used_by: ClassVar[str] = "it configures a ClusteredBM25Retriever over its index; pass it there"
 
     k_clusters: int = doc("Clusters retrieved by BM25 and opened into their documents.", 10)
     return_clusters: bool = doc("Return the clusters themselves instead of their documents "
@@ -689,10 +689,6 @@ class ClusterRetrievalConfig(StageConfig):
         from funnel_core.errors import check_positive_int
 
         check_positive_int(self.k_clusters, "k_clusters")
-
-    def build(self, reuse: Any = None) -> Any:
-        raise TypeError("ClusterRetrievalConfig configures a ClusteredBM25Retriever over its "
-                        "index; pass it there.")
 
     def clusters_for(self, k: int, k_clusters: Optional[int] = None) -> int:
         """Clusters to retrieve for a call returning at most ``k`` results (``k_clusters``: a
@@ -740,12 +736,14 @@ class GraphGranularityConfig(StageConfig):
 
 @dataclass(frozen=True)
 class MixOfGranularityConfig(StageConfig):
-    """Settings of the MoG selection rule (:class:`funnel_core.granularity.retrieval.
-    MixOfGranularityRetrieve`) beside its corpus and router, shared by both frameworks'
-    ``MixOfGranularityRetriever``. Build the stage with
+    """Settings of the MoG selection rule
+    (:class:`~funnel_core.granularity.retrieval.MixOfGranularityRetrieve`) beside its corpus and
+    router, shared by both frameworks' ``MixOfGranularityRetriever``. Build the stage with
     :func:`funnel_core.granularity.retrieval.mog_stage`."""
 
     model_attrs: ClassVar[tuple[str, ...]] = ()
+    used_by: ClassVar[str] = ("the stage needs the corpus units and a router: build it with "
+                              "funnel_core.granularity.retrieval.mog_stage(units, router, config)")
     #: Fields whose change needs new per-level BM25 indexes.
     index_keys: ClassVar[tuple[str, ...]] = ("n_gra", "bm25")
 
@@ -770,11 +768,6 @@ class MixOfGranularityConfig(StageConfig):
                              f"{self.normalize!r}.")
         if not 0.0 <= self.level_margin <= 1.0:
             raise ValueError(f"level_margin must be in [0, 1], got {self.level_margin!r}.")
-
-    def build(self, reuse: Any = None) -> Any:
-        raise TypeError("MixOfGranularityConfig needs the corpus units and a router: build the "
-                        "stage with funnel_core.granularity.retrieval.mog_stage(units, router, "
-                        "config).")
 
 
 @dataclass(frozen=True)
