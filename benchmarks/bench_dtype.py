@@ -11,6 +11,8 @@ Every stage scores them once with ``dtype="float32"`` and once with ``dtype="bfl
 * ``AttentionLMScorer`` (SmolLM2-135M-Instruct, GGUF): calibrated query->passage attention;
 * ``RankRAGScorer`` (SmolLM2-135M-Instruct, the short "smollm2" prompt): P(True).
 
+Both precisions are loaded side by side and timed on the same question one after the other
+(alternating which goes first), so a change in the machine's load hits both alike.
 Per question: Spearman correlation of the two score lists, whether the top-1 agrees, the largest
 score difference relative to the fp32 score range, and the number of distinct scores. The
 seconds per question (models warm) are recorded for both precisions with the load average
@@ -98,23 +100,28 @@ def main() -> None:
     for name, make in stages(args.max_words).items():
         if args.only and args.only not in name:
             continue
-        scores, seconds, active = {}, {}, {}
+        scores: dict[str, list] = {"float32": [], "bfloat16": []}
+        seconds: dict[str, list] = {"float32": [], "bfloat16": []}
+        active: dict[str, object] = {}
+        loaded = {}
         for dtype in ("float32", "bfloat16"):
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 stage, score = make(dtype)
                 score(data[0]["question"], data[0]["texts"][:2])            # load + warm up
+            loaded[dtype] = (stage, score)
             active[dtype] = stage.active_dtype
-            times, rows = [], []
-            for s in data:
-                t0 = time.perf_counter()
-                rows.append(score(s["question"], s["texts"]))
-                times.append(time.perf_counter() - t0)
-            scores[dtype], seconds[dtype] = rows, times
             active[dtype + "_warnings"] = sorted({str(w.message)[:120] for w in caught
                                                   if issubclass(w.category, RuntimeWarning)})
-            print(f"{name} {dtype}: {np.mean(times):.3f} s/question", flush=True)
-            del stage, score
+        for i, s in enumerate(data):          # interleaved, alternating which precision goes first
+            for dtype in (("float32", "bfloat16") if i % 2 == 0 else ("bfloat16", "float32")):
+                score = loaded[dtype][1]
+                t0 = time.perf_counter()
+                scores[dtype].append(score(s["question"], s["texts"]))
+                seconds[dtype].append(time.perf_counter() - t0)
+        for dtype in loaded:
+            print(f"{name} {dtype}: {np.median(seconds[dtype]):.3f} s/question (median)", flush=True)
+        del loaded
         per_q = []
         for s, a, b in zip(data, scores["float32"], scores["bfloat16"]):
             span = float(np.ptp(a)) or 1.0

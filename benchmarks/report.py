@@ -994,8 +994,9 @@ def block_dtype_agreement() -> str:
                   "max abs(fp32 - bf16) / fp32 range", "gold top-1 fp32 / bf16",
                   "median s per question fp32 / bf16"], rows,
                  f"{d['n_questions']} SQuAD train questions x {d['n_candidates']} candidates (the gold "
-                 f"paragraph and others of its article), scored once in each precision on the CPU "
-                 f"({hw['cpu_model']}, flags {', '.join(hw['cpu_flags'])}; auto = {hw['auto_dtype_cpu']}); "
+                 f"paragraph and others of its article), scored in each precision on the CPU "
+                 f"({hw['cpu_model']}, flags {', '.join(hw['cpu_flags'])}; auto = {hw['auto_dtype_cpu']}), "
+                 f"timed alternately on the same question; "
                  f"load average {m['load_average_at_start'][0]:.1f} at start, "
                  f"{m['load_average_at_end'][0]:.1f} at the end. Command: `python benchmarks/bench_dtype.py "
                  f"--questions {a['questions']} --candidates {a['candidates']}`.")
