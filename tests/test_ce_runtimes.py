@@ -160,5 +160,11 @@ def test_torch_dtype_auto_follows_the_hardware(model):
     fp32 = CrossEncoderScorer(model, backend="transformers", runtime="torch", dtype="fp32")
     fp32.score(QUERY, TEXTS[:2])
     assert fp32.active_dtype == "float32"
+    # a stage rebuilt around the loaded model (a cheap edit) reports what that model runs in
+    from funnel_core.config import current_stage
+
+    edited = current_stage(scorer.config.replace(top_n=1), scorer)
+    assert edited is not scorer and edited._model is scorer._model
+    assert (edited.active_dtype, edited.active_runtime) == (scorer.active_dtype, "torch")
     with pytest.raises(ValueError, match="dtype"):
         CrossEncoderScorer(model, runtime="onnx", dtype="bf16")

@@ -164,10 +164,8 @@ class CrossEncoderScorer(Reranker):
         if runtime not in ("auto", "torch") and self.dtype not in ("auto", "float32"):
             raise ValueError(f"dtype={dtype!r} applies to runtime='torch', not {runtime!r}; pass "
                              "dtype='auto' or runtime='torch'.")
-        self.active_dtype: str | None = None  # what the torch runtime resolved "auto" to
         self.runtime = runtime
         self.export_dir = None if export_dir is None else os.fspath(export_dir)
-        self.active_runtime: str | None = None  # what "auto" resolved to, once loaded
         self._model = LazyModel(self._load)
 
     # -- loading ---------------------------------------------------------------------------
@@ -178,6 +176,18 @@ class CrossEncoderScorer(Reranker):
             return "float16" if self.fp16 else "float32"
         return self.dtype
 
+    @property
+    def active_runtime(self) -> str | None:
+        """The runtime ``runtime`` resolved to (``None`` until loaded); it travels with the
+        loaded model to a stage rebuilt around it."""
+        return getattr(self._model.get(), "_funnel_runtime", None) if self._model.loaded else None
+
+    @property
+    def active_dtype(self) -> str | None:
+        """The torch runtime's precision (``dtype`` resolved on its device; ``None`` until loaded
+        or with an ONNX/OpenVINO runtime); it travels with the loaded model."""
+        return getattr(self._model.get(), "_funnel_dtype", None) if self._model.loaded else None
+
     def _load(self) -> Callable[[list[str], list[str]], list[float]]:
         from funnel_core.hardware import resolve_dtype
 
@@ -186,33 +196,33 @@ class CrossEncoderScorer(Reranker):
         explicit = self.bf16 or bool(self.fp16) or self.dtype not in ("auto", "float32")
         if self.runtime == "auto" and explicit:
             runtime = "torch"  # an explicit torch precision request keeps torch
-        self.active_runtime = runtime
+        active = None
         if runtime != "torch":
             if not device.startswith("cpu"):
                 raise ValueError(f"runtime {runtime!r} runs on the CPU, but device={device!r}; "
                                  "pass device='cpu' or runtime='torch'.")
-            return self._load_onnx(runtime)
-        self.active_dtype = resolve_dtype(self._requested_dtype(), device)
-        fp16 = self.active_dtype == "float16"
-        if self.backend == "sentence-transformers":
-            return self._load_st(device, fp16)
-        if self.backend == "flagembedding":
-            return self._load_flag(device, fp16)
-        return self._load_hf(device, fp16)
+            score = self._load_onnx(runtime)
+        else:
+            active = resolve_dtype(self._requested_dtype(), device)
+            load = {"sentence-transformers": self._load_st,
+                    "flagembedding": self._load_flag}.get(self.backend, self._load_hf)
+            score = load(device, active)
+        score._funnel_runtime, score._funnel_dtype = runtime, active  # type: ignore[attr-defined]
+        return score
 
-    def _load_st(self, device: str, fp16: bool):
+    def _load_st(self, device: str, active: str):
         import torch
         from sentence_transformers import CrossEncoder
 
         kwargs = dict(self.model_kwargs)
-        if fp16:
+        if active == "float16":
             kwargs.setdefault("torch_dtype", torch.float16)
         model = load_pretrained(CrossEncoder, self.model_name, what="cross-encoder", device=device,
                                 max_length=self.max_length, model_kwargs=kwargs or None)
         identity = torch.nn.Identity()
         autocast: dict[str, Any] = dict(device_type=torch.device(device).type,
                                         dtype=torch.bfloat16,
-                                        enabled=self.active_dtype == "bfloat16")
+                                        enabled=active == "bfloat16")
 
         def score(queries: list[str], texts: list[str]) -> list[float]:
             with torch.autocast(**autocast):
@@ -226,11 +236,11 @@ class CrossEncoderScorer(Reranker):
         score.model = model  # type: ignore[attr-defined]
         return score
 
-    def _load_flag(self, device: str, fp16: bool):
+    def _load_flag(self, device: str, active: str):
         from FlagEmbedding import FlagReranker
 
         model = load_pretrained(FlagReranker, self.model_name, what="cross-encoder",
-                                use_fp16=fp16, devices=[device], batch_size=self.batch_size,
+                                use_fp16=active == "float16", devices=[device], batch_size=self.batch_size,
                                 max_length=self.max_length, **self.model_kwargs)
 
         def score(queries: list[str], texts: list[str]) -> list[float]:
@@ -241,17 +251,17 @@ class CrossEncoderScorer(Reranker):
         score.model = model  # type: ignore[attr-defined]
         return score
 
-    def _load_hf(self, device: str, fp16: bool):
+    def _load_hf(self, device: str, active: str):
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         tokenizer = load_pretrained(AutoTokenizer.from_pretrained, self.model_name, what="tokenizer")
         model = load_pretrained(AutoModelForSequenceClassification.from_pretrained,
                                 self.model_name, what="cross-encoder", **self.model_kwargs)
-        model = (model.half() if fp16 else model).to(device).eval()
+        model = (model.half() if active == "float16" else model).to(device).eval()
         autocast: dict[str, Any] = dict(device_type=torch.device(device).type,
                                         dtype=torch.bfloat16,
-                                        enabled=self.active_dtype == "bfloat16")
+                                        enabled=active == "bfloat16")
 
         @torch.inference_mode()
         def score(queries: list[str], texts: list[str]) -> list[float]:
