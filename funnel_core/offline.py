@@ -39,6 +39,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from funnel_core.errors import check_positive_int
+from funnel_core.hardware import normalize_dtype
 from funnel_core.units import Unit, check_unique_ids
 
 __all__ = [
@@ -133,7 +134,7 @@ def _device_for(num_gpus: float) -> str:
 def embed_texts(texts: Sequence[str], out_dir: str | os.PathLike, *, ids: Sequence[str] | None = None,
                 model: str | None = None, engine: str = "local", batch_size: int = 64,
                 normalize: bool = True, shard_rows: int = 4096, num_workers: int = 1,
-                num_gpus: float = 0, progress: bool = False,
+                num_gpus: float = 0, progress: bool = False, dtype: str = "auto",
                 ray_options: Mapping[str, Any] | None = None) -> Path:
     """Embed ``texts`` with a :class:`~funnel_core.embeddings.SentenceEmbedder` into Parquet shards.
 
@@ -151,6 +152,11 @@ def embed_texts(texts: Sequence[str], out_dir: str | os.PathLike, *, ids: Sequen
         num_gpus: GPUs per actor; ``0`` (default) runs CPU actors on ``device="cpu"``, ``> 0``
             GPU actors on ``device="cuda"`` (fractions share a GPU). Local engine: ``> 0`` picks
             ``"cuda"``.
+        progress: Show a progress bar.
+        dtype: Embedder precision (:class:`~funnel_core.embeddings.SentenceEmbedder`): ``"auto"``
+            (default: bf16 only where the hardware runs it natively, :mod:`funnel_core.hardware`),
+            ``"float32"``, ``"bfloat16"`` or ``"float16"``; every Ray actor uses it too.
+        ray_options: Ray only: keyword arguments for ``ray.init``.
 
     Returns:
         ``Path(out_dir)``.
@@ -165,6 +171,7 @@ def embed_texts(texts: Sequence[str], out_dir: str | os.PathLike, *, ids: Sequen
     ids = [str(i) for i in range(len(texts))] if ids is None else [str(i) for i in ids]
     if len(ids) != len(texts):
         raise ValueError(f"got {len(ids)} ids for {len(texts)} texts.")
+    dtype = normalize_dtype(dtype)  # checked here, not first inside a Ray actor
     out = _fresh_dir(out_dir)
     device = _device_for(num_gpus)
     if engine == "ray":
@@ -172,14 +179,15 @@ def embed_texts(texts: Sequence[str], out_dir: str | os.PathLike, *, ids: Sequen
 
         ray_engine.embed(texts, ids, out, model=model, batch_size=batch_size, normalize=normalize,
                          shard_rows=shard_rows, num_workers=num_workers, num_gpus=num_gpus,
-                         progress=progress, **dict(ray_options or {}))
+                         progress=progress, dtype=dtype, **dict(ray_options or {}))
         return out
     import pyarrow.parquet as pq
     from tqdm.auto import tqdm
 
     from funnel_core.embeddings import SentenceEmbedder
 
-    embedder = SentenceEmbedder(model, device=device, batch_size=batch_size, normalize=normalize)
+    embedder = SentenceEmbedder(model, device=device, batch_size=batch_size, normalize=normalize,
+                                dtype=dtype)
     for s, start in enumerate(tqdm(range(0, len(texts), shard_rows), desc="embedding",
                                    disable=not progress, unit="shard")):
         stop = min(len(texts), start + shard_rows)

@@ -158,11 +158,12 @@ def knn_adjacency(w: sp.csr_matrix, *, k: int = 20, threshold: float = 0.1, quer
 class _EmbedActor:
     """Builds the embedder once per actor; embeds one batch per call."""
 
-    def __init__(self, model: str | None, batch_size: int, normalize: bool, device: str) -> None:
+    def __init__(self, model: str | None, batch_size: int, normalize: bool, device: str,
+                 dtype: str = "auto") -> None:
         from funnel_core.embeddings import SentenceEmbedder
 
         self.embedder = SentenceEmbedder(model, device=device, batch_size=batch_size,
-                                         normalize=normalize)
+                                         normalize=normalize, dtype=dtype)
         _ = self.embedder.model  # load now: once per actor, not inside the first batch's timing
 
     def __call__(self, batch: Any) -> Any:
@@ -206,7 +207,7 @@ def _map_actors(ds: Any, actor: type, ctor_kwargs: dict[str, Any], *, batch_size
 
 def embed(texts: Sequence[str], ids: Sequence[str], out: Path, *, model: str | None, batch_size: int,
           normalize: bool, shard_rows: int, num_workers: int, num_gpus: float, progress: bool,
-          **ray_init: Any) -> None:
+          dtype: str = "auto", **ray_init: Any) -> None:
     """Ray Data job of :func:`funnel_core.offline.embed_texts` (see there)."""
     import pyarrow as pa
 
@@ -223,7 +224,7 @@ def embed(texts: Sequence[str], ids: Sequence[str], out: Path, *, model: str | N
                    "text": pa.array([], pa.string())})]
     ds = ray.data.from_arrow(blocks)
     ds = _map_actors(ds, _EmbedActor, dict(model=model, batch_size=batch_size, normalize=normalize,
-                                           device=device),
+                                           device=device, dtype=dtype),
                      batch_size=shard_rows, num_workers=num_workers, num_gpus=num_gpus)
     ds.write_parquet(str(out))
 

@@ -311,3 +311,34 @@ def test_extractive_compressor_passes_dtype_to_its_embedder(minilm_path, cpu):
     comp.embedder.encode(["a sentence"])
     assert comp.embedder.active_dtype == "float32"
     assert ExtractiveCompressor(model=minilm_path, device="cpu").embedder.dtype == "auto"
+
+
+# -- offline embedding jobs ------------------------------------------------------------------
+def test_embed_texts_runs_in_the_dtype_asked_for(minilm_path, tmp_path, cpu):
+    import torch
+
+    from funnel_core import offline
+
+    texts = [QUERY, *TEXTS]
+    cpu(AVX512_BF16)                                                # "auto" would pick bf16 here
+    with linear_dtypes() as seen:
+        offline.embed_texts(texts, tmp_path / "fp32", model=minilm_path, dtype="float32")
+    assert seen and set(seen) == {torch.float32}
+    _, fp32 = offline.read_embeddings(tmp_path / "fp32")
+    reference = SentenceEmbedder(minilm_path, device="cpu", cache=False, dtype="float32").encode(texts)
+    np.testing.assert_allclose(fp32, reference, atol=1e-5)
+
+    with linear_dtypes() as seen:
+        offline.embed_texts(texts, tmp_path / "auto", model=minilm_path)
+    assert seen.count(torch.bfloat16) > len(seen) // 2
+    _, auto = offline.read_embeddings(tmp_path / "auto")
+    assert not np.array_equal(auto, fp32)                           # bf16 really ran
+    np.testing.assert_allclose(auto, fp32, atol=0.05)
+
+
+def test_embed_texts_rejects_an_unknown_dtype_before_writing(tmp_path):
+    from funnel_core import offline
+
+    with pytest.raises(ValueError, match="'fp8'"):
+        offline.embed_texts(["a"], tmp_path / "out", dtype="fp8")
+    assert not (tmp_path / "out").exists()
