@@ -24,6 +24,7 @@ from tqdm import tqdm  # noqa: E402
 
 from funnel_core.evaluation import has_answer, load_squad  # noqa: E402
 from funnel_core.forward import ForwardLookup, chunk_context  # noqa: E402
+from funnel_core.hardware import describe  # noqa: E402
 from funnel_core.llm import TransformersLLM  # noqa: E402
 from funnel_core.testing import SMOLLM2_GGUF, smollm2_path  # noqa: E402
 
@@ -109,6 +110,7 @@ def main() -> None:
             "any_sampled_answer_correct": mean([float(h) for h in sample_answer_hits]),
             "seconds_per_query": {k: mean(v) for k, v in secs.items()},
             "examples": examples,
+            "hardware": describe(),  # CPU flags and the precisions the models ran in
         }
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2))

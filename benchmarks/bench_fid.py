@@ -39,6 +39,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from funnel_core import testing  # noqa: E402
 from funnel_core.bm25 import BM25Index  # noqa: E402
 from funnel_core.evaluation import has_answer, load_squad  # noqa: E402
+from funnel_core.hardware import describe  # noqa: E402
 from funnel_core.text import word_windows  # noqa: E402
 from funnel_core.units import Unit  # noqa: E402
 
@@ -237,6 +238,7 @@ def main() -> None:
         result["machine"] = ("2 CPU cores shared with other jobs (load average 9-18 during the "
                              "runs); timings are noisy, ratios measured interleaved in one process")
         result[section] = data
+        result.setdefault("hardware", {})[section] = describe()  # CPU flags, precisions run in
         result.setdefault("commands", {})[section] = command
         out_path.write_text(json.dumps(result, indent=2))
 

@@ -42,6 +42,7 @@ from funnel_core.bm25 import BM25Index  # noqa: E402
 from funnel_core.embeddings import DenseIndex, SentenceEmbedder  # noqa: E402
 from funnel_core.evaluation import has_answer, ir_metrics, load_beir, load_squad  # noqa: E402
 from funnel_core.fusion import HybridRetrieve  # noqa: E402
+from funnel_core.hardware import describe  # noqa: E402
 from funnel_core.text import count_tokens, split_sentences  # noqa: E402
 from funnel_core.units import Unit  # noqa: E402
 
@@ -285,6 +286,7 @@ def main() -> None:
         kept = json.loads(args.out.read_text()) if args.out.is_file() else {}
         kept["latency"] = bench_latency(args.data, args.depth, args.latency_queries, args.cache)
         kept["latency"]["command"] = " ".join(["python", *sys.argv])
+        kept["latency"]["hardware"] = describe()
         args.out.write_text(json.dumps(kept, indent=2))
         print(json.dumps(kept["latency"], indent=1))
         return
@@ -305,6 +307,7 @@ def main() -> None:
         report["latency"] = bench_latency(args.data, args.depth, args.latency_queries, args.cache)
         print(json.dumps(report["query_classifier"], indent=1))
     report["total_seconds"] = time.perf_counter() - t0
+    report["hardware"] = describe()  # CPU flags and the precisions the models ran in
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")

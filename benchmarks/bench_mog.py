@@ -56,6 +56,7 @@ from funnel_core.granularity import (  # noqa: E402
     level_similarities,
     soft_labels,
 )
+from funnel_core.hardware import describe  # noqa: E402
 from funnel_core.text import count_tokens  # noqa: E402
 
 
@@ -339,6 +340,7 @@ def main() -> None:
         "retrieve_ms_per_query": {k: 1000 * v / n for k, v in timings.items()},
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, shared with "
                    "other jobs (timings are noisy)",
+        "hardware": describe(),  # CPU flags and the precisions the models ran in
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))  # before the long scale run

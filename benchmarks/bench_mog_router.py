@@ -43,6 +43,7 @@ from funnel_core.granularity import (  # noqa: E402
     level_similarities,
     soft_labels,
 )
+from funnel_core.hardware import describe  # noqa: E402
 from funnel_core.text import count_tokens  # noqa: E402
 
 LABEL_VARIANTS = {  # name -> soft_labels kwargs
@@ -158,6 +159,7 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(out, indent=1))
     out["seconds_total"] = time.perf_counter() - t_start
     out["machine"]["loadavg_end"] = os.getloadavg()
+    out["hardware"] = describe()  # CPU flags and the precisions the models ran in
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"wrote {args.out} in {out['seconds_total']:.0f} s")
 

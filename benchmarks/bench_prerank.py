@@ -29,6 +29,7 @@ for p in (str(REPO), str(REPO / "benchmarks")):
     if p not in sys.path:
         sys.path.insert(0, p)
 
+from funnel_core.hardware import describe  # noqa: E402
 from funnel_core.testing import offline_env  # noqa: E402
 
 offline_env()
@@ -285,6 +286,7 @@ def main() -> None:
             result["rerank"]["pairs_per_s_this_run"] = scored_pairs / rerank_seconds
         result["rerank"]["deepest_depth_done"] = hi
         result["machine"]["load_average_at_end"] = list(os.getloadavg())
+        result["hardware"] = describe()  # CPU flags and the precision the cross-encoder ran in
         print(f"depth {hi}: CE nDCG@10 = {ce_m['ndcg@10']:.4f} (BM25 {bm25['ndcg@10']:.4f}); "
               f"CE+BM25 w={args.fuse_weight}: {fu_m['ndcg@10']:.4f}", flush=True)
         _write(out_path, result)

@@ -21,6 +21,7 @@ from tqdm import tqdm  # noqa: E402
 
 from funnel_core.bm25 import BM25Index  # noqa: E402
 from funnel_core.evaluation import ir_metrics, load_beir, run_from_units  # noqa: E402
+from funnel_core.hardware import describe  # noqa: E402
 from funnel_core.llm import TransformersLLM  # noqa: E402
 from funnel_core.rerank.rankrag import RankRAGScorer  # noqa: E402
 from funnel_core.testing import SMOLLM2_GGUF, smollm2_path  # noqa: E402
@@ -124,6 +125,7 @@ def main() -> None:
                            "logprobs_pairs_per_s_on_generate_queries": round(fast_pps_gen, 3) if fast_pps_gen else None,
                            "generate_pairs_per_s": round(slow_pps, 3) if slow_pps else None,
                            "speedup_logprobs_over_generate": round(fast_pps_gen / slow_pps, 2) if slow_pps else None},
+            "hardware": describe(),  # CPU flags and the precisions the models ran in
         }
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2))

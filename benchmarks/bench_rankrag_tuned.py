@@ -172,6 +172,7 @@ def main() -> None:
 
     from squad_ce_model import cpu_flags
 
+    from funnel_core.hardware import describe
     from funnel_core.testing import offline_env
 
     offline_env()
@@ -273,6 +274,7 @@ def main() -> None:
                         "load_avg_start": load_start, "load_avg_now": load_avg(),
                         "note": "2 CPU cores shared with other jobs: seconds per query are noisy"},
             "total_seconds": round(time.perf_counter() - t_all, 1),
+            "hardware": describe(),  # the precisions the models ran in
             "per_query": per_query,
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -130,10 +130,13 @@ class LatencyReport:
 def machine() -> dict[str, Any]:
     import numpy
 
+    from funnel_core.hardware import describe
+
     return {"python": platform.python_version(), "platform": platform.platform(),
             "cpus": os.cpu_count(), "numpy": numpy.__version__,
             "load_average_at_start": _LOAD_AT_START,
-            "load_average_at_end": os.getloadavg() if hasattr(os, "getloadavg") else None}
+            "load_average_at_end": os.getloadavg() if hasattr(os, "getloadavg") else None,
+            "hardware": describe()}  # CPU flags and the precisions this process's models ran in
 
 
 def write_json(name: str, payload: dict, out: Path | None = None) -> Path:

@@ -39,6 +39,8 @@ BF16_SLOWDOWN = ("bf16 without native support ran 25-30x slower than fp32 here (
 RELEVANT_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
                   "amx_bf16", "amx_int8", "bf16", "i8mm")
 _WARNED: set[tuple[str, str]] = set()
+#: every decision of :func:`resolve_dtype` in this process: (request, device type, dtype) -> count
+_RESOLVED: dict[tuple[str, str, str], int] = {}
 
 
 @dataclass(frozen=True)
@@ -123,12 +125,21 @@ def cuda_capability(device: str = "cuda") -> tuple[int, int] | None:
 def resolve_dtype(requested: Any, device: str) -> str:
     """:func:`decide_dtype` on this machine; warns once per (request, device) when it has a warning."""
     decision = decide_dtype(requested, device, cpu_flags(), cuda_capability(device))
+    made = (normalize_dtype(requested), str(device).split(":")[0], decision.dtype)
+    _RESOLVED[made] = _RESOLVED.get(made, 0) + 1
     if decision.warning:
-        key = (normalize_dtype(requested), str(device).split(":")[0])
+        key = made[:2]
         if key not in _WARNED:
             _WARNED.add(key)
             warnings.warn(decision.warning, RuntimeWarning, stacklevel=3)
     return decision.dtype
+
+
+def resolved_dtypes() -> list[dict[str, Any]]:
+    """The precisions this process's stages resolved to so far (one row per request, device
+    type and resulting dtype, with how many loads made it): what a benchmark really ran in."""
+    return [{"requested": r, "device": d, "dtype": t, "loads": n}
+            for (r, d, t), n in sorted(_RESOLVED.items())]
 
 
 def torch_dtype(name: str) -> Any:
@@ -184,7 +195,8 @@ def fp32_output_head(model: Any) -> None:
 
 def describe() -> dict[str, Any]:
     """The facts a benchmark records: CPU model and relevant flags, torch's CPU capability,
-    GPU name and capability, the auto dtype per device, and the load average."""
+    GPU name and capability, the auto dtype per device, the precisions resolved so far in this
+    process (:func:`resolved_dtypes`: call it after the models loaded) and the load average."""
     flags = cpu_flags()
     model = ""
     try:
@@ -196,6 +208,7 @@ def describe() -> dict[str, Any]:
                             "cpu_flags": sorted(f for f in RELEVANT_FLAGS if f in flags),
                             "cpu_native_bf16": cpu_native_bf16(flags),
                             "auto_dtype_cpu": decide_dtype("auto", "cpu", flags).dtype,
+                            "dtypes_resolved": resolved_dtypes(),
                             "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
     try:
         import torch

@@ -64,3 +64,20 @@ def test_this_machine_is_described():
     assert info["auto_dtype_cpu"] in ("float32", "bfloat16")
     assert set(info["cpu_flags"]) <= set(hardware.RELEVANT_FLAGS)
     assert info["cpu_native_bf16"] == hardware.cpu_native_bf16(hardware.cpu_flags())
+
+
+def test_the_precisions_a_process_ran_in_are_recorded(monkeypatch, minilm_path):
+    from funnel_core.embeddings import SentenceEmbedder
+
+    monkeypatch.setattr(hardware, "_RESOLVED", {})
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset(AVX2))
+    assert hardware.describe()["dtypes_resolved"] == []            # nothing loaded yet
+    SentenceEmbedder(minilm_path, device="cpu", cache=False).encode(["a"])
+    SentenceEmbedder(minilm_path, device="cpu", cache=False, dtype="bf16").encode(["a"])
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset(AVX2 | {"avx512f", "avx512_bf16"}))
+    SentenceEmbedder(minilm_path, device="cpu", cache=False).encode(["a"])
+    assert hardware.describe()["dtypes_resolved"] == [
+        {"requested": "auto", "device": "cpu", "dtype": "bfloat16", "loads": 1},
+        {"requested": "auto", "device": "cpu", "dtype": "float32", "loads": 1},
+        {"requested": "bfloat16", "device": "cpu", "dtype": "bfloat16", "loads": 1},
+    ]
