@@ -27,6 +27,7 @@ hop-range levels of :class:`~funnel_core.granularity.graph.GranularityGraph` (Mo
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -126,14 +127,12 @@ class MixOfGranularityRetrieve(Stage):
                  router: "GranularityRouter | None" = None, *, k_r: int = 3, top_k: int = 1,
                  normalize: str = "none", level_margin: float = 0.0,
                  bm25: dict[str, Any] | None = None, name: str = "mog") -> None:
-        self.k_r = check_positive_int(k_r, "k_r")
-        if not 0.0 <= float(level_margin) <= 1.0:
-            raise ValueError(f"level_margin must be in [0, 1], got {level_margin!r}.")
-        self.level_margin = float(level_margin)
+        # MixOfGranularityConfig checks k_r, normalize and level_margin (before any index is built)
+        settings = MixOfGranularityConfig(k_r=k_r, normalize=normalize,
+                                          level_margin=float(level_margin), bm25=bm25)
+        self.k_r, self.normalize = settings.k_r, settings.normalize
+        self.level_margin = settings.level_margin
         self.top_k = check_positive_int(top_k, "top_k")
-        if normalize not in NORMALIZATIONS:
-            raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}.")
-        self.normalize = normalize
         self.index = structure if isinstance(structure, GranularityBM25) \
             else GranularityBM25(structure, **(bm25 or {}))
         self.structure = self.index.structure
@@ -146,9 +145,7 @@ class MixOfGranularityRetrieve(Stage):
         self.name = name
         #: The settings as a :class:`~funnel_core.config.MixOfGranularityConfig` (:func:`mog_stage`
         #: compares it to decide what to rebuild).
-        self.config = MixOfGranularityConfig(k_r=self.k_r, normalize=normalize,
-                                             level_margin=self.level_margin, bm25=bm25,
-                                             n_gra=self.structure.n_gra)
+        self.config = dataclasses.replace(settings, n_gra=self.structure.n_gra)
 
     @classmethod
     def from_preset(cls, preset: str, structure: GranularityStructure | GranularityBM25,
