@@ -35,6 +35,7 @@ for p in (str(REPO), str(REPO / "benchmarks")):
         sys.path.insert(0, p)
 
 from common import parser  # noqa: E402
+from stats import paired_bootstrap  # noqa: E402
 
 RUNTIMES = {  # name -> CrossEncoderScorer keyword arguments
     "torch-fp32": {"runtime": "torch", "dtype": "float32"},
@@ -80,7 +81,7 @@ def main() -> None:
     from funnel_core.evaluation import ir_metrics, load_beir
     from funnel_core.hardware import describe
     from funnel_core.rerank.cross_encoder import CrossEncoderScorer
-    from funnel_core.rerank.runtimes import CPU_AUTO_RUNTIME, runtime_available
+    from funnel_core.rerank.runtimes import choose_runtime, runtime_available
 
     load_before = list(os.getloadavg())
     scifact_model = is_trained(DEFAULT_OUT)
@@ -170,8 +171,10 @@ def main() -> None:
                 ranked = [head[i].id for i in order] + [u.id for u in tail]
                 run[q] = {d: float(len(ranked) - r) for r, d in enumerate(ranked)}
             if run:
+                per_query = {q: ir_metrics({q: qrels[q]}, {q: run[q]}, ["ndcg@10"])["ndcg@10"] for q in run}
                 quality[n] = {"queries": len(run),
-                              "ndcg@10": ir_metrics({q: qrels[q] for q in run}, run, ["ndcg@10"])["ndcg@10"]}
+                              "ndcg@10": ir_metrics({q: qrels[q] for q in run}, run, ["ndcg@10"])["ndcg@10"],
+                              "per_query_ndcg@10": per_query}
         per = {n: {**speed.get(n, {}), **quality.get(n, {})} for n in names if n in speed or n in quality}
         ref_q = next((r for r in ("torch-fp32", "onnx-fp32") if r in quality), None)
         base = speed.get("torch-fp32")
@@ -180,6 +183,10 @@ def main() -> None:
                 r["speedup_vs_torch_fp32"] = r["pairs_per_s"] / base["pairs_per_s"]
             if ref_q and "ndcg@10" in r and quality[ref_q]["queries"] == r["queries"]:
                 r["ndcg@10_loss_vs_fp32"] = quality[ref_q]["ndcg@10"] - r["ndcg@10"]
+                ref_per = quality[ref_q]["per_query_ndcg@10"]
+                loss = paired_bootstrap([ref_per[q] for q in ref_per],
+                                        [r["per_query_ndcg@10"][q] for q in ref_per])
+                r["ndcg@10_loss_ci95"] = loss["ci"]
             r["meets_target"] = bool(r.get("speedup_vs_torch_fp32", 0) >= TARGET_SPEEDUP
                                      and r.get("ndcg@10_loss_vs_fp32", 1) <= TARGET_NDCG_LOSS)
         complete = all(quality.get(n, {}).get("queries") == len(qids) for n in ndcg_names)
@@ -203,7 +210,7 @@ def main() -> None:
             "runtimes": per, "skipped": skipped,
             "target": {"speedup_vs_torch_fp32": TARGET_SPEEDUP, "max_ndcg@10_loss": TARGET_NDCG_LOSS,
                        "met_by": [n for n, r in per.items() if r.get("meets_target")]},
-            "cpu_auto_runtime": CPU_AUTO_RUNTIME,
+            "cpu_auto_runtime": choose_runtime("auto", "cpu", "transformers"),  # on this machine
             "hardware": describe(),
             "load_average_before": load_before, "load_average_after": list(os.getloadavg()),
             "command": "python " + " ".join([os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]),

@@ -370,7 +370,7 @@ class CrossEncoderConfig(StageConfig):
     name: Optional[str] = doc("Stage name in traces and score histories.", None)
     model_kwargs: Optional[dict] = doc("Extra keyword arguments of the model loader.", None)
     runtime: str = doc("auto | torch | onnx | onnx-int8 | openvino (auto: torch on a GPU, the "
-                       "fastest safe measured runtime on a CPU).", "auto")
+                       "fastest runtime within 0.005 nDCG@10 of fp32 measured on a CPU).", "auto")
     export_dir: Optional[str] = doc("Folder of the ONNX export; None = next to the model or the "
                                     "user cache.", None)
     dtype: str = doc("auto | float32 | bfloat16 | float16 (torch runtime; auto: bf16 only where "

@@ -13,7 +13,7 @@ import pytest
 
 from funnel_core.rerank import runtimes
 from funnel_core.rerank.cross_encoder import CrossEncoderScorer
-from funnel_core.rerank.runtimes import CPU_AUTO_RUNTIME, choose_runtime, export_dir_for
+from funnel_core.rerank.runtimes import choose_runtime, export_dir_for
 
 pytest.importorskip("onnxruntime")
 
@@ -122,8 +122,18 @@ def test_explicit_export_dir_holding_foreign_files_is_refused(model, tmp_path):
 
 def test_choose_runtime_every_branch():
     yes, no = (lambda r: True), (lambda r: False)
-    assert choose_runtime("auto", "cpu", "transformers", available=yes) == CPU_AUTO_RUNTIME
-    assert choose_runtime("auto", "cpu", "transformers", available=no) == "torch"
+    onnx_only = lambda r: r != "openvino"  # noqa: E731
+    for bf16 in (True, False):
+        assert choose_runtime("auto", "cpu", "transformers", available=yes, native_bf16=bf16) == "openvino"
+        assert choose_runtime("auto", "cpu", "transformers", available=no, native_bf16=bf16) == "torch"
+        # an explicit float32 request: exact fp32 scores (OpenVINO may pick bf16 itself)
+        assert choose_runtime("auto", "cpu", "transformers", available=yes, native_bf16=bf16,
+                              fp32=True) == "onnx"
+    # without OpenVINO: torch (bf16 autocast) where bf16 is native, else ONNX fp32; never int8
+    assert choose_runtime("auto", "cpu", "transformers", available=onnx_only, native_bf16=True) == "torch"
+    assert choose_runtime("auto", "cpu", "transformers", available=onnx_only, native_bf16=False) == "onnx"
+    assert choose_runtime("auto", "cpu", "transformers", available=onnx_only, native_bf16=True,
+                          fp32=True) == "onnx"
     assert choose_runtime("auto", "cuda", "transformers", available=yes) == "torch"
     assert choose_runtime("auto", "cuda:1", "sentence-transformers", available=yes) == "torch"
     assert choose_runtime("auto", "mps", "transformers", available=yes) == "torch"

@@ -94,9 +94,10 @@ class CrossEncoderScorer(Reranker):
         model_kwargs: Extra keyword arguments for the backend's loader.
         runtime: Where the model runs (:mod:`funnel_core.rerank.runtimes`): ``"torch"``,
             ``"onnx"`` (onnxruntime fp32, scores equal to torch fp32), ``"onnx-int8"`` (dynamic
-            int8 quantisation), ``"openvino"``, or ``"auto"`` (default: torch on a GPU, the
-            fastest safe CPU runtime measured in ``benchmarks/results/ce_backends.json`` on a
-            CPU when onnxruntime is installed). Non-torch runtimes serve the ``"transformers"``
+            int8 quantisation), ``"openvino"``, or ``"auto"`` (default: torch on a GPU; on a
+            CPU OpenVINO when installed, else torch where bf16 is native, else ONNX fp32:
+            :func:`~funnel_core.rerank.runtimes.cpu_auto_runtime`, measured in
+            ``benchmarks/results/ce_backends.json``). Non-torch runtimes serve the ``"transformers"``
             backend (passage-only truncation) and the ``"sentence-transformers"`` backend (the
             tokenizer's pair truncation, as sentence-transformers does); the export is cached
             next to the model (``<model>/funnel_onnx/``) or under ``export_dir``.
@@ -192,9 +193,9 @@ class CrossEncoderScorer(Reranker):
         from funnel_core.hardware import resolve_dtype
 
         device = resolve_device(self.device)
-        runtime = choose_runtime(self.runtime, device, self.backend)
-        explicit = self.bf16 or bool(self.fp16) or self.dtype not in ("auto", "float32")
-        if self.runtime == "auto" and explicit:
+        requested = self._requested_dtype()
+        runtime = choose_runtime(self.runtime, device, self.backend, fp32=requested == "float32")
+        if self.runtime == "auto" and requested not in ("auto", "float32"):
             runtime = "torch"  # an explicit torch precision request keeps torch
         active = None
         if runtime != "torch":
@@ -203,7 +204,7 @@ class CrossEncoderScorer(Reranker):
                                  "pass device='cpu' or runtime='torch'.")
             score = self._load_onnx(runtime)
         else:
-            active = resolve_dtype(self._requested_dtype(), device)
+            active = resolve_dtype(requested, device)
             load = {"sentence-transformers": self._load_st,
                     "flagembedding": self._load_flag}.get(self.backend, self._load_hf)
             score = load(device, active)
