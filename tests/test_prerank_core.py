@@ -180,13 +180,19 @@ def test_monot5_bad_input(tiny_t5_path):
     assert MonoT5Scorer(tiny_t5_path).score(QUERY, []) == []
 
 
-def test_concurrent_scoring_matches_sequential(tiny_cross_encoder_path):
-    """Fast tokenizers are not thread-safe; scoring from many threads must still be exact."""
+@pytest.mark.parametrize("runtime", ["torch", "onnx", "openvino"])
+def test_concurrent_scoring_matches_sequential(tiny_cross_encoder_path, runtime, tmp_path):
+    """Fast tokenizers are not thread-safe, nor is an OpenVINO infer request ("Infer Request is
+    busy"); scoring from many threads must still be exact, in every runtime."""
     from concurrent.futures import ThreadPoolExecutor
 
     from funnel_core.rerank.cross_encoder import CrossEncoderScorer
+    from funnel_core.rerank.runtimes import runtime_available
 
-    scorer = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers", max_length=64, batch_size=4)
+    if not runtime_available(runtime):
+        pytest.skip(f"{runtime} is not installed")
+    scorer = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers", max_length=64, batch_size=4,
+                                runtime=runtime, export_dir=tmp_path / "export")
     queries = [f"question number {i} about {'long ' * (i % 7)}topics" for i in range(24)]
     texts = ["short passage", "a much longer passage " * 30, "medium sized passage about topics " * 3]
     expected = [scorer.score(q, texts) for q in queries]

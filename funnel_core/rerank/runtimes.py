@@ -285,7 +285,9 @@ class OnnxSession:
             config = {"INFERENCE_NUM_THREADS": threads} if threads else {}
             self._compiled = core.compile_model(self.path, "CPU", config)
             self.input_names = [p.get_any_name() for p in self._compiled.inputs]
-            self._request = self._compiled.create_infer_request()
+            # an OpenVINO infer request runs one inference at a time ("Infer Request is busy"):
+            # one per calling thread, so a scorer shared by threads is safe, as with onnxruntime
+            self._requests = threading.local()
         else:
             raise ValueError(f"unknown ONNX engine {engine!r}; use 'onnxruntime' or 'openvino'.")
 
@@ -295,7 +297,10 @@ class OnnxSession:
         inputs = {n: np.asarray(feeds[n], dtype=np.int64) for n in self.input_names}
         if self.engine == "onnxruntime":
             return self._session.run(None, inputs)[0]
-        return next(iter(self._request.infer(inputs).values()))
+        request = getattr(self._requests, "request", None)
+        if request is None:
+            request = self._requests.request = self._compiled.create_infer_request()
+        return np.array(next(iter(request.infer(inputs).values())))  # a copy: the request reuses its buffers
 
 
 def score_batches(session: OnnxSession, tokenize: Callable[[list[str], list[str]], Any],
