@@ -35,16 +35,18 @@ def test_rank_orders_by_model_scores_and_keeps_history(scorer, corpus_units):
 
 
 def test_top_n_threshold_and_normalize(tiny_cross_encoder_path, corpus_units):
-    base = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers", max_length=64)
+    # fp32: this tiny random model's scores differ by ~1e-5, below bf16's resolution, and
+    # dtype="auto" (or runtime="auto") runs bf16 on a CPU with native bf16
+    base = CrossEncoderScorer(tiny_cross_encoder_path, dtype="float32", backend="transformers", max_length=64)
     raw = sorted(base.score(QUERY, [u.text for u in corpus_units]), reverse=True)
-    top3 = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers", top_n=3)
+    top3 = CrossEncoderScorer(tiny_cross_encoder_path, dtype="float32", backend="transformers", top_n=3)
     assert len(top3(QUERY, corpus_units)) == 3
     assert len((base % 2)(QUERY, corpus_units)) == 2
     cut = (raw[2] + raw[3]) / 2
-    thr = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers", score_threshold=cut)
+    thr = CrossEncoderScorer(tiny_cross_encoder_path, dtype="float32", backend="transformers", score_threshold=cut)
     kept = thr(QUERY, corpus_units)
     assert len(kept) == 3 and all(u.score >= cut for u in kept)
-    norm = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers", normalize=True)
+    norm = CrossEncoderScorer(tiny_cross_encoder_path, dtype="float32", backend="transformers", normalize=True)
     probs = [u.score for u in norm(QUERY, corpus_units)]
     assert probs == pytest.approx([1 / (1 + math.exp(-s)) for s in raw], rel=1e-5)
 

@@ -39,11 +39,13 @@ def _docs():
 
 
 def test_reranker_orders_by_model_and_keeps_metadata(tiny_cross_encoder_path):
-    rr = CrossEncoderReranker(model=tiny_cross_encoder_path, backend="transformers", top_n=3,
+    # fp32: this tiny random model's scores differ by ~1e-5, below bf16's resolution, and
+    # dtype="auto" (or runtime="auto") runs bf16 on a CPU with native bf16
+    rr = CrossEncoderReranker(model=tiny_cross_encoder_path, dtype="float32", backend="transformers", top_n=3,
                               max_length=64)
     docs = _docs()
     out = rr.compress_documents(docs, QUERY)
-    raw = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers",
+    raw = CrossEncoderScorer(tiny_cross_encoder_path, dtype="float32", backend="transformers",
                              max_length=64).score(QUERY, [d.page_content for d in docs])
     best = sorted(zip(raw, [d.id for d in docs]), reverse=True)[:3]
     assert [d.id for d in out] == [i for _, i in best]

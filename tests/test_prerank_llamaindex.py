@@ -54,7 +54,9 @@ def nodes(corpus_units):
 
 
 def test_cross_encoder_in_query_engine(tiny_cross_encoder_path, corpus_units):
-    rerank = CrossEncoderRerank(model=tiny_cross_encoder_path, backend="transformers", top_n=3,
+    # fp32: this tiny random model's scores differ by ~1e-5, below bf16's resolution, and
+    # dtype="auto" (or runtime="auto") runs bf16 on a CPU with native bf16
+    rerank = CrossEncoderRerank(model=tiny_cross_encoder_path, dtype="float32", backend="transformers", top_n=3,
                                 device="cpu", max_length=64, batch_size=4)
     engine = RetrieverQueryEngine.from_args(_BM25(corpus_units), llm=MockLLM(),
                                             node_postprocessors=[rerank])
@@ -63,7 +65,7 @@ def test_cross_encoder_in_query_engine(tiny_cross_encoder_path, corpus_units):
     assert 1 <= len(got) <= 3
     # the order is the model's: recompute the scores with the core scorer
     retrieved = _BM25(corpus_units).retrieve("Paris capital of France city")
-    core = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers", max_length=64)
+    core = CrossEncoderScorer(tiny_cross_encoder_path, dtype="float32", backend="transformers", max_length=64)
     raw = core.score("Paris capital of France city", [n.node.get_content() for n in retrieved])
     best = sorted(zip(raw, [n.node.node_id for n in retrieved]), reverse=True)[:3]
     assert [n.node.node_id for n in got] == [i for _, i in best]
@@ -76,6 +78,8 @@ def test_cross_encoder_in_query_engine(tiny_cross_encoder_path, corpus_units):
 
 
 def test_events_threshold_normalize_and_copies(tiny_cross_encoder_path, nodes):
+    # fp32: this tiny random model's scores differ by ~1e-5, below bf16's resolution, and
+    # dtype="auto" (or runtime="auto") runs bf16 on a CPU with native bf16
     seen = []
 
     class Handler(BaseEventHandler):
@@ -90,7 +94,7 @@ def test_events_threshold_normalize_and_copies(tiny_cross_encoder_path, nodes):
     handler = Handler()
     get_dispatcher().add_event_handler(handler)
     try:
-        rr = CrossEncoderRerank(model=tiny_cross_encoder_path, backend="transformers",
+        rr = CrossEncoderRerank(model=tiny_cross_encoder_path, dtype="float32", backend="transformers",
                                 normalize=True)
         out = rr.postprocess_nodes(nodes, query_str=QUERY)
     finally:
@@ -100,7 +104,7 @@ def test_events_threshold_normalize_and_copies(tiny_cross_encoder_path, nodes):
     assert [n.score for n in out] == sorted((n.score for n in out), reverse=True)
     assert nodes[0].score == 10.0 and "scores" not in nodes[0].node.metadata  # input untouched
     cut = out[2].score
-    thr = CrossEncoderRerank(model=tiny_cross_encoder_path, backend="transformers",
+    thr = CrossEncoderRerank(model=tiny_cross_encoder_path, dtype="float32", backend="transformers",
                              normalize=True, score_threshold=cut)
     assert [n.node.node_id for n in thr.postprocess_nodes(nodes, query_str=QUERY)] == \
         [n.node.node_id for n in out[:3]]
