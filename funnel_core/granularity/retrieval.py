@@ -233,20 +233,15 @@ def mog_stage(units: Sequence[Unit], router: "GranularityRouter | None" = None,
     new stage reuses its per-level BM25 indexes; a change of ``n_gra`` or ``bm25`` re-indexes.
     """
     config = config or MixOfGranularityConfig()
-    if previous is not None:
-        if (previous.config == config and previous.router is router
-                and previous.top_k == top_k):
-            return previous
-        old = previous.config
-        if all(getattr(old, key) == getattr(config, key)
-               for key in MixOfGranularityConfig.index_keys):
-            stage = MixOfGranularityRetrieve(previous.index, router, top_k=top_k,
-                                             k_r=config.k_r, normalize=config.normalize,
-                                             level_margin=config.level_margin)
-            stage.config = config
-            return stage
-    index = GranularityBM25(structure_from_units(units, config.n_gra), **(config.bm25 or {}))
+    if previous is not None and previous.config == config and previous.router is router \
+            and previous.top_k == top_k:
+        return previous
+    if previous is not None and all(getattr(previous.config, key) == getattr(config, key)
+                                    for key in MixOfGranularityConfig.index_keys):
+        index = previous.index
+    else:
+        index = GranularityBM25(structure_from_units(units, config.n_gra), **(config.bm25 or {}))
     stage = MixOfGranularityRetrieve(index, router, top_k=top_k, k_r=config.k_r,
                                      normalize=config.normalize, level_margin=config.level_margin)
-    stage.config = config
+    stage.config = config  # the caller's (a hierarchy's n_gra comes from its units, not config)
     return stage
