@@ -30,9 +30,9 @@ import numpy as np
 from common import RESULTS, parser, peak_memory, timer, write_json
 
 from funnel_core.bm25 import BM25Index
-from funnel_core.cluster import bm25_knn_adjacency, cluster_documents
-from funnel_core.clustered import ClusteredBM25Index
 from funnel_core.evaluation import ir_metrics, load_beir, run_from_units
+from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
+from funnel_core.funnelrag.clustering import bm25_knn_adjacency, cluster_documents
 from funnel_core.text import count_tokens
 from funnel_core.units import Unit
 

@@ -7,9 +7,9 @@
     python benchmarks/bench_cluster_scale.py --squad                # real SQuAD paragraphs: time + purity
     python benchmarks/bench_cluster_scale.py --sizes --merge other.json   # merge another run's rows
 
-Pipeline per size (what :class:`funnel_core.clustered.ClusteredBM25Index` does): BM25 index over
-the documents -> BM25 kNN adjacency (:func:`funnel_core.cluster.bm25_knn_adjacency`, k=20,
-threshold 0.1) -> FunnelRAG Algorithm 1 + cluster units (:func:`funnel_core.cluster.build_clusters`,
+Pipeline per size (what :class:`funnel_core.funnelrag.clustered_index.ClusteredBM25Index` does): BM25 index over
+the documents -> BM25 kNN adjacency (:func:`funnel_core.funnelrag.clustering.bm25_knn_adjacency`, k=20,
+threshold 0.1) -> FunnelRAG Algorithm 1 + cluster units (:func:`funnel_core.funnelrag.clustering.build_clusters`,
 S=4096 tokens) -> BM25 index over the cluster texts.
 
 Each size runs in its own subprocess, so the peak RSS (``ru_maxrss`` of that process, read after
@@ -95,7 +95,7 @@ def child(args) -> dict:
         sys.path.insert(0, str(args.code_root))
     import funnel_core
     from funnel_core.bm25 import BM25Index
-    from funnel_core.cluster import bm25_knn_adjacency, build_clusters
+    from funnel_core.funnelrag.clustering import bm25_knn_adjacency, build_clusters
     from funnel_core.units import Unit
 
     t0 = time.perf_counter()
@@ -170,9 +170,9 @@ def child(args) -> dict:
 
 def sampled_knn(args, row, index, units, seconds, cpu, peak) -> dict:
     """Full BM25 index, then only ``--knn-sample`` rows of the kNN graph (evenly spaced blocks
-    of :func:`funnel_core.cluster.knn_block`), timed and scaled to all n rows. Algorithm 1 and
+    of :func:`funnel_core.funnelrag.clustering.knn_block`), timed and scaled to all n rows. Algorithm 1 and
     the cluster index are not run. For sizes whose full run does not fit the time available."""
-    from funnel_core.cluster import bm25_weight_matrix, knn_block
+    from funnel_core.funnelrag.clustering import bm25_weight_matrix, knn_block
 
     n = len(units)
     t, c = time.perf_counter(), time.process_time()
@@ -205,7 +205,7 @@ def knn_work(index, query_terms: int = 16) -> float | None:
     """Summed posting length of every document's kNN query terms, per document: the work of the
     exact kNN graph (grows ~linearly in n per document when the vocabulary is fixed)."""
     try:
-        from funnel_core.cluster import _query_matrix, bm25_weight_matrix
+        from funnel_core.funnelrag.clustering import _query_matrix, bm25_weight_matrix
     except ImportError:  # older code
         return None
     w = bm25_weight_matrix(index)

@@ -23,7 +23,7 @@ from common import RESULTS, default_data_dir  # repo on sys.path, offline enviro
 from tqdm import tqdm  # noqa: E402
 
 from funnel_core.evaluation import has_answer, load_squad  # noqa: E402
-from funnel_core.forward import ForwardLookup, chunk_context  # noqa: E402
+from funnel_core.fbrag import ForwardLookup, chunk_context  # noqa: E402
 from funnel_core.hardware import describe  # noqa: E402
 from funnel_core.llm import TransformersLLM  # noqa: E402
 from funnel_core.testing import SMOLLM2_GGUF, smollm2_path  # noqa: E402

@@ -34,13 +34,14 @@ import scipy.sparse as sp
 from common import cached_embeddings, parser, timer, write_json
 
 from funnel_core.bm25 import BM25Index
-from funnel_core.cluster import bm25_knn_adjacency
-from funnel_core.clustered import ClusteredBM25Index, ClusteredBM25Retrieve
 from funnel_core.embeddings import DenseIndex, DenseRetrieve, SentenceEmbedder
 from funnel_core.evaluation import answer_recall, contextual_integrity, ir_metrics, load_beir, load_squad
 from funnel_core.funnel import Funnel
-from funnel_core.presets import renamed
-from funnel_core.text import LaterChunking, count_tokens
+from funnel_core.funnelrag.chunking import LaterChunking
+from funnel_core.funnelrag.clustered_index import ClusteredBM25Index, ClusteredBM25Retrieve
+from funnel_core.funnelrag.clustering import bm25_knn_adjacency
+from funnel_core.funnelrag.presets import renamed
+from funnel_core.text import count_tokens
 from funnel_core.units import Unit
 
 K_EVAL = (1, 2, 3, 4)
@@ -54,9 +55,9 @@ def make_ranker(kind: str, data: Path, batch_size: int, window_words: int | None
     tokens; passages (<= 100 words) are shorter than a window and score exactly as before.
     """
     if kind == "embedding":
-        from funnel_core.embeddings import EmbeddingReranker
+        from funnel_core.rerank.embedding import EmbeddingScorer
 
-        return EmbeddingReranker(SentenceEmbedder(batch_size=batch_size), name="ranker"), "packaged MiniLM bi-encoder"
+        return EmbeddingScorer(SentenceEmbedder(batch_size=batch_size), name="ranker"), "packaged MiniLM bi-encoder"
     from prerank_model import get_or_train
 
     from funnel_core.rerank.cross_encoder import CrossEncoderScorer

@@ -38,10 +38,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from tqdm import tqdm  # noqa: E402
 
+from funnel_core.best_practices.fusion import HybridRetrieve  # noqa: E402
 from funnel_core.bm25 import BM25Index  # noqa: E402
 from funnel_core.embeddings import DenseIndex, SentenceEmbedder  # noqa: E402
 from funnel_core.evaluation import has_answer, ir_metrics, load_beir, load_squad  # noqa: E402
-from funnel_core.fusion import HybridRetrieve  # noqa: E402
 from funnel_core.hardware import describe  # noqa: E402
 from funnel_core.text import count_tokens, split_sentences  # noqa: E402
 from funnel_core.units import Unit  # noqa: E402
@@ -202,7 +202,7 @@ def random_compress(units: list[Unit], ratio: float, rng: random.Random) -> list
 
 
 def bench_squad(data: Path, n_questions: int, ratio: float, top_k: int, seed: int) -> dict:
-    from funnel_core.compress import ExtractiveCompressor
+    from funnel_core.best_practices.compress import ExtractiveCompressor
 
     articles = load_squad(data / "squad" / "squad-v1.1-dev-a.json")
     paragraphs = [Unit(id=f"{a.title}#{i}", text=p, metadata={"title": a.title})
@@ -258,7 +258,7 @@ def bench_squad(data: Path, n_questions: int, ratio: float, top_k: int, seed: in
 
 # -- query classifier --------------------------------------------------------------------------
 def bench_classifier(folds: int, seed: int) -> dict:
-    from funnel_core.classify import QueryClassifier, load_labelled_queries
+    from funnel_core.best_practices.classify import QueryClassifier, load_labelled_queries
 
     rows = load_labelled_queries()
     clf = QueryClassifier()

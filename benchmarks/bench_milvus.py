@@ -38,10 +38,10 @@ from pathlib import Path
 import numpy as np
 from common import RESULTS, cached_embeddings, parser, timer, write_json
 
+from funnel_core.backends.milvus import MilvusBM25Index, MilvusClusteredBM25Index, MilvusDenseIndex
 from funnel_core.bm25 import BM25Index
-from funnel_core.clustered import ClusteredBM25Index
 from funnel_core.evaluation import ir_metrics, load_beir, run_from_units
-from funnel_core.milvus import MilvusBM25Index, MilvusClusteredBM25Index, MilvusDenseIndex
+from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
 from funnel_core.units import Unit
 
 PARTS = ("scifact", "synthetic", "dense", "frameworks")
@@ -247,7 +247,7 @@ def part_frameworks(ds, db: str, quick: bool) -> dict:
     from langchain_core.documents import Document
     from llama_index.core.schema import TextNode
 
-    from funnel_core.milvus import MilvusBackend
+    from funnel_core.backends.milvus import MilvusBackend
     from langchain_funnel.retrievers import BM25Retriever as LCBM25
     from llama_index_funnel.retrievers import BM25Retriever as LIBM25
 

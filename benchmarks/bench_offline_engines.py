@@ -4,12 +4,12 @@
     python benchmarks/bench_offline_engines.py --sizes 1000000 --rows 98304   # part of the rows at 1M
     python benchmarks/bench_offline_engines.py --quick                  # 20k kNN, 500 embeddings
 
-kNN graph: the BM25 kNN graph of :mod:`funnel_core.cluster` (k=20, threshold 0.1, 16 query
+kNN graph: the BM25 kNN graph of :mod:`funnel_core.funnelrag.clustering` (k=20, threshold 0.1, 16 query
 terms, numba kernel) over N synthetic documents, computed by
 
-* ``local, 1 thread`` / ``local, 2 threads``: :func:`funnel_core.cluster.knn_block` over the
+* ``local, 1 thread`` / ``local, 2 threads``: :func:`funnel_core.funnelrag.clustering.knn_block` over the
   blocks in this process, numba with 1 or 2 threads (``local, 2 threads`` is ``engine="local"``);
-* ``ray, 1 worker`` / ``ray, 2 workers``: :func:`funnel_core.ray_engine.knn_blocks`, one Ray task
+* ``ray, 1 worker`` / ``ray, 2 workers``: :func:`funnel_core.offline.ray.knn_blocks`, one Ray task
   per block, 1 numba thread per task, at most 1 or 2 tasks in flight (``engine="ray"``).
 
 Every configuration computes the same rows (all N, or the first ``--rows`` rows of the 1M
@@ -104,7 +104,7 @@ def load() -> list[float]:
 def run_local(w, spans, threads, params):
     import numba
 
-    from funnel_core.cluster import knn_block
+    from funnel_core.funnelrag.clustering import knn_block
 
     numba.set_num_threads(threads)
     t0 = time.perf_counter()
@@ -116,8 +116,8 @@ def run_local(w, spans, threads, params):
 def bench_knn(n: int, rows: int | None, block: int, args) -> list[dict]:
     import numba
 
-    from funnel_core import ray_engine
-    from funnel_core.cluster import knn_block
+    from funnel_core.funnelrag.clustering import knn_block
+    from funnel_core.offline import ray as ray_engine
 
     t0 = time.perf_counter()
     w = synthetic_weights(n, seed=n)
@@ -188,7 +188,8 @@ def texts_for_embedding(n: int, data: Path) -> list[str]:
 def bench_embed(n: int, args) -> list[dict]:
     import torch
 
-    from funnel_core import offline, ray_engine
+    from funnel_core import offline
+    from funnel_core.offline import ray as ray_engine
 
     texts = texts_for_embedding(n, args.data)
     tmp = Path(tempfile.mkdtemp(prefix="bench-embed-"))

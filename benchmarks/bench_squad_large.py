@@ -19,11 +19,11 @@ training); results are reported on a seeded sample of **dev-a** questions.
 
 Systems (one cross-encoder for all of them, the same batch size and dtype):
 * first stages alone over the passages: BM25, dense MiniLM (faiss HNSW; exact search checks its
-  recall), hybrid (``funnel_core.fusion.fuse``, alpha tuned on train), each top-100;
+  recall), hybrid (``funnel_core.best_practices.fusion.fuse``, alpha tuned on train), each top-100;
 * flat: each first stage -> cross-encoder rerank of its top-d (d = 10, 20, 50, 100) -> top-4;
 * funnel: clustered BM25 top-K clusters -> MaxP pre-ranking of their documents -> top-k_d documents ->
   later chunking (100 words) -> post-ranking -> top-4, over a grid of (S, K, k_d); the paper's preset
-  (``funnel_core.presets.funnelrag`` defaults: S=4096, K=10, k_d=8) among them.
+  (``funnel_core.funnelrag.presets.funnelrag`` defaults: S=4096, K=10, k_d=8) among them.
 
 How quality and time are measured (stated in the JSON too):
 * **Quality from cached scores.** Every (question, passage) pair any system needs is scored once
@@ -55,12 +55,12 @@ from squad_ce_model import DEFAULT_FILES, DEFAULT_OUT, cpu_flags, tuning_questio
 from squad_large_data import PASSAGE_WORDS, build_corpus
 from stats import bootstrap_ci, mcnemar_exact, paired_bootstrap, percentile
 
+from funnel_core.best_practices.fusion import HybridRetrieve, fuse
 from funnel_core.bm25 import BM25Index, BM25Retrieve
-from funnel_core.clustered import ClusteredBM25Index
 from funnel_core.evaluation.metrics import normalize_answer
 from funnel_core.funnel import Funnel, Stage
-from funnel_core.fusion import HybridRetrieve, fuse
-from funnel_core.presets import funnelrag, renamed
+from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
+from funnel_core.funnelrag.presets import funnelrag, renamed
 from funnel_core.units import Unit
 
 CACHE = ROOT / ".cache" / "squad_large"
@@ -782,7 +782,7 @@ def main() -> None:
             "dense": {**dense.settings, "build_seconds": dense.build_seconds,
                       "recall@100_hnsw_vs_exact": hnsw_recall, "recall@10_hnsw_vs_exact": hnsw_recall10},
             "hybrid": {"alpha": alpha, "alpha_AR@20_on_train": {str(a): v for a, v in alpha_scores.items()},
-                       "fusion": "funnel_core.fusion.fuse(method='alpha', normalization='minmax') of BM25 top-100 and dense top-100"},
+                       "fusion": "funnel_core.best_practices.fusion.fuse(method='alpha', normalization='minmax') of BM25 top-100 and dense top-100"},
             "best_funnel_chosen_on_train": best_funnel,
             "systems_dev_a": rows, "systems_train": tune_rows,
             "comparison": comp,

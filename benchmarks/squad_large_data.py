@@ -6,7 +6,7 @@
   these are exactly the windows a ``CrossEncoderScorer(window_words=100)`` cuts a document into,
   so a document's MaxP score equals the maximum of its passages' scores;
 * adjacency : neighbouring documents of an article + BM25 kNN between documents (Algorithm 1's
-  graph for :class:`~funnel_core.clustered.ClusteredBM25Index`).
+  graph for :class:`~funnel_core.funnelrag.clustered_index.ClusteredBM25Index`).
 
 Questions keep the name of the file they came from (``split``), so a run can tune on the train
 file's questions and report on another file's questions over the same corpus.
@@ -22,7 +22,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from funnel_core.evaluation.datasets import load_squad
-from funnel_core.text import LaterChunking, count_tokens
+from funnel_core.funnelrag.chunking import LaterChunking
+from funnel_core.text import count_tokens
 from funnel_core.units import Unit
 
 PASSAGE_WORDS = 100
@@ -41,7 +42,7 @@ class LargeCorpus:
     def adjacency(self, knn_k: int = 20) -> sp.csr_matrix:
         """Article links + BM25 kNN between documents (the graph Algorithm 1 clusters)."""
         from funnel_core.bm25 import BM25Index
-        from funnel_core.cluster import bm25_knn_adjacency
+        from funnel_core.funnelrag.clustering import bm25_knn_adjacency
 
         adj = self.links + bm25_knn_adjacency(BM25Index().index(self.documents), k=knn_k)
         return adj.tocsr()

@@ -27,7 +27,7 @@ from squad_ce_model import DEFAULT_FILES, DEFAULT_OUT, cpu_flags, use_bf16
 from squad_large_data import PASSAGE_WORDS, build_corpus
 
 from funnel_core.bm25 import BM25Index
-from funnel_core.clustered import ClusteredBM25Index
+from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
 
 
 def main() -> None:

@@ -162,7 +162,7 @@ document transformers:
 **Offline note.** The chat model is LangChain's `FakeListChatModel` (canned answers), and the
 cross-encoder is `models/minilm-scifact-ce` when present, else a **tiny random** one (wiring
 only). The post-ranker is the packaged all-MiniLM-L6-v2 bi-encoder (`SentenceEmbedderEmbeddings`
-is not needed: `funnel_core.embeddings.EmbeddingReranker` is a funnel stage).
+is not needed: `funnel_core.rerank.embedding.EmbeddingScorer` is a funnel stage).
 
 **With a hub:** `CrossEncoderReranker(model="BAAI/bge-reranker-v2-m3", backend="flagembedding")`
 as pre-ranker, `MonoT5Reranker(model="castorini/monot5-base-msmarco")` or a FiD checkpoint
@@ -229,9 +229,10 @@ the answer recall that survives each stage). Here the chunking step is the core
 """),
         code("""
 from funnel_core import LaterChunking
-from funnel_core.embeddings import EmbeddingReranker, SentenceEmbedder
+from funnel_core.embeddings import SentenceEmbedder
+from funnel_core.rerank.embedding import EmbeddingScorer
 
-post_ranker = EmbeddingReranker(SentenceEmbedder(), name="minilm_post_ranker")  # packaged MiniLM
+post_ranker = EmbeddingScorer(SentenceEmbedder(), name="minilm_post_ranker")  # packaged MiniLM
 funnel = FunnelRetriever.from_stages(retriever, pre_ranker, LaterChunking(words=40), post_ranker % 3, k=3)
 documents, trace = funnel.search(q.question, answers=q.answers)
 print(trace.format())
@@ -281,9 +282,9 @@ funnel: each stage hands *fewer, smaller* units to a *stronger, slower* scorer.
 | stage | unit | scorer | here |
 |---|---|---|---|
 | retrieval | clusters (~4K tokens) opened into documents | BM25 | `ClusteredBM25Retrieve` |
-| pre-ranking | documents | cross-encoder | `EmbeddingReranker` (packaged all-MiniLM-L6-v2) |
+| pre-ranking | documents | cross-encoder | `EmbeddingScorer` (packaged all-MiniLM-L6-v2) |
 | later chunking | documents -> ~100-word passages | - | `LaterChunking` |
-| post-ranking | passages | FiD cross-attention | `EmbeddingReranker` (same MiniLM) |
+| post-ranking | passages | FiD cross-attention | `EmbeddingScorer` (same MiniLM) |
 
 Everything runs offline with a real model: the all-MiniLM-L6-v2 bi-encoder that ships with the
 package. (The timings printed below were taken on a shared 2-core CPU machine.) **With a hub**, use the paper's scorers: a cross-encoder pre-ranker
@@ -296,8 +297,9 @@ package. (The timings printed below were taken on a shared 2-core CPU machine.) 
 import time
 
 from funnel_core import LaterChunking
-from funnel_core.clustered import ClusteredBM25Index, ClusteredBM25Retrieve
-from funnel_core.embeddings import EmbeddingReranker, SentenceEmbedder
+from funnel_core.funnelrag.clustered_index import ClusteredBM25Index, ClusteredBM25Retrieve
+from funnel_core.embeddings import SentenceEmbedder
+from funnel_core.rerank.embedding import EmbeddingScorer
 from funnel_core.evaluation import answer_recall
 
 units, questions, source = load_corpus(n_articles=6, questions_per_article=1)
@@ -310,9 +312,9 @@ print(f"{len(units)} documents -> {len(index.clusters)} clusters in {time.perf_c
 
 embedder = SentenceEmbedder()  # packaged all-MiniLM-L6-v2, loaded on first use
 funnel = (ClusteredBM25Retrieve(index, k=2) % 20                      # 2 clusters -> <= 20 documents
-          >> EmbeddingReranker(embedder, name="pre_ranking") % 8       # documents
+          >> EmbeddingScorer(embedder, name="pre_ranking") % 8       # documents
           >> LaterChunking(words=60)                                   # documents -> passages
-          >> EmbeddingReranker(embedder, name="post_ranking") % 3)     # passages
+          >> EmbeddingScorer(embedder, name="post_ranking") % 3)     # passages
 print(funnel)"""),
         md("## 2. One query: results and trace"),
         code("""
@@ -369,15 +371,15 @@ plt.show()"""),
 The same funnel is one call with the preset, which builds the clustered index too:
 
 ```python
-from funnel_core.presets import funnelrag
+from funnel_core.funnelrag.presets import funnelrag
 funnel = funnelrag(units, pre_ranker="BAAI/bge-reranker-v2-m3", post_ranker=fid_scorer,
                    k_clusters=10, k_documents=8, k_passages=4, passage_words=100)
 ```
 """),
         code("""
-from funnel_core.presets import funnelrag
+from funnel_core.funnelrag.presets import funnelrag
 
-preset = funnelrag(index, pre_ranker=EmbeddingReranker(embedder), k_clusters=2, k_documents=8,
+preset = funnelrag(index, pre_ranker=EmbeddingScorer(embedder), k_clusters=2, k_documents=8,
                    k_passages=3, passage_words=60, max_documents=20)
 res = preset.search(q.question, answers=q.answers)
 print(res.trace.format())
@@ -395,13 +397,13 @@ def _nb6():
 Four practices from "Searching for Best Practices in Retrieval-Augmented Generation" (Wang et
 al., 2024), as `funnel_core` stages:
 
-* **hybrid search** (`funnel_core.fusion.HybridRetrieve`): `S = alpha * S_bm25 + S_dense` over
+* **hybrid search** (`funnel_core.best_practices.fusion.HybridRetrieve`): `S = alpha * S_bm25 + S_dense` over
   min-max normalised scores (alpha = 0.3), or reciprocal rank fusion;
-* **repacking** (`funnel_core.fusion.Repack`): `"reverse"` puts the best passage last, next to
+* **repacking** (`funnel_core.best_practices.repack.Repack`): `"reverse"` puts the best passage last, next to
   the question;
-* **extractive compression** (`funnel_core.compress.ExtractiveCompressor`): keep the sentences
+* **extractive compression** (`funnel_core.best_practices.compress.ExtractiveCompressor`): keep the sentences
   most similar to the query, within a token budget;
-* **query classification** (`funnel_core.classify.QueryClassifier`): skip retrieval for requests
+* **query classification** (`funnel_core.best_practices.classify.QueryClassifier`): skip retrieval for requests
   that carry everything the LLM needs.
 
 All run offline with the packaged all-MiniLM-L6-v2. **With a hub**, use a stronger embedder
@@ -411,11 +413,11 @@ and a larger classifier encoder if latency allows.
 """),
         code(SETUP + """
 from funnel_core.bm25 import BM25Index, BM25Retrieve
-from funnel_core.classify import QueryClassifier, RetrievalGate, load_labelled_queries
-from funnel_core.compress import ExtractiveCompressor
+from funnel_core.best_practices.classify import QueryClassifier, RetrievalGate, load_labelled_queries
+from funnel_core.best_practices.compress import ExtractiveCompressor
 from funnel_core.embeddings import DenseIndex, DenseRetrieve, SentenceEmbedder
 from funnel_core.evaluation import answer_recall, has_answer
-from funnel_core.fusion import HybridRetrieve, Repack
+from funnel_core.best_practices import HybridRetrieve, Repack
 
 units, questions, source = load_corpus(n_articles=3, questions_per_article=4)
 print(f"{len(units)} paragraphs from {source}; {len(questions)} questions")
@@ -665,7 +667,7 @@ import time
 
 from funnel_core.bm25 import BM25Index
 from funnel_core.evaluation import has_answer
-from funnel_core.forward import ForwardLookup
+from funnel_core.fbrag import ForwardLookup
 from funnel_core.llm import TransformersLLM
 from funnel_core.rerank.rankrag import RankRAGScorer
 from funnel_core.testing import SMOLLM2_GGUF, smollm2_path

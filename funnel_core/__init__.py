@@ -8,7 +8,8 @@ inside the code that needs them; importing ``funnel_core`` is cheap.
 from funnel_core.bm25 import BM25Index, BM25Retrieve, bm25_scores
 from funnel_core.errors import FunnelError, ModelLoadError, PersistError
 from funnel_core.funnel import FunctionStage, Funnel, FunnelResult, Stage, as_stage
-from funnel_core.text import LaterChunking, OpenClusters, split_sentences, word_windows
+from funnel_core.funnelrag.chunking import LaterChunking, OpenClusters
+from funnel_core.text import split_sentences, word_windows
 from funnel_core.units import StageRecord, Trace, Unit
 
 __version__ = "0.1.0"

@@ -27,11 +27,10 @@ from funnel_core.cache import FreshOnCopy, LRUCache
 from funnel_core.errors import PersistError, check_positive_int, check_query
 from funnel_core.funnel import Stage
 from funnel_core.persist import check_number, load_snapshot, prepare_units, read_units, save_snapshot, write_units
-from funnel_core.rerank.base import Reranker
 from funnel_core.text import CJK_MODES, check_token_pattern, clean_text, split_cjk
 from funnel_core.units import Unit, check_unique_ids, units_from_texts
 
-__all__ = ["BM25Index", "BM25Retrieve", "BM25Rerank", "MetadataFilter", "metadata_mask", "bm25_scores", "METHODS"]
+__all__ = ["BM25Index", "BM25Retrieve", "MetadataFilter", "metadata_mask", "bm25_scores", "METHODS"]
 
 METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
 FORMAT = "funnel-rag.bm25"
@@ -182,8 +181,8 @@ def _gc_paused(pause: bool = True) -> Iterator[None]:
 
     A batch keeps every hit alive until it returns (200 queries x k=100: 20,000 units, each with
     two dicts); that many surviving allocations trigger full collections that traverse the whole
-    index, which made ``search_many`` ~1.1-1.7x slower per query than ``search`` at k=100
-    (``benchmarks/results/bm25.json``). The hits hold no reference cycles, so reference counting
+    index and made ``search_many`` slower per query than ``search`` at k=100 (measured in
+    ``benchmarks/results/bm25.json``, rendered in docs/performance.md). The hits hold no reference cycles, so reference counting
     frees them without the collector; the collector's previous state is restored on exit. The
     collector is process-wide: for the length of the loop no thread's cycles are collected
     (reference counting still frees everything acyclic).
@@ -213,10 +212,32 @@ def _top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return cand[order], top[order]
 
 
-_STOPWORD_LANGS = ("en", "english", "en_plus", "english_plus", "de", "german", "nl", "dutch", "fr",
-                   "french", "es", "spanish", "pt", "portuguese", "it", "italian", "ru", "russian",
-                   "sv", "swedish", "no", "norwegian", "zh", "chinese", "tr", "turkish", "ko",
-                   "korean", "da", "danish")
+#: Stopword lists by language name, from bm25s's public ``bm25s.stopwords`` module (NLTK's lists).
+_STOPWORD_LISTS = {
+    ("en", "english"): "STOPWORDS_EN", ("en_plus", "english_plus"): "STOPWORDS_EN_PLUS",
+    ("de", "german"): "STOPWORDS_GERMAN", ("nl", "dutch"): "STOPWORDS_DUTCH",
+    ("fr", "french"): "STOPWORDS_FRENCH", ("es", "spanish"): "STOPWORDS_SPANISH",
+    ("pt", "portuguese"): "STOPWORDS_PORTUGUESE", ("it", "italian"): "STOPWORDS_ITALIAN",
+    ("ru", "russian"): "STOPWORDS_RUSSIAN", ("sv", "swedish"): "STOPWORDS_SWEDISH",
+    ("no", "norwegian"): "STOPWORDS_NORWEGIAN", ("zh", "chinese"): "STOPWORDS_CHINESE",
+    ("tr", "turkish"): "STOPWORDS_TURKISH", ("ko", "korean"): "STOPWORDS_KOREAN",
+    ("da", "danish"): "STOPWORDS_DANISH",
+}
+_STOPWORD_LANGS = tuple(name for names in _STOPWORD_LISTS for name in names)
+
+
+def stopword_set(stopwords: str | Sequence[str] | None) -> frozenset:
+    """The stopwords of a language name (see ``_STOPWORD_LISTS``) or an explicit list."""
+    if stopwords is None:
+        return frozenset()
+    if isinstance(stopwords, str):
+        import bm25s.stopwords
+
+        for names, attr in _STOPWORD_LISTS.items():
+            if stopwords in names:
+                return frozenset(getattr(bm25s.stopwords, attr))
+        raise ValueError(f"unknown stopword language {stopwords!r}; use one of {_STOPWORD_LANGS} or a list.")
+    return frozenset(stopwords)
 
 
 def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -275,11 +296,9 @@ class BM25Index(FreshOnCopy):
         token_pattern: Regular expression that defines a token (checked at construction, see
             :func:`~funnel_core.text.check_token_pattern`).
         lower: Lower-case text before tokenizing.
-        backend: ``"numpy"`` (default, no JIT) or ``"numba"``: after its one-off JIT compile per
-            process (10-13 s idle, 82 s measured under load), numba queries took 0.27x (k=10) and
-            0.46x (k=100) of the numpy time on 100k documents, batches 0.27x / 0.38x
-            (``benchmarks/results/bm25.json``, ``vs_raw_bm25s``): use it for long-running
-            services and large batches, numpy for short scripts.
+        backend: ``"numpy"`` (default, no JIT) or ``"numba"``: after a one-off JIT compile per
+            process, numba queries are faster than numpy (measured in docs/performance.md): use it
+            for long-running services and large batches, numpy for short scripts.
         cjk: ``"bigram"`` or ``"char"`` to split Chinese/Japanese/Korean runs into bigrams or
             characters (see :func:`~funnel_core.text.split_cjk`); ``None`` (default) keeps them whole.
         show_progress: Show bm25s progress bars while indexing.
@@ -347,10 +366,7 @@ class BM25Index(FreshOnCopy):
         """The compiled token pattern's ``findall`` and the stopword set (built once)."""
         plan = self.__dict__.get("_plan")
         if plan is None:
-            from bm25s.tokenization import _infer_stopwords
-
-            stop = self.config["stopwords"]
-            words = frozenset(_infer_stopwords(stop)) if stop is not None else frozenset()
+            words = stopword_set(self.config["stopwords"])
             plan = self._plan = (re.compile(self.config["token_pattern"]).findall, words)
         return plan
 
@@ -654,20 +670,3 @@ def bm25_scores(query: str, texts: Sequence[str], **config: Any) -> list[float]:
         return [0.0] * len(texts)
     index.index([Unit(id=str(i), text=t) for i, t in enumerate(texts)])
     return [float(s) for s in index.get_scores(query)]
-
-
-class BM25Rerank(Reranker):
-    """Rerank candidate units by BM25, with the candidates themselves as the corpus.
-
-    A cheap, model-free way to order finer units after later chunking (they inherit their
-    parent's score, so they tie), and the BM25 scorer FB-RAG uses for S(C; Q).
-    """
-
-    name = "bm25_rerank"
-
-    def __init__(self, *, bm25_config: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.bm25_config = dict(bm25_config or {})
-
-    def score(self, query: str, texts: Sequence[str]) -> list[float]:
-        return bm25_scores(query, texts, **self.bm25_config)

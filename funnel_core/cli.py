@@ -4,7 +4,9 @@
     funnel index PATH --out DIR               cluster + index a folder of .txt/.md/.jsonl files
     funnel query DIR "question" [-k 5]        query an index; prints results and the stage trace
     funnel build CORPUS OUT [--engine ray]    offline pipeline (BM25, kNN, clusters, embeddings)
-    funnel bench NAME [--data ../shared/data] run a benchmark script from benchmarks/
+
+Benchmarks are scripts in the repository (``python benchmarks/bench_NAME.py``), not part of the
+installed command.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import runpy
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -56,7 +57,7 @@ def load_folder(path: str | os.PathLike, words: int = 300, show_progress: bool =
 
 
 def _cmd_index(args: argparse.Namespace) -> int:
-    from funnel_core.clustered import ClusteredBM25Index
+    from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
 
     units = load_folder(args.path, words=args.words)
     index = ClusteredBM25Index(max_tokens=args.max_tokens).index(units)
@@ -66,7 +67,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    from funnel_core.offline import build_index, report_json
+    from funnel_core.offline.build import build_index, report_json
 
     units = load_folder(args.corpus, words=args.words)
     ray_options = {}
@@ -83,7 +84,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
                              ray_options=ray_options)
     finally:
         if args.engine == "ray":
-            from funnel_core.ray_engine import shutdown
+            from funnel_core.offline.ray import shutdown
 
             shutdown(only_if_started_here=True)
     print(report_json(report))
@@ -91,7 +92,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 
 def _is_build(path: Path) -> bool:
-    from funnel_core.offline import BUILD_FORMAT
+    from funnel_core.offline.build import BUILD_FORMAT
     from funnel_core.persist import snapshot_info
 
     try:
@@ -101,8 +102,8 @@ def _is_build(path: Path) -> bool:
 
 
 def _cmd_query(args: argparse.Namespace) -> int:
-    from funnel_core.clustered import ClusteredBM25Index, ClusteredBM25Retrieve
-    from funnel_core.text import LaterChunking
+    from funnel_core.funnelrag.chunking import LaterChunking
+    from funnel_core.funnelrag.clustered_index import ClusteredBM25Index, ClusteredBM25Retrieve
 
     path = Path(args.index)
     if _is_build(path):  # a folder written by `funnel build`
@@ -113,36 +114,18 @@ def _cmd_query(args: argparse.Namespace) -> int:
         index = ClusteredBM25Index.load(path)
     funnel = ClusteredBM25Retrieve(index, k=args.clusters) >> LaterChunking(words=args.passage_words)
     if args.rerank:
-        from funnel_core.embeddings import EmbeddingReranker
+        from funnel_core.rerank.embedding import EmbeddingScorer
 
-        funnel = funnel >> EmbeddingReranker() % args.k
+        funnel = funnel >> EmbeddingScorer() % args.k
     else:
-        from funnel_core.bm25 import BM25Rerank
+        from funnel_core.rerank.bm25 import BM25Scorer
 
-        funnel = funnel >> BM25Rerank() % args.k
+        funnel = funnel >> BM25Scorer() % args.k
     funnel.warm_up()  # models load here, not inside the timed trace
     res = funnel.search(args.question)
     for i, u in enumerate(res.units, 1):
         print(f"{i}. [{u.metadata.get('title')}] score={u.score:.3f}\n   {' '.join(u.text.split())[:300]}")
     print("\n" + res.trace.format())
-    return 0
-
-
-def _cmd_bench(args: argparse.Namespace) -> int:
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / f"bench_{args.name}.py"
-    if not script.is_file():
-        available = sorted(p.stem[6:] for p in script.parent.glob("bench_*.py"))
-        print(f"no benchmark {args.name!r}; available: {', '.join(available)}", file=sys.stderr)
-        return 2
-    saved_argv = sys.argv
-    sys.argv = [str(script), *(["--data", args.data] if args.data else []), *args.rest]
-    # as `python script.py` does: the script's folder first on sys.path (benchmarks import common)
-    sys.path.insert(0, str(script.parent))
-    try:
-        runpy.run_path(str(script), run_name="__main__")
-    finally:
-        sys.path.remove(str(script.parent))
-        sys.argv = saved_argv
     return 0
 
 
@@ -202,12 +185,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rerank", action="store_true",
                    help="rerank passages with the packaged MiniLM (default: BM25 over the passages)")
     p.set_defaults(fn=_cmd_query)
-
-    p = sub.add_parser("bench", help="run benchmarks/bench_NAME.py")
-    p.add_argument("name")
-    p.add_argument("--data", default=None, help="data folder (default: ../shared/data)")
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(fn=_cmd_bench)
 
     args = parser.parse_args(argv)
     try:

@@ -542,9 +542,9 @@ class RankRAGConfig(StageConfig):
 
 @dataclass(frozen=True)
 class LaterChunkingConfig(StageConfig):
-    """Settings of :class:`funnel_core.text.LaterChunking`."""
+    """Settings of :class:`funnel_core.funnelrag.chunking.LaterChunking`."""
 
-    stage_path: ClassVar[str] = "funnel_core.text:LaterChunking"
+    stage_path: ClassVar[str] = "funnel_core.funnelrag.chunking:LaterChunking"
     model_attrs: ClassVar[tuple[str, ...]] = ()
 
     words: int = doc("Target passage size in words.", 100)
@@ -556,10 +556,10 @@ class LaterChunkingConfig(StageConfig):
 
 @dataclass(frozen=True)
 class ExtractiveCompressorConfig(StageConfig):
-    """Settings of :class:`funnel_core.compress.ExtractiveCompressor` (an already loaded
+    """Settings of :class:`funnel_core.best_practices.compress.ExtractiveCompressor` (an already loaded
     ``embedder`` object is passed to the stage or adapter beside the config, not in it)."""
 
-    stage_path: ClassVar[str] = "funnel_core.compress:ExtractiveCompressor"
+    stage_path: ClassVar[str] = "funnel_core.best_practices.compress:ExtractiveCompressor"
     model_keys: ClassVar[tuple[str, ...]] = ("model", "batch_size", "device", "dtype")
     model_attrs: ClassVar[tuple[str, ...]] = ("_embedder", "_cache")
 
@@ -580,9 +580,9 @@ class ExtractiveCompressorConfig(StageConfig):
 
 @dataclass(frozen=True)
 class RepackConfig(StageConfig):
-    """Settings of :class:`funnel_core.fusion.Repack`."""
+    """Settings of :class:`funnel_core.best_practices.repack.Repack`."""
 
-    stage_path: ClassVar[str] = "funnel_core.fusion:Repack"
+    stage_path: ClassVar[str] = "funnel_core.best_practices.repack:Repack"
     model_attrs: ClassVar[tuple[str, ...]] = ()
 
     order: str = doc("forward, reverse (best last, next to the question) or sides.", "reverse")
@@ -623,7 +623,7 @@ class ForwardVariantConfig(LLMProviderConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        from funnel_core.forward import PRESETS
+        from funnel_core.fbrag import PRESETS
 
         if self.variant not in PRESETS:
             raise ValueError(f"unknown FB-RAG variant {self.variant!r}; choose one of "
@@ -631,7 +631,7 @@ class ForwardVariantConfig(LLMProviderConfig):
 
     def stage_config(self, **settings: Any) -> "ForwardLookupConfig":
         """The :class:`ForwardLookupConfig` of this variant with ``settings`` (its other fields)."""
-        from funnel_core.forward import variant_config
+        from funnel_core.fbrag import variant_config
 
         return variant_config(self.variant, self.eta_backward, self.eta_forward, **settings)
 
@@ -639,7 +639,7 @@ class ForwardVariantConfig(LLMProviderConfig):
 @dataclass(frozen=True)
 class FusionConfig(StageConfig):
     """How hybrid search fuses a sparse and a dense ranking (paper section 3.4.3): the settings of
-    :class:`funnel_core.fusion.HybridRetrieve` and of both adapters' ``HybridRetriever`` beside
+    :class:`funnel_core.best_practices.fusion.HybridRetrieve` and of both adapters' ``HybridRetriever`` beside
     their two sides (objects, not settings). Not a stage by itself: :meth:`fuse` applies it."""
 
     model_attrs: ClassVar[tuple[str, ...]] = ()
@@ -656,15 +656,15 @@ class FusionConfig(StageConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        from funnel_core.fusion import check_fusion_config
+        from funnel_core.best_practices.fusion import check_fusion_config
 
         object.__setattr__(self, "alpha", check_fusion_config(self.method, self.alpha,
                                                               self.normalization, self.rrf_k))
 
     def fuse(self, sparse: Any, dense: Any, k: Optional[int] = None,
              stage: str = "hybrid") -> list:
-        """:func:`funnel_core.fusion.fuse` of two ranked unit lists with these settings."""
-        from funnel_core.fusion import fuse
+        """:func:`funnel_core.best_practices.fusion.fuse` of two ranked unit lists with these settings."""
+        from funnel_core.best_practices.fusion import fuse
 
         return fuse(sparse, dense, k=k, stage=stage, **self.kwargs())
 
@@ -672,7 +672,7 @@ class FusionConfig(StageConfig):
 @dataclass(frozen=True)
 class ClusterRetrievalConfig(StageConfig):
     """How both frameworks' ``ClusteredBM25Retriever`` query a
-    :class:`~funnel_core.clustered.ClusteredBM25Index` (FunnelRAG's retrieval stage), beside the
+    :class:`~funnel_core.funnelrag.clustered_index.ClusteredBM25Index` (FunnelRAG's retrieval stage), beside the
     framework's own cap on what is returned (``similarity_top_k`` / ``k``). The index's build
     settings (``max_tokens``, ``adjacency``, ``knn_k``, ``knn_threshold``, BM25) belong to
     the index and pass through to it."""
@@ -772,10 +772,10 @@ class MixOfGranularityConfig(StageConfig):
 
 @dataclass(frozen=True)
 class ForwardLookupConfig(StageConfig):
-    """Settings of :class:`funnel_core.forward.ForwardLookup` (FB-RAG Stages I-III). The light
+    """Settings of :class:`funnel_core.fbrag.ForwardLookup` (FB-RAG Stages I-III). The light
     LLM (and a ``token_counter``) is passed to the stage beside the config, not in it."""
 
-    stage_path: ClassVar[str] = "funnel_core.forward:ForwardLookup"
+    stage_path: ClassVar[str] = "funnel_core.fbrag:ForwardLookup"
     model_attrs: ClassVar[tuple[str, ...]] = ()
 
     eta_backward: float = doc("Weight of the backward score S(C; Q), >= 0.", 0.5)

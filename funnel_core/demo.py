@@ -32,7 +32,7 @@ from funnel_core.units import Unit
 
 if TYPE_CHECKING:
     from funnel_core.embeddings import DenseIndex, SentenceEmbedder
-    from funnel_core.text import LaterChunking
+    from funnel_core.funnelrag.chunking import LaterChunking
 
 __all__ = ["stdlib_corpus", "build_demo_funnel", "demo_vectors", "run_demo", "DEMO_QUESTIONS"]
 
@@ -130,18 +130,19 @@ def demo_vectors(units: list[Unit], chunker: "LaterChunking", embedder: "Sentenc
 def build_demo_funnel(units: list[Unit], k_clusters: int = 5, cache_dir: str | os.PathLike | None = None):
     """The demo's funnel over ``units`` (see the module docstring); ``cache_dir``: see
     :func:`demo_vectors`."""
-    from funnel_core.clustered import ClusteredBM25Index, ClusteredBM25Retrieve
-    from funnel_core.embeddings import EmbeddingReranker, SentenceEmbedder
-    from funnel_core.text import LaterChunking
+    from funnel_core.embeddings import SentenceEmbedder
+    from funnel_core.funnelrag.chunking import LaterChunking
+    from funnel_core.funnelrag.clustered_index import ClusteredBM25Index, ClusteredBM25Retrieve
+    from funnel_core.rerank.embedding import EmbeddingScorer
 
     index = ClusteredBM25Index(max_tokens=4096).index(units)
     embedder = SentenceEmbedder()
     chunker = LaterChunking(words=60)
     vectors = demo_vectors(units, chunker, embedder, cache_dir)
     funnel = (ClusteredBM25Retrieve(index, k=k_clusters) % 40
-              >> EmbeddingReranker(embedder, index=vectors, name="minilm_docs") % 8
+              >> EmbeddingScorer(embedder, index=vectors, name="minilm_docs") % 8
               >> chunker
-              >> EmbeddingReranker(embedder, index=vectors, name="minilm_passages") % 3)
+              >> EmbeddingScorer(embedder, index=vectors, name="minilm_passages") % 3)
     return index, funnel
 
 

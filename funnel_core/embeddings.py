@@ -8,9 +8,9 @@ embeddings (numpy), with save/load.
 Embeddings are cached: every :class:`SentenceEmbedder` looks texts up in a bounded LRU cache
 keyed by (model identity, SHA-1 of the text) before it runs the model, and by default all
 embedders of a process share one cache (:data:`EMBEDDING_CACHE`), so a funnel whose stages embed
-the same query or the same units (two :class:`EmbeddingReranker` stages, a hybrid retriever, MoG,
+the same query or the same units (two :class:`EmbeddingScorer` stages, a hybrid retriever, MoG,
 the offline demo) embeds each text once. A :class:`DenseIndex` hands its stored matrix to an
-:class:`EmbeddingReranker` built with ``index=``, so units the index already embedded (also
+:class:`EmbeddingScorer` built with ``index=``, so units the index already embedded (also
 after :meth:`DenseIndex.load`) are never embedded again.
 """
 
@@ -29,11 +29,11 @@ from funnel_core.cache import FreshOnCopy, LRUCache
 from funnel_core.errors import PersistError, check_positive_int, check_query
 from funnel_core.funnel import Stage
 from funnel_core.hardware import autocast, normalize_dtype, resolve_dtype
+from funnel_core.models import LazyModel, load_pretrained, resolve_device
 from funnel_core.persist import load_snapshot, prepare_units, read_units, save_snapshot, write_units
-from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolve_device
 from funnel_core.units import Unit, check_unique_ids
 
-__all__ = ["SentenceEmbedder", "DenseIndex", "DenseRetrieve", "EmbeddingReranker", "EMBEDDING_CACHE",
+__all__ = ["SentenceEmbedder", "DenseIndex", "DenseRetrieve", "EMBEDDING_CACHE",
            "EMBEDDING_CACHE_SIZE"]
 
 #: Entries of the process-wide embedding cache (a 384-d float32 row is 1.5 KiB: ~30 MiB).
@@ -200,9 +200,8 @@ class DenseIndex(FreshOnCopy):
         ann_threshold: Corpus size from which ``"auto"`` builds HNSW.
         hnsw_m: HNSW neighbours per node (memory and recall grow with it).
         ef_construction: HNSW build beam width.
-        ef_search: HNSW query beam width (recall vs speed; raised to ``k`` when smaller). 512:
-            recall@10 0.97 at 8 ms vs exact 87 ms (p50) on 100k synthetic 384-d vectors;
-            128: 0.72 (``benchmarks/results/dense_ann.json``).
+        ef_search: HNSW query beam width (recall vs speed; raised to ``k`` when smaller); the
+            measured recall/latency curve is in docs/performance.md.
 
     Units and embeddings (and the HNSW graph) live in one immutable state object swapped in a
     single assignment by :meth:`index`, :meth:`add` and :meth:`delete`, so concurrent searches
@@ -443,41 +442,3 @@ class DenseRetrieve(Stage):
 
     def run(self, query: str, units: list[Unit]) -> list[Unit]:
         return self.index.search(query, k=min(self.k, self.cutoff) if self.cutoff else self.k)
-
-
-class EmbeddingReranker(Reranker):
-    """Rerank units by cosine similarity between query and unit embeddings (a bi-encoder).
-
-    Cheaper than a cross-encoder and available offline with the packaged MiniLM; useful as a
-    middle funnel stage or when no cross-encoder checkpoint is at hand. Texts go through the
-    embedder's cache, so a text is embedded once per process; with ``index=`` (a
-    :class:`DenseIndex` built with the same model) the rows the index already stores are used
-    for texts it holds.
-    """
-
-    name = "embedding_rerank"
-
-    def __init__(self, embedder: SentenceEmbedder | None = None, *, index: "DenseIndex | None" = None,
-                 **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.embedder = embedder or (index.embedder if index is not None else SentenceEmbedder())
-        self.index = index
-
-    def _stored_rows(self, texts: Sequence[str]) -> tuple[np.ndarray | None, list[int]]:
-        """The index's matrix and, per text, its row there (-1: not stored)."""
-        index = self.index
-        if index is None or index.embedder._model_key() != self.embedder._model_key():
-            return None, [-1] * len(texts)
-        st = index._state
-        by_text = st.by_text()
-        return st.embeddings, [by_text.get(t, -1) for t in texts]
-
-    def score(self, query: str, texts: Sequence[str]) -> list[float]:
-        matrix, rows = self._stored_rows(texts)
-        missing = [t for t, r in zip(texts, rows) if r < 0]
-        emb = self.embedder.encode([query, *missing])
-        q, fresh = emb[0], iter(emb[1:])
-        vecs = [matrix[r] if r >= 0 and matrix is not None else next(fresh) for r in rows]
-        if not vecs:
-            return []
-        return [float(x) for x in np.stack(vecs) @ q]

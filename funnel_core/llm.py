@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import math
+import string
 from abc import ABC, abstractmethod
 from typing import Any, Sequence
 
@@ -33,7 +34,7 @@ from funnel_core.errors import FunnelError, check_positive_int, check_probabilit
 from funnel_core.hardware import normalize_dtype, resolve_dtype
 from funnel_core.models import LazyModel, load_pretrained, resolve_device, tokenizer_lock
 
-__all__ = ["LLM", "LLMError", "LLMTimeoutError", "TransformersLLM", "as_llm", "logsumexp"]
+__all__ = ["LLM", "LLMError", "LLMTimeoutError", "TransformersLLM", "as_llm", "logsumexp", "check_prompt_template"]
 
 
 class LLMError(FunnelError, RuntimeError):
@@ -457,3 +458,29 @@ def as_llm(llm: Any, **kwargs: Any) -> LLM:
         f"expected a funnel_core LLM or a model name/folder, got {type(llm).__name__}; wrap a "
         "LlamaIndex LLM with llama_index_funnel.llm.LlamaIndexLLM or a LangChain model with "
         "langchain_funnel.llm.LangChainLLM.")
+
+
+def check_prompt_template(template: Any, required: Sequence[str], what: str = "prompt") -> str:
+    """Check that ``template`` is a ``str.format`` template with exactly the ``required`` fields.
+
+    Raises ``ValueError`` naming the missing (or unknown) placeholders and showing the fix.
+    """
+    if not isinstance(template, str):
+        raise TypeError(f"{what} must be a str template, got {type(template).__name__}.")
+    try:
+        fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+    except ValueError as exc:
+        raise ValueError(f"{what} is not a valid str.format template ({exc}); write literal "
+                         "braces as '{{' and '}}'.") from exc
+    missing = [f for f in required if f not in fields]
+    unknown = sorted(f for f in fields if f not in required)
+    if missing or unknown:
+        parts = []
+        if missing:
+            parts.append("missing " + ", ".join("{" + f + "}" for f in missing))
+        if unknown:
+            parts.append("unknown " + ", ".join("{" + f + "}" for f in unknown))
+        raise ValueError(f"{what} must contain the placeholders "
+                         f"{', '.join('{' + f + '}' for f in required)} and no others: "
+                         f"{'; '.join(parts)}. Got: {template!r:.200}")
+    return template

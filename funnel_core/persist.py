@@ -63,7 +63,6 @@ __all__ = [
     "write_units",
     "read_units",
     "write_json",
-    "read_json",
     "prepare_units",
     "json_safe",
     "from_json_safe",
@@ -514,10 +513,6 @@ def prepare_units(units: Sequence[Any], what: str) -> list[Unit]:
 
 def write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, ensure_ascii=True, allow_nan=False), encoding="ascii")
-
-
-def read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="ascii"), parse_constant=_reject_constant)
 
 
 def write_units(path: Path, units: Sequence[Unit]) -> None:

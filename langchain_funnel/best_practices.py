@@ -32,8 +32,8 @@ from langchain_core.runnables import Runnable, RunnableBranch, RunnableConfig, R
 from langchain_core.vectorstores import VectorStoreRetriever
 from pydantic import ConfigDict, Field
 
-from funnel_core.classify import QueryClassifier
-from funnel_core.compress import with_embedder
+from funnel_core.best_practices.classify import QueryClassifier
+from funnel_core.best_practices.compress import with_embedder
 from funnel_core.config import (
     ExtractiveCompressorConfig,
     FusionConfig,
@@ -46,7 +46,7 @@ from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import Stage, warm_up_attributes
 from langchain_funnel._base import StageCompressor, documents_to_units, units_to_documents
-from langchain_funnel.rerank import _TransformerBase
+from langchain_funnel.rerank import TransformerBase
 
 __all__ = [
     "SentenceEmbedderEmbeddings",
@@ -241,7 +241,7 @@ class HybridRetriever(adapter_base(FusionConfig, BaseRetriever)):  # type: ignor
         return cls(sparse=sparse, dense=dense, **fusion)
 
 
-class RepackTransformer(adapter_base(RepackConfig, _TransformerBase)):  # type: ignore[misc]
+class RepackTransformer(adapter_base(RepackConfig, TransformerBase)):  # type: ignore[misc]
     """Reorder documents that arrive best first: ``"forward"``, ``"reverse"`` (default: best
     last, next to the question) or ``"sides"`` (best at both ends).
 

@@ -20,7 +20,7 @@ from langchain_core.retrievers import BaseRetriever
 from pydantic import Field, PrivateAttr
 
 from funnel_core.config import ForwardLookupConfig, ForwardVariantConfig, RankRAGConfig, adapter_base
-from funnel_core.forward import ForwardLookup, chunk_context
+from funnel_core.fbrag import ForwardLookup, chunk_context
 from funnel_core.llm import LLM
 from funnel_core.units import Unit, text_digest
 from langchain_funnel._base import StageCompressor, UnitRetriever, documents_to_units, units_to_documents

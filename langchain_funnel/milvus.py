@@ -1,9 +1,9 @@
-"""LangChain over the Milvus backend (:mod:`funnel_core.milvus`).
+"""LangChain over the Milvus backend (:mod:`funnel_core.backends.milvus`).
 
 * The BM25 retrievers of :mod:`langchain_funnel.retrievers` take ``backend=`` (a
-  :class:`~funnel_core.milvus.MilvusBackend` or a URI) in ``from_documents``/``from_texts`` to
+  :class:`~funnel_core.backends.milvus.MilvusBackend` or a URI) in ``from_documents``/``from_texts`` to
   build into Milvus, and re-open a built collection with ``from_backend`` (no re-indexing).
-* :class:`DenseRetriever` — dense retrieval over a :class:`~funnel_core.milvus.MilvusDenseIndex`
+* :class:`DenseRetriever` — dense retrieval over a :class:`~funnel_core.backends.milvus.MilvusDenseIndex`
   (or the in-memory :class:`~funnel_core.embeddings.DenseIndex`), e.g. the dense side of
   :class:`~langchain_funnel.best_practices.HybridRetriever`.
 * :class:`MilvusTranslator` / :func:`to_milvus_filter` — LangChain's filter objects
@@ -28,8 +28,7 @@ from langchain_core.structured_query import (
 )
 from pydantic import Field
 
-from funnel_core.embeddings import DenseIndex
-from funnel_core.milvus import (
+from funnel_core.backends.milvus import (
     MilvusBackend,
     MilvusDenseIndex,
     UnsupportedFilterError,
@@ -39,6 +38,7 @@ from funnel_core.milvus import (
     hybrid_backends,
     search_dense,
 )
+from funnel_core.embeddings import DenseIndex
 from funnel_core.units import Unit
 from langchain_funnel._base import UnitRetriever
 
@@ -115,9 +115,9 @@ class DenseRetriever(UnitRetriever):
                        **index_config: Any) -> "DenseRetriever":
         """Embed ``documents`` (``embedder``: a :class:`~funnel_core.embeddings.SentenceEmbedder`,
         default the packaged all-MiniLM-L6-v2) into Milvus (``backend=``) or memory."""
-        from langchain_funnel.retrievers import _units_from_documents
+        from langchain_funnel.retrievers import units_from_documents
 
-        units = _units_from_documents(documents, "passage")
+        units = units_from_documents(documents, "passage")
         b = as_backend(backend)
         index: Any = b.dense(embedder, **index_config) if b is not None else DenseIndex(embedder)
         return cls(index=index.index(units), k=k)
@@ -127,7 +127,7 @@ class DenseRetriever(UnitRetriever):
                      **settings: Any) -> "DenseRetriever":
         """Re-open a dense collection built before (no re-embedding); pass the ``embedder`` it
         was built with (default: the packaged all-MiniLM-L6-v2)."""
-        b = _milvus(backend, "DenseRetriever.from_backend")
+        b = require_milvus(backend, "DenseRetriever.from_backend")
         return cls(index=b.dense(embedder).open(), **settings)
 
     def _search(self, query: str, k: int, filter: Any = None) -> list[Unit]:
@@ -135,7 +135,7 @@ class DenseRetriever(UnitRetriever):
         return search_dense(self.index, query, k, flt)
 
 
-def _milvus(backend: Any, where: str) -> MilvusBackend:
+def require_milvus(backend: Any, where: str) -> MilvusBackend:
     b = as_backend(backend)
     if b is None:
         raise ValueError(f"{where} re-opens a Milvus collection: pass backend=MilvusBackend(uri, "
@@ -155,7 +155,7 @@ def hybrid_sides(documents: Optional[Iterable[Document]], backend: Any, embedder
 
     candidates = check_positive_int(candidates, "candidates")
     if documents is None:
-        sb, db = hybrid_backends(_milvus(backend, "HybridRetriever.from_backend"))
+        sb, db = hybrid_backends(require_milvus(backend, "HybridRetriever.from_backend"))
         return (BM25Retriever.from_backend(sb, k=candidates),
                 DenseRetriever.from_backend(db, embedder, k=candidates))
     b = as_backend(backend)

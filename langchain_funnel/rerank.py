@@ -46,7 +46,7 @@ class MonoT5Reranker(adapter_base(MonoT5Config, StageCompressor)):  # type: igno
     are those of :class:`funnel_core.config.MonoT5Config`."""
 
 
-class _TransformerBase(ConfiguredAdapter, BaseModel, BaseDocumentTransformer,
+class TransformerBase(ConfiguredAdapter, BaseModel, BaseDocumentTransformer,
                        Runnable[Sequence[Document], list[Document]]):
     model_config = ConfigDict(arbitrary_types_allowed=True)
     name: Optional[str] = None
@@ -57,7 +57,7 @@ class _TransformerBase(ConfiguredAdapter, BaseModel, BaseDocumentTransformer,
         _ = self.stage  # validates the settings now
 
 
-class LaterChunkingTransformer(adapter_base(LaterChunkingConfig, _TransformerBase)):  # type: ignore[misc]
+class LaterChunkingTransformer(adapter_base(LaterChunkingConfig, TransformerBase)):  # type: ignore[misc]
     """Split documents into ~``words``-word passages (FunnelRAG section 3.1.3).
 
     Each passage keeps a copy of its document's metadata; ``metadata["funnel"]`` holds

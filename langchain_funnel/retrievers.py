@@ -9,7 +9,7 @@ Both take ``k`` in the constructor and per call (``invoke(q, k=3)``) and a per-c
 ``filter`` (``invoke(q, filter={"source": "a.md"})`` or a predicate).
 
 Both keep their data in memory by default, or in Milvus with one argument: ``backend=`` (a
-:class:`funnel_core.milvus.MilvusBackend`, or a URI: ``"funnel.db"`` for embedded Milvus Lite,
+:class:`funnel_core.backends.milvus.MilvusBackend`, or a URI: ``"funnel.db"`` for embedded Milvus Lite,
 ``"http://host:19530"`` for a server) in ``from_documents``/``from_texts`` builds into Milvus, and
 ``from_backend(backend)`` re-opens a built collection without re-indexing. Over Milvus, filters
 are pushed down (dicts, Milvus expression strings, or structured-query ``Comparison``/``Operation``
@@ -25,11 +25,7 @@ from typing import Any, ClassVar, Iterable, Optional, Sequence, Union
 from langchain_core.documents import Document
 from pydantic import Field
 
-from funnel_core.bm25 import BM25Index, MetadataFilter
-from funnel_core.clustered import ClusteredBM25Index
-from funnel_core.config import ClusterRetrievalConfig, adapter_base, check_kwargs
-from funnel_core.errors import PersistError
-from funnel_core.milvus import (
+from funnel_core.backends.milvus import (
     MilvusBackend,
     MilvusBM25Index,
     MilvusClusteredBM25Index,
@@ -38,17 +34,21 @@ from funnel_core.milvus import (
     load_index,
     open_index,
 )
+from funnel_core.bm25 import BM25Index, MetadataFilter
+from funnel_core.config import ClusterRetrievalConfig, adapter_base, check_kwargs
+from funnel_core.errors import PersistError
+from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
 from funnel_core.persist import load_snapshot, save_snapshot, snapshot_info
 from funnel_core.units import Unit, check_unique_ids, split_metadata, units_from_texts
 from langchain_funnel._base import UnitRetriever
-from langchain_funnel.milvus import _milvus, push_down
+from langchain_funnel.milvus import push_down, require_milvus
 
 Backend = Union[MilvusBackend, str, None]
 
 __all__ = ["BM25Retriever", "ClusteredBM25Retriever"]
 
 
-def _units_from_documents(documents: Iterable[Document], level: str) -> list[Unit]:
+def units_from_documents(documents: Iterable[Document], level: str) -> list[Unit]:
     """Documents -> index units: ``Document.id`` as the id (positional for documents without
     one, as :meth:`from_texts` does); a duplicate id raises, as it does for ``from_texts``."""
     if isinstance(documents, Document):
@@ -85,7 +85,7 @@ class BM25Retriever(UnitRetriever):
     @classmethod
     def from_documents(cls, documents: Iterable[Document], k: int = 4, backend: Backend = None,
                        **bm25_config: Any) -> "BM25Retriever":
-        units = _units_from_documents(documents, "passage")
+        units = units_from_documents(documents, "passage")
         return cls(index=_bm25(backend, bm25_config).index(units), k=k)
 
     @classmethod
@@ -93,7 +93,7 @@ class BM25Retriever(UnitRetriever):
         """Re-open a BM25 collection built before (no re-indexing; its tokenizer settings are
         read from Milvus); ``settings`` are this retriever's (``k``, ``filter``)."""
         check_kwargs(f"{cls.__name__}.from_backend", settings, cls._settings)
-        return cls(index=_milvus(backend, f"{cls.__name__}.from_backend").bm25().open(), **settings)
+        return cls(index=require_milvus(backend, f"{cls.__name__}.from_backend").bm25().open(), **settings)
 
     def _search(self, query: str, k: int, filter: MetadataFilter = None) -> list[Unit]:
         flt = push_down(self.index, filter if filter is not None else self.filter)
@@ -154,7 +154,7 @@ class ClusteredBM25Retriever(adapter_base(ClusterRetrievalConfig, UnitRetriever)
         """Cluster and index ``documents``; ``settings`` as in :meth:`from_texts`."""
         mine, index_settings = ClusterRetrievalConfig.split(settings)
         index = _clustered(backend, index_settings)
-        index.index(_units_from_documents(documents, "document"))
+        index.index(units_from_documents(documents, "document"))
         return cls(index=index, k=k, **mine)
 
     @classmethod
@@ -163,7 +163,7 @@ class ClusteredBM25Retriever(adapter_base(ClusterRetrievalConfig, UnitRetriever)
         """Re-open a clustered collection built before (no re-clustering, no re-indexing);
         ``settings`` are this retriever's (``k``, ``k_clusters``, ``return_clusters``, ``filter``)."""
         check_kwargs(f"{cls.__name__}.from_backend", settings, cls._settings)
-        b = _milvus(backend, f"{cls.__name__}.from_backend")
+        b = require_milvus(backend, f"{cls.__name__}.from_backend")
         return cls(index=b.clustered().open(), **settings)
 
     def _search(self, query: str, k: int, filter: MetadataFilter = None,

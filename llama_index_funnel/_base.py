@@ -39,11 +39,7 @@ from funnel_core.units import FUNNEL_KEY, Unit, framework_metadata, split_metada
 dispatcher = get_dispatcher(__name__)
 
 __all__ = ["StagePostprocessor", "UnitRetriever", "node_to_unit", "nodes_to_units",
-           "units_to_nodes", "INTERNAL_METADATA_KEYS"]
-
-#: Kept for backward compatibility: our bookkeeping now lives under ``metadata["funnel"]``.
-INTERNAL_METADATA_KEYS = (FUNNEL_KEY,)
-
+           "units_to_nodes"]
 
 def _node_text(node: BaseNode) -> str:
     return node.get_content(metadata_mode=MetadataMode.NONE)
@@ -259,7 +255,3 @@ class UnitRetriever(BaseRetriever):
         ``{node_id: node}`` dict)."""
         return ()
 
-
-def as_query_str(query: Any) -> str:
-    """A ``str`` or ``QueryBundle`` -> the query text."""
-    return query.query_str if isinstance(query, QueryBundle) else query

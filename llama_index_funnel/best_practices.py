@@ -30,8 +30,8 @@ from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.query_engine import CustomQueryEngine
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from funnel_core.classify import QueryClassifier
-from funnel_core.compress import with_embedder
+from funnel_core.best_practices.classify import QueryClassifier
+from funnel_core.best_practices.compress import with_embedder
 from funnel_core.config import (
     ExtractiveCompressorConfig,
     FusionConfig,
@@ -235,7 +235,7 @@ class QueryClassifierGate(BaseRetriever):
 
     Args:
         retriever: The retriever to gate.
-        classifier: A trained :class:`~funnel_core.classify.QueryClassifier` (for instance
+        classifier: A trained :class:`~funnel_core.best_practices.classify.QueryClassifier` (for instance
             ``QueryClassifier.pretrained()``).
     """
 

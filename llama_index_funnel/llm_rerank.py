@@ -33,13 +33,7 @@ from funnel_core.config import (
     adapter_base,
 )
 from funnel_core.errors import check_query
-from funnel_core.forward import (
-    ForwardLookup,
-    ForwardLookupResult,
-    ForwardSample,
-    chunk_context,
-    variant_config,
-)
+from funnel_core.fbrag import ForwardLookup, ForwardLookupResult, ForwardSample, chunk_context, variant_config
 from funnel_core.funnel import warm_up_attributes
 from funnel_core.units import Unit, text_digest
 from llama_index_funnel._base import StagePostprocessor, nodes_to_units, units_to_nodes

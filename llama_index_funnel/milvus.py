@@ -1,9 +1,9 @@
-"""LlamaIndex over the Milvus backend (:mod:`funnel_core.milvus`).
+"""LlamaIndex over the Milvus backend (:mod:`funnel_core.backends.milvus`).
 
 * The BM25 retrievers of :mod:`llama_index_funnel.retrievers` take ``backend=`` (a
-  :class:`~funnel_core.milvus.MilvusBackend` or a URI) in ``from_defaults`` to build into Milvus,
+  :class:`~funnel_core.backends.milvus.MilvusBackend` or a URI) in ``from_defaults`` to build into Milvus,
   and re-open a built collection with ``from_backend`` (no re-indexing).
-* :class:`DenseRetriever` — dense retrieval over a :class:`~funnel_core.milvus.MilvusDenseIndex`
+* :class:`DenseRetriever` — dense retrieval over a :class:`~funnel_core.backends.milvus.MilvusDenseIndex`
   (or the in-memory :class:`~funnel_core.embeddings.DenseIndex`), e.g. the dense side of
   :class:`~llama_index_funnel.best_practices.HybridRetriever`.
 * :func:`to_milvus_filter` — LlamaIndex ``MetadataFilters`` (nested, AND/OR/NOT) -> a Milvus
@@ -24,9 +24,7 @@ from llama_index.core.vector_stores.types import (
     MetadataFilters,
 )
 
-from funnel_core.embeddings import DenseIndex
-from funnel_core.errors import check_positive_int, check_query
-from funnel_core.milvus import (
+from funnel_core.backends.milvus import (
     MilvusBackend,
     UnsupportedFilterError,
     as_backend,
@@ -35,6 +33,8 @@ from funnel_core.milvus import (
     hybrid_backends,
     search_dense,
 )
+from funnel_core.embeddings import DenseIndex
+from funnel_core.errors import check_positive_int, check_query
 from funnel_core.units import FUNNEL_KEY, INTERNAL_KEYS, Unit
 from llama_index_funnel._base import UnitRetriever, units_to_nodes
 
@@ -143,7 +143,7 @@ class DenseRetriever(UnitRetriever):
     with :meth:`from_backend`.
 
     Args:
-        index: A built :class:`~funnel_core.milvus.MilvusDenseIndex` or
+        index: A built :class:`~funnel_core.backends.milvus.MilvusDenseIndex` or
             :class:`~funnel_core.embeddings.DenseIndex`.
         nodes: Nodes the index was built from (results are copies of them); ``None``: results
             are ``TextNode``s rebuilt from the index (id, text, metadata).
@@ -169,12 +169,12 @@ class DenseRetriever(UnitRetriever):
                       filters: Any = None, **index_config: Any) -> "DenseRetriever":
         """Embed ``nodes`` (``embedder``: a :class:`~funnel_core.embeddings.SentenceEmbedder`,
         default the packaged all-MiniLM-L6-v2) into Milvus (``backend=``) or memory."""
-        from llama_index_funnel.retrievers import _nodes_from, _units
+        from llama_index_funnel.retrievers import nodes_from, units_of
 
-        nodes = _nodes_from(nodes, None)
+        nodes = nodes_from(nodes, None)
         b = as_backend(backend)
         index: Any = b.dense(embedder, **index_config) if b is not None else DenseIndex(embedder)
-        units = _units(nodes, "passage")
+        units = units_of(nodes, "passage")
         index.index(with_shells(units, nodes) if b is not None else units)
         return cls(index, nodes, similarity_top_k=similarity_top_k, filters=filters)
 

@@ -9,7 +9,7 @@ scores in ``metadata["scores"]``; both persist to a folder (nodes in a ``SimpleD
 and take per-query metadata filters through :meth:`search`.
 
 Both keep their data in memory by default, or in Milvus with one argument: ``backend=`` (a
-:class:`funnel_core.milvus.MilvusBackend`, or a URI: ``"funnel.db"`` for embedded Milvus Lite,
+:class:`funnel_core.backends.milvus.MilvusBackend`, or a URI: ``"funnel.db"`` for embedded Milvus Lite,
 ``"http://host:19530"`` for a server) in ``from_defaults`` builds into Milvus, and
 ``from_backend(backend)`` re-opens a built collection without re-indexing. Over Milvus,
 ``MetadataFilters`` are pushed down as Milvus expressions, and ``persist`` writes only a manifest
@@ -29,11 +29,11 @@ from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore
 from llama_index.core.storage.docstore import BaseDocumentStore, SimpleDocumentStore
 from llama_index.core.vector_stores.types import MetadataFilters
 
+from funnel_core.backends.milvus import MilvusBackend, as_backend, is_milvus_entry, open_index
 from funnel_core.bm25 import BM25Index
-from funnel_core.clustered import ClusteredBM25Index
 from funnel_core.config import ClusterRetrievalConfig, config_attributes, config_of
-from funnel_core.errors import PersistError, check_positive_int, check_query
-from funnel_core.milvus import MilvusBackend, as_backend, is_milvus_entry, open_index
+from funnel_core.errors import check_positive_int, check_query
+from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
 from funnel_core.persist import load_snapshot, save_snapshot
 from funnel_core.units import Unit
 from llama_index_funnel._base import UnitRetriever, units_to_nodes
@@ -46,7 +46,7 @@ Filter = Union[MetadataFilters, Dict[str, Any], Callable[[dict], bool], str, Non
 Backend = Union[MilvusBackend, str, None]
 
 
-def _nodes_from(nodes: Optional[Sequence[BaseNode]], docstore: Optional[BaseDocumentStore]) -> list[BaseNode]:
+def nodes_from(nodes: Optional[Sequence[BaseNode]], docstore: Optional[BaseDocumentStore]) -> list[BaseNode]:
     if nodes is None and docstore is None:
         raise ValueError("pass nodes=[...] or docstore=...; there is nothing to index.")
     nodes = list(nodes) if nodes is not None else list(docstore.docs.values())  # type: ignore[union-attr]
@@ -59,7 +59,7 @@ def _nodes_from(nodes: Optional[Sequence[BaseNode]], docstore: Optional[BaseDocu
     return nodes
 
 
-def _units(nodes: Sequence[BaseNode], level: str) -> list[Unit]:
+def units_of(nodes: Sequence[BaseNode], level: str) -> list[Unit]:
     return [Unit(id=n.node_id, text=n.get_content(metadata_mode=MetadataMode.NONE),
                  metadata=dict(n.metadata), level=level) for n in nodes]
 
@@ -70,13 +70,6 @@ def _filter(filters: Filter, index: Any = None) -> Any:
     if is_milvus(index):
         return push_down(index, filters)
     return to_predicate(filters) if isinstance(filters, MetadataFilters) else filters
-
-
-def _load_docstore(path: Path) -> SimpleDocumentStore:
-    f = path / "docstore.json"
-    if not f.is_file():
-        raise PersistError(f"no docstore.json in {str(path)!r}; persist the retriever there first.")
-    return SimpleDocumentStore.from_persist_path(str(f))
 
 
 class _NodeRetriever(UnitRetriever):
@@ -203,11 +196,11 @@ class BM25Retriever(_NodeRetriever):
                       filters: Filter = None, backend: Backend = None,
                       **bm25_config: Any) -> "BM25Retriever":
         """Build from nodes or a docstore; ``bm25_config`` goes to :class:`BM25Index`
-        (``backend=``: build into Milvus instead, see :class:`funnel_core.milvus.MilvusBackend`)."""
-        nodes = _nodes_from(nodes, docstore)
+        (``backend=``: build into Milvus instead, see :class:`funnel_core.backends.milvus.MilvusBackend`)."""
+        nodes = nodes_from(nodes, docstore)
         b = as_backend(backend)
         index = BM25Index(**bm25_config) if b is None else b.bm25(**bm25_config)
-        units = _units(nodes, "passage")
+        units = units_of(nodes, "passage")
         index.index(units if b is None else with_shells(units, nodes))
         return cls(index, nodes, similarity_top_k=similarity_top_k, filters=filters)
 
@@ -238,7 +231,7 @@ class ClusteredBM25Retriever(_NodeRetriever):
     ``annotate=True``.
 
     Args:
-        index: A built :class:`funnel_core.clustered.ClusteredBM25Index`.
+        index: A built :class:`funnel_core.funnelrag.clustered_index.ClusteredBM25Index`.
         nodes: The document nodes the index was built from.
         similarity_top_k: Number of nodes returned.
         max_documents: Deprecated cap on the nodes returned; use ``similarity_top_k``.
@@ -271,17 +264,17 @@ class ClusteredBM25Retriever(_NodeRetriever):
                       max_documents: Optional[int] = None, filters: Filter = None,
                       backend: Backend = None, **settings: Any) -> "ClusteredBM25Retriever":
         """Cluster the nodes (Algorithm 1) and index the clusters (in memory, or in Milvus with
-        ``backend=``, see :class:`funnel_core.milvus.MilvusBackend`). ``settings``: the
+        ``backend=``, see :class:`funnel_core.backends.milvus.MilvusBackend`). ``settings``: the
         retriever's ``k_clusters``/``return_clusters``, and the index's ``max_tokens``,
         ``adjacency``, ``knn_k``, ``knn_threshold`` and BM25 settings.
 
         Adjacency: ``metadata["links"]`` (ids or titles) when present, else a BM25 kNN graph.
         """
-        nodes = _nodes_from(nodes, docstore)
+        nodes = nodes_from(nodes, docstore)
         mine, config = ClusterRetrievalConfig.split(settings)
         b = as_backend(backend)
         index = ClusteredBM25Index(**config) if b is None else b.clustered(**config)
-        units = _units(nodes, "document")
+        units = units_of(nodes, "document")
         index.index(units if b is None else with_shells(units, nodes))
         return cls(index, nodes, similarity_top_k=similarity_top_k, max_documents=max_documents,
                    filters=filters, **mine)

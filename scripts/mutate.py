@@ -26,9 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 #: module -> mutmut mutant-name globs (``x_<function>`` for functions, ``xǁClassǁmethod``).
 MODULES: dict[str, list[str]] = {
     "clustering (Algorithm 1)": [
-        "funnel_core.cluster.x__binary_symmetric__mutmut_*",
-        "funnel_core.cluster.x_local_clustering_coefficient__mutmut_*",
-        "funnel_core.cluster.x_cluster_documents__mutmut_*",
+        "funnel_core.funnelrag.clustering.x__binary_symmetric__mutmut_*",
+        "funnel_core.funnelrag.clustering.x_local_clustering_coefficient__mutmut_*",
+        "funnel_core.funnelrag.clustering.x_cluster_documents__mutmut_*",
     ],
     "FiD aggregation (eq. 3, Table 7)": [
         "funnel_core.rerank.fid.x__reduce__mutmut_*",
@@ -59,14 +59,14 @@ MODULES: dict[str, list[str]] = {
         "funnel_core.granularity.router.x__hit_rate__mutmut_*",
     ],
     "fusion (hybrid, RRF, repacking)": [
-        "funnel_core.fusion.x_normalize_scores__mutmut_*",
-        "funnel_core.fusion.x__scores_of__mutmut_*",
-        "funnel_core.fusion.x__dedup__mutmut_*",
-        "funnel_core.fusion.x__merge__mutmut_*",
-        "funnel_core.fusion.x_alpha_fusion__mutmut_*",
-        "funnel_core.fusion.x_rrf_fusion__mutmut_*",
-        "funnel_core.fusion.x_fuse__mutmut_*",
-        "funnel_core.fusion.x_repack__mutmut_*",
+        "funnel_core.best_practices.fusion.x_normalize_scores__mutmut_*",
+        "funnel_core.best_practices.fusion.x__scores_of__mutmut_*",
+        "funnel_core.best_practices.fusion.x__dedup__mutmut_*",
+        "funnel_core.best_practices.fusion.x__merge__mutmut_*",
+        "funnel_core.best_practices.fusion.x_alpha_fusion__mutmut_*",
+        "funnel_core.best_practices.fusion.x_rrf_fusion__mutmut_*",
+        "funnel_core.best_practices.fusion.x_fuse__mutmut_*",
+        "funnel_core.best_practices.fusion.x_repack__mutmut_*",
     ],
 }
 SHORT = {"clustering": 0, "fid": 1, "l2g": 2, "rankrag": 3, "mog": 4, "fusion": 5}

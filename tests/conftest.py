@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -72,30 +73,46 @@ def minilm_path() -> str:
 
 
 # -- test tiers ---------------------------------------------------------------------------------
-# `pytest -m "not models"` is the quick tier (no model is built or loaded); `framework_standard`
-# marks the frameworks' own standard suites; the rest is `fast`.
-_MODEL_FIXTURES = {"model_dir", "tiny_cross_encoder_path", "tiny_t5_path", "tiny_llama_path",
-                   "minilm_path"}
-_MODEL_MODULES = {"test_l2g", "test_fid", "test_attention_lm", "test_mog_core", "test_llm",
-                  "test_best_practices_core", "test_best_practices_llamaindex",
-                  "test_best_practices_langchain", "test_cli"}
-_MODEL_TESTS = {"test_mog_retriever_in_query_engine_with_trained_router"}  # trains a router
+# Tiers come from rules, never from lists of names (tests/README.md):
+# * a test that uses a model fixture is marked `models` (tiny random models) or also `slow` (a real
+#   packaged model); a module or test that builds models itself says so with `pytest.mark.models`;
+# * the frameworks' own standard suites are `framework_standard`;
+# * everything else is `fast`, and `--tier-check` (make test-fast) fails a `fast` test that takes
+#   longer than FAST_SECONDS: a new slow test cannot hide in the quick tier.
+_TINY_MODEL_FIXTURES = {"model_dir", "tiny_cross_encoder_path", "tiny_t5_path", "tiny_llama_path"}
+_REAL_MODEL_FIXTURES = {"minilm_path"}
+FAST_SECONDS = 2.0
+
+
+def pytest_addoption(parser):
+    parser.addoption("--tier-check", action="store_true",
+                     help=f"fail tests of the fast tier that take over {FAST_SECONDS} s")
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if not isinstance(item, pytest.Function):  # notebooks (nbmake) run models: no tier rules
+        if not isinstance(item, pytest.Function):  # notebooks (nbmake) run models
             item.add_marker(pytest.mark.models)
             continue
-        mod = getattr(item, "module", None)
-        module = mod.__name__.rsplit(".", 1)[-1] if mod else ""
+        fixtures = set(getattr(item, "fixturenames", ()))
         cls = getattr(item, "cls", None)
         standard = cls is not None and any(b.__module__.startswith("langchain_tests")
                                            for b in cls.__mro__[1:])
         if standard:
             item.add_marker(pytest.mark.framework_standard)
-        if (_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())) or module in _MODEL_MODULES
-                or item.originalname in _MODEL_TESTS):
+        if fixtures & _REAL_MODEL_FIXTURES:
+            item.add_marker(pytest.mark.slow)
+        if fixtures & (_TINY_MODEL_FIXTURES | _REAL_MODEL_FIXTURES) or item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.models)
-        elif not standard:
+        if not (standard or item.get_closest_marker("models") or item.get_closest_marker("ray")):
             item.add_marker(pytest.mark.fast)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    start = time.perf_counter()
+    yield
+    took = time.perf_counter() - start
+    if item.config.getoption("--tier-check") and item.get_closest_marker("fast") and took > FAST_SECONDS:
+        pytest.fail(f"{item.nodeid} is in the fast tier but took {took:.1f} s (> {FAST_SECONDS} s): "
+                    "mark it `pytest.mark.slow` (or `models`), or make it faster.", pytrace=False)

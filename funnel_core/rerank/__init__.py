@@ -1,12 +1,7 @@
-"""Model-based reranking stages (cross-encoders, monoT5, FiD attention, RankRAG)."""
+"""Model-based reranking stages: cross-encoders, monoT5, FiD attention, decoder-only attention,
+RankRAG, plus the CPU runtimes of the cross-encoder. Every scorer subclasses
+:class:`~funnel_core.rerank.base.Reranker`."""
 
-from funnel_core.rerank.base import (
-    LazyModel,
-    Reranker,
-    load_pretrained,
-    resolve_device,
-    sigmoid,
-    tokenizer_lock,
-)
+from funnel_core.rerank.base import Reranker
 
-__all__ = ["Reranker", "LazyModel", "load_pretrained", "resolve_device", "sigmoid", "tokenizer_lock"]
+__all__ = ["Reranker"]

@@ -34,7 +34,8 @@ from typing import Any, Sequence
 from funnel_core.config import AttentionLMConfig, configured
 from funnel_core.errors import check_positive_int
 from funnel_core.hardware import autocast, normalize_dtype, requested_dtype, resolve_dtype
-from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolve_device, tokenizer_lock
+from funnel_core.models import LazyModel, load_pretrained, resolve_device, tokenizer_lock
+from funnel_core.rerank.base import Reranker
 
 __all__ = ["AttentionLMScorer", "DEFAULT_INSTRUCTION"]
 

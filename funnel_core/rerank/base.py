@@ -5,8 +5,7 @@ does the rest the same way for every model: copies units (never mutates them), k
 previous score in ``metadata["scores"]``, optional sigmoid normalisation, ``score_threshold``,
 ``top_n`` (also as ``reranker % n``), Python-float scores, and an async twin.
 
-Model loading lives in :mod:`funnel_core.models` and score helpers in
-:mod:`funnel_core.scoring`; their names are re-exported here for existing imports.
+Model loading lives in :mod:`funnel_core.models` and score helpers in :mod:`funnel_core.scoring`.
 """
 
 from __future__ import annotations
@@ -16,11 +15,10 @@ from typing import Sequence
 
 from funnel_core.errors import check_positive_int
 from funnel_core.funnel import Stage
-from funnel_core.models import LazyModel, load_pretrained, resolve_device, tokenizer_lock
 from funnel_core.scoring import rank_by_scores, sigmoid
 from funnel_core.units import Unit
 
-__all__ = ["Reranker", "resolve_device", "load_pretrained", "sigmoid", "LazyModel", "tokenizer_lock"]
+__all__ = ["Reranker"]
 
 
 class Reranker(Stage):

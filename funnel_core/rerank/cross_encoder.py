@@ -33,7 +33,8 @@ from typing import Any, Callable, Sequence
 
 from funnel_core.config import CrossEncoderConfig, configured
 from funnel_core.errors import check_positive_int, check_probability
-from funnel_core.rerank.base import LazyModel, Reranker, load_pretrained, resolve_device, tokenizer_lock
+from funnel_core.models import LazyModel, load_pretrained, resolve_device, tokenizer_lock
+from funnel_core.rerank.base import Reranker
 from funnel_core.rerank.runtimes import RUNTIMES, OnnxSession, choose_runtime, export_onnx, score_batches
 from funnel_core.scoring import minmax  # noqa: F401 (re-exported: funnel_core.rerank.cross_encoder.minmax)
 from funnel_core.text import word_windows

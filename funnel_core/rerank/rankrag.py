@@ -25,18 +25,17 @@ True/False (or yes/no, relevant/not relevant) word in the reply decides; a reply
 from __future__ import annotations
 
 import re
-import string
 from typing import Any, Sequence
 
 from funnel_core.config import RankRAGConfig, configured
 from funnel_core.errors import check_positive_int
-from funnel_core.llm import LLM, as_llm
-from funnel_core.rerank.base import Reranker, sigmoid
+from funnel_core.llm import LLM, as_llm, check_prompt_template
+from funnel_core.rerank.base import Reranker
+from funnel_core.scoring import sigmoid
 
 __all__ = ["RankRAGScorer", "RANKRAG_INSTRUCTION", "RANKRAG_ANSWER_INSTRUCTION",
            "RANKRAG_SYSTEM_PROMPT", "PAPER_RANKRAG_PROMPT", "SMOLLM2_RANKRAG_PROMPT",
-           "RANKRAG_PROMPTS", "DEFAULT_RANKRAG_PROMPT", "ANSWER_WORDS", "parse_true_false",
-           "check_prompt_template"]
+           "RANKRAG_PROMPTS", "DEFAULT_RANKRAG_PROMPT", "ANSWER_WORDS", "parse_true_false"]
 
 #: The paper's context-ranking instruction (RankRAG, Table 1), verbatim (including "access").
 RANKRAG_INSTRUCTION = ("For the question {question}, access whether the passage is relevant to "
@@ -80,32 +79,6 @@ ANSWER_WORDS = ("True", "False")
 _TRUE = {"true", "yes", "relevant"}
 _FALSE = {"false", "no", "irrelevant"}
 _WORD = re.compile(r"[A-Za-z]+")
-
-
-def check_prompt_template(template: Any, required: Sequence[str], what: str = "prompt") -> str:
-    """Check that ``template`` is a ``str.format`` template with exactly the ``required`` fields.
-
-    Raises ``ValueError`` naming the missing (or unknown) placeholders and showing the fix.
-    """
-    if not isinstance(template, str):
-        raise TypeError(f"{what} must be a str template, got {type(template).__name__}.")
-    try:
-        fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
-    except ValueError as exc:
-        raise ValueError(f"{what} is not a valid str.format template ({exc}); write literal "
-                         "braces as '{{' and '}}'.") from exc
-    missing = [f for f in required if f not in fields]
-    unknown = sorted(f for f in fields if f not in required)
-    if missing or unknown:
-        parts = []
-        if missing:
-            parts.append("missing " + ", ".join("{" + f + "}" for f in missing))
-        if unknown:
-            parts.append("unknown " + ", ".join("{" + f + "}" for f in unknown))
-        raise ValueError(f"{what} must contain the placeholders "
-                         f"{', '.join('{' + f + '}' for f in required)} and no others: "
-                         f"{'; '.join(parts)}. Got: {template!r:.200}")
-    return template
 
 
 def parse_true_false(text: str) -> bool | None:

@@ -62,19 +62,18 @@ def runtime_available(runtime: str) -> bool:
 
 def cpu_auto_runtime(available: Callable[[str], bool], native_bf16: bool, *,
                      fp32: bool = False) -> str:
-    """What ``runtime="auto"`` runs on a CPU, from ``benchmarks/results/ce_backends.json``
-    (SciFact test, BM25 top-100, the SciFact-trained MiniLM cross-encoder, 2 cores of an AMD EPYC
-    with AVX-512-BF16; pairs/s relative to torch fp32, nDCG@10 loss against it):
+    """What ``runtime="auto"`` runs on a CPU, in the order of the measured table
+    (``benchmarks/results/ce_backends.json``, rendered in docs/performance.md: pairs/s relative to
+    torch fp32 and the nDCG@10 loss against it):
 
-    * ``"openvino"`` when installed: 2.8x at a loss of 0.002, the only runtime to meet the target
-      (>= 2x at <= 0.005). OpenVINO picks its own inference precision (bf16 on such a CPU, fp32
-      without native bf16), so an explicit ``fp32`` request skips it;
-    * else ``"torch"`` where the CPU runs bf16 natively (its ``dtype="auto"`` is then bf16
-      autocast: 1.9x at a loss of 0.0006);
-    * else ``"onnx"`` (fp32, scores equal to torch fp32: 1.3x) when onnxruntime is installed;
+    * ``"openvino"`` when installed, the only runtime that met the target (>= 2x at <= 0.005
+      loss). OpenVINO picks its own inference precision (bf16 on a CPU with native bf16, fp32
+      without), so an explicit ``fp32`` request skips it;
+    * else ``"torch"`` where the CPU runs bf16 natively (its ``dtype="auto"`` is then bf16);
+    * else ``"onnx"`` (fp32, scores equal to torch fp32) when onnxruntime is installed;
     * else ``"torch"``.
 
-    ``"onnx-int8"`` is never chosen: 2.6x, but it lost 0.0099 nDCG@10 (above the 0.005 bound).
+    ``"onnx-int8"`` is never chosen: it lost more nDCG@10 than the 0.005 bound.
     A pure function of its arguments.
     """
     if not fp32 and available("openvino"):

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from funnel_core.errors import check_positive_int
-from funnel_core.rerank.base import load_pretrained, resolve_device
+from funnel_core.models import load_pretrained, resolve_device
 from funnel_core.rerank.fid import DEFAULT_TEMPLATE, DEFAULT_TEMPLATE_NO_TITLE
 
 __all__ = ["FiDExample", "FiDTrainResult", "fid_collate", "fid_loss", "train_fid",

@@ -222,7 +222,7 @@ def init_cross_encoder(encoder_path: str | os.PathLike, out_dir: str | os.PathLi
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from funnel_core.rerank.base import load_pretrained
+    from funnel_core.models import load_pretrained
 
     torch.manual_seed(seed)
     verbosity = hf_logging.get_verbosity()
@@ -354,7 +354,7 @@ class CrossEncoderTrainer:
         from tqdm.auto import tqdm
         from transformers import AutoModelForSequenceClassification, AutoTokenizer, get_linear_schedule_with_warmup
 
-        from funnel_core.rerank.base import load_pretrained, resolve_device
+        from funnel_core.models import load_pretrained, resolve_device
         from funnel_core.rerank.cross_encoder import encode_pairs
 
         groups = [g for g in groups if g.positives and g.negatives]

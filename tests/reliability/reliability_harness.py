@@ -36,8 +36,8 @@ import numpy as np
 
 from funnel_core import persist
 from funnel_core.bm25 import BM25Index
-from funnel_core.clustered import ClusteredBM25Index
 from funnel_core.errors import PersistError
+from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
 from funnel_core.units import Unit
 
 STEPS = ["marker_written", "tmp_created", "files_written", "files_synced", "manifest_written",

@@ -1,0 +1,121 @@
+"""Where an index lives: :class:`MilvusBackend` (a Milvus URI and its credentials) and the
+helpers that turn an adapter's ``backend=`` argument into one."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    pass  # typing.Self from Python 3.11
+
+
+from funnel_core.backends.milvus.bm25 import MilvusBM25Index
+from funnel_core.backends.milvus.client import UnsupportedFilterError, normalise_uri
+from funnel_core.backends.milvus.clustered import MilvusClusteredBM25Index
+from funnel_core.backends.milvus.dense import MilvusDenseIndex
+
+
+def search_dense(index: Any, query: str, k: int, flt: Any, *, argument: str = "filter") -> list:
+    """Search a dense index for the framework retrievers: a Milvus index gets ``flt`` pushed
+    down; the in-memory :class:`~funnel_core.embeddings.DenseIndex` takes no filter, so one
+    raises :class:`UnsupportedFilterError` naming the fix (``argument`` is the retriever's name
+    for the filter)."""
+    from funnel_core.embeddings import DenseIndex
+
+    if not isinstance(index, DenseIndex):
+        return index.search(query, k=k, filter=flt)
+    if flt is not None:
+        raise UnsupportedFilterError(
+            "the in-memory DenseIndex takes no metadata filter; build the retriever with "
+            f"backend=MilvusBackend(...) to filter, or drop {argument}=.")
+    return index.search(query, k=k)
+
+
+
+@dataclass(frozen=True)
+class MilvusBackend:
+    """Where an index keeps its data when it is not in this process's memory: Milvus.
+
+    The one argument the retrievers of both adapters take (``backend=``) to build into Milvus
+    and re-open what is there::
+
+        MilvusBackend("funnel.db")                              # Milvus Lite, a local file
+        MilvusBackend("http://milvus:19530", token="user:pw", db_name="rag")   # a server/cluster
+
+    Args:
+        uri: A local path ending in ``.db`` (embedded Milvus Lite) or ``http(s)://host:port``.
+        collection: Collection (alias) name; ``None``: the index class's default
+            (``funnel_bm25``, ``funnel_clusters``, ``funnel_dense``).
+        token: Milvus token (``"user:password"`` or an API key); never written to disk.
+        db_name: Milvus database (server only).
+        timeout: Seconds for each Milvus call (``None``: pymilvus default).
+        show_progress: tqdm bars while inserting.
+    """
+
+    uri: str = "funnel.db"
+    collection: str | None = None
+    token: str | None = field(default=None, repr=False)
+    db_name: str | None = None
+    timeout: float | None = None
+    show_progress: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "uri", normalise_uri(self.uri))
+
+    def with_collection(self, collection: str) -> "MilvusBackend":
+        """The same connection, another collection."""
+        return replace(self, collection=collection)
+
+    def _kwargs(self) -> dict[str, Any]:
+        return {"token": self.token, "db_name": self.db_name, "timeout": self.timeout,
+                "show_progress": self.show_progress}
+
+    def bm25(self, **bm25_config: Any) -> "MilvusBM25Index":
+        """A :class:`MilvusBM25Index` on this connection (not built: call ``.index(...)``, or
+        search to re-open an existing collection)."""
+        return MilvusBM25Index(self.uri, self.collection or "funnel_bm25", **self._kwargs(),
+                               **bm25_config)
+
+    def clustered(self, **config: Any) -> "MilvusClusteredBM25Index":
+        """A :class:`MilvusClusteredBM25Index` on this connection (clustering and BM25 settings
+        as keyword arguments)."""
+        return MilvusClusteredBM25Index(self.uri, self.collection or "funnel_clusters",
+                                        **self._kwargs(), **config)
+
+    def dense(self, embedder: Any = None, **config: Any) -> "MilvusDenseIndex":
+        """A :class:`MilvusDenseIndex` on this connection (``index_type``, ``batch_size``, ...)."""
+        return MilvusDenseIndex(self.uri, self.collection or "funnel_dense", embedder,
+                                **self._kwargs(), **config)
+
+
+#: What ``backend=`` means when it is not a Milvus URI: the in-memory default.
+IN_MEMORY = ("memory", "bm25s", "numpy")
+
+
+def as_backend(backend: Any) -> MilvusBackend | None:
+    """``backend=`` as the adapters take it: ``None`` / ``"memory"`` -> ``None`` (in memory), a
+    :class:`MilvusBackend` as is, a URI string (``"funnel.db"``, ``"http://host:19530"``) ->
+    ``MilvusBackend(uri)``."""
+    if backend is None or isinstance(backend, MilvusBackend):
+        return backend
+    if isinstance(backend, (str, os.PathLike)):
+        if isinstance(backend, str) and backend in IN_MEMORY:
+            return None
+        try:
+            return MilvusBackend(os.fspath(backend))
+        except ValueError as exc:
+            raise ValueError(f"backend={os.fspath(backend)!r} is neither 'memory' (the default, "
+                             "in-process) nor a Milvus URI: pass a local path ending in '.db' "
+                             "(Milvus Lite) or 'http://host:19530', or "
+                             "funnel_core.backends.milvus.MilvusBackend(uri, token=..., db_name=...).") from exc
+    raise TypeError(f"backend must be None/'memory', a Milvus URI string or a "
+                    f"funnel_core.backends.milvus.MilvusBackend, got {type(backend).__name__}.")
+
+
+def hybrid_backends(backend: MilvusBackend) -> tuple[MilvusBackend, MilvusBackend]:
+    """The two collections of a hybrid retriever on ``backend``: ``<collection>_bm25`` and
+    ``<collection>_dense`` (``collection`` default ``funnel_hybrid``)."""
+    base = backend.collection or "funnel_hybrid"
+    return backend.with_collection(f"{base}_bm25"), backend.with_collection(f"{base}_dense")

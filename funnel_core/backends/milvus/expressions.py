@@ -1,0 +1,174 @@
+"""Milvus boolean expressions: safe tokens for BM25 text, metadata filters, comparisons."""
+from __future__ import annotations
+
+import json
+import math
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+from funnel_core.backends.milvus.client import ESCAPE, SAFE_TOKEN, UnsupportedFilterError
+
+if TYPE_CHECKING:  # pragma: no cover
+    pass  # typing.Self from Python 3.11
+
+import numpy as np
+
+
+# -- tokens and filters ---------------------------------------------------------------------------
+def safe_token(tok: str) -> str:
+    if SAFE_TOKEN.match(tok) and not tok.startswith(ESCAPE):
+        return tok
+    return ESCAPE + tok.encode("utf-8").hex()
+
+
+def milvus_tokens(tokens: Sequence[str]) -> str:
+    """Our tokens as one string that Milvus's ``standard`` tokenizer splits back into exactly
+    the same (one-to-one escaped) terms."""
+    return " ".join(safe_token(t) for t in tokens)
+
+
+def literal(value: Any, key: str) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        if not math.isfinite(float(value)):
+            raise UnsupportedFilterError(f"filter value {value!r} for key {key!r} is not finite; "
+                                         "Milvus expressions need finite numbers.")
+        return repr(float(value))
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    raise UnsupportedFilterError(
+        f"filter value {value!r:.60} ({type(value).__name__}) for key {key!r} cannot be pushed "
+        "down to Milvus; use str, int, float or bool values (or a list of them), or pass a raw "
+        "Milvus expression string such as 'metadata[\"year\"] >= 2015'.")
+
+
+def json_path(field: str, key: str) -> str:
+    return f"{field}[{json.dumps(key, ensure_ascii=False)}]"
+
+
+def filter_expression(filter: Any, field: str = "metadata") -> str | None:
+    """Translate a funnel-rag metadata filter into a Milvus boolean expression.
+
+    ``None`` -> ``None``; a ``str`` is returned as is (a raw Milvus expression); a dict of
+    ``key: value`` / ``key: [values]`` becomes ANDed equality / membership tests on the JSON
+    ``metadata`` field, a list-valued metadata field matching when it contains the value (the
+    same semantics as :func:`funnel_core.bm25.metadata_mask`). An empty list matches nothing
+    (``"false"``). Callables and boolean arrays raise :class:`UnsupportedFilterError`.
+    """
+    if filter is None:
+        return None
+    if isinstance(filter, str):
+        if not filter.strip():
+            return None
+        return filter
+    if isinstance(filter, np.ndarray):
+        raise UnsupportedFilterError(
+            "a boolean-mask filter is aligned with an in-memory index and cannot be pushed down "
+            "to Milvus; pass a dict such as {'source': 'a.md'} / {'year': [2020, 2021]} or a "
+            "Milvus expression string such as 'metadata[\"year\"] >= 2015'.")
+    if callable(filter):
+        raise UnsupportedFilterError(
+            f"a callable filter ({getattr(filter, '__name__', type(filter).__name__)}) cannot be "
+            "pushed down to Milvus, which filters on the server; pass a dict such as "
+            "{'source': 'a.md'} / {'year': [2020, 2021]} or a Milvus expression string such as "
+            "'metadata[\"year\"] >= 2015 and metadata[\"lang\"] == \"en\"'. (LlamaIndex "
+            "MetadataFilters: use llama_index_funnel.milvus.to_milvus_filter.)")
+    if not isinstance(filter, Mapping):
+        raise TypeError(f"filter must be a dict of metadata values or a Milvus expression "
+                        f"string, got {type(filter).__name__}.")
+    parts = []
+    for key, wanted in filter.items():
+        if not isinstance(key, str):
+            raise TypeError(f"filter keys must be str, got {key!r}.")
+        path = json_path(field, key)
+        values = list(wanted) if isinstance(wanted, (list, tuple, set, frozenset)) else [wanted]
+        if not values:
+            return "false"
+        lits = [literal(v, key) for v in values]
+        if len(lits) == 1:
+            parts.append(f"({path} == {lits[0]} or json_contains({path}, {lits[0]}))")
+        else:
+            eqs = " or ".join(f"{path} == {lit}" for lit in lits)
+            parts.append(f"({eqs} or json_contains_any({path}, [{', '.join(lits)}]))")
+    return " and ".join(parts) if parts else None
+
+
+#: Comparison operators of :func:`comparison_expression` (the frameworks' filter objects map
+#: onto these: LlamaIndex ``FilterOperator``, LangChain ``structured_query.Comparator``).
+COMPARISONS = ("eq", "ne", "gt", "gte", "lt", "lte", "in", "nin", "contains", "any", "all", "like")
+CMP_OPS = {"eq": "==", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
+
+
+def comparison_expression(key: str, op: str, value: Any, field: str = "metadata") -> str | None:
+    """One metadata comparison as a Milvus boolean expression, with the semantics of a Python
+    predicate on the metadata dict: a unit whose metadata lacks ``key`` fails ``eq``/``gt``/...
+    and passes ``ne``/``nin`` (Milvus alone would make both false), values of another type fail.
+
+    ``op`` is one of :data:`COMPARISONS`: ``in``/``nin`` take a list of values; ``contains``
+    (a list-valued field holds ``value``), ``any``/``all`` (holds any / all of a list);
+    ``like`` (a string field contains ``value`` as a substring). Returns ``None`` for a
+    comparison every unit passes (``nin []``) and ``"false"`` for one none passes (``in []``).
+    """
+    if not isinstance(key, str) or not key:
+        raise TypeError(f"a metadata filter key must be a non-empty str, got {key!r}.")
+    path = json_path(field, key)
+    guarded = f"exists {path} and "
+    if op in CMP_OPS:
+        return f"({guarded}{path} {CMP_OPS[op]} {literal(value, key)})"
+    if op == "ne":
+        return f"not ({guarded}{path} == {literal(value, key)})"
+    if op in ("in", "nin", "any", "all"):
+        if not isinstance(value, (list, tuple, set, frozenset)):
+            raise TypeError(f"the {op!r} filter on {key!r} takes a list of values, got "
+                            f"{type(value).__name__} {value!r:.60}.")
+        lits = [literal(v, key) for v in value]
+        if not lits:
+            return {"in": "false", "any": "false", "nin": None, "all": None}[op]
+        if op == "any":
+            return f"({guarded}json_contains_any({path}, [{', '.join(lits)}]))"
+        if op == "all":
+            return f"({guarded}json_contains_all({path}, [{', '.join(lits)}]))"
+        eqs = " or ".join(f"{path} == {lit}" for lit in lits)
+        return f"({guarded}({eqs}))" if op == "in" else f"not ({guarded}({eqs}))"
+    if op == "contains":
+        return f"({guarded}json_contains({path}, {literal(value, key)}))"
+    if op == "like":
+        text = str(value)
+        if any(c in text for c in "%_\\"):
+            raise UnsupportedFilterError(
+                f"the substring filter {text!r} on {key!r} holds '%', '_' or a backslash, which "
+                "Milvus LIKE patterns cannot escape; write the expression yourself (a Milvus "
+                "expression string) or filter on another field.")
+        return f"({guarded}{path} like {json.dumps('%' + text + '%', ensure_ascii=False)})"
+    raise UnsupportedFilterError(
+        f"the filter operator {op!r} (key {key!r}) has no Milvus expression; use one of "
+        f"{COMPARISONS}, or pass a Milvus expression string such as 'metadata[\"year\"] >= 2015'.")
+
+
+def combine_expressions(parts: Sequence[str | None], condition: str = "and") -> str | None:
+    """Join expressions with ``and`` / ``or`` / ``not`` (= not any); a ``None`` part is one that
+    every unit passes, ``"false"`` one that none passes."""
+    if condition not in ("and", "or", "not"):
+        raise ValueError(f"condition must be 'and', 'or' or 'not', got {condition!r}.")
+    if condition == "and":
+        live: list[str] = [p for p in parts if p is not None]
+        if "false" in live:
+            return "false"
+        return " and ".join(f"({p})" for p in live) if live else None
+    if any(p is None for p in parts):  # one part always true
+        return None if condition == "or" else "false"
+    live = [p for p in parts if p is not None and p != "false"]
+    if not live:
+        return "false" if condition == "or" else None
+    joined = " or ".join(f"({p})" for p in live)
+    return joined if condition == "or" else f"not ({joined})"
+
+
+def in_expr(field: str, values: Iterable[str]) -> str:
+    return f"{field} in [{', '.join(json.dumps(v, ensure_ascii=False) for v in values)}]"
+
+
+def and_expr(*exprs: str | None) -> str:
+    return " and ".join(f"({e})" for e in exprs if e)

@@ -1,0 +1,137 @@
+"""FunnelRetriever in both frameworks, with our stages and with the frameworks' own objects."""
+
+import asyncio
+
+import pytest
+from langchain_core.documents import Document
+from langchain_core.embeddings import DeterministicFakeEmbedding
+from langchain_core.prompts import ChatPromptTemplate
+from langchain_core.runnables import RunnableLambda, RunnablePassthrough
+from langchain_core.vectorstores import InMemoryVectorStore
+from llama_index.core import Settings, VectorStoreIndex
+from llama_index.core.embeddings import MockEmbedding
+from llama_index.core.llms import MockLLM
+from llama_index.core.postprocessor import LongContextReorder, SimilarityPostprocessor
+from llama_index.core.query_engine import RetrieverQueryEngine
+from llama_index.core.schema import NodeRelationship
+
+from funnel_core import BM25Index, BM25Retrieve, Funnel, LaterChunking
+from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
+from funnel_core.funnelrag.presets import funnelrag
+from funnel_core.rerank.base import Reranker
+from langchain_funnel.funnel import FunnelRetriever as LCFunnelRetriever
+from langchain_funnel.retrievers import BM25Retriever as LCBM25Retriever
+from llama_index_funnel.funnel import FunnelRetriever as LIFunnelRetriever
+from llama_index_funnel.retrievers import ClusteredBM25Retriever
+
+Settings.embed_model = MockEmbedding(embed_dim=8)
+
+
+class KeywordScorer(Reranker):
+    """Scores a text by how often it contains a word (a transparent, model-free reranker)."""
+
+    def __init__(self, word, **kw):
+        super().__init__(score_threshold=0.5, **kw)
+        self.word = word.lower()
+
+    def score(self, query, texts):
+        return [float(t.lower().count(self.word)) for t in texts]
+
+
+def keep_containing(word):
+    return KeywordScorer(word, name=f"keep[{word}]")
+
+
+def test_core_preset_builds_the_papers_funnel(corpus_units):
+    funnel = funnelrag(corpus_units, pre_ranker=keep_containing("Paris"), post_ranker=keep_containing("tower"),
+                       k_clusters=3, k_documents=2, k_passages=1, passage_words=6, max_tokens=40)
+    res = funnel.search("Paris France tower", answers=["Eiffel"])
+    names = [r.name for r in res.trace.stages]
+    assert names == ["retrieval", "pre_ranking % 2", "later_chunking", "post_ranking % 1"]
+    levels = [r.level for r in res.trace.stages]
+    assert levels == ["document", None if not res.units else levels[1], "passage", levels[3]]
+    assert res.trace.stages[2].units_out > res.trace.stages[2].units_in  # documents -> passages
+    assert len(res.units) == 1 and "tower" in res.units[0].text.lower()
+    assert set(res.units[0].scores) >= {"retrieval", "pre_ranking", "post_ranking"}
+
+
+def test_llamaindex_funnel_with_native_components_in_a_query_engine(source_linked_nodes):
+    clustered = ClusteredBM25Retriever.from_defaults(nodes=source_linked_nodes, similarity_top_k=3, max_tokens=40,
+                                                     knn_k=3, knn_threshold=0.05)
+    funnel = LIFunnelRetriever([clustered, SimilarityPostprocessor(similarity_cutoff=0.0),
+                                LaterChunking(words=6) % 6, LongContextReorder()])
+    engine = RetrieverQueryEngine.from_args(funnel, llm=MockLLM())
+    response = engine.query("Eiffel Tower in Paris")
+    assert len(response.source_nodes) == 6
+    trace = response.source_nodes[0].node.metadata["funnel"]["funnel_trace"]
+    assert [s["name"] for s in trace["stages"]] == ["ClusteredBM25Retriever", "SimilarityPostprocessor",
+                                                    "later_chunking(6w) % 6", "LongContextReorder"]
+    # passages point to their parent document node, which keeps its source relationship
+    child = response.source_nodes[0].node
+    assert child.relationships[NodeRelationship.PARENT].node_id in {n.node_id for n in source_linked_nodes}
+
+
+def test_llamaindex_funnel_keeps_native_nodes_and_async(source_linked_nodes):
+    vector = VectorStoreIndex(source_linked_nodes).as_retriever(similarity_top_k=4)
+    funnel = LIFunnelRetriever([vector, LongContextReorder()])
+    out = funnel.retrieve("Paris")
+    assert len(out) == 4 and all(n.node.source_node.node_id.startswith("src-") for n in out)
+    aout = asyncio.run(funnel.aretrieve("Paris"))
+    assert [n.node.node_id for n in aout] == [n.node.node_id for n in out]
+
+
+def test_llamaindex_funnel_search_reports_answer_recall(source_linked_nodes):
+    index = BM25Index().index([__import__("funnel_core").Unit(id=n.node_id, text=n.text) for n in source_linked_nodes])
+    funnel = LIFunnelRetriever([BM25Retrieve(index, k=5), keep_containing("Shakespeare")], nodes=source_linked_nodes)
+    out, trace = funnel.search("Who wrote Hamlet, the tragedy?", answers=["William Shakespeare"])
+    assert [r.answer_recall for r in trace.stages] == [1.0, 1.0]
+    assert out[0].node.source_node.node_id.startswith("src-")  # copies of the given nodes
+
+
+def test_langchain_funnel_with_native_components_in_lcel(corpus_units):
+    docs = [Document(id=u.id, page_content=u.text, metadata=dict(u.metadata)) for u in corpus_units]
+    store = InMemoryVectorStore(DeterministicFakeEmbedding(size=16))
+    store.add_documents(docs)
+    reverse = RunnableLambda(lambda x: list(reversed(x["documents"])), name="reverse")
+    funnel = LCFunnelRetriever.from_stages(LCBM25Retriever.from_documents(docs, k=4), reverse,
+                                           LaterChunking(words=6), k=3)
+    prompt = ChatPromptTemplate.from_template("{context}\n\nQ: {question}")
+    chain = {"context": funnel | (lambda ds: "\n".join(d.page_content for d in ds)),
+             "question": RunnablePassthrough()} | prompt
+    text = chain.invoke("Shakespeare playwright").to_string()
+    assert "Q: Shakespeare playwright" in text
+    out = funnel.invoke("Shakespeare playwright")
+    assert len(out) == 3 and out[0].metadata["funnel"]["funnel_trace"]["stages"][1]["name"] == "reverse"
+    assert out[0].metadata["funnel"]["parent_id"] in {d.id for d in docs}
+    vec_funnel = LCFunnelRetriever.from_stages(store.as_retriever(search_kwargs={"k": 5}), LaterChunking(words=6), k=2)
+    assert len(asyncio.run(vec_funnel.ainvoke("Paris"))) == 2
+
+
+def test_langchain_funnel_accepts_our_transformers(corpus_units):
+    from langchain_funnel.rerank import LaterChunkingTransformer
+
+    docs = [Document(id=u.id, page_content=u.text) for u in corpus_units]
+    funnel = LCFunnelRetriever.from_stages(LCBM25Retriever.from_documents(docs, k=2),
+                                           LaterChunkingTransformer(words=4), k=10)
+    out = funnel.invoke("Eiffel Tower Paris")
+    assert len(out) > 2 and all(len(d.page_content.split()) <= 4 for d in out)
+    assert all(d.metadata["funnel"]["level"] == "passage" and d.metadata["funnel"]["parent_id"] for d in out)
+
+
+def test_langchain_funnel_rejects_bad_stage_output(corpus_units):
+    docs = [Document(id=u.id, page_content=u.text) for u in corpus_units]
+    bad = RunnableLambda(lambda x: "not documents")
+    funnel = LCFunnelRetriever.from_stages(LCBM25Retriever.from_documents(docs), bad)
+    with pytest.raises(TypeError, match="must return a list of Documents"):
+        funnel.invoke("Paris")
+
+
+def test_funnel_bad_input(corpus_units):
+    with pytest.raises(ValueError, match="at least one stage"):
+        Funnel([])
+    with pytest.raises(TypeError, match="a funnel stage must be"):
+        Funnel([42])
+    with pytest.raises(ValueError, match="k_documents must be >= 1"):
+        funnelrag(corpus_units, pre_ranker=keep_containing("x"), k_documents=0)
+    with pytest.raises(TypeError, match="pre_ranking must be"):
+        funnelrag(ClusteredBM25Index(max_tokens=40).index(corpus_units), pre_ranker=3.5)

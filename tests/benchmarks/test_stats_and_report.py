@@ -1,0 +1,264 @@
+"""The benchmark statistics helpers and the results-table generator (benchmarks/stats.py, report.py).
+
+Expected values are computed by hand from the definitions, not from the code.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import report  # noqa: E402
+from stats import bootstrap_ci, mcnemar_exact, paired_bootstrap, percentile  # noqa: E402
+
+
+def test_mcnemar_exact_matches_the_binomial_tail():
+    # a answers q0-q4 alone, b answers q5 alone, both answer q6, neither q7:
+    # n = 6 discordant, k = 1 -> p = 2 * (C(6,0) + C(6,1)) / 2^6 = 2 * 7 / 64 = 0.21875
+    a = [1, 1, 1, 1, 1, 0, 1, 0]
+    b = [0, 0, 0, 0, 0, 1, 1, 0]
+    r = mcnemar_exact(a, b)
+    assert (r["a_only"], r["b_only"]) == (5, 1)
+    assert r["p_value"] == pytest.approx(0.21875)
+    # 10 vs 0 discordant: p = 2 / 1024
+    r = mcnemar_exact([1] * 10 + [0] * 5, [0] * 10 + [0] * 5)
+    assert r["p_value"] == pytest.approx(2 / 1024)
+    # symmetric: swapping the systems swaps the counts, not the p-value
+    r2 = mcnemar_exact(b, a)
+    assert (r2["a_only"], r2["b_only"]) == (1, 5) and r2["p_value"] == pytest.approx(0.21875)
+    # no discordant question: p = 1 (capped)
+    assert mcnemar_exact([1, 0], [1, 0])["p_value"] == 1.0
+
+
+def test_bootstrap_interval_of_a_proportion():
+    assert bootstrap_ci([1.0] * 50) == (1.0, 1.0)
+    # 400 questions, half answered: normal approximation 0.5 +- 1.96 * sqrt(0.25 / 400) = 0.5 +- 0.049
+    lo, hi = bootstrap_ci([1, 0] * 200, n_boot=4000, seed=1)
+    assert lo == pytest.approx(0.451, abs=0.012) and hi == pytest.approx(0.549, abs=0.012)
+    assert bootstrap_ci([1, 0] * 200, seed=3) == bootstrap_ci([1, 0] * 200, seed=3)  # seeded
+
+
+def test_paired_bootstrap_difference_and_interval():
+    a = [1, 1, 0, 0] * 50
+    b = [0, 1, 0, 1] * 50
+    r = paired_bootstrap(a, b)
+    assert r["difference"] == pytest.approx(0.0)
+    assert r["ci"][0] < 0 < r["ci"][1]
+    r = paired_bootstrap([1] * 100, [0] * 100)
+    assert r["difference"] == 1.0 and r["ci"] == [1.0, 1.0] and r["share_of_resamples_le_0"] == 0.0
+    with pytest.raises(ValueError, match="same questions"):
+        paired_bootstrap([1, 0], [1])
+
+
+def test_percentile_and_wilson_by_hand():
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([0, 10], 95) == pytest.approx(9.5)
+    # Wilson 95% for 50/100: [0.4038, 0.5962] (textbook value)
+    lo, hi = report.wilson(0.5, 100)
+    assert lo == pytest.approx(0.4038, abs=1e-4) and hi == pytest.approx(0.5962, abs=1e-4)
+    # 0/20: lower bound 0, upper 0.1611
+    lo, hi = report.wilson(0.0, 20)
+    assert lo == pytest.approx(0.0, abs=1e-12) and hi == pytest.approx(0.1611, abs=1e-4)
+
+
+def test_render_rewrites_only_marked_blocks_and_is_idempotent(monkeypatch):
+    monkeypatch.setitem(report.BLOCKS, "demo", lambda: "| a |\n|---|\n| 1 |")
+    text = ("intro\n<!-- results:demo:begin -->\nold typed row\n<!-- results:demo:end -->\noutro\n"
+            "<!-- results:nosuch:begin -->\nkept\n<!-- results:nosuch:end -->\n")
+    once = report.render(text)
+    assert "old typed row" not in once and "| 1 |" in once
+    assert once.startswith("intro\n") and once.endswith("kept\n<!-- results:nosuch:end -->\n")
+    assert report.render(once) == once
+
+
+def test_committed_tables_are_up_to_date():
+    """`python benchmarks/report.py` on the committed JSON changes nothing (no hand-typed drift)."""
+    assert report.main(["--check"]) == 0
+
+
+# -- the generated blocks, checked against the JSON read here, independently of the renderers --------
+def cells(block: str) -> list[list[str]]:
+    """The body rows of the (first) markdown table in ``block``, as stripped cells without bold."""
+    lines = [ln for ln in block.splitlines() if ln.startswith("|")]
+    return [[c.strip().strip("*") for c in ln.strip("|").split("|")] for ln in lines[2:]]
+
+
+def test_every_marker_in_the_docs_has_a_renderer_and_renders():
+    names = {m.group(2) for path in report.FILES for m in report.MARK.finditer(path.read_text(encoding="utf-8"))}
+    # the tables this session moved out of hand-typing are among them
+    assert {"prerank-scifact", "funnel-stages", "funnel-scifact", "funnel-scaling", "cluster-scale",
+            "large-summary"} <= names
+    for name in names:
+        assert name in report.BLOCKS, f"marker {name!r} has no renderer"
+        assert report.BLOCKS[name]().strip()
+
+
+def test_readme_rows_render_without_leaving_any_out(capsys):
+    rows = report.rows_readme()
+    assert "left out" not in capsys.readouterr().err
+    assert len(rows) >= 10 and all(len(r) == 5 and r[4] for r in rows)   # every row names its command
+
+
+def test_check_fails_on_a_block_that_cannot_render(monkeypatch, tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("<!-- results:broken:begin -->\nx\n<!-- results:broken:end -->\n", encoding="utf-8")
+
+    def broken() -> str:
+        raise KeyError("no such field")
+
+    monkeypatch.setitem(report.BLOCKS, "broken", broken)
+    monkeypatch.setattr(report, "FILES", [doc])
+    assert report.main(["--check"]) == 1       # up to date as text, but not rendered from the JSON
+
+
+def test_prerank_table_is_the_json():
+    base = report.load("prerank.json")
+    maxp = report.load("prerank_maxp100.json")
+    rows = cells(report.BLOCKS["prerank-scifact"]())
+    depths = ["10", "20", "30", "50", "100"]
+    by_label = {r[0]: r[1:] for r in rows}
+    flat = next(v for k, v in by_label.items() if k.startswith("flat BM25"))
+    assert flat == [f"{base['flat_bm25']['ndcg@10']:.3f}"] * 5
+    ours = next(v for k, v in by_label.items() if "negatives from BM25 top-100" in k)
+    assert ours == [f"{base['rerank']['depths'][d]['cross_encoder']['ndcg@10']:.3f}" for d in depths]
+    mp = next(v for k, v in by_label.items() if k.startswith("same model, MaxP"))
+    assert mp == [f"{maxp['rerank']['depths'][d]['cross_encoder']['ndcg@10']:.3f}" for d in depths]
+    assert by_label["published: BM25 top-100 + ms-marco-MiniLM CE (BEIR)"][-1] == "0.688"
+    # bold marks the column maximum only (computed here from all rows of the table)
+    raw = [ln for ln in report.BLOCKS["prerank-scifact"]().splitlines() if ln.startswith("| ")][1:-1]
+    for j in range(5):
+        col = [ln.strip("|").split("|")[1 + j].strip() for ln in raw]
+        top = max(float(c.strip("*")) for c in col)
+        assert all(c.startswith("**") == (float(c.strip("*")) == top) for c in col)
+
+
+def test_postrank_fid_tables_are_the_json():
+    """The FiD post-ranking tables of docs/postrank.md: cells read back from the JSON by hand."""
+    import json
+    d = json.loads((BENCH / "results" / "postrank_fid_minilm.json").read_text(encoding="utf-8"))
+    rows = {r[0]: r[1:] for r in cells(report.BLOCKS["postrank-fid-schemes"]())}
+    all_q = d["results_all_questions"]
+    # scheme (ii): plain and "+ query" columns come from two different JSON keys
+    assert rows["FiD (ii) max over layers"] == [
+        f"{all_q['fid_max_layers']['AR@1']['mean']:.3f}", f"{all_q['fid_max_layers+query']['AR@1']['mean']:.3f}",
+        f"{all_q['fid_max_layers']['AR@4']['mean']:.3f}", f"{all_q['fid_max_layers+query']['AR@4']['mean']:.3f}"]
+    assert rows["BM25 order"] == [f"{all_q['bm25']['AR@1']['mean']:.3f}", "", f"{all_q['bm25']['AR@4']['mean']:.3f}", ""]
+    ce = {r[0]: r[1:] for r in cells(report.BLOCKS["postrank-fid-ce"]())}
+    x = d["with_cross_encoder"]["results"]["cross_encoder"]["AR@3"]
+    assert ce["SQuAD cross-encoder (MiniLM, bench15)"][2] == f"{x['mean']:.3f} [{x['ci95'][0]:.3f}, {x['ci95'][1]:.3f}]"
+
+
+def test_funnel_stage_table_is_the_trace():
+    f = report.load("funnel.json")
+    rows = cells(report.BLOCKS["funnel-stages"]())
+    stages = f["squad"]["funnel"]["stages"]
+    assert len(rows) == len(stages)
+    for row, st in zip(rows, stages):
+        assert float(row[3]) == pytest.approx(st["answer_recall_after"], abs=0.005)
+        assert float(row[2]) == pytest.approx(st["seconds_per_query"], rel=0.06, abs=0.006)
+        assert row[1].split(" -> ")[1].split()[0] == report.units(st["units_out"])
+    scale = cells(report.BLOCKS["funnel-scaling"]())
+    assert [r[0] for r in scale] == [report.count(r["n_passages"]) for r in f["scaling"]]
+
+
+def test_bold_max_count_and_seconds_by_hand():
+    assert report.bold_max([0.5, None, 0.7, 0.7001]) == ["0.500", "", "**0.700**", "**0.700**"]
+    assert report.count(10_000) == "10k" and report.count(1_000_000) == "1M" and report.count(19_809) == "19,809"
+    assert report.secs(0.00065) == "0.00065" and report.secs(1.234) == "1.23"
+
+
+def _scale_json(seconds: float, rss_mib: float) -> dict:
+    row = {"n_documents": 1_000_000, "corpus": "synthetic", "load_average_at_start": [2.0, 2.0, 2.0],
+           "step_seconds": {"bm25_index": 10.0, "knn_graph": seconds - 40.0, "algorithm1": 10.0,
+                            "cluster_units": 10.0, "cluster_index": 10.0},
+           "pipeline_seconds": seconds, "cpu_seconds": seconds, "peak_rss_mib": rss_mib, "n_clusters": 100}
+    part = {"n_documents": 1_000_000, "load_average_at_start": [1.0], "step_seconds": {"bm25_index": 5.0},
+            "peak_rss_mib": 100.0, "knn_sample": {"rows": 8000, "estimated_knn_graph_seconds": 1234.0}}
+    return {"target": {"n_documents": 1_000_000, "seconds": 600, "peak_rss_gib": 8},
+            "runs": {"after": {"args": {"label": "after"}, "rows": [row]},
+                     "after_knn": {"args": {"label": "after"}, "rows": [part]}}}
+
+
+@pytest.mark.parametrize("seconds,rss_mib,time_word,mem_word", [(923.0, 5741.0, "misses", "meets"),
+                                                                 (540.0, 9000.0, "meets", "misses")])
+def test_cluster_scale_block_says_whether_the_target_is_met(monkeypatch, seconds, rss_mib, time_word, mem_word):
+    monkeypatch.setattr(report, "load", lambda name: _scale_json(seconds, rss_mib))
+    text = report.BLOCKS["cluster-scale"]()
+    assert f"**{seconds:.0f} s** wall ({time_word} the 600 s target" in text
+    assert f"**{rss_mib / 1024:.1f} GiB** peak RSS ({mem_word} the 8 GiB target)" in text
+    assert "`knn_graph`" in text                                    # the slowest step is named
+    assert "--knn-sample 8000" in text and "~1,234 (sampled 8,000 rows)" in text
+
+
+def _large(funnel_s: float, flat_fast_s: float, ci_equal_time: list[float]) -> dict:
+    def sysrow(kind, ar4, s):
+        return {"kind": kind, "AR@4": ar4, "seconds_p50": s, "pairs_per_query": 10.0 if kind == "flat" else 300.0,
+                "AR@4_ci95": [ar4 - 0.01, ar4 + 0.01]}
+
+    def comp(flat, ar_flat, s_flat):
+        return {"flat": flat, "AR@4_funnel": 0.90, "AR@4_flat": ar_flat,
+                "AR@4_difference": {"difference": 0.90 - ar_flat, "ci": ci_equal_time},
+                "mcnemar_exact": {"p_value": 0.5, "a_only": 3, "b_only": 4},
+                "seconds_p50_funnel": funnel_s, "seconds_p50_flat": s_flat,
+                "time_ratio_funnel_over_flat": funnel_s / s_flat}
+
+    return {"systems_dev_a": {"flat fast": sysrow("flat", 0.91, flat_fast_s), "flat slow": sysrow("flat", 0.95, 20.0),
+                              "funnel A": sysrow("funnel", 0.90, funnel_s), "funnel B": sysrow("funnel", 0.80, 30.0)},
+            "comparison": {"funnel": "funnel A",
+                           "equal_AR@4": {**comp("flat fast", 0.91, flat_fast_s), "flat_reaches_funnel_AR@4": True},
+                           "equal_time": {**comp("flat fast", 0.91, flat_fast_s), "flat_within_funnel_time": True}}}
+
+
+def test_plain_summary_says_where_the_funnel_wins_and_loses():
+    # funnel A: 0.90 in 1 s; the fastest flat system at >= 0.90 takes 2 s -> faster at equal AR@4, and no
+    # flat system is at least as accurate in at most 1 s -> funnel A is listed; funnel B (0.80, 30 s) is not
+    won = report.large_plain(_large(1.0, 2.0, [0.01, 0.03]))
+    assert "**At equal AR@4 the funnel is faster**" in won[0] and "**0.50x the time**" in won[0]
+    assert "the funnel is more accurate" in won[1]
+    assert "`funnel A`" in won[2] and "`funnel B`" not in won[2]
+    lost = report.large_plain(_large(10.0, 2.0, [-0.03, -0.01]))
+    assert "slower" in lost[0] and "**5.00x the time**" in lost[0]
+    assert "the funnel is less accurate" in lost[1]
+    assert "none beats the flat systems" in lost[2]
+    tie = report.large_plain(_large(10.0, 2.0, [-0.01, 0.01]))
+    assert "no difference the sample can resolve" in tie[1]
+
+
+def test_equal_accuracy_and_equal_time_partners_of_the_funnel():
+    """bench_squad_large.comparisons: at equal AR@4 the fastest flat system with at least the funnel's AR@4;
+    at equal time the most accurate flat system no slower than the funnel."""
+    from types import SimpleNamespace
+
+    import bench_squad_large as B
+
+    qs = [SimpleNamespace(id=f"q{i}") for i in range(100)]
+    hits = {"flat X": 92, "flat Y": 95, "flat Z": 93, "funnel F": 92}      # questions answered in the top-4
+    secs = {"flat X": 1.0, "flat Y": 5.0, "flat Z": 20.0, "funnel F": 10.0}
+    rows = {n: {"kind": n.split()[0], "AR@4": hits[n] / 100, "seconds_p50": secs[n]} for n in hits}
+    ranks = {n: {q.id: (1 if i < hits[n] else 0) for i, q in enumerate(qs)} for n in hits}
+    c = B.comparisons(rows, ranks, qs, "funnel F", n_boot=200)
+    assert c["equal_AR@4"]["flat"] == "flat X" and c["equal_AR@4"]["flat_reaches_funnel_AR@4"]
+    assert c["equal_AR@4"]["time_ratio_funnel_over_flat"] == pytest.approx(10.0)
+    assert c["equal_time"]["flat"] == "flat Y" and c["equal_time"]["flat_within_funnel_time"]
+    assert c["equal_time"]["AR@4_difference"]["difference"] == pytest.approx(-0.03)
+    # a funnel faster than every flat system: the equal-time partner is the fastest flat one, flagged
+    rows["funnel F"]["seconds_p50"] = 0.5
+    c = B.comparisons(rows, ranks, qs, "funnel F", n_boot=200)
+    assert c["equal_time"]["flat"] == "flat X" and not c["equal_time"]["flat_within_funnel_time"]
+
+
+def test_hybrid_and_mog_tables_are_the_json():
+    """Cells of the blocks that were typed by hand before equal the JSON values, read independently."""
+    import json
+    res = BENCH / "results"
+    h = json.loads((res / "hybrid.json").read_text())["scifact"]["results"]
+    rows = [r.split(" | ") for r in report.block_hybrid_scifact().splitlines() if r.startswith("| RRF, k = 60")]
+    assert rows and rows[0][2] == f"{h['rrf_k60']['test']['ndcg@10']:.4f}"
+    m = json.loads((res / "mog_router.json").read_text())["routers"]["paper_ties_finer"]["selection"]["paper_margin_0.5"]
+    line = next(r for r in report.block_mog_router().splitlines() if "`paper_ties_finer` | `paper_margin_0.5`" in r)
+    assert f"| {m['AR@1']:.3f} |" in line and line.rstrip(" |").endswith(" / ".join(map(str, m["chosen_level_counts"])))

@@ -1,0 +1,136 @@
+"""The import graph of the three packages: no circles, no private names across modules, no
+private APIs of libraries, and no framework import in the core.
+
+Every ``import`` counts, also one inside a function: a lazy import still ties two modules
+together, and a circle through lazy imports is the same knot a reader has to untie.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("funnel_core", "llama_index_funnel", "langchain_funnel")
+
+#: The one private API we use on purpose: the stdlib has no public regular-expression parser, and
+#: ``check_token_pattern`` needs one to refuse patterns with catastrophic backtracking.
+ALLOWED_PRIVATE = {("re", "_parser")}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for f in (ROOT / pkg).rglob("*.py"):
+            name = ".".join(f.relative_to(ROOT).with_suffix("").parts)
+            out[name.removesuffix(".__init__")] = f
+    return out
+
+
+def _imports(module: str, path: Path) -> list[tuple[str, str | None]]:
+    """(imported module, imported name or None) for every import statement in the file."""
+    out: list[tuple[str, str | None]] = []
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(a.name, None) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            out += [(base, a.name) for a in node.names]
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    graph: dict[str, set[str]] = {}
+    for m, f in mods.items():
+        deps = set()
+        for base, name in _imports(m, f):
+            target = f"{base}.{name}" if name and f"{base}.{name}" in mods else base
+            if target in mods and target != m:
+                deps.add(target)
+        graph[m] = deps
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_cycle_finder_finds_a_planted_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+@pytest.mark.xfail(strict=True, reason="open: funnel_core.config (imported by the stages it configures and "
+                   "importing them back) and three adapter circles (milvus <-> retrievers in both frameworks, "
+                   "langchain _base <-> funnel) go with the adapter rework; strict, so this mark must go then")
+def test_no_import_circle():
+    circles = _cycles(_graph())
+    assert circles == [], "import circles (break them by moving the shared piece down a layer):\n" + \
+        "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_no_private_name_of_another_module_or_library():
+    mods = _modules()
+    bad = []
+    for m, f in mods.items():
+        for base, name in _imports(m, f):
+            private_name = name is not None and name.startswith("_") and not name.startswith("__")
+            private_module = any(p.startswith("_") and not p.startswith("__") for p in base.split(".")) \
+                and base.split(".")[0] not in PACKAGES
+            if (private_name or private_module) and (base, name) not in ALLOWED_PRIVATE:
+                bad.append(f"{f.relative_to(ROOT)}: from {base} import {name}")
+    assert bad == [], "\n".join(bad)
+
+
+def test_core_imports_no_framework_and_adapters_not_each_other():
+    mods = _modules()
+    bad = []
+    for m, f in mods.items():
+        roots = {base.split(".")[0] for base, _ in _imports(m, f)}
+        if m.startswith("funnel_core") and roots & {"llama_index", "langchain", "langchain_core",
+                                                   "llama_index_funnel", "langchain_funnel"}:
+            bad.append(m)
+        if m.startswith("llama_index_funnel") and roots & {"langchain", "langchain_core", "langchain_funnel"}:
+            bad.append(m)
+        if m.startswith("langchain_funnel") and roots & {"llama_index", "llama_index_funnel"}:
+            bad.append(m)
+    assert bad == []

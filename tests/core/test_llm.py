@@ -1,0 +1,165 @@
+"""funnel_core.llm: the provider interface, its failure policy, and the local transformers LLM."""
+
+import math
+import os
+import time
+
+import pytest
+
+from funnel_core.errors import ModelLoadError
+from funnel_core.llm import LLM, LLMError, LLMTimeoutError, TransformersLLM, as_llm, logsumexp
+
+pytestmark = pytest.mark.models  # builds or loads a model in most tests
+
+
+class Scripted(LLM):
+    """A text-only provider with scripted replies (stands in for a remote API)."""
+
+    def __init__(self, reply="ok", delay=0.0, fail=None, bad_shape=False, **kw):
+        super().__init__(**kw)
+        self.reply, self.delay, self.fail, self.bad_shape = reply, delay, fail, bad_shape
+        self.calls = []
+
+    def _generate(self, prompts, *, n, temperature, top_p, top_k, max_new_tokens):
+        self.calls.append(dict(prompts=prompts, n=n, temperature=temperature, top_p=top_p,
+                               top_k=top_k, max_new_tokens=max_new_tokens))
+        if self.delay:
+            time.sleep(self.delay)
+        if self.fail:
+            raise self.fail
+        if self.bad_shape:
+            return [[self.reply]]
+        return [[self.reply] * n for _ in prompts]
+
+
+def test_generate_checks_arguments():
+    llm = Scripted()
+    with pytest.raises(TypeError, match="wrap it in a list"):
+        llm.generate("one prompt")
+    with pytest.raises(ValueError, match="n \\(completions per prompt\\) must be >= 1"):
+        llm.generate(["p"], n=0)
+    with pytest.raises(ValueError, match="top_p must be in"):
+        llm.generate(["p"], top_p=1.5)
+    with pytest.raises(ValueError, match="temperature"):
+        llm.generate(["p"], temperature=-1)
+    with pytest.raises(ValueError, match="top_k"):
+        llm.generate(["p"], top_k=-3)
+    with pytest.raises(ValueError, match="timeout"):
+        Scripted(timeout=0)
+    assert llm.generate([]) == [] and llm.calls == []
+
+
+def test_generate_passes_sampling_params_and_shapes():
+    llm = Scripted("hello")
+    out = llm.generate(["a", "b"], n=3, temperature=0.7, top_p=0.9, top_k=50, max_new_tokens=5)
+    assert out == [["hello"] * 3, ["hello"] * 3]
+    assert llm.calls[0] == dict(prompts=["a", "b"], n=3, temperature=0.7, top_p=0.9, top_k=50,
+                                max_new_tokens=5)
+
+
+def test_failure_and_timeout_policy():
+    boom = Scripted(fail=ConnectionError("503 upstream"))
+    with pytest.raises(LLMError, match="Scripted.*failed during generate.*ConnectionError: 503"):
+        boom.generate(["p"])
+    slow = Scripted(delay=2.0, timeout=0.2)
+    t = time.perf_counter()
+    with pytest.raises(LLMTimeoutError, match="within timeout=0.2s"):
+        slow.generate(["p"])
+    assert time.perf_counter() - t < 1.5
+    with pytest.raises(LLMError, match="returned 1 outputs for 2 prompts"):
+        Scripted(bad_shape=True).generate(["p", "q"])
+    with pytest.raises(NotImplementedError, match="exposes generated text only"):
+        Scripted().next_token_logprobs(["p"], ["True"])
+
+
+async def test_async_generate_and_timeout():
+    assert await Scripted("x").agenerate(["a"], n=2) == [["x", "x"]]
+    with pytest.raises(LLMTimeoutError):
+        await Scripted(delay=1.0, timeout=0.1).agenerate(["p"])
+    with pytest.raises(LLMError, match="ValueError: bad"):
+        await Scripted(fail=ValueError("bad")).agenerate(["p"])
+
+
+def test_logsumexp_and_as_llm():
+    assert logsumexp([math.log(0.25), math.log(0.5)]) == pytest.approx(math.log(0.75))
+    assert logsumexp([]) == -math.inf
+    llm = Scripted()
+    assert as_llm(llm) is llm
+    assert isinstance(as_llm("some/folder"), TransformersLLM)
+    with pytest.raises(TypeError, match="LlamaIndexLLM"):
+        as_llm(42)
+
+
+def test_unloadable_model_raises_model_load_error(tmp_path):
+    llm = TransformersLLM(str(tmp_path / "missing"))  # lazy: nothing loads yet
+    with pytest.raises(LLMError) as err:
+        llm.generate(["hi"])
+    assert isinstance(err.value.__cause__, ModelLoadError)
+    assert "missing" in str(err.value)
+
+
+def test_transformers_llm_generates_with_chat_template(tiny_llama_path):
+    llm = TransformersLLM(tiny_llama_path, batch_size=2, seed=0)
+    assert "<|im_start|>user\nWho wrote Hamlet?<|im_end|>" in llm.format_prompt("Who wrote Hamlet?")
+    out = llm.generate(["a", "b c d e f", "g"], n=1, max_new_tokens=4)
+    assert len(out) == 3 and all(len(r) == 1 and isinstance(r[0], str) for r in out)
+    greedy = llm.generate(["a"], n=2, max_new_tokens=4)
+    assert greedy[0][0] == greedy[0][1]
+    sampled = llm.generate(["a", "b"], n=3, temperature=1.0, top_p=0.9, top_k=50, max_new_tokens=6)
+    assert [len(r) for r in sampled] == [3, 3]
+    raw = TransformersLLM(tiny_llama_path, use_chat_template=False)
+    assert raw.format_prompt("plain") == "plain"
+
+
+def test_next_token_logprobs_match_a_manual_forward_pass(tiny_llama_path):
+    import torch
+
+    # float32: the manual pass below reads the model's own logits (bf16 ones are coarser)
+    llm = TransformersLLM(tiny_llama_path, batch_size=4, dtype="float32")
+    prompts = ["Is Paris in France?", "A much longer prompt about BM25 ranking and documents here."]
+    rows = llm.next_token_logprobs(prompts, ["True", "False"])
+    model, tok, _ = llm._model.get()
+    for prompt, row in zip(prompts, rows):
+        ids = tok(llm.format_prompt(prompt), return_tensors="pt", add_special_tokens=False)
+        with torch.no_grad():
+            logp = torch.log_softmax(model(**ids).logits[0, -1].float(), -1)
+        expect = [logsumexp([float(logp[i]) for i in llm.candidate_token_ids(c)])
+                  for c in ("True", "False")]
+        assert row == pytest.approx(expect, abs=1e-4)  # left padding does not change the answer
+        assert all(v <= 0 for v in row)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("FUNNEL_SLOW"), reason="set FUNNEL_SLOW=1 (loads SmolLM2, ~1 min)")
+def test_smollm2_gguf_loads_and_answers():
+    from funnel_core.testing import SMOLLM2_GGUF, smollm2_path
+
+    llm = TransformersLLM(smollm2_path(), gguf_file=SMOLLM2_GGUF)
+    out = llm.generate(["What is the capital of France? One word."], max_new_tokens=12)  # it may restate the question first
+    assert "Paris" in out[0][0]
+
+
+def test_shared_prefill_sampling_matches_greedy_when_top_k_is_1(tiny_llama_path):
+    # n samples read the prompt once (KV cache copied n times); with top_k=1 sampling is greedy,
+    # so every sample must equal the plain greedy continuation, padding included.
+    llm = TransformersLLM(tiny_llama_path, batch_size=4)
+    prompts = ["Paris is the capital of", "A cross-encoder reads the query and the passage together and"]
+    greedy = llm.generate(prompts, n=1, max_new_tokens=6)
+    sampled = llm.generate(prompts, n=3, temperature=1.0, top_k=1, max_new_tokens=6)
+    assert sampled == [[g[0]] * 3 for g in greedy]
+
+
+def test_next_token_logprobs_read_the_candidate_tokens(tiny_llama_path):
+    """With logits set by hand, log P(word) = logit(word) - logsumexp(all logits), for the word's
+    own token: not "zebra", not the bare space that starts " True" and " False" in this vocab."""
+    from tests.rerank.test_rankrag import BIASES, OTHER, set_logit_llm
+
+    llm, ids = set_logit_llm(tiny_llama_path)
+    vocab = len(llm.tokenizer)
+    log_z = logsumexp(list(BIASES.values()) + [OTHER] * (vocab - len(BIASES)))
+    rows = llm.next_token_logprobs(["Is Paris in France?", "a longer prompt about BM25 ranking"],
+                                   ["True", "False", "zebra"])
+    want = [BIASES["True"] - log_z, BIASES["False"] - log_z, BIASES["zebra"] - log_z]
+    assert rows == [pytest.approx(want, abs=1e-4)] * 2
+    assert llm.candidate_token_ids("True") == [ids["True"]]
+    assert llm.candidate_token_ids("zebra") == [ids["zebra"]]

@@ -1,0 +1,194 @@
+"""FB-RAG forward lookup: chunking, Stage I recall, Stage II sampling, S_FB, budgets, order."""
+
+import pytest
+
+from funnel_core.bm25 import bm25_scores
+from funnel_core.fbrag import FORWARD_PROMPT, FORWARD_PROMPTS, ForwardLookup, chunk_context, parse_rationale_answer
+from funnel_core.llm import LLM, LLMError, LLMTimeoutError, TransformersLLM
+
+# Ten ~20-word paragraphs; the answer ("Marlowe") sits in a chunk that shares no word with the
+# question except "play", while a decoy chunk repeats the question's words.
+PARAS = [
+    "The castle of Elsinore stands on the coast of Denmark near the sound, guarded by soldiers.",
+    "Who wrote the famous play about the prince? Many readers ask who wrote the play and when.",
+    "Christopher Marlowe was an Elizabethan playwright who wrote Doctor Faustus and Tamburlaine.",
+    "The weather in Denmark is mild in summer and cold in winter with frequent rain showers.",
+    "Rivers in Europe carry goods between cities and have done so since the Roman empire ended.",
+    "Bread is baked from flour, water and yeast, then left to rise before it goes into the oven.",
+]
+CONTEXT = "\n\n".join(PARAS)
+QUESTION = "Who wrote the play Doctor Faustus?"
+
+
+class Reader(LLM):
+    """A scripted light LLM that 'reads' the context and answers with a rationale."""
+
+    def __init__(self, reply="Rationale: Christopher Marlowe was an Elizabethan playwright. "
+                             "Answer: Christopher Marlowe", fail=None, delay=0.0, **kw):
+        super().__init__(**kw)
+        self.reply, self.fail, self.delay, self.calls = reply, fail, delay, []
+
+    def _generate(self, prompts, *, n, **params):
+        import time
+
+        self.calls.append(dict(prompts=prompts, n=n, **params))
+        if self.delay:
+            time.sleep(self.delay)
+        if self.fail:
+            raise self.fail
+        return [[self.reply] * n for _ in prompts]
+
+
+def units():
+    return chunk_context(CONTEXT, chunk_words=20)
+
+
+def test_parse_rationale_answer_variants():
+    s = parse_rationale_answer("Rationale: the text says X.\nAnswer: X")
+    assert (s.rationale, s.answer) == ("the text says X.", "X")
+    s = parse_rationale_answer("Sure! Here it is. rationale - because Y. FINAL ANSWER: Y")
+    assert (s.rationale, s.answer) == ("because Y.", "Y")
+    s = parse_rationale_answer("Just some chatter without markers")
+    assert (s.rationale, s.answer) == ("Just some chatter without markers", "")
+    assert parse_rationale_answer("Answer: Z").lookup_text == "Z"
+
+
+def test_chunk_context_default_300_words_and_positions():
+    long_text = " ".join(f"Sentence {i} is here." for i in range(200))  # 800 words
+    chunks = chunk_context(long_text)
+    assert all(len(c.text.split()) <= 300 for c in chunks) and len(chunks) == 3
+    assert [c.metadata["position"] for c in chunks] == [0, 1, 2]
+    assert " ".join(c.text for c in chunks).split() == long_text.split()
+    assert len(chunk_context(["doc one.", "doc two."], 300)) == 2
+    with pytest.raises(ValueError, match="context is empty"):
+        chunk_context("   ")
+    with pytest.raises(TypeError, match="context must be a str"):
+        chunk_context([1, 2])
+
+
+def test_bad_configuration_is_rejected():
+    with pytest.raises(ValueError, match="samples \\(K"):
+        ForwardLookup(llm=Reader(), samples=0)
+    with pytest.raises(ValueError, match=r"missing \{context\}"):
+        ForwardLookup(llm=Reader(), prompt="Question: {question}")
+    with pytest.raises(ValueError, match="smaller than one chunk"):
+        ForwardLookup(llm=Reader(), budget_words=100, chunk_words=300)
+    with pytest.raises(ValueError, match="both 0"):
+        ForwardLookup(llm=Reader(), eta_backward=0, eta_forward=0)
+    with pytest.raises(ValueError, match="unknown FB-RAG preset"):
+        ForwardLookup.preset("X", llm=Reader())
+    with pytest.raises(ValueError, match="top_p"):
+        ForwardLookup(llm=Reader(), top_p=2)
+
+
+def test_stage2_samples_with_paper_settings_and_reads_stage1_in_order():
+    reader = Reader()
+    fb = ForwardLookup.preset("F", llm=reader, recall_k=3, k=1, chunk_words=20)
+    res = fb.search_context(QUESTION, CONTEXT)
+    call = reader.calls[0]
+    assert (call["n"], call["top_p"], call["top_k"]) == (5, 0.9, 50) and call["temperature"] > 0
+    prompt = call["prompts"][0]
+    assert prompt.startswith(FORWARD_PROMPT.split("{context}")[0]) and f"Question: {QUESTION}" in prompt
+    positions = [u.metadata["fb_rag_order"] for u in res.stage1]
+    stage1_texts = sorted(zip(positions, (u.text for u in res.stage1)))
+    seen = [prompt.index(t) for _, t in stage1_texts]
+    assert seen == sorted(seen)               # the LLM reads Stage I chunks in original order
+    assert len(res.samples) == 5 and res.samples[0].answer == "Christopher Marlowe"
+    assert set(res.seconds) == {"chunking", "stage1", "stage2_sampling", "stage2_scoring_and_selection"}
+
+
+def test_s_fb_formula_and_metadata():
+    fb = ForwardLookup.preset("FB", llm=Reader(), chunk_words=20, normalize=True)
+    res = fb.search(QUESTION, units())
+    texts = [u.text for u in units()]
+    b = bm25_scores(QUESTION, texts)
+    f = bm25_scores(res.samples[0].lookup_text, texts)
+    for u in res.scored:
+        i = u.metadata["position"]
+        assert u.metadata["backward_scores"]["query"] == pytest.approx(b[i] / max(b))
+        assert max(u.metadata["forward_scores"]) == pytest.approx(f[i] / max(f))
+        assert u.score == pytest.approx(0.5 * b[i] / max(b) + 0.5 * f[i] / max(f))
+        assert len(u.metadata["samples"]) == 5 and u.scores["fb_rag[FB]"] == u.score
+
+
+def test_forward_lookup_finds_what_backward_bm25_misses():
+    chunks = units()
+    marlowe = next(u.id for u in chunks if "Marlowe" in u.text)
+    backward = ForwardLookup.preset("B", llm=Reader(), k=1, chunk_words=20)("who wrote the play", chunks)
+    forward = ForwardLookup.preset("F", llm=Reader(), k=1, chunk_words=20)("who wrote the play", chunks)
+    assert backward[0].id != marlowe and forward[0].id == marlowe
+
+
+def test_order_preserving_and_budgets():
+    chunks = units()
+    fb = ForwardLookup.preset("FB", llm=Reader(), k=3, chunk_words=20)
+    kept = fb(QUESTION, chunks)
+    assert [u.metadata["position"] for u in kept] == sorted(u.metadata["position"] for u in kept)
+    ranked = ForwardLookup.preset("FB", llm=Reader(), k=3, chunk_words=20, order_preserving=False)
+    best = ranked(QUESTION, chunks)
+    assert [u.score for u in best] == sorted((u.score for u in best), reverse=True)
+    assert {u.id for u in best} == {u.id for u in kept}
+    words = ForwardLookup.preset("FB", llm=Reader(), chunk_words=20, budget_words=45)(QUESTION, chunks)
+    assert sum(len(u.text.split()) for u in words) <= 45 and best[0].id in {u.id for u in words}
+    tiny = ForwardLookup.preset("FB", llm=Reader(), chunk_words=20, budget_tokens=3)
+    with pytest.raises(ValueError, match="budget_tokens=3 is smaller than every chunk"):
+        tiny(QUESTION, chunks)
+    assert fb.search(QUESTION, chunks, k=1).units[0].id == best[0].id
+
+
+def test_empty_inputs_and_provider_failures():
+    fb = ForwardLookup.preset("F", llm=Reader(), chunk_words=20)
+    assert fb(QUESTION, []) == [] and fb("  ", units()) == []
+    with pytest.raises(ValueError, match="context is empty"):
+        fb.search_context(QUESTION, "")
+    broken = ForwardLookup.preset("F", llm=Reader(fail=ConnectionError("down")), chunk_words=20)
+    chunks = units()
+    with pytest.raises(LLMError, match="ConnectionError: down"):
+        broken(QUESTION, chunks)
+    assert not any("scores" in u.metadata for u in chunks)
+    slow = ForwardLookup.preset("F", llm=Reader(delay=1.0, timeout=0.1), chunk_words=20)
+    with pytest.raises(LLMTimeoutError):
+        slow(QUESTION, chunks)
+    # backward-only never calls the LLM
+    reader = Reader(fail=RuntimeError("must not be called"))
+    assert len(ForwardLookup.preset("B", llm=reader, k=2, chunk_words=20)(QUESTION, chunks)) == 2
+
+
+def test_chatty_output_without_markers_still_scores():
+    fb = ForwardLookup.preset("F", llm=Reader(reply="I think Marlowe, the Elizabethan playwright."),
+                              k=1, chunk_words=20)
+    assert "Marlowe" in fb(QUESTION, units())[0].text
+
+
+async def test_async_search():
+    fb = ForwardLookup.preset("F", llm=Reader(), k=1, chunk_words=20)
+    out = await fb.acall("who wrote the play", units())
+    assert "Marlowe" in out[0].text
+
+
+def test_with_a_real_local_causal_lm(tiny_llama_path):
+    llm = TransformersLLM(tiny_llama_path, seed=0)
+    fb = ForwardLookup.preset("FB", llm=llm, samples=2, max_new_tokens=6, k=2, chunk_words=20,
+                              reader_words=40)
+    res = fb.search_context(QUESTION, CONTEXT)
+    assert len(res.samples) == 2 and all(isinstance(s.text, str) for s in res.samples)
+    assert len(res.units) == 2 and all(len(u.metadata["forward_scores"]) == 2 for u in res.units)
+
+
+def test_default_stage2_prompt_asks_for_brief_reasoning_and_quote_is_an_option():
+    """FB-RAG Table 4: a brief reasoning, then the answer (the default); quoting is an option."""
+    assert FORWARD_PROMPTS["paper"] == FORWARD_PROMPT
+    assert "reasoning briefly" in FORWARD_PROMPT and "quoted" not in FORWARD_PROMPT
+    assert "Rationale: <brief reasoning>" in FORWARD_PROMPTS["paper_multiple_choice"]
+    assert "quoted or closely paraphrased" in FORWARD_PROMPTS["quote"]
+    assert "quoted or closely paraphrased" in FORWARD_PROMPTS["quote_multiple_choice"]
+    for name, template in FORWARD_PROMPTS.items():
+        assert "{context}" in template and "{question}" in template, name
+        assert template.rstrip().endswith(">"), name
+    reader = Reader()
+    ForwardLookup.preset("F", llm=reader, recall_k=3, k=1, chunk_words=20).search_context(QUESTION, CONTEXT)
+    assert "explain your reasoning briefly" in reader.calls[0]["prompts"][0]
+    quoting = Reader()
+    ForwardLookup.preset("F", llm=quoting, recall_k=3, k=1, chunk_words=20,
+                         prompt=FORWARD_PROMPTS["quote"]).search_context(QUESTION, CONTEXT)
+    assert "quoted or closely paraphrased" in quoting.calls[0]["prompts"][0]

@@ -1,0 +1,118 @@
+"""Issue 17: FB-RAG's ForwardLookup has one core config (ForwardLookupConfig); the LangChain
+retriever's fields and the LlamaIndex retriever / query transform settings are that config's,
+edits are honoured at the next call, and bad values raise errors naming the value and the fix.
+Variant "B" (backward-only BM25) is exact and calls no LLM, so the expected chunks are computed
+here from the BM25 formula's ingredient, funnel_core.bm25.bm25_scores over the chunks."""
+
+from __future__ import annotations
+
+import pytest
+from langchain_core.language_models.fake_chat_models import FakeListChatModel
+
+from funnel_core.bm25 import bm25_scores
+from funnel_core.config import ForwardLookupConfig
+from funnel_core.fbrag import ForwardLookup, chunk_context, variant_config
+from langchain_funnel.llm_rerank import ForwardLookupRetriever as LCForward
+from llama_index_funnel.llm_rerank import ForwardLookupQueryTransform, ForwardLookupRetriever
+from tests.conftest import CORPUS
+
+CONTEXT = "\n\n".join(t for _, t, _ in CORPUS)
+Q = "Who wrote the tragedy Hamlet?"
+
+
+def _best_chunks(chunk_words: int, k: int) -> list[str]:
+    chunks = chunk_context(CONTEXT, chunk_words)
+    scores = bm25_scores(Q, [c.text for c in chunks])
+    best = sorted(range(len(chunks)), key=lambda i: -scores[i])[:k]
+    return [chunks[i].text for i in sorted(best)]  # order_preserving: original order
+
+
+def _chat() -> FakeListChatModel:
+    return FakeListChatModel(responses=["Rationale: r. Answer: a"])
+
+
+def test_langchain_fields_are_the_config_fields_and_edits_are_honoured():
+    r = LCForward(llm=_chat(), context=CONTEXT, variant="B", k=1, chunk_words=12)
+    assert set(ForwardLookupConfig.field_names()) <= set(LCForward.model_fields)
+    assert r.config == ForwardLookupConfig(eta_backward=1.0, eta_forward=0.0, k=1, chunk_words=12)
+    assert [d.page_content for d in r.invoke(Q)] == _best_chunks(12, 1)
+    r.k, r.chunk_words = 2, 8  # honoured at the next call (new chunks, same provider)
+    provider = r.forward.llm
+    assert [d.page_content for d in r.invoke(Q)] == _best_chunks(8, 2)
+    assert r.forward.llm is provider and r.forward.k == 2
+    r.eta_forward = 0.25  # overrides the variant's weight
+    assert (r.forward.eta_backward, r.forward.eta_forward) == (1.0, 0.25)
+
+
+def test_llama_index_takes_the_config_fields_as_settings():
+    from llama_index.core.llms import MockLLM
+
+    r = ForwardLookupRetriever(MockLLM(), context=CONTEXT, variant="B", chunk_words=12)
+    assert r.forward.config == variant_config("B", k=3, chunk_words=12)  # k: 3 in the adapters
+    assert [n.node.get_content() for n in r.retrieve(Q)] == _best_chunks(12, 3)
+    t = ForwardLookupQueryTransform(MockLLM(), context=CONTEXT, samples=2, chunk_words=12)
+    assert t.forward.config == variant_config("F", samples=2, chunk_words=12)
+    lc = LCForward(llm=_chat(), context=CONTEXT, variant="B", chunk_words=12)
+    assert lc.config == r.forward.config  # the two frameworks agree on every default
+
+
+def test_config_round_trips_and_core_stage_records_it():
+    fb = ForwardLookup.preset("FB", llm=_chat_provider(), k=2, chunk_words=50)
+    assert fb.config == variant_config("FB", k=2, chunk_words=50, name="fb_rag[FB]")
+    data = fb.config.to_dict()
+    assert ForwardLookupConfig.from_dict(data) == fb.config
+    assert ForwardLookup.from_settings(_chat_provider(), ForwardLookupConfig.from_dict(data)).k == 2
+
+
+def _chat_provider():
+    from langchain_funnel.llm import LangChainLLM
+
+    return LangChainLLM(_chat())
+
+
+@pytest.mark.parametrize("make", [
+    lambda **kw: LCForward(llm=_chat(), context=CONTEXT, **kw),
+    lambda **kw: ForwardLookupRetriever(_chat_provider(), context=CONTEXT, **kw),
+], ids=["langchain", "llamaindex"])
+def test_bad_values_name_the_value_and_the_fix(make):
+    with pytest.raises(ValueError, match=r"unknown FB-RAG variant 'Z'; choose one of \['B', 'F', 'FB'\]"):
+        make(variant="Z")
+    with pytest.raises(ValueError, match="budget_words=10 is smaller than one chunk.*Raise the budget"):
+        make(budget_words=10)
+    with pytest.raises(ValueError, match="eta_backward must be a number >= 0, got -1"):
+        make(eta_backward=-1.0)
+    with pytest.raises(ValueError, match=r"samples \(K"):
+        make(samples=0)
+    with pytest.raises(ValueError, match="missing {question}|question"):
+        make(prompt="Context: {context}")
+
+
+def test_unknown_setting_is_named_with_the_accepted_ones():
+    from llama_index.core.llms import MockLLM
+
+    with pytest.raises(TypeError, match=r"unknown argument\(s\) \['chunk_size'\]; accepted:.*chunk_words"):
+        ForwardLookupRetriever(MockLLM(), context=CONTEXT, chunk_size=30)
+
+
+def test_variant_and_provider_settings_are_declared_once():
+    """variant, eta_* overrides and the provider settings are ForwardVariantConfig's fields in
+    both adapters (they were declared in each), with the same defaults and descriptions."""
+    import dataclasses
+
+    from llama_index.core.llms import MockLLM
+
+    from funnel_core.config import ForwardVariantConfig, LLMProviderConfig
+
+    for f in dataclasses.fields(ForwardVariantConfig):
+        info = LCForward.model_fields[f.name]
+        assert info.default == f.default and info.description == f.metadata["description"]
+    lc = LCForward(llm=_chat(), context=CONTEXT, variant="F", eta_backward=0.2, timeout=9.0)
+    assert lc.variant_config == ForwardVariantConfig(variant="F", eta_backward=0.2, timeout=9.0)
+    li = ForwardLookupRetriever(MockLLM(), context=CONTEXT, variant="F", eta_backward=0.2)
+    assert li.forward.config == lc.config  # same variant arithmetic: eta_B 0.2, eta_F 1.0
+    assert (li.forward.eta_backward, li.forward.eta_forward) == (0.2, 1.0)
+    # a provider built from a name gets gguf_file/device; a model object only the timeout
+    cfg = LLMProviderConfig(timeout=5.0, gguf_file="m.gguf", device="cpu")
+    assert cfg.provider_kwargs("some/folder") == {"timeout": 5.0, "gguf_file": "m.gguf",
+                                                  "device": "cpu"}
+    assert cfg.provider_kwargs(MockLLM()) == {"timeout": 5.0}

@@ -1,0 +1,189 @@
+"""Issue 17, defect 2: inside a retrieved cluster, documents come in the order of their OWN BM25
+score (best first), after the cluster order; before, every member tied on the cluster score and
+came in merge order.
+
+The reference is the Lucene BM25 formula written out here over the documents (tokenized with
+the index's own tokenizer), not the index's code path: idf = ln(1 + (N - df + 0.5) / (df + 0.5)),
+tf part = tf / (tf + k1 (1 - b + b |d| / avgdl)) (bm25s' "lucene" variant, no (k1 + 1) factor).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+
+from funnel_core import BM25Index, Unit
+from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
+
+# three linked groups (clusters by metadata links); inside each group the merge order is NOT the
+# order of relevance for the queries below
+GROUPS = {
+    "river": [
+        "The valley road follows old stone walls past farms and a mill.",
+        "A river crosses the valley; the river floods the river meadows each spring.",
+        "Boats on the river carry grain down the valley.",
+        "The mill wheel turns in the river current.",
+    ],
+    "music": [
+        "An orchestra rehearses in the hall every evening.",
+        "The violin and the cello play a slow duet; the violin leads.",
+        "A violin maker carves spruce tops by hand.",
+        "Concert tickets sell out within the hour.",
+    ],
+    "space": [
+        "The telescope records faint galaxies at night.",
+        "A comet passes the telescope field; the comet tail glows.",
+        "Astronomers publish a catalogue of stars.",
+        "The comet returns every seventy years, a comet of legend.",
+    ],
+}
+QUERIES = ["river valley mill", "violin cello duet", "comet telescope", "river violin comet",
+           "valley farms stone"]
+K1, B = 1.5, 0.75
+
+
+def _documents(groups=GROUPS) -> list[Unit]:
+    docs = []
+    for g, texts in groups.items():
+        ids = [f"{g}-{i}" for i in range(len(texts))]
+        for i, t in enumerate(texts):
+            docs.append(Unit(id=ids[i], text=t, metadata={"group": g, "links": [x for x in ids if x != ids[i]]}))
+    return docs
+
+
+def _reference_scores(query: str, docs: list[Unit]) -> dict[str, float]:
+    tok = BM25Index()  # only its tokenizer: stemming and stopwords as the index uses them
+    doc_tokens = tok.tokenize([d.text for d in docs])
+    q_tokens = set(tok.tokenize([query])[0])
+    n = len(docs)
+    avgdl = sum(len(t) for t in doc_tokens) / n
+    df = Counter(w for t in doc_tokens for w in set(t))
+    out = {}
+    for d, toks in zip(docs, doc_tokens):
+        tf = Counter(toks)
+        s = 0.0
+        for w in q_tokens:
+            if tf[w]:
+                idf = math.log(1 + (n - df[w] + 0.5) / (df[w] + 0.5))
+                s += idf * tf[w] / (tf[w] + K1 * (1 - B + B * len(toks) / avgdl))
+        out[d.id] = s
+    return out
+
+
+def _expected(index: ClusteredBM25Index, query: str, k: int, docs: list[Unit]) -> list[str]:
+    ref = _reference_scores(query, docs)
+    clusters = index.search(query, k=k, return_clusters=True)
+    return [m for c in clusters for m in sorted(c.metadata["members"], key=lambda m: -ref[m])]
+
+
+@pytest.fixture(scope="module")
+def index() -> ClusteredBM25Index:
+    return ClusteredBM25Index(max_tokens=200, adjacency="links").index(_documents())
+
+
+def test_documents_within_a_cluster_are_ordered_by_their_own_bm25_score(index):
+    docs = _documents()
+    assert sorted(len(c.metadata["members"]) for c in index.clusters) == [4, 4, 4]
+    differs = False
+    for q in QUERIES:
+        ref = _reference_scores(q, docs)
+        got = index.search(q, k=3)
+        assert [d.id for d in got] == _expected(index, q, 3, docs), q
+        for d in got:  # the document's own score is reported next to the cluster's
+            assert d.metadata["document_score"] == pytest.approx(ref[d.id], rel=1e-5, abs=1e-6)
+            assert d.score == d.metadata["cluster_score"]
+        members = [m for c in index.search(q, k=3, return_clusters=True) for m in c.metadata["members"]]
+        differs |= members != [d.id for d in got]
+    assert differs  # the merge order is not already the answer: the old behaviour fails here
+
+
+def test_the_document_cap_keeps_the_best_documents_of_the_last_cluster(index):
+    docs = _documents()
+    for q in QUERIES:
+        want = _expected(index, q, 1, docs)[:2]
+        assert [d.id for d in index.search(q, k=1, max_documents=2)] == want
+
+
+def test_order_survives_save_load_add_and_delete(tmp_path, index):
+    index.save(tmp_path / "c")
+    loaded = ClusteredBM25Index.load(tmp_path / "c")
+    for q in QUERIES:
+        assert [(d.id, d.metadata["document_score"]) for d in loaded.search(q, k=3)] == \
+            [(d.id, d.metadata["document_score"]) for d in index.search(q, k=3)]
+    # add and delete change N, df and avgdl: the scores follow the new corpus
+    grown = ClusteredBM25Index(max_tokens=200, adjacency="links").index(_documents())
+    extra = Unit(id="river-4", text="The river river river mill.", metadata={"links": ["river-0"]})
+    grown.add([extra])
+    docs = _documents() + [extra]
+    q = "river mill"
+    got = grown.search(q, k=1)
+    assert [d.id for d in got] == _expected(grown, q, 1, docs)
+    ref = _reference_scores(q, docs)
+    assert [d.metadata["document_score"] for d in got] == pytest.approx([ref[d.id] for d in got], rel=1e-5)
+    grown.delete(["river-1", "space-1"])
+    docs = [d for d in docs if d.id not in ("river-1", "space-1")]
+    for q in QUERIES:
+        assert [d.id for d in grown.search(q, k=3)] == _expected(grown, q, 3, docs), q
+
+
+def test_framework_retrievers_return_the_same_order(index):
+    from llama_index.core.schema import TextNode
+
+    from langchain_funnel.retrievers import ClusteredBM25Retriever as LCRetriever
+    from llama_index_funnel.retrievers import ClusteredBM25Retriever as LIRetriever
+
+    docs = _documents()
+    nodes = [TextNode(id_=d.id, text=d.text, metadata=dict(d.metadata)) for d in docs]
+    li = LIRetriever.from_defaults(nodes=nodes, similarity_top_k=3, k_clusters=1, max_tokens=200,
+                                   adjacency="links")
+    lc = LCRetriever.from_texts([d.text for d in docs], [dict(d.metadata) for d in docs],
+                                ids=[d.id for d in docs], k=3, k_clusters=1, max_tokens=200,
+                                adjacency="links")
+    for q in QUERIES:
+        want = _expected(index, q, 1, docs)[:3]
+        assert [n.node.node_id for n in li.retrieve(q)] == want
+        assert [d.id for d in lc.invoke(q)] == want
+        assert "document_score" not in lc.invoke(q)[0].metadata  # bookkeeping stays namespaced
+
+
+def test_cluster_settings_are_declared_once_and_edits_are_honoured(index):
+    """k_clusters / return_clusters are ClusterRetrievalConfig's fields in both frameworks (they
+    were declared in each adapter and in each factory); the index's build settings pass through
+    to the index; an edit is validated and changes what the next query opens."""
+    import dataclasses
+
+    from llama_index.core.schema import TextNode
+
+    from funnel_core.config import ClusterRetrievalConfig
+    from langchain_funnel.retrievers import ClusteredBM25Retriever as LCRetriever
+    from llama_index_funnel.retrievers import ClusteredBM25Retriever as LIRetriever
+
+    for f in dataclasses.fields(ClusterRetrievalConfig):
+        info = LCRetriever.model_fields[f.name]
+        assert info.default == f.default and info.description == f.metadata["description"]
+    docs = _documents()
+    nodes = [TextNode(id_=d.id, text=d.text, metadata=dict(d.metadata)) for d in docs]
+    li = LIRetriever.from_defaults(nodes=nodes, similarity_top_k=12, k_clusters=1, max_tokens=200,
+                                   adjacency="links", knn_k=7)
+    lc = LCRetriever.from_texts([d.text for d in docs], [dict(d.metadata) for d in docs],
+                                ids=[d.id for d in docs], k=12, k_clusters=1, max_tokens=200,
+                                adjacency="links", knn_k=7)
+    assert li.index.knn_k == lc.index.knn_k == 7 and li.index.max_tokens == 200  # to the index
+    assert li.cluster_config == lc.cluster_config == ClusterRetrievalConfig(k_clusters=1)
+    q = "river violin comet"
+    for r in (li, lc):
+        r.k_clusters = 2  # two clusters opened at the next query: all their members
+        got = [n.node.node_id for n in r.retrieve(q)] if r is li else [d.id for d in r.invoke(q)]
+        assert got == _expected(index, q, 2, docs)
+        r.return_clusters = True  # the clusters themselves, capped by k_clusters
+        out = r.retrieve(q) if r is li else r.invoke(q)
+        assert len(out) == 2
+    with pytest.raises(ValueError, match="k_clusters"):
+        li.k_clusters = 0
+    with pytest.raises(TypeError, match=r"kclusters.*k_clusters"):
+        LIRetriever(index, nodes, kclusters=2)
+    assert ClusterRetrievalConfig(k_clusters=5, return_clusters=True).clusters_for(3) == 3
+    assert ClusterRetrievalConfig(k_clusters=5).clusters_for(3) == 5
+    assert ClusterRetrievalConfig(k_clusters=5).clusters_for(3, k_clusters=2) == 2

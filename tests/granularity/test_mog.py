@@ -1,0 +1,398 @@
+"""Mix-of-Granularity core: levels, MoGG graph, soft labels, router training, selection rule."""
+
+import numpy as np
+import pytest
+
+from funnel_core.bm25 import BM25Index
+from funnel_core.errors import PersistError
+from funnel_core.granularity import (
+    MOG_PRESETS,
+    GranularityBM25,
+    GranularityGraph,
+    GranularityHierarchy,
+    GranularityRouter,
+    GraphGranularityBuilder,
+    MixOfGranularityRetrieve,
+    MultiGranularityChunker,
+    RouterNotTrainedError,
+    bm25_knn_graph,
+    choose_level,
+    level_choice_counts,
+    level_similarities,
+    soft_labels,
+)
+from funnel_core.text import count_tokens, split_sentences
+from funnel_core.units import Unit
+
+pytestmark = pytest.mark.models  # builds or loads a model in most tests
+
+DOCS = [
+    "Paris is the capital of France. The Eiffel Tower stands in Paris. It was built in 1889 for a "
+    "world fair. Gustave Eiffel's company designed the tower. The Louvre is the largest art museum. "
+    "It holds the Mona Lisa. The Seine river flows through the city. Many bridges cross the Seine.",
+    "BM25 is a ranking function for search engines. It scores documents by term frequency. Inverse "
+    "document frequency lowers the weight of common terms. Dense retrieval encodes text as vectors. "
+    "A cross-encoder reads the query and the passage together. Rerankers reorder the candidates.",
+    "Hamlet is a tragedy by William Shakespeare. It is set in Denmark. Prince Hamlet seeks revenge "
+    "for his father's murder. Shakespeare also wrote Macbeth and Othello. The Globe theatre staged "
+    "his plays in London.",
+]
+
+
+@pytest.fixture(scope="module")
+def hierarchy():
+    return MultiGranularityChunker(chunk_size=12, n_gra=4).split(DOCS)
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    from funnel_core.embeddings import SentenceEmbedder
+
+    return SentenceEmbedder(batch_size=64)
+
+
+# -- levels ----------------------------------------------------------------------------------
+def test_levels_are_nested_pairs_without_overlap(hierarchy):
+    assert hierarchy.n_gra == 4
+    level1 = hierarchy.level(1)
+    assert all(count_tokens(u.text) <= 12 for u in level1)
+    for doc_i, doc in enumerate(DOCS):  # level 1 of a document is the document, once, in order
+        ones = [u for u in level1 if u.metadata["doc_index"] == doc_i]
+        assert " ".join(u.text for u in ones).split() == doc.split()
+        assert all(u.text.endswith(".") for u in ones)  # sentence-aware ends
+    for j in range(2, 5):
+        for u in hierarchy.level(j):
+            kids = [hierarchy.by_id[c] for c in u.metadata["child_ids"]]
+            assert 1 <= len(kids) <= 2 and all(k.parent_id == u.id for k in kids)
+            assert u.text == " ".join(k.text for k in kids)
+            assert [k.metadata["position"] for k in kids] == \
+                list(range(2 * u.metadata["position"], 2 * u.metadata["position"] + len(kids)))
+            assert len({k.metadata["doc_id"] for k in kids}) == 1
+    assert all(u.parent_id is None for u in hierarchy.level(4))
+    assert all(u.level == "granularity-1" and u.metadata["granularity"] == 1 for u in level1)
+
+
+def test_covers_and_container_agree(hierarchy):
+    for j in range(1, 5):
+        for i, u in enumerate(hierarchy.level(j)):
+            covered = hierarchy.covers(j, i)
+            assert " ".join(hierarchy.finest[f].text for f in covered) == u.text
+            assert all(hierarchy.container_index(int(f), j) == i for f in covered)
+    f = 5
+    assert hierarchy.ancestor(hierarchy.finest[f].id, 3).id == hierarchy.container(f, 3).id
+
+
+def test_hierarchy_round_trips_from_shuffled_units(hierarchy):
+    units = [u for level in hierarchy.levels for u in level][::-1]
+    again = GranularityHierarchy.from_units(units)
+    assert [[u.id for u in lv] for lv in again.levels] == [[u.id for u in lv] for lv in hierarchy.levels]
+    with pytest.raises(ValueError, match="granularity"):
+        GranularityHierarchy.from_units([Unit(id="x", text="no level")])
+
+
+def test_default_five_levels_and_bad_input():
+    h = MultiGranularityChunker().split(["word " * 700])
+    assert h.n_gra == 5 and len(h.level(1)) > len(h.level(5))
+    with pytest.raises(ValueError, match="n_gra"):
+        MultiGranularityChunker(n_gra=0)
+    with pytest.raises(TypeError, match="n_gra"):
+        MultiGranularityChunker(n_gra=2.5)
+    with pytest.raises(ValueError, match="chunk_size"):
+        MultiGranularityChunker(chunk_size=0)
+    with pytest.raises(ValueError, match="empty corpus"):
+        MultiGranularityChunker().split([])
+    with pytest.raises(TypeError, match="list of documents"):
+        MultiGranularityChunker().split("one string")
+    with pytest.warns(UserWarning, match="no words"):
+        h = MultiGranularityChunker(chunk_size=5).split(["  ", "a b c"])
+    with pytest.raises(ValueError, match="every document is empty"), pytest.warns(UserWarning):
+        MultiGranularityChunker().split(["", " "])
+    with pytest.raises(ValueError, match=r"level must be an int in \[1, 5\]"):
+        h.level(6)
+
+
+def test_document_shorter_than_one_chunk_is_one_chunk_per_level():
+    h = MultiGranularityChunker(chunk_size=50, n_gra=3).split(["Short text here.", DOCS[0]])
+    short = [[u for u in h.level(j) if u.metadata["doc_index"] == 0] for j in (1, 2, 3)]
+    assert [len(s) for s in short] == [1, 1, 1]
+    assert {s[0].text for s in short} == {"Short text here."}
+    assert short[0][0].parent_id == short[1][0].id
+
+
+# -- graph (MoGG) ----------------------------------------------------------------------------
+def test_graph_nodes_and_knn_edges_match_brute_force_bm25():
+    builder = GraphGranularityBuilder(sentences_per_node=1, k_graph=2, t_graph=0.1, n_gra=3)
+    nodes = builder.nodes(DOCS)
+    assert all(len(split_sentences(n.text)) == 1 for n in nodes)
+    index = BM25Index().index(nodes)
+    directed = bm25_knn_graph(index, k_graph=2, t_graph=0.1, block_size=4)
+    for i, node in enumerate(nodes):
+        scores = index.get_scores(node.text)
+        norm = scores / scores[i] if scores[i] > 0 else np.zeros_like(scores)
+        norm[i] = -1
+        expected = {int(j) for j in np.argsort(-norm, kind="stable")[:2]
+                    if norm[j] >= 0.1 and scores[j] > 0}
+        got = set(directed.indices[directed.indptr[i]:directed.indptr[i + 1]].tolist())
+        assert got == expected
+    graph = builder.build_from_nodes(nodes)
+    assert graph.n_edges > 0 and (graph.adjacency != graph.adjacency.T).nnz == 0
+    assert graph.build_seconds is not None and graph.build_seconds >= 0
+    assert all(0.1 <= w <= 1.0 for w in graph.adjacency.data)
+
+
+def test_hop_levels_grow_in_document_order_without_duplicates():
+    graph = GraphGranularityBuilder(sentences_per_node=2, k_graph=2, t_graph=0.05, n_gra=3).build(DOCS)
+    for i in range(len(graph.nodes)):
+        sets = [graph.neighbourhood(i, j) for j in (1, 2, 3)]
+        assert i in sets[0]
+        for a, b in zip(sets, sets[1:]):
+            assert set(a) <= set(b)
+        for s in sets:
+            assert list(s) == sorted(set(s.tolist()))
+        unit = graph.levels[1][i]
+        assert unit.text == " ".join(graph.nodes[m].text for m in sets[1])
+        assert unit.metadata["center_id"] == graph.nodes[i].id and unit.metadata["granularity"] == 2
+    again = GranularityGraph.from_units(list(reversed(graph.nodes)), n_gra=3)
+    assert (again.adjacency != 0).nnz == (graph.adjacency != 0).nnz
+
+
+def test_empty_graph_warns_and_levels_are_the_nodes():
+    with pytest.warns(UserWarning, match="no edges"):
+        graph = GraphGranularityBuilder(k_graph=2, t_graph=1.0, n_gra=2).build(DOCS)
+    assert graph.n_edges == 0
+    assert [u.text for u in graph.levels[1]] == [n.text for n in graph.nodes]
+    with pytest.raises(ValueError, match="t_graph"):
+        GraphGranularityBuilder(t_graph=1.5)
+    with pytest.raises(ValueError, match="k_graph"):
+        GraphGranularityBuilder(k_graph=0)
+    with pytest.raises(ValueError, match="n_gra"):
+        GraphGranularityBuilder(n_gra=0)
+
+
+# -- soft labels -----------------------------------------------------------------------------
+def test_soft_labels_follow_the_paper():
+    labels = soft_labels(np.array([[0.1, 0.9, 0.5, 0.0], [1.0, 1.0, 1.0, 0.2], [0, 0, 0, 0]]))
+    assert labels.tolist() == [[0.0, 0.8, 0.2, 0.0], [0.8, 0.2, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]
+    # one level: only the best label; negative second-best still gets 0.2 (it is second)
+    assert soft_labels(np.array([[0.3]])).tolist() == [[0.8]]
+    assert soft_labels(np.array([[0.5, -0.1]])).tolist() == [[0.8, 0.2]]
+    assert soft_labels([[1, 2, 0]]).tolist() == [[0.2, 0.8, 0.0]]           # integer similarities
+    with pytest.raises(ValueError, match="shape"):
+        soft_labels(np.array([0.1, 0.2]))
+
+
+def test_soft_labels_tolerance_and_tie_rule():
+    sims = np.array([[0.90, 1.00, 0.97, 0.2],    # near-tie between levels 2 and 3, level 1 close
+                     [0.50, 0.50, 0.50, 0.50]])  # exact four-way tie
+    # tolerance 0: exact ties only -> row 0: best level 2, second level 3
+    assert soft_labels(sims).tolist() == [[0, 0.8, 0.2, 0], [0.8, 0.2, 0, 0]]
+    assert soft_labels(sims, ties="coarser").tolist() == [[0, 0.8, 0.2, 0], [0, 0, 0.2, 0.8]]
+    # tolerance 0.05: levels with sim >= 1.00 - 0.05 (2 and 3) tie for best; finer wins (2);
+    # then among {1, 3, 4} the best is 0.97, tied with nothing within 0.05 above 0.92 -> level 3
+    assert soft_labels(sims, tolerance=0.05).tolist()[0] == [0, 0.8, 0.2, 0]
+    # coarser wins the tie: best level 3, then among {1, 2, 4}: top 1.00, tied: {2} -> level 2
+    assert soft_labels(sims, tolerance=0.05, ties="coarser").tolist()[0] == [0, 0.2, 0.8, 0]
+    # tolerance 0.2: levels 1-3 tie (>= 0.8); finer -> 1 best, then among {2, 3, 4}: 2
+    assert soft_labels(sims, tolerance=0.2).tolist()[0] == [0.8, 0.2, 0, 0]
+    assert soft_labels(sims, tolerance=0.2, ties="coarser").tolist()[0] == [0, 0.2, 0.8, 0]
+    with pytest.raises(ValueError, match="ties must be"):
+        soft_labels(sims, ties="random")
+    with pytest.raises(ValueError, match="tolerance"):
+        soft_labels(sims, tolerance=-0.1)
+
+
+def test_choose_level_and_margin_rule():
+    assert choose_level([0.1, 0.9, 0.3]) == 2
+    assert choose_level([0.5, 0.5, 0.1]) == 1            # ties go to the finer level
+    assert choose_level([0.9, 0.85, 0.1], margin=0.1) == 2   # unsure (0.05 < 0.1): coarser of the two
+    assert choose_level([0.9, 0.75, 0.1], margin=0.1) == 1   # 0.15 lead: the router's choice
+    assert choose_level([0.2, 0.85, 0.9], margin=0.1) == 3   # runner-up finer: keep the coarser best
+    assert choose_level([0.7], margin=0.5) == 1
+    assert choose_level([0.5, 0.45], margin=0.1) == 2          # two levels: the rule applies
+    assert choose_level([0.75, 0.5], margin=0.25) == 1         # a lead equal to the margin is enough
+    assert choose_level([0.5, 0.5], margin=0.0) == 1
+    w = np.array([[0.9, 0.1, 0.0], [0.9, 0.85, 0.0], [0.1, 0.2, 0.5], [0.6, 0.6, 0.1]])
+    assert level_choice_counts(w) == [3, 0, 1]       # rows 0, 1, 3 -> level 1; row 2 -> level 3
+    # margin 0.1: row 1 (lead 0.05) and row 3 (tie) move to level 2
+    assert level_choice_counts(w, margin=0.1) == [1, 2, 1]
+
+
+def test_level_similarities_hit_tfidf_cosine(hierarchy, embedder):
+    qs = ["When was the Eiffel Tower built?", "Who wrote Hamlet?"]
+    refs = ["1889", "William Shakespeare"]
+    hit = level_similarities(qs, refs, hierarchy, similarity="hit")
+    assert hit.shape == (2, 4) and hit.max() == 1.0 and ((hit >= 0) & (hit <= 1)).all()
+    index = GranularityBM25(hierarchy)
+    for sim in ("tfidf", "cosine"):
+        s = level_similarities(qs, refs, index, similarity=sim, embedder=embedder)
+        assert s.shape == (2, 4) and np.isfinite(s).all() and s.max() > 0
+    with pytest.raises(ValueError, match="similarity"):
+        level_similarities(qs, refs, index, similarity="bleu")
+
+
+# -- router ----------------------------------------------------------------------------------
+FACT_QS = [f"What year did {x} happen?" for x in (
+    "the fall of Rome", "the moon landing", "the French revolution", "the first world war",
+    "the invention of printing", "the signing of the treaty", "the big earthquake",
+    "the founding of the city", "the final match", "the election")]
+BROAD_QS = [f"Give an overview of the history and themes of {x}." for x in (
+    "Roman culture", "space exploration", "European politics", "modern warfare",
+    "book publishing", "diplomacy", "geology", "urban planning", "sports", "democracy")]
+
+
+@pytest.fixture(scope="module")
+def trained_router(embedder):
+    labels = np.array([[0.8, 0.2, 0, 0]] * len(FACT_QS) + [[0, 0, 0.2, 0.8]] * len(BROAD_QS))
+    router = GranularityRouter(4, embedder=embedder, hidden=32)
+    history = router.fit(FACT_QS + BROAD_QS, labels, val_fraction=0.2, epochs=300, patience=20)
+    return router, history
+
+
+def test_router_learns_granularity_from_soft_labels(trained_router):
+    router, history = trained_router
+    assert history["val_loss"][history["best_epoch"] - 1] == min(history["val_loss"])
+    assert history["train_loss"][-1] < history["train_loss"][0]
+    w = router.predict(["What year did the revolution of Paris happen?",
+                        "Give an overview of the history and themes of medieval art."])
+    assert w.shape == (2, 4) and ((w > 0) & (w < 1)).all()
+    assert int(np.argmax(w[0])) == 0 and int(np.argmax(w[1])) == 3
+    assert all(type(x) is float for x in router.weights("anything"))
+
+
+def test_router_save_load_and_untrained(trained_router, tmp_path, embedder):
+    router, _ = trained_router
+    router.save(tmp_path / "router")
+    again = GranularityRouter.load(tmp_path / "router", embedder=embedder)
+    q = ["What year did the moon landing happen?"]
+    np.testing.assert_allclose(again.predict(q), router.predict(q), rtol=1e-6)
+    with pytest.raises(PersistError, match="no trained router"):
+        GranularityRouter.load(tmp_path / "missing")
+    fresh = GranularityRouter(4, embedder=embedder)
+    with pytest.raises(RouterNotTrainedError, match="not trained"):
+        fresh.predict(q)
+    with pytest.raises(RouterNotTrainedError):
+        fresh.save(tmp_path / "x")
+    with pytest.raises(ValueError, match="labels must have shape"):
+        fresh.fit(q * 2, np.zeros((2, 3)))
+
+
+# -- MoG selection ---------------------------------------------------------------------------
+def _expected_finest(structure, index, query, w, k_r, normalize="none"):
+    """The rule written out naively: per level top-k_r (raw scores, eq. 1; or max-normalised),
+    weighted sum per finest unit."""
+    total = np.zeros(len(structure.finest))
+    for j in range(1, structure.n_gra + 1):
+        hits = index.search_level(query, j, k_r)
+        if not hits:
+            continue
+        top = max(h.score for h in hits) if normalize == "max" else 1.0
+        best = np.zeros(len(structure.finest))
+        for h in hits:
+            i = [u.id for u in structure.level(j)].index(h.id)
+            for f in structure.covers(j, i):
+                best[f] = max(best[f], h.score / top)
+        total += w[j - 1] * best
+    return int(np.argmax(total)), float(total.max())
+
+
+@pytest.mark.parametrize("normalize", ["none", "max"])
+@pytest.mark.parametrize("weights", [[1, 0, 0, 0], [0.1, 0.2, 0.9, 0.3], [0.2, 0.2, 0.2, 0.7]])
+def test_mog_rule_picks_finest_then_returns_container_at_best_level(hierarchy, weights, normalize):
+    index = GranularityBM25(hierarchy)
+    mog = MixOfGranularityRetrieve(index, k_r=3, normalize=normalize)
+    query = "Who designed the Eiffel Tower in Paris?"
+    out = mog.retrieve(query, k=1, weights=weights)
+    f, score = _expected_finest(hierarchy, index, query, np.array(weights, float), 3, normalize)
+    level = int(np.argmax(weights)) + 1
+    assert out[0].id == hierarchy.container(f, level).id
+    assert out[0].metadata["chosen_level"] == level and out[0].level == f"granularity-{level}"
+    assert out[0].metadata["router_weights"] == [float(x) for x in weights]
+    assert out[0].score == pytest.approx(score) and out[0].metadata["finest_id"] == hierarchy.finest[f].id
+
+
+def test_default_is_the_paper_preset_raw_scores_k_r_3(hierarchy):
+    index = GranularityBM25(hierarchy)
+    default = MixOfGranularityRetrieve(index)
+    assert (default.k_r, default.normalize, default.level_margin) == (3, "none", 0.0)
+    assert MOG_PRESETS["paper"] == {"k_r": 3, "normalize": "none", "level_margin": 0.0}
+    norm = MixOfGranularityRetrieve.from_preset("normalised", index)
+    assert (norm.k_r, norm.normalize) == (10, "max")
+    assert MixOfGranularityRetrieve.from_preset("paper", index, k_r=5).k_r == 5
+    with pytest.raises(ValueError, match="preset must be one of"):
+        MixOfGranularityRetrieve.from_preset("best", index)
+    with pytest.raises(ValueError, match="level_margin"):
+        MixOfGranularityRetrieve(index, level_margin=2.0)
+    # the default scores are raw weighted BM25 sums (eq. 1), not ratios to each level's best
+    w = [0.1, 0.2, 0.9, 0.3]
+    queries = ["Who designed the Eiffel Tower in Paris?", "Shakespeare tragedy Hamlet Denmark",
+               "capital of France", "Eiffel Tower"]
+    raw_vs_norm = []
+    for q in queries:
+        got = default.retrieve(q, k=1, weights=w)[0]
+        f, score = _expected_finest(hierarchy, index, q, np.array(w), 3, "none")
+        assert got.score == pytest.approx(score) and got.metadata["finest_id"] == hierarchy.finest[f].id
+        raw_vs_norm.append(score != pytest.approx(_expected_finest(hierarchy, index, q, np.array(w), 3, "max")[1]))
+    assert any(raw_vs_norm)
+    # k_r bounds the hits per level: with k_r=1 only each level's top unit can score
+    one = MixOfGranularityRetrieve(index, k_r=1).retrieve(queries[0], k=5, weights=w)
+    f1, s1 = _expected_finest(hierarchy, index, queries[0], np.array(w), 1, "none")
+    assert one[0].score == pytest.approx(s1)
+
+
+def test_hit_rate_by_hand():
+    from funnel_core.granularity.router import _hit_rate
+
+    assert _hit_rate("The Eiffel Tower, in 1889.", "Eiffel 1889") == 1.0
+    assert _hit_rate("The Eiffel Tower", "Gustave Eiffel") == 0.5
+    assert _hit_rate("anything", "the") == 0.0          # normalised reference has no words
+
+
+def test_coarse_top_k_returns_distinct_containers_with_the_stage_name(hierarchy):
+    index = GranularityBM25(hierarchy)
+    mog = MixOfGranularityRetrieve(index, k_r=10, name="mog-test")
+    out = mog.retrieve("Paris Eiffel Tower Louvre Seine Shakespeare Hamlet", k=2, weights=[0, 0, 0.1, 1])
+    assert len(out) == 2 and len({u.id for u in out}) == 2
+    assert all(u.metadata["chosen_level"] == 4 for u in out)
+    assert set(out[0].scores) == {"mog-test"}
+    with pytest.raises(ValueError, match=r"need 4 level weights, got shape \(3,\)"):
+        mog.retrieve("Paris", weights=[1, 0, 0])
+
+
+def test_level_margin_returns_the_coarser_unit_when_the_router_is_unsure(hierarchy):
+    index = GranularityBM25(hierarchy)
+    q = "Who designed the Eiffel Tower in Paris?"
+    w = [0.9, 0.85, 0.1, 0.1]
+    assert MixOfGranularityRetrieve(index).retrieve(q, weights=w)[0].metadata["chosen_level"] == 1
+    unsure = MixOfGranularityRetrieve(index, level_margin=0.1).retrieve(q, weights=w)[0]
+    assert unsure.metadata["chosen_level"] == 2 and unsure.level == "granularity-2"
+
+
+def test_mog_top_k_uniform_router_and_errors(hierarchy, trained_router):
+    mog = MixOfGranularityRetrieve(hierarchy, None, k_r=5, top_k=3)
+    out = mog("Shakespeare tragedy Hamlet Denmark")
+    assert len(out) == 3 and len({u.id for u in out}) == 3
+    assert all(u.metadata["chosen_level"] == 1 for u in out)  # uniform weights -> finest
+    assert [u.score for u in out] == sorted((u.score for u in out), reverse=True)
+    assert "Hamlet" in out[0].text
+    assert (mog % 1)("Shakespeare") and mog("   ") == []
+    router, _ = trained_router
+    routed = MixOfGranularityRetrieve(hierarchy, router)("Give an overview of the history of Paris.")
+    assert routed[0].metadata["chosen_level"] == 4 and "Paris" in routed[0].text
+    with pytest.raises(ValueError, match="router has 4 outputs"):
+        MixOfGranularityRetrieve(MultiGranularityChunker(n_gra=3).split(DOCS), router)
+    with pytest.raises(RouterNotTrainedError):
+        MixOfGranularityRetrieve(hierarchy, GranularityRouter(4, embedder=router.embedder))("Paris")
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        mog.retrieve("Paris", k=0)
+    with pytest.raises(TypeError, match="GranularityStructure"):
+        MixOfGranularityRetrieve(["not", "a", "structure"])
+
+
+def test_mog_over_graph_returns_hop_neighbourhoods():
+    graph = GraphGranularityBuilder(sentences_per_node=1, k_graph=2, t_graph=0.05, n_gra=3).build(DOCS)
+    mog = MixOfGranularityRetrieve(graph, k_r=5)
+    out = mog.retrieve("Who designed the Eiffel Tower?", k=2, weights=[0.1, 0.9, 0.2])
+    assert len(out) == 2 and all(u.metadata["chosen_level"] == 2 for u in out)
+    center = out[0].metadata["center_id"]
+    assert out[0].metadata["finest_id"] == center and "Eiffel" in out[0].text
+    assert len(out[0].metadata["node_ids"]) >= 2
