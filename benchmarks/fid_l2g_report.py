@@ -65,6 +65,20 @@ def schemes(stats: np.ndarray, legacy: np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
+LOG_VARIANTS = ("logtop1", "logtop4", "logall")
+
+
+def log_schemes(log_stats: np.ndarray) -> dict[str, np.ndarray]:
+    """eq. 3 on log(attention) (passage tokens only; ``fid_l2g_gpu.py`` >= the gpu-fid branch):
+    the mean over layers and heads of the mean log-attention of the top-1 / top-4 / all tokens.
+    Within one softmax, log(attention) is the pre-softmax score alpha up to a per-(layer, head)
+    constant, so ``log_all_tokens`` ranks like eq. 3's average of alpha over all tokens."""
+    v = {name: log_stats[:, :, i].astype(np.float64) for i, name in enumerate(LOG_VARIANTS)}
+    return {"log_max_tokens": v["logtop1"].mean(axis=(2, 3)),
+            "log_mean": v["logtop4"].mean(axis=(2, 3)),
+            "log_all_tokens": v["logall"].mean(axis=(2, 3))}
+
+
 def ar_matrix(order_scores: np.ndarray, dev, passages) -> np.ndarray:
     """``[questions, 4]`` 0/1: AR@1..4 of each question's candidates sorted by the scores."""
     from funnel_core.evaluation.metrics import has_answer
@@ -97,7 +111,10 @@ LABELS = {"bm25": "BM25 order", "cross_encoder": "SQuAD cross-encoder (MiniLM, b
           "fid_max_layers": "FiD (ii) max over layers", "fid_max_heads": "FiD (iii) max over heads",
           "fid_max_tokens": "FiD (iv) top-1 token", "fid_last_2_layers": "FiD (v) last 2 layers",
           "fid_last_3_layers": "FiD (v) last 3 layers", "fid_all_tokens": "FiD all passage tokens",
-          "fid_averaged_map_top4": "FiD averaged map, then top-4 (earlier implementation)"}
+          "fid_averaged_map_top4": "FiD averaged map, then top-4 (earlier implementation)",
+          "fid_log_mean": "FiD eq. 3 on log-attention: top-4 tokens",
+          "fid_log_max_tokens": "FiD log-attention, top-1 token",
+          "fid_log_all_tokens": "FiD log-attention, all passage tokens (mean alpha)"}
 
 
 def markdown(out: dict) -> str:
@@ -126,6 +143,9 @@ def markdown(out: dict) -> str:
         a, b = res[n], res[n + "+query"]
         lines.append(f"| {LABELS[n]} | {a['AR@1']['mean']:.3f} | {b['AR@1']['mean']:.3f} | "
                      f"{a['AR@4']['mean']:.3f} | {b['AR@4']['mean']:.3f} |")
+    for n in ("fid_log_mean", "fid_log_max_tokens", "fid_log_all_tokens"):
+        if n in res:
+            lines.append(f"| {LABELS[n]} | {res[n]['AR@1']['mean']:.3f} | | {res[n]['AR@4']['mean']:.3f} | |")
     for n in ("random", "bm25", "oracle_any_of_n"):
         lines.append(f"| {LABELS[n]} | {res[n]['AR@1']['mean']:.3f} | | {res[n]['AR@4']['mean']:.3f} | |")
     return "\n".join(lines) + "\n"
@@ -183,6 +203,8 @@ def main() -> None:
             n_ce = i + 1
         systems["cross_encoder"] = ce
     fid = schemes(stats, legacy)
+    if "log_stats" in z.files:
+        fid.update(log_schemes(z["log_stats"]))
     allsys = {**systems, **{f"fid_{k}": v for k, v in fid.items()}}
     ar = {name: ar_matrix(s, dev, passages) for name, s in allsys.items()}
     ar["oracle_any_of_n"] = np.array([[float(has_answer(" ".join(passages[j] for j in r["p"]), r["a"]))]
