@@ -143,10 +143,12 @@ class _NodeRetriever(UnitRetriever):
 
     @classmethod
     def from_persist_dir(cls, path: str, verify: bool = True, token: Optional[str] = None,
-                         **kwargs: Any) -> Any:
+                         backend: Any = None, **kwargs: Any) -> Any:
         """Load a retriever written by :meth:`persist`, with its saved settings; ``kwargs`` (e.g.
         ``similarity_top_k=``) override them. A retriever persisted over Milvus re-opens its
-        collection (``token=`` for a server; tokens are never written)."""
+        collection at ``backend=`` (the Milvus URI or a ``MilvusBackend``, with ``token=`` for a
+        server): the folder records neither the URI nor the token, only a fingerprint of the URI
+        that ``backend`` must match."""
 
         def read(folder: Path, manifest: dict) -> tuple:
             meta = manifest["meta"]
@@ -162,7 +164,7 @@ class _NodeRetriever(UnitRetriever):
                                                f"funnel-rag.llama-index.{cls._index_dir}", 1,
                                                f"{cls.__name__} (in {cls._index_dir}/)", read, verify=verify)
         if isinstance(index, dict):  # opened outside the snapshot read: its errors are its own
-            index = open_index(index, token=token)
+            index = open_index(index, uri=backend, token=token)
         flt = settings.get("filters")
         if isinstance(flt, dict) and set(flt) == {"metadata_filters"}:
             settings["filters"] = MetadataFilters.model_validate(flt["metadata_filters"])

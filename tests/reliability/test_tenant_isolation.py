@@ -147,7 +147,7 @@ def test_llamaindex_filter_at_construction_per_call_and_after_persist(kind, wher
     _only_tenant(_li_ids(plain.search(QUERY, filters={"tenant": TENANT}, k=12)))
     if hasattr(r, "persist"):
         r.persist(str(tmp_path / "storage"))
-        again = type(r).from_persist_dir(str(tmp_path / "storage"))
+        again = type(r).from_persist_dir(str(tmp_path / "storage"), backend=backend)
         _only_tenant(_li_ids(again.retrieve(QUERY)))
 
 
@@ -277,7 +277,7 @@ def test_langchain_filter_at_construction_per_call_and_after_save(kind, where, d
         _only_tenant(_lc_ids(fixed.invoke(QUERY)))
     if hasattr(fixed, "save"):
         fixed.save(tmp_path / "saved")
-        _only_tenant(_lc_ids(type(fixed).load(tmp_path / "saved").invoke(QUERY)))
+        _only_tenant(_lc_ids(type(fixed).load(tmp_path / "saved", backend=backend).invoke(QUERY)))
 
 
 LC_TYPOS = ["filters", "metadata_filter", "metadata_filters", "where"]
