@@ -7,9 +7,9 @@ import hashlib
 import os
 import re
 import threading
-from urllib.parse import unquote, urlsplit, urlunsplit
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 if TYPE_CHECKING:  # pragma: no cover
     pass  # typing.Self from Python 3.11
