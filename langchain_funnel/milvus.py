@@ -119,7 +119,8 @@ class DenseRetriever(UnitRetriever):
 
         units = units_from_documents(documents, "passage")
         b = as_backend(backend)
-        index: Any = b.dense(embedder, **index_config) if b is not None else DenseIndex(embedder)
+        index: Any = b.dense(embedder, **index_config) if b is not None \
+            else DenseIndex(embedder, **index_config)
         return cls(index=index.index(units), k=k)
 
     @classmethod

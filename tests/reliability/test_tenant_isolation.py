@@ -155,9 +155,9 @@ LI_TYPOS = ["filter", "metadata_filter", "metadata_filters", "where"]
 
 
 def _li_known_to_raise(kind: str, typo: str, how: str) -> bool:
-    """Probes that raise already (explicit signatures, index constructors that check their
-    keywords); the dense factory passes ``**index_config`` on unchecked until the settings rework."""
-    return not (kind == "dense" and how == "factory")
+    """Every LlamaIndex probe raises already (explicit signatures, index constructors that check
+    their keywords)."""
+    return True
 
 
 def _li_typo_params():
@@ -288,10 +288,8 @@ def _lc_typo_params():
     for kind in LI_KINDS:
         for how in ("init", "factory", "invoke"):
             for typo in LC_TYPOS:
-                # the pydantic retrievers ignore unknown fields, and the dense factory passes
-                # **index_config on unchecked, until the settings rework
-                waits = how == "init" or (how == "factory" and kind == "dense")
-                marks = (SETTINGS_XFAIL,) if waits else ()
+                # the pydantic retrievers ignore unknown fields until the settings rework
+                marks = (SETTINGS_XFAIL,) if how == "init" else ()
                 out.append(pytest.param(kind, how, typo, marks=marks, id=f"{kind}-{how}-{typo}"))
     return out
 
