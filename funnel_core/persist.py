@@ -49,6 +49,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
@@ -77,6 +78,7 @@ _SNAPSHOT_RE = re.compile(r"^snapshot-(\d{8})-([0-9a-f]{8})$")
 _TMP_RE = re.compile(r"^\.tmp-[0-9a-f]{16}$")
 _POINTER_TMP_RE = re.compile(r"^\.CURRENT\.tmp-[0-9a-f]{16}$")
 _MAX_POINTER_BYTES = 4096
+_MAX_MANIFEST_BYTES = 64 * 2**20
 _LOAD_ATTEMPTS = 5
 
 T = TypeVar("T")
@@ -102,14 +104,18 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _sha256_file(path: Path, fsync: bool = False) -> tuple[str, int]:
-    """SHA-256 and size of the file at ``path``; with ``fsync`` (saving) also flushed to disk."""
+def _sha256_file(path: Path, fsync: bool = False, limit: int | None = None) -> tuple[str, int]:
+    """SHA-256 and size of the file at ``path``; with ``fsync`` (saving) also flushed to disk.
+    With ``limit`` (loading: the declared size) at most ``limit + 1`` bytes are read, so a file
+    that grew (or never ends) is detected without reading it all."""
     h = hashlib.sha256()
     size = 0
-    with open(path, "rb+" if fsync else "rb") as f:
-        while chunk := f.read(1 << 20):
+    with (open(path, "rb+") if fsync else _open_plain(path)) as f:
+        while chunk := f.read(1 << 20 if limit is None else min(1 << 20, limit + 1 - size)):
             h.update(chunk)
             size += len(chunk)
+            if limit is not None and size > limit:
+                break
         if fsync:
             f.flush()
             os.fsync(f.fileno())
@@ -181,7 +187,8 @@ def _pointer_bytes(payload: Mapping[str, Any]) -> bytes:
 def _read_pointer(path: Path, what: str) -> dict[str, Any]:
     f = path / POINTER
     try:
-        with open(f, "rb") as fh:
+        _check_plain(f, path, f"the pointer file {str(f)!r}")
+        with _open_plain(f) as fh:
             data = fh.read(_MAX_POINTER_BYTES + 1)
     except FileNotFoundError:
         if not path.exists():
@@ -210,6 +217,61 @@ def _read_pointer(path: Path, what: str) -> dict[str, Any]:
     if not isinstance(name, str) or not _SNAPSHOT_RE.match(name):
         raise PersistError(f"the pointer file {str(f)!r} names an invalid snapshot {name!r}.")
     return payload
+
+
+def _check_plain(f: Path, root: Path, what: str, kind: str = "file") -> os.stat_result:
+    """``lstat`` of ``f``, refusing a symbolic link (we never follow links in a persist folder:
+    one could point anywhere, e.g. ``/dev/zero`` or another user's files) and anything but a
+    regular file (``kind="file"``) or folder (``kind="dir"``): a FIFO would block the load
+    forever, a device never ends. ``FileNotFoundError`` propagates."""
+    st = os.lstat(f)
+    if stat.S_ISLNK(st.st_mode):
+        raise PersistError(f"{what} is a symbolic link ({str(f)!r} -> {os.readlink(f)!r}); funnel-rag "
+                           f"never follows links inside a persist folder ({str(root)!r}). Replace the "
+                           "link by a copy of what it points to, or save the object again.")
+    ok = stat.S_ISDIR(st.st_mode) if kind == "dir" else stat.S_ISREG(st.st_mode)
+    if not ok:
+        raise PersistError(f"{what} ({str(f)!r}) is not a regular {kind} (a FIFO, device, socket or "
+                           f"{'file' if kind == 'dir' else 'folder'}); the persist folder is damaged "
+                           "or tampered with: save the object again.")
+    return st
+
+
+def _open_plain(f: Path) -> Any:
+    """Open a file checked by :func:`_check_plain` without following a link swapped in since
+    and without blocking on a FIFO; re-check that it is a regular file."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(f, flags)
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise PersistError(f"cannot open {str(f)!r} ({exc}); it may be a symbolic link: save the "
+                           "object again.") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise PersistError(f"{str(f)!r} is not a regular file; save the object again.")
+    return os.fdopen(fd, "rb")
+
+
+def _read_bounded(f: Path, limit: int) -> bytes:
+    with _open_plain(f) as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise PersistError(f"{str(f)!r} is larger than {limit} bytes; it is not a funnel-rag "
+                           "manifest (damaged or tampered with): save the object again.")
+    return data
+
+
+def _check_tree(folder: Path, root: Path) -> None:
+    """Refuse any symbolic link or special file anywhere in a snapshot folder (readers open
+    files by name, so a link left unlisted in the manifest must not be reachable either)."""
+    _check_plain(folder, root, f"the snapshot {folder.name!r}", "dir")
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        for name in dirnames:
+            _check_plain(Path(dirpath) / name, root, f"the folder {name!r}", "dir")
+        for name in filenames:
+            _check_plain(Path(dirpath) / name, root, f"the file {name!r}")
 
 
 def _reject_constant(token: str) -> Any:
@@ -322,7 +384,8 @@ def _open(path: Path, fmt: str | Sequence[str], max_version: int, what: str,
     folder = path / name
     mfile = folder / MANIFEST
     try:
-        data = mfile.read_bytes()
+        _check_tree(folder, path)
+        data = _read_bounded(mfile, _MAX_MANIFEST_BYTES)
     except FileNotFoundError:
         raise _Vanished(name, f"the committed snapshot {str(folder)!r} is missing (deleted by "
                               "hand?); rebuild and save again.") from None
@@ -354,13 +417,18 @@ def _open(path: Path, fmt: str | Sequence[str], max_version: int, what: str,
         f = _check_relpath(rel, folder)
         if not isinstance(info, dict) or not isinstance(info.get("sha256"), str):
             raise PersistError(f"the manifest {str(mfile)!r} has no checksum for {rel!r}.")
-        if not verify:
-            if not f.is_file():
-                raise _Vanished(name, f"the file {str(f)!r} listed in the manifest is missing; "
-                                      "the snapshot is damaged: rebuild and save again.")
-            continue
+        declared = info.get("size")
+        if isinstance(declared, bool) or not isinstance(declared, int) or declared < 0:
+            raise PersistError(f"the manifest {str(mfile)!r} has no valid size for {rel!r}.")
         try:
-            digest, size = _sha256_file(f)
+            st = _check_plain(f, path, f"the file {rel!r}")
+            if st.st_size != declared:
+                raise PersistError(f"checksum mismatch for {str(f)!r}: it has {st.st_size} bytes, "
+                                   f"its manifest says {declared}; the file is corrupt or was changed after saving; rebuild and "
+                                   "save again (or restore a backup).")
+            if not verify:
+                continue
+            digest, size = _sha256_file(f, limit=declared)
         except FileNotFoundError:
             raise _Vanished(name, f"the file {str(f)!r} listed in the manifest is missing; the "
                                   "snapshot is damaged: rebuild and save again.") from None
@@ -418,7 +486,9 @@ def snapshot_info(path: str | os.PathLike) -> dict[str, Any]:
     """The committed snapshot's name and manifest (no verification), for inspection."""
     path = Path(path)
     pointer = _read_pointer(path, "persisted object")
-    manifest = json.loads((path / pointer["snapshot"] / MANIFEST).read_text(encoding="utf-8"))
+    folder = path / pointer["snapshot"]
+    _check_tree(folder, path)
+    manifest = json.loads(_read_bounded(folder / MANIFEST, _MAX_MANIFEST_BYTES).decode("utf-8"))
     return {"snapshot": pointer["snapshot"], **manifest}
 
 
