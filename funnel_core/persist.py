@@ -391,16 +391,17 @@ def _cleanup(path: Path, journal: "_Journal", name: str, before: str | None) -> 
     saves' temp folders and pointer temps, superseded snapshots) and the snapshot the previous
     pointer named. Snapshots are removed only while no reader holds the readers' lock (it skips
     the removal otherwise: the entries stay in the journal for the next save), and only when
-    the previous pointer was readable (a lost ``CURRENT`` leaves every snapshot in place, so
-    nothing recoverable is deleted)."""
-    owned = journal.names() | ({before} if before else set())
+    the previous pointer was readable or the snapshot was never committed (a lost ``CURRENT``
+    leaves every committed snapshot in place, so nothing recoverable is deleted)."""
+    recorded, committed = journal.names()
+    owned = recorded | ({before} if before else set())
     keep = {name}
     readers = _readers_lock(path, blocking=False)
     try:
         for entry in sorted(owned - keep):
             full = path / entry
             if _SNAPSHOT_RE.match(entry):
-                if readers is None or before is None:
+                if readers is None or (before is None and entry in committed):
                     keep.add(entry)
                     continue
                 if full.is_dir() and not full.is_symlink():
@@ -418,7 +419,7 @@ def _cleanup(path: Path, journal: "_Journal", name: str, before: str | None) -> 
     finally:
         if readers is not None:
             _unlock(readers)
-    journal.reset(keep)
+    journal.reset(keep, (committed & keep) | {name})
     _fsync_dir(path)
     _step("done")
 
@@ -462,14 +463,23 @@ class _Journal:
     def __init__(self, path: Path) -> None:
         self.file = path / JOURNAL
 
-    def names(self) -> set[str]:
+    def names(self) -> tuple[set[str], set[str]]:
+        """(every name recorded, the snapshot names recorded as committed)."""
         try:
             _check_plain(self.file, self.file.parent, "the journal")
             raw = _read_bounded(self.file, 16 * 2**20).decode("ascii", "replace")
         except (FileNotFoundError, PersistError):
-            return set()
+            return set(), set()
         ok = (_SNAPSHOT_RE, _TMP_RE, _POINTER_TMP_RE)
-        return {n for n in raw.splitlines() if any(r.match(n) for r in ok)}
+        names, committed = set(), set()
+        for line in raw.splitlines():
+            done = line.startswith("committed ")
+            name = line[len("committed "):] if done else line
+            if any(r.match(name) for r in ok):
+                names.add(name)
+                if done:
+                    committed.add(name)
+        return names, committed
 
     def add(self, name: str) -> None:
         fd = os.open(self.file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o644)
@@ -479,9 +489,10 @@ class _Journal:
         finally:
             os.close(fd)
 
-    def reset(self, names: set[str]) -> None:
+    def reset(self, names: set[str], committed: set[str]) -> None:
         tmp = self.file.with_name(f"{JOURNAL}.tmp-{secrets.token_hex(8)}")
-        _write_durable(tmp, "".join(f"{n}\n" for n in sorted(names)).encode("ascii"))
+        lines = [f"committed {n}" if n in committed else n for n in sorted(names)]
+        _write_durable(tmp, "".join(f"{line}\n" for line in lines).encode("ascii"))
         os.replace(tmp, self.file)
 
 

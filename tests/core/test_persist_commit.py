@@ -50,7 +50,7 @@ def test_layout_one_snapshot_and_old_ones_removed(tmp_path, corpus_units):
     assert first[:4] == [".funnel-rag", ".funnel-rag.journal", ".funnel-rag.readers", "CURRENT"]
     assert len(first) == 5 and first[4].startswith("snapshot-00000001-")
     # the journal records exactly what our saves wrote and still own: the committed snapshot
-    assert (path / ".funnel-rag.journal").read_text().split() == [first[4]]
+    assert (path / ".funnel-rag.journal").read_text().splitlines() == [f"committed {first[4]}"]
     (path / "NOTES.txt").write_text("mine")  # a user's file inside our folder is never touched
     b = BM25Index().index(corpus_units)
     b.save(path)

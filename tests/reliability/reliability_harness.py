@@ -215,7 +215,7 @@ def bit_flips(kind: str = "bm25", trials: int = 100, seed: int = 0,
     try:
         path = root / kind
         a.save(path)
-        files = sorted(p for p in path.rglob("*") if p.is_file())
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.stat().st_size)  # not the empty lock file
         for _ in range(trials):
             f = rng.choice(files)
             data = f.read_bytes()

@@ -29,7 +29,9 @@ def test_kill_at_random_points(tmp_path):
 
 def test_bit_flips_never_load_silently(tmp_path):
     s = rh.bit_flips("bm25", trials=120, workdir=tmp_path)
-    assert s["silent"] == 0 and s["detected"] > 100, s
+    assert s["silent"] == 0 and s["detected"] > 80, s
+    # only what loads never read may take a flip harmlessly: the marker and the save journal
+    assert {k for k, v in s["by_file"].items() if v["harmless"]} <= {".funnel-rag", ".funnel-rag.journal"}, s
 
 
 def test_concurrent_save_load_never_mixes(tmp_path):

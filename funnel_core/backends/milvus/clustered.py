@@ -202,7 +202,10 @@ class MilvusClusteredBM25Index(BM25Common):
                 return []
             cluster_expr = in_expr("id", allowed)
         fields = ["id", "metadata", "info"] + (["text"] if return_clusters else [])
-        hits = self._bm25_search(self.collection, [query], k, cluster_expr, fields)[0]
+        # the clusters of the same build as docs_name (pinned when opened), never the alias,
+        # which a concurrent rebuild may already have moved to new clusters
+        hits = self._bm25_search(meta.get("_physical", self.collection), [query], k, cluster_expr,
+                                 fields)[0]
         clusters: list[Unit] = []
         for score, entity in hits:
             info = entity.get("info") or {}

@@ -141,12 +141,17 @@ class Collection:
             with self._lock:
                 meta = self._meta
                 if meta is None:
-                    meta = self._read_meta(self.collection)
+                    # pin the physical collection behind the alias: a rebuild moves the alias,
+                    # and this reader must keep reading one version (clusters and documents of
+                    # the same build) until it re-opens, never the new clusters with old documents
+                    physical = self._alias_target() or self.collection
+                    meta = dict(self._read_meta(physical))
                     self._check_meta(meta)
                     self._check_settings(meta)
-                    self.client.load_collection(self.collection)
+                    self.client.load_collection(physical)
                     for extra in meta.get("companions", []):
                         self.client.load_collection(extra)
+                    meta["_physical"] = physical
                     self._meta = meta
         return meta
 
@@ -237,9 +242,31 @@ class Collection:
                 pass
         for name in created:
             client.load_collection(name)
+        self._drop_orphans(set(created))
         with self._lock:
-            self._meta = meta
+            self._meta = {**meta, "_physical": physical}
         return meta
+
+    def _drop_orphans(self, keep: set[str]) -> None:
+        """Drop what builds killed mid-way (or old versions whose drop failed) left behind:
+        collections named ``<collection>__fr<12 hex>[_docs]`` whose stored property says
+        funnel-rag built them as this kind, other than ``keep`` (the current version). Names
+        alone are not trusted: a user's collection without our property is never dropped."""
+        client = self.client
+        pattern = re.compile(re.escape(self.collection) + r"__fr[0-9a-f]{12}(_docs)?\Z")
+        ours = (self.kind, self.kind + ".documents")
+        try:
+            names = list(client.list_collections())
+        except Exception:  # pragma: no cover - best effort
+            return
+        for name in names:
+            if name in keep or not pattern.match(name):
+                continue
+            try:
+                if self._read_meta(name).get("format") in ours:
+                    client.drop_collection(name)
+            except Exception:  # pragma: no cover - not ours, or dropped meanwhile
+                continue
 
     def drop(self) -> None:
         """Drop the alias and the collections behind it (the data is gone)."""
