@@ -313,6 +313,9 @@ class DenseIndex(FreshOnCopy):
         """Remove the units with these ids (unknown ids are ignored); return how many."""
         if isinstance(ids, str):
             raise TypeError("delete expects a list of ids; wrap a single id in a list.")
+        ids = list(ids)
+        if any(i is None for i in ids):  # str(None) would delete a unit whose id is "None"
+            raise TypeError("delete got None among the ids; pass the units' ids (str).")
         drop = {str(i) for i in ids}
         with self._write_lock:
             st = self._state
