@@ -652,7 +652,7 @@ class BM25Retrieve(Stage):
         self.index, self.k, self.filter, self.name = index, k, filter, name
 
     def run(self, query: str, units: list[Unit]) -> list[Unit]:
-        k = min(self.k, self.cutoff) if self.cutoff else self.k
+        k = self.limit(self.k)
         return self.index.search(query, k=k, filter=self.filter, name=self.name)
 
 

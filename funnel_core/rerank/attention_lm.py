@@ -31,11 +31,11 @@ import copy
 import threading
 from typing import Any, Sequence
 
-from funnel_core.config import AttentionLMConfig, configured
 from funnel_core.errors import check_positive_int
 from funnel_core.hardware import autocast, normalize_dtype, requested_dtype, resolve_dtype
 from funnel_core.models import LazyModel, load_pretrained, resolve_device, tokenizer_lock
 from funnel_core.rerank.base import Reranker
+from funnel_core.settings import Settings
 
 __all__ = ["AttentionLMScorer", "DEFAULT_INSTRUCTION"]
 
@@ -43,8 +43,7 @@ DEFAULT_INSTRUCTION = "Here are some passages:\n\n"
 _SENTINEL = "\u2063FUNNEL\u2063"
 
 
-@configured(AttentionLMConfig)
-class AttentionLMScorer(Reranker):
+class AttentionLMScorer(Settings, Reranker):
     """Rerank passages by the calibrated attention a causal LM's query pays to them (ICR).
 
     Args:
@@ -83,6 +82,9 @@ class AttentionLMScorer(Reranker):
     """
 
     name = "attention_lm"
+    #: Settings whose edit loads the model again; any other edit keeps it.
+    load_settings = frozenset({"model", "gguf_file", "device", "fp16", "dtype"})
+    setting_attrs = {"model": "model_name"}  # ``self.model`` is the loaded model
 
     def __init__(self, *, model: str, gguf_file: str | None = None, attend_from: str = "query",
                  calibration_query: str | None = "N/A", instruction: str = DEFAULT_INSTRUCTION,

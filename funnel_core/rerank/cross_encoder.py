@@ -31,12 +31,12 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Sequence
 
-from funnel_core.config import CrossEncoderConfig, configured
 from funnel_core.errors import check_positive_int, check_probability
 from funnel_core.models import LazyModel, load_pretrained, resolve_device, tokenizer_lock
 from funnel_core.rerank.base import Reranker
 from funnel_core.rerank.runtimes import RUNTIMES, OnnxSession, choose_runtime, export_onnx, score_batches
 from funnel_core.scoring import minmax  # noqa: F401 (re-exported: funnel_core.rerank.cross_encoder.minmax)
+from funnel_core.settings import Settings
 from funnel_core.text import word_windows
 from funnel_core.units import Unit
 
@@ -67,8 +67,7 @@ def encode_pairs(tokenizer: Any, queries: Sequence[str], texts: Sequence[str], m
                          max_length=max_length, padding=True, return_tensors=return_tensors)
 
 
-@configured(CrossEncoderConfig)
-class CrossEncoderScorer(Reranker):
+class CrossEncoderScorer(Settings, Reranker):
     """Score (query, passage) pairs with a cross-encoder and rerank units.
 
     Args:
@@ -112,6 +111,9 @@ class CrossEncoderScorer(Reranker):
     """
 
     name = "cross_encoder"
+    #: Settings whose edit loads the model again; any other edit keeps it.
+    load_settings = frozenset({"model", "backend", "device", "max_length", "fp16", "bf16",
+                               "model_kwargs", "runtime", "export_dir", "dtype"})
 
     def __init__(self, model: str | os.PathLike | None = None, *,
                  backend: str = "sentence-transformers", batch_size: int = 32,
@@ -131,7 +133,7 @@ class CrossEncoderScorer(Reranker):
             raise TypeError(f"model must be a hub name or a local folder path, got "
                             f"{type(model).__name__}.")
         self.backend = backend
-        self.model_name = str(model) if model is not None else DEFAULT_MODELS[backend]
+        self.model = None if model is None else os.fspath(model)
         self.device = device
         self.max_length = check_positive_int(max_length, "max_length")
         self.fp16 = fp16
@@ -169,6 +171,11 @@ class CrossEncoderScorer(Reranker):
         self.runtime = runtime
         self.export_dir = None if export_dir is None else os.fspath(export_dir)
         self._model = LazyModel(self._load)
+
+    @property
+    def model_name(self) -> str:
+        """The model that loads: ``model``, or the backend's default (:data:`DEFAULT_MODELS`)."""
+        return self.model if self.model is not None else DEFAULT_MODELS[self.backend]
 
     # -- loading ---------------------------------------------------------------------------
     def _requested_dtype(self) -> str:
@@ -226,9 +233,10 @@ class CrossEncoderScorer(Reranker):
                                         dtype=torch.bfloat16,
                                         enabled=active == "bfloat16")
 
-        def score(queries: list[str], texts: list[str]) -> list[float]:
+        def score(queries: list[str], texts: list[str], batch_size: int,
+                  sort_by_length: bool) -> list[float]:
             with torch.autocast(**autocast):
-                out = model.predict(list(zip(queries, texts)), batch_size=self.batch_size,
+                out = model.predict(list(zip(queries, texts)), batch_size=batch_size,
                                     activation_fn=identity, show_progress_bar=False,
                                     convert_to_numpy=True)
             if out.ndim > 1:  # several labels: the last one is "relevant"
@@ -241,13 +249,16 @@ class CrossEncoderScorer(Reranker):
     def _load_flag(self, device: str, active: str):
         from FlagEmbedding import FlagReranker
 
+        max_length = self.max_length
         model = load_pretrained(FlagReranker, self.model_name, what="cross-encoder",
-                                use_fp16=active == "float16", devices=[device], batch_size=self.batch_size,
-                                max_length=self.max_length, **self.model_kwargs)
+                                use_fp16=active == "float16", devices=[device],
+                                batch_size=self.batch_size, max_length=max_length,
+                                **self.model_kwargs)
 
-        def score(queries: list[str], texts: list[str]) -> list[float]:
-            out = model.compute_score(list(zip(queries, texts)), batch_size=self.batch_size,
-                                      max_length=self.max_length, normalize=False)
+        def score(queries: list[str], texts: list[str], batch_size: int,
+                  sort_by_length: bool) -> list[float]:
+            out = model.compute_score(list(zip(queries, texts)), batch_size=batch_size,
+                                      max_length=max_length, normalize=False)
             return [float(x) for x in (out if isinstance(out, (list, tuple)) else [out])]
 
         score.model = model  # type: ignore[attr-defined]
@@ -265,16 +276,19 @@ class CrossEncoderScorer(Reranker):
                                         dtype=torch.bfloat16,
                                         enabled=active == "bfloat16")
 
+        max_length = self.max_length
+
         @torch.inference_mode()
-        def score(queries: list[str], texts: list[str]) -> list[float]:
+        def score(queries: list[str], texts: list[str], batch_size: int,
+                  sort_by_length: bool) -> list[float]:
             order = list(range(len(texts)))
-            if self.sort_by_length:
+            if sort_by_length:
                 order.sort(key=lambda i: -(len(texts[i]) + len(queries[i])))
             out = [0.0] * len(texts)
-            for b in range(0, len(order), self.batch_size):
-                idx = order[b:b + self.batch_size]
+            for b in range(0, len(order), batch_size):
+                idx = order[b:b + batch_size]
                 enc = encode_pairs(tokenizer, [queries[i] for i in idx], [texts[i] for i in idx],
-                                   self.max_length).to(device)
+                                   max_length).to(device)
                 with torch.autocast(**autocast):
                     logits = model(**enc).logits.float()
                 for i, s in zip(idx, logits[:, -1].tolist()):
@@ -292,19 +306,20 @@ class CrossEncoderScorer(Reranker):
                            model_kwargs=self.model_kwargs)
         session = OnnxSession(path, engine="openvino" if runtime == "openvino" else "onnxruntime")
         tokenizer = load_pretrained(AutoTokenizer.from_pretrained, self.model_name, what="tokenizer")
+        max_length = self.max_length
 
         if self.backend == "transformers":
             def tokenize(queries: list[str], texts: list[str]) -> Any:
-                return encode_pairs(tokenizer, queries, texts, self.max_length, return_tensors="np")
+                return encode_pairs(tokenizer, queries, texts, max_length, return_tensors="np")
         else:  # sentence-transformers: the tokenizer's own pair truncation ("longest_first")
             def tokenize(queries: list[str], texts: list[str]) -> Any:
                 with tokenizer_lock(tokenizer):
                     return tokenizer(queries, texts, truncation=True, padding=True,
-                                     max_length=self.max_length, return_tensors="np")
+                                     max_length=max_length, return_tensors="np")
 
-        def score(queries: list[str], texts: list[str]) -> list[float]:
-            return score_batches(session, tokenize, queries, texts, self.batch_size,
-                                 self.sort_by_length)
+        def score(queries: list[str], texts: list[str], batch_size: int,
+                  sort_by_length: bool) -> list[float]:
+            return score_batches(session, tokenize, queries, texts, batch_size, sort_by_length)
 
         score.session = session  # type: ignore[attr-defined]
         score.tokenizer = tokenizer  # type: ignore[attr-defined]
@@ -330,7 +345,8 @@ class CrossEncoderScorer(Reranker):
         if not texts:
             return []
         if self.window_words is None:
-            return [float(s) for s in self._model.get()(queries, texts)]
+            return [float(s) for s in self._model.get()(queries, texts, self.batch_size,
+                                                         self.sort_by_length)]
         owner, win_queries, win_texts = [], [], []
         for i, (q, t) in enumerate(zip(queries, texts)):
             windows = (word_windows(t, self.window_words, self.window_overlap)
@@ -340,7 +356,8 @@ class CrossEncoderScorer(Reranker):
                 win_queries.append(q)
                 win_texts.append(w)
         best = [float("-inf")] * len(texts)
-        for i, s in zip(owner, self._model.get()(win_queries, win_texts)):
+        for i, s in zip(owner, self._model.get()(win_queries, win_texts, self.batch_size,
+                                                 self.sort_by_length)):
             best[i] = max(best[i], float(s))
         return best
 

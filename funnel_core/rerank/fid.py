@@ -40,11 +40,11 @@ import string
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from funnel_core.config import FiDAttentionConfig, configured
 from funnel_core.errors import check_positive_int
 from funnel_core.hardware import autocast, normalize_dtype, requested_dtype, resolve_dtype
 from funnel_core.models import LazyModel, load_pretrained, resolve_device, tokenizer_lock
 from funnel_core.rerank.base import Reranker
+from funnel_core.settings import Settings
 from funnel_core.units import Unit
 
 __all__ = ["FiDAttentionScorer", "AGGREGATIONS", "FiDInputs", "aggregate_cross_attention",
@@ -154,8 +154,7 @@ def _render(template: str, fields: dict[str, str]) -> tuple[str, dict[str, tuple
     return "".join(out), spans
 
 
-@configured(FiDAttentionConfig)
-class FiDAttentionScorer(Reranker):
+class FiDAttentionScorer(Settings, Reranker):
     """Rerank passages by the cross-attention a Fusion-in-Decoder T5 reader pays to them.
 
     Works with any T5 / FiD checkpoint saved by ``save_pretrained`` (a hub name such as
@@ -200,6 +199,9 @@ class FiDAttentionScorer(Reranker):
     """
 
     name = "fid_attention"
+    #: Settings whose edit loads the model again; any other edit keeps it.
+    load_settings = frozenset({"model", "device", "fp16", "dtype"})
+    setting_attrs = {"model": "model_name"}  # ``self.model`` is the loaded model
 
     def __init__(self, *, model: str, template: str = DEFAULT_TEMPLATE,
                  template_no_title: str = DEFAULT_TEMPLATE_NO_TITLE, title_key: str = "title",

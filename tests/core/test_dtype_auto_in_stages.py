@@ -204,11 +204,11 @@ def test_llm_weights_follow_the_cpu_and_rankrag_reports_them(tiny_llama_path, cp
 def test_rankrag_config_carries_dtype(tiny_llama_path, cpu):
     cpu(AVX512_BF16)
     scorer = RankRAGScorer(llm=tiny_llama_path, device="cpu", dtype="float32")
-    assert scorer.config.dtype == "float32" and scorer.llm.dtype == "float32"
+    assert scorer.to_dict()["dtype"] == "float32" and scorer.llm.dtype == "float32"
     again = RankRAGScorer.from_dict(scorer.to_dict())
     assert again.llm.dtype == "float32"
-    obj = RankRAGScorer(llm=TransformersLLM(tiny_llama_path, device="cpu"))
-    assert "dtype" not in obj.config.kwargs()                       # an LLM object keeps its own
+    obj = RankRAGScorer(llm=TransformersLLM(tiny_llama_path, device="cpu"), dtype="float32")
+    assert obj.llm.dtype == "auto"                                   # an LLM object keeps its own
 
 
 def test_bf16_llm_logprobs_rank_like_fp32_and_do_not_tie(tiny_llama_path):
@@ -306,7 +306,7 @@ def test_extractive_compressor_passes_dtype_to_its_embedder(minilm_path, cpu):
 
     cpu(AVX512_BF16)
     comp = ExtractiveCompressor(model=minilm_path, device="cpu", dtype="float32")
-    assert comp.config.dtype == "float32" and comp.embedder.dtype == "float32"
+    assert comp.to_dict()["dtype"] == "float32" and comp.embedder.dtype == "float32"
     assert ExtractiveCompressor.from_dict(comp.to_dict()).embedder.dtype == "float32"
     comp.embedder.encode(["a sentence"])
     assert comp.embedder.active_dtype == "float32"

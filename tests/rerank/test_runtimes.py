@@ -170,11 +170,15 @@ def test_torch_dtype_auto_follows_the_hardware(model):
     fp32 = CrossEncoderScorer(model, backend="transformers", runtime="torch", dtype="fp32")
     fp32.score(QUERY, TEXTS[:2])
     assert fp32.active_dtype == "float32"
-    # a stage rebuilt around the loaded model (a cheap edit) reports what that model runs in
-    from funnel_core.config import current_stage
-
-    edited = current_stage(scorer.config.replace(top_n=1), scorer)
-    assert edited is not scorer and edited._model is scorer._model
-    assert (edited.active_dtype, edited.active_runtime) == (scorer.active_dtype, "torch")
+    # a cheap edit keeps the loaded model, which still reports what it runs in
+    model_before = scorer._model
+    scorer.top_n = 1
+    assert scorer._model is model_before
+    assert (scorer.active_dtype, scorer.active_runtime) == (
+        decide_dtype("auto", "cpu", cpu_flags()).dtype, "torch")
+    scorer.dtype = "float32"  # a load-time setting: the model loads again, in float32
+    assert scorer._model is not model_before and not scorer._model.loaded
+    scorer.score(QUERY, TEXTS[:2])
+    assert scorer.active_dtype == "float32"
     with pytest.raises(ValueError, match="dtype"):
         CrossEncoderScorer(model, runtime="onnx", dtype="bf16")
