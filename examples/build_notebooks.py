@@ -380,7 +380,7 @@ funnel = funnelrag(units, pre_ranker="BAAI/bge-reranker-v2-m3", post_ranker=fid_
 from funnel_core.funnelrag.presets import funnelrag
 
 preset = funnelrag(index, pre_ranker=EmbeddingScorer(embedder), k_clusters=2, k_documents=8,
-                   k_passages=3, passage_words=60, max_documents=20)
+                   k_passages=3, passage_words=60, k_retrieved=20)
 res = preset.search(q.question, answers=q.answers)
 print(res.trace.format())
 print([u.id for u in res.units] == [u.id for u in result.units])"""),

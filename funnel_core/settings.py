@@ -20,6 +20,7 @@ Nothing here imports a stage: this module sits below every stage in the import g
 from __future__ import annotations
 
 import inspect
+import threading
 from abc import ABCMeta
 from typing import Any, ClassVar, Mapping, TypeVar
 
@@ -57,6 +58,8 @@ def build_index(owner: str, factory: Any, settings: dict[str, Any], accepted: An
 
 
 _NAMES: dict[type, tuple[str, ...]] = {}
+_LOCK_MARK = "<funnel_core.settings: a lock, made anew when unpickled>"
+_LOCK_TYPES = (type(threading.Lock()), type(threading.RLock()))
 
 
 def setting_names(cls: type) -> tuple[str, ...]:
@@ -75,6 +78,7 @@ class SettingsMeta(ABCMeta):
     setting is an *edit* (validated, and dropping the model when it is a load-time setting)."""
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        check_kwargs(cls.__name__, kwargs, setting_names(cls))  # a typo names the accepted ones
         obj = super().__call__(*args, **kwargs)
         object.__setattr__(obj, "_settings_ready", True)
         return obj
@@ -160,6 +164,16 @@ class Settings(metaclass=SettingsMeta):
             lazy = self.__dict__.get(attr)
             if isinstance(lazy, LazyModel) and not lazy.loaded:
                 lazy._factory = frozen._rebind(lazy._factory)
+
+    # -- pickling and copying ------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """The attributes, with locks left out (they do not pickle; a new one is made on load);
+        lazily loaded models pickle without their value (:class:`~funnel_core.models.LazyModel`)."""
+        return {k: _LOCK_MARK if isinstance(v, _LOCK_TYPES) else v for k, v in self.__dict__.items()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for k, v in state.items():
+            object.__setattr__(self, k, threading.Lock() if isinstance(v, str) and v == _LOCK_MARK else v)
 
     # -- serialisation -----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from funnel_core.settings import StageAdapter, check_accepted
 from funnel_core.units import FUNNEL_KEY, Unit, framework_metadata, split_metadata
 
 __all__ = ["StageCompressor", "UnitRetriever", "document_to_unit", "documents_to_units",
-           "units_to_documents", "rerank_chain"]
+           "units_to_documents"]
 
 
 def _doc_id(doc: Document) -> str:
@@ -170,14 +170,6 @@ class StageCompressor(StageAdapter, BaseDocumentCompressor, Runnable[dict, list[
     async def ainvoke(self, input: dict, config: RunnableConfig | None = None,
                       **kwargs: Any) -> list[Document]:
         return await self._acall_with_config(self._acompress, input, config)
-
-
-def rerank_chain(retriever: Runnable, *compressors: Any) -> Any:
-    """``retriever`` then ``compressors``, as one retriever: a thin constructor of
-    :class:`~langchain_funnel.funnel.FunnelRetriever` (no cap on the number of documents)."""
-    from langchain_funnel.funnel import FunnelRetriever
-
-    return FunnelRetriever.from_stages(retriever, *compressors, k=None)
 
 
 def check_search_kwargs(owner: Any, search: Any, kwargs: dict[str, Any]) -> None:

@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, ClassVar, Optional, Sequence
+from typing import Any, ClassVar, Iterable, Optional, Sequence
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
@@ -32,6 +32,7 @@ from langchain_core.runnables import Runnable, RunnableBranch, RunnableConfig, R
 from langchain_core.vectorstores import VectorStoreRetriever
 from pydantic import ConfigDict, Field
 
+from funnel_core.backends.milvus import as_backend, hybrid_backends
 from funnel_core.best_practices.classify import QueryClassifier
 from funnel_core.best_practices.compress import ExtractiveCompressor as CoreExtractiveCompressor
 from funnel_core.best_practices.fusion import check_fusion_config, fuse
@@ -41,7 +42,9 @@ from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import warm_up_attributes
 from funnel_core.settings import check_accepted, check_kwargs
 from langchain_funnel._base import StageCompressor, documents_to_units, units_to_documents
+from langchain_funnel.milvus import DenseRetriever, require_milvus
 from langchain_funnel.rerank import TransformerBase
+from langchain_funnel.retrievers import BM25Retriever
 
 __all__ = [
     "SentenceEmbedderEmbeddings",
@@ -235,8 +238,6 @@ class HybridRetriever(BaseRetriever):
         """Our BM25 and dense retrievers over ``documents`` (``candidates`` each), fused;
         ``backend=MilvusBackend(...)`` (or a URI) keeps both in Milvus. ``fusion``: ``alpha``,
         ``method``, ``k``, ..."""
-        from langchain_funnel.milvus import hybrid_sides
-
         sparse, dense = hybrid_sides(documents, backend, embedder, candidates, dense_config,
                                      **(bm25_config or {}))
         return cls(sparse=sparse, dense=dense, **fusion)
@@ -245,8 +246,6 @@ class HybridRetriever(BaseRetriever):
     def from_backend(cls, backend: Any, *, embedder: Any = None, candidates: int = 20,
                      **fusion: Any) -> "HybridRetriever":
         """Re-open both sides built by :meth:`from_documents` on Milvus (no re-indexing)."""
-        from langchain_funnel.milvus import hybrid_sides
-
         sparse, dense = hybrid_sides(None, backend, embedder, candidates)
         return cls(sparse=sparse, dense=dense, **fusion)
 
@@ -337,3 +336,23 @@ def query_classifier_branch(classifier: QueryClassifier, retrieval_chain: Runnab
 
     return RunnableBranch((RunnableLambda(needs).with_config(run_name="needs_retrieval"),
                            retrieval_chain), direct_chain)
+
+
+def hybrid_sides(documents: Optional[Iterable[Document]], backend: Any, embedder: Any = None,
+                 candidates: int = 20, dense_config: Optional[dict] = None,
+                 **bm25_config: Any) -> tuple[Any, DenseRetriever]:
+    """The sparse (BM25) and dense sides of a hybrid retriever on one backend: built from
+    ``documents``, or re-opened (``documents=None``, Milvus only). On Milvus the collections are
+    ``<collection>_bm25`` and ``<collection>_dense`` (``collection`` default ``funnel_hybrid``)."""
+    candidates = check_positive_int(candidates, "candidates")
+    if documents is None:
+        sb, db = hybrid_backends(require_milvus(backend, "HybridRetriever.from_backend"))
+        return (BM25Retriever.from_backend(sb, k=candidates),
+                DenseRetriever.from_backend(db, embedder, k=candidates))
+    b = as_backend(backend)
+    docs = list(documents)
+    sb_, db_ = hybrid_backends(b) if b is not None else (None, None)
+    sparse = BM25Retriever.from_documents(docs, k=candidates, backend=sb_, **bm25_config)
+    dense = DenseRetriever.from_documents(docs, embedder, backend=db_, k=candidates,
+                                          **(dense_config or {}))
+    return sparse, dense

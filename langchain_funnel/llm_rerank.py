@@ -12,7 +12,7 @@ The LLM can be a LangChain chat model or LLM (text only: RankRAG parses its repl
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Optional, Union
+from typing import Any, Callable, ClassVar, Optional, Union
 
 from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun
 from langchain_core.documents import Document
@@ -122,6 +122,9 @@ class ForwardLookupRetriever(StageAdapter, UnitRetriever):
         default=None, description='BM25 settings of Stage I and the backward score.')
     name: Optional[str] = Field(default=None, description='Stage name in traces.')
 
+    token_counter: Optional[Callable[[str], int]] = Field(
+        default=None, exclude=True, description="f(text) -> tokens for budget_tokens (None: "
+                                                "whitespace tokens).")
     timeout: Optional[float] = Field(default=None, description="Seconds per LLM call.")
     gguf_file: Optional[str] = Field(default=None, description="GGUF file, when llm is a name.")
     device: Optional[str] = Field(default=None, description="Torch device, when llm is a name.")

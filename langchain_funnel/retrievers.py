@@ -39,30 +39,14 @@ from funnel_core.errors import PersistError, check_positive_int
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
 from funnel_core.persist import load_snapshot, save_snapshot, snapshot_info
 from funnel_core.settings import build_index, check_kwargs, keyword_names
-from funnel_core.units import Unit, check_unique_ids, split_metadata, units_from_texts
+from funnel_core.units import Unit, units_from_texts
 from langchain_funnel._base import UnitRetriever
+from langchain_funnel.corpus import units_from_documents
 from langchain_funnel.milvus import push_down, require_milvus
 
 Backend = Union[MilvusBackend, str, None]
 
 __all__ = ["BM25Retriever", "ClusteredBM25Retriever"]
-
-
-def units_from_documents(documents: Iterable[Document], level: str) -> list[Unit]:
-    """Documents -> index units: ``Document.id`` as the id (positional for documents without
-    one, as :meth:`from_texts` does); a duplicate id raises, as it does for ``from_texts``."""
-    if isinstance(documents, Document):
-        raise TypeError("documents must be a list of Documents, got a single Document; wrap it "
-                        "in a list.")
-    units = []
-    for i, d in enumerate(documents):
-        if not isinstance(d, Document):
-            raise TypeError(f"expected langchain Documents, got {type(d).__name__} at position {i}.")
-        user = split_metadata(d.metadata)[0]
-        units.append(Unit(id=str(d.id) if d.id else str(i), text=d.page_content, metadata=user,
-                          level=level))
-    check_unique_ids(units)
-    return units
 
 
 class BM25Retriever(UnitRetriever):

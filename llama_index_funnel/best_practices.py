@@ -17,19 +17,20 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, ClassVar, List, Optional
+from typing import Any, ClassVar, List, Optional, Sequence
 
 from llama_index.core.base.base_query_engine import BaseQueryEngine
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
 from llama_index.core.base.response.schema import Response
-from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
 from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.llms import LLM
 from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.query_engine import CustomQueryEngine
-from llama_index.core.schema import NodeWithScore, QueryBundle
+from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 
+from funnel_core.backends.milvus import as_backend, hybrid_backends
 from funnel_core.best_practices.classify import QueryClassifier
 from funnel_core.best_practices.compress import ExtractiveCompressor
 from funnel_core.best_practices.fusion import check_fusion_config, fuse
@@ -37,7 +38,10 @@ from funnel_core.best_practices.repack import Repack
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import warm_up_attributes
+from funnel_core.settings import check_accepted
 from llama_index_funnel._base import StagePostprocessor, nodes_to_units, units_to_nodes
+from llama_index_funnel.milvus import DenseRetriever, milvus_backend
+from llama_index_funnel.retrievers import BM25Retriever
 
 __all__ = [
     "SentenceEmbedderEmbedding",
@@ -60,12 +64,14 @@ class SentenceEmbedderEmbedding(BaseEmbedding):
         embedder: An existing :class:`SentenceEmbedder` to share (its model loads once).
     """
 
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
     device: Optional[str] = Field(default=None, description="Torch device, None = best available.")
     _embedder: SentenceEmbedder = PrivateAttr()
 
     def __init__(self, model_name: Optional[str] = None, embed_batch_size: int = 64,
                  device: Optional[str] = None, embedder: Optional[SentenceEmbedder] = None,
                  **kwargs: Any) -> None:
+        check_accepted(type(self), kwargs)  # a typo raises, naming the accepted fields
         embedder = embedder or SentenceEmbedder(model_name, device=device, batch_size=embed_batch_size)
         super().__init__(model_name=embedder.model_name_or_path, embed_batch_size=embed_batch_size,
                          device=device, **kwargs)
@@ -182,8 +188,6 @@ class HybridRetriever(BaseRetriever):
         """Our BM25 and dense retrievers over ``nodes`` (``candidates`` each), fused;
         ``backend=MilvusBackend(...)`` (or a URI) keeps both in Milvus. ``fusion``: ``alpha``,
         ``method``, ``similarity_top_k``, ..."""
-        from llama_index_funnel.milvus import hybrid_sides
-
         sparse, dense = hybrid_sides(nodes, backend, embedder, candidates, dense_config,
                                      **(bm25_config or {}))
         return cls(sparse, dense, **fusion)
@@ -192,8 +196,6 @@ class HybridRetriever(BaseRetriever):
     def from_backend(cls, backend: Any, *, embedder: Any = None, candidates: int = 20,
                      **fusion: Any) -> "HybridRetriever":
         """Re-open both sides built by :meth:`from_defaults` on Milvus (no re-indexing)."""
-        from llama_index_funnel.milvus import hybrid_sides
-
         sparse, dense = hybrid_sides(None, backend, embedder, candidates)
         return cls(sparse, dense, **fusion)
 
@@ -308,9 +310,14 @@ class QueryClassifierQueryEngine(CustomQueryEngine):
     response's ``metadata["needs_retrieval"]`` says which path answered.
     """
 
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
     query_engine: BaseQueryEngine = Field(description="The retrieval-augmented query engine.")
     llm: LLM = Field(description="LLM that answers queries needing no retrieval.")
     classifier: QueryClassifier = Field(description="A trained QueryClassifier.")
+
+    def __init__(self, **data: Any) -> None:
+        check_accepted(type(self), data)  # a typo raises, naming the accepted fields
+        super().__init__(**data)
 
     def model_post_init(self, __context: Any) -> None:
         self.classifier._require_fitted()
@@ -329,3 +336,24 @@ class QueryClassifierQueryEngine(CustomQueryEngine):
             return resp
         out = await self.llm.acomplete(query_str)
         return Response(str(out), metadata={"needs_retrieval": False})
+
+
+def hybrid_sides(nodes: Optional[Sequence[BaseNode]], backend: Any, embedder: Any = None,
+                 candidates: int = 20, dense_config: Optional[dict] = None,
+                 **bm25_config: Any) -> tuple[Any, DenseRetriever]:
+    """The sparse (BM25) and dense sides of a hybrid retriever on one backend: built from
+    ``nodes``, or re-opened (``nodes=None``, Milvus only). On Milvus the collections are
+    ``<collection>_bm25`` and ``<collection>_dense`` (``collection`` default ``funnel_hybrid``)."""
+    b = as_backend(backend)
+    candidates = check_positive_int(candidates, "candidates")
+    if nodes is None:
+        b = milvus_backend(backend, "HybridRetriever.from_backend")
+        sb, db = hybrid_backends(b)
+        return (BM25Retriever.from_backend(sb, similarity_top_k=candidates),
+                DenseRetriever.from_backend(db, embedder, similarity_top_k=candidates))
+    sb_, db_ = hybrid_backends(b) if b is not None else (None, None)
+    sparse = BM25Retriever.from_defaults(nodes=nodes, similarity_top_k=candidates, backend=sb_,
+                                         **bm25_config)
+    dense = DenseRetriever.from_defaults(nodes, embedder, backend=db_, similarity_top_k=candidates,
+                                         **(dense_config or {}))
+    return sparse, dense

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Sequence, Union
 
 from llama_index.core.callbacks import CallbackManager
-from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore
+from llama_index.core.schema import BaseNode, NodeWithScore
 from llama_index.core.storage.docstore import BaseDocumentStore, SimpleDocumentStore
 from llama_index.core.vector_stores.types import MetadataFilters
 
@@ -37,6 +37,7 @@ from funnel_core.persist import load_snapshot, save_snapshot
 from funnel_core.settings import build_index, keyword_names
 from funnel_core.units import Unit
 from llama_index_funnel._base import UnitRetriever, units_to_nodes
+from llama_index_funnel.corpus import nodes_from, units_of
 from llama_index_funnel.filters import to_predicate
 from llama_index_funnel.milvus import is_milvus, milvus_backend, push_down, restore_nodes, with_shells
 
@@ -44,24 +45,6 @@ __all__ = ["BM25Retriever", "ClusteredBM25Retriever"]
 
 Filter = Union[MetadataFilters, Dict[str, Any], Callable[[dict], bool], str, None]
 Backend = Union[MilvusBackend, str, None]
-
-
-def nodes_from(nodes: Optional[Sequence[BaseNode]], docstore: Optional[BaseDocumentStore]) -> list[BaseNode]:
-    if nodes is None and docstore is None:
-        raise ValueError("pass nodes=[...] or docstore=...; there is nothing to index.")
-    nodes = list(nodes) if nodes is not None else list(docstore.docs.values())  # type: ignore[union-attr]
-    if not nodes:
-        raise ValueError("cannot build a retriever over an empty corpus: nodes/docstore is empty.")
-    for n in nodes:
-        if not isinstance(n, BaseNode):
-            raise TypeError(f"expected LlamaIndex nodes, got {type(n).__name__}; parse documents "
-                            "into nodes first (e.g. SentenceSplitter().get_nodes_from_documents).")
-    return nodes
-
-
-def units_of(nodes: Sequence[BaseNode], level: str) -> list[Unit]:
-    return [Unit(id=n.node_id, text=n.get_content(metadata_mode=MetadataMode.NONE),
-                 metadata=dict(n.metadata), level=level) for n in nodes]
 
 
 def _filter(filters: Filter, index: Any = None) -> Any:

@@ -27,7 +27,7 @@ hop-range levels of :class:`~funnel_core.granularity.graph.GranularityGraph` (Mo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
@@ -38,8 +38,17 @@ from funnel_core.granularity.levels import GranularityStructure
 from funnel_core.settings import Settings
 from funnel_core.units import Unit
 
-if TYPE_CHECKING:  # pragma: no cover
-    from funnel_core.granularity.router import GranularityRouter
+
+class LevelRouter(Protocol):
+    """What the selection rule needs of a router
+    (:class:`funnel_core.granularity.router.GranularityRouter` is one): the number of levels and
+    one weight per level for each query. A protocol here, so this module does not import the
+    router module, which imports this one."""
+
+    @property
+    def n_levels(self) -> int: ...
+
+    def predict(self, queries: Sequence[str]) -> Any: ...
 
 __all__ = ["GranularityBM25", "MixOfGranularityRetrieve", "NORMALIZATIONS", "MOG_PRESETS",
            "choose_level", "structure_from_units", "mog_stage", "check_mog_settings"]
@@ -130,7 +139,7 @@ class MixOfGranularityRetrieve(Settings, Stage):
     unserialised = ("structure", "router")
 
     def __init__(self, structure: GranularityStructure | GranularityBM25,
-                 router: "GranularityRouter | None" = None, *, k_r: int = 3, top_k: int = 1,
+                 router: LevelRouter | None = None, *, k_r: int = 3, top_k: int = 1,
                  normalize: str = "none", level_margin: float = 0.0,
                  bm25: dict[str, Any] | None = None, name: str = "mog") -> None:
         self.k_r, self.normalize, self.level_margin = check_mog_settings(k_r, normalize,
@@ -153,7 +162,7 @@ class MixOfGranularityRetrieve(Settings, Stage):
 
     @classmethod
     def from_preset(cls, preset: str, structure: GranularityStructure | GranularityBM25,
-                    router: "GranularityRouter | None" = None, **overrides: Any) -> "MixOfGranularityRetrieve":
+                    router: LevelRouter | None = None, **overrides: Any) -> "MixOfGranularityRetrieve":
         """A retriever with the settings of :data:`MOG_PRESETS` ``[preset]`` (``overrides`` win)."""
         if preset not in MOG_PRESETS:
             raise ValueError(f"preset must be one of {sorted(MOG_PRESETS)}, got {preset!r}.")
@@ -237,7 +246,7 @@ def check_mog_settings(k_r: int, normalize: str, level_margin: float) -> tuple[i
     return k_r, normalize, float(level_margin)
 
 
-def mog_stage(units: Sequence[Unit], router: "GranularityRouter | None" = None, *,
+def mog_stage(units: Sequence[Unit], router: LevelRouter | None = None, *,
               n_gra: int = 5, bm25: dict[str, Any] | None = None,
               **settings: Any) -> MixOfGranularityRetrieve:
     """The MoG stage over a splitter's ``units`` (what both adapters build): the structure they

@@ -13,8 +13,9 @@ from funnel_core.bm25 import BM25Index
 from funnel_core.errors import ModelLoadError
 from funnel_core.rerank.cross_encoder import CrossEncoderScorer
 from funnel_core.testing import tiny_cross_encoder
-from langchain_funnel._base import UnitRetriever, rerank_chain
+from langchain_funnel._base import UnitRetriever
 from langchain_funnel.compression import CompressionRetriever
+from langchain_funnel.funnel import rerank_chain
 from langchain_funnel.rerank import CrossEncoderReranker, LaterChunkingTransformer, MonoT5Reranker
 from tests.conftest import CORPUS
 
