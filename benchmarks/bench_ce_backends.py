@@ -129,7 +129,7 @@ def main() -> None:
     load_seconds = {}
     for n in names:
         t = time.perf_counter()
-        scorers[n] = CrossEncoderScorer(model, backend="transformers", device="cpu",
+        scorers[n] = CrossEncoderScorer(model, library="transformers", device="cpu",
                                         max_length=args.max_length, batch_size=args.batch_size,
                                         export_dir=args.export_dir / n.split("-")[0],
                                         **RUNTIMES[n]).load()

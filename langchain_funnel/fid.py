@@ -47,7 +47,6 @@ class FiDAttentionReranker(StageCompressor):
     batch_size: int = Field(default=16, description='Passages per encoder pass.')
     device: Optional[str] = Field(
         default=None, description='cpu, cuda, ... (None: best available).')
-    fp16: bool = Field(default=False, description='Half precision, CUDA only.')
     top_n: Optional[int] = Field(default=None, description='Units to keep (None keeps all).')
     score_threshold: Optional[float] = Field(
         default=None, description='Drop units below this score.')
@@ -85,7 +84,6 @@ class AttentionLMReranker(StageCompressor):
         default=True, description='SDPA for the passages, eager for the query.')
     device: Optional[str] = Field(
         default=None, description='cpu, cuda, ... (None: best available).')
-    fp16: bool = Field(default=False, description='Half precision, CUDA only.')
     top_n: Optional[int] = Field(default=None, description='Units to keep (None keeps all).')
     score_threshold: Optional[float] = Field(
         default=None, description='Drop units below this score.')

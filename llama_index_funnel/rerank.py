@@ -35,7 +35,7 @@ class CrossEncoderRerank(StagePostprocessor):
 
     Example::
 
-        rerank = CrossEncoderRerank(model="BAAI/bge-reranker-v2-m3", backend="flagembedding",
+        rerank = CrossEncoderRerank(model="BAAI/bge-reranker-v2-m3", library="flagembedding",
                                     top_n=8, device="cuda")
         engine = RetrieverQueryEngine.from_args(retriever, node_postprocessors=[rerank])
     """
@@ -44,14 +44,13 @@ class CrossEncoderRerank(StagePostprocessor):
 
     model: Optional[str] = Field(
         default=None, description="Hub name or local folder; None = the backend's default model.")
-    backend: str = Field(
-        default='sentence-transformers', description='sentence-transformers | flagembedding | transformers')
+    library: str = Field(
+        default="sentence-transformers",
+        description="Model library: sentence-transformers | flagembedding | transformers.")
     batch_size: int = Field(default=32, description='Pairs per forward pass.')
     device: Optional[str] = Field(default=None, description='cpu / cuda / mps; None = automatic.')
     max_length: int = Field(
         default=512, description='Tokens per (query, passage) pair; the passage is truncated, never the query.')
-    fp16: Optional[bool] = Field(default=None, description='Half precision, CUDA only.')
-    bf16: bool = Field(default=False, description='bfloat16 autocast (transformers backend).')
     sort_by_length: bool = Field(default=True, description='Batch pairs of similar length.')
     normalize: bool = Field(default=False, description='Sigmoid scores into (0, 1).')
     top_n: Optional[int] = Field(default=None, description='Units to keep (None: all).')
@@ -67,7 +66,7 @@ class CrossEncoderRerank(StagePostprocessor):
     model_kwargs: Optional[dict[str, Any]] = Field(
         default=None, description='Extra keyword arguments of the model loader.')
     runtime: str = Field(
-        default='auto', description='auto | torch | onnx | onnx-int8 | openvino (auto: torch on a GPU, the fastest runtime within 0.005 nDCG@10 of fp32 measured on a CPU).')
+        default='auto', description='auto | torch | onnx | openvino (auto: torch on a GPU, the fastest runtime within 0.005 nDCG@10 of fp32 measured on a CPU).')
     export_dir: Optional[str] = Field(
         default=None, description='Folder of the ONNX export; None = next to the model or the user cache.')
     dtype: str = Field(
@@ -93,7 +92,6 @@ class MonoT5Rerank(StagePostprocessor):
     device: Optional[str] = Field(default=None, description='cpu / cuda / mps; None = automatic.')
     max_length: int = Field(
         default=512, description='Tokens per prompt; the passage is truncated, never the query.')
-    fp16: Optional[bool] = Field(default=None, description='Half precision, CUDA only.')
     sort_by_length: bool = Field(default=True, description='Batch prompts of similar length.')
     template: str = Field(
         default='Query: {query} Document: {document} Relevant:', description='Prompt with {query} before {document}.')

@@ -44,8 +44,6 @@ class MonoT5Scorer(Settings, Reranker):
         batch_size: Pairs per forward pass.
         device: ``"cpu"``, ``"cuda"``, ... or ``None`` (automatic).
         max_length: Encoder tokens per prompt; the document is truncated to fit.
-        fp16: An explicit half-precision request: ``True`` = float16 (CUDA only; a CPU runs
-            float32 and warns), ``False`` = float32; ``None`` (default) leaves it to ``dtype``.
         sort_by_length: Batch prompts of similar length together.
         template: The prompt; must contain ``{query}`` before ``{document}``.
         true_token: The word whose first-step logit means "relevant".
@@ -65,11 +63,11 @@ class MonoT5Scorer(Settings, Reranker):
 
     name = "monot5"
     #: Settings whose edit loads the model again; any other edit keeps it.
-    load_settings = frozenset({"model", "device", "max_length", "fp16", "template", "true_token",
+    load_settings = frozenset({"model", "device", "max_length", "template", "true_token",
                                "false_token", "model_kwargs", "dtype"})
 
     def __init__(self, model: str | os.PathLike = DEFAULT_MONOT5, *, batch_size: int = 16,
-                 device: str | None = None, max_length: int = 512, fp16: bool | None = None,
+                 device: str | None = None, max_length: int = 512,
                  sort_by_length: bool = True,
                  template: str = "Query: {query} Document: {document} Relevant:",
                  true_token: str = "true", false_token: str = "false", normalize: bool = False,
@@ -88,7 +86,6 @@ class MonoT5Scorer(Settings, Reranker):
         self.model = os.fspath(model)
         self.device = device
         self.max_length = check_positive_int(max_length, "max_length")
-        self.fp16 = fp16
         self.sort_by_length = bool(sort_by_length)
         self.template = template
         self.true_token, self.false_token = true_token, false_token
@@ -104,7 +101,7 @@ class MonoT5Scorer(Settings, Reranker):
         tokenizer = load_pretrained(AutoTokenizer.from_pretrained, self.model_name, what="tokenizer")
         model = load_pretrained(AutoModelForSeq2SeqLM.from_pretrained, self.model_name,
                                 what="monoT5 model", **self.model_kwargs)
-        active = resolve_dtype(requested_dtype(self.dtype, fp16=self.fp16), device)
+        active = resolve_dtype(requested_dtype(self.dtype), device)
         if active == "float16":
             model = model.half()
         elif active == "bfloat16":

@@ -35,7 +35,7 @@ def test_llamaindex_cross_encoder_top_n_edit_is_honoured(tiny_cross_encoder_path
     rr2 = rr.model_copy(update={"top_n": 2})
     assert len(rr2.postprocess_nodes(_nodes(), Q)) == 2
     assert len(rr.postprocess_nodes(_nodes(), Q)) == 1
-    rr.backend = "transformers"  # a model setting: a new model
+    rr.library = "transformers"  # a model setting: a new model
     assert rr.stage._model is not model
 
 

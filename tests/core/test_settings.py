@@ -48,7 +48,7 @@ def _stages(tiny_cross_encoder_path="m") -> list[Settings]:
     """One object of every Settings class of the core, built with non-default values."""
     docs = [Unit(id=f"d{i}", text=" ".join(f"w{i}{j}." for j in range(40))) for i in range(3)]
     return [
-        CrossEncoderScorer(str(tiny_cross_encoder_path), backend="transformers", batch_size=3,
+        CrossEncoderScorer(str(tiny_cross_encoder_path), library="transformers", batch_size=3,
                            top_n=2, normalize=True, window_words=50, window_overlap=5),
         MonoT5Scorer("some/monot5", batch_size=5, template="Q: {query} D: {document} R:"),
         FiDAttentionScorer(model="some/t5", lr=None, aggregation="max_layers", top_n=3),
@@ -151,7 +151,7 @@ def _count_forward_passes(model):
 
 @pytest.mark.models
 def test_a_batch_size_edit_changes_the_forward_passes(tiny_cross_encoder_path):
-    s = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers", runtime="torch",
+    s = CrossEncoderScorer(tiny_cross_encoder_path, library="transformers", runtime="torch",
                            batch_size=10)
     s.score("q", TEXTS)
     calls = _count_forward_passes(s._model.get().model)
@@ -171,7 +171,7 @@ def test_a_batch_size_edit_changes_the_forward_passes(tiny_cross_encoder_path):
 
 @pytest.mark.models
 def test_a_sort_by_length_edit_is_honoured(tiny_cross_encoder_path):
-    s = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers", runtime="torch",
+    s = CrossEncoderScorer(tiny_cross_encoder_path, library="transformers", runtime="torch",
                            batch_size=2, sort_by_length=True)
     s.score("q", TEXTS[:1])
     calls = _count_forward_passes(s._model.get().model)
@@ -196,7 +196,7 @@ def test_monot5_batch_size_edit_changes_the_forward_passes(tiny_t5_path):
 
 @pytest.mark.models
 def test_only_a_load_time_edit_drops_the_model(tiny_cross_encoder_path):
-    s = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers", runtime="torch")
+    s = CrossEncoderScorer(tiny_cross_encoder_path, library="transformers", runtime="torch")
     before = s.score("q", TEXTS[:3])
     loaded = s._model
     for name, value in (("top_n", 1), ("normalize", True), ("score_threshold", 0.1),
@@ -211,7 +211,7 @@ def test_only_a_load_time_edit_drops_the_model(tiny_cross_encoder_path):
 
 @pytest.mark.models
 def test_a_stage_pickles_after_use_and_reloads_lazily(tiny_cross_encoder_path):
-    s = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers", runtime="torch",
+    s = CrossEncoderScorer(tiny_cross_encoder_path, library="transformers", runtime="torch",
                            batch_size=4)
     scores = s.score("q", TEXTS[:3])
     for other in (pickle.loads(pickle.dumps(s)), copy.deepcopy(s)):
