@@ -315,3 +315,16 @@ def test_bm25_numba_engine_is_reachable_from_both_adapters():
     assert lc_bm25(engine="numba").index.config["engine"] == "numba"
     with pytest.raises(ValueError, match="memory.*Milvus|Milvus.*memory"):
         li_bm25(backend="numba")
+
+
+@pytest.mark.parametrize("query", ["", "   "])
+def test_an_empty_query_keeps_top_n(query, request):
+    """Issue 28 item 8: 10 nodes in, top_n=2 must give 2 out even when nothing is scored."""
+    ce = Ctx(request).ce
+    many = [NodeWithScore(node=TextNode(id_=f"n{i}", text=f"text {i}"), score=1.0) for i in range(10)]
+    out = li.CrossEncoderRerank(model=ce, top_n=2).postprocess_nodes(many, query_str=query)
+    assert li_ids(out) == ["n0", "n1"]  # the incoming order, capped
+    lc_docs = [Document(id=f"d{i}", page_content=f"text {i}") for i in range(10)]
+    assert lc_ids(lc.CrossEncoderReranker(model=ce, top_n=2).compress_documents(lc_docs, query)) \
+        == ["d0", "d1"]
+    assert len(li.CrossEncoderRerank(model=ce).postprocess_nodes(many, query_str=query)) == 10
