@@ -98,12 +98,27 @@ def gguf_model_kwargs(gguf_file: str | None) -> dict[str, Any]:
 
 
 class LazyModel:
-    """Load something once, on first use, thread-safely."""
+    """Load something once, on first use, thread-safely.
+
+    A copy, a deep copy or a pickle holds the factory only: the loaded value is not copied (a
+    model, an ONNX session or a lock do not pickle) and loads again on first use.
+    """
 
     def __init__(self, factory: Callable[[], Any]) -> None:
         self._factory = factory
         self._value: Any = None
         self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_factory": self._factory}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["_factory"])  # type: ignore[misc]
+
+    def reset(self) -> None:
+        """Forget the loaded value; the next :meth:`get` loads again."""
+        with self._lock:
+            self._value = None
 
     @property
     def loaded(self) -> bool:
