@@ -1243,8 +1243,7 @@ def block_reliability() -> str:
         f"\nQueries during add/delete: {_n(upd['trials'])} queries during {_n(upd['updates'])} "
         f"updates, {upd['wrong']} wrong, {upd['errors']} errors. Fuzz: {_n(fz['trials'])} "
         f"examples, {fz['failures']} failures. Tenant isolation: {ten.get('probes', '-')} probes, "
-        f"{ten.get('leaks_or_failures', '-')} leaks ({ten.get('xfailed_until_settings_rework', 0)} "
-        "misspelling probes wait for the settings rework). \"bad\" after a kill: the folder "
+        f"{ten.get('leaks_or_failures', '-')} leaks or unraised misspellings. \"bad\" after a kill: the folder "
         "loaded as neither index, or the next save left an orphan; after an I/O error: neither "
         "loads, or the save raised although it had committed.\n")
     m = d.get("machine_before", {})

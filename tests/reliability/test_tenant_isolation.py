@@ -29,7 +29,6 @@ TEXTS = ["quarterly revenue report for the board", "revenue forecast and quarter
          "customer churn report and revenue", "product roadmap and quarterly goals"]
 QUERY = "quarterly revenue report"
 TENANT = "acme"
-SETTINGS_XFAIL = pytest.mark.xfail(strict=True, reason="unknown keywords raise once the settings rework lands")
 
 
 def _rows():
@@ -154,20 +153,9 @@ def test_llamaindex_filter_at_construction_per_call_and_after_persist(kind, wher
 LI_TYPOS = ["filter", "metadata_filter", "metadata_filters", "where"]
 
 
-def _li_known_to_raise(kind: str, typo: str, how: str) -> bool:
-    """Every LlamaIndex probe raises already (explicit signatures, index constructors that check
-    their keywords)."""
-    return True
-
-
 def _li_typo_params():
-    out = []
-    for kind in LI_KINDS:
-        for how in ("init", "factory", "search"):
-            for typo in LI_TYPOS:
-                marks = () if _li_known_to_raise(kind, typo, how) else (SETTINGS_XFAIL,)
-                out.append(pytest.param(kind, how, typo, marks=marks, id=f"{kind}-{how}-{typo}"))
-    return out
+    return [pytest.param(kind, how, typo, id=f"{kind}-{how}-{typo}")
+            for kind in LI_KINDS for how in ("init", "factory", "search") for typo in LI_TYPOS]
 
 
 @pytest.mark.parametrize(("kind", "how", "typo"), _li_typo_params())
@@ -284,14 +272,8 @@ LC_TYPOS = ["filters", "metadata_filter", "metadata_filters", "where"]
 
 
 def _lc_typo_params():
-    out = []
-    for kind in LI_KINDS:
-        for how in ("init", "factory", "invoke"):
-            for typo in LC_TYPOS:
-                # the pydantic retrievers ignore unknown fields until the settings rework
-                marks = (SETTINGS_XFAIL,) if how == "init" else ()
-                out.append(pytest.param(kind, how, typo, marks=marks, id=f"{kind}-{how}-{typo}"))
-    return out
+    return [pytest.param(kind, how, typo, id=f"{kind}-{how}-{typo}")
+            for kind in LI_KINDS for how in ("init", "factory", "invoke") for typo in LC_TYPOS]
 
 
 @pytest.mark.parametrize(("kind", "how", "typo"), _lc_typo_params())
@@ -322,7 +304,6 @@ def test_langchain_hybrid_funnel_and_forward_lookup_keep_the_tenant(where, db, e
     _only_tenant(_lc_ids(fwd.invoke(QUERY)))
 
 
-@SETTINGS_XFAIL
 @pytest.mark.parametrize("typo", ["filters", "filter", "metadata_filter", "aplha"])
 def test_langchain_hybrid_factory_misspellings_raise(typo, embedder):
     from langchain_funnel.best_practices import HybridRetriever
@@ -331,7 +312,6 @@ def test_langchain_hybrid_factory_misspellings_raise(typo, embedder):
         HybridRetriever.from_documents(_docs(), embedder=embedder, candidates=4, **{typo: {"tenant": TENANT}})
 
 
-@SETTINGS_XFAIL
 @pytest.mark.parametrize("typo", ["filter", "filters"])
 def test_langchain_mog_funnel_and_forward_lookup_take_no_filter_keyword(typo, embedder, tiny_llama_path):
     from langchain_funnel.funnel import FunnelRetriever
