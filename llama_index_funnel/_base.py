@@ -13,7 +13,7 @@ import asyncio
 from abc import abstractmethod
 from collections import ChainMap
 from contextlib import contextmanager
-from typing import Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Iterator, List, Mapping, Optional, Sequence
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.bridge.pydantic import ConfigDict, PrivateAttr

@@ -35,7 +35,7 @@ def _saved(path: Path, backend: str = "numpy") -> Path:
     units = [Unit(id=f"d{i}", text=t) for i, t in enumerate(
         ["paris capital france", "berlin capital germany", "hamlet tragedy shakespeare",
          "bm25 ranks documents", "dense vectors neural network"])]
-    BM25Index(backend=backend).index(units).save(path)
+    BM25Index(engine=backend).index(units).save(path)
     return path / snapshot_info(path)["snapshot"]
 
 
@@ -46,7 +46,7 @@ def _load_in_subprocess(path: Path, *, verify: bool, backend: str = "numpy", tim
         from funnel_core.bm25 import BM25Index
         from funnel_core.errors import PersistError
         try:
-            ix = BM25Index.load({str(path)!r}, backend={backend!r}, verify={verify!r})
+            ix = BM25Index.load({str(path)!r}, engine={backend!r}, verify={verify!r})
         except PersistError as exc:
             print("REFUSED", exc)
         else:
