@@ -35,7 +35,7 @@ for p in (str(REPO), str(REPO / "benchmarks")):
         sys.path.insert(0, p)
 
 from common import parser  # noqa: E402
-from stats import paired_bootstrap  # noqa: E402
+from funnel_core.evaluation.stats import paired_bootstrap  # noqa: E402
 
 RUNTIMES = {  # name -> CrossEncoderScorer keyword arguments
     "torch-fp32": {"runtime": "torch", "dtype": "float32"},
