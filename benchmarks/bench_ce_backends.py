@@ -35,6 +35,7 @@ for p in (str(REPO), str(REPO / "benchmarks")):
         sys.path.insert(0, p)
 
 from common import parser  # noqa: E402
+
 from funnel_core.evaluation.stats import paired_bootstrap  # noqa: E402
 
 RUNTIMES = {  # name -> CrossEncoderScorer keyword arguments

@@ -106,6 +106,7 @@ def probe_dtype(model_dir: str, prompts: list[str], max_length: int, device: str
 
 def summarize(per_query: list[dict], n_boot: int) -> dict:
     import numpy as np
+
     from funnel_core.evaluation.stats import bootstrap_ci, mcnemar_exact, paired_bootstrap, percentile
 
     out: dict = {}

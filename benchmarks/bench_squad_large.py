@@ -53,11 +53,11 @@ import numpy as np
 from common import ROOT, parser, write_json
 from squad_ce_model import DEFAULT_FILES, DEFAULT_OUT, cpu_flags, tuning_question_ids, use_bf16
 from squad_large_data import PASSAGE_WORDS, build_corpus
-from funnel_core.evaluation.stats import bootstrap_ci, mcnemar_exact, paired_bootstrap, percentile
 
 from funnel_core.best_practices.fusion import HybridRetrieve, fuse
 from funnel_core.bm25 import BM25Index, BM25Retrieve
 from funnel_core.evaluation.metrics import normalize_answer
+from funnel_core.evaluation.stats import bootstrap_ci, mcnemar_exact, paired_bootstrap, percentile
 from funnel_core.funnel import Funnel, Stage
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
 from funnel_core.funnelrag.presets import funnelrag, renamed
