@@ -79,8 +79,8 @@ class System:
         if isinstance(obj, System):
             postprocessors = [*obj.postprocessors, *postprocessors]
             obj = obj.obj
-        self.obj = obj
-        self.postprocessors = list(postprocessors)
+        self.obj: Any = obj
+        self.postprocessors: list[Any] = list(postprocessors)
         self.name = name or type(obj).__name__
         self.kind = "funnel_core" if isinstance(obj, Stage) else framework_of(obj) or "callable"
         if self.kind == "llama_index" and not callable(getattr(obj, "retrieve", None)):
