@@ -121,7 +121,10 @@ class _Cache:
         safe = re.sub(r"[^\w.-]+", "_", system)[:60]
         return self.folder / f"{safe}-{hashlib.sha256(system.encode()).hexdigest()[:8]}.jsonl"
 
-    def load(self, system: str) -> dict[str, dict[str, Any]]:
+    def _header(self, system: str, key: Any) -> dict[str, Any]:
+        return {**self.header, "system": key}
+
+    def load(self, system: str, key: Any = None) -> dict[str, dict[str, Any]]:
         p = self.path(system)
         if not p.exists():
             return {}
@@ -131,9 +134,10 @@ class _Cache:
         if not lines:
             return {}
         head = json.loads(lines[0])
-        if head != {"header": self.header}:
+        if head != {"header": self._header(system, key)}:
             raise ValueError(f"the score cache {str(p)!r} was written for other settings ({head.get('header')}); "
-                             f"this run has {self.header}. Delete the file or pass another cache_dir.")
+                             f"this run has {self._header(system, key)}. Delete the file or pass another "
+                             "cache_dir.")
         for line in lines[1:]:
             try:
                 rec = json.loads(line)
@@ -142,12 +146,12 @@ class _Cache:
             done[rec["id"]] = rec
         return done
 
-    def append(self, system: str, record: dict[str, Any]) -> None:
+    def append(self, system: str, record: dict[str, Any], key: Any = None) -> None:
         p = self.path(system)
         fresh = not p.exists() or p.stat().st_size == 0
         with open(p, "a", encoding="utf-8") as f:
             if fresh:
-                f.write(json.dumps({"header": self.header}) + "\n")
+                f.write(json.dumps({"header": self._header(system, key)}) + "\n")
             f.write(json.dumps(record) + "\n")
             f.flush()
 
@@ -166,7 +170,8 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
              quiet_poll: float = 15.0, cache_dir: str | os.PathLike | None = None,
              n_boot: int = 2000, seed: int = 0, progress: bool = True,
              load_reader: Callable[[], float | None] = read_load_average, cores: int | None = None,
-             clock: Callable[[], float] = time.perf_counter) -> Report:
+             clock: Callable[[], float] = time.perf_counter,
+             system_keys: Mapping[str, Any] | None = None) -> Report:
     """Evaluate retrieval systems side by side on one dataset.
 
     Args:
@@ -192,6 +197,9 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
             fall to ``max_load``.
         cache_dir: Folder of per-system, per-question results; a rerun with the same folder
             resumes (systems are matched by name: delete a system's file after changing it).
+        system_keys: ``{name: JSON-able settings}`` stored in each system's cache header, so
+            that a changed system is refused rather than resumed (``funnel eval`` passes the
+            TOML table).
         load_reader, cores, clock: Injectable for tests (1-minute load average, available cores,
             a monotonic clock in seconds).
     """
@@ -231,7 +239,8 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
     per_question: dict[str, dict[str, dict[str, Any]]] = {}
     for name in names:
         system = sys_map[name]
-        done = cache.load(name) if cache else {}
+        skey = (system_keys or {}).get(name)
+        done = cache.load(name, skey) if cache else {}
         todo = [q for q in qids if q not in done]
         for q in _progress(todo, len(todo), f"{name}: quality", progress):
             before = counters.snapshot()
@@ -253,7 +262,7 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
                     break
             rec = {"id": q, "ranked": ranked, "n_results": len(units), "metrics": values, "counts": counts}
             if cache:
-                cache.append(name, rec)
+                cache.append(name, rec, skey)
             done[q] = rec
         per_question[name] = {q: done[q] for q in qids}
 
