@@ -157,7 +157,7 @@ class _Cache:
 
 
 def _progress(iterable: Any, total: int, desc: str, enabled: bool) -> Any:
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     return tqdm(iterable, total=total, desc=desc, disable=not enabled, leave=False)
 
