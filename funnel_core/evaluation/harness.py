@@ -166,6 +166,7 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
              metrics: Sequence[str] | None = None, ks: Sequence[int] = (1, 5, 10),
              baseline: str | None = None, depth: int | None = None, id_key: str | None = None,
              title_key: str = "title", n_timing: int = 20, timing_seed: int = 0,
+             timing_ids: Sequence[str] | None = None, warm_query: str | None = None,
              max_load: float | None = None, quiet_check: bool = False, quiet_timeout: float = 600.0,
              quiet_poll: float = 15.0, cache_dir: str | os.PathLike | None = None,
              n_boot: int = 2000, seed: int = 0, progress: bool = True,
@@ -191,6 +192,9 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
         id_key: Metadata key holding the document id the qrels name (default ``"doc_id"`` when
             present, else the unit / node / Document id).
         n_timing: Questions timed (a seeded sample of the labelled ones); 0 times nothing.
+        timing_ids: Time exactly these question ids, in this order (instead of the sample).
+        warm_query: The warm-up question (default: a labelled question outside the timing
+            sample, or the first timed one when every question is timed).
         max_load: Refuse seconds when the 1-minute load average during timing exceeds this
             (default: the cores available to the process).
         quiet_check: Before timing, wait up to ``quiet_timeout`` seconds for the load average to
@@ -279,10 +283,15 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
     # -- phase 2: timing ---------------------------------------------------------------------
     timing: dict[str, Any] = {"n_timing": 0, "cores": cores, "max_load": max_load, "records": [],
                               "order": [], "refused": None, "quiet_check": None}
-    if n_timing and n_timing > 0:
-        sample = dataset.subset(n_timing, seed=timing_seed).question_ids
+    if timing_ids is not None:
+        unknown = [q for q in timing_ids if q not in dataset.queries]
+        if unknown:
+            raise ValueError(f"timing_ids name questions that are not in the dataset, e.g. {unknown[:3]}.")
+    if timing_ids or (n_timing and n_timing > 0):
+        sample = list(timing_ids) if timing_ids else dataset.subset(n_timing, seed=timing_seed).question_ids
         spare = [q for q in qids if q not in set(sample)]
-        warm_query = dataset.queries[spare[0]] if spare else dataset.queries[sample[0]]
+        if warm_query is None:
+            warm_query = dataset.queries[spare[0]] if spare else dataset.queries[sample[0]]
         for name in names:
             sys_map[name].warm_up(warm_query)
         if quiet_check:

@@ -225,3 +225,42 @@ def test_hybrid_and_mog_tables_are_the_json():
     m = json.loads((res / "mog_router.json").read_text())["routers"]["paper_ties_finer"]["selection"]["paper_margin_0.5"]
     line = next(r for r in report.block_mog_router().splitlines() if "`paper_ties_finer` | `paper_margin_0.5`" in r)
     assert f"| {m['AR@1']:.3f} |" in line and line.rstrip(" |").endswith(" / ".join(map(str, m["chosen_level_counts"])))
+
+
+def _harness_timing(load: float) -> dict:
+    """A real harness report over two of squad_large.json's system names (fixed rankings, fake clock)."""
+    from funnel_core.evaluation import EvalDataset, evaluate
+    from funnel_core.units import Unit
+
+    ds = EvalDataset(queries={"q1": "one", "q2": "two", "q3": "three"}, answers={q: ["x"] for q in ("q1", "q2", "q3")})
+    now = [0.0]
+
+    def system(cost):
+        def run(query):
+            now[0] += cost
+            return [Unit(id="d", text="x")]
+        return run
+
+    rep = evaluate({"bm25": system(0.01), "bm25 -> CE@20": system(0.25)}, ds, metrics=["AR@4"], n_timing=3,
+                   progress=False, load_reader=lambda: load, cores=2, clock=lambda: now[0], max_load=1.0)
+    out = rep.to_dict()
+    out["command"] = "python benchmarks/time_squad_large.py --n-timing 3"
+    return out
+
+
+def test_large_tables_take_their_seconds_from_the_harness_report():
+    res = report.load("squad_large.json")
+    merged = report.merge_timing(res, _harness_timing(load=0.4))
+    rows = merged["systems_dev_a"]
+    assert rows["bm25 -> CE@20"]["seconds_p50"] == pytest.approx(0.25)
+    assert rows["bm25"]["seconds_p50"] == pytest.approx(0.01) and rows["bm25"]["timed_questions"] == 3
+    # a system the harness did not time keeps no seconds from the older, differently measured run
+    assert all("seconds_p50" not in r for n, r in rows.items() if n not in ("bm25", "bm25 -> CE@20"))
+    assert merged["samples"]["dev_a_timing"] == 3 and merged["timing_run"]["cores"] == 2
+    note = report.timing_note(merged)
+    assert "over 3 dev-a questions" in note and "on 2 cores" in note and "0.4 before" in note
+    assert rows["bm25"]["AR@4"] == res["systems_dev_a"]["bm25"]["AR@4"]  # quality untouched
+    # withheld seconds (load 3.0 > max_load 1.0) change nothing
+    assert report.merge_timing(res, _harness_timing(load=3.0)) == res
+    with pytest.raises(ValueError, match="not an evaluation-harness report"):
+        report.merge_timing(res, {"systems": {}})
