@@ -88,3 +88,13 @@ def test_an_unknown_component_setting_is_refused(squad_file, tmp_path, capsys):
                    '[systems.a]\ncomponent = "bm25"\nkk = 3\n')
     assert main(["eval", str(cfg), "--no-progress"]) == 1
     assert "[systems.a]" in capsys.readouterr().err
+
+
+def test_the_benchmark_configurations_load():
+    from pathlib import Path
+
+    configs = sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "configs").glob("*.toml"))
+    assert configs
+    for path in configs:
+        cfg = load_config(path)
+        assert cfg["systems"] and Path(cfg["dataset"]["path"]).is_absolute()
