@@ -51,3 +51,21 @@ def test_a_failed_score_counts_nothing():
     assert b.calls == 0 and b.pairs_scored == 0
     with pytest.raises(KeyError, match="unknown counter"):
         counters.add(pairs=1)
+
+
+def test_a_local_llm_counts_prompts_and_tokens(tiny_llama_path):
+    from funnel_core.llm import TransformersLLM
+
+    llm = TransformersLLM(tiny_llama_path, batch_size=2, use_chat_template=False)
+    tok = llm.tokenizer
+    prompts = ["what is bm25", "a longer prompt about cross encoders and rerankers"]
+    expected_prompt_tokens = sum(len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts)
+    before = counters.snapshot()
+    out = llm.generate(prompts, max_new_tokens=3)
+    llm.next_token_logprobs(prompts[:1], ["True", "False"])
+    diff = counters.difference(counters.snapshot(), before)
+    assert diff["llm_calls"] == 3  # two generated prompts, one scored prompt
+    # prompt tokens read: each prompt once for generation, the first once more for the log-probs;
+    # padding is not counted
+    assert diff["llm_prompt_tokens"] == expected_prompt_tokens + len(tok(prompts[0], add_special_tokens=False)["input_ids"])
+    assert 0 < diff["llm_completion_tokens"] <= 2 * 3 and len(out) == 2
