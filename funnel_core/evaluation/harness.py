@@ -15,7 +15,8 @@ The run has two phases:
    hits all systems alike. The 1-minute load average is read before every timed query; when it
    ever exceeds ``max_load`` (default: the cores available to this process) the report gives
    no seconds at all, only counts, and says why. ``quiet_check`` first waits (bounded) for the
-   load to fall below ``max_load``.
+   load to fall below ``max_load``. When every question is timed (and no cache is used), the
+   timed runs are the quality run too: one pass, not two.
 """
 
 from __future__ import annotations
@@ -239,9 +240,37 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
               "id_key": id_key, "title_key": title_key, "metrics": sorted(local)}
     cache = _Cache(cache_dir, header) if cache_dir is not None else None
 
+    # -- the timing sample (decided first: when it is every question, one pass serves both) -------
+    sample: list[str] = []
+    if timing_ids is not None:
+        unknown = [q for q in timing_ids if q not in dataset.queries]
+        if unknown:
+            raise ValueError(f"timing_ids name questions that are not in the dataset, e.g. {unknown[:3]}.")
+        sample = list(timing_ids)
+    elif n_timing and n_timing > 0:
+        sample = dataset.subset(n_timing, seed=timing_seed).question_ids
+    one_pass = bool(sample) and cache is None and set(sample) == set(qids)
+
+    def record(q: str, units: list[Unit], counts: dict[str, int]) -> dict[str, Any]:
+        values: dict[str, float] = {}
+        for m in local:
+            kind, k = parsed[m]
+            if kind == "ar" and q in dataset.answers:
+                values[m] = answer_recall(units, dataset.answers[q], k or depth)
+            elif kind == "ci":
+                values[m] = contextual_integrity(units, k or depth, key=title_key)
+        ranked: list[str] = []
+        for u in units:
+            did = _doc_id(u, id_key)
+            if did not in ranked:
+                ranked.append(did)
+            if len(ranked) >= depth:
+                break
+        return {"id": q, "ranked": ranked, "n_results": len(units), "metrics": values, "counts": counts}
+
     # -- phase 1: quality (and counted cost) ------------------------------------------------
-    per_question: dict[str, dict[str, dict[str, Any]]] = {}
-    for name in names:
+    per_question: dict[str, dict[str, dict[str, Any]]] = {name: {} for name in names}
+    for name in ([] if one_pass else names):
         system = sys_map[name]
         skey = (system_keys or {}).get(name)
         done = cache.load(name, skey) if cache else {}
@@ -249,46 +278,16 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
         for q in _progress(todo, len(todo), f"{name}: quality", progress):
             before = counters.snapshot()
             units = system.search(dataset.queries[q])
-            counts = counters.difference(counters.snapshot(), before)
-            values: dict[str, float] = {}
-            for m in local:
-                kind, k = parsed[m]
-                if kind == "ar" and q in dataset.answers:
-                    values[m] = answer_recall(units, dataset.answers[q], k or depth)
-                elif kind == "ci":
-                    values[m] = contextual_integrity(units, k or depth, key=title_key)
-            ranked: list[str] = []
-            for u in units:
-                did = _doc_id(u, id_key)
-                if did not in ranked:
-                    ranked.append(did)
-                if len(ranked) >= depth:
-                    break
-            rec = {"id": q, "ranked": ranked, "n_results": len(units), "metrics": values, "counts": counts}
+            rec = record(q, units, counters.difference(counters.snapshot(), before))
             if cache:
                 cache.append(name, rec, skey)
             done[q] = rec
         per_question[name] = {q: done[q] for q in qids}
 
-    if ranx_metrics:
-        for name in names:
-            run = {q: {d: float(len(r["ranked"]) - i) for i, d in enumerate(r["ranked"])}
-                   for q, r in per_question[name].items()}
-            judged = {q: dataset.qrels[q] for q in qids if q in dataset.qrels}
-            values_by_metric = ir_metrics_per_query(judged, run, ranx_metrics)
-            for m, per_q in values_by_metric.items():
-                for q, v in per_q.items():
-                    per_question[name][q]["metrics"][m] = v
-
-    # -- phase 2: timing ---------------------------------------------------------------------
+    # -- phase 2: timing (with one_pass, the timed runs are the quality run too) -------------
     timing: dict[str, Any] = {"n_timing": 0, "cores": cores, "max_load": max_load, "records": [],
-                              "order": [], "refused": None, "quiet_check": None}
-    if timing_ids is not None:
-        unknown = [q for q in timing_ids if q not in dataset.queries]
-        if unknown:
-            raise ValueError(f"timing_ids name questions that are not in the dataset, e.g. {unknown[:3]}.")
-    if timing_ids or (n_timing and n_timing > 0):
-        sample = list(timing_ids) if timing_ids else dataset.subset(n_timing, seed=timing_seed).question_ids
+                              "order": [], "refused": None, "quiet_check": None, "one_pass": one_pass}
+    if sample:
         spare = [q for q in qids if q not in set(sample)]
         if warm_query is None:
             warm_query = dataset.queries[spare[0]] if spare else dataset.queries[sample[0]]
@@ -302,11 +301,17 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
             order = names[i % len(names):] + names[: i % len(names)]
             for name in order:
                 load1 = load_reader()
+                before = counters.snapshot()
                 t0 = clock()
-                sys_map[name].search(dataset.queries[q])
+                units = sys_map[name].search(dataset.queries[q])
                 seconds = clock() - t0
+                counts = counters.difference(counters.snapshot(), before)
                 records.append({"id": q, "system": name, "seconds": seconds, "load1": load1})
                 timing["order"].append([q, name])
+                if one_pass:
+                    per_question[name][q] = record(q, units, counts)
+        if one_pass:
+            per_question = {name: {q: per_question[name][q] for q in qids} for name in names}
         timing["records"] = records
         timing["n_timing"] = len(sample)
         loads = [r["load1"] for r in records if r["load1"] is not None]
@@ -320,6 +325,16 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
                                      "on a quiet machine (quiet_check=True / --quiet-check waits for one).")
         else:
             timing["load1"] = None
+
+    if ranx_metrics:
+        for name in names:
+            run = {q: {d: float(len(r["ranked"]) - i) for i, d in enumerate(r["ranked"])}
+                   for q, r in per_question[name].items()}
+            judged = {q: dataset.qrels[q] for q in qids if q in dataset.qrels}
+            values_by_metric = ir_metrics_per_query(judged, run, ranx_metrics)
+            for m, per_q in values_by_metric.items():
+                for q, v in per_q.items():
+                    per_question[name][q]["metrics"][m] = v
 
     return summarise(names=names, baseline=baseline, metric_names=metric_names, dataset=dataset,
                      per_question=per_question, timing=timing, depth=depth, n_boot=n_boot, seed=seed,

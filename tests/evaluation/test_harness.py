@@ -148,6 +148,21 @@ def test_timing_is_round_robin_with_rotation_after_a_warm_up_per_system():
     assert r.timing["refused"] is None and r.timing["load1"]["max"] == 0.1
 
 
+def test_timing_every_question_is_one_pass_that_also_gives_quality():
+    log: list = []
+    r = evaluate({"good": _fixed(GOOD, log, "good"), "bad": _fixed(BAD, log, "bad")}, ANSWER_DS,
+                 metrics=["AR@2"], n_timing=3, progress=False, load_reader=lambda: 0.1, cores=2)
+    # one warm-up each (on a timed question: there is no spare one), then 3 round-robin rounds
+    assert len(log) == 2 + 6 and r.timing["one_pass"]
+    assert log[2:] == [("good", "capital of France?"), ("bad", "capital of France?"),
+                       ("bad", "who wrote Hamlet?"), ("good", "who wrote Hamlet?"),
+                       ("good", "what is BM25?"), ("bad", "what is BM25?")]
+    # the quality is what the two-phase run gives
+    two = evaluate({"good": _fixed(GOOD), "bad": _fixed(BAD)}, ANSWER_DS, metrics=["AR@2"], n_timing=0,
+                   progress=False)
+    assert r.per_question == two.per_question and r.summary["good"]["AR@2"]["mean"] == 1.0
+
+
 def test_seconds_are_refused_when_the_load_average_exceeds_the_cores():
     ds = EvalDataset(queries={"q1": "one", "q2": "two"}, answers={"q1": ["d1"], "q2": ["d1"]})
     loads = iter([0.5, 0.5, 3.5, 0.5])  # before the run, before each timed query, after
