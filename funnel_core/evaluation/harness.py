@@ -76,18 +76,22 @@ def wait_for_quiet(max_load: float, *, timeout: float = 600.0, poll: float = 15.
         waited += step
 
 
+#: The metrics computed here from the returned texts (the rest go to ranx).
+LOCAL_METRICS = ("ar", "ci", "words")
+
 _METRIC = re.compile(r"^([A-Za-z_]+)(?:@(\d+))?$")
 
 
 def parse_metric(name: str) -> tuple[str, int | None]:
-    """``"AR@4"`` -> ``("ar", 4)``, ``"CI@10"`` -> ``("ci", 10)``, ``"ndcg@10"`` -> ``("ndcg", 10)``,
-    ``"mrr"`` -> ``("mrr", None)``. AR and CI are ours; every other name is passed to ranx."""
+    """``"AR@4"`` -> ``("ar", 4)``, ``"CI@10"`` -> ``("ci", 10)``, ``"words@5"`` -> ``("words", 5)``,
+    ``"ndcg@10"`` -> ``("ndcg", 10)``, ``"mrr"`` -> ``("mrr", None)``. AR, CI and words are ours;
+    every other name is passed to ranx."""
     m = _METRIC.match(str(name).strip())
     if not m:
         raise ValueError(f"metric {name!r} is not NAME or NAME@k (e.g. 'AR@5', 'CI@5', 'ndcg@10', "
                          "'recall@100', 'mrr').")
     kind, k = m.group(1).lower(), int(m.group(2)) if m.group(2) else None
-    if kind in ("ar", "ci") and not k:
+    if kind in LOCAL_METRICS and not k:
         raise ValueError(f"metric {name!r} needs a cut-off: write {kind.upper()}@k, e.g. {kind.upper()}@5.")
     if k is not None and k < 1:
         raise ValueError(f"metric {name!r}: k must be >= 1.")
@@ -183,7 +187,8 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
             :class:`~funnel_core.evaluation.systems.System`.
         dataset: From :func:`~funnel_core.evaluation.datasets.load_dataset` (or built by hand).
         metrics: ``"AR@k"`` (answer recall, needs answers), ``"CI@k"`` (contextual integrity:
-            entropy in bits of the top-k units' ``title_key``; lower is more coherent), and any
+            entropy in bits of the top-k units' ``title_key``; lower is more coherent), ``"words@k"``
+            (whitespace words in the top-k texts: the context a reader would get), and any
             ranx metric (``"ndcg@10"``, ``"recall@100"``, ``"mrr"``, ...; needs qrels).
             ``None``: :func:`default_metrics` over ``ks``.
         baseline: The system every other is compared with (paired bootstrap of the difference
@@ -223,13 +228,13 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
         if kind == "ar" and not dataset.answers:
             raise ValueError(f"metric {m!r} needs gold answer strings; dataset {dataset.name!r} has relevance "
                              "judgements only: use 'ndcg@k', 'recall@k' or 'mrr'.")
-        if kind not in ("ar", "ci") and not dataset.qrels:
+        if kind not in LOCAL_METRICS and not dataset.qrels:
             raise ValueError(f"metric {m!r} needs relevance judgements (qrels); dataset {dataset.name!r} has "
                              "gold answers only: use 'AR@k' (answer recall) or 'CI@k'.")
     if depth is None:
         cut = [k for _, k in parsed.values() if k]
         depth = max(cut + ([100] if any(k is None for _, k in parsed.values()) else []))
-    local = [m for m, (kind, _) in parsed.items() if kind in ("ar", "ci")]
+    local = [m for m, (kind, _) in parsed.items() if kind in LOCAL_METRICS]
     ranx_metrics = [m for m in metric_names if m not in local]
     cores = cores or available_cores()
     max_load = float(cores) if max_load is None else float(max_load)
@@ -259,6 +264,8 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
                 values[m] = answer_recall(units, dataset.answers[q], k or depth)
             elif kind == "ci":
                 values[m] = contextual_integrity(units, k or depth, key=title_key)
+            elif kind == "words":
+                values[m] = float(sum(len(u.text.split()) for u in units[: k or depth]))
         ranked: list[str] = []
         for u in units:
             did = _doc_id(u, id_key)

@@ -38,8 +38,9 @@ def package_versions(names: Sequence[str] = _PACKAGES) -> dict[str, str]:
 
 
 def lower_is_better(metric: str) -> bool:
-    """Contextual integrity (``CI@k``, an entropy) is better when lower; every other metric higher."""
-    return metric.lower().startswith("ci@")
+    """Contextual integrity (``CI@k``, an entropy) and context size (``words@k``) are better when
+    lower; every other metric higher."""
+    return metric.lower().startswith(("ci@", "words@"))
 
 
 def _is_binary(values: Sequence[float]) -> bool:

@@ -58,6 +58,9 @@ def test_answer_recall_and_contextual_integrity_by_hand():
     assert s["good"]["CI@3"]["mean"] == pytest.approx((h + math.log2(3) + 0) / 3)
     per_q = {rec["id"]: rec["metrics"] for rec in r.per_question["good"]}
     assert per_q["q2"] == pytest.approx({"AR@1": 0.0, "AR@2": 1.0, "CI@3": math.log2(3)})
+    # words@2: whitespace words of the top 2 texts; q1 "Paris is a city" + "x" = 4 + 1
+    w = evaluate({"good": _fixed(GOOD)}, ANSWER_DS, metrics=["words@2"], n_timing=0, progress=False)
+    assert [x["metrics"]["words@2"] for x in w.per_question["good"]] == [4 + 1, 2 + 3, 1 + 1]
     # an interval brackets the mean, and a constant metric has a zero-width interval
     lo, hi = s["good"]["AR@1"]["ci"]
     assert lo <= 1 / 3 <= hi and s["bad"]["AR@1"]["ci"] == [0.0, 0.0]
