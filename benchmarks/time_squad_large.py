@@ -81,8 +81,9 @@ def main() -> None:
     sizes = sorted({B.parse_funnel(n)[0] for n in names if n.startswith("funnel")})
     adj = corpus.adjacency() if sizes else None
     cindexes = {s: ClusteredBM25Index(max_tokens=s).index(documents, adjacency=adj) for s in sizes}
-    ranker = CrossEncoderScorer(str(args.model), backend="transformers", batch_size=args.batch_size,
-                                max_length=192, window_words=PASSAGE_WORDS, bf16=bf16, name="ranker")
+    ranker = CrossEncoderScorer(str(args.model), library="transformers", batch_size=args.batch_size,
+                                max_length=192, window_words=PASSAGE_WORDS, dtype="bfloat16" if bf16 else "auto",
+                                name="ranker")
     pipes = B.build_pipelines(names, bm25, dense, embedder, passages, cindexes, ranker, res["hybrid"]["alpha"])
 
     dataset = EvalDataset(queries={q.id: q.question for q in timing_qs},
