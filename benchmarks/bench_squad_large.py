@@ -769,7 +769,7 @@ def main() -> None:
 
     finish(False)
     print("quality written; time the real pipelines through the evaluation harness with\n"
-          "  python benchmarks/time_squad_large.py --n-timing 50 --max-load 1.0 --quiet-check", flush=True)
+          "  python benchmarks/time_squad_large.py --n-timing 50 --quiet-check --quiet-load 1.0", flush=True)
 
 
 def _subset(pairs_cnt, extra, all_qs, qs):

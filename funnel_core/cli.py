@@ -134,7 +134,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from funnel_core.evaluation.config import run_config
 
     report, paths = run_config(args.config, n_timing=args.n_timing, quiet_check=args.quiet_check or None,
-                               max_load=args.max_load, limit=args.limit, output=args.out,
+                               max_load=args.max_load, quiet_load=args.quiet_load, limit=args.limit,
+                               output=args.out,
                                progress=not args.no_progress)
     print(report.to_markdown())
     for kind, path in paths.items():
@@ -210,6 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="before timing, wait (bounded by quiet_timeout) for the load average to fall")
     p.add_argument("--max-load", type=float, default=None,
                    help="withhold seconds when the 1-minute load average exceeds this (default: cores)")
+    p.add_argument("--quiet-load", type=float, default=None,
+                   help="--quiet-check waits for the load average to fall to this (default: --max-load)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(fn=_cmd_eval)
 

@@ -62,7 +62,7 @@ __all__ = ["load_config", "build_systems", "run_config", "COMPONENTS"]
 COMPONENTS = ("bm25", "dense", "hybrid", "clustered", "funnelrag")
 _DATASET_KEYS = {"path", "split", "corpus", "limit", "seed"}
 _EVALUATE_KEYS = {"metrics", "ks", "baseline", "depth", "id_key", "title_key", "n_timing", "timing_seed",
-                  "max_load", "quiet_check", "quiet_timeout", "quiet_poll", "n_boot", "seed", "output",
+                  "max_load", "quiet_check", "quiet_load", "quiet_timeout", "quiet_poll", "n_boot", "seed", "output",
                   "cache_dir"}
 
 
@@ -218,7 +218,8 @@ def build_systems(specs: dict[str, dict[str, Any]], corpus: list[Unit]) -> dict[
 
 
 def run_config(path: str | os.PathLike, *, n_timing: int | None = None, quiet_check: bool | None = None,
-               max_load: float | None = None, limit: int | None = None, output: str | os.PathLike | None = None,
+               max_load: float | None = None, quiet_load: float | None = None, limit: int | None = None,
+               output: str | os.PathLike | None = None,
                progress: bool = True) -> tuple[Report, dict[str, Path]]:
     """Load the dataset, build the systems, evaluate, and write the report; keyword arguments
     override the file's settings. Returns the report and the paths written."""
@@ -229,7 +230,8 @@ def run_config(path: str | os.PathLike, *, n_timing: int | None = None, quiet_ch
     limit = limit if limit is not None else ds_cfg.get("limit")
     if limit:
         dataset = dataset.subset(int(limit), seed=int(ds_cfg.get("seed", 0)))
-    for key, value in (("n_timing", n_timing), ("quiet_check", quiet_check), ("max_load", max_load)):
+    for key, value in (("n_timing", n_timing), ("quiet_check", quiet_check), ("max_load", max_load),
+                       ("quiet_load", quiet_load)):
         if value is not None:
             ev[key] = value
     out = Path(output) if output is not None else Path(ev.pop("output"))

@@ -172,7 +172,8 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
              baseline: str | None = None, depth: int | None = None, id_key: str | None = None,
              title_key: str = "title", n_timing: int = 20, timing_seed: int = 0,
              timing_ids: Sequence[str] | None = None, warm_query: str | None = None,
-             max_load: float | None = None, quiet_check: bool = False, quiet_timeout: float = 600.0,
+             max_load: float | None = None, quiet_check: bool = False, quiet_load: float | None = None,
+             quiet_timeout: float = 600.0,
              quiet_poll: float = 15.0, cache_dir: str | os.PathLike | None = None,
              n_boot: int = 2000, seed: int = 0, progress: bool = True,
              load_reader: Callable[[], float | None] = read_load_average, cores: int | None = None,
@@ -204,7 +205,9 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
         max_load: Refuse seconds when the 1-minute load average during timing exceeds this
             (default: the cores available to the process).
         quiet_check: Before timing, wait up to ``quiet_timeout`` seconds for the load average to
-            fall to ``max_load``.
+            fall to ``quiet_load`` (default ``max_load``). The run's own threads add to the load
+            average while it times (a model using 2 threads adds about 2), so a strict start
+            (``quiet_load=1.0``) and a refusal limit of the cores (``max_load``) go together.
         cache_dir: Folder of per-system, per-question results; a rerun with the same folder
             resumes (systems are matched by name: delete a system's file after changing it).
         system_keys: ``{name: JSON-able settings}`` stored in each system's cache header, so
@@ -301,8 +304,8 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
         for name in names:
             sys_map[name].warm_up(warm_query)
         if quiet_check:
-            timing["quiet_check"] = wait_for_quiet(max_load, timeout=quiet_timeout, poll=quiet_poll,
-                                                   load_reader=load_reader)
+            timing["quiet_check"] = wait_for_quiet(max_load if quiet_load is None else float(quiet_load),
+                                                   timeout=quiet_timeout, poll=quiet_poll, load_reader=load_reader)
         records = []
         for i, q in enumerate(_progress(sample, len(sample), "timing (round-robin)", progress)):
             order = names[i % len(names):] + names[: i % len(names)]

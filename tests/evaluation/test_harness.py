@@ -196,6 +196,16 @@ def test_quiet_check_waits_for_the_load_to_fall_and_gives_up_after_its_timeout()
     assert not res["quiet"] and slept == [10, 10, 5] and res["waited_s"] == 25
 
 
+def test_the_quiet_start_and_the_refusal_limit_are_separate():
+    # a run's own threads raise the load average: start only below 0.5, refuse only above the 2 cores
+    r = evaluate({"s": lambda q: [_u("d1")]}, ANSWER_DS, metrics=["AR@1"], n_timing=2, progress=False,
+                 load_reader=lambda: 1.5, cores=2, quiet_check=True, quiet_load=0.5, quiet_timeout=0.02,
+                 quiet_poll=0.01)
+    qc = r.timing["quiet_check"]
+    assert qc["quiet"] is False and qc["max_load"] == 0.5 and qc["waited_s"] == pytest.approx(0.02)
+    assert r.timing["refused"] is None and r.cost["s"]["seconds_p50"] is not None
+
+
 def test_an_interrupted_run_resumes_from_the_score_cache(tmp_path):
     ds = EvalDataset(queries={f"q{i}": f"question {i}" for i in range(5)},
                      answers={f"q{i}": [f"answer{i}"] for i in range(5)})
