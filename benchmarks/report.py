@@ -1255,10 +1255,52 @@ def block_compression_squad() -> str:
                  "from `benchmarks/results/hybrid.json`.")
 
 
+@block("reliability")
+def block_reliability() -> str:
+    """benchmarks/results/reliability.json (``make reliability``): one row per experiment kind
+    and persisted object, then the totals that must be zero."""
+    def _n(x: int) -> str:
+        return f"{x:,}"
+
+    d = load("reliability.json")
+    ex, sm = d["experiments"], d["summary"]
+    objects = sm.get("objects") or ["bm25", "clustered"]
+    rows = []
+    for obj in objects:
+        def get(prefix: str, obj: str = obj) -> dict:
+            return ex.get(f"{prefix}_{obj}") or {}
+        kill = [get("kill_at_every_step"), get("kill_random")]
+        flips, conc, ioe = get("bit_flips"), get("concurrent_save_load"), get("io_errors")
+        rows.append([
+            f"`{obj}`",
+            f"{_n(sum(k.get('trials', 0) for k in kill))} / {sum(k.get('neither', 0) + k.get('orphans_after_next_save', 0) for k in kill)}",
+            f"{_n(flips.get('trials', 0))} / {flips.get('silent', '-')}",
+            f"{_n(conc.get('loads', 0))} / {conc.get('mixed', '-')}",
+            f"{_n(ioe.get('trials', 0))} / {ioe.get('neither', 0) + ioe.get('raised_but_committed', 0) if ioe else '-'}",
+        ])
+    out = [table(["object", "kill -9: trials / bad", "bit flips: trials / silent",
+                  "concurrent loads / mixed", "I/O errors: trials / bad"], rows)]
+    ten = sm.get("tenant_isolation", {})
+    upd, fz = sm["queries_during_updates"], sm["fuzz"]
+    out.append(
+        f"\nQueries during add/delete: {_n(upd['trials'])} queries during {_n(upd['updates'])} "
+        f"updates, {upd['wrong']} wrong, {upd['errors']} errors. Fuzz: {_n(fz['trials'])} "
+        f"examples, {fz['failures']} failures. Tenant isolation: {ten.get('probes', '-')} probes, "
+        f"{ten.get('leaks_or_failures', '-')} leaks or unraised misspellings. \"bad\" after a kill: the folder "
+        "loaded as neither index, or the next save left an orphan; after an I/O error: neither "
+        "loads, or the save raised although it had committed.\n")
+    m = d.get("machine_before", {})
+    out.append(f"`{d.get('command', 'make reliability')}`: {d.get('seconds', '?')} s on {m.get('cpu', '?')} "
+               f"({m.get('cpu_count', '?')} CPUs, load average {round(float((m.get('load_average') or [0])[0]), 1)}), "
+               f"Python {m.get('python', '?')}.")
+    return "\n".join(out)
+
+
 FILES = [ROOT / "README.md", ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "clustering.md",
          ROOT / "docs" / "funnel.md", ROOT / "docs" / "prerank.md", ROOT / "docs" / "postrank.md",
          ROOT / "docs" / "llm_retrieval.md", ROOT / "docs" / "performance.md", ROOT / "docs" / "offline_build.md",
-         ROOT / "docs" / "mix_of_granularity.md", ROOT / "docs" / "best_practices.md"]
+         ROOT / "docs" / "mix_of_granularity.md", ROOT / "docs" / "best_practices.md",
+         ROOT / "docs" / "persistence.md"]
 MARK = re.compile(r"(<!-- results:([a-z0-9-]+):begin -->\n)(.*?)(<!-- results:\2:end -->)", re.S)
 
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 from funnel_core import counters
 from funnel_core.errors import check_positive_int
 from funnel_core.funnel import Stage
-from funnel_core.scoring import rank_by_scores, sigmoid
+from funnel_core.scoring import check_finite_scores, rank_by_scores, sigmoid
 from funnel_core.units import Unit
 
 __all__ = ["Reranker"]
@@ -85,6 +85,8 @@ class Reranker(Stage):
         self.batch_size = check_positive_int(batch_size, "batch_size")
         if score_threshold is not None and not isinstance(score_threshold, (int, float)):
             raise TypeError(f"score_threshold must be a number or None, got {score_threshold!r}.")
+        if score_threshold is not None and score_threshold != score_threshold:
+            raise ValueError("score_threshold is NaN, which no score passes; pass a number or None.")
         self.score_threshold = score_threshold
         self.normalize = normalize
         if name:
@@ -110,7 +112,11 @@ class Reranker(Stage):
         raw = self.score(query, [u.text for u in units])
         if len(raw) != len(units):  # a backend bug, never silently misalign
             raise RuntimeError(f"{self.name} returned {len(raw)} scores for {len(units)} units.")
-        scores = [sigmoid(float(s)) if self.normalize else float(s) for s in raw]
+        raw = check_finite_scores(
+            raw, f"{type(self).__name__} ({self.name})", [u.id for u in units],
+            "A model in float16/bfloat16 can overflow: load it with dtype='float32' (or check the "
+            "texts of these units, e.g. empty or extremely long ones).")
+        scores = [sigmoid(s) if self.normalize else s for s in raw]
         order = rank_by_scores(scores, top_n if top_n is not None else self.top_n,
                                self.score_threshold)
         return [units[i].rescored(scores[i], self.name) for i in order]
