@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 from funnel_core.errors import FunnelError, check_positive_int, check_probability
 from funnel_core.hardware import normalize_dtype, resolve_dtype
-from funnel_core.models import LazyModel, load_pretrained, resolve_device, tokenizer_lock
+from funnel_core.models import LazyModel, gguf_model_kwargs, load_pretrained, resolve_device, tokenizer_lock
 
 __all__ = ["LLM", "LLMError", "LLMTimeoutError", "TransformersLLM", "as_llm", "logsumexp", "check_prompt_template"]
 
@@ -299,7 +299,7 @@ class TransformersLLM(LLM):
         active = resolve_dtype(self.dtype, device)
         loader: Any = AutoModelForCausalLM.from_pretrained  # its decorated type hides the signature
         model = load_pretrained(loader, self.model_name_or_path, what=what,
-                                dtype=getattr(torch, active), **extra)
+                                dtype=getattr(torch, active), **gguf_model_kwargs(self.gguf_file))
         model.to(device).eval()
         model._funnel_dtype = active  # read by active_dtype
         if model.generation_config.pad_token_id is None:

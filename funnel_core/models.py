@@ -81,6 +81,22 @@ def load_pretrained(loader: Callable[..., T], name_or_path: str | os.PathLike, w
                              f"Underlying error: {type(exc).__name__}: {exc}") from exc
 
 
+def gguf_model_kwargs(gguf_file: str | None) -> dict[str, Any]:
+    """``from_pretrained`` keywords of a causal LM stored as a GGUF file: the file, unpacked into
+    the requested dtype on load. That is what transformers does anyway without GGUF matmul kernels;
+    saying it explicitly stops transformers 5 warning that packed weights are "fastest in float32"
+    although it then loads dense weights in the requested dtype (bf16 measured faster than fp32 on
+    a CPU with native bf16, docs/performance.md). Older transformers (no ``GgufConfig``) always
+    unpack. ``{}`` without a GGUF file."""
+    if not gguf_file:
+        return {}
+    try:
+        from transformers import GgufConfig
+    except ImportError:  # older transformers: GGUF files are always dequantised
+        return {"gguf_file": gguf_file}
+    return {"gguf_file": gguf_file, "quantization_config": GgufConfig(dequantize=True)}
+
+
 class LazyModel:
     """Load something once, on first use, thread-safely.
 

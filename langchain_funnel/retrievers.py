@@ -34,8 +34,9 @@ from funnel_core.backends.milvus import (
     load_index,
     open_index,
 )
-from funnel_core.bm25 import BM25Index, MetadataFilter
+from funnel_core.bm25 import BM25Index
 from funnel_core.errors import PersistError, check_positive_int
+from funnel_core.filters import MetadataFilter
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
 from funnel_core.persist import load_snapshot, save_snapshot, snapshot_info
 from funnel_core.settings import build_index, check_kwargs, keyword_names

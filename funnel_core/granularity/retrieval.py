@@ -50,10 +50,10 @@ class LevelRouter(Protocol):
 
     def predict(self, queries: Sequence[str]) -> Any: ...
 
-__all__ = ["GranularityBM25", "MixOfGranularityRetrieve", "NORMALIZATIONS", "MOG_PRESETS",
+__all__ = ["GranularityBM25", "MixOfGranularityRetrieve", "LEVEL_NORMALIZATIONS", "MOG_PRESETS",
            "choose_level", "structure_from_units", "mog_stage", "check_mog_settings"]
 
-NORMALIZATIONS = ("max", "none")
+LEVEL_NORMALIZATIONS = ("max", "none")  # per-level BM25 scores (not funnel_core.scoring.NORMALIZATIONS)
 
 #: Named settings of :class:`MixOfGranularityRetrieve`: ``"paper"`` is equation 1 as written
 #: (raw BM25 scores, ``k_r = 3``); ``"normalised"`` divides each level's scores by its best.
@@ -238,8 +238,8 @@ def structure_from_units(units: Sequence[Unit], n_gra: int = 5) -> GranularitySt
 def check_mog_settings(k_r: int, normalize: str, level_margin: float) -> tuple[int, str, float]:
     """Validate the MoG selection settings; returns them (``level_margin`` as a float)."""
     check_positive_int(k_r, "k_r")
-    if normalize not in NORMALIZATIONS:
-        raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}.")
+    if normalize not in LEVEL_NORMALIZATIONS:
+        raise ValueError(f"normalize must be one of {LEVEL_NORMALIZATIONS}, got {normalize!r}.")
     if isinstance(level_margin, bool) or not isinstance(level_margin, (int, float)) \
             or not 0.0 <= level_margin <= 1.0:
         raise ValueError(f"level_margin must be in [0, 1], got {level_margin!r}.")

@@ -33,7 +33,7 @@ from typing import Any, Sequence
 
 from funnel_core.errors import check_positive_int
 from funnel_core.hardware import autocast, normalize_dtype, requested_dtype, resolve_dtype
-from funnel_core.models import LazyModel, load_pretrained, resolve_device, tokenizer_lock
+from funnel_core.models import LazyModel, gguf_model_kwargs, load_pretrained, resolve_device, tokenizer_lock
 from funnel_core.rerank.base import Reranker
 from funnel_core.settings import Settings
 
@@ -138,8 +138,8 @@ class AttentionLMScorer(Settings, Reranker):
         active = resolve_dtype(requested_dtype(self.dtype), device)
         dtype = torch.float16 if active == "float16" else torch.float32
         loader: Any = AutoModelForCausalLM.from_pretrained  # its decorated type hides the signature
-        model: Any = load_pretrained(loader, self.model_name, what="causal LM",
-                                     attn_implementation="eager", dtype=dtype, **extra)
+        model: Any = load_pretrained(loader, self.model_name, what="causal LM", attn_implementation="eager",
+                                     dtype=dtype, **gguf_model_kwargs(self.gguf_file))
         if getattr(model.config, "is_encoder_decoder", False):
             raise TypeError(f"{self.model_name!r} is an encoder-decoder model; use "
                             "FiDAttentionScorer for T5 checkpoints.")
