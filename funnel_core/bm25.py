@@ -554,7 +554,7 @@ class BM25Index(FreshOnCopy):
         """Commit the index to the persist folder ``path`` (see :mod:`funnel_core.persist`).
 
         The manifest records every setting (variant, k1, b, delta, stemmer, stopwords, token
-        pattern, lower-casing, backend, CJK mode); units keep their ids, texts and metadata.
+        pattern, lower-casing, scoring engine, CJK mode); units keep their ids, texts and metadata.
         A crash during the save leaves the previous snapshot loadable; ``path`` must be empty,
         new, or a folder funnel-rag saved to before.
         """

@@ -164,6 +164,10 @@ class _NodeRetriever(UnitRetriever):
                                                f"{cls.__name__} (in {cls._index_dir}/)", read, verify=verify)
         if isinstance(index, dict):  # opened outside the snapshot read: its errors are its own
             index = open_index(index, uri=backend, token=token)
+        if "max_documents" in settings:  # saved before it was removed: it capped the nodes
+            cap = settings.pop("max_documents")
+            if cap is not None:
+                settings["similarity_top_k"] = min(cap, settings.get("similarity_top_k", cap))
         flt = settings.get("filters")
         if isinstance(flt, dict) and set(flt) == {"metadata_filters"}:
             settings["filters"] = MetadataFilters.model_validate(flt["metadata_filters"])
