@@ -45,7 +45,12 @@ from funnel_core.config import (
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import Stage, warm_up_attributes
-from langchain_funnel._base import StageCompressor, documents_to_units, units_to_documents
+from langchain_funnel._base import (
+    RELEVANCE_SCORE,
+    StageCompressor,
+    documents_to_units,
+    units_to_documents,
+)
 from langchain_funnel.rerank import TransformerBase
 
 __all__ = [
@@ -117,7 +122,8 @@ def hyde_query(llm: Runnable, prompt: PromptTemplate | None = None,
 class HybridRetriever(adapter_base(FusionConfig, BaseRetriever)):  # type: ignore[misc]
     """Hybrid search over any two LangChain retrievers (paper section 3.4.3).
 
-    Scores are read from ``Document.metadata["funnel"]["score"]`` (funnel-rag retrievers write it). A
+    Scores are read from ``Document.metadata["relevance_score"]`` (funnel-rag retrievers and
+    LangChain's rerankers write it). A
     similarity ``VectorStoreRetriever`` returns no scores, so its vector store is queried through
     ``similarity_search_with_score`` with the retriever's own ``search_kwargs``. A retriever
     that gives no scores can still be fused with ``method="rrf"``.
@@ -164,7 +170,7 @@ class HybridRetriever(adapter_base(FusionConfig, BaseRetriever)):  # type: ignor
         if isinstance(retriever, VectorStoreRetriever) and retriever.search_type == "similarity":
             pairs = retriever.vectorstore.similarity_search_with_score(query, **retriever.search_kwargs)
             return [Document(id=d.id, page_content=d.page_content,
-                             metadata={**d.metadata, "funnel": {**(d.metadata.get("funnel") or {}), "score": float(s)}}) for d, s in pairs]
+                             metadata={**d.metadata, RELEVANCE_SCORE: float(s)}) for d, s in pairs]
         return retriever.invoke(query, config=config)
 
     @staticmethod
@@ -174,7 +180,7 @@ class HybridRetriever(adapter_base(FusionConfig, BaseRetriever)):  # type: ignor
             pairs = await retriever.vectorstore.asimilarity_search_with_score(
                 query, **retriever.search_kwargs)
             return [Document(id=d.id, page_content=d.page_content,
-                             metadata={**d.metadata, "funnel": {**(d.metadata.get("funnel") or {}), "score": float(s)}}) for d, s in pairs]
+                             metadata={**d.metadata, RELEVANCE_SCORE: float(s)}) for d, s in pairs]
         return await retriever.ainvoke(query, config=config)
 
     def _fuse(self, sparse: Sequence[Document], dense: Sequence[Document], k: int) -> list[Document]:
@@ -246,7 +252,7 @@ class RepackTransformer(adapter_base(RepackConfig, TransformerBase)):  # type: i
     last, next to the question) or ``"sides"`` (best at both ends).
 
     A ``BaseDocumentTransformer`` and a runnable: ``retriever | RepackTransformer()``. Each
-    document gets ``retrieval_rank`` and ``repack_position`` under ``metadata["funnel"]``. The
+    document gets ``funnel_retrieval_rank`` and ``funnel_repack_position`` in its metadata. The
     fields are those of :class:`funnel_core.config.RepackConfig`.
     """
 
@@ -270,7 +276,7 @@ class ExtractiveCompressor(adapter_base(ExtractiveCompressorConfig, StageCompres
     A ``BaseDocumentCompressor`` and a runnable over ``{"query", "documents"}`` (see
     ``rerank_chain``). The fields are those of
     :class:`funnel_core.config.ExtractiveCompressorConfig`, plus ``embedder`` to share an already
-    loaded :class:`SentenceEmbedder`. ``metadata["funnel"]["compression"]`` records tokens
+    loaded :class:`SentenceEmbedder`. ``funnel_compression_...`` metadata keys record tokens
     before/after.
     """
 

@@ -30,7 +30,7 @@ from funnel_core.config import (
     current_stage,
 )
 from funnel_core.granularity.retrieval import MixOfGranularityRetrieve, mog_stage
-from funnel_core.units import Unit, split_metadata
+from funnel_core.units import Unit, read_funnel_metadata
 from langchain_funnel._base import UnitRetriever, documents_to_units, units_to_documents
 
 __all__ = ["MultiGranularityTextSplitter", "GraphGranularitySplitter", "MixOfGranularityRetriever"]
@@ -53,14 +53,14 @@ def _doc_units(documents: Iterable[Document]) -> tuple[list[Unit], dict[str, Doc
         if not d.page_content.strip():
             continue
         uid = str(d.id) if d.id else uuid.uuid4().hex
-        units.append(Unit(id=uid, text=d.page_content, metadata=split_metadata(d.metadata)[0],
+        units.append(Unit(id=uid, text=d.page_content, metadata=read_funnel_metadata(d.metadata)[0],
                           level="document"))
         by_id[uid] = d
     return units, by_id
 
 
 def _to_documents(units: Sequence[Unit], by_id: dict[str, Document]) -> list[Document]:
-    return units_to_documents(units, base=lambda u: by_id.get(str(u.metadata.get("doc_id"))))
+    return units_to_documents(units)
 
 
 def _texts_to_documents(texts: Sequence[str], metadatas: Optional[Sequence[dict]]) -> list[Document]:

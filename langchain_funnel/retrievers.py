@@ -39,7 +39,7 @@ from funnel_core.config import ClusterRetrievalConfig, adapter_base, check_kwarg
 from funnel_core.errors import PersistError
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
 from funnel_core.persist import load_snapshot, save_snapshot, snapshot_info
-from funnel_core.units import Unit, check_unique_ids, split_metadata, units_from_texts
+from funnel_core.units import FUNNEL_PREFIX, Unit, check_unique_ids, units_from_texts
 from langchain_funnel._base import UnitRetriever
 from langchain_funnel.milvus import push_down, require_milvus
 
@@ -58,9 +58,11 @@ def units_from_documents(documents: Iterable[Document], level: str) -> list[Unit
     for i, d in enumerate(documents):
         if not isinstance(d, Document):
             raise TypeError(f"expected langchain Documents, got {type(d).__name__} at position {i}.")
-        user = split_metadata(d.metadata)[0]
-        units.append(Unit(id=str(d.id) if d.id else str(i), text=d.page_content, metadata=user,
-                          level=level))
+        # the document's whole metadata is stored (filters see it; funnel_ keys from a splitter
+        # come back as they were); its granularity name, when a splitter gave one, is kept
+        units.append(Unit(id=str(d.id) if d.id else str(i), text=d.page_content,
+                          metadata=dict(d.metadata),
+                          level=str(d.metadata.get(FUNNEL_PREFIX + "level", level))))
     check_unique_ids(units)
     return units
 

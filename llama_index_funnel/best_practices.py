@@ -116,7 +116,7 @@ class HybridRetriever(BaseRetriever):
             (``"alpha"`` or ``"rrf"``), ``normalization`` (``"minmax"``, ``"zscore"`` or
             ``"none"``), ``rrf_k`` (60). Each is also an attribute; an assignment is validated.
 
-    Node scores are the fused scores; ``node.metadata["scores"]`` keeps each side's raw score
+    Node scores are the fused scores; ``node.metadata["funnel_score_<stage>"]`` keeps each side's raw score
     and ``sparse_score``/``dense_score``/``sparse_rank``/``dense_rank`` show how it was fused.
     Usage with HyDE::
 
@@ -208,7 +208,7 @@ class ExtractiveCompressorPostprocessor(adapter_base(ExtractiveCompressorConfig,
 
     The fields are those of :class:`funnel_core.config.ExtractiveCompressorConfig`; pass
     ``embedder=`` to share an already loaded :class:`SentenceEmbedder` (then ``model``,
-    ``batch_size`` and ``device`` are not used). ``metadata["funnel"]["compression"]`` on each
+    ``batch_size`` and ``device`` are not used). ``funnel_compression_...`` metadata keys on each
     node records tokens before/after.
     """
 

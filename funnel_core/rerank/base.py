@@ -29,7 +29,7 @@ class Reranker(Stage):
         score_threshold: Drop units whose (normalised, if ``normalize``) score is below this.
         normalize: Map raw scores through a sigmoid into (0, 1), for thresholds and fusion.
         batch_size: Pairs per forward pass.
-        name: Stage name in traces and in ``metadata["scores"]``.
+        name: Stage name in traces and in the score history (``Unit.funnel["score_<name>"]``).
     """
 
     name = "reranker"

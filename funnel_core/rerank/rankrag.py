@@ -121,7 +121,7 @@ class RankRAGScorer(Reranker):
         score_threshold: Drop units whose P(True) is below this (scores are already
             probabilities in [0, 1]; ``normalize`` is off).
         batch_size: Prompts per forward pass.
-        name: Stage name in traces and in ``metadata["scores"]``.
+        name: Stage name in traces and in the score history (``Unit.funnel["score_<name>"]``).
         llm_kwargs: Passed to :class:`~funnel_core.llm.TransformersLLM` when ``llm`` is a name,
             e.g. ``dtype`` (``"auto"`` by default: bf16 weights only where the hardware runs bf16
             natively; see :attr:`active_dtype`), ``device``, ``gguf_file``.
