@@ -94,8 +94,8 @@ print(f"{len(nodes)} documents -> {len(clusters)} clusters; sizes (tokens):",
 q = questions[0]
 print("Q:", q.question, "| gold:", q.answers)
 retrieved = retriever.retrieve(q.question)
-show_table([{"rank": i, "node": n.node.node_id, "cluster": n.node.metadata["funnel"]["cluster_id"],
-             "cluster_score": n.node.metadata["funnel"]["cluster_score"], "has_answer": has_answer(n.node.get_content(), q.answers)}
+show_table([{"rank": i, "node": n.node.node_id, "cluster": n.node.metadata["funnel_cluster_id"],
+             "cluster_score": n.node.metadata["funnel_cluster_score"], "has_answer": has_answer(n.node.get_content(), q.answers)}
             for i, n in enumerate(retrieved[:8], 1)])
 print(f"... {len(retrieved)} documents from {retriever.k_clusters} clusters")"""),
         md("## 2. The cross-encoder postprocessor"),
@@ -119,7 +119,7 @@ for q in questions[:3]:
     print("Q:", q.question, "| gold:", q.answers)
     print("response (MockLLM, placeholder text):", str(response)[:60])
     show_table([{"rank": i, "node": n.node.node_id, "ce_score": float(n.score),
-                 "bm25_cluster_score": n.node.metadata["funnel"]["cluster_score"],
+                 "bm25_cluster_score": n.node.metadata["funnel_cluster_score"],
                  "has_answer": has_answer(n.node.get_content(), q.answers)}
                 for i, n in enumerate(response.source_nodes, 1)])
     print()"""),
@@ -216,7 +216,7 @@ every compressor gets the query threaded through.
         code("""
 chain = rerank_chain(retriever | chunker, pre_ranker)
 passages = chain.invoke(q.question)
-show_table([{"rank": i, "id": d.id, "score": d.metadata["funnel"]["score"],
+show_table([{"rank": i, "id": d.id, "score": d.metadata["relevance_score"],
              "has_answer": has_answer(d.page_content, q.answers), "text": d.page_content[:70]}
             for i, d in enumerate(passages, 1)])"""),
         md("""
@@ -236,7 +236,7 @@ post_ranker = EmbeddingScorer(SentenceEmbedder(), name="minilm_post_ranker")  # 
 funnel = FunnelRetriever.from_stages(retriever, pre_ranker, LaterChunking(words=40), post_ranker % 3, k=3)
 documents, trace = funnel.search(q.question, answers=q.answers)
 print(trace.format())
-show_table([{"rank": i, "id": d.id, "score": d.metadata["funnel"]["score"],
+show_table([{"rank": i, "id": d.id, "score": d.metadata["relevance_score"],
              "has_answer": has_answer(d.page_content, q.answers), "text": d.page_content[:70]}
             for i, d in enumerate(documents, 1)])"""),
         md("## 4. A RAG chain in LCEL: `funnel | format_docs | prompt | llm`"),

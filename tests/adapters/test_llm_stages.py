@@ -139,7 +139,7 @@ def test_rankrag_rerank_in_query_engine_with_local_model(tiny_llama_path, vector
     assert len(response.source_nodes) == 3
     scores = [n.score for n in response.source_nodes]
     assert scores == sorted(scores, reverse=True) and all(0 < s < 1 for s in scores)
-    assert all("rankrag" in n.node.metadata["funnel"]["scores"] for n in response.source_nodes)
+    assert all("rankrag" in n.node.metadata["funnel_scores"] for n in response.source_nodes)
     assert "funnel" in response.source_nodes[0].node.excluded_llm_metadata_keys
     assert handler.events == ["ReRankStartEvent", "ReRankEndEvent"]
     assert rerank.stage.uses_logprobs and RankRAGRerank.class_name() == "RankRAGRerank"
@@ -193,7 +193,7 @@ async def test_forward_lookup_retriever_llama_index(vector_retriever):
     engine = RetrieverQueryEngine.from_args(fb, llm=MockLLM())
     nodes = engine.query("Who wrote the tragedy?").source_nodes
     assert len(nodes) == 3
-    positions = [n.node.metadata["funnel"]["position"] for n in nodes]
+    positions = [n.node.metadata["funnel_position"] for n in nodes]
     assert positions == sorted(positions)
     meta = nodes[0].node.metadata["funnel"]
     assert {"backward_scores", "forward_scores", "samples"} <= set(meta)
@@ -239,14 +239,14 @@ def test_rankrag_reranker_langchain_chain_with_chat_model(lc_docs):
     reranker = RankRAGReranker(llm=model, top_n=2, batch_size=8)
     chain = rerank_chain(ListRetriever(docs=lc_docs), reranker)
     out = chain.invoke("What is the capital of France?")
-    assert [d.id for d in out] == ["d0", "d2"] and out[0].metadata["funnel"]["score"] == 1.0
-    assert out[0].metadata["funnel"]["scores"]["rankrag"] == 1.0
+    assert [d.id for d in out] == ["d0", "d2"] and out[0].metadata["relevance_score"] == 1.0
+    assert out[0].metadata["funnel_score_rankrag"] == 1.0
 
 
 async def test_rankrag_reranker_langchain_local_model_and_async(tiny_llama_path, lc_docs):
     reranker = RankRAGReranker(llm=tiny_llama_path, top_n=3)
     out = reranker.compress_documents(lc_docs, "Who wrote Hamlet?")
-    assert len(out) == 3 and all(0 < d.metadata["funnel"]["score"] < 1 for d in out)
+    assert len(out) == 3 and all(0 < d.metadata["relevance_score"] < 1 for d in out)
     aout = await reranker.acompress_documents(lc_docs, "Who wrote Hamlet?")
     assert [d.id for d in aout] == [d.id for d in out]
     assert reranker.compress_documents(lc_docs, "  ") == lc_docs

@@ -59,13 +59,13 @@ def test_user_metadata_is_never_overwritten_or_read_as_ours(tiny_cross_encoder_p
     rr = CrossEncoderReranker(model=tiny_cross_encoder_path, top_n=4, fuse_weight=0.5)
     a, b = rr.compress_documents(plain, Q), rr.compress_documents(clash, Q)
     assert [d.id for d in a] == [d.id for d in b]
-    assert [d.metadata["funnel"]["score"] for d in a] == [d.metadata["funnel"]["score"] for d in b]
+    assert [d.metadata["relevance_score"] for d in a] == [d.metadata["relevance_score"] for d in b]
     for d in b:
         assert (d.metadata["score"], d.metadata["level"], d.metadata["position"]) == \
             (1000.0, "user-level", "user-position")
     chunks = LaterChunkingTransformer(words=4).transform_documents(clash[:1])
     assert all(c.metadata["position"] == "user-position" for c in chunks)
-    assert [c.metadata["funnel"]["position"] for c in chunks] == list(range(len(chunks)))
+    assert [c.metadata["funnel_position"] for c in chunks] == list(range(len(chunks)))
 
 
 def test_splitter_ids_unique_across_calls_and_empty_input():

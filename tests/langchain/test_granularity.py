@@ -39,21 +39,21 @@ def test_splitter_puts_the_hierarchy_in_metadata():
     splitter = MultiGranularityTextSplitter(chunk_size=10, n_gra=3)
     out = splitter.split_documents(_docs())
     by_id = {d.id: d for d in out}
-    assert [d.metadata["funnel"]["granularity"] for d in out] == sorted(d.metadata["funnel"]["granularity"] for d in out)
+    assert [d.metadata["funnel_granularity"] for d in out] == sorted(d.metadata["funnel_granularity"] for d in out)
     for d in out:
-        g = d.metadata["funnel"]["granularity"]
-        assert d.metadata["title"].startswith("T") and d.metadata["funnel"]["doc_id"].startswith("d")
+        g = d.metadata["funnel_granularity"]
+        assert d.metadata["title"].startswith("T") and d.metadata["funnel_doc_id"].startswith("d")
         if g < 3:
-            parent = by_id[d.metadata["funnel"]["parent_id"]]
-            assert parent.metadata["funnel"]["granularity"] == g + 1 and d.id in parent.metadata["funnel"]["child_ids"]
+            parent = by_id[d.metadata["funnel_parent_id"]]
+            assert parent.metadata["funnel_granularity"] == g + 1 and d.id in parent.metadata["funnel"]["child_ids"]
             assert d.page_content in parent.page_content
         else:
             assert "parent_id" not in d.metadata
     assert splitter.split_text(TEXTS[0]) == [d.page_content for d in out
-                                             if d.metadata["funnel"]["doc_id"] == "d0"]
+                                             if d.metadata["funnel_doc_id"] == "d0"]
     finest = MultiGranularityTextSplitter(chunk_size=10, n_gra=3, levels="finest")
     assert finest.split_text(TEXTS[0]) == [d.page_content for d in out
-                                           if d.metadata["funnel"]["doc_id"] == "d0" and d.metadata["funnel"]["granularity"] == 1]
+                                           if d.metadata["funnel_doc_id"] == "d0" and d.metadata["funnel_granularity"] == 1]
     assert splitter.transform_documents(_docs()) == out
     created = splitter.create_documents(["Tiny note."], [{"src": "x"}])
     assert [d.page_content for d in created] == ["Tiny note."] * 3 and created[0].metadata["src"] == "x"
@@ -67,9 +67,9 @@ def test_retriever_mog_rule_k_and_metadata():
     retriever = MixOfGranularityRetriever(documents=_hierarchy_docs(), k=2)
     docs = retriever.invoke("Who designed the Eiffel Tower?")
     assert len(docs) == 2 and "Eiffel" in docs[0].page_content
-    assert docs[0].metadata["funnel"]["chosen_level"] == 1  # no router: uniform weights -> finest level
+    assert docs[0].metadata["funnel_chosen_level"] == 1  # no router: uniform weights -> finest level
     assert docs[0].metadata["funnel"]["router_weights"] == [1.0, 1.0, 1.0]
-    assert isinstance(docs[0].metadata["funnel"]["score"], float)
+    assert isinstance(docs[0].metadata["relevance_score"], float)
     assert len(retriever.invoke("Shakespeare Hamlet Denmark", k=3)) == 3
     assert retriever.invoke("   ") == []
     with pytest.raises(ValueError, match="k must be >= 1"):
@@ -86,7 +86,7 @@ async def test_retriever_async_and_graph_splitter():
     retriever = MixOfGranularityRetriever(documents=nodes, k=1, n_gra=2)
     out = await retriever.ainvoke("Who designed the Eiffel Tower?")
     assert len(out) == 1 and "Eiffel" in out[0].page_content
-    assert out[0].metadata["center_id"] == out[0].metadata["funnel"]["finest_id"]
+    assert out[0].metadata["center_id"] == out[0].metadata["funnel_finest_id"]
     with pytest.warns(UserWarning, match="no edges"):
         empty = GraphGranularitySplitter(t_graph=1.0, n_gra=2).split_documents(_docs())
     assert all(d.metadata["funnel"]["graph_neighbors"] == [] for d in empty)

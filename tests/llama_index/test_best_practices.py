@@ -159,8 +159,8 @@ def test_query_engine_with_compressor_and_repack(nodes, vector_index, embedder):
     resp = engine.query("Who wrote Hamlet?")
     src = resp.source_nodes
     assert 1 <= len(src) <= 4
-    assert src[-1].node.metadata["funnel"]["retrieval_rank"] == 0  # best last, next to the question
-    total_in = sum(n.node.metadata["funnel"]["compression"]["original_tokens"] for n in src)
+    assert src[-1].node.metadata["funnel_retrieval_rank"] == 0  # best last, next to the question
+    total_in = sum(n.node.metadata["funnel_compression_original_tokens"] for n in src)
     assert all("compression" in n.node.metadata["funnel"] for n in src)
     assert any("Hamlet" in n.node.get_content() for n in src) and total_in > 0
 

@@ -104,8 +104,8 @@ def test_later_chunking_keeps_excluded_keys_relationships_and_user_metadata():
     out = LaterChunkingPostprocessor(words=8).postprocess_nodes([nws], QueryBundle(Q))
     assert len(out) >= 2
     _check_kept(out, nws)
-    assert [n.node.metadata["funnel"]["position"] for n in out] == list(range(len(out)))
-    assert all(n.node.metadata["funnel"]["level"] == "passage" for n in out)
+    assert [n.node.metadata["funnel_position"] for n in out] == list(range(len(out)))
+    assert all(n.node.metadata["funnel_level"] == "passage" for n in out)
     assert all(n.node.parent_node.node_id == "rich" for n in out)
 
 
@@ -214,4 +214,4 @@ def test_node_parser_keeps_user_keys():
     for n in nodes:
         assert n.metadata["position"] == "user-position" and n.metadata["level"] == "user-level"
         assert "secret" in n.excluded_llm_metadata_keys and "funnel" in n.excluded_llm_metadata_keys
-        assert isinstance(n.metadata["funnel"]["position"], int)
+        assert isinstance(n.metadata["funnel_position"], int)

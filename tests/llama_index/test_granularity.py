@@ -64,8 +64,8 @@ class LeafBM25(UnitRetriever):
 def test_parser_emits_parent_child_hierarchy(nodes):
     by_id = {n.node_id: n for n in nodes}
     leaves, roots = get_leaf_nodes(nodes), get_root_nodes(nodes)
-    assert {n.metadata["funnel"]["granularity"] for n in leaves} == {1}
-    assert {n.metadata["funnel"]["granularity"] for n in roots} == {3}
+    assert {n.metadata["funnel_granularity"] for n in leaves} == {1}
+    assert {n.metadata["funnel_granularity"] for n in roots} == {3}
     for n in nodes:
         parent = n.relationships.get(NodeRelationship.PARENT)
         if parent is not None:
@@ -76,7 +76,7 @@ def test_parser_emits_parent_child_hierarchy(nodes):
         assert n.metadata["title"].startswith("T")
         llm_view = n.get_content(metadata_mode=MetadataMode.LLM)
         assert "granularity" not in llm_view and "title: T" in llm_view
-    tiny = [n for n in nodes if n.metadata["funnel"]["doc_id"] == "doc2"]  # shorter than one chunk
+    tiny = [n for n in nodes if n.metadata["funnel_doc_id"] == "doc2"]  # shorter than one chunk
     assert len(tiny) == 3 and {n.get_content() for n in tiny} == {"Tiny note."}
     with pytest.raises(ValueError, match="n_gra"):
         MultiGranularityNodeParser(n_gra=0)
@@ -91,8 +91,8 @@ def test_auto_merging_retriever_in_query_engine_over_our_hierarchy(nodes):
     query = "Eiffel tower Paris built 1889 designed company"
     initial = base.retrieve(query)
     merged = retriever.retrieve(query)
-    assert {n.node.metadata["funnel"]["granularity"] for n in initial} == {1}
-    assert max(n.node.metadata["funnel"]["granularity"] for n in merged) >= 2  # children merged into parents
+    assert {n.node.metadata["funnel_granularity"] for n in initial} == {1}
+    assert max(n.node.metadata["funnel_granularity"] for n in merged) >= 2  # children merged into parents
     assert len(merged) < len(initial)
     engine = RetrieverQueryEngine.from_args(retriever, llm=MockLLM())
     response = engine.query(query)
@@ -110,9 +110,9 @@ def test_mog_retriever_in_query_engine_with_trained_router(nodes):
     retriever = MixOfGranularityRetriever(nodes, router, similarity_top_k=2, k_r=5)
     fine = retriever.retrieve("What year was the tower built for the world fair?")
     broad_out = retriever.retrieve("Give an overview of the history of Hamlet and Denmark.")
-    assert fine[0].node.metadata["funnel"]["chosen_level"] == 1 and len(fine) == 2
+    assert fine[0].node.metadata["funnel_chosen_level"] == 1 and len(fine) == 2
     assert "1889" in " ".join(n.node.get_content() for n in fine)
-    assert broad_out[0].node.metadata["funnel"]["chosen_level"] == 3 and "Hamlet" in broad_out[0].node.get_content()
+    assert broad_out[0].node.metadata["funnel_chosen_level"] == 3 and "Hamlet" in broad_out[0].node.get_content()
     assert len(broad_out[0].node.metadata["funnel"]["router_weights"]) == 3
     # the original hierarchy node comes back, relationships intact
     assert broad_out[0].node.relationships[NodeRelationship.SOURCE].node_id == "doc1"
@@ -132,7 +132,7 @@ def test_graph_parser_and_mogg_retriever(docs):
     retriever = MixOfGranularityRetriever(gnodes, None, similarity_top_k=1, n_gra=2)
     out = retriever.retrieve("Who designed the Eiffel Tower?")
     assert len(out) == 1 and "Eiffel" in out[0].node.get_content()
-    assert out[0].node.metadata["funnel"]["chosen_level"] == 1
+    assert out[0].node.metadata["funnel_chosen_level"] == 1
     engine = RetrieverQueryEngine.from_args(retriever, llm=MockLLM())
     assert engine.query("Eiffel").source_nodes
     with pytest.raises(ValueError, match="t_graph"):

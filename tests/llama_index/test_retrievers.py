@@ -70,7 +70,7 @@ def test_return_clusters(source_linked_nodes):
     r = ClusteredBM25Retriever.from_defaults(nodes=source_linked_nodes, similarity_top_k=1, return_clusters=True,
                                              max_tokens=40, knn_k=3, knn_threshold=0.05)
     out = r.retrieve("Eiffel Tower")
-    assert len(out) == 1 and out[0].node.metadata["funnel"]["level"] == "cluster"
+    assert len(out) == 1 and out[0].node.metadata["funnel_level"] == "cluster"
 
 
 def test_persist_round_trip(tmp_path, source_linked_nodes, clustered):
