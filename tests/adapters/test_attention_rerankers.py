@@ -87,8 +87,8 @@ def test_llamaindex_query_engine(index, li_reranker):
         dispatcher.event_handlers.remove(handler)
     nodes = response.source_nodes
     assert len(nodes) == 2 and nodes[0].score >= nodes[1].score
-    assert all(stage_name in n.node.metadata["funnel_scores"] and "bm25" in n.node.metadata["funnel_scores"]
-               for n in nodes)
+    assert all(f"funnel_score_{stage_name}" in n.node.metadata
+               and "funnel_score_bm25" in n.node.metadata for n in nodes)
     assert nodes[0].node.metadata["title"]                     # original metadata kept
     assert handler.events == ["ReRankStartEvent", "ReRankEndEvent"]
     assert post.class_name() in ("FiDAttentionRerank", "AttentionLMRerank")
@@ -121,7 +121,7 @@ def test_langchain_lcel_chain(index, lc_reranker):
     docs = chain.invoke(QUERY)
     assert len(docs) == 2 and all(isinstance(d, Document) for d in docs)
     assert docs[0].metadata["relevance_score"] >= docs[1].metadata["relevance_score"]
-    assert all(stage_name in d.metadata["funnel_scores"] for d in docs)
+    assert all(f"funnel_score_{stage_name}" in d.metadata for d in docs)
     assert docs[0].metadata["title"]
 
 

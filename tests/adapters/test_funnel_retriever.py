@@ -63,7 +63,8 @@ def test_llamaindex_funnel_with_native_components_in_a_query_engine(source_linke
     engine = RetrieverQueryEngine.from_args(funnel, llm=MockLLM())
     response = engine.query("Eiffel Tower in Paris")
     assert len(response.source_nodes) == 6
-    trace = response.source_nodes[0].node.metadata["funnel_funnel_trace"]
+    assert not any("trace" in k for k in response.source_nodes[0].node.metadata)  # not on nodes
+    trace = funnel.last_trace.to_dict()
     assert [s["name"] for s in trace["stages"]] == ["ClusteredBM25Retriever", "SimilarityPostprocessor",
                                                     "later_chunking(6w) % 6", "LongContextReorder"]
     # passages point to their parent document node, which keeps its source relationship
@@ -101,7 +102,9 @@ def test_langchain_funnel_with_native_components_in_lcel(corpus_units):
     text = chain.invoke("Shakespeare playwright").to_string()
     assert "Q: Shakespeare playwright" in text
     out = funnel.invoke("Shakespeare playwright")
-    assert len(out) == 3 and out[0].metadata["funnel_funnel_trace"]["stages"][1]["name"] == "reverse"
+    assert len(out) == 3 and not any("trace" in k for k in out[0].metadata)  # not on documents
+    _, trace = funnel.search("Shakespeare playwright")
+    assert trace.stages[1].name == "reverse"
     assert out[0].metadata["funnel_parent_id"] in {d.id for d in docs}
     vec_funnel = LCFunnelRetriever.from_stages(store.as_retriever(search_kwargs={"k": 5}), LaterChunking(words=6), k=2)
     assert len(asyncio.run(vec_funnel.ainvoke("Paris"))) == 2

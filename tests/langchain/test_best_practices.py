@@ -84,9 +84,9 @@ def test_hybrid_fuses_scores_into_metadata(sides):
     retriever = HybridRetriever(sparse=bm25, dense=dense, k=3)
     docs = retriever.invoke("Which tragedy did Shakespeare write?")
     assert len(docs) == 3 and docs[0].id in {"d5", "d6"}
-    m = docs[0].metadata["funnel"]
-    assert m["score"] == m["scores"]["hybrid"] and "bm25" in m["scores"]
-    assert 0.0 <= m["dense_score"] <= 1.0 and docs[0].metadata["title"] in {"Hamlet", "Shakespeare"}
+    m = docs[0].metadata
+    assert m["relevance_score"] == m["funnel_score_hybrid"] and "funnel_score_bm25" in m
+    assert 0.0 <= m["funnel_dense_score"] <= 1.0 and docs[0].metadata["title"] in {"Hamlet", "Shakespeare"}
     assert [d.metadata["relevance_score"] for d in docs] == sorted((d.metadata["relevance_score"] for d in docs), reverse=True)
     assert len(retriever.invoke("Shakespeare", k=1)) == 1
     rrf = HybridRetriever(sparse=bm25, dense=dense, method="rrf", rrf_k=10)

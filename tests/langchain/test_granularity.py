@@ -1,5 +1,6 @@
 """Mix-of-Granularity in LangChain: splitters, MixOfGranularityRetriever, LCEL, standard tests."""
 
+import json
 from typing import Any
 
 import pytest
@@ -45,10 +46,10 @@ def test_splitter_puts_the_hierarchy_in_metadata():
         assert d.metadata["title"].startswith("T") and d.metadata["funnel_doc_id"].startswith("d")
         if g < 3:
             parent = by_id[d.metadata["funnel_parent_id"]]
-            assert parent.metadata["funnel_granularity"] == g + 1 and d.id in parent.metadata["funnel"]["child_ids"]
+            assert parent.metadata["funnel_granularity"] == g + 1 and d.id in json.loads(parent.metadata["funnel_child_ids_json"])
             assert d.page_content in parent.page_content
         else:
-            assert "parent_id" not in d.metadata
+            assert "funnel_parent_id" not in d.metadata
     assert splitter.split_text(TEXTS[0]) == [d.page_content for d in out
                                              if d.metadata["funnel_doc_id"] == "d0"]
     finest = MultiGranularityTextSplitter(chunk_size=10, n_gra=3, levels="finest")
@@ -68,7 +69,7 @@ def test_retriever_mog_rule_k_and_metadata():
     docs = retriever.invoke("Who designed the Eiffel Tower?")
     assert len(docs) == 2 and "Eiffel" in docs[0].page_content
     assert docs[0].metadata["funnel_chosen_level"] == 1  # no router: uniform weights -> finest level
-    assert docs[0].metadata["funnel"]["router_weights"] == [1.0, 1.0, 1.0]
+    assert json.loads(docs[0].metadata["funnel_router_weights_json"]) == [1.0, 1.0, 1.0]
     assert isinstance(docs[0].metadata["relevance_score"], float)
     assert len(retriever.invoke("Shakespeare Hamlet Denmark", k=3)) == 3
     assert retriever.invoke("   ") == []
@@ -82,14 +83,14 @@ async def test_retriever_async_and_graph_splitter():
     splitter = GraphGranularitySplitter(sentences_per_node=1, k_graph=2, t_graph=0.05, n_gra=2)
     nodes = splitter.split_documents(_docs())
     assert splitter.last_build_seconds is not None
-    assert any(d.metadata["funnel"]["graph_neighbors"] for d in nodes)
+    assert any(json.loads(d.metadata["funnel_graph_neighbors_json"]) for d in nodes)
     retriever = MixOfGranularityRetriever(documents=nodes, k=1, n_gra=2)
     out = await retriever.ainvoke("Who designed the Eiffel Tower?")
     assert len(out) == 1 and "Eiffel" in out[0].page_content
-    assert out[0].metadata["center_id"] == out[0].metadata["funnel_finest_id"]
+    assert out[0].metadata["funnel_center_id"] == out[0].metadata["funnel_finest_id"]
     with pytest.warns(UserWarning, match="no edges"):
         empty = GraphGranularitySplitter(t_graph=1.0, n_gra=2).split_documents(_docs())
-    assert all(d.metadata["funnel"]["graph_neighbors"] == [] for d in empty)
+    assert all(json.loads(d.metadata["funnel_graph_neighbors_json"]) == [] for d in empty)
     with pytest.warns(UserWarning, match="no edges"):
         empty_retriever = MixOfGranularityRetriever(documents=empty, n_gra=2)
     assert empty_retriever.invoke("Hamlet")[0].page_content.startswith("Hamlet")

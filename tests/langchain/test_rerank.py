@@ -67,7 +67,7 @@ def test_lcel_chain_retriever_chunking_reranker_prompt(tiny_cross_encoder_path):
     assert len(docs) == 2 and all(0 < d.metadata["relevance_score"] < 1 for d in docs)
     # retriever | later chunking, then rerank the passages, then format a prompt
     chunked = (retriever | LaterChunkingTransformer(words=5)).invoke(QUERY)
-    assert all(d.metadata["funnel_level"] == "passage" and "parent_id" in d.metadata["funnel"] for d in chunked)
+    assert all(d.metadata["funnel_level"] == "passage" and "funnel_parent_id" in d.metadata for d in chunked)
     prompt = ChatPromptTemplate.from_template("Context:\n{context}\n\nQ: {question}")
     full = (rerank_chain(retriever | LaterChunkingTransformer(words=5), rr)
             | RunnableLambda(lambda ds: {"context": "\n".join(d.page_content for d in ds),
@@ -80,7 +80,7 @@ def test_lcel_chain_retriever_chunking_reranker_prompt(tiny_cross_encoder_path):
 
 def test_later_chunking_transformer_metadata():
     doc = Document(id="doc", page_content=" ".join(f"w{i}" for i in range(23)),
-                   metadata={"title": "T", "score": "user", "funnel": {"score": 2.5}})
+                   metadata={"title": "T", "score": "user", "relevance_score": 2.5})
     out = LaterChunkingTransformer(words=10).transform_documents([doc])
     assert [d.id for d in out] == ["doc#0", "doc#1", "doc#2"]
     assert [d.metadata["funnel_position"] for d in out] == [0, 1, 2]
@@ -96,7 +96,7 @@ def test_monot5_reranker(tiny_t5_path):
     rr = MonoT5Reranker(model=tiny_t5_path, top_n=2, max_length=64, device="cpu")
     out = rr.compress_documents(_docs(), QUERY)
     assert len(out) == 2 and out[0].metadata["relevance_score"] >= out[1].metadata["relevance_score"]
-    assert "monot5" in out[0].metadata["funnel_scores"]
+    assert "funnel_score_monot5" in out[0].metadata
 
 
 def test_compression_retriever_pipeline(tiny_cross_encoder_path):

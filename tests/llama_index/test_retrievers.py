@@ -39,13 +39,14 @@ def test_clustered_retriever_in_a_query_engine(clustered):
     response = engine.query("Who wrote the tragedy Hamlet?")
     ids = [n.node.node_id for n in response.source_nodes]
     assert "d5" in ids
-    assert "funnel" not in response.source_nodes[0].node.metadata  # the user's node, unchanged
-    clustered.annotate = True  # opt in: cluster bookkeeping under metadata["funnel"]
+    # the user's node, unchanged
+    assert not any(k.startswith("funnel_") for k in response.source_nodes[0].node.metadata)
+    clustered.annotate = True  # opt in: cluster bookkeeping as flat funnel_ keys
     try:
-        meta = clustered.retrieve("Who wrote the tragedy Hamlet?")[0].node.metadata["funnel"]
+        meta = clustered.retrieve("Who wrote the tragedy Hamlet?")[0].node.metadata
     finally:
         clustered.annotate = False
-    assert {"cluster_id", "cluster_score", "cluster_rank"} <= set(meta)
+    assert {"funnel_cluster_id", "funnel_cluster_score", "funnel_cluster_rank"} <= set(meta)
 
 
 def test_async_matches_sync(clustered):
