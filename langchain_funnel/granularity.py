@@ -17,7 +17,8 @@ from __future__ import annotations
 import uuid
 from typing import Any, Iterable, Optional, Sequence
 
-from langchain_core.documents import BaseDocumentTransformer, Document
+from langchain_core.documents import Document
+from langchain_text_splitters import TextSplitter
 from pydantic import Field, PrivateAttr
 
 from funnel_core.config import (
@@ -73,7 +74,7 @@ def _texts_to_documents(texts: Sequence[str], metadatas: Optional[Sequence[dict]
 
 
 @config_attributes(MultiGranularityConfig, "config")
-class MultiGranularityTextSplitter(BaseDocumentTransformer):
+class MultiGranularityTextSplitter(TextSplitter):
     """Split documents into ``n_gra`` nested granularity levels (MoG section 3.2).
 
     Args:
@@ -85,10 +86,17 @@ class MultiGranularityTextSplitter(BaseDocumentTransformer):
             validated and honoured at the next call.
 
     :meth:`split_documents` (and ``transform_documents``) return the chunks of *every* level,
-    finest first; each ``Document`` has ``id`` and metadata ``granularity`` (1 = finest),
-    ``parent_id`` (below the top level), ``child_ids`` (above level 1), ``doc_id``,
-    ``doc_index``, ``position`` and ``level``, plus the source document's metadata.
-    :meth:`split_text` returns the finest chunks of one text, as a plain splitter would.
+    finest first; each ``Document`` has ``id``, the source document's metadata as it was, and
+    flat ``funnel_...`` keys: ``funnel_granularity`` (1 = finest), ``funnel_parent_id`` (below the
+    top level), ``funnel_child_ids_json`` (above level 1), ``funnel_doc_id``,
+    ``funnel_doc_index``, ``funnel_position`` and ``funnel_level``, so
+    ``filter_complex_metadata`` keeps the hierarchy. :meth:`split_text` returns the chunk texts
+    of one text.
+
+    A LangChain ``TextSplitter``: it works wherever one is expected, e.g.
+    ``ParentDocumentRetriever(child_splitter=MultiGranularityTextSplitter(...))``. The
+    ``TextSplitter`` settings (``chunk_overlap``, ``length_function``, ``add_start_index``, ...)
+    do not apply: sizes are ``chunk_size`` words.
     """
 
     def __init__(self, *, levels: str = "all", config: Optional[MultiGranularityConfig] = None,
@@ -99,6 +107,7 @@ class MultiGranularityTextSplitter(BaseDocumentTransformer):
         self.config = config_of(MultiGranularityConfig, config, settings, type(self).__name__)
         self._chunker = self.config.build()  # validates every setting now, naming the value
         self.levels = levels
+        TextSplitter.__init__(self, chunk_overlap=0)
 
     def split_text(self, text: str) -> list[str]:
         """The chunk texts of ``text``: the same chunks as :meth:`split_documents` (every level,
@@ -128,7 +137,7 @@ class MultiGranularityTextSplitter(BaseDocumentTransformer):
 
 
 @config_attributes(GraphGranularityConfig, "config")
-class GraphGranularitySplitter(BaseDocumentTransformer):
+class GraphGranularitySplitter(TextSplitter):
     """Split documents into MoGG graph nodes and link them by BM25 similarity (section 3.3).
 
     Args:
@@ -138,15 +147,25 @@ class GraphGranularitySplitter(BaseDocumentTransformer):
             BM25 similarity of an edge), ``block_size``, ``max_df``, ``bm25``. Each is also an
             attribute; an edit is validated and honoured at the next call.
 
-    Each node ``Document`` carries ``graph_neighbors`` (ids) and ``graph_weights``; the graph
-    spans the documents of one call. ``last_build_seconds`` is the latest edge-building time.
-    With no pair above ``t_graph`` every neighbour list is empty (a warning says so).
+    Each node ``Document`` carries ``funnel_graph_neighbors_json`` (a JSON list of ids) and
+    ``funnel_graph_weights_json``; the graph spans the documents of one call (in
+    ``ParentDocumentRetriever``, which splits one parent at a time, each parent is a graph of its
+    own). ``last_build_seconds`` is the latest edge-building time. With no pair above
+    ``t_graph`` every neighbour list is empty (a warning says so). A LangChain ``TextSplitter``
+    (its character-size settings do not apply).
     """
 
     def __init__(self, *, config: Optional[GraphGranularityConfig] = None, **settings: Any) -> None:
         self.config = config_of(GraphGranularityConfig, config, settings, type(self).__name__)
         self._builder = self.config.build()  # validates every setting now, naming the value
         self.last_build_seconds: float | None = None
+        TextSplitter.__init__(self, chunk_overlap=0)
+
+    def split_text(self, text: str) -> list[str]:
+        """The node texts of one text (its sentences, ``sentences_per_node`` at a time)."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}.")
+        return [d.page_content for d in self.split_documents([Document(page_content=text)])]
 
     def split_documents(self, documents: Iterable[Document]) -> list[Document]:
         """The linked graph nodes of ``documents``, in document order."""

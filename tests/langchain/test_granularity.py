@@ -118,3 +118,36 @@ class TestMixOfGranularityRetrieverStandard(RetrieversIntegrationTests):
     @property
     def retriever_query_example(self) -> str:
         return "Paris Eiffel Tower Seine Louvre"
+
+
+@pytest.mark.parametrize("make", [
+    lambda: MultiGranularityTextSplitter(chunk_size=8, n_gra=2),
+    lambda: GraphGranularitySplitter(sentences_per_node=1, k_graph=2, t_graph=0.05, n_gra=2),
+], ids=["multi_granularity", "graph"])
+def test_splitters_are_text_splitters_inside_parent_document_retriever(make):
+    """Issue 28 item 6: ParentDocumentRetriever (langchain-classic) validates
+    ``child_splitter: TextSplitter``; ours were plain document transformers and were rejected
+    ("Input should be an instance of TextSplitter")."""
+    from langchain_classic.retrievers import ParentDocumentRetriever
+    from langchain_core.embeddings import DeterministicFakeEmbedding
+    from langchain_core.stores import InMemoryStore
+    from langchain_core.vectorstores import InMemoryVectorStore
+    from langchain_text_splitters import TextSplitter
+
+    splitter = make()
+    assert isinstance(splitter, TextSplitter)
+    store = InMemoryVectorStore(DeterministicFakeEmbedding(size=16))
+    pdr = ParentDocumentRetriever(vectorstore=store, docstore=InMemoryStore(),
+                                  child_splitter=splitter)
+    pdr.add_documents(_docs(), ids=["p0", "p1", "p2"])
+    children = list(store.store.values())
+    # each parent was split into its own children (several per parent), linked by doc_id
+    assert {c["metadata"]["doc_id"] for c in children} == {"p0", "p1", "p2"}
+    assert len(children) > len(TEXTS)
+    for c in children:
+        parent = TEXTS[int(c["metadata"]["doc_id"][1])]
+        assert c["text"] in parent or all(w in parent for w in c["text"].split())
+        assert c["metadata"]["title"] == f"T{c['metadata']['doc_id'][1]}"  # user key kept
+    got = pdr.invoke("Who designed the Eiffel Tower?")
+    assert got and all(d.page_content in TEXTS for d in got)  # whole parents come back
+    assert splitter.split_text(TEXTS[0])  # the TextSplitter API on a plain text
