@@ -65,6 +65,33 @@ def _text_node(unit: Unit, source: BaseNode, drop: Sequence[str] = ()) -> TextNo
     return node
 
 
+#: IngestionPipeline's worker functions: each runs the transformations on one batch of nodes.
+_PIPELINE_WORKERS = frozenset({"_run_transformations_worker", "_arun_transformations_worker"})
+
+
+def _refuse_batched_ingestion(name: str) -> None:
+    """Raise when called from an ``IngestionPipeline(num_workers > 1)`` worker process.
+
+    A graph parser links nodes across all the documents of one call; the pipeline splits the
+    documents into one batch per worker, so each worker would build its own, sparser graph (84
+    instead of 108 edges on the same documents) without any sign of it.
+    """
+    import sys
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        if (frame.f_code.co_name in _PIPELINE_WORKERS
+                and frame.f_globals.get("__name__") == "llama_index.core.ingestion.pipeline"):
+            raise ValueError(
+                f"{name} links nodes across all the documents it parses at once, but "
+                "IngestionPipeline(num_workers > 1) hands each worker process a separate batch, "
+                "which would build a separate, sparser graph per batch. Run the pipeline with "
+                "num_workers=None (or 1), or parse first: nodes = "
+                f"{name}(...).get_nodes_from_documents(documents), then run the pipeline's "
+                "other transformations on those nodes with workers.")
+        frame = frame.f_back  # type: ignore[assignment]
+
+
 class _ConfiguredNodeParser(ConfiguredAdapter, NodeParser):
     """A node parser whose settings are the fields of a core config (see ``adapter_base``);
     :attr:`stage` is the core splitter built from their current values."""
@@ -147,6 +174,7 @@ class GraphGranularityNodeParser(adapter_base(GraphGranularityConfig,  # type: i
 
     def _parse_nodes(self, nodes: Sequence[BaseNode], show_progress: bool = False,
                      **kwargs: Any) -> List[BaseNode]:
+        _refuse_batched_ingestion(type(self).__name__)
         if not nodes:
             return []
         builder: GraphGranularityBuilder = self.stage

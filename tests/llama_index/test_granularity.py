@@ -142,3 +142,19 @@ def test_graph_parser_and_mogg_retriever(docs):
         MixOfGranularityRetriever([])
     with pytest.raises(ValueError, match="similarity_top_k"):
         MixOfGranularityRetriever(gnodes, similarity_top_k=0)
+
+
+@pytest.mark.slow  # starts two spawned worker processes (each imports llama_index)
+def test_graph_parser_refuses_a_batched_ingestion_pipeline(docs):
+    """Issue 28 item 10: under IngestionPipeline(num_workers=2) each worker parsed its own batch
+    and built its own graph: 84 instead of 108 edges, silently. The parser now refuses; run
+    without workers it builds the one graph over all documents."""
+    from llama_index.core.ingestion import IngestionPipeline
+
+    parser = GraphGranularityNodeParser(sentences_per_node=1, k_graph=2, t_graph=0.05, n_gra=2)
+    whole = IngestionPipeline(transformations=[parser]).run(documents=docs)
+    direct = parser.get_nodes_from_documents(docs)
+    assert [n.metadata["funnel_graph_neighbors_json"] for n in whole] == \
+        [n.metadata["funnel_graph_neighbors_json"] for n in direct]
+    with pytest.raises(ValueError, match=r"num_workers=None"):
+        IngestionPipeline(transformations=[parser]).run(documents=docs, num_workers=2)
