@@ -323,7 +323,7 @@ result = funnel.search(q.question, answers=q.answers)
 print("Q:", q.question, "| gold:", q.answers, "\\n")
 print(result.trace.format(), "\\n")
 show_table([{"rank": i, "id": u.id, "level": u.level, "score": u.score,
-             "pre_ranking": u.metadata["scores"].get("pre_ranking", float("nan")),
+             "pre_ranking": u.scores.get("pre_ranking", float("nan")),
              "text": u.text[:80]} for i, u in enumerate(result.units, 1)])"""),
         md("""
 The first query's pre-ranking time includes loading MiniLM (section 3 warms up first). The
@@ -441,8 +441,8 @@ show_table(rows, floatfmt=".2f")"""),
         code("""
 q = questions[1]
 print("Q:", q.question, "| gold:", q.answers)
-show_table([{"rank": i, "id": u.id, "hybrid": u.score, "bm25": u.metadata["scores"].get("bm25", float("nan")),
-             "dense": u.metadata["scores"].get("dense", float("nan")), "has_answer": has_answer(u.text, q.answers)}
+show_table([{"rank": i, "id": u.id, "hybrid": u.score, "bm25": u.scores.get("bm25", float("nan")),
+             "dense": u.scores.get("dense", float("nan")), "has_answer": has_answer(u.text, q.answers)}
             for i, u in enumerate(hybrid(q.question, [])[:5], 1)])"""),
         md("""
 ## 2. Repacking and extractive compression
@@ -599,8 +599,8 @@ mog = MixOfGranularityRetrieve(index, router, k_r=10, top_k=1)
 rows = []
 for q in test[:8]:
     top = mog(q.question, [])[0]
-    rows.append({"question": q.question, "weights L1..L4": " ".join(f"{w:.2f}" for w in top.metadata["router_weights"]),
-                 "level": top.metadata["chosen_level"], "words": count_tokens(top.text),
+    rows.append({"question": q.question, "weights L1..L4": " ".join(f"{w:.2f}" for w in top.funnel["router_weights"]),
+                 "level": top.funnel["chosen_level"], "words": count_tokens(top.text),
                  "has_answer": has_answer(top.text, q.answers)})
 show_table(rows, max_width=60)"""),
         md("""
@@ -622,7 +622,7 @@ results = [{"method": f"fixed level {j + 1}", **evaluate(lambda q, j=j: np.eye(h
            for j in range(hierarchy.n_gra)]
 results.append({"method": "MoG (trained router)", **evaluate(lambda q: router.weights(q))})
 show_table(results, floatfmt=".2f")
-chosen = [mog(q.question, [])[0].metadata["chosen_level"] for q in test]
+chosen = [mog(q.question, [])[0].funnel["chosen_level"] for q in test]
 print("levels chosen on the test questions:", {j: chosen.count(j) for j in sorted(set(chosen))})"""),
         md("""
 How to read this: coarse levels contain the answer more often but cost several times the
@@ -700,7 +700,7 @@ t0 = time.perf_counter()
 reranked = rankrag(q.question, candidates)  # all candidates, best P(True) first
 print(f"Q: {q.question} | gold: {q.answers}  ({len(candidates)} pairs scored in {time.perf_counter() - t0:.1f} s)")
 ranks = {u.id: i for i, u in enumerate(candidates, 1)}
-show_table([{"RankRAG rank": i, "bm25 rank": ranks[u.id], "id": u.id, "bm25": u.metadata["scores"]["bm25"],
+show_table([{"RankRAG rank": i, "bm25 rank": ranks[u.id], "id": u.id, "bm25": u.scores["bm25"],
              "P(True)": u.score, "has_answer": has_answer(u.text, q.answers)}
             for i, u in enumerate(reranked, 1)])"""),
         md("""
@@ -732,8 +732,8 @@ print("(a 135M model seldom keeps the Rationale/Answer format; the forward looku
         code("""
 top = sorted(res.scored, key=lambda u: -u.score)[:6]
 kept = {u.id for u in res.units}
-show_table([{"chunk": u.id, "S_FB": u.score, "backward S(C;Q)": u.metadata["backward_scores"]["query"],
-             "forward max_k S(C;R_k,A_k)": max(u.metadata["forward_scores"], default=0.0), "kept": u.id in kept,
+show_table([{"chunk": u.id, "S_FB": u.score, "backward S(C;Q)": u.funnel["backward_score"],
+             "forward max_k S(C;R_k,A_k)": max(u.funnel["forward_scores"], default=0.0), "kept": u.id in kept,
              "has_answer": has_answer(u.text, q.answers)} for u in top])
 
 backward_only = ForwardLookup.preset("B", llm=llm, recall_k=4, k=2, chunk_words=120)  # BM25 alone, no sampling

@@ -58,8 +58,8 @@ class ForwardLookupRetriever(adapter_base(  # type: ignore[misc]
     """FB-RAG Stages I-III as a LangChain retriever (``k`` = chunks returned).
 
     Candidates are the ``chunk_words``-word chunks of ``context`` or the documents that
-    ``retriever`` returns. ``metadata["funnel"]`` holds ``score`` (S_FB), ``backward_scores``,
-    ``forward_scores``, ``samples`` and ``position``; documents come in their original order
+    ``retriever`` returns. ``metadata`` holds ``relevance_score`` (S_FB), ``funnel_backward_score``,
+    ``funnel_forward_scores_json``, ``funnel_samples_json`` and ``funnel_position``; documents come in their original order
     unless ``order_preserving=False``. The settings are the fields of
     :class:`funnel_core.config.ForwardLookupConfig` and of
     :class:`funnel_core.config.ForwardVariantConfig` (``variant``, whose weights

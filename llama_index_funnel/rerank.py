@@ -10,7 +10,7 @@
 
 All three are plain ``BaseNodePostprocessor`` objects: put them in ``node_postprocessors`` of any
 query engine. They copy nodes (never mutate the retriever's), keep earlier scores in
-``metadata["scores"]``, emit ``ReRankStartEvent``/``ReRankEndEvent``, and have a real async path.
+flat ``funnel_score_<stage>`` metadata keys (hidden from LLM and embedder), emit ``ReRankStartEvent``/``ReRankEndEvent``, and have a real async path.
 Models load lazily, on the first query.
 """
 
@@ -55,7 +55,7 @@ class LaterChunkingPostprocessor(adapter_base(LaterChunkingConfig, StagePostproc
     """Split retrieved nodes into ~``words``-word passages (FunnelRAG section 3.1.3).
 
     Each passage is a ``TextNode`` with a ``PARENT`` relationship to its node (and the node's
-    ``SOURCE``), the parent's score, its position in ``metadata["funnel"]``, and the parent's
+    ``SOURCE``), the parent's score, its position as ``funnel_...`` metadata keys, and the parent's
     metadata and excluded keys. Passages are emitted parent by parent in the parents' rank
     order. The fields are those of :class:`funnel_core.config.LaterChunkingConfig`.
     """

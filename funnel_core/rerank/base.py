@@ -2,7 +2,7 @@
 
 A :class:`Reranker` needs only :meth:`Reranker.score` (query, texts) -> floats. The base class
 does the rest the same way for every model: copies units (never mutates them), keeps the
-previous score in ``metadata["scores"]``, optional sigmoid normalisation, ``score_threshold``,
+previous score in ``Unit.funnel`` (``score_<stage>``), optional sigmoid normalisation, ``score_threshold``,
 ``top_n`` (also as ``reranker % n``), Python-float scores, and an async twin.
 
 Model loading lives in :mod:`funnel_core.models` and score helpers in :mod:`funnel_core.scoring`.
