@@ -456,8 +456,9 @@ context_funnel = hybrid % 4 >> ExtractiveCompressor(embedder=embedder, ratio=0.4
 result = context_funnel.search(q.question, answers=q.answers)
 print(result.trace.format(), "\\n")
 for u in result.units:
-    c = u.metadata["compression"]
-    print(f"[{u.id}] score={u.score:.3f} kept {c['kept_tokens']}/{c['original_tokens']} tokens:")
+    c = u.funnel  # the stages' bookkeeping (never written into u.metadata, the user's)
+    print(f"[{u.id}] score={u.score:.3f} kept {c['compression_kept_tokens']}/"
+          f"{c['compression_original_tokens']} tokens:")
     print("   ", u.text[:300])"""),
         code("""
 import matplotlib.pyplot as plt
