@@ -44,7 +44,7 @@ def _ranker(spec: Any, name: str, **kwargs: Any) -> Stage:
 def funnelrag(documents: Sequence[Unit] | ClusteredBM25Index, pre_ranker: Stage | str,
               post_ranker: Stage | str | None = None, *, k_clusters: int = 10,
               k_documents: int = 8, k_passages: int = 4, passage_words: int = 100,
-              max_tokens: int = 4096, max_documents: int | None = None,
+              max_tokens: int = 4096, k_retrieved: int | None = None,
               **ranker_kwargs: Any) -> Funnel:
     """The FunnelRAG pipeline: retrieval -> pre-ranking -> post-ranking.
 
@@ -59,7 +59,8 @@ def funnelrag(documents: Sequence[Unit] | ClusteredBM25Index, pre_ranker: Stage 
         k_passages: Passages kept by the post-ranker.
         passage_words: Size of the passages cut by later chunking.
         max_tokens: Cluster size S when clustering ``documents``.
-        max_documents: Cap on the documents opened from the clusters (``None``: all).
+        k_retrieved: Documents kept from the opened clusters, best first, before pre-ranking
+            (``None``: all of them); the retrieval stage is cut with ``% k_retrieved``.
         **ranker_kwargs: Passed to ``CrossEncoderScorer`` when a ranker is given by name.
     """
     for value, name in ((k_clusters, "k_clusters"), (k_documents, "k_documents"),
@@ -71,8 +72,8 @@ def funnelrag(documents: Sequence[Unit] | ClusteredBM25Index, pre_ranker: Stage 
     index: Any = documents if built else \
         ClusteredBM25Index(max_tokens=max_tokens).index(documents)  # type: ignore[arg-type]
     retrieve: Stage = ClusteredBM25Retrieve(index, k=k_clusters, name="retrieval")
-    if max_documents:
-        retrieve = retrieve % max_documents
+    if k_retrieved is not None:
+        retrieve = retrieve % check_positive_int(k_retrieved, "k_retrieved")
     pre = _ranker(pre_ranker, "pre_ranking", **ranker_kwargs)
     post = renamed(pre, "post_ranking") if post_ranker is None else \
         _ranker(post_ranker, "post_ranking", **ranker_kwargs)  # a shallow copy shares the model
