@@ -250,6 +250,20 @@ class UnitRetriever(BaseRetriever):
     def _search(self, query: str) -> list[Unit]:
         """Return the units for a (non-empty, stripped) query."""
 
+    @staticmethod
+    def _check_query_type(query: Any) -> None:
+        if not isinstance(query, (str, QueryBundle)):
+            raise TypeError(f"retrieve() takes a str or a QueryBundle, got {type(query).__name__} "
+                            f"({query!r:.80}); decode bytes first, e.g. retrieve(data.decode('utf-8')).")
+
+    def retrieve(self, str_or_query_bundle: Any) -> List[NodeWithScore]:
+        self._check_query_type(str_or_query_bundle)  # LlamaIndex would fail on .query_str
+        return super().retrieve(str_or_query_bundle)
+
+    async def aretrieve(self, str_or_query_bundle: Any) -> List[NodeWithScore]:
+        self._check_query_type(str_or_query_bundle)
+        return await super().aretrieve(str_or_query_bundle)
+
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
         query = check_query(query_bundle.query_str)
         if not query:
