@@ -303,14 +303,14 @@ def main() -> None:
         timings["mog"] += time.perf_counter() - t
         sc("mog").add([u.text for u in out], q.answers)
         if out:
-            chosen["mog"][out[0].metadata["chosen_level"]] += 1
+            chosen["mog"][out[0].funnel["chosen_level"]] += 1
         sc("mog_uniform").add([u.text for u in mog_uniform.retrieve(q.question, k=3)], q.answers)
         t = time.perf_counter()
         out = mogg.retrieve(q.question, k=3, weights=w_mogg[qi])
         timings["mogg"] += time.perf_counter() - t
         sc("mogg").add([u.text for u in out], q.answers)
         if out:
-            chosen["mogg"][out[0].metadata["chosen_level"]] += 1
+            chosen["mogg"][out[0].funnel["chosen_level"]] += 1
         t = time.perf_counter()
         merged = auto_merging.retrieve(q.question)
         timings["auto_merging"] += time.perf_counter() - t

@@ -503,7 +503,7 @@ def run_postrank_fid(args, corpus, qs, warm_q, bf16: bool, flags: dict) -> dict:
             secs[n].append(time.perf_counter() - t1)
             ranks[n].append(next((i for i, u in enumerate(r.units[:4], 1) if has_answer(u.text, q.answers)), 0))
             if n == "fid":
-                gen = next((u.metadata.get("fid_answer") for u in r.units if u.metadata.get("fid_answer") is not None), "")
+                gen = next((u.funnel.get("fid_answer") for u in r.units if u.funnel.get("fid_answer") is not None), "")
                 em.append(float(normalize_answer(gen or "") in {normalize_answer(a) for a in q.answers}))
         if (j + 1) % 10 == 0 or j + 1 == len(qs):
             print(f"  [postrank] {j + 1}/{len(qs)} questions, load {os.getloadavg()[0]:.1f}", flush=True)

@@ -94,8 +94,8 @@ print(f"{len(nodes)} documents -> {len(clusters)} clusters; sizes (tokens):",
 q = questions[0]
 print("Q:", q.question, "| gold:", q.answers)
 retrieved = retriever.retrieve(q.question)
-show_table([{"rank": i, "node": n.node.node_id, "cluster": n.node.metadata["funnel"]["cluster_id"],
-             "cluster_score": n.node.metadata["funnel"]["cluster_score"], "has_answer": has_answer(n.node.get_content(), q.answers)}
+show_table([{"rank": i, "node": n.node.node_id, "cluster": n.node.metadata["funnel_cluster_id"],
+             "cluster_score": n.node.metadata["funnel_cluster_score"], "has_answer": has_answer(n.node.get_content(), q.answers)}
             for i, n in enumerate(retrieved[:8], 1)])
 print(f"... {len(retrieved)} documents from {retriever.k_clusters} clusters")"""),
         md("## 2. The cross-encoder postprocessor"),
@@ -119,7 +119,7 @@ for q in questions[:3]:
     print("Q:", q.question, "| gold:", q.answers)
     print("response (MockLLM, placeholder text):", str(response)[:60])
     show_table([{"rank": i, "node": n.node.node_id, "ce_score": float(n.score),
-                 "bm25_cluster_score": n.node.metadata["funnel"]["cluster_score"],
+                 "bm25_cluster_score": n.node.metadata["funnel_cluster_score"],
                  "has_answer": has_answer(n.node.get_content(), q.answers)}
                 for i, n in enumerate(response.source_nodes, 1)])
     print()"""),
@@ -216,7 +216,7 @@ every compressor gets the query threaded through.
         code("""
 chain = rerank_chain(retriever | chunker, pre_ranker)
 passages = chain.invoke(q.question)
-show_table([{"rank": i, "id": d.id, "score": d.metadata["funnel"]["score"],
+show_table([{"rank": i, "id": d.id, "score": d.metadata["relevance_score"],
              "has_answer": has_answer(d.page_content, q.answers), "text": d.page_content[:70]}
             for i, d in enumerate(passages, 1)])"""),
         md("""
@@ -236,7 +236,7 @@ post_ranker = EmbeddingScorer(SentenceEmbedder(), name="minilm_post_ranker")  # 
 funnel = FunnelRetriever.from_stages(retriever, pre_ranker, LaterChunking(words=40), post_ranker % 3, k=3)
 documents, trace = funnel.search(q.question, answers=q.answers)
 print(trace.format())
-show_table([{"rank": i, "id": d.id, "score": d.metadata["funnel"]["score"],
+show_table([{"rank": i, "id": d.id, "score": d.metadata["relevance_score"],
              "has_answer": has_answer(d.page_content, q.answers), "text": d.page_content[:70]}
             for i, d in enumerate(documents, 1)])"""),
         md("## 4. A RAG chain in LCEL: `funnel | format_docs | prompt | llm`"),
@@ -323,7 +323,7 @@ result = funnel.search(q.question, answers=q.answers)
 print("Q:", q.question, "| gold:", q.answers, "\\n")
 print(result.trace.format(), "\\n")
 show_table([{"rank": i, "id": u.id, "level": u.level, "score": u.score,
-             "pre_ranking": u.metadata["scores"].get("pre_ranking", float("nan")),
+             "pre_ranking": u.scores.get("pre_ranking", float("nan")),
              "text": u.text[:80]} for i, u in enumerate(result.units, 1)])"""),
         md("""
 The first query's pre-ranking time includes loading MiniLM (section 3 warms up first). The
@@ -441,8 +441,8 @@ show_table(rows, floatfmt=".2f")"""),
         code("""
 q = questions[1]
 print("Q:", q.question, "| gold:", q.answers)
-show_table([{"rank": i, "id": u.id, "hybrid": u.score, "bm25": u.metadata["scores"].get("bm25", float("nan")),
-             "dense": u.metadata["scores"].get("dense", float("nan")), "has_answer": has_answer(u.text, q.answers)}
+show_table([{"rank": i, "id": u.id, "hybrid": u.score, "bm25": u.scores.get("bm25", float("nan")),
+             "dense": u.scores.get("dense", float("nan")), "has_answer": has_answer(u.text, q.answers)}
             for i, u in enumerate(hybrid(q.question, [])[:5], 1)])"""),
         md("""
 ## 2. Repacking and extractive compression
@@ -456,8 +456,9 @@ context_funnel = hybrid % 4 >> ExtractiveCompressor(embedder=embedder, ratio=0.4
 result = context_funnel.search(q.question, answers=q.answers)
 print(result.trace.format(), "\\n")
 for u in result.units:
-    c = u.metadata["compression"]
-    print(f"[{u.id}] score={u.score:.3f} kept {c['kept_tokens']}/{c['original_tokens']} tokens:")
+    c = u.funnel  # the stages' bookkeeping (never written into u.metadata, the user's)
+    print(f"[{u.id}] score={u.score:.3f} kept {c['compression_kept_tokens']}/"
+          f"{c['compression_original_tokens']} tokens:")
     print("   ", u.text[:300])"""),
         code("""
 import matplotlib.pyplot as plt
@@ -599,8 +600,8 @@ mog = MixOfGranularityRetrieve(index, router, k_r=10, top_k=1)
 rows = []
 for q in test[:8]:
     top = mog(q.question, [])[0]
-    rows.append({"question": q.question, "weights L1..L4": " ".join(f"{w:.2f}" for w in top.metadata["router_weights"]),
-                 "level": top.metadata["chosen_level"], "words": count_tokens(top.text),
+    rows.append({"question": q.question, "weights L1..L4": " ".join(f"{w:.2f}" for w in top.funnel["router_weights"]),
+                 "level": top.funnel["chosen_level"], "words": count_tokens(top.text),
                  "has_answer": has_answer(top.text, q.answers)})
 show_table(rows, max_width=60)"""),
         md("""
@@ -622,7 +623,7 @@ results = [{"method": f"fixed level {j + 1}", **evaluate(lambda q, j=j: np.eye(h
            for j in range(hierarchy.n_gra)]
 results.append({"method": "MoG (trained router)", **evaluate(lambda q: router.weights(q))})
 show_table(results, floatfmt=".2f")
-chosen = [mog(q.question, [])[0].metadata["chosen_level"] for q in test]
+chosen = [mog(q.question, [])[0].funnel["chosen_level"] for q in test]
 print("levels chosen on the test questions:", {j: chosen.count(j) for j in sorted(set(chosen))})"""),
         md("""
 How to read this: coarse levels contain the answer more often but cost several times the
@@ -700,7 +701,7 @@ t0 = time.perf_counter()
 reranked = rankrag(q.question, candidates)  # all candidates, best P(True) first
 print(f"Q: {q.question} | gold: {q.answers}  ({len(candidates)} pairs scored in {time.perf_counter() - t0:.1f} s)")
 ranks = {u.id: i for i, u in enumerate(candidates, 1)}
-show_table([{"RankRAG rank": i, "bm25 rank": ranks[u.id], "id": u.id, "bm25": u.metadata["scores"]["bm25"],
+show_table([{"RankRAG rank": i, "bm25 rank": ranks[u.id], "id": u.id, "bm25": u.scores["bm25"],
              "P(True)": u.score, "has_answer": has_answer(u.text, q.answers)}
             for i, u in enumerate(reranked, 1)])"""),
         md("""
@@ -732,8 +733,8 @@ print("(a 135M model seldom keeps the Rationale/Answer format; the forward looku
         code("""
 top = sorted(res.scored, key=lambda u: -u.score)[:6]
 kept = {u.id for u in res.units}
-show_table([{"chunk": u.id, "S_FB": u.score, "backward S(C;Q)": u.metadata["backward_scores"]["query"],
-             "forward max_k S(C;R_k,A_k)": max(u.metadata["forward_scores"], default=0.0), "kept": u.id in kept,
+show_table([{"chunk": u.id, "S_FB": u.score, "backward S(C;Q)": u.funnel["backward_score"],
+             "forward max_k S(C;R_k,A_k)": max(u.funnel["forward_scores"], default=0.0), "kept": u.id in kept,
              "has_answer": has_answer(u.text, q.answers)} for u in top])
 
 backward_only = ForwardLookup.preset("B", llm=llm, recall_k=4, k=2, chunk_words=120)  # BM25 alone, no sampling

@@ -29,7 +29,7 @@ from funnel_core.filters import MetadataFilter, metadata_mask
 from funnel_core.funnel import Stage
 from funnel_core.persist import check_number, load_snapshot, prepare_units, read_units, save_snapshot, write_units
 from funnel_core.text import CJK_MODES, check_token_pattern, clean_text, split_cjk
-from funnel_core.units import Unit, check_unique_ids, units_from_texts
+from funnel_core.units import SCORE_PREFIX, Unit, check_unique_ids, units_from_texts
 
 __all__ = ["BM25Index", "BM25Retrieve", "bm25_scores", "METHODS"]
 
@@ -71,22 +71,16 @@ def _immutable(value: Any) -> bool:
 
 
 def _flat_metadata(metadata: dict) -> bool:
-    return (type(metadata) is dict and "scores" not in metadata
-            and all(_immutable(v) for v in metadata.values()))
+    return type(metadata) is dict and all(_immutable(v) for v in metadata.values())
 
 
 def _hit(unit: Unit, score: float, name: str, rank: int, flat: bool) -> Unit:
     """A search result: a copy of the indexed ``unit`` scored by stage ``name``, as
-    ``unit.rescored(score, name)`` plus ``metadata["bm25_rank"]``, built without a deep copy
+    ``unit.rescored(score, name)`` plus ``funnel["bm25_rank"]``, built without a deep copy
     when the metadata holds only immutable values (a caller editing the hit cannot reach the
-    index's unit: the dict is new and its values cannot change in place)."""
-    if flat:
-        md = dict(unit.metadata)
-        md["scores"] = {name: score}
-    else:
-        md = copy.deepcopy(unit.metadata)
-        md.setdefault("scores", {})[name] = score
-    md["bm25_rank"] = rank
+    index's unit: the dict is new and its values cannot change in place). The index's units
+    carry no bookkeeping (``prepare_units`` drops it), so the hit's is just this search's."""
+    md = dict(unit.metadata) if flat else copy.deepcopy(unit.metadata)
     # the fields are already validated: skip __init__/__post_init__ (a third of the cost of a
     # hit); tests check that every Unit field is set here
     new = object.__new__(Unit)
@@ -97,6 +91,7 @@ def _hit(unit: Unit, score: float, name: str, rank: int, flat: bool) -> Unit:
     new.parent_id = unit.parent_id
     new.level = unit.level
     new.source = unit.source
+    new.funnel = {SCORE_PREFIX + name: score, "bm25_rank": rank}
     return new
 
 
@@ -435,12 +430,32 @@ class BM25Index(FreshOnCopy):
     # -- searching -------------------------------------------------------------------------
     def get_scores(self, query: str) -> np.ndarray:
         """BM25 score of every indexed unit for ``query`` (float32 array, index order)."""
+        return self.token_scores(self.tokenize([check_query(query)])[0])
+
+    def token_scores(self, tokens: Sequence[str]) -> np.ndarray:
+        """BM25 score of every indexed unit for a query already cut by :meth:`tokenize` (so
+        two indexes with the same tokenizer settings share one tokenization)."""
         st = self._require_built()
-        query = check_query(query)
-        tokens = self.tokenize([query])[0]
-        if not tokens:  # only stopwords / no word characters: bm25s would raise IndexError
+        ids = st.retriever.get_tokens_ids(list(tokens)) if tokens else []
+        if not ids:  # only stopwords / no known term: nothing matches
             return np.zeros(len(st.units), dtype=np.float32)
-        return st.retriever.get_scores(tokens)
+        return st.retriever.get_scores_from_ids(ids)
+
+    def hits(self, scores: np.ndarray, k: int, mask: np.ndarray | None = None,
+             name: str = "bm25") -> list[Unit]:
+        """The top-``k`` units for one query's ``scores`` (from :meth:`token_scores`), as
+        :meth:`search` returns them: positive scores only, ``mask`` (a boolean array over the
+        units) applied, ties by index position."""
+        st = self._require_built()
+        check_positive_int(k, "k")
+        if mask is not None:
+            scores = np.where(mask, scores, 0.0).astype(np.float32, copy=False)
+        idx, sc = _top_k(scores, k)
+        out: list[Unit] = []
+        for i, score in zip(idx.tolist(), sc.tolist()):
+            if score > 0.0:
+                out.append(_hit(st.units[i], score, name, len(out), st.flat[i]))
+        return out
 
     def search(self, query: str, k: int = 10, filter: MetadataFilter = None,
                name: str = "bm25") -> list[Unit]:
@@ -451,8 +466,8 @@ class BM25Index(FreshOnCopy):
                     n_threads: int = 0, name: str = "bm25") -> list[list[Unit]]:
         """Top-``k`` units for each query, best first, scores as Python floats.
 
-        Each returned unit is a copy with ``score`` set, ``metadata["scores"][name]`` and
-        ``metadata["bm25_rank"]``. Units whose score is 0 (no matching term) or that the
+        Each returned unit is a copy with ``score`` set, ``funnel["score_<name>"]`` and
+        ``funnel["bm25_rank"]``. Units whose score is 0 (no matching term) or that the
         ``filter`` rejects are left out, so a result may hold fewer than ``k`` units.
         Equal scores are ordered by index position. An empty or whitespace-only query returns
         ``[]``. ``n_threads`` > 0 (-1: one per CPU) scores the queries in that many threads

@@ -334,7 +334,7 @@ class DenseIndex(FreshOnCopy):
 
     def search_many(self, queries: Sequence[str], k: int = 10,
                     query_embeddings: np.ndarray | None = None) -> list[list[Unit]]:
-        """Top-``k`` units per query by inner product; scores in ``metadata["scores"]["dense"]``."""
+        """Top-``k`` units per query by inner product; scores in ``funnel["score_dense"]``."""
         st = self._state
         if not st.units:
             raise RuntimeError("this DenseIndex is empty; call index(units) or DenseIndex.load(path).")

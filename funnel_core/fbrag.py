@@ -14,9 +14,10 @@ The long context is cut into chunks (300 words by default). Then:
 * **Stage III**: the best chunks that fit a word (or token) budget go to the final generator,
   in their original order (order-preserving RAG) by default.
 
-Each returned unit carries why it won: ``metadata["backward_scores"]`` (``{"query": S_B}``),
-``metadata["forward_scores"]`` (one S per sample), ``metadata["samples"]`` (the K rationales and
-answers), ``metadata["position"]`` (chunk index in the context), and ``score`` = S_FB.
+Each returned unit carries why it won, in its bookkeeping (:attr:`Unit.funnel`):
+``funnel["backward_score"]`` (S_B), ``funnel["forward_scores"]`` (one S per sample),
+``funnel["samples"]`` (the K rationales and answers), ``funnel["position"]`` (chunk index in the
+context), and ``score`` = S_FB.
 
 The prompts below are faithful rewrites of the paper's Tables 4-6 (forward-lookup prompts for
 free-form and multiple-choice questions, and the final-answer prompt), not verbatim copies. The
@@ -173,7 +174,7 @@ def parse_rationale_answer(text: str) -> ForwardSample:
 
 def chunk_context(context: str | Sequence[str], chunk_words: int = 300,
                   sentence_aware: bool = True, id_prefix: str = "chunk") -> list[Unit]:
-    """Cut a long context into ~``chunk_words``-word units (``metadata["position"]`` = index).
+    """Cut a long context into ~``chunk_words``-word units (``funnel["position"]`` = index).
 
     ``context`` may be one string or a list of documents (each chunked separately, positions
     running on). Raises ``ValueError`` for an empty context.
@@ -188,7 +189,7 @@ def chunk_context(context: str | Sequence[str], chunk_words: int = 300,
     for d in docs:
         for text in word_windows(d, chunk_words, 0, sentence_aware):
             pos = len(units)
-            units.append(Unit(id=f"{id_prefix}-{pos}", text=text, metadata={"position": pos}))
+            units.append(Unit(id=f"{id_prefix}-{pos}", text=text, funnel={"position": pos}))
     if not units:
         raise ValueError("the context is empty (no words); pass the long document text to "
                          "retrieve from.")
@@ -344,7 +345,7 @@ class ForwardLookup(Settings, Stage):
         out = []
         for i in order:
             unit = units[i].rescored(backward[i], "fb_rag_stage1")
-            unit.metadata["fb_rag_order"] = i
+            unit.funnel["fb_rag_order"] = i
             out.append(unit)
         return out, backward
 
@@ -396,11 +397,11 @@ class ForwardLookup(Settings, Stage):
             f = max(per_sample, default=0.0)
             s_fb = self.eta_backward * b[i] + self.eta_forward * f
             new = unit.rescored(s_fb, self.name)
-            new.metadata["backward_scores"] = {"query": b[i]}
-            new.metadata["forward_scores"] = per_sample
-            new.metadata["samples"] = sample_dicts
-            new.metadata.setdefault("position", i)
-            new.metadata["fb_rag_order"] = i
+            new.funnel["backward_score"] = b[i]
+            new.funnel["forward_scores"] = per_sample
+            new.funnel["samples"] = sample_dicts
+            new.funnel.setdefault("position", i)
+            new.funnel["fb_rag_order"] = i
             out.append(new)
         return out
 
@@ -512,4 +513,4 @@ class ForwardLookup(Settings, Stage):
 
 def _order(unit: Unit) -> int:
     """Index of the unit in the input (the context's original order)."""
-    return int(unit.metadata.get("fb_rag_order", 0))
+    return int(unit.funnel.get("fb_rag_order", 0))

@@ -239,8 +239,6 @@ class Funnel(Stage):
             units = stage(query, units)
             seconds = time.perf_counter() - t0
             trace.stages.append(self._record(stage, n_in, units, seconds, answers))
-        for u in units:
-            u.metadata["funnel_trace"] = trace.to_dict()
         return FunnelResult(units, trace)
 
     async def asearch(self, query: str, units: Sequence[Unit] | None = None,
@@ -258,8 +256,6 @@ class Funnel(Stage):
             trace.stages.append(self._record(stage, n_in, out, time.perf_counter() - t0, answers))
         if self.cutoff is not None:
             out = out[: self.cutoff]
-        for u in out:
-            u.metadata["funnel_trace"] = trace.to_dict()
         return FunnelResult(out, trace)
 
     async def arun(self, query: str, units: list[Unit]) -> list[Unit]:

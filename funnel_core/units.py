@@ -5,8 +5,12 @@ Every stage of every paper in this package has the same shape::
     stage(query: str, units: list[Unit]) -> list[Unit]
 
 A stage never mutates the units it receives: it returns copies (see :meth:`Unit.rescored`),
-keeps the previous score under ``metadata["scores"][previous_stage]`` and writes its own as a
-Python ``float`` in :attr:`Unit.score`.
+records its score in :attr:`Unit.funnel` (``funnel["score_<stage>"]``, so the history of a unit
+stays readable) and writes it as a Python ``float`` in :attr:`Unit.score`.
+
+:attr:`Unit.metadata` is the user's: no stage writes it. Everything a stage records about a unit
+(scores by stage, ranks, cluster, position, structure) goes into :attr:`Unit.funnel`, which the
+adapters write as flat ``funnel_...`` keys (:func:`funnel_metadata`).
 """
 
 from __future__ import annotations
@@ -14,25 +18,26 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
-__all__ = ["Unit", "StageRecord", "Trace", "as_float", "FUNNEL_KEY", "INTERNAL_KEYS",
-           "split_metadata", "framework_metadata", "text_digest", "units_from_texts"]
+__all__ = ["Unit", "StageRecord", "Trace", "as_float", "FUNNEL_PREFIX", "SCORE_PREFIX",
+           "funnel_metadata", "read_funnel_metadata", "scored_by", "copy_funnel", "text_digest",
+           "units_from_texts"]
 
-#: The one metadata key under which the adapters put funnel-rag's bookkeeping on a framework
-#: object (a LlamaIndex node, a LangChain ``Document``); the user's own keys are never touched.
-FUNNEL_KEY = "funnel"
+#: Prefix of every metadata key the adapters write on a framework object (a LlamaIndex node, a
+#: LangChain ``Document``): ``funnel_level``, ``funnel_parent_id``, ``funnel_score_<stage>``,
+#: ``funnel_cluster_rank``, ... The prefix is reserved; every other key is the user's and is
+#: never written, moved or deleted.
+FUNNEL_PREFIX = "funnel_"
 
-#: Metadata keys written by ``funnel_core`` stages (scores, ranks, structure). At the framework
-#: boundary they go under :data:`FUNNEL_KEY`, whatever the user's metadata holds.
-INTERNAL_KEYS = frozenset({
-    "scores", "score", "level", "parent_id", "funnel_trace", "bm25_rank", "cluster_id",
-    "cluster_score", "cluster_rank", "document_score", "parent_score", "parent_level", "position",
-    "members",
-    "router_weights", "chosen_level", "finest_id", "forward_scores", "backward_scores", "samples",
-    "fb_rag_order", "retrieval_rank", "repack_position", "graph_neighbors", "graph_weights",
-    "granularity", "child_ids", "doc_index", "fid_answer", "compression",
-})
+#: Prefix of a stage's score in :attr:`Unit.funnel` (``funnel["score_bm25"]``).
+SCORE_PREFIX = "score_"
+
+#: Suffix of a key whose value is a list or dict stored as JSON text on a framework object
+#: (``funnel_graph_neighbors_json``), so flat-metadata stores keep it.
+_JSON_SUFFIX = "_json"
+
+_SCALARS = (str, bool, int, float)
 
 
 def text_digest(text: "str | Iterable[str]", n: int = 12) -> str:
@@ -46,40 +51,70 @@ def text_digest(text: "str | Iterable[str]", n: int = 12) -> str:
     return h.hexdigest()[:n]
 
 
-def split_metadata(metadata: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A framework object's metadata -> (the user's keys, our bookkeeping under FUNNEL_KEY)."""
-    ours = metadata.get(FUNNEL_KEY)
-    user = {k: v for k, v in metadata.items() if k != FUNNEL_KEY}
-    return user, dict(ours) if isinstance(ours, dict) else {}
+def _scalar(value: Any) -> Any:
+    """A numpy / torch scalar as a Python one; other values unchanged."""
+    if value is not None and not isinstance(value, _SCALARS) and hasattr(value, "item"):
+        try:
+            return value.item()
+        except (TypeError, ValueError):
+            return value
+    return value
 
 
-def _same(a: Any, b: Any) -> bool:
-    try:
-        return a is b or bool(a == b)
-    except Exception:  # e.g. numpy arrays
-        return False
+def funnel_metadata(unit: "Unit") -> dict[str, Any]:
+    """A unit's bookkeeping as flat framework metadata: ``{"funnel_<key>": scalar}``.
 
-
-def framework_metadata(unit: "Unit", base: dict[str, Any] | None) -> tuple[dict[str, Any],
-                                                                             dict[str, Any]]:
-    """Split a unit's metadata for a framework object: ``(user, ours)``.
-
-    ``base`` is the metadata of the framework object the unit came from (or of its parent, for
-    a unit cut from it): the user's keys are exactly its keys (our namespace removed), never
-    changed; ``ours`` holds every key a stage wrote (an :data:`INTERNAL_KEYS` key, a new key, or
-    a changed value) plus ``level`` and ``parent_id``. Without a ``base``, the user's keys are
-    the unit's keys outside :data:`INTERNAL_KEYS`.
+    Always ``funnel_level`` (and ``funnel_parent_id`` for a unit cut from another); then every
+    key of :attr:`Unit.funnel`: scalars (str, int, float, bool, None) as they are, lists and
+    dicts as JSON text under ``funnel_<key>_json``. Nothing is nested, so flat-metadata vector
+    stores (LlamaIndex ``node_to_metadata_dict(flat_metadata=True)``, LangChain
+    ``filter_complex_metadata``) keep all of it. :func:`read_funnel_metadata` inverts it.
     """
-    if base is None:
-        user = {k: v for k, v in unit.metadata.items() if k not in INTERNAL_KEYS and k != FUNNEL_KEY}
-    else:
-        user = split_metadata(base)[0]
-    ours = {k: v for k, v in unit.metadata.items()
-            if k != FUNNEL_KEY and (k in INTERNAL_KEYS or k not in user or not _same(user[k], v))}
-    ours["level"] = unit.level
+    import json
+
+    out: dict[str, Any] = {FUNNEL_PREFIX + "level": unit.level}
     if unit.parent_id is not None:
-        ours["parent_id"] = unit.parent_id
-    return dict(user), ours
+        out[FUNNEL_PREFIX + "parent_id"] = unit.parent_id
+    for key, value in unit.funnel.items():
+        value = _scalar(value)
+        if value is None or isinstance(value, _SCALARS):
+            out[FUNNEL_PREFIX + key] = value
+        else:
+            out[FUNNEL_PREFIX + key + _JSON_SUFFIX] = json.dumps(value, ensure_ascii=False,
+                                                                 default=_json_default)
+    return out
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "tolist"):  # numpy arrays and scalars
+        return value.tolist()
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    raise TypeError(f"{type(value).__name__} ({value!r:.60}) in Unit.funnel cannot be written as "
+                    "framework metadata; stages write str, int, float, bool, None, lists or dicts.")
+
+
+def read_funnel_metadata(metadata: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A framework object's metadata -> ``(user, funnel)``: the user's keys (every key without
+    the ``funnel_`` prefix, untouched) and our bookkeeping, decoded (:func:`funnel_metadata`
+    inverted; ``level`` and ``parent_id`` included)."""
+    import json
+
+    user: dict[str, Any] = {}
+    ours: dict[str, Any] = {}
+    for key, value in metadata.items():
+        if not (isinstance(key, str) and key.startswith(FUNNEL_PREFIX)):
+            user[key] = value
+            continue
+        name = key[len(FUNNEL_PREFIX):]
+        if name.endswith(_JSON_SUFFIX) and isinstance(value, str):
+            try:
+                ours[name[: -len(_JSON_SUFFIX)]] = json.loads(value)
+                continue
+            except ValueError:
+                pass
+        ours[name] = value
+    return user, ours
 
 
 def as_float(value: Any) -> float:
@@ -97,9 +132,14 @@ class Unit:
         id: Unique id of the unit within its corpus.
         text: The text the models read.
         score: The score the latest stage gave (``None`` before any stage scored it).
-        metadata: Free-form metadata; ``metadata["scores"]`` holds the history of scores by stage.
+        metadata: The user's metadata. Stages read it (titles, filters, links) and copy it onto
+            units they cut from this one, but never write it.
         parent_id: Id of the coarser unit this one was cut from (set by later chunking).
         level: Granularity name: ``"cluster"``, ``"document"``, ``"passage"`` or a MoG level.
+        funnel: The stages' bookkeeping, apart from the user's metadata: per-stage scores
+            (``score_<stage>``, see :attr:`scores`), ranks, cluster, position, structure (MoG
+            levels, graph neighbours). Values are scalars (str, int, float, bool, None), or
+            lists/dicts of them for structure. Only stages write it.
         source: The framework object (LlamaIndex node, LangChain ``Document``) the unit was made
             from, so an adapter can hand back a copy of the user's own object. Opaque to the
             core, never serialised (not in :meth:`to_dict`), not compared.
@@ -112,6 +152,7 @@ class Unit:
     parent_id: str | None = None
     level: str = "passage"
     source: Any = field(default=None, repr=False, compare=False)
+    funnel: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str):
@@ -128,7 +169,7 @@ class Unit:
             self.score = as_float(self.score)
 
     def copy(self) -> "Unit":
-        """A copy whose metadata can be changed without touching the original."""
+        """A copy whose metadata and bookkeeping can be changed without touching the original."""
         return Unit(
             id=self.id,
             text=self.text,
@@ -137,26 +178,37 @@ class Unit:
             parent_id=self.parent_id,
             level=self.level,
             source=self.source,
+            funnel=copy_funnel(self.funnel),
         )
 
     def rescored(self, score: float, stage: str) -> "Unit":
-        """A copy with ``score`` set by ``stage``; the old score is kept in ``metadata["scores"]``.
-
-        ``metadata["scores"][stage]`` receives the new score too, so the full history of a unit
-        through a funnel is readable from its metadata.
-        """
+        """A copy with ``score`` set by ``stage``, also recorded as ``funnel["score_<stage>"]``
+        (see :meth:`record_score`)."""
         new = self.copy()
         new.score = as_float(score)
-        new.metadata.setdefault("scores", {})[stage] = new.score
+        new.record_score(stage, new.score)
         return new
+
+    def record_score(self, stage: str, score: float) -> str:
+        """Record ``score`` under ``funnel["score_<stage>"]`` and return the key. A unit scored
+        twice by stages of the same name (two cross-encoders in one funnel) keeps both:
+        the second goes to ``score_<stage>_2``, the third to ``score_<stage>_3``."""
+        key = SCORE_PREFIX + stage
+        n = 1
+        while key in self.funnel:
+            n += 1
+            key = f"{SCORE_PREFIX}{stage}_{n}"
+        self.funnel[key] = as_float(score)
+        return key
 
     @property
     def scores(self) -> dict[str, float]:
-        """Scores by stage name, oldest first."""
-        return self.metadata.get("scores", {})
+        """Scores by stage name (the ``score_`` keys of :attr:`funnel`), oldest first."""
+        n = len(SCORE_PREFIX)
+        return {k[n:]: v for k, v in self.funnel.items() if k.startswith(SCORE_PREFIX)}
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "id": self.id,
             "text": self.text,
             "score": self.score,
@@ -164,6 +216,9 @@ class Unit:
             "parent_id": self.parent_id,
             "level": self.level,
         }
+        if self.funnel:
+            d["funnel"] = self.funnel
+        return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Unit":
@@ -174,7 +229,25 @@ class Unit:
             metadata=dict(data.get("metadata") or {}),
             parent_id=data.get("parent_id"),
             level=data.get("level", "passage"),
+            funnel=dict(data.get("funnel") or {}),
         )
+
+
+def scored_by(unit: Unit, stage: str) -> Unit:
+    """``unit`` as returned by a foreign stage (a framework retriever or reranker) named
+    ``stage``: its score is recorded under ``stage`` unless the history already ends with it
+    (one of our own stages inside recorded it under its own name), so a score is kept once."""
+    if unit.score is None:
+        return unit
+    history = list(unit.scores.values())
+    if history and history[-1] == unit.score:
+        return unit
+    return unit.rescored(unit.score, stage)
+
+
+def copy_funnel(funnel: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a :attr:`Unit.funnel` dict (lists and dicts copied, scalars shared)."""
+    return {k: (copy.deepcopy(v) if isinstance(v, (list, dict)) else v) for k, v in funnel.items()}
 
 
 def units_from_texts(texts: Iterable[str], ids: Sequence[Any] | None = None,

@@ -14,7 +14,7 @@ import asyncio
 import hashlib
 import inspect
 from abc import abstractmethod
-from typing import Any, Callable, ClassVar, Optional, Sequence
+from typing import Any, ClassVar, Mapping, Optional, Sequence
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
@@ -29,10 +29,10 @@ from pydantic import ConfigDict, Field, PrivateAttr
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import Stage
 from funnel_core.settings import StageAdapter, check_accepted
-from funnel_core.units import FUNNEL_KEY, Unit, framework_metadata, split_metadata
+from funnel_core.units import Unit, funnel_metadata, read_funnel_metadata
 
 __all__ = ["StageCompressor", "UnitRetriever", "document_to_unit", "documents_to_units",
-           "units_to_documents"]
+           "units_to_documents", "document_metadata", "RELEVANCE_SCORE"]
 
 
 def _doc_id(doc: Document) -> str:
@@ -43,22 +43,30 @@ def _doc_id(doc: Document) -> str:
     return hashlib.sha1(doc.page_content.encode("utf-8")).hexdigest()[:16]
 
 
+#: The metadata key LangChain's rerankers (Cohere, Jina, Flashrank, ...) write their float score
+#: under; ours write it too, on every document a retriever or compressor returns.
+RELEVANCE_SCORE = "relevance_score"
+
+
 def document_to_unit(doc: Document) -> Unit:
     """A ``Document`` -> :class:`Unit` (id from ``doc.id``, ``metadata["id"]`` or a text hash).
 
     The unit keeps a reference to the document (``unit.source``). Its metadata is the user's
-    keys plus our earlier bookkeeping (``metadata["funnel"]``); a prior score is read from
-    ``metadata["funnel"]["score"]`` only, never from a user's ``score`` key.
+    keys (every key without the ``funnel_`` prefix); our earlier bookkeeping (``funnel_...``
+    keys) is read back into :attr:`Unit.funnel`. A prior score is read from
+    ``metadata["relevance_score"]`` (the key LangChain's rerankers write), never from a user's
+    ``score`` key.
     """
     if not isinstance(doc, Document):
         raise TypeError(f"expected a langchain Document, got {type(doc).__name__}.")
-    user, ours = split_metadata(doc.metadata)
-    score = ours.pop("score", None)
+    user, ours = read_funnel_metadata(doc.metadata)
+    score = doc.metadata.get(RELEVANCE_SCORE)
     level = str(ours.pop("level", "passage"))
     parent_id = ours.pop("parent_id", None)
-    return Unit(id=_doc_id(doc), text=doc.page_content,
-                score=score if isinstance(score, (int, float)) else None,
-                metadata={**user, **ours}, parent_id=parent_id, level=level, source=doc)
+    ok = isinstance(score, (int, float)) and not isinstance(score, bool)
+    return Unit(id=_doc_id(doc), text=doc.page_content, score=score if ok else None,
+                metadata=user, parent_id=None if parent_id is None else str(parent_id),
+                level=level, source=doc, funnel=ours)
 
 
 def documents_to_units(docs: Sequence[Document]) -> list[Unit]:
@@ -72,14 +80,24 @@ def documents_to_units(docs: Sequence[Document]) -> list[Unit]:
     return units
 
 
-def units_to_documents(units: Sequence[Unit], originals: Sequence[Document] = (),
-                       base: Optional[Callable[[Unit], Optional[Document]]] = None) -> list[Document]:
+def document_metadata(unit: Unit, user: Mapping[str, Any]) -> dict[str, Any]:
+    """A returned document's metadata: the user's keys as they were, our bookkeeping as flat
+    ``funnel_...`` scalars (:func:`funnel_core.units.funnel_metadata`), and the unit's score as a
+    float ``relevance_score`` (LangChain's reranker convention)."""
+    meta = {**user, **funnel_metadata(unit)}
+    if unit.score is not None:
+        meta[RELEVANCE_SCORE] = float(unit.score)
+    return meta
+
+
+def units_to_documents(units: Sequence[Unit], originals: Sequence[Document] = ()) -> list[Document]:
     """Units -> copies of the user's ``Document`` objects (new ones for units cut from them).
 
-    The user's metadata is kept as it was; our bookkeeping (``score``, ``scores``, ``level``,
-    ``parent_id``, ...) goes under ``metadata["funnel"]``. ``originals`` are documents to take
-    the user's metadata from for units that carry none (looked up by id and ``parent_id``);
-    ``base(unit)``, when given, names that document directly.
+    The user's metadata keys are kept as they were; our bookkeeping (``level``, ``parent_id``,
+    per-stage scores, ranks, ...) is added as flat ``funnel_...`` keys, and the score as
+    ``relevance_score``. ``originals`` are documents to copy for units that carry none (looked
+    up by id). A unit cut from a document (a passage, a granularity level) becomes a new
+    ``Document`` whose metadata is the unit's (the user's, copied from its parent by the stage).
     """
     by_id: dict[str, Document] = {_doc_id(d): d for d in originals}
     for u in units:
@@ -90,17 +108,13 @@ def units_to_documents(units: Sequence[Unit], originals: Sequence[Document] = ()
         src = u.source if isinstance(u.source, Document) else by_id.get(u.id)
         if src is not None and _doc_id(src) != u.id and u.source is not src:
             src = None
-        parent = src if src is not None else base(u) if base is not None else (
-            by_id.get(u.parent_id) if u.parent_id else None)
-        user, ours = framework_metadata(u, parent.metadata if parent is not None else None)
-        ours["score"] = u.score
-        meta = {**user, FUNNEL_KEY: ours}
         if src is not None:
-            doc = src.model_copy(update={"page_content": u.text, "metadata": meta})
+            doc = src.model_copy(update={"page_content": u.text,
+                                         "metadata": document_metadata(u, src.metadata)})
             if doc.id is None:
                 doc.id = u.id
         else:
-            doc = Document(id=u.id, page_content=u.text, metadata=meta)
+            doc = Document(id=u.id, page_content=u.text, metadata=document_metadata(u, u.metadata))
         docs.append(doc)
     return docs
 

@@ -41,7 +41,12 @@ from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import warm_up_attributes
 from funnel_core.settings import check_accepted, check_kwargs
-from langchain_funnel._base import StageCompressor, documents_to_units, units_to_documents
+from langchain_funnel._base import (
+    RELEVANCE_SCORE,
+    StageCompressor,
+    documents_to_units,
+    units_to_documents,
+)
 from langchain_funnel.milvus import DenseRetriever, require_milvus
 from langchain_funnel.rerank import TransformerBase
 from langchain_funnel.retrievers import BM25Retriever
@@ -115,7 +120,8 @@ def hyde_query(llm: Runnable, prompt: PromptTemplate | None = None,
 class HybridRetriever(BaseRetriever):
     """Hybrid search over any two LangChain retrievers (paper section 3.4.3).
 
-    Scores are read from ``Document.metadata["funnel"]["score"]`` (funnel-rag retrievers write it). A
+    Scores are read from ``Document.metadata["relevance_score"]`` (funnel-rag retrievers and
+    LangChain's rerankers write it). A
     similarity ``VectorStoreRetriever`` returns no scores, so its vector store is queried through
     ``similarity_search_with_score`` with the retriever's own ``search_kwargs``. A retriever
     that gives no scores can still be fused with ``method="rrf"``.
@@ -176,7 +182,7 @@ class HybridRetriever(BaseRetriever):
         if isinstance(retriever, VectorStoreRetriever) and retriever.search_type == "similarity":
             pairs = retriever.vectorstore.similarity_search_with_score(query, **retriever.search_kwargs)
             return [Document(id=d.id, page_content=d.page_content,
-                             metadata={**d.metadata, "funnel": {**(d.metadata.get("funnel") or {}), "score": float(s)}}) for d, s in pairs]
+                             metadata={**d.metadata, RELEVANCE_SCORE: float(s)}) for d, s in pairs]
         return retriever.invoke(query, config=config)
 
     @staticmethod
@@ -186,7 +192,7 @@ class HybridRetriever(BaseRetriever):
             pairs = await retriever.vectorstore.asimilarity_search_with_score(
                 query, **retriever.search_kwargs)
             return [Document(id=d.id, page_content=d.page_content,
-                             metadata={**d.metadata, "funnel": {**(d.metadata.get("funnel") or {}), "score": float(s)}}) for d, s in pairs]
+                             metadata={**d.metadata, RELEVANCE_SCORE: float(s)}) for d, s in pairs]
         return await retriever.ainvoke(query, config=config)
 
     def _fuse(self, sparse: Sequence[Document], dense: Sequence[Document], k: int) -> list[Document]:
@@ -255,7 +261,7 @@ class RepackTransformer(TransformerBase):
     last, next to the question) or ``"sides"`` (best at both ends).
 
     A ``BaseDocumentTransformer`` and a runnable: ``retriever | RepackTransformer()``. Each
-    document gets ``retrieval_rank`` and ``repack_position`` under ``metadata["funnel"]``. It
+    document gets ``funnel_retrieval_rank`` and ``funnel_repack_position`` in its metadata. It
     holds a :class:`~funnel_core.best_practices.repack.Repack` stage.
     """
 
@@ -286,7 +292,7 @@ class ExtractiveCompressor(StageCompressor):
     A ``BaseDocumentCompressor`` and a runnable over ``{"query", "documents"}`` (see
     ``rerank_chain``), holding a
     :class:`funnel_core.best_practices.compress.ExtractiveCompressor`; ``embedder`` shares an
-    already loaded :class:`SentenceEmbedder`. ``metadata["funnel"]["compression"]`` records
+    already loaded :class:`SentenceEmbedder`. ``funnel_compression_...`` metadata keys record
     tokens before/after.
     """
 

@@ -6,7 +6,7 @@ from typing import Iterable
 
 from langchain_core.documents import Document
 
-from funnel_core.units import Unit, check_unique_ids, split_metadata
+from funnel_core.units import FUNNEL_PREFIX, Unit, check_unique_ids
 
 __all__ = ["units_from_documents"]
 
@@ -21,8 +21,10 @@ def units_from_documents(documents: Iterable[Document], level: str) -> list[Unit
     for i, d in enumerate(documents):
         if not isinstance(d, Document):
             raise TypeError(f"expected langchain Documents, got {type(d).__name__} at position {i}.")
-        user = split_metadata(d.metadata)[0]
-        units.append(Unit(id=str(d.id) if d.id else str(i), text=d.page_content, metadata=user,
-                          level=level))
+        # the document's whole metadata is stored (filters see it; funnel_ keys from a splitter
+        # come back as they were); its granularity name, when a splitter gave one, is kept
+        units.append(Unit(id=str(d.id) if d.id else str(i), text=d.page_content,
+                          metadata=dict(d.metadata),
+                          level=str(d.metadata.get(FUNNEL_PREFIX + "level", level))))
     check_unique_ids(units)
     return units

@@ -3,7 +3,9 @@
 :class:`FunnelRetriever` runs a :class:`funnel_core.Funnel` whose stages can be ``funnel_core``
 stages *or* LangChain objects: any retriever (first stage), any ``BaseDocumentCompressor``, and
 any runnable taking ``{"query", "documents"}`` and returning documents — wrapped by
-:func:`as_stage`. Every returned ``Document`` carries the trace in ``metadata["funnel_trace"]``.
+:func:`as_stage`. The per-stage trace is not copied onto the documents (it would repeat ~1 KB
+of JSON on each): :meth:`FunnelRetriever.search` returns ``(documents, trace)``, and the
+retriever's run reports it to callbacks as the custom event ``"funnel_trace"``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pydantic import Field
 from funnel_core.errors import check_query
 from funnel_core.funnel import Funnel, FunnelResult, Stage
 from funnel_core.funnel import as_stage as core_as_stage
-from funnel_core.units import Trace, Unit
+from funnel_core.units import Trace, Unit, scored_by
 from langchain_funnel._base import UnitRetriever, documents_to_units, units_to_documents
 
 __all__ = ["rerank_chain", "FunnelRetriever", "LCRetrieverStage", "LCCompressorStage", "LCTransformerStage",
@@ -35,8 +37,29 @@ def _scored(docs: Any, name: str) -> list[Unit]:
     if not isinstance(docs, (list, tuple)) or not all(isinstance(d, Document) for d in docs):
         raise TypeError(f"funnel stage {name!r} must return a list of Documents, got "
                         f"{type(docs).__name__}.")
-    return [u.rescored(u.score, name) if u.score is not None else u
-            for u in documents_to_units(list(docs))]
+    return [scored_by(u, name) for u in documents_to_units(list(docs))]
+
+
+#: Name of the custom callback event that carries a funnel run's trace (``Trace.to_dict()``).
+TRACE_EVENT = "funnel_trace"
+
+
+def _report_trace(trace: Trace) -> None:
+    """Send the trace to the callbacks of the retriever's run (``on_custom_event``, visible in
+    ``astream_events`` as ``on_custom_event`` named ``"funnel_trace"``), not onto documents."""
+    callbacks = _callbacks()
+    if getattr(callbacks, "parent_run_id", None) is not None:
+        from langchain_core.callbacks.manager import dispatch_custom_event
+
+        dispatch_custom_event(TRACE_EVENT, trace.to_dict())
+
+
+async def _areport_trace(trace: Trace) -> None:
+    callbacks = _callbacks()
+    if getattr(callbacks, "parent_run_id", None) is not None:
+        from langchain_core.callbacks.manager import adispatch_custom_event
+
+        await adispatch_custom_event(TRACE_EVENT, trace.to_dict())
 
 
 def _callbacks() -> Any:
@@ -152,10 +175,14 @@ class FunnelRetriever(UnitRetriever):
         return cls(funnel=build_funnel(stages), k=k)
 
     def _search(self, query: str, k: Optional[int]) -> list[Unit]:
-        return self.funnel.search(query).units[:k]
+        result = self.funnel.search(query)
+        _report_trace(result.trace)
+        return result.units[:k]
 
     async def _asearch(self, query: str, k: Optional[int], **kwargs: Any) -> list[Unit]:
-        return (await self.funnel.asearch(query)).units[:k]
+        result = await self.funnel.asearch(query)
+        await _areport_trace(result.trace)
+        return result.units[:k]
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
                                 k: int | None = None, **kwargs: Any) -> list[Document]:

@@ -5,7 +5,7 @@ MoG retriever.
   in ``Document.metadata`` (``granularity``, ``parent_id``, ``child_ids``, ``doc_id``,
   ``position``) and ``Document.id``.
 * :class:`GraphGranularitySplitter` — MoGG's 1-2 sentence nodes with their BM25 kNN neighbours
-  in ``metadata["graph_neighbors"]``.
+  in ``metadata["funnel_graph_neighbors_json"]``.
 * :class:`MixOfGranularityRetriever` — the MoG selection rule over either splitter's output;
   ``k`` in the constructor or per call, router weights and chosen level in metadata.
 
@@ -17,14 +17,15 @@ from __future__ import annotations
 import uuid
 from typing import Any, ClassVar, Iterable, Optional, Sequence
 
-from langchain_core.documents import BaseDocumentTransformer, Document
+from langchain_core.documents import Document
+from langchain_text_splitters import TextSplitter
 from pydantic import Field, PrivateAttr
 
 from funnel_core.granularity.graph import GraphGranularityBuilder
 from funnel_core.granularity.levels import MultiGranularityChunker
 from funnel_core.granularity.retrieval import MixOfGranularityRetrieve, check_mog_settings, mog_stage
 from funnel_core.settings import setting_names
-from funnel_core.units import Unit, split_metadata
+from funnel_core.units import Unit, read_funnel_metadata
 from langchain_funnel._base import UnitRetriever, documents_to_units, units_to_documents
 
 __all__ = ["MultiGranularityTextSplitter", "GraphGranularitySplitter", "MixOfGranularityRetriever"]
@@ -47,14 +48,14 @@ def _doc_units(documents: Iterable[Document]) -> tuple[list[Unit], dict[str, Doc
         if not d.page_content.strip():
             continue
         uid = str(d.id) if d.id else uuid.uuid4().hex
-        units.append(Unit(id=uid, text=d.page_content, metadata=split_metadata(d.metadata)[0],
+        units.append(Unit(id=uid, text=d.page_content, metadata=read_funnel_metadata(d.metadata)[0],
                           level="document"))
         by_id[uid] = d
     return units, by_id
 
 
 def _to_documents(units: Sequence[Unit], by_id: dict[str, Document]) -> list[Document]:
-    return units_to_documents(units, base=lambda u: by_id.get(str(u.metadata.get("doc_id"))))
+    return units_to_documents(units)
 
 
 def _texts_to_documents(texts: Sequence[str], metadatas: Optional[Sequence[dict]]) -> list[Document]:
@@ -84,7 +85,7 @@ class _HoldsSplitter:
             object.__setattr__(self, name, value)
 
 
-class MultiGranularityTextSplitter(_HoldsSplitter, BaseDocumentTransformer):
+class MultiGranularityTextSplitter(_HoldsSplitter, TextSplitter):
     """Split documents into ``n_gra`` nested granularity levels (MoG section 3.2).
 
     Args:
@@ -98,10 +99,17 @@ class MultiGranularityTextSplitter(_HoldsSplitter, BaseDocumentTransformer):
     validated and honoured at the next call.
 
     :meth:`split_documents` (and ``transform_documents``) return the chunks of *every* level,
-    finest first; each ``Document`` has ``id`` and metadata ``granularity`` (1 = finest),
-    ``parent_id`` (below the top level), ``child_ids`` (above level 1), ``doc_id``,
-    ``doc_index``, ``position`` and ``level``, plus the source document's metadata.
-    :meth:`split_text` returns the finest chunks of one text, as a plain splitter would.
+    finest first; each ``Document`` has ``id``, the source document's metadata as it was, and
+    flat ``funnel_...`` keys: ``funnel_granularity`` (1 = finest), ``funnel_parent_id`` (below the
+    top level), ``funnel_child_ids_json`` (above level 1), ``funnel_doc_id``,
+    ``funnel_doc_index``, ``funnel_position`` and ``funnel_level``, so
+    ``filter_complex_metadata`` keeps the hierarchy. :meth:`split_text` returns the chunk texts
+    of one text.
+
+    A LangChain ``TextSplitter``: it works wherever one is expected, e.g.
+    ``ParentDocumentRetriever(child_splitter=MultiGranularityTextSplitter(...))``. The
+    ``TextSplitter`` settings (``chunk_overlap``, ``length_function``, ``add_start_index``, ...)
+    do not apply: sizes are ``chunk_size`` words.
     """
 
     def __init__(self, *, levels: str = "all", chunk_size: int = 64, n_gra: int = 5,
@@ -112,6 +120,7 @@ class MultiGranularityTextSplitter(_HoldsSplitter, BaseDocumentTransformer):
         self._core = MultiGranularityChunker(chunk_size=chunk_size, n_gra=n_gra,
                                              sentence_aware=sentence_aware)
         self.levels = levels
+        TextSplitter.__init__(self, chunk_overlap=0)
 
     def split_text(self, text: str) -> list[str]:
         """The chunk texts of ``text``: the same chunks as :meth:`split_documents` (every level,
@@ -139,7 +148,7 @@ class MultiGranularityTextSplitter(_HoldsSplitter, BaseDocumentTransformer):
         return self.split_documents(documents)
 
 
-class GraphGranularitySplitter(_HoldsSplitter, BaseDocumentTransformer):
+class GraphGranularitySplitter(_HoldsSplitter, TextSplitter):
     """Split documents into MoGG graph nodes and link them by BM25 similarity (section 3.3).
 
     Args:
@@ -155,9 +164,12 @@ class GraphGranularitySplitter(_HoldsSplitter, BaseDocumentTransformer):
     :class:`~funnel_core.granularity.graph.GraphGranularityBuilder` it holds; an edit is
     validated and honoured at the next call.
 
-    Each node ``Document`` carries ``graph_neighbors`` (ids) and ``graph_weights``; the graph
-    spans the documents of one call. ``last_build_seconds`` is the latest edge-building time.
-    With no pair above ``t_graph`` every neighbour list is empty (a warning says so).
+    Each node ``Document`` carries ``funnel_graph_neighbors_json`` (a JSON list of ids) and
+    ``funnel_graph_weights_json``; the graph spans the documents of one call (in
+    ``ParentDocumentRetriever``, which splits one parent at a time, each parent is a graph of its
+    own). ``last_build_seconds`` is the latest edge-building time. With no pair above
+    ``t_graph`` every neighbour list is empty (a warning says so). A LangChain ``TextSplitter``
+    (its character-size settings do not apply).
     """
 
     def __init__(self, *, sentences_per_node: int = 2, n_gra: int = 5, k_graph: int = 3,
@@ -167,6 +179,13 @@ class GraphGranularitySplitter(_HoldsSplitter, BaseDocumentTransformer):
             sentences_per_node=sentences_per_node, n_gra=n_gra, k_graph=k_graph, t_graph=t_graph,
             block_size=block_size, max_df=max_df, bm25=bm25)
         self.last_build_seconds: float | None = None
+        TextSplitter.__init__(self, chunk_overlap=0)
+
+    def split_text(self, text: str) -> list[str]:
+        """The node texts of one text (its sentences, ``sentences_per_node`` at a time)."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}.")
+        return [d.page_content for d in self.split_documents([Document(page_content=text)])]
 
     def split_documents(self, documents: Iterable[Document]) -> list[Document]:
         """The linked graph nodes of ``documents``, in document order."""
@@ -190,7 +209,7 @@ class MixOfGranularityRetriever(UnitRetriever):
 
     Fields:
         documents: Every ``Document`` of :class:`MultiGranularityTextSplitter` (all levels) or of
-            :class:`GraphGranularitySplitter` (detected by ``metadata["graph_neighbors"]``).
+            :class:`GraphGranularitySplitter` (detected by ``funnel_graph_neighbors_json``).
         router: A trained :class:`~funnel_core.granularity.router.GranularityRouter`, or ``None``
             for uniform level weights (the finest level is returned).
         k: Documents returned (``invoke(q, k=3)`` overrides it).

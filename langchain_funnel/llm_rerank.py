@@ -79,10 +79,11 @@ class ForwardLookupRetriever(StageAdapter, UnitRetriever):
     :class:`~funnel_core.fbrag.ForwardLookup`.
 
     Candidates are the ``chunk_words``-word chunks of ``context`` or the documents that
-    ``retriever`` returns. ``metadata["funnel"]`` holds ``score`` (S_FB), ``backward_scores``,
-    ``forward_scores``, ``samples`` and ``position``; documents come in their original order
-    unless ``order_preserving=False``. ``variant`` picks the weights (``"FB"``, ``"F"``, ``"B"``);
-    ``eta_backward``/``eta_forward`` override them. Edits are honoured at the next call.
+    ``retriever`` returns. ``metadata`` holds ``relevance_score`` (S_FB), ``funnel_backward_score``,
+    ``funnel_forward_scores_json``, ``funnel_samples_json`` and ``funnel_position``; documents
+    come in their original order unless ``order_preserving=False``. ``variant`` picks the weights
+    (``"FB"``, ``"F"``, ``"B"``); ``eta_backward``/``eta_forward`` override them. Edits are
+    honoured at the next call.
 
     Example::
 

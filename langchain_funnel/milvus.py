@@ -103,7 +103,7 @@ class DenseRetriever(UnitRetriever):
     with :meth:`from_backend`. ``filter`` is a dict (``{"source": "a.md"}``), a Milvus
     expression string or a structured-query ``Comparison``/``Operation``, pushed down to Milvus
     (the in-memory ``DenseIndex`` takes no filter). Scores (inner product of normalised
-    embeddings) are in ``metadata["funnel"]["score"]``.
+    embeddings) are in ``metadata["relevance_score"]``.
     """
 
     index: Union[MilvusDenseIndex, DenseIndex]

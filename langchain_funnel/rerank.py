@@ -10,7 +10,8 @@
 The rerankers are ``BaseDocumentCompressor`` objects (use them with
 :class:`~langchain_funnel.compression.CompressionRetriever`) and ``Runnable`` objects over
 ``{"query", "documents"}`` (use them in LCEL, e.g. ``rerank_chain(retriever, reranker)``).
-Scores go to ``Document.metadata["funnel"]["score"]``; earlier scores stay in ``metadata["funnel"]["scores"]``.
+Scores go to ``Document.metadata["relevance_score"]`` (a float, as LangChain's own rerankers write it);
+each stage's score also stays as ``metadata["funnel_score_<stage>"]``.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ class TransformerBase(StageAdapter, BaseModel, BaseDocumentTransformer,
 class LaterChunkingTransformer(TransformerBase):
     """Split documents into ~``words``-word passages (FunnelRAG section 3.1.3).
 
-    Each passage keeps a copy of its document's metadata; ``metadata["funnel"]`` holds
+    Each passage keeps a copy of its document's metadata; flat ``funnel_...`` keys hold
     ``parent_id``, ``parent_score``, ``position`` and ``level``. As a ``Runnable`` it maps a list
     of documents to a list of passages, so ``retriever | LaterChunkingTransformer()`` works in
     LCEL. It holds a :class:`~funnel_core.funnelrag.chunking.LaterChunking` stage.

@@ -13,7 +13,7 @@ import asyncio
 from abc import abstractmethod
 from collections import ChainMap
 from contextlib import contextmanager
-from typing import Any, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Iterable, Iterator, List, Mapping, Optional, Sequence
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.bridge.pydantic import ConfigDict, PrivateAttr
@@ -34,12 +34,12 @@ from llama_index.core.schema import (
 from funnel_core.errors import check_query
 from funnel_core.funnel import Stage
 from funnel_core.settings import StageAdapter
-from funnel_core.units import FUNNEL_KEY, Unit, framework_metadata, split_metadata
+from funnel_core.units import Unit, funnel_metadata, read_funnel_metadata
 
 dispatcher = get_dispatcher(__name__)
 
 __all__ = ["StagePostprocessor", "UnitRetriever", "node_to_unit", "nodes_to_units",
-           "units_to_nodes"]
+           "units_to_nodes", "annotate_node", "hide_keys"]
 
 def _node_text(node: BaseNode) -> str:
     return node.get_content(metadata_mode=MetadataMode.NONE)
@@ -49,8 +49,9 @@ def node_to_unit(nws: NodeWithScore | BaseNode) -> Unit:
     """Convert a ``NodeWithScore`` (or a bare node) into a :class:`Unit`.
 
     The unit keeps a reference to the node (``unit.source``) so that :func:`units_to_nodes` hands
-    back a copy of it; its metadata is the user's plus our earlier bookkeeping
-    (``metadata["funnel"]``), which the stages read.
+    back a copy of it. Its metadata is the user's keys (every key without the ``funnel_``
+    prefix); our earlier bookkeeping (``funnel_...`` keys) is read back into
+    :attr:`Unit.funnel`, so the stages see what earlier stages recorded.
     """
     if isinstance(nws, BaseNode):
         nws = NodeWithScore(node=nws, score=None)
@@ -61,35 +62,50 @@ def node_to_unit(nws: NodeWithScore | BaseNode) -> Unit:
         raise TypeError(f"node {node.node_id!r} ({type(node).__name__}) has no text to score; "
                         "funnel-rag stages work on text nodes only.")
     parent = node.relationships.get(NodeRelationship.PARENT)
-    user, ours = split_metadata(node.metadata)
+    user, ours = read_funnel_metadata(node.metadata)
     level = str(ours.pop("level", "passage"))
-    ours.pop("parent_id", None)
-    return Unit(id=node.node_id, text=_node_text(node), score=nws.score, metadata={**user, **ours},
-                parent_id=parent.node_id if isinstance(parent, RelatedNodeInfo) else None,
-                level=level, source=node)
+    parent_id = ours.pop("parent_id", None)
+    if isinstance(parent, RelatedNodeInfo):
+        parent_id = parent.node_id
+    return Unit(id=node.node_id, text=_node_text(node), score=nws.score, metadata=user,
+                parent_id=None if parent_id is None else str(parent_id), level=level,
+                source=node, funnel=ours)
 
 
 def nodes_to_units(nodes: Sequence[NodeWithScore | BaseNode]) -> list[Unit]:
     return [node_to_unit(n) for n in nodes]
 
 
-def _hide(node: BaseNode, key: str = FUNNEL_KEY) -> None:
-    if key not in node.excluded_llm_metadata_keys:
-        node.excluded_llm_metadata_keys.append(key)
-    if key not in node.excluded_embed_metadata_keys:
-        node.excluded_embed_metadata_keys.append(key)
+def hide_keys(node: BaseNode, keys: Iterable[str]) -> None:
+    """Exclude ``keys`` from the node's LLM and embedding text (LlamaIndex's own mechanism)."""
+    for key in keys:
+        if key not in node.excluded_llm_metadata_keys:
+            node.excluded_llm_metadata_keys.append(key)
+        if key not in node.excluded_embed_metadata_keys:
+            node.excluded_embed_metadata_keys.append(key)
+
+
+def annotate_node(node: BaseNode, unit: Unit, metadata: Mapping[str, Any]) -> None:
+    """Set ``node.metadata`` to ``metadata`` (the user's, untouched) plus the unit's bookkeeping
+    as flat ``funnel_...`` keys (:func:`funnel_core.units.funnel_metadata`), excluded from the
+    LLM and embedding text."""
+    ours = funnel_metadata(unit)
+    node.metadata = {**metadata, **ours}
+    hide_keys(node, ours)
 
 
 def unit_to_node(unit: Unit, by_id: Mapping[str, BaseNode] | None = None,
                  annotate: bool = True) -> BaseNode:
     """One unit -> a node: a copy of the node it came from (``unit.source``, or ``by_id``; with the
     unit's text if a stage shortened it), or,
-    for a unit cut from a node, a ``TextNode`` that inherits its parent's metadata, excluded
-    keys and ``SOURCE`` and points to it with ``PARENT``.
+    for a unit cut from a node, a ``TextNode`` that inherits its parent's excluded keys,
+    templates and ``SOURCE`` and points to it with ``PARENT`` (its metadata is the unit's, which
+    the stage copied from the parent).
 
-    With ``annotate``, our bookkeeping goes under ``metadata["funnel"]`` (excluded from LLM and
-    embedding text); without it (retrievers), a copied node's metadata is exactly the user's, so
-    ``node.hash`` is unchanged and ``QueryFusionRetriever`` recognises the node.
+    The user's metadata keys are never changed. With ``annotate``, our bookkeeping is added as
+    flat ``funnel_...`` keys (scalars; excluded from LLM and embedding text); without it
+    (retrievers), a copied node's metadata is exactly what it was, so ``node.hash`` is unchanged
+    and ``QueryFusionRetriever`` recognises the node.
     """
     by_id = by_id or {}
     src = unit.source if isinstance(unit.source, BaseNode) else by_id.get(unit.id)
@@ -98,27 +114,25 @@ def unit_to_node(unit: Unit, by_id: Mapping[str, BaseNode] | None = None,
         node.relationships = dict(src.relationships)
         if _node_text(src) != unit.text:  # e.g. compressed: the same node with less text
             node.set_content(unit.text)
-        base: BaseNode | None = src
-    else:
-        parent = by_id.get(unit.parent_id) if unit.parent_id is not None else None
-        node = TextNode(id_=unit.id, text=unit.text)
-        if parent is not None:
-            node.metadata_template = parent.metadata_template
-            node.metadata_separator = parent.metadata_separator
-            if parent.source_node is not None:
-                node.relationships[NodeRelationship.SOURCE] = parent.source_node
-        if unit.parent_id is not None:
-            node.relationships[NodeRelationship.PARENT] = RelatedNodeInfo(node_id=unit.parent_id)
-        base, annotate = parent, True  # a new node: nothing to keep hash-equal
-    node.excluded_llm_metadata_keys = list(base.excluded_llm_metadata_keys) if base else []
-    node.excluded_embed_metadata_keys = list(base.excluded_embed_metadata_keys) if base else []
-    user, ours = framework_metadata(unit, base.metadata if base is not None else None)
-    if annotate:
-        user[FUNNEL_KEY] = ours
-        _hide(node)
-    elif src is not None and FUNNEL_KEY in src.metadata:  # keep the node exactly as it was
-        user[FUNNEL_KEY] = src.metadata[FUNNEL_KEY]
-    node.metadata = user
+        node.excluded_llm_metadata_keys = list(src.excluded_llm_metadata_keys)
+        node.excluded_embed_metadata_keys = list(src.excluded_embed_metadata_keys)
+        if annotate:
+            annotate_node(node, unit, src.metadata)
+        else:
+            node.metadata = dict(src.metadata)
+        return node
+    parent = by_id.get(unit.parent_id) if unit.parent_id is not None else None
+    node = TextNode(id_=unit.id, text=unit.text)
+    if parent is not None:
+        node.metadata_template = parent.metadata_template
+        node.metadata_separator = parent.metadata_separator
+        node.excluded_llm_metadata_keys = list(parent.excluded_llm_metadata_keys)
+        node.excluded_embed_metadata_keys = list(parent.excluded_embed_metadata_keys)
+        if parent.source_node is not None:
+            node.relationships[NodeRelationship.SOURCE] = parent.source_node
+    if unit.parent_id is not None:
+        node.relationships[NodeRelationship.PARENT] = RelatedNodeInfo(node_id=unit.parent_id)
+    annotate_node(node, unit, unit.metadata)  # a new node: nothing to keep hash-equal
     return node
 
 
@@ -218,8 +232,8 @@ class UnitRetriever(BaseRetriever):
     An empty or whitespace query returns ``[]``; a non-string query raises ``TypeError``.
     ``_aretrieve`` runs the search in a worker thread so the event loop keeps running.
 
-    ``annotate`` (class default, or set on the instance): put per-query bookkeeping under
-    ``metadata["funnel"]``. The BM25 retrievers leave it off, as LlamaIndex's own retrievers do,
+    ``annotate`` (class default, or set on the instance): add per-query bookkeeping as flat
+    ``funnel_...`` metadata keys. The BM25 retrievers leave it off, as LlamaIndex's own retrievers do,
     so a returned node is the user's node with its hash unchanged.
     """
 

@@ -118,7 +118,7 @@ class HybridRetriever(BaseRetriever):
     Each setting is an attribute; an assignment is validated and used at the next query (the
     fusion is :func:`funnel_core.best_practices.fusion.fuse`).
 
-    Node scores are the fused scores; ``node.metadata["scores"]`` keeps each side's raw score
+    Node scores are the fused scores; ``node.metadata["funnel_score_<stage>"]`` keeps each side's raw score
     and ``sparse_score``/``dense_score``/``sparse_rank``/``dense_rank`` show how it was fused.
     Usage with HyDE::
 
@@ -221,7 +221,7 @@ class ExtractiveCompressorPostprocessor(StagePostprocessor):
     :class:`~funnel_core.best_practices.compress.ExtractiveCompressor`.
 
     Pass ``embedder=`` to share an already loaded :class:`SentenceEmbedder` (then ``model``,
-    ``batch_size`` and ``device`` are not used). ``metadata["funnel"]["compression"]`` on each
+    ``batch_size`` and ``device`` are not used). ``funnel_compression_...`` metadata keys on each
     node records tokens before/after.
     """
 

@@ -2,8 +2,9 @@
 
 :class:`FunnelRetriever` runs a :class:`funnel_core.Funnel` whose stages can be ``funnel_core``
 stages *or* LlamaIndex's own objects: any ``BaseRetriever`` (as a first stage) and any
-``BaseNodePostprocessor`` (as a later stage), wrapped by :func:`as_stage`. Every returned node
-carries the whole trace in ``metadata["funnel_trace"]``.
+``BaseNodePostprocessor`` (as a later stage), wrapped by :func:`as_stage`. The per-stage trace
+is not copied onto the nodes: :meth:`FunnelRetriever.search` returns it with them, and
+:attr:`FunnelRetriever.last_trace` holds the latest query's.
 
 Nodes keep their identity across stages: every :class:`~funnel_core.units.Unit` carries the
 node it came from (``unit.source``), so each stage hands the next one copies of the user's own
@@ -24,14 +25,14 @@ from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 from funnel_core.errors import check_query
 from funnel_core.funnel import Funnel, FunnelResult, Stage
 from funnel_core.funnel import as_stage as core_as_stage
-from funnel_core.units import Trace, Unit
+from funnel_core.units import Trace, Unit, scored_by
 from llama_index_funnel._base import UnitRetriever, nodes_to_units, units_to_nodes
 
 __all__ = ["FunnelRetriever", "RetrieverStage", "PostprocessorStage", "as_stage"]
 
 
 def _scored(nodes: Sequence[NodeWithScore], name: str) -> list[Unit]:
-    return [u.rescored(u.score, name) if u.score is not None else u for u in nodes_to_units(nodes)]
+    return [scored_by(u, name) for u in nodes_to_units(nodes)]
 
 
 class RetrieverStage(Stage):
@@ -102,15 +103,23 @@ class FunnelRetriever(UnitRetriever):
     def _originals(self) -> Mapping[str, BaseNode]:
         return self._nodes
 
+    #: The trace of the latest query (``None`` before the first); :meth:`search` returns it too.
+    last_trace: Optional[Trace] = None
+
     def _search(self, query: str) -> list[Unit]:
-        return self.funnel.search(query).units
+        result = self.funnel.search(query)
+        self.last_trace = result.trace
+        return result.units
 
     async def _asearch(self, query: str) -> list[Unit]:
-        return (await self.funnel.asearch(query)).units
+        result = await self.funnel.asearch(query)
+        self.last_trace = result.trace
+        return result.units
 
     def search(self, query: str, answers: Optional[Sequence[str]] = None) -> tuple[List[NodeWithScore], Trace]:
         """Run the funnel and return ``(nodes, trace)``; with ``answers`` the trace records the
         answer recall that survives each stage."""
         query = check_query(query)
         result: FunnelResult = self.funnel.search(query, None, answers)
+        self.last_trace = result.trace
         return units_to_nodes(result.units, self._originals(), self.annotate), result.trace

@@ -4,7 +4,8 @@
   ``NodeRelationship.PARENT/CHILD``, so ``get_leaf_nodes``, ``get_root_nodes`` and
   ``AutoMergingRetriever`` work on its output, as on ``HierarchicalNodeParser``'s.
 * :class:`GraphGranularityNodeParser` — MoGG's 1-2 sentence nodes; the BM25 kNN edges travel in
-  ``metadata["graph_neighbors"]`` (hidden from the LLM and the embedder).
+  ``metadata["funnel_graph_neighbors_json"]`` (a JSON list of ids, hidden from the LLM and the
+  embedder, kept by flat-metadata vector stores).
 * :class:`MixOfGranularityRetriever` — the MoG selection rule over either parser's nodes, with
   the router weights and the chosen level in each result's metadata.
 """
@@ -30,27 +31,57 @@ from funnel_core.granularity.levels import GranularityStructure, MultiGranularit
 from funnel_core.granularity.retrieval import MixOfGranularityRetrieve, mog_stage
 from funnel_core.granularity.router import GranularityRouter
 from funnel_core.settings import StageAdapter
-from funnel_core.units import FUNNEL_KEY, Unit, framework_metadata, split_metadata
-from llama_index_funnel._base import UnitRetriever, node_to_unit
+from funnel_core.units import Unit, read_funnel_metadata
+from llama_index_funnel._base import UnitRetriever, annotate_node, node_to_unit
 
 __all__ = ["MultiGranularityNodeParser", "GraphGranularityNodeParser", "MixOfGranularityRetriever"]
 
 def _doc_unit(node: BaseNode) -> Unit:
     return Unit(id=node.node_id, text=node.get_content(metadata_mode=MetadataMode.NONE),
-                metadata=split_metadata(node.metadata)[0], level="document")
+                metadata=read_funnel_metadata(node.metadata)[0], level="document")
 
 
 def _text_node(unit: Unit, source: BaseNode, drop: Sequence[str] = ()) -> TextNode:
-    """A parsed node: the source's metadata and excluded keys as they were, the structure
-    (granularity, doc_id, position, graph neighbours, ...) under ``metadata["funnel"]``."""
-    user, ours = framework_metadata(unit, source.metadata)
-    for key in drop:
-        ours.pop(key, None)
-    node = TextNode(id_=unit.id, text=unit.text, metadata={**user, FUNNEL_KEY: ours},
-                    excluded_llm_metadata_keys=[*source.excluded_llm_metadata_keys, FUNNEL_KEY],
-                    excluded_embed_metadata_keys=[*source.excluded_embed_metadata_keys, FUNNEL_KEY])
+    """A parsed node: the source's metadata keys and excluded keys as they were, the structure
+    (granularity, doc_id, position, graph neighbours, ...) as flat ``funnel_...`` keys (hidden
+    from the LLM and the embedder)."""
+    user = read_funnel_metadata(source.metadata)[0]
+    if drop:
+        unit = Unit(id=unit.id, text=unit.text, parent_id=unit.parent_id, level=unit.level,
+                    funnel={k: v for k, v in unit.funnel.items() if k not in drop})
+    node = TextNode(id_=unit.id, text=unit.text,
+                    excluded_llm_metadata_keys=list(source.excluded_llm_metadata_keys),
+                    excluded_embed_metadata_keys=list(source.excluded_embed_metadata_keys))
+    annotate_node(node, unit, user)
     node.relationships[NodeRelationship.SOURCE] = source.as_related_node_info()
     return node
+
+
+#: IngestionPipeline's worker functions: each runs the transformations on one batch of nodes.
+_PIPELINE_WORKERS = frozenset({"_run_transformations_worker", "_arun_transformations_worker"})
+
+
+def _refuse_batched_ingestion(name: str) -> None:
+    """Raise when called from an ``IngestionPipeline(num_workers > 1)`` worker process.
+
+    A graph parser links nodes across all the documents of one call; the pipeline splits the
+    documents into one batch per worker, so each worker would build its own, sparser graph (84
+    instead of 108 edges on the same documents) without any sign of it.
+    """
+    import sys
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        if (frame.f_code.co_name in _PIPELINE_WORKERS
+                and frame.f_globals.get("__name__") == "llama_index.core.ingestion.pipeline"):
+            raise ValueError(
+                f"{name} links nodes across all the documents it parses at once, but "
+                "IngestionPipeline(num_workers > 1) hands each worker process a separate batch, "
+                "which would build a separate, sparser graph per batch. Run the pipeline with "
+                "num_workers=None (or 1), or parse first: nodes = "
+                f"{name}(...).get_nodes_from_documents(documents), then run the pipeline's "
+                "other transformations on those nodes with workers.")
+        frame = frame.f_back  # type: ignore[assignment]
 
 
 class _StageNodeParser(StageAdapter, NodeParser):
@@ -66,7 +97,8 @@ class MultiGranularityNodeParser(_StageNodeParser):
 
     Level 1 holds sentence-aware chunks of about ``chunk_size`` words; each level-``j`` node is
     two adjacent level-``j - 1`` nodes of the same document. Every node gets
-    ``metadata["granularity"]`` (1 = finest), ``doc_id``, ``doc_index`` and ``position``, a
+    ``metadata["funnel_granularity"]`` (1 = finest), ``funnel_doc_id``, ``funnel_doc_index``,
+    ``funnel_position``, ``funnel_level`` and ``funnel_parent_id`` (flat scalars), a
     ``PARENT`` relationship (below the top level) and ``CHILD`` relationships (above level 1).
     Put *all* nodes in the docstore and index the leaves (``get_leaf_nodes``) for
     ``AutoMergingRetriever``; pass all nodes to :class:`MixOfGranularityRetriever`.
@@ -106,7 +138,7 @@ class MultiGranularityNodeParser(_StageNodeParser):
                     if unit.parent_id is not None:
                         node.relationships[NodeRelationship.PARENT] = \
                             by_id[unit.parent_id].as_related_node_info()
-                    kids = unit.metadata.get("child_ids")
+                    kids = unit.funnel.get("child_ids")
                     if kids:
                         node.relationships[NodeRelationship.CHILD] = \
                             [by_id[k].as_related_node_info() for k in kids]
@@ -119,7 +151,8 @@ class GraphGranularityNodeParser(_StageNodeParser):
 
     Each node is linked to its ``k_graph`` most BM25-similar nodes (anywhere in the parsed
     documents) whose normalised similarity reaches ``t_graph``; edges are undirected and stored
-    as ``metadata["graph_neighbors"]`` (ids) and ``metadata["graph_weights"]``. The graph spans
+    as ``metadata["funnel_graph_neighbors_json"]`` (a JSON list of ids) and
+    ``metadata["funnel_graph_weights_json"]``. The graph spans
     the documents of one call, so parse the whole corpus at once. ``last_build_seconds`` is the
     edge-building time of the latest call. With no pair above ``t_graph`` the nodes get empty
     neighbour lists (and a warning): every hop range is then the node alone. The settings are
@@ -151,13 +184,14 @@ class GraphGranularityNodeParser(_StageNodeParser):
 
     def _parse_nodes(self, nodes: Sequence[BaseNode], show_progress: bool = False,
                      **kwargs: Any) -> List[BaseNode]:
+        _refuse_batched_ingestion(type(self).__name__)
         if not nodes:
             return []
         builder: GraphGranularityBuilder = self.stage
         docs = {n.node_id: n for n in nodes}
         graph = builder.build([_doc_unit(n) for n in nodes])
         self.last_build_seconds = graph.build_seconds
-        return [_text_node(u, docs[u.metadata["doc_id"]]) for u in graph.nodes]
+        return [_text_node(u, docs[u.funnel["doc_id"]]) for u in graph.nodes]
 
 
 class MixOfGranularityRetriever(UnitRetriever):
@@ -165,7 +199,7 @@ class MixOfGranularityRetriever(UnitRetriever):
 
     Args:
         nodes: *All* nodes of :class:`MultiGranularityNodeParser` (every level), or the nodes of
-            :class:`GraphGranularityNodeParser` (detected by ``metadata["graph_neighbors"]``).
+            :class:`GraphGranularityNodeParser` (detected by ``funnel_graph_neighbors_json``).
         router: A trained :class:`~funnel_core.granularity.router.GranularityRouter`; ``None``
             means uniform level weights (the finest level is returned).
         similarity_top_k: Nodes returned.
@@ -183,8 +217,9 @@ class MixOfGranularityRetriever(UnitRetriever):
     Each setting is also an attribute, forwarded to the core
     :class:`~funnel_core.granularity.retrieval.MixOfGranularityRetrieve` it holds (``.stage``): an
     edit is validated and honoured at the next query (the per-level BM25 indexes are rebuilt only
-    when ``n_gra`` or ``bm25`` changes). Each result's metadata holds ``router_weights``,
-    ``chosen_level`` and ``finest_id``; its score is the mixed score.
+    when ``n_gra`` or ``bm25`` changes). Each result's metadata holds
+    ``funnel_router_weights_json``, ``funnel_chosen_level`` and ``funnel_finest_id``; its score
+    is the mixed score.
     """
 
     #: Attributes forwarded to the core stage (adapter name -> stage setting).

@@ -34,7 +34,7 @@ from funnel_core.backends.milvus import (
 )
 from funnel_core.embeddings import DenseIndex
 from funnel_core.errors import check_positive_int, check_query
-from funnel_core.units import FUNNEL_KEY, INTERNAL_KEYS, Unit
+from funnel_core.units import Unit
 from llama_index_funnel._base import UnitRetriever, units_to_nodes
 from llama_index_funnel.corpus import nodes_from, units_of
 
@@ -70,13 +70,15 @@ def to_milvus_filter(filters: Optional[MetadataFilters]) -> Optional[str]:
     return combine_expressions(parts, cond)
 
 
-_SHELL = "node"
+#: The key of a unit's stored metadata (inside Milvus only) that holds its node's structure;
+#: ``funnel_`` keys are ours (see :data:`funnel_core.units.FUNNEL_PREFIX`).
+_SHELL = "funnel_node"
 
 
 def with_shells(units: Sequence[Unit], nodes: Sequence[BaseNode]) -> list[Unit]:
     """Units for a Milvus build, each carrying its node's structure (type, relationships,
     excluded keys, templates; not its text, metadata or embedding, which Milvus stores anyway)
-    under ``metadata["funnel"]["node"]``, so that a retriever re-opened from Milvus hands back
+    under the stored metadata's ``funnel_node`` key, so that a retriever re-opened from Milvus hands back
     the same nodes (same hash, ``SOURCE``/``PARENT`` relationships intact)."""
     from llama_index.core.storage.docstore.utils import doc_to_json
 
@@ -84,9 +86,8 @@ def with_shells(units: Sequence[Unit], nodes: Sequence[BaseNode]) -> list[Unit]:
     for u, n in zip(units, nodes):
         j = doc_to_json(n)
         data = {k: v for k, v in j["__data__"].items() if k not in ("text", "metadata", "embedding", "id_")}
-        ours = dict(u.metadata.get(FUNNEL_KEY) or {})
-        ours[_SHELL] = {"type": str(getattr(j["__type__"], "value", j["__type__"])), "data": data}
-        u.metadata = {**u.metadata, FUNNEL_KEY: ours}
+        shell = {"type": str(getattr(j["__type__"], "value", j["__type__"])), "data": data}
+        u.metadata = {**u.metadata, _SHELL: shell}
         out.append(u)
     return out
 
@@ -97,18 +98,14 @@ def restore_nodes(units: Sequence[Unit], known: Mapping[str, BaseNode]) -> list[
     from llama_index.core.storage.docstore.utils import json_to_doc
 
     for u in units:
-        ours = u.metadata.get(FUNNEL_KEY)
-        if not isinstance(ours, dict) or _SHELL not in ours:
+        if _SHELL not in u.metadata:
             continue
-        shell = ours[_SHELL]
-        rest = {k: v for k, v in ours.items() if k != _SHELL}
-        meta = {k: v for k, v in u.metadata.items() if k != FUNNEL_KEY}
-        if rest:
-            meta[FUNNEL_KEY] = rest
+        meta = dict(u.metadata)
+        shell = meta.pop(_SHELL)
         u.metadata = meta
         if u.id in known or not isinstance(shell, dict):
             continue
-        user = {k: v for k, v in meta.items() if k not in INTERNAL_KEYS}
+        user = meta  # the node's own metadata, as stored
         try:
             u.source = json_to_doc({"__type__": shell.get("type"), "__data__": {
                 **dict(shell.get("data") or {}), "id_": u.id, "text": u.text, "metadata": user}})

@@ -9,7 +9,8 @@
   parent's score, so a reranker placed after it scores finer units.
 
 All three are plain ``BaseNodePostprocessor`` objects: put them in ``node_postprocessors`` of any
-query engine. They copy nodes (never mutate the retriever's), keep earlier scores, emit
+query engine. They copy nodes (never mutate the retriever's), keep earlier scores in flat
+``funnel_score_<stage>`` metadata keys (hidden from LLM and embedder), emit
 ``ReRankStartEvent``/``ReRankEndEvent``, and have a real async path. Models load lazily, on the
 first query. Each field is a setting of the ``funnel_core`` stage the postprocessor holds
 (``.stage``); an edit is forwarded to it and honoured at the next call.
@@ -117,9 +118,9 @@ class LaterChunkingPostprocessor(StagePostprocessor):
     """Split retrieved nodes into ~``words``-word passages (FunnelRAG section 3.1.3).
 
     Each passage is a ``TextNode`` with a ``PARENT`` relationship to its node (and the node's
-    ``SOURCE``), the parent's score, its position, and the parent's metadata and excluded keys.
-    Passages are emitted parent by parent in the parents' rank order (a
-    :class:`~funnel_core.funnelrag.chunking.LaterChunking` stage).
+    ``SOURCE``), the parent's score, its position as ``funnel_...`` metadata keys, and the
+    parent's metadata and excluded keys. Passages are emitted parent by parent in the parents'
+    rank order (a :class:`~funnel_core.funnelrag.chunking.LaterChunking` stage).
     """
 
     stage_class: ClassVar[type] = LaterChunking

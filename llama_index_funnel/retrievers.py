@@ -5,7 +5,7 @@
   units (Algorithm 1), BM25 over clusters, clusters opened into their member nodes.
 
 Both keep the caller's nodes: results are copies of them (relationships intact) with the
-scores in ``metadata["scores"]``; both persist to a folder (nodes in a ``SimpleDocumentStore``)
+scores in ``NodeWithScore.score``; both persist to a folder (nodes in a ``SimpleDocumentStore``)
 and take per-query metadata filters through :meth:`search`.
 
 Both keep their data in memory by default, or in Milvus with one argument: ``backend=`` (a
@@ -234,7 +234,7 @@ class ClusteredBM25Retriever(_NodeRetriever):
     ``similarity_top_k`` nodes are returned (as in every LlamaIndex retriever, and as ``k`` in
     the LangChain twin). With ``return_clusters=True`` the clusters themselves are returned as
     new ``TextNode``s (at most ``similarity_top_k`` of them). Cluster bookkeeping
-    (``cluster_id``, ``cluster_score``, ``cluster_rank``) is in ``metadata["funnel"]`` with
+    (``funnel_cluster_id``, ``funnel_cluster_score``, ``funnel_cluster_rank``) is in the metadata with
     ``annotate=True``.
 
     Args:

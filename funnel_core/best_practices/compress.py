@@ -71,8 +71,10 @@ class ExtractiveCompressor(Settings, Stage):
         name: Stage name (``None``: ``"extractive_compressor"``).
 
     Output units keep their order, id, score and metadata; their text holds the kept sentences
-    in original order, and ``metadata["compression"]`` records ``original_tokens``,
-    ``kept_tokens``, ``kept_sentences`` and ``total_sentences``.
+    in original order, and the bookkeeping (``Unit.funnel``) records
+    ``compression_original_tokens``, ``compression_kept_tokens``,
+    ``compression_kept_sentences``, ``compression_total_sentences`` and
+    ``compression_best_sentence_score``.
     """
 
     #: Settings whose edit drops the embedding model (and its cache); any other edit keeps it.
@@ -206,13 +208,13 @@ class ExtractiveCompressor(Settings, Stage):
                 continue
             new = unit.copy()
             new.text = " ".join(flat[i][1] for i in keep)
-            new.metadata["compression"] = {
-                "original_tokens": count_tokens(unit.text),
-                "kept_tokens": sum(lengths[i] for i in keep),
-                "kept_sentences": len(keep),
-                "total_sentences": len(idx),
-                "best_sentence_score": max(scores[i] for i in keep),
-            }
+            new.funnel.update({
+                "compression_original_tokens": count_tokens(unit.text),
+                "compression_kept_tokens": sum(lengths[i] for i in keep),
+                "compression_kept_sentences": len(keep),
+                "compression_total_sentences": len(idx),
+                "compression_best_sentence_score": float(max(scores[i] for i in keep)),
+            })
             out.append(new)
         return out
 

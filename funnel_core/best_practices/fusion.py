@@ -31,7 +31,7 @@ from funnel_core.errors import check_positive_int, check_probability, check_quer
 from funnel_core.funnel import Stage
 from funnel_core.scoring import NORMALIZATIONS, normalize_scores
 from funnel_core.settings import Settings
-from funnel_core.units import Unit
+from funnel_core.units import SCORE_PREFIX, Unit
 
 __all__ = [
     "NORMALIZATIONS",
@@ -89,14 +89,14 @@ def _merge(sparse: list[Unit], dense: list[Unit], fused: dict[str, float], stage
     for uid in sorted(fused, key=lambda i: (-fused[i], i)):
         base = sparse_by_id.get(uid) or dense_by_id[uid]
         unit = base.copy()
-        scores = unit.metadata.setdefault("scores", {})
         other = dense_by_id.get(uid) if uid in sparse_by_id else None
         if other is not None:
-            for key, val in other.scores.items():
-                scores.setdefault(key, val)
+            for key, val in other.funnel.items():
+                if key.startswith(SCORE_PREFIX):
+                    unit.funnel.setdefault(key, val)
         unit.score = float(fused[uid])
-        scores[stage] = unit.score
-        unit.metadata.update(extra.get(uid, {}))
+        unit.record_score(stage, unit.score)
+        unit.funnel.update(extra.get(uid, {}))
         out.append(unit)
     return out
 
@@ -110,11 +110,11 @@ def alpha_fusion(sparse: Sequence[Unit], dense: Sequence[Unit], alpha: float = 0
         dense: Units from the dense retriever, best first, with scores.
         alpha: Weight of the sparse side, in [0, 1] (0.3 in the paper).
         normalization: ``"minmax"`` (default), ``"zscore"`` or ``"none"``.
-        stage: Name under which the fused score is kept in ``metadata["scores"]``.
+        stage: Name under which the fused score is kept in ``funnel["score_<stage>"]``.
 
     Returns:
         The union of both lists, fused score in ``score``, best first (ties by id). Each unit's
-        metadata gets ``sparse_score``/``dense_score`` (normalised, the value used) and
+        bookkeeping (``Unit.funnel``) gets ``sparse_score``/``dense_score`` (normalised, the value used) and
         ``sparse_rank``/``dense_rank`` (0-based, ``None`` when that side missed it).
     """
     alpha = check_probability(alpha, "alpha")
@@ -147,7 +147,7 @@ def rrf_fusion(sparse: Sequence[Unit], dense: Sequence[Unit], k: int = 60,
         dense: Dense-side units, best first.
         k: The RRF constant (60 in Cormack et al.); larger flattens the rank discount.
         weights: Weights of the sparse and dense sides.
-        stage: Name under which the fused score is kept in ``metadata["scores"]``.
+        stage: Name under which the fused score is kept in ``funnel["score_<stage>"]``.
     """
     check_positive_int(k, "rrf_k")
     if len(weights) != 2 or any(not isinstance(w, (int, float)) or w < 0 for w in weights):
@@ -203,7 +203,7 @@ class HybridRetrieve(Settings, Stage):
         sparse_query: Optional ``fn(query) -> str`` rewriting the query for the sparse side.
         dense_query: Optional ``fn(query) -> str`` rewriting the query for the dense side (e.g. a
             HyDE generator).
-        name: Stage name (key of the fused score in ``metadata["scores"]``).
+        name: Stage name (key of the fused score in ``funnel["score_<stage>"]``).
         alpha: Sparse weight in ``S_h = alpha * S_sparse + S_dense``, in [0, 1]
             (``method="alpha"``).
         method: ``"alpha"`` (weighted sum of normalised scores) or ``"rrf"`` (reciprocal rank

@@ -25,14 +25,14 @@ def repack(units: Sequence[Unit], order: str = "reverse") -> list[Unit]:
     * ``"sides"``: ranks 1, 3, 5, ... from the front and 2, 4, 6, ... from the back, so the best
       units sit at both ends and the weakest in the middle.
 
-    Every unit gets ``metadata["repack_position"]`` (its new 0-based position) and
-    ``metadata["retrieval_rank"]`` (its rank on arrival). Scores are unchanged.
+    Every unit gets ``funnel["repack_position"]`` (its new 0-based position) and
+    ``funnel["retrieval_rank"]`` (its rank on arrival). Scores are unchanged.
     """
     if order not in REPACK_ORDERS:
         raise ValueError(f"unknown repack order {order!r}; choose one of {REPACK_ORDERS}.")
     ranked = [u.copy() for u in units]
     for rank, u in enumerate(ranked):
-        u.metadata["retrieval_rank"] = rank
+        u.funnel["retrieval_rank"] = rank
     if order == "forward":
         out = ranked
     elif order == "reverse":
@@ -40,7 +40,7 @@ def repack(units: Sequence[Unit], order: str = "reverse") -> list[Unit]:
     else:
         out = ranked[0::2] + ranked[1::2][::-1]
     for pos, u in enumerate(out):
-        u.metadata["repack_position"] = pos
+        u.funnel["repack_position"] = pos
     return out
 
 

@@ -3,13 +3,14 @@ ones after a stage has ranked them, and open clusters back into their documents.
 
 from __future__ import annotations
 
+import copy
 from typing import Sequence
 
 from funnel_core.errors import check_positive_int
 from funnel_core.funnel import Stage
 from funnel_core.settings import Settings
 from funnel_core.text import word_windows
-from funnel_core.units import Unit
+from funnel_core.units import Unit, copy_funnel
 
 __all__ = ["LaterChunking", "OpenClusters"]
 
@@ -17,9 +18,9 @@ __all__ = ["LaterChunking", "OpenClusters"]
 class LaterChunking(Settings, Stage):
     """FunnelRAG's "later chunking": split every input unit into ~``words``-word units.
 
-    Each child gets ``parent_id`` = the parent's id, ``metadata["parent_score"]`` = the parent's
-    score, ``metadata["position"]`` = its index within the parent, and a copy of the parent's
-    metadata. Children are emitted parent by parent, in the parent's rank order, and inherit the
+    Each child gets ``parent_id`` = the parent's id, a copy of the parent's metadata (the
+    user's) and bookkeeping, plus ``funnel["parent_score"]`` = the parent's score,
+    ``funnel["parent_level"]`` and ``funnel["position"]`` = its index within the parent. Children are emitted parent by parent, in the parent's rank order, and inherit the
     parent's score so that a cut-off right after this stage is meaningful.
 
     Args:
@@ -55,13 +56,11 @@ class LaterChunking(Settings, Stage):
         children = []
         for i, text in enumerate(word_windows(unit.text, self.words, self.overlap,
                                               self.sentence_aware)):
-            meta = {k: v for k, v in unit.metadata.items() if k not in ("scores", "funnel_trace")}
-            meta["scores"] = dict(unit.scores)
-            meta["parent_score"] = unit.score
-            meta["parent_level"] = unit.level
-            meta["position"] = i
-            children.append(Unit(id=f"{unit.id}#{i}", text=text, score=unit.score, metadata=meta,
-                                 parent_id=unit.id, level=self.level))
+            ours = copy_funnel(unit.funnel)
+            ours.update(parent_score=unit.score, parent_level=unit.level, position=i)
+            children.append(Unit(id=f"{unit.id}#{i}", text=text, score=unit.score,
+                                 metadata=copy.deepcopy(unit.metadata), parent_id=unit.id,
+                                 level=self.level, funnel=ours))
         return children
 
     def run(self, query: str, units: list[Unit]) -> list[Unit]:
@@ -72,8 +71,9 @@ class OpenClusters(Stage):
     """Open cluster units into their member documents (FunnelRAG 3.1.1 -> 3.1.2).
 
     A cluster unit lists its members' ids in ``metadata["members"]``; ``lookup`` maps an id to the
-    document :class:`Unit`. Each document keeps the cluster's id, score and rank in its metadata
-    (``cluster_id``, ``cluster_score``, ``cluster_rank``) and inherits the cluster score.
+    document :class:`Unit`. Each document inherits the cluster's score (and its score history)
+    and keeps the cluster's id, score and rank in its bookkeeping (``funnel["cluster_id"]``,
+    ``["cluster_score"]``, ``["cluster_rank"]``).
     """
 
     def __init__(self, lookup: "dict[str, Unit] | Sequence[Unit]", level: str = "document",
@@ -91,8 +91,8 @@ class OpenClusters(Stage):
                 doc = self.lookup[member].copy()
                 doc.parent_id = cluster.id
                 doc.score = cluster.score
-                doc.metadata.setdefault("scores", {}).update(cluster.scores)
-                doc.metadata.update(cluster_id=cluster.id, cluster_score=cluster.score,
-                                    cluster_rank=rank)
+                doc.funnel.update(copy_funnel(cluster.funnel))
+                doc.funnel.update(cluster_id=cluster.id, cluster_score=cluster.score,
+                                  cluster_rank=rank)
                 out.append(doc)
         return out

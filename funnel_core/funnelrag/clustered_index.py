@@ -2,10 +2,13 @@
 
 :class:`ClusteredBM25Index` clusters the documents (Algorithm 1, :mod:`funnel_core.funnelrag.clustering`),
 indexes the cluster texts with BM25, and at query time retrieves the top-``k`` clusters and
-opens them into their member documents (each keeping ``cluster_id``, ``cluster_score``,
-``cluster_rank`` and its own ``document_score`` in metadata), or returns the clusters themselves.
-Within a cluster, documents are ordered by their own BM25 score (a BM25 index over the
-documents, same settings), best first.
+opens them into their member documents, or returns the clusters themselves.
+
+The clusters decide *which* documents come back; each document's score is its *own* BM25 score
+(a BM25 index over the documents, same settings), and the documents are sorted by it, best
+first, so a document without a query term never ranks above one with it. The cluster's score
+and rank stay in the bookkeeping (``funnel["cluster_id"]``, ``["cluster_score"]``,
+``["cluster_rank"]``). The query is tokenized once for both indexes.
 """
 
 from __future__ import annotations
@@ -21,16 +24,16 @@ import scipy.sparse as sp
 
 from funnel_core.bm25 import FILTER_CACHE_SIZE, BM25Index
 from funnel_core.cache import FreshOnCopy, LRUCache
-from funnel_core.errors import PersistError, check_positive_int
+from funnel_core.errors import PersistError, check_positive_int, check_query
 from funnel_core.filters import MetadataFilter, metadata_mask
 from funnel_core.funnel import Stage
 from funnel_core.funnelrag.chunking import OpenClusters
 from funnel_core.funnelrag.clustering import Clustering, bm25_knn_adjacency, build_clusters, link_adjacency
 from funnel_core.persist import check_number, load_snapshot, prepare_units, read_units, save_snapshot, write_units
 from funnel_core.text import count_tokens
-from funnel_core.units import Unit, check_unique_ids
+from funnel_core.units import SCORE_PREFIX, Unit, check_unique_ids
 
-__all__ = ["ClusteredBM25Index", "ClusteredBM25Retrieve", "order_within_clusters"]
+__all__ = ["ClusteredBM25Index", "ClusteredBM25Retrieve", "rank_opened_documents"]
 
 FORMAT = "funnel-rag.clustered-bm25"
 FORMAT_VERSION = 2  # 2: snapshot layout (funnel_core.persist), incremental cluster ids
@@ -54,16 +57,27 @@ class _ClusteredState:
     columns: LRUCache = field(default_factory=lambda: LRUCache(FILTER_CACHE_SIZE))
 
 
-def order_within_clusters(docs: list[Unit], document_score: Callable[[Unit], float]) -> list[Unit]:
-    """Opened documents in cluster order, and within a cluster by their own score, best first.
+def rank_opened_documents(docs: list[Unit], document_score: Callable[[Unit], float],
+                          name: str) -> list[Unit]:
+    """Opened documents scored by their own relevance and sorted by it, best first.
 
-    ``docs`` carry ``metadata["cluster_rank"]`` (from :class:`~funnel_core.funnelrag.chunking.OpenClusters`);
-    each gets ``metadata["document_score"] = document_score(doc)``. Equal scores keep the
-    cluster's member order (the sort is stable). Shared by every clustered backend.
+    ``docs`` come in cluster order (from :class:`~funnel_core.funnelrag.chunking.OpenClusters`,
+    carrying ``funnel["cluster_rank"]``); each gets ``score = document_score(doc)``, recorded as
+    stage ``name``. Equal scores keep cluster order, then member order (the sort is stable), so
+    documents without a query term (score 0) come last, in cluster order. Shared by every
+    clustered backend.
     """
+    out = []
     for d in docs:
-        d.metadata["document_score"] = float(document_score(d))
-    return sorted(docs, key=lambda d: (d.metadata["cluster_rank"], -d.metadata["document_score"]))
+        s = float(document_score(d))
+        d.score = s
+        d.funnel = {k: v for k, v in d.funnel.items() if not k.startswith(SCORE_PREFIX)}
+        d.record_score(name, s)
+        out.append(d)
+    out.sort(key=lambda d: -(d.score or 0.0))
+    for rank, d in enumerate(out):
+        d.funnel["bm25_rank"] = rank
+    return out
 
 
 def _cluster_number(cluster_id: str) -> int:
@@ -334,22 +348,28 @@ class ClusteredBM25Index(FreshOnCopy):
         st = self._require_built()
         check_positive_int(k, "k")
         check_positive_int(max_documents, "max_documents", allow_none=True)
+        query = check_query(query)
+        if not query:
+            return []
         cluster_filter: np.ndarray | None = None
         doc_mask = None if filter is None else metadata_mask(st.documents, filter, st.columns)
         if doc_mask is not None:
             cluster_filter = np.array([bool(doc_mask[docs].any()) for docs in st.cluster_docs],
                                       dtype=bool)
-        clusters = st.cluster_index.search(query, k=k, filter=cluster_filter, name=name)
+        # one tokenization for both indexes (same settings: checked at build and load)
+        tokens = st.cluster_index.tokenize([query])[0]
+        clusters = st.cluster_index.hits(st.cluster_index.token_scores(tokens), k,
+                                         cluster_filter, name)
         for rank, c in enumerate(clusters):
-            c.metadata["cluster_rank"] = rank
+            c.funnel["cluster_rank"] = rank
         if return_clusters:
             return clusters
         docs = st.opener(query, clusters)
         if doc_mask is not None:
             docs = [d for d in docs if doc_mask[st.doc_pos[d.id]]]
         if docs:
-            own = st.document_index.get_scores(query)
-            docs = order_within_clusters(docs, lambda d: own[st.doc_pos[d.id]])
+            own = st.document_index.token_scores(tokens)
+            docs = rank_opened_documents(docs, lambda d: own[st.doc_pos[d.id]], name)
         return docs[:max_documents] if max_documents else docs
 
     # -- persistence -----------------------------------------------------------------------

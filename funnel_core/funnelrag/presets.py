@@ -24,7 +24,7 @@ __all__ = ["funnelrag", "renamed"]
 
 def renamed(stage: Stage, name: str) -> Stage:
     """A shallow copy of ``stage`` under another name (to use one model at two funnel stages
-    without their scores overwriting each other in ``metadata["scores"]``)."""
+    without their scores overwriting each other in the score history, ``Unit.scores``)."""
     new = copy.copy(stage)
     new.name = name
     return new

@@ -29,7 +29,7 @@ from funnel_core.errors import check_positive_int, check_probability
 from funnel_core.granularity.levels import GranularityStructure, as_documents, level_name
 from funnel_core.settings import Settings
 from funnel_core.text import split_sentences
-from funnel_core.units import Unit, check_unique_ids
+from funnel_core.units import SCORE_PREFIX, Unit, check_unique_ids
 
 __all__ = ["GraphGranularityBuilder", "GranularityGraph", "bm25_knn_graph"]
 
@@ -127,8 +127,8 @@ class GranularityGraph(GranularityStructure):
         build_seconds: Seconds spent building the edges (``None`` when rebuilt from units).
 
     Level units are built lazily (on first access to :attr:`levels`); the level-``j`` unit of node
-    ``i`` has id ``"<node id>/h<j>"``, ``metadata["center_id"]``, ``metadata["node_ids"]`` and
-    ``metadata["granularity"] = j``.
+    ``i`` has id ``"<node id>/h<j>"``, ``funnel["center_id"]``, ``funnel["node_ids"]`` and
+    ``funnel["granularity"] = j``.
     """
 
     def __init__(self, nodes: Sequence[Unit], adjacency: sp.spmatrix, n_gra: int = 5,
@@ -185,13 +185,15 @@ class GranularityGraph(GranularityStructure):
                 level = []
                 for i, node in enumerate(self.nodes):
                     members = self.neighbourhood(i, j)
-                    meta = {k: v for k, v in node.metadata.items()
-                            if k not in ("graph_neighbors", "scores")}
-                    meta.update(granularity=j, center_id=node.id,
+                    ours = {k: v for k, v in node.funnel.items()
+                            if k not in ("graph_neighbors", "graph_weights")
+                            and not k.startswith(SCORE_PREFIX)}
+                    ours.update(granularity=j, center_id=node.id,
                                 node_ids=[self.nodes[m].id for m in members])
                     level.append(Unit(id=f"{node.id}/h{j}",
                                       text=" ".join(self.nodes[m].text for m in members),
-                                      metadata=meta, level=level_name(j)))
+                                      metadata=dict(node.metadata), level=level_name(j),
+                                      funnel=ours))
                 levels.append(level)
             self._levels = levels
         return self._levels
@@ -205,22 +207,22 @@ class GranularityGraph(GranularityStructure):
 
     @classmethod
     def from_units(cls, nodes: Sequence[Unit], n_gra: int = 5) -> "GranularityGraph":
-        """Rebuild a graph from nodes that carry ``metadata["graph_neighbors"]`` (ids).
+        """Rebuild a graph from nodes that carry ``funnel["graph_neighbors"]`` (ids).
 
         Nodes are put in document order by ``(doc_index, position)``; neighbours missing from
         ``nodes`` are ignored.
         """
-        nodes = sorted(nodes, key=lambda u: (u.metadata.get("doc_index", 0),
-                                             u.metadata.get("position", 0)))
+        nodes = sorted(nodes, key=lambda u: (u.funnel.get("doc_index", 0),
+                                             u.funnel.get("position", 0)))
         check_unique_ids(nodes)
         pos = {u.id: i for i, u in enumerate(nodes)}
         rows, cols, vals = [], [], []
         for i, u in enumerate(nodes):
-            nbrs = u.metadata.get("graph_neighbors")
+            nbrs = u.funnel.get("graph_neighbors")
             if nbrs is None:
-                raise ValueError(f"node {u.id!r} has no metadata['graph_neighbors']; build the nodes "
+                raise ValueError(f"node {u.id!r} has no funnel['graph_neighbors']; build the nodes "
                                  "with GraphGranularityBuilder / GraphGranularityNodeParser.")
-            weights = u.metadata.get("graph_weights") or [1.0] * len(nbrs)
+            weights = u.funnel.get("graph_weights") or [1.0] * len(nbrs)
             for nb, wt in zip(nbrs, weights):
                 if nb in pos:
                     rows.append(i)
@@ -260,7 +262,8 @@ class GraphGranularityBuilder(Settings):
         self.bm25 = dict(bm25 or {})
 
     def nodes(self, documents: Iterable[Unit | str]) -> list[Unit]:
-        """Split documents into sentence nodes (``metadata``: doc_id, doc_index, position)."""
+        """Split documents into sentence nodes (``funnel``: doc_id, doc_index, position; the
+        document's metadata copied)."""
         docs = as_documents(documents)
         if not docs:
             raise ValueError("cannot build a graph from an empty corpus; pass at least one document.")
@@ -268,11 +271,10 @@ class GraphGranularityBuilder(Settings):
         step = self.sentences_per_node
         for di, doc in enumerate(docs):
             sents = split_sentences(doc.text)
-            base = {k: v for k, v in doc.metadata.items() if k not in ("scores", "funnel_trace")}
             for p, s in enumerate(range(0, len(sents), step)):
-                meta = dict(base, doc_id=doc.id, doc_index=di, position=p)
                 out.append(Unit(id=f"{doc.id}/s{p}", text=" ".join(sents[s:s + step]),
-                                metadata=meta, level="graph-node"))
+                                metadata=dict(doc.metadata), level="graph-node",
+                                funnel=dict(doc_id=doc.id, doc_index=di, position=p)))
         if not out:
             raise ValueError("every document is empty (no sentences); nothing to build a graph from.")
         return out
@@ -282,7 +284,8 @@ class GraphGranularityBuilder(Settings):
         return self.build_from_nodes(self.nodes(documents))
 
     def build_from_nodes(self, nodes: Sequence[Unit]) -> GranularityGraph:
-        """Link ready-made nodes; writes ``graph_neighbors``/``graph_weights`` into their metadata.
+        """Link ready-made nodes; writes ``graph_neighbors``/``graph_weights`` into their
+        bookkeeping (``Unit.funnel``).
 
         Nodes whose text has no indexable token get no edges. ``build_seconds`` on the result is
         the time for BM25 indexing plus the kNN edges.
@@ -304,6 +307,6 @@ class GraphGranularityBuilder(Settings):
         for i, u in enumerate(graph.nodes):
             lo, hi = adj.indptr[i], adj.indptr[i + 1]
             order = np.argsort(-adj.data[lo:hi], kind="stable")
-            u.metadata["graph_neighbors"] = [nodes[c].id for c in adj.indices[lo:hi][order]]
-            u.metadata["graph_weights"] = [float(v) for v in adj.data[lo:hi][order]]
+            u.funnel["graph_neighbors"] = [nodes[c].id for c in adj.indices[lo:hi][order]]
+            u.funnel["graph_weights"] = [float(v) for v in adj.data[lo:hi][order]]
         return graph

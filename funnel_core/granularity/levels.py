@@ -4,7 +4,7 @@ Every document is cut into ``n_gra`` granularity levels. Level 1 is the finest: 
 windows of about ``chunk_size`` words. Each chunk of level ``j`` is two adjacent chunks of level
 ``j - 1`` of the same document (no overlap); an odd chunk at the end of a document is carried up
 alone. So a level-``j`` chunk covers up to ``2 ** (j - 1)`` finest chunks, and the levels form a
-forest: every unit above level 1 has ``metadata["child_ids"]``, every unit below the top level a
+forest: every unit above level 1 has ``funnel["child_ids"]``, every unit below the top level a
 ``parent_id``.
 
 :class:`GranularityStructure` is what MoG retrieval needs from any multi-granularity corpus:
@@ -54,7 +54,8 @@ def as_documents(documents: Iterable[Unit | str]) -> list[Unit]:
 
 
 def _doc_metadata(doc: Unit) -> dict[str, Any]:
-    return {k: v for k, v in doc.metadata.items() if k not in ("scores", "funnel_trace")}
+    """The user's metadata of a document, copied onto the units cut from it."""
+    return dict(doc.metadata)
 
 
 class GranularityStructure(ABC):
@@ -151,12 +152,12 @@ class GranularityHierarchy(GranularityStructure):
         """The level-``level`` unit that contains the unit ``unit_id`` (itself at its own level)."""
         self._check_level(level)
         unit = self.by_id[unit_id]
-        while unit.metadata["granularity"] < level:
+        while unit.funnel["granularity"] < level:
             if unit.parent_id is None:
                 raise ValueError(f"unit {unit.id!r} has no parent above level "
-                                 f"{unit.metadata['granularity']}; rebuild the granularity levels.")
+                                 f"{unit.funnel['granularity']}; rebuild the granularity levels.")
             unit = self.by_id[unit.parent_id]
-        if unit.metadata["granularity"] != level:
+        if unit.funnel["granularity"] != level:
             raise ValueError(f"unit {unit_id!r} is coarser than level {level}.")
         return unit
 
@@ -164,14 +165,14 @@ class GranularityHierarchy(GranularityStructure):
     def from_units(cls, units: Sequence[Unit]) -> "GranularityHierarchy":
         """Rebuild a hierarchy from its units (any order), e.g. nodes of a LlamaIndex docstore.
 
-        Units need ``metadata["granularity"]`` and, below the top level, a ``parent_id``; within a
+        Units need ``funnel["granularity"]`` and, below the top level, a ``parent_id``; within a
         level they are put in document order by ``(doc_index, position)``.
         """
         by_level: dict[int, list[Unit]] = {}
         for u in units:
-            g = u.metadata.get("granularity")
-            if not isinstance(g, int):
-                raise ValueError(f"unit {u.id!r} has no integer metadata['granularity']; build the "
+            g = u.funnel.get("granularity")
+            if not isinstance(g, int) or isinstance(g, bool):
+                raise ValueError(f"unit {u.id!r} has no integer funnel['granularity']; build the "
                                  "units with MultiGranularityChunker / MultiGranularityNodeParser.")
             by_level.setdefault(g, []).append(u)
         if not by_level:
@@ -180,8 +181,8 @@ class GranularityHierarchy(GranularityStructure):
         missing = [j for j in range(1, n + 1) if j not in by_level]
         if missing:
             raise ValueError(f"granularity levels {missing} are missing; pass every level's units.")
-        levels = [sorted(by_level[j], key=lambda u: (u.metadata.get("doc_index", 0),
-                                                     u.metadata.get("position", 0)))
+        levels = [sorted(by_level[j], key=lambda u: (u.funnel.get("doc_index", 0),
+                                                     u.funnel.get("position", 0)))
                   for j in range(1, n + 1)]
         return cls(levels)
 
@@ -222,16 +223,16 @@ class MultiGranularityChunker(Settings):
                 groups = [sum(groups[i:i + 2], []) for i in range(0, len(groups), 2)]
             level = []
             for p, g in enumerate(groups):
-                meta = dict(base)
-                meta.update(granularity=j, doc_id=doc.id, doc_index=doc_index, position=p)
                 level.append(Unit(id=f"{doc.id}/L{j}/{p}", text=" ".join(texts[i] for i in g),
-                                  metadata=meta, level=level_name(j)))
+                                  metadata=dict(base), level=level_name(j),
+                                  funnel=dict(granularity=j, doc_id=doc.id, doc_index=doc_index,
+                                              position=p)))
             levels.append(level)
         for j in range(self.n_gra - 1):
             for p, u in enumerate(levels[j]):
                 parent = levels[j + 1][p // 2]
                 u.parent_id = parent.id
-                parent.metadata.setdefault("child_ids", []).append(u.id)
+                parent.funnel.setdefault("child_ids", []).append(u.id)
         return levels
 
     def split(self, documents: Iterable[Unit | str]) -> GranularityHierarchy:

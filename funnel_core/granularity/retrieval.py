@@ -127,7 +127,7 @@ class MixOfGranularityRetrieve(Settings, Stage):
 
     Every setting is an attribute; an edit is validated and used at the next call.
     Each returned unit is a copy of a level unit with ``score`` = the weighted score ``S`` and
-    metadata ``router_weights`` (one float per level), ``chosen_level``, ``finest_id`` and
+    bookkeeping (``Unit.funnel``) ``router_weights`` (one float per level), ``chosen_level``, ``finest_id`` and
     ``scores["mog"]``.
     """
 
@@ -213,8 +213,8 @@ class MixOfGranularityRetrieve(Settings, Stage):
                 continue
             seen.add(c)
             unit = self.structure.levels[level - 1][c].rescored(float(mixed[i]), self.name)
-            unit.metadata.update(router_weights=weights_list, chosen_level=level,
-                                 finest_id=self.structure.finest[int(finest[i])].id)
+            unit.funnel.update(router_weights=weights_list, chosen_level=level,
+                               finest_id=self.structure.finest[int(finest[i])].id)
             out.append(unit)
             if len(out) == k:
                 break
@@ -224,13 +224,13 @@ class MixOfGranularityRetrieve(Settings, Stage):
 def structure_from_units(units: Sequence[Unit], n_gra: int = 5) -> GranularityStructure:
     """The granularity structure that a splitter's units came from: a
     :class:`~funnel_core.granularity.graph.GranularityGraph` with ``n_gra`` hop ranges when the
-    units carry ``metadata["graph_neighbors"]`` (MoGG nodes), else a
+    units carry ``funnel["graph_neighbors"]`` (MoGG nodes), else a
     :class:`~funnel_core.granularity.levels.GranularityHierarchy` (every level's units)."""
     from funnel_core.granularity.graph import GranularityGraph
     from funnel_core.granularity.levels import GranularityHierarchy
 
     units = list(units)
-    if any("graph_neighbors" in u.metadata for u in units):
+    if any("graph_neighbors" in u.funnel for u in units):
         return GranularityGraph.from_units(units, n_gra=n_gra)
     return GranularityHierarchy.from_units(units)
 

@@ -69,7 +69,7 @@ class AttentionLMScorer(Settings, Reranker):
         score_threshold: Drop units scoring below this.
         normalize: Map scores through a sigmoid.
         batch_size: Unused: all passages of a query share one prompt.
-        name: Stage name in traces and in ``metadata["scores"]``.
+        name: Stage name in traces and in the score history (``Unit.funnel["score_<name>"]``).
         dtype: ``"auto"`` (default; :mod:`funnel_core.hardware`: bfloat16 autocast only where the
             hardware runs it natively — AVX-512-BF16/AMX CPUs, GPUs of compute capability >= 8 —,
             float16 weights on older GPUs, float32 otherwise), ``"float32"``, ``"bfloat16"``

@@ -2,11 +2,11 @@
 
 A :class:`Reranker` needs only :meth:`Reranker.score` (query, texts) -> floats. The base class
 does the rest the same way for every model: copies units (never mutates them), keeps the
-previous score in ``metadata["scores"]``, optional sigmoid normalisation, ``score_threshold``,
-``top_n`` (also as ``reranker % n``), Python-float scores, and an async twin. It also counts
-the work: every call of a subclass's ``score`` adds one to :attr:`Reranker.calls` and the number of
-(query, text) pairs to :attr:`Reranker.pairs_scored` (and to :mod:`funnel_core.counters`, where the
-evaluation harness reads cost per query).
+previous score in ``Unit.funnel`` (``score_<stage>``), optional sigmoid normalisation,
+``score_threshold``, ``top_n`` (also as ``reranker % n``), Python-float scores, and an async twin.
+It also counts the work: every call of a subclass's ``score`` adds one to :attr:`Reranker.calls`
+and the number of (query, text) pairs to :attr:`Reranker.pairs_scored` (and to
+:mod:`funnel_core.counters`, where the evaluation harness reads cost per query).
 
 Model loading lives in :mod:`funnel_core.models` and score helpers in :mod:`funnel_core.scoring`.
 """
@@ -58,7 +58,7 @@ class Reranker(Stage):
         score_threshold: Drop units whose (normalised, if ``normalize``) score is below this.
         normalize: Map raw scores through a sigmoid into (0, 1), for thresholds and fusion.
         batch_size: Pairs per forward pass.
-        name: Stage name in traces and in ``metadata["scores"]``.
+        name: Stage name in traces and in the score history (``Unit.funnel["score_<name>"]``).
     """
 
     name = "reranker"

@@ -89,7 +89,7 @@ class CrossEncoderScorer(Settings, Reranker):
         window_overlap: Words repeated between consecutive windows (``window_words`` only).
         fuse_weight: Weight ``w`` of the previous stage's score in
             ``(1 - w) * minmax(ce) + w * minmax(previous)``; ``None`` (default) = pure cross-encoder.
-        name: Stage name (key in ``metadata["scores"]``).
+        name: Stage name (key ``score_<name>`` in ``Unit.funnel``).
         model_kwargs: Extra keyword arguments for the backend's loader.
         runtime: Where the model runs (:mod:`funnel_core.rerank.runtimes`): ``"torch"``,
             ``"onnx"`` (onnxruntime fp32, scores equal to torch fp32), ``"openvino"``, or ``"auto"`` (default: torch on a GPU; on a

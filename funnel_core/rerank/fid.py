@@ -178,7 +178,7 @@ class FiDAttentionScorer(Settings, Reranker):
         decoder_steps: Decoder positions whose cross-attention is averaged (1 = the first token,
             as in the paper; more positions use the greedily generated answer prefix).
         return_answer: Also generate the reader's answer and store it in
-            ``metadata["fid_answer"]`` of every returned unit (and in :attr:`last_answer`).
+            ``funnel["fid_answer"]`` of every returned unit (and in :attr:`last_answer`).
         max_answer_tokens: Generation budget for the answer.
         max_length: Tokens per (question + passage) input; longer inputs are truncated.
         batch_size: Passages encoded per encoder forward pass (bounds memory).
@@ -186,7 +186,7 @@ class FiDAttentionScorer(Settings, Reranker):
         top_n: Keep at most this many units (see :class:`~funnel_core.rerank.base.Reranker`).
         score_threshold: Drop units scoring below this.
         normalize: Map scores through a sigmoid.
-        name: Stage name in traces and in ``metadata["scores"]``.
+        name: Stage name in traces and in the score history (``Unit.funnel["score_<name>"]``).
         dtype: ``"auto"`` (default; :mod:`funnel_core.hardware`: bfloat16 autocast only where the
             hardware runs it natively — AVX-512-BF16/AMX CPUs, GPUs of compute capability >= 8 —,
             float16 weights on older GPUs, float32 otherwise), ``"float32"``, ``"bfloat16"``
@@ -433,7 +433,7 @@ class FiDAttentionScorer(Settings, Reranker):
         self.last_answer = answer_box.get("answer")
         if self.return_answer:
             for u in out:
-                u.metadata["fid_answer"] = self.last_answer
+                u.funnel["fid_answer"] = self.last_answer
         return out
 
 

@@ -51,7 +51,7 @@ class MonoT5Scorer(Settings, Reranker):
         normalize: Return ``P(true)`` in (0, 1) instead of the logit difference.
         top_n: Keep at most this many units (see :class:`~funnel_core.rerank.base.Reranker`).
         score_threshold: Drop units scoring below this.
-        name: Stage name in traces and in ``metadata["scores"]``.
+        name: Stage name in traces and in the score history (``Unit.funnel["score_<name>"]``).
         model_kwargs: Extra keyword arguments for ``from_pretrained``.
         dtype: ``"auto"`` (default; :mod:`funnel_core.hardware`: bfloat16 autocast only where the
             hardware runs it natively — AVX-512-BF16/AMX CPUs, GPUs of compute capability >= 8 —,

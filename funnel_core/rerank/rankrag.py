@@ -120,7 +120,7 @@ class RankRAGScorer(Settings, Reranker):
         score_threshold: Drop units whose P(True) is below this (scores are already
             probabilities in [0, 1]; ``normalize`` is off).
         batch_size: Prompts per forward pass.
-        name: Stage name in traces and in ``metadata["scores"]``.
+        name: Stage name in traces and in the score history (``Unit.funnel["score_<name>"]``).
         gguf_file: GGUF file inside the folder, when ``llm`` is a name.
         device: Torch device of the local model, when ``llm`` is a name (``None``: best).
         timeout: Seconds per call of the local model, when ``llm`` is a name.

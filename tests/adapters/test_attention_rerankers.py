@@ -87,8 +87,8 @@ def test_llamaindex_query_engine(index, li_reranker):
         dispatcher.event_handlers.remove(handler)
     nodes = response.source_nodes
     assert len(nodes) == 2 and nodes[0].score >= nodes[1].score
-    assert all(stage_name in n.node.metadata["funnel"]["scores"] and "bm25" in n.node.metadata["funnel"]["scores"]
-               for n in nodes)
+    assert all(f"funnel_score_{stage_name}" in n.node.metadata
+               and "funnel_score_bm25" in n.node.metadata for n in nodes)
     assert nodes[0].node.metadata["title"]                     # original metadata kept
     assert handler.events == ["ReRankStartEvent", "ReRankEndEvent"]
     assert post.class_name() in ("FiDAttentionRerank", "AttentionLMRerank")
@@ -111,7 +111,7 @@ def test_llamaindex_scores_match_core_with_titles(tiny_t5_path):
         QUERY, ["Hamlet is a tragedy.", "Paris is in France."], ["Hamlet", None])
     by_id = {n.node.node_id: n.score for n in out}
     assert [by_id["a"], by_id["b"]] == pytest.approx(core)
-    assert isinstance(out[0].node.metadata["funnel"]["fid_answer"], str)
+    assert isinstance(out[0].node.metadata["funnel_fid_answer"], str)
     assert nodes[0].score == 1.0 and "scores" not in nodes[0].node.metadata
 
 
@@ -120,8 +120,8 @@ def test_langchain_lcel_chain(index, lc_reranker):
     chain = rerank_chain(_LCBM25(index=index, k=5), comp)
     docs = chain.invoke(QUERY)
     assert len(docs) == 2 and all(isinstance(d, Document) for d in docs)
-    assert docs[0].metadata["funnel"]["score"] >= docs[1].metadata["funnel"]["score"]
-    assert all(stage_name in d.metadata["funnel"]["scores"] for d in docs)
+    assert docs[0].metadata["relevance_score"] >= docs[1].metadata["relevance_score"]
+    assert all(f"funnel_score_{stage_name}" in d.metadata for d in docs)
     assert docs[0].metadata["title"]
 
 
@@ -140,7 +140,7 @@ def test_langchain_scores_match_core(tiny_llama_path):
             Document(page_content="Paris is in France.", id="b")]
     out = AttentionLMReranker(model=tiny_llama_path).compress_documents(docs, QUERY)
     core = AttentionLMScorer(model=tiny_llama_path).score(QUERY, [d.page_content for d in docs])
-    by_id = {d.id: d.metadata["funnel"]["score"] for d in out}
+    by_id = {d.id: d.metadata["relevance_score"] for d in out}
     assert [by_id["a"], by_id["b"]] == pytest.approx(core)
 
 

@@ -1,6 +1,7 @@
 """FunnelRetriever in both frameworks, with our stages and with the frameworks' own objects."""
 
 import asyncio
+import json
 
 import pytest
 from langchain_core.documents import Document
@@ -63,7 +64,8 @@ def test_llamaindex_funnel_with_native_components_in_a_query_engine(source_linke
     engine = RetrieverQueryEngine.from_args(funnel, llm=MockLLM())
     response = engine.query("Eiffel Tower in Paris")
     assert len(response.source_nodes) == 6
-    trace = response.source_nodes[0].node.metadata["funnel"]["funnel_trace"]
+    assert not any("trace" in k for k in response.source_nodes[0].node.metadata)  # not on nodes
+    trace = funnel.last_trace.to_dict()
     assert [s["name"] for s in trace["stages"]] == ["ClusteredBM25Retriever", "SimilarityPostprocessor",
                                                     "later_chunking(6w) % 6", "LongContextReorder"]
     # passages point to their parent document node, which keeps its source relationship
@@ -101,8 +103,10 @@ def test_langchain_funnel_with_native_components_in_lcel(corpus_units):
     text = chain.invoke("Shakespeare playwright").to_string()
     assert "Q: Shakespeare playwright" in text
     out = funnel.invoke("Shakespeare playwright")
-    assert len(out) == 3 and out[0].metadata["funnel"]["funnel_trace"]["stages"][1]["name"] == "reverse"
-    assert out[0].metadata["funnel"]["parent_id"] in {d.id for d in docs}
+    assert len(out) == 3 and not any("trace" in k for k in out[0].metadata)  # not on documents
+    _, trace = funnel.search("Shakespeare playwright")
+    assert trace.stages[1].name == "reverse"
+    assert out[0].metadata["funnel_parent_id"] in {d.id for d in docs}
     vec_funnel = LCFunnelRetriever.from_stages(store.as_retriever(search_kwargs={"k": 5}), LaterChunking(words=6), k=2)
     assert len(asyncio.run(vec_funnel.ainvoke("Paris"))) == 2
 
@@ -115,7 +119,7 @@ def test_langchain_funnel_accepts_our_transformers(corpus_units):
                                            LaterChunkingTransformer(words=4), k=10)
     out = funnel.invoke("Eiffel Tower Paris")
     assert len(out) > 2 and all(len(d.page_content.split()) <= 4 for d in out)
-    assert all(d.metadata["funnel"]["level"] == "passage" and d.metadata["funnel"]["parent_id"] for d in out)
+    assert all(d.metadata["funnel_level"] == "passage" and d.metadata["funnel_parent_id"] for d in out)
 
 
 def test_langchain_funnel_rejects_bad_stage_output(corpus_units):
@@ -135,3 +139,62 @@ def test_funnel_bad_input(corpus_units):
         funnelrag(corpus_units, pre_ranker=keep_containing("x"), k_documents=0)
     with pytest.raises(TypeError, match="pre_ranking must be"):
         funnelrag(ClusteredBM25Index(max_tokens=40).index(corpus_units), pre_ranker=3.5)
+
+
+def test_langchain_funnel_keeps_one_score_per_stage_and_no_trace_on_documents(
+        corpus_units, tiny_cross_encoder_path):
+    """Issue 28 item 11: a FunnelRetriever over our retriever recorded the retriever's score twice
+    (``bm25`` and ``ClusteredBM25Retriever``), two cross-encoder stages wrote one
+    ``cross_encoder`` entry (the second overwrote the first), and every document carried the
+    whole trace (~1.15 KB of JSON). Now: one key per scoring, the second cross-encoder under
+    ``cross_encoder_2``, and the trace goes to the run's callbacks (a custom event)."""
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    from langchain_funnel import CrossEncoderReranker, LaterChunkingTransformer
+    from langchain_funnel.retrievers import ClusteredBM25Retriever as LCClustered
+
+    docs = [Document(id=u.id, page_content=u.text, metadata=dict(u.metadata)) for u in corpus_units]
+    clustered = LCClustered.from_documents(docs, k=8, max_tokens=40, knn_k=3, knn_threshold=0.05)
+    pre = CrossEncoderReranker(model=tiny_cross_encoder_path, top_n=4, device="cpu")
+    post = CrossEncoderReranker(model=tiny_cross_encoder_path, top_n=2, device="cpu")
+    funnel = LCFunnelRetriever.from_stages(clustered, pre, LaterChunkingTransformer(words=6), post, k=2)
+
+    class Events(BaseCallbackHandler):
+        def __init__(self):
+            self.events = []
+
+        def on_custom_event(self, name, data, **kwargs):
+            self.events.append((name, data))
+
+    events = Events()
+    out = funnel.invoke("Eiffel Tower in Paris", config={"callbacks": [events]})
+    assert len(out) == 2
+    for d in out:
+        scores = {k: v for k, v in d.metadata.items() if k.startswith("funnel_score_")}
+        assert set(scores) == {"funnel_score_bm25", "funnel_score_cross_encoder",
+                               "funnel_score_cross_encoder_2"}, scores
+        assert scores["funnel_score_cross_encoder_2"] == d.metadata["relevance_score"]
+        assert not any("trace" in k for k in d.metadata)
+        assert len(json.dumps(d.metadata)) < 900  # the user's keys plus a few scalars
+    # the passage's first cross-encoder score is its document's (scored before chunking)
+    pre_scores = {d.id: d.metadata["relevance_score"]
+                  for d in pre.compress_documents(clustered.invoke("Eiffel Tower in Paris"),
+                                                  "Eiffel Tower in Paris")}
+    for d in out:
+        assert d.metadata["funnel_score_cross_encoder"] == pytest.approx(
+            pre_scores[d.metadata["funnel_parent_id"]])
+    [(name, trace)] = [e for e in events.events if e[0] == "funnel_trace"]
+    assert len(trace["stages"]) == 4 and trace["stages"][0]["name"] == "ClusteredBM25Retriever"
+    assert trace["stages"][1]["units_out"] <= 4 and trace["stages"][3]["units_out"] == 2
+    # async: the same event
+    events.events.clear()
+    asyncio.run(funnel.ainvoke("Eiffel Tower in Paris", config={"callbacks": [events]}))
+    assert [e[0] for e in events.events] == ["funnel_trace"]
+
+
+def test_two_stages_of_one_name_keep_both_scores():
+    from funnel_core import Unit
+
+    u = Unit(id="a", text="t").rescored(1.0, "cross_encoder").rescored(2.0, "cross_encoder")
+    assert u.scores == {"cross_encoder": 1.0, "cross_encoder_2": 2.0} and u.score == 2.0
+    assert u.metadata == {}  # the user's metadata is never written

@@ -5,6 +5,7 @@ Providers: a local causal LM (tiny random Llama) and the frameworks' own fake mo
 reranker, transform and retrievers under test are the real ones.
 """
 
+import json
 from typing import Any, List
 
 import pytest
@@ -139,8 +140,8 @@ def test_rankrag_rerank_in_query_engine_with_local_model(tiny_llama_path, vector
     assert len(response.source_nodes) == 3
     scores = [n.score for n in response.source_nodes]
     assert scores == sorted(scores, reverse=True) and all(0 < s < 1 for s in scores)
-    assert all("rankrag" in n.node.metadata["funnel"]["scores"] for n in response.source_nodes)
-    assert "funnel" in response.source_nodes[0].node.excluded_llm_metadata_keys
+    assert all("funnel_score_rankrag" in n.node.metadata for n in response.source_nodes)
+    assert "funnel_score_rankrag" in response.source_nodes[0].node.excluded_llm_metadata_keys
     assert handler.events == ["ReRankStartEvent", "ReRankEndEvent"]
     assert rerank.stage.uses_logprobs and RankRAGRerank.class_name() == "RankRAGRerank"
 
@@ -181,7 +182,7 @@ def test_forward_lookup_transform_attaches_samples_and_feeds_retrievers(vector_r
     nodes = TransformRetriever(fb, transform).retrieve("Who wrote Hamlet?")
     assert judge.calls == calls + 3
     assert any("Shakespeare" in n.node.get_content() for n in nodes)
-    assert nodes[0].node.metadata["funnel"]["samples"][0]["answer"] == "William Shakespeare"
+    assert json.loads(nodes[0].node.metadata["funnel_samples_json"])[0]["answer"] == "William Shakespeare"
     # in front of an embedding retriever, inside a TransformQueryEngine
     engine = TransformQueryEngine(RetrieverQueryEngine.from_args(vector_retriever, llm=MockLLM()),
                                   query_transform=ForwardLookupQueryTransform(judge, samples=2))
@@ -193,11 +194,11 @@ async def test_forward_lookup_retriever_llama_index(vector_retriever):
     engine = RetrieverQueryEngine.from_args(fb, llm=MockLLM())
     nodes = engine.query("Who wrote the tragedy?").source_nodes
     assert len(nodes) == 3
-    positions = [n.node.metadata["funnel"]["position"] for n in nodes]
+    positions = [n.node.metadata["funnel_position"] for n in nodes]
     assert positions == sorted(positions)
-    meta = nodes[0].node.metadata["funnel"]
-    assert {"backward_scores", "forward_scores", "samples"} <= set(meta)
-    assert "funnel" in nodes[0].node.excluded_llm_metadata_keys
+    meta = nodes[0].node.metadata
+    assert {"funnel_backward_score", "funnel_forward_scores_json", "funnel_samples_json"} <= set(meta)
+    assert "funnel_samples_json" in nodes[0].node.excluded_llm_metadata_keys
     over_base = ForwardLookupRetriever(JudgeLLM(), retriever=vector_retriever, variant="F", k=1)
     best = over_base.retrieve("Who wrote the tragedy?")
     assert best[0].node.node_id == "d5"     # the Hamlet node, via the forward lookup
@@ -239,14 +240,14 @@ def test_rankrag_reranker_langchain_chain_with_chat_model(lc_docs):
     reranker = RankRAGReranker(llm=model, top_n=2, batch_size=8)
     chain = rerank_chain(ListRetriever(docs=lc_docs), reranker)
     out = chain.invoke("What is the capital of France?")
-    assert [d.id for d in out] == ["d0", "d2"] and out[0].metadata["funnel"]["score"] == 1.0
-    assert out[0].metadata["funnel"]["scores"]["rankrag"] == 1.0
+    assert [d.id for d in out] == ["d0", "d2"] and out[0].metadata["relevance_score"] == 1.0
+    assert out[0].metadata["funnel_score_rankrag"] == 1.0
 
 
 async def test_rankrag_reranker_langchain_local_model_and_async(tiny_llama_path, lc_docs):
     reranker = RankRAGReranker(llm=tiny_llama_path, top_n=3)
     out = reranker.compress_documents(lc_docs, "Who wrote Hamlet?")
-    assert len(out) == 3 and all(0 < d.metadata["funnel"]["score"] < 1 for d in out)
+    assert len(out) == 3 and all(0 < d.metadata["relevance_score"] < 1 for d in out)
     aout = await reranker.acompress_documents(lc_docs, "Who wrote Hamlet?")
     assert [d.id for d in aout] == [d.id for d in out]
     assert reranker.compress_documents(lc_docs, "  ") == lc_docs[:3]  # top_n caps even then
@@ -260,7 +261,8 @@ def test_forward_lookup_retriever_langchain(lc_docs):
                                          chunk_words=30, samples=2)
     docs = retriever.invoke("Who wrote the tragedy?")
     assert len(docs) == 2 and any("Shakespeare" in d.page_content for d in docs)
-    assert len(docs[0].metadata["funnel"]["forward_scores"]) == 2 and "backward_scores" in docs[0].metadata["funnel"]
+    assert len(json.loads(docs[0].metadata["funnel_forward_scores_json"])) == 2
+    assert isinstance(docs[0].metadata["funnel_backward_score"], float)
     assert len(retriever.invoke("Who wrote the tragedy?", k=1)) == 1
     fmt = RunnableLambda(lambda ds: "\n".join(d.page_content for d in ds))
     assert "Shakespeare" in (retriever | fmt).invoke("Who wrote the tragedy?")

@@ -111,7 +111,7 @@ def test_langchain_dense_and_hybrid_on_milvus(db, embedder):
     ref = DenseRetriever.from_documents(docs, embedder, k=4)
 
     def view(ds):
-        return [d.id for d in ds], [d.metadata["funnel"]["score"] for d in ds]
+        return [d.id for d in ds], [d.metadata["relevance_score"] for d in ds]
 
     for q in QUERIES:
         (gi, gs), (wi, ws) = view(dense.invoke(q)), view(ref.invoke(q))

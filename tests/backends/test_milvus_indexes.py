@@ -132,8 +132,8 @@ def test_bm25_matches_bm25s(flat, ref):
     assert got.id == want.id and got.text == want.text and got.level == "document"
     assert {k: v for k, v in got.metadata.items() if k != "scores"} == \
         {k: v for k, v in want.metadata.items() if k != "scores"}
-    assert got.metadata["scores"]["bm25"] == pytest.approx(want.score, rel=1e-5)
-    assert isinstance(got.score, float) and got.metadata["bm25_rank"] == 0
+    assert got.scores["bm25"] == pytest.approx(want.score, rel=1e-5)
+    assert isinstance(got.score, float) and got.funnel["bm25_rank"] == 0
     assert flat.search("the", k=5) == [] and flat.search("   ") == []
     assert len(flat) == 120
 
@@ -321,8 +321,8 @@ def clustered(db, clustered_ref) -> MilvusClusteredBM25Index:
 
 
 def _doc_view(units: list[Unit]) -> list[tuple]:
-    return [(u.id, u.text, u.parent_id, u.level, u.metadata["cluster_id"], u.metadata["cluster_rank"],
-             round(u.score, 4), round(u.metadata["document_score"], 4),
+    return [(u.id, u.text, u.parent_id, u.level, u.funnel["cluster_id"], u.funnel["cluster_rank"],
+             round(u.score, 4), round(u.score, 4),
              {k: v for k, v in u.metadata.items() if k not in ("scores", "cluster_score", "document_score")})
             for u in units]
 

@@ -61,7 +61,7 @@ def memory() -> BM25Retriever:
 
 
 def _view(docs: list[Document]) -> list[tuple]:
-    return [(d.id, round(d.metadata["funnel"]["score"], 4)) for d in docs]
+    return [(d.id, round(d.metadata["relevance_score"], 4)) for d in docs]
 
 
 def _same(got: list[Document], want: list[Document]) -> None:
@@ -267,7 +267,7 @@ def test_clustered_retriever_on_milvus(db):
     assert isinstance(cl.index, MilvusClusteredBM25Index) and isinstance(mem.index, ClusteredBM25Index)
 
     def view(docs):
-        return [(d.id, d.metadata["funnel"]["cluster_id"], round(d.metadata["funnel"]["score"], 4))
+        return [(d.id, d.metadata["funnel_cluster_id"], round(d.metadata["relevance_score"], 4))
                 for d in docs]
 
     for q in QUERIES:

@@ -53,8 +53,8 @@ def test_alpha_fusion_matches_the_paper_formula_by_hand():
                                  "c": 0.3 * 0.0 + 0.0, "d": 0.3 * 0.0 + 0.5})
     assert [u.id for u in out] == ["b", "d", "a", "c"]
     b = out[0]
-    assert b.metadata["sparse_rank"] == 1 and b.metadata["dense_rank"] == 0
-    assert out[1].metadata["sparse_rank"] is None  # d: dense only, gets the sparse floor 0
+    assert b.funnel["sparse_rank"] == 1 and b.funnel["dense_rank"] == 0
+    assert out[1].funnel["sparse_rank"] is None  # d: dense only, gets the sparse floor 0
     assert type(b.score) is float and b.scores["hybrid"] == b.score
     # alpha = 1 weighs both sides equally; alpha = 0 is the dense ranking
     assert [u.id for u in alpha_fusion(sparse, dense, alpha=0.0)][:3] == ["b", "d", "a"]
@@ -138,8 +138,8 @@ def test_repack_orders():
     assert [u.id for u in repack(units, "reverse")] == ["4", "3", "2", "1", "0"]
     assert [u.id for u in repack(units, "sides")] == ["0", "2", "4", "3", "1"]
     out = Repack()("q", units)  # default: reverse, best last
-    assert out[-1].id == "0" and out[-1].metadata["retrieval_rank"] == 0
-    assert out[-1].metadata["repack_position"] == 4 and out[-1].score == 10.0
+    assert out[-1].id == "0" and out[-1].funnel["retrieval_rank"] == 0
+    assert out[-1].funnel["repack_position"] == 4 and out[-1].score == 10.0
     assert "repack_position" not in units[0].metadata
     assert [u.id for u in (Repack() % 2)("q", units)] == ["1", "0"]  # cut best 2, then reverse
     with pytest.raises(ValueError, match="unknown repack order 'backwards'"):
@@ -164,13 +164,14 @@ def test_extractive_compressor_keeps_relevant_sentences_in_order(method, embedde
     assert kept <= 0.4 * total
     assert out[0].id == "p1" and "completed in 1889" in out[0].text
     assert "potassium" not in " ".join(u.text for u in out)
-    info = out[0].metadata["compression"]
-    assert info["kept_tokens"] == len(out[0].text.split())
-    assert info["original_tokens"] == len(DOCS[0].text.split()) and info["total_sentences"] == 4
+    info = out[0].funnel
+    assert info["compression_kept_tokens"] == len(out[0].text.split())
+    assert (info["compression_original_tokens"] == len(DOCS[0].text.split())
+            and info["compression_total_sentences"] == 4)
     # kept sentences stay in their original order
     kept_sents = split_sentences(out[0].text)
     positions = [DOCS[0].text.index(s) for s in kept_sents]
-    assert positions == sorted(positions) and len(kept_sents) == info["kept_sentences"]
+    assert positions == sorted(positions) and len(kept_sents) == info["compression_kept_sentences"]
     assert DOCS[0].text.startswith("The Eiffel Tower is in Paris.")  # input not mutated
 
 

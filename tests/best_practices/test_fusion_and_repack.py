@@ -18,8 +18,8 @@ from funnel_core.units import Unit
 
 def U(uid, score=None, **scores):
     u = Unit(id=uid, text=f"text {uid}", score=score)
-    if scores:
-        u.metadata["scores"] = dict(scores)
+    for stage, s in scores.items():
+        u.record_score(stage, s)
     return u
 
 
@@ -53,21 +53,21 @@ def test_alpha_fusion_by_hand():
     assert [u.id for u in out] == ["b", "d", "a", "c"]
     assert [u.score for u in out] == pytest.approx([1.15, 0.5, 0.3, 0.0])
     by = {u.id: u for u in out}
-    assert by["b"].metadata["sparse_score"] == pytest.approx(0.5)
-    assert by["b"].metadata["dense_score"] == pytest.approx(1.0)
-    assert (by["b"].metadata["sparse_rank"], by["b"].metadata["dense_rank"]) == (1, 0)
-    assert (by["c"].metadata["sparse_rank"], by["c"].metadata["dense_rank"]) == (2, None)
-    assert (by["d"].metadata["sparse_rank"], by["d"].metadata["dense_rank"]) == (None, 1)
-    assert by["a"].metadata["scores"] == {"bm25": 10.0, "hybrid": pytest.approx(0.3)}
-    assert by["b"].metadata["scores"]["dense"] == 0.9 and by["b"].text == "text b"
-    assert sparse[0].score == 10.0 and "hybrid" not in sparse[0].metadata["scores"]   # copies
+    assert by["b"].funnel["sparse_score"] == pytest.approx(0.5)
+    assert by["b"].funnel["dense_score"] == pytest.approx(1.0)
+    assert (by["b"].funnel["sparse_rank"], by["b"].funnel["dense_rank"]) == (1, 0)
+    assert (by["c"].funnel["sparse_rank"], by["c"].funnel["dense_rank"]) == (2, None)
+    assert (by["d"].funnel["sparse_rank"], by["d"].funnel["dense_rank"]) == (None, 1)
+    assert by["a"].scores == {"bm25": 10.0, "hybrid": pytest.approx(0.3)}
+    assert by["b"].scores["dense"] == 0.9 and by["b"].text == "text b"
+    assert sparse[0].score == 10.0 and "hybrid" not in sparse[0].scores   # copies
     # the floor is the side's lowest normalised score: with z-scores it is negative
     z = alpha_fusion([U("a", 3.0), U("b", 1.0)], [U("c", 5.0), U("a", 1.0)], alpha=0.5,
                      normalization="zscore", stage="mix")
     # sparse z: a 1, b -1 (floor -1); dense z: c 1, a -1 (floor -1)
     # a: 0.5 * 1 + -1 = -0.5;  b: 0.5 * -1 + -1 = -1.5;  c: 0.5 * -1 + 1 = 0.5
     assert [(u.id, round(u.score, 6)) for u in z] == [("c", 0.5), ("a", -0.5), ("b", -1.5)]
-    assert z[0].metadata["scores"]["mix"] == pytest.approx(0.5)
+    assert z[0].scores["mix"] == pytest.approx(0.5)
     # raw scores with normalization="none"; ties broken by id
     raw = alpha_fusion([U("y", 1.0), U("x", 1.0)], [], alpha=1.0, normalization="none")
     assert [(u.id, u.score) for u in raw] == [("x", 1.0), ("y", 1.0)]
@@ -88,13 +88,13 @@ def test_rrf_by_hand():
     assert [u.id for u in out] == ["b", "a", "c"]
     assert [u.score for u in out] == pytest.approx([1 / 62 + 1 / 61, 1 / 61, 1 / 62])
     by = {u.id: u for u in out}
-    assert (by["a"].metadata["sparse_rank"], by["a"].metadata["dense_rank"]) == (0, None)
-    assert (by["b"].metadata["sparse_rank"], by["b"].metadata["dense_rank"]) == (1, 0)
-    assert (by["c"].metadata["sparse_rank"], by["c"].metadata["dense_rank"]) == (None, 1)
+    assert (by["a"].funnel["sparse_rank"], by["a"].funnel["dense_rank"]) == (0, None)
+    assert (by["b"].funnel["sparse_rank"], by["b"].funnel["dense_rank"]) == (1, 0)
+    assert (by["c"].funnel["sparse_rank"], by["c"].funnel["dense_rank"]) == (None, 1)
     # k = 1, weights (2, 0.5): a 2/2 = 1; b 2/3 + 0.5/2 = 0.9167; c 0.5/3
     w = rrf_fusion(sparse, dense, k=1, weights=(2.0, 0.5), stage="rrf")
     assert [(u.id, round(u.score, 4)) for u in w] == [("a", 1.0), ("b", 0.9167), ("c", 0.1667)]
-    assert w[0].metadata["scores"]["rrf"] == 1.0
+    assert w[0].scores["rrf"] == 1.0
     with pytest.raises(ValueError, match="weights"):
         rrf_fusion(sparse, dense, weights=(1.0, -1.0))
     with pytest.raises(ValueError, match="weights"):
@@ -109,18 +109,18 @@ def test_fuse_defaults_and_cut_off():
     # defaults: alpha fusion, alpha 0.3, min-max (see test_alpha_fusion_by_hand)
     out = fuse(sparse, dense)
     assert [(u.id, round(u.score, 6)) for u in out] == [("b", 1.15), ("d", 0.5), ("a", 0.3), ("c", 0.0)]
-    assert out[0].metadata["scores"]["hybrid"] == pytest.approx(1.15)
+    assert out[0].scores["hybrid"] == pytest.approx(1.15)
     assert [u.id for u in fuse(sparse, dense, k=2)] == ["b", "d"]
     assert [u.id for u in fuse(sparse, dense, k=10)] == ["b", "d", "a", "c"]
     half = fuse(sparse, dense, alpha=0.9, normalization="none", stage="h")
     # raw: a 0.9 * 10 + 0.1 = 9.1; b 5.4 + 0.9 = 6.3; c 1.8 + 0.1 (dense floor) = 1.9; d 1.8 + 0.5 = 2.3
     assert [(u.id, round(u.score, 6)) for u in half] == [("a", 9.1), ("b", 6.3), ("d", 2.3), ("c", 1.9)]
-    assert half[0].metadata["scores"]["h"] == pytest.approx(9.1)
+    assert half[0].scores["h"] == pytest.approx(9.1)
     r = fuse(sparse, dense, method="rrf", rrf_k=1, stage="r")
     # a 1/2 + 1/4; b 1/3 + 1/2; c 1/4; d 1/3
     assert [(u.id, round(u.score, 6)) for u in r] == [("b", round(1 / 3 + 1 / 2, 6)), ("a", 0.75),
                                                      ("d", round(1 / 3, 6)), ("c", 0.25)]
-    assert r[0].metadata["scores"]["r"] == pytest.approx(1 / 3 + 1 / 2)
+    assert r[0].scores["r"] == pytest.approx(1 / 3 + 1 / 2)
     with pytest.raises(ValueError, match="unknown fusion method"):
         fuse(sparse, dense, method="max")
     with pytest.raises(ValueError, match="k must be >= 1"):
@@ -136,8 +136,8 @@ def test_repack_orders(order, expected):
     units = [U(f"u{i}", 1.0 - i / 10) for i in range(5)]
     out = repack(units, order)
     assert [u.id for u in out] == expected
-    assert [u.metadata["repack_position"] for u in out] == list(range(5))
-    assert [u.metadata["retrieval_rank"] for u in out] == [int(i[1]) for i in expected]
+    assert [u.funnel["repack_position"] for u in out] == list(range(5))
+    assert [u.funnel["retrieval_rank"] for u in out] == [int(i[1]) for i in expected]
     assert [u.score for u in out] == [1.0 - int(i[1]) / 10 for i in expected]
     assert "repack_position" not in units[0].metadata               # inputs untouched
 

@@ -57,7 +57,7 @@ class _LCSide(LCBaseRetriever):
     scores: dict
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun):
-        return [Document(id=i, page_content=f"text {i}", metadata={"funnel": {"score": s}})
+        return [Document(id=i, page_content=f"text {i}", metadata={"relevance_score": s})
                 for i, s in self.scores.items()]
 
 
@@ -78,7 +78,7 @@ def fused(retriever) -> dict[str, float]:
         return {u.id: u.score for u in retriever.retrieve("q")}
     if isinstance(retriever, LIHybrid):
         return {n.node.node_id: n.score for n in retriever.retrieve("q")}
-    return {d.id: d.metadata["funnel"]["score"] for d in retriever.invoke("q")}
+    return {d.id: d.metadata["relevance_score"] for d in retriever.invoke("q")}
 
 
 MAKERS = [core, llamaindex, langchain]

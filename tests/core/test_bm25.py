@@ -21,7 +21,7 @@ def test_every_variant_ranks_the_matching_document_first(corpus_units, method):
     top = idx.search("Eiffel tower lattice", k=3)
     assert top[0].id == "d2"
     assert all(type(u.score) is float for u in top)
-    assert [u.metadata["bm25_rank"] for u in top] == list(range(len(top)))
+    assert [u.funnel["bm25_rank"] for u in top] == list(range(len(top)))
 
 
 def test_stemming_and_stopwords_are_switchable(corpus_units):

@@ -59,8 +59,8 @@ def test_search_equals_a_full_sort_of_bm25s_scores(method, k):
         assert [(u.id, u.score) for u in got] == want
         assert [(u.id, u.score) for u in index.search(q, k=k)] == want
         assert [(u.id, u.score) for u in got2] == want
-        assert [u.metadata["bm25_rank"] for u in got] == list(range(len(got)))
-        assert all(u.metadata["scores"] == {"bm25": u.score} for u in got)
+        assert [u.funnel["bm25_rank"] for u in got] == list(range(len(got)))
+        assert all(u.scores == {"bm25": u.score} for u in got)
 
 
 def test_filter_on_the_fast_path_matches_the_reference():
@@ -80,14 +80,14 @@ def test_a_hit_sets_every_unit_field():
     for f in dataclasses.fields(Unit):
         assert f.name in vars(hit), f"_hit does not set Unit.{f.name}"
     assert hit.to_dict() == {"id": "a", "text": "t", "score": 2.5, "parent_id": "p", "level": "document",
-                             "metadata": {"k": 1, "scores": {"bm25": 2.5}, "bm25_rank": 4}}
+                             "metadata": {"k": 1}, "funnel": {"score_bm25": 2.5, "bm25_rank": 4}}
     assert hit.source is unit.source and unit.metadata == {"k": 1} and unit.score == 3.0
 
 
 @pytest.mark.parametrize("metadata", [
     {"title": "Paris", "year": 2020, "pair": (1, 2)},            # immutable values: shallow copy
     {"tags": ["geo", "fr"], "nested": {"a": [1]}},               # mutable values: deep copy
-    {"scores": {"earlier": 1.0}, "title": "Paris"},              # a score history is kept
+    {"scores": {"earlier": 1.0}, "title": "Paris"},              # a user's "scores" key is theirs
 ])
 def test_editing_returned_units_never_changes_the_index(metadata):
     import copy
@@ -99,6 +99,7 @@ def test_editing_returned_units_never_changes_the_index(metadata):
     hit = first[0]
     hit.metadata["title"] = "changed"
     hit.metadata.setdefault("scores", {})["mine"] = 9.0
+    hit.funnel["mine"] = 9.0
     for v in hit.metadata.values():
         if isinstance(v, list):
             v.append("x")
@@ -106,9 +107,9 @@ def test_editing_returned_units_never_changes_the_index(metadata):
             v["new"] = 1
     hit.text, hit.score = "edited", -1.0
     again = index.search("Paris", k=2)[0]
-    expected = {**metadata, "scores": {**metadata.get("scores", {}), "bm25": again.score}, "bm25_rank": 0}
-    assert again.metadata == expected
-    assert again.text == "Paris tower" and again.score == first[0].metadata["scores"]["bm25"]
+    assert again.metadata == metadata  # a stage never writes the user's metadata
+    assert again.funnel == {"score_bm25": again.score, "bm25_rank": 0}
+    assert again.text == "Paris tower" and again.score == first[0].scores["bm25"]
     assert index.units[0].metadata == metadata and index.units[0].text == "Paris tower"
 
 

@@ -90,7 +90,7 @@ def test_clustered_add_follows_algorithm_1_closeness(tmp_path):
     assert of["x"] == of["d0"] and of["y"] == of["d1"] and of["z"] not in before
     assert cl[of["z"]] == ["z"] and of["z"] == "cluster-3"
     assert all(c.metadata["n_tokens"] <= 8 for c in idx.clusters)
-    assert idx.search("mm", k=1)[0].metadata["cluster_id"] == of["d1"]  # cluster text updated
+    assert idx.search("mm", k=1)[0].funnel["cluster_id"] == of["d1"]  # cluster text updated
     # delete: y leaves its cluster, z's cluster disappears; the rest keep their ids
     assert idx.delete(["y", "z"]) == 2
     assert "cluster-3" not in {c.id for c in idx.clusters} and not idx.search("mm nn oo", k=5)

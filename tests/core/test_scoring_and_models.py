@@ -55,3 +55,39 @@ def test_old_import_paths():
 
     assert f is normalize_scores and m is minmax and t is tokenizer_lock
     assert sigmoid(0.0) == 0.5 and LazyModel and load_pretrained and resolve_device
+
+
+def test_a_missing_models_extra_names_the_install_command():
+    """Issue 28 item 12: without torch a reranker failed with a bare "No module named 'torch'"."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "for m in ('torch', 'transformers', 'sentence_transformers', 'FlagEmbedding'):\n"
+            "    sys.modules[m] = None  # as if the 'models' extra were not installed\n"
+            "from funnel_core import Unit\n"
+            "from funnel_core.rerank.cross_encoder import CrossEncoderScorer\n"
+            "try:\n"
+            "    CrossEncoderScorer(model='some/model')('q', [Unit(id='a', text='t')])\n"
+            "except ImportError as exc:\n"
+            "    print(exc)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert 'pip install "funnel-rag[models]"' in out.stdout, out.stdout + out.stderr
+    assert "torch" in out.stdout
+
+
+@pytest.mark.parametrize("name", ["/nonexistent/x", "./models/ce", "~/ce", "a/b/c"])
+def test_a_missing_local_folder_is_not_sent_to_the_hub(name):
+    """Issue 28 item 12: a missing local path was answered with `huggingface-cli download
+    /nonexistent/x` (a command that cannot work for a path)."""
+    from funnel_core.errors import ModelLoadError
+    from funnel_core.models import load_pretrained
+
+    def loader(path):
+        raise OSError(f"Repo id must be in the form 'namespace/repo_name': {path!r}")
+
+    with pytest.raises(ModelLoadError, match="no folder") as info:
+        load_pretrained(loader, name, "cross-encoder")
+    assert "huggingface-cli" not in str(info.value) and name in str(info.value)
+    with pytest.raises(ModelLoadError, match="huggingface-cli download org/model"):
+        load_pretrained(loader, "org/model", "cross-encoder")  # a hub name: download it

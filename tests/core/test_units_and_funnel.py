@@ -42,8 +42,8 @@ def test_later_chunking_sets_parent_and_position():
     parent = Unit(id="doc", text=" ".join(["word"] * 250), score=3.0, metadata={"title": "T"}, level="document")
     kids = LaterChunking(words=100)("q", [parent])
     assert [k.id for k in kids] == ["doc#0", "doc#1", "doc#2"]
-    assert all(k.parent_id == "doc" and k.metadata["parent_score"] == 3.0 for k in kids)
-    assert [k.metadata["position"] for k in kids] == [0, 1, 2]
+    assert all(k.parent_id == "doc" and k.funnel["parent_score"] == 3.0 for k in kids)
+    assert [k.funnel["position"] for k in kids] == [0, 1, 2]
     assert kids[0].metadata["title"] == "T" and kids[0].level == "passage"
 
 
@@ -58,7 +58,9 @@ def test_funnel_composition_cutoffs_and_trace(corpus_units):
     assert res.trace.stages[0].units_out == 3 and res.trace.stages[1].units_in == 3
     assert res.trace.stages[0].answer_recall == 1.0
     assert all(r.seconds >= 0 for r in res.trace.stages)
-    assert res.units[0].metadata["funnel_trace"]["stages"][0]["name"] == "bm25 % 3"
+    # the trace is on the result, not copied onto every unit
+    assert all("funnel_trace" not in u.metadata and "funnel_trace" not in u.funnel for u in res.units)
+    assert res.trace.to_dict()["stages"][0]["name"] == "bm25 % 3"
 
 
 def test_funnel_accepts_plain_callables_and_nests(corpus_units):
@@ -91,5 +93,5 @@ def test_open_clusters(corpus_units):
     cluster = Unit(id="c0", text="...", score=2.0, metadata={"members": ["d0", "d2"]}, level="cluster")
     docs = OpenClusters(corpus_units)("q", [cluster])
     assert [d.id for d in docs] == ["d0", "d2"]
-    assert docs[0].metadata["cluster_id"] == "c0" and docs[0].metadata["cluster_rank"] == 0
+    assert docs[0].funnel["cluster_id"] == "c0" and docs[0].funnel["cluster_rank"] == 0
     assert docs[0].score == 2.0 and docs[0].parent_id == "c0"

@@ -57,7 +57,7 @@ def test_chunk_context_default_300_words_and_positions():
     long_text = " ".join(f"Sentence {i} is here." for i in range(200))  # 800 words
     chunks = chunk_context(long_text)
     assert all(len(c.text.split()) <= 300 for c in chunks) and len(chunks) == 3
-    assert [c.metadata["position"] for c in chunks] == [0, 1, 2]
+    assert [c.funnel["position"] for c in chunks] == [0, 1, 2]
     assert " ".join(c.text for c in chunks).split() == long_text.split()
     assert len(chunk_context(["doc one.", "doc two."], 300)) == 2
     with pytest.raises(ValueError, match="context is empty"):
@@ -89,7 +89,7 @@ def test_stage2_samples_with_paper_settings_and_reads_stage1_in_order():
     assert (call["n"], call["top_p"], call["top_k"]) == (5, 0.9, 50) and call["temperature"] > 0
     prompt = call["prompts"][0]
     assert prompt.startswith(FORWARD_PROMPT.split("{context}")[0]) and f"Question: {QUESTION}" in prompt
-    positions = [u.metadata["fb_rag_order"] for u in res.stage1]
+    positions = [u.funnel["fb_rag_order"] for u in res.stage1]
     stage1_texts = sorted(zip(positions, (u.text for u in res.stage1)))
     seen = [prompt.index(t) for _, t in stage1_texts]
     assert seen == sorted(seen)               # the LLM reads Stage I chunks in original order
@@ -104,11 +104,11 @@ def test_s_fb_formula_and_metadata():
     b = bm25_scores(QUESTION, texts)
     f = bm25_scores(res.samples[0].lookup_text, texts)
     for u in res.scored:
-        i = u.metadata["position"]
-        assert u.metadata["backward_scores"]["query"] == pytest.approx(b[i] / max(b))
-        assert max(u.metadata["forward_scores"]) == pytest.approx(f[i] / max(f))
+        i = u.funnel["position"]
+        assert u.funnel["backward_score"] == pytest.approx(b[i] / max(b))
+        assert max(u.funnel["forward_scores"]) == pytest.approx(f[i] / max(f))
         assert u.score == pytest.approx(0.5 * b[i] / max(b) + 0.5 * f[i] / max(f))
-        assert len(u.metadata["samples"]) == 5 and u.scores["fb_rag[FB]"] == u.score
+        assert len(u.funnel["samples"]) == 5 and u.scores["fb_rag[FB]"] == u.score
 
 
 def test_forward_lookup_finds_what_backward_bm25_misses():
@@ -123,7 +123,7 @@ def test_order_preserving_and_budgets():
     chunks = units()
     fb = ForwardLookup.preset("FB", llm=Reader(), k=3, chunk_words=20)
     kept = fb(QUESTION, chunks)
-    assert [u.metadata["position"] for u in kept] == sorted(u.metadata["position"] for u in kept)
+    assert [u.funnel["position"] for u in kept] == sorted(u.funnel["position"] for u in kept)
     ranked = ForwardLookup.preset("FB", llm=Reader(), k=3, chunk_words=20, order_preserving=False)
     best = ranked(QUESTION, chunks)
     assert [u.score for u in best] == sorted((u.score for u in best), reverse=True)
@@ -172,7 +172,7 @@ def test_with_a_real_local_causal_lm(tiny_llama_path):
                               reader_words=40)
     res = fb.search_context(QUESTION, CONTEXT)
     assert len(res.samples) == 2 and all(isinstance(s.text, str) for s in res.samples)
-    assert len(res.units) == 2 and all(len(u.metadata["forward_scores"]) == 2 for u in res.units)
+    assert len(res.units) == 2 and all(len(u.funnel["forward_scores"]) == 2 for u in res.units)
 
 
 def test_default_stage2_prompt_asks_for_brief_reasoning_and_quote_is_an_option():

@@ -1,6 +1,9 @@
-"""Issue 17, defect 2: inside a retrieved cluster, documents come in the order of their OWN BM25
-score (best first), after the cluster order; before, every member tied on the cluster score and
-came in merge order.
+"""The clustered first stage: the top-``k`` clusters decide WHICH documents come back; each
+document's score is its OWN BM25 score and the documents are sorted by it, best first (ties keep
+cluster order, then member order); the cluster's score and rank stay in the bookkeeping. Before
+(issue 17) every member carried its cluster's score and documents came cluster by cluster, so a
+document without a query term ranked above matching documents of the next cluster (issue 28,
+item 7).
 
 The reference is the Lucene BM25 formula written out here over the documents (tokenized with
 the index's own tokenizer), not the index's code path: idf = ln(1 + (N - df + 0.5) / (df + 0.5)),
@@ -73,9 +76,11 @@ def _reference_scores(query: str, docs: list[Unit]) -> dict[str, float]:
 
 
 def _expected(index: ClusteredBM25Index, query: str, k: int, docs: list[Unit]) -> list[str]:
+    """Members of the top-``k`` clusters (cluster order, then member order), sorted by their own
+    reference score (a stable sort: ties keep that order)."""
     ref = _reference_scores(query, docs)
     clusters = index.search(query, k=k, return_clusters=True)
-    return [m for c in clusters for m in sorted(c.metadata["members"], key=lambda m: -ref[m])]
+    return sorted([m for c in clusters for m in c.metadata["members"]], key=lambda m: -ref[m])
 
 
 @pytest.fixture(scope="module")
@@ -83,20 +88,63 @@ def index() -> ClusteredBM25Index:
     return ClusteredBM25Index(max_tokens=200, adjacency="links").index(_documents())
 
 
-def test_documents_within_a_cluster_are_ordered_by_their_own_bm25_score(index):
+def test_documents_are_scored_and_sorted_by_their_own_bm25_score(index):
     docs = _documents()
     assert sorted(len(c.metadata["members"]) for c in index.clusters) == [4, 4, 4]
     differs = False
     for q in QUERIES:
         ref = _reference_scores(q, docs)
         got = index.search(q, k=3)
+        clusters = index.search(q, k=3, return_clusters=True)
         assert [d.id for d in got] == _expected(index, q, 3, docs), q
-        for d in got:  # the document's own score is reported next to the cluster's
-            assert d.metadata["document_score"] == pytest.approx(ref[d.id], rel=1e-5, abs=1e-6)
-            assert d.score == d.metadata["cluster_score"]
-        members = [m for c in index.search(q, k=3, return_clusters=True) for m in c.metadata["members"]]
+        for d in got:  # the document's own score; the cluster's score and rank kept apart
+            assert d.score == pytest.approx(ref[d.id], rel=1e-5, abs=1e-6)
+            c = next(c for c in clusters if d.id in c.metadata["members"])
+            assert d.funnel["cluster_id"] == c.id and d.funnel["cluster_score"] == c.score
+            assert d.funnel["cluster_rank"] == clusters.index(c)
+            assert d.scores == {"bm25": d.score}
+        scores = [d.score for d in got]
+        assert scores == sorted(scores, reverse=True)
+        members = [m for c in clusters for m in c.metadata["members"]]
         differs |= members != [d.id for d in got]
     assert differs  # the merge order is not already the answer: the old behaviour fails here
+
+
+def test_no_document_without_a_query_term_ranks_above_one_with_it():
+    """Issue 28 item 7: a member without any query term must not come before a matching
+    document, neither of its own cluster nor of the next one (before: each document carried its
+    cluster's score, so the whole first cluster, matching or not, came first)."""
+    groups = {  # the first cluster has one strong match and three documents without the terms
+        "a": ["glacier glacier glacier ice shelf melt", "The bakery opens at six.",
+              "Trains leave from platform four.", "The museum closes on Mondays."],
+        "b": ["A glacier feeds the lake below.", "Ice covers the pond in winter.",
+              "The ice shelf cracked.", "Summer festivals fill the square."],
+    }
+    docs = _documents(groups)
+    index = ClusteredBM25Index(max_tokens=200, adjacency="links").index(docs)
+    tok = BM25Index()
+    for q in ["glacier ice shelf", "ice melt", "glacier"]:
+        q_terms = set(tok.tokenize([q])[0])
+        got = index.search(q, k=2)
+        assert {d.funnel["cluster_rank"] for d in got} == {0, 1}, q  # both clusters opened
+        has_term = [bool(q_terms & set(tok.tokenize([d.text])[0])) for d in got]
+        first_miss = has_term.index(False)
+        assert not any(has_term[first_miss:]), (q, [d.id for d in got])
+        assert all(d.score == 0.0 for d, h in zip(got, has_term) if not h)
+        assert all(d.score > 0.0 for d, h in zip(got, has_term) if h)
+
+
+def test_the_query_is_tokenized_once_for_clusters_and_documents(index, monkeypatch):
+    calls = []
+    real = BM25Index.tokenize
+
+    def counting(self, texts):
+        calls.append(list(texts))
+        return real(self, texts)
+
+    monkeypatch.setattr(BM25Index, "tokenize", counting)
+    index.search("river valley mill", k=2)
+    assert calls == [["river valley mill"]]
 
 
 def test_the_document_cap_keeps_the_best_documents_of_the_last_cluster(index):
@@ -110,8 +158,8 @@ def test_order_survives_save_load_add_and_delete(tmp_path, index):
     index.save(tmp_path / "c")
     loaded = ClusteredBM25Index.load(tmp_path / "c")
     for q in QUERIES:
-        assert [(d.id, d.metadata["document_score"]) for d in loaded.search(q, k=3)] == \
-            [(d.id, d.metadata["document_score"]) for d in index.search(q, k=3)]
+        assert [(d.id, d.score) for d in loaded.search(q, k=3)] == \
+            [(d.id, d.score) for d in index.search(q, k=3)]
     # add and delete change N, df and avgdl: the scores follow the new corpus
     grown = ClusteredBM25Index(max_tokens=200, adjacency="links").index(_documents())
     extra = Unit(id="river-4", text="The river river river mill.", metadata={"links": ["river-0"]})
@@ -121,7 +169,7 @@ def test_order_survives_save_load_add_and_delete(tmp_path, index):
     got = grown.search(q, k=1)
     assert [d.id for d in got] == _expected(grown, q, 1, docs)
     ref = _reference_scores(q, docs)
-    assert [d.metadata["document_score"] for d in got] == pytest.approx([ref[d.id] for d in got], rel=1e-5)
+    assert [d.score for d in got] == pytest.approx([ref[d.id] for d in got], rel=1e-5)
     grown.delete(["river-1", "space-1"])
     docs = [d for d in docs if d.id not in ("river-1", "space-1")]
     for q in QUERIES:
@@ -145,7 +193,9 @@ def test_framework_retrievers_return_the_same_order(index):
         want = _expected(index, q, 1, docs)[:3]
         assert [n.node.node_id for n in li.retrieve(q)] == want
         assert [d.id for d in lc.invoke(q)] == want
-        assert "document_score" not in lc.invoke(q)[0].metadata  # bookkeeping stays namespaced
+        meta = lc.invoke(q)[0].metadata  # bookkeeping: flat, prefixed, beside the user's keys
+        assert isinstance(meta["funnel_cluster_rank"], int) and "cluster_rank" not in meta
+        assert meta["group"] in GROUPS and isinstance(meta["relevance_score"], float)
 
 
 def test_cluster_settings_and_edits_are_honoured(index):

@@ -103,8 +103,8 @@ def clustered(corpus_units):
 def test_clustered_search_opens_clusters(clustered):
     docs = clustered.search("Eiffel Tower Paris", k=1)
     assert "d2" in {d.id for d in docs}
-    assert all(d.level == "document" and d.metadata["cluster_rank"] == 0 for d in docs)
-    assert len({d.metadata["cluster_id"] for d in docs}) == 1
+    assert all(d.level == "document" and d.funnel["cluster_rank"] == 0 for d in docs)
+    assert len({d.funnel["cluster_id"] for d in docs}) == 1
     clusters = clustered.search("Eiffel Tower Paris", k=2, return_clusters=True)
     assert all(c.level == "cluster" for c in clusters) and len(clusters) <= 2
     assert len(clustered.search("Eiffel Tower Paris", k=2, max_documents=1)) == 1

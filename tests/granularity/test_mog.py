@@ -57,19 +57,19 @@ def test_levels_are_nested_pairs_without_overlap(hierarchy):
     level1 = hierarchy.level(1)
     assert all(count_tokens(u.text) <= 12 for u in level1)
     for doc_i, doc in enumerate(DOCS):  # level 1 of a document is the document, once, in order
-        ones = [u for u in level1 if u.metadata["doc_index"] == doc_i]
+        ones = [u for u in level1 if u.funnel["doc_index"] == doc_i]
         assert " ".join(u.text for u in ones).split() == doc.split()
         assert all(u.text.endswith(".") for u in ones)  # sentence-aware ends
     for j in range(2, 5):
         for u in hierarchy.level(j):
-            kids = [hierarchy.by_id[c] for c in u.metadata["child_ids"]]
+            kids = [hierarchy.by_id[c] for c in u.funnel["child_ids"]]
             assert 1 <= len(kids) <= 2 and all(k.parent_id == u.id for k in kids)
             assert u.text == " ".join(k.text for k in kids)
-            assert [k.metadata["position"] for k in kids] == \
-                list(range(2 * u.metadata["position"], 2 * u.metadata["position"] + len(kids)))
-            assert len({k.metadata["doc_id"] for k in kids}) == 1
+            assert [k.funnel["position"] for k in kids] == \
+                list(range(2 * u.funnel["position"], 2 * u.funnel["position"] + len(kids)))
+            assert len({k.funnel["doc_id"] for k in kids}) == 1
     assert all(u.parent_id is None for u in hierarchy.level(4))
-    assert all(u.level == "granularity-1" and u.metadata["granularity"] == 1 for u in level1)
+    assert all(u.level == "granularity-1" and u.funnel["granularity"] == 1 for u in level1)
 
 
 def test_covers_and_container_agree(hierarchy):
@@ -113,7 +113,7 @@ def test_default_five_levels_and_bad_input():
 
 def test_document_shorter_than_one_chunk_is_one_chunk_per_level():
     h = MultiGranularityChunker(chunk_size=50, n_gra=3).split(["Short text here.", DOCS[0]])
-    short = [[u for u in h.level(j) if u.metadata["doc_index"] == 0] for j in (1, 2, 3)]
+    short = [[u for u in h.level(j) if u.funnel["doc_index"] == 0] for j in (1, 2, 3)]
     assert [len(s) for s in short] == [1, 1, 1]
     assert {s[0].text for s in short} == {"Short text here."}
     assert short[0][0].parent_id == short[1][0].id
@@ -151,7 +151,7 @@ def test_hop_levels_grow_in_document_order_without_duplicates():
             assert list(s) == sorted(set(s.tolist()))
         unit = graph.levels[1][i]
         assert unit.text == " ".join(graph.nodes[m].text for m in sets[1])
-        assert unit.metadata["center_id"] == graph.nodes[i].id and unit.metadata["granularity"] == 2
+        assert unit.funnel["center_id"] == graph.nodes[i].id and unit.funnel["granularity"] == 2
     again = GranularityGraph.from_units(list(reversed(graph.nodes)), n_gra=3)
     assert (again.adjacency != 0).nnz == (graph.adjacency != 0).nnz
 
@@ -305,9 +305,9 @@ def test_mog_rule_picks_finest_then_returns_container_at_best_level(hierarchy, w
     f, score = _expected_finest(hierarchy, index, query, np.array(weights, float), 3, normalize)
     level = int(np.argmax(weights)) + 1
     assert out[0].id == hierarchy.container(f, level).id
-    assert out[0].metadata["chosen_level"] == level and out[0].level == f"granularity-{level}"
-    assert out[0].metadata["router_weights"] == [float(x) for x in weights]
-    assert out[0].score == pytest.approx(score) and out[0].metadata["finest_id"] == hierarchy.finest[f].id
+    assert out[0].funnel["chosen_level"] == level and out[0].level == f"granularity-{level}"
+    assert out[0].funnel["router_weights"] == [float(x) for x in weights]
+    assert out[0].score == pytest.approx(score) and out[0].funnel["finest_id"] == hierarchy.finest[f].id
 
 
 def test_default_is_the_paper_preset_raw_scores_k_r_3(hierarchy):
@@ -330,7 +330,7 @@ def test_default_is_the_paper_preset_raw_scores_k_r_3(hierarchy):
     for q in queries:
         got = default.retrieve(q, k=1, weights=w)[0]
         f, score = _expected_finest(hierarchy, index, q, np.array(w), 3, "none")
-        assert got.score == pytest.approx(score) and got.metadata["finest_id"] == hierarchy.finest[f].id
+        assert got.score == pytest.approx(score) and got.funnel["finest_id"] == hierarchy.finest[f].id
         raw_vs_norm.append(score != pytest.approx(_expected_finest(hierarchy, index, q, np.array(w), 3, "max")[1]))
     assert any(raw_vs_norm)
     # k_r bounds the hits per level: with k_r=1 only each level's top unit can score
@@ -352,7 +352,7 @@ def test_coarse_top_k_returns_distinct_containers_with_the_stage_name(hierarchy)
     mog = MixOfGranularityRetrieve(index, k_r=10, name="mog-test")
     out = mog.retrieve("Paris Eiffel Tower Louvre Seine Shakespeare Hamlet", k=2, weights=[0, 0, 0.1, 1])
     assert len(out) == 2 and len({u.id for u in out}) == 2
-    assert all(u.metadata["chosen_level"] == 4 for u in out)
+    assert all(u.funnel["chosen_level"] == 4 for u in out)
     assert set(out[0].scores) == {"mog-test"}
     with pytest.raises(ValueError, match=r"need 4 level weights, got shape \(3,\)"):
         mog.retrieve("Paris", weights=[1, 0, 0])
@@ -362,22 +362,22 @@ def test_level_margin_returns_the_coarser_unit_when_the_router_is_unsure(hierarc
     index = GranularityBM25(hierarchy)
     q = "Who designed the Eiffel Tower in Paris?"
     w = [0.9, 0.85, 0.1, 0.1]
-    assert MixOfGranularityRetrieve(index).retrieve(q, weights=w)[0].metadata["chosen_level"] == 1
+    assert MixOfGranularityRetrieve(index).retrieve(q, weights=w)[0].funnel["chosen_level"] == 1
     unsure = MixOfGranularityRetrieve(index, level_margin=0.1).retrieve(q, weights=w)[0]
-    assert unsure.metadata["chosen_level"] == 2 and unsure.level == "granularity-2"
+    assert unsure.funnel["chosen_level"] == 2 and unsure.level == "granularity-2"
 
 
 def test_mog_top_k_uniform_router_and_errors(hierarchy, trained_router):
     mog = MixOfGranularityRetrieve(hierarchy, None, k_r=5, top_k=3)
     out = mog("Shakespeare tragedy Hamlet Denmark")
     assert len(out) == 3 and len({u.id for u in out}) == 3
-    assert all(u.metadata["chosen_level"] == 1 for u in out)  # uniform weights -> finest
+    assert all(u.funnel["chosen_level"] == 1 for u in out)  # uniform weights -> finest
     assert [u.score for u in out] == sorted((u.score for u in out), reverse=True)
     assert "Hamlet" in out[0].text
     assert (mog % 1)("Shakespeare") and mog("   ") == []
     router, _ = trained_router
     routed = MixOfGranularityRetrieve(hierarchy, router)("Give an overview of the history of Paris.")
-    assert routed[0].metadata["chosen_level"] == 4 and "Paris" in routed[0].text
+    assert routed[0].funnel["chosen_level"] == 4 and "Paris" in routed[0].text
     with pytest.raises(ValueError, match="router has 4 outputs"):
         MixOfGranularityRetrieve(MultiGranularityChunker(n_gra=3).split(DOCS), router)
     with pytest.raises(RouterNotTrainedError):
@@ -392,7 +392,7 @@ def test_mog_over_graph_returns_hop_neighbourhoods():
     graph = GraphGranularityBuilder(sentences_per_node=1, k_graph=2, t_graph=0.05, n_gra=3).build(DOCS)
     mog = MixOfGranularityRetrieve(graph, k_r=5)
     out = mog.retrieve("Who designed the Eiffel Tower?", k=2, weights=[0.1, 0.9, 0.2])
-    assert len(out) == 2 and all(u.metadata["chosen_level"] == 2 for u in out)
-    center = out[0].metadata["center_id"]
-    assert out[0].metadata["finest_id"] == center and "Eiffel" in out[0].text
-    assert len(out[0].metadata["node_ids"]) >= 2
+    assert len(out) == 2 and all(u.funnel["chosen_level"] == 2 for u in out)
+    center = out[0].funnel["center_id"]
+    assert out[0].funnel["finest_id"] == center and "Eiffel" in out[0].text
+    assert len(out[0].funnel["node_ids"]) >= 2

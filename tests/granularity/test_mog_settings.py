@@ -111,7 +111,7 @@ def test_retriever_edits_are_honoured_and_indexes_kept_unless_needed(framework):
         run = lambda: [(n.node.text, n.score) for n in r.retrieve(QUERY)]  # noqa: E731
     else:
         r = LCMoG(documents=lc_split(MultiGranularityTextSplitter(chunk_size=10, n_gra=3)), k_r=2)
-        run = lambda: [(d.page_content, d.metadata["funnel"]["score"]) for d in r.invoke(QUERY)]  # noqa: E731
+        run = lambda: [(d.page_content, d.metadata["relevance_score"]) for d in r.invoke(QUERY)]  # noqa: E731
     index = r.stage.index
     structure = index.structure
     r.normalize, r.k_r = "max", 5

@@ -85,10 +85,10 @@ def test_hybrid_fuses_scores_into_metadata(sides):
     retriever = HybridRetriever(sparse=bm25, dense=dense, k=3)
     docs = retriever.invoke("Which tragedy did Shakespeare write?")
     assert len(docs) == 3 and docs[0].id in {"d5", "d6"}
-    m = docs[0].metadata["funnel"]
-    assert m["score"] == m["scores"]["hybrid"] and "bm25" in m["scores"]
-    assert 0.0 <= m["dense_score"] <= 1.0 and docs[0].metadata["title"] in {"Hamlet", "Shakespeare"}
-    assert [d.metadata["funnel"]["score"] for d in docs] == sorted((d.metadata["funnel"]["score"] for d in docs), reverse=True)
+    m = docs[0].metadata
+    assert m["relevance_score"] == m["funnel_score_hybrid"] and "funnel_score_bm25" in m
+    assert 0.0 <= m["funnel_dense_score"] <= 1.0 and docs[0].metadata["title"] in {"Hamlet", "Shakespeare"}
+    assert [d.metadata["relevance_score"] for d in docs] == sorted((d.metadata["relevance_score"] for d in docs), reverse=True)
     assert len(retriever.invoke("Shakespeare", k=1)) == 1
     rrf = HybridRetriever(sparse=bm25, dense=dense, method="rrf", rrf_k=10)
     assert rrf.invoke("Eiffel Tower in Paris")[0].id == "d2"
@@ -126,8 +126,8 @@ def test_lcel_chain_hybrid_compress_repack(sides):
     chain = rerank_chain(retriever, compressor) | RepackTransformer(order="reverse")
     docs = chain.invoke("Who wrote Hamlet?")
     assert 1 <= len(docs) <= 4
-    assert docs[-1].metadata["funnel"]["retrieval_rank"] == 0 and "Hamlet" in " ".join(d.page_content for d in docs)
-    kept = sum(d.metadata["funnel"]["compression"]["kept_tokens"] for d in docs)
+    assert docs[-1].metadata["funnel_retrieval_rank"] == 0 and "Hamlet" in " ".join(d.page_content for d in docs)
+    kept = sum(d.metadata["funnel_compression_kept_tokens"] for d in docs)
     before = sum(len(d.page_content.split()) for d in retriever.invoke("Who wrote Hamlet?"))
     assert kept <= 0.5 * before
     fmt = chain | RunnableLambda(lambda ds: "\n".join(d.page_content for d in ds))

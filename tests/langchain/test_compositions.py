@@ -47,25 +47,25 @@ def test_ensemble_retriever_fuses_ours_with_the_frameworks():
             want[d.page_content] = want.get(d.page_content, 0.0) + 0.5 / (rank + 60)
     assert texts == sorted(want, key=lambda t: -want[t])
     ours = next(d for d in out if d.page_content == lists[0][0].page_content)
-    assert ours.metadata["title"] and "funnel" in ours.metadata
+    assert ours.metadata["title"] and "funnel_score_bm25" in ours.metadata
 
 
 def test_user_metadata_is_never_overwritten_or_read_as_ours(tiny_cross_encoder_path):
     plain = _docs()
     clash = _docs(score=1000.0, level="user-level", position="user-position")
-    for d, p in zip(clash, plain):  # a prior score the cross-encoder may fuse, ours
-        d.metadata["funnel"] = {"score": 1.0}
-        p.metadata["funnel"] = {"score": 1.0}
+    for d, p in zip(clash, plain):  # a prior score the cross-encoder may fuse (LangChain's key)
+        d.metadata["relevance_score"] = 1.0
+        p.metadata["relevance_score"] = 1.0
     rr = CrossEncoderReranker(model=tiny_cross_encoder_path, top_n=4, fuse_weight=0.5)
     a, b = rr.compress_documents(plain, Q), rr.compress_documents(clash, Q)
     assert [d.id for d in a] == [d.id for d in b]
-    assert [d.metadata["funnel"]["score"] for d in a] == [d.metadata["funnel"]["score"] for d in b]
+    assert [d.metadata["relevance_score"] for d in a] == [d.metadata["relevance_score"] for d in b]
     for d in b:
         assert (d.metadata["score"], d.metadata["level"], d.metadata["position"]) == \
             (1000.0, "user-level", "user-position")
     chunks = LaterChunkingTransformer(words=4).transform_documents(clash[:1])
     assert all(c.metadata["position"] == "user-position" for c in chunks)
-    assert [c.metadata["funnel"]["position"] for c in chunks] == list(range(len(chunks)))
+    assert [c.metadata["funnel_position"] for c in chunks] == list(range(len(chunks)))
 
 
 def test_splitter_ids_unique_across_calls_and_empty_input():

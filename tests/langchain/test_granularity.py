@@ -1,5 +1,6 @@
 """Mix-of-Granularity in LangChain: splitters, MixOfGranularityRetriever, LCEL, standard tests."""
 
+import json
 from typing import Any
 
 import pytest
@@ -39,21 +40,21 @@ def test_splitter_puts_the_hierarchy_in_metadata():
     splitter = MultiGranularityTextSplitter(chunk_size=10, n_gra=3)
     out = splitter.split_documents(_docs())
     by_id = {d.id: d for d in out}
-    assert [d.metadata["funnel"]["granularity"] for d in out] == sorted(d.metadata["funnel"]["granularity"] for d in out)
+    assert [d.metadata["funnel_granularity"] for d in out] == sorted(d.metadata["funnel_granularity"] for d in out)
     for d in out:
-        g = d.metadata["funnel"]["granularity"]
-        assert d.metadata["title"].startswith("T") and d.metadata["funnel"]["doc_id"].startswith("d")
+        g = d.metadata["funnel_granularity"]
+        assert d.metadata["title"].startswith("T") and d.metadata["funnel_doc_id"].startswith("d")
         if g < 3:
-            parent = by_id[d.metadata["funnel"]["parent_id"]]
-            assert parent.metadata["funnel"]["granularity"] == g + 1 and d.id in parent.metadata["funnel"]["child_ids"]
+            parent = by_id[d.metadata["funnel_parent_id"]]
+            assert parent.metadata["funnel_granularity"] == g + 1 and d.id in json.loads(parent.metadata["funnel_child_ids_json"])
             assert d.page_content in parent.page_content
         else:
-            assert "parent_id" not in d.metadata
+            assert "funnel_parent_id" not in d.metadata
     assert splitter.split_text(TEXTS[0]) == [d.page_content for d in out
-                                             if d.metadata["funnel"]["doc_id"] == "d0"]
+                                             if d.metadata["funnel_doc_id"] == "d0"]
     finest = MultiGranularityTextSplitter(chunk_size=10, n_gra=3, levels="finest")
     assert finest.split_text(TEXTS[0]) == [d.page_content for d in out
-                                           if d.metadata["funnel"]["doc_id"] == "d0" and d.metadata["funnel"]["granularity"] == 1]
+                                           if d.metadata["funnel_doc_id"] == "d0" and d.metadata["funnel_granularity"] == 1]
     assert splitter.transform_documents(_docs()) == out
     created = splitter.create_documents(["Tiny note."], [{"src": "x"}])
     assert [d.page_content for d in created] == ["Tiny note."] * 3 and created[0].metadata["src"] == "x"
@@ -67,9 +68,9 @@ def test_retriever_mog_rule_k_and_metadata():
     retriever = MixOfGranularityRetriever(documents=_hierarchy_docs(), k=2)
     docs = retriever.invoke("Who designed the Eiffel Tower?")
     assert len(docs) == 2 and "Eiffel" in docs[0].page_content
-    assert docs[0].metadata["funnel"]["chosen_level"] == 1  # no router: uniform weights -> finest level
-    assert docs[0].metadata["funnel"]["router_weights"] == [1.0, 1.0, 1.0]
-    assert isinstance(docs[0].metadata["funnel"]["score"], float)
+    assert docs[0].metadata["funnel_chosen_level"] == 1  # no router: uniform weights -> finest level
+    assert json.loads(docs[0].metadata["funnel_router_weights_json"]) == [1.0, 1.0, 1.0]
+    assert isinstance(docs[0].metadata["relevance_score"], float)
     assert len(retriever.invoke("Shakespeare Hamlet Denmark", k=3)) == 3
     assert retriever.invoke("   ") == []
     with pytest.raises(ValueError, match="k must be >= 1"):
@@ -82,14 +83,14 @@ async def test_retriever_async_and_graph_splitter():
     splitter = GraphGranularitySplitter(sentences_per_node=1, k_graph=2, t_graph=0.05, n_gra=2)
     nodes = splitter.split_documents(_docs())
     assert splitter.last_build_seconds is not None
-    assert any(d.metadata["funnel"]["graph_neighbors"] for d in nodes)
+    assert any(json.loads(d.metadata["funnel_graph_neighbors_json"]) for d in nodes)
     retriever = MixOfGranularityRetriever(documents=nodes, k=1, n_gra=2)
     out = await retriever.ainvoke("Who designed the Eiffel Tower?")
     assert len(out) == 1 and "Eiffel" in out[0].page_content
-    assert out[0].metadata["center_id"] == out[0].metadata["funnel"]["finest_id"]
+    assert out[0].metadata["funnel_center_id"] == out[0].metadata["funnel_finest_id"]
     with pytest.warns(UserWarning, match="no edges"):
         empty = GraphGranularitySplitter(t_graph=1.0, n_gra=2).split_documents(_docs())
-    assert all(d.metadata["funnel"]["graph_neighbors"] == [] for d in empty)
+    assert all(json.loads(d.metadata["funnel_graph_neighbors_json"]) == [] for d in empty)
     with pytest.warns(UserWarning, match="no edges"):
         empty_retriever = MixOfGranularityRetriever(documents=empty, n_gra=2)
     assert empty_retriever.invoke("Hamlet")[0].page_content.startswith("Hamlet")
@@ -117,3 +118,36 @@ class TestMixOfGranularityRetrieverStandard(RetrieversIntegrationTests):
     @property
     def retriever_query_example(self) -> str:
         return "Paris Eiffel Tower Seine Louvre"
+
+
+@pytest.mark.parametrize("make", [
+    lambda: MultiGranularityTextSplitter(chunk_size=8, n_gra=2),
+    lambda: GraphGranularitySplitter(sentences_per_node=1, k_graph=2, t_graph=0.05, n_gra=2),
+], ids=["multi_granularity", "graph"])
+def test_splitters_are_text_splitters_inside_parent_document_retriever(make):
+    """Issue 28 item 6: ParentDocumentRetriever (langchain-classic) validates
+    ``child_splitter: TextSplitter``; ours were plain document transformers and were rejected
+    ("Input should be an instance of TextSplitter")."""
+    from langchain_classic.retrievers import ParentDocumentRetriever
+    from langchain_core.embeddings import DeterministicFakeEmbedding
+    from langchain_core.stores import InMemoryStore
+    from langchain_core.vectorstores import InMemoryVectorStore
+    from langchain_text_splitters import TextSplitter
+
+    splitter = make()
+    assert isinstance(splitter, TextSplitter)
+    store = InMemoryVectorStore(DeterministicFakeEmbedding(size=16))
+    pdr = ParentDocumentRetriever(vectorstore=store, docstore=InMemoryStore(),
+                                  child_splitter=splitter)
+    pdr.add_documents(_docs(), ids=["p0", "p1", "p2"])
+    children = list(store.store.values())
+    # each parent was split into its own children (several per parent), linked by doc_id
+    assert {c["metadata"]["doc_id"] for c in children} == {"p0", "p1", "p2"}
+    assert len(children) > len(TEXTS)
+    for c in children:
+        parent = TEXTS[int(c["metadata"]["doc_id"][1])]
+        assert c["text"] in parent or all(w in parent for w in c["text"].split())
+        assert c["metadata"]["title"] == f"T{c['metadata']['doc_id'][1]}"  # user key kept
+    got = pdr.invoke("Who designed the Eiffel Tower?")
+    assert got and all(d.page_content in TEXTS for d in got)  # whole parents come back
+    assert splitter.split_text(TEXTS[0])  # the TextSplitter API on a plain text

@@ -50,10 +50,10 @@ def test_reranker_orders_by_model_and_keeps_metadata(tiny_cross_encoder_path):
                              max_length=64).score(QUERY, [d.page_content for d in docs])
     best = sorted(zip(raw, [d.id for d in docs]), reverse=True)[:3]
     assert [d.id for d in out] == [i for _, i in best]
-    assert [d.metadata["funnel"]["score"] for d in out] == pytest.approx([s for s, _ in best], abs=1e-5)
+    assert [d.metadata["relevance_score"] for d in out] == pytest.approx([s for s, _ in best], abs=1e-5)
     for d in out:
-        assert "topic" in d.metadata and type(d.metadata["funnel"]["score"]) is float
-        assert d.metadata["funnel"]["scores"]["cross_encoder"] == d.metadata["funnel"]["score"]
+        assert "topic" in d.metadata and type(d.metadata["relevance_score"]) is float
+        assert d.metadata["funnel_score_cross_encoder"] == d.metadata["relevance_score"]
     assert docs[0].metadata["score"] == 10.0 and "funnel" not in docs[0].metadata  # inputs untouched
     a = asyncio.run(rr.acompress_documents(docs, QUERY))
     assert [d.id for d in a] == [d.id for d in out]
@@ -65,10 +65,10 @@ def test_lcel_chain_retriever_chunking_reranker_prompt(tiny_cross_encoder_path):
                               normalize=True)
     chain = rerank_chain(retriever, rr)
     docs = chain.invoke(QUERY)
-    assert len(docs) == 2 and all(0 < d.metadata["funnel"]["score"] < 1 for d in docs)
+    assert len(docs) == 2 and all(0 < d.metadata["relevance_score"] < 1 for d in docs)
     # retriever | later chunking, then rerank the passages, then format a prompt
     chunked = (retriever | LaterChunkingTransformer(words=5)).invoke(QUERY)
-    assert all(d.metadata["funnel"]["level"] == "passage" and "parent_id" in d.metadata["funnel"] for d in chunked)
+    assert all(d.metadata["funnel_level"] == "passage" and "funnel_parent_id" in d.metadata for d in chunked)
     prompt = ChatPromptTemplate.from_template("Context:\n{context}\n\nQ: {question}")
     full = (rerank_chain(retriever | LaterChunkingTransformer(words=5), rr)
             | RunnableLambda(lambda ds: {"context": "\n".join(d.page_content for d in ds),
@@ -81,11 +81,11 @@ def test_lcel_chain_retriever_chunking_reranker_prompt(tiny_cross_encoder_path):
 
 def test_later_chunking_transformer_metadata():
     doc = Document(id="doc", page_content=" ".join(f"w{i}" for i in range(23)),
-                   metadata={"title": "T", "score": "user", "funnel": {"score": 2.5}})
+                   metadata={"title": "T", "score": "user", "relevance_score": 2.5})
     out = LaterChunkingTransformer(words=10).transform_documents([doc])
     assert [d.id for d in out] == ["doc#0", "doc#1", "doc#2"]
-    assert [d.metadata["funnel"]["position"] for d in out] == [0, 1, 2]
-    assert all(d.metadata["funnel"]["parent_id"] == "doc" and d.metadata["funnel"]["parent_score"] == 2.5 for d in out)
+    assert [d.metadata["funnel_position"] for d in out] == [0, 1, 2]
+    assert all(d.metadata["funnel_parent_id"] == "doc" and d.metadata["funnel_parent_score"] == 2.5 for d in out)
     assert all(d.metadata["title"] == "T" and d.metadata["score"] == "user" for d in out)
     assert " ".join(d.page_content for d in out).split() == doc.page_content.split()
     assert asyncio.run(LaterChunkingTransformer(words=10).atransform_documents([doc]))[2].id == "doc#2"
@@ -96,8 +96,8 @@ def test_later_chunking_transformer_metadata():
 def test_monot5_reranker(tiny_t5_path):
     rr = MonoT5Reranker(model=tiny_t5_path, top_n=2, max_length=64, device="cpu")
     out = rr.compress_documents(_docs(), QUERY)
-    assert len(out) == 2 and out[0].metadata["funnel"]["score"] >= out[1].metadata["funnel"]["score"]
-    assert "monot5" in out[0].metadata["funnel"]["scores"]
+    assert len(out) == 2 and out[0].metadata["relevance_score"] >= out[1].metadata["relevance_score"]
+    assert "funnel_score_monot5" in out[0].metadata
 
 
 def test_compression_retriever_pipeline(tiny_cross_encoder_path):
@@ -107,7 +107,7 @@ def test_compression_retriever_pipeline(tiny_cross_encoder_path):
     docs = ret.invoke(QUERY)
     assert len(docs) == 3 and all("#" in d.id for d in docs)
     assert len(ret.invoke(QUERY, k=1)) == 1
-    assert [d.metadata["funnel"]["score"] for d in docs] == sorted((d.metadata["funnel"]["score"] for d in docs),
+    assert [d.metadata["relevance_score"] for d in docs] == sorted((d.metadata["relevance_score"] for d in docs),
                                                          reverse=True)
     assert ret.invoke("   ") == []
     with pytest.raises(ValueError, match="k must be >= 1"):
@@ -159,5 +159,5 @@ def test_reranker_maxp_windows_in_a_chain(tiny_cross_encoder_path):
     out = (RunnableLambda(lambda q: {"query": q, "documents": docs}) | rr).invoke(QUERY)
     want = CrossEncoderScorer(tiny_cross_encoder_path, library="transformers", max_length=64,
                               window_words=20, window_overlap=5).score(QUERY, [long_text])[0]
-    got = {d.id: d.metadata["funnel"]["score"] for d in out}
+    got = {d.id: d.metadata["relevance_score"] for d in out}
     assert got["long"] == pytest.approx(want, abs=1e-5)

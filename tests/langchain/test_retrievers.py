@@ -69,7 +69,7 @@ def test_scores_and_k_per_call():
     r = BM25Retriever.from_texts(TEXTS[:8], metadatas=METAS[:8], k=4)
     docs = r.invoke("Eiffel Tower")
     assert docs[0].page_content.startswith("The Eiffel Tower")
-    assert isinstance(docs[0].metadata["funnel"]["score"], float) and docs[0].metadata["funnel"]["scores"]["bm25"] > 0
+    assert isinstance(docs[0].metadata["relevance_score"], float) and docs[0].metadata["funnel_score_bm25"] > 0
     assert len(r.invoke("Paris capital France tower", k=1)) == 1
     assert asyncio.run(r.ainvoke("Eiffel Tower", k=1))[0].page_content == docs[0].page_content
 

@@ -120,10 +120,10 @@ def test_hybrid_retriever_fuses_vector_index_and_bm25(nodes, vector_index):
     out = retriever.retrieve("Which tragedy did Shakespeare write?")
     assert len(out) == 3 and out[0].node.node_id in {"d5", "d6"}
     assert all(a.score >= b.score for a, b in zip(out, out[1:]))
-    meta = out[0].node.metadata["funnel"]
-    assert "hybrid" in meta["scores"] and "sparse_score" in meta and "dense_score" in meta
+    meta = out[0].node.metadata
+    assert {"funnel_score_hybrid", "funnel_sparse_score", "funnel_dense_score"} <= set(meta)
     assert out[0].node.metadata["title"] in {"Hamlet", "Shakespeare"}  # original node metadata kept
-    assert "funnel" in out[0].node.excluded_llm_metadata_keys
+    assert "funnel_score_hybrid" in out[0].node.excluded_llm_metadata_keys
     rrf, _ = hybrid(nodes, vector_index, method="rrf", similarity_top_k=2)
     assert rrf.retrieve("Eiffel Tower in Paris")[0].node.node_id == "d2"
 
@@ -159,9 +159,9 @@ def test_query_engine_with_compressor_and_repack(nodes, vector_index, embedder):
     resp = engine.query("Who wrote Hamlet?")
     src = resp.source_nodes
     assert 1 <= len(src) <= 4
-    assert src[-1].node.metadata["funnel"]["retrieval_rank"] == 0  # best last, next to the question
-    total_in = sum(n.node.metadata["funnel"]["compression"]["original_tokens"] for n in src)
-    assert all("compression" in n.node.metadata["funnel"] for n in src)
+    assert src[-1].node.metadata["funnel_retrieval_rank"] == 0  # best last, next to the question
+    total_in = sum(n.node.metadata["funnel_compression_original_tokens"] for n in src)
+    assert all("funnel_compression_kept_tokens" in n.node.metadata for n in src)
     assert any("Hamlet" in n.node.get_content() for n in src) and total_in > 0
 
 

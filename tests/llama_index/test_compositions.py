@@ -104,8 +104,8 @@ def test_later_chunking_keeps_excluded_keys_relationships_and_user_metadata():
     out = LaterChunkingPostprocessor(words=8).postprocess_nodes([nws], QueryBundle(Q))
     assert len(out) >= 2
     _check_kept(out, nws)
-    assert [n.node.metadata["funnel"]["position"] for n in out] == list(range(len(out)))
-    assert all(n.node.metadata["funnel"]["level"] == "passage" for n in out)
+    assert [n.node.metadata["funnel_position"] for n in out] == list(range(len(out)))
+    assert all(n.node.metadata["funnel_level"] == "passage" for n in out)
     assert all(n.node.parent_node.node_id == "rich" for n in out)
 
 
@@ -115,8 +115,9 @@ def test_compressor_keeps_excluded_keys_source_and_hides_its_bookkeeping():
         [nws], QueryBundle(Q))
     assert len(out) == 1 and len(out[0].node.get_content()) < len(nws.node.get_content())
     _check_kept(out, nws)
-    assert "compression" in out[0].node.metadata["funnel"]
-    assert nws.node.metadata.get("funnel") is None  # the input is not mutated
+    assert "funnel_compression_kept_tokens" in out[0].node.metadata
+    assert "funnel_compression_kept_tokens" in out[0].node.excluded_llm_metadata_keys
+    assert not any(k.startswith("funnel_") for k in nws.node.metadata)  # the input is not mutated
 
 
 class _Spans(SimpleSpanHandler):
@@ -213,5 +214,5 @@ def test_node_parser_keeps_user_keys():
     assert nodes
     for n in nodes:
         assert n.metadata["position"] == "user-position" and n.metadata["level"] == "user-level"
-        assert "secret" in n.excluded_llm_metadata_keys and "funnel" in n.excluded_llm_metadata_keys
-        assert isinstance(n.metadata["funnel"]["position"], int)
+        assert "secret" in n.excluded_llm_metadata_keys and "funnel_position" in n.excluded_llm_metadata_keys
+        assert isinstance(n.metadata["funnel_position"], int)

@@ -1,6 +1,7 @@
 """Mix-of-Granularity in LlamaIndex: parsers, AutoMergingRetriever on our hierarchy, MoG retriever."""
 
 import asyncio
+import json
 
 import numpy as np
 import pytest
@@ -64,8 +65,8 @@ class LeafBM25(UnitRetriever):
 def test_parser_emits_parent_child_hierarchy(nodes):
     by_id = {n.node_id: n for n in nodes}
     leaves, roots = get_leaf_nodes(nodes), get_root_nodes(nodes)
-    assert {n.metadata["funnel"]["granularity"] for n in leaves} == {1}
-    assert {n.metadata["funnel"]["granularity"] for n in roots} == {3}
+    assert {n.metadata["funnel_granularity"] for n in leaves} == {1}
+    assert {n.metadata["funnel_granularity"] for n in roots} == {3}
     for n in nodes:
         parent = n.relationships.get(NodeRelationship.PARENT)
         if parent is not None:
@@ -76,7 +77,7 @@ def test_parser_emits_parent_child_hierarchy(nodes):
         assert n.metadata["title"].startswith("T")
         llm_view = n.get_content(metadata_mode=MetadataMode.LLM)
         assert "granularity" not in llm_view and "title: T" in llm_view
-    tiny = [n for n in nodes if n.metadata["funnel"]["doc_id"] == "doc2"]  # shorter than one chunk
+    tiny = [n for n in nodes if n.metadata["funnel_doc_id"] == "doc2"]  # shorter than one chunk
     assert len(tiny) == 3 and {n.get_content() for n in tiny} == {"Tiny note."}
     with pytest.raises(ValueError, match="n_gra"):
         MultiGranularityNodeParser(n_gra=0)
@@ -91,8 +92,8 @@ def test_auto_merging_retriever_in_query_engine_over_our_hierarchy(nodes):
     query = "Eiffel tower Paris built 1889 designed company"
     initial = base.retrieve(query)
     merged = retriever.retrieve(query)
-    assert {n.node.metadata["funnel"]["granularity"] for n in initial} == {1}
-    assert max(n.node.metadata["funnel"]["granularity"] for n in merged) >= 2  # children merged into parents
+    assert {n.node.metadata["funnel_granularity"] for n in initial} == {1}
+    assert max(n.node.metadata["funnel_granularity"] for n in merged) >= 2  # children merged into parents
     assert len(merged) < len(initial)
     engine = RetrieverQueryEngine.from_args(retriever, llm=MockLLM())
     response = engine.query(query)
@@ -110,10 +111,10 @@ def test_mog_retriever_in_query_engine_with_trained_router(nodes):
     retriever = MixOfGranularityRetriever(nodes, router, similarity_top_k=2, k_r=5)
     fine = retriever.retrieve("What year was the tower built for the world fair?")
     broad_out = retriever.retrieve("Give an overview of the history of Hamlet and Denmark.")
-    assert fine[0].node.metadata["funnel"]["chosen_level"] == 1 and len(fine) == 2
+    assert fine[0].node.metadata["funnel_chosen_level"] == 1 and len(fine) == 2
     assert "1889" in " ".join(n.node.get_content() for n in fine)
-    assert broad_out[0].node.metadata["funnel"]["chosen_level"] == 3 and "Hamlet" in broad_out[0].node.get_content()
-    assert len(broad_out[0].node.metadata["funnel"]["router_weights"]) == 3
+    assert broad_out[0].node.metadata["funnel_chosen_level"] == 3 and "Hamlet" in broad_out[0].node.get_content()
+    assert len(json.loads(broad_out[0].node.metadata["funnel_router_weights_json"])) == 3
     # the original hierarchy node comes back, relationships intact
     assert broad_out[0].node.relationships[NodeRelationship.SOURCE].node_id == "doc1"
     assert "router_weights" not in broad_out[0].node.get_content(metadata_mode=MetadataMode.LLM)
@@ -127,12 +128,12 @@ def test_graph_parser_and_mogg_retriever(docs):
     parser = GraphGranularityNodeParser(sentences_per_node=1, k_graph=2, t_graph=0.05, n_gra=2)
     gnodes = parser.get_nodes_from_documents(docs)
     assert parser.last_build_seconds is not None
-    assert any(n.metadata["funnel"]["graph_neighbors"] for n in gnodes)
+    assert any(json.loads(n.metadata["funnel_graph_neighbors_json"]) for n in gnodes)
     assert "graph_neighbors" not in gnodes[0].get_content(metadata_mode=MetadataMode.LLM)
     retriever = MixOfGranularityRetriever(gnodes, None, similarity_top_k=1, n_gra=2)
     out = retriever.retrieve("Who designed the Eiffel Tower?")
     assert len(out) == 1 and "Eiffel" in out[0].node.get_content()
-    assert out[0].node.metadata["funnel"]["chosen_level"] == 1
+    assert out[0].node.metadata["funnel_chosen_level"] == 1
     engine = RetrieverQueryEngine.from_args(retriever, llm=MockLLM())
     assert engine.query("Eiffel").source_nodes
     with pytest.raises(ValueError, match="t_graph"):
@@ -141,3 +142,19 @@ def test_graph_parser_and_mogg_retriever(docs):
         MixOfGranularityRetriever([])
     with pytest.raises(ValueError, match="similarity_top_k"):
         MixOfGranularityRetriever(gnodes, similarity_top_k=0)
+
+
+@pytest.mark.slow  # starts two spawned worker processes (each imports llama_index)
+def test_graph_parser_refuses_a_batched_ingestion_pipeline(docs):
+    """Issue 28 item 10: under IngestionPipeline(num_workers=2) each worker parsed its own batch
+    and built its own graph: 84 instead of 108 edges, silently. The parser now refuses; run
+    without workers it builds the one graph over all documents."""
+    from llama_index.core.ingestion import IngestionPipeline
+
+    parser = GraphGranularityNodeParser(sentences_per_node=1, k_graph=2, t_graph=0.05, n_gra=2)
+    whole = IngestionPipeline(transformations=[parser]).run(documents=docs)
+    direct = parser.get_nodes_from_documents(docs)
+    assert [n.metadata["funnel_graph_neighbors_json"] for n in whole] == \
+        [n.metadata["funnel_graph_neighbors_json"] for n in direct]
+    with pytest.raises(ValueError, match=r"num_workers=None"):
+        IngestionPipeline(transformations=[parser]).run(documents=docs, num_workers=2)

@@ -71,8 +71,8 @@ def test_cross_encoder_in_query_engine(tiny_cross_encoder_path, corpus_units):
     assert [n.node.node_id for n in got] == [i for _, i in best]
     assert [n.score for n in got] == pytest.approx([s for s, _ in best], abs=1e-5)
     for n in got:  # metadata survives, the BM25 score is kept, internal keys hidden from the LLM
-        assert "topic" in n.node.metadata and "bm25" in n.node.metadata["funnel"]["scores"]
-        assert "funnel" in n.node.excluded_llm_metadata_keys
+        assert "topic" in n.node.metadata and "funnel_score_bm25" in n.node.metadata
+        assert "funnel_score_bm25" in n.node.excluded_llm_metadata_keys
     assert asyncio.run(engine.aquery("Paris capital of France city")).source_nodes[0].node.node_id \
         == got[0].node.node_id
 
@@ -134,7 +134,7 @@ def test_later_chunking_then_rerank(tiny_cross_encoder_path, corpus_units):
     for n in got:
         parent = n.node.relationships[NodeRelationship.PARENT].node_id
         assert parent in parents and n.node.node_id.startswith(parent + "#")
-        assert n.node.metadata["funnel"]["level"] == "passage" and "parent_score" in n.node.metadata["funnel"]
+        assert n.node.metadata["funnel_level"] == "passage" and "funnel_parent_score" in n.node.metadata
         assert len(n.node.get_content().split()) <= 5
 
 
@@ -144,7 +144,7 @@ def test_monot5_rerank_in_query_engine(tiny_t5_path, corpus_units):
                                             node_postprocessors=[rr])
     got = engine.query("Paris capital of France city").source_nodes
     assert len(got) == 2 and all(0 < n.score < 1 for n in got)
-    assert got[0].score >= got[1].score and "monot5" in got[0].node.metadata["funnel"]["scores"]
+    assert got[0].score >= got[1].score and "funnel_score_monot5" in got[0].node.metadata
     assert MonoT5Rerank.class_name() == "MonoT5Rerank"
 
 

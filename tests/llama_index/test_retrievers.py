@@ -39,13 +39,14 @@ def test_clustered_retriever_in_a_query_engine(clustered):
     response = engine.query("Who wrote the tragedy Hamlet?")
     ids = [n.node.node_id for n in response.source_nodes]
     assert "d5" in ids
-    assert "funnel" not in response.source_nodes[0].node.metadata  # the user's node, unchanged
-    clustered.annotate = True  # opt in: cluster bookkeeping under metadata["funnel"]
+    # the user's node, unchanged
+    assert not any(k.startswith("funnel_") for k in response.source_nodes[0].node.metadata)
+    clustered.annotate = True  # opt in: cluster bookkeeping as flat funnel_ keys
     try:
-        meta = clustered.retrieve("Who wrote the tragedy Hamlet?")[0].node.metadata["funnel"]
+        meta = clustered.retrieve("Who wrote the tragedy Hamlet?")[0].node.metadata
     finally:
         clustered.annotate = False
-    assert {"cluster_id", "cluster_score", "cluster_rank"} <= set(meta)
+    assert {"funnel_cluster_id", "funnel_cluster_score", "funnel_cluster_rank"} <= set(meta)
 
 
 def test_async_matches_sync(clustered):
@@ -70,7 +71,7 @@ def test_return_clusters(source_linked_nodes):
     r = ClusteredBM25Retriever.from_defaults(nodes=source_linked_nodes, similarity_top_k=1, return_clusters=True,
                                              max_tokens=40, knn_k=3, knn_threshold=0.05)
     out = r.retrieve("Eiffel Tower")
-    assert len(out) == 1 and out[0].node.metadata["funnel"]["level"] == "cluster"
+    assert len(out) == 1 and out[0].node.metadata["funnel_level"] == "cluster"
 
 
 def test_persist_round_trip(tmp_path, source_linked_nodes, clustered):

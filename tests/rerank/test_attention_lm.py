@@ -125,7 +125,7 @@ def test_stage_behaviour_and_errors(scorer):
     units = [Unit(id=f"u{i}", text=t, score=1.0) for i, t in enumerate(TEXTS)]
     out = (scorer % 2)(QUERY, units)
     assert len(out) == 2 and out[0].score >= out[1].score
-    assert out[0].metadata["scores"]["attention_lm"] == out[0].score
+    assert out[0].scores["attention_lm"] == out[0].score
     assert scorer(QUERY, []) == [] and scorer(" ", units) == []
     with pytest.raises(ValueError, match="attend_from"):
         AttentionLMScorer(model="x", attend_from="passage")

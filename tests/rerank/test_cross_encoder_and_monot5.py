@@ -29,9 +29,9 @@ def test_rank_orders_by_model_scores_and_keeps_history(scorer, corpus_units):
     by_id = {u.id: u for u in units}
     for u in out:  # metadata survives; the BM25 score is kept next to the new one
         assert u.metadata["topic"] == by_id[u.id].metadata["topic"]
-        assert u.metadata["scores"]["bm25"] == by_id[u.id].score
-        assert u.metadata["scores"]["cross_encoder"] == u.score
-    assert units[0].metadata["scores"] == {"bm25": 0.0}  # inputs untouched
+        assert u.scores["bm25"] == by_id[u.id].score
+        assert u.scores["cross_encoder"] == u.score
+    assert units[0].scores == {"bm25": 0.0}  # inputs untouched
 
 
 def test_top_n_threshold_and_normalize(tiny_cross_encoder_path, corpus_units):

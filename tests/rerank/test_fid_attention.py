@@ -292,8 +292,8 @@ def test_rank_reads_titles_and_returns_answer(scorer):
     by_id = {u.id: u for u in out}
     assert [by_id[f"u{i}"].score for i in range(4)] == pytest.approx(expected)
     assert [u.score for u in out] == sorted((u.score for u in out), reverse=True)
-    assert out[0].metadata["scores"]["fid_attention"] == out[0].score
-    assert isinstance(answer, str) and all(u.metadata["fid_answer"] == answer for u in out)
+    assert out[0].scores["fid_attention"] == out[0].score
+    assert isinstance(answer, str) and all(u.funnel["fid_answer"] == answer for u in out)
     assert units[0].score == 1.0 and "scores" not in units[0].metadata   # inputs untouched
     untitled = s.score_with_titles(QUERY, TEXTS)[0]
     assert untitled != pytest.approx(expected)                           # titles were used

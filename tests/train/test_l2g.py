@@ -62,7 +62,7 @@ def test_l2g_group_from_later_chunked_documents():
             Unit(id="bm25", text="BM25 ranks documents. It uses term statistics.", level="document")]
     passages = LaterChunking(words=6)("q", docs)
     post = {"paris": 0.2, "berlin": 0.9, "bm25": 0.1}  # post-ranker prefers Berlin's passages
-    scored = [p.rescored(post[p.parent_id] + 0.01 * p.metadata["position"], "post") for p in passages]
+    scored = [p.rescored(post[p.parent_id] + 0.01 * p.funnel["position"], "post") for p in passages]
     g = l2g_group("capital of France?", docs, scored, answers=["Paris"], top_k=1)
     assert set(g.positives) == {docs[0].text, docs[1].text}  # the hit + the top-1 by S_d
     assert g.negatives == [docs[2].text]

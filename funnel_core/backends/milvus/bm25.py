@@ -97,12 +97,14 @@ class BM25Common(Collection):
         return [milvus_tokens(t) for t in self.tokenize(list(queries))]
 
     def _bm25_search(self, name: str, queries: Sequence[str], k: int, expr: str | None,
-                     output_fields: list[str]) -> list[list[tuple[float, dict]]]:
-        """BM25 hits per query as (score, entity); queries without tokens get []."""
+                     output_fields: list[str],
+                     tokens: list[str] | None = None) -> list[list[tuple[float, dict]]]:
+        """BM25 hits per query as (score, entity); queries without tokens get []. ``tokens``:
+        the queries already cut by ``_query_tokens`` (one search over two collections)."""
         if k > MAX_TOPK:
             raise ValueError(f"k={k} is more than Milvus returns in one search ({MAX_TOPK}); "
                              "ask for fewer results.")
-        toks = self._query_tokens(queries)
+        toks = self._query_tokens(queries) if tokens is None else tokens
         live = [i for i, t in enumerate(toks) if t]
         out: list[list[tuple[float, dict]]] = [[] for _ in queries]
         if not live or expr == "false":
@@ -188,7 +190,7 @@ class MilvusBM25Index(BM25Common):
     def search_many(self, queries: Sequence[str], k: int = 10, filter: Any = None,
                     n_threads: int = 0, name: str = "bm25") -> list[list[Unit]]:
         """Top-``k`` units per query, best first: copies with ``score``,
-        ``metadata["scores"][name]`` and ``metadata["bm25_rank"]``; filtered-out and
+        ``funnel["score_<name>"]`` and ``funnel["bm25_rank"]``; filtered-out and
         zero-score units are left out (never padded). ``n_threads`` is accepted for interface
         parity (Milvus parallelises on the server)."""
         check_positive_int(k, "k")
@@ -204,7 +206,7 @@ class MilvusBM25Index(BM25Common):
             out: list[Unit] = []
             for score, entity in row:
                 unit = unit_from_row(entity).rescored(score, name)
-                unit.metadata["bm25_rank"] = len(out)
+                unit.funnel["bm25_rank"] = len(out)
                 out.append(unit)
             results.append(out)
         return results

@@ -27,9 +27,10 @@ class MilvusClusteredBM25Index(BM25Common):
     uploaded: the clusters' tokenized texts go into a BM25 collection (``<collection>``), the
     member documents into a second collection keyed by id with their ``cluster_id``, position and
     metadata. A search is: BM25 top-``k`` clusters in Milvus -> their member documents fetched
-    from Milvus -> documents in cluster order, then by their own BM25 score (as the in-memory
-    backend), each with ``cluster_id``, ``cluster_score``, ``cluster_rank``, ``document_score``
-    and the cluster's score.
+    from Milvus -> each scored by its own BM25 score (the documents collection's statistics)
+    and sorted by it, as the in-memory backend, with ``cluster_id``, ``cluster_score`` and
+    ``cluster_rank`` in its bookkeeping (``Unit.funnel``). The query is tokenized once here;
+    Milvus scores clusters and documents in two searches (two collections).
 
     ``uri``, ``collection``, ``token``, ``db_name``, ``timeout`` and ``show_progress`` are as
     for :class:`MilvusBM25Index`; ``max_tokens``, ``adjacency``, ``knn_k`` and ``knn_threshold``
@@ -204,20 +205,21 @@ class MilvusClusteredBM25Index(BM25Common):
         fields = ["id", "metadata", "info"] + (["text"] if return_clusters else [])
         # the clusters of the same build as docs_name (pinned when opened), never the alias,
         # which a concurrent rebuild may already have moved to new clusters
+        toks = self._query_tokens([query])  # one tokenization for both collections
         hits = self._bm25_search(meta.get("_physical", self.collection), [query], k, cluster_expr,
-                                 fields)[0]
+                                 fields, toks)[0]
         clusters: list[Unit] = []
         for score, entity in hits:
             info = entity.get("info") or {}
             c = Unit(id=entity["id"], text=entity.get("text", ""),
                      metadata=dict(entity.get("metadata") or {}), parent_id=info.get("parent_id"),
                      level=info.get("level", "cluster")).rescored(score, name)
-            c.metadata["bm25_rank"] = len(clusters)
-            c.metadata["cluster_rank"] = len(clusters)
+            c.funnel["bm25_rank"] = len(clusters)
+            c.funnel["cluster_rank"] = len(clusters)
             clusters.append(c)
         if return_clusters or not clusters:
             return clusters
-        from funnel_core.funnelrag.clustered_index import order_within_clusters
+        from funnel_core.funnelrag.clustered_index import rank_opened_documents
 
         rank = {c.id: r for r, c in enumerate(clusters)}
         member_expr = and_expr(in_expr("cluster_id", rank), doc_expr)
@@ -226,18 +228,16 @@ class MilvusClusteredBM25Index(BM25Common):
         rows.sort(key=lambda r: (rank[r["cluster_id"]], r["position"]))
         # each document's own BM25 score (documents collection statistics) orders a cluster
         own = {e["id"]: s for s, e in self._bm25_search(docs_name, [query], min(len(rows), MAX_TOPK),
-                                                         member_expr, ["id"])[0]}
+                                                         member_expr, ["id"], toks)[0]}
         docs = []
         for r in rows:
             cluster = clusters[rank[r["cluster_id"]]]
             doc = unit_from_row(r)
             doc.parent_id = cluster.id
-            doc.score = cluster.score
-            doc.metadata.setdefault("scores", {}).update(cluster.scores)
-            doc.metadata.update(cluster_id=cluster.id, cluster_score=cluster.score,
-                                cluster_rank=rank[cluster.id])
+            doc.funnel.update(cluster_id=cluster.id, cluster_score=cluster.score,
+                              cluster_rank=rank[cluster.id])
             docs.append(doc)
-        docs = order_within_clusters(docs, lambda d: own.get(d.id, 0.0))
+        docs = rank_opened_documents(docs, lambda d: own.get(d.id, 0.0), name)
         return docs[:max_documents] if max_documents else docs
 
     def search_many(self, queries: Sequence[str], k: int = 10, filter: Any = None,

@@ -143,7 +143,7 @@ class MilvusDenseIndex(Collection):
     def search_many(self, queries: Sequence[str], k: int = 10,
                     query_embeddings: np.ndarray | None = None, filter: Any = None,
                     name: str = "dense") -> list[list[Unit]]:
-        """Top-``k`` units per query by similarity; scores in ``metadata["scores"]["dense"]``."""
+        """Top-``k`` units per query by similarity; scores in ``funnel["score_dense"]``."""
         check_positive_int(k, "k")
         if isinstance(queries, str):
             raise TypeError("search_many expects a list of queries; use search() for one query.")
