@@ -419,9 +419,11 @@ class FiDAttentionConfig(StageConfig):
                                  "question: {question} context: {text}")
     title_key: str = doc("Metadata key of a unit's title.", "title")
     lr: Optional[int] = doc("Representative tokens per passage (None: all).", 4)
-    aggregation: str = doc("Table 7 aggregation scheme.", "mean")
+    aggregation: str = doc("Table 7 aggregation scheme (as the paper writes it).", "mean")
     last_k: int = doc("Layers for aggregation='last_k_layers' (paper: 6).", 6)
-    include_query_tokens: bool = doc("Table 8 ablation: count the question tokens.", False)
+    include_query_tokens: bool = doc("Table 8 'w/ query': mean over all question + passage "
+                                     "tokens.", False)
+    score_on: str = doc("alpha (eq. 3, pre-softmax) | log_attention | attention.", "alpha")
     decoder_steps: int = doc("Decoder positions averaged.", 1)
     return_answer: bool = doc("Store the FiD answer in metadata['fid_answer'].", False)
     max_answer_tokens: int = doc("Tokens generated for the answer.", 20)
