@@ -495,6 +495,7 @@ class RankRAGConfig(StageConfig):
     max_passage_words: int = doc("Passages are cut to this length.", 300)
     max_new_tokens: int = doc("Tokens per judgement (generate mode).", 8)
     samples: int = doc("Judgements per pair (generate mode).", 1)
+    p_true: str = doc("renormalized: P(True)/(P(True)+P(False)); raw: P(True).", "renormalized")
     top_n: Optional[int] = doc("Units kept after reranking (None: all).", None)
     score_threshold: Optional[float] = doc("Drop units below this P(True).", None)
     batch_size: int = doc("Pairs per LLM call / forward pass.", 8)
