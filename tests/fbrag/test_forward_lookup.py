@@ -3,7 +3,15 @@
 import pytest
 
 from funnel_core.bm25 import bm25_scores
-from funnel_core.fbrag import FORWARD_PROMPT, FORWARD_PROMPTS, ForwardLookup, chunk_context, parse_rationale_answer
+from funnel_core.fbrag import (
+    FORWARD_PROMPT,
+    FORWARD_PROMPTS,
+    PAPER_FORWARD_PROMPTS,
+    ForwardLookup,
+    ForwardSample,
+    chunk_context,
+    parse_rationale_answer,
+)
 from funnel_core.llm import LLM, LLMError, LLMTimeoutError, TransformersLLM
 
 # Ten ~20-word paragraphs; the answer ("Marlowe") sits in a chunk that shares no word with the
@@ -184,7 +192,8 @@ def test_default_stage2_prompt_asks_for_brief_reasoning_and_quote_is_an_option()
     assert "quoted or closely paraphrased" in FORWARD_PROMPTS["quote_multiple_choice"]
     for name, template in FORWARD_PROMPTS.items():
         assert "{context}" in template and "{question}" in template, name
-        assert template.rstrip().endswith(">"), name
+        if not name.startswith("paper_") or name == "paper_multiple_choice":
+            assert template.rstrip().endswith(">"), name
     reader = Reader()
     ForwardLookup.preset("F", llm=reader, recall_k=3, k=1, chunk_words=20).search_context(QUESTION, CONTEXT)
     assert "explain your reasoning briefly" in reader.calls[0]["prompts"][0]
@@ -192,3 +201,112 @@ def test_default_stage2_prompt_asks_for_brief_reasoning_and_quote_is_an_option()
     ForwardLookup.preset("F", llm=quoting, recall_k=3, k=1, chunk_words=20,
                          prompt=FORWARD_PROMPTS["quote"]).search_context(QUESTION, CONTEXT)
     assert "quoted or closely paraphrased" in quoting.calls[0]["prompts"][0]
+
+
+# -- Eq. 5 and the lookup, against references written from the paper ------------------------
+class ScriptedReader(LLM):
+    """A light LLM (a real :class:`LLM` subclass) whose K samples differ: it returns the scripted
+    outputs in turn, so the test controls what each sample says."""
+
+    def __init__(self, outputs, **kw):
+        super().__init__(**kw)
+        self.outputs, self.calls = list(outputs), []
+
+    def _generate(self, prompts, *, n, **params):
+        self.calls.append(dict(prompts=prompts, n=n, **params))
+        return [[self.outputs[i % len(self.outputs)] for i in range(n)] for _ in prompts]
+
+
+def _argmax(xs):
+    return max(range(len(xs)), key=lambda i: xs[i])
+
+
+def test_eq5_takes_the_max_over_the_k_samples_not_the_mean():
+    """S_F(C_i) = max_k S(C_i; [R_k, A_k]) (Eq. 5). One sample points hard at the Marlowe chunk;
+    two others share words with the weather chunk. Max: Marlowe wins; mean: weather wins."""
+    outputs = ["Rationale: Christopher Marlowe Elizabethan playwright Tamburlaine Faustus. "
+               "Answer: Marlowe",
+               "Rationale: Denmark summer winter rain. Answer: mild weather",
+               "Rationale: Denmark cold winter showers. Answer: mild weather"]
+    chunks = units()
+    texts = [u.text for u in chunks]
+    rows = [bm25_scores(parse_rationale_answer(o).lookup_text, texts) for o in outputs]
+    by_max = [max(r[i] for r in rows) for i in range(len(texts))]
+    by_mean = [sum(r[i] for r in rows) / len(rows) for i in range(len(texts))]
+    assert _argmax(by_max) != _argmax(by_mean)                     # the test can tell them apart
+    fb = ForwardLookup.preset("F", llm=ScriptedReader(outputs), samples=3, k=None,
+                              normalize=False, chunk_words=20)
+    res = fb.search(QUESTION, chunks)
+    assert len({s.text for s in res.samples}) == 3                 # K different samples
+    got = {u.metadata["position"]: u.score for u in res.scored}
+    assert [got[i] for i in range(len(texts))] == pytest.approx(by_max)
+    best = max(res.scored, key=lambda u: u.score)
+    assert "Marlowe" in best.text and best.metadata["position"] == _argmax(by_max)
+
+
+def test_every_chunk_of_the_full_context_is_scored_not_only_stage1():
+    """Stage I only chooses what the light LLM reads; S_FB scores every chunk of C. With
+    recall_k=1 the Marlowe chunk is not in Stage I, and the forward lookup must still find it."""
+    chunks = units()
+    fb = ForwardLookup.preset("F", llm=Reader(), recall_k=1, k=1, chunk_words=20, normalize=False)
+    res = fb.search("who wrote the play", chunks)
+    assert len(res.stage1) == 1 and "Marlowe" not in res.stage1[0].text
+    assert len(res.scored) == len(chunks)
+    texts = [u.text for u in chunks]
+    want = bm25_scores(res.samples[0].lookup_text, texts)          # BM25 over all of C
+    got = {u.metadata["position"]: u.score for u in res.scored}
+    assert [got[i] for i in range(len(texts))] == pytest.approx(want)
+    assert "Marlowe" in res.units[0].text
+
+
+def test_lookup_text_is_rationale_and_answer_not_the_answer_alone():
+    """S(C_i; [R_k, A_k]): the rationale counts. Here the rationale points at the castle chunk and
+    the answer alone at the weather chunk; with [R, A] the castle chunk wins."""
+    sample = ("Rationale: The castle of Elsinore stands on the coast guarded by soldiers near "
+              "the sound. Answer: rain showers")
+    chunks = units()
+    texts = [u.text for u in chunks]
+    parsed = parse_rationale_answer(sample)
+    both = bm25_scores(f"{parsed.rationale} {parsed.answer}", texts)
+    answer_only = bm25_scores(parsed.answer, texts)
+    assert _argmax(both) != _argmax(answer_only)
+    fb = ForwardLookup.preset("F", llm=ScriptedReader([sample]), samples=1, k=1,
+                              normalize=False, chunk_words=20)
+    res = fb.search(QUESTION, chunks)
+    assert res.units[0].metadata["position"] == _argmax(both)
+    assert "Elsinore" in res.units[0].text
+    got = {u.metadata["position"]: u.score for u in res.scored}
+    assert [got[i] for i in range(len(texts))] == pytest.approx(both)
+    assert ForwardSample("t", "R words", "A").lookup_text == "R words A"
+
+
+def test_stage3_reduces_the_context_by_default():
+    """C^II is a reduction of C: by default the 3 best chunks (k=3), not all of them."""
+    chunks = units()
+    fb = ForwardLookup.preset("FB", llm=Reader(), chunk_words=20)
+    assert fb.k == 3
+    out = fb(QUESTION, chunks)
+    assert len(out) == 3 < len(chunks)
+    ranked = sorted(fb.search(QUESTION, chunks).scored, key=lambda u: -u.score)
+    assert {u.id for u in out} == {u.id for u in ranked[:3]}
+    everything = ForwardLookup.preset("FB", llm=Reader(), chunk_words=20, k=None)
+    assert len(everything(QUESTION, chunks)) == len(chunks)
+    budget = ForwardLookup.preset("FB", llm=Reader(), chunk_words=20, k=None, budget_words=45)
+    assert sum(len(u.text.split()) for u in budget(QUESTION, chunks)) <= 45
+
+
+def test_paper_stage2_prompts_per_dataset():
+    """The reconstructed per-dataset prompts: a 2-3 sentence rationale starting with
+    'Rationale:' then the answer (EN.QA, EN.MC); QMSum asks for the answer without a rationale."""
+    assert set(PAPER_FORWARD_PROMPTS) == {"en_qa", "en_mc", "qmsum"}
+    for name in ("en_qa", "en_mc"):
+        text = PAPER_FORWARD_PROMPTS[name]
+        assert "2-3 sentences" in text and "'Rationale:'" in text and "'Answer:'" in text
+        assert FORWARD_PROMPTS[f"paper_{name}"] == text
+    assert "Rationale" not in PAPER_FORWARD_PROMPTS["qmsum"] and "'Answer:'" in PAPER_FORWARD_PROMPTS["qmsum"]
+    reader = ScriptedReader(["Answer: the team agreed on the budget"])
+    fb = ForwardLookup.preset("F", llm=reader, prompt=FORWARD_PROMPTS["paper_qmsum"], samples=1,
+                              chunk_words=20)
+    res = fb.search_context("What did the team decide?", CONTEXT)
+    assert reader.calls[0]["prompts"][0].endswith("Query: What did the team decide?")
+    assert res.samples[0].rationale == "" and res.samples[0].lookup_text == "the team agreed on the budget"
