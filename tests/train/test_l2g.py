@@ -95,6 +95,84 @@ def test_bpr_and_listwise_losses():
     assert lw2 == pytest.approx((row1 + row2) / 2, rel=1e-6)
 
 
+def test_group_pair_losses_cover_every_pair():
+    import torch
+
+    from funnel_core.train.l2g import group_pair_losses
+
+    pos, neg = [2.0, 0.5], [1.0, 0.0, 3.0]
+    want = [-math.log(1 / (1 + math.exp(-(p - n)))) for p in pos for n in neg]      # 6 pairs
+    got = group_pair_losses(torch.tensor(pos), torch.tensor(neg), "bpr")
+    assert got.tolist() == pytest.approx(want, rel=1e-6)
+    z = [math.exp(p) + sum(math.exp(n) for n in neg) for p in pos]
+    lw = group_pair_losses(torch.tensor(pos), torch.tensor(neg), "listwise")
+    assert lw.tolist() == pytest.approx([-(p - math.log(zz)) for p, zz in zip(pos, z)], rel=1e-6)
+
+
+def _pair_groups():
+    return [TrainingGroup(query=f"q{g}", positives=[f"p{g}.{i}" for i in range(2)],
+                          negatives=[f"n{g}.{j}" for j in range(3 + g)]) for g in range(3)]
+
+
+def test_eq6_default_meets_every_positive_negative_pair_once_per_epoch():
+    """Eq. 6 sums over every (positive, negative) pair; sampling 4 negatives per positive (the
+    earlier default) meets only some pairs, or some twice."""
+    import random
+
+    groups = _pair_groups()
+    all_pairs = sorted((g.query, p, n) for g in groups for p in g.positives for n in g.negatives)
+    trainer = CrossEncoderTrainer(model="x", queries_per_step=2)
+    assert trainer.num_negatives is None
+    met = sorted((q, p, n) for step in trainer.steps(groups, random.Random(0))
+                 for q, pos, neg in step for p in pos for n in neg)
+    assert met == all_pairs                                   # every pair, exactly once
+    sampled = CrossEncoderTrainer(model="x", num_negatives=2, queries_per_step=2)
+    met2 = [(q, p, n) for step in sampled.steps(groups, random.Random(0))
+            for q, pos, neg in step for p in pos for n in neg]
+    assert len(met2) == 2 * sum(len(g.positives) for g in groups) < len(all_pairs)
+    with pytest.raises(ValueError, match="num_negatives"):
+        CrossEncoderTrainer(model="x", num_negatives=0)
+
+
+def test_first_step_loss_is_bpr_over_all_pairs(tiny_cross_encoder_path, tmp_path):
+    """The loss of the first step (before any update) equals the mean over every pair of the
+    step's queries of -log sigmoid(S+ - S-), computed here from the untrained model's scores.
+    Dropout is switched off in a copy of the model so the two computations see the same net."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from funnel_core.rerank.cross_encoder import encode_pairs
+
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_cross_encoder_path)
+    model.config.hidden_dropout_prob = model.config.attention_probs_dropout_prob = 0.0
+    with torch.no_grad():
+        model.classifier.weight.mul_(3e4)      # spread the random scores (else all ~0)
+    model.save_pretrained(tmp_path / "nodrop")
+    tok = AutoTokenizer.from_pretrained(tiny_cross_encoder_path)
+    tok.save_pretrained(tmp_path / "nodrop")
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "nodrop").eval()
+    groups = _toy_groups()
+    terms = []
+    for g in groups:
+        texts = g.positives + g.negatives
+        with torch.no_grad():
+            s = model(**encode_pairs(tok, [g.query] * len(texts), texts, 32)).logits.reshape(-1)
+        sp, sn = s[:len(g.positives)].tolist(), s[len(g.positives):].tolist()
+        terms += [-math.log(1 / (1 + math.exp(-(p - n)))) for p in sp for n in sn]
+    want = sum(terms) / len(terms)
+    assert max(terms) - min(terms) > 0.1                  # the pairs differ
+    report = CrossEncoderTrainer(model=tmp_path / "nodrop", max_length=32, max_steps=1,
+                                 queries_per_step=len(groups), freeze_embeddings=False,
+                                 show_progress=False, dtype="float32",
+                                 device="cpu").train(groups, tmp_path / "out")
+    assert report.losses[0] == pytest.approx(want, rel=1e-4)
+    sampled = CrossEncoderTrainer(model=tmp_path / "nodrop", max_length=32, max_steps=1,
+                                  num_negatives=1, queries_per_step=len(groups),
+                                  freeze_embeddings=False, show_progress=False, dtype="float32",
+                                  device="cpu").train(groups, tmp_path / "out2")
+    assert sampled.losses[0] != pytest.approx(want, rel=1e-4)
+
+
 def test_qrels_groups_use_bm25_hard_negatives(corpus_units):
     queries = {"q1": "capital of France Paris", "q2": "Shakespeare Hamlet", "q4": "Hamlet"}
     qrels = {"q1": {"d0": 1}, "q2": {"d5": 1}, "q3": {"d1": 1}, "q4": {"d5": 1}}  # q3: no text; q4: no negative
