@@ -43,6 +43,7 @@ DATA = REPO.parent / "shared" / "data" / "squad"
 DEFAULT_FILES = [DATA / "squad-v1.1-train.json", DATA / "squad-v1.1-dev-a.json"]
 #: the tuning sample of bench_squad_large.py (train questions never used for training)
 TUNE_SEED, TUNE_N = 0, 400
+RESULTS = REPO / "benchmarks" / "results" / "squad_ce_training.json"
 CONFIG = dict(max_length=192, learning_rate=5e-5, head_learning_rate=5e-4, weight_decay=0.01,
               warmup_ratio=0.1, epochs=1, num_negatives=5, queries_per_step=4, loss="listwise",
               freeze_embeddings=True, freeze_layers=0, max_seconds=20 * 60, seed=0)
@@ -128,7 +129,10 @@ def read_groups(path):
 
 def train(files, out_dir: str = DEFAULT_OUT, n_questions: int = 6000, negative_depth: int = 30,
           quick: bool = False, dtype: str = "auto", groups_file=None, init_dir=None, device=None,
-          **overrides) -> dict:
+          results_file: str | Path | None = RESULTS, **overrides) -> dict:
+    """Train the cross-encoder. Unless ``quick``, a copy of the summary goes to ``results_file``
+    (``None``: nowhere, as in ``benchmarks/ce_post_gpu.py``, which runs a copy of this file
+    outside the repository)."""
     offline_env()
     from funnel_core.train import CrossEncoderTrainer, init_cross_encoder
 
@@ -186,9 +190,8 @@ def train(files, out_dir: str = DEFAULT_OUT, n_questions: int = 6000, negative_d
                "negatives": f"BM25 top-{negative_depth} passages of the whole corpus with no gold answer",
                "loss_curve": curve, "quick": quick}
     (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
-    if not quick:
-        res = REPO / "benchmarks" / "results" / "squad_ce_training.json"
-        res.write_text(json.dumps({"benchmark": "squad_ce_training", **summary}, indent=1), encoding="utf-8")
+    if not quick and results_file is not None:
+        Path(results_file).write_text(json.dumps({"benchmark": "squad_ce_training", **summary}, indent=1), encoding="utf-8")
     return summary
 
 
