@@ -310,3 +310,67 @@ def test_paper_stage2_prompts_per_dataset():
     res = fb.search_context("What did the team decide?", CONTEXT)
     assert reader.calls[0]["prompts"][0].endswith("Query: What did the team decide?")
     assert res.samples[0].rationale == "" and res.samples[0].lookup_text == "the team agreed on the budget"
+
+
+def test_recall_is_stage1_bm25_best_first():
+    """Stage I: the recall_k chunks with the highest S(C; Q), best first, each rescored under
+    "fb_rag_stage1" with its input position."""
+    chunks = units()
+    texts = [u.text for u in chunks]
+    b = bm25_scores(QUESTION, texts)
+    fb = ForwardLookup.preset("FB", llm=Reader(), recall_k=3, chunk_words=20)
+    top, backward = fb.recall(QUESTION, chunks)
+    want = sorted(range(len(texts)), key=lambda i: -b[i])[:3]
+    assert [u.metadata["fb_rag_order"] for u in top] == want
+    assert backward == pytest.approx(b)
+    assert [u.scores["fb_rag_stage1"] for u in top] == pytest.approx([b[i] for i in want])
+
+
+def test_score_called_alone_builds_its_own_index_and_positions():
+    """score() without an index or backward scores: BM25 over the given units; units without a
+    position get their input index."""
+    from funnel_core.units import Unit
+
+    texts = [u.text for u in units()]
+    bare = [Unit(id=f"u{i}", text=t) for i, t in enumerate(texts)]
+    sample = parse_rationale_answer(Reader().reply)
+    fb = ForwardLookup.preset("FB", llm=Reader(), normalize=False, chunk_words=20)
+    out = fb.score(QUESTION, bare, [sample])
+    b, f = bm25_scores(QUESTION, texts), bm25_scores(sample.lookup_text, texts)
+    assert [u.score for u in out] == pytest.approx([0.5 * x + 0.5 * y for x, y in zip(b, f)])
+    assert [u.metadata["position"] for u in out] == list(range(len(texts)))
+    # no samples: the forward part is 0, not 1
+    alone = fb.search(QUESTION, units(), samples=[])
+    assert sorted(u.score for u in alone.scored) == pytest.approx(sorted(0.5 * x for x in b))
+
+
+def test_max_normalisation_divides_by_the_maximum():
+    fb = ForwardLookup.preset("FB", llm=Reader(), chunk_words=20)
+    assert fb._scale([0.5, 0.25, 0.0]) == pytest.approx([1.0, 0.5, 0.0])
+    assert fb._scale([0.0, 0.0]) == [0.0, 0.0] and fb._scale([]) == []
+
+
+def test_budgets_are_inclusive_skip_too_long_chunks_and_clean_up():
+    from funnel_core.units import Unit
+
+    # three chunks of 5, 8 and 3 words; scores make the 8-word chunk second best
+    chunks = [Unit(id="a", text="one two three four five", score=3.0, metadata={"fb_rag_order": 0}),
+              Unit(id="b", text="a b c d e f g h", score=2.0, metadata={"fb_rag_order": 1}),
+              Unit(id="c", text="x y z", score=1.0, metadata={"fb_rag_order": 2})]
+    words = ForwardLookup.preset("FB", llm=Reader(), chunk_words=5, k=None, budget_words=8)
+    # 5 fits, 5 + 8 does not (skipped, not the end), 5 + 3 = 8 fits exactly
+    assert [u.id for u in words.select(chunks)] == ["a", "c"]
+    tokens = ForwardLookup.preset("FB", llm=Reader(), chunk_words=5, k=None, budget_tokens=13)
+    assert [u.id for u in tokens.select(chunks)] == ["a", "b"]           # 5 + 8 = 13 exactly
+    tight = ForwardLookup.preset("FB", llm=Reader(), chunk_words=5, k=None, budget_tokens=9)
+    assert [u.id for u in tight.select(chunks)] == ["a", "c"]            # 5 + 3; 5 + 8 > 9
+    assert all("fb_rag_order" not in u.metadata for u in tight.select(chunks))
+    with pytest.raises(ValueError, match=r"^k must be >= 1"):
+        words.select(chunks, k=0)
+    with pytest.raises(ValueError, match="raise the budget or lower chunk_words."):
+        ForwardLookup.preset("FB", llm=Reader(), chunk_words=5, budget_tokens=2).select(chunks)
+
+
+def test_parse_rationale_answer_reads_non_text_output():
+    s = parse_rationale_answer(42)
+    assert (s.text, s.rationale, s.answer) == ("42", "42", "")

@@ -293,8 +293,11 @@ def test_router_save_load_and_untrained(trained_router, tmp_path, embedder):
     with pytest.raises(PersistError, match="no trained router"):
         GranularityRouter.load(tmp_path / "missing")
     fresh = GranularityRouter(4, embedder=embedder)
-    with pytest.raises(RouterNotTrainedError, match="not trained"):
+    with pytest.raises(RouterNotTrainedError, match=r"^this GranularityRouter is not trained; call "
+                       r"fit\(queries, soft_labels\(\.\.\.\)\) or GranularityRouter\.load\(path\) "
+                       r"first, or pass router=None to MoG retrieval for uniform level weights\.$"):
         fresh.predict(q)
+    assert router.predict(q).dtype == np.float64
     with pytest.raises(RouterNotTrainedError):
         fresh.save(tmp_path / "x")
     with pytest.raises(ValueError, match="labels must have shape"):

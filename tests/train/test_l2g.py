@@ -75,6 +75,7 @@ def test_l2g_group_from_later_chunked_documents():
     assert l2g_group("q", docs, hand, top_k=1, alpha=1.0).positives == [docs[2].text]
     assert l2g_group("q", docs, hand, top_k=1, alpha=0.0).positives == [docs[1].text]
     assert l2g_group("q", docs, hand, top_k=1).positives == [docs[2].text]   # 0.5: 2.5 > 0.9
+    assert l2g_group("q", docs, hand).positives == [docs[2].text]            # default top_k = 1
 
 
 def test_bpr_and_listwise_losses():
@@ -86,6 +87,10 @@ def test_bpr_and_listwise_losses():
                     for p, row in zip([2.0, 0.0], [[1.0, 0.0], [0.0, 1.0]]) for n in row) / 4
     assert bpr_loss(pos, neg).item() == pytest.approx(expected, rel=1e-6)
     assert bpr_loss(torch.tensor([10.0]), torch.tensor([[-10.0]])).item() < 1e-6
+    # each positive meets its own row of negatives (not another row's)
+    p3, n3 = [3.0, 0.0, -1.0], [[0.0, 1.0, 2.0], [5.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    want3 = sum(math.log1p(math.exp(-(p - n))) for p, row in zip(p3, n3) for n in row) / 9
+    assert bpr_loss(torch.tensor(p3), torch.tensor(n3)).item() == pytest.approx(want3, rel=1e-6)
     lw = listwise_loss(torch.tensor([0.0]), torch.tensor([[0.0, 0.0]])).item()
     assert lw == pytest.approx(math.log(3), rel=1e-6)
     # a batch of two: mean of -log softmax(positive) per row
@@ -132,6 +137,13 @@ def test_eq6_default_meets_every_positive_negative_pair_once_per_epoch():
     assert len(met2) == 2 * sum(len(g.positives) for g in groups) < len(all_pairs)
     with pytest.raises(ValueError, match="num_negatives"):
         CrossEncoderTrainer(model="x", num_negatives=0)
+    # sampling: exactly n negatives are each used once; fewer are drawn with replacement
+    three = TrainingGroup(query="q", positives=["p"], negatives=["n1", "n2", "n3"])
+    for seed in range(5):
+        got = CrossEncoderTrainer(model="x", num_negatives=3)._negatives(three, random.Random(seed))
+        assert sorted(got) == ["n1", "n2", "n3"]
+        more = CrossEncoderTrainer(model="x", num_negatives=5)._negatives(three, random.Random(seed))
+        assert len(more) == 5 and set(more) <= {"n1", "n2", "n3"}
 
 
 def test_first_step_loss_is_bpr_over_all_pairs(tiny_cross_encoder_path, tmp_path):
