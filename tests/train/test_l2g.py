@@ -109,6 +109,7 @@ def test_group_pair_losses_cover_every_pair():
     want = [-math.log(1 / (1 + math.exp(-(p - n)))) for p in pos for n in neg]      # 6 pairs
     got = group_pair_losses(torch.tensor(pos), torch.tensor(neg), "bpr")
     assert got.tolist() == pytest.approx(want, rel=1e-6)
+    assert group_pair_losses(torch.tensor(pos), torch.tensor(neg)).tolist() == pytest.approx(want)
     z = [math.exp(p) + sum(math.exp(n) for n in neg) for p in pos]
     lw = group_pair_losses(torch.tensor(pos), torch.tensor(neg), "listwise")
     assert lw.tolist() == pytest.approx([-(p - math.log(zz)) for p, zz in zip(pos, z)], rel=1e-6)
