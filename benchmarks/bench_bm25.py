@@ -168,7 +168,7 @@ def vs_raw(texts: list[str], queries: list[str], rounds: int, ks=(10, 100)) -> d
         ours_np = BM25Index.from_texts(texts)
     with tempfile.TemporaryDirectory() as tmp:
         ours_np.save(tmp)
-        ours_nb = BM25Index.load(tmp, backend="numba", verify=False)
+        ours_nb = BM25Index.load(tmp, engine="numba", verify=False)
     raw_np = raw_bm25s_search(retriever=ours_np._retriever)
     raw_nb = raw_bm25s_search(retriever=ours_nb._retriever, backend="numba")
     with timer() as tc:  # numba JIT compile happens on the first numba call

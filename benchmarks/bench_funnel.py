@@ -63,8 +63,9 @@ def make_ranker(kind: str, data: Path, batch_size: int, window_words: int | None
     from funnel_core.rerank.cross_encoder import CrossEncoderScorer
 
     path = get_or_train(data)
-    return CrossEncoderScorer(str(path), backend="transformers", batch_size=batch_size, max_length=192,
-                              window_words=window_words, bf16=bf16, name="ranker"), str(path)
+    return CrossEncoderScorer(str(path), library="transformers", batch_size=batch_size, max_length=192,
+                              window_words=window_words, dtype="bfloat16" if bf16 else "auto",
+                              name="ranker"), str(path)
 
 
 def post_ranker(args, ranker):

@@ -286,7 +286,7 @@ def main() -> None:
     from funnel_core.rerank.cross_encoder import CrossEncoderScorer
 
     students = {"init (before)": init_dir, "L2G": args.work / "l2g", "label-only": args.work / "labels"}
-    scorers = {n: CrossEncoderScorer(str(pth), backend="transformers", max_length=args.max_length,
+    scorers = {n: CrossEncoderScorer(str(pth), library="transformers", max_length=args.max_length,
                                      batch_size=args.batch_size) for n, pth in students.items()}
     systems = ["BM25 order", *students, "teacher MaxP (reference)"]
     records: list[dict] = []

@@ -56,15 +56,15 @@ def throughput(model_path: str, pairs: list[tuple[str, str]], *, max_length: int
 
     from funnel_core.rerank.cross_encoder import CrossEncoderScorer
 
-    ours = CrossEncoderScorer(model_path, backend="sentence-transformers", device="cpu",
+    ours = CrossEncoderScorer(model_path, library="sentence-transformers", device="cpu",
                               max_length=max_length, batch_size=batch_size, runtime="torch").load()
     direct = ours._model.get().model  # the very same sentence_transformers.CrossEncoder (torch runtime)
     identity = torch.nn.Identity()
     qs, ts = [q for q, _ in pairs], [t for _, t in pairs]
-    sorted_s = CrossEncoderScorer(model_path, backend="transformers", device="cpu",
+    sorted_s = CrossEncoderScorer(model_path, library="transformers", device="cpu",
                                   max_length=max_length, batch_size=batch_size,
                                   sort_by_length=True, runtime="torch").load()
-    unsorted_s = CrossEncoderScorer(model_path, backend="transformers", device="cpu",
+    unsorted_s = CrossEncoderScorer(model_path, library="transformers", device="cpu",
                                     max_length=max_length, batch_size=batch_size,
                                     sort_by_length=False, runtime="torch").load()
     runs = {
@@ -213,9 +213,10 @@ def main() -> None:
         _write(out_path, result)
 
     # -- reranking, tier by tier, with a score cache -------------------------------------------
-    scorer = CrossEncoderScorer(model_path, backend="transformers", device="cpu",
+    scorer = CrossEncoderScorer(model_path, library="transformers", device="cpu",
                                 max_length=max_length, batch_size=args.batch_size,
-                                sort_by_length=True, bf16=bf16, window_words=args.window_words,
+                                sort_by_length=True, dtype="bfloat16" if bf16 else "auto",
+                                window_words=args.window_words,
                                 window_overlap=args.window_overlap)
     if args.tune_fuse_on_train:
         result["fuse_tuning"] = tune_fuse_weight(scorer, Path(args.data), args.tune_fuse_on_train,

@@ -94,7 +94,7 @@ def probe_dtype(model_dir: str, prompts: list[str], max_length: int, device: str
 
     out = {}
     for dt in ("float32", "bfloat16"):
-        llm = TransformersLLM(model_dir, device=device, torch_dtype=dt, batch_size=len(prompts),
+        llm = TransformersLLM(model_dir, device=device, dtype=dt, batch_size=len(prompts),
                               max_length=max_length)
         llm.next_token_logprobs(prompts[:2], ["True", "False"])          # warm-up
         t = time.perf_counter()
@@ -223,14 +223,14 @@ def main() -> None:
     print(f"dtype probe (s/pair): {probe} -> {dtype}", flush=True)
 
     def llm_scorer(path: Path) -> RankRAGScorer:
-        llm = TransformersLLM(str(path), device=args.device, torch_dtype=dtype, batch_size=args.batch_size,
+        llm = TransformersLLM(str(path), device=args.device, dtype=dtype, batch_size=args.batch_size,
                               max_length=args.max_length)
         return RankRAGScorer(llm=llm, mode="logprobs", batch_size=args.batch_size,
                              max_passage_words=args.max_passage_words)
 
     scorers = {
-        "ce": CrossEncoderScorer(str(args.ce), backend="transformers", batch_size=args.depth,
-                                 max_length=192, bf16=dtype == "bfloat16" and args.device == "cpu",
+        "ce": CrossEncoderScorer(str(args.ce), library="transformers", batch_size=args.depth,
+                                 max_length=192, dtype="bfloat16" if dtype == "bfloat16" and args.device == "cpu" else "auto",
                                  device=args.device, name="ce"),
         "smollm2_zeroshot": llm_scorer(args.base),
         "smollm2_rankrag": llm_scorer(args.tuned),

@@ -525,8 +525,9 @@ def run_postrank_fid(args, corpus, qs, warm_q, bf16: bool, flags: dict) -> dict:
     t0 = time.perf_counter()
     cindex = ClusteredBM25Index(max_tokens=s).index(corpus.documents, adjacency=corpus.adjacency())
     build_seconds = time.perf_counter() - t0
-    ranker = CrossEncoderScorer(str(args.model), backend="transformers", batch_size=args.batch_size,
-                                max_length=192, window_words=PASSAGE_WORDS, bf16=bf16, name="ranker")
+    ranker = CrossEncoderScorer(str(args.model), library="transformers", batch_size=args.batch_size,
+                                max_length=192, window_words=PASSAGE_WORDS,
+                                dtype="bfloat16" if bf16 else "auto", name="ranker")
     fid = FiDAttentionScorer(model=str(args.fid_model), batch_size=args.batch_size, return_answer=True,
                              name="post_ranking")
     pipes = {"cross-encoder": funnelrag(cindex, ranker, k_clusters=k, k_documents=kd, k_passages=4,
@@ -815,8 +816,9 @@ def main() -> None:
     if not args.skip_timing:
         from funnel_core.rerank.cross_encoder import CrossEncoderScorer
 
-        ranker = CrossEncoderScorer(str(args.model), backend="transformers", batch_size=args.batch_size,
-                                    max_length=192, window_words=PASSAGE_WORDS, bf16=bf16, name="ranker")
+        ranker = CrossEncoderScorer(str(args.model), library="transformers", batch_size=args.batch_size,
+                                    max_length=192, window_words=PASSAGE_WORDS,
+                                dtype="bfloat16" if bf16 else "auto", name="ranker")
         pipes = build_pipelines(list(rows), bm25, dense, embedder, passages, cindexes, ranker, alpha)
         timing = time_pipelines(pipes, timing_qs, warm_q, pid_index, ans, ranks)
         for n, t in timing.items():

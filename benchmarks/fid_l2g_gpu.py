@@ -600,7 +600,7 @@ def main() -> None:
 
     # 3. dev-a post-ranking statistics + answers
     scorer = FiDAttentionScorer(model=str(work / "fid"), return_answer=True, max_answer_tokens=16,
-                                device=device, batch_size=32, max_length=args.max_length, fp16=False)
+                                device=device, batch_size=32, max_length=args.max_length, dtype="float32")
     dev = data["dev"][:args.dev] if args.dev else data["dev"]
     dev_cap = min(args.dev_seconds, args.max_total_seconds - elapsed() - 5)
     stats, lstats, legacy, answers, secs = fid_scan(scorer, dev, passages, titles, answers=True,

@@ -243,10 +243,11 @@ def main() -> None:
            "ce_model": args.ce or args.ce_scores, "ce_scoring": ce_info,
            "results_all_questions": full,
            "with_cross_encoder": {"questions": n_ce if subset else 0,
-                                  "note": "the first N questions of the same seeded sample: the CPU scoring of the cross-encoder was capped",
+                                  "note": ("all questions" if n_ce == len(dev) else
+                                           f"the first {n_ce} questions of the same seeded sample (the cross-encoder's scoring was capped)"),
                                   "results": subset, "paired_vs_cross_encoder": paired},
            "bootstrap": "1,000 resamples of questions, 95% percentile interval", "load_average": os.getloadavg(),
-           "fid_device": "one NVIDIA H100 (device machine), bf16 autocast; see gpu_log",
+           "fid_device": f"{gpu.get('gpu') or gpu.get('device')} (device machine), {gpu.get('autocast') or 'fp32'} autocast; see gpu_log",
            "report_cpu_flags": cpu_flags()}
     Path(args.out).write_text(json.dumps(out, indent=1), encoding="utf-8")
     if args.markdown:

@@ -11,7 +11,7 @@ Other benchmarks import :func:`get_or_train` to reuse the model (or train it whe
 
     from benchmarks.prerank_model import get_or_train
     path = get_or_train(data_dir)            # models/minilm-scifact-ce under the repo root
-    scorer = CrossEncoderScorer(path, backend="transformers", max_length=256)
+    scorer = CrossEncoderScorer(path, library="transformers", max_length=256)
 
 Run it alone to (re)train::
 

@@ -222,7 +222,7 @@ def main() -> None:
         dtype = "float32" if args.dtype == "auto" else args.dtype
     del probe_llm
 
-    llm = TransformersLLM(model_dir, device=args.device, torch_dtype=dtype, max_length=args.max_length)
+    llm = TransformersLLM(model_dir, device=args.device, dtype=dtype, max_length=args.max_length)
     curve: list[dict] = []
 
     def log(row: dict) -> None:

@@ -1054,6 +1054,9 @@ FID_LABELS = {"random": "random order (seeded)", "bm25": "BM25 order",
               "fid_max_tokens": "FiD (iv) top-1 token", "fid_last_2_layers": "FiD (v) last 2 layers",
               "fid_last_3_layers": "FiD (v) last 3 layers", "fid_all_tokens": "FiD all passage tokens",
               "fid_averaged_map_top4": "FiD averaged map, then top-4 (earlier implementation)",
+              "fid_log_mean": "FiD eq. 3 on log-attention (rank-equivalent to raw alpha): top-4 tokens",
+              "fid_log_max_tokens": "FiD log-attention, top-1 token",
+              "fid_log_all_tokens": "FiD log-attention, all passage tokens (mean alpha)",
               "oracle_any_of_n": "answer anywhere in the candidates (ceiling)"}
 FID_PAIR_LABELS = {"fid_mean": "FiD eq. 3", "fid_max_tokens": "FiD top-1 token",
                    "fid_averaged_map_top4": "FiD averaged map", "bm25": "BM25"}

@@ -85,8 +85,9 @@ def main() -> None:
 
     from funnel_core.rerank.cross_encoder import CrossEncoderScorer
 
-    ranker = CrossEncoderScorer(str(args.model), backend="transformers", batch_size=args.batch_size,
-                                max_length=192, window_words=PASSAGE_WORDS, bf16=bf16, name="ranker")
+    ranker = CrossEncoderScorer(str(args.model), library="transformers", batch_size=args.batch_size,
+                                max_length=192, window_words=PASSAGE_WORDS, dtype="bfloat16" if bf16 else "auto",
+                                name="ranker")
     pipes = B.build_pipelines(names, bm25, dense, embedder, passages, cindexes, ranker, res["hybrid"]["alpha"])
     load_before = os.getloadavg()
     t0 = time.perf_counter()

@@ -57,7 +57,7 @@ is meaningless.
 **With a hub**, use a real reranker and LLM, e.g.
 
 ```python
-rerank = CrossEncoderRerank(model="BAAI/bge-reranker-v2-m3", backend="flagembedding", top_n=4)
+rerank = CrossEncoderRerank(model="BAAI/bge-reranker-v2-m3", library="flagembedding", top_n=4)
 # or CrossEncoderRerank(model="cross-encoder/ms-marco-MiniLM-L-6-v2", top_n=4)
 engine = RetrieverQueryEngine.from_args(retriever, llm=OpenAI("gpt-4o-mini"), node_postprocessors=[rerank])
 ```
@@ -108,7 +108,7 @@ else:
     ce_path = tiny_cross_encoder(Path(tempfile.mkdtemp()) / "tiny-ce")
     ce_note = "TINY RANDOM cross-encoder: wiring only, its scores are meaningless"
 print(ce_note)
-rerank = CrossEncoderRerank(model=ce_path, backend="transformers", top_n=4, max_length=256)
+rerank = CrossEncoderRerank(model=ce_path, library="transformers", top_n=4, max_length=256)
 print(rerank.class_name(), rerank.top_n)"""),
         md("## 3. Drop both into a `RetrieverQueryEngine`"),
         code("""
@@ -164,7 +164,7 @@ cross-encoder is `models/minilm-scifact-ce` when present, else a **tiny random**
 only). The post-ranker is the packaged all-MiniLM-L6-v2 bi-encoder (`SentenceEmbedderEmbeddings`
 is not needed: `funnel_core.rerank.embedding.EmbeddingScorer` is a funnel stage).
 
-**With a hub:** `CrossEncoderReranker(model="BAAI/bge-reranker-v2-m3", backend="flagembedding")`
+**With a hub:** `CrossEncoderReranker(model="BAAI/bge-reranker-v2-m3", library="flagembedding")`
 as pre-ranker, `MonoT5Reranker(model="castorini/monot5-base-msmarco")` or a FiD checkpoint
 (`FiDAttentionScorer`, e.g. from `google/flan-t5-base` fine-tuned as FiD) as post-ranker, and a
 real chat model (`ChatOpenAI`, `ChatOllama(model="llama3.1")`, ...).
@@ -198,7 +198,7 @@ else:
     from funnel_core.testing import tiny_cross_encoder
     ce_path = tiny_cross_encoder(Path(tempfile.mkdtemp()) / "tiny-ce")
     print("pre-ranker: TINY RANDOM cross-encoder (wiring only)")
-pre_ranker = CrossEncoderReranker(model=ce_path, backend="transformers", top_n=6, max_length=256)
+pre_ranker = CrossEncoderReranker(model=ce_path, library="transformers", top_n=6, max_length=256)
 chunker = LaterChunkingTransformer(words=40)
 
 q = questions[0]
@@ -288,7 +288,7 @@ funnel: each stage hands *fewer, smaller* units to a *stronger, slower* scorer.
 
 Everything runs offline with a real model: the all-MiniLM-L6-v2 bi-encoder that ships with the
 package. (The timings printed below were taken on a shared 2-core CPU machine.) **With a hub**, use the paper's scorers: a cross-encoder pre-ranker
-(`CrossEncoderScorer("BAAI/bge-reranker-v2-m3", backend="flagembedding")` or
+(`CrossEncoderScorer("BAAI/bge-reranker-v2-m3", library="flagembedding")` or
 `"cross-encoder/ms-marco-MiniLM-L-6-v2"`), and a FiD post-ranker
 (`FiDAttentionScorer` with a FiD checkpoint fine-tuned from `google/flan-t5-base`) or monoT5
 (`MonoT5Scorer("castorini/monot5-base-msmarco")`).
@@ -380,7 +380,7 @@ funnel = funnelrag(units, pre_ranker="BAAI/bge-reranker-v2-m3", post_ranker=fid_
 from funnel_core.funnelrag.presets import funnelrag
 
 preset = funnelrag(index, pre_ranker=EmbeddingScorer(embedder), k_clusters=2, k_documents=8,
-                   k_passages=3, passage_words=60, max_documents=20)
+                   k_passages=3, passage_words=60, k_retrieved=20)
 res = preset.search(q.question, answers=q.answers)
 print(res.trace.format())
 print([u.id for u in res.units] == [u.id for u in result.units])"""),

@@ -19,18 +19,19 @@ import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from funnel_core.cache import FreshOnCopy, LRUCache
 from funnel_core.errors import PersistError, check_positive_int, check_query
+from funnel_core.filters import MetadataFilter, metadata_mask
 from funnel_core.funnel import Stage
 from funnel_core.persist import check_number, load_snapshot, prepare_units, read_units, save_snapshot, write_units
 from funnel_core.text import CJK_MODES, check_token_pattern, clean_text, split_cjk
 from funnel_core.units import Unit, check_unique_ids, units_from_texts
 
-__all__ = ["BM25Index", "BM25Retrieve", "MetadataFilter", "metadata_mask", "bm25_scores", "METHODS"]
+__all__ = ["BM25Index", "BM25Retrieve", "bm25_scores", "METHODS"]
 
 METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
 FORMAT = "funnel-rag.bm25"
@@ -39,83 +40,7 @@ DEFAULT_TOKEN_PATTERN = r"(?u)\b\w\w+\b"
 #: Distinct metadata keys whose filter columns an index caches (least recently used dropped).
 FILTER_CACHE_SIZE = 32
 
-#: A per-query filter: ``{"key": value}`` / ``{"key": [v1, v2]}`` (equality / membership, all
-#: keys must match; a list-valued metadata field matches when it contains the value), a
-#: predicate ``f(metadata) -> bool``, or a boolean array aligned with the indexed units.
-MetadataFilter = Union[Mapping[str, Any], Callable[[dict], bool], np.ndarray, None]
-
 _EMPTY = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
-
-_LISTLIKE = (list, tuple, set, frozenset)
-
-
-def _matches(value: Any, wanted: Any) -> bool:
-    """Equality, or membership when the metadata value is a list (``tags: ["a", "b"]``)."""
-    if isinstance(value, _LISTLIKE):
-        return any(_eq(v, wanted) for v in value)
-    return _eq(value, wanted)
-
-
-def _eq(a: Any, b: Any) -> bool:
-    try:
-        return bool(a == b)
-    except Exception:  # numpy arrays and other odd values: not equal
-        return False
-
-
-def metadata_mask(units: Sequence[Unit], filter: MetadataFilter,
-                  columns: "LRUCache[str, np.ndarray] | dict[str, np.ndarray] | None" = None) -> np.ndarray | None:
-    """Boolean array: which ``units`` pass ``filter`` (``None`` when there is no filter).
-
-    ``{"key": value}`` keeps units whose ``metadata[key] == value``, or whose ``metadata[key]`` is
-    a list/tuple/set containing ``value``; ``{"key": [v1, v2]}`` keeps units matching any of the
-    values. ``columns`` caches one object array per metadata key (a bounded
-    :class:`~funnel_core.cache.LRUCache` inside an index), so repeated dict filters are
-    vectorised comparisons instead of Python loops over metadata dicts.
-    """
-    if filter is None:
-        return None
-    n = len(units)
-    if isinstance(filter, np.ndarray):
-        if filter.dtype != bool or filter.shape != (n,):
-            raise ValueError(f"a mask filter must be a boolean array of shape ({n},), got "
-                             f"{filter.dtype} {filter.shape}.")
-        return filter
-    if callable(filter):
-        return np.fromiter((bool(filter(u.metadata)) for u in units), dtype=bool, count=n)
-    if not isinstance(filter, Mapping):
-        raise TypeError(f"filter must be a dict of metadata values, a callable or a boolean "
-                        f"array, got {type(filter).__name__}.")
-    mask = np.ones(n, dtype=bool)
-    for key, wanted in filter.items():
-        col = None if columns is None else columns.get(key)
-        if col is None:
-            col = np.empty(n, dtype=object)
-            col[:] = [u.metadata.get(key) for u in units]
-            if columns is not None:
-                columns[key] = col
-        if isinstance(wanted, _LISTLIKE):
-            wanted = list(wanted)
-            try:
-                wanted_set = set(wanted)
-                hashable = True
-            except TypeError:
-                hashable = False
-
-            def ok(v: Any) -> bool:
-                if isinstance(v, _LISTLIKE):
-                    return any(ok(x) for x in v)
-                if hashable:
-                    try:
-                        return v in wanted_set
-                    except TypeError:
-                        return False
-                return any(_eq(v, w) for w in wanted)
-
-            mask &= np.fromiter((ok(v) for v in col), dtype=bool, count=n)
-        else:
-            mask &= np.fromiter((_matches(v, wanted) for v in col), dtype=bool, count=n)
-    return mask
 
 
 @dataclass(frozen=True)
@@ -267,19 +192,23 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
     lower = config.get("lower", True)
     if not isinstance(lower, bool):
         raise TypeError(f"lower must be True or False, got {lower!r:.40}.")
-    backend = config.get("backend", "numpy")
-    if backend not in ("numpy", "numba"):
-        raise ValueError(f"backend must be 'numpy' or 'numba', got {backend!r}.")
+    if "backend" in config:
+        raise TypeError("the BM25 scoring engine is engine='numpy' or engine='numba' (backend= "
+                        "means storage in funnel-rag: 'memory' or a Milvus backend); got "
+                        f"backend={config['backend']!r}.")
+    engine = config.get("engine", "numpy")
+    if engine not in ("numpy", "numba"):
+        raise ValueError(f"engine must be 'numpy' or 'numba', got {engine!r}.")
     cjk = config.get("cjk")
     if cjk not in CJK_MODES:
         raise ValueError(f"cjk must be one of {CJK_MODES}, got {cjk!r}; use 'bigram' for Chinese/"
                          "Japanese text written without spaces.")
     unknown = set(config) - {"method", "k1", "b", "delta", "stemmer", "stopwords", "token_pattern",
-                             "lower", "backend", "cjk"}
+                             "lower", "engine", "cjk"}
     if unknown:
         raise TypeError(f"unknown BM25 setting(s) {sorted(unknown)}.")
     return dict(method=method, k1=float(k1), b=float(b), delta=float(delta), stemmer=stemmer,
-                stopwords=stop, token_pattern=token_pattern, lower=lower, backend=backend, cjk=cjk)
+                stopwords=stop, token_pattern=token_pattern, lower=lower, engine=engine, cjk=cjk)
 
 
 class BM25Index(FreshOnCopy):
@@ -296,7 +225,7 @@ class BM25Index(FreshOnCopy):
         token_pattern: Regular expression that defines a token (checked at construction, see
             :func:`~funnel_core.text.check_token_pattern`).
         lower: Lower-case text before tokenizing.
-        backend: ``"numpy"`` (default, no JIT) or ``"numba"``: after a one-off JIT compile per
+        engine: ``"numpy"`` (default, no JIT) or ``"numba"``: after a one-off JIT compile per
             process, numba queries are faster than numpy (measured in docs/performance.md): use it
             for long-running services and large batches, numpy for short scripts.
         cjk: ``"bigram"`` or ``"char"`` to split Chinese/Japanese/Korean runs into bigrams or
@@ -317,10 +246,10 @@ class BM25Index(FreshOnCopy):
                  delta: float = 0.5, stemmer: str | None = "english",
                  stopwords: str | list[str] | None = "en",
                  token_pattern: str = DEFAULT_TOKEN_PATTERN, lower: bool = True,
-                 backend: str = "numpy", cjk: str | None = None, show_progress: bool = False) -> None:
+                 engine: str = "numpy", cjk: str | None = None, show_progress: bool = False) -> None:
         self.config: dict[str, Any] = validate_config(dict(
             method=method, k1=k1, b=b, delta=delta, stemmer=stemmer, stopwords=stopwords,
-            token_pattern=token_pattern, lower=lower, backend=backend, cjk=cjk))
+            token_pattern=token_pattern, lower=lower, engine=engine, cjk=cjk))
         if stemmer is not None:
             self._make_stemmer()  # fail early on an unknown language
         self.show_progress = show_progress
@@ -412,7 +341,7 @@ class BM25Index(FreshOnCopy):
                 "Chinese/Japanese).")
         retriever = bm25s.BM25(method=self.config["method"], k1=self.config["k1"],
                                b=self.config["b"], delta=self.config["delta"],
-                               backend=self.config["backend"])
+                               backend=self.config["engine"])
         retriever.index(tokens, show_progress=self.show_progress)
         return _State(retriever, tuple(units), {u.id: i for i, u in enumerate(units)})
 
@@ -524,7 +453,7 @@ class BM25Index(FreshOnCopy):
         ``filter`` rejects are left out, so a result may hold fewer than ``k`` units.
         Equal scores are ordered by index position. An empty or whitespace-only query returns
         ``[]``. ``n_threads`` > 0 (-1: one per CPU) scores the queries in that many threads
-        (numpy releases the GIL in the scoring); with ``backend="numba"`` the whole batch goes
+        (numpy releases the GIL in the scoring); with ``engine="numba"`` the whole batch goes
         through bm25s' compiled multi-query retrieval.
 
         Copies are cheap: a unit whose metadata holds only immutable values gets a new dict,
@@ -543,7 +472,7 @@ class BM25Index(FreshOnCopy):
             return results
         tokens = self.tokenize([queries[i] for i in live])
         weights = None if mask is None else mask.astype(np.float32)
-        if self.config["backend"] == "numba":  # bm25s' JIT-compiled batch retrieval
+        if self.config["engine"] == "numba":  # bm25s' JIT-compiled batch retrieval
             docs, scores = st.retriever.retrieve(
                 tokens, k=min(k, n_allowed), show_progress=False, n_threads=n_threads,
                 backend_selection="numba", weight_mask=weights)
@@ -586,15 +515,17 @@ class BM25Index(FreshOnCopy):
         return {"config": self.config, "n_units": len(st.units)}
 
     @classmethod
-    def _read(cls, folder: Path, meta: Mapping[str, Any], backend: str | None = None) -> "BM25Index":
+    def _read(cls, folder: Path, meta: Mapping[str, Any], engine: str | None = None) -> "BM25Index":
         import bm25s
 
         config = meta.get("config")
         if not isinstance(config, dict):
             raise PersistError(f"the BM25 manifest in {str(folder)!r} has no settings.")
         config = dict(config)
-        if backend is not None:
-            config["backend"] = backend
+        if "backend" in config:  # written before the scoring engine was called engine=
+            config["engine"] = config.pop("backend")
+        if engine is not None:
+            config["engine"] = engine
         try:
             index = cls(**validate_config(config))
         except (TypeError, ValueError) as exc:
@@ -602,7 +533,7 @@ class BM25Index(FreshOnCopy):
                                "it was tampered with or is corrupt: rebuild it.") from exc
         units = read_units(folder / "units.jsonl")
         retriever = bm25s.BM25.load(str(folder / "bm25s"))
-        if index.config["backend"] == "numba":
+        if index.config["engine"] == "numba":
             retriever.backend = "numba"
         params = (retriever.method, float(retriever.k1), float(retriever.b), float(retriever.delta))
         want = tuple(index.config[k] for k in ("method", "k1", "b", "delta"))
@@ -628,15 +559,16 @@ class BM25Index(FreshOnCopy):
         save_snapshot(path, FORMAT, FORMAT_VERSION, lambda folder: self._write(folder, st))
 
     @classmethod
-    def load(cls, path: str | os.PathLike, backend: str | None = None,
+    def load(cls, path: str | os.PathLike, engine: str | None = None,
              verify: bool = True) -> "BM25Index":
-        """Load an index written by :meth:`save`, with the tokenizer settings it was built with.
+        """Load an index written by :meth:`save`, with the tokenizer settings it was built with
+        (``engine=`` overrides the scoring engine it was saved with).
 
         ``verify=False`` skips the SHA-256 check of every file (faster; corruption then may go
         unnoticed).
         """
         return load_snapshot(path, FORMAT, FORMAT_VERSION, "BM25 index",
-                             lambda folder, m: cls._read(folder, m["meta"], backend), verify=verify)
+                             lambda folder, m: cls._read(folder, m["meta"], engine), verify=verify)
 
 
 class BM25Retrieve(Stage):
@@ -652,7 +584,7 @@ class BM25Retrieve(Stage):
         self.index, self.k, self.filter, self.name = index, k, filter, name
 
     def run(self, query: str, units: list[Unit]) -> list[Unit]:
-        k = min(self.k, self.cutoff) if self.cutoff else self.k
+        k = self.limit(self.k)
         return self.index.search(query, k=k, filter=self.filter, name=self.name)
 
 

@@ -441,4 +441,4 @@ class DenseRetrieve(Stage):
         self.index, self.k, self.name = index, check_positive_int(k, "k"), name
 
     def run(self, query: str, units: list[Unit]) -> list[Unit]:
-        return self.index.search(query, k=min(self.k, self.cutoff) if self.cutoff else self.k)
+        return self.index.search(query, k=self.limit(self.k))

@@ -36,17 +36,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from funnel_core.bm25 import BM25Index
-from funnel_core.config import ForwardLookupConfig, check_kwargs, configured
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import Stage
 from funnel_core.llm import LLM, as_llm, check_prompt_template
+from funnel_core.settings import Settings
 from funnel_core.text import count_tokens, word_windows
 from funnel_core.units import Unit
 
 __all__ = ["ForwardLookup", "ForwardSample", "ForwardLookupResult", "chunk_context",
            "parse_rationale_answer", "FORWARD_PROMPT", "FORWARD_PROMPT_MULTIPLE_CHOICE",
            "FORWARD_PROMPT_QUOTE", "FORWARD_PROMPT_MULTIPLE_CHOICE_QUOTE", "FORWARD_PROMPTS",
-           "PAPER_FORWARD_PROMPTS", "ANSWER_PROMPT", "PRESETS", "DEFAULT_K", "variant_config"]
+           "PAPER_FORWARD_PROMPTS", "ANSWER_PROMPT", "PRESETS", "DEFAULT_K", "variant_weights"]
 
 #: Stage II prompt for free-form questions (FB-RAG Table 4, rewritten): the model reasons
 #: briefly, then answers. The default (``FORWARD_PROMPTS["paper"]``).
@@ -161,17 +161,15 @@ ANSWER_PROMPT = (
 PRESETS = {"F": (0.0, 1.0), "FB": (0.5, 0.5), "B": (1.0, 0.0)}
 
 
-def variant_config(variant: str = "FB", eta_backward: float | None = None,
-                   eta_forward: float | None = None, **settings: Any) -> ForwardLookupConfig:
-    """The :class:`~funnel_core.config.ForwardLookupConfig` of an FB-RAG variant (``"FB"``,
-    ``"F"`` or ``"B"``), with ``eta_backward``/``eta_forward`` overriding the variant's weights
-    and ``settings`` the other fields (what both frameworks' adapters take)."""
+def variant_weights(variant: str = "FB", eta_backward: float | None = None,
+                    eta_forward: float | None = None) -> tuple[float, float]:
+    """``(eta_backward, eta_forward)`` of an FB-RAG variant (``"FB"``, ``"F"`` or ``"B"``), each
+    overridden by the argument of its name when that is not ``None``."""
     if variant not in PRESETS:
         raise ValueError(f"unknown FB-RAG variant {variant!r}; choose one of {sorted(PRESETS)}.")
-    check_kwargs("ForwardLookupConfig", settings, ForwardLookupConfig.field_names())
     eta_b, eta_f = PRESETS[variant]
-    return ForwardLookupConfig(eta_backward=eta_b if eta_backward is None else eta_backward,
-                               eta_forward=eta_f if eta_forward is None else eta_forward, **settings)
+    return (eta_b if eta_backward is None else eta_backward,
+            eta_f if eta_forward is None else eta_forward)
 
 _RATIONALE = re.compile(r"rationale\s*[:\-]\s*", re.IGNORECASE)
 _ANSWER = re.compile(r"(?:final\s+)?answer\s*[:\-]\s*", re.IGNORECASE)
@@ -248,8 +246,7 @@ class ForwardLookupResult:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-@configured(ForwardLookupConfig)
-class ForwardLookup(Stage):
+class ForwardLookup(Settings, Stage):
     """FB-RAG Stages I-III as one stage: ``(question, chunks) -> selected chunks``.
 
     Args:
@@ -281,11 +278,18 @@ class ForwardLookup(Stage):
             Not in the paper's formula; turn off for raw BM25 sums.
         chunk_words: Chunk size used by :meth:`search_context` (paper: 300 words).
         bm25: Keyword arguments for :class:`~funnel_core.bm25.BM25Index`.
+        gguf_file, device, timeout, dtype: How the local model loads when ``llm`` is a name
+            (see :class:`~funnel_core.llm.TransformersLLM`).
+
+    ``llm`` and ``token_counter`` objects are not serialised: :meth:`to_dict` writes ``None``
+    for them and :meth:`from_dict` takes them again (``from_dict(data, llm=my_llm)``).
     """
 
     name = "fb_rag"
-
-    config: ForwardLookupConfig  #: the settings it was built with (set by @configured)
+    load_settings = frozenset({"llm", "gguf_file", "device", "timeout", "dtype"})
+    model_attrs = ()
+    unserialised = ("llm", "token_counter")
+    setting_attrs = {"llm": "_llm_spec", "token_counter": "_token_counter"}
 
     def __init__(self, *, llm: LLM | str, eta_backward: float = 0.5, eta_forward: float = 0.5,
                  samples: int = 5, temperature: float = 1.0, top_p: float = 0.9, top_k: int = 50,
@@ -295,14 +299,21 @@ class ForwardLookup(Stage):
                  token_counter: Callable[[str], int] | None = None,
                  order_preserving: bool = True, normalize: bool = True, chunk_words: int = 300,
                  bm25: dict[str, Any] | None = None, name: str | None = None,
-                 **llm_kwargs: Any) -> None:
+                 gguf_file: str | None = None, device: str | None = None,
+                 timeout: float | None = None, dtype: str = "auto") -> None:
         for value, what in ((eta_backward, "eta_backward"), (eta_forward, "eta_forward")):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"{what} must be a number >= 0, got {value!r}.")
         if eta_backward == 0 and eta_forward == 0:
             raise ValueError("eta_backward and eta_forward are both 0: every chunk would score 0; "
                              "use preset('F') (0, 1) or preset('FB') (0.5, 0.5).")
-        self.llm = as_llm(llm, **llm_kwargs)
+        if llm is None or isinstance(llm, dict):
+            raise TypeError("ForwardLookup needs llm= (an LLM object or a local causal-LM "
+                            "folder); a saved stage asks for it again: "
+                            "ForwardLookup.from_dict(data, llm=my_llm).")
+        self._llm_spec = llm
+        self.gguf_file, self.device, self.timeout, self.dtype = gguf_file, device, timeout, dtype
+        self.llm = self._provider()
         self.eta_backward, self.eta_forward = float(eta_backward), float(eta_forward)
         self.samples = check_positive_int(samples, "samples (K, outputs sampled per question)")
         LLM._check_params(self.samples, temperature, top_p, top_k, max_new_tokens)
@@ -323,6 +334,7 @@ class ForwardLookup(Stage):
                 f"to at least {self.chunk_words} or lower chunk_words.")
         if token_counter is not None and not callable(token_counter):
             raise TypeError("token_counter must be a callable text -> int.")
+        self._token_counter = token_counter
         self.token_counter = token_counter or count_tokens
         self.order_preserving = order_preserving
         self.normalize = normalize
@@ -330,11 +342,15 @@ class ForwardLookup(Stage):
         if name:
             self.name = name
 
-    @classmethod
-    def from_settings(cls, llm: LLM | str, config: ForwardLookupConfig, **kwargs: Any) -> "ForwardLookup":
-        """The stage for ``config`` reading with ``llm`` (``kwargs``: ``token_counter``, LLM
-        loader arguments)."""
-        return cls(llm=llm, **config.kwargs(), **kwargs)
+    def _provider(self) -> LLM:
+        if not isinstance(self._llm_spec, str):
+            return as_llm(self._llm_spec)
+        extra = {k: v for k, v in (("gguf_file", self.gguf_file), ("device", self.device),
+                                   ("timeout", self.timeout)) if v is not None}
+        return as_llm(self._llm_spec, dtype=self.dtype, **extra)
+
+    def drop_model(self) -> None:
+        object.__setattr__(self, "llm", self._provider())
 
     @classmethod
     def preset(cls, variant: str, **kwargs: Any) -> "ForwardLookup":

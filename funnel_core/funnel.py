@@ -25,7 +25,7 @@ import copy
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence, overload
 
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.units import StageRecord, Trace, Unit
@@ -109,6 +109,20 @@ class Stage(ABC):
             return []
         out = await self.arun(query, list(units or []))
         return out[: self.cutoff] if self.cutoff is not None else out
+
+    @overload
+    def limit(self, k: int) -> int: ...
+
+    @overload
+    def limit(self, k: None = None) -> int | None: ...
+
+    def limit(self, k: int | None = None) -> int | None:
+        """How many units this stage needs to produce: the smaller of its own ``k`` and its
+        cut-off (``stage % n``), ``None`` when neither is set. A cut-off never adds results:
+        ``stage % n`` returns at most what the stage alone returns. Stages that can do less work
+        when they know the number (BM25, dense search, fusion, MoG) push this down."""
+        limits = [x for x in (k, self.cutoff) if x is not None]
+        return min(limits) if limits else None
 
     # -- composition -----------------------------------------------------------------------
     def __mod__(self, k: int) -> "Stage":

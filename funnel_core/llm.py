@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 from funnel_core.errors import FunnelError, check_positive_int, check_probability
 from funnel_core.hardware import normalize_dtype, resolve_dtype
-from funnel_core.models import LazyModel, load_pretrained, resolve_device, tokenizer_lock
+from funnel_core.models import LazyModel, gguf_model_kwargs, load_pretrained, resolve_device, tokenizer_lock
 
 __all__ = ["LLM", "LLMError", "LLMTimeoutError", "TransformersLLM", "as_llm", "logsumexp", "check_prompt_template"]
 
@@ -240,8 +240,6 @@ class TransformersLLM(LLM):
             keeps the question and the answer slot that end every prompt of this package).
         system_prompt: Optional system message for chat templates.
         use_chat_template: Wrap prompts in the tokenizer's chat template when it has one.
-        torch_dtype: An explicit weight dtype (``"float32"``, ``"bfloat16"``, ``"float16"``) that
-            wins over ``dtype``; ``None`` (default) leaves it to ``dtype``.
         dtype: ``"auto"`` (default; :mod:`funnel_core.hardware`): the weights are loaded in
             bfloat16 only where the hardware runs it natively (AVX-512-BF16/AMX CPUs, GPUs of
             compute capability >= 8), in float16 on older GPUs, in float32 otherwise. float16 is
@@ -265,7 +263,7 @@ class TransformersLLM(LLM):
     def __init__(self, model_name_or_path: str, *, gguf_file: str | None = None,
                  device: str | None = None, batch_size: int = 8, max_length: int = 2048,
                  system_prompt: str | None = None, use_chat_template: bool = True,
-                 torch_dtype: str | None = None, seed: int | None = None,
+                 seed: int | None = None,
                  timeout: float | None = None, dtype: str = "auto") -> None:
         super().__init__(timeout=timeout)
         if not isinstance(model_name_or_path, str) or not model_name_or_path.strip():
@@ -277,7 +275,6 @@ class TransformersLLM(LLM):
         self.max_length = check_positive_int(max_length, "max_length")
         self.system_prompt = system_prompt
         self.use_chat_template = use_chat_template
-        self.torch_dtype = None if torch_dtype is None else normalize_dtype(torch_dtype)
         self.dtype = normalize_dtype(dtype)
         self.seed = seed
         self._model = LazyModel(self._load)
@@ -299,10 +296,10 @@ class TransformersLLM(LLM):
                                     truncation_side="left", **extra)
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
-        active = resolve_dtype(self.torch_dtype or self.dtype, device)
+        active = resolve_dtype(self.dtype, device)
         loader: Any = AutoModelForCausalLM.from_pretrained  # its decorated type hides the signature
         model = load_pretrained(loader, self.model_name_or_path, what=what,
-                                dtype=getattr(torch, active), **extra)
+                                dtype=getattr(torch, active), **gguf_model_kwargs(self.gguf_file))
         model.to(device).eval()
         model._funnel_dtype = active  # read by active_dtype
         if model.generation_config.pad_token_id is None:

@@ -81,13 +81,44 @@ def load_pretrained(loader: Callable[..., T], name_or_path: str | os.PathLike, w
                              f"Underlying error: {type(exc).__name__}: {exc}") from exc
 
 
+def gguf_model_kwargs(gguf_file: str | None) -> dict[str, Any]:
+    """``from_pretrained`` keywords of a causal LM stored as a GGUF file: the file, unpacked into
+    the requested dtype on load. That is what transformers does anyway without GGUF matmul kernels;
+    saying it explicitly stops transformers 5 warning that packed weights are "fastest in float32"
+    although it then loads dense weights in the requested dtype (bf16 measured faster than fp32 on
+    a CPU with native bf16, docs/performance.md). Older transformers (no ``GgufConfig``) always
+    unpack. ``{}`` without a GGUF file."""
+    if not gguf_file:
+        return {}
+    try:
+        from transformers import GgufConfig
+    except ImportError:  # older transformers: GGUF files are always dequantised
+        return {"gguf_file": gguf_file}
+    return {"gguf_file": gguf_file, "quantization_config": GgufConfig(dequantize=True)}
+
+
 class LazyModel:
-    """Load something once, on first use, thread-safely."""
+    """Load something once, on first use, thread-safely.
+
+    A copy, a deep copy or a pickle holds the factory only: the loaded value is not copied (a
+    model, an ONNX session or a lock do not pickle) and loads again on first use.
+    """
 
     def __init__(self, factory: Callable[[], Any]) -> None:
         self._factory = factory
         self._value: Any = None
         self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_factory": self._factory}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["_factory"])  # type: ignore[misc]
+
+    def reset(self) -> None:
+        """Forget the loaded value; the next :meth:`get` loads again."""
+        with self._lock:
+            self._value = None
 
     @property
     def loaded(self) -> bool:

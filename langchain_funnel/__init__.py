@@ -5,7 +5,6 @@ from langchain_funnel._base import (
     StageCompressor,
     UnitRetriever,
     documents_to_units,
-    rerank_chain,
     units_to_documents,
 )
 from langchain_funnel.best_practices import (
@@ -18,7 +17,13 @@ from langchain_funnel.best_practices import (
 )
 from langchain_funnel.compression import CompressionRetriever
 from langchain_funnel.fid import AttentionLMReranker, FiDAttentionReranker
-from langchain_funnel.funnel import FunnelRetriever, LCCompressorStage, LCRetrieverStage, LCRunnableStage
+from langchain_funnel.funnel import (
+    FunnelRetriever,
+    LCCompressorStage,
+    LCRetrieverStage,
+    LCRunnableStage,
+    rerank_chain,
+)
 from langchain_funnel.granularity import (
     GraphGranularitySplitter,
     MixOfGranularityRetriever,

@@ -26,13 +26,13 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableConfig
 from pydantic import ConfigDict, Field, PrivateAttr
 
-from funnel_core.config import ConfiguredAdapter
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import Stage
+from funnel_core.settings import StageAdapter, check_accepted
 from funnel_core.units import FUNNEL_KEY, Unit, framework_metadata, split_metadata
 
 __all__ = ["StageCompressor", "UnitRetriever", "document_to_unit", "documents_to_units",
-           "units_to_documents", "rerank_chain"]
+           "units_to_documents"]
 
 
 def _doc_id(doc: Document) -> str:
@@ -105,23 +105,21 @@ def units_to_documents(units: Sequence[Unit], originals: Sequence[Document] = ()
     return docs
 
 
-class StageCompressor(ConfiguredAdapter, BaseDocumentCompressor, Runnable[dict, list[Document]]):
-    """A LangChain document compressor that runs one ``funnel_core`` stage.
+class StageCompressor(StageAdapter, BaseDocumentCompressor, Runnable[dict, list[Document]]):
+    """A LangChain document compressor that holds and runs one ``funnel_core`` stage.
 
-    A configured compressor subclasses ``adapter_base(SomeConfig, StageCompressor)``: its fields
-    are the core config's and :attr:`stage` is built from their current values (see
-    :class:`funnel_core.config.ConfiguredAdapter`). As a ``Runnable`` it takes
-    ``{"query": ..., "documents": [...]}``.
+    A subclass declares its fields in its class body and names the stage class
+    (``stage_class``); the fields named like the stage's settings build it, and an edit of one
+    is forwarded to it (see :class:`funnel_core.settings.StageAdapter`). Unknown keyword
+    arguments raise, naming the accepted ones. As a ``Runnable`` it takes
+    ``{"query": ..., "documents": [...]}``. It pickles and deep-copies (a loaded model is not
+    copied; it loads again on first use).
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
     # Runnable annotates ``name: str | None`` without a default; pydantic would make it required.
     name: Optional[str] = None
     _stage: Optional[Stage] = PrivateAttr(default=None)
-    _stage_key: Any = PrivateAttr(default=None)
-
-    def model_post_init(self, __context: Any) -> None:
-        _ = self.stage  # validates every setting now; models still load lazily, on first use
 
     def compress_documents(self, documents: Sequence[Document], query: str,
                            callbacks: Callbacks | None = None) -> Sequence[Document]:
@@ -139,16 +137,22 @@ class StageCompressor(ConfiguredAdapter, BaseDocumentCompressor, Runnable[dict, 
         documents, query = self._unpack(input)
         query = check_query(query)
         if not documents or not query:
-            return list(documents)
+            return self._no_query(documents)
         return units_to_documents(self.stage(query, documents_to_units(documents)), documents)
 
     async def _acompress(self, input: Any) -> list[Document]:
         documents, query = self._unpack(input)
         query = check_query(query)
         if not documents or not query:
-            return list(documents)
+            return self._no_query(documents)
         units = await self.stage.acall(query, documents_to_units(documents))
         return units_to_documents(units, documents)
+
+    def _no_query(self, documents: Sequence[Document]) -> list[Document]:
+        """An empty query scores nothing: the documents keep their order, but ``top_n`` (and a
+        cut-off) still caps them, as for any other query."""
+        limit = self.stage.limit(getattr(self.stage, "top_n", None))
+        return list(documents)[:limit] if limit is not None else list(documents)
 
     # -- Runnable --------------------------------------------------------------------------
     @staticmethod
@@ -166,14 +170,6 @@ class StageCompressor(ConfiguredAdapter, BaseDocumentCompressor, Runnable[dict, 
     async def ainvoke(self, input: dict, config: RunnableConfig | None = None,
                       **kwargs: Any) -> list[Document]:
         return await self._acall_with_config(self._acompress, input, config)
-
-
-def rerank_chain(retriever: Runnable, *compressors: Any) -> Any:
-    """``retriever`` then ``compressors``, as one retriever: a thin constructor of
-    :class:`~langchain_funnel.funnel.FunnelRetriever` (no cap on the number of documents)."""
-    from langchain_funnel.funnel import FunnelRetriever
-
-    return FunnelRetriever.from_stages(retriever, *compressors, k=None)
 
 
 def check_search_kwargs(owner: Any, search: Any, kwargs: dict[str, Any]) -> None:
@@ -204,8 +200,12 @@ class UnitRetriever(BaseRetriever):
     An empty or whitespace query returns ``[]``; a non-string query raises ``TypeError``.
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
     k: Optional[int] = Field(default=4, description="Number of documents to return.")
+
+    def __init__(self, **data: Any) -> None:
+        check_accepted(type(self), data)  # a typo raises, naming the accepted fields
+        super().__init__(**data)
 
     def warm_up(self) -> "UnitRetriever":
         """Load the models of the stages and indexes this retriever holds and run one dummy batch

@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional, Sequence
+from typing import Any, ClassVar, Iterable, Optional, Sequence
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
@@ -32,21 +32,19 @@ from langchain_core.runnables import Runnable, RunnableBranch, RunnableConfig, R
 from langchain_core.vectorstores import VectorStoreRetriever
 from pydantic import ConfigDict, Field
 
+from funnel_core.backends.milvus import as_backend, hybrid_backends
 from funnel_core.best_practices.classify import QueryClassifier
-from funnel_core.best_practices.compress import with_embedder
-from funnel_core.config import (
-    ExtractiveCompressorConfig,
-    FusionConfig,
-    RepackConfig,
-    adapter_base,
-    check_kwargs,
-    current_stage,
-)
+from funnel_core.best_practices.compress import ExtractiveCompressor as CoreExtractiveCompressor
+from funnel_core.best_practices.fusion import check_fusion_config, fuse
+from funnel_core.best_practices.repack import Repack
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
-from funnel_core.funnel import Stage, warm_up_attributes
+from funnel_core.funnel import warm_up_attributes
+from funnel_core.settings import check_accepted, check_kwargs
 from langchain_funnel._base import StageCompressor, documents_to_units, units_to_documents
+from langchain_funnel.milvus import DenseRetriever, require_milvus
 from langchain_funnel.rerank import TransformerBase
+from langchain_funnel.retrievers import BM25Retriever
 
 __all__ = [
     "SentenceEmbedderEmbeddings",
@@ -114,7 +112,7 @@ def hyde_query(llm: Runnable, prompt: PromptTemplate | None = None,
             | RunnableLambda(_join)).with_config(run_name="hyde_query")
 
 
-class HybridRetriever(adapter_base(FusionConfig, BaseRetriever)):  # type: ignore[misc]
+class HybridRetriever(BaseRetriever):
     """Hybrid search over any two LangChain retrievers (paper section 3.4.3).
 
     Scores are read from ``Document.metadata["funnel"]["score"]`` (funnel-rag retrievers write it). A
@@ -122,9 +120,9 @@ class HybridRetriever(adapter_base(FusionConfig, BaseRetriever)):  # type: ignor
     ``similarity_search_with_score`` with the retriever's own ``search_kwargs``. A retriever
     that gives no scores can still be fused with ``method="rrf"``.
 
-    The fusion fields (``alpha``, ``method``, ``normalization``, ``rrf_k``) are those of
-    :class:`funnel_core.config.FusionConfig`, declared there once; :attr:`fusion` is the config
-    of their current values.
+    The fusion fields (``alpha``, ``method``, ``normalization``, ``rrf_k``) are validated at
+    construction and at every assignment, and read at each call
+    (:func:`funnel_core.best_practices.fusion.fuse`).
 
     Attributes:
         sparse: The sparse retriever (BM25); it always receives the user's query.
@@ -138,11 +136,30 @@ class HybridRetriever(adapter_base(FusionConfig, BaseRetriever)):  # type: ignor
         dense_query: Optional runnable ``query -> str`` for the dense side (see :func:`hyde_query`).
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
     sparse: BaseRetriever
     dense: BaseRetriever
     k: int = Field(default=4, description="Number of documents to return.")
     dense_query: Optional[Runnable] = None
+    alpha: float = Field(
+        default=0.3, description="Sparse weight in S_h = alpha * S_sparse + S_dense, in [0, 1] (method='alpha').")
+    method: str = Field(
+        default='alpha', description='alpha (weighted sum of normalised scores) or rrf (reciprocal rank fusion).')
+    normalization: str = Field(
+        default='minmax', description="Score normalisation of each side for method='alpha': minmax, zscore or none.")
+    rrf_k: int = Field(default=60, description="RRF constant (method='rrf'; Cormack et al.: 60).")
+
+
+    def __init__(self, **data: Any) -> None:
+        check_accepted(type(self), data)
+        super().__init__(**data)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("alpha", "method", "normalization", "rrf_k"):
+            settings = {n: getattr(self, n) for n in ("alpha", "method", "normalization", "rrf_k")}
+            settings[name] = value
+            check_fusion_config(**settings)  # validated before the field changes
+        super().__setattr__(name, value)
 
     def warm_up(self) -> "HybridRetriever":
         """Load the models of everything this retriever holds (see ``funnel_core`` ``Stage.warm_up``),
@@ -150,13 +167,8 @@ class HybridRetriever(adapter_base(FusionConfig, BaseRetriever)):  # type: ignor
         return warm_up_attributes(self)
 
     def model_post_init(self, __context: Any) -> None:
-        self.alpha = self.fusion.alpha  # validates every fusion setting now
+        check_fusion_config(self.method, self.alpha, self.normalization, self.rrf_k)
         check_positive_int(self.k, "k")
-
-    @property
-    def fusion(self) -> FusionConfig:
-        """The fusion settings of the current field values."""
-        return FusionConfig(**{n: getattr(self, n) for n in FusionConfig.field_names()})
 
     # -- sides ---------------------------------------------------------------------------------
     @staticmethod
@@ -178,7 +190,8 @@ class HybridRetriever(adapter_base(FusionConfig, BaseRetriever)):  # type: ignor
         return await retriever.ainvoke(query, config=config)
 
     def _fuse(self, sparse: Sequence[Document], dense: Sequence[Document], k: int) -> list[Document]:
-        units = self.fusion.fuse(documents_to_units(sparse), documents_to_units(dense), k=k)
+        units = fuse(documents_to_units(sparse), documents_to_units(dense), method=self.method,
+                     alpha=self.alpha, normalization=self.normalization, rrf_k=self.rrf_k, k=k)
         return units_to_documents(units)
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
@@ -225,8 +238,6 @@ class HybridRetriever(adapter_base(FusionConfig, BaseRetriever)):  # type: ignor
         """Our BM25 and dense retrievers over ``documents`` (``candidates`` each), fused;
         ``backend=MilvusBackend(...)`` (or a URI) keeps both in Milvus. ``fusion``: ``alpha``,
         ``method``, ``k``, ..."""
-        from langchain_funnel.milvus import hybrid_sides
-
         sparse, dense = hybrid_sides(documents, backend, embedder, candidates, dense_config,
                                      **(bm25_config or {}))
         return cls(sparse=sparse, dense=dense, **fusion)
@@ -235,20 +246,25 @@ class HybridRetriever(adapter_base(FusionConfig, BaseRetriever)):  # type: ignor
     def from_backend(cls, backend: Any, *, embedder: Any = None, candidates: int = 20,
                      **fusion: Any) -> "HybridRetriever":
         """Re-open both sides built by :meth:`from_documents` on Milvus (no re-indexing)."""
-        from langchain_funnel.milvus import hybrid_sides
-
         sparse, dense = hybrid_sides(None, backend, embedder, candidates)
         return cls(sparse=sparse, dense=dense, **fusion)
 
 
-class RepackTransformer(adapter_base(RepackConfig, TransformerBase)):  # type: ignore[misc]
+class RepackTransformer(TransformerBase):
     """Reorder documents that arrive best first: ``"forward"``, ``"reverse"`` (default: best
     last, next to the question) or ``"sides"`` (best at both ends).
 
     A ``BaseDocumentTransformer`` and a runnable: ``retriever | RepackTransformer()``. Each
-    document gets ``retrieval_rank`` and ``repack_position`` under ``metadata["funnel"]``. The
-    fields are those of :class:`funnel_core.config.RepackConfig`.
+    document gets ``retrieval_rank`` and ``repack_position`` under ``metadata["funnel"]``. It
+    holds a :class:`~funnel_core.best_practices.repack.Repack` stage.
     """
+
+    stage_class: ClassVar[type] = Repack
+
+    order: str = Field(
+        default='reverse', description='forward, reverse (best last, next to the question) or sides.')
+    name: Optional[str] = Field(default=None, description='Stage name in traces (None: repack).')
+
 
     def transform_documents(self, documents: Sequence[Document], **kwargs: Any) -> list[Document]:
         return units_to_documents(self.stage.run("", documents_to_units(list(documents))))
@@ -264,21 +280,40 @@ class RepackTransformer(adapter_base(RepackConfig, TransformerBase)):  # type: i
         return self._call_with_config(self.transform_documents, input, config)
 
 
-class ExtractiveCompressor(adapter_base(ExtractiveCompressorConfig, StageCompressor)):  # type: ignore[misc]
+class ExtractiveCompressor(StageCompressor):
     """Keep the sentences most similar to the query (paper section 3.7), in original order.
 
     A ``BaseDocumentCompressor`` and a runnable over ``{"query", "documents"}`` (see
-    ``rerank_chain``). The fields are those of
-    :class:`funnel_core.config.ExtractiveCompressorConfig`, plus ``embedder`` to share an already
-    loaded :class:`SentenceEmbedder`. ``metadata["funnel"]["compression"]`` records tokens
-    before/after.
+    ``rerank_chain``), holding a
+    :class:`funnel_core.best_practices.compress.ExtractiveCompressor`; ``embedder`` shares an
+    already loaded :class:`SentenceEmbedder`. ``metadata["funnel"]["compression"]`` records
+    tokens before/after.
     """
+
+    stage_class: ClassVar[type] = CoreExtractiveCompressor
+
+    method: str = Field(
+        default='embedding', description='embedding (cosine similarity) or bm25 sentence scoring.')
+    ratio: float = Field(default=0.4, description='Share of input tokens to keep, in (0, 1].')
+    max_tokens: Optional[int] = Field(
+        default=None, description='Absolute token budget (the smaller of the two wins).')
+    scope: str = Field(
+        default='global', description='global (one budget over all units) or unit (one budget per unit).')
+    min_sentences: int = Field(
+        default=1, description='Sentences always kept per scope (the best ones).')
+    model: Optional[str] = Field(
+        default=None, description='Sentence-embedding model; None = the packaged MiniLM.')
+    batch_size: int = Field(default=64, description='Sentences per forward pass.')
+    device: Optional[str] = Field(default=None, description='Torch device; None = best available.')
+    cache_size: int = Field(
+        default=0, description='Sentence embeddings kept in an LRU cache (0 = off).')
+    name: Optional[str] = Field(
+        default=None, description='Stage name in traces (None: extractive_compressor).')
+    dtype: str = Field(
+        default='auto', description='Precision of the embedding model: auto | float32 | bfloat16 | float16 (auto: bf16 autocast only where the hardware runs it natively).')
 
     embedder: Optional[SentenceEmbedder] = Field(default=None, exclude=True,
                                                  description="Share an already loaded embedder.")
-
-    def _build_stage(self) -> Stage:
-        return with_embedder(current_stage(self.config, self._stage), self.embedder)
 
 
 def query_classifier_branch(classifier: QueryClassifier, retrieval_chain: Runnable,
@@ -301,3 +336,23 @@ def query_classifier_branch(classifier: QueryClassifier, retrieval_chain: Runnab
 
     return RunnableBranch((RunnableLambda(needs).with_config(run_name="needs_retrieval"),
                            retrieval_chain), direct_chain)
+
+
+def hybrid_sides(documents: Optional[Iterable[Document]], backend: Any, embedder: Any = None,
+                 candidates: int = 20, dense_config: Optional[dict] = None,
+                 **bm25_config: Any) -> tuple[Any, DenseRetriever]:
+    """The sparse (BM25) and dense sides of a hybrid retriever on one backend: built from
+    ``documents``, or re-opened (``documents=None``, Milvus only). On Milvus the collections are
+    ``<collection>_bm25`` and ``<collection>_dense`` (``collection`` default ``funnel_hybrid``)."""
+    candidates = check_positive_int(candidates, "candidates")
+    if documents is None:
+        sb, db = hybrid_backends(require_milvus(backend, "HybridRetriever.from_backend"))
+        return (BM25Retriever.from_backend(sb, k=candidates),
+                DenseRetriever.from_backend(db, embedder, k=candidates))
+    b = as_backend(backend)
+    docs = list(documents)
+    sb_, db_ = hybrid_backends(b) if b is not None else (None, None)
+    sparse = BM25Retriever.from_documents(docs, k=candidates, backend=sb_, **bm25_config)
+    dense = DenseRetriever.from_documents(docs, embedder, backend=db_, k=candidates,
+                                          **(dense_config or {}))
+    return sparse, dense

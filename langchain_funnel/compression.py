@@ -34,12 +34,20 @@ class CompressionRetriever(FunnelRetriever):
 
     Attributes:
         base_retriever: Any LangChain retriever (it should return more than ``k`` documents).
+        base_compressor: One compressor, as LangChain's ``ContextualCompressionRetriever`` takes
+            it (``CompressionRetriever(base_retriever=..., base_compressor=...)`` works as there);
+            it runs before ``compressors``.
         compressors: ``BaseDocumentCompressor`` objects (called with the query) and
             ``BaseDocumentTransformer`` objects (documents only), applied in order.
         k: Documents returned (also ``invoke(query, k=3)``).
+
+    Any other keyword raises, naming the accepted ones.
     """
 
     base_retriever: BaseRetriever
+    base_compressor: Optional[Any] = Field(
+        default=None, description="One compressor (ContextualCompressionRetriever's argument), "
+                                  "run before compressors.")
     compressors: list[Any] = Field(default_factory=list)
     funnel: Optional[Funnel] = Field(default=None,  # type: ignore[assignment]
                                      description="Built from the fields above.")
@@ -47,8 +55,10 @@ class CompressionRetriever(FunnelRetriever):
 
     def model_post_init(self, __context: Any) -> None:
         super().model_post_init(__context)
-        for c in self.compressors:
+        steps = [*([] if self.base_compressor is None else [self.base_compressor]),
+                 *self.compressors]
+        for c in steps:
             if not isinstance(c, (BaseDocumentCompressor, BaseDocumentTransformer)):
                 raise TypeError(f"compressors must be BaseDocumentCompressor or "
                                 f"BaseDocumentTransformer objects, got {type(c).__name__}.")
-        self.funnel = build_funnel([self.base_retriever, *self.compressors])
+        self.funnel = build_funnel([self.base_retriever, *steps])

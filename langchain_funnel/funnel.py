@@ -27,7 +27,7 @@ from funnel_core.funnel import as_stage as core_as_stage
 from funnel_core.units import Trace, Unit
 from langchain_funnel._base import UnitRetriever, documents_to_units, units_to_documents
 
-__all__ = ["FunnelRetriever", "LCRetrieverStage", "LCCompressorStage", "LCTransformerStage",
+__all__ = ["rerank_chain", "FunnelRetriever", "LCRetrieverStage", "LCCompressorStage", "LCTransformerStage",
            "LCRunnableStage", "as_stage"]
 
 
@@ -182,3 +182,9 @@ def build_funnel(stages: Sequence[Any]) -> Funnel:
     """Stages (LangChain objects or ``funnel_core`` stages) -> a ``Funnel``; the first one may be
     any runnable ``query -> documents``."""
     return Funnel([as_stage(s, first=(i == 0)) for i, s in enumerate(stages)])
+
+
+def rerank_chain(retriever: Runnable, *compressors: Any) -> Any:
+    """``retriever`` then ``compressors``, as one retriever: a thin constructor of
+    :class:`~langchain_funnel.funnel.FunnelRetriever` (no cap on the number of documents)."""
+    return FunnelRetriever.from_stages(retriever, *compressors, k=None)

@@ -15,21 +15,15 @@ All three import only ``langchain_core``.
 from __future__ import annotations
 
 import uuid
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, ClassVar, Iterable, Optional, Sequence
 
 from langchain_core.documents import BaseDocumentTransformer, Document
 from pydantic import Field, PrivateAttr
 
-from funnel_core.config import (
-    GraphGranularityConfig,
-    MixOfGranularityConfig,
-    MultiGranularityConfig,
-    adapter_base,
-    config_attributes,
-    config_of,
-    current_stage,
-)
-from funnel_core.granularity.retrieval import MixOfGranularityRetrieve, mog_stage
+from funnel_core.granularity.graph import GraphGranularityBuilder
+from funnel_core.granularity.levels import MultiGranularityChunker
+from funnel_core.granularity.retrieval import MixOfGranularityRetrieve, check_mog_settings, mog_stage
+from funnel_core.settings import setting_names
 from funnel_core.units import Unit, split_metadata
 from langchain_funnel._base import UnitRetriever, documents_to_units, units_to_documents
 
@@ -72,17 +66,36 @@ def _texts_to_documents(texts: Sequence[str], metadatas: Optional[Sequence[dict]
     return [Document(page_content=t, metadata=dict(m)) for t, m in zip(texts, metadatas)]
 
 
-@config_attributes(MultiGranularityConfig, "config")
-class MultiGranularityTextSplitter(BaseDocumentTransformer):
+class _HoldsSplitter:
+    """Forwards the settings of the core splitter it holds (``self._core``) as attributes: an
+    edit is validated by the core object and honoured at the next call."""
+
+    def __getattr__(self, name: str) -> Any:
+        core = self.__dict__.get("_core")
+        if core is not None and name in setting_names(type(core)):
+            return getattr(core, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        core = self.__dict__.get("_core")
+        if core is not None and name in setting_names(type(core)):
+            setattr(core, name, value)
+        else:
+            object.__setattr__(self, name, value)
+
+
+class MultiGranularityTextSplitter(_HoldsSplitter, BaseDocumentTransformer):
     """Split documents into ``n_gra`` nested granularity levels (MoG section 3.2).
 
     Args:
         levels: ``"all"`` (every level, for :class:`MixOfGranularityRetriever`) or ``"finest"``.
-        config: A :class:`funnel_core.config.MultiGranularityConfig`, or its fields as keyword
-            arguments: ``chunk_size`` (finest chunk size in words, 64), ``n_gra`` (levels; a
-            level-``j`` chunk is two adjacent level-``j - 1`` chunks, 5) and ``sentence_aware``
-            (end finest chunks at sentence ends). Each is also an attribute; an edit is
-            validated and honoured at the next call.
+        chunk_size: Finest chunk size in words (64).
+        n_gra: Levels; a level-``j`` chunk is two adjacent level-``j - 1`` chunks (5).
+        sentence_aware: End finest chunks at sentence ends.
+
+    Each setting is also an attribute of the core
+    :class:`~funnel_core.granularity.levels.MultiGranularityChunker` it holds; an edit is
+    validated and honoured at the next call.
 
     :meth:`split_documents` (and ``transform_documents``) return the chunks of *every* level,
     finest first; each ``Document`` has ``id`` and metadata ``granularity`` (1 = finest),
@@ -91,13 +104,13 @@ class MultiGranularityTextSplitter(BaseDocumentTransformer):
     :meth:`split_text` returns the finest chunks of one text, as a plain splitter would.
     """
 
-    def __init__(self, *, levels: str = "all", config: Optional[MultiGranularityConfig] = None,
-                 **settings: Any) -> None:
+    def __init__(self, *, levels: str = "all", chunk_size: int = 64, n_gra: int = 5,
+                 sentence_aware: bool = True) -> None:
         if levels not in ("all", "finest"):
             raise ValueError(f"levels must be 'all' (the whole hierarchy, for "
                              f"MixOfGranularityRetriever) or 'finest', got {levels!r}.")
-        self.config = config_of(MultiGranularityConfig, config, settings, type(self).__name__)
-        self._chunker = self.config.build()  # validates every setting now, naming the value
+        self._core = MultiGranularityChunker(chunk_size=chunk_size, n_gra=n_gra,
+                                             sentence_aware=sentence_aware)
         self.levels = levels
 
     def split_text(self, text: str) -> list[str]:
@@ -113,8 +126,7 @@ class MultiGranularityTextSplitter(BaseDocumentTransformer):
         units, by_id = _doc_units(documents)
         if not units:
             return []
-        self._chunker = current_stage(self.config, self._chunker)
-        hierarchy = self._chunker.split(units)
+        hierarchy = self._core.split(units)
         levels = hierarchy.levels if self.levels == "all" else hierarchy.levels[:1]
         return _to_documents([u for level in levels for u in level], by_id)
 
@@ -127,25 +139,33 @@ class MultiGranularityTextSplitter(BaseDocumentTransformer):
         return self.split_documents(documents)
 
 
-@config_attributes(GraphGranularityConfig, "config")
-class GraphGranularitySplitter(BaseDocumentTransformer):
+class GraphGranularitySplitter(_HoldsSplitter, BaseDocumentTransformer):
     """Split documents into MoGG graph nodes and link them by BM25 similarity (section 3.3).
 
     Args:
-        config: A :class:`funnel_core.config.GraphGranularityConfig`, or its fields as keyword
-            arguments: ``sentences_per_node`` (1-2 in the paper), ``n_gra`` (hop ranges the
-            retriever will use), ``k_graph`` (edges per node), ``t_graph`` (minimum normalised
-            BM25 similarity of an edge), ``block_size``, ``max_df``, ``bm25``. Each is also an
-            attribute; an edit is validated and honoured at the next call.
+        sentences_per_node: Sentences per graph node (1-2 in the paper).
+        n_gra: Hop ranges (levels) the retriever will use.
+        k_graph: Edges per node (its most BM25-similar nodes).
+        t_graph: Minimum normalised BM25 similarity of an edge, in [0, 1].
+        block_size: Nodes scored per block when building the kNN graph.
+        max_df: Ignore terms in more than this share of nodes when linking (None: keep all).
+        bm25: BM25 settings of the similarity.
+
+    Each setting is also an attribute of the core
+    :class:`~funnel_core.granularity.graph.GraphGranularityBuilder` it holds; an edit is
+    validated and honoured at the next call.
 
     Each node ``Document`` carries ``graph_neighbors`` (ids) and ``graph_weights``; the graph
     spans the documents of one call. ``last_build_seconds`` is the latest edge-building time.
     With no pair above ``t_graph`` every neighbour list is empty (a warning says so).
     """
 
-    def __init__(self, *, config: Optional[GraphGranularityConfig] = None, **settings: Any) -> None:
-        self.config = config_of(GraphGranularityConfig, config, settings, type(self).__name__)
-        self._builder = self.config.build()  # validates every setting now, naming the value
+    def __init__(self, *, sentences_per_node: int = 2, n_gra: int = 5, k_graph: int = 3,
+                 t_graph: float = 0.3, block_size: int = 512, max_df: Optional[float] = None,
+                 bm25: Optional[dict] = None) -> None:
+        self._core = GraphGranularityBuilder(
+            sentences_per_node=sentences_per_node, n_gra=n_gra, k_graph=k_graph, t_graph=t_graph,
+            block_size=block_size, max_df=max_df, bm25=bm25)
         self.last_build_seconds: float | None = None
 
     def split_documents(self, documents: Iterable[Document]) -> list[Document]:
@@ -153,8 +173,7 @@ class GraphGranularitySplitter(BaseDocumentTransformer):
         units, by_id = _doc_units(documents)
         if not units:
             return []
-        self._builder = current_stage(self.config, self._builder)
-        graph = self._builder.build(units)
+        graph = self._core.build(units)
         self.last_build_seconds = graph.build_seconds
         return _to_documents(graph.nodes, by_id)
 
@@ -166,7 +185,7 @@ class GraphGranularitySplitter(BaseDocumentTransformer):
         return self.split_documents(documents)
 
 
-class MixOfGranularityRetriever(adapter_base(MixOfGranularityConfig, UnitRetriever)):  # type: ignore[misc]
+class MixOfGranularityRetriever(UnitRetriever):
     """MoG / MoGG retrieval over the output of either splitter.
 
     Fields:
@@ -176,9 +195,10 @@ class MixOfGranularityRetriever(adapter_base(MixOfGranularityConfig, UnitRetriev
             for uniform level weights (the finest level is returned).
         k: Documents returned (``invoke(q, k=3)`` overrides it).
 
-    The other fields (``k_r``, ``normalize``, ``level_margin``, ``n_gra``, ``bm25``) are those
-    of :class:`funnel_core.config.MixOfGranularityConfig`; an edit is honoured at the next call
-    (the per-level BM25 indexes are rebuilt only when ``n_gra`` or ``bm25`` changed).
+    The other fields (``k_r``, ``normalize``, ``level_margin``, ``n_gra``, ``bm25``) are settings
+    of the core :class:`~funnel_core.granularity.retrieval.MixOfGranularityRetrieve` it holds; an
+    edit is forwarded to it and honoured at the next call (the per-level BM25 indexes are rebuilt
+    only when ``n_gra`` or ``bm25`` changes).
 
     Result metadata: ``score`` (mixed score), ``router_weights``, ``chosen_level``, ``finest_id``.
     """
@@ -186,6 +206,14 @@ class MixOfGranularityRetriever(adapter_base(MixOfGranularityConfig, UnitRetriev
     documents: list[Document] = Field(description="All chunks of a granularity splitter.")
     router: Optional[Any] = Field(default=None, description="A trained GranularityRouter.")
     k: int = Field(default=1, description="Number of documents to return.")
+    k_r: int = Field(default=3, description="Units BM25 retrieves per level before mixing (paper: 3).")
+    normalize: str = Field(default="none", description="Per-level BM25 scores: none (raw, "
+                                                       "equation 1) or max (divided by the best).")
+    level_margin: float = Field(default=0.0, description="Prefer a finer level unless a coarser "
+                                                         "one's router weight is higher by more "
+                                                         "than this, in [0, 1].")
+    n_gra: int = Field(default=5, description="Hop ranges when the units are graph nodes.")
+    bm25: Optional[dict] = Field(default=None, description="BM25 settings of the per-level indexes.")
     _stage: Optional[MixOfGranularityRetrieve] = PrivateAttr(default=None)
     _units: list[Unit] = PrivateAttr(default_factory=list)
 
@@ -195,19 +223,29 @@ class MixOfGranularityRetriever(adapter_base(MixOfGranularityConfig, UnitRetriev
             raise ValueError("MixOfGranularityRetriever needs documents; split them with "
                              "MultiGranularityTextSplitter or GraphGranularitySplitter first.")
         self._units = documents_to_units(self.documents)
-        _ = self.stage  # validates the settings and indexes the levels now
+        check_mog_settings(self.k_r, self.normalize, self.level_margin)
+        self._stage = self._build()  # validates the settings and indexes the levels now
 
-    @property
-    def config(self) -> MixOfGranularityConfig:
-        """The core settings of the current field values."""
-        return MixOfGranularityConfig(**{n: getattr(self, n)
-                                         for n in MixOfGranularityConfig.field_names()})
+    def _build(self) -> MixOfGranularityRetrieve:
+        return mog_stage(self._units, self.router, n_gra=self.n_gra, bm25=self.bm25, top_k=self.k,
+                         k_r=self.k_r, normalize=self.normalize, level_margin=self.level_margin)
+
+    _FORWARDED: ClassVar[dict[str, str]] = {"k": "top_k", "router": "router", "k_r": "k_r",
+                                            "normalize": "normalize",
+                                            "level_margin": "level_margin", "bm25": "bm25"}
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        stage = (getattr(self, "__pydantic_private__", None) or {}).get("_stage")
+        if stage is not None and name in self._FORWARDED:
+            setattr(stage, self._FORWARDED[name], value)  # validated by the stage first
+        super().__setattr__(name, value)
+        if stage is not None and name == "n_gra":
+            self._stage = self._build()  # a graph's hop ranges: the levels change
 
     @property
     def stage(self) -> MixOfGranularityRetrieve:
-        """The core MoG stage for the current settings (see ``funnel_core`` ``mog_stage``)."""
-        self._stage = mog_stage(self._units, self.router, self.config, top_k=self.k,
-                                previous=self._stage)
+        """The core MoG stage this retriever runs."""
+        assert self._stage is not None
         return self._stage
 
     def _search(self, query: str, k: int) -> list[Unit]:

@@ -12,16 +12,17 @@ The LLM can be a LangChain chat model or LLM (text only: RankRAG parses its repl
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Any, Callable, ClassVar, Optional, Union
 
 from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from pydantic import Field, PrivateAttr
 
-from funnel_core.config import ForwardLookupConfig, ForwardVariantConfig, RankRAGConfig, adapter_base
-from funnel_core.fbrag import ForwardLookup, chunk_context
+from funnel_core.fbrag import ForwardLookup, chunk_context, variant_weights
 from funnel_core.llm import LLM
+from funnel_core.rerank.rankrag import DEFAULT_RANKRAG_PROMPT, RankRAGScorer
+from funnel_core.settings import StageAdapter
 from funnel_core.units import Unit, text_digest
 from langchain_funnel._base import StageCompressor, UnitRetriever, documents_to_units, units_to_documents
 from langchain_funnel.llm import as_provider
@@ -29,10 +30,14 @@ from langchain_funnel.llm import as_provider
 __all__ = ["RankRAGReranker", "ForwardLookupRetriever"]
 
 
-class RankRAGReranker(adapter_base(RankRAGConfig, StageCompressor,  # type: ignore[misc]
-                                   defaults={"top_n": 5})):
-    """RankRAG reranking as a LangChain document compressor; the fields are those of
-    :class:`funnel_core.config.RankRAGConfig`, and ``llm`` may also be a LangChain model.
+def _provider(llm: Any, timeout: Optional[float]) -> Any:
+    """A LangChain model wrapped as a funnel_core provider; a name or a provider as it is."""
+    return llm if isinstance(llm, (str, LLM)) else as_provider(llm, timeout=timeout)
+
+
+class RankRAGReranker(StageCompressor):
+    """RankRAG reranking as a LangChain document compressor: a
+    :class:`~funnel_core.rerank.rankrag.RankRAGScorer`; ``llm`` may also be a LangChain model.
 
     Example::
 
@@ -40,31 +45,44 @@ class RankRAGReranker(adapter_base(RankRAGConfig, StageCompressor,  # type: igno
         retriever = FunnelRetriever.from_stages(bm25_retriever, reranker)
     """
 
-    _llm_provider: Any = PrivateAttr(default=None)
+    stage_class: ClassVar[type] = RankRAGScorer
 
-    def _config_values(self) -> dict[str, Any]:
-        values = super()._config_values()
-        if not isinstance(self.llm, (str, LLM)):  # a LangChain model: converted once
-            key = (id(self.llm), self.timeout)
-            if self._llm_provider is None or self._llm_provider[0] != key:
-                self._llm_provider = (key, as_provider(self.llm, timeout=self.timeout))
-            values["llm"] = self._llm_provider[1]
-        return values
+    llm: Any = Field(description="LangChain chat model/LLM, funnel_core LLM provider, or a "
+                                 "causal-LM name/folder.")
+    prompt: str = Field(default=DEFAULT_RANKRAG_PROMPT,
+                        description="Template with {question} and {passage}.")
+    mode: str = Field(default="auto", description="'auto', 'logprobs' or 'generate'.")
+    max_passage_words: int = Field(default=300, description="Passages are cut to this length.")
+    max_new_tokens: int = Field(default=8, description="Tokens per judgement (generate mode).")
+    samples: int = Field(default=1, description="Judgements per pair (generate mode).")
+    top_n: Optional[int] = Field(default=5, description="Documents kept (None: all).")
+    score_threshold: Optional[float] = Field(default=None,
+                                             description="Drop documents below this P(True).")
+    batch_size: int = Field(default=8, description="Pairs per LLM call / forward pass.")
+    gguf_file: Optional[str] = Field(default=None, description="GGUF file for a local model folder.")
+    device: Optional[str] = Field(default=None, description="Device of a local model.")
+    timeout: Optional[float] = Field(default=None, description="Seconds per LLM call.")
+    dtype: str = Field(default="auto", description="Weights of a local model: auto | float32 | "
+                                                   "bfloat16 | float16.")
+
+    def _stage_value(self, name: str, value: Any) -> Any:
+        return _provider(value, self.timeout) if name == "llm" else value
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name == "timeout" and not isinstance(self.llm, (str, LLM)):
+            self.stage.llm = self._stage_value("llm", self.llm)  # the new timeout
 
 
-class ForwardLookupRetriever(adapter_base(  # type: ignore[misc]
-        ForwardLookupConfig, adapter_base(ForwardVariantConfig, UnitRetriever),
-        exclude=("eta_backward", "eta_forward"), defaults={"k": 3})):
-    """FB-RAG Stages I-III as a LangChain retriever (``k`` = chunks returned).
+class ForwardLookupRetriever(StageAdapter, UnitRetriever):
+    """FB-RAG Stages I-III as a LangChain retriever (``k`` = chunks returned): a
+    :class:`~funnel_core.fbrag.ForwardLookup`.
 
     Candidates are the ``chunk_words``-word chunks of ``context`` or the documents that
     ``retriever`` returns. ``metadata["funnel"]`` holds ``score`` (S_FB), ``backward_scores``,
     ``forward_scores``, ``samples`` and ``position``; documents come in their original order
-    unless ``order_preserving=False``. The settings are the fields of
-    :class:`funnel_core.config.ForwardLookupConfig` and of
-    :class:`funnel_core.config.ForwardVariantConfig` (``variant``, whose weights
-    ``eta_backward``/``eta_forward`` override, and the provider's ``timeout``, ``gguf_file``,
-    ``device``); edits are honoured at the next call.
+    unless ``order_preserving=False``. ``variant`` picks the weights (``"FB"``, ``"F"``, ``"B"``);
+    ``eta_backward``/``eta_forward`` override them. Edits are honoured at the next call.
 
     Example::
 
@@ -72,48 +90,78 @@ class ForwardLookupRetriever(adapter_base(  # type: ignore[misc]
         docs = retriever.invoke("Who wrote Hamlet?")
     """
 
+    stage_class: ClassVar[type] = ForwardLookup
+
     llm: Any = Field(description="LangChain chat model/LLM, funnel_core LLM, or a causal-LM name/folder.")
     context: Optional[Union[str, list[str]]] = Field(default=None, description="The long context.")
     retriever: Optional[BaseRetriever] = Field(default=None, description="Base retriever instead of context.")
+    k: Optional[int] = Field(default=3, description="Chunks returned.")
+    variant: str = Field(default="FB", description="FB (Ours-FB), F (Ours-F) or B (BM25 only).")
+    eta_backward: Optional[float] = Field(
+        default=None, description="Overrides the variant's weight of the backward score.")
+    eta_forward: Optional[float] = Field(
+        default=None, description="Overrides the variant's weight of the forward score.")
+    samples: int = Field(default=5, description='K outputs sampled by the light LLM.')
+    temperature: float = Field(default=1.0, description='Sampling temperature.')
+    top_p: float = Field(default=0.9, description='Nucleus sampling mass.')
+    top_k: int = Field(default=50, description='Top-k sampling.')
+    max_new_tokens: int = Field(default=128, description='Tokens per sampled output.')
+    prompt: Optional[str] = Field(
+        default=None, description='Template with {context} and {question}; None = FORWARD_PROMPT.')
+    recall_k: int = Field(default=20, description='Stage I chunks the light LLM reads.')
+    reader_words: Optional[int] = Field(
+        default=None, description='Cap on the words the light LLM reads.')
+    budget_words: Optional[int] = Field(default=None, description='Word budget of the selection.')
+    budget_tokens: Optional[int] = Field(default=None, description='Token budget of the selection.')
+    order_preserving: bool = Field(
+        default=True, description='Return chunks in their original order.')
+    normalize: bool = Field(
+        default=True, description='Min-max normalise both scores before weighting.')
+    chunk_words: int = Field(default=300, description='Chunk size in words.')
+    bm25: Optional[dict[str, Any]] = Field(
+        default=None, description='BM25 settings of Stage I and the backward score.')
+    name: Optional[str] = Field(default=None, description='Stage name in traces.')
 
-    _forward: Optional[ForwardLookup] = PrivateAttr(default=None)
-    _provider_key: Any = PrivateAttr(default=None)
+    token_counter: Optional[Callable[[str], int]] = Field(
+        default=None, exclude=True, description="f(text) -> tokens for budget_tokens (None: "
+                                                "whitespace tokens).")
+    timeout: Optional[float] = Field(default=None, description="Seconds per LLM call.")
+    gguf_file: Optional[str] = Field(default=None, description="GGUF file, when llm is a name.")
+    device: Optional[str] = Field(default=None, description="Torch device, when llm is a name.")
+    dtype: str = Field(default="auto", description="Weights of the local model, when llm is a name.")
+
+    _stage: Optional[ForwardLookup] = PrivateAttr(default=None)
     _units_key: Any = PrivateAttr(default=None)
     _units: Optional[list[Unit]] = PrivateAttr(default=None)
 
     def model_post_init(self, __context: Any) -> None:
-        super().model_post_init(__context)
         if (self.context is None) == (self.retriever is None):
             raise ValueError("ForwardLookupRetriever needs exactly one of context= (a long text) "
                              "or retriever= (a base retriever).")
-        _ = self.forward  # validates every setting now
+        super().model_post_init(__context)  # builds (and validates) the stage
 
-    @property
-    def variant_config(self) -> ForwardVariantConfig:
-        """The variant and provider settings of the current field values."""
-        return ForwardVariantConfig(**{n: getattr(self, n)
-                                       for n in ForwardVariantConfig.field_names()})
+    def _stage_value(self, name: str, value: Any) -> Any:
+        if name == "llm":
+            return _provider(value, self.timeout)
+        if name in ("eta_backward", "eta_forward"):
+            eta_b, eta_f = variant_weights(self.variant, self.eta_backward, self.eta_forward)
+            return eta_b if name == "eta_backward" else eta_f
+        return value
 
-    @property
-    def config(self) -> ForwardLookupConfig:
-        """The core configuration from the current field values."""
-        names = [n for n in ForwardLookupConfig.field_names()
-                 if n not in ("eta_backward", "eta_forward")]
-        return self.variant_config.stage_config(**{n: getattr(self, n) for n in names})
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "variant":
+            variant_weights(value)  # validated before the field changes
+        super().__setattr__(name, value)
+        if name in ("variant", "eta_backward", "eta_forward"):  # both weights follow
+            eta_b, eta_f = variant_weights(self.variant, self.eta_backward, self.eta_forward)
+            self.stage.eta_backward, self.stage.eta_forward = eta_b, eta_f
+        elif name == "timeout" and not isinstance(self.llm, (str, LLM)):
+            self.stage.llm = _provider(self.llm, self.timeout)
 
     @property
     def forward(self) -> ForwardLookup:
-        """The ``funnel_core`` stage doing the work, for the current settings."""
-        config, provider = self.config, self.variant_config
-        key = (id(self.llm), provider.timeout, provider.gguf_file, provider.device)
-        fwd = self._forward
-        if fwd is None or key != self._provider_key:
-            fwd = ForwardLookup.from_settings(
-                as_provider(self.llm, **provider.provider_kwargs(self.llm)), config)
-        elif fwd.config != config:
-            fwd = ForwardLookup.from_settings(fwd.llm, config)  # same provider, new settings
-        self._forward, self._provider_key = fwd, key
-        return fwd
+        """The ``funnel_core`` stage doing the work."""
+        return self.stage
 
     @property
     def units(self) -> Optional[list[Unit]]:

@@ -35,14 +35,14 @@ from funnel_core.backends.milvus import (
     as_backend,
     combine_expressions,
     comparison_expression,
-    hybrid_backends,
     search_dense,
 )
 from funnel_core.embeddings import DenseIndex
 from funnel_core.units import Unit
 from langchain_funnel._base import UnitRetriever
+from langchain_funnel.corpus import units_from_documents
 
-__all__ = ["DenseRetriever", "MilvusTranslator", "to_milvus_filter", "push_down", "hybrid_sides"]
+__all__ = ["DenseRetriever", "MilvusTranslator", "to_milvus_filter", "push_down"]
 
 _OPS = {Comparator.EQ: "eq", Comparator.NE: "ne", Comparator.GT: "gt", Comparator.GTE: "gte",
         Comparator.LT: "lt", Comparator.LTE: "lte", Comparator.IN: "in", Comparator.NIN: "nin",
@@ -115,8 +115,6 @@ class DenseRetriever(UnitRetriever):
                        **index_config: Any) -> "DenseRetriever":
         """Embed ``documents`` (``embedder``: a :class:`~funnel_core.embeddings.SentenceEmbedder`,
         default the packaged all-MiniLM-L6-v2) into Milvus (``backend=``) or memory."""
-        from langchain_funnel.retrievers import units_from_documents
-
         units = units_from_documents(documents, "passage")
         b = as_backend(backend)
         index: Any = b.dense(embedder, **index_config) if b is not None else DenseIndex(embedder)
@@ -141,27 +139,3 @@ def require_milvus(backend: Any, where: str) -> MilvusBackend:
         raise ValueError(f"{where} re-opens a Milvus collection: pass backend=MilvusBackend(uri, "
                          "collection=...) or a Milvus URI, not 'memory'.")
     return b
-
-
-
-def hybrid_sides(documents: Optional[Iterable[Document]], backend: Any, embedder: Any = None,
-                 candidates: int = 20, dense_config: Optional[dict] = None,
-                 **bm25_config: Any) -> tuple[Any, DenseRetriever]:
-    """The sparse (BM25) and dense sides of a hybrid retriever on one backend: built from
-    ``documents``, or re-opened (``documents=None``, Milvus only). On Milvus the collections are
-    ``<collection>_bm25`` and ``<collection>_dense`` (``collection`` default ``funnel_hybrid``)."""
-    from funnel_core.errors import check_positive_int
-    from langchain_funnel.retrievers import BM25Retriever
-
-    candidates = check_positive_int(candidates, "candidates")
-    if documents is None:
-        sb, db = hybrid_backends(require_milvus(backend, "HybridRetriever.from_backend"))
-        return (BM25Retriever.from_backend(sb, k=candidates),
-                DenseRetriever.from_backend(db, embedder, k=candidates))
-    b = as_backend(backend)
-    docs = list(documents)
-    sb_, db_ = hybrid_backends(b) if b is not None else (None, None)
-    sparse = BM25Retriever.from_documents(docs, k=candidates, backend=sb_, **bm25_config)
-    dense = DenseRetriever.from_documents(docs, embedder, backend=db_, k=candidates,
-                                          **(dense_config or {}))
-    return sparse, dense

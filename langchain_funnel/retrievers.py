@@ -34,35 +34,20 @@ from funnel_core.backends.milvus import (
     load_index,
     open_index,
 )
-from funnel_core.bm25 import BM25Index, MetadataFilter
-from funnel_core.config import ClusterRetrievalConfig, adapter_base, check_kwargs
-from funnel_core.errors import PersistError
+from funnel_core.bm25 import BM25Index
+from funnel_core.errors import PersistError, check_positive_int
+from funnel_core.filters import MetadataFilter
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
 from funnel_core.persist import load_snapshot, save_snapshot, snapshot_info
-from funnel_core.units import Unit, check_unique_ids, split_metadata, units_from_texts
+from funnel_core.settings import build_index, check_kwargs, keyword_names
+from funnel_core.units import Unit, units_from_texts
 from langchain_funnel._base import UnitRetriever
+from langchain_funnel.corpus import units_from_documents
 from langchain_funnel.milvus import push_down, require_milvus
 
 Backend = Union[MilvusBackend, str, None]
 
 __all__ = ["BM25Retriever", "ClusteredBM25Retriever"]
-
-
-def units_from_documents(documents: Iterable[Document], level: str) -> list[Unit]:
-    """Documents -> index units: ``Document.id`` as the id (positional for documents without
-    one, as :meth:`from_texts` does); a duplicate id raises, as it does for ``from_texts``."""
-    if isinstance(documents, Document):
-        raise TypeError("documents must be a list of Documents, got a single Document; wrap it "
-                        "in a list.")
-    units = []
-    for i, d in enumerate(documents):
-        if not isinstance(d, Document):
-            raise TypeError(f"expected langchain Documents, got {type(d).__name__} at position {i}.")
-        user = split_metadata(d.metadata)[0]
-        units.append(Unit(id=str(d.id) if d.id else str(i), text=d.page_content, metadata=user,
-                          level=level))
-    check_unique_ids(units)
-    return units
 
 
 class BM25Retriever(UnitRetriever):
@@ -78,15 +63,20 @@ class BM25Retriever(UnitRetriever):
     @classmethod
     def from_texts(cls, texts: Iterable[str], metadatas: Optional[Sequence[dict]] = None,
                    ids: Optional[Sequence[str]] = None, k: int = 4, backend: Backend = None,
-                   **bm25_config: Any) -> "BM25Retriever":
+                   filter: Any = None, **bm25_config: Any) -> "BM25Retriever":
+        """Index ``texts``; ``bm25_config`` goes to the index (an unknown key raises, naming
+        this class and the accepted ones); ``k`` and ``filter`` are the retriever's."""
         units = units_from_texts(texts, ids, metadatas, "passage")
-        return cls(index=_bm25(backend, bm25_config).index(units), k=k)
+        return cls(index=_bm25(cls.__name__, backend, bm25_config).index(units), k=k,
+                   filter=filter)
 
     @classmethod
     def from_documents(cls, documents: Iterable[Document], k: int = 4, backend: Backend = None,
-                       **bm25_config: Any) -> "BM25Retriever":
+                       filter: Any = None, **bm25_config: Any) -> "BM25Retriever":
+        """Index ``documents``; the settings as in :meth:`from_texts`."""
         units = units_from_documents(documents, "passage")
-        return cls(index=_bm25(backend, bm25_config).index(units), k=k)
+        return cls(index=_bm25(cls.__name__, backend, bm25_config).index(units), k=k,
+                   filter=filter)
 
     @classmethod
     def from_backend(cls, backend: Union[MilvusBackend, str], **settings: Any) -> "BM25Retriever":
@@ -112,50 +102,56 @@ class BM25Retriever(UnitRetriever):
         return _load(cls, path, BM25Index, overrides)
 
 
-class ClusteredBM25Retriever(adapter_base(ClusterRetrievalConfig, UnitRetriever)):  # type: ignore[misc]
+class ClusteredBM25Retriever(UnitRetriever):
     """FunnelRAG's retrieval stage for LangChain: BM25 over document clusters.
 
     ``k_clusters`` clusters are retrieved and opened into their documents; ``k`` caps the
     documents returned (so ``invoke(q, k=1)`` returns one document). Each document carries
     ``cluster_id``, ``cluster_score``, ``cluster_rank`` and ``score`` in metadata. With
-    ``return_clusters=True`` the clusters themselves are returned. ``k_clusters`` and
-    ``return_clusters`` are the fields of :class:`funnel_core.config.ClusterRetrievalConfig`.
+    ``return_clusters=True`` the clusters themselves are returned (then ``k`` caps them).
     """
 
     index: Union[ClusteredBM25Index, MilvusClusteredBM25Index]
     filter: Any = Field(default=None, description="Default metadata filter on documents.")
+    k_clusters: int = Field(default=10, description="Clusters retrieved by BM25 and opened into "
+                                                    "their documents.")
+    return_clusters: bool = Field(default=False, description="Return the clusters themselves "
+                                                             "instead of their documents.")
 
     def model_post_init(self, __context: Any) -> None:
         super().model_post_init(__context)
-        _ = self.cluster_config  # validates now, naming the value
+        check_positive_int(self.k_clusters, "k_clusters")
 
-    @property
-    def cluster_config(self) -> ClusterRetrievalConfig:
-        """The cluster settings of the current field values."""
-        return ClusterRetrievalConfig(**{n: getattr(self, n)
-                                         for n in ClusterRetrievalConfig.field_names()})
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "k_clusters":
+            check_positive_int(value, "k_clusters")
+        super().__setattr__(name, value)
 
     @classmethod
     def from_texts(cls, texts: Iterable[str], metadatas: Optional[Sequence[dict]] = None,
                    ids: Optional[Sequence[str]] = None, k: int = 4, backend: Backend = None,
-                   **settings: Any) -> "ClusteredBM25Retriever":
+                   filter: Any = None, k_clusters: int = 10, return_clusters: bool = False,
+                   **index_settings: Any) -> "ClusteredBM25Retriever":
         """Cluster the texts (metadata ``links`` when present, else BM25 kNN) and index them
-        (in memory, or in Milvus with ``backend=``). ``settings``: the retriever's
-        ``k_clusters``/``return_clusters``, and the index's ``max_tokens``, ``adjacency``,
-        ``knn_k``, ``knn_threshold`` and BM25 settings."""
-        mine, index_settings = ClusterRetrievalConfig.split(settings)
-        index = _clustered(backend, index_settings)
+        (in memory, or in Milvus with ``backend=``). ``index_settings``: the index's
+        ``max_tokens``, ``adjacency``, ``knn_k``, ``knn_threshold`` and BM25 settings (an
+        unknown one raises, naming this class and the accepted ones)."""
+        check_positive_int(k_clusters, "k_clusters")
+        index = _clustered(cls.__name__, backend, index_settings)
         index.index(units_from_texts(texts, ids, metadatas, "document"))
-        return cls(index=index, k=k, **mine)
+        return cls(index=index, k=k, filter=filter, k_clusters=k_clusters,
+                   return_clusters=return_clusters)
 
     @classmethod
     def from_documents(cls, documents: Iterable[Document], k: int = 4, backend: Backend = None,
-                       **settings: Any) -> "ClusteredBM25Retriever":
-        """Cluster and index ``documents``; ``settings`` as in :meth:`from_texts`."""
-        mine, index_settings = ClusterRetrievalConfig.split(settings)
-        index = _clustered(backend, index_settings)
+                       filter: Any = None, k_clusters: int = 10, return_clusters: bool = False,
+                       **index_settings: Any) -> "ClusteredBM25Retriever":
+        """Cluster and index ``documents``; the settings as in :meth:`from_texts`."""
+        check_positive_int(k_clusters, "k_clusters")
+        index = _clustered(cls.__name__, backend, index_settings)
         index.index(units_from_documents(documents, "document"))
-        return cls(index=index, k=k, **mine)
+        return cls(index=index, k=k, filter=filter, k_clusters=k_clusters,
+                   return_clusters=return_clusters)
 
     @classmethod
     def from_backend(cls, backend: Union[MilvusBackend, str],
@@ -168,7 +164,8 @@ class ClusteredBM25Retriever(adapter_base(ClusterRetrievalConfig, UnitRetriever)
 
     def _search(self, query: str, k: int, filter: MetadataFilter = None,
                 k_clusters: Optional[int] = None) -> list[Unit]:
-        n_clusters = self.cluster_config.clusters_for(k, k_clusters)
+        n = self.k_clusters if k_clusters is None else check_positive_int(k_clusters, "k_clusters")
+        n_clusters = min(n, k) if self.return_clusters else n  # clusters returned: k caps them
         flt = push_down(self.index, filter if filter is not None else self.filter)
         return self.index.search(query, k=n_clusters, filter=flt,
                                  return_clusters=self.return_clusters, max_documents=k)
@@ -245,11 +242,13 @@ def _saved_filter(index: Any, flt: Any) -> Any:
     return "" if expr is None else expr  # "": no constraint
 
 
-def _bm25(backend: Backend, config: dict[str, Any]) -> Any:
+def _bm25(owner: str, backend: Backend, config: dict[str, Any]) -> Any:
     b = as_backend(backend)
-    return BM25Index(**config) if b is None else b.bm25(**config)
+    return build_index(owner, BM25Index if b is None else b.bm25, config,
+                       keyword_names(BM25Index))
 
 
-def _clustered(backend: Backend, config: dict[str, Any]) -> Any:
+def _clustered(owner: str, backend: Backend, config: dict[str, Any]) -> Any:
     b = as_backend(backend)
-    return ClusteredBM25Index(**config) if b is None else b.clustered(**config)
+    return build_index(owner, ClusteredBM25Index if b is None else b.clustered, config,
+                       keyword_names(ClusteredBM25Index, BM25Index))

@@ -13,10 +13,10 @@ import asyncio
 from abc import abstractmethod
 from collections import ChainMap
 from contextlib import contextmanager
-from typing import Any, Iterator, List, Mapping, Optional, Sequence
+from typing import Iterator, List, Mapping, Optional, Sequence
 
 from llama_index.core.base.base_retriever import BaseRetriever
-from llama_index.core.bridge.pydantic import PrivateAttr
+from llama_index.core.bridge.pydantic import ConfigDict, PrivateAttr
 from llama_index.core.callbacks import CBEventType, EventPayload
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
@@ -31,9 +31,9 @@ from llama_index.core.schema import (
     TextNode,
 )
 
-from funnel_core.config import ConfiguredAdapter
 from funnel_core.errors import check_query
 from funnel_core.funnel import Stage
+from funnel_core.settings import StageAdapter
 from funnel_core.units import FUNNEL_KEY, Unit, framework_metadata, split_metadata
 
 dispatcher = get_dispatcher(__name__)
@@ -143,21 +143,18 @@ def units_to_nodes(units: Sequence[Unit],
     return [NodeWithScore(node=unit_to_node(u, lookup, annotate), score=u.score) for u in units]
 
 
-class StagePostprocessor(ConfiguredAdapter, BaseNodePostprocessor):
-    """A LlamaIndex node postprocessor that runs one ``funnel_core`` stage.
+class StagePostprocessor(StageAdapter, BaseNodePostprocessor):
+    """A LlamaIndex node postprocessor that holds and runs one ``funnel_core`` stage.
 
-    A configured postprocessor subclasses ``adapter_base(SomeConfig, StagePostprocessor)``: its
-    fields are the core config's, and :attr:`stage` is built from their *current* values (a
-    changed field is honoured at the next call; the loaded model is kept when only cheap
-    settings changed). Other subclasses implement :meth:`_build_stage`, rebuilt when a field
-    changes.
+    A subclass declares its fields in its class body and names the stage class
+    (``stage_class``); the fields named like the stage's settings build it, and an edit of one
+    is forwarded to it (see :class:`funnel_core.settings.StageAdapter`): honoured at the next
+    call, the loaded model kept unless a load-time setting changed. Unknown keyword arguments
+    raise, naming the accepted ones.
     """
 
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
     _stage: Optional[Stage] = PrivateAttr(default=None)
-    _stage_key: Any = PrivateAttr(default=None)
-
-    def model_post_init(self, __context: Any) -> None:
-        _ = self.stage  # validates every setting now; models still load lazily, on first use
 
     def _top_n(self) -> int:
         return int(getattr(self, "top_n", None) or 0)
@@ -175,7 +172,7 @@ class StagePostprocessor(ConfiguredAdapter, BaseNodePostprocessor):
                            query_bundle: Optional[QueryBundle] = None) -> List[NodeWithScore]:
         query = self._query(query_bundle)
         if not nodes or not query:
-            return list(nodes)
+            return self._no_query(nodes)
         with self._reranking(nodes, query_bundle, query) as out:
             out.extend(units_to_nodes(self.stage(query, nodes_to_units(nodes)), nodes))
         return out
@@ -184,10 +181,16 @@ class StagePostprocessor(ConfiguredAdapter, BaseNodePostprocessor):
                                   query_bundle: Optional[QueryBundle] = None) -> List[NodeWithScore]:
         query = self._query(query_bundle)
         if not nodes or not query:
-            return list(nodes)
+            return self._no_query(nodes)
         with self._reranking(nodes, query_bundle, query) as out:
             out.extend(units_to_nodes(await self.stage.acall(query, nodes_to_units(nodes)), nodes))
         return out
+
+    def _no_query(self, nodes: List[NodeWithScore]) -> List[NodeWithScore]:
+        """An empty query scores nothing: the nodes keep their order, but ``top_n`` (and a
+        cut-off) still caps them, as for any other query."""
+        limit = self.stage.limit(getattr(self.stage, "top_n", None))
+        return list(nodes)[:limit] if limit is not None else list(nodes)
 
     @contextmanager
     def _reranking(self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle],

@@ -17,34 +17,31 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, List, Optional
+from typing import Any, ClassVar, List, Optional, Sequence
 
 from llama_index.core.base.base_query_engine import BaseQueryEngine
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
 from llama_index.core.base.response.schema import Response
-from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
 from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.llms import LLM
 from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.query_engine import CustomQueryEngine
-from llama_index.core.schema import NodeWithScore, QueryBundle
+from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 
+from funnel_core.backends.milvus import as_backend, hybrid_backends
 from funnel_core.best_practices.classify import QueryClassifier
-from funnel_core.best_practices.compress import with_embedder
-from funnel_core.config import (
-    ExtractiveCompressorConfig,
-    FusionConfig,
-    RepackConfig,
-    adapter_base,
-    config_attributes,
-    config_of,
-    current_stage,
-)
+from funnel_core.best_practices.compress import ExtractiveCompressor
+from funnel_core.best_practices.fusion import check_fusion_config, fuse
+from funnel_core.best_practices.repack import Repack
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
-from funnel_core.funnel import Stage, warm_up_attributes
+from funnel_core.funnel import warm_up_attributes
+from funnel_core.settings import check_accepted
 from llama_index_funnel._base import StagePostprocessor, nodes_to_units, units_to_nodes
+from llama_index_funnel.milvus import DenseRetriever, milvus_backend
+from llama_index_funnel.retrievers import BM25Retriever
 
 __all__ = [
     "SentenceEmbedderEmbedding",
@@ -67,12 +64,14 @@ class SentenceEmbedderEmbedding(BaseEmbedding):
         embedder: An existing :class:`SentenceEmbedder` to share (its model loads once).
     """
 
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
     device: Optional[str] = Field(default=None, description="Torch device, None = best available.")
     _embedder: SentenceEmbedder = PrivateAttr()
 
     def __init__(self, model_name: Optional[str] = None, embed_batch_size: int = 64,
                  device: Optional[str] = None, embedder: Optional[SentenceEmbedder] = None,
                  **kwargs: Any) -> None:
+        check_accepted(type(self), kwargs)  # a typo raises, naming the accepted fields
         embedder = embedder or SentenceEmbedder(model_name, device=device, batch_size=embed_batch_size)
         super().__init__(model_name=embedder.model_name_or_path, embed_batch_size=embed_batch_size,
                          device=device, **kwargs)
@@ -98,7 +97,6 @@ class SentenceEmbedderEmbedding(BaseEmbedding):
         return await asyncio.to_thread(self._get_text_embeddings, texts)
 
 
-@config_attributes(FusionConfig, "fusion")
 class HybridRetriever(BaseRetriever):
     """Hybrid search over two LlamaIndex retrievers (paper section 3.4.3).
 
@@ -111,10 +109,14 @@ class HybridRetriever(BaseRetriever):
         similarity_top_k: Nodes returned after fusion (``None``: the whole fused union).
         callback_manager: LlamaIndex callback manager.
         verbose: LlamaIndex's verbose flag.
-        fusion: A :class:`funnel_core.config.FusionConfig`, or its fields as keyword arguments:
-            ``alpha`` (sparse weight in ``S_h = alpha * S_sparse + S_dense``, 0.3), ``method``
-            (``"alpha"`` or ``"rrf"``), ``normalization`` (``"minmax"``, ``"zscore"`` or
-            ``"none"``), ``rrf_k`` (60). Each is also an attribute; an assignment is validated.
+        alpha: Sparse weight in ``S_h = alpha * S_sparse + S_dense``, in [0, 1].
+        method: ``"alpha"`` or ``"rrf"`` (reciprocal rank fusion).
+        normalization: Score normalisation of each side for ``method="alpha"``: ``"minmax"``,
+            ``"zscore"`` or ``"none"``.
+        rrf_k: RRF constant (``method="rrf"``).
+
+    Each setting is an attribute; an assignment is validated and used at the next query (the
+    fusion is :func:`funnel_core.best_practices.fusion.fuse`).
 
     Node scores are the fused scores; ``node.metadata["scores"]`` keeps each side's raw score
     and ``sparse_score``/``dense_score``/``sparse_rank``/``dense_rank`` show how it was fused.
@@ -127,14 +129,23 @@ class HybridRetriever(BaseRetriever):
     def __init__(self, sparse_retriever: BaseRetriever, dense_retriever: BaseRetriever, *,
                  similarity_top_k: Optional[int] = 10,
                  callback_manager: Optional[CallbackManager] = None, verbose: bool = False,
-                 fusion: Optional[FusionConfig] = None, **settings: Any) -> None:
+                 alpha: float = 0.3, method: str = "alpha", normalization: str = "minmax",
+                 rrf_k: int = 60) -> None:
         for label, r in (("sparse_retriever", sparse_retriever), ("dense_retriever", dense_retriever)):
             if not isinstance(r, BaseRetriever):
                 raise TypeError(f"{label} must be a LlamaIndex BaseRetriever, got {type(r).__name__}.")
-        self.fusion = config_of(FusionConfig, fusion, settings, type(self).__name__)
+        self.alpha = check_fusion_config(method, alpha, normalization, rrf_k)
+        self.method, self.normalization, self.rrf_k = method, normalization, rrf_k
         self.similarity_top_k = check_positive_int(similarity_top_k, "similarity_top_k", allow_none=True)
         self._sparse, self._dense = sparse_retriever, dense_retriever
         super().__init__(callback_manager=callback_manager, verbose=verbose)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("alpha", "method", "normalization", "rrf_k") and "rrf_k" in self.__dict__:
+            settings = {n: self.__dict__[n] for n in ("alpha", "method", "normalization", "rrf_k")}
+            settings[name] = value
+            value = {**settings, "alpha": check_fusion_config(**settings)}[name]
+        super().__setattr__(name, value)
 
     def warm_up(self) -> "HybridRetriever":
         """Load the models of everything this retriever holds (see ``funnel_core`` ``Stage.warm_up``),
@@ -149,8 +160,9 @@ class HybridRetriever(BaseRetriever):
         return QueryBundle(query_str=query_bundle.query_str)
 
     def _fuse(self, sparse: List[NodeWithScore], dense: List[NodeWithScore]) -> List[NodeWithScore]:
-        units = self.fusion.fuse(nodes_to_units(sparse), nodes_to_units(dense),
-                                 k=self.similarity_top_k)
+        units = fuse(nodes_to_units(sparse), nodes_to_units(dense), method=self.method,
+                     alpha=self.alpha, normalization=self.normalization, rrf_k=self.rrf_k,
+                     k=self.similarity_top_k)
         return units_to_nodes(units, [*sparse, *dense])
 
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
@@ -176,8 +188,6 @@ class HybridRetriever(BaseRetriever):
         """Our BM25 and dense retrievers over ``nodes`` (``candidates`` each), fused;
         ``backend=MilvusBackend(...)`` (or a URI) keeps both in Milvus. ``fusion``: ``alpha``,
         ``method``, ``similarity_top_k``, ..."""
-        from llama_index_funnel.milvus import hybrid_sides
-
         sparse, dense = hybrid_sides(nodes, backend, embedder, candidates, dense_config,
                                      **(bm25_config or {}))
         return cls(sparse, dense, **fusion)
@@ -186,44 +196,64 @@ class HybridRetriever(BaseRetriever):
     def from_backend(cls, backend: Any, *, embedder: Any = None, candidates: int = 20,
                      **fusion: Any) -> "HybridRetriever":
         """Re-open both sides built by :meth:`from_defaults` on Milvus (no re-indexing)."""
-        from llama_index_funnel.milvus import hybrid_sides
-
         sparse, dense = hybrid_sides(None, backend, embedder, candidates)
         return cls(sparse, dense, **fusion)
 
 
-class RepackPostprocessor(adapter_base(RepackConfig, StagePostprocessor)):  # type: ignore[misc]
+class RepackPostprocessor(StagePostprocessor):
     """Reorder the final nodes: ``"forward"``, ``"reverse"`` (default: best last, next to the
-    question) or ``"sides"`` (best at both ends). Put it last in ``node_postprocessors``.
-    The fields are those of :class:`funnel_core.config.RepackConfig`."""
+    question) or ``"sides"`` (best at both ends); a :class:`~funnel_core.best_practices.repack.Repack`.
+    Put it last in ``node_postprocessors``."""
+
+    stage_class: ClassVar[type] = Repack
+
+    order: str = Field(default="reverse", description="forward, reverse (best last, next to the "
+                                                      "question) or sides.")
+    name: Optional[str] = Field(default=None, description="Stage name in traces (None: repack).")
 
     @classmethod
     def class_name(cls) -> str:
         return "RepackPostprocessor"
 
 
-class ExtractiveCompressorPostprocessor(adapter_base(ExtractiveCompressorConfig,  # type: ignore[misc]
-                                                     StagePostprocessor)):
-    """Keep the sentences most similar to the query (paper section 3.7), in original order.
+class ExtractiveCompressorPostprocessor(StagePostprocessor):
+    """Keep the sentences most similar to the query (paper section 3.7), in original order: an
+    :class:`~funnel_core.best_practices.compress.ExtractiveCompressor`.
 
-    The fields are those of :class:`funnel_core.config.ExtractiveCompressorConfig`; pass
-    ``embedder=`` to share an already loaded :class:`SentenceEmbedder` (then ``model``,
+    Pass ``embedder=`` to share an already loaded :class:`SentenceEmbedder` (then ``model``,
     ``batch_size`` and ``device`` are not used). ``metadata["funnel"]["compression"]`` on each
     node records tokens before/after.
     """
 
-    _embedder: Optional[SentenceEmbedder] = PrivateAttr(default=None)
+    stage_class: ClassVar[type] = ExtractiveCompressor
 
-    def __init__(self, *, embedder: Optional[SentenceEmbedder] = None, **data: Any) -> None:
-        super().__init__(**data)
-        self._embedder = embedder
+    method: str = Field(
+        default='embedding', description='embedding (cosine similarity) or bm25 sentence scoring.')
+    ratio: float = Field(default=0.4, description='Share of input tokens to keep, in (0, 1].')
+    max_tokens: Optional[int] = Field(
+        default=None, description='Absolute token budget (the smaller of the two wins).')
+    scope: str = Field(
+        default='global', description='global (one budget over all units) or unit (one budget per unit).')
+    min_sentences: int = Field(
+        default=1, description='Sentences always kept per scope (the best ones).')
+    model: Optional[str] = Field(
+        default=None, description='Sentence-embedding model; None = the packaged MiniLM.')
+    batch_size: int = Field(default=64, description='Sentences per forward pass.')
+    device: Optional[str] = Field(default=None, description='Torch device; None = best available.')
+    cache_size: int = Field(
+        default=0, description='Sentence embeddings kept in an LRU cache (0 = off).')
+    name: Optional[str] = Field(
+        default=None, description='Stage name in traces (None: extractive_compressor).')
+    dtype: str = Field(
+        default='auto', description='Precision of the embedding model: auto | float32 | bfloat16 | float16 (auto: bf16 autocast only where the hardware runs it natively).')
+
+    embedder: Optional[SentenceEmbedder] = Field(
+        default=None, description="A loaded SentenceEmbedder to share (None: one is built from "
+                                  "model, batch_size, device and dtype on first use).")
 
     @classmethod
     def class_name(cls) -> str:
         return "ExtractiveCompressorPostprocessor"
-
-    def _build_stage(self) -> Stage:
-        return with_embedder(current_stage(self.config, self._stage), self._embedder)
 
 
 class QueryClassifierGate(BaseRetriever):
@@ -280,9 +310,14 @@ class QueryClassifierQueryEngine(CustomQueryEngine):
     response's ``metadata["needs_retrieval"]`` says which path answered.
     """
 
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
     query_engine: BaseQueryEngine = Field(description="The retrieval-augmented query engine.")
     llm: LLM = Field(description="LLM that answers queries needing no retrieval.")
     classifier: QueryClassifier = Field(description="A trained QueryClassifier.")
+
+    def __init__(self, **data: Any) -> None:
+        check_accepted(type(self), data)  # a typo raises, naming the accepted fields
+        super().__init__(**data)
 
     def model_post_init(self, __context: Any) -> None:
         self.classifier._require_fitted()
@@ -301,3 +336,24 @@ class QueryClassifierQueryEngine(CustomQueryEngine):
             return resp
         out = await self.llm.acomplete(query_str)
         return Response(str(out), metadata={"needs_retrieval": False})
+
+
+def hybrid_sides(nodes: Optional[Sequence[BaseNode]], backend: Any, embedder: Any = None,
+                 candidates: int = 20, dense_config: Optional[dict] = None,
+                 **bm25_config: Any) -> tuple[Any, DenseRetriever]:
+    """The sparse (BM25) and dense sides of a hybrid retriever on one backend: built from
+    ``nodes``, or re-opened (``nodes=None``, Milvus only). On Milvus the collections are
+    ``<collection>_bm25`` and ``<collection>_dense`` (``collection`` default ``funnel_hybrid``)."""
+    b = as_backend(backend)
+    candidates = check_positive_int(candidates, "candidates")
+    if nodes is None:
+        b = milvus_backend(backend, "HybridRetriever.from_backend")
+        sb, db = hybrid_backends(b)
+        return (BM25Retriever.from_backend(sb, similarity_top_k=candidates),
+                DenseRetriever.from_backend(db, embedder, similarity_top_k=candidates))
+    sb_, db_ = hybrid_backends(b) if b is not None else (None, None)
+    sparse = BM25Retriever.from_defaults(nodes=nodes, similarity_top_k=candidates, backend=sb_,
+                                         **bm25_config)
+    dense = DenseRetriever.from_defaults(nodes, embedder, backend=db_, similarity_top_k=candidates,
+                                         **(dense_config or {}))
+    return sparse, dense

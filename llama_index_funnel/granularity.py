@@ -11,9 +11,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, ClassVar, Dict, List, Optional, Sequence
 
-from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.node_parser.interface import NodeParser
 from llama_index.core.schema import (
@@ -24,20 +24,12 @@ from llama_index.core.schema import (
 )
 from llama_index.core.utils import get_tqdm_iterable
 
-from funnel_core.config import (
-    ConfiguredAdapter,
-    GraphGranularityConfig,
-    MixOfGranularityConfig,
-    MultiGranularityConfig,
-    adapter_base,
-    config_attributes,
-    config_of,
-)
 from funnel_core.errors import check_positive_int
 from funnel_core.granularity.graph import GraphGranularityBuilder
 from funnel_core.granularity.levels import GranularityStructure, MultiGranularityChunker
 from funnel_core.granularity.retrieval import MixOfGranularityRetrieve, mog_stage
 from funnel_core.granularity.router import GranularityRouter
+from funnel_core.settings import StageAdapter
 from funnel_core.units import FUNNEL_KEY, Unit, framework_metadata, split_metadata
 from llama_index_funnel._base import UnitRetriever, node_to_unit
 
@@ -61,19 +53,15 @@ def _text_node(unit: Unit, source: BaseNode, drop: Sequence[str] = ()) -> TextNo
     return node
 
 
-class _ConfiguredNodeParser(ConfiguredAdapter, NodeParser):
-    """A node parser whose settings are the fields of a core config (see ``adapter_base``);
-    :attr:`stage` is the core splitter built from their current values."""
+class _StageNodeParser(StageAdapter, NodeParser):
+    """A node parser holding one core splitter (``stage_class``) built from the fields named
+    like its settings; an edit of one is forwarded to it. Unknown keywords raise."""
 
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
     _stage: Any = PrivateAttr(default=None)
-    _stage_key: Any = PrivateAttr(default=None)
-
-    def model_post_init(self, __context: Any) -> None:
-        _ = self.stage  # validates every setting now, naming the value
 
 
-class MultiGranularityNodeParser(adapter_base(MultiGranularityConfig,  # type: ignore[misc]
-                                              _ConfiguredNodeParser)):
+class MultiGranularityNodeParser(_StageNodeParser):
     """Split documents into ``n_gra`` nested granularity levels (MoG section 3.2).
 
     Level 1 holds sentence-aware chunks of about ``chunk_size`` words; each level-``j`` node is
@@ -83,10 +71,17 @@ class MultiGranularityNodeParser(adapter_base(MultiGranularityConfig,  # type: i
     Put *all* nodes in the docstore and index the leaves (``get_leaf_nodes``) for
     ``AutoMergingRetriever``; pass all nodes to :class:`MixOfGranularityRetriever`.
 
-    The settings (``chunk_size``, ``n_gra``, ``sentence_aware``) are the fields of
-    :class:`funnel_core.config.MultiGranularityConfig`. A document shorter than one finest chunk
-    yields one node per level with the same text.
+    The settings (``chunk_size``, ``n_gra``, ``sentence_aware``) are those of the
+    :class:`~funnel_core.granularity.levels.MultiGranularityChunker` it holds. A document shorter
+    than one finest chunk yields one node per level with the same text.
     """
+
+    stage_class: ClassVar[type] = MultiGranularityChunker
+
+    chunk_size: int = Field(default=64, description='Finest chunk size in words (level 1).')
+    n_gra: int = Field(
+        default=5, description='Number of granularity levels; a level-j chunk is two adjacent level-(j-1) chunks of the same document.')
+    sentence_aware: bool = Field(default=True, description='End finest chunks at sentence ends.')
 
     include_prev_next_rel: bool = Field(
         default=False, description="PREV/NEXT links (off: consecutive nodes may be of different levels).")
@@ -119,8 +114,7 @@ class MultiGranularityNodeParser(adapter_base(MultiGranularityConfig,  # type: i
         return out
 
 
-class GraphGranularityNodeParser(adapter_base(GraphGranularityConfig,  # type: ignore[misc]
-                                              _ConfiguredNodeParser)):
+class GraphGranularityNodeParser(_StageNodeParser):
     """Split documents into MoGG graph nodes of ``sentences_per_node`` sentences and link them.
 
     Each node is linked to its ``k_graph`` most BM25-similar nodes (anywhere in the parsed
@@ -128,9 +122,25 @@ class GraphGranularityNodeParser(adapter_base(GraphGranularityConfig,  # type: i
     as ``metadata["graph_neighbors"]`` (ids) and ``metadata["graph_weights"]``. The graph spans
     the documents of one call, so parse the whole corpus at once. ``last_build_seconds`` is the
     edge-building time of the latest call. With no pair above ``t_graph`` the nodes get empty
-    neighbour lists (and a warning): every hop range is then the node alone. The settings are the
-    fields of :class:`funnel_core.config.GraphGranularityConfig`.
+    neighbour lists (and a warning): every hop range is then the node alone. The settings are
+    those of the :class:`~funnel_core.granularity.graph.GraphGranularityBuilder` it holds.
     """
+
+    stage_class: ClassVar[type] = GraphGranularityBuilder
+
+    sentences_per_node: int = Field(
+        default=2, description='Sentences per graph node (1-2 in the paper).')
+    n_gra: int = Field(
+        default=5, description='Number of hop ranges (levels) the retriever will use.')
+    k_graph: int = Field(default=3, description='Edges per node (its most BM25-similar nodes).')
+    t_graph: float = Field(
+        default=0.3, description='Minimum normalised BM25 similarity of an edge, in [0, 1].')
+    block_size: int = Field(
+        default=512, description='Nodes scored per block when building the kNN graph (memory bound).')
+    max_df: Optional[float] = Field(
+        default=None, description='Ignore terms in more than this share of nodes when linking (None: keep all).')
+    bm25: Optional[dict[str, Any]] = Field(
+        default=None, description='BM25 settings of the similarity (k1, b, ...).')
 
     include_prev_next_rel: bool = Field(default=True, description="PREV/NEXT links within a document.")
     last_build_seconds: Optional[float] = Field(default=None, description="Seconds of the last build.")
@@ -150,7 +160,6 @@ class GraphGranularityNodeParser(adapter_base(GraphGranularityConfig,  # type: i
         return [_text_node(u, docs[u.metadata["doc_id"]]) for u in graph.nodes]
 
 
-@config_attributes(MixOfGranularityConfig, "config")
 class MixOfGranularityRetriever(UnitRetriever):
     """MoG / MoGG retrieval over the nodes of either granularity parser.
 
@@ -160,40 +169,71 @@ class MixOfGranularityRetriever(UnitRetriever):
         router: A trained :class:`~funnel_core.granularity.router.GranularityRouter`; ``None``
             means uniform level weights (the finest level is returned).
         similarity_top_k: Nodes returned.
+        k_r: BM25 hits per level before mixing (paper: 3).
+        normalize: Per-level BM25 scores: ``"none"`` (raw, equation 1) or ``"max"`` (divided by
+            the level's best).
+        level_margin: Prefer a finer level unless a coarser one's router weight is higher by more
+            than this, in [0, 1] (0: the paper's argmax).
+        n_gra: Hop ranges when the nodes are graph nodes (a hierarchy's levels come from its
+            nodes).
+        bm25: BM25 settings of the per-level indexes.
         callback_manager: LlamaIndex callback manager.
         verbose: LlamaIndex's verbose flag.
-        config: A :class:`funnel_core.config.MixOfGranularityConfig`, or its fields as keyword
-            arguments: ``k_r`` (BM25 hits per level, 3), ``normalize`` (``"none"``, equation 1,
-            or ``"max"``), ``level_margin``, ``n_gra`` (hop ranges of graph nodes), ``bm25``.
-            Each is also an attribute: an edit is validated and honoured at the next query (the
-            per-level BM25 indexes are rebuilt only when ``n_gra`` or ``bm25`` changed).
 
-    Each result's metadata holds ``router_weights``, ``chosen_level`` and ``finest_id``; its score
-    is the mixed score.
+    Each setting is also an attribute, forwarded to the core
+    :class:`~funnel_core.granularity.retrieval.MixOfGranularityRetrieve` it holds (``.stage``): an
+    edit is validated and honoured at the next query (the per-level BM25 indexes are rebuilt only
+    when ``n_gra`` or ``bm25`` changes). Each result's metadata holds ``router_weights``,
+    ``chosen_level`` and ``finest_id``; its score is the mixed score.
     """
 
+    #: Attributes forwarded to the core stage (adapter name -> stage setting).
+    _FORWARDED = {"similarity_top_k": "top_k", "router": "router", "k_r": "k_r",
+                  "normalize": "normalize", "level_margin": "level_margin", "bm25": "bm25"}
+
     def __init__(self, nodes: Sequence[BaseNode], router: Optional[GranularityRouter] = None, *,
-                 similarity_top_k: int = 1, callback_manager: Optional[CallbackManager] = None,
-                 verbose: bool = False, config: Optional[MixOfGranularityConfig] = None,
-                 **settings: Any) -> None:
+                 similarity_top_k: int = 1, k_r: int = 3, normalize: str = "none",
+                 level_margin: float = 0.0, n_gra: int = 5, bm25: Optional[dict] = None,
+                 callback_manager: Optional[CallbackManager] = None,
+                 verbose: bool = False) -> None:
         nodes = list(nodes)
         if not nodes:
             raise ValueError("MixOfGranularityRetriever needs nodes; parse documents with "
                              "MultiGranularityNodeParser or GraphGranularityNodeParser first.")
-        self.similarity_top_k = check_positive_int(similarity_top_k, "similarity_top_k")
-        self.config = config_of(MixOfGranularityConfig, config, settings, type(self).__name__)
-        self.router = router
+        check_positive_int(similarity_top_k, "similarity_top_k")
         self._units = [node_to_unit(n) for n in nodes]
-        self._stage: Optional[MixOfGranularityRetrieve] = None
-        _ = self.stage  # indexes the levels now
+        self._n_gra = check_positive_int(n_gra, "n_gra (number of hop ranges)")
+        self._stage = mog_stage(self._units, router, n_gra=n_gra, bm25=bm25,
+                                top_k=similarity_top_k, k_r=k_r, normalize=normalize,
+                                level_margin=level_margin)  # indexes the levels now
         self._nodes = nodes
         super().__init__(callback_manager=callback_manager, verbose=verbose)
 
+    def __getattr__(self, name: str) -> Any:
+        forwarded = type(self)._FORWARDED.get(name)
+        if forwarded is None or "_stage" not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(self.__dict__["_stage"], forwarded)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if "_stage" in self.__dict__ and name in self._FORWARDED:
+            setattr(self._stage, self._FORWARDED[name], value)  # validated by the stage
+        elif "_stage" in self.__dict__ and name == "n_gra":
+            stage = self._stage
+            self._stage = mog_stage(self._units, stage.router, n_gra=value, bm25=stage.bm25,
+                                    top_k=stage.top_k, k_r=stage.k_r, normalize=stage.normalize,
+                                    level_margin=stage.level_margin, name=stage.name)
+            self._n_gra = value
+        else:
+            super().__setattr__(name, value)
+
+    @property
+    def n_gra(self) -> int:
+        return self._n_gra
+
     @property
     def stage(self) -> MixOfGranularityRetrieve:
-        """The core MoG stage for the current settings (see ``funnel_core`` ``mog_stage``)."""
-        self._stage = mog_stage(self._units, self.router, self.config,
-                                top_k=self.similarity_top_k, previous=self._stage)
+        """The core MoG stage this retriever runs."""
         return self._stage
 
     @property

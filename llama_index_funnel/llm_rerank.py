@@ -15,26 +15,21 @@ provider, or a hub name / folder of a local causal LM (RankRAG reads True/False 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, ClassVar, Dict, List, Optional, Sequence
 
 from llama_index.core.base.base_retriever import BaseRetriever
-from llama_index.core.bridge.pydantic import PrivateAttr
+from llama_index.core.bridge.pydantic import Field
 from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.indices.query.query_transform.base import BaseQueryTransform
 from llama_index.core.llms.llm import LLM as LlamaIndexBaseLLM
 from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
-from funnel_core.config import (
-    ForwardLookupConfig,
-    ForwardVariantConfig,
-    LLMProviderConfig,
-    RankRAGConfig,
-    adapter_base,
-)
 from funnel_core.errors import check_query
-from funnel_core.fbrag import ForwardLookup, ForwardLookupResult, ForwardSample, chunk_context, variant_config
+from funnel_core.fbrag import ForwardLookup, ForwardLookupResult, ForwardSample, chunk_context, variant_weights
 from funnel_core.funnel import warm_up_attributes
+from funnel_core.rerank.rankrag import DEFAULT_RANKRAG_PROMPT, RankRAGScorer
+from funnel_core.settings import check_kwargs, setting_names
 from funnel_core.units import Unit, text_digest
 from llama_index_funnel._base import StagePostprocessor, nodes_to_units, units_to_nodes
 from llama_index_funnel.llm import as_provider
@@ -43,12 +38,9 @@ __all__ = ["RankRAGRerank", "ForwardLookupQueryTransform", "ForwardLookupQueryBu
            "ForwardLookupRetriever"]
 
 
-class RankRAGRerank(adapter_base(RankRAGConfig, StagePostprocessor,  # type: ignore[misc]
-                                 defaults={"top_n": 5})):
-    """RankRAG reranking as a LlamaIndex node postprocessor (sync + async, rerank events).
-
-    The fields are those of :class:`funnel_core.config.RankRAGConfig`; ``llm`` may also be a
-    LlamaIndex ``LLM``.
+class RankRAGRerank(StagePostprocessor):
+    """RankRAG reranking as a LlamaIndex node postprocessor (sync + async, rerank events): a
+    :class:`~funnel_core.rerank.rankrag.RankRAGScorer`; ``llm`` may also be a LlamaIndex ``LLM``.
 
     Example::
 
@@ -57,7 +49,26 @@ class RankRAGRerank(adapter_base(RankRAGConfig, StagePostprocessor,  # type: ign
         engine = RetrieverQueryEngine.from_args(retriever, node_postprocessors=[rerank])
     """
 
-    _llm_provider: Any = PrivateAttr(default=None)
+    stage_class: ClassVar[type] = RankRAGScorer
+
+    llm: Any = Field(description="LlamaIndex LLM, funnel_core LLM provider, or a causal-LM "
+                                 "name/folder.")
+    prompt: str = Field(default=DEFAULT_RANKRAG_PROMPT,
+                        description="Template with {question} and {passage}.")
+    mode: str = Field(default="auto", description="'auto', 'logprobs' or 'generate'.")
+    max_passage_words: int = Field(default=300, description="Passages are cut to this length.")
+    max_new_tokens: int = Field(default=8, description="Tokens per judgement (generate mode).")
+    samples: int = Field(default=1, description="Judgements per pair (generate mode).")
+    top_n: Optional[int] = Field(default=5, description="Nodes kept after reranking (None: all).")
+    score_threshold: Optional[float] = Field(default=None,
+                                             description="Drop nodes below this P(True).")
+    batch_size: int = Field(default=8, description="Pairs per LLM call / forward pass.")
+    gguf_file: Optional[str] = Field(default=None, description="GGUF file for a local model folder.")
+    device: Optional[str] = Field(default=None, description="Device of a local model.")
+    timeout: Optional[float] = Field(default=None, description="Seconds per LLM call.")
+    name: Optional[str] = Field(default=None, description="Stage name in traces.")
+    dtype: str = Field(default="auto", description="Weights of a local model: auto | float32 | "
+                                                   "bfloat16 | float16.")
 
     @classmethod
     def class_name(cls) -> str:
@@ -66,14 +77,31 @@ class RankRAGRerank(adapter_base(RankRAGConfig, StagePostprocessor,  # type: ign
     def _model_name(self) -> str:
         return self.llm if isinstance(self.llm, str) else type(self.llm).__name__
 
-    def _config_values(self) -> dict[str, Any]:
-        values = super()._config_values()
-        if isinstance(self.llm, LlamaIndexBaseLLM):  # converted once per (LLM, timeout)
-            key = (id(self.llm), self.timeout)
-            if self._llm_provider is None or self._llm_provider[0] != key:
-                self._llm_provider = (key, as_provider(self.llm, timeout=self.timeout))
-            values["llm"] = self._llm_provider[1]
-        return values
+    def _stage_value(self, name: str, value: Any) -> Any:
+        if name == "llm" and isinstance(value, LlamaIndexBaseLLM):
+            return as_provider(value, timeout=self.timeout)
+        return value
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name == "timeout" and isinstance(self.llm, LlamaIndexBaseLLM):
+            self.stage.llm = self._stage_value("llm", self.llm)  # the new timeout
+
+
+def forward_lookup(owner: str, llm: Any, *, variant: str = "FB",
+                   eta_backward: Optional[float] = None, eta_forward: Optional[float] = None,
+                   **settings: Any) -> ForwardLookup:
+    """The :class:`~funnel_core.fbrag.ForwardLookup` of an FB-RAG ``variant`` (``"FB"``, ``"F"``
+    or ``"B"``; ``eta_backward``/``eta_forward`` override its weights) reading with ``llm`` (a
+    LlamaIndex LLM is wrapped); ``settings`` are the stage's other settings. Unknown ones raise,
+    naming ``owner`` (the class the user called) and the accepted ones."""
+    accepted = {"variant", "eta_backward", "eta_forward",
+                *(n for n in setting_names(ForwardLookup) if n != "llm")}
+    check_kwargs(owner, settings, accepted)
+    eta_b, eta_f = variant_weights(variant, eta_backward, eta_forward)
+    if isinstance(llm, LlamaIndexBaseLLM):
+        llm = as_provider(llm, timeout=settings.get("timeout"))
+    return ForwardLookup(llm=llm, eta_backward=eta_b, eta_forward=eta_f, **settings)
 
 
 @dataclass
@@ -82,10 +110,6 @@ class ForwardLookupQueryBundle(QueryBundle):
 
     samples: List[ForwardSample] = field(default_factory=list)
     reader_context: str = ""
-
-
-def _forward(llm: Any, config: ForwardLookupConfig, provider: LLMProviderConfig) -> ForwardLookup:
-    return ForwardLookup.from_settings(as_provider(llm, **provider.provider_kwargs(llm)), config)
 
 
 class ForwardLookupQueryTransform(BaseQueryTransform):
@@ -104,18 +128,17 @@ class ForwardLookupQueryTransform(BaseQueryTransform):
         embed_samples: Put ``[query, R_1 A_1, ..., R_K A_K]`` in ``custom_embedding_strs``.
 
     The sampling and reading arguments (``samples``, ``temperature``, ``top_p``, ``top_k``,
-    ``max_new_tokens``, ``prompt``, ``recall_k``, ``reader_words``, ``chunk_words``) are fields
-    of :class:`funnel_core.config.ForwardLookupConfig`, passed as ``**settings``.
+    ``max_new_tokens``, ``prompt``, ``recall_k``, ``reader_words``, ``chunk_words``, and
+    ``timeout``/``gguf_file``/``device``/``dtype`` of a local model) are settings of
+    :class:`funnel_core.fbrag.ForwardLookup`, passed as ``**settings``.
     """
 
     def __init__(self, llm: Any, *, context: str | Sequence[str] | None = None,
                  retriever: Optional[BaseRetriever] = None, embed_samples: bool = True,
                  **settings: Any) -> None:
-        mine, settings = LLMProviderConfig.split(settings)
-        provider = LLMProviderConfig(**mine)
-        config = variant_config("F", **settings)  # Stage II reads: the forward side only
-        self.forward = _forward(llm, config, provider)
-        self.units = (chunk_context(context, config.chunk_words,
+        # Stage II reads: the forward side only
+        self.forward = forward_lookup(type(self).__name__, llm, variant="F", **settings)
+        self.units = (chunk_context(context, self.forward.chunk_words,
                                     id_prefix=f"chunk-{text_digest(context)}")
                       if context is not None else None)
         self.retriever = retriever
@@ -167,12 +190,11 @@ class ForwardLookupRetriever(BaseRetriever):
         context: A long text or a list of texts.
         retriever: A base retriever (instead of ``context``).
         callback_manager: LlamaIndex callback manager.
-        **settings: The fields of :class:`funnel_core.config.ForwardVariantConfig` (``variant``:
-            ``"FB"`` (Ours-FB, default), ``"F"`` (Ours-F) or ``"B"`` (BM25 only), whose weights
-            ``eta_backward``/``eta_forward`` override; the provider's ``timeout``,
-            ``gguf_file``, ``device`` when ``llm`` is a name) and of
-            :class:`funnel_core.config.ForwardLookupConfig` (``k`` = chunks returned, 3 here;
-            ``budget_words``, ``chunk_words``, sampling...).
+        **settings: ``variant``: ``"FB"`` (Ours-FB, default), ``"F"`` (Ours-F) or ``"B"`` (BM25
+            only), whose weights ``eta_backward``/``eta_forward`` override; and the settings of
+            :class:`funnel_core.fbrag.ForwardLookup` (``k`` = chunks returned, 3 here;
+            ``budget_words``, ``chunk_words``, sampling, ``timeout``/``gguf_file``/``device`` of
+            a local model...). An unknown one raises, naming the accepted ones.
     """
 
     def __init__(self, llm: Any, *, context: str | Sequence[str] | None = None,
@@ -181,12 +203,9 @@ class ForwardLookupRetriever(BaseRetriever):
         if (context is None) == (retriever is None):
             raise ValueError("ForwardLookupRetriever needs exactly one of context= (a long "
                              "text) or retriever= (a base retriever).")
-        mine, settings = ForwardVariantConfig.split(settings)
-        variant = ForwardVariantConfig(**mine)
-        config = variant.stage_config(**{"k": 3, **settings})
-        self.forward = _forward(llm, config, variant)
+        self.forward = forward_lookup(type(self).__name__, llm, **{"k": 3, **settings})
         self.units: Optional[list[Unit]] = (
-            chunk_context(context, config.chunk_words, id_prefix=f"chunk-{text_digest(context)}")
+            chunk_context(context, self.forward.chunk_words, id_prefix=f"chunk-{text_digest(context)}")
             if context is not None else None)
         self.retriever = retriever
         super().__init__(callback_manager=callback_manager)

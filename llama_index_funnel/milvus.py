@@ -30,15 +30,15 @@ from funnel_core.backends.milvus import (
     as_backend,
     combine_expressions,
     comparison_expression,
-    hybrid_backends,
     search_dense,
 )
 from funnel_core.embeddings import DenseIndex
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.units import FUNNEL_KEY, INTERNAL_KEYS, Unit
 from llama_index_funnel._base import UnitRetriever, units_to_nodes
+from llama_index_funnel.corpus import nodes_from, units_of
 
-__all__ = ["DenseRetriever", "to_milvus_filter", "is_milvus", "milvus_backend", "hybrid_sides",
+__all__ = ["DenseRetriever", "to_milvus_filter", "is_milvus", "milvus_backend",
            "with_shells", "restore_nodes"]
 
 _OPS = {FilterOperator.EQ: "eq", FilterOperator.NE: "ne", FilterOperator.GT: "gt",
@@ -169,8 +169,6 @@ class DenseRetriever(UnitRetriever):
                       filters: Any = None, **index_config: Any) -> "DenseRetriever":
         """Embed ``nodes`` (``embedder``: a :class:`~funnel_core.embeddings.SentenceEmbedder`,
         default the packaged all-MiniLM-L6-v2) into Milvus (``backend=``) or memory."""
-        from llama_index_funnel.retrievers import nodes_from, units_of
-
         nodes = nodes_from(nodes, None)
         b = as_backend(backend)
         index: Any = b.dense(embedder, **index_config) if b is not None else DenseIndex(embedder)
@@ -201,26 +199,3 @@ class DenseRetriever(UnitRetriever):
         if not query:
             return []
         return units_to_nodes(self._search(query, filters, k), self._originals(), self.annotate)
-
-
-def hybrid_sides(nodes: Optional[Sequence[BaseNode]], backend: Any, embedder: Any = None,
-                 candidates: int = 20, dense_config: Optional[dict] = None,
-                 **bm25_config: Any) -> tuple[Any, DenseRetriever]:
-    """The sparse (BM25) and dense sides of a hybrid retriever on one backend: built from
-    ``nodes``, or re-opened (``nodes=None``, Milvus only). On Milvus the collections are
-    ``<collection>_bm25`` and ``<collection>_dense`` (``collection`` default ``funnel_hybrid``)."""
-    from llama_index_funnel.retrievers import BM25Retriever
-
-    b = as_backend(backend)
-    candidates = check_positive_int(candidates, "candidates")
-    if nodes is None:
-        b = milvus_backend(backend, "HybridRetriever.from_backend")
-        sb, db = hybrid_backends(b)
-        return (BM25Retriever.from_backend(sb, similarity_top_k=candidates),
-                DenseRetriever.from_backend(db, embedder, similarity_top_k=candidates))
-    sb_, db_ = hybrid_backends(b) if b is not None else (None, None)
-    sparse = BM25Retriever.from_defaults(nodes=nodes, similarity_top_k=candidates, backend=sb_,
-                                         **bm25_config)
-    dense = DenseRetriever.from_defaults(nodes, embedder, backend=db_, similarity_top_k=candidates,
-                                         **(dense_config or {}))
-    return sparse, dense

@@ -25,18 +25,19 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Sequence, Union
 
 from llama_index.core.callbacks import CallbackManager
-from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore
+from llama_index.core.schema import BaseNode, NodeWithScore
 from llama_index.core.storage.docstore import BaseDocumentStore, SimpleDocumentStore
 from llama_index.core.vector_stores.types import MetadataFilters
 
 from funnel_core.backends.milvus import MilvusBackend, as_backend, is_milvus_entry, open_index
 from funnel_core.bm25 import BM25Index
-from funnel_core.config import ClusterRetrievalConfig, config_attributes, config_of
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
 from funnel_core.persist import load_snapshot, save_snapshot
+from funnel_core.settings import build_index, keyword_names
 from funnel_core.units import Unit
 from llama_index_funnel._base import UnitRetriever, units_to_nodes
+from llama_index_funnel.corpus import nodes_from, units_of
 from llama_index_funnel.filters import to_predicate
 from llama_index_funnel.milvus import is_milvus, milvus_backend, push_down, restore_nodes, with_shells
 
@@ -44,24 +45,6 @@ __all__ = ["BM25Retriever", "ClusteredBM25Retriever"]
 
 Filter = Union[MetadataFilters, Dict[str, Any], Callable[[dict], bool], str, None]
 Backend = Union[MilvusBackend, str, None]
-
-
-def nodes_from(nodes: Optional[Sequence[BaseNode]], docstore: Optional[BaseDocumentStore]) -> list[BaseNode]:
-    if nodes is None and docstore is None:
-        raise ValueError("pass nodes=[...] or docstore=...; there is nothing to index.")
-    nodes = list(nodes) if nodes is not None else list(docstore.docs.values())  # type: ignore[union-attr]
-    if not nodes:
-        raise ValueError("cannot build a retriever over an empty corpus: nodes/docstore is empty.")
-    for n in nodes:
-        if not isinstance(n, BaseNode):
-            raise TypeError(f"expected LlamaIndex nodes, got {type(n).__name__}; parse documents "
-                            "into nodes first (e.g. SentenceSplitter().get_nodes_from_documents).")
-    return nodes
-
-
-def units_of(nodes: Sequence[BaseNode], level: str) -> list[Unit]:
-    return [Unit(id=n.node_id, text=n.get_content(metadata_mode=MetadataMode.NONE),
-                 metadata=dict(n.metadata), level=level) for n in nodes]
 
 
 def _filter(filters: Filter, index: Any = None) -> Any:
@@ -199,7 +182,8 @@ class BM25Retriever(_NodeRetriever):
         (``backend=``: build into Milvus instead, see :class:`funnel_core.backends.milvus.MilvusBackend`)."""
         nodes = nodes_from(nodes, docstore)
         b = as_backend(backend)
-        index = BM25Index(**bm25_config) if b is None else b.bm25(**bm25_config)
+        index = build_index(cls.__name__, BM25Index if b is None else b.bm25, bm25_config,
+                            keyword_names(BM25Index))
         units = units_of(nodes, "passage")
         index.index(units if b is None else with_shells(units, nodes))
         return cls(index, nodes, similarity_top_k=similarity_top_k, filters=filters)
@@ -219,7 +203,6 @@ class BM25Retriever(_NodeRetriever):
 
 
 
-@config_attributes(ClusterRetrievalConfig, "cluster_config")
 class ClusteredBM25Retriever(_NodeRetriever):
     """FunnelRAG's retrieval stage for LlamaIndex: BM25 over ~4K-token document clusters.
 
@@ -234,66 +217,75 @@ class ClusteredBM25Retriever(_NodeRetriever):
         index: A built :class:`funnel_core.funnelrag.clustered_index.ClusteredBM25Index`.
         nodes: The document nodes the index was built from.
         similarity_top_k: Number of nodes returned.
-        max_documents: Deprecated cap on the nodes returned; use ``similarity_top_k``.
         filters: Default metadata filter on documents; override per query with :meth:`search`.
         callback_manager: LlamaIndex callback manager.
         verbose: LlamaIndex's verbose flag.
-        **settings: The fields of :class:`funnel_core.config.ClusterRetrievalConfig`, the same
-            in LangChain: ``k_clusters`` (clusters retrieved and opened, 10) and
-            ``return_clusters``. Each is also an attribute; an edit is validated.
+        k_clusters: Clusters retrieved by BM25 and opened into their documents (10).
+        return_clusters: Return the clusters themselves instead of their documents (then
+            ``similarity_top_k`` counts clusters).
+
+    The same settings as the LangChain twin; each is an attribute, validated when edited.
     """
 
     _index_cls = ClusteredBM25Index
     _index_dir = "funnel_rag_clustered_bm25"
-    _settings = ("similarity_top_k", "k_clusters", "max_documents", "return_clusters", "filters")
+    _settings = ("similarity_top_k", "k_clusters", "return_clusters", "filters")
 
     def __init__(self, index: Any, nodes: Sequence[BaseNode], similarity_top_k: int = 10,
-                 max_documents: Optional[int] = None, filters: Filter = None,
-                 callback_manager: Optional[CallbackManager] = None, verbose: bool = False,
-                 **settings: Any) -> None:
+                 filters: Filter = None, callback_manager: Optional[CallbackManager] = None,
+                 verbose: bool = False, *, k_clusters: int = 10,
+                 return_clusters: bool = False) -> None:
         self.index = index
         self.similarity_top_k = check_positive_int(similarity_top_k, "similarity_top_k")
-        self.cluster_config = config_of(ClusterRetrievalConfig, None, settings,
-                                        type(self).__name__)
-        self.max_documents = check_positive_int(max_documents, "max_documents", allow_none=True)
+        self.k_clusters, self.return_clusters = k_clusters, return_clusters
         super().__init__(nodes, filters, callback_manager, verbose)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "k_clusters":
+            check_positive_int(value, "k_clusters")
+        elif name == "return_clusters" and not isinstance(value, bool):
+            raise TypeError(f"return_clusters must be a bool, got {value!r}.")
+        super().__setattr__(name, value)
 
     @classmethod
     def from_defaults(cls, nodes: Optional[Sequence[BaseNode]] = None,
                       docstore: Optional[BaseDocumentStore] = None, similarity_top_k: int = 10,
-                      max_documents: Optional[int] = None, filters: Filter = None,
-                      backend: Backend = None, **settings: Any) -> "ClusteredBM25Retriever":
+                      filters: Filter = None, backend: Backend = None, *, k_clusters: int = 10,
+                      return_clusters: bool = False,
+                      **index_settings: Any) -> "ClusteredBM25Retriever":
         """Cluster the nodes (Algorithm 1) and index the clusters (in memory, or in Milvus with
-        ``backend=``, see :class:`funnel_core.backends.milvus.MilvusBackend`). ``settings``: the
-        retriever's ``k_clusters``/``return_clusters``, and the index's ``max_tokens``,
-        ``adjacency``, ``knn_k``, ``knn_threshold`` and BM25 settings.
+        ``backend=``, see :class:`funnel_core.backends.milvus.MilvusBackend`). ``index_settings``:
+        the index's ``max_tokens``, ``adjacency``, ``knn_k``, ``knn_threshold`` and BM25
+        settings (an unknown one raises, naming this class and the accepted ones).
 
         Adjacency: ``metadata["links"]`` (ids or titles) when present, else a BM25 kNN graph.
         """
         nodes = nodes_from(nodes, docstore)
-        mine, config = ClusterRetrievalConfig.split(settings)
+        check_positive_int(similarity_top_k, "similarity_top_k")
+        check_positive_int(k_clusters, "k_clusters")
         b = as_backend(backend)
-        index = ClusteredBM25Index(**config) if b is None else b.clustered(**config)
+        index = build_index(cls.__name__, ClusteredBM25Index if b is None else b.clustered,
+                            index_settings, keyword_names(ClusteredBM25Index, BM25Index))
         units = units_of(nodes, "document")
         index.index(units if b is None else with_shells(units, nodes))
-        return cls(index, nodes, similarity_top_k=similarity_top_k, max_documents=max_documents,
-                   filters=filters, **mine)
+        return cls(index, nodes, similarity_top_k=similarity_top_k, filters=filters,
+                   k_clusters=k_clusters, return_clusters=return_clusters)
 
     @classmethod
     def from_backend(cls, backend: Union[MilvusBackend, str], similarity_top_k: int = 10,
-                     filters: Filter = None, **settings: Any) -> "ClusteredBM25Retriever":
+                     filters: Filter = None, *, k_clusters: int = 10,
+                     return_clusters: bool = False) -> "ClusteredBM25Retriever":
         """Re-open a clustered collection built before (no re-clustering, no re-indexing);
-        results are ``TextNode``s rebuilt from the collection. ``settings``: ``k_clusters``,
-        ``return_clusters``."""
+        results are ``TextNode``s rebuilt from the collection."""
         index = milvus_backend(backend, f"{cls.__name__}.from_backend").clustered().open()
-        return cls(index, [], similarity_top_k=similarity_top_k, filters=filters, **settings)
+        return cls(index, [], similarity_top_k=similarity_top_k, filters=filters,
+                   k_clusters=k_clusters, return_clusters=return_clusters)
 
     def _search(self, query: str, filters: Filter = None, k: Optional[int] = None,
                 k_clusters: Optional[int] = None) -> list[Unit]:
         flt = self.filters if filters is None else filters
         k = self.similarity_top_k if k is None else check_positive_int(k, "k")
-        if self.max_documents is not None:
-            k = min(k, self.max_documents)
-        n_clusters = self.cluster_config.clusters_for(k, k_clusters)
+        n = self.k_clusters if k_clusters is None else check_positive_int(k_clusters, "k_clusters")
+        n_clusters = min(n, k) if self.return_clusters else n  # clusters returned: k caps them
         return self._restore(self.index.search(query, k=n_clusters, filter=_filter(flt, self.index),
-                                               return_clusters=self.cluster_config.return_clusters, max_documents=k))
+                                               return_clusters=self.return_clusters, max_documents=k))

@@ -20,11 +20,11 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from funnel_core.bm25 import bm25_scores
-from funnel_core.config import ExtractiveCompressorConfig, configured
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int
 from funnel_core.funnel import Stage
 from funnel_core.hardware import normalize_dtype
+from funnel_core.settings import Settings
 from funnel_core.text import count_tokens, split_sentences
 from funnel_core.units import Unit
 
@@ -45,8 +45,7 @@ def check_ratio(ratio: object) -> float:
     return float(ratio)
 
 
-@configured(ExtractiveCompressorConfig)
-class ExtractiveCompressor(Stage):
+class ExtractiveCompressor(Settings, Stage):
     """Keep the sentences of the retrieved units most similar to the query.
 
     Args:
@@ -71,13 +70,16 @@ class ExtractiveCompressor(Stage):
             and unseen sentences are encoded. :meth:`precompute` fills it in large batches.
         name: Stage name (``None``: ``"extractive_compressor"``).
 
-    The settings (all but ``embedder``) are :class:`~funnel_core.config.ExtractiveCompressorConfig`.
     Output units keep their order, id, score and metadata; their text holds the kept sentences
     in original order, and ``metadata["compression"]`` records ``original_tokens``,
     ``kept_tokens``, ``kept_sentences`` and ``total_sentences``.
     """
 
-    config: ExtractiveCompressorConfig  #: the settings it was built with (set by @configured)
+    #: Settings whose edit drops the embedding model (and its cache); any other edit keeps it.
+    load_settings = frozenset({"model", "batch_size", "device", "dtype", "embedder"})
+    model_attrs = ()
+    unserialised = ("embedder",)
+    setting_attrs = {"embedder": "_given_embedder"}
 
     def __init__(self, *, method: str = "embedding", ratio: float = 0.4,
                  max_tokens: int | None = None, scope: str = "global", min_sentences: int = 1,
@@ -96,7 +98,7 @@ class ExtractiveCompressor(Stage):
         if isinstance(min_sentences, bool) or not isinstance(min_sentences, int) or min_sentences < 0:
             raise ValueError(f"min_sentences must be an int >= 0, got {min_sentences!r}.")
         self.min_sentences = min_sentences
-        self._embedder = embedder
+        self._given_embedder = self._embedder = embedder
         if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 0:
             raise ValueError(f"cache_size must be an int >= 0, got {cache_size!r}.")
         self.cache_size = cache_size
@@ -105,6 +107,11 @@ class ExtractiveCompressor(Stage):
         self.dtype = normalize_dtype(dtype)
         self.batch_size = check_positive_int(batch_size, "batch_size")
         self.name = name or "extractive_compressor"
+
+    def drop_model(self) -> None:
+        given = self.__dict__.get("_given_embedder")
+        object.__setattr__(self, "_embedder", given)
+        object.__setattr__(self, "_cache", OrderedDict())
 
     @property
     def embedder(self) -> SentenceEmbedder:

@@ -27,10 +27,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, Sequence, Union
 
-from funnel_core.config import FusionConfig, config_attributes, config_of
 from funnel_core.errors import check_positive_int, check_probability, check_query
 from funnel_core.funnel import Stage
 from funnel_core.scoring import NORMALIZATIONS, normalize_scores
+from funnel_core.settings import Settings
 from funnel_core.units import Unit
 
 __all__ = [
@@ -41,7 +41,6 @@ __all__ = [
     "rrf_fusion",
     "fuse",
     "check_fusion_config",
-    "FusionConfig",
     "HybridRetrieve",
 ]
 
@@ -187,8 +186,7 @@ def fuse(sparse: Sequence[Unit], dense: Sequence[Unit], *, method: str = "alpha"
     return out[:k] if k is not None else out
 
 
-@config_attributes(FusionConfig, "fusion")
-class HybridRetrieve(Stage):
+class HybridRetrieve(Settings, Stage):
     """A first stage that fuses a sparse and a dense retriever (paper section 3.4.3).
 
     Each side is a :class:`Stage` (called as ``stage(query, units)``, e.g.
@@ -206,22 +204,32 @@ class HybridRetrieve(Stage):
         dense_query: Optional ``fn(query) -> str`` rewriting the query for the dense side (e.g. a
             HyDE generator).
         name: Stage name (key of the fused score in ``metadata["scores"]``).
-        fusion: A :class:`~funnel_core.config.FusionConfig`; or its fields as keyword arguments
-            (``alpha=0.3``, ``method="alpha"`` or ``"rrf"``, ``normalization="minmax"``,
-            ``rrf_k=60``). Each field is also an attribute (``stage.alpha = 0.5`` is validated).
+        alpha: Sparse weight in ``S_h = alpha * S_sparse + S_dense``, in [0, 1]
+            (``method="alpha"``).
+        method: ``"alpha"`` (weighted sum of normalised scores) or ``"rrf"`` (reciprocal rank
+            fusion).
+        normalization: Score normalisation of each side for ``method="alpha"``: ``"minmax"``,
+            ``"zscore"`` or ``"none"``.
+        rrf_k: RRF constant (``method="rrf"``; Cormack et al.: 60).
+
+    Every setting is an attribute; an edit (``stage.alpha = 0.5``) is validated and used at the
+    next call.
     """
+
+    unserialised = ("sparse", "dense", "sparse_query", "dense_query")
 
     def __init__(self, sparse: Side, dense: Side, *, k: int | None = None,
                  sparse_query: Callable[[str], str] | None = None,
                  dense_query: Callable[[str], str] | None = None,
-                 name: str = "hybrid", fusion: FusionConfig | None = None,
-                 **settings: Any) -> None:
+                 name: str = "hybrid", alpha: float = 0.3, method: str = "alpha",
+                 normalization: str = "minmax", rrf_k: int = 60) -> None:
         for label, side in (("sparse", sparse), ("dense", dense)):
             if not (isinstance(side, Stage) or callable(side)):
                 raise TypeError(f"the {label} side must be a funnel_core Stage or a callable "
                                 f"fn(query) -> list[Unit], got {type(side).__name__}.")
         self.sparse, self.dense = sparse, dense
-        self.fusion = config_of(FusionConfig, fusion, settings, type(self).__name__)
+        self.alpha = check_fusion_config(method, alpha, normalization, rrf_k)
+        self.method, self.normalization, self.rrf_k = method, normalization, rrf_k
         self.k = check_positive_int(k, "k", allow_none=True)
         self.sparse_query, self.dense_query = sparse_query, dense_query
         self.name = name
@@ -236,8 +244,9 @@ class HybridRetrieve(Stage):
 
     def fuse(self, sparse: Sequence[Unit], dense: Sequence[Unit]) -> list[Unit]:
         """Fuse two ranked lists with this stage's method and settings, cut to ``k``."""
-        limits = [x for x in (self.k, self.cutoff) if x is not None]
-        return self.fusion.fuse(sparse, dense, k=min(limits) if limits else None, stage=self.name)
+        return fuse(sparse, dense, method=self.method, alpha=self.alpha,
+                    normalization=self.normalization, rrf_k=self.rrf_k, k=self.limit(self.k),
+                    stage=self.name)
 
     def _queries(self, query: str, sparse_query: str | None,
                  dense_query: str | None) -> tuple[str, str]:

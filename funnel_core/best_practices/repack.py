@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from funnel_core.config import RepackConfig, configured
 from funnel_core.errors import check_query
 from funnel_core.funnel import Stage
+from funnel_core.settings import Settings
 from funnel_core.units import Unit
 
 __all__ = ["REPACK_ORDERS", "Repack", "repack"]
@@ -44,19 +44,18 @@ def repack(units: Sequence[Unit], order: str = "reverse") -> list[Unit]:
     return out
 
 
-@configured(RepackConfig)
-class Repack(Stage):
+class Repack(Settings, Stage):
     """Repacking stage: ``"forward"``, ``"reverse"`` (default, best last) or ``"sides"``.
 
-    Settings: :class:`~funnel_core.config.RepackConfig`.
+    Args:
+        order: ``"forward"``, ``"reverse"`` (best last, next to the question) or ``"sides"``.
+        name: Stage name in traces (``None``: ``"repack"``).
 
     Put it last in a funnel, after any cut-off: it changes the order, not the set. A cut-off
     ``Repack(...) % k`` keeps the ``k`` best units (cut before reordering).
     """
 
-    config: RepackConfig  #: the settings it was built with (set by @configured)
-
-    def __init__(self, order: str = "reverse", name: str | None = None) -> None:
+    def __init__(self, order: str = "reverse", *, name: str | None = None) -> None:
         if order not in REPACK_ORDERS:
             raise ValueError(f"unknown repack order {order!r}; choose one of {REPACK_ORDERS}.")
         self.order, self.name = order, name or "repack"

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from funnel_core.config import LaterChunkingConfig, configured
 from funnel_core.errors import check_positive_int
 from funnel_core.funnel import Stage
+from funnel_core.settings import Settings
 from funnel_core.text import word_windows
 from funnel_core.units import Unit
 
 __all__ = ["LaterChunking", "OpenClusters"]
 
 
-@configured(LaterChunkingConfig)
-class LaterChunking(Stage):
+class LaterChunking(Settings, Stage):
     """FunnelRAG's "later chunking": split every input unit into ~``words``-word units.
 
     Each child gets ``parent_id`` = the parent's id, ``metadata["parent_score"]`` = the parent's
@@ -30,7 +29,7 @@ class LaterChunking(Stage):
         sentence_aware: End windows at sentence boundaries.
     """
 
-    def __init__(self, words: int = 100, overlap: int = 0, level: str = "passage",
+    def __init__(self, words: int = 100, *, overlap: int = 0, level: str = "passage",
                  sentence_aware: bool = True, name: str | None = None) -> None:
         check_positive_int(words, "words")
         word_windows("probe", words, overlap)  # validates overlap early
@@ -38,7 +37,18 @@ class LaterChunking(Stage):
         self.overlap = overlap
         self.level: str = level
         self.sentence_aware = sentence_aware
-        self.name = name or f"later_chunking({words}w)"
+        self._name = name
+
+    setting_attrs = {"name": "_name"}
+
+    @property  # type: ignore[override]
+    def name(self) -> str:
+        """The stage name: ``name``, or ``later_chunking(<words>w)`` (following edits)."""
+        return self._name or f"later_chunking({self.words}w)"
+
+    @name.setter
+    def name(self, value: str | None) -> None:
+        self._name = value
 
     def split(self, unit: Unit) -> list[Unit]:
         """The children of one unit."""

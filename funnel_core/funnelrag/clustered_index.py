@@ -19,9 +19,10 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from funnel_core.bm25 import FILTER_CACHE_SIZE, BM25Index, MetadataFilter, metadata_mask
+from funnel_core.bm25 import FILTER_CACHE_SIZE, BM25Index
 from funnel_core.cache import FreshOnCopy, LRUCache
 from funnel_core.errors import PersistError, check_positive_int
+from funnel_core.filters import MetadataFilter, metadata_mask
 from funnel_core.funnel import Stage
 from funnel_core.funnelrag.chunking import OpenClusters
 from funnel_core.funnelrag.clustering import Clustering, bm25_knn_adjacency, build_clusters, link_adjacency

@@ -72,7 +72,7 @@ def funnelrag(documents: Sequence[Unit] | ClusteredBM25Index, pre_ranker: Stage 
               post_ranker: Stage | str | None = None, *, preset: str = "default",
               k_clusters: int | None = None, k_documents: int | None = None,
               k_passages: int | None = None, passage_words: int | None = None,
-              max_tokens: int = 4096, max_documents: int | None = None,
+              max_tokens: int = 4096, k_retrieved: int | None = None,
               fid_kwargs: dict[str, Any] | None = None, **ranker_kwargs: Any) -> Funnel:
     """The FunnelRAG pipeline: retrieval -> pre-ranking -> post-ranking.
 
@@ -93,7 +93,8 @@ def funnelrag(documents: Sequence[Unit] | ClusteredBM25Index, pre_ranker: Stage 
         fid_kwargs: ``FiDAttentionScorer`` settings when ``preset="paper"`` builds it from a
             checkpoint name (e.g. ``device``, ``batch_size``).
         max_tokens: Cluster size S when clustering ``documents``.
-        max_documents: Cap on the documents opened from the clusters (``None``: all).
+        k_retrieved: Documents kept from the opened clusters, best first, before pre-ranking
+            (``None``: all of them); the retrieval stage is cut with ``% k_retrieved``.
         **ranker_kwargs: Passed to ``CrossEncoderScorer`` when a ranker is given by name.
     """
     if preset not in PRESETS:
@@ -110,8 +111,8 @@ def funnelrag(documents: Sequence[Unit] | ClusteredBM25Index, pre_ranker: Stage 
     index: Any = documents if built else \
         ClusteredBM25Index(max_tokens=max_tokens).index(documents)  # type: ignore[arg-type]
     retrieve: Stage = ClusteredBM25Retrieve(index, k=k_clusters, name="retrieval")
-    if max_documents:
-        retrieve = retrieve % max_documents
+    if k_retrieved is not None:
+        retrieve = retrieve % check_positive_int(k_retrieved, "k_retrieved")
     pre = _ranker(pre_ranker, "pre_ranking", **ranker_kwargs)
     if preset == "paper":
         post = _fid_post_ranker(post_ranker, **(fid_kwargs or {}))

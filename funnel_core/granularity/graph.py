@@ -25,9 +25,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from funnel_core.bm25 import BM25Index
-from funnel_core.config import GraphGranularityConfig, configured
 from funnel_core.errors import check_positive_int, check_probability
 from funnel_core.granularity.levels import GranularityStructure, as_documents, level_name
+from funnel_core.settings import Settings
 from funnel_core.text import split_sentences
 from funnel_core.units import Unit, check_unique_ids
 
@@ -231,8 +231,7 @@ class GranularityGraph(GranularityStructure):
         return cls(nodes, adj, n_gra=n_gra)
 
 
-@configured(GraphGranularityConfig)
-class GraphGranularityBuilder:
+class GraphGranularityBuilder(Settings):
     """Build a :class:`GranularityGraph` from documents (MoGG section 3.3).
 
     Args:

@@ -21,8 +21,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from funnel_core.config import MultiGranularityConfig, configured
 from funnel_core.errors import check_positive_int
+from funnel_core.settings import Settings
 from funnel_core.text import word_windows
 from funnel_core.units import Unit, check_unique_ids
 
@@ -186,8 +186,7 @@ class GranularityHierarchy(GranularityStructure):
         return cls(levels)
 
 
-@configured(MultiGranularityConfig)
-class MultiGranularityChunker:
+class MultiGranularityChunker(Settings):
     """Cut documents into ``n_gra`` nested granularity levels (MoG section 3.2).
 
     Args:

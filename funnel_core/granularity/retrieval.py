@@ -27,25 +27,33 @@ hop-range levels of :class:`~funnel_core.granularity.graph.GranularityGraph` (Mo
 
 from __future__ import annotations
 
-import dataclasses
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
 from funnel_core.bm25 import BM25Index
-from funnel_core.config import MixOfGranularityConfig
 from funnel_core.errors import check_positive_int
 from funnel_core.funnel import Stage
 from funnel_core.granularity.levels import GranularityStructure
+from funnel_core.settings import Settings
 from funnel_core.units import Unit
 
-if TYPE_CHECKING:  # pragma: no cover
-    from funnel_core.granularity.router import GranularityRouter
 
-__all__ = ["GranularityBM25", "MixOfGranularityRetrieve", "NORMALIZATIONS", "MOG_PRESETS",
-           "choose_level", "structure_from_units", "mog_stage"]
+class LevelRouter(Protocol):
+    """What the selection rule needs of a router
+    (:class:`funnel_core.granularity.router.GranularityRouter` is one): the number of levels and
+    one weight per level for each query. A protocol here, so this module does not import the
+    router module, which imports this one."""
 
-NORMALIZATIONS = ("max", "none")
+    @property
+    def n_levels(self) -> int: ...
+
+    def predict(self, queries: Sequence[str]) -> Any: ...
+
+__all__ = ["GranularityBM25", "MixOfGranularityRetrieve", "LEVEL_NORMALIZATIONS", "MOG_PRESETS",
+           "choose_level", "structure_from_units", "mog_stage", "check_mog_settings"]
+
+LEVEL_NORMALIZATIONS = ("max", "none")  # per-level BM25 scores (not funnel_core.scoring.NORMALIZATIONS)
 
 #: Named settings of :class:`MixOfGranularityRetrieve`: ``"paper"`` is equation 1 as written
 #: (raw BM25 scores, ``k_r = 3``); ``"normalised"`` divides each level's scores by its best.
@@ -101,7 +109,7 @@ class GranularityBM25:
         return self.indexes[level - 1].search(query, k=k)
 
 
-class MixOfGranularityRetrieve(Stage):
+class MixOfGranularityRetrieve(Settings, Stage):
     """The MoG selection rule as a first-stage retriever (ignores incoming units).
 
     Args:
@@ -110,28 +118,33 @@ class MixOfGranularityRetrieve(Stage):
             gives every level the weight 1 (uniform weights; the chosen level is then the finest).
             An untrained router raises :class:`~funnel_core.granularity.router.RouterNotTrainedError`.
         k_r: Units BM25 retrieves per level (raised to ``top_k`` when smaller; paper: 3).
-        top_k: Units returned (a cut-off ``stage % k`` overrides it).
+        top_k: Units returned (a cut-off ``stage % k`` lowers it, never raises it).
         normalize: ``"none"`` keeps raw BM25 scores (equation 1, the default); ``"max"`` divides
             each level's scores by its best score.
         level_margin: See :func:`choose_level` (0: the router's best level, as in the paper).
-        bm25: Keyword arguments for the per-level BM25 indexes (when ``structure`` is given).
+        bm25: Keyword arguments for the per-level BM25 indexes (when ``structure`` is given;
+            an edit of it re-indexes the levels).
 
+    Every setting is an attribute; an edit is validated and used at the next call.
     Each returned unit is a copy of a level unit with ``score`` = the weighted score ``S`` and
     metadata ``router_weights`` (one float per level), ``chosen_level``, ``finest_id`` and
     ``scores["mog"]``.
     """
 
     name = "mog"
+    #: ``structure`` is kept as its per-level index; an edit of ``bm25`` re-indexes the levels.
+    setting_attrs = {"structure": "index"}
+    load_settings = frozenset({"bm25"})
+    model_attrs = ()
+    unserialised = ("structure", "router")
 
     def __init__(self, structure: GranularityStructure | GranularityBM25,
-                 router: "GranularityRouter | None" = None, *, k_r: int = 3, top_k: int = 1,
+                 router: LevelRouter | None = None, *, k_r: int = 3, top_k: int = 1,
                  normalize: str = "none", level_margin: float = 0.0,
                  bm25: dict[str, Any] | None = None, name: str = "mog") -> None:
-        # MixOfGranularityConfig checks k_r, normalize and level_margin (before any index is built)
-        settings = MixOfGranularityConfig(k_r=k_r, normalize=normalize,
-                                          level_margin=float(level_margin), bm25=bm25)
-        self.k_r, self.normalize = settings.k_r, settings.normalize
-        self.level_margin = settings.level_margin
+        self.k_r, self.normalize, self.level_margin = check_mog_settings(k_r, normalize,
+                                                                         level_margin)
+        self.bm25 = None if bm25 is None else dict(bm25)
         self.top_k = check_positive_int(top_k, "top_k")
         self.index = structure if isinstance(structure, GranularityBM25) \
             else GranularityBM25(structure, **(bm25 or {}))
@@ -143,13 +156,13 @@ class MixOfGranularityRetrieve(Stage):
                                  f"n_levels={self.structure.n_gra}.")
         self.router = router
         self.name = name
-        #: The settings as a :class:`~funnel_core.config.MixOfGranularityConfig` (:func:`mog_stage`
-        #: compares it to decide what to rebuild).
-        self.config = dataclasses.replace(settings, n_gra=self.structure.n_gra)
+
+    def drop_model(self) -> None:
+        object.__setattr__(self, "index", GranularityBM25(self.structure, **(self.bm25 or {})))
 
     @classmethod
     def from_preset(cls, preset: str, structure: GranularityStructure | GranularityBM25,
-                    router: "GranularityRouter | None" = None, **overrides: Any) -> "MixOfGranularityRetrieve":
+                    router: LevelRouter | None = None, **overrides: Any) -> "MixOfGranularityRetrieve":
         """A retriever with the settings of :data:`MOG_PRESETS` ``[preset]`` (``overrides`` win)."""
         if preset not in MOG_PRESETS:
             raise ValueError(f"preset must be one of {sorted(MOG_PRESETS)}, got {preset!r}.")
@@ -162,7 +175,7 @@ class MixOfGranularityRetrieve(Stage):
         return np.asarray(self.router.predict([query])[0], dtype=np.float64)
 
     def run(self, query: str, units: list[Unit]) -> list[Unit]:
-        return self.retrieve(query, k=self.cutoff or self.top_k)
+        return self.retrieve(query, k=self.limit(self.top_k))
 
     def retrieve(self, query: str, k: int | None = None,
                  weights: Sequence[float] | None = None) -> list[Unit]:
@@ -222,26 +235,24 @@ def structure_from_units(units: Sequence[Unit], n_gra: int = 5) -> GranularitySt
     return GranularityHierarchy.from_units(units)
 
 
-def mog_stage(units: Sequence[Unit], router: "GranularityRouter | None" = None,
-              config: MixOfGranularityConfig | None = None, *, top_k: int = 1,
-              previous: MixOfGranularityRetrieve | None = None) -> MixOfGranularityRetrieve:
-    """The MoG stage over a splitter's ``units`` with ``config``'s settings (the adapters build
-    theirs here, from their current field values).
+def check_mog_settings(k_r: int, normalize: str, level_margin: float) -> tuple[int, str, float]:
+    """Validate the MoG selection settings; returns them (``level_margin`` as a float)."""
+    check_positive_int(k_r, "k_r")
+    if normalize not in LEVEL_NORMALIZATIONS:
+        raise ValueError(f"normalize must be one of {LEVEL_NORMALIZATIONS}, got {normalize!r}.")
+    if isinstance(level_margin, bool) or not isinstance(level_margin, (int, float)) \
+            or not 0.0 <= level_margin <= 1.0:
+        raise ValueError(f"level_margin must be in [0, 1], got {level_margin!r}.")
+    return k_r, normalize, float(level_margin)
 
-    ``previous`` (the stage built last time) comes back as is when nothing changed; when only
-    cheap settings changed (``k_r``, ``normalize``, ``level_margin``, ``top_k``, the router) the
-    new stage reuses its per-level BM25 indexes; a change of ``n_gra`` or ``bm25`` re-indexes.
-    """
-    config = config or MixOfGranularityConfig()
-    if previous is not None and previous.config == config and previous.router is router \
-            and previous.top_k == top_k:
-        return previous
-    if previous is not None and all(getattr(previous.config, key) == getattr(config, key)
-                                    for key in MixOfGranularityConfig.index_keys):
-        index = previous.index
-    else:
-        index = GranularityBM25(structure_from_units(units, config.n_gra), **(config.bm25 or {}))
-    stage = MixOfGranularityRetrieve(index, router, top_k=top_k, k_r=config.k_r,
-                                     normalize=config.normalize, level_margin=config.level_margin)
-    stage.config = config  # the caller's (a hierarchy's n_gra comes from its units, not config)
-    return stage
+
+def mog_stage(units: Sequence[Unit], router: LevelRouter | None = None, *,
+              n_gra: int = 5, bm25: dict[str, Any] | None = None,
+              **settings: Any) -> MixOfGranularityRetrieve:
+    """The MoG stage over a splitter's ``units`` (what both adapters build): the structure they
+    came from (``n_gra`` hop ranges for graph nodes), indexed with ``bm25``, and ``settings``
+    (``k_r``, ``top_k``, ``normalize``, ``level_margin``, ``name``) of
+    :class:`MixOfGranularityRetrieve`."""
+    check_positive_int(n_gra, "n_gra (number of hop ranges)")
+    return MixOfGranularityRetrieve(structure_from_units(units, n_gra), router, bm25=bm25,
+                                    **settings)

@@ -31,11 +31,11 @@ import copy
 import threading
 from typing import Any, Sequence
 
-from funnel_core.config import AttentionLMConfig, configured
 from funnel_core.errors import check_positive_int
 from funnel_core.hardware import autocast, normalize_dtype, requested_dtype, resolve_dtype
-from funnel_core.models import LazyModel, load_pretrained, resolve_device, tokenizer_lock
+from funnel_core.models import LazyModel, gguf_model_kwargs, load_pretrained, resolve_device, tokenizer_lock
 from funnel_core.rerank.base import Reranker
+from funnel_core.settings import Settings
 
 __all__ = ["AttentionLMScorer", "DEFAULT_INSTRUCTION"]
 
@@ -43,8 +43,7 @@ DEFAULT_INSTRUCTION = "Here are some passages:\n\n"
 _SENTINEL = "\u2063FUNNEL\u2063"
 
 
-@configured(AttentionLMConfig)
-class AttentionLMScorer(Reranker):
+class AttentionLMScorer(Settings, Reranker):
     """Rerank passages by the calibrated attention a causal LM's query pays to them (ICR).
 
     Args:
@@ -66,8 +65,6 @@ class AttentionLMScorer(Reranker):
         fast_prefix: Encode the passages (which need no attention weights) with SDPA attention
             and only the scored suffixes with eager attention.
         device: Where to run (``None``: the best available).
-        fp16: An explicit float16 request (CUDA only; a CPU runs float32 and warns); ``False``
-            (default) leaves the precision to ``dtype``.
         top_n: Keep at most this many units (see :class:`~funnel_core.rerank.base.Reranker`).
         score_threshold: Drop units scoring below this.
         normalize: Map scores through a sigmoid.
@@ -83,6 +80,9 @@ class AttentionLMScorer(Reranker):
     """
 
     name = "attention_lm"
+    #: Settings whose edit loads the model again; any other edit keeps it.
+    load_settings = frozenset({"model", "gguf_file", "device", "dtype"})
+    setting_attrs = {"model": "model_name"}  # ``self.model`` is the loaded model
 
     def __init__(self, *, model: str, gguf_file: str | None = None, attend_from: str = "query",
                  calibration_query: str | None = "N/A", instruction: str = DEFAULT_INSTRUCTION,
@@ -90,7 +90,8 @@ class AttentionLMScorer(Reranker):
                  query_template: str = "Query: {query}", use_chat_template: bool = True,
                  layers: slice | None = None, max_passage_tokens: int = 300,
                  max_context: int | None = None, fast_prefix: bool = True,
-                 device: str | None = None, fp16: bool = False, top_n: int | None = None, score_threshold: float | None = None,
+                 device: str | None = None, top_n: int | None = None,
+                 score_threshold: float | None = None,
                  normalize: bool = False, batch_size: int = 1, name: str | None = None,
                  dtype: str = "auto") -> None:
         super().__init__(top_n=top_n, score_threshold=score_threshold, normalize=normalize,
@@ -120,7 +121,6 @@ class AttentionLMScorer(Reranker):
         self.max_context = check_positive_int(max_context, "max_context", allow_none=True)
         self.fast_prefix = bool(fast_prefix)
         self.device = device
-        self.fp16 = fp16
         self.dtype = normalize_dtype(dtype)
         self._sdpa_failed = False
         self._lock = threading.Lock()  # the attention implementation is switched per call
@@ -135,11 +135,11 @@ class AttentionLMScorer(Reranker):
         extra = {"gguf_file": self.gguf_file} if self.gguf_file else {}
         tokenizer = load_pretrained(AutoTokenizer.from_pretrained, self.model_name,
                                     what="causal-LM tokenizer", **extra)
-        active = resolve_dtype(requested_dtype(self.dtype, fp16=self.fp16 or None), device)
+        active = resolve_dtype(requested_dtype(self.dtype), device)
         dtype = torch.float16 if active == "float16" else torch.float32
         loader: Any = AutoModelForCausalLM.from_pretrained  # its decorated type hides the signature
-        model: Any = load_pretrained(loader, self.model_name, what="causal LM",
-                                     attn_implementation="eager", dtype=dtype, **extra)
+        model: Any = load_pretrained(loader, self.model_name, what="causal LM", attn_implementation="eager",
+                                     dtype=dtype, **gguf_model_kwargs(self.gguf_file))
         if getattr(model.config, "is_encoder_decoder", False):
             raise TypeError(f"{self.model_name!r} is an encoder-decoder model; use "
                             "FiDAttentionScorer for T5 checkpoints.")

@@ -1,7 +1,7 @@
 """Cross-encoder pre-ranking (FunnelRAG section 3.1.2): read query and passage together, score.
 
 :class:`CrossEncoderScorer` is a :class:`~funnel_core.rerank.base.Reranker` stage with three
-interchangeable backends:
+interchangeable model libraries (``library=``):
 
 * ``"sentence-transformers"`` (default) — ``sentence_transformers.CrossEncoder.predict``; default
   model ``cross-encoder/ms-marco-MiniLM-L6-v2``;
@@ -10,9 +10,9 @@ interchangeable backends:
 * ``"transformers"`` — a plain ``AutoModelForSequenceClassification`` loop; no extra dependency,
   optional length-sorted batching, and passage-only truncation.
 
-Every backend accepts a hub name or a local folder, loads lazily on first use (thread-safe), runs
-fp16 only on CUDA, and returns raw scores as Python floats (``normalize=True`` maps them through a
-sigmoid). Truncation never cuts the query away: the ``"transformers"`` backend truncates the
+Every library accepts a hub name or a local folder, loads lazily on first use (thread-safe), runs
+float16 only on CUDA, and returns raw scores as Python floats (``normalize=True`` maps them through a
+sigmoid). Truncation never cuts the query away: the ``"transformers"`` library truncates the
 passage only (a query longer than half of ``max_length`` is first clipped to half);
 sentence-transformers and FlagEmbedding truncate the longer side first, so a query shorter than the
 passage is kept whole.
@@ -31,18 +31,18 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Sequence
 
-from funnel_core.config import CrossEncoderConfig, configured
 from funnel_core.errors import check_positive_int, check_probability
 from funnel_core.models import LazyModel, load_pretrained, resolve_device, tokenizer_lock
 from funnel_core.rerank.base import Reranker
 from funnel_core.rerank.runtimes import RUNTIMES, OnnxSession, choose_runtime, export_onnx, score_batches
 from funnel_core.scoring import minmax  # noqa: F401 (re-exported: funnel_core.rerank.cross_encoder.minmax)
+from funnel_core.settings import Settings
 from funnel_core.text import word_windows
 from funnel_core.units import Unit
 
-__all__ = ["CrossEncoderScorer", "encode_pairs", "BACKENDS", "RUNTIMES", "DEFAULT_MODELS", "minmax"]
+__all__ = ["CrossEncoderScorer", "encode_pairs", "LIBRARIES", "RUNTIMES", "DEFAULT_MODELS", "minmax"]
 
-BACKENDS = ("sentence-transformers", "flagembedding", "transformers")
+LIBRARIES = ("sentence-transformers", "flagembedding", "transformers")
 DEFAULT_MODELS = {
     "sentence-transformers": "cross-encoder/ms-marco-MiniLM-L6-v2",
     "flagembedding": "BAAI/bge-reranker-v2-m3",
@@ -67,20 +67,18 @@ def encode_pairs(tokenizer: Any, queries: Sequence[str], texts: Sequence[str], m
                          max_length=max_length, padding=True, return_tensors=return_tensors)
 
 
-@configured(CrossEncoderConfig)
-class CrossEncoderScorer(Reranker):
+class CrossEncoderScorer(Settings, Reranker):
     """Score (query, passage) pairs with a cross-encoder and rerank units.
 
     Args:
-        model: Hub name or local folder; ``None`` picks the backend's default
+        model: Hub name or local folder; ``None`` picks the library's default
             (:data:`DEFAULT_MODELS`).
-        backend: ``"sentence-transformers"``, ``"flagembedding"`` or ``"transformers"``.
+        library: The model library: ``"sentence-transformers"``, ``"flagembedding"`` or
+            ``"transformers"`` (``backend=`` in the rest of the package means storage: memory or
+            Milvus).
         batch_size: Pairs per forward pass.
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"`` or ``None`` (automatic).
         max_length: Tokens per pair (query + passage); longer passages are truncated.
-        fp16: Half precision; only ever applied on CUDA (``None``: on when the device is CUDA).
-        bf16: Run the ``"transformers"`` backend under bfloat16 autocast (weights stay fp32). About
-            2x faster on CPUs with AVX512-BF16 or AMX; scores move by about 1e-2. Off by default.
         sort_by_length: Batch pairs of similar length together (less padding). The
             sentence-transformers backend always does this internally.
         normalize: Sigmoid the scores into (0, 1) (for thresholds and fusion).
@@ -94,8 +92,7 @@ class CrossEncoderScorer(Reranker):
         name: Stage name (key in ``metadata["scores"]``).
         model_kwargs: Extra keyword arguments for the backend's loader.
         runtime: Where the model runs (:mod:`funnel_core.rerank.runtimes`): ``"torch"``,
-            ``"onnx"`` (onnxruntime fp32, scores equal to torch fp32), ``"onnx-int8"`` (dynamic
-            int8 quantisation), ``"openvino"``, or ``"auto"`` (default: torch on a GPU; on a
+            ``"onnx"`` (onnxruntime fp32, scores equal to torch fp32), ``"openvino"``, or ``"auto"`` (default: torch on a GPU; on a
             CPU OpenVINO when installed, else torch where bf16 is native, else ONNX fp32:
             :func:`~funnel_core.rerank.runtimes.cpu_auto_runtime`, measured in
             ``benchmarks/results/ce_backends.json``). Non-torch runtimes serve the ``"transformers"``
@@ -104,19 +101,23 @@ class CrossEncoderScorer(Reranker):
             next to the model (``<model>/funnel_onnx/``) or under ``export_dir``.
         dtype: Torch-runtime precision: ``"auto"`` (default; :mod:`funnel_core.hardware`: bf16
             autocast only where native — AVX-512-BF16/AMX CPUs, GPUs of compute capability >= 8 —,
-            fp16 on older GPUs, fp32 otherwise), ``"float32"``, ``"bfloat16"``, ``"float16"``.
-            ``bf16=True`` / ``fp16=True|False`` are explicit requests that override it. An
-            explicit bf16 request on hardware without native bf16 warns once.
+            fp16 on older GPUs, fp32 otherwise), ``"float32"``, ``"bfloat16"`` (autocast, weights
+            stay fp32: about 2x faster on CPUs with AVX512-BF16 or AMX; scores move by about
+            1e-2) or ``"float16"`` (weights, CUDA only). The one precision setting. An explicit
+            bf16 request on hardware without native bf16 warns once.
         export_dir: Folder for the ONNX export (``None``: next to a local model folder when
             writable, else ``$FUNNEL_RAG_CACHE/ce_export/...``).
     """
 
     name = "cross_encoder"
+    #: Settings whose edit loads the model again; any other edit keeps it.
+    load_settings = frozenset({"model", "library", "device", "max_length", "model_kwargs",
+                               "runtime", "export_dir", "dtype"})
 
     def __init__(self, model: str | os.PathLike | None = None, *,
-                 backend: str = "sentence-transformers", batch_size: int = 32,
-                 device: str | None = None, max_length: int = 512, fp16: bool | None = None,
-                 bf16: bool = False, sort_by_length: bool = True, normalize: bool = False,
+                 library: str = "sentence-transformers", batch_size: int = 32,
+                 device: str | None = None, max_length: int = 512,
+                 sort_by_length: bool = True, normalize: bool = False,
                  top_n: int | None = None,
                  score_threshold: float | None = None, window_words: int | None = None,
                  window_overlap: int = 0, fuse_weight: float | None = None,
@@ -125,24 +126,19 @@ class CrossEncoderScorer(Reranker):
                  dtype: str = "auto") -> None:
         super().__init__(top_n=top_n, score_threshold=score_threshold, normalize=normalize,
                          batch_size=batch_size, name=name)
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown cross-encoder backend {backend!r}; choose one of {BACKENDS}.")
+        if library not in LIBRARIES:
+            raise ValueError(f"unknown cross-encoder library {library!r}; choose one of "
+                             f"{LIBRARIES}.")
         if model is not None and not isinstance(model, (str, os.PathLike)):
             raise TypeError(f"model must be a hub name or a local folder path, got "
                             f"{type(model).__name__}.")
-        self.backend = backend
-        self.model_name = str(model) if model is not None else DEFAULT_MODELS[backend]
+        self.library = library
+        self.model = None if model is None else os.fspath(model)
         self.device = device
         self.max_length = check_positive_int(max_length, "max_length")
-        self.fp16 = fp16
-        self.bf16 = bool(bf16)
         self.sort_by_length = bool(sort_by_length)
         self.window_words = None if window_words is None else check_positive_int(window_words,
                                                                                  "window_words")
-        if bf16 and backend != "transformers":
-            raise ValueError(f"bf16 autocast is implemented by the 'transformers' backend, not "
-                             f"{backend!r}; pass backend='transformers' (same model folder) or "
-                             "bf16=False.")
         if (isinstance(window_overlap, bool) or not isinstance(window_overlap, int)
                 or window_overlap < 0
                 or (self.window_words is not None and window_overlap >= self.window_words)):
@@ -153,13 +149,10 @@ class CrossEncoderScorer(Reranker):
         self.model_kwargs = dict(model_kwargs or {})
         if runtime not in RUNTIMES:
             raise ValueError(f"unknown cross-encoder runtime {runtime!r}; choose one of {RUNTIMES}.")
-        if runtime not in ("auto", "torch") and backend == "flagembedding":
+        if runtime not in ("auto", "torch") and library == "flagembedding":
             raise ValueError(f"runtime {runtime!r} serves the 'transformers' and "
-                             "'sentence-transformers' backends, not 'flagembedding'; pass "
-                             "backend='transformers' (same model folder) or runtime='torch'.")
-        if runtime not in ("auto", "torch") and (bf16 or fp16):
-            raise ValueError(f"bf16/fp16 apply to runtime='torch', not {runtime!r}; drop them or "
-                             "pass runtime='torch'.")
+                             "'sentence-transformers' libraries, not 'flagembedding'; pass "
+                             "library='transformers' (same model folder) or runtime='torch'.")
         from funnel_core.hardware import normalize_dtype
 
         self.dtype = normalize_dtype(dtype)
@@ -170,12 +163,13 @@ class CrossEncoderScorer(Reranker):
         self.export_dir = None if export_dir is None else os.fspath(export_dir)
         self._model = LazyModel(self._load)
 
+    @property
+    def model_name(self) -> str:
+        """The model that loads: ``model``, or the backend's default (:data:`DEFAULT_MODELS`)."""
+        return self.model if self.model is not None else DEFAULT_MODELS[self.library]
+
     # -- loading ---------------------------------------------------------------------------
     def _requested_dtype(self) -> str:
-        if self.bf16:
-            return "bfloat16"
-        if self.fp16 is not None:
-            return "float16" if self.fp16 else "float32"
         return self.dtype
 
     @property
@@ -195,7 +189,7 @@ class CrossEncoderScorer(Reranker):
 
         device = resolve_device(self.device)
         requested = self._requested_dtype()
-        runtime = choose_runtime(self.runtime, device, self.backend, fp32=requested == "float32")
+        runtime = choose_runtime(self.runtime, device, self.library, fp32=requested == "float32")
         if self.runtime == "auto" and requested not in ("auto", "float32"):
             runtime = "torch"  # an explicit torch precision request keeps torch
         active = None
@@ -207,7 +201,7 @@ class CrossEncoderScorer(Reranker):
         else:
             active = resolve_dtype(requested, device)
             load = {"sentence-transformers": self._load_st,
-                    "flagembedding": self._load_flag}.get(self.backend, self._load_hf)
+                    "flagembedding": self._load_flag}.get(self.library, self._load_hf)
             score = load(device, active)
         score._funnel_runtime, score._funnel_dtype = runtime, active  # type: ignore[attr-defined]
         return score
@@ -226,9 +220,10 @@ class CrossEncoderScorer(Reranker):
                                         dtype=torch.bfloat16,
                                         enabled=active == "bfloat16")
 
-        def score(queries: list[str], texts: list[str]) -> list[float]:
+        def score(queries: list[str], texts: list[str], batch_size: int,
+                  sort_by_length: bool) -> list[float]:
             with torch.autocast(**autocast):
-                out = model.predict(list(zip(queries, texts)), batch_size=self.batch_size,
+                out = model.predict(list(zip(queries, texts)), batch_size=batch_size,
                                     activation_fn=identity, show_progress_bar=False,
                                     convert_to_numpy=True)
             if out.ndim > 1:  # several labels: the last one is "relevant"
@@ -241,13 +236,16 @@ class CrossEncoderScorer(Reranker):
     def _load_flag(self, device: str, active: str):
         from FlagEmbedding import FlagReranker
 
+        max_length = self.max_length
         model = load_pretrained(FlagReranker, self.model_name, what="cross-encoder",
-                                use_fp16=active == "float16", devices=[device], batch_size=self.batch_size,
-                                max_length=self.max_length, **self.model_kwargs)
+                                use_fp16=active == "float16", devices=[device],
+                                batch_size=self.batch_size, max_length=max_length,
+                                **self.model_kwargs)
 
-        def score(queries: list[str], texts: list[str]) -> list[float]:
-            out = model.compute_score(list(zip(queries, texts)), batch_size=self.batch_size,
-                                      max_length=self.max_length, normalize=False)
+        def score(queries: list[str], texts: list[str], batch_size: int,
+                  sort_by_length: bool) -> list[float]:
+            out = model.compute_score(list(zip(queries, texts)), batch_size=batch_size,
+                                      max_length=max_length, normalize=False)
             return [float(x) for x in (out if isinstance(out, (list, tuple)) else [out])]
 
         score.model = model  # type: ignore[attr-defined]
@@ -265,16 +263,19 @@ class CrossEncoderScorer(Reranker):
                                         dtype=torch.bfloat16,
                                         enabled=active == "bfloat16")
 
+        max_length = self.max_length
+
         @torch.inference_mode()
-        def score(queries: list[str], texts: list[str]) -> list[float]:
+        def score(queries: list[str], texts: list[str], batch_size: int,
+                  sort_by_length: bool) -> list[float]:
             order = list(range(len(texts)))
-            if self.sort_by_length:
+            if sort_by_length:
                 order.sort(key=lambda i: -(len(texts[i]) + len(queries[i])))
             out = [0.0] * len(texts)
-            for b in range(0, len(order), self.batch_size):
-                idx = order[b:b + self.batch_size]
+            for b in range(0, len(order), batch_size):
+                idx = order[b:b + batch_size]
                 enc = encode_pairs(tokenizer, [queries[i] for i in idx], [texts[i] for i in idx],
-                                   self.max_length).to(device)
+                                   max_length).to(device)
                 with torch.autocast(**autocast):
                     logits = model(**enc).logits.float()
                 for i, s in zip(idx, logits[:, -1].tolist()):
@@ -288,23 +289,24 @@ class CrossEncoderScorer(Reranker):
     def _load_onnx(self, runtime: str):
         from transformers import AutoTokenizer
 
-        path = export_onnx(self.model_name, int8=runtime == "onnx-int8", cache_dir=self.export_dir,
+        path = export_onnx(self.model_name, cache_dir=self.export_dir,
                            model_kwargs=self.model_kwargs)
         session = OnnxSession(path, engine="openvino" if runtime == "openvino" else "onnxruntime")
         tokenizer = load_pretrained(AutoTokenizer.from_pretrained, self.model_name, what="tokenizer")
+        max_length = self.max_length
 
-        if self.backend == "transformers":
+        if self.library == "transformers":
             def tokenize(queries: list[str], texts: list[str]) -> Any:
-                return encode_pairs(tokenizer, queries, texts, self.max_length, return_tensors="np")
+                return encode_pairs(tokenizer, queries, texts, max_length, return_tensors="np")
         else:  # sentence-transformers: the tokenizer's own pair truncation ("longest_first")
             def tokenize(queries: list[str], texts: list[str]) -> Any:
                 with tokenizer_lock(tokenizer):
                     return tokenizer(queries, texts, truncation=True, padding=True,
-                                     max_length=self.max_length, return_tensors="np")
+                                     max_length=max_length, return_tensors="np")
 
-        def score(queries: list[str], texts: list[str]) -> list[float]:
-            return score_batches(session, tokenize, queries, texts, self.batch_size,
-                                 self.sort_by_length)
+        def score(queries: list[str], texts: list[str], batch_size: int,
+                  sort_by_length: bool) -> list[float]:
+            return score_batches(session, tokenize, queries, texts, batch_size, sort_by_length)
 
         score.session = session  # type: ignore[attr-defined]
         score.tokenizer = tokenizer  # type: ignore[attr-defined]
@@ -330,7 +332,8 @@ class CrossEncoderScorer(Reranker):
         if not texts:
             return []
         if self.window_words is None:
-            return [float(s) for s in self._model.get()(queries, texts)]
+            return [float(s) for s in self._model.get()(queries, texts, self.batch_size,
+                                                         self.sort_by_length)]
         owner, win_queries, win_texts = [], [], []
         for i, (q, t) in enumerate(zip(queries, texts)):
             windows = (word_windows(t, self.window_words, self.window_overlap)
@@ -340,7 +343,8 @@ class CrossEncoderScorer(Reranker):
                 win_queries.append(q)
                 win_texts.append(w)
         best = [float("-inf")] * len(texts)
-        for i, s in zip(owner, self._model.get()(win_queries, win_texts)):
+        for i, s in zip(owner, self._model.get()(win_queries, win_texts, self.batch_size,
+                                                 self.sort_by_length)):
             best[i] = max(best[i], float(s))
         return best
 
@@ -365,7 +369,7 @@ class CrossEncoderScorer(Reranker):
         return out[:limit] if limit is not None else out
 
     def __repr__(self) -> str:
-        return (f"CrossEncoderScorer(model={self.model_name!r}, backend={self.backend!r}, "
+        return (f"CrossEncoderScorer(model={self.model_name!r}, library={self.library!r}, "
                 f"max_length={self.max_length}, batch_size={self.batch_size}, "
-                f"window_words={self.window_words}, bf16={self.bf16}, runtime={self.runtime!r}, "
+                f"window_words={self.window_words}, runtime={self.runtime!r}, "
                 f"dtype={self.dtype!r})")

@@ -45,11 +45,11 @@ import string
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from funnel_core.config import FiDAttentionConfig, configured
 from funnel_core.errors import check_positive_int
 from funnel_core.hardware import autocast, normalize_dtype, requested_dtype, resolve_dtype
 from funnel_core.models import LazyModel, load_pretrained, resolve_device, tokenizer_lock
 from funnel_core.rerank.base import Reranker
+from funnel_core.settings import Settings
 from funnel_core.units import Unit
 
 __all__ = ["FiDAttentionScorer", "AGGREGATIONS", "FiDInputs", "aggregate_cross_attention",
@@ -158,8 +158,7 @@ def _render(template: str, fields: dict[str, str]) -> tuple[str, dict[str, tuple
     return "".join(out), spans
 
 
-@configured(FiDAttentionConfig)
-class FiDAttentionScorer(Reranker):
+class FiDAttentionScorer(Settings, Reranker):
     """Rerank passages by the cross-attention a Fusion-in-Decoder T5 reader pays to them.
 
     Works with any T5 / FiD checkpoint saved by ``save_pretrained`` (a hub name such as
@@ -192,8 +191,6 @@ class FiDAttentionScorer(Reranker):
         max_length: Tokens per (question + passage) input; longer inputs are truncated.
         batch_size: Passages encoded per encoder forward pass (bounds memory).
         device: ``"cpu"``, ``"cuda"``, ... (default: best available).
-        fp16: An explicit float16 request (CUDA only; a CPU runs float32 and warns); ``False``
-            (default) leaves the precision to ``dtype``.
         top_n: Keep at most this many units (see :class:`~funnel_core.rerank.base.Reranker`).
         score_threshold: Drop units scoring below this.
         normalize: Map scores through a sigmoid.
@@ -208,6 +205,9 @@ class FiDAttentionScorer(Reranker):
     """
 
     name = "fid_attention"
+    #: Settings whose edit loads the model again; any other edit keeps it.
+    load_settings = frozenset({"model", "device", "dtype"})
+    setting_attrs = {"model": "model_name"}  # ``self.model`` is the loaded model
 
     def __init__(self, *, model: str, template: str = DEFAULT_TEMPLATE,
                  template_no_title: str = DEFAULT_TEMPLATE_NO_TITLE, title_key: str = "title",
@@ -215,7 +215,7 @@ class FiDAttentionScorer(Reranker):
                  include_query_tokens: bool = False, score_on: str = "alpha",
                  decoder_steps: int = 1, return_answer: bool = False, max_answer_tokens: int = 20,
                  max_length: int = 256, batch_size: int = 16, device: str | None = None,
-                 fp16: bool = False, top_n: int | None = None,
+                 top_n: int | None = None,
                  score_threshold: float | None = None, normalize: bool = False,
                  name: str | None = None, dtype: str = "auto") -> None:
         super().__init__(top_n=top_n, score_threshold=score_threshold, normalize=normalize,
@@ -251,7 +251,6 @@ class FiDAttentionScorer(Reranker):
         self.max_answer_tokens = check_positive_int(max_answer_tokens, "max_answer_tokens")
         self.max_length = check_positive_int(max_length, "max_length")
         self.device = device
-        self.fp16 = fp16
         self.dtype = normalize_dtype(dtype)
         self.last_answer: str | None = None
         self._model = LazyModel(self._load)
@@ -264,7 +263,7 @@ class FiDAttentionScorer(Reranker):
         device = resolve_device(self.device)
         tokenizer = load_pretrained(AutoTokenizer.from_pretrained, self.model_name,
                                     what="FiD tokenizer", padding_side="right")
-        active = resolve_dtype(requested_dtype(self.dtype, fp16=self.fp16 or None), device)
+        active = resolve_dtype(requested_dtype(self.dtype), device)
         dtype = torch.float16 if active == "float16" else torch.float32
         model = load_pretrained(AutoModelForSeq2SeqLM.from_pretrained, self.model_name,
                                 what="FiD (T5) model", attn_implementation="eager", dtype=dtype)

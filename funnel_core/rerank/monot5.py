@@ -15,11 +15,11 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Sequence
 
-from funnel_core.config import MonoT5Config, configured
 from funnel_core.errors import check_positive_int
 from funnel_core.hardware import autocast, fp32_output_head, normalize_dtype, requested_dtype, resolve_dtype
 from funnel_core.models import LazyModel, load_pretrained, resolve_device, tokenizer_lock
 from funnel_core.rerank.base import Reranker
+from funnel_core.settings import Settings
 
 __all__ = ["MonoT5Scorer", "DEFAULT_MONOT5"]
 
@@ -35,8 +35,7 @@ def _single_token(tokenizer: Any, word: str) -> int:
     return ids[-1] if len(ids) > 1 and tokenizer.convert_ids_to_tokens(ids[0]) in ("▁", "Ġ") else ids[0]
 
 
-@configured(MonoT5Config)
-class MonoT5Scorer(Reranker):
+class MonoT5Scorer(Settings, Reranker):
     """Rerank with a monoT5 sequence-to-sequence relevance model.
 
     Args:
@@ -45,8 +44,6 @@ class MonoT5Scorer(Reranker):
         batch_size: Pairs per forward pass.
         device: ``"cpu"``, ``"cuda"``, ... or ``None`` (automatic).
         max_length: Encoder tokens per prompt; the document is truncated to fit.
-        fp16: An explicit half-precision request: ``True`` = float16 (CUDA only; a CPU runs
-            float32 and warns), ``False`` = float32; ``None`` (default) leaves it to ``dtype``.
         sort_by_length: Batch prompts of similar length together.
         template: The prompt; must contain ``{query}`` before ``{document}``.
         true_token: The word whose first-step logit means "relevant".
@@ -65,9 +62,12 @@ class MonoT5Scorer(Reranker):
     """
 
     name = "monot5"
+    #: Settings whose edit loads the model again; any other edit keeps it.
+    load_settings = frozenset({"model", "device", "max_length", "template", "true_token",
+                               "false_token", "model_kwargs", "dtype"})
 
     def __init__(self, model: str | os.PathLike = DEFAULT_MONOT5, *, batch_size: int = 16,
-                 device: str | None = None, max_length: int = 512, fp16: bool | None = None,
+                 device: str | None = None, max_length: int = 512,
                  sort_by_length: bool = True,
                  template: str = "Query: {query} Document: {document} Relevant:",
                  true_token: str = "true", false_token: str = "false", normalize: bool = False,
@@ -83,10 +83,9 @@ class MonoT5Scorer(Reranker):
         if q < 0 or d < 0 or q > d:
             raise ValueError(f"template must contain '{{query}}' before '{{document}}', got "
                              f"{template!r}.")
-        self.model_name = str(model)
+        self.model = os.fspath(model)
         self.device = device
         self.max_length = check_positive_int(max_length, "max_length")
-        self.fp16 = fp16
         self.sort_by_length = bool(sort_by_length)
         self.template = template
         self.true_token, self.false_token = true_token, false_token
@@ -94,7 +93,7 @@ class MonoT5Scorer(Reranker):
         self.dtype = normalize_dtype(dtype)
         self._model = LazyModel(self._load)
 
-    def _load(self) -> Callable[[list[str], list[str]], list[float]]:
+    def _load(self) -> Callable[..., list[float]]:
         import torch
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -102,7 +101,7 @@ class MonoT5Scorer(Reranker):
         tokenizer = load_pretrained(AutoTokenizer.from_pretrained, self.model_name, what="tokenizer")
         model = load_pretrained(AutoModelForSeq2SeqLM.from_pretrained, self.model_name,
                                 what="monoT5 model", **self.model_kwargs)
-        active = resolve_dtype(requested_dtype(self.dtype, fp16=self.fp16), device)
+        active = resolve_dtype(requested_dtype(self.dtype), device)
         if active == "float16":
             model = model.half()
         elif active == "bfloat16":
@@ -115,6 +114,7 @@ class MonoT5Scorer(Reranker):
             start = tokenizer.pad_token_id
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        max_length = self.max_length
         head, rest = self.template.split("{query}", 1)
         middle, tail = rest.split("{document}", 1)
 
@@ -128,22 +128,23 @@ class MonoT5Scorer(Reranker):
                              f"document (the template alone takes {fixed} tokens); raise it.")
 
         def build(query_ids: list[int], doc_ids: list[int]) -> list[int]:
-            room = self.max_length - fixed
+            room = max_length - fixed
             q = query_ids[: max(1, room // 2)] if len(query_ids) > room // 2 else query_ids
             return head_ids + q + middle_ids + doc_ids[: room - len(q)] + tail_ids + eos
 
         @torch.inference_mode()
-        def score(queries: list[str], texts: list[str]) -> list[float]:
+        def score(queries: list[str], texts: list[str], batch_size: int,
+                  sort_by_length: bool) -> list[float]:
             with tokenizer_lock(tokenizer):
                 qcache = {q: ids(q.strip()) for q in set(queries)}
                 docs = tokenizer([" " + t.strip() for t in texts], add_special_tokens=False)["input_ids"]
             prompts = [build(qcache[q], d) for q, d in zip(queries, docs)]
             order = list(range(len(prompts)))
-            if self.sort_by_length:
+            if sort_by_length:
                 order.sort(key=lambda i: -len(prompts[i]))
             out = [0.0] * len(prompts)
-            for b in range(0, len(order), self.batch_size):
-                idx = order[b:b + self.batch_size]
+            for b in range(0, len(order), batch_size):
+                idx = order[b:b + batch_size]
                 width = max(len(prompts[i]) for i in idx)
                 input_ids = torch.full((len(idx), width), pad, dtype=torch.long)
                 mask = torch.zeros((len(idx), width), dtype=torch.long)
@@ -172,6 +173,11 @@ class MonoT5Scorer(Reranker):
         until loaded). It travels with the loaded model to a stage rebuilt around it."""
         return getattr(self._model.get(), "_funnel_dtype", None) if self._model.loaded else None
 
+    @property
+    def model_name(self) -> str:
+        """The model that loads (``model``)."""
+        return self.model
+
     def load(self) -> "MonoT5Scorer":
         """Load the model now instead of on first use; returns ``self``."""
         self._model.get()
@@ -189,7 +195,8 @@ class MonoT5Scorer(Reranker):
                 raise TypeError(f"texts must be strings, got {type(t).__name__}.")
         if not texts:
             return []
-        return [float(s) for s in self._model.get()([query] * len(texts), texts)]
+        return [float(s) for s in self._model.get()([query] * len(texts), texts, self.batch_size,
+                                                     self.sort_by_length)]
 
     def __repr__(self) -> str:
         return (f"MonoT5Scorer(model={self.model_name!r}, max_length={self.max_length}, "

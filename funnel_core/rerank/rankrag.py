@@ -34,11 +34,11 @@ import math
 import re
 from typing import Any, Sequence
 
-from funnel_core.config import RankRAGConfig, configured
 from funnel_core.errors import check_positive_int
 from funnel_core.llm import LLM, as_llm, check_prompt_template
 from funnel_core.rerank.base import Reranker
 from funnel_core.scoring import sigmoid
+from funnel_core.settings import Settings
 
 __all__ = ["RankRAGScorer", "RANKRAG_INSTRUCTION", "RANKRAG_ANSWER_INSTRUCTION",
            "RANKRAG_SYSTEM_PROMPT", "PAPER_RANKRAG_PROMPT", "SMOLLM2_RANKRAG_PROMPT",
@@ -113,8 +113,7 @@ def parse_true_false(text: str) -> bool | None:
     return None
 
 
-@configured(RankRAGConfig)
-class RankRAGScorer(Reranker):
+class RankRAGScorer(Settings, Reranker):
     """RankRAG's LLM relevance judge as a reranking stage.
 
     Args:
@@ -137,21 +136,34 @@ class RankRAGScorer(Reranker):
             probabilities in [0, 1]; ``normalize`` is off).
         batch_size: Prompts per forward pass.
         name: Stage name in traces and in ``metadata["scores"]``.
-        llm_kwargs: Passed to :class:`~funnel_core.llm.TransformersLLM` when ``llm`` is a name,
-            e.g. ``dtype`` (``"auto"`` by default: bf16 weights only where the hardware runs bf16
-            natively; see :attr:`active_dtype`), ``device``, ``gguf_file``.
+        gguf_file: GGUF file inside the folder, when ``llm`` is a name.
+        device: Torch device of the local model, when ``llm`` is a name (``None``: best).
+        timeout: Seconds per call of the local model, when ``llm`` is a name.
+        dtype: Weights of the local model, when ``llm`` is a name: ``"auto"`` (default: bf16
+            only where the hardware runs bf16 natively; see :attr:`active_dtype`),
+            ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+
+    An ``llm`` object is not serialised: :meth:`to_dict` writes ``None`` for it and
+    :meth:`from_dict` asks for it again (``from_dict(data, llm=my_llm)``).
 
     In generate mode a reply with no judgement word scores 0.5 and is counted in
     :attr:`unparsed` (a running total, for monitoring).
     """
 
     name = "rankrag"
+    #: Settings whose edit builds the local model again (when ``llm`` is a name).
+    load_settings = frozenset({"llm", "gguf_file", "device", "timeout", "dtype"})
+    model_attrs = ()
+    unserialised = ("llm",)
+    setting_attrs = {"llm": "_llm_spec"}  # ``self.llm`` is the provider built from it
 
     def __init__(self, *, llm: LLM | str, prompt: str = DEFAULT_RANKRAG_PROMPT,
                  mode: str = "auto", max_passage_words: int = 300, max_new_tokens: int = 8,
                  samples: int = 1, p_true: str = "renormalized", top_n: int | None = None,
                  score_threshold: float | None = None, batch_size: int = 8,
-                 name: str | None = None, **llm_kwargs: Any) -> None:
+                 name: str | None = None, gguf_file: str | None = None,
+                 device: str | None = None, timeout: float | None = None,
+                 dtype: str = "auto") -> None:
         super().__init__(top_n=top_n, score_threshold=score_threshold, normalize=False,
                          batch_size=batch_size, name=name)
         if mode not in ("auto", "logprobs", "generate"):
@@ -159,7 +171,14 @@ class RankRAGScorer(Reranker):
         if p_true not in P_TRUE_MODES:
             raise ValueError(f"p_true must be one of {list(P_TRUE_MODES)}, got {p_true!r}.")
         self.p_true = p_true
-        self.llm = as_llm(llm, batch_size=batch_size, **llm_kwargs)
+        if isinstance(llm, dict):
+            raise TypeError("RankRAG llm came back as a dict: LLM objects are not serialisable; "
+                            "pass the LLM again, e.g. RankRAGScorer.from_dict(data, llm=my_llm).")
+        if llm is None:
+            raise TypeError("RankRAG needs llm= (an LLM object or a local causal-LM folder).")
+        self._llm_spec = llm
+        self.gguf_file, self.device, self.timeout, self.dtype = gguf_file, device, timeout, dtype
+        self.llm = self._provider()
         if mode == "logprobs" and not self.llm.supports_logprobs:
             raise ValueError(f"mode='logprobs' needs a provider with token log-probabilities; "
                              f"{self.llm!r} exposes text only. Use mode='auto' or 'generate'.")
@@ -169,6 +188,16 @@ class RankRAGScorer(Reranker):
         self.max_new_tokens = check_positive_int(max_new_tokens, "max_new_tokens")
         self.samples = check_positive_int(samples, "samples")
         self.unparsed = 0
+
+    def _provider(self) -> LLM:
+        if not isinstance(self._llm_spec, str):
+            return as_llm(self._llm_spec)
+        extra = {k: v for k, v in (("gguf_file", self.gguf_file), ("device", self.device),
+                                   ("timeout", self.timeout)) if v is not None}
+        return as_llm(self._llm_spec, batch_size=self.batch_size, dtype=self.dtype, **extra)
+
+    def drop_model(self) -> None:
+        object.__setattr__(self, "llm", self._provider())
 
     @property
     def active_dtype(self) -> str | None:

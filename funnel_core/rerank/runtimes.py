@@ -1,4 +1,4 @@
-"""Inference runtimes of the cross-encoder: torch, ONNX Runtime (fp32 or dynamic int8), OpenVINO.
+"""Inference runtimes of the cross-encoder: torch, ONNX Runtime (fp32), OpenVINO.
 
 :class:`~funnel_core.rerank.cross_encoder.CrossEncoderScorer` runs its model in one of
 :data:`RUNTIMES`:
@@ -6,10 +6,6 @@
 * ``"torch"`` — the model as loaded by transformers / sentence-transformers / FlagEmbedding;
 * ``"onnx"`` — the same weights exported to ONNX (``torch.onnx.export``) and run by an
   ``onnxruntime.InferenceSession`` in fp32; scores equal torch fp32 to about 1e-5;
-* ``"onnx-int8"`` — that export with dynamic int8 quantisation of its weights
-  (``onnxruntime.quantization.quantize_dynamic``, MatMul weights per channel); activations are
-  quantised on the fly, per batch, so a pair's score depends slightly on the other pairs in its
-  batch. Scores move (measured on SciFact in ``benchmarks/results/ce_backends.json``);
 * ``"openvino"`` — the fp32 ONNX export compiled by OpenVINO for the CPU (OpenVINO reads ONNX
   files directly; no optimum-intel needed);
 * ``"auto"`` (default) — :func:`choose_runtime`: torch on a GPU; on a CPU the fastest runtime
@@ -46,12 +42,12 @@ from typing import Any, Callable, Sequence
 __all__ = ["RUNTIMES", "cpu_auto_runtime", "choose_runtime", "runtime_available", "export_onnx",
            "export_dir_for", "OnnxSession", "EXPORT_FORMAT"]
 
-RUNTIMES = ("auto", "torch", "onnx", "onnx-int8", "openvino")
+RUNTIMES = ("auto", "torch", "onnx", "openvino")
 EXPORT_FORMAT = 2
 EXPORT_SUBDIR = "funnel_onnx"
 MANIFEST = "funnel_export.json"
 _EXPORT_LOCK = threading.Lock()
-_PACKAGES = {"onnx": "onnxruntime", "onnx-int8": "onnxruntime", "openvino": "openvino"}
+_PACKAGES = {"onnx": "onnxruntime", "openvino": "openvino"}
 
 
 def runtime_available(runtime: str) -> bool:
@@ -73,7 +69,8 @@ def cpu_auto_runtime(available: Callable[[str], bool], native_bf16: bool, *,
     * else ``"onnx"`` (fp32, scores equal to torch fp32) when onnxruntime is installed;
     * else ``"torch"``.
 
-    ``"onnx-int8"`` is never chosen: it lost more nDCG@10 than the 0.005 bound.
+    (Dynamic int8 quantisation of the ONNX export was measured too and removed: it lost more
+    nDCG@10 than the 0.005 bound, so ``"auto"`` never chose it.)
     A pure function of its arguments.
     """
     if not fp32 and available("openvino"):
@@ -194,25 +191,15 @@ def _export_fp32(model_name: str, out: Path, model_kwargs: dict[str, Any]) -> li
     return names
 
 
-def _quantize_int8(out: Path) -> None:
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    # MatMul only, per channel: on the MiniLM cross-encoder this kept the scores closest to fp32
-    # (max |diff| 0.84 vs 1.2 with ORT's default op set and 1.9-3.0 per tensor, 24 SciFact pairs).
-    quantize_dynamic(str(out / "model.onnx"), str(out / "model_int8.onnx"),
-                     weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"])
-
-
-def export_onnx(model_name: str, *, int8: bool = False, cache_dir: str | os.PathLike | None = None,
+def export_onnx(model_name: str, *, cache_dir: str | os.PathLike | None = None,
                 model_kwargs: dict[str, Any] | None = None) -> Path:
     """Path of the ONNX file of ``model_name`` (exported once, then reused).
 
-    ``int8=True`` returns the dynamically quantised file (``model_int8.onnx``), made from the fp32
-    export. Export and quantisation go to a temporary folder next to the target and are swapped
-    in with one rename; concurrent exporters keep whichever export landed first.
+    The export goes to a temporary folder next to the target and is swapped in with one rename;
+    concurrent exporters keep whichever export landed first.
     """
     target = export_dir_for(model_name, cache_dir)
-    name = "model_int8.onnx" if int8 else "model.onnx"
+    name = "model.onnx"
     fingerprint = _fingerprint(model_name)
     with _EXPORT_LOCK:
         if _manifest_ok(target, fingerprint, name):
@@ -224,16 +211,8 @@ def export_onnx(model_name: str, *, int8: bool = False, cache_dir: str | os.Path
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         try:
             t0 = time.perf_counter()
-            reuse = _manifest_ok(target, fingerprint, "model.onnx")
-            if reuse:  # the fp32 export is current: only quantise
-                shutil.copy2(target / "model.onnx", tmp / "model.onnx")
-                inputs = json.loads((target / MANIFEST).read_text(encoding="utf-8"))["inputs"]
-            else:
-                inputs = _export_fp32(model_name, tmp, dict(model_kwargs or {}))
+            inputs = _export_fp32(model_name, tmp, dict(model_kwargs or {}))
             files = {"model.onnx": "fp32"}
-            if int8:
-                _quantize_int8(tmp)
-                files["model_int8.onnx"] = "dynamic int8 (QInt8 MatMul weights, per channel)"
             import onnxruntime
             import torch
             manifest = {"format": EXPORT_FORMAT, "source": fingerprint, "files": files,

@@ -17,8 +17,8 @@ from funnel_core.bm25 import BM25Index
 from funnel_core.rerank.attention_lm import AttentionLMScorer
 from funnel_core.rerank.fid import FiDAttentionScorer
 from langchain_funnel._base import UnitRetriever as LCUnitRetriever
-from langchain_funnel._base import rerank_chain
 from langchain_funnel.fid import AttentionLMReranker, FiDAttentionReranker
+from langchain_funnel.funnel import rerank_chain
 from llama_index_funnel._base import UnitRetriever as LIUnitRetriever
 from llama_index_funnel.fid import AttentionLMRerank, FiDAttentionRerank
 
@@ -131,7 +131,8 @@ async def test_langchain_async_and_compress(index, lc_reranker):
     sync = comp.compress_documents(docs, QUERY)
     asyn = await comp.acompress_documents(docs, QUERY)
     assert [d.id for d in sync] == [d.id for d in asyn]
-    assert comp.compress_documents(docs, "  ") == docs          # empty query: documented no-op
+    # empty query: nothing is scored, the order stays, and top_n still caps (issue 28 item 8)
+    assert comp.compress_documents(docs, "  ") == docs[: comp.top_n or len(docs)]
 
 
 def test_langchain_scores_match_core(tiny_llama_path):

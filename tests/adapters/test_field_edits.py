@@ -35,7 +35,7 @@ def test_llamaindex_cross_encoder_top_n_edit_is_honoured(tiny_cross_encoder_path
     rr2 = rr.model_copy(update={"top_n": 2})
     assert len(rr2.postprocess_nodes(_nodes(), Q)) == 2
     assert len(rr.postprocess_nodes(_nodes(), Q)) == 1
-    rr.backend = "transformers"  # a model setting: a new model
+    rr.library = "transformers"  # a model setting: a new model
     assert rr.stage._model is not model
 
 
@@ -71,8 +71,13 @@ def test_rankrag_top_n_edit_after_first_use():
     assert len(lc.compress_documents(_docs(), Q.query_str)) == 1
 
 
-def test_invalid_edit_raises_at_next_use(tiny_cross_encoder_path):
+def test_invalid_edit_raises_at_once_and_changes_nothing(tiny_cross_encoder_path):
     rr = CrossEncoderRerank(model=tiny_cross_encoder_path, top_n=3)
-    rr.top_n = 0
     with pytest.raises(ValueError, match="top_n"):
-        rr.postprocess_nodes(_nodes(), Q)
+        rr.top_n = 0
+    assert rr.top_n == rr.stage.top_n == 3
+    assert len(rr.postprocess_nodes(_nodes(), Q)) == 3
+    lc = CrossEncoderReranker(model=tiny_cross_encoder_path)
+    with pytest.raises(ValueError, match="batch_size"):
+        lc.batch_size = -1
+    assert lc.batch_size == lc.stage.batch_size == 32

@@ -28,7 +28,7 @@ from llama_index.core.retrievers import TransformRetriever
 from llama_index.core.schema import NodeWithScore, TextNode
 
 from funnel_core.llm import LLMError
-from langchain_funnel._base import rerank_chain
+from langchain_funnel.funnel import rerank_chain
 from langchain_funnel.llm import LangChainLLM, message_text
 from langchain_funnel.llm_rerank import ForwardLookupRetriever as LCForwardLookupRetriever
 from langchain_funnel.llm_rerank import RankRAGReranker
@@ -249,7 +249,7 @@ async def test_rankrag_reranker_langchain_local_model_and_async(tiny_llama_path,
     assert len(out) == 3 and all(0 < d.metadata["funnel"]["score"] < 1 for d in out)
     aout = await reranker.acompress_documents(lc_docs, "Who wrote Hamlet?")
     assert [d.id for d in aout] == [d.id for d in out]
-    assert reranker.compress_documents(lc_docs, "  ") == lc_docs
+    assert reranker.compress_documents(lc_docs, "  ") == lc_docs[:3]  # top_n caps even then
     with pytest.raises(ValueError, match=r"unknown \{doc\}"):
         RankRAGReranker(llm=tiny_llama_path, prompt="{question}{passage}{doc}")
 

@@ -26,13 +26,12 @@ def test_llamaindex_persist_keeps_settings(tmp_path, source_linked_nodes):
     assert BM25Retriever.from_persist_dir(str(tmp_path / "flat"), similarity_top_k=1).similarity_top_k == 1
 
     cl = ClusteredBM25Retriever.from_defaults(nodes=source_linked_nodes, similarity_top_k=3,
-                                              k_clusters=2, max_documents=5,
+                                              k_clusters=2,
                                               filters={"topic": "lit"}, max_tokens=40, knn_k=3,
                                               knn_threshold=0.05)
     cl.persist(str(tmp_path / "cl"))
     again = ClusteredBM25Retriever.from_persist_dir(str(tmp_path / "cl"))
-    assert (again.similarity_top_k, again.k_clusters, again.max_documents, again.filters) == \
-        (3, 2, 5, {"topic": "lit"})
+    assert (again.similarity_top_k, again.k_clusters, again.filters) == (3, 2, {"topic": "lit"})
     assert [n.node.node_id for n in again.retrieve(Q)] == [n.node.node_id for n in cl.retrieve(Q)]
 
 

@@ -1,7 +1,7 @@
-"""Issue 17: the extractive compressor and repacking have one core config each
-(ExtractiveCompressorConfig, RepackConfig); both frameworks' adapters take their fields from it,
-honour field edits at the next call, serialise through it, and reject bad values with an error
-that names the value and the fix. All BM25 scoring: no model loads."""
+"""The extractive compressor and repacking: both frameworks' adapters hold the core stage, have
+its settings as fields, honour field edits at the next call, serialise through the stage, and
+reject bad values with an error that names the value and the fix. All BM25 scoring: no model
+loads."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from llama_index.core.schema import NodeWithScore, TextNode
 
 from funnel_core.best_practices.compress import ExtractiveCompressor
 from funnel_core.best_practices.repack import Repack
-from funnel_core.config import ExtractiveCompressorConfig, RepackConfig
 from funnel_core.embeddings import SentenceEmbedder
+from funnel_core.settings import setting_names
 from langchain_funnel.best_practices import ExtractiveCompressor as LCCompressor
 from langchain_funnel.best_practices import RepackTransformer
 from llama_index_funnel.best_practices import ExtractiveCompressorPostprocessor, RepackPostprocessor
@@ -36,11 +36,12 @@ def _kept_tokens(out) -> int:
 
 @pytest.mark.parametrize("adapter", [ExtractiveCompressorPostprocessor, LCCompressor],
                          ids=["llamaindex", "langchain"])
-def test_compressor_fields_are_the_config_fields(adapter):
+def test_compressor_fields_are_the_stage_settings(adapter):
     fields = set(adapter.model_fields)
-    assert set(ExtractiveCompressorConfig.field_names()) <= fields
+    assert set(setting_names(ExtractiveCompressor)) <= fields
     comp = adapter(method="bm25", ratio=0.5, min_sentences=0)
-    assert comp.config == ExtractiveCompressorConfig(method="bm25", ratio=0.5, min_sentences=0)
+    assert comp.stage.to_dict() == ExtractiveCompressor(method="bm25", ratio=0.5,
+                                                        min_sentences=0).to_dict()
     assert isinstance(comp.stage, ExtractiveCompressor) and comp.stage.ratio == 0.5
 
 
@@ -71,22 +72,23 @@ def test_shared_embedder_is_kept_across_cheap_edits_and_never_serialised():
         assert comp.stage.embedder is embedder
         comp.ratio = 0.3
         assert comp.stage.ratio == 0.3 and comp.stage.embedder is embedder
-        assert "embedder" not in comp.config.to_dict()
+        assert comp.stage.to_dict()["embedder"] is None  # a live object: not serialised
     # without a shared embedder, a model change means a new (lazily loaded) embedder
     comp = ExtractiveCompressorPostprocessor(model="some/model", device="cpu")
     first = comp.stage
     comp.ratio = 0.3
-    assert comp.stage is not first and comp.stage.model == "some/model"
+    assert comp.stage is first and comp.stage.ratio == 0.3 and comp.stage.model == "some/model"
     comp.model = "other/model"
     assert comp.stage.model == "other/model" and comp.stage._embedder is None
 
 
-def test_compressor_serialises_through_its_config():
+def test_compressor_serialises_through_its_stage():
     comp = ExtractiveCompressorPostprocessor(method="bm25", ratio=0.25, scope="unit", max_tokens=9)
-    data = comp.config.to_dict()
-    assert data["type"] == "ExtractiveCompressorConfig"
-    assert ExtractiveCompressor.from_dict(data).config == comp.config
-    assert LCCompressor(**ExtractiveCompressorConfig.from_dict(data).kwargs()).config == comp.config
+    data = comp.stage.to_dict()
+    assert data["type"] == "ExtractiveCompressor"
+    assert ExtractiveCompressor.from_dict(data).to_dict() == data
+    settings = {k: v for k, v in data.items() if k != "type"}
+    assert LCCompressor(**settings).stage.to_dict() == data
 
 
 @pytest.mark.parametrize("make", [ExtractiveCompressorPostprocessor, LCCompressor, ExtractiveCompressor],
@@ -110,9 +112,10 @@ def test_compressor_bad_values_name_the_value_and_the_fix(make):
 
 
 # -- repacking ----------------------------------------------------------------------------------
-def test_repack_fields_are_the_config_fields_and_edits_are_honoured():
+def test_repack_fields_are_the_stage_settings_and_edits_are_honoured():
     rp = RepackPostprocessor()
-    assert rp.config == RepackConfig() and set(RepackConfig.field_names()) <= set(rp.model_fields)
+    assert rp.stage.to_dict() == Repack().to_dict()
+    assert set(setting_names(Repack)) <= set(rp.model_fields)
     ids = lambda out: [n.node.node_id for n in out]  # noqa: E731
     assert ids(rp.postprocess_nodes(_nodes(), query_str="q")) == ["n3", "n2", "n1", "n0"]
     rp.order = "forward"
@@ -122,11 +125,11 @@ def test_repack_fields_are_the_config_fields_and_edits_are_honoured():
     assert out[0] == "n0" and out[-1] == "n1"
 
     lc = RepackTransformer()
-    assert lc.config == RepackConfig()
+    assert lc.stage.to_dict() == Repack().to_dict()
     assert [d.id for d in lc.transform_documents(_docs())] == ["d3", "d2", "d1", "d0"]
     lc.order = "forward"
     assert [d.id for d in lc.invoke(_docs())] == ["d0", "d1", "d2", "d3"]
-    assert Repack.from_dict(lc.config.to_dict()).order == "forward"
+    assert Repack.from_dict(lc.stage.to_dict()).order == "forward"
 
 
 @pytest.mark.parametrize("make", [RepackPostprocessor, RepackTransformer, Repack],

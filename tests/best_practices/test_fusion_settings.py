@@ -1,13 +1,11 @@
-"""Issue 17: hybrid fusion has one core config (FusionConfig). The core HybridRetrieve and both
-frameworks' HybridRetriever take their fusion settings from it (declared nowhere else), honour an
-edit at the next call, and reject a bad value naming it. Expected scores are written from the
+"""Hybrid fusion settings (alpha, method, normalization, rrf_k): the core HybridRetrieve and both
+frameworks' HybridRetriever have the same defaults, honour an edit at the next call, and reject a
+bad value naming it. Expected scores are written from the
 fusion equations (S_h = alpha * minmax(S_sparse) + minmax(S_dense); RRF sum 1 / (k + rank)), not
 from the code. Fixed-score fake sides stand in for the two retrievers (the thing under test is
 the fusion), so no model loads."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 from langchain_core.callbacks import CallbackManagerForRetrieverRun
@@ -17,7 +15,6 @@ from llama_index.core.retrievers import BaseRetriever as LIBaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from funnel_core.best_practices.fusion import HybridRetrieve
-from funnel_core.config import FusionConfig
 from funnel_core.units import Unit
 from langchain_funnel.best_practices import HybridRetriever as LCHybrid
 from llama_index_funnel.best_practices import HybridRetriever as LIHybrid
@@ -89,9 +86,9 @@ IDS = ["core", "llamaindex", "langchain"]
 
 
 @pytest.mark.parametrize("make", MAKERS, ids=IDS)
-def test_defaults_are_the_config_defaults_and_scores_follow_the_equation(make):
+def test_defaults_are_the_same_and_scores_follow_the_equation(make):
     r = make()
-    assert r.fusion == FusionConfig()
+    assert (r.alpha, r.method, r.normalization, r.rrf_k) == (0.3, "alpha", "minmax", 60)
     assert fused(r) == pytest.approx(alpha_reference(0.3))
 
 
@@ -99,7 +96,7 @@ def test_defaults_are_the_config_defaults_and_scores_follow_the_equation(make):
 def test_field_edits_are_honoured_at_the_next_call(make):
     r = make()
     r.alpha = 0.9
-    assert r.fusion.alpha == 0.9
+    assert r.alpha == 0.9
     assert fused(r) == pytest.approx(alpha_reference(0.9))
     r.method, r.rrf_k = "rrf", 10
     assert fused(r) == pytest.approx(rrf_reference(10))
@@ -109,42 +106,27 @@ def test_field_edits_are_honoured_at_the_next_call(make):
 def test_bad_value_names_the_value_and_the_choices(make):
     r = make()
     with pytest.raises(ValueError, match=r"'softmax'.*minmax"):
-        r.normalization = "softmax"
-        fused(r)  # LangChain fields are validated when the fusion config is read
-
-
-def test_settings_are_declared_once_in_the_config():
-    names = set(FusionConfig.field_names())
-    assert names == {"alpha", "method", "normalization", "rrf_k"}
-    # LangChain: the pydantic fields come from the config, with its defaults and descriptions
-    for f in dataclasses.fields(FusionConfig):
-        info = LCHybrid.model_fields[f.name]
-        assert info.default == f.default and info.description == f.metadata["description"]
-    # LlamaIndex and the core: keyword arguments collected into the config, not parameters
-    li = LIHybrid(_LISide(SPARSE), _LISide(DENSE), alpha=0.5, method="rrf")
-    assert li.fusion == FusionConfig(alpha=0.5, method="rrf")
-    cfg = FusionConfig(method="rrf", rrf_k=5)
-    assert HybridRetrieve(lambda q: [], lambda q: [], fusion=cfg).fusion is cfg
+        r.normalization = "softmax"  # refused at the assignment
+    assert r.normalization == "minmax"
 
 
 @pytest.mark.parametrize("build", [
     lambda: HybridRetrieve(lambda q: [], lambda q: [], alhpa=0.5),
-    lambda: LIHybrid(_LISide(SPARSE), _LISide(DENSE), alhpa=0.5),
-], ids=["core", "llamaindex"])
+    lambda: LCHybrid(sparse=_LCSide(scores=SPARSE), dense=_LCSide(scores=DENSE), alhpa=0.5),
+], ids=["core", "langchain"])
 def test_unknown_setting_is_named_with_the_accepted_ones(build):
     with pytest.raises(TypeError, match=r"alhpa.*alpha"):
         build()
+    with pytest.raises(TypeError, match="alhpa"):
+        LIHybrid(_LISide(SPARSE), _LISide(DENSE), alhpa=0.5)
 
 
-def test_config_and_keywords_together_are_refused():
-    with pytest.raises(TypeError, match="not both"):
-        HybridRetrieve(lambda q: [], lambda q: [], fusion=FusionConfig(), alpha=0.5)
+def test_settings_round_trip():
+    def side(q):
+        return []
 
-
-def test_config_round_trips_and_is_not_a_stage():
-    cfg = FusionConfig(alpha=0.7, method="alpha", normalization="zscore")
-    assert FusionConfig.from_dict(cfg.to_dict()) == cfg
+    h = HybridRetrieve(side, side, alpha=0.7, method="alpha", normalization="zscore")
+    back = HybridRetrieve.from_dict(h.to_dict(), sparse=side, dense=side)
+    assert back.to_dict() == h.to_dict() and back.normalization == "zscore"
     with pytest.raises(ValueError, match="alpha must be in"):
-        FusionConfig(alpha=1.5)
-    with pytest.raises(TypeError, match="beside its sparse and dense sides"):
-        cfg.build()
+        HybridRetrieve(side, side, alpha=1.5)

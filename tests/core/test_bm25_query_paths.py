@@ -116,7 +116,7 @@ def test_numba_backend_gives_the_same_results_when_installed():
     pytest.importorskip("numba")
     texts = _texts(80, seed=3)
     numpy_index = BM25Index.from_texts(texts)
-    numba_index = BM25Index.from_texts(texts, backend="numba")
+    numba_index = BM25Index.from_texts(texts, engine="numba")
     q = ["tower Paris running", "lattice iron", "the"]
     a, b = numpy_index.search_many(q, k=7), numba_index.search_many(q, k=7)
     assert [[u.score for u in r] for r in a] == [[u.score for u in r] for r in b]

@@ -132,15 +132,18 @@ def test_explicit_bf16_on_a_cpu_without_it_warns_once(name, paths, cpu):
     assert len([w for w in caught if "25-30x" in str(w.message)]) == 1
 
 
-def test_legacy_flags_are_explicit_requests(paths, cpu):
+def test_dtype_is_the_one_precision_setting(paths, cpu):
     stages = _stages(paths)
     cpu(AVX512_BF16)
-    mono = stages["monot5"](fp16=False)                             # False = float32
+    mono = stages["monot5"](dtype="float32")
     mono.score(QUERY, TEXTS[:2])
     assert mono.active_dtype == "float32"
+    for name in ("monot5", "fid", "attention_lm"):
+        with pytest.raises(TypeError, match=r"'fp16'.*accepted.*'dtype'"):  # the old flag: gone
+            stages[name](fp16=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fid = stages["fid"](fp16=True)                              # no fp16 on a CPU
+        fid = stages["fid"](dtype="float16")                        # no fp16 on a CPU
         fid.score(QUERY, TEXTS[:2])
     assert fid.active_dtype == "float32" and any("float16" in str(w.message) for w in caught)
 
@@ -196,19 +199,19 @@ def test_llm_weights_follow_the_cpu_and_rankrag_reports_them(tiny_llama_path, cp
     model = scorer.llm._model.get()[0]
     assert scorer.active_dtype == "bfloat16"
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
-    explicit = TransformersLLM(tiny_llama_path, device="cpu", torch_dtype="float32")
+    explicit = TransformersLLM(tiny_llama_path, device="cpu", dtype="float32")
     explicit.next_token_logprobs([QUERY], ["True"])
-    assert explicit.active_dtype == "float32"                       # torch_dtype wins
+    assert explicit.active_dtype == "float32"                       # the one precision setting
 
 
 def test_rankrag_config_carries_dtype(tiny_llama_path, cpu):
     cpu(AVX512_BF16)
     scorer = RankRAGScorer(llm=tiny_llama_path, device="cpu", dtype="float32")
-    assert scorer.config.dtype == "float32" and scorer.llm.dtype == "float32"
+    assert scorer.to_dict()["dtype"] == "float32" and scorer.llm.dtype == "float32"
     again = RankRAGScorer.from_dict(scorer.to_dict())
     assert again.llm.dtype == "float32"
-    obj = RankRAGScorer(llm=TransformersLLM(tiny_llama_path, device="cpu"))
-    assert "dtype" not in obj.config.kwargs()                       # an LLM object keeps its own
+    obj = RankRAGScorer(llm=TransformersLLM(tiny_llama_path, device="cpu"), dtype="float32")
+    assert obj.llm.dtype == "auto"                                   # an LLM object keeps its own
 
 
 def test_bf16_llm_logprobs_rank_like_fp32_and_do_not_tie(tiny_llama_path):
@@ -306,7 +309,7 @@ def test_extractive_compressor_passes_dtype_to_its_embedder(minilm_path, cpu):
 
     cpu(AVX512_BF16)
     comp = ExtractiveCompressor(model=minilm_path, device="cpu", dtype="float32")
-    assert comp.config.dtype == "float32" and comp.embedder.dtype == "float32"
+    assert comp.to_dict()["dtype"] == "float32" and comp.embedder.dtype == "float32"
     assert ExtractiveCompressor.from_dict(comp.to_dict()).embedder.dtype == "float32"
     comp.embedder.encode(["a sentence"])
     assert comp.embedder.active_dtype == "float32"

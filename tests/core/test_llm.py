@@ -131,12 +131,17 @@ def test_next_token_logprobs_match_a_manual_forward_pass(tiny_llama_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("FUNNEL_SLOW"), reason="set FUNNEL_SLOW=1 (loads SmolLM2, ~1 min)")
-def test_smollm2_gguf_loads_and_answers():
+def test_smollm2_gguf_loads_and_answers(capfd):
+    import torch
+
     from funnel_core.testing import SMOLLM2_GGUF, smollm2_path
 
-    llm = TransformersLLM(smollm2_path(), gguf_file=SMOLLM2_GGUF)
+    llm = TransformersLLM(smollm2_path(), gguf_file=SMOLLM2_GGUF, dtype="bfloat16")
     out = llm.generate(["What is the capital of France? One word."], max_new_tokens=12)  # it may restate the question first
     assert "Paris" in out[0][0]
+    # dense bf16 weights after the load, and no warning that they were left packed in float32
+    assert llm.active_dtype == "bfloat16" and next(llm._model.get()[0].parameters()).dtype == torch.bfloat16
+    assert "fastest in float32" not in capfd.readouterr().err  # transformers logs to stderr itself
 
 
 def test_shared_prefill_sampling_matches_greedy_when_top_k_is_1(tiny_llama_path):

@@ -21,7 +21,7 @@ def _forbid_loading(scorer: CrossEncoderScorer, monkeypatch) -> None:
 
 @pytest.mark.parametrize("runtime", ["torch", "onnx"])
 def test_scorer_warm_up_loads_and_runs_a_batch(tiny_cross_encoder_path, monkeypatch, runtime):
-    scorer = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers", runtime=runtime)
+    scorer = CrossEncoderScorer(tiny_cross_encoder_path, library="transformers", runtime=runtime)
     assert not scorer._model.loaded
     assert scorer.warm_up() is scorer
     assert scorer._model.loaded and scorer.active_runtime == runtime
@@ -30,7 +30,7 @@ def test_scorer_warm_up_loads_and_runs_a_batch(tiny_cross_encoder_path, monkeypa
 
 
 def test_funnel_warm_up_reaches_every_stage(tiny_cross_encoder_path, monkeypatch):
-    scorer = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers")
+    scorer = CrossEncoderScorer(tiny_cross_encoder_path, library="transformers")
     funnel = FunctionStage(lambda q, u: u, name="identity") >> scorer % 2
     assert isinstance(funnel, Funnel)
     funnel.warm_up()
@@ -45,10 +45,10 @@ def test_llamaindex_postprocessor_and_retriever_warm_up(tiny_cross_encoder_path,
     from llama_index_funnel.funnel import FunnelRetriever
     from llama_index_funnel.rerank import CrossEncoderRerank
 
-    rerank = CrossEncoderRerank(model=tiny_cross_encoder_path, backend="transformers", top_n=2)
+    rerank = CrossEncoderRerank(model=tiny_cross_encoder_path, library="transformers", top_n=2)
     assert rerank.warm_up() is rerank
     assert rerank.stage._model.loaded
-    scorer = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers")
+    scorer = CrossEncoderScorer(tiny_cross_encoder_path, library="transformers")
     retriever = FunnelRetriever([lambda q, u: list(UNITS), scorer % 2])
     assert retriever.warm_up() is retriever
     assert scorer._model.loaded
@@ -61,10 +61,10 @@ def test_langchain_compressor_and_retriever_warm_up(tiny_cross_encoder_path, mon
     from langchain_funnel.funnel import FunnelRetriever
     from langchain_funnel.rerank import CrossEncoderReranker
 
-    compressor = CrossEncoderReranker(model=tiny_cross_encoder_path, backend="transformers", top_n=2)
+    compressor = CrossEncoderReranker(model=tiny_cross_encoder_path, library="transformers", top_n=2)
     assert compressor.warm_up() is compressor
     assert compressor.stage._model.loaded
-    scorer = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers")
+    scorer = CrossEncoderScorer(tiny_cross_encoder_path, library="transformers")
     retriever = FunnelRetriever(funnel=Funnel([FunctionStage(lambda q, u: list(UNITS)), scorer % 2]))
     assert retriever.warm_up() is retriever
     assert scorer._model.loaded

@@ -1,6 +1,6 @@
-"""Issue 17: FB-RAG's ForwardLookup has one core config (ForwardLookupConfig); the LangChain
-retriever's fields and the LlamaIndex retriever / query transform settings are that config's,
-edits are honoured at the next call, and bad values raise errors naming the value and the fix.
+"""FB-RAG's ForwardLookup settings: the LangChain retriever's fields and the LlamaIndex retriever
+/ query transform settings are the core stage's, edits are honoured at the next call, and bad
+values raise errors naming the value and the fix.
 Variant "B" (backward-only BM25) is exact and calls no LLM, so the expected chunks are computed
 here from the BM25 formula's ingredient, funnel_core.bm25.bm25_scores over the chunks."""
 
@@ -10,8 +10,8 @@ import pytest
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 
 from funnel_core.bm25 import bm25_scores
-from funnel_core.config import ForwardLookupConfig
-from funnel_core.fbrag import ForwardLookup, chunk_context, variant_config
+from funnel_core.fbrag import ForwardLookup, chunk_context
+from funnel_core.settings import setting_names
 from langchain_funnel.llm_rerank import ForwardLookupRetriever as LCForward
 from llama_index_funnel.llm_rerank import ForwardLookupQueryTransform, ForwardLookupRetriever
 from tests.conftest import CORPUS
@@ -31,10 +31,19 @@ def _chat() -> FakeListChatModel:
     return FakeListChatModel(responses=["Rationale: r. Answer: a"])
 
 
-def test_langchain_fields_are_the_config_fields_and_edits_are_honoured():
+def _settings(stage: ForwardLookup) -> dict:
+    return {k: v for k, v in stage.to_dict().items() if k != "llm"}
+
+
+def _reference(**settings) -> dict:
+    return _settings(ForwardLookup(llm=_chat_provider(), **settings))
+
+
+def test_langchain_fields_are_the_stage_settings_and_edits_are_honoured():
     r = LCForward(llm=_chat(), context=CONTEXT, variant="B", k=1, chunk_words=12)
-    assert set(ForwardLookupConfig.field_names()) <= set(LCForward.model_fields)
-    assert r.config == ForwardLookupConfig(eta_backward=1.0, eta_forward=0.0, k=1, chunk_words=12)
+    assert set(setting_names(ForwardLookup)) <= set(LCForward.model_fields)
+    assert _settings(r.forward) == _reference(eta_backward=1.0, eta_forward=0.0, k=1,
+                                              chunk_words=12)
     assert [d.page_content for d in r.invoke(Q)] == _best_chunks(12, 1)
     r.k, r.chunk_words = 2, 8  # honoured at the next call (new chunks, same provider)
     provider = r.forward.llm
@@ -44,24 +53,31 @@ def test_langchain_fields_are_the_config_fields_and_edits_are_honoured():
     assert (r.forward.eta_backward, r.forward.eta_forward) == (1.0, 0.25)
 
 
-def test_llama_index_takes_the_config_fields_as_settings():
+def test_llama_index_takes_the_stage_settings():
     from llama_index.core.llms import MockLLM
 
     r = ForwardLookupRetriever(MockLLM(), context=CONTEXT, variant="B", chunk_words=12)
-    assert r.forward.config == variant_config("B", k=3, chunk_words=12)  # k: 3 in the adapters
+    # k: 3 in the adapters
+    assert _settings(r.forward) == _reference(eta_backward=1.0, eta_forward=0.0, k=3,
+                                              chunk_words=12)
     assert [n.node.get_content() for n in r.retrieve(Q)] == _best_chunks(12, 3)
     t = ForwardLookupQueryTransform(MockLLM(), context=CONTEXT, samples=2, chunk_words=12)
-    assert t.forward.config == variant_config("F", samples=2, chunk_words=12)
+    assert _settings(t.forward) == _reference(eta_backward=0.0, eta_forward=1.0, samples=2,
+                                              chunk_words=12)
     lc = LCForward(llm=_chat(), context=CONTEXT, variant="B", chunk_words=12)
-    assert lc.config == r.forward.config  # the two frameworks agree on every default
+    assert _settings(lc.forward) == _settings(r.forward)  # the frameworks agree on every default
 
 
-def test_config_round_trips_and_core_stage_records_it():
+def test_settings_round_trip():
     fb = ForwardLookup.preset("FB", llm=_chat_provider(), k=2, chunk_words=50)
-    assert fb.config == variant_config("FB", k=2, chunk_words=50, name="fb_rag[FB]")
-    data = fb.config.to_dict()
-    assert ForwardLookupConfig.from_dict(data) == fb.config
-    assert ForwardLookup.from_settings(_chat_provider(), ForwardLookupConfig.from_dict(data)).k == 2
+    assert _settings(fb) == _reference(eta_backward=0.5, eta_forward=0.5, k=2, chunk_words=50,
+                                       name="fb_rag[FB]")
+    data = fb.to_dict()
+    assert data["llm"] is None  # a live provider: not serialised
+    with pytest.raises(TypeError, match="llm="):
+        ForwardLookup.from_dict(data)
+    again = ForwardLookup.from_dict(data, llm=_chat_provider())
+    assert again.k == 2 and _settings(again) == _settings(fb)
 
 
 def _chat_provider():
@@ -90,29 +106,28 @@ def test_bad_values_name_the_value_and_the_fix(make):
 def test_unknown_setting_is_named_with_the_accepted_ones():
     from llama_index.core.llms import MockLLM
 
-    with pytest.raises(TypeError, match=r"unknown argument\(s\) \['chunk_size'\]; accepted:.*chunk_words"):
+    with pytest.raises(TypeError, match=r"ForwardLookupRetriever got unknown argument\(s\) "
+                                        r"\['chunk_size'\]; accepted:.*chunk_words"):
         ForwardLookupRetriever(MockLLM(), context=CONTEXT, chunk_size=30)
+    with pytest.raises(TypeError, match=r"ForwardLookupRetriever.*'chunk_size'.*accepted.*chunk_words"):
+        LCForward(llm=_chat(), context=CONTEXT, chunk_size=30)
 
 
-def test_variant_and_provider_settings_are_declared_once():
-    """variant, eta_* overrides and the provider settings are ForwardVariantConfig's fields in
-    both adapters (they were declared in each), with the same defaults and descriptions."""
-    import dataclasses
-
+def test_variant_weights_and_provider_settings_agree_across_frameworks():
+    """variant, the eta_* overrides and the provider settings mean the same in both adapters."""
     from llama_index.core.llms import MockLLM
 
-    from funnel_core.config import ForwardVariantConfig, LLMProviderConfig
-
-    for f in dataclasses.fields(ForwardVariantConfig):
-        info = LCForward.model_fields[f.name]
-        assert info.default == f.default and info.description == f.metadata["description"]
     lc = LCForward(llm=_chat(), context=CONTEXT, variant="F", eta_backward=0.2, timeout=9.0)
-    assert lc.variant_config == ForwardVariantConfig(variant="F", eta_backward=0.2, timeout=9.0)
     li = ForwardLookupRetriever(MockLLM(), context=CONTEXT, variant="F", eta_backward=0.2)
-    assert li.forward.config == lc.config  # same variant arithmetic: eta_B 0.2, eta_F 1.0
-    assert (li.forward.eta_backward, li.forward.eta_forward) == (0.2, 1.0)
-    # a provider built from a name gets gguf_file/device; a model object only the timeout
-    cfg = LLMProviderConfig(timeout=5.0, gguf_file="m.gguf", device="cpu")
-    assert cfg.provider_kwargs("some/folder") == {"timeout": 5.0, "gguf_file": "m.gguf",
-                                                  "device": "cpu"}
-    assert cfg.provider_kwargs(MockLLM()) == {"timeout": 5.0}
+    assert (li.forward.eta_backward, li.forward.eta_forward) == (0.2, 1.0)  # eta_F from "F"
+    assert (lc.forward.eta_backward, lc.forward.eta_forward) == (0.2, 1.0)
+    assert lc.forward.llm.timeout == 9.0  # the LangChain model is wrapped with the timeout
+    lc.variant = "B"  # the override stays, the other weight follows the variant
+    assert (lc.forward.eta_backward, lc.forward.eta_forward) == (0.2, 0.0)
+    lc.timeout = 3.0
+    assert lc.forward.llm.timeout == 3.0
+    # a provider built from a name gets gguf_file/device/dtype; an object keeps its own
+    named = ForwardLookup(llm="some/folder", gguf_file="m.gguf", device="cpu", timeout=5.0)
+    assert (named.llm.gguf_file, named.llm.device, named.llm.timeout) == ("m.gguf", "cpu", 5.0)
+    provider = _chat_provider()
+    assert ForwardLookup(llm=provider, device="cpu").llm is provider

@@ -148,21 +148,15 @@ def test_framework_retrievers_return_the_same_order(index):
         assert "document_score" not in lc.invoke(q)[0].metadata  # bookkeeping stays namespaced
 
 
-def test_cluster_settings_are_declared_once_and_edits_are_honoured(index):
-    """k_clusters / return_clusters are ClusterRetrievalConfig's fields in both frameworks (they
-    were declared in each adapter and in each factory); the index's build settings pass through
-    to the index; an edit is validated and changes what the next query opens."""
-    import dataclasses
-
+def test_cluster_settings_and_edits_are_honoured(index):
+    """k_clusters / return_clusters are the same settings in both frameworks; the index's build
+    settings pass through to the index; an edit is validated and changes what the next query
+    opens; a per-call k_clusters overrides the setting; a typo raises."""
     from llama_index.core.schema import TextNode
 
-    from funnel_core.config import ClusterRetrievalConfig
     from langchain_funnel.retrievers import ClusteredBM25Retriever as LCRetriever
     from llama_index_funnel.retrievers import ClusteredBM25Retriever as LIRetriever
 
-    for f in dataclasses.fields(ClusterRetrievalConfig):
-        info = LCRetriever.model_fields[f.name]
-        assert info.default == f.default and info.description == f.metadata["description"]
     docs = _documents()
     nodes = [TextNode(id_=d.id, text=d.text, metadata=dict(d.metadata)) for d in docs]
     li = LIRetriever.from_defaults(nodes=nodes, similarity_top_k=12, k_clusters=1, max_tokens=200,
@@ -171,8 +165,10 @@ def test_cluster_settings_are_declared_once_and_edits_are_honoured(index):
                                 ids=[d.id for d in docs], k=12, k_clusters=1, max_tokens=200,
                                 adjacency="links", knn_k=7)
     assert li.index.knn_k == lc.index.knn_k == 7 and li.index.max_tokens == 200  # to the index
-    assert li.cluster_config == lc.cluster_config == ClusterRetrievalConfig(k_clusters=1)
+    assert (li.k_clusters, li.return_clusters) == (lc.k_clusters, lc.return_clusters) == (1, False)
     q = "river violin comet"
+    assert [d.id for d in lc.invoke(q, k_clusters=2)] == _expected(index, q, 2, docs)
+    assert [d.id for d in lc.invoke(q)] == _expected(index, q, 1, docs)  # the setting again
     for r in (li, lc):
         r.k_clusters = 2  # two clusters opened at the next query: all their members
         got = [n.node.node_id for n in r.retrieve(q)] if r is li else [d.id for d in r.invoke(q)]
@@ -180,10 +176,16 @@ def test_cluster_settings_are_declared_once_and_edits_are_honoured(index):
         r.return_clusters = True  # the clusters themselves, capped by k_clusters
         out = r.retrieve(q) if r is li else r.invoke(q)
         assert len(out) == 2
-    with pytest.raises(ValueError, match="k_clusters"):
-        li.k_clusters = 0
-    with pytest.raises(TypeError, match=r"kclusters.*k_clusters"):
+        out = r.retrieve(q) if r is li else r.invoke(q, k=1)  # ... and by k
+        assert len(out) == (2 if r is li else 1)
+    for r in (li, lc):
+        with pytest.raises(ValueError, match="k_clusters"):
+            r.k_clusters = 0
+    with pytest.raises(TypeError, match="kclusters"):
         LIRetriever(index, nodes, kclusters=2)
-    assert ClusterRetrievalConfig(k_clusters=5, return_clusters=True).clusters_for(3) == 3
-    assert ClusterRetrievalConfig(k_clusters=5).clusters_for(3) == 5
-    assert ClusterRetrievalConfig(k_clusters=5).clusters_for(3, k_clusters=2) == 2
+    with pytest.raises(TypeError, match=r"kclusters.*k_clusters"):
+        LCRetriever(index=lc.index, kclusters=2)
+    with pytest.raises(TypeError, match=r"ClusteredBM25Retriever.*preprocess_func.*accepted"):
+        LCRetriever.from_texts(["a b"], preprocess_func=str.split)
+    with pytest.raises(TypeError, match=r"ClusteredBM25Retriever.*language.*accepted"):
+        LIRetriever.from_defaults(nodes=nodes, language="en")

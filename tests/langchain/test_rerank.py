@@ -13,8 +13,9 @@ from funnel_core.bm25 import BM25Index
 from funnel_core.errors import ModelLoadError
 from funnel_core.rerank.cross_encoder import CrossEncoderScorer
 from funnel_core.testing import tiny_cross_encoder
-from langchain_funnel._base import UnitRetriever, rerank_chain
+from langchain_funnel._base import UnitRetriever
 from langchain_funnel.compression import CompressionRetriever
+from langchain_funnel.funnel import rerank_chain
 from langchain_funnel.rerank import CrossEncoderReranker, LaterChunkingTransformer, MonoT5Reranker
 from tests.conftest import CORPUS
 
@@ -41,11 +42,11 @@ def _docs():
 def test_reranker_orders_by_model_and_keeps_metadata(tiny_cross_encoder_path):
     # fp32: this tiny random model's scores differ by ~1e-5, below bf16's resolution, and
     # dtype="auto" (or runtime="auto") runs bf16 on a CPU with native bf16
-    rr = CrossEncoderReranker(model=tiny_cross_encoder_path, dtype="float32", backend="transformers", top_n=3,
+    rr = CrossEncoderReranker(model=tiny_cross_encoder_path, dtype="float32", library="transformers", top_n=3,
                               max_length=64)
     docs = _docs()
     out = rr.compress_documents(docs, QUERY)
-    raw = CrossEncoderScorer(tiny_cross_encoder_path, dtype="float32", backend="transformers",
+    raw = CrossEncoderScorer(tiny_cross_encoder_path, dtype="float32", library="transformers",
                              max_length=64).score(QUERY, [d.page_content for d in docs])
     best = sorted(zip(raw, [d.id for d in docs]), reverse=True)[:3]
     assert [d.id for d in out] == [i for _, i in best]
@@ -60,7 +61,7 @@ def test_reranker_orders_by_model_and_keeps_metadata(tiny_cross_encoder_path):
 
 def test_lcel_chain_retriever_chunking_reranker_prompt(tiny_cross_encoder_path):
     retriever = BM25Docs(k=3)
-    rr = CrossEncoderReranker(model=tiny_cross_encoder_path, backend="transformers", top_n=2,
+    rr = CrossEncoderReranker(model=tiny_cross_encoder_path, library="transformers", top_n=2,
                               normalize=True)
     chain = rerank_chain(retriever, rr)
     docs = chain.invoke(QUERY)
@@ -100,7 +101,7 @@ def test_monot5_reranker(tiny_t5_path):
 
 
 def test_compression_retriever_pipeline(tiny_cross_encoder_path):
-    rr = CrossEncoderReranker(model=tiny_cross_encoder_path, backend="transformers", top_n=4)
+    rr = CrossEncoderReranker(model=tiny_cross_encoder_path, library="transformers", top_n=4)
     ret = CompressionRetriever(base_retriever=BM25Docs(k=3),
                                compressors=[LaterChunkingTransformer(words=5), rr], k=3)
     docs = ret.invoke(QUERY)
@@ -116,12 +117,12 @@ def test_compression_retriever_pipeline(tiny_cross_encoder_path):
 
 
 def test_bad_input(tiny_cross_encoder_path):
-    rr = CrossEncoderReranker(model=tiny_cross_encoder_path, backend="transformers")
+    rr = CrossEncoderReranker(model=tiny_cross_encoder_path, library="transformers")
     assert rr.compress_documents([], QUERY) == []
     with pytest.raises(ValueError, match="top_n must be >= 1"):
         CrossEncoderReranker(model=tiny_cross_encoder_path, top_n=-1)
     with pytest.raises(ModelLoadError, match="no-such-org/reranker"):
-        CrossEncoderReranker(model="no-such-org/reranker", backend="transformers"
+        CrossEncoderReranker(model="no-such-org/reranker", library="transformers"
                              ).compress_documents(_docs(), QUERY)
     long = [Document(page_content="word " * 5000)] + _docs()[:1]
     assert len(rr.compress_documents(long, QUERY)) == 2
@@ -142,7 +143,7 @@ class TestCompressionRetrieverStandard(RetrieversIntegrationTests):
 
         path = tiny_cross_encoder(tempfile.gettempdir() + "/funnel-tiny-ce-lc")
         return {"base_retriever": BM25Docs(k=8),
-                "compressors": [CrossEncoderReranker(model=path, backend="transformers")]}
+                "compressors": [CrossEncoderReranker(model=path, library="transformers")]}
 
     @property
     def retriever_query_example(self):
@@ -152,11 +153,11 @@ class TestCompressionRetrieverStandard(RetrieversIntegrationTests):
 def test_reranker_maxp_windows_in_a_chain(tiny_cross_encoder_path):
     long_text = " ".join(f"Sentence {i} is about Paris and topic {i}." for i in range(30))
     docs = _docs() + [Document(page_content=long_text, id="long", metadata={"topic": "long"})]
-    rr = CrossEncoderReranker(model=tiny_cross_encoder_path, backend="transformers", max_length=64,
+    rr = CrossEncoderReranker(model=tiny_cross_encoder_path, library="transformers", max_length=64,
                               window_words=20, window_overlap=5)
     assert rr.stage.window_words == 20 and rr.stage.window_overlap == 5
     out = (RunnableLambda(lambda q: {"query": q, "documents": docs}) | rr).invoke(QUERY)
-    want = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers", max_length=64,
+    want = CrossEncoderScorer(tiny_cross_encoder_path, library="transformers", max_length=64,
                               window_words=20, window_overlap=5).score(QUERY, [long_text])[0]
     got = {d.id: d.metadata["funnel"]["score"] for d in out}
     assert got["long"] == pytest.approx(want, abs=1e-5)

@@ -56,7 +56,7 @@ def nodes(corpus_units):
 def test_cross_encoder_in_query_engine(tiny_cross_encoder_path, corpus_units):
     # fp32: this tiny random model's scores differ by ~1e-5, below bf16's resolution, and
     # dtype="auto" (or runtime="auto") runs bf16 on a CPU with native bf16
-    rerank = CrossEncoderRerank(model=tiny_cross_encoder_path, dtype="float32", backend="transformers", top_n=3,
+    rerank = CrossEncoderRerank(model=tiny_cross_encoder_path, dtype="float32", library="transformers", top_n=3,
                                 device="cpu", max_length=64, batch_size=4)
     engine = RetrieverQueryEngine.from_args(_BM25(corpus_units), llm=MockLLM(),
                                             node_postprocessors=[rerank])
@@ -65,7 +65,7 @@ def test_cross_encoder_in_query_engine(tiny_cross_encoder_path, corpus_units):
     assert 1 <= len(got) <= 3
     # the order is the model's: recompute the scores with the core scorer
     retrieved = _BM25(corpus_units).retrieve("Paris capital of France city")
-    core = CrossEncoderScorer(tiny_cross_encoder_path, dtype="float32", backend="transformers", max_length=64)
+    core = CrossEncoderScorer(tiny_cross_encoder_path, dtype="float32", library="transformers", max_length=64)
     raw = core.score("Paris capital of France city", [n.node.get_content() for n in retrieved])
     best = sorted(zip(raw, [n.node.node_id for n in retrieved]), reverse=True)[:3]
     assert [n.node.node_id for n in got] == [i for _, i in best]
@@ -94,7 +94,7 @@ def test_events_threshold_normalize_and_copies(tiny_cross_encoder_path, nodes):
     handler = Handler()
     get_dispatcher().add_event_handler(handler)
     try:
-        rr = CrossEncoderRerank(model=tiny_cross_encoder_path, dtype="float32", backend="transformers",
+        rr = CrossEncoderRerank(model=tiny_cross_encoder_path, dtype="float32", library="transformers",
                                 normalize=True)
         out = rr.postprocess_nodes(nodes, query_str=QUERY)
     finally:
@@ -104,7 +104,7 @@ def test_events_threshold_normalize_and_copies(tiny_cross_encoder_path, nodes):
     assert [n.score for n in out] == sorted((n.score for n in out), reverse=True)
     assert nodes[0].score == 10.0 and "scores" not in nodes[0].node.metadata  # input untouched
     cut = out[2].score
-    thr = CrossEncoderRerank(model=tiny_cross_encoder_path, dtype="float32", backend="transformers",
+    thr = CrossEncoderRerank(model=tiny_cross_encoder_path, dtype="float32", library="transformers",
                              normalize=True, score_threshold=cut)
     assert [n.node.node_id for n in thr.postprocess_nodes(nodes, query_str=QUERY)] == \
         [n.node.node_id for n in out[:3]]
@@ -114,9 +114,9 @@ def test_events_threshold_normalize_and_copies(tiny_cross_encoder_path, nodes):
 
 
 def test_maxp_rerank_in_query_engine(tiny_cross_encoder_path, corpus_units):
-    rerank = CrossEncoderRerank(model=tiny_cross_encoder_path, backend="transformers", top_n=2,
-                                max_length=64, window_words=4, bf16=True)
-    assert rerank.stage.window_words == 4 and rerank.stage.bf16
+    rerank = CrossEncoderRerank(model=tiny_cross_encoder_path, library="transformers", top_n=2,
+                                max_length=64, window_words=4, dtype="bfloat16")
+    assert rerank.stage.window_words == 4 and rerank.stage.dtype == "bfloat16"
     engine = RetrieverQueryEngine.from_args(_BM25(corpus_units, k=4), llm=MockLLM(),
                                             node_postprocessors=[rerank])
     got = engine.query("Paris capital of France city").source_nodes
@@ -125,7 +125,7 @@ def test_maxp_rerank_in_query_engine(tiny_cross_encoder_path, corpus_units):
 
 def test_later_chunking_then_rerank(tiny_cross_encoder_path, corpus_units):
     chunk = LaterChunkingPostprocessor(words=5)
-    rerank = CrossEncoderRerank(model=tiny_cross_encoder_path, backend="transformers", top_n=4)
+    rerank = CrossEncoderRerank(model=tiny_cross_encoder_path, library="transformers", top_n=4)
     engine = RetrieverQueryEngine.from_args(_BM25(corpus_units, k=3), llm=MockLLM(),
                                             node_postprocessors=[chunk, rerank])
     got = engine.query("Paris capital of France city").source_nodes
@@ -149,7 +149,7 @@ def test_monot5_rerank_in_query_engine(tiny_t5_path, corpus_units):
 
 
 def test_bad_input(tiny_cross_encoder_path, nodes):
-    rr = CrossEncoderRerank(model=tiny_cross_encoder_path, backend="transformers")
+    rr = CrossEncoderRerank(model=tiny_cross_encoder_path, library="transformers")
     assert rr.postprocess_nodes([], query_str=QUERY) == []
     with pytest.raises(ValueError, match="top_n must be >= 1"):
         CrossEncoderRerank(model=tiny_cross_encoder_path, top_n=0)
@@ -157,7 +157,7 @@ def test_bad_input(tiny_cross_encoder_path, nodes):
         CrossEncoderRerank(model=tiny_cross_encoder_path, backend="nope")
     with pytest.raises(ValueError, match="words must be >= 1"):
         LaterChunkingPostprocessor(words=0)
-    offline = CrossEncoderRerank(model="no-such-org/reranker", backend="transformers")
+    offline = CrossEncoderRerank(model="no-such-org/reranker", library="transformers")
     with pytest.raises(ModelLoadError, match="no-such-org/reranker"):
         offline.postprocess_nodes(nodes, query_str=QUERY)
     long = [NodeWithScore(node=TextNode(text="word " * 5000), score=1.0)] + nodes[:1]

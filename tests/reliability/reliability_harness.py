@@ -389,7 +389,7 @@ def fuzz(max_examples: int = 50, seed: int = 0) -> dict[str, Any]:
             counts["no_indexable_token"] += 1
             return
         results = idx.search_many(queries, k=k, filter=flt)
-        from funnel_core.bm25 import metadata_mask
+        from funnel_core.filters import metadata_mask
 
         mask = metadata_mask(idx.units, flt)
         for res in results:

@@ -15,7 +15,7 @@ QUERY = "what is the capital of France?"
 
 @pytest.fixture(scope="module")
 def scorer(tiny_cross_encoder_path):
-    return CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers", device="cpu",
+    return CrossEncoderScorer(tiny_cross_encoder_path, library="transformers", device="cpu",
                               max_length=64, batch_size=3)
 
 
@@ -37,33 +37,33 @@ def test_rank_orders_by_model_scores_and_keeps_history(scorer, corpus_units):
 def test_top_n_threshold_and_normalize(tiny_cross_encoder_path, corpus_units):
     # fp32: this tiny random model's scores differ by ~1e-5, below bf16's resolution, and
     # dtype="auto" (or runtime="auto") runs bf16 on a CPU with native bf16
-    base = CrossEncoderScorer(tiny_cross_encoder_path, dtype="float32", backend="transformers", max_length=64)
+    base = CrossEncoderScorer(tiny_cross_encoder_path, dtype="float32", library="transformers", max_length=64)
     raw = sorted(base.score(QUERY, [u.text for u in corpus_units]), reverse=True)
-    top3 = CrossEncoderScorer(tiny_cross_encoder_path, dtype="float32", backend="transformers", top_n=3)
+    top3 = CrossEncoderScorer(tiny_cross_encoder_path, dtype="float32", library="transformers", top_n=3)
     assert len(top3(QUERY, corpus_units)) == 3
     assert len((base % 2)(QUERY, corpus_units)) == 2
     cut = (raw[2] + raw[3]) / 2
-    thr = CrossEncoderScorer(tiny_cross_encoder_path, dtype="float32", backend="transformers", score_threshold=cut)
+    thr = CrossEncoderScorer(tiny_cross_encoder_path, dtype="float32", library="transformers", score_threshold=cut)
     kept = thr(QUERY, corpus_units)
     assert len(kept) == 3 and all(u.score >= cut for u in kept)
-    norm = CrossEncoderScorer(tiny_cross_encoder_path, dtype="float32", backend="transformers", normalize=True)
+    norm = CrossEncoderScorer(tiny_cross_encoder_path, dtype="float32", library="transformers", normalize=True)
     probs = [u.score for u in norm(QUERY, corpus_units)]
     assert probs == pytest.approx([1 / (1 + math.exp(-s)) for s in raw], rel=1e-5)
 
 
 def test_backends_agree_on_the_same_folder(tiny_cross_encoder_path):
     texts = ["Paris is the capital of France.", "Berlin is in Germany.", "BM25 ranks documents."]
-    hf = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers").score(QUERY, texts)
-    st = CrossEncoderScorer(tiny_cross_encoder_path, backend="sentence-transformers",
+    hf = CrossEncoderScorer(tiny_cross_encoder_path, library="transformers").score(QUERY, texts)
+    st = CrossEncoderScorer(tiny_cross_encoder_path, library="sentence-transformers",
                             device="cpu").score(QUERY, texts)
     assert st == pytest.approx(hf, abs=1e-5)
 
 
 def test_length_sorting_does_not_change_scores(tiny_cross_encoder_path):
     texts = ["short", "a much longer passage " * 20, "medium length passage here", "x " * 3]
-    a = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers", batch_size=2,
+    a = CrossEncoderScorer(tiny_cross_encoder_path, library="transformers", batch_size=2,
                            sort_by_length=True).score(QUERY, texts)
-    b = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers", batch_size=2,
+    b = CrossEncoderScorer(tiny_cross_encoder_path, library="transformers", batch_size=2,
                            sort_by_length=False).score(QUERY, texts)
     assert a == pytest.approx(b, abs=1e-5)
 
@@ -79,7 +79,7 @@ def test_truncation_keeps_the_query(scorer, tiny_cross_encoder_path):
     q_ids = tok(QUERY, add_special_tokens=False)["input_ids"]
     assert ids[1:1 + len(q_ids)] == q_ids  # the whole query, then the truncated passage
     for backend in ("transformers", "sentence-transformers"):
-        s = CrossEncoderScorer(tiny_cross_encoder_path, backend=backend, max_length=512, device="cpu")
+        s = CrossEncoderScorer(tiny_cross_encoder_path, library=backend, max_length=512, device="cpu")
         assert len(s.score(QUERY, [long_passage, "short"])) == 2
     huge_query = "why " * 400  # a query longer than max_length is clipped to half, not an error
     assert len(scorer.score(huge_query, [long_passage])) == 1
@@ -87,10 +87,10 @@ def test_truncation_keeps_the_query(scorer, tiny_cross_encoder_path):
 
 def test_fuse_weight_interpolates_previous_scores(tiny_cross_encoder_path, corpus_units):
     units = [u.rescored(float(len(corpus_units) - i), "bm25") for i, u in enumerate(corpus_units)]
-    pure = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers")
-    fused_all = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers", fuse_weight=1.0)
+    pure = CrossEncoderScorer(tiny_cross_encoder_path, library="transformers")
+    fused_all = CrossEncoderScorer(tiny_cross_encoder_path, library="transformers", fuse_weight=1.0)
     assert [u.id for u in fused_all(QUERY, units)] == [u.id for u in units]  # w=1: previous order
-    half = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers", fuse_weight=0.5)
+    half = CrossEncoderScorer(tiny_cross_encoder_path, library="transformers", fuse_weight=0.5)
     ce = minmax(pure.score(QUERY, [u.text for u in units]))
     prev = minmax([u.score for u in units])
     expected = sorted((0.5 * c + 0.5 * p for c, p in zip(ce, prev)), reverse=True)
@@ -104,8 +104,12 @@ def test_bad_input(scorer, tiny_cross_encoder_path):
         CrossEncoderScorer(tiny_cross_encoder_path, top_n=0)
     with pytest.raises(ValueError, match="top_n must be >= 1"):
         CrossEncoderScorer(tiny_cross_encoder_path, top_n=-2)
-    with pytest.raises(ValueError, match="unknown cross-encoder backend"):
-        CrossEncoderScorer(tiny_cross_encoder_path, backend="onnx")
+    with pytest.raises(ValueError, match="unknown cross-encoder library 'onnx'"):
+        CrossEncoderScorer(tiny_cross_encoder_path, library="onnx")
+    # ``backend=`` means storage (memory or Milvus) in this package: the model library is
+    # ``library=``, and the old name is refused, naming it
+    with pytest.raises(TypeError, match=r"'backend'.*accepted.*'library'"):
+        CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers")
     with pytest.raises(TypeError, match="texts must be strings"):
         scorer.score(QUERY, ["fine", 3])  # type: ignore[list-item]
     with pytest.raises(TypeError, match="expects Unit objects"):
@@ -116,14 +120,14 @@ def test_bad_input(scorer, tiny_cross_encoder_path):
 
 @pytest.mark.parametrize("backend", ["transformers", "sentence-transformers"])
 def test_unloadable_hub_name_names_the_model(backend):
-    s = CrossEncoderScorer("no-such-org/no-such-reranker", backend=backend, device="cpu")
+    s = CrossEncoderScorer("no-such-org/no-such-reranker", library=backend, device="cpu")
     with pytest.raises(ModelLoadError, match="no-such-org/no-such-reranker") as err:
         s.score(QUERY, ["text"])
     assert "local folder" in str(err.value) or "folder" in str(err.value)
 
 
 def test_model_loads_lazily_and_once(tiny_cross_encoder_path):
-    s = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers")
+    s = CrossEncoderScorer(tiny_cross_encoder_path, library="transformers")
     assert not s._model.loaded
     s.score(QUERY, ["a"])
     first = s._model.get()
@@ -193,7 +197,7 @@ def test_concurrent_scoring_matches_sequential(tiny_cross_encoder_path, runtime,
 
     if not runtime_available(runtime):
         pytest.skip(f"{runtime} is not installed")
-    scorer = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers", max_length=64, batch_size=4,
+    scorer = CrossEncoderScorer(tiny_cross_encoder_path, library="transformers", max_length=64, batch_size=4,
                                 runtime=runtime, export_dir=tmp_path / "export")
     queries = [f"question number {i} about {'long ' * (i % 7)}topics" for i in range(24)]
     texts = ["short passage", "a much longer passage " * 30, "medium sized passage about topics " * 3]
@@ -210,8 +214,8 @@ def test_window_words_scores_a_long_text_by_its_best_window(tiny_cross_encoder_p
     long_text = " ".join(f"Sentence {i} talks about topic {i % 5} in some detail." for i in range(40))
     windows = word_windows(long_text, 30)
     assert len(windows) > 3
-    plain = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers", max_length=64)
-    maxp = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers", max_length=64,
+    plain = CrossEncoderScorer(tiny_cross_encoder_path, library="transformers", max_length=64)
+    maxp = CrossEncoderScorer(tiny_cross_encoder_path, library="transformers", max_length=64,
                               window_words=30)
     short = "Paris is the capital of France."
     got = maxp.score_pairs([QUERY, QUERY], [long_text, short])
@@ -226,10 +230,10 @@ def test_window_words_scores_a_long_text_by_its_best_window(tiny_cross_encoder_p
 def test_bf16_autocast_keeps_the_order_of_clearly_different_scores(tiny_cross_encoder_path,
                                                                     corpus_units):
     texts = [u.text for u in corpus_units]
-    fp32 = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers").score(QUERY, texts)
-    bf16 = CrossEncoderScorer(tiny_cross_encoder_path, backend="transformers",
-                              bf16=True).score(QUERY, texts)
+    fp32 = CrossEncoderScorer(tiny_cross_encoder_path, library="transformers").score(QUERY, texts)
+    bf16 = CrossEncoderScorer(tiny_cross_encoder_path, library="transformers",
+                              dtype="bfloat16").score(QUERY, texts)
     assert all(type(s) is float for s in bf16)
     assert bf16 == pytest.approx(fp32, abs=0.05)
-    with pytest.raises(ValueError, match="backend='transformers'"):
-        CrossEncoderScorer(tiny_cross_encoder_path, backend="sentence-transformers", bf16=True)
+    with pytest.raises(TypeError, match=r"'bf16'.*accepted.*'dtype'"):  # one precision setting
+        CrossEncoderScorer(tiny_cross_encoder_path, bf16=True)

@@ -219,7 +219,7 @@ def test_trainer_bpr_loss_falls_and_saves_a_loadable_model(tiny_cross_encoder_pa
     assert (tmp_path / "log.jsonl").read_text().count("\n") == 8
     saved = json.loads((tmp_path / "ce" / "training.json").read_text())
     assert saved["steps"] == 16 and saved["config"]["loss"] == "bpr"
-    scorer = CrossEncoderScorer(str(tmp_path / "ce"), backend="transformers", max_length=32)
+    scorer = CrossEncoderScorer(str(tmp_path / "ce"), library="transformers", max_length=32)
     s = scorer.score("capital of France", groups[0].positives + groups[0].negatives)
     assert min(s[:2]) > max(s[2:])  # the trained model ranks both positives first
 
@@ -236,7 +236,7 @@ def test_train_l2g_end_to_end_and_freezing(tiny_cross_encoder_path, tmp_path):
                        show_progress=False)
     assert report.steps == 2 and report.config["loss"] == "bpr"
     assert report.config["freeze_layers"] == 1
-    CrossEncoderScorer(report.path, backend="transformers").score("q", ["x"])
+    CrossEncoderScorer(report.path, library="transformers").score("q", ["x"])
     with pytest.raises(ValueError, match="no training group"):
         CrossEncoderTrainer(model=tiny_cross_encoder_path, show_progress=False).train(
             [TrainingGroup("q", ["p"], [])], tmp_path / "none")
@@ -250,7 +250,7 @@ def test_init_cross_encoder_from_minilm(minilm_path, tmp_path):
 
     cfg = AutoConfig.from_pretrained(path)
     assert cfg.num_labels == 1 and cfg.num_hidden_layers == 6 and cfg.hidden_size == 384
-    scores = CrossEncoderScorer(path, backend="transformers", max_length=64).score(
+    scores = CrossEncoderScorer(path, library="transformers", max_length=64).score(
         "capital of France", ["Paris is the capital of France.", "Cats sleep."])
     assert len(scores) == 2 and all(type(s) is float for s in scores)
 
@@ -321,7 +321,7 @@ def test_l2g_student_agrees_more_with_an_informative_teacher(tiny_cross_encoder_
     agg = {q: aggregate_passage_scores(ex["passages"]) for q, ex in zip(TOPICS, examples)}
 
     def agreement(model_path):
-        scorer = CrossEncoderScorer(str(model_path), backend="transformers", max_length=32)
+        scorer = CrossEncoderScorer(str(model_path), library="transformers", max_length=32)
         values = []
         for query in TOPICS:
             student = scorer.score(query, [d.text for d in docs])

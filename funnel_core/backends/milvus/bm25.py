@@ -29,7 +29,7 @@ def bm25_tokenizer(config: Mapping[str, Any]) -> Any:
 
 
 def stored_config(tokenizer: Any) -> dict[str, Any]:
-    return {k: v for k, v in tokenizer.config.items() if k not in ("backend",)}
+    return {k: v for k, v in tokenizer.config.items() if k not in ("engine",)}
 
 
 def milvus_index_params(params: dict[str, Any]) -> dict[str, Any]:
