@@ -18,7 +18,8 @@ docs: setup
 	.venv/bin/mkdocs build --strict
 
 reliability: setup  # long reliability run (~15 min on 2 cores): kills, bit flips, concurrency, fuzz
-	HF_HUB_OFFLINE=1 PYTHONPATH=. .venv/bin/python tests/reliability/run.py --out benchmarks/results/reliability.json
+	HF_HUB_OFFLINE=1 NUMBA_THREADING_LAYER=workqueue PYTHONPATH=. .venv/bin/python tests/reliability/run.py --out benchmarks/results/reliability.json
+	.venv/bin/python benchmarks/report.py
 
 mutate: setup  # mutation testing of the paper algorithms (slow, not in CI): python scripts/mutate.py [fid rankrag ...]
 	.venv/bin/python -c "import mutmut" 2>/dev/null || .venv/bin/python -m pip install -q "mutmut>=3.3"

@@ -36,7 +36,8 @@ for p in (str(REPO), str(REPO / "benchmarks")):
         sys.path.insert(0, p)
 
 from common import parser  # noqa: E402
-from stats import paired_bootstrap  # noqa: E402
+
+from funnel_core.evaluation.stats import paired_bootstrap, percentile  # noqa: E402
 
 RUNTIMES = {  # name -> CrossEncoderScorer keyword arguments
     "torch-fp32": {"runtime": "torch", "dtype": "float32"},
@@ -46,15 +47,6 @@ RUNTIMES = {  # name -> CrossEncoderScorer keyword arguments
 }
 TARGET_SPEEDUP = 2.0
 TARGET_NDCG_LOSS = 0.005
-
-
-def _percentile(values: list[float], q: float) -> float:
-    xs = sorted(values)
-    if not xs:
-        return float("nan")
-    pos = (len(xs) - 1) * q
-    lo, hi = int(pos), min(int(pos) + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def main() -> None:
@@ -153,7 +145,7 @@ def main() -> None:
                 speed[n] = {"queries": len(recs), "pairs": pairs, "seconds": sum(secs),
                             "pairs_per_s": pairs / sum(secs) if sum(secs) else None,
                             "p50_query_seconds": statistics.median(secs),
-                            "p95_query_seconds": _percentile(secs, 0.95),
+                            "p95_query_seconds": percentile(secs, 95),
                             "load_seconds_incl_export_and_warmup": load_seconds.get(n)}
                 ref = [done.get(("torch-fp32", r["qid"], len(r["scores"]))) for r in recs]
                 diffs = [abs(a - b) for r, f in zip(recs, ref) if f for a, b in zip(r["scores"], f["scores"])]

@@ -56,10 +56,10 @@ import numpy as np
 from common import ROOT, parser, write_json
 from squad_ce_model import DEFAULT_FILES, cpu_flags, tuning_question_ids
 from squad_large_data import build_corpus
-from stats import bootstrap_ci, mcnemar_exact, paired_bootstrap
 
 from funnel_core.bm25 import BM25Index
 from funnel_core.evaluation.metrics import normalize_answer
+from funnel_core.evaluation.stats import bootstrap_ci, mcnemar_exact, paired_bootstrap
 from funnel_core.train import CrossEncoderTrainer, TrainingGroup, init_cross_encoder, l2g_group
 from funnel_core.train.l2g import aggregate_passage_scores
 

@@ -106,7 +106,8 @@ def probe_dtype(model_dir: str, prompts: list[str], max_length: int, device: str
 
 def summarize(per_query: list[dict], n_boot: int) -> dict:
     import numpy as np
-    from stats import bootstrap_ci, mcnemar_exact, paired_bootstrap, percentile
+
+    from funnel_core.evaluation.stats import bootstrap_ci, mcnemar_exact, paired_bootstrap, percentile
 
     out: dict = {}
     for dataset, metric_keys in (("squad_dev_a", ("AR@1", "AR@2", "AR@3", "AR@4")),

@@ -31,10 +31,11 @@ How quality and time are measured (stated in the JSON too):
   over its 100-word windows; those windows are exactly the corpus passages (the same
   ``word_windows`` cut), so a document's score is the max of its passages' cached scores. AR@k of
   every system on every question is computed from these scores.
-* **Time from the real pipelines.** Each system's real pipeline (``Funnel`` of funnel_core stages,
-  models loaded and warmed, no cache) runs on a smaller seeded timing sample of dev-a questions on
-  this machine's CPU; p50/p95 seconds per query come from there. The top-4 of those real runs is
-  compared with the cached-score top-4 of the same questions (``agreement``).
+* **Time from the real pipelines**, in a separate step through the evaluation harness
+  (``time_squad_large.py``): each system's real pipeline (``Funnel`` of funnel_core stages, models
+  loaded and warmed, no cache) runs on a seeded timing sample of dev-a questions, round-robin, with
+  the load average recorded per question; p50/p95 seconds per query come from there. The top-4 of
+  those real runs is compared with the cached-score top-4 of the same questions (``agreement``).
 """
 
 from __future__ import annotations
@@ -53,11 +54,11 @@ import numpy as np
 from common import ROOT, parser, write_json
 from squad_ce_model import DEFAULT_FILES, DEFAULT_OUT, cpu_flags, tuning_question_ids, use_bf16
 from squad_large_data import PASSAGE_WORDS, build_corpus
-from stats import bootstrap_ci, mcnemar_exact, paired_bootstrap, percentile
 
 from funnel_core.best_practices.fusion import HybridRetrieve, fuse
 from funnel_core.bm25 import BM25Index, BM25Retrieve
 from funnel_core.evaluation.metrics import normalize_answer
+from funnel_core.evaluation.stats import bootstrap_ci, mcnemar_exact, paired_bootstrap, percentile
 from funnel_core.funnel import Funnel, Stage
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
 from funnel_core.funnelrag.presets import funnelrag, renamed
@@ -362,51 +363,6 @@ def parse_funnel(name: str):
     return int(parts[1][1:]), int(parts[2][1:]), int(parts[3][2:])
 
 
-def time_pipelines(pipes, timing_qs, warm_q, pid_index, ans, ranks_cached, max_seconds=None, log=None):
-    """Seconds per query of each real pipeline; systems run round-robin per question, so a change in
-    the machine's load falls on all of them alike. The shared models are loaded and warmed first.
-
-    ``max_seconds`` stops after the question during which the budget ran out (every system has then
-    been timed on the same questions); ``log`` (a list) receives one record per question with its
-    1-minute load average before and after and each system's seconds."""
-    warmed = set()
-    for name, pipe in pipes.items():
-        key = "funnel" if name.startswith("funnel") else ("ce" if "->" in name else name)
-        if key not in warmed:
-            pipe.search(warm_q.question)
-            warmed.add(key)
-    secs, agree, pair_counts = (defaultdict(list) for _ in range(3))
-    start = time.perf_counter()
-    for j, q in enumerate(timing_qs):
-        if max_seconds is not None and time.perf_counter() - start > max_seconds:
-            print(f"  [time] budget of {max_seconds:.0f} s spent after {j} questions", flush=True)
-            break
-        load_q = os.getloadavg()[0]
-        for name, pipe in pipes.items():
-            t0 = time.perf_counter()
-            r = pipe.search(q.question)
-            secs[name].append(time.perf_counter() - t0)
-            ids = [pid_index.get(u.id) for u in r.units]
-            hit = ans.hit_rank(q, [i for i in ids[:4] if i is not None])
-            cached = ranks_cached[name][q.id]
-            agree[name].append(float((0 < hit <= 4) == (0 < cached <= 4)))
-            pair_counts[name].append(sum(s.units_in for s in r.trace.stages
-                                         if s.name in ("rerank", "pre_ranking", "post_ranking")))
-        if log is not None:
-            log.append({"id": q.id, "load1_before": load_q, "load1_after": os.getloadavg()[0],
-                        "seconds": {name: secs[name][-1] for name in pipes}})
-        print(f"  [time] question {j + 1}/{len(timing_qs)} done, load {os.getloadavg()[0]:.1f}", flush=True)
-    res = {}
-    for name in pipes:
-        res[name] = {"seconds_p50": percentile(secs[name], 50), "seconds_p95": percentile(secs[name], 95),
-                     "seconds_mean": float(np.mean(secs[name])), "timed_questions": len(secs[name]),
-                     "reranked_units_per_query_real": float(np.mean(pair_counts[name])),
-                     "AR@4_hit_agreement_real_vs_cached": float(np.mean(agree[name]))}
-        print(f"  [time] {name}: p50 {res[name]['seconds_p50']:.3f} s, p95 {res[name]['seconds_p95']:.3f} s, "
-              f"agreement {res[name]['AR@4_hit_agreement_real_vs_cached']:.2f}", flush=True)
-    return res
-
-
 # -- item 6: first-stage recall of clusters vs flat ----------------------------------------------
 def cluster_recall(qs, clus, doc_bm25, doc_index, cands_dense_doc, ans, ks):
     out = {}
@@ -597,7 +553,6 @@ def main() -> None:
                    help="write the texts to embed (passages, dev-a questions, train tuning questions) as a "
                         "json.gz for embed_texts.py, and stop")
     p.add_argument("--cpu-score", action="store_true", help="score missing pairs here on the CPU")
-    p.add_argument("--skip-timing", action="store_true")
     p.add_argument("--postrank", choices=("ce", "fid"), default="ce",
                    help="post-ranker of the funnel: the cross-encoder (default: the full benchmark) or a FiD "
                         "checkpoint's cross-attention (--fid-model; runs only that comparison, real pipelines)")
@@ -813,17 +768,8 @@ def main() -> None:
              f"time on {len(timing_qs) if timing_done else 0}")
 
     finish(False)
-    if not args.skip_timing:
-        from funnel_core.rerank.cross_encoder import CrossEncoderScorer
-
-        ranker = CrossEncoderScorer(str(args.model), library="transformers", batch_size=args.batch_size,
-                                    max_length=192, window_words=PASSAGE_WORDS,
-                                dtype="bfloat16" if bf16 else "auto", name="ranker")
-        pipes = build_pipelines(list(rows), bm25, dense, embedder, passages, cindexes, ranker, alpha)
-        timing = time_pipelines(pipes, timing_qs, warm_q, pid_index, ans, ranks)
-        for n, t in timing.items():
-            rows[n].update(t)
-        finish(True)
+    print("quality written; time the real pipelines through the evaluation harness with\n"
+          "  python benchmarks/time_squad_large.py --n-timing 50 --quiet-check --quiet-load 1.0", flush=True)
 
 
 def _subset(pairs_cnt, extra, all_qs, qs):

@@ -64,32 +64,23 @@ def load_average() -> list[float] | None:
 
 
 def latency_cpu() -> dict[str, Any]:
-    """CPU model, core count and the SIMD flags that decide fast paths (AVX2, AVX-512, AMX, bf16)."""
-    model, flags = platform.processor(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and ":" in line:
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and ":" in line:
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
-    wanted = ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile",
-              "avx_vnni")
-    return {"model": model, "cores": os.cpu_count(), "flags": sorted(f for f in wanted if f in flags)}
+    """CPU model, core count and the SIMD flags that decide fast paths (from funnel_core.hardware)."""
+    from funnel_core.hardware import describe
+
+    d = describe()
+    return {"model": d["cpu_model"], "cores": d["cpus"], "flags": d["cpu_flags"]}
 
 
 def latency_summary(seconds: "list[float] | Any") -> dict[str, Any]:
     """p50/p95/mean/min/max seconds of a list of per-query timings (warm: drop warm-up calls
     before passing them)."""
-    import numpy as np
+    from funnel_core.evaluation.stats import percentile
 
-    a = np.asarray(list(seconds), dtype=float)
-    if a.size == 0:
+    a = [float(x) for x in seconds]
+    if not a:
         return {"n": 0}
-    return {"n": int(a.size), "p50_s": float(np.percentile(a, 50)), "p95_s": float(np.percentile(a, 95)),
-            "mean_s": float(a.mean()), "min_s": float(a.min()), "max_s": float(a.max())}
+    return {"n": len(a), "p50_s": percentile(a, 50), "p95_s": percentile(a, 95),
+            "mean_s": sum(a) / len(a), "min_s": min(a), "max_s": max(a)}
 
 
 class LatencyReport:

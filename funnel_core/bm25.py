@@ -393,6 +393,9 @@ class BM25Index(FreshOnCopy):
         """
         if isinstance(ids, str):
             raise TypeError("delete expects a list of ids; wrap a single id in a list.")
+        ids = list(ids)
+        if any(i is None for i in ids):  # str(None) would delete a unit whose id is "None"
+            raise TypeError("delete got None among the ids; pass the units' ids (str).")
         drop = {str(i) for i in ids}
         with self._write_lock:
             st = self._state
@@ -538,11 +541,11 @@ class BM25Index(FreshOnCopy):
         params = (retriever.method, float(retriever.k1), float(retriever.b), float(retriever.delta))
         want = tuple(index.config[k] for k in ("method", "k1", "b", "delta"))
         n = meta.get("n_units")
-        if (len(units) != n or retriever.scores["num_docs"] != len(units) or params != want
-                or int(np.max(retriever.scores["indices"], initial=-1)) >= len(units)):
+        if len(units) != n or retriever.scores.get("num_docs") != len(units) or params != want:
             raise PersistError(
                 f"the BM25 index in {str(folder)!r} is inconsistent (manifest: {n!r} units, "
                 f"found {len(units)}; parameters {params} vs {want}); rebuild and save again.")
+        check_sparse_scores(retriever.scores, retriever.vocab_dict, len(units), folder)
         check_unique_ids(units)
         index._state = _State(retriever, tuple(units), {u.id: i for i, u in enumerate(units)})
         return index
@@ -551,7 +554,7 @@ class BM25Index(FreshOnCopy):
         """Commit the index to the persist folder ``path`` (see :mod:`funnel_core.persist`).
 
         The manifest records every setting (variant, k1, b, delta, stemmer, stopwords, token
-        pattern, lower-casing, backend, CJK mode); units keep their ids, texts and metadata.
+        pattern, lower-casing, scoring engine, CJK mode); units keep their ids, texts and metadata.
         A crash during the save leaves the previous snapshot loadable; ``path`` must be empty,
         new, or a folder funnel-rag saved to before.
         """
@@ -569,6 +572,43 @@ class BM25Index(FreshOnCopy):
         """
         return load_snapshot(path, FORMAT, FORMAT_VERSION, "BM25 index",
                              lambda folder, m: cls._read(folder, m["meta"], engine), verify=verify)
+
+
+def check_sparse_scores(scores: Mapping[str, Any], vocab: Any, n_docs: int, folder: Path) -> None:
+    """Structural checks of a loaded bm25s score matrix (CSC: one column per token) before any
+    query touches it: the numba backend indexes these arrays without bounds checks, so a
+    damaged ``indptr`` or ``indices`` (a tampered folder with recomputed checksums, or
+    ``verify=False``) would read or write out of bounds and kill the process, and with numpy it
+    would silently change scores. Checked: 1-D integer ``indptr``/``indices`` and float ``data``
+    of matching lengths, ``indptr`` starting at 0, non-decreasing and ending at ``len(data)``,
+    every document index in ``[0, n_docs)``, finite scores, and every vocabulary id naming a
+    column (bm25s's empty-string token may sit one past the last column; it is never queried
+    as a column)."""
+    def bad(what: str) -> PersistError:
+        return PersistError(f"the BM25 score matrix in {str(folder)!r} is damaged ({what}); rebuild "
+                            "the index and save it again (or restore the folder from a backup).")
+
+    arrays = [scores.get(k) for k in ("data", "indices", "indptr")]
+    if not all(isinstance(a, np.ndarray) and a.ndim == 1 for a in arrays):
+        raise bad("data, indices and indptr must be 1-D arrays")
+    data, indices, indptr = (np.asarray(a) for a in arrays)
+    if indptr.dtype.kind not in "iu" or indices.dtype.kind not in "iu" or data.dtype.kind != "f":
+        raise bad(f"dtypes {data.dtype}/{indices.dtype}/{indptr.dtype}")
+    if len(data) != len(indices) or len(indptr) < 1:
+        raise bad(f"{len(data)} scores for {len(indices)} document indices")
+    if int(indptr[0]) != 0 or int(indptr[-1]) != len(data) or (np.diff(indptr) < 0).any():
+        raise bad("indptr is not a non-decreasing offset array from 0 to the number of scores")
+    if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= n_docs):
+        raise bad(f"a document index outside [0, {n_docs})")
+    if not np.isfinite(data).all():
+        raise bad("non-finite scores")
+    n_cols = len(indptr) - 1
+    if not isinstance(vocab, dict):
+        raise bad("the vocabulary is not a mapping")
+    for token, col in vocab.items():
+        if isinstance(col, bool) or not isinstance(col, (int, np.integer)) or not (
+                0 <= col < n_cols or (token == "" and col == n_cols)):
+            raise bad(f"vocabulary id {col!r} of {str(token)[:40]!r} outside [0, {n_cols})")
 
 
 class BM25Retrieve(Stage):

@@ -4,6 +4,7 @@
     funnel index PATH --out DIR               cluster + index a folder of .txt/.md/.jsonl files
     funnel query DIR "question" [-k 5]        query an index; prints results and the stage trace
     funnel build CORPUS OUT [--engine ray]    offline pipeline (BM25, kNN, clusters, embeddings)
+    funnel eval CONFIG.toml [--quiet-check]   evaluate systems on a dataset: JSON, Markdown, PNG
 
 Benchmarks are scripts in the repository (``python benchmarks/bench_NAME.py``), not part of the
 installed command.
@@ -129,6 +130,19 @@ def _cmd_query(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from funnel_core.evaluation.config import run_config
+
+    report, paths = run_config(args.config, n_timing=args.n_timing, quiet_check=args.quiet_check or None,
+                               max_load=args.max_load, quiet_load=args.quiet_load, limit=args.limit,
+                               output=args.out,
+                               progress=not args.no_progress)
+    print(report.to_markdown())
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from funnel_core.demo import run_demo
 
@@ -185,6 +199,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rerank", action="store_true",
                    help="rerank passages with the packaged MiniLM (default: BM25 over the passages)")
     p.set_defaults(fn=_cmd_query)
+
+    p = sub.add_parser("eval", help="evaluate retrieval systems on a dataset (quality with intervals, "
+                       "cost per query) from a TOML configuration; writes report.json, report.md, pareto.png",
+                       description="See docs/evaluation.md for the configuration format.")
+    p.add_argument("config", help="TOML file: [dataset], [evaluate], [systems.NAME] tables")
+    p.add_argument("--out", default=None, help="output folder (default: [evaluate] output, else eval-out)")
+    p.add_argument("--n-timing", type=int, default=None, help="questions to time (0: none)")
+    p.add_argument("--limit", type=int, default=None, help="evaluate a seeded sample of this many questions")
+    p.add_argument("--quiet-check", action="store_true",
+                   help="before timing, wait (bounded by quiet_timeout) for the load average to fall")
+    p.add_argument("--max-load", type=float, default=None,
+                   help="withhold seconds when the 1-minute load average exceeds this (default: cores)")
+    p.add_argument("--quiet-load", type=float, default=None,
+                   help="--quiet-check waits for the load average to fall to this (default: --max-load)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(fn=_cmd_eval)
 
     args = parser.parse_args(argv)
     try:

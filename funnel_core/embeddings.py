@@ -313,6 +313,9 @@ class DenseIndex(FreshOnCopy):
         """Remove the units with these ids (unknown ids are ignored); return how many."""
         if isinstance(ids, str):
             raise TypeError("delete expects a list of ids; wrap a single id in a list.")
+        ids = list(ids)
+        if any(i is None for i in ids):  # str(None) would delete a unit whose id is "None"
+            raise TypeError("delete got None among the ids; pass the units' ids (str).")
         drop = {str(i) for i in ids}
         with self._write_lock:
             st = self._state
@@ -339,14 +342,16 @@ class DenseIndex(FreshOnCopy):
         if isinstance(queries, str):
             raise TypeError("search_many expects a list of queries; use search() for one query.")
         queries = [check_query(q) for q in queries]
-        q_emb = self.embedder.encode(queries) if query_embeddings is None else query_embeddings
+        given = query_embeddings is not None
+        q_emb = _query_matrix(self.embedder.encode(queries) if not given else query_embeddings,
+                              len(queries), int(st.embeddings.shape[1]), given)
         k = min(k, len(st.units))
         out = []
         if st.ann is not None:
             ann = st.ann
             params = _faiss().SearchParametersHNSW()
             params.efSearch = max(self.ef_search, k)
-            sims, ids = ann.search(np.ascontiguousarray(q_emb, dtype=np.float32), k, params=params)
+            sims, ids = ann.search(q_emb, k, params=params)
             for qi, q in enumerate(queries):
                 out.append([] if not q else [st.units[int(i)].rescored(float(d), "dense")
                                              for d, i in zip(sims[qi], ids[qi]) if i >= 0])
@@ -423,6 +428,37 @@ class DenseIndex(FreshOnCopy):
         """Load an index written by :meth:`save` (``verify=False`` skips the SHA-256 checks)."""
         return load_snapshot(path, cls.FORMAT, cls.FORMAT_VERSION, "dense index",
                              lambda folder, m: cls._read(folder, m["meta"], embedder), verify=verify)
+
+
+def _query_matrix(q_emb: Any, n: int, dim: int, given: bool) -> np.ndarray:
+    """Query embeddings as a C-contiguous float32 (n, dim) matrix of finite numbers, or an error
+    naming the shape/value and the fix (never a raw numpy/faiss error, an IndexError, or NaN
+    scores ranked as hits)."""
+    source = "query_embeddings" if given else "the embedder's query embeddings"
+    try:
+        arr = np.asarray(q_emb)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{source} must be a (n_queries, {dim}) float array, got "
+                        f"{type(q_emb).__name__} ({exc}).") from exc
+    if arr.dtype.kind not in "fiu" or arr.dtype == np.bool_:
+        raise TypeError(f"{source} must hold numbers (float32), got dtype {arr.dtype}.")
+    if arr.ndim == 1 and n == 1 and arr.shape[0] == dim:
+        arr = arr[None, :]
+    if arr.ndim != 2 or arr.shape[1] != dim:
+        raise ValueError(f"{source} have shape {arr.shape}, the index holds {dim}-d embeddings; "
+                         f"pass a ({n}, {dim}) array from the model the index was built with.")
+    if arr.shape[0] != n:
+        raise ValueError(f"{source} have {arr.shape[0]} rows for {n} queries; pass one row per "
+                         "query, in the same order.")
+    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    finite = np.isfinite(arr).all(axis=1)
+    if not finite.all():
+        rows = np.flatnonzero(~finite)[:5].tolist()
+        raise ValueError(f"{source} hold NaN or infinite values (rows {rows}); a NaN query matches "
+                         "nothing meaningfully. "
+                         + ("Pass finite embeddings." if given else
+                            "Check the embedding model (e.g. load it with dtype='float32')."))
+    return arr
 
 
 def _faiss() -> Any:

@@ -30,6 +30,7 @@ import string
 from abc import ABC, abstractmethod
 from typing import Any, Sequence
 
+from funnel_core import counters
 from funnel_core.errors import FunnelError, check_positive_int, check_probability
 from funnel_core.hardware import normalize_dtype, resolve_dtype
 from funnel_core.models import LazyModel, gguf_model_kwargs, load_pretrained, resolve_device, tokenizer_lock
@@ -66,6 +67,10 @@ def _check_prompts(prompts: Any) -> list[str]:
 
 class LLM(ABC):
     """A text-generation provider.
+
+    Every successful :meth:`generate` / :meth:`next_token_logprobs` adds its prompts to
+    ``llm_calls`` in :mod:`funnel_core.counters`; :class:`TransformersLLM` also adds the prompt
+    tokens it read and the completion tokens it generated.
 
     Args:
         timeout: Seconds one call (one batch) may take; ``None`` waits forever. On timeout the
@@ -121,7 +126,9 @@ class LLM(ABC):
         if not prompts:
             return []
         out = self._guarded("generate", len(prompts), lambda: self._generate(prompts, **params))
-        return self._check_shape(out, len(prompts), n)
+        out = self._check_shape(out, len(prompts), n)
+        counters.add(llm_calls=len(prompts))
+        return out
 
     async def agenerate(self, prompts: Sequence[str], *, n: int = 1, temperature: float = 0.0,
                         top_p: float = 1.0, top_k: int = 0,
@@ -140,7 +147,9 @@ class LLM(ABC):
             raise
         except Exception as exc:
             raise LLMError(self._failure_message("generate", len(prompts), exc)) from exc
-        return self._check_shape(out, len(prompts), n)
+        out = self._check_shape(out, len(prompts), n)
+        counters.add(llm_calls=len(prompts))
+        return out
 
     def next_token_logprobs(self, prompts: Sequence[str],
                             candidates: Sequence[str]) -> list[list[float]]:
@@ -170,6 +179,7 @@ class LLM(ABC):
         if len(out) != len(prompts) or any(len(row) != len(candidates) for row in out):
             raise LLMError(f"{self!r} returned log-probabilities of the wrong shape for "
                            f"{len(prompts)} prompts x {len(candidates)} candidates.")
+        counters.add(llm_calls=len(prompts))
         return [[float(v) for v in row] for row in out]
 
     # -- policy ----------------------------------------------------------------------------
@@ -331,6 +341,7 @@ class TransformersLLM(LLM):
         with tokenizer_lock(tokenizer):
             enc = tokenizer(texts, return_tensors="pt", padding=True, truncation=True,
                             max_length=self.max_length, add_special_tokens=False)
+        counters.add(llm_prompt_tokens=int(enc["attention_mask"].sum()))
         return {k: v.to(device) for k, v in enc.items()}
 
     # -- generation ------------------------------------------------------------------------
@@ -359,6 +370,7 @@ class TransformersLLM(LLM):
                     seqs = self._sample_shared_prefill(model, enc, n, gen_kwargs)
                 else:
                     seqs = model.generate(**enc, **gen_kwargs)
+            counters.add(llm_completion_tokens=int((seqs[:, width:] != tokenizer.pad_token_id).sum()))
             texts = tokenizer.batch_decode(seqs[:, width:], skip_special_tokens=True)
             texts = [t.strip() for t in texts]
             if sample and n > 1:

@@ -49,6 +49,9 @@ import os
 import re
 import secrets
 import shutil
+import stat
+import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
@@ -77,7 +80,8 @@ _SNAPSHOT_RE = re.compile(r"^snapshot-(\d{8})-([0-9a-f]{8})$")
 _TMP_RE = re.compile(r"^\.tmp-[0-9a-f]{16}$")
 _POINTER_TMP_RE = re.compile(r"^\.CURRENT\.tmp-[0-9a-f]{16}$")
 _MAX_POINTER_BYTES = 4096
-_LOAD_ATTEMPTS = 5
+_MAX_MANIFEST_BYTES = 64 * 2**20
+_LOAD_ATTEMPTS = 30
 
 T = TypeVar("T")
 
@@ -102,14 +106,18 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _sha256_file(path: Path, fsync: bool = False) -> tuple[str, int]:
-    """SHA-256 and size of the file at ``path``; with ``fsync`` (saving) also flushed to disk."""
+def _sha256_file(path: Path, fsync: bool = False, limit: int | None = None) -> tuple[str, int]:
+    """SHA-256 and size of the file at ``path``; with ``fsync`` (saving) also flushed to disk.
+    With ``limit`` (loading: the declared size) at most ``limit + 1`` bytes are read, so a file
+    that grew (or never ends) is detected without reading it all."""
     h = hashlib.sha256()
     size = 0
-    with open(path, "rb+" if fsync else "rb") as f:
-        while chunk := f.read(1 << 20):
+    with (open(path, "rb+") if fsync else _open_plain(path)) as f:
+        while chunk := f.read(1 << 20 if limit is None else min(1 << 20, limit + 1 - size)):
             h.update(chunk)
             size += len(chunk)
+            if limit is not None and size > limit:
+                break
         if fsync:
             f.flush()
             os.fsync(f.fileno())
@@ -147,7 +155,8 @@ def _claim(path: Path) -> Path:
             f"{str(path)!r} is a file, not a folder; funnel-rag saves into a folder of its own. "
             "Pick another path (e.g. a new sub-folder) or move the file away.")
     marker = path / MARKER
-    if marker.is_file():
+    if os.path.lexists(marker):
+        _check_plain(marker, path, f"the marker {MARKER!r}")
         return marker
     if path.is_dir():
         entries = [p.name for p in path.iterdir()]
@@ -181,7 +190,8 @@ def _pointer_bytes(payload: Mapping[str, Any]) -> bytes:
 def _read_pointer(path: Path, what: str) -> dict[str, Any]:
     f = path / POINTER
     try:
-        with open(f, "rb") as fh:
+        _check_plain(f, path, f"the pointer file {str(f)!r}")
+        with _open_plain(f) as fh:
             data = fh.read(_MAX_POINTER_BYTES + 1)
     except FileNotFoundError:
         if not path.exists():
@@ -191,8 +201,8 @@ def _read_pointer(path: Path, what: str) -> dict[str, Any]:
             raise PersistError(
                 f"{str(path)!r} holds a {what} in the old (pre-snapshot) layout, which this "
                 "version does not read; rebuild it and save it again.") from None
-        raise PersistError(f"no {what} at {str(path)!r} (missing {POINTER}: nothing was ever "
-                           "committed there); build one and save it there first.") from None
+        raise PersistError(f"no {what} at {str(path)!r} (missing {POINTER} and no snapshot: "
+                           "nothing was ever committed there); build one and save it there first.") from None
     except IsADirectoryError:
         raise PersistError(f"{str(f)!r} is a folder, not a funnel-rag pointer file.") from None
     except NotADirectoryError:
@@ -212,29 +222,102 @@ def _read_pointer(path: Path, what: str) -> dict[str, Any]:
     return payload
 
 
+def _check_plain(f: Path, root: Path, what: str, kind: str = "file") -> os.stat_result:
+    """``lstat`` of ``f``, refusing a symbolic link (we never follow links in a persist folder:
+    one could point anywhere, e.g. ``/dev/zero`` or another user's files) and anything but a
+    regular file (``kind="file"``) or folder (``kind="dir"``): a FIFO would block the load
+    forever, a device never ends. ``FileNotFoundError`` propagates."""
+    st = os.lstat(f)
+    if stat.S_ISLNK(st.st_mode):
+        raise PersistError(f"{what} is a symbolic link ({str(f)!r} -> {os.readlink(f)!r}); funnel-rag "
+                           f"never follows links inside a persist folder ({str(root)!r}). Replace the "
+                           "link by a copy of what it points to, or save the object again.")
+    ok = stat.S_ISDIR(st.st_mode) if kind == "dir" else stat.S_ISREG(st.st_mode)
+    if not ok:
+        raise PersistError(f"{what} ({str(f)!r}) is not a regular {kind} (a FIFO, device, socket or "
+                           f"{'file' if kind == 'dir' else 'folder'}); the persist folder is damaged "
+                           "or tampered with: save the object again.")
+    return st
+
+
+def _open_plain(f: Path) -> Any:
+    """Open a file checked by :func:`_check_plain` without following a link swapped in since
+    and without blocking on a FIFO; re-check that it is a regular file."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(f, flags)
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise PersistError(f"cannot open {str(f)!r} ({exc}); it may be a symbolic link: save the "
+                           "object again.") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise PersistError(f"{str(f)!r} is not a regular file; save the object again.")
+    return os.fdopen(fd, "rb")
+
+
+def _read_bounded(f: Path, limit: int) -> bytes:
+    with _open_plain(f) as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise PersistError(f"{str(f)!r} is larger than {limit} bytes; it is not a funnel-rag "
+                           "manifest (damaged or tampered with): save the object again.")
+    return data
+
+
+def _check_tree(folder: Path, root: Path) -> None:
+    """Refuse any symbolic link or special file anywhere in a snapshot folder (readers open
+    files by name, so a link left unlisted in the manifest must not be reachable either)."""
+    _check_plain(folder, root, f"the snapshot {folder.name!r}", "dir")
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        for name in dirnames:
+            _check_plain(Path(dirpath) / name, root, f"the folder {name!r}", "dir")
+        for name in filenames:
+            _check_plain(Path(dirpath) / name, root, f"the file {name!r}")
+
+
 def _reject_constant(token: str) -> Any:
     raise ValueError(f"{token} is not allowed in a funnel-rag manifest")
 
 
 # -- saving --------------------------------------------------------------------------------------
 def save_snapshot(path: str | os.PathLike, fmt: str, version: int,
-                  write: Callable[[Path], Mapping[str, Any]]) -> Path:
+                  write: Callable[[Path], Mapping[str, Any]], owner: str | None = None,
+                  overwrite: bool = True) -> Path:
     """Commit a new snapshot of an object to the persist folder ``path``.
 
     Args:
         path: The persist folder (created if missing; must be empty or one of ours).
-        fmt: The object's format name, e.g. ``"funnel-rag.bm25"``.
+        fmt: The object's format name, e.g. ``"funnel-rag.bm25"``. A folder whose committed
+            snapshot holds another format is refused (a BM25 save never replaces a dense index).
         version: The object's format version.
         write: ``write(folder) -> settings``: writes the object's files into ``folder`` and
             returns its settings (JSON-safe), stored in the manifest under ``"meta"``.
+        owner: An id of the saving object, recorded in the manifest. With ``overwrite=False``
+            a folder whose committed snapshot records another owner is refused (two objects
+            persisted into one folder by mistake would otherwise replace each other).
+        overwrite: Replace a snapshot saved by another owner.
 
     Returns:
         The committed snapshot folder.
+
+    Ownership is recorded, not guessed from names: every temp folder, snapshot and pointer temp
+    file is written to the journal ``.funnel-rag.journal`` (fsynced) before it is created, and
+    the clean-up after a commit removes only journal entries and the snapshot the previous
+    pointer named, never a user's ``snapshot-00000099-deadbeef/`` that merely looks like ours.
     """
     path = Path(path)
     marker = _claim(path)
     with _locked(marker):
+        try:
+            before: str | None = _read_pointer(path, "object")["snapshot"]
+        except PersistError:
+            before = None
+        _refuse_other_kind(path, before, fmt, owner, overwrite)
+        journal = _Journal(path)
         tmp = path / f".tmp-{secrets.token_hex(8)}"
+        journal.add(tmp.name)
         tmp.mkdir()
         _step("tmp_created")
         try:
@@ -251,6 +334,8 @@ def save_snapshot(path: str | os.PathLike, fmt: str, version: int,
             _step("files_synced")
             manifest = {"format": fmt, "version": int(version), "layout": LAYOUT_VERSION,
                         "files": files, "meta": dict(meta or {})}
+            if owner is not None:
+                manifest["owner"] = str(owner)
             try:
                 data = json.dumps(manifest, indent=1, sort_keys=True, allow_nan=False).encode()
             except ValueError as exc:
@@ -262,6 +347,7 @@ def save_snapshot(path: str | os.PathLike, fmt: str, version: int,
             seq = 1 + max([int(m.group(1)) for m in map(_SNAPSHOT_RE.match, _listdir(path)) if m],
                           default=0)
             name = f"snapshot-{seq:08d}-{secrets.token_hex(4)}"
+            journal.add(name)
             os.rename(tmp, path / name)
             _fsync_dir(path)
             _step("snapshot_renamed")
@@ -269,31 +355,180 @@ def save_snapshot(path: str | os.PathLike, fmt: str, version: int,
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         ptr_tmp = path / f".CURRENT.tmp-{secrets.token_hex(8)}"
+        journal.add(ptr_tmp.name)
         try:
             _write_durable(ptr_tmp, _pointer_bytes({
                 "snapshot": name, "format": fmt, "manifest_sha256": hashlib.sha256(data).hexdigest()}))
             _step("pointer_written")
             os.replace(ptr_tmp, path / POINTER)
             _step("pointer_replaced")
-            _fsync_dir(path)
-            _step("committed")
         except BaseException:
             with contextlib.suppress(OSError):
                 ptr_tmp.unlink()
             raise
-        # clean up what crashed saves and older commits left behind; never anything else
-        for entry in _listdir(path):
-            if entry == name:
-                continue
-            if _SNAPSHOT_RE.match(entry) or _TMP_RE.match(entry):
-                shutil.rmtree(path / entry, ignore_errors=True)
-                _step("cleanup")
-            elif _POINTER_TMP_RE.match(entry):
-                with contextlib.suppress(OSError):
-                    (path / entry).unlink()
-        _fsync_dir(path)
-        _step("done")
+        # committed: from here on nothing may raise (the new snapshot is what CURRENT names)
+        _after_commit(path, journal, name, before)
     return path / name
+
+
+def _after_commit(path: Path, journal: "_Journal", name: str, before: str | None) -> None:
+    try:
+        _fsync_dir(path)
+        _step("committed")
+    except OSError as exc:
+        warnings.warn(f"the save to {str(path)!r} committed snapshot {name!r}, but syncing the "
+                      f"folder afterwards failed ({exc}); after a power loss the previous snapshot "
+                      "may be the one loaded. Check the disk.", RuntimeWarning, stacklevel=3)
+    try:
+        _cleanup(path, journal, name, before)
+    except OSError as exc:  # best effort: what is left is removed by the next save
+        warnings.warn(f"the save to {str(path)!r} committed, but cleaning up older snapshots "
+                      f"failed ({exc}); the next save retries.", RuntimeWarning, stacklevel=3)
+
+
+def _cleanup(path: Path, journal: "_Journal", name: str, before: str | None) -> None:
+    """Remove what our records say we wrote and no longer need: journal entries (crashed
+    saves' temp folders and pointer temps, superseded snapshots) and the snapshot the previous
+    pointer named. Snapshots are removed only while no reader holds the readers' lock (it skips
+    the removal otherwise: the entries stay in the journal for the next save), and only when
+    the previous pointer was readable or the snapshot was never committed (a lost ``CURRENT``
+    leaves every committed snapshot in place, so nothing recoverable is deleted)."""
+    recorded, committed = journal.names()
+    owned = recorded | ({before} if before else set())
+    keep = {name}
+    readers = _readers_lock(path, blocking=False)
+    try:
+        for entry in sorted(owned - keep):
+            full = path / entry
+            if _SNAPSHOT_RE.match(entry):
+                if readers is None or (before is None and entry in committed):
+                    keep.add(entry)
+                    continue
+                if full.is_dir() and not full.is_symlink():
+                    shutil.rmtree(full, ignore_errors=True)
+                    _step("cleanup")
+            elif _TMP_RE.match(entry):
+                if full.is_dir() and not full.is_symlink():
+                    shutil.rmtree(full, ignore_errors=True)
+                    _step("cleanup")
+            elif _POINTER_TMP_RE.match(entry):
+                with contextlib.suppress(FileNotFoundError):
+                    full.unlink()
+            if full.exists() or full.is_symlink():
+                keep.add(entry)
+    finally:
+        if readers is not None:
+            _unlock(readers)
+    journal.reset(keep, (committed & keep) | {name})
+    _fsync_dir(path)
+    _step("done")
+
+
+def _refuse_other_kind(path: Path, before: str | None, fmt: str, owner: str | None,
+                       overwrite: bool) -> None:
+    if before is None:
+        return
+    try:
+        manifest = json.loads(_read_bounded(path / before / MANIFEST, _MAX_MANIFEST_BYTES))
+        got = manifest.get("format") if isinstance(manifest, dict) else None
+    except (OSError, ValueError, PersistError):
+        return  # a damaged snapshot: the new save replaces it
+    if isinstance(got, str) and got != fmt:
+        raise PersistError(
+            f"refusing to save a {fmt!r} into {str(path)!r}: it holds a {got!r}, and one folder "
+            "holds one object. Save into another folder, or delete this one first if you mean to "
+            "replace it.")
+    theirs = manifest.get("owner")
+    if not overwrite and owner is not None and isinstance(theirs, str) and theirs != owner:
+        raise PersistError(
+            f"refusing to save into {str(path)!r}: it holds a {got!r} persisted by another object "
+            "(two objects persisted into one folder would replace each other). Persist this one "
+            "into another folder, or pass overwrite=True to replace what is there.")
+
+
+def snapshot_owner(manifest: Mapping[str, Any]) -> str | None:
+    """The ``owner`` recorded by :func:`save_snapshot` (``None`` if none)."""
+    owner = manifest.get("owner")
+    return owner if isinstance(owner, str) and len(owner) <= 128 else None
+
+
+JOURNAL = ".funnel-rag.journal"
+READERS = ".funnel-rag.readers"
+
+
+class _Journal:
+    """Names of the entries this folder's saves created, one per line, fsynced before the entry
+    exists (so a save killed at any point leaves a record of what it left behind)."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = path / JOURNAL
+
+    def names(self) -> tuple[set[str], set[str]]:
+        """(every name recorded, the snapshot names recorded as committed)."""
+        try:
+            _check_plain(self.file, self.file.parent, "the journal")
+            raw = _read_bounded(self.file, 16 * 2**20).decode("ascii", "replace")
+        except (FileNotFoundError, PersistError):
+            return set(), set()
+        ok = (_SNAPSHOT_RE, _TMP_RE, _POINTER_TMP_RE)
+        names, committed = set(), set()
+        for line in raw.splitlines():
+            done = line.startswith("committed ")
+            name = line[len("committed "):] if done else line
+            if any(r.match(name) for r in ok):
+                names.add(name)
+                if done:
+                    committed.add(name)
+        return names, committed
+
+    def add(self, name: str) -> None:
+        fd = os.open(self.file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        try:
+            os.write(fd, name.encode("ascii") + b"\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def reset(self, names: set[str], committed: set[str]) -> None:
+        tmp = self.file.with_name(f"{JOURNAL}.tmp-{secrets.token_hex(8)}")
+        lines = [f"committed {n}" if n in committed else n for n in sorted(names)]
+        _write_durable(tmp, "".join(f"{line}\n" for line in lines).encode("ascii"))
+        os.replace(tmp, self.file)
+
+
+def _readers_lock(path: Path, blocking: bool, shared: bool = False) -> int | None:
+    """A lock on ``.funnel-rag.readers``: loads hold it shared while they read a snapshot, the
+    clean-up exclusive (non-blocking: it skips removing snapshots while anyone reads). Returns
+    the locked fd, or ``None`` when the lock is unavailable (held, or no such file/flock)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        return None
+    f = path / READERS
+    try:
+        if not shared:
+            fd = os.open(f, os.O_RDONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        else:
+            _check_plain(f, path, "the readers' lock")
+            fd = os.open(f, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except (OSError, PersistError):
+        return None
+    op = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if blocking else fcntl.LOCK_NB)
+    try:
+        fcntl.flock(fd, op)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _unlock(fd: int) -> None:
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def _listdir(path: Path) -> list[str]:
@@ -316,17 +551,20 @@ def _check_relpath(rel: Any, folder: Path) -> Path:
 
 
 def _open(path: Path, fmt: str | Sequence[str], max_version: int, what: str,
-          verify: bool) -> tuple[Path, dict[str, Any], str]:
-    pointer = _read_pointer(path, what)
+          verify: bool, pointer: dict[str, Any] | None = None) -> tuple[Path, dict[str, Any], str]:
+    recovering = pointer is not None
+    if pointer is None:
+        pointer = _read_pointer(path, what)
     name = pointer["snapshot"]
     folder = path / name
     mfile = folder / MANIFEST
     try:
-        data = mfile.read_bytes()
+        _check_tree(folder, path)
+        data = _read_bounded(mfile, _MAX_MANIFEST_BYTES)
     except FileNotFoundError:
         raise _Vanished(name, f"the committed snapshot {str(folder)!r} is missing (deleted by "
                               "hand?); rebuild and save again.") from None
-    if hashlib.sha256(data).hexdigest() != pointer.get("manifest_sha256"):
+    if not recovering and hashlib.sha256(data).hexdigest() != pointer.get("manifest_sha256"):
         raise PersistError(f"the manifest {str(mfile)!r} does not match its checksum in "
                            f"{POINTER}: it is corrupt; rebuild and save again.")
     try:
@@ -354,13 +592,18 @@ def _open(path: Path, fmt: str | Sequence[str], max_version: int, what: str,
         f = _check_relpath(rel, folder)
         if not isinstance(info, dict) or not isinstance(info.get("sha256"), str):
             raise PersistError(f"the manifest {str(mfile)!r} has no checksum for {rel!r}.")
-        if not verify:
-            if not f.is_file():
-                raise _Vanished(name, f"the file {str(f)!r} listed in the manifest is missing; "
-                                      "the snapshot is damaged: rebuild and save again.")
-            continue
+        declared = info.get("size")
+        if isinstance(declared, bool) or not isinstance(declared, int) or declared < 0:
+            raise PersistError(f"the manifest {str(mfile)!r} has no valid size for {rel!r}.")
         try:
-            digest, size = _sha256_file(f)
+            st = _check_plain(f, path, f"the file {rel!r}")
+            if st.st_size != declared:
+                raise PersistError(f"checksum mismatch for {str(f)!r}: it has {st.st_size} bytes, "
+                                   f"its manifest says {declared}; the file is corrupt or was changed after saving; rebuild and "
+                                   "save again (or restore a backup).")
+            if not verify:
+                continue
+            digest, size = _sha256_file(f, limit=declared)
         except FileNotFoundError:
             raise _Vanished(name, f"the file {str(f)!r} listed in the manifest is missing; the "
                                   "snapshot is damaged: rebuild and save again.") from None
@@ -388,8 +631,24 @@ def load_snapshot(path: str | os.PathLike, fmt: str | Sequence[str], max_version
         verify: Check the SHA-256 of every file (default). ``False`` only checks that they exist.
     """
     path = Path(path)
+    # a shared lock on the readers' file: a concurrent save does not remove the snapshot we
+    # read (its clean-up skips while we hold it), so the load does not have to chase pointers
+    readers = _readers_lock(path, blocking=True, shared=True) if path.is_dir() else None
+    try:
+        if _pointer_lost(path):
+            return _recover(path, fmt, max_version, what, read)
+        return _load_current(path, fmt, max_version, what, read, verify)
+    finally:
+        if readers is not None:
+            _unlock(readers)
+
+
+def _load_current(path: Path, fmt: str | Sequence[str], max_version: int, what: str,
+                  read: Callable[[Path, dict[str, Any]], T], verify: bool) -> T:
     last: BaseException | None = None
-    for _ in range(_LOAD_ATTEMPTS):
+    for attempt in range(_LOAD_ATTEMPTS):
+        if attempt:  # back off: saves are seconds apart at most, and we lost a race with one
+            time.sleep(min(0.002 * 2 ** attempt, 0.25))
         # A FileNotFoundError while opening or reading means either damage (the pointer still
         # names the same snapshot: raise) or a concurrent save that committed a newer snapshot
         # and removed this one (the pointer moved on: read the new one).
@@ -414,11 +673,51 @@ def load_snapshot(path: str | os.PathLike, fmt: str | Sequence[str], max_version
                        f"({_LOAD_ATTEMPTS} attempts); retry when saves to it have stopped.") from last
 
 
+def _snapshot_dirs(path: Path) -> list[str]:
+    """Snapshot folders in ``path`` (real folders, not links), newest first."""
+    out = []
+    for entry in _listdir(path):
+        m = _SNAPSHOT_RE.match(entry)
+        if m and stat.S_ISDIR(os.lstat(path / entry).st_mode):
+            out.append((int(m.group(1)), entry))
+    return [e for _, e in sorted(out, reverse=True)]
+
+
+def _pointer_lost(path: Path) -> bool:
+    return (path.is_dir() and (path / MARKER).is_file() and not os.path.lexists(path / POINTER)
+            and bool(_snapshot_dirs(path)))
+
+
+def _recover(path: Path, fmt: str | Sequence[str], max_version: int, what: str,
+             read: Callable[[Path, dict[str, Any]], T]) -> T:
+    """``CURRENT`` is missing but snapshots are there: load the newest one that is complete and
+    whose every file verifies (SHA-256), and say so. Nothing is deleted (the next save keeps
+    every snapshot a lost pointer could have named)."""
+    errors = []
+    for name in _snapshot_dirs(path):
+        try:
+            folder, manifest, _ = _open(path, fmt, max_version, what, True,
+                                        pointer={"snapshot": name})
+            obj = read(folder, manifest)
+        except Exception as exc:  # damaged or incomplete: try the next older one
+            errors.append(f"{name}: {exc}")
+            continue
+        warnings.warn(f"{str(path)!r} has no {POINTER} pointer (deleted or lost); loaded the newest "
+                      f"complete, verified snapshot {name!r}. Save the object again to write a new "
+                      "pointer; nothing was deleted.", RuntimeWarning, stacklevel=4)
+        return obj
+    raise PersistError(f"no {what} at {str(path)!r}: its {POINTER} pointer is missing and no snapshot "
+                       f"in it is complete and verified ({'; '.join(errors)[:600]}); restore the "
+                       "folder from a backup, or rebuild and save again into a new folder.")
+
+
 def snapshot_info(path: str | os.PathLike) -> dict[str, Any]:
     """The committed snapshot's name and manifest (no verification), for inspection."""
     path = Path(path)
     pointer = _read_pointer(path, "persisted object")
-    manifest = json.loads((path / pointer["snapshot"] / MANIFEST).read_text(encoding="utf-8"))
+    folder = path / pointer["snapshot"]
+    _check_tree(folder, path)
+    manifest = json.loads(_read_bounded(folder / MANIFEST, _MAX_MANIFEST_BYTES).decode("utf-8"))
     return {"snapshot": pointer["snapshot"], **manifest}
 
 

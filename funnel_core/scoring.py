@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-__all__ = ["sigmoid", "minmax", "normalize_scores", "rank_by_scores", "NORMALIZATIONS", "TIE_EPS"]
+__all__ = ["sigmoid", "minmax", "normalize_scores", "rank_by_scores", "check_finite_scores",
+           "NORMALIZATIONS", "TIE_EPS"]
 
 NORMALIZATIONS = ("minmax", "zscore", "none")
 #: Spreads at or below this count as "all scores equal".
@@ -61,10 +62,32 @@ def normalize_scores(scores: Sequence[float], method: str = "minmax") -> list[fl
     return [(v - mean) / std for v in vals]
 
 
+def check_finite_scores(scores: Sequence[float], who: str = "scores",
+                        ids: Sequence[object] | None = None, fix: str = "") -> list[float]:
+    """``scores`` as Python floats, or ``ValueError`` naming how many are NaN/infinite, the first
+    few positions (or ``ids``) and ``fix``: a NaN compares false with everything, so ranking
+    it would put it anywhere (``sorted`` keeps it where it was), never where it belongs."""
+    vals = [float(s) for s in scores]
+    bad = [i for i, v in enumerate(vals) if not math.isfinite(v)]
+    if bad:
+        where = [ids[i] for i in bad[:5]] if ids is not None else bad[:5]
+        label = "ids" if ids is not None else "positions"
+        more = ", ..." if len(bad) > 5 else ""
+        raise ValueError(
+            f"{who} returned {len(bad)} non-finite score(s) of {len(vals)} ({label} "
+            f"{', '.join(map(repr, where))}{more}: {[vals[i] for i in bad[:5]]}); a NaN cannot be "
+            f"ranked. {fix or 'Check the model or the inputs that produced them.'}")
+    return vals
+
+
 def rank_by_scores(scores: Sequence[float], top_n: int | None = None,
                    threshold: float | None = None) -> list[int]:
     """Indices of ``scores``, best first; equal scores keep their input order. Scores below
-    ``threshold`` are dropped, then at most ``top_n`` indices are kept."""
+    ``threshold`` are dropped, then at most ``top_n`` indices are kept. A NaN score raises
+    ``ValueError`` (see :func:`check_finite_scores`); ``-inf``/``inf`` are ordered as numbers."""
+    nan = [i for i, s in enumerate(scores) if math.isnan(float(s))]
+    if nan:
+        raise ValueError(f"cannot rank NaN scores (positions {nan[:5]}); drop or fix them first.")
     order = sorted(range(len(scores)), key=lambda i: -float(scores[i]))
     if threshold is not None:
         order = [i for i in order if float(scores[i]) >= threshold]

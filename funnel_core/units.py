@@ -115,6 +115,9 @@ class Unit:
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str):
+            if self.id is None:  # str(None) == "None" would collide, and delete([None]) hit it
+                raise TypeError("Unit.id is None; give every unit a unique id (a str, or an int "
+                                "that is turned into one), e.g. Unit(id='doc-1', text=...).")
             self.id = str(self.id)
         if not isinstance(self.text, str):
             raise TypeError(

@@ -117,7 +117,8 @@ class DenseRetriever(UnitRetriever):
         default the packaged all-MiniLM-L6-v2) into Milvus (``backend=``) or memory."""
         units = units_from_documents(documents, "passage")
         b = as_backend(backend)
-        index: Any = b.dense(embedder, **index_config) if b is not None else DenseIndex(embedder)
+        index: Any = b.dense(embedder, **index_config) if b is not None \
+            else DenseIndex(embedder, **index_config)
         return cls(index=index.index(units), k=k)
 
     @classmethod

@@ -98,7 +98,8 @@ class BM25Retriever(UnitRetriever):
     @classmethod
     def load(cls, path: str | Path, **overrides: Any) -> "BM25Retriever":
         """Load what :meth:`save` wrote, with the saved settings (``overrides`` win). A
-        retriever saved over Milvus re-opens its collection (``token=`` for a server)."""
+        retriever saved over Milvus re-opens its collection at ``backend=`` (the Milvus URI or a
+        ``MilvusBackend``; ``token=`` for a server): the folder records neither."""
         return _load(cls, path, BM25Index, overrides)
 
 
@@ -179,7 +180,8 @@ class ClusteredBM25Retriever(UnitRetriever):
     @classmethod
     def load(cls, path: str | Path, **overrides: Any) -> "ClusteredBM25Retriever":
         """Load what :meth:`save` wrote, with the saved settings (``overrides`` win). A
-        retriever saved over Milvus re-opens its collections (``token=`` for a server)."""
+        retriever saved over Milvus re-opens its collections at ``backend=`` (the Milvus URI
+        or a ``MilvusBackend``; ``token=`` for a server): the folder records neither."""
         return _load(cls, path, ClusteredBM25Index, overrides)
 
 
@@ -203,6 +205,7 @@ def _save(retriever: Any, path: str | Path) -> None:
 
 def _load(cls: Any, path: str | Path, index_cls: Any, overrides: dict[str, Any]) -> Any:
     token = overrides.pop("token", None)
+    backend = overrides.pop("backend", None)  # where a Milvus index lives: the caller says
 
     def read(folder: Path, manifest: dict) -> tuple:
         meta = manifest["meta"]
@@ -221,10 +224,11 @@ def _load(cls: Any, path: str | Path, index_cls: Any, overrides: dict[str, Any])
         if ours:
             raise
         # a bare index folder (index.save(path)); a Milvus one re-opens its collection
-        settings, index = {}, load_index(path, index_cls, **({"token": token} if token else {}))
+        milvus = {"uri": backend, "token": token} if backend is not None or token else {}
+        settings, index = {}, load_index(path, index_cls, **milvus)
     check_kwargs(f"{cls.__name__}.load", overrides, cls._settings)
     if isinstance(index, dict):  # saved over Milvus: re-open the collection (outside the
-        index = open_index(index, token=token)  # snapshot read, so its errors are its own)
+        index = open_index(index, uri=backend, token=token)  # snapshot read, so its errors are its own)
     return cls(index=index, **{**settings, **overrides})
 
 

@@ -13,7 +13,7 @@ import asyncio
 from abc import abstractmethod
 from collections import ChainMap
 from contextlib import contextmanager
-from typing import Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Iterator, List, Mapping, Optional, Sequence
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.bridge.pydantic import ConfigDict, PrivateAttr
@@ -235,6 +235,20 @@ class UnitRetriever(BaseRetriever):
     @abstractmethod
     def _search(self, query: str) -> list[Unit]:
         """Return the units for a (non-empty, stripped) query."""
+
+    @staticmethod
+    def _check_query_type(query: Any) -> None:
+        if not isinstance(query, (str, QueryBundle)):
+            raise TypeError(f"retrieve() takes a str or a QueryBundle, got {type(query).__name__} "
+                            f"({query!r:.80}); decode bytes first, e.g. retrieve(data.decode('utf-8')).")
+
+    def retrieve(self, str_or_query_bundle: Any) -> List[NodeWithScore]:
+        self._check_query_type(str_or_query_bundle)  # LlamaIndex would fail on .query_str
+        return super().retrieve(str_or_query_bundle)
+
+    async def aretrieve(self, str_or_query_bundle: Any) -> List[NodeWithScore]:
+        self._check_query_type(str_or_query_bundle)
+        return await super().aretrieve(str_or_query_bundle)
 
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
         query = check_query(query_bundle.query_str)

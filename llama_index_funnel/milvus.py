@@ -171,7 +171,8 @@ class DenseRetriever(UnitRetriever):
         default the packaged all-MiniLM-L6-v2) into Milvus (``backend=``) or memory."""
         nodes = nodes_from(nodes, None)
         b = as_backend(backend)
-        index: Any = b.dense(embedder, **index_config) if b is not None else DenseIndex(embedder)
+        index: Any = b.dense(embedder, **index_config) if b is not None \
+            else DenseIndex(embedder, **index_config)
         units = units_of(nodes, "passage")
         index.index(with_shells(units, nodes) if b is not None else units)
         return cls(index, nodes, similarity_top_k=similarity_top_k, filters=filters)

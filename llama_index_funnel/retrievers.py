@@ -20,6 +20,7 @@ nodes (relationships intact), rebuilt from the collection.
 
 from __future__ import annotations
 
+import secrets
 import warnings
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Sequence, Union
@@ -33,7 +34,7 @@ from funnel_core.backends.milvus import MilvusBackend, as_backend, is_milvus_ent
 from funnel_core.bm25 import BM25Index
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
-from funnel_core.persist import load_snapshot, save_snapshot
+from funnel_core.persist import load_snapshot, save_snapshot, snapshot_owner
 from funnel_core.settings import build_index, keyword_names
 from funnel_core.units import Unit
 from llama_index_funnel._base import UnitRetriever, units_to_nodes
@@ -89,6 +90,8 @@ class _NodeRetriever(UnitRetriever):
     _index_cls: ClassVar[Any] = None
     _index_dir: ClassVar[str] = ""
     index: Any
+    #: Who persisted the folder this retriever persists into (see :meth:`persist`).
+    _owner_id: Optional[str] = None
 
     #: Constructor settings saved by :meth:`persist` (set by subclasses).
     _settings: ClassVar[tuple[str, ...]] = ()
@@ -104,11 +107,13 @@ class _NodeRetriever(UnitRetriever):
             settings["filters"] = None
         return settings
 
-    def persist(self, path: str) -> None:
+    def persist(self, path: str, overwrite: bool = False) -> None:
         """Commit the index (every tokenizer and clustering setting), the nodes and this
         retriever's settings (``similarity_top_k``, ``filters``, ...) to ``path/<_index_dir>``
         (see :mod:`funnel_core.persist`); other files in ``path``, such as a ``StorageContext``'s
-        stores, are left alone."""
+        stores, are left alone. A second retriever of the same class persisted into the same
+        ``path`` is refused (it would replace the first) unless ``overwrite=True``; this
+        retriever, or one loaded from ``path``, may persist there again."""
         index, st = self.index, self.index._require_built()
         nodes = list(self._nodes.values())
         settings = self._saved_settings()
@@ -122,17 +127,30 @@ class _NodeRetriever(UnitRetriever):
             store.persist(str(folder / "nodes.json"))
             return {"index": meta, "n_nodes": len(nodes), "settings": settings}
 
-        save_snapshot(Path(path) / self._index_dir, f"funnel-rag.llama-index.{self._index_dir}", 1, write)
+        save_snapshot(Path(path) / self._index_dir, f"funnel-rag.llama-index.{self._index_dir}", 1, write,
+                      owner=self._persist_owner(), overwrite=overwrite)
+
+    def _persist_owner(self) -> str:
+        """Who persisted a folder: this object, or the one it was loaded from (see persist)."""
+        owner = self._owner_id
+        if owner is None:
+            owner = self._owner_id = secrets.token_hex(8)
+        return owner
 
     @classmethod
     def from_persist_dir(cls, path: str, verify: bool = True, token: Optional[str] = None,
-                         **kwargs: Any) -> Any:
+                         backend: Any = None, **kwargs: Any) -> Any:
         """Load a retriever written by :meth:`persist`, with its saved settings; ``kwargs`` (e.g.
         ``similarity_top_k=``) override them. A retriever persisted over Milvus re-opens its
-        collection (``token=`` for a server; tokens are never written)."""
+        collection at ``backend=`` (the Milvus URI or a ``MilvusBackend``, with ``token=`` for a
+        server): the folder records neither the URI nor the token, only a fingerprint of the URI
+        that ``backend`` must match."""
+
+        owner: list[Optional[str]] = [None]
 
         def read(folder: Path, manifest: dict) -> tuple:
             meta = manifest["meta"]
+            owner[0] = snapshot_owner(manifest)
             entry = meta.get("index") or {}
             settings = dict(meta.get("settings") or {})
             if is_milvus_entry(entry):
@@ -145,11 +163,17 @@ class _NodeRetriever(UnitRetriever):
                                                f"funnel-rag.llama-index.{cls._index_dir}", 1,
                                                f"{cls.__name__} (in {cls._index_dir}/)", read, verify=verify)
         if isinstance(index, dict):  # opened outside the snapshot read: its errors are its own
-            index = open_index(index, token=token)
+            index = open_index(index, uri=backend, token=token)
+        if "max_documents" in settings:  # saved before it was removed: it capped the nodes
+            cap = settings.pop("max_documents")
+            if cap is not None:
+                settings["similarity_top_k"] = min(cap, settings.get("similarity_top_k", cap))
         flt = settings.get("filters")
         if isinstance(flt, dict) and set(flt) == {"metadata_filters"}:
             settings["filters"] = MetadataFilters.model_validate(flt["metadata_filters"])
-        return cls(index, nodes, **{**settings, **kwargs})  # type: ignore[call-arg, arg-type]
+        loaded = cls(index, nodes, **{**settings, **kwargs})  # type: ignore[call-arg, arg-type]
+        loaded._owner_id = owner[0]  # it may persist back into the folder it came from
+        return loaded
 
 
 class BM25Retriever(_NodeRetriever):

@@ -1,22 +1,37 @@
-"""Evaluation: answer recall, contextual integrity, IR metrics (ranx) and dataset loaders."""
+"""Evaluation: dataset loaders, metrics (answer recall, contextual integrity, ranx IR metrics),
+statistics, and the harness ``evaluate(systems, dataset) -> Report`` that compares any retrieval
+pipelines (``funnel_core`` funnels, LlamaIndex and LangChain retrievers) on quality and cost.
+
+Nothing here imports a framework; ranx, matplotlib and tqdm load on use.
+"""
 
 from funnel_core.evaluation.datasets import (
+    FORMATS,
     BeirDataset,
+    EvalDataset,
     SquadArticle,
     SquadQuestion,
     load_beir,
+    load_dataset,
     load_squad,
     squad_question_id,
 )
+from funnel_core.evaluation.harness import evaluate, parse_metric, wait_for_quiet
 from funnel_core.evaluation.metrics import (
     answer_recall,
     contextual_integrity,
     has_answer,
     ir_metrics,
+    ir_metrics_per_query,
     normalize_answer,
     run_from_units,
 )
+from funnel_core.evaluation.report import Report
+from funnel_core.evaluation.stats import bootstrap_ci, mcnemar_exact, paired_bootstrap, percentile
+from funnel_core.evaluation.systems import System
 
-__all__ = ["BeirDataset", "SquadArticle", "SquadQuestion", "load_beir", "load_squad", "squad_question_id",
-           "answer_recall", "contextual_integrity", "has_answer", "ir_metrics",
-           "normalize_answer", "run_from_units"]
+__all__ = ["FORMATS", "BeirDataset", "EvalDataset", "SquadArticle", "SquadQuestion", "load_beir", "load_dataset",
+           "load_squad", "squad_question_id", "evaluate", "parse_metric", "wait_for_quiet", "Report", "System",
+           "answer_recall", "contextual_integrity", "has_answer", "ir_metrics", "ir_metrics_per_query",
+           "normalize_answer", "run_from_units", "bootstrap_ci", "mcnemar_exact", "paired_bootstrap",
+           "percentile"]

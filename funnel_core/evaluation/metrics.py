@@ -13,7 +13,7 @@ from typing import Iterable, Mapping, Sequence
 from funnel_core.units import Unit
 
 __all__ = ["normalize_answer", "has_answer", "answer_recall", "contextual_integrity",
-           "ir_metrics", "run_from_units"]
+           "ir_metrics", "ir_metrics_per_query", "run_from_units"]
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = set(string.punctuation)
@@ -65,16 +65,37 @@ def run_from_units(results: Mapping[str, Sequence[Unit]], id_key: str | None = N
     return run
 
 
+def _ranx_inputs(qrels: Mapping[str, Mapping[str, int]],
+                 run: Mapping[str, Mapping[str, float]]) -> tuple[dict, dict]:
+    qrels = {q: dict(d) for q, d in qrels.items() if d}
+    full_run = {q: dict(run.get(q) or {}) for q in qrels}
+    for q, d in full_run.items():  # ranx rejects empty rankings; a non-relevant dummy scores 0
+        if not d:
+            full_run[q] = {"__none__": 0.0}
+    return qrels, full_run
+
+
+def ir_metrics_per_query(qrels: Mapping[str, Mapping[str, int]], run: Mapping[str, Mapping[str, float]],
+                         metrics: Sequence[str]) -> dict[str, dict[str, float]]:
+    """``{metric: {query_id: value}}`` through ranx, for every judged query (missing or empty
+    rankings count as zero). Metric names are ranx's (``ndcg@10``, ``recall@100``, ``mrr``,
+    ``map@100``, ``precision@5``, ``hit_rate@10``, ...)."""
+    from ranx import Qrels, Run, evaluate
+
+    qrels, full_run = _ranx_inputs(qrels, run)
+    if not qrels:
+        return {m: {} for m in metrics}
+    r = Run(full_run)
+    evaluate(Qrels(qrels), r, list(metrics), make_comparable=True)
+    return {m: {q: float(v) for q, v in r.scores[m].items()} for m in metrics}
+
+
 def ir_metrics(qrels: Mapping[str, Mapping[str, int]], run: Mapping[str, Mapping[str, float]],
                metrics: Sequence[str] = ("ndcg@10", "recall@100")) -> dict[str, float]:
     """Evaluate a run with ranx; queries missing from the run count as zero."""
     from ranx import Qrels, Run, evaluate
 
-    qrels = {q: dict(d) for q, d in qrels.items() if d}
-    full_run = {q: dict(run.get(q) or {}) for q in qrels}
-    empty = [q for q, d in full_run.items() if not d]
-    for q in empty:  # ranx rejects empty rankings; a non-relevant dummy scores 0 for that query
-        full_run[q] = {"__none__": 0.0}
+    qrels, full_run = _ranx_inputs(qrels, run)
     res = evaluate(Qrels(qrels), Run(full_run), list(metrics), make_comparable=True)
     if isinstance(res, float):
         res = {metrics[0]: res}

@@ -376,6 +376,8 @@ class ClusteredBM25Index(FreshOnCopy):
             bm25_config = m["bm25_config"]
             if not isinstance(bm25_config, dict):
                 raise TypeError("bm25_config must be a dict")
+            # saved before BM25's scoring engine was called engine= (it was backend=)
+            bm25_config = {("engine" if k == "backend" else k): v for k, v in bm25_config.items()}
             obj = cls(max_tokens=m["max_tokens"], adjacency=m["adjacency"], knn_k=m["knn_k"],
                       knn_threshold=m["knn_threshold"], **bm25_config)
             next_cluster = check_number(m["next_cluster"], "next_cluster", 0, 1e12, integer=True)

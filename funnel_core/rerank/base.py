@@ -3,22 +3,51 @@
 A :class:`Reranker` needs only :meth:`Reranker.score` (query, texts) -> floats. The base class
 does the rest the same way for every model: copies units (never mutates them), keeps the
 previous score in ``metadata["scores"]``, optional sigmoid normalisation, ``score_threshold``,
-``top_n`` (also as ``reranker % n``), Python-float scores, and an async twin.
+``top_n`` (also as ``reranker % n``), Python-float scores, and an async twin. It also counts
+the work: every call of a subclass's ``score`` adds one to :attr:`Reranker.calls` and the number of
+(query, text) pairs to :attr:`Reranker.pairs_scored` (and to :mod:`funnel_core.counters`, where the
+evaluation harness reads cost per query).
 
 Model loading lives in :mod:`funnel_core.models` and score helpers in :mod:`funnel_core.scoring`.
 """
 
 from __future__ import annotations
 
+import functools
+import threading
 from abc import abstractmethod
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
+from funnel_core import counters
 from funnel_core.errors import check_positive_int
 from funnel_core.funnel import Stage
-from funnel_core.scoring import rank_by_scores, sigmoid
+from funnel_core.scoring import check_finite_scores, rank_by_scores, sigmoid
 from funnel_core.units import Unit
 
 __all__ = ["Reranker"]
+
+_depth = threading.local()
+
+
+def _counted(score: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a subclass's ``score`` so that the outermost call in a thread counts once (a
+    ``score`` that calls another reranker's ``score`` is one call, not two)."""
+
+    @functools.wraps(score)
+    def counted_score(self: "Reranker", query: str, texts: Sequence[str], *args: Any,
+                      **kwargs: Any) -> Any:
+        depth = getattr(_depth, "n", 0)
+        _depth.n = depth + 1
+        try:
+            out = score(self, query, texts, *args, **kwargs)
+        finally:
+            _depth.n = depth
+        if depth == 0:
+            self._count(len(out))
+        return out
+
+    counted_score.__funnel_counted__ = True  # type: ignore[attr-defined]
+    return counted_score
 
 
 class Reranker(Stage):
@@ -33,6 +62,22 @@ class Reranker(Stage):
     """
 
     name = "reranker"
+    #: Calls of :meth:`score` on this object (each a batch of pairs for one query).
+    calls: int = 0
+    #: (query, text) pairs scored by this object.
+    pairs_scored: int = 0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("score")
+        if own is not None and not getattr(own, "__funnel_counted__", False) \
+                and not getattr(own, "__isabstractmethod__", False):
+            cls.score = _counted(own)  # type: ignore[method-assign]
+
+    def _count(self, pairs: int) -> None:
+        self.calls += 1
+        self.pairs_scored += pairs
+        counters.add(model_calls=1, pairs_scored=pairs)
 
     def __init__(self, *, top_n: int | None = None, score_threshold: float | None = None,
                  normalize: bool = False, batch_size: int = 32, name: str | None = None) -> None:
@@ -40,6 +85,8 @@ class Reranker(Stage):
         self.batch_size = check_positive_int(batch_size, "batch_size")
         if score_threshold is not None and not isinstance(score_threshold, (int, float)):
             raise TypeError(f"score_threshold must be a number or None, got {score_threshold!r}.")
+        if score_threshold is not None and score_threshold != score_threshold:
+            raise ValueError("score_threshold is NaN, which no score passes; pass a number or None.")
         self.score_threshold = score_threshold
         self.normalize = normalize
         if name:
@@ -65,7 +112,11 @@ class Reranker(Stage):
         raw = self.score(query, [u.text for u in units])
         if len(raw) != len(units):  # a backend bug, never silently misalign
             raise RuntimeError(f"{self.name} returned {len(raw)} scores for {len(units)} units.")
-        scores = [sigmoid(float(s)) if self.normalize else float(s) for s in raw]
+        raw = check_finite_scores(
+            raw, f"{type(self).__name__} ({self.name})", [u.id for u in units],
+            "A model in float16/bfloat16 can overflow: load it with dtype='float32' (or check the "
+            "texts of these units, e.g. empty or extremely long ones).")
+        scores = [sigmoid(s) if self.normalize else s for s in raw]
         order = rank_by_scores(scores, top_n if top_n is not None else self.top_n,
                                self.score_threshold)
         return [units[i].rescored(scores[i], self.name) for i in order]

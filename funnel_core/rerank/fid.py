@@ -568,6 +568,10 @@ class _RankWith(Reranker):
                               if k in ("top_n", "batch_size", "score_threshold", "normalize")})
         self.name = parent.name
         self._fn = fn
+        self._parent = parent
 
     def score(self, query: str, texts: Sequence[str]) -> list[float]:
         return self._fn(query, texts)
+
+    def _count(self, pairs: int) -> None:
+        self._parent._count(pairs)  # the work is the parent's

@@ -35,6 +35,21 @@ def test_llamaindex_persist_keeps_settings(tmp_path, source_linked_nodes):
     assert [n.node.node_id for n in again.retrieve(Q)] == [n.node.node_id for n in cl.retrieve(Q)]
 
 
+def test_llamaindex_snapshot_with_the_removed_max_documents_still_loads(tmp_path, source_linked_nodes,
+                                                                        monkeypatch):
+    """A clustered retriever persisted while ``max_documents`` existed (it capped the nodes
+    returned) loads, the cap folded into ``similarity_top_k``."""
+    cl = ClusteredBM25Retriever.from_defaults(nodes=source_linked_nodes, similarity_top_k=3,
+                                              max_tokens=40, knn_k=3, knn_threshold=0.05)
+    monkeypatch.setattr(ClusteredBM25Retriever, "_settings",
+                        (*ClusteredBM25Retriever._settings, "max_documents"))
+    object.__setattr__(cl, "max_documents", 2)  # what the old version wrote
+    cl.persist(str(tmp_path / "old"))
+    monkeypatch.undo()
+    again = ClusteredBM25Retriever.from_persist_dir(str(tmp_path / "old"))
+    assert again.similarity_top_k == 2 and len(again.retrieve(Q)) <= 2
+
+
 def test_langchain_save_keeps_settings(tmp_path):
     docs = [Document(id=i, page_content=t, metadata=m) for i, t, m in CORPUS]
     flat = LCBM25.from_documents(docs, k=2)

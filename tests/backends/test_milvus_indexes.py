@@ -221,12 +221,14 @@ def test_reopen_save_load_without_reindexing(db, flat, tmp_path):
     assert snapshot_files == ["manifest.json"]
     raw = (tmp_path / "m" / info["snapshot"] / "manifest.json").read_text()
     assert len(raw) < 2000 and "Document 1." not in raw and "token\"" not in raw
-    assert info["meta"]["collection"] == "flat" and info["meta"]["uri"] == flat.uri
+    # the folder never says where to connect: a fingerprint of the uri, not the uri
+    assert info["meta"]["collection"] == "flat" and "uri" not in info["meta"]
+    assert flat.uri not in raw and info["meta"]["uri_sha256"] != flat.uri
     assert info["meta"]["settings"]["bm25"]["stemmer"] == "english"
-    loaded = load_index(tmp_path / "m")
+    loaded = load_index(tmp_path / "m", uri=db)
     assert isinstance(loaded, MilvusBM25Index)
     assert loaded.search(QUERIES[2], k=5) == flat.search(QUERIES[2], k=5)
-    assert MilvusBM25Index.load(tmp_path / "m").config == flat.config
+    assert MilvusBM25Index.load(tmp_path / "m", uri=db).config == flat.config
     # an in-memory index saved there is refused by the Milvus class, loaded by load_index
     BM25Index().index([Unit(id="a", text="alpha beta")]).save(tmp_path / "mem")
     assert isinstance(load_index(tmp_path / "mem", BM25Index), BM25Index)
@@ -243,7 +245,7 @@ def test_saved_manifest_checks_the_collection_settings(db, corpus, tmp_path):
     idx.save(tmp_path / "s")
     MilvusBM25Index(db, "resettled", stemmer=None).index(corpus[:10])
     with pytest.raises(MilvusSettingsError, match=r"stemmer=None.*stemmer='english'"):
-        MilvusBM25Index.load(tmp_path / "s")
+        MilvusBM25Index.load(tmp_path / "s", uri=db)
 
 
 def test_errors_name_the_value_and_fix(db, flat):
@@ -358,7 +360,7 @@ def test_clustered_builds_itself_and_reopens(db, corpus, clustered_ref, tmp_path
     assert [c.metadata["members"] for c in own.search(q, k=3, return_clusters=True)] == \
         [c.metadata["members"] for c in clustered_ref.search(q, k=3, return_clusters=True)]
     own.save(tmp_path / "c")
-    again = load_index(tmp_path / "c")
+    again = load_index(tmp_path / "c", uri=db)
     assert isinstance(again, MilvusClusteredBM25Index) and again.max_tokens == 120
     assert again.search(q, k=3) == own.search(q, k=3)
 
@@ -395,7 +397,7 @@ def test_dense_hnsw_filter_reopen_and_dimension(db, corpus, vectors, tmp_path):
     flt = m.search_many(["a"], k=5, query_embeddings=q[:1], filter={"topic": "bio"})[0]
     assert flt and all(u.metadata["topic"] == "bio" for u in flt)
     m.save(tmp_path / "d")
-    again = MilvusDenseIndex.load(tmp_path / "d", embedder=ref.embedder)
+    again = MilvusDenseIndex.load(tmp_path / "d", db, embedder=ref.embedder)
     assert again.search_many(["a"], k=5, query_embeddings=q[:1]) == m.search_many(["a"], k=5, query_embeddings=q[:1])
     with pytest.raises(MilvusSettingsError, match="16-d.*8-d"):
         m.search_many(["a"], k=3, query_embeddings=np.ones((1, 8), dtype=np.float32))

@@ -182,7 +182,7 @@ def test_dict_and_expression_filters(bm25, memory):
         memory.invoke(q, filter=FILTERS[0])
 
 
-def test_save_writes_a_manifest_only_and_load_reopens(bm25, tmp_path):
+def test_save_writes_a_manifest_only_and_load_reopens(db, bm25, tmp_path):
     bm25.filter = {"topic": "geo"}
     try:
         bm25.save(tmp_path / "r")
@@ -193,12 +193,12 @@ def test_save_writes_a_manifest_only_and_load_reopens(bm25, tmp_path):
     raw = json.dumps(info)
     assert "Paris is the capital" not in raw and "\"token\"" not in raw
     assert info["meta"]["index"]["collection"] == "lc_bm25"
-    again = BM25Retriever.load(tmp_path / "r")
+    again = BM25Retriever.load(tmp_path / "r", backend=db)
     assert isinstance(again.index, MilvusBM25Index) and again.k == 3
     assert again.filter == {"topic": "geo"}
     _same(again.invoke("capital", k=5), bm25.invoke("capital", k=5, filter={"topic": "geo"}))
     assert again.invoke("Shakespeare") == []  # the saved default filter (geo) applies
-    _same(BM25Retriever.load(tmp_path / "r", k=1, filter=None).invoke("Shakespeare"),
+    _same(BM25Retriever.load(tmp_path / "r", k=1, filter=None, backend=db).invoke("Shakespeare"),
           bm25.invoke("Shakespeare", k=1))  # load-time settings win
 
 
@@ -210,20 +210,20 @@ def test_the_token_is_never_written_and_is_passed_at_load(db, tmp_path):
     r.index.save(tmp_path / "bare")  # the index alone: a manifest-only snapshot too
     written = [f.read_text() for f in tmp_path.rglob("*") if f.is_file()]
     assert written and not any("s3cret" in w for w in written)
-    again = BM25Retriever.load(tmp_path / "t", token="root:s3cret-pw")
+    again = BM25Retriever.load(tmp_path / "t", token="root:s3cret-pw", backend=db)
     assert again.index.token == "root:s3cret-pw" and [d.id for d in again.invoke("alpha")] == ["0"]
-    bare = BM25Retriever.load(tmp_path / "bare", k=1)  # a bare Milvus index folder
+    bare = BM25Retriever.load(tmp_path / "bare", k=1, backend=db)  # a bare Milvus index folder
     assert isinstance(bare.index, MilvusBM25Index) and [d.id for d in bare.invoke("gamma")] == ["1"]
 
 
-def test_a_structured_query_default_filter_is_saved_as_its_expression(bm25, memory, tmp_path):
+def test_a_structured_query_default_filter_is_saved_as_its_expression(db, bm25, memory, tmp_path):
     directive = FILTERS[-2]  # topic == lit or year > 2006
     bm25.filter = directive
     try:
         bm25.save(tmp_path / "sq")
     finally:
         bm25.filter = None
-    again = BM25Retriever.load(tmp_path / "sq", k=8)
+    again = BM25Retriever.load(tmp_path / "sq", k=8, backend=MilvusBackend(db))
     assert again.filter == to_milvus_filter(directive)
     _same(again.invoke(WIDE), memory.invoke(WIDE, k=8, filter=_predicate(directive)))
 
@@ -255,7 +255,7 @@ def test_errors_name_the_value_and_the_fix(db, bm25, tmp_path):
     BM25Retriever.from_texts(["alpha beta", "gamma"], stemmer=None,
                              backend=MilvusBackend(db, collection="lc_moved"))
     with pytest.raises(MilvusSettingsError, match=r"stemmer=None.*stemmer='english'"):
-        BM25Retriever.load(tmp_path / "moved")
+        BM25Retriever.load(tmp_path / "moved", backend=db)
 
 
 def test_clustered_retriever_on_milvus(db):
@@ -281,7 +281,7 @@ def test_clustered_retriever_on_milvus(db):
     with tempfile.TemporaryDirectory() as tmp:
         cl.save(tmp)
         assert snapshot_info(tmp)["files"] == {}
-        again = ClusteredBM25Retriever.load(tmp)
+        again = ClusteredBM25Retriever.load(tmp, backend=db)
         assert again.k_clusters == 2 and view(again.invoke(QUESTION)) == view(cl.invoke(QUESTION))
 
 

@@ -157,7 +157,7 @@ def test_filter_forms_and_refusals(bm25):
         bm25.search("capital", filters=empty)
 
 
-def test_persist_writes_a_manifest_only_and_reopens(bm25, memory, tmp_path):
+def test_persist_writes_a_manifest_only_and_reopens(db, bm25, memory, tmp_path):
     bm25.filters = MetadataFilters(filters=[MetadataFilter(key="topic", value="geo")])
     try:
         bm25.persist(str(tmp_path / "p"))
@@ -168,7 +168,7 @@ def test_persist_writes_a_manifest_only_and_reopens(bm25, memory, tmp_path):
     raw = json.dumps(info)
     assert "Paris is the capital" not in raw and '"token"' not in raw
     assert info["meta"]["index"]["collection"] == "li_bm25"
-    again = BM25Retriever.from_persist_dir(str(tmp_path / "p"))
+    again = BM25Retriever.from_persist_dir(str(tmp_path / "p"), backend=db)
     assert isinstance(again.index, MilvusBM25Index) and again.similarity_top_k == 3
     assert isinstance(again.filters, MetadataFilters)
     _same(again.retrieve("capital"), memory.search("capital", filters={"topic": "geo"}))
@@ -178,7 +178,8 @@ def test_persist_writes_a_manifest_only_and_reopens(bm25, memory, tmp_path):
     original = {n.node_id: n for n in _nodes()}[node.node_id]
     assert (node.text, node.metadata) == (original.text, original.metadata)
     assert node.source_node.node_id == f"src-{node.node_id}" and node.hash == original.hash
-    wider = BM25Retriever.from_persist_dir(str(tmp_path / "p"), similarity_top_k=5, filters=None)
+    wider = BM25Retriever.from_persist_dir(str(tmp_path / "p"), similarity_top_k=5, filters=None,
+                                           backend=MilvusBackend(db))
     _same(wider.retrieve("Shakespeare"), memory.search("Shakespeare", k=5))
 
 
@@ -187,9 +188,9 @@ def test_persisted_retriever_refuses_a_collection_rebuilt_with_other_settings(db
     BM25Retriever.from_defaults(nodes=_nodes()[:3], backend=backend).persist(str(tmp_path / "m"))
     BM25Retriever.from_defaults(nodes=_nodes()[:3], backend=backend, stemmer=None)
     with pytest.raises(MilvusSettingsError, match=r"stemmer=None.*stemmer='english'.*rebuild"):
-        BM25Retriever.from_persist_dir(str(tmp_path / "m"))
+        BM25Retriever.from_persist_dir(str(tmp_path / "m"), backend=db)
     BM25Retriever.from_defaults(nodes=_nodes()[:3], backend=backend)  # back to the saved settings
-    assert BM25Retriever.from_persist_dir(str(tmp_path / "m")).retrieve("Paris")[0].node.node_id == "d0"
+    assert BM25Retriever.from_persist_dir(str(tmp_path / "m"), backend=db).retrieve("Paris")[0].node.node_id == "d0"
 
 
 def test_from_backend_reopens_without_reindexing(db, bm25, memory):
@@ -222,7 +223,7 @@ def test_clustered_retriever_on_milvus(db, tmp_path):
     _same(cl.search("Shakespeare capital", filters=flt), mem.search("Shakespeare capital", filters=flt))
     cl.persist(str(tmp_path / "c"))
     assert snapshot_info(tmp_path / "c" / ClusteredBM25Retriever._index_dir)["files"] == {}
-    again = ClusteredBM25Retriever.from_persist_dir(str(tmp_path / "c"))
+    again = ClusteredBM25Retriever.from_persist_dir(str(tmp_path / "c"), backend=db)
     assert again.k_clusters == 2 and isinstance(again.index, MilvusClusteredBM25Index)
     assert [n.node.node_id for n in again.retrieve(QUESTION)] == [n.node.node_id for n in cl.retrieve(QUESTION)]
     reopened = ClusteredBM25Retriever.from_backend(MilvusBackend(db, collection="li_cl"),

@@ -1,4 +1,4 @@
-"""The benchmark statistics helpers and the results-table generator (benchmarks/stats.py, report.py).
+"""The results-table generator (benchmarks/report.py); the statistics are tested in tests/evaluation/.
 
 Expected values are computed by hand from the definitions, not from the code.
 """
@@ -14,45 +14,8 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import report  # noqa: E402
-from stats import bootstrap_ci, mcnemar_exact, paired_bootstrap, percentile  # noqa: E402
 
-
-def test_mcnemar_exact_matches_the_binomial_tail():
-    # a answers q0-q4 alone, b answers q5 alone, both answer q6, neither q7:
-    # n = 6 discordant, k = 1 -> p = 2 * (C(6,0) + C(6,1)) / 2^6 = 2 * 7 / 64 = 0.21875
-    a = [1, 1, 1, 1, 1, 0, 1, 0]
-    b = [0, 0, 0, 0, 0, 1, 1, 0]
-    r = mcnemar_exact(a, b)
-    assert (r["a_only"], r["b_only"]) == (5, 1)
-    assert r["p_value"] == pytest.approx(0.21875)
-    # 10 vs 0 discordant: p = 2 / 1024
-    r = mcnemar_exact([1] * 10 + [0] * 5, [0] * 10 + [0] * 5)
-    assert r["p_value"] == pytest.approx(2 / 1024)
-    # symmetric: swapping the systems swaps the counts, not the p-value
-    r2 = mcnemar_exact(b, a)
-    assert (r2["a_only"], r2["b_only"]) == (1, 5) and r2["p_value"] == pytest.approx(0.21875)
-    # no discordant question: p = 1 (capped)
-    assert mcnemar_exact([1, 0], [1, 0])["p_value"] == 1.0
-
-
-def test_bootstrap_interval_of_a_proportion():
-    assert bootstrap_ci([1.0] * 50) == (1.0, 1.0)
-    # 400 questions, half answered: normal approximation 0.5 +- 1.96 * sqrt(0.25 / 400) = 0.5 +- 0.049
-    lo, hi = bootstrap_ci([1, 0] * 200, n_boot=4000, seed=1)
-    assert lo == pytest.approx(0.451, abs=0.012) and hi == pytest.approx(0.549, abs=0.012)
-    assert bootstrap_ci([1, 0] * 200, seed=3) == bootstrap_ci([1, 0] * 200, seed=3)  # seeded
-
-
-def test_paired_bootstrap_difference_and_interval():
-    a = [1, 1, 0, 0] * 50
-    b = [0, 1, 0, 1] * 50
-    r = paired_bootstrap(a, b)
-    assert r["difference"] == pytest.approx(0.0)
-    assert r["ci"][0] < 0 < r["ci"][1]
-    r = paired_bootstrap([1] * 100, [0] * 100)
-    assert r["difference"] == 1.0 and r["ci"] == [1.0, 1.0] and r["share_of_resamples_le_0"] == 0.0
-    with pytest.raises(ValueError, match="same questions"):
-        paired_bootstrap([1, 0], [1])
+from funnel_core.evaluation.stats import percentile  # noqa: E402
 
 
 def test_percentile_and_wilson_by_hand():
@@ -262,3 +225,42 @@ def test_hybrid_and_mog_tables_are_the_json():
     m = json.loads((res / "mog_router.json").read_text())["routers"]["paper_ties_finer"]["selection"]["paper_margin_0.5"]
     line = next(r for r in report.block_mog_router().splitlines() if "`paper_ties_finer` | `paper_margin_0.5`" in r)
     assert f"| {m['AR@1']:.3f} |" in line and line.rstrip(" |").endswith(" / ".join(map(str, m["chosen_level_counts"])))
+
+
+def _harness_timing(load: float) -> dict:
+    """A real harness report over two of squad_large.json's system names (fixed rankings, fake clock)."""
+    from funnel_core.evaluation import EvalDataset, evaluate
+    from funnel_core.units import Unit
+
+    ds = EvalDataset(queries={"q1": "one", "q2": "two", "q3": "three"}, answers={q: ["x"] for q in ("q1", "q2", "q3")})
+    now = [0.0]
+
+    def system(cost):
+        def run(query):
+            now[0] += cost
+            return [Unit(id="d", text="x")]
+        return run
+
+    rep = evaluate({"bm25": system(0.01), "bm25 -> CE@20": system(0.25)}, ds, metrics=["AR@4"], n_timing=3,
+                   progress=False, load_reader=lambda: load, cores=2, clock=lambda: now[0], max_load=1.0)
+    out = rep.to_dict()
+    out["command"] = "python benchmarks/time_squad_large.py --n-timing 3"
+    return out
+
+
+def test_large_tables_take_their_seconds_from_the_harness_report():
+    res = report.load("squad_large.json")
+    merged = report.merge_timing(res, _harness_timing(load=0.4))
+    rows = merged["systems_dev_a"]
+    assert rows["bm25 -> CE@20"]["seconds_p50"] == pytest.approx(0.25)
+    assert rows["bm25"]["seconds_p50"] == pytest.approx(0.01) and rows["bm25"]["timed_questions"] == 3
+    # a system the harness did not time keeps no seconds from the older, differently measured run
+    assert all("seconds_p50" not in r for n, r in rows.items() if n not in ("bm25", "bm25 -> CE@20"))
+    assert merged["samples"]["dev_a_timing"] == 3 and merged["timing_run"]["cores"] == 2
+    note = report.timing_note(merged)
+    assert "over 3 dev-a questions" in note and "on 2 cores" in note and "0.4 before" in note
+    assert rows["bm25"]["AR@4"] == res["systems_dev_a"]["bm25"]["AR@4"]  # quality untouched
+    # withheld seconds (load 3.0 > max_load 1.0) change nothing
+    assert report.merge_timing(res, _harness_timing(load=3.0)) == res
+    with pytest.raises(ValueError, match="not an evaluation-harness report"):
+        report.merge_timing(res, {"systems": {}})

@@ -84,6 +84,31 @@ def test_save_load_round_trips_every_setting(tmp_path, corpus_units):
         assert [(u.id, u.score, u.text, u.metadata) for u in a] == [(u.id, u.score, u.text, u.metadata) for u in b]
 
 
+def test_an_index_saved_with_the_old_backend_key_loads(tmp_path, corpus_units, monkeypatch):
+    """Snapshots written before BM25's scoring engine was called ``engine=`` say ``backend``;
+    they load (``backend=`` now means storage: memory or Milvus), and a dict that names
+    ``backend`` outside a snapshot is refused, naming ``engine``."""
+    from funnel_core.bm25 import validate_config
+
+    idx = BM25Index().index(corpus_units)
+    write = BM25Index._write
+
+    def old_write(self, folder, st=None):
+        meta = write(self, folder, st)
+        config = dict(meta["config"])
+        config["backend"] = config.pop("engine")
+        return {**meta, "config": config}
+
+    monkeypatch.setattr(BM25Index, "_write", old_write)
+    idx.save(tmp_path / "old")
+    monkeypatch.undo()
+    loaded = BM25Index.load(tmp_path / "old")
+    assert loaded.config == idx.config and loaded.config["engine"] == "numpy"
+    assert [u.id for u in loaded.search("Paris", k=3)] == [u.id for u in idx.search("Paris", k=3)]
+    with pytest.raises(TypeError, match="engine='numpy' or engine='numba'"):
+        validate_config({"backend": "numba"})
+
+
 def test_save_is_atomic_and_keeps_old_index_on_failure(tmp_path, corpus_units, monkeypatch):
     path = tmp_path / "ix"
     BM25Index().index(corpus_units[:3]).save(path)

@@ -47,13 +47,16 @@ def test_layout_one_snapshot_and_old_ones_removed(tmp_path, corpus_units):
     a = BM25Index().index(corpus_units[:4])
     a.save(path)
     first = listing(path)
-    assert first[:2] == [".funnel-rag", "CURRENT"] and len(first) == 3 and first[2].startswith("snapshot-00000001-")
+    assert first[:4] == [".funnel-rag", ".funnel-rag.journal", ".funnel-rag.readers", "CURRENT"]
+    assert len(first) == 5 and first[4].startswith("snapshot-00000001-")
+    # the journal records exactly what our saves wrote and still own: the committed snapshot
+    assert (path / ".funnel-rag.journal").read_text().splitlines() == [f"committed {first[4]}"]
     (path / "NOTES.txt").write_text("mine")  # a user's file inside our folder is never touched
     b = BM25Index().index(corpus_units)
     b.save(path)
     second = listing(path)
-    assert len(second) == 4 and "NOTES.txt" in second and second[-1].startswith("snapshot-00000002-")
-    assert first[2] not in second  # the previous snapshot is gone after the commit
+    assert len(second) == 6 and "NOTES.txt" in second and second[-1].startswith("snapshot-00000002-")
+    assert first[4] not in second  # the previous snapshot is gone after the commit
     assert signature(BM25Index.load(path)) == signature(b)
     assert (path / "NOTES.txt").read_text() == "mine"
     info = persist.snapshot_info(path)
@@ -146,7 +149,7 @@ def test_every_single_bit_flip_of_small_files_is_detected_or_harmless(tmp_path, 
     idx.save(path)
     want = signature(idx)
     rng = np.random.default_rng(0)
-    files = [p for p in path.rglob("*") if p.is_file()]
+    files = [p for p in path.rglob("*") if p.is_file() and p.stat().st_size]
     silent = detected = harmless = 0
     for f in files:
         data = f.read_bytes()
@@ -160,12 +163,12 @@ def test_every_single_bit_flip_of_small_files_is_detected_or_harmless(tmp_path, 
                 detected += 1
             else:
                 if got == want:
-                    harmless += 1  # only the ownership marker is not read by a load
-                    assert f.name == ".funnel-rag"
+                    harmless += 1  # only the marker and the save journal are not read by a load
+                    assert f.name in (".funnel-rag", ".funnel-rag.journal")
                 else:
                     silent += 1
             f.write_bytes(data)
-    assert silent == 0 and detected >= 12 * (len(files) - 1)
+    assert silent == 0 and detected >= 12 * (len(files) - 2)
 
 
 def test_verify_false_skips_hashes_but_checks_structure(tmp_path, corpus_units):

@@ -54,6 +54,7 @@ def test_duplicate_ids_are_an_error_naming_both_places(tmp_path):
         load_squad(_write(tmp_path / "dup.json", data))
 
 
+@pytest.mark.slow  # parses the 30 MB SQuAD train file (2-4 s)
 def test_the_real_train_file_loads_if_present():
     from pathlib import Path
 

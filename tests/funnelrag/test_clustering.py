@@ -268,3 +268,27 @@ def test_clustering_coefficient_in_chunks_equals_triangle_count():
         ref.append(2 * tri / (d * (d - 1)) if d > 1 else 0.0)
     for chunk in (1, 17, 120, 500):
         np.testing.assert_allclose(local_clustering_coefficient(a, chunk_size=chunk), ref)
+
+
+def test_a_clustered_index_saved_with_the_old_backend_key_loads(tmp_path, corpus_units,
+                                                                 monkeypatch):
+    """Clustered snapshots written before BM25's scoring engine was called ``engine=`` say
+    ``backend`` (in bm25_config and in both inner BM25 indexes); they still load."""
+    idx = ClusteredBM25Index(max_tokens=40, knn_k=3, knn_threshold=0.05).index(corpus_units)
+    bm25_write, clustered_write = BM25Index._write, ClusteredBM25Index._write
+
+    def old_key(config):
+        config = dict(config)
+        config["backend"] = config.pop("engine")
+        return config
+
+    monkeypatch.setattr(BM25Index, "_write", lambda self, folder, st=None: {
+        **bm25_write(self, folder, st), "config": old_key(bm25_write(self, folder, st)["config"])})
+    monkeypatch.setattr(ClusteredBM25Index, "_write", lambda self, folder, st=None: {
+        **(m := clustered_write(self, folder, st)), "bm25_config": old_key(m["bm25_config"])})
+    idx.save(tmp_path / "old")
+    monkeypatch.undo()
+    loaded = ClusteredBM25Index.load(tmp_path / "old")
+    assert loaded.bm25_config == idx.bm25_config
+    assert [u.id for u in loaded.search("Paris tower", k=2)] == \
+        [u.id for u in idx.search("Paris tower", k=2)]

@@ -153,8 +153,8 @@ def test_bad_input(tiny_cross_encoder_path, nodes):
     assert rr.postprocess_nodes([], query_str=QUERY) == []
     with pytest.raises(ValueError, match="top_n must be >= 1"):
         CrossEncoderRerank(model=tiny_cross_encoder_path, top_n=0)
-    with pytest.raises(ValueError, match="unknown cross-encoder backend"):
-        CrossEncoderRerank(model=tiny_cross_encoder_path, backend="nope")
+    with pytest.raises(ValueError, match="unknown cross-encoder library 'nope'"):
+        CrossEncoderRerank(model=tiny_cross_encoder_path, library="nope")
     with pytest.raises(ValueError, match="words must be >= 1"):
         LaterChunkingPostprocessor(words=0)
     offline = CrossEncoderRerank(model="no-such-org/reranker", library="transformers")

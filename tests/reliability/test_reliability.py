@@ -13,13 +13,21 @@ import reliability_harness as rh  # noqa: E402
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork (POSIX)")
 
 
-@pytest.mark.parametrize("kind", ["bm25", "clustered"])
+# the dense kinds run in ``make reliability`` only: pytest has imported numpy with BLAS threads
+# before the harness can limit them, and a fork then can leave the child waiting on their locks
+@pytest.mark.parametrize("kind", ["bm25", "clustered", "langchain_bm25"])
 def test_kill_at_every_step_boundary(kind, tmp_path):
     s = rh.kill_at_steps(kind, repeats=1, workdir=tmp_path)
     assert s["trials"] >= 2 * len(rh.STEPS) - 2  # marker: first save only; cleanup: overwrite only
     assert s["survived"] == s["trials"] and s["neither"] == 0, s
     assert s["orphans_after_next_save"] == 0 and s["next_save_wrong"] == 0, s
     assert s["loaded_previous"] > 0 and s["loaded_new"] > 0  # both sides of the commit point seen
+
+
+def test_injected_io_errors_never_raise_after_a_commit_or_lose_both(tmp_path):
+    s = rh.io_errors("bm25", workdir=tmp_path)
+    assert s["trials"] > 10 and s["neither"] == 0 and s["raised_but_committed"] == 0, s
+    assert s["orphans_after_next_save"] == 0 and s["raised_loaded_previous"] > 0 and s["succeeded_loaded_new"] > 0, s
 
 
 def test_kill_at_random_points(tmp_path):
@@ -29,7 +37,9 @@ def test_kill_at_random_points(tmp_path):
 
 def test_bit_flips_never_load_silently(tmp_path):
     s = rh.bit_flips("bm25", trials=120, workdir=tmp_path)
-    assert s["silent"] == 0 and s["detected"] > 100, s
+    assert s["silent"] == 0 and s["detected"] > 80, s
+    # only what loads never read may take a flip harmlessly: the marker and the save journal
+    assert {k for k, v in s["by_file"].items() if v["harmless"]} <= {".funnel-rag", ".funnel-rag.journal"}, s
 
 
 def test_concurrent_save_load_never_mixes(tmp_path):

@@ -12,7 +12,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 from funnel_core.backends.milvus.bm25 import MilvusBM25Index
-from funnel_core.backends.milvus.client import UnsupportedFilterError, normalise_uri
+from funnel_core.backends.milvus.client import UnsupportedFilterError, normalise_uri, split_credentials
 from funnel_core.backends.milvus.clustered import MilvusClusteredBM25Index
 from funnel_core.backends.milvus.dense import MilvusDenseIndex
 
@@ -62,7 +62,10 @@ class MilvusBackend:
     show_progress: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "uri", normalise_uri(self.uri))
+        uri, token = split_credentials(normalise_uri(self.uri))
+        object.__setattr__(self, "uri", uri)  # credentials in the URI become the token
+        if self.token is None and token is not None:
+            object.__setattr__(self, "token", token)
 
     def with_collection(self, collection: str) -> "MilvusBackend":
         """The same connection, another collection."""

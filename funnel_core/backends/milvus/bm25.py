@@ -210,9 +210,10 @@ class MilvusBM25Index(BM25Common):
         return results
 
     @classmethod
-    def _from_manifest(cls, m: Mapping[str, Any], token: str | None = None,
+    def _from_manifest(cls, m: Mapping[str, Any], uri: Any = None, token: str | None = None,
                        **kwargs: Any) -> "MilvusBM25Index":
-        uri, collection, db_name, settings = manifest_fields(m, cls.kind)
+        uri, token, collection, db_name, settings = manifest_fields(
+            m, cls.kind, uri, token, kwargs.pop("db_name", None))
         bm25 = {**dict(settings.get("bm25") or {}), **kwargs}
         return cls(uri, collection, token=token, db_name=db_name, **bm25).open()
 

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 if TYPE_CHECKING:  # pragma: no cover
     pass  # typing.Self from Python 3.11
@@ -73,6 +75,38 @@ def normalise_uri(uri: str | os.PathLike) -> str:
     return uri
 
 
+def split_credentials(uri: str) -> tuple[str, str | None]:
+    """``(uri without credentials, "user:password" or None)``: pymilvus accepts
+    ``http://user:password@host:19530``; we keep the credentials apart from the URI so that they
+    are never written to a manifest or shown in an error message (they become the token)."""
+    if is_local(uri):
+        return uri, None
+    parts = urlsplit(uri)
+    if "@" not in parts.netloc:
+        return uri, None
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user, sep, password = userinfo.partition(":")
+    token = f"{unquote(user)}:{unquote(password)}" if sep else unquote(user)
+    return urlunsplit((parts.scheme, hostport, parts.path, parts.query, parts.fragment)), token or None
+
+
+def uri_fingerprint(uri: str) -> str:
+    """SHA-256 of a (normalised, credential-free) URI: what a saved manifest records instead of
+    the URI, so that loading can check the caller's URI without the folder saying where to go."""
+    return hashlib.sha256(split_credentials(normalise_uri(uri))[0].encode("utf-8")).hexdigest()
+
+
+def redact(text: str, *secrets: str | None) -> str:
+    """``text`` with every secret (token, password, credentials in a URI) replaced by ``***``."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+            user, sep, password = secret.partition(":")
+            if sep and password:
+                text = text.replace(password, "***")
+    return re.sub(r"(://)[^/@\s'\"]*@", r"\1***@", text)
+
+
 def get_client(uri: str, token: str | None, db_name: str | None, timeout: float | None) -> Any:
     """One ``MilvusClient`` per (uri, token, db_name) in this process (it is thread-safe)."""
     key = (uri, token or "", db_name or "")
@@ -111,10 +145,9 @@ def get_client(uri: str, token: str | None, db_name: str | None, timeout: float 
             client.list_collections()
         except Exception as exc:
             where = f"database {db_name!r} at " if db_name else ""
-            raise MilvusConnectionError(
+            raise MilvusConnectionError(redact(
                 f"cannot reach Milvus {where}{uri!r} ({type(exc).__name__}: {exc}); start the "
                 "server (or check host, port, token and db_name), or pass a local path such as "
-                "'./funnel.db' to use embedded Milvus Lite."
-            ) from exc
+                "'./funnel.db' to use embedded Milvus Lite.", token)) from None
         _CLIENTS[key] = client
         return client

@@ -202,7 +202,10 @@ class MilvusClusteredBM25Index(BM25Common):
                 return []
             cluster_expr = in_expr("id", allowed)
         fields = ["id", "metadata", "info"] + (["text"] if return_clusters else [])
-        hits = self._bm25_search(self.collection, [query], k, cluster_expr, fields)[0]
+        # the clusters of the same build as docs_name (pinned when opened), never the alias,
+        # which a concurrent rebuild may already have moved to new clusters
+        hits = self._bm25_search(meta.get("_physical", self.collection), [query], k, cluster_expr,
+                                 fields)[0]
         clusters: list[Unit] = []
         for score, entity in hits:
             info = entity.get("info") or {}
@@ -245,8 +248,9 @@ class MilvusClusteredBM25Index(BM25Common):
         return [self.search(q, k=k, filter=filter, **kwargs) for q in queries]
 
     @classmethod
-    def _from_manifest(cls, m: Mapping[str, Any], token: str | None = None,
+    def _from_manifest(cls, m: Mapping[str, Any], uri: Any = None, token: str | None = None,
                        **kwargs: Any) -> "MilvusClusteredBM25Index":
-        uri, collection, db_name, settings = manifest_fields(m, cls.kind)
+        uri, token, collection, db_name, settings = manifest_fields(
+            m, cls.kind, uri, token, kwargs.pop("db_name", None))
         bm25 = {**dict(settings.get("bm25") or {}), **kwargs}
         return cls(uri, collection, token=token, db_name=db_name, **bm25).open()

@@ -26,6 +26,8 @@ from funnel_core.backends.milvus.client import (
     MilvusSettingsError,
     get_client,
     normalise_uri,
+    split_credentials,
+    uri_fingerprint,
 )
 from funnel_core.errors import PersistError
 from funnel_core.units import Unit
@@ -79,9 +81,11 @@ class Collection:
         if not isinstance(collection, str) or not re.match(r"[A-Za-z_][A-Za-z0-9_]*\Z", collection):
             raise ValueError(f"collection name {collection!r} is not valid for Milvus; use letters, "
                              "digits and underscores, starting with a letter or underscore.")
-        self.uri = normalise_uri(uri)
+        # credentials inside the URI (http://user:pw@host) become the token: the URI we keep,
+        # write and show never holds them
+        self.uri, from_uri = split_credentials(normalise_uri(uri))
         self.collection = collection
-        self.token = token
+        self.token = token or from_uri
         self.db_name = db_name
         self.timeout = timeout
         self.show_progress = show_progress
@@ -137,12 +141,17 @@ class Collection:
             with self._lock:
                 meta = self._meta
                 if meta is None:
-                    meta = self._read_meta(self.collection)
+                    # pin the physical collection behind the alias: a rebuild moves the alias,
+                    # and this reader must keep reading one version (clusters and documents of
+                    # the same build) until it re-opens, never the new clusters with old documents
+                    physical = self._alias_target() or self.collection
+                    meta = dict(self._read_meta(physical))
                     self._check_meta(meta)
                     self._check_settings(meta)
-                    self.client.load_collection(self.collection)
+                    self.client.load_collection(physical)
                     for extra in meta.get("companions", []):
                         self.client.load_collection(extra)
+                    meta["_physical"] = physical
                     self._meta = meta
         return meta
 
@@ -233,9 +242,31 @@ class Collection:
                 pass
         for name in created:
             client.load_collection(name)
+        self._drop_orphans(set(created))
         with self._lock:
-            self._meta = meta
+            self._meta = {**meta, "_physical": physical}
         return meta
+
+    def _drop_orphans(self, keep: set[str]) -> None:
+        """Drop what builds killed mid-way (or old versions whose drop failed) left behind:
+        collections named ``<collection>__fr<12 hex>[_docs]`` whose stored property says
+        funnel-rag built them as this kind, other than ``keep`` (the current version). Names
+        alone are not trusted: a user's collection without our property is never dropped."""
+        client = self.client
+        pattern = re.compile(re.escape(self.collection) + r"__fr[0-9a-f]{12}(_docs)?\Z")
+        ours = (self.kind, self.kind + ".documents")
+        try:
+            names = list(client.list_collections())
+        except Exception:  # pragma: no cover - best effort
+            return
+        for name in names:
+            if name in keep or not pattern.match(name):
+                continue
+            try:
+                if self._read_meta(name).get("format") in ours:
+                    client.drop_collection(name)
+            except Exception:  # pragma: no cover - not ours, or dropped meanwhile
+                continue
 
     def drop(self) -> None:
         """Drop the alias and the collections behind it (the data is gone)."""
@@ -257,8 +288,11 @@ class Collection:
     # manifest --------------------------------------------------------------------------------
     def _manifest(self) -> dict[str, Any]:
         meta = self._opened()
+        # never the URI (a folder must not decide where the loader's token goes): a fingerprint
+        # to check the loader's URI against
         return {"backend": "milvus", "format": self.kind, "version": FORMAT_VERSION,
-                "uri": self.uri, "db_name": self.db_name, "collection": self.collection,
+                "uri_sha256": uri_fingerprint(self.uri), "db_name": self.db_name,
+                "collection": self.collection,
                 "settings": meta.get("settings", {}), "n_units": meta.get("n_units")}
 
     def _require_built(self) -> dict[str, Any]:
@@ -266,15 +300,16 @@ class Collection:
         return self._opened()
 
     def _write(self, folder: Path, st: Any = None) -> dict[str, Any]:
-        """Persisting an index over Milvus writes no files: its manifest entry (uri, db_name,
-        collection name, settings; never the token, never the data) is returned to be stored in
+        """Persisting an index over Milvus writes no files: its manifest entry (a fingerprint of
+        the uri, db_name, collection name, settings; never the uri, the token or the data) is returned to be stored in
         the snapshot manifest of whoever persists it (see :func:`open_index`)."""
         return self._manifest()
 
     def save(self, path: str | os.PathLike) -> None:
-        """Commit a small manifest (uri, db_name, collection name, settings) to the persist
-        folder ``path`` through :func:`funnel_core.persist.save_snapshot`; the data stays in
-        Milvus. The token is never written: pass it to :meth:`load`."""
+        """Commit a small manifest (collection name, db_name, settings and a SHA-256 fingerprint of
+        the uri) to the persist folder ``path`` through :func:`funnel_core.persist.save_snapshot`;
+        the data stays in Milvus. Neither the uri nor the token is written: pass both to
+        :meth:`load`."""
         from funnel_core.persist import save_snapshot
 
         manifest = self._manifest()
@@ -288,20 +323,29 @@ class Collection:
                              lambda folder, m: dict(m["meta"]))
 
     @classmethod
-    def _from_manifest(cls, m: Mapping[str, Any], token: str | None = None,
+    def _from_manifest(cls, m: Mapping[str, Any], uri: Any = None, token: str | None = None,
                        **kwargs: Any) -> Any:
         raise NotImplementedError
 
     @classmethod
-    def load(cls, path: str | os.PathLike, token: str | None = None, **kwargs: Any) -> Any:
-        """Re-open the collection named in the manifest saved at ``path`` (no re-indexing);
-        ``kwargs`` go to the constructor (e.g. ``timeout``; a dense index takes ``embedder``)."""
-        return cls._from_manifest(cls._saved_manifest(path), token=token, **kwargs)
+    def load(cls, path: str | os.PathLike, uri: Any = None, token: str | None = None,
+             **kwargs: Any) -> Any:
+        """Re-open the collection named in the manifest saved at ``path`` (no re-indexing).
+
+        ``uri`` (a Milvus URI or a :class:`MilvusBackend`) and ``token`` come from the caller: the
+        folder records only a fingerprint of the URI it was saved from, which ``uri`` must match,
+        so a folder from someone else can never send your token to their server. ``kwargs`` go to
+        the constructor (e.g. ``timeout``; a dense index takes ``embedder``)."""
+        return cls._from_manifest(cls._saved_manifest(path), uri=uri, token=token, **kwargs)
 
 
-def manifest_fields(m: Mapping[str, Any], kind: str) -> tuple[str, str, str | None, dict]:
-    """(uri, collection, db_name, settings) of a saved manifest entry, validated (manifests are
-    untrusted input)."""
+def manifest_fields(m: Mapping[str, Any], kind: str, uri: Any = None, token: str | None = None,
+                    db_name: str | None = None) -> tuple[str, str | None, str, str | None, dict]:
+    """(uri, token, collection, db_name, settings) to open a saved manifest entry with.
+
+    The URI and token are the caller's (``uri`` may be a :class:`MilvusBackend`, which brings its
+    token and db_name): a manifest is untrusted input and never says where to connect. It
+    records a fingerprint of the URI it was saved from, and a different ``uri`` is refused."""
     if not isinstance(m, Mapping) or m.get("backend") != "milvus" or m.get("format") != kind:
         got = m.get("format") if isinstance(m, Mapping) else type(m).__name__
         raise PersistError(f"the saved index is {got!r}, not a {kind!r} manifest; load it with "
@@ -309,10 +353,33 @@ def manifest_fields(m: Mapping[str, Any], kind: str) -> tuple[str, str, str | No
     if m.get("version") != FORMAT_VERSION:
         raise PersistError(f"the saved {kind!r} manifest has version {m.get('version')!r}, this "
                            f"funnel-rag reads version {FORMAT_VERSION}; save it again.")
-    uri, collection, db_name = m.get("uri"), m.get("collection"), m.get("db_name")
+    collection, saved_db = m.get("collection"), m.get("db_name")
+    fingerprint = m.get("uri_sha256")
+    if fingerprint is None and isinstance(m.get("uri"), str):  # written before the fingerprint
+        try:
+            fingerprint = uri_fingerprint(m["uri"])
+        except (TypeError, ValueError):
+            fingerprint = None
     settings = m.get("settings") or {}
-    if (not isinstance(uri, str) or not isinstance(collection, str)
-            or not (db_name is None or isinstance(db_name, str)) or not isinstance(settings, dict)):
-        raise PersistError(f"the saved {kind!r} manifest is incomplete (uri {uri!r}, collection "
-                           f"{collection!r}); save the index again.")
-    return uri, collection, db_name, settings
+    if (not isinstance(fingerprint, str) or not isinstance(collection, str)
+            or not (saved_db is None or isinstance(saved_db, str)) or not isinstance(settings, dict)):
+        raise PersistError(f"the saved {kind!r} manifest is incomplete (collection {collection!r}, "
+                           f"uri fingerprint {fingerprint!r}); save the index again.")
+    if uri is not None and hasattr(uri, "uri") and not isinstance(uri, (str, os.PathLike)):
+        token = token or getattr(uri, "token", None)
+        db_name = db_name or getattr(uri, "db_name", None)
+        uri = uri.uri
+    if uri is None:
+        raise PersistError(
+            f"this {kind!r} index lives in the Milvus collection {collection!r}; pass the Milvus "
+            "URI it was saved from, e.g. load(path, uri='funnel.db') or uri='http://host:19530' "
+            "(the saved folder records only a fingerprint of it: a folder never decides where "
+            "your credentials are sent).")
+    uri, from_uri = split_credentials(normalise_uri(uri))
+    if uri_fingerprint(uri) != fingerprint:
+        raise PersistError(
+            f"this {kind!r} index was saved from another Milvus URI than {uri!r} (the fingerprint "
+            "in its manifest differs); pass the URI it was saved from, or open the collection "
+            f"{collection!r} at {uri!r} explicitly with MilvusBackend({uri!r}, "
+            f"collection={collection!r}) (from_backend).")
+    return uri, token or from_uri, collection, db_name or saved_db, settings

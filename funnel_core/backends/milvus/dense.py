@@ -180,16 +180,19 @@ class MilvusDenseIndex(Collection):
         return self.search_many([query], k, filter=filter)[0]
 
     @classmethod
-    def load(cls, path: str | os.PathLike, token: str | None = None, *, embedder: Any = None,
-             **kwargs: Any) -> "MilvusDenseIndex":
+    def load(cls, path: str | os.PathLike, uri: Any = None, token: str | None = None, *,
+             embedder: Any = None, **kwargs: Any) -> "MilvusDenseIndex":
         """Re-open the collection named in the manifest saved at ``path`` (no re-embedding);
-        the embedder defaults to the model recorded at build time."""
-        return cls._from_manifest(cls._saved_manifest(path), token=token, embedder=embedder, **kwargs)
+        ``uri`` and ``token`` are the caller's (see :meth:`Collection.load`); the embedder
+        defaults to the model recorded at build time."""
+        return cls._from_manifest(cls._saved_manifest(path), uri=uri, token=token,
+                                  embedder=embedder, **kwargs)
 
     @classmethod
-    def _from_manifest(cls, m: Mapping[str, Any], token: str | None = None, embedder: Any = None,
-                       **kwargs: Any) -> "MilvusDenseIndex":
-        uri, collection, db_name, settings = manifest_fields(m, cls.kind)
+    def _from_manifest(cls, m: Mapping[str, Any], uri: Any = None, token: str | None = None,
+                       embedder: Any = None, **kwargs: Any) -> "MilvusDenseIndex":
+        uri, token, collection, db_name, settings = manifest_fields(
+            m, cls.kind, uri, token, kwargs.pop("db_name", None))
         if embedder is None and isinstance(settings.get("model"), str) and settings["model"]:
             from funnel_core.embeddings import SentenceEmbedder
 

@@ -1,7 +1,6 @@
 """Milvus boolean expressions: safe tokens for BM25 text, metadata filters, comparisons."""
 from __future__ import annotations
 
-import json
 import math
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
@@ -26,6 +25,27 @@ def milvus_tokens(tokens: Sequence[str]) -> str:
     return " ".join(safe_token(t) for t in tokens)
 
 
+def string_literal(value: str, what: str) -> str:
+    """A Milvus string literal that means exactly ``value``.
+
+    Milvus's expression parser knows only a few escapes (``\\"``, ``\\\\``, ``\\n``,
+    ``\\r``, ``\\t``; ``\\uXXXX``, ``\\xXX``, ``\\a``, ``\\b``, ``\\f``, ``\\v`` are
+    "unknown escape sequence", which ``json.dumps`` would produce for control characters), and
+    refuses a raw newline or carriage return, while other raw control characters, NUL
+    included, are taken literally (all measured on Milvus Lite). So: escape the quote, the
+    backslash, newline, carriage return and tab, keep every other character raw. A lone surrogate cannot be sent at all (gRPC needs
+    valid UTF-8): refused with the fix."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UnsupportedFilterError(
+            f"{what} {value!r:.60} holds a lone surrogate ({exc.reason} at position {exc.start}), "
+            "which Milvus (UTF-8 over gRPC) cannot receive; such text cannot have been stored in "
+            "Milvus either. Clean the value (e.g. value.encode('utf-8', 'replace').decode()).") from None
+    out = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+    return '"' + out.replace("\r", "\\r") + '"'
+
+
 def literal(value: Any, key: str) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -37,7 +57,7 @@ def literal(value: Any, key: str) -> str:
                                          "Milvus expressions need finite numbers.")
         return repr(float(value))
     if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
+        return string_literal(value, f"the filter value for key {key!r}")
     raise UnsupportedFilterError(
         f"filter value {value!r:.60} ({type(value).__name__}) for key {key!r} cannot be pushed "
         "down to Milvus; use str, int, float or bool values (or a list of them), or pass a raw "
@@ -45,7 +65,7 @@ def literal(value: Any, key: str) -> str:
 
 
 def json_path(field: str, key: str) -> str:
-    return f"{field}[{json.dumps(key, ensure_ascii=False)}]"
+    return f"{field}[{string_literal(key, 'the metadata key')}]"
 
 
 def filter_expression(filter: Any, field: str = "metadata") -> str | None:
@@ -141,7 +161,7 @@ def comparison_expression(key: str, op: str, value: Any, field: str = "metadata"
                 f"the substring filter {text!r} on {key!r} holds '%', '_' or a backslash, which "
                 "Milvus LIKE patterns cannot escape; write the expression yourself (a Milvus "
                 "expression string) or filter on another field.")
-        return f"({guarded}{path} like {json.dumps('%' + text + '%', ensure_ascii=False)})"
+        return f"({guarded}{path} like {string_literal('%' + text + '%', f'the substring filter on {key!r}')})"
     raise UnsupportedFilterError(
         f"the filter operator {op!r} (key {key!r}) has no Milvus expression; use one of "
         f"{COMPARISONS}, or pass a Milvus expression string such as 'metadata[\"year\"] >= 2015'.")
@@ -167,7 +187,7 @@ def combine_expressions(parts: Sequence[str | None], condition: str = "and") -> 
 
 
 def in_expr(field: str, values: Iterable[str]) -> str:
-    return f"{field} in [{', '.join(json.dumps(v, ensure_ascii=False) for v in values)}]"
+    return f"{field} in [{', '.join(string_literal(v, field) for v in values)}]"
 
 
 def and_expr(*exprs: str | None) -> str:

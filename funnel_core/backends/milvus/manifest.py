@@ -23,21 +23,23 @@ def is_milvus_entry(meta: Any) -> bool:
     return isinstance(meta, Mapping) and meta.get("backend") == "milvus"
 
 
-def open_index(meta: Mapping[str, Any], token: str | None = None, **kwargs: Any) -> Any:
+def open_index(meta: Mapping[str, Any], uri: Any = None, token: str | None = None,
+               **kwargs: Any) -> Any:
     """Re-open the Milvus index described by a manifest entry that ``index._write`` returned
     (stored inside a retriever's snapshot manifest): no data is read from disk, the collection
-    is opened and its settings checked."""
+    is opened and its settings checked. ``uri`` (a URI or a :class:`MilvusBackend`) and
+    ``token`` are the caller's; the entry records only a fingerprint of the URI to check."""
     kind = meta.get("format") if isinstance(meta, Mapping) else None
     cls = _KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None or not is_milvus_entry(meta):
         raise PersistError(f"the saved index entry names {kind!r}, which is no Milvus index of "
                            f"this funnel-rag ({sorted(_KINDS)}); save it again.")
-    return cls._from_manifest(meta, token=token, **kwargs)
+    return cls._from_manifest(meta, uri=uri, token=token, **kwargs)
 
 
 def load_index(path: str | os.PathLike, default: Any = None, **kwargs: Any) -> Any:
     """Load whatever index was saved at ``path``: a Milvus manifest re-opens its collection
-    (``kwargs``: ``token=``, ...), anything else goes to ``default.load(path, **kwargs)`` (e.g.
+    (``kwargs``: ``uri=``, ``token=``, ...), anything else goes to ``default.load(path, **kwargs)`` (e.g.
     ``BM25Index``)."""
     from funnel_core.persist import snapshot_info
 

@@ -1,4 +1,5 @@
-"""Small statistics helpers for the benchmarks: bootstrap intervals and paired tests on 0/1 hits."""
+"""Statistics of the evaluation harness: bootstrap intervals, paired bootstrap and the exact McNemar
+test on paired 0/1 outcomes, percentiles."""
 
 from __future__ import annotations
 

@@ -1,0 +1,242 @@
+"""``funnel eval CONFIG.toml``: systems built from named components over the dataset's corpus.
+
+A configuration (paths are relative to the TOML file)::
+
+    [dataset]
+    path = "squad-dev.json"      # SQuAD JSON, BEIR folder, LlamaIndex QA JSON or JSONL
+    # split = "test"             # BEIR qrels split;  corpus = "docs.jsonl" for a JSONL dataset
+    # limit = 300                # a seeded sample of the questions (seed = 0)
+
+    [evaluate]
+    metrics = ["AR@1", "AR@5", "CI@5"]   # default: by the dataset's labels
+    baseline = "bm25"                    # default: the first system
+    n_timing = 50                        # questions timed round-robin (0: none)
+    # max_load = 1.0; quiet_check = true; quiet_timeout = 900
+    output = "eval-out"                  # report.json, report.md, pareto.png (+ cache/)
+
+    [systems.bm25]
+    component = "bm25"
+    k = 10
+
+    [systems.bm25_ce]
+    component = "bm25"
+    k = 50
+    rerank = { model = "cross-encoder/ms-marco-MiniLM-L-6-v2", top_n = 10 }
+
+    [systems.hybrid]
+    component = "hybrid"
+    k = 10
+    alpha = 0.3
+    # embedder = "sentence-transformers model or folder" (default: the packaged MiniLM)
+
+    [systems.funnel]
+    component = "funnelrag"
+    pre_ranker = "cross-encoder/ms-marco-MiniLM-L-6-v2"
+    k_clusters = 10
+    k_documents = 8
+    k_passages = 4
+
+Components: ``bm25`` (``k``; BM25 settings under ``index = {...}``), ``dense`` (``k``,
+``embedder``), ``hybrid`` (``k``, ``k_side``, ``embedder``, and the fusion settings such as
+``alpha``, ``method``), ``clustered`` (``k`` clusters, ``max_tokens``, ``max_documents``) and
+``funnelrag`` (the arguments of :func:`funnel_core.funnelrag.presets.funnelrag`). Any of the
+first four takes ``rerank = {model = ..., top_n = ..., <CrossEncoderScorer settings>}``. Indexes
+with equal settings are built once and shared. An unknown key is an error, never ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from funnel_core.evaluation.datasets import EvalDataset, load_dataset
+from funnel_core.evaluation.harness import evaluate
+from funnel_core.evaluation.report import Report
+from funnel_core.units import Unit
+
+__all__ = ["load_config", "build_systems", "run_config", "COMPONENTS"]
+
+COMPONENTS = ("bm25", "dense", "hybrid", "clustered", "funnelrag")
+_DATASET_KEYS = {"path", "split", "corpus", "limit", "seed"}
+_EVALUATE_KEYS = {"metrics", "ks", "baseline", "depth", "id_key", "title_key", "n_timing", "timing_seed",
+                  "max_load", "quiet_check", "quiet_load", "quiet_timeout", "quiet_poll", "n_boot", "seed", "output",
+                  "cache_dir"}
+
+
+def _toml() -> Any:
+    if sys.version_info >= (3, 11):
+        import tomllib
+
+        return tomllib
+    try:
+        import tomli
+    except ImportError as exc:  # pragma: no cover - Python 3.10 without the eval extra
+        raise ImportError("reading TOML on Python 3.10 needs tomli: pip install 'funnel-rag[eval]' "
+                          "(or pip install tomli).") from exc
+    return tomli
+
+
+def load_config(path: str | os.PathLike) -> dict[str, Any]:
+    """Read and check a TOML configuration; relative paths become absolute (from its folder)."""
+    tomllib = _toml()
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{str(p)!r} does not exist; pass a TOML file (see `funnel eval --help`).")
+    try:
+        cfg = tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{p}: not valid TOML ({exc}).") from exc
+    unknown = set(cfg) - {"dataset", "evaluate", "systems"}
+    if unknown:
+        raise ValueError(f"{p}: unknown table(s) {sorted(unknown)}; use [dataset], [evaluate] and [systems.NAME].")
+    ds = dict(cfg.get("dataset") or {})
+    if "path" not in ds:
+        raise ValueError(f"{p}: [dataset] needs `path` (a SQuAD JSON, BEIR folder, LlamaIndex QA JSON or JSONL).")
+    _check_keys(ds, _DATASET_KEYS, f"{p} [dataset]")
+    ev = dict(cfg.get("evaluate") or {})
+    _check_keys(ev, _EVALUATE_KEYS, f"{p} [evaluate]")
+    systems = dict(cfg.get("systems") or {})
+    if not systems:
+        raise ValueError(f"{p}: no [systems.NAME] table; add one, e.g. [systems.bm25] component = \"bm25\".")
+    base = p.resolve().parent
+    for key in ("path", "corpus"):
+        if key in ds:
+            ds[key] = str((base / ds[key]).resolve())
+    ev["output"] = str((base / ev.get("output", "eval-out")).resolve())
+    if "cache_dir" in ev:
+        ev["cache_dir"] = str((base / ev["cache_dir"]).resolve())
+    for name, spec in systems.items():
+        if not isinstance(spec, dict) or spec.get("component") not in COMPONENTS:
+            got = spec.get("component") if isinstance(spec, dict) else spec
+            raise ValueError(f"{p} [systems.{name}]: component must be one of {COMPONENTS}, got {got!r}.")
+        for key in ("embedder", "pre_ranker", "post_ranker"):
+            if isinstance(spec.get(key), str) and spec[key].startswith("."):
+                spec[key] = str((base / spec[key]).resolve())
+        if isinstance(spec.get("rerank"), dict) and str(spec["rerank"].get("model", "")).startswith("."):
+            spec["rerank"]["model"] = str((base / spec["rerank"]["model"]).resolve())
+    return {"dataset": ds, "evaluate": ev, "systems": systems}
+
+
+def _check_keys(given: dict[str, Any], allowed: set[str], where: str) -> None:
+    unknown = set(given) - allowed
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(allowed)}.")
+
+
+def _call(where: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"{where}: {exc}") from exc
+
+
+def build_systems(specs: dict[str, dict[str, Any]], corpus: list[Unit]) -> dict[str, Any]:
+    """``{name: stage}`` from the ``[systems.NAME]`` tables, over ``corpus``."""
+    from funnel_core.funnel import Funnel
+
+    if not corpus:
+        raise ValueError("the dataset has no corpus to index; a JSONL dataset needs [dataset] corpus = "
+                         "\"docs.jsonl\" (one {\"id\", \"text\", \"title\"} a line).")
+    built: dict[str, Any] = {}
+
+    def shared(key: tuple, make: Callable[[], Any]) -> Any:
+        k = json.dumps(key, sort_keys=True, default=str)
+        if k not in built:
+            built[k] = make()
+        return built[k]
+
+    def bm25(settings: dict[str, Any]) -> Any:
+        from funnel_core.bm25 import BM25Index
+
+        return shared(("bm25", settings), lambda: _call("bm25 index", BM25Index, **settings).index(corpus))
+
+    def clustered(max_tokens: int) -> Any:
+        from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
+
+        return shared(("clustered", max_tokens), lambda: ClusteredBM25Index(max_tokens=max_tokens).index(corpus))
+
+    def dense(embedder: str | None) -> Any:
+        from funnel_core.embeddings import DenseIndex, SentenceEmbedder
+
+        return shared(("dense", embedder), lambda: DenseIndex(SentenceEmbedder(embedder)).index(corpus))
+
+    out: dict[str, Any] = {}
+    for name, raw in specs.items():
+        spec = dict(raw)
+        where = f"[systems.{name}]"
+        component = spec.pop("component")
+        rerank = spec.pop("rerank", None)
+        stage: Any
+        if component == "bm25":
+            from funnel_core.bm25 import BM25Retrieve
+
+            index = bm25(spec.pop("index", {}))
+            stage = _call(where, BM25Retrieve, index, **spec)
+        elif component == "dense":
+            from funnel_core.embeddings import DenseRetrieve
+
+            index = dense(spec.pop("embedder", None))
+            stage = _call(where, DenseRetrieve, index, **spec)
+        elif component == "hybrid":
+            from funnel_core.best_practices.fusion import HybridRetrieve
+            from funnel_core.bm25 import BM25Retrieve
+            from funnel_core.embeddings import DenseRetrieve
+
+            k_side = int(spec.pop("k_side", 100))
+            sparse = BM25Retrieve(bm25(spec.pop("index", {})), k=k_side)
+            dense_side = DenseRetrieve(dense(spec.pop("embedder", None)), k=k_side)
+            stage = _call(where, HybridRetrieve, sparse, dense_side, name=name, **spec)
+        elif component == "clustered":
+            from funnel_core.funnelrag.clustered_index import ClusteredBM25Retrieve
+
+            max_documents = spec.pop("max_documents", None)
+            index = clustered(int(spec.pop("max_tokens", 4096)))
+            stage = _call(where, ClusteredBM25Retrieve, index, **spec)
+            if max_documents:
+                stage = stage % int(max_documents)
+        else:  # funnelrag
+            from funnel_core.funnelrag.presets import funnelrag
+
+            if "pre_ranker" not in spec:
+                raise ValueError(f"{where}: component \"funnelrag\" needs pre_ranker (a cross-encoder name or folder).")
+            index = clustered(int(spec.pop("max_tokens", 4096)))
+            stage = _call(where, funnelrag, index, **spec)
+        if rerank is not None:
+            from funnel_core.rerank.cross_encoder import CrossEncoderScorer
+
+            if not isinstance(rerank, dict) or "model" not in rerank:
+                raise ValueError(f"{where}: rerank must be a table with `model` (a cross-encoder name or folder).")
+            r = dict(rerank)
+            model = r.pop("model")
+            ce = _call(f"{where} rerank", CrossEncoderScorer, model, **r)
+            stage = Funnel([stage, ce])
+        out[name] = stage
+    return out
+
+
+def run_config(path: str | os.PathLike, *, n_timing: int | None = None, quiet_check: bool | None = None,
+               max_load: float | None = None, quiet_load: float | None = None, limit: int | None = None,
+               output: str | os.PathLike | None = None,
+               progress: bool = True) -> tuple[Report, dict[str, Path]]:
+    """Load the dataset, build the systems, evaluate, and write the report; keyword arguments
+    override the file's settings. Returns the report and the paths written."""
+    cfg = load_config(path)
+    ds_cfg, ev = cfg["dataset"], dict(cfg["evaluate"])
+    dataset: EvalDataset = load_dataset(ds_cfg["path"], split=ds_cfg.get("split", "test"),
+                                        corpus=ds_cfg.get("corpus"))
+    limit = limit if limit is not None else ds_cfg.get("limit")
+    if limit:
+        dataset = dataset.subset(int(limit), seed=int(ds_cfg.get("seed", 0)))
+    for key, value in (("n_timing", n_timing), ("quiet_check", quiet_check), ("max_load", max_load),
+                       ("quiet_load", quiet_load)):
+        if value is not None:
+            ev[key] = value
+    out = Path(output) if output is not None else Path(ev.pop("output"))
+    ev.pop("output", None)
+    ev.setdefault("cache_dir", str(out / "cache"))
+    systems = build_systems(cfg["systems"], dataset.corpus)
+    report = evaluate(systems, dataset, progress=progress, system_keys=cfg["systems"], **ev)
+    return report, report.save(out)

@@ -1,0 +1,100 @@
+"""A LlamaIndex retriever (with a LlamaIndex node postprocessor), a LangChain retriever, a LangChain
+runnable and a core Funnel with a cross-encoder, evaluated side by side in one call on a SQuAD file.
+
+The reference for every system is computed through the framework's own API (``retrieve`` /
+``postprocess_nodes`` / ``invoke``) and the answer check, not through the harness's conversion.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from funnel_core.evaluation import evaluate, has_answer, load_dataset
+
+pytest.importorskip("llama_index.core")
+pytest.importorskip("langchain_core")
+
+def _overlap(query: str, text: str) -> float:
+    q = {w.strip("?.,").lower() for w in query.split()}
+    return float(len(q & {w.strip("?.,").lower() for w in text.split()}))
+
+
+def test_llamaindex_langchain_and_funnel_side_by_side(squad_file, tiny_cross_encoder_path):
+    from langchain_core.documents import Document
+    from langchain_core.retrievers import BaseRetriever as LCRetriever
+    from langchain_core.runnables import RunnableLambda
+    from llama_index.core.postprocessor import SimilarityPostprocessor
+    from llama_index.core.retrievers import BaseRetriever as LIRetriever
+    from llama_index.core.schema import NodeWithScore, TextNode
+
+    from funnel_core.bm25 import BM25Index, BM25Retrieve
+    from funnel_core.funnel import Funnel
+    from funnel_core.rerank.cross_encoder import CrossEncoderScorer
+
+    ds = load_dataset(squad_file)
+    assert ds.format == "squad" and len(ds.queries) == 6 and len(ds.corpus) == 6
+
+    class OverlapRetriever(LIRetriever):  # a LlamaIndex retriever written the framework's way
+        def __init__(self, nodes, k):
+            super().__init__()
+            self._nodes, self._k = nodes, k
+
+        def _retrieve(self, query_bundle):
+            scored = [NodeWithScore(node=n, score=_overlap(query_bundle.query_str, n.get_content()))
+                      for n in self._nodes]
+            return sorted(scored, key=lambda x: -x.score)[: self._k]
+
+    class LCOverlap(LCRetriever):  # a LangChain retriever written the framework's way
+        docs: list
+        k: int = 2
+
+        def _get_relevant_documents(self, query, *, run_manager):
+            return sorted(self.docs, key=lambda d: -_overlap(query, d.page_content))[: self.k]
+
+    nodes = [TextNode(id_=u.id, text=u.text, metadata=dict(u.metadata)) for u in ds.corpus]
+    docs = [Document(id=u.id, page_content=u.text, metadata=dict(u.metadata)) for u in ds.corpus]
+    li = OverlapRetriever(nodes, k=3)
+    cutoff = SimilarityPostprocessor(similarity_cutoff=3.0)  # drops nodes sharing < 3 words
+    lc = LCOverlap(docs=docs, k=2)
+    runnable = RunnableLambda(lambda q: list(reversed(docs)))  # a runnable returning documents
+    index = BM25Index().index(ds.corpus)
+    funnel = Funnel([BM25Retrieve(index, k=4), CrossEncoderScorer(tiny_cross_encoder_path, batch_size=4) % 2])
+
+    report = evaluate({"llamaindex": (li, [cutoff]), "langchain": lc, "runnable": runnable, "funnel": funnel},
+                      ds, metrics=["AR@1", "AR@2", "CI@2"], n_timing=2, progress=False,
+                      load_reader=lambda: 0.0, cores=2)
+    d = report.to_dict()
+
+    def ar(texts, qid, k):
+        return float(has_answer(" ".join(texts[:k]), ds.answers[qid]))
+
+    for qid, query in ds.queries.items():
+        refs = {
+            "llamaindex": [n.get_content() for n in cutoff.postprocess_nodes(li.retrieve(query), query_str=query)],
+            "langchain": [x.page_content for x in lc.invoke(query)],
+            "runnable": [x.page_content for x in runnable.invoke(query)],
+            "funnel": [u.text for u in funnel(query)],
+        }
+        for name, texts in refs.items():
+            rec = next(r for r in d["per_question"][name] if r["id"] == qid)
+            assert rec["metrics"]["AR@1"] == ar(texts, qid, 1), (name, qid)
+            assert rec["metrics"]["AR@2"] == ar(texts, qid, 2), (name, qid)
+            assert rec["n_results"] == len(texts)
+    # the postprocessor ran: it dropped low-overlap nodes for some questions
+    assert any(r["n_results"] < 3 for r in d["per_question"]["llamaindex"])
+    for name in ("llamaindex", "langchain", "runnable", "funnel"):
+        s = d["summary"][name]["AR@2"]
+        assert s["n"] == 6 and s["ci"][0] <= s["mean"] <= s["ci"][1]
+        assert d["cost"][name]["timed_questions"] == 2 and d["cost"][name]["seconds_p50"] > 0
+    # the reversed corpus starts with the two BM25 paragraphs: one article, so CI@2 = 0 bits
+    assert d["summary"]["runnable"]["CI@2"]["mean"] == 0.0
+    # the cross-encoder scored every BM25 candidate once per query; nothing else scored pairs
+    bm25_hits = [len(index.search(q, k=4)) for q in ds.queries.values()]
+    assert d["cost"]["funnel"]["pairs_scored_per_query"] == pytest.approx(sum(bm25_hits) / 6)
+    assert d["cost"]["funnel"]["model_calls_per_query"] == 1.0
+    assert all(d["cost"][n]["pairs_scored_per_query"] == 0 for n in ("llamaindex", "langchain", "runnable"))
+    assert set(d["comparisons"]) == {"langchain", "runnable", "funnel"}  # against the first system
+    assert report.systems == ["llamaindex", "langchain", "runnable", "funnel"]
+    json.dumps(d)  # JSON-ready
