@@ -476,7 +476,7 @@ class ForwardLookup(Settings, Stage):
         if self.order_preserving:
             chosen.sort(key=_order)
         for u in chosen:
-            u.metadata.pop("fb_rag_order", None)
+            u.funnel.pop("fb_rag_order", None)
         return chosen
 
     # -- all stages ------------------------------------------------------------------------

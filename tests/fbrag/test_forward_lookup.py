@@ -238,10 +238,10 @@ def test_eq5_takes_the_max_over_the_k_samples_not_the_mean():
                               normalize=False, chunk_words=20)
     res = fb.search(QUESTION, chunks)
     assert len({s.text for s in res.samples}) == 3                 # K different samples
-    got = {u.metadata["position"]: u.score for u in res.scored}
+    got = {u.funnel["position"]: u.score for u in res.scored}
     assert [got[i] for i in range(len(texts))] == pytest.approx(by_max)
     best = max(res.scored, key=lambda u: u.score)
-    assert "Marlowe" in best.text and best.metadata["position"] == _argmax(by_max)
+    assert "Marlowe" in best.text and best.funnel["position"] == _argmax(by_max)
 
 
 def test_every_chunk_of_the_full_context_is_scored_not_only_stage1():
@@ -254,7 +254,7 @@ def test_every_chunk_of_the_full_context_is_scored_not_only_stage1():
     assert len(res.scored) == len(chunks)
     texts = [u.text for u in chunks]
     want = bm25_scores(res.samples[0].lookup_text, texts)          # BM25 over all of C
-    got = {u.metadata["position"]: u.score for u in res.scored}
+    got = {u.funnel["position"]: u.score for u in res.scored}
     assert [got[i] for i in range(len(texts))] == pytest.approx(want)
     assert "Marlowe" in res.units[0].text
 
@@ -273,9 +273,9 @@ def test_lookup_text_is_rationale_and_answer_not_the_answer_alone():
     fb = ForwardLookup.preset("F", llm=ScriptedReader([sample]), samples=1, k=1,
                               normalize=False, chunk_words=20)
     res = fb.search(QUESTION, chunks)
-    assert res.units[0].metadata["position"] == _argmax(both)
+    assert res.units[0].funnel["position"] == _argmax(both)
     assert "Elsinore" in res.units[0].text
-    got = {u.metadata["position"]: u.score for u in res.scored}
+    got = {u.funnel["position"]: u.score for u in res.scored}
     assert [got[i] for i in range(len(texts))] == pytest.approx(both)
     assert ForwardSample("t", "R words", "A").lookup_text == "R words A"
 
@@ -321,7 +321,7 @@ def test_recall_is_stage1_bm25_best_first():
     fb = ForwardLookup.preset("FB", llm=Reader(), recall_k=3, chunk_words=20)
     top, backward = fb.recall(QUESTION, chunks)
     want = sorted(range(len(texts)), key=lambda i: -b[i])[:3]
-    assert [u.metadata["fb_rag_order"] for u in top] == want
+    assert [u.funnel["fb_rag_order"] for u in top] == want
     assert backward == pytest.approx(b)
     assert [u.scores["fb_rag_stage1"] for u in top] == pytest.approx([b[i] for i in want])
 
@@ -338,7 +338,7 @@ def test_score_called_alone_builds_its_own_index_and_positions():
     out = fb.score(QUESTION, bare, [sample])
     b, f = bm25_scores(QUESTION, texts), bm25_scores(sample.lookup_text, texts)
     assert [u.score for u in out] == pytest.approx([0.5 * x + 0.5 * y for x, y in zip(b, f)])
-    assert [u.metadata["position"] for u in out] == list(range(len(texts)))
+    assert [u.funnel["position"] for u in out] == list(range(len(texts)))
     # no samples: the forward part is 0, not 1
     alone = fb.search(QUESTION, units(), samples=[])
     assert sorted(u.score for u in alone.scored) == pytest.approx(sorted(0.5 * x for x in b))
@@ -354,9 +354,9 @@ def test_budgets_are_inclusive_skip_too_long_chunks_and_clean_up():
     from funnel_core.units import Unit
 
     # three chunks of 5, 8 and 3 words; scores make the 8-word chunk second best
-    chunks = [Unit(id="a", text="one two three four five", score=3.0, metadata={"fb_rag_order": 0}),
-              Unit(id="b", text="a b c d e f g h", score=2.0, metadata={"fb_rag_order": 1}),
-              Unit(id="c", text="x y z", score=1.0, metadata={"fb_rag_order": 2})]
+    chunks = [Unit(id="a", text="one two three four five", score=3.0, funnel={"fb_rag_order": 0}),
+              Unit(id="b", text="a b c d e f g h", score=2.0, funnel={"fb_rag_order": 1}),
+              Unit(id="c", text="x y z", score=1.0, funnel={"fb_rag_order": 2})]
     words = ForwardLookup.preset("FB", llm=Reader(), chunk_words=5, k=None, budget_words=8)
     # 5 fits, 5 + 8 does not (skipped, not the end), 5 + 3 = 8 fits exactly
     assert [u.id for u in words.select(chunks)] == ["a", "c"]
@@ -364,7 +364,7 @@ def test_budgets_are_inclusive_skip_too_long_chunks_and_clean_up():
     assert [u.id for u in tokens.select(chunks)] == ["a", "b"]           # 5 + 8 = 13 exactly
     tight = ForwardLookup.preset("FB", llm=Reader(), chunk_words=5, k=None, budget_tokens=9)
     assert [u.id for u in tight.select(chunks)] == ["a", "c"]            # 5 + 3; 5 + 8 > 9
-    assert all("fb_rag_order" not in u.metadata for u in tight.select(chunks))
+    assert all("fb_rag_order" not in u.funnel for u in tight.select(chunks))
     with pytest.raises(ValueError, match=r"^k must be >= 1"):
         words.select(chunks, k=0)
     with pytest.raises(ValueError, match="raise the budget or lower chunk_words."):
