@@ -39,7 +39,7 @@ def _corpus(version: str) -> list[Unit]:
 
 
 def _view(units):
-    return [(u.id, u.metadata["cluster_id"], u.metadata.get("v")) for u in units]
+    return [(u.id, u.funnel["cluster_id"], u.metadata.get("v")) for u in units]
 
 
 QUERIES = ["capital city france", "tragedy play", "ranking search", "dense vectors"]
