@@ -1280,6 +1280,13 @@ def block_reliability() -> str:
         ])
     out = [table(["object", "kill -9: trials / bad", "bit flips: trials / silent",
                   "concurrent loads / mixed", "I/O errors: trials / bad"], rows)]
+    unread = (".funnel-rag", ".funnel-rag.journal")
+    harmless = [(f, c["harmless"]) for k, v in ex.items() if k.startswith("bit_flips")
+                for f, c in v.get("by_file", {}).items() if c["harmless"]]
+    out.append("\nA bit flip is *harmless* when the load gives the original index: "
+               + (f"all {_n(sum(h for _, h in harmless))} were in files a load does not read (the "
+                  "marker and the save journal)." if all(f in unread for f, _ in harmless)
+                  else "some were in files a load reads: " + ", ".join(sorted({f for f, _ in harmless}))))
     ten = sm.get("tenant_isolation", {})
     upd, fz = sm["queries_during_updates"], sm["fuzz"]
     out.append(

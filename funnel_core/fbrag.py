@@ -11,18 +11,22 @@ The long context is cut into chunks (300 words by default). Then:
 
   with BM25 as ``S``: the backward part looks at the question, the forward part at what the
   answer seems to be. Presets: ``Ours-F`` (eta_B = 0, eta_F = 1) and ``Ours-FB`` (0.5 / 0.5).
-* **Stage III**: the best chunks that fit a word (or token) budget go to the final generator,
-  in their original order (order-preserving RAG) by default.
+* **Stage III**: the best chunks under a budget (by default the ``k = 3`` best chunks, about
+  900 words; or a word / token budget) go to the final generator, in their original order
+  (order-preserving RAG) by default.
 
 Each returned unit carries why it won, in its bookkeeping (:attr:`Unit.funnel`):
 ``funnel["backward_score"]`` (S_B), ``funnel["forward_scores"]`` (one S per sample),
 ``funnel["samples"]`` (the K rationales and answers), ``funnel["position"]`` (chunk index in the
 context), and ``score`` = S_FB.
 
-The prompts below are faithful rewrites of the paper's Tables 4-6 (forward-lookup prompts for
-free-form and multiple-choice questions, and the final-answer prompt), not verbatim copies. The
-Stage II default asks for brief reasoning, as the paper does; :data:`FORWARD_PROMPT_QUOTE` (a
-rationale that quotes the context) is kept as an option.
+The default Stage II prompt (:data:`FORWARD_PROMPT`) and :data:`ANSWER_PROMPT` are rewrites of
+the paper's prompts (Appendix C), not verbatim copies. :data:`PAPER_FORWARD_PROMPTS` are closer
+reconstructions, one per dataset as in the paper (EN.QA, EN.MC = Table 6, QMSum): the phrases
+the paper's prompts are known to use here (a rationale of "2-3 sentences" starting with
+"Rationale:", then the answer; QMSum asks for the answer without a rationale) are the paper's,
+the rest of the wording is reconstructed. :data:`FORWARD_PROMPT_QUOTE` (a rationale that quotes
+the context) is this package's variant, kept as an option.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from funnel_core.units import Unit
 __all__ = ["ForwardLookup", "ForwardSample", "ForwardLookupResult", "chunk_context",
            "parse_rationale_answer", "FORWARD_PROMPT", "FORWARD_PROMPT_MULTIPLE_CHOICE",
            "FORWARD_PROMPT_QUOTE", "FORWARD_PROMPT_MULTIPLE_CHOICE_QUOTE", "FORWARD_PROMPTS",
-           "ANSWER_PROMPT", "PRESETS", "variant_weights"]
+           "PAPER_FORWARD_PROMPTS", "ANSWER_PROMPT", "PRESETS", "DEFAULT_K", "variant_weights"]
 
 #: Stage II prompt for free-form questions (FB-RAG Table 4, rewritten): the model reasons
 #: briefly, then answers. The default (``FORWARD_PROMPTS["paper"]``).
@@ -58,8 +62,8 @@ FORWARD_PROMPT = (
     "Answer: <the answer>"
 )
 
-#: Stage II prompt for multiple-choice questions (FB-RAG Table 5, rewritten); the options are
-#: part of ``{question}``.
+#: Stage II prompt for multiple-choice questions (rewritten from FB-RAG's EN.MC prompt, Table 6);
+#: the options are part of ``{question}``.
 FORWARD_PROMPT_MULTIPLE_CHOICE = (
     "You are given a long context and a multiple-choice question. Read the context and pick the "
     "correct option.\n"
@@ -100,16 +104,52 @@ FORWARD_PROMPT_MULTIPLE_CHOICE_QUOTE = (
     "Answer: <letter and option>"
 )
 
-#: Named Stage II prompts: ``"paper"`` (brief reasoning, the default), ``"quote"`` (quoting
-#: rationale), and their multiple-choice forms.
+#: FB-RAG's per-dataset Stage II prompts (Appendix C), reconstructed: the rationale of "2-3
+#: sentences" starting with "Rationale:" followed by the answer, and QMSum's answer without a
+#: rationale, are the paper's; the surrounding wording is ours (the paper's text is not
+#: reproduced here). ``{question}`` holds the options for EN.MC and the query for QMSum.
+PAPER_FORWARD_PROMPTS = {
+    "en_qa": (
+        "You are given a long context and a question. Read the context and answer the question.\n"
+        "First write a rationale of 2-3 sentences, starting with 'Rationale:'. Then write the "
+        "answer, starting with 'Answer:'.\n\n"
+        "Context:\n{context}\n\n"
+        "Question: {question}"
+    ),
+    "en_mc": (
+        "You are given a long context and a multiple-choice question. Read the context and pick "
+        "the correct option.\n"
+        "First write a rationale of 2-3 sentences, starting with 'Rationale:'. Then write the "
+        "correct option, starting with 'Answer:'.\n\n"
+        "Context:\n{context}\n\n"
+        "Question and options: {question}"
+    ),
+    "qmsum": (
+        "You are given a long meeting transcript and a query. Read the transcript and answer the "
+        "query.\n"
+        "Write the answer, starting with 'Answer:'.\n\n"
+        "Transcript:\n{context}\n\n"
+        "Query: {question}"
+    ),
+}
+
+#: Named Stage II prompts: ``"paper"`` (this package's rewrite asking for brief reasoning, the
+#: default), ``"quote"`` (quoting rationale), their multiple-choice forms, and the per-dataset
+#: reconstructions ``"paper_en_qa"``, ``"paper_en_mc"``, ``"paper_qmsum"``.
 FORWARD_PROMPTS = {
     "paper": FORWARD_PROMPT,
     "quote": FORWARD_PROMPT_QUOTE,
     "paper_multiple_choice": FORWARD_PROMPT_MULTIPLE_CHOICE,
     "quote_multiple_choice": FORWARD_PROMPT_MULTIPLE_CHOICE_QUOTE,
+    **{f"paper_{name}": text for name, text in PAPER_FORWARD_PROMPTS.items()},
 }
 
-#: Stage III prompt for the final generator over the selected chunks (FB-RAG Table 6, rewritten).
+#: Chunks Stage III keeps by default: 3 chunks of 300 words (about 900 words), the LlamaIndex
+#: and LangChain adapters' default too.
+DEFAULT_K = 3
+
+#: Stage III prompt for the final generator over the selected chunks (rewritten; not the paper's
+#: wording).
 ANSWER_PROMPT = (
     "Answer the question using the context below. The context is a set of excerpts from a long "
     "document, in their original order. Answer in as few words as possible.\n\n"
@@ -225,16 +265,18 @@ class ForwardLookup(Settings, Stage):
         recall_k: Chunks kept by Stage I (BM25 with the question) for the LLM to read.
         reader_words: Cap on the words the LLM reads (Stage I chunks are added best first until
             the cap, then put back in original order); ``None`` reads all ``recall_k`` chunks.
-        k: Keep at most this many chunks in Stage III.
+        k: Keep at most this many chunks in Stage III (default 3, :data:`DEFAULT_K`; ``None``
+            lets ``budget_words`` / ``budget_tokens`` alone decide, or keeps every chunk when
+            there is no budget either).
         budget_words: Word budget of Stage III (must hold at least one chunk).
         budget_tokens: Token budget of Stage III, counted by ``token_counter``.
         token_counter: ``f(text) -> int``; default whitespace tokens. Pass a tokenizer's length
             function to budget in model tokens.
         order_preserving: Return the selected chunks in their original order (default) instead
             of best first.
-        normalize: Divide each BM25 score vector by its maximum before mixing, so that the
-            question (short) and the rationales (long) weigh as eta says. Not in the paper's
-            formula; turn off for raw BM25 sums.
+        normalize: Divide each BM25 score vector by its maximum (max-normalisation) before
+            mixing, so that the question (short) and the rationales (long) weigh as eta says.
+            Not in the paper's formula; turn off for raw BM25 sums.
         chunk_words: Chunk size used by :meth:`search_context` (paper: 300 words).
         bm25: Keyword arguments for :class:`~funnel_core.bm25.BM25Index`.
         gguf_file, device, timeout, dtype: How the local model loads when ``llm`` is a name
@@ -253,7 +295,7 @@ class ForwardLookup(Settings, Stage):
     def __init__(self, *, llm: LLM | str, eta_backward: float = 0.5, eta_forward: float = 0.5,
                  samples: int = 5, temperature: float = 1.0, top_p: float = 0.9, top_k: int = 50,
                  max_new_tokens: int = 128, prompt: str | None = FORWARD_PROMPT, recall_k: int = 20,
-                 reader_words: int | None = None, k: int | None = None,
+                 reader_words: int | None = None, k: int | None = DEFAULT_K,
                  budget_words: int | None = None, budget_tokens: int | None = None,
                  token_counter: Callable[[str], int] | None = None,
                  order_preserving: bool = True, normalize: bool = True, chunk_words: int = 300,

@@ -694,7 +694,18 @@ def _recover(path: Path, fmt: str | Sequence[str], max_version: int, what: str,
     whose every file verifies (SHA-256), and say so. Nothing is deleted (the next save keeps
     every snapshot a lost pointer could have named)."""
     errors = []
-    for name in _snapshot_dirs(path):
+    # only snapshots a pointer named once: the journal records them as committed (a folder
+    # written before the journal existed has none, so every snapshot there is a candidate); a
+    # snapshot a killed save renamed but never committed is never loaded
+    journal = _Journal(path)
+    candidates = _snapshot_dirs(path)
+    if journal.file.exists():
+        committed = journal.names()[1]
+        candidates = [n for n in candidates if n in committed]
+    if not candidates:
+        raise PersistError(f"no {what} at {str(path)!r} (missing {POINTER} and no committed snapshot: "
+                           "nothing was ever committed there); build one and save it there first.")
+    for name in candidates:
         try:
             folder, manifest, _ = _open(path, fmt, max_version, what, True,
                                         pointer={"snapshot": name})

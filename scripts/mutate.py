@@ -31,8 +31,10 @@ MODULES: dict[str, list[str]] = {
         "funnel_core.funnelrag.clustering.x_cluster_documents__mutmut_*",
     ],
     "FiD aggregation (eq. 3, Table 7)": [
-        "funnel_core.rerank.fid.x__reduce__mutmut_*",
         "funnel_core.rerank.fid.x_aggregate_cross_attention__mutmut_*",
+        "funnel_core.rerank.fid.x__cross_attention_modules__mutmut_*",
+        "funnel_core.rerank.fid.xǁFiDAttentionScorerǁscore_with_titles__mutmut_*",
+        "funnel_core.rerank.fid.xǁFiDAttentionScorerǁscored_map__mutmut_*",
     ],
     "L2G labels and losses (eqs. 4-6)": [
         "funnel_core.train.l2g.x_aggregate_passage_scores__mutmut_*",
@@ -40,6 +42,11 @@ MODULES: dict[str, list[str]] = {
         "funnel_core.train.l2g.x_l2g_group__mutmut_*",
         "funnel_core.train.l2g.x_bpr_loss__mutmut_*",
         "funnel_core.train.l2g.x_listwise_loss__mutmut_*",
+        "funnel_core.train.l2g.x_group_pair_losses__mutmut_*",
+        "funnel_core.train.l2g.x__bpr_terms__mutmut_*",
+        "funnel_core.train.l2g.x__listwise_terms__mutmut_*",
+        "funnel_core.train.l2g.xǁCrossEncoderTrainerǁsteps__mutmut_*",
+        "funnel_core.train.l2g.xǁCrossEncoderTrainerǁ_negatives__mutmut_*",
     ],
     "RankRAG scoring": [
         "funnel_core.rerank.rankrag.x_parse_true_false__mutmut_*",
@@ -57,19 +64,33 @@ MODULES: dict[str, list[str]] = {
         "funnel_core.granularity.router.x_soft_labels__mutmut_*",
         "funnel_core.granularity.router.x_level_choice_counts__mutmut_*",
         "funnel_core.granularity.router.x__hit_rate__mutmut_*",
+        "funnel_core.granularity.router.xǁGranularityRouterǁpredict__mutmut_*",
+    ],
+    "FB-RAG forward lookup (eqs. 4-5, Stage III)": [
+        "funnel_core.fbrag.x_parse_rationale_answer__mutmut_*",
+        "funnel_core.fbrag.xǁForwardSampleǁlookup_text__mutmut_*",
+        "funnel_core.fbrag.xǁForwardLookupǁ_scale__mutmut_*",
+        "funnel_core.fbrag.xǁForwardLookupǁrecall__mutmut_*",
+        "funnel_core.fbrag.xǁForwardLookupǁscore__mutmut_*",
+        "funnel_core.fbrag.xǁForwardLookupǁselect__mutmut_*",
+    ],
+    "FunnelRAG preset": [
+        "funnel_core.funnelrag.presets.x_funnelrag__mutmut_*",
+        "funnel_core.funnelrag.presets.x__fid_post_ranker__mutmut_*",
     ],
     "fusion (hybrid, RRF, repacking)": [
-        "funnel_core.best_practices.fusion.x_normalize_scores__mutmut_*",
+        "funnel_core.scoring.x_normalize_scores__mutmut_*",
         "funnel_core.best_practices.fusion.x__scores_of__mutmut_*",
         "funnel_core.best_practices.fusion.x__dedup__mutmut_*",
         "funnel_core.best_practices.fusion.x__merge__mutmut_*",
         "funnel_core.best_practices.fusion.x_alpha_fusion__mutmut_*",
         "funnel_core.best_practices.fusion.x_rrf_fusion__mutmut_*",
         "funnel_core.best_practices.fusion.x_fuse__mutmut_*",
-        "funnel_core.best_practices.fusion.x_repack__mutmut_*",
+        "funnel_core.best_practices.repack.x_repack__mutmut_*",
     ],
 }
-SHORT = {"clustering": 0, "fid": 1, "l2g": 2, "rankrag": 3, "mog": 4, "fusion": 5}
+SHORT = {"clustering": 0, "fid": 1, "l2g": 2, "rankrag": 3, "mog": 4, "fbrag": 5, "presets": 6,
+         "fusion": 7}
 KILLED = {1, 3, 36, -24, 24, 152, 255}  # mutmut exit codes: killed, or timed out
 NOT_REACHED = {5, 33}                   # no selected test reaches the function
 
@@ -124,7 +145,7 @@ def main() -> None:
                            and any(fnmatch.fnmatchcase(k, g) for g in globs))
             if not globs:
                 sys.exit("no survivors to re-run")
-        mutmut = Path(sys.executable).with_name("mutmut")
+        mutmut = Path(os.environ.get("MUTMUT") or Path(sys.executable).with_name("mutmut"))
         # one thread per worker: mutmut forks workers from a process that ran torch tests
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}

@@ -6,6 +6,13 @@
       >> pre-ranker on documents % k_documents        (cross-encoder in the paper)
       >> later chunking into ~passage_words passages
       >> post-ranker on passages % k_passages          (FiD cross-attention in the paper)
+
+``preset="paper"`` takes the paper's Table 2 setting (600K -> 80 clusters -> 8 documents -> 4
+passages of ~100 words, FiD post-ranking): ``k_clusters=80`` and a post-ranker that must be a FiD
+reader, given as a checkpoint (hub name or folder, loaded by
+:class:`~funnel_core.rerank.fid.FiDAttentionScorer`) or as a ``FiDAttentionScorer``.
+``preset="default"`` retrieves 10 clusters (a size for small corpora and CPUs) and post-ranks
+with the pre-ranker when no post-ranker is given.
 """
 
 from __future__ import annotations
@@ -19,7 +26,14 @@ from funnel_core.funnelrag.chunking import LaterChunking
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index, ClusteredBM25Retrieve
 from funnel_core.units import Unit
 
-__all__ = ["funnelrag", "renamed"]
+__all__ = ["funnelrag", "renamed", "PRESETS"]
+
+#: Cut-offs of each preset: clusters, documents, passages, passage words. ``"paper"`` is
+#: FunnelRAG Table 2 (600K -> 80c -> 8d -> 4p, ~100-word passages).
+PRESETS: dict[str, dict[str, int]] = {
+    "default": {"k_clusters": 10, "k_documents": 8, "k_passages": 4, "passage_words": 100},
+    "paper": {"k_clusters": 80, "k_documents": 8, "k_passages": 4, "passage_words": 100},
+}
 
 
 def renamed(stage: Stage, name: str) -> Stage:
@@ -41,11 +55,25 @@ def _ranker(spec: Any, name: str, **kwargs: Any) -> Stage:
                     f"{type(spec).__name__}.")
 
 
+def _fid_post_ranker(spec: Any, **kwargs: Any) -> Stage:
+    from funnel_core.rerank.fid import FiDAttentionScorer
+
+    if isinstance(spec, FiDAttentionScorer):
+        return renamed(spec, "post_ranking")
+    if isinstance(spec, str) and spec:
+        return FiDAttentionScorer(model=spec, name="post_ranking", **kwargs)
+    raise ValueError(
+        "preset='paper' post-ranks with a FiD reader (FunnelRAG Table 2): pass post_ranker= a "
+        "T5 / FiD checkpoint (hub name or folder) or a FiDAttentionScorer, got "
+        f"{spec!r}; or use preset='default' to post-rank with the pre-ranker.")
+
+
 def funnelrag(documents: Sequence[Unit] | ClusteredBM25Index, pre_ranker: Stage | str,
-              post_ranker: Stage | str | None = None, *, k_clusters: int = 10,
-              k_documents: int = 8, k_passages: int = 4, passage_words: int = 100,
+              post_ranker: Stage | str | None = None, *, preset: str = "default",
+              k_clusters: int | None = None, k_documents: int | None = None,
+              k_passages: int | None = None, passage_words: int | None = None,
               max_tokens: int = 4096, k_retrieved: int | None = None,
-              **ranker_kwargs: Any) -> Funnel:
+              fid_kwargs: dict[str, Any] | None = None, **ranker_kwargs: Any) -> Funnel:
     """The FunnelRAG pipeline: retrieval -> pre-ranking -> post-ranking.
 
     Args:
@@ -53,19 +81,30 @@ def funnelrag(documents: Sequence[Unit] | ClusteredBM25Index, pre_ranker: Stage 
             (or :class:`~funnel_core.backends.milvus.MilvusClusteredBM25Index`).
         pre_ranker: Document scorer: a stage (e.g. ``CrossEncoderScorer``) or a cross-encoder
             hub name / local folder.
-        post_ranker: Passage scorer (e.g. ``FiDAttentionScorer``); defaults to the pre-ranker.
-        k_clusters: Clusters retrieved by BM25.
-        k_documents: Documents kept by the pre-ranker.
-        k_passages: Passages kept by the post-ranker.
-        passage_words: Size of the passages cut by later chunking.
+        post_ranker: Passage scorer (e.g. ``FiDAttentionScorer``); defaults to the pre-ranker
+            (``preset="default"``). With ``preset="paper"`` it is required and is a FiD reader: a
+            checkpoint name / folder or a ``FiDAttentionScorer``.
+        preset: ``"default"`` (10 clusters) or ``"paper"`` (Table 2: 80 clusters, 8 documents,
+            4 passages, FiD post-ranking); see :data:`PRESETS`.
+        k_clusters: Clusters retrieved by BM25 (default: the preset's, 10 or 80).
+        k_documents: Documents kept by the pre-ranker (preset: 8).
+        k_passages: Passages kept by the post-ranker (preset: 4).
+        passage_words: Size of the passages cut by later chunking (preset: 100).
+        fid_kwargs: ``FiDAttentionScorer`` settings when ``preset="paper"`` builds it from a
+            checkpoint name (e.g. ``device``, ``batch_size``).
         max_tokens: Cluster size S when clustering ``documents``.
         k_retrieved: Documents kept from the opened clusters, best first, before pre-ranking
             (``None``: all of them); the retrieval stage is cut with ``% k_retrieved``.
         **ranker_kwargs: Passed to ``CrossEncoderScorer`` when a ranker is given by name.
     """
-    for value, name in ((k_clusters, "k_clusters"), (k_documents, "k_documents"),
-                        (k_passages, "k_passages"), (passage_words, "passage_words")):
-        check_positive_int(value, name)
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}.")
+    given = {"k_clusters": k_clusters, "k_documents": k_documents, "k_passages": k_passages,
+             "passage_words": passage_words}
+    cuts = {name: check_positive_int(PRESETS[preset][name] if value is None else value, name)
+            for name, value in given.items()}
+    k_clusters, k_documents = cuts["k_clusters"], cuts["k_documents"]
+    k_passages, passage_words = cuts["k_passages"], cuts["passage_words"]
     # an index with the clustered search interface (ClusteredBM25Index, or
     # funnel_core.backends.milvus.MilvusClusteredBM25Index) is used as is
     built = isinstance(documents, ClusteredBM25Index) or callable(getattr(documents, "search", None))
@@ -75,7 +114,10 @@ def funnelrag(documents: Sequence[Unit] | ClusteredBM25Index, pre_ranker: Stage 
     if k_retrieved is not None:
         retrieve = retrieve % check_positive_int(k_retrieved, "k_retrieved")
     pre = _ranker(pre_ranker, "pre_ranking", **ranker_kwargs)
-    post = renamed(pre, "post_ranking") if post_ranker is None else \
-        _ranker(post_ranker, "post_ranking", **ranker_kwargs)  # a shallow copy shares the model
+    if preset == "paper":
+        post = _fid_post_ranker(post_ranker, **(fid_kwargs or {}))
+    else:
+        post = renamed(pre, "post_ranking") if post_ranker is None else \
+            _ranker(post_ranker, "post_ranking", **ranker_kwargs)  # a shallow copy shares the model
     return Funnel([retrieve, pre % k_documents, LaterChunking(words=passage_words, name="later_chunking"),
                    post % k_passages])

@@ -3,21 +3,29 @@
 A Fusion-in-Decoder (FiD) reader encodes every ``question + passage`` pair separately with a T5
 encoder, concatenates the encoder outputs, and lets the decoder attend over all of them at once.
 How much the decoder attends to a passage is a relevance signal: FunnelRAG scores passage ``k``
-by the cross-attention of the first decoder token, averaged over the ``L`` layers, the ``H``
-heads and the ``lr`` most-attended ("representative") tokens of the passage, the tokens being
-chosen separately in every layer and head (Appendix A.2)::
+by the raw cross-attention score ``alpha = Q K^T`` (Appendix A.1; before the softmax) of the
+first decoder token, averaged over the ``L`` layers, the ``H`` heads and the ``lr`` most-attended
+("representative") tokens of the passage, the tokens being chosen separately in every layer and
+head (Appendix A.2)::
 
-    S_k = 1 / (L * H * lr) * sum_l sum_h sum_{t in top-lr(k, l, h)} alpha[l, h, t]     (eq. 3)
+    S_k = 1 / (L * H * lr) * sum_i sum_j sum_{t in top-lr(k, i, j)} alpha[0, i, j, t]     (eq. 3)
 
 with the question's own tokens left out of the candidates (the paper's best setting, ``lr=4``).
 
 :class:`FiDAttentionScorer` implements this for any T5 / FiD checkpoint (hub name or local
 folder), with the aggregation schemes of the paper's Table 7 and the query-token ablation of
-Table 8 selectable, chunked encoding so memory stays bounded for many passages, ``n`` decoder
-steps, and optionally the generated answer.
+Table 8 as the paper writes them (:data:`AGGREGATIONS`), chunked encoding so memory stays bounded
+for many passages, ``n`` decoder steps, and optionally the generated answer.
 
 Implementation notes
 --------------------
+* ``alpha`` is read from the decoder's own forward: forward hooks capture the query projection
+  of the decoder state and the key projection of the encoder states in every cross-attention
+  module, and ``softmax(alpha)`` is checked against the model's attention probabilities on every
+  call. ``score_on="log_attention"`` scores ``log softmax(alpha)`` instead, which differs from
+  ``alpha`` by a constant per (layer, head, decoder position) shared by all passages (one
+  softmax spans every passage's tokens) and so ranks exactly as ``alpha`` for eq. 3, (iv), (v)
+  and Table 8; ``score_on="attention"`` scores the probabilities (not the paper).
 * Passages are encoded in chunks of ``batch_size``; each chunk is padded only to its own longest
   passage, and the padding is *stripped* before the encoder outputs are concatenated ("packed"
   concatenation). T5 cross-attention has no position bias, so this is exactly the FiD
@@ -27,11 +35,8 @@ Implementation notes
   overlaps the ``{title}`` or ``{text}`` field of the input template, to the query when it
   overlaps ``{question}``; template words ("question:", "context:") and special tokens belong to
   neither and are never scored.
-* Aggregation order (Appendix A.2): mean over the scored decoder positions; then, for every
-  layer and head separately, the mean of that head's ``lr`` most-attended candidate tokens; then
-  heads (mean, or max for Table 7 (iii)) and layers (mean, max for (ii), or the last ``last_k``
-  = 6 for (v)). ``aggregation="averaged_map_*"`` selects the tokens from the head- and
-  layer-averaged map instead (not the paper's order; kept for comparison).
+* ``decoder_steps > 1`` (not in the paper) averages the map over the greedy answer prefix's
+  positions before the aggregation.
 """
 
 from __future__ import annotations
@@ -48,46 +53,45 @@ from funnel_core.settings import Settings
 from funnel_core.units import Unit
 
 __all__ = ["FiDAttentionScorer", "AGGREGATIONS", "FiDInputs", "aggregate_cross_attention",
-           "DEFAULT_TEMPLATE", "DEFAULT_TEMPLATE_NO_TITLE", "DEFAULT_LAST_K"]
+           "DEFAULT_TEMPLATE", "DEFAULT_TEMPLATE_NO_TITLE", "DEFAULT_LAST_K", "SCORE_ON"]
 
 DEFAULT_TEMPLATE = "question: {question} title: {title} context: {text}"
 DEFAULT_TEMPLATE_NO_TITLE = "question: {question} context: {text}"
 
-#: Named aggregation schemes: FunnelRAG Table 7 (Appendix C.1) and, under ``averaged_map_*``,
-#: the earlier averaged-map variants. Each value is ``(layers, heads, tokens, order)``:
+#: Named aggregation schemes of FunnelRAG Table 7 (Appendix C.1), written as the paper writes
+#: them over ``alpha[0, i, j, k]`` (first decoder token, layer ``i``, head ``j``, token ``k`` of
+#: the passage). Each value is ``(reduction, selects_tokens)``; only (i), (iv) and (v) select
+#: representative tokens (the ``lr`` most-attended ones, chosen in every layer and head's own
+#: map); (ii) and (iii) average over **all** the passage's tokens:
 #:
-#: * ``order="per_head"`` (the paper, eq. 3 / Appendix A.2): for every layer ``l`` and head
-#:   ``h`` the ``lr`` most-attended candidate tokens are selected *in that head's own map* and
-#:   averaged (``tokens="topk"``; ``"max"`` keeps the single most-attended token instead), giving
-#:   ``s[l, h]``; the heads are then combined (mean or max) inside each layer, and the layers
-#:   (mean, max, or mean of the last ``last_k``), in the nesting of eq. 3
-#:   (``sum_l sum_h sum_t``): ``S = layers_l( heads_h( tokens_t a[l, h, t] ) )``.
-#: * ``order="averaged_map"`` (not in the paper, kept for comparison): the map is first reduced
-#:   over heads, then over layers, and the top-``lr`` tokens are taken from that single averaged
-#:   map. The two orders pick different passages on peaky maps.
-AGGREGATIONS: dict[str, tuple[str, str, str, str]] = {
-    "mean": ("mean", "mean", "topk", "per_head"),            # (i) eq. 3
-    "max_layers": ("max", "mean", "topk", "per_head"),       # (ii) max over layers
-    "max_heads": ("mean", "max", "topk", "per_head"),        # (iii) max over heads
-    "max_tokens": ("mean", "mean", "max", "per_head"),       # (iv) max over tokens
-    "last_k_layers": ("last_k", "mean", "topk", "per_head"),  # (v) mean of the last k layers
-    "averaged_map_mean": ("mean", "mean", "topk", "averaged_map"),
-    "averaged_map_max_layers": ("max", "mean", "topk", "averaged_map"),
-    "averaged_map_max_heads": ("mean", "max", "topk", "averaged_map"),
-    "averaged_map_max_tokens": ("mean", "mean", "max", "averaged_map"),
-    "averaged_map_last_k_layers": ("last_k", "mean", "topk", "averaged_map"),
+#: * ``"mean"``          (i)   eq. 3: ``mean_{i,j} mean_{k in top-lr(i,j)} alpha[i, j, k]``
+#: * ``"max_layers"``    (ii)  ``mean_{j,k} max_i alpha[i, j, k]``
+#: * ``"max_heads"``     (iii) ``mean_{i,k} max_j alpha[i, j, k]``
+#: * ``"max_tokens"``    (iv)  ``mean_{i,j} max_k alpha[i, j, k]``
+#: * ``"last_k_layers"`` (v)   eq. 3 over the last ``last_k`` = 6 layers only
+AGGREGATIONS: dict[str, tuple[str, bool]] = {
+    "mean": ("mean", True),
+    "max_layers": ("max_layers", False),
+    "max_heads": ("max_heads", False),
+    "max_tokens": ("max_tokens", True),
+    "last_k_layers": ("last_k_layers", True),
 }
+
+#: What eq. 3 is computed on (``score_on``):
+#:
+#: * ``"alpha"`` (default): the raw cross-attention score ``alpha = Q K^T`` (times the model's
+#:   scaling) before the softmax (Appendix A.1; the FiD reference implementation stores the scores
+#:   before the softmax), read from the decoder's cross-attention projections and checked against
+#:   the model's own attention probabilities on every call;
+#: * ``"log_attention"``: ``log softmax(alpha)``. FiD's decoder attends over every passage's tokens
+#:   in one softmax per (layer, head, decoder position), so ``log p = alpha - c[i, j]`` with a
+#:   constant shared by all passages: (i), (iv), (v) and Table 8 rank exactly as on ``alpha``
+#:   (their scores differ by one constant); (ii) and (iii) do not (the constant sits inside the max);
+#: * ``"attention"``: the post-softmax probabilities (this package's earlier reading; not the paper).
+SCORE_ON = ("alpha", "log_attention", "attention")
 
 #: Layers averaged by ``"last_k_layers"`` (Table 7 (v): the last six decoder layers).
 DEFAULT_LAST_K = 6
-
-
-def _reduce(x: Any, op: str, dim: int, last_k: int) -> Any:
-    if op == "max":
-        return x.max(dim=dim).values
-    if op == "last_k":
-        return x.narrow(dim, max(0, x.shape[dim] - last_k), min(last_k, x.shape[dim])).mean(dim=dim)
-    return x.mean(dim=dim)
 
 
 def aggregate_cross_attention(attn: Any, token_mask: Any, *, aggregation: str = "mean",
@@ -95,32 +99,32 @@ def aggregate_cross_attention(attn: Any, token_mask: Any, *, aggregation: str = 
     """Score one passage from its cross-attention block (eq. 3 or a Table 7 scheme).
 
     Args:
-        attn: Tensor ``[layers, heads, tokens]`` — the attention the (mean of the scored)
-            decoder position(s) pays to this passage's tokens.
+        attn: Tensor ``[layers, heads, tokens]``: ``alpha`` (or log-attention / attention, see
+            :data:`SCORE_ON`) of the (mean of the scored) decoder position(s) on this passage's
+            tokens.
         token_mask: Bool tensor ``[tokens]``: which tokens may count (passage tokens, plus query
-            tokens when they are included).
+            tokens for Table 8's "w/ query").
         aggregation: A key of :data:`AGGREGATIONS`.
-        lr: Representative tokens per (layer, head) (``None``: all candidate tokens).
+        lr: Representative tokens per (layer, head) for (i) and (v) (``None``: all candidate
+            tokens); (ii), (iii) use all tokens and (iv) one, whatever ``lr`` is.
         last_k: Layers averaged by ``"last_k_layers"`` (all layers when the model has fewer).
     """
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {sorted(AGGREGATIONS)}, got {aggregation!r}.")
-    layers_op, heads_op, tokens_op, order = AGGREGATIONS[aggregation]
-    a = attn[:, :, token_mask]
+    a = attn[:, :, token_mask]                                               # [L, H, T]
     n_tokens = a.shape[-1]
     if n_tokens == 0:
         return 0.0
+    if aggregation == "max_layers":                                          # (ii)
+        return float(a.max(dim=0).values.mean())
+    if aggregation == "max_heads":                                           # (iii)
+        return float(a.max(dim=1).values.mean())
+    if aggregation == "max_tokens":                                          # (iv)
+        return float(a.max(dim=-1).values.mean())
+    if aggregation == "last_k_layers":                                       # (v)
+        a = a[-last_k:]
     k = n_tokens if lr is None else min(lr, n_tokens)
-    if order == "averaged_map":
-        a = _reduce(a, heads_op, 1, last_k)                                  # [L, T]
-        a = _reduce(a, layers_op, 0, last_k)                                 # [T]
-        return float(a.max()) if tokens_op == "max" else float(a.topk(k).values.mean())
-    if tokens_op == "max":
-        s = a.max(dim=-1).values                                             # [L, H]
-    else:
-        s = a.topk(k, dim=-1).values.mean(dim=-1)                            # [L, H]
-    s = _reduce(s, heads_op, 1, last_k)                                      # [L]
-    return float(_reduce(s, layers_op, 0, last_k))
+    return float(a.topk(k, dim=-1).values.mean())                            # (i): mean_{i,j,top-lr}
 
 
 @dataclass
@@ -167,14 +171,18 @@ class FiDAttentionScorer(Settings, Reranker):
         template: Input format with ``{question}``, ``{title}`` and ``{text}`` (FiD convention).
         template_no_title: Format used when a passage has no title.
         title_key: Metadata key holding a unit's title.
-        lr: Representative tokens per passage, layer and head (paper: 4); ``None`` averages all
-            passage tokens.
-        aggregation: One of :data:`AGGREGATIONS` (Table 7): ``"mean"`` (eq. 3), ``"max_layers"``,
-            ``"max_heads"``, ``"max_tokens"``, ``"last_k_layers"``; ``"averaged_map_<scheme>"``
-            picks the tokens from the head/layer-averaged map (not the paper's order).
+        lr: Representative tokens per passage, layer and head for eq. 3 and (v) (paper: 4);
+            ``None`` averages all passage tokens.
+        aggregation: One of :data:`AGGREGATIONS` (Table 7 as the paper writes it): ``"mean"``
+            (eq. 3), ``"max_layers"`` (ii), ``"max_heads"`` (iii), ``"max_tokens"`` (iv),
+            ``"last_k_layers"`` (v).
         last_k: Layers used by ``"last_k_layers"`` (paper: the last 6).
-        include_query_tokens: Let the question's tokens inside each passage input count (Table 8
-            ablation; the paper excludes them).
+        include_query_tokens: Table 8's "w/ query": the mean of ``alpha`` over every token of
+            question + passage, no representative-token selection (``lr`` is not used; only
+            with ``aggregation="mean"``). The paper's default excludes the question.
+        score_on: ``"alpha"`` (default, eq. 3's raw pre-softmax score), ``"log_attention"``
+            (rank-equivalent to alpha except for (ii)/(iii)) or ``"attention"`` (post-softmax
+            probabilities, not the paper); see :data:`SCORE_ON`.
         decoder_steps: Decoder positions whose cross-attention is averaged (1 = the first token,
             as in the paper; more positions use the greedily generated answer prefix).
         return_answer: Also generate the reader's answer and store it in
@@ -204,8 +212,8 @@ class FiDAttentionScorer(Settings, Reranker):
     def __init__(self, *, model: str, template: str = DEFAULT_TEMPLATE,
                  template_no_title: str = DEFAULT_TEMPLATE_NO_TITLE, title_key: str = "title",
                  lr: int | None = 4, aggregation: str = "mean", last_k: int = DEFAULT_LAST_K,
-                 include_query_tokens: bool = False, decoder_steps: int = 1,
-                 return_answer: bool = False, max_answer_tokens: int = 20,
+                 include_query_tokens: bool = False, score_on: str = "alpha",
+                 decoder_steps: int = 1, return_answer: bool = False, max_answer_tokens: int = 20,
                  max_length: int = 256, batch_size: int = 16, device: str | None = None,
                  top_n: int | None = None,
                  score_threshold: float | None = None, normalize: bool = False,
@@ -217,6 +225,12 @@ class FiDAttentionScorer(Settings, Reranker):
         if aggregation not in AGGREGATIONS:
             raise ValueError(f"aggregation must be one of {sorted(AGGREGATIONS)}, got "
                              f"{aggregation!r}.")
+        if score_on not in SCORE_ON:
+            raise ValueError(f"score_on must be one of {list(SCORE_ON)}, got {score_on!r}.")
+        if include_query_tokens and aggregation != "mean":
+            raise ValueError(f"include_query_tokens=True is Table 8's 'w/ query' (the mean over "
+                             f"every question + passage token); it does not combine with "
+                             f"aggregation={aggregation!r}: use aggregation='mean'.")
         for t, need in ((template, ("question", "text")), (template_no_title, ("question", "text"))):
             fields = {f for _, f, _, _ in string.Formatter().parse(t) if f}
             missing = [f for f in need if f not in fields]
@@ -231,6 +245,7 @@ class FiDAttentionScorer(Settings, Reranker):
         self.aggregation = aggregation
         self.last_k = check_positive_int(last_k, "last_k")
         self.include_query_tokens = bool(include_query_tokens)
+        self.score_on = score_on
         self.decoder_steps = check_positive_int(decoder_steps, "decoder_steps")
         self.return_answer = bool(return_answer)
         self.max_answer_tokens = check_positive_int(max_answer_tokens, "max_answer_tokens")
@@ -387,6 +402,68 @@ class FiDAttentionScorer(Settings, Reranker):
         # each layer: [1, heads, steps, N] -> mean over steps -> [heads, N]
         return torch.stack([a[0].float().mean(dim=1) for a in out.cross_attentions])
 
+    def raw_scores(self, encoder_states: Any, decoder_input_ids: Any) -> tuple[Any, Any]:
+        """``alpha`` and the attention probabilities, each ``[layers, heads, N]`` (mean over the
+        decoder positions), from one decoder forward.
+
+        ``alpha = Q K^T * scaling`` is computed from the query projection of the decoder state
+        and the key projection of the encoder states that every cross-attention module produces
+        in the forward (captured with forward hooks; the forward itself is the model's own), so
+        it works for T5 (``EncDecAttention.q`` / ``.k``) and for BERT-style decoders
+        (``crossattention.self.query`` / ``.key``). ``softmax(alpha)`` must reproduce the
+        model's own cross-attention probabilities; a model whose cross-attention adds a bias or
+        a different scaling fails that check with an error naming ``score_on="log_attention"``.
+        """
+        import torch
+        from transformers.modeling_outputs import BaseModelOutput
+
+        model, _, device = self._model.get()
+        modules = _cross_attention_modules(model)
+        if not modules:
+            raise RuntimeError(f"found no decoder cross-attention projections in "
+                               f"{self.model_name!r}; use score_on='log_attention' (rank-"
+                               "equivalent to alpha for eq. 3, (iv), (v) and Table 8).")
+        captured: list[dict[str, Any]] = [{} for _ in modules]
+        handles = []
+        for slot, (_, q_proj, k_proj, _, _) in zip(captured, modules):
+            handles.append(q_proj.register_forward_hook(
+                lambda _m, _i, out, slot=slot: slot.__setitem__("q", out)))
+            handles.append(k_proj.register_forward_hook(
+                lambda _m, _i, out, slot=slot: slot.__setitem__("k", out)))
+        mask = torch.ones(encoder_states.shape[:2], dtype=torch.long, device=device)
+        try:
+            with torch.inference_mode(), self._autocast(device):
+                out = model(encoder_outputs=BaseModelOutput(last_hidden_state=encoder_states),
+                            attention_mask=mask, decoder_input_ids=decoder_input_ids,
+                            output_attentions=True, use_cache=False)
+        finally:
+            for h in handles:
+                h.remove()
+        probs = out.cross_attentions
+        if not probs or probs[0] is None or len(probs) != len(modules):
+            raise RuntimeError(f"{self.model_name!r} returned {len(probs or [])} cross-attention "
+                               f"maps for {len(modules)} cross-attention modules; load it with "
+                               "attn_implementation='eager' or use score_on='log_attention'.")
+        alphas, ps = [], []
+        for slot, (_, _, _, scaling, n_heads), p in zip(captured, modules, probs):
+            q, k = slot["q"][0].float(), slot["k"][0].float()               # [S, H*d], [N, H*d]
+            d = q.shape[-1] // n_heads
+            q = q.view(q.shape[0], n_heads, d).transpose(0, 1)               # [H, S, d]
+            k = k.view(k.shape[0], n_heads, d).transpose(0, 1)               # [H, N, d]
+            alpha = torch.matmul(q, k.transpose(1, 2)) * scaling             # [H, S, N]
+            p = p[0].float()                                                 # [H, S, N]
+            tol = 1e-3 if (self.active_dtype or "float32") == "float32" else 3e-2
+            err = float((torch.softmax(alpha, dim=-1) - p).abs().max())
+            if err > tol:
+                raise RuntimeError(
+                    f"softmax(Q K^T) differs from {self.model_name!r}'s cross-attention by "
+                    f"{err:.2g}: its cross-attention adds a bias or another scaling, so the raw "
+                    "score alpha cannot be read here; use score_on='log_attention' (rank-"
+                    "equivalent to alpha for eq. 3, (iv), (v) and Table 8).")
+            alphas.append(alpha.mean(dim=1))
+            ps.append(p.mean(dim=1))
+        return torch.stack(alphas), torch.stack(ps)
+
     # -- scoring ---------------------------------------------------------------------------
     def score_with_titles(self, query: str, texts: Sequence[str],
                           titles: Sequence[str | None] | None = None) -> tuple[list[float], str | None]:
@@ -397,15 +474,44 @@ class FiDAttentionScorer(Settings, Reranker):
         inputs = self.build_inputs(query, texts, titles)
         states = self.encode(inputs)
         decoder_ids, answer = self._decoder_prefix(states)
-        attn = self.cross_attention(states, decoder_ids).cpu()           # [L, H, N]
+        attn = self.scored_map(states, decoder_ids).cpu()                 # [L, H, N]
+        # Table 8 "w/ query": every token of question + passage, no representative tokens
+        lr = None if self.include_query_tokens else self.lr
         scores, pos = [], 0
         for n, pmask, qmask in zip(inputs.lengths, inputs.passage_mask, inputs.query_mask):
             mask = pmask | qmask if self.include_query_tokens else pmask
             scores.append(aggregate_cross_attention(attn[:, :, pos:pos + n], mask,
-                                                    aggregation=self.aggregation, lr=self.lr,
+                                                    aggregation=self.aggregation, lr=lr,
                                                     last_k=self.last_k))
             pos += n
         return scores, answer
+
+    def scored_map(self, encoder_states: Any, decoder_input_ids: Any) -> Any:
+        """The ``[layers, heads, N]`` map eq. 3 aggregates, per :attr:`score_on`: ``alpha``,
+        the mean over decoder positions of ``log softmax(alpha)``, or the attention itself."""
+        if self.score_on == "alpha":
+            return self.raw_scores(encoder_states, decoder_input_ids)[0]
+        if self.score_on == "attention":
+            return self.cross_attention(encoder_states, decoder_input_ids)
+        return self._log_attention(encoder_states, decoder_input_ids)
+
+    def _log_attention(self, encoder_states: Any, decoder_input_ids: Any) -> Any:
+        import torch
+        from transformers.modeling_outputs import BaseModelOutput
+
+        model, _, device = self._model.get()
+        mask = torch.ones(encoder_states.shape[:2], dtype=torch.long, device=device)
+        with torch.inference_mode(), self._autocast(device):
+            out = model(encoder_outputs=BaseModelOutput(last_hidden_state=encoder_states),
+                        attention_mask=mask, decoder_input_ids=decoder_input_ids,
+                        output_attentions=True, use_cache=False)
+        if not out.cross_attentions or out.cross_attentions[0] is None:
+            raise RuntimeError(f"{self.model_name!r} returned no cross-attentions; load it with "
+                               "attn_implementation='eager'.")
+        # log of each position's probabilities (never 0 in float32 softmax over finite scores;
+        # clamped against underflow in half precision), then the mean over positions
+        return torch.stack([a[0].float().clamp_min(1e-38).log().mean(dim=1)
+                            for a in out.cross_attentions])
 
     def score(self, query: str, texts: Sequence[str]) -> list[float]:
         """Scores of untitled passages (see :meth:`score_with_titles`)."""
@@ -435,6 +541,23 @@ class FiDAttentionScorer(Settings, Reranker):
             for u in out:
                 u.funnel["fid_answer"] = self.last_answer
         return out
+
+
+def _cross_attention_modules(model: Any) -> list[tuple[str, Any, Any, float, int]]:
+    """``(name, query projection, key projection, scaling, heads)`` of every decoder
+    cross-attention module, in layer order (T5 ``EncDecAttention``, BERT ``crossattention``)."""
+    found = []
+    for name, m in model.named_modules():
+        lname = name.lower()
+        if not ("encdecattention" in lname or "crossattention" in lname):
+            continue
+        q = getattr(m, "q", None) or getattr(m, "query", None)
+        k = getattr(m, "k", None) or getattr(m, "key", None)
+        heads = getattr(m, "n_heads", None) or getattr(m, "num_attention_heads", None)
+        if q is None or k is None or heads is None:
+            continue
+        found.append((name, q, k, float(getattr(m, "scaling", 1.0)), int(heads)))
+    return found
 
 
 class _RankWith(Reranker):

@@ -5,7 +5,7 @@ context-ranking instruction (Table 1, in the prompt format of Appendix D.1)::
 
     System: <ChatQA system prompt>
 
-    <passage>
+    Passage: <passage>
 
     User: For the question {question}, access whether the passage is relevant to the question.
     Return True if relevant, otherwise False.
@@ -14,9 +14,15 @@ context-ranking instruction (Table 1, in the prompt format of Appendix D.1)::
 
 (:data:`PAPER_RANKRAG_PROMPT`, the default; :data:`SMOLLM2_RANKRAG_PROMPT` is a shorter
 variant for small chat models). For a local model (:class:`~funnel_core.llm.TransformersLLM`)
-the probability is read from ONE forward pass per batch, no generation:
-``P(True) = exp(l_T) / (exp(l_T) + exp(l_F))`` over the next-token log-probabilities of
-``True`` and ``False``. Providers that expose only text (remote chat models through the
+the probability is read from ONE forward pass per batch, no generation. The paper says only
+"the probability of generating True"; the default score (``p_true="renormalized"``) is
+``sigmoid(l_T - l_F) = P(True) / (P(True) + P(False))``, where ``l_T`` / ``l_F`` are the
+next-token log-probabilities of the *first tokens* of ``True`` and ``False``, each summed over its
+spellings with and without a leading space. Renormalising over the two answers removes the mass
+a model spends on other first tokens ("The", "Yes", a bare space), which varies with the passage's
+length and wording rather than with its relevance, and keeps the score in [0, 1] with 0.5 as "no
+preference"; it is not rank-equivalent to the raw ``P(True) = exp(l_T)``, which
+``p_true="raw"`` returns. Providers that expose only text (remote chat models through the
 LlamaIndex / LangChain adapters) get a tolerant generate-and-parse fallback: the first
 True/False (or yes/no, relevant/not relevant) word in the reply decides; a reply with none scores
 0.5, so chatty output never crashes a ranking.
@@ -24,6 +30,7 @@ True/False (or yes/no, relevant/not relevant) word in the reply decides; a reply
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Sequence
 
@@ -35,7 +42,8 @@ from funnel_core.settings import Settings
 
 __all__ = ["RankRAGScorer", "RANKRAG_INSTRUCTION", "RANKRAG_ANSWER_INSTRUCTION",
            "RANKRAG_SYSTEM_PROMPT", "PAPER_RANKRAG_PROMPT", "SMOLLM2_RANKRAG_PROMPT",
-           "RANKRAG_PROMPTS", "DEFAULT_RANKRAG_PROMPT", "ANSWER_WORDS", "parse_true_false"]
+           "RANKRAG_PROMPTS", "DEFAULT_RANKRAG_PROMPT", "ANSWER_WORDS", "P_TRUE_MODES",
+           "parse_true_false"]
 
 #: The paper's context-ranking instruction (RankRAG, Table 1), verbatim (including "access").
 RANKRAG_INSTRUCTION = ("For the question {question}, access whether the passage is relevant to "
@@ -50,14 +58,14 @@ RANKRAG_SYSTEM_PROMPT = ("This is a chat between a user and an artificial intell
                          "the user's questions based on the context. The assistant should also "
                          "indicate when the answer cannot be found in the context.")
 
-#: RankRAG's context-ranking prompt as Appendix D.1 gives it: system prompt, the passage as
-#: context, the user turn with the instruction and "Return True if relevant, otherwise False.",
+#: RankRAG's context-ranking prompt as Appendix D.1 gives it: system prompt, the passage under
+#: its ``Passage:`` label, the user turn with the instruction and "Return True if relevant, otherwise False.",
 #: and the assistant turn to be completed. The turns are written as plain text ("System:",
 #: "User:", "Assistant:"), the format of the RankRAG / ChatQA models; with a chat-template model
 #: the whole text becomes one user message (pass ``use_chat_template=False`` to the
 #: :class:`~funnel_core.llm.TransformersLLM` to feed it raw).
 PAPER_RANKRAG_PROMPT = ("System: " + RANKRAG_SYSTEM_PROMPT + "\n\n"
-                        "{passage}\n\n"
+                        "Passage: {passage}\n\n"
                         "User: " + RANKRAG_INSTRUCTION + " " + RANKRAG_ANSWER_INSTRUCTION + "\n\n"
                         "Assistant:")
 
@@ -75,6 +83,10 @@ DEFAULT_RANKRAG_PROMPT = PAPER_RANKRAG_PROMPT
 
 #: The two answer words whose next-token probabilities are compared (P(True) is the score).
 ANSWER_WORDS = ("True", "False")
+
+#: How the log-probability path turns ``l_True`` / ``l_False`` into a score: ``"renormalized"``
+#: (default) ``sigmoid(l_True - l_False)``; ``"raw"`` ``exp(l_True)``.
+P_TRUE_MODES = ("renormalized", "raw")
 
 _TRUE = {"true", "yes", "relevant"}
 _FALSE = {"false", "no", "irrelevant"}
@@ -116,6 +128,9 @@ class RankRAGScorer(Settings, Reranker):
         max_new_tokens: Tokens generated per judgement in generate mode.
         samples: Judgements sampled per pair in generate mode (score = share of ``True``;
             1 = one greedy judgement).
+        p_true: Log-probability path only: ``"renormalized"`` (default)
+            ``P(True) / (P(True) + P(False))`` over the first tokens of both answer words, or
+            ``"raw"`` ``P(True)`` over the whole vocabulary (see the module docstring).
         top_n: Keep at most this many units (see :class:`~funnel_core.rerank.base.Reranker`).
         score_threshold: Drop units whose P(True) is below this (scores are already
             probabilities in [0, 1]; ``normalize`` is off).
@@ -144,7 +159,7 @@ class RankRAGScorer(Settings, Reranker):
 
     def __init__(self, *, llm: LLM | str, prompt: str = DEFAULT_RANKRAG_PROMPT,
                  mode: str = "auto", max_passage_words: int = 300, max_new_tokens: int = 8,
-                 samples: int = 1, top_n: int | None = None,
+                 samples: int = 1, p_true: str = "renormalized", top_n: int | None = None,
                  score_threshold: float | None = None, batch_size: int = 8,
                  name: str | None = None, gguf_file: str | None = None,
                  device: str | None = None, timeout: float | None = None,
@@ -153,6 +168,9 @@ class RankRAGScorer(Settings, Reranker):
                          batch_size=batch_size, name=name)
         if mode not in ("auto", "logprobs", "generate"):
             raise ValueError(f"mode must be 'auto', 'logprobs' or 'generate', got {mode!r}.")
+        if p_true not in P_TRUE_MODES:
+            raise ValueError(f"p_true must be one of {list(P_TRUE_MODES)}, got {p_true!r}.")
+        self.p_true = p_true
         if isinstance(llm, dict):
             raise TypeError("RankRAG llm came back as a dict: LLM objects are not serialisable; "
                             "pass the LLM again, e.g. RankRAGScorer.from_dict(data, llm=my_llm).")
@@ -205,12 +223,15 @@ class RankRAGScorer(Settings, Reranker):
         return self.score_generate(prompts)
 
     def score_logprobs(self, prompts: Sequence[str]) -> list[float]:
-        """One forward pass per batch: P(True) normalised over {True, False}."""
+        """One forward pass per batch: P(True) renormalised over {True, False}, or raw."""
         scores: list[float] = []
         for start in range(0, len(prompts), self.batch_size):
             rows = self.llm.next_token_logprobs(prompts[start:start + self.batch_size],
                                                 list(ANSWER_WORDS))
-            scores.extend(sigmoid(lt - lf) for lt, lf in rows)
+            if self.p_true == "raw":
+                scores.extend(math.exp(lt) for lt, _ in rows)
+            else:
+                scores.extend(sigmoid(lt - lf) for lt, lf in rows)
         return scores
 
     def score_generate(self, prompts: Sequence[str]) -> list[float]:

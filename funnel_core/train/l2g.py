@@ -9,7 +9,9 @@ FunnelRAG (section 3.2) trains the document-level pre-ranker from the passage-le
 
 * eq. 5 — positives are the documents that contain the answer (the hits) plus the top-K documents
   by ``S_d``; negatives are the remaining candidate documents;
-* eq. 6 — the pre-ranker is trained with the pairwise BPR loss ``-log sigmoid(S+ - S-)``.
+* eq. 6 — the pre-ranker is trained with the pairwise BPR loss ``-log sigmoid(S+ - S-)`` summed
+  over every (positive, negative) pair of a query (:class:`CrossEncoderTrainer`'s default,
+  ``num_negatives=None``; a number samples that many negatives per positive instead).
 
 :func:`aggregate_passage_scores`, :func:`l2g_partition` and :func:`l2g_group` implement eqs. 4-5 and
 produce :class:`TrainingGroup` objects; :func:`qrels_groups` produces the same objects from relevance
@@ -197,6 +199,35 @@ def bpr_loss(positive: "torch.Tensor", negatives: "torch.Tensor") -> "torch.Tens
     return -F.logsigmoid(positive.reshape(-1, 1) - negatives).mean()
 
 
+def group_pair_losses(positives: "torch.Tensor", negatives: "torch.Tensor",
+                      loss: str = "bpr") -> "torch.Tensor":
+    """Per-term losses of one query: ``positives`` ``(P,)`` and ``negatives`` ``(N,)`` scores.
+
+    ``"bpr"`` (eq. 6): ``-log sigmoid(S+_p - S-_n)`` for every one of the ``P * N`` pairs;
+    ``"listwise"``: for every positive, the softmax cross-entropy against all ``N`` negatives
+    (``P`` terms). The trainer averages the terms of a step (eq. 6's sum up to a constant).
+    """
+    if loss == "bpr":
+        return _LOSSES["bpr_terms"](positives, negatives)
+    return _LOSSES["listwise_terms"](positives, negatives)
+
+
+def _bpr_terms(positives: "torch.Tensor", negatives: "torch.Tensor") -> "torch.Tensor":
+    import torch.nn.functional as F
+
+    return -F.logsigmoid(positives.reshape(-1, 1) - negatives.reshape(1, -1)).reshape(-1)
+
+
+def _listwise_terms(positives: "torch.Tensor", negatives: "torch.Tensor") -> "torch.Tensor":
+    import torch
+    import torch.nn.functional as F
+
+    p = positives.reshape(-1, 1)
+    logits = torch.cat([p, negatives.reshape(1, -1).expand(len(p), -1)], dim=1)
+    return F.cross_entropy(logits, torch.zeros(len(p), dtype=torch.long, device=logits.device),
+                           reduction="none")
+
+
 def listwise_loss(positive: "torch.Tensor", negatives: "torch.Tensor") -> "torch.Tensor":
     """Softmax cross-entropy of the positive against its negatives (a listwise alternative)."""
     import torch
@@ -206,7 +237,9 @@ def listwise_loss(positive: "torch.Tensor", negatives: "torch.Tensor") -> "torch
     return F.cross_entropy(logits, torch.zeros(len(logits), dtype=torch.long, device=logits.device))
 
 
-_LOSSES = {"bpr": bpr_loss, "listwise": listwise_loss}
+_LOSSES = {"bpr": bpr_loss, "listwise": listwise_loss, "bpr_terms": _bpr_terms,
+           "listwise_terms": _listwise_terms}
+_LOSS_NAMES = ("bpr", "listwise")
 
 
 # -- model initialisation --------------------------------------------------------------------
@@ -243,10 +276,15 @@ def init_cross_encoder(encoder_path: str | os.PathLike, out_dir: str | os.PathLi
 class CrossEncoderTrainer:
     """Train a one-logit cross-encoder on :class:`TrainingGroup` objects.
 
-    Each step takes ``queries_per_step`` (query, positive) items, samples ``num_negatives``
-    negatives for each, scores the ``1 + num_negatives`` pairs of every query in one forward pass
-    and minimises the pairwise BPR loss (eq. 6) or the listwise softmax loss. One epoch visits every
-    (query, positive) pair once. AdamW with linear warm-up and decay; gradients clipped to 1.
+    By default (``num_negatives=None``, eq. 6) each step takes ``queries_per_step`` queries and
+    scores every positive and every negative of each in one forward pass; the BPR loss is the
+    mean of ``-log sigmoid(S+ - S-)`` over **every** (positive, negative) pair of those queries
+    (eq. 6 sums over the pairs; the mean only rescales the learning rate). One epoch visits every
+    query, hence every pair, once. With ``num_negatives=n`` each step instead takes
+    ``queries_per_step`` (query, positive) items and samples ``n`` negatives for each (with
+    replacement when a query has fewer); one epoch visits every (query, positive) item once.
+    ``loss="listwise"`` is the softmax cross-entropy of each positive against its negatives.
+    AdamW with linear warm-up and decay; gradients clipped to 1.
 
     Args:
         model: Hub name or folder of a sequence classifier with one logit (see
@@ -257,8 +295,10 @@ class CrossEncoderTrainer:
         weight_decay: AdamW weight decay.
         warmup_ratio: Share of the steps with a linear learning-rate warm-up.
         epochs: Passes over the (query, positive) pairs.
-        num_negatives: Negatives per positive in one step.
-        queries_per_step: Queries per optimiser step.
+        num_negatives: ``None`` (default, eq. 6): every negative of a query meets every positive;
+            a number: negatives sampled per positive.
+        queries_per_step: Queries (or, when sampling, (query, positive) items) per optimiser
+            step.
         loss: ``"bpr"`` (eq. 6) or ``"listwise"``.
         freeze_embeddings: Keep the word-embedding matrix fixed (half of MiniLM's parameters:
             faster steps on CPU and less over-fitting on small data).
@@ -285,22 +325,22 @@ class CrossEncoderTrainer:
 
     def __init__(self, *, model: str | os.PathLike, max_length: int = 256,
                  learning_rate: float = 3e-5, weight_decay: float = 0.01, warmup_ratio: float = 0.1,
-                 epochs: int = 1, num_negatives: int = 4, queries_per_step: int = 4,
+                 epochs: int = 1, num_negatives: int | None = None, queries_per_step: int = 4,
                  loss: str = "bpr", freeze_embeddings: bool = True, freeze_layers: int = 0,
                  head_learning_rate: float | None = None, bf16: bool = False, dtype: str = "auto",
                  max_seconds: float | None = None, max_steps: int | None = None,
                  device: str | None = None, seed: int = 0,
                  show_progress: bool = True, log_path: str | os.PathLike | None = None,
                  log_every: int = 10) -> None:
-        if loss not in _LOSSES:
-            raise ValueError(f"loss must be one of {sorted(_LOSSES)}, got {loss!r}.")
+        if loss not in _LOSS_NAMES:
+            raise ValueError(f"loss must be one of {list(_LOSS_NAMES)}, got {loss!r}.")
         self.model = str(model)
         self.max_length = check_positive_int(max_length, "max_length")
         self.learning_rate = float(learning_rate)
         self.weight_decay = float(weight_decay)
         self.warmup_ratio = check_probability(warmup_ratio, "warmup_ratio")
         self.epochs = check_positive_int(epochs, "epochs")
-        self.num_negatives = check_positive_int(num_negatives, "num_negatives")
+        self.num_negatives = check_positive_int(num_negatives, "num_negatives", allow_none=True)
         self.queries_per_step = check_positive_int(queries_per_step, "queries_per_step")
         self.loss = loss
         self.freeze_embeddings = freeze_embeddings
@@ -330,8 +370,29 @@ class CrossEncoderTrainer:
         rng.shuffle(items)
         return items
 
+    def steps(self, groups: Sequence[TrainingGroup], rng: random.Random
+              ) -> list[list[tuple[str, list[str], list[str]]]]:
+        """One epoch's optimiser steps; each a list of ``(query, positives, negatives)``: every
+        (positive, negative) pair of an entry enters that step's loss.
+
+        ``num_negatives=None``: one entry per query with all its positives and negatives (every
+        pair of eq. 6 once per epoch); a number: one entry per (query, positive) item with that
+        many sampled negatives.
+        """
+        if self.num_negatives is None:
+            order = list(range(len(groups)))
+            rng.shuffle(order)
+            entries = [(groups[g].query, list(groups[g].positives), list(groups[g].negatives))
+                       for g in order]
+        else:
+            entries = [(groups[g].query, [groups[g].positives[p]], self._negatives(groups[g], rng))
+                       for g, p in self._items(groups, rng)]
+        q = self.queries_per_step
+        return [entries[b:b + q] for b in range(0, len(entries), q)]
+
     def _negatives(self, group: TrainingGroup, rng: random.Random) -> list[str]:
         n = self.num_negatives
+        assert n is not None
         if len(group.negatives) >= n:
             return rng.sample(group.negatives, n)
         return [rng.choice(group.negatives) for _ in range(n)]  # few negatives: sample with replacement
@@ -384,13 +445,13 @@ class CrossEncoderTrainer:
             buckets.setdefault(key, []).append(p)
         optimizer = torch.optim.AdamW([{"params": ps, "lr": lr, "weight_decay": wd}
                                        for (lr, wd), ps in buckets.items()])
-        per_epoch = math.ceil(sum(len(g.positives) for g in groups) / self.queries_per_step)
+        units_per_epoch = (len(groups) if self.num_negatives is None
+                           else sum(len(g.positives) for g in groups))
+        per_epoch = math.ceil(units_per_epoch / self.queries_per_step)
         total = per_epoch * self.epochs
         if self.max_steps is not None:
             total = min(total, self.max_steps)
         scheduler = get_linear_schedule_with_warmup(optimizer, int(self.warmup_ratio * total), total)
-        loss_fn = _LOSSES[self.loss]
-        n = 1 + self.num_negatives
         losses: list[float] = []
         log = open(self.log_path, "a", encoding="utf-8") if self.log_path else None
         start, step, stopped = time.perf_counter(), 0, False
@@ -398,20 +459,25 @@ class CrossEncoderTrainer:
         bar = tqdm(total=total, desc=f"train {self.loss}", disable=not self.show_progress)
         try:
             for epoch in range(self.epochs):
-                items = self._items(groups, rng)
-                for b in range(0, len(items), self.queries_per_step):
+                for entries in self.steps(groups, rng):
                     if step >= total:
                         break
-                    queries, texts = [], []
-                    for g, p in items[b:b + self.queries_per_step]:
-                        grp = groups[g]
-                        queries += [grp.query] * n
-                        texts += [grp.positives[p]] + self._negatives(grp, rng)
+                    queries, texts, sizes = [], [], []
+                    for query, pos, neg in entries:
+                        queries += [query] * (len(pos) + len(neg))
+                        texts += pos + neg
+                        sizes.append((len(pos), len(neg)))
                     enc = encode_pairs(tokenizer, queries, texts, self.max_length).to(device)
                     with torch.autocast(device_type=torch.device(device).type,
                                         dtype=torch.bfloat16, enabled=use_bf16):
-                        logits = model(**enc).logits.float().reshape(-1, n)
-                    loss = loss_fn(logits[:, 0], logits[:, 1:])
+                        logits = model(**enc).logits.float().reshape(-1)
+                    terms, at = [], 0
+                    for n_pos, n_neg in sizes:
+                        terms.append(group_pair_losses(logits[at:at + n_pos],
+                                                       logits[at + n_pos:at + n_pos + n_neg],
+                                                       self.loss))
+                        at += n_pos + n_neg
+                    loss = torch.cat(terms).mean()
                     loss.backward()
                     torch.nn.utils.clip_grad_norm_(params, 1.0)
                     optimizer.step()

@@ -152,3 +152,24 @@ def test_two_llamaindex_retrievers_in_one_storage_are_refused(tmp_path):
     loaded.persist(storage)  # loaded from there: may persist back
     second.persist(storage, overwrite=True)
     assert [n.node.node_id for n in BM25Retriever.from_persist_dir(storage).retrieve("gamma")] == ["b"]
+
+
+def test_a_snapshot_never_committed_is_not_recovered(tmp_path, monkeypatch):
+    """A first save killed between the rename and the pointer: nothing was committed, so the
+    load says so (it does not present the uncommitted snapshot), and the next save removes it."""
+    path = tmp_path / "ix"
+
+    def die(step):
+        if step == "pointer_written":
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(persist, "_step_hook", die)
+    with pytest.raises(KeyboardInterrupt):
+        BM25Index().index(_units(3)).save(path)
+    monkeypatch.setattr(persist, "_step_hook", None)
+    assert [e for e in os.listdir(path) if e.startswith("snapshot-")]
+    with pytest.raises(PersistError, match="nothing was ever committed"):
+        BM25Index.load(path)
+    BM25Index().index(_units(2)).save(path)
+    assert len([e for e in os.listdir(path) if e.startswith("snapshot-")]) == 1
+    assert _ids(BM25Index.load(path)) == ["d0", "d1"]

@@ -3,7 +3,15 @@
 import pytest
 
 from funnel_core.bm25 import bm25_scores
-from funnel_core.fbrag import FORWARD_PROMPT, FORWARD_PROMPTS, ForwardLookup, chunk_context, parse_rationale_answer
+from funnel_core.fbrag import (
+    FORWARD_PROMPT,
+    FORWARD_PROMPTS,
+    PAPER_FORWARD_PROMPTS,
+    ForwardLookup,
+    ForwardSample,
+    chunk_context,
+    parse_rationale_answer,
+)
 from funnel_core.llm import LLM, LLMError, LLMTimeoutError, TransformersLLM
 
 # Ten ~20-word paragraphs; the answer ("Marlowe") sits in a chunk that shares no word with the
@@ -184,7 +192,8 @@ def test_default_stage2_prompt_asks_for_brief_reasoning_and_quote_is_an_option()
     assert "quoted or closely paraphrased" in FORWARD_PROMPTS["quote_multiple_choice"]
     for name, template in FORWARD_PROMPTS.items():
         assert "{context}" in template and "{question}" in template, name
-        assert template.rstrip().endswith(">"), name
+        if not name.startswith("paper_") or name == "paper_multiple_choice":
+            assert template.rstrip().endswith(">"), name
     reader = Reader()
     ForwardLookup.preset("F", llm=reader, recall_k=3, k=1, chunk_words=20).search_context(QUESTION, CONTEXT)
     assert "explain your reasoning briefly" in reader.calls[0]["prompts"][0]
@@ -192,3 +201,176 @@ def test_default_stage2_prompt_asks_for_brief_reasoning_and_quote_is_an_option()
     ForwardLookup.preset("F", llm=quoting, recall_k=3, k=1, chunk_words=20,
                          prompt=FORWARD_PROMPTS["quote"]).search_context(QUESTION, CONTEXT)
     assert "quoted or closely paraphrased" in quoting.calls[0]["prompts"][0]
+
+
+# -- Eq. 5 and the lookup, against references written from the paper ------------------------
+class ScriptedReader(LLM):
+    """A light LLM (a real :class:`LLM` subclass) whose K samples differ: it returns the scripted
+    outputs in turn, so the test controls what each sample says."""
+
+    def __init__(self, outputs, **kw):
+        super().__init__(**kw)
+        self.outputs, self.calls = list(outputs), []
+
+    def _generate(self, prompts, *, n, **params):
+        self.calls.append(dict(prompts=prompts, n=n, **params))
+        return [[self.outputs[i % len(self.outputs)] for i in range(n)] for _ in prompts]
+
+
+def _argmax(xs):
+    return max(range(len(xs)), key=lambda i: xs[i])
+
+
+def test_eq5_takes_the_max_over_the_k_samples_not_the_mean():
+    """S_F(C_i) = max_k S(C_i; [R_k, A_k]) (Eq. 5). One sample points hard at the Marlowe chunk;
+    two others share words with the weather chunk. Max: Marlowe wins; mean: weather wins."""
+    outputs = ["Rationale: Christopher Marlowe Elizabethan playwright Tamburlaine Faustus. "
+               "Answer: Marlowe",
+               "Rationale: Denmark summer winter rain. Answer: mild weather",
+               "Rationale: Denmark cold winter showers. Answer: mild weather"]
+    chunks = units()
+    texts = [u.text for u in chunks]
+    rows = [bm25_scores(parse_rationale_answer(o).lookup_text, texts) for o in outputs]
+    by_max = [max(r[i] for r in rows) for i in range(len(texts))]
+    by_mean = [sum(r[i] for r in rows) / len(rows) for i in range(len(texts))]
+    assert _argmax(by_max) != _argmax(by_mean)                     # the test can tell them apart
+    fb = ForwardLookup.preset("F", llm=ScriptedReader(outputs), samples=3, k=None,
+                              normalize=False, chunk_words=20)
+    res = fb.search(QUESTION, chunks)
+    assert len({s.text for s in res.samples}) == 3                 # K different samples
+    got = {u.metadata["position"]: u.score for u in res.scored}
+    assert [got[i] for i in range(len(texts))] == pytest.approx(by_max)
+    best = max(res.scored, key=lambda u: u.score)
+    assert "Marlowe" in best.text and best.metadata["position"] == _argmax(by_max)
+
+
+def test_every_chunk_of_the_full_context_is_scored_not_only_stage1():
+    """Stage I only chooses what the light LLM reads; S_FB scores every chunk of C. With
+    recall_k=1 the Marlowe chunk is not in Stage I, and the forward lookup must still find it."""
+    chunks = units()
+    fb = ForwardLookup.preset("F", llm=Reader(), recall_k=1, k=1, chunk_words=20, normalize=False)
+    res = fb.search("who wrote the play", chunks)
+    assert len(res.stage1) == 1 and "Marlowe" not in res.stage1[0].text
+    assert len(res.scored) == len(chunks)
+    texts = [u.text for u in chunks]
+    want = bm25_scores(res.samples[0].lookup_text, texts)          # BM25 over all of C
+    got = {u.metadata["position"]: u.score for u in res.scored}
+    assert [got[i] for i in range(len(texts))] == pytest.approx(want)
+    assert "Marlowe" in res.units[0].text
+
+
+def test_lookup_text_is_rationale_and_answer_not_the_answer_alone():
+    """S(C_i; [R_k, A_k]): the rationale counts. Here the rationale points at the castle chunk and
+    the answer alone at the weather chunk; with [R, A] the castle chunk wins."""
+    sample = ("Rationale: The castle of Elsinore stands on the coast guarded by soldiers near "
+              "the sound. Answer: rain showers")
+    chunks = units()
+    texts = [u.text for u in chunks]
+    parsed = parse_rationale_answer(sample)
+    both = bm25_scores(f"{parsed.rationale} {parsed.answer}", texts)
+    answer_only = bm25_scores(parsed.answer, texts)
+    assert _argmax(both) != _argmax(answer_only)
+    fb = ForwardLookup.preset("F", llm=ScriptedReader([sample]), samples=1, k=1,
+                              normalize=False, chunk_words=20)
+    res = fb.search(QUESTION, chunks)
+    assert res.units[0].metadata["position"] == _argmax(both)
+    assert "Elsinore" in res.units[0].text
+    got = {u.metadata["position"]: u.score for u in res.scored}
+    assert [got[i] for i in range(len(texts))] == pytest.approx(both)
+    assert ForwardSample("t", "R words", "A").lookup_text == "R words A"
+
+
+def test_stage3_reduces_the_context_by_default():
+    """C^II is a reduction of C: by default the 3 best chunks (k=3), not all of them."""
+    chunks = units()
+    fb = ForwardLookup.preset("FB", llm=Reader(), chunk_words=20)
+    assert fb.k == 3
+    out = fb(QUESTION, chunks)
+    assert len(out) == 3 < len(chunks)
+    ranked = sorted(fb.search(QUESTION, chunks).scored, key=lambda u: -u.score)
+    assert {u.id for u in out} == {u.id for u in ranked[:3]}
+    everything = ForwardLookup.preset("FB", llm=Reader(), chunk_words=20, k=None)
+    assert len(everything(QUESTION, chunks)) == len(chunks)
+    budget = ForwardLookup.preset("FB", llm=Reader(), chunk_words=20, k=None, budget_words=45)
+    assert sum(len(u.text.split()) for u in budget(QUESTION, chunks)) <= 45
+
+
+def test_paper_stage2_prompts_per_dataset():
+    """The reconstructed per-dataset prompts: a 2-3 sentence rationale starting with
+    'Rationale:' then the answer (EN.QA, EN.MC); QMSum asks for the answer without a rationale."""
+    assert set(PAPER_FORWARD_PROMPTS) == {"en_qa", "en_mc", "qmsum"}
+    for name in ("en_qa", "en_mc"):
+        text = PAPER_FORWARD_PROMPTS[name]
+        assert "2-3 sentences" in text and "'Rationale:'" in text and "'Answer:'" in text
+        assert FORWARD_PROMPTS[f"paper_{name}"] == text
+    assert "Rationale" not in PAPER_FORWARD_PROMPTS["qmsum"] and "'Answer:'" in PAPER_FORWARD_PROMPTS["qmsum"]
+    reader = ScriptedReader(["Answer: the team agreed on the budget"])
+    fb = ForwardLookup.preset("F", llm=reader, prompt=FORWARD_PROMPTS["paper_qmsum"], samples=1,
+                              chunk_words=20)
+    res = fb.search_context("What did the team decide?", CONTEXT)
+    assert reader.calls[0]["prompts"][0].endswith("Query: What did the team decide?")
+    assert res.samples[0].rationale == "" and res.samples[0].lookup_text == "the team agreed on the budget"
+
+
+def test_recall_is_stage1_bm25_best_first():
+    """Stage I: the recall_k chunks with the highest S(C; Q), best first, each rescored under
+    "fb_rag_stage1" with its input position."""
+    chunks = units()
+    texts = [u.text for u in chunks]
+    b = bm25_scores(QUESTION, texts)
+    fb = ForwardLookup.preset("FB", llm=Reader(), recall_k=3, chunk_words=20)
+    top, backward = fb.recall(QUESTION, chunks)
+    want = sorted(range(len(texts)), key=lambda i: -b[i])[:3]
+    assert [u.metadata["fb_rag_order"] for u in top] == want
+    assert backward == pytest.approx(b)
+    assert [u.scores["fb_rag_stage1"] for u in top] == pytest.approx([b[i] for i in want])
+
+
+def test_score_called_alone_builds_its_own_index_and_positions():
+    """score() without an index or backward scores: BM25 over the given units; units without a
+    position get their input index."""
+    from funnel_core.units import Unit
+
+    texts = [u.text for u in units()]
+    bare = [Unit(id=f"u{i}", text=t) for i, t in enumerate(texts)]
+    sample = parse_rationale_answer(Reader().reply)
+    fb = ForwardLookup.preset("FB", llm=Reader(), normalize=False, chunk_words=20)
+    out = fb.score(QUESTION, bare, [sample])
+    b, f = bm25_scores(QUESTION, texts), bm25_scores(sample.lookup_text, texts)
+    assert [u.score for u in out] == pytest.approx([0.5 * x + 0.5 * y for x, y in zip(b, f)])
+    assert [u.metadata["position"] for u in out] == list(range(len(texts)))
+    # no samples: the forward part is 0, not 1
+    alone = fb.search(QUESTION, units(), samples=[])
+    assert sorted(u.score for u in alone.scored) == pytest.approx(sorted(0.5 * x for x in b))
+
+
+def test_max_normalisation_divides_by_the_maximum():
+    fb = ForwardLookup.preset("FB", llm=Reader(), chunk_words=20)
+    assert fb._scale([0.5, 0.25, 0.0]) == pytest.approx([1.0, 0.5, 0.0])
+    assert fb._scale([0.0, 0.0]) == [0.0, 0.0] and fb._scale([]) == []
+
+
+def test_budgets_are_inclusive_skip_too_long_chunks_and_clean_up():
+    from funnel_core.units import Unit
+
+    # three chunks of 5, 8 and 3 words; scores make the 8-word chunk second best
+    chunks = [Unit(id="a", text="one two three four five", score=3.0, metadata={"fb_rag_order": 0}),
+              Unit(id="b", text="a b c d e f g h", score=2.0, metadata={"fb_rag_order": 1}),
+              Unit(id="c", text="x y z", score=1.0, metadata={"fb_rag_order": 2})]
+    words = ForwardLookup.preset("FB", llm=Reader(), chunk_words=5, k=None, budget_words=8)
+    # 5 fits, 5 + 8 does not (skipped, not the end), 5 + 3 = 8 fits exactly
+    assert [u.id for u in words.select(chunks)] == ["a", "c"]
+    tokens = ForwardLookup.preset("FB", llm=Reader(), chunk_words=5, k=None, budget_tokens=13)
+    assert [u.id for u in tokens.select(chunks)] == ["a", "b"]           # 5 + 8 = 13 exactly
+    tight = ForwardLookup.preset("FB", llm=Reader(), chunk_words=5, k=None, budget_tokens=9)
+    assert [u.id for u in tight.select(chunks)] == ["a", "c"]            # 5 + 3; 5 + 8 > 9
+    assert all("fb_rag_order" not in u.metadata for u in tight.select(chunks))
+    with pytest.raises(ValueError, match=r"^k must be >= 1"):
+        words.select(chunks, k=0)
+    with pytest.raises(ValueError, match="raise the budget or lower chunk_words."):
+        ForwardLookup.preset("FB", llm=Reader(), chunk_words=5, budget_tokens=2).select(chunks)
+
+
+def test_parse_rationale_answer_reads_non_text_output():
+    s = parse_rationale_answer(42)
+    assert (s.text, s.rationale, s.answer) == ("42", "42", "")

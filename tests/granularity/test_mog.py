@@ -259,6 +259,31 @@ def test_router_learns_granularity_from_soft_labels(trained_router):
     assert all(type(x) is float for x in router.weights("anything"))
 
 
+def test_router_weights_are_one_sigmoid_per_level_not_a_softmax(trained_router):
+    """Section 3.2.2: one sigmoid per granularity level. Each weight is 1 / (1 + e^-z_j) of its
+    own logit z_j (written here from the MLP's raw output), rows need not sum to 1, and moving
+    one level's logit leaves the other levels' weights unchanged (a softmax would move them all)."""
+    import copy
+
+    import torch
+
+    router, _ = trained_router
+    qs = ["What year did the moon landing happen?", "Give an overview of sports."]
+    emb = torch.from_numpy(router.embed(qs)).float()
+    with torch.no_grad():
+        z = router._mlp(emb).double().numpy()
+    w = router.predict(qs)
+    np.testing.assert_allclose(w, 1.0 / (1.0 + np.exp(-z)), rtol=1e-6)
+    assert abs(w.sum(axis=1) - 1.0).max() > 0.05
+    shifted = copy.copy(router)
+    shifted._mlp = copy.deepcopy(router._mlp)
+    with torch.no_grad():
+        shifted._mlp[-1].bias[0] += 3.0
+    w2 = shifted.predict(qs)
+    np.testing.assert_allclose(w2[:, 1:], w[:, 1:], rtol=1e-6)
+    assert (w2[:, 0] > w[:, 0]).all()
+
+
 def test_router_save_load_and_untrained(trained_router, tmp_path, embedder):
     router, _ = trained_router
     router.save(tmp_path / "router")
@@ -268,8 +293,11 @@ def test_router_save_load_and_untrained(trained_router, tmp_path, embedder):
     with pytest.raises(PersistError, match="no trained router"):
         GranularityRouter.load(tmp_path / "missing")
     fresh = GranularityRouter(4, embedder=embedder)
-    with pytest.raises(RouterNotTrainedError, match="not trained"):
+    with pytest.raises(RouterNotTrainedError, match=r"^this GranularityRouter is not trained; call "
+                       r"fit\(queries, soft_labels\(\.\.\.\)\) or GranularityRouter\.load\(path\) "
+                       r"first, or pass router=None to MoG retrieval for uniform level weights\.$"):
         fresh.predict(q)
+    assert router.predict(q).dtype == np.float64
     with pytest.raises(RouterNotTrainedError):
         fresh.save(tmp_path / "x")
     with pytest.raises(ValueError, match="labels must have shape"):

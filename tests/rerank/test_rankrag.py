@@ -124,7 +124,7 @@ def test_logprob_path_is_one_forward_pass_per_batch_without_generation(tiny_llam
 
 def test_top_n_threshold_and_passage_truncation(tiny_llama_path, corpus_units):
     scorer = RankRAGScorer(llm=tiny_llama_path, top_n=3, max_passage_words=3)
-    assert "\n\none two three\n\nUser: For the question q," in scorer.build_prompt("q", "one two three four five")
+    assert "\n\nPassage: one two three\n\nUser: For the question q," in scorer.build_prompt("q", "one two three four five")
     assert len(scorer("Who wrote Hamlet?", corpus_units)) == 3
     assert len((scorer % 1)("Who wrote Hamlet?", corpus_units)) == 1
     assert scorer("   ", corpus_units) == []
@@ -133,14 +133,16 @@ def test_top_n_threshold_and_passage_truncation(tiny_llama_path, corpus_units):
 
 
 def test_default_prompt_is_appendix_d1():
-    """RankRAG Appendix D.1: system prompt, the passage, the instruction with its answer sentence."""
+    """RankRAG Appendix D.1: "System: ... Passage: {Passage} User: {For the question <question>,
+    access whether ...}": the system prompt, the passage under its ``Passage:`` label, the
+    instruction with its answer sentence."""
     text = DEFAULT_RANKRAG_PROMPT.format(question="Who wrote Hamlet?", passage="Hamlet is a play.")
     assert text == (
         "System: This is a chat between a user and an artificial intelligence assistant. The "
         "assistant gives helpful, detailed, and polite answers to the user's questions based on "
         "the context. The assistant should also indicate when the answer cannot be found in the "
         "context.\n\n"
-        "Hamlet is a play.\n\n"
+        "Passage: Hamlet is a play.\n\n"
         "User: For the question Who wrote Hamlet?, access whether the passage is relevant to the "
         "question. Return True if relevant, otherwise False.\n\n"
         "Assistant:")
@@ -191,6 +193,44 @@ def test_scores_are_p_true_of_the_answer_word(tiny_llama_path, corpus_units):
     llm2, _ = set_logit_llm(tiny_llama_path, {"True": -1.0, "False": 1.0, "zebra": 4.0, "\u0120": 3.0})
     out = RankRAGScorer(llm=llm2)("Who wrote Hamlet?", corpus_units[:2])
     assert [u.score for u in out] == pytest.approx([1 / (1 + math.exp(2.0))] * 2, abs=1e-6)
+
+
+def test_raw_p_true_is_the_whole_vocabulary_probability(tiny_llama_path, corpus_units):
+    """p_true="raw": P(True) = e^2 / Z over every token of the vocabulary (written from the set
+    logits: True 2, False 0, zebra 4, the bare space 3, every other token -1); the default
+    renormalises over {True, False}. The two rank differently when P(False) varies, so both are
+    checked against their definitions."""
+    llm, ids = set_logit_llm(tiny_llama_path)
+    vocab = len(llm._model.get()[1])
+    z = sum(math.exp(v) for v in BIASES.values()) + (vocab - len(BIASES)) * math.exp(OTHER)
+    raw = RankRAGScorer(llm=llm, p_true="raw")("Who wrote Hamlet?", corpus_units[:3])
+    assert [u.score for u in raw] == pytest.approx([math.exp(2.0) / z] * 3, rel=1e-5)
+    default = RankRAGScorer(llm=llm)("Who wrote Hamlet?", corpus_units[:3])
+    assert [u.score for u in default] == pytest.approx([math.exp(2) / (math.exp(2) + 1)] * 3)
+    with pytest.raises(ValueError, match="p_true must be one of"):
+        RankRAGScorer(llm=llm, p_true="softmax")
+
+
+def test_renormalized_and_raw_p_true_rank_differently():
+    """Two passages: A with P(True)=0.30, P(False)=0.60; B with P(True)=0.20, P(False)=0.05.
+    Raw ranks A first (0.30 > 0.20); renormalised ranks B first (0.8 > 0.33)."""
+
+    class Fixed(LLM):
+        supports_logprobs = True
+
+        def _generate(self, prompts, *, n, **kw):
+            raise AssertionError("not used")
+
+        def _next_token_logprobs(self, prompts, candidates):
+            table = {"A": (0.30, 0.60), "B": (0.20, 0.05)}
+            return [[math.log(table[p.split("Passage: ")[1][0]][0]),
+                     math.log(table[p.split("Passage: ")[1][0]][1])] for p in prompts]
+
+    from funnel_core.units import Unit
+
+    units = [Unit(id="a", text="A passage"), Unit(id="b", text="B passage")]
+    assert [u.id for u in RankRAGScorer(llm=Fixed(), p_true="raw")("q", units)] == ["a", "b"]
+    assert [u.id for u in RankRAGScorer(llm=Fixed())("q", units)] == ["b", "a"]
 
 
 class Voter(LLM):

@@ -86,10 +86,20 @@ def test_train_b2b_fid_learns_and_scorer_reads_bert_cross_attention(b2b, tmp_pat
     after = evaluate_fid_loss(res.output_dir, examples, n_passages=2)
     assert after < 0.5 * before, (before, after, res.step_losses[-5:])
     scorer = FiDAttentionScorer(model=res.output_dir, lr=None, return_answer=True,
-                                max_answer_tokens=4, device="cpu",
+                                max_answer_tokens=4, device="cpu", score_on="attention",
                                 dtype="float32")  # the reference below runs in fp32
     scores = scorer.score(QUERY, TEXTS)
     assert scorer.last_answer is not None and "shakespeare" in scorer.last_answer.lower()
+    # eq. 3 on alpha reads the BERT decoder's crossattention.self.query/.key (softmax(alpha) is
+    # checked against the model's attention inside raw_scores) and, all tokens averaged, differs
+    # from the mean log-attention by one constant shared by the passages
+    alpha = FiDAttentionScorer(model=res.output_dir, lr=None, device="cpu", dtype="float32")
+    alpha._model = scorer._model
+    logp = FiDAttentionScorer(model=res.output_dir, lr=None, device="cpu", dtype="float32",
+                              score_on="log_attention")
+    logp._model = scorer._model
+    shift = [a - b for a, b in zip(alpha.score(QUERY, TEXTS), logp.score(QUERY, TEXTS))]
+    assert max(shift) - min(shift) < 1e-4 * max(1.0, abs(shift[0]))
     # reference: the model's own cross-attention of the first decoder step, computed with all
     # passages padded into one batch; the score of a passage = mean over layers, heads and its
     # passage tokens (lr=None)

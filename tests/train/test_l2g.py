@@ -75,6 +75,7 @@ def test_l2g_group_from_later_chunked_documents():
     assert l2g_group("q", docs, hand, top_k=1, alpha=1.0).positives == [docs[2].text]
     assert l2g_group("q", docs, hand, top_k=1, alpha=0.0).positives == [docs[1].text]
     assert l2g_group("q", docs, hand, top_k=1).positives == [docs[2].text]   # 0.5: 2.5 > 0.9
+    assert l2g_group("q", docs, hand).positives == [docs[2].text]            # default top_k = 1
 
 
 def test_bpr_and_listwise_losses():
@@ -86,6 +87,10 @@ def test_bpr_and_listwise_losses():
                     for p, row in zip([2.0, 0.0], [[1.0, 0.0], [0.0, 1.0]]) for n in row) / 4
     assert bpr_loss(pos, neg).item() == pytest.approx(expected, rel=1e-6)
     assert bpr_loss(torch.tensor([10.0]), torch.tensor([[-10.0]])).item() < 1e-6
+    # each positive meets its own row of negatives (not another row's)
+    p3, n3 = [3.0, 0.0, -1.0], [[0.0, 1.0, 2.0], [5.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    want3 = sum(math.log1p(math.exp(-(p - n))) for p, row in zip(p3, n3) for n in row) / 9
+    assert bpr_loss(torch.tensor(p3), torch.tensor(n3)).item() == pytest.approx(want3, rel=1e-6)
     lw = listwise_loss(torch.tensor([0.0]), torch.tensor([[0.0, 0.0]])).item()
     assert lw == pytest.approx(math.log(3), rel=1e-6)
     # a batch of two: mean of -log softmax(positive) per row
@@ -93,6 +98,92 @@ def test_bpr_and_listwise_losses():
     row1 = -(1.0 - math.log(math.exp(1.0) + 2.0))
     row2 = -(0.0 - math.log(1.0 + math.exp(2.0) + 1.0))
     assert lw2 == pytest.approx((row1 + row2) / 2, rel=1e-6)
+
+
+def test_group_pair_losses_cover_every_pair():
+    import torch
+
+    from funnel_core.train.l2g import group_pair_losses
+
+    pos, neg = [2.0, 0.5], [1.0, 0.0, 3.0]
+    want = [-math.log(1 / (1 + math.exp(-(p - n)))) for p in pos for n in neg]      # 6 pairs
+    got = group_pair_losses(torch.tensor(pos), torch.tensor(neg), "bpr")
+    assert got.tolist() == pytest.approx(want, rel=1e-6)
+    assert group_pair_losses(torch.tensor(pos), torch.tensor(neg)).tolist() == pytest.approx(want)
+    z = [math.exp(p) + sum(math.exp(n) for n in neg) for p in pos]
+    lw = group_pair_losses(torch.tensor(pos), torch.tensor(neg), "listwise")
+    assert lw.tolist() == pytest.approx([-(p - math.log(zz)) for p, zz in zip(pos, z)], rel=1e-6)
+
+
+def _pair_groups():
+    return [TrainingGroup(query=f"q{g}", positives=[f"p{g}.{i}" for i in range(2)],
+                          negatives=[f"n{g}.{j}" for j in range(3 + g)]) for g in range(3)]
+
+
+def test_eq6_default_meets_every_positive_negative_pair_once_per_epoch():
+    """Eq. 6 sums over every (positive, negative) pair; sampling 4 negatives per positive (the
+    earlier default) meets only some pairs, or some twice."""
+    import random
+
+    groups = _pair_groups()
+    all_pairs = sorted((g.query, p, n) for g in groups for p in g.positives for n in g.negatives)
+    trainer = CrossEncoderTrainer(model="x", queries_per_step=2)
+    assert trainer.num_negatives is None
+    met = sorted((q, p, n) for step in trainer.steps(groups, random.Random(0))
+                 for q, pos, neg in step for p in pos for n in neg)
+    assert met == all_pairs                                   # every pair, exactly once
+    sampled = CrossEncoderTrainer(model="x", num_negatives=2, queries_per_step=2)
+    met2 = [(q, p, n) for step in sampled.steps(groups, random.Random(0))
+            for q, pos, neg in step for p in pos for n in neg]
+    assert len(met2) == 2 * sum(len(g.positives) for g in groups) < len(all_pairs)
+    with pytest.raises(ValueError, match="num_negatives"):
+        CrossEncoderTrainer(model="x", num_negatives=0)
+    # sampling: exactly n negatives are each used once; fewer are drawn with replacement
+    three = TrainingGroup(query="q", positives=["p"], negatives=["n1", "n2", "n3"])
+    for seed in range(5):
+        got = CrossEncoderTrainer(model="x", num_negatives=3)._negatives(three, random.Random(seed))
+        assert sorted(got) == ["n1", "n2", "n3"]
+        more = CrossEncoderTrainer(model="x", num_negatives=5)._negatives(three, random.Random(seed))
+        assert len(more) == 5 and set(more) <= {"n1", "n2", "n3"}
+
+
+def test_first_step_loss_is_bpr_over_all_pairs(tiny_cross_encoder_path, tmp_path):
+    """The loss of the first step (before any update) equals the mean over every pair of the
+    step's queries of -log sigmoid(S+ - S-), computed here from the untrained model's scores.
+    Dropout is switched off in a copy of the model so the two computations see the same net."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from funnel_core.rerank.cross_encoder import encode_pairs
+
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_cross_encoder_path)
+    model.config.hidden_dropout_prob = model.config.attention_probs_dropout_prob = 0.0
+    with torch.no_grad():
+        model.classifier.weight.mul_(3e4)      # spread the random scores (else all ~0)
+    model.save_pretrained(tmp_path / "nodrop")
+    tok = AutoTokenizer.from_pretrained(tiny_cross_encoder_path)
+    tok.save_pretrained(tmp_path / "nodrop")
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "nodrop").eval()
+    groups = _toy_groups()
+    terms = []
+    for g in groups:
+        texts = g.positives + g.negatives
+        with torch.no_grad():
+            s = model(**encode_pairs(tok, [g.query] * len(texts), texts, 32)).logits.reshape(-1)
+        sp, sn = s[:len(g.positives)].tolist(), s[len(g.positives):].tolist()
+        terms += [-math.log(1 / (1 + math.exp(-(p - n)))) for p in sp for n in sn]
+    want = sum(terms) / len(terms)
+    assert max(terms) - min(terms) > 0.1                  # the pairs differ
+    report = CrossEncoderTrainer(model=tmp_path / "nodrop", max_length=32, max_steps=1,
+                                 queries_per_step=len(groups), freeze_embeddings=False,
+                                 show_progress=False, dtype="float32",
+                                 device="cpu").train(groups, tmp_path / "out")
+    assert report.losses[0] == pytest.approx(want, rel=1e-4)
+    sampled = CrossEncoderTrainer(model=tmp_path / "nodrop", max_length=32, max_steps=1,
+                                  num_negatives=1, queries_per_step=len(groups),
+                                  freeze_embeddings=False, show_progress=False, dtype="float32",
+                                  device="cpu").train(groups, tmp_path / "out2")
+    assert sampled.losses[0] != pytest.approx(want, rel=1e-4)
 
 
 def test_qrels_groups_use_bm25_hard_negatives(corpus_units):
