@@ -129,3 +129,22 @@ def test_core_imports_no_framework_and_adapters_not_each_other():
         if m.startswith("langchain_funnel") and roots & {"llama_index", "llama_index_funnel"}:
             bad.append(m)
     assert bad == []
+
+
+def test_every_error_class_of_the_core_is_a_funnel_error():
+    """One root for every exception the core defines, so `except FunnelError` catches them all."""
+    import importlib
+
+    from funnel_core.errors import FunnelError
+
+    bad = []
+    for m in _modules():
+        if not m.startswith("funnel_core") or m.endswith(("offline.ray", "__main__")):
+            continue  # the Ray engine imports ray at module level (optional extra)
+        module = importlib.import_module(m)
+        for name, obj in vars(module).items():
+            if (isinstance(obj, type) and issubclass(obj, BaseException) and obj.__module__ == m
+                    and not name.startswith("_")  # private control flow that never leaves its module
+                    and not issubclass(obj, FunnelError)):
+                bad.append(f"{m}.{name}")
+    assert bad == [], f"error classes outside FunnelError: {bad}"
