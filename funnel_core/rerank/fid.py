@@ -384,14 +384,14 @@ class FiDAttentionScorer(Settings, Reranker):
         steps = generated[:, :self.decoder_steps]
         return steps, answer
 
-    def cross_attention(self, encoder_states: Any, decoder_input_ids: Any) -> Any:
-        """Cross-attention ``[layers, heads, N]`` of the decoder positions, averaged over them."""
+    def _cross_attentions(self, encoder_states: Any, decoder_input_ids: Any) -> Any:
+        """The model's per-layer cross-attention probabilities ``[1, heads, steps, N]`` for the
+        given decoder positions over the concatenated encoder states (one decoder forward)."""
         import torch
+        from transformers.modeling_outputs import BaseModelOutput
 
         model, _, device = self._model.get()
         mask = torch.ones(encoder_states.shape[:2], dtype=torch.long, device=device)
-        from transformers.modeling_outputs import BaseModelOutput
-
         with torch.inference_mode(), self._autocast(device):
             out = model(encoder_outputs=BaseModelOutput(last_hidden_state=encoder_states),
                         attention_mask=mask, decoder_input_ids=decoder_input_ids,
@@ -399,8 +399,15 @@ class FiDAttentionScorer(Settings, Reranker):
         if not out.cross_attentions or out.cross_attentions[0] is None:
             raise RuntimeError(f"{self.model_name!r} returned no cross-attentions; load it with "
                                "attn_implementation='eager'.")
+        return out.cross_attentions
+
+    def cross_attention(self, encoder_states: Any, decoder_input_ids: Any) -> Any:
+        """Cross-attention ``[layers, heads, N]`` of the decoder positions, averaged over them."""
+        import torch
+
         # each layer: [1, heads, steps, N] -> mean over steps -> [heads, N]
-        return torch.stack([a[0].float().mean(dim=1) for a in out.cross_attentions])
+        return torch.stack([a[0].float().mean(dim=1)
+                            for a in self._cross_attentions(encoder_states, decoder_input_ids)])
 
     def raw_scores(self, encoder_states: Any, decoder_input_ids: Any) -> tuple[Any, Any]:
         """``alpha`` and the attention probabilities, each ``[layers, heads, N]`` (mean over the
@@ -497,21 +504,11 @@ class FiDAttentionScorer(Settings, Reranker):
 
     def _log_attention(self, encoder_states: Any, decoder_input_ids: Any) -> Any:
         import torch
-        from transformers.modeling_outputs import BaseModelOutput
 
-        model, _, device = self._model.get()
-        mask = torch.ones(encoder_states.shape[:2], dtype=torch.long, device=device)
-        with torch.inference_mode(), self._autocast(device):
-            out = model(encoder_outputs=BaseModelOutput(last_hidden_state=encoder_states),
-                        attention_mask=mask, decoder_input_ids=decoder_input_ids,
-                        output_attentions=True, use_cache=False)
-        if not out.cross_attentions or out.cross_attentions[0] is None:
-            raise RuntimeError(f"{self.model_name!r} returned no cross-attentions; load it with "
-                               "attn_implementation='eager'.")
         # log of each position's probabilities (never 0 in float32 softmax over finite scores;
         # clamped against underflow in half precision), then the mean over positions
         return torch.stack([a[0].float().clamp_min(1e-38).log().mean(dim=1)
-                            for a in out.cross_attentions])
+                            for a in self._cross_attentions(encoder_states, decoder_input_ids)])
 
     def score(self, query: str, texts: Sequence[str]) -> list[float]:
         """Scores of untitled passages (see :meth:`score_with_titles`)."""
