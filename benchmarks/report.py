@@ -1143,6 +1143,30 @@ def block_postrank_fid_schemes() -> str:
                     fid + [x for x in rows if not x[0].startswith("FiD")]))
 
 
+FID_ALPHA_LABELS = {"fid_alpha_mean": "(i) eq. 3 on alpha: top-4 tokens per layer and head",
+                    "fid_alpha_max_layers": "(ii) mean over heads and all tokens of the max over layers",
+                    "fid_alpha_max_heads": "(iii) mean over layers and all tokens of the max over heads",
+                    "fid_alpha_max_tokens": "(iv) the top token per layer and head",
+                    "fid_alpha_last_k_layers": "(v) eq. 3 on the last 6 layers (all of MiniLM's)",
+                    "fid_alpha_with_query": "Table 8 w/ query: mean alpha over all question + passage tokens",
+                    "cross_encoder": "SQuAD cross-encoder (same candidates)", "bm25": "BM25 order"}
+
+
+@block("postrank-fid-alpha")
+def block_postrank_fid_alpha() -> str:
+    """Table 7 / Table 8 as written, on alpha, with the trained reader (fid_table7_alpha.json)."""
+    d = load("fid_table7_alpha.json")
+    r, p = d["results"], d["paired_vs_cross_encoder"]
+    rows = []
+    for s, label in FID_ALPHA_LABELS.items():
+        pair = p.get(f"{s} - cross_encoder")
+        rows.append([label, _ar_ci(r[s]["AR@1"]), _ar_ci(r[s]["AR@4"]),
+                     f"{pair['AR@1']['difference']:+.3f} {ci(pair['AR@1']['ci'])}" if pair else ""])
+    return (f"**Table 7 / Table 8 as the paper writes them, on alpha** ({d['questions']} dev-a questions, "
+            f"{d['seconds']:.0f} s on the CPU; `benchmarks/fid_table7_cpu.py`):\n\n"
+            + table(["scheme", "AR@1", "AR@4", "AR@1 - cross-encoder (paired)"], rows))
+
+
 @block("rankrag-scifact")
 def block_rankrag_scifact() -> str:
     """RankRAG (SmolLM2 P(True)) on SciFact test (bench_rankrag.json)."""
