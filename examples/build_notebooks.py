@@ -686,9 +686,9 @@ print(f"SmolLM2 loaded and answered in {time.perf_counter() - t0:.1f} s")"""),
         md("""
 ## 1. RankRAG: rerank BM25's top passages by `P(True)`
 
-The prompt is the paper's instruction (Table 1) with the passage as context, plus "Answer True
-or False." so that an instruction model not trained on RankRAG data puts its mass on those two
-words.
+The prompt is the paper's Appendix D.1 layout (`System: ... Passage: ... User: ...`) with its
+Table 1 instruction and "Return True if relevant, otherwise False.", so that the model's mass
+goes to those two words (`RankRAGScorer`'s default prompt).
 """),
         code("""
 bm25 = BM25Index().index(units)
