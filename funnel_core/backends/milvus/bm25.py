@@ -71,6 +71,16 @@ class BM25Common(Collection):
         self._explicit = dict(bm25_config)
         self._tokenizer = bm25_tokenizer(bm25_config)
 
+    @classmethod
+    def _from_manifest(cls, m: Mapping[str, Any], uri: Any = None, token: str | None = None,
+                       **kwargs: Any) -> Any:
+        """Re-open a saved flat or clustered BM25 index: the caller's URI and token, the saved
+        BM25 settings under the caller's overrides."""
+        uri, token, collection, db_name, settings = manifest_fields(
+            m, cls.kind, uri, token, kwargs.pop("db_name", None))
+        bm25 = {**dict(settings.get("bm25") or {}), **kwargs}
+        return cls(uri, collection, token=token, db_name=db_name, **bm25).open()  # type: ignore[call-arg]
+
     @property
     def config(self) -> dict[str, Any]:
         """The tokenizer/BM25 settings (the collection's, once it is opened)."""
@@ -210,14 +220,6 @@ class MilvusBM25Index(BM25Common):
                 out.append(unit)
             results.append(out)
         return results
-
-    @classmethod
-    def _from_manifest(cls, m: Mapping[str, Any], uri: Any = None, token: str | None = None,
-                       **kwargs: Any) -> "MilvusBM25Index":
-        uri, token, collection, db_name, settings = manifest_fields(
-            m, cls.kind, uri, token, kwargs.pop("db_name", None))
-        bm25 = {**dict(settings.get("bm25") or {}), **kwargs}
-        return cls(uri, collection, token=token, db_name=db_name, **bm25).open()
 
 
 def doc_rows(owner: BM25Common, units: Sequence[Unit],

@@ -12,7 +12,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 from funnel_core.backends.milvus.bm25 import BM25Common, bm25_schema, doc_rows, stored_config
 from funnel_core.backends.milvus.client import FORMAT_VERSION, MAX_ID_BYTES, MAX_TOPK, MilvusError
-from funnel_core.backends.milvus.collection import manifest_fields, unit_from_row
+from funnel_core.backends.milvus.collection import unit_from_row
 from funnel_core.backends.milvus.expressions import and_expr, filter_expression, in_expr
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.units import Unit, check_unique_ids
@@ -246,11 +246,3 @@ class MilvusClusteredBM25Index(BM25Common):
         if isinstance(queries, str):
             raise TypeError("search_many expects a list of queries; use search() for one query.")
         return [self.search(q, k=k, filter=filter, **kwargs) for q in queries]
-
-    @classmethod
-    def _from_manifest(cls, m: Mapping[str, Any], uri: Any = None, token: str | None = None,
-                       **kwargs: Any) -> "MilvusClusteredBM25Index":
-        uri, token, collection, db_name, settings = manifest_fields(
-            m, cls.kind, uri, token, kwargs.pop("db_name", None))
-        bm25 = {**dict(settings.get("bm25") or {}), **kwargs}
-        return cls(uri, collection, token=token, db_name=db_name, **bm25).open()
