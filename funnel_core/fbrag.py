@@ -279,8 +279,11 @@ class ForwardLookup(Settings, Stage):
             Not in the paper's formula; turn off for raw BM25 sums.
         chunk_words: Chunk size used by :meth:`search_context` (paper: 300 words).
         bm25: Keyword arguments for :class:`~funnel_core.bm25.BM25Index`.
-        gguf_file, device, timeout, dtype: How the local model loads when ``llm`` is a name
-            (see :class:`~funnel_core.llm.TransformersLLM`).
+        gguf_file: GGUF file inside the model repository, when ``llm`` is a name of a
+            quantised model (see :class:`~funnel_core.llm.TransformersLLM`, as for the next three).
+        device: Device of the local model when ``llm`` is a name.
+        timeout: Seconds one generation may take when ``llm`` is a name.
+        dtype: Compute dtype of the local model when ``llm`` is a name.
 
     ``llm`` and ``token_counter`` objects are not serialised: :meth:`to_dict` writes ``None``
     for them and :meth:`from_dict` takes them again (``from_dict(data, llm=my_llm)``).

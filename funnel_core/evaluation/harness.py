@@ -213,8 +213,9 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
         system_keys: ``{name: JSON-able settings}`` stored in each system's cache header, so
             that a changed system is refused rather than resumed (``funnel eval`` passes the
             TOML table).
-        load_reader, cores, clock: Injectable for tests (1-minute load average, available cores,
-            a monotonic clock in seconds).
+        load_reader: Injectable for tests: returns the 1-minute load average.
+        cores: Injectable for tests: the number of available cores.
+        clock: Injectable for tests: a monotonic clock in seconds.
     """
     if not systems:
         raise ValueError("evaluate needs at least one system, e.g. {'bm25': BM25Retrieve(index)}.")
