@@ -1,12 +1,12 @@
-"""Issue 2 benchmark: flat BM25 quality, clustered BM25 recall, BM25 speed against the
-framework baselines, and clustering time at scale — all in one run.
+"""Issue 2 benchmark: clustered BM25 recall, BM25 speed against the framework baselines, and
+clustering time at scale — all in one run. (Flat BM25 quality on SciFact runs through the
+evaluation harness: ``funnel eval benchmarks/configs/scifact_fusion.toml``.)
 
     python benchmarks/bench_bm25.py --data ../shared/data            # full run
     python benchmarks/bench_bm25.py --data ../shared/data --quick    # smoke run
 
 Writes benchmarks/results/bm25.json and bm25.png.
 
-1. SciFact test: nDCG@10 / Recall@100 of our flat BM25 (published: BEIR 0.665, Pyserini 0.679).
 2. Clustered BM25 on SciFact (BM25 kNN adjacency, S=4096): clusters, tokens per cluster, and the
    recall of relevant documents inside the top-K clusters, against flat BM25 at the same number
    of documents.
@@ -30,22 +30,11 @@ import numpy as np
 from common import RESULTS, parser, peak_memory, timer, write_json
 
 from funnel_core.bm25 import BM25Index
-from funnel_core.evaluation import ir_metrics, load_beir, run_from_units
+from funnel_core.evaluation import load_beir
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
 from funnel_core.funnelrag.clustering import bm25_knn_adjacency, cluster_documents
 from funnel_core.text import count_tokens
 from funnel_core.units import Unit
-
-
-def scifact_quality(ds, queries: dict[str, str]) -> dict:
-    qids = list(queries)
-    with timer() as t:
-        index = BM25Index().index(ds.corpus)
-    res = index.search_many([queries[q] for q in qids], k=100)
-    metrics = ir_metrics(ds.qrels, run_from_units(dict(zip(qids, res))), ["ndcg@10", "recall@100"])
-    print(f"[1] flat BM25 SciFact test: {metrics}")
-    return {"metrics": metrics, "index_seconds": t["seconds"], "published": {"beir_bm25": 0.665, "pyserini_flat": 0.679},
-            "ratio_to_beir": metrics["ndcg@10"] / 0.665}
 
 
 def clustered_recall(ds, queries: dict[str, str], ks=(1, 2, 3, 5, 10, 20)) -> dict:
@@ -305,7 +294,7 @@ def plot(result: dict, path) -> None:
     fig.savefig(path, dpi=110)
 
 
-PARTS = ("quality", "clustered", "speed", "raw", "clustering")
+PARTS = ("clustered", "speed", "raw", "clustering")
 
 
 def main() -> None:
@@ -319,8 +308,6 @@ def main() -> None:
     out_path = args.out or RESULTS / "bm25.json"
     result = {k: v for k, v in json.loads(out_path.read_text()).items() if k not in ("benchmark", "machine")} \
         if out_path.is_file() and set(args.parts) != set(PARTS) else {}
-    if "quality" in args.parts:
-        result["flat_bm25_scifact"] = scifact_quality(ds, queries)
     if "clustered" in args.parts:
         result["clustered"] = clustered_recall(ds, queries)
     texts = [u.text for u in ds.corpus]

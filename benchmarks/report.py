@@ -116,6 +116,82 @@ def count(n: int) -> str:
     return f"{n // 1_000_000}M" if n % 1_000_000 == 0 else (f"{n // 1000}k" if n % 1000 == 0 else f"{n:,}")
 
 
+# -- reports of the evaluation harness (`funnel eval`, funnel_core.evaluation.evaluate) -------------
+def harness(name: str) -> dict:
+    """``results/<name>/report.json``: what ``Report.to_dict()`` wrote, per-question results included."""
+    d = load(f"{name}/report.json")
+    if d.get("format") != "funnel-rag-eval/1":
+        raise ValueError(f"{name}: not an evaluation-harness report (format {d.get('format')!r}).")
+    return d
+
+
+def harness_command(d: dict) -> str:
+    return f"`{d['command']}`" if "command" in d else f"`funnel eval {d['config']['path']}`"
+
+
+def harness_label(d: dict, system: str, labels: dict[str, str] | None) -> str:
+    """The row label of ``system``; a setting the run tuned names its value and where it was chosen."""
+    label = (labels or {}).get(system) or f"`{system}`"
+    t = d.get("tuning", {}).get(system)
+    return label + (f" ({t['setting']} = {t['chosen']}, chosen on the {t['questions']} questions of "
+                    f"`{t['split']}` by {t['metric']})" if t else "")
+
+
+def harness_timing(d: dict) -> str:
+    t = d["timing"]
+    if not t.get("n_timing"):
+        return "seconds not measured in this run"
+    if t.get("refused"):
+        return t["refused"]
+    lq = t.get("load1") or {}
+    return (f"seconds: {t['n_timing']} questions, systems round-robin with warm models, {t['cores']} cores, "
+            f"1-minute load average {lq.get('min', float('nan')):.2f}-{lq.get('max', float('nan')):.2f}")
+
+
+def harness_table(name: str, metrics: Sequence[str] | None = None, labels: dict[str, str] | None = None, *,
+                  bold: Sequence[str] = (), vs_baseline: str | None = None, digits: int = 3) -> str:
+    """Any harness report as one table: a row per system (``labels`` picks, orders and names them), each
+    metric as its mean and 95% bootstrap interval (the best mean of a ``bold`` metric in bold), the paired
+    difference against the baseline in ``vs_baseline``, and pairs scored and seconds per query where the
+    run counted or timed them; the note names the questions, the command and the timing."""
+    d = harness(name)
+    summ, cost = d["summary"], d["cost"]
+    systems = [s for s in (labels or summ) if s in summ]
+    metrics = list(metrics or d["metrics"])
+    top = {m: max(round(summ[s][m]["mean"], digits) for s in systems) for m in bold}
+    pairs = any(cost[s]["pairs_scored_per_query"] for s in systems)
+    timed = any(cost[s]["seconds_p50"] is not None for s in systems)
+    head = ["system", *metrics] + ([f"{vs_baseline}: - `{d['baseline']}` (paired)"] if vs_baseline else [])
+    head += (["pairs/query"] if pairs else []) + (["s/query p50", "s/query p95"] if timed else [])
+    rows = []
+    for s in systems:
+        row = [harness_label(d, s, labels)]
+        for m in metrics:
+            cell = f"{summ[s][m]['mean']:.{digits}f} {ci(summ[s][m]['ci'], digits)}"
+            row.append(f"**{cell}**" if m in top and round(summ[s][m]["mean"], digits) == top[m] else cell)
+        if vs_baseline:
+            c = d["comparisons"].get(s, {}).get(vs_baseline)
+            row.append(f"{c['difference']:+.{digits}f} {ci(c['ci'], digits)}" if c else "")
+        row += [f"{cost[s]['pairs_scored_per_query']:.0f}"] if pairs else []
+        row += [secs(cost[s][k]) if cost[s][k] is not None else "" for k in ("seconds_p50", "seconds_p95") if timed]
+        rows.append(row)
+    ds = d["dataset"]
+    return table(head, rows, f"{ds['questions']:,} questions of `{ds['name']}`, 95% bootstrap intervals over "
+                             f"questions; command: {harness_command(d)}; {harness_timing(d)}.")
+
+
+def harness_row(name: str, what: str, metrics: Sequence[str], labels: dict[str, str]) -> Row:
+    """One README row from a harness report: each metric of the ``labels`` systems (the first in bold),
+    with the first system's interval of the first metric."""
+    d = harness(name)
+    summ, first = d["summary"], next(iter(labels))
+    result = "; ".join(f"{m} " + ", ".join((f"**{label} {summ[s][m]['mean']:.3f}**" if (s, m) == (first, metrics[0])
+                                             else f"{label} {summ[s][m]['mean']:.3f}") for s, label in labels.items())
+                       for m in metrics)
+    return (what, result, f"{d['dataset']['questions']:,} questions",
+            f"{labels[first]}: {ci(summ[first][metrics[0]]['ci'])} (bootstrap)", harness_command(d))
+
+
 # -- the large SQuAD benchmark (issue 15) --------------------------------------------------------
 TIMING_KEYS = ("seconds_p50", "seconds_p95", "seconds_mean", "timed_questions", "reranked_units_per_query_real",
                "pairs_scored_per_query_real", "model_calls_per_query_real", "AR@4_hit_agreement_real_vs_cached")
@@ -493,12 +569,8 @@ def _qps(systems: dict) -> tuple[str, str]:
 
 @readme_rows("bm25", "`python benchmarks/bench_bm25.py`")
 def bm25_rows() -> list[Part]:
-    p = load("prerank.json")
     b = load("bm25.json")
-    m = p["flat_bm25"]
-    out = [("flat BM25, SciFact test nDCG@10", f"**{m['ndcg@10']:.3f}** (published: BEIR {p['published']['bm25_beir']}, "
-            f"Pyserini {p['published']['bm25_pyserini_flat']}); Recall@100 {m['recall@100']:.3f}",
-            f"{p['queries']} test queries", "not recorded")]
+    out: list[Part] = []
     out.append(("BM25 queries/s vs LlamaIndex BM25 / LangChain community BM25 (SciFact)",
                 *_qps(b["speed_scifact"]["systems"]), "not recorded (one timing run)"))
     sy = b["speed_synthetic"]
@@ -559,39 +631,28 @@ def funnel_rows() -> list[Part]:
              f"{sc['n_queries']} queries", "not recorded")]
 
 
-@readme_rows("hybrid", "`python benchmarks/bench_hybrid.py`")
-def hybrid_rows() -> list[Part]:
-    h = load("hybrid.json")
-    s = h["scifact"]
-    res = s["results"]
-    tuned = next(k for k in res if k.startswith(f"hybrid_alpha{s['best_alpha_minmax']}_minmax"))
-    c = h["squad_compression"]
-    n = c["n_questions_sampled"]
-    r = c["results"]
-    q = h["query_classifier"]
-    return [("hybrid BM25 + MiniLM on SciFact test (alpha tuned on train)",
-             f"nDCG@10 **{res[tuned]['test']['ndcg@10']:.3f}** vs BM25 {res['bm25']['test']['ndcg@10']:.3f}, "
-             f"dense {res['dense_minilm']['test']['ndcg@10']:.3f}", f"{s['n_queries']['test']} test queries",
-             "not recorded"),
-            ("extractive compression (SQuAD dev-a, BM25 top-5 paragraphs, ratio 0.4)",
-             f"answer recall {r['before']['answer_recall']:.3f} -> {r['after_bm25']['answer_recall']:.3f} (BM25 "
-             f"sentences), tokens x{r['after_bm25']['token_ratio_vs_before']:.2f}; random sentences "
-             f"{r['after_random']['answer_recall']:.3f}", f"{n} questions", wci(r["after_bm25"]["answer_recall"], n)),
-            ("query classifier (labelled queries, 15 task types)", f"{q['folds']}-fold accuracy "
+@readme_rows("harness")
+def harness_rows() -> list[Row]:
+    p = load("prerank.json")["published"]
+    bm25 = harness_row("scifact_fusion", "flat BM25, SciFact test (published nDCG@10: BEIR "
+                       f"{p['bm25_beir']}, Pyserini {p['bm25_pyserini_flat']})", ["ndcg@10", "recall@100"], {"bm25": "BM25"})
+    return [bm25,
+            harness_row("scifact_fusion", "hybrid BM25 + MiniLM on SciFact test (alpha tuned on train)", ["ndcg@10"],
+                        {"hybrid_tuned": "hybrid", "bm25": "BM25", "dense": "dense"}),
+            harness_row("squad_compression", "extractive compression (SQuAD dev-a, BM25 top-5 paragraphs, 40% of the "
+                        "words)", ["AR@5", "words@5"], {"bm25_sentences": "BM25 sentences", "bm25": "before",
+                                                        "random": "random sentences"}),
+            harness_row("mog", "Mix-of-Granularity on SQuAD dev-a (held-out half)", ["AR@1"],
+                        {"mog": "MoG", "level_1": "level 1", "level_5": "level 5", "mogg": "MoGG",
+                         "auto_merging": "AutoMerging"})]
+
+
+@readme_rows("query_classifier")
+def classifier_rows() -> list[Row]:
+    q = load("query_classifier.json")
+    return [(f"query classifier (labelled queries, {q['n_task_types']} task types)", f"{q['folds']}-fold accuracy "
              f"{q['cv_accuracy_mean']:.3f} +- {q['cv_accuracy_std']:.3f} (sd over folds)", f"{q['n_examples']} queries",
-             "sd over folds only")]
-
-
-@readme_rows("mog")
-def mog_rows() -> list[Row]:
-    m = load("mog.json")
-    me = m["methods"]
-    n = m["n_test_questions"]
-    return [("Mix-of-Granularity on SQuAD dev-a (held-out half), AR@1",
-             versus("", [(label, f"{me[k]['AR@1']:.3f}") for k, label in (
-                 ("level_1", "level 1"), ("level_5", "level 5"), ("mog", "MoG"), ("mogg", "MoGG"),
-                 ("auto_merging", "AutoMerging"))]),
-             f"{n} questions", f"MoG {wci(me['mog']['AR@1'], n)}", f"`{m['command'].split(' --data')[0]}`")]
+             "sd over folds only", f"`{q['command']}`")]
 
 
 @readme_rows("fid", "`python benchmarks/bench_fid.py`")
@@ -634,13 +695,15 @@ def block_readme_table() -> str:
 @block("clustering-scifact")
 def block_clustering_scifact() -> str:
     b = load("bm25.json")
-    p = load("prerank.json")
+    f = harness("scifact_fusion")
+    flat = {m: f["summary"]["bm25"][m] for m in ("ndcg@10", "recall@100")}
     c = b["clustered"]
     ss, sy = b["speed_scifact"]["systems"], b["speed_synthetic"]["systems"]
     rec = c["recall_at_k_clusters"]
     ks = " / ".join(str(r["k_clusters"]) for r in rec)
-    rows = [["flat BM25, SciFact test nDCG@10 / Recall@100",
-             f"{p['flat_bm25']['ndcg@10']:.3f} / {p['flat_bm25']['recall@100']:.3f} ({p['queries']} test queries)"],
+    rows = [["flat BM25, SciFact test nDCG@10 / Recall@100 (95% bootstrap intervals)",
+             " / ".join(f"{x['mean']:.3f} {ci(x['ci'])}" for x in flat.values())
+             + f" ({f['dataset']['questions']} test queries, {harness_command(f)})"],
             [f"queries/s, SciFact ({b['speed_scifact']['n_documents']:,} docs): ours / llama-index-retrievers-bm25 / LangChain community",
              f"{ss['ours']['qps']:,.0f} / {ss['llama_index_bm25']['qps']:,.0f} / {ss['langchain_community']['qps']:.1f} "
              f"({ss['ours']['queries_timed']} / {ss['llama_index_bm25']['queries_timed']} / {ss['langchain_community']['queries_timed']} queries timed, one run)"],
@@ -1193,90 +1256,54 @@ def block_fbrag_squad() -> str:
                  [[label, c] for label, c in zip(labels.values(), cells)])
 
 
-# -- MoG / best-practices tables (typed by hand before) ------------------------------------------
-def _ar_words(r: dict) -> list[str]:
-    """AR@1, words@1, AR@3, words@3 cells of a MoG result."""
-    return [f3(r["AR@1"]), f"{r['words@1']:.1f}", f3(r["AR@3"]), f"{r['words@3']:.1f}"]
-
-
+# -- MoG / best-practices tables --------------------------------------------------------------------
 @block("mog-methods")
 def block_mog_methods() -> str:
-    """docs/mix_of_granularity.md: fixed levels, MoG, MoGG and AutoMerging on SQuAD dev-a (mog.json)."""
-    d = load("mog.json")
-    me, n = d["methods"], d["n_test_questions"]
+    """docs/mix_of_granularity.md: fixed levels, MoG, MoGG and AutoMerging on SQuAD dev-a (results/mog)."""
     labels = {"level_1": "level_1 (BM25 on one level)", "level_2": "level_2", "level_3": "level_3",
               "level_4": "level_4", "level_5": "level_5", "mog": "**MoG** (trained router)",
               "mog_uniform": "MoG, uniform weights", "auto_merging": "AutoMergingRetriever (LlamaIndex)",
               "mogg_hop_1": "MoGG hop 1 alone", "mogg_hop_3": "MoGG hop 3 alone",
               "mogg_hop_5": "MoGG hop 5 alone", "mogg": "**MoGG** (trained router)"}
-    rows = [[label] + _ar_words(me[k]) for k, label in labels.items() if k in me]
-    am = d["auto_merging_all_returned"]
-    return (table(["method", "AR@1", "words@1", "AR@3", "words@3"], rows,
-                  f"{n} test questions; from `benchmarks/results/mog.json` (command: `{d['command']}`).")
-            + f"\n\nAutoMergingRetriever over all its returned nodes ({am['mean_nodes_returned']:.1f} on "
-              f"average): AR {f3(am['AR(all nodes)'])} with {am['words(all nodes)']:.1f} words.")
+    d = harness("mog")
+    am, per_q = d["summary"]["auto_merging"], d["per_question"]["auto_merging"]
+    return (harness_table("mog", ["AR@1", "words@1", "AR@3", "words@3"], labels, digits=3, vs_baseline="AR@1")
+            + f"\n\nAutoMergingRetriever over all its returned nodes ({sum(r['n_results'] for r in per_q) / len(per_q):.1f}"
+              f" on average): AR {f3(am['AR@10']['mean'])} {ci(am['AR@10']['ci'])} with {am['words@10']['mean']:.1f} words.")
 
 
 @block("mog-router")
 def block_mog_router() -> str:
-    """docs/mix_of_granularity.md: router label variants x selection presets (mog_router.json)."""
-    d = load("mog_router.json")
-    rows = [["—", f"BM25 on {k} alone", *_ar_words(r), ""] for k, r in d["fixed_levels"].items()]
-    rows += [["—", f"uniform weights, preset `{k}`", *_ar_words(r), "all level 1"]
-             for k, r in d["uniform_weights"].items()]
-    for lab, router in d["routers"].items():
-        for sel, r in router["selection"].items():
-            rows.append([f"`{lab}`", f"`{sel}`", *_ar_words(r),
-                         " / ".join(str(c) for c in r["chosen_level_counts"])])
-    dist = "; ".join(f"`{lab}` " + " / ".join(str(c) for c in r["best_level_label_distribution"])
-                     for lab, r in d["routers"].items())
-    n_lab = {r["n_labelled"] for r in d["routers"].values()}
-    return (table(["labels (ties)", "selection", "AR@1", "words@1", "AR@3", "words@3",
-                   "chosen level 1/2/3/4/5"], rows,
-                  f"{d['n_test_questions']} test questions, {d['n_train_questions']} training questions; "
-                  "from `benchmarks/results/mog_router.json`.")
-            + f"\n\nBest-level label distribution (levels 1-5) of the "
-              f"{' / '.join(f'{x:,}' for x in sorted(n_lab))} labelled training questions: {dist}.")
+    """docs/mix_of_granularity.md: router label variants x selection variants (results/mog)."""
+    d = harness("mog")
+    tr = {k: v for k, v in d["router_training"].items() if "chosen_level_counts" in v}
+    sel = list(next(iter(tr.values()))["chosen_level_counts"])
+    labels = {f"level_{j}": f"BM25 on level_{j} alone" for j in range(1, 6)}
+    labels.update({f"uniform / {s}": f"uniform weights, selection `{s}`" for s in sel})
+    labels.update({f"router {lab} / {s}": f"router `{lab}`, selection `{s}` (chosen levels 1-5: "
+                   + " / ".join(map(str, r["chosen_level_counts"][s])) + ")" for lab, r in tr.items() for s in sel})
+    dist = "; ".join(f"`{lab}` " + " / ".join(map(str, r["best_level_label_distribution"].values()))
+                     + f" ({r['n_labelled']:,} of {r['n_train_questions']:,} labelled)" for lab, r in tr.items())
+    return (harness_table("mog", ["AR@1", "words@1", "AR@3", "words@3"], labels)
+            + f"\n\nBest-level label distribution (levels 1-5) of the training questions: {dist}.")
 
 
 @block("hybrid-scifact")
 def block_hybrid_scifact() -> str:
-    """docs/best_practices.md: BM25, dense and their fusions on SciFact (hybrid.json)."""
-    s = load("hybrid.json")["scifact"]
+    """docs/best_practices.md: BM25, dense and their fusions on SciFact (results/scifact_fusion)."""
     labels = {"bm25": "BM25 (`BM25Index()` defaults: Lucene BM25, English stemmer + stopwords, title + abstract)",
-              "dense_minilm": "dense all-MiniLM-L6-v2 (`DenseIndex`)",
-              "hybrid_alpha0.3_minmax (paper default)": "hybrid, alpha = 0.3, min-max (paper default)",
-              "hybrid_alpha0.9_minmax (train-tuned)": "**hybrid, alpha = 0.9, min-max (train-tuned)**",
-              "hybrid_alpha1.0_zscore (train-tuned)": "hybrid, alpha = 1.0, z-score (train-tuned)",
-              "rrf_k60": "RRF, k = 60", "rrf_k1 (train-tuned)": "RRF, k = 1 (train-tuned)"}
-    res = s["results"]
-    keys = [k for k in labels if k in res] + [k for k in res if k not in labels]
-    test = bold_max([res[k]["test"]["ndcg@10"] for k in keys], 4)
-    rows = [[labels.get(k, k), f"{res[k]['train']['ndcg@10']:.4f}", t, f"{res[k]['test']['recall@100']:.4f}"]
-            for k, t in zip(keys, test)]
-    return table(["system", "train nDCG@10", "test nDCG@10", "test recall@100"], rows,
-                 f"{s['n_queries']['test']} test queries (tuned on {s['n_queries']['train']} train queries), "
-                 f"{s['n_corpus']:,} abstracts; best test nDCG@10 in bold; from `benchmarks/results/hybrid.json`.")
+              "dense": "dense all-MiniLM-L6-v2 (`DenseIndex`)", "hybrid_paper": "hybrid, alpha = 0.3, min-max (paper)",
+              "hybrid_tuned": "hybrid, min-max", "hybrid_zscore_tuned": "hybrid, z-score",
+              "rrf60": "RRF, k = 60", "rrf_tuned": "RRF"}
+    return harness_table("scifact_fusion", ["ndcg@10", "recall@100"], labels, bold=["ndcg@10"], vs_baseline="ndcg@10")
 
 
 @block("compression-squad")
 def block_compression_squad() -> str:
-    """docs/best_practices.md: extractive compression on SQuAD (hybrid.json, squad_compression)."""
-    c = load("hybrid.json")["squad_compression"]
-    r = c["results"]
-    labels = {"before": "BM25 top-5 paragraphs (before)", "after_embedding": "compressed, embedding (MiniLM cosine)",
-              "after_bm25": "compressed, BM25 sentence scores",
-              "after_random": "control: random sentences, same budget"}
-    rows = []
-    for k, label in labels.items():
-        x = r[k]
-        rows.append([label, f3(x["answer_recall"]), f"{x['mean_tokens']:.1f}",
-                     f"{x['token_ratio_vs_before']:.3f}" if "token_ratio_vs_before" in x else "1.00",
-                     f"{x['answer_recall_kept']:.1%}" if "answer_recall_kept" in x else "-"])
-    n = c["n_questions_sampled"]
-    return table(["context", "answer recall", "mean tokens", "tokens vs before", "AR kept"], rows,
-                 f"{n} questions; compressed answer recall (embedding) {wci(r['after_embedding']['answer_recall'], n)}; "
-                 "from `benchmarks/results/hybrid.json`.")
+    """docs/best_practices.md: extractive compression on SQuAD (results/squad_compression)."""
+    labels = {"bm25": "BM25 top-5 paragraphs (before)", "embedding": "compressed, embedding (MiniLM cosine)",
+              "bm25_sentences": "compressed, BM25 sentence scores", "random": "control: random sentences, same budget"}
+    return harness_table("squad_compression", ["AR@5", "words@5"], labels, vs_baseline="AR@5")
 
 
 @block("reliability")

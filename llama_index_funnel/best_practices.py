@@ -228,8 +228,10 @@ class ExtractiveCompressorPostprocessor(StagePostprocessor):
     stage_class: ClassVar[type] = ExtractiveCompressor
 
     method: str = Field(
-        default='embedding', description='embedding (cosine similarity) or bm25 sentence scoring.')
+        default='embedding', description='embedding (cosine similarity), bm25 sentence scoring, or random '
+                                         '(a control: random sentences up to the same budget).')
     ratio: float = Field(default=0.4, description='Share of input tokens to keep, in (0, 1].')
+    seed: int = Field(default=0, description='Seed of the random control (with the query).')
     max_tokens: Optional[int] = Field(
         default=None, description='Absolute token budget (the smaller of the two wins).')
     scope: str = Field(

@@ -31,7 +31,7 @@ from funnel_core.units import Unit
 __all__ = ["ExtractiveCompressor", "COMPRESSION_METHODS", "COMPRESSION_SCOPES", "check_ratio",
            "with_embedder"]
 
-COMPRESSION_METHODS = ("embedding", "bm25")
+COMPRESSION_METHODS = ("embedding", "bm25", "random")
 COMPRESSION_SCOPES = ("global", "unit")
 
 
@@ -49,7 +49,9 @@ class ExtractiveCompressor(Settings, Stage):
     """Keep the sentences of the retrieved units most similar to the query.
 
     Args:
-        method: ``"embedding"`` (cosine similarity, default) or ``"bm25"``.
+        method: ``"embedding"`` (cosine similarity, default), ``"bm25"``, or ``"random"``: a
+            control that keeps random sentences up to the same budget (seeded by ``seed`` and
+            the query, so a query always keeps the same sentences).
         ratio: Share of the input tokens to keep, in (0, 1]; 0.4 by default.
         max_tokens: Optional absolute token budget; with ``ratio`` too, the smaller one wins.
             Pass ``ratio=1.0`` to use ``max_tokens`` alone.
@@ -69,6 +71,7 @@ class ExtractiveCompressor(Settings, Stage):
             documents come back for many queries in a RAG system; with a cache only the query
             and unseen sentences are encoded. :meth:`precompute` fills it in large batches.
         name: Stage name (``None``: ``"extractive_compressor"``).
+        seed: Seed of the ``"random"`` control (unused by the other methods).
 
     Output units keep their order, id, score and metadata; their text holds the kept sentences
     in original order, and the bookkeeping (``Unit.funnel``) records
@@ -87,7 +90,7 @@ class ExtractiveCompressor(Settings, Stage):
                  max_tokens: int | None = None, scope: str = "global", min_sentences: int = 1,
                  embedder: SentenceEmbedder | None = None, cache_size: int = 0,
                  name: str | None = None, model: str | None = None, batch_size: int = 64,
-                 device: str | None = None, dtype: str = "auto") -> None:
+                 device: str | None = None, dtype: str = "auto", seed: int = 0) -> None:
         if method not in COMPRESSION_METHODS:
             raise ValueError(f"unknown compression method {method!r}; choose one of "
                              f"{COMPRESSION_METHODS}.")
@@ -109,6 +112,7 @@ class ExtractiveCompressor(Settings, Stage):
         self.dtype = normalize_dtype(dtype)
         self.batch_size = check_positive_int(batch_size, "batch_size")
         self.name = name or "extractive_compressor"
+        self.seed = int(seed)
 
     def drop_model(self) -> None:
         given = self.__dict__.get("_given_embedder")
@@ -155,6 +159,11 @@ class ExtractiveCompressor(Settings, Stage):
             return []
         if self.method == "bm25":
             return bm25_scores(query, list(sentences))
+        if self.method == "random":
+            import zlib
+
+            rng = np.random.default_rng([self.seed, zlib.crc32(query.encode("utf-8"))])
+            return [float(x) for x in rng.random(len(sentences))]
         if self.cache_size:
             q, s = self.embedder.encode([query])[0], self._embed_sentences(sentences)
         else:

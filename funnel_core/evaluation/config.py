@@ -40,8 +40,16 @@ Components: ``bm25`` (``k``; BM25 settings under ``index = {...}``), ``dense`` (
 ``embedder``), ``hybrid`` (``k``, ``k_side``, ``embedder``, and the fusion settings such as
 ``alpha``, ``method``), ``clustered`` (``k`` clusters, ``max_tokens``, ``max_documents``) and
 ``funnelrag`` (the arguments of :func:`funnel_core.funnelrag.presets.funnelrag`). Any of the
-first four takes ``rerank = {model = ..., top_n = ..., <CrossEncoderScorer settings>}``. Indexes
-with equal settings are built once and shared. An unknown key is an error, never ignored.
+first four takes ``rerank = {model = ..., top_n = ..., <CrossEncoderScorer settings>}`` and
+``compress = {method = ..., ratio = ..., <ExtractiveCompressor settings>}`` (in that order when
+both are given). Indexes with equal settings are built once and shared. An unknown key is an
+error, never ignored.
+
+Tuning on another split: a system with ``tune = {alpha = [0.1, 0.3, 0.5]}`` (one setting, a list
+of values) is evaluated with each value on the questions of ``[evaluate] tune_split`` (e.g.
+``"train"``, a BEIR qrels split over the same corpus), and the value with the best
+``tune_metric`` (default: the first metric; ties go to the value listed first) is the one
+evaluated on ``[dataset] split``. The report keeps every value's score under ``"tuning"``.
 """
 
 from __future__ import annotations
@@ -53,17 +61,17 @@ from pathlib import Path
 from typing import Any, Callable
 
 from funnel_core.evaluation.datasets import EvalDataset, load_dataset
-from funnel_core.evaluation.harness import evaluate
+from funnel_core.evaluation.harness import default_metrics, evaluate
 from funnel_core.evaluation.report import Report
 from funnel_core.units import Unit
 
-__all__ = ["load_config", "build_systems", "run_config", "COMPONENTS"]
+__all__ = ["load_config", "build_systems", "tune_systems", "run_config", "COMPONENTS"]
 
 COMPONENTS = ("bm25", "dense", "hybrid", "clustered", "funnelrag")
 _DATASET_KEYS = {"path", "split", "corpus", "limit", "seed"}
 _EVALUATE_KEYS = {"metrics", "ks", "baseline", "depth", "id_key", "title_key", "n_timing", "timing_seed",
                   "max_load", "quiet_check", "quiet_load", "quiet_timeout", "quiet_poll", "n_boot", "seed", "output",
-                  "cache_dir"}
+                  "cache_dir", "tune_split", "tune_metric"}
 
 
 def _toml() -> Any:
@@ -133,14 +141,16 @@ def _call(where: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         raise TypeError(f"{where}: {exc}") from exc
 
 
-def build_systems(specs: dict[str, dict[str, Any]], corpus: list[Unit]) -> dict[str, Any]:
-    """``{name: stage}`` from the ``[systems.NAME]`` tables, over ``corpus``."""
+def build_systems(specs: dict[str, dict[str, Any]], corpus: list[Unit],
+                  indexes: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``{name: stage}`` from the ``[systems.NAME]`` tables, over ``corpus``. ``indexes`` (a dict
+    this function fills) shares the built indexes between calls over the same corpus."""
     from funnel_core.funnel import Funnel
 
     if not corpus:
         raise ValueError("the dataset has no corpus to index; a JSONL dataset needs [dataset] corpus = "
                          "\"docs.jsonl\" (one {\"id\", \"text\", \"title\"} a line).")
-    built: dict[str, Any] = {}
+    built: dict[str, Any] = {} if indexes is None else indexes
 
     def shared(key: tuple, make: Callable[[], Any]) -> Any:
         k = json.dumps(key, sort_keys=True, default=str)
@@ -169,6 +179,10 @@ def build_systems(specs: dict[str, dict[str, Any]], corpus: list[Unit]) -> dict[
         where = f"[systems.{name}]"
         component = spec.pop("component")
         rerank = spec.pop("rerank", None)
+        compress = spec.pop("compress", None)
+        if "tune" in spec:
+            raise ValueError(f"{where}: `tune` is resolved by run_config (funnel eval), which evaluates each "
+                             "value on [evaluate] tune_split first; build_systems takes one value per setting.")
         stage: Any
         if component == "bm25":
             from funnel_core.bm25 import BM25Retrieve
@@ -213,8 +227,51 @@ def build_systems(specs: dict[str, dict[str, Any]], corpus: list[Unit]) -> dict[
             model = r.pop("model")
             ce = _call(f"{where} rerank", CrossEncoderScorer, model, **r)
             stage = Funnel([stage, ce])
+        if compress is not None:
+            from funnel_core.best_practices.compress import ExtractiveCompressor
+
+            if not isinstance(compress, dict):
+                raise ValueError(f"{where}: compress must be a table, e.g. {{ method = \"bm25\", ratio = 0.4 }}.")
+            stage = Funnel([stage, _call(f"{where} compress", ExtractiveCompressor, **compress)])
         out[name] = stage
     return out
+
+
+def tune_systems(specs: dict[str, dict[str, Any]], tuning_set: EvalDataset, corpus: list[Unit], *,
+                 metric: str, indexes: dict[str, Any] | None = None,
+                 progress: bool = True) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Resolve every ``tune = {setting = [values]}`` of ``specs`` on ``tuning_set``: each value is
+    evaluated (quality only) and the best by ``metric`` is kept (ties: the value listed first).
+    Returns the specs with the chosen values and ``{system: {"setting", "scores", "chosen", ...}}``."""
+    out = {name: dict(spec) for name, spec in specs.items()}
+    candidates: dict[str, dict[str, Any]] = {}
+    grids: dict[str, tuple[str, list[Any]]] = {}
+    for name, spec in out.items():
+        grid = spec.pop("tune", None)
+        if grid is None:
+            continue
+        if not isinstance(grid, dict) or len(grid) != 1 or not isinstance(next(iter(grid.values())), list) \
+                or not next(iter(grid.values())):
+            raise ValueError(f"[systems.{name}]: tune must name one setting and a non-empty list of values, "
+                             f"e.g. tune = {{ alpha = [0.1, 0.3, 0.5] }}; got {grid!r}.")
+        setting, values = next(iter(grid.items()))
+        if setting in spec:
+            raise ValueError(f"[systems.{name}]: {setting!r} is both set and tuned; remove one of them.")
+        grids[name] = (setting, values)
+        for v in values:
+            candidates[f"{name} [{setting}={v}]"] = {**spec, setting: v}
+    if not grids:
+        return out, {}
+    report = evaluate(build_systems(candidates, corpus, indexes), tuning_set, metrics=[metric], n_timing=0,
+                      progress=progress)
+    tuning: dict[str, Any] = {}
+    for name, (setting, values) in grids.items():
+        scores = [report.summary[f"{name} [{setting}={v}]"][metric]["mean"] for v in values]
+        best = max(range(len(values)), key=lambda i: (scores[i], -i))
+        out[name][setting] = values[best]
+        tuning[name] = {"setting": setting, "values": values, "scores": scores, "chosen": values[best],
+                        "metric": metric, "questions": len(tuning_set.question_ids), "split": tuning_set.name}
+    return out, tuning
 
 
 def run_config(path: str | os.PathLike, *, n_timing: int | None = None, quiet_check: bool | None = None,
@@ -237,6 +294,26 @@ def run_config(path: str | os.PathLike, *, n_timing: int | None = None, quiet_ch
     out = Path(output) if output is not None else Path(ev.pop("output"))
     ev.pop("output", None)
     ev.setdefault("cache_dir", str(out / "cache"))
-    systems = build_systems(cfg["systems"], dataset.corpus)
-    report = evaluate(systems, dataset, progress=progress, system_keys=cfg["systems"], **ev)
+    tune_split, tune_metric = ev.pop("tune_split", None), ev.pop("tune_metric", None)
+    specs, tuning, indexes = cfg["systems"], {}, {}
+    if any("tune" in spec for spec in specs.values()):
+        if not tune_split:
+            raise ValueError(f"{path}: a system has `tune` but [evaluate] has no tune_split; name the split to "
+                             "tune on (e.g. tune_split = \"train\"), never the one reported.")
+        if tune_split == ds_cfg.get("split", "test"):
+            raise ValueError(f"{path}: tune_split {tune_split!r} is the evaluated split; tune on another one.")
+        tuning_set = load_dataset(ds_cfg["path"], split=tune_split, corpus=ds_cfg.get("corpus"))
+        if [u.id for u in tuning_set.corpus] != [u.id for u in dataset.corpus]:
+            raise ValueError(f"{path}: the {tune_split!r} split has another corpus than the evaluated one; tuning "
+                             "needs both splits over the same corpus (a BEIR folder).")
+        tuning_set.name = f"{dataset.name} ({tune_split})"
+        metric = tune_metric or (ev.get("metrics") or default_metrics(dataset))[0]
+        specs, tuning = tune_systems(specs, tuning_set, dataset.corpus, metric=metric, indexes=indexes,
+                                     progress=progress)
+    systems = build_systems(specs, dataset.corpus, indexes)
+    report = evaluate(systems, dataset, progress=progress, system_keys=specs, **ev)
+    extra = {"config": {"path": str(path), "dataset": ds_cfg, "systems": specs}}
+    if tuning:
+        extra["tuning"] = tuning
+    report = Report.from_dict({**report.to_dict(), **extra})
     return report, report.save(out)

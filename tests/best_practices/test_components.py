@@ -282,3 +282,21 @@ def test_retrieval_gate_skips_retrieval_for_sufficient_queries(classifier, index
     gate = RetrievalGate(classifier, BM25Retrieve(bm25, k=3))
     assert gate("Who wrote the tragedy Hamlet?")[0].id == "d5"
     assert gate("Translate into French: 'Shakespeare wrote Hamlet.'") == []
+
+
+def test_random_compression_is_a_seeded_control_blind_to_the_query():
+    """method="random": the same budget as the other methods, sentences drawn regardless of the
+    query (so the one sentence that matches it is kept about as often as any other), the same
+    sentences for the same query and seed."""
+    sentences = [f"Sentence {w} has five words." for w in ("alpha", "bravo", "delta", "echo", "golf",
+                                                            "hotel", "india", "kilo", "lima", "mike")]
+    unit = [Unit(id="d", text=" ".join(sentences))]
+    comp = ExtractiveCompressor(method="random", ratio=0.3)
+    kept = {q: comp(q, unit)[0].text for q in (f"question {i} about alpha" for i in range(300))}
+    assert all(len(t.split()) == 15 for t in kept.values())  # 3 of 10 five-word sentences: 30% of 50 words
+    share_alpha = sum("alpha" in t for t in kept.values()) / len(kept)
+    assert 0.2 < share_alpha < 0.4  # bm25 would keep the "alpha" sentence every time
+    assert ExtractiveCompressor(method="bm25", ratio=0.3)("about alpha", unit)[0].text.startswith("Sentence alpha")
+    q = "question 7 about alpha"
+    assert comp(q, unit)[0].text == kept[q]  # deterministic per (seed, query)
+    assert len({ExtractiveCompressor(method="random", ratio=0.3, seed=s)(q, unit)[0].text for s in range(20)}) > 5

@@ -98,3 +98,64 @@ def test_the_benchmark_configurations_load():
     for path in configs:
         cfg = load_config(path)
         assert cfg["systems"] and Path(cfg["dataset"]["path"]).is_absolute()
+
+
+def _beir_two_splits(folder):
+    """One query text in both splits with opposite judgements: in train the long document (three
+    "apple"s among ten words) is relevant, in test the one-word document. Lucene BM25, k1 = 1.5,
+    avgdl = 5.5: with b = 0 the long one scores 3 * 2.5 / 4.5 = 1.67 against 2.5 / 2.5 = 1 (term
+    frequency wins); with b = 1, 7.5 / (3 + 1.5 * 10 / 5.5) = 1.31 against 2.5 / (1 + 1.5 / 5.5) = 1.96."""
+    (folder / "qrels").mkdir(parents=True)
+    (folder / "corpus.jsonl").write_text("\n".join(json.dumps(d) for d in [
+        {"_id": "short", "title": "", "text": "apple"},
+        {"_id": "long", "title": "", "text": "apple apple apple banana cherry grape lemon mango peach plum"}]))
+    (folder / "queries.jsonl").write_text("\n".join(json.dumps(d) for d in [
+        {"_id": "t1", "text": "apple"}, {"_id": "s1", "text": "apple"}]))
+    (folder / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nt1\tlong\t1\n")
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\ns1\tshort\t1\n")
+
+
+def test_tune_chooses_on_the_tuning_split_and_reports_the_other(tmp_path):
+    _beir_two_splits(tmp_path / "beir")
+    cfg = tmp_path / "e.toml"
+    cfg.write_text('[dataset]\npath = "beir"\n[evaluate]\nmetrics = ["ndcg@1"]\nn_timing = 0\ntune_split = "train"\n'
+                   'output = "out"\n[systems.fixed]\ncomponent = "bm25"\nk = 2\nindex = { b = 1.0 }\n'
+                   '[systems.tuned]\ncomponent = "bm25"\nk = 2\ntune = { index = [{ b = 1.0 }, { b = 0.0 }] }\n')
+    assert main(["eval", str(cfg), "--no-progress"]) == 0
+    d = Report.load(tmp_path / "out").to_dict()
+    t = d["tuning"]["tuned"]
+    # train prefers b = 0 (the long document first); a tuner that looked at test would pick b = 1
+    assert t["scores"] == [0.0, 1.0] and t["chosen"] == {"b": 0.0} and t["questions"] == 1
+    assert d["config"]["systems"]["tuned"]["index"] == {"b": 0.0} and "tune" not in d["config"]["systems"]["tuned"]
+    assert d["summary"]["tuned"]["ndcg@1"]["mean"] == 0.0 and d["summary"]["fixed"]["ndcg@1"]["mean"] == 1.0
+
+
+def test_tune_needs_another_split_over_the_same_corpus(tmp_path):
+    _beir_two_splits(tmp_path / "beir")
+    cfg = tmp_path / "e.toml"
+    base = ('[dataset]\npath = "beir"\n[evaluate]\nmetrics = ["ndcg@1"]\nn_timing = 0\n{extra}\n'
+            '[systems.tuned]\ncomponent = "bm25"\ntune = {{ k = [1, 2] }}\n')
+    for extra, message in (("", "no tune_split"), ('tune_split = "test"', "is the evaluated split")):
+        cfg.write_text(base.format(extra=extra))
+        with pytest.raises(ValueError, match=message):
+            from funnel_core.evaluation.config import run_config
+
+            run_config(cfg, progress=False)
+    cfg.write_text(base.format(extra='tune_split = "train"').replace("[1, 2]", "3"))
+    with pytest.raises(ValueError, match="one setting and a non-empty list"):
+        run_config(cfg, progress=False)
+
+
+def test_compress_appends_the_extractive_compressor(squad_file, tmp_path):
+    cfg = tmp_path / "e.toml"
+    cfg.write_text('[dataset]\npath = "squad.json"\n[evaluate]\nmetrics = ["AR@2", "words@2"]\nn_timing = 0\n'
+                   'output = "out"\n[systems.bm25]\ncomponent = "bm25"\nk = 2\n'
+                   '[systems.short]\ncomponent = "bm25"\nk = 2\ncompress = { method = "bm25", ratio = 0.3 }\n')
+    assert main(["eval", str(cfg), "--no-progress"]) == 0
+    d = Report.load(tmp_path / "out").to_dict()
+    full = {r["id"]: r["metrics"]["words@2"] for r in d["per_question"]["bm25"]}
+    short = {r["id"]: r["metrics"]["words@2"] for r in d["per_question"]["short"]}
+    assert all(0 < short[q] <= full[q] for q in full)  # the same paragraphs, cut to their best sentences
+    assert sum(short.values()) < 0.7 * sum(full.values())
+    cfg.write_text(cfg.read_text().replace("ratio = 0.3", "ratios = 0.3"))
+    assert main(["eval", str(cfg), "--no-progress"]) == 1
