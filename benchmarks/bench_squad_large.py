@@ -57,8 +57,9 @@ from squad_large_data import PASSAGE_WORDS, build_corpus
 
 from funnel_core.best_practices.fusion import HybridRetrieve, fuse
 from funnel_core.bm25 import BM25Index, BM25Retrieve
+from funnel_core.evaluation import Report
 from funnel_core.evaluation.metrics import normalize_answer
-from funnel_core.evaluation.stats import bootstrap_ci, mcnemar_exact, paired_bootstrap, percentile
+from funnel_core.evaluation.stats import bootstrap_ci, mcnemar_exact, paired_bootstrap
 from funnel_core.funnel import Funnel, Stage
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
 from funnel_core.funnelrag.presets import funnelrag, renamed
@@ -463,13 +464,14 @@ def plot(rows, path: Path, title: str) -> None:
 
 
 # -- the funnel with a FiD post-ranker (issue 22) ------------------------------------------------
-def run_postrank_fid(args, corpus, qs, warm_q, bf16: bool, flags: dict) -> dict:
-    """One funnel configuration, real pipelines, the same questions: the SQuAD cross-encoder as
+def run_postrank_fid(args, corpus, qs, warm_q, bf16: bool) -> dict:
+    """One funnel configuration, real pipelines, the same questions, through the evaluation harness
+    (each system answers each question once, timed round-robin): the SQuAD cross-encoder as
     pre-ranker in both, and as post-ranker either the cross-encoder or the FiD checkpoint's
     cross-attention scores (``FiDAttentionScorer``, FunnelRAG Eq. 3). AR@1..4 with bootstrap
-    intervals, a paired comparison (FiD - cross-encoder), seconds per query, and FiD's exact match of
+    intervals, the paired comparison (FiD - cross-encoder), seconds per query, and FiD's exact match of
     its generated answers (a sanity figure). Nothing comes from the score cache."""
-    from funnel_core.evaluation import has_answer, normalize_answer
+    from funnel_core.evaluation import EvalDataset, evaluate, normalize_answer
     from funnel_core.rerank.cross_encoder import CrossEncoderScorer
     from funnel_core.rerank.fid import FiDAttentionScorer
 
@@ -486,51 +488,33 @@ def run_postrank_fid(args, corpus, qs, warm_q, bf16: bool, flags: dict) -> dict:
                                 dtype="bfloat16" if bf16 else "auto", name="ranker")
     fid = FiDAttentionScorer(model=str(args.fid_model), batch_size=args.batch_size, return_answer=True,
                              name="post_ranking")
-    pipes = {"cross-encoder": funnelrag(cindex, ranker, k_clusters=k, k_documents=kd, k_passages=4,
-                                        passage_words=PASSAGE_WORDS),
-             "fid": funnelrag(cindex, ranker, fid, k_clusters=k, k_documents=kd, k_passages=4,
-                              passage_words=PASSAGE_WORDS)}
-    for pipe in pipes.values():
-        pipe.search(warm_q.question)
-    ranks: dict[str, list[int]] = {n: [] for n in pipes}
-    secs: dict[str, list[float]] = {n: [] for n in pipes}
+    ce_funnel, fid_funnel = (funnelrag(cindex, ranker, *post, k_clusters=k, k_documents=kd, k_passages=4,
+                                       passage_words=PASSAGE_WORDS) for post in ((), (fid,)))
+    answers = {q.question: q.answers for q in qs}
     em: list[float] = []
-    load_before = os.getloadavg()
-    for j, q in enumerate(qs):
-        for n, pipe in pipes.items():  # round-robin per question: load falls on both alike
-            t1 = time.perf_counter()
-            r = pipe.search(q.question)
-            secs[n].append(time.perf_counter() - t1)
-            ranks[n].append(next((i for i, u in enumerate(r.units[:4], 1) if has_answer(u.text, q.answers)), 0))
-            if n == "fid":
-                gen = next((u.funnel.get("fid_answer") for u in r.units if u.funnel.get("fid_answer") is not None), "")
-                em.append(float(normalize_answer(gen or "") in {normalize_answer(a) for a in q.answers}))
-        if (j + 1) % 10 == 0 or j + 1 == len(qs):
-            print(f"  [postrank] {j + 1}/{len(qs)} questions, load {os.getloadavg()[0]:.1f}", flush=True)
-    systems = {}
-    for n in pipes:
-        systems[n] = {f"AR@{i}": float(ar(ranks[n], i).mean()) for i in (1, 2, 3, 4)}
-        systems[n]["AR@4_ci95"] = list(bootstrap_ci(ar(ranks[n], 4), n_boot=args.bootstrap))
-        systems[n].update(seconds_p50=percentile(secs[n], 50), seconds_p95=percentile(secs[n], 95))
-    fh, ch = ar(ranks["fid"], 4), ar(ranks["cross-encoder"], 4)
-    return {
-        "benchmark": "squad_large_postrank",
-        "command": "python benchmarks/bench_squad_large.py --postrank fid " + " ".join(
-            f"--{k_.replace('_', '-')} {v}" for k_, v in (("fid_model", args.fid_model), ("fid_funnel", f"'{name}'"),
-                                                         ("n_postrank", args.n_postrank))),
-        "funnel": name, "pre_ranker": str(args.model), "fid_model": str(args.fid_model),
-        "samples": {"dev_a_questions": len(qs), "seed": REPORT_SEED,
-                    "note": "a prefix of the seeded dev-a permutation that bench_squad_large.py reports on"},
-        "systems": systems,
-        "fid_minus_cross_encoder_AR@4": {**paired_bootstrap(fh, ch, n_boot=args.bootstrap),
-                                          "mcnemar_exact": mcnemar_exact(fh, ch)},
-        "fid_exact_match": float(np.mean(em)) if em else None,
-        "fid_exact_match_ci95": list(bootstrap_ci(em, n_boot=args.bootstrap)) if em else None,
-        "cluster_index_seconds": build_seconds, "cpu_flags": flags,
-        "cross_encoder_dtype": "bf16 autocast" if bf16 else "fp32", "batch_size": args.batch_size,
-        "load_average_before": load_before, "load_average_after": os.getloadavg(),
-        "per_question": [{"id": q.id, **{f"hit_rank_{n}": ranks[n][i] for n in pipes}} for i, q in enumerate(qs)],
-    }
+
+    def fid_system(query: str) -> list[Unit]:
+        units = fid_funnel.search(query).units
+        if query in answers:  # FiD's generated answer, for its exact match
+            gen = next((u.funnel["fid_answer"] for u in units if u.funnel.get("fid_answer") is not None), "")
+            em.append(float(normalize_answer(gen or "") in {normalize_answer(a) for a in answers[query]}))
+        return units
+
+    ds = EvalDataset(queries={q.id: q.question for q in qs}, answers={q.id: list(q.answers) for q in qs},
+                     name="SQuAD dev-a (large corpus)", format="squad")
+    report = evaluate({"cross-encoder": ce_funnel, "fid": fid_system}, ds, metrics=[f"AR@{i}" for i in (1, 2, 3, 4)],
+                      n_timing=len(qs), warm_query=warm_q.question, n_boot=args.bootstrap)
+    return {**report.to_dict(),
+            "command": "python benchmarks/bench_squad_large.py --postrank fid " + " ".join(
+                f"--{k_.replace('_', '-')} {v}" for k_, v in (("fid_model", args.fid_model), ("fid_funnel", f"'{name}'"),
+                                                             ("n_postrank", args.n_postrank))),
+            "funnel": name, "pre_ranker": str(args.model), "fid_model": str(args.fid_model),
+            "samples": {"dev_a_questions": len(qs), "seed": REPORT_SEED,
+                        "note": "a prefix of the seeded dev-a permutation that bench_squad_large.py reports on"},
+            "fid_exact_match": float(np.mean(em)) if em else None,
+            "fid_exact_match_ci95": list(bootstrap_ci(em, n_boot=args.bootstrap)) if em else None,
+            "cluster_index_seconds": build_seconds, "batch_size": args.batch_size,
+            "cross_encoder_dtype": "bf16 autocast" if bf16 else "fp32"}
 
 
 # -- main ----------------------------------------------------------------------------------------
@@ -590,11 +574,9 @@ def main() -> None:
     all_qs = tune_qs + report_qs
     print(f"questions: {len(tune_qs)} train (tuning), {len(report_qs)} dev-a (report), {len(timing_qs)} timed", flush=True)
     if args.postrank == "fid":
-        out = run_postrank_fid(args, corpus, report_qs[:args.n_postrank], warm_q, bf16, flags)
-        path = write_json("squad_large_postrank_fid", out, args.out)
-        for n, r in out["systems"].items():
-            print(f"  {n}: AR@4 {r['AR@4']:.3f} {r['AR@4_ci95']}, {r['seconds_p50']:.2f} s/query", flush=True)
-        print(f"wrote {path}", flush=True)
+        out = run_postrank_fid(args, corpus, report_qs[:args.n_postrank], warm_q, bf16)
+        write_json("squad_large_postrank_fid", out, args.out)
+        print(Report.from_dict(out).to_markdown(), flush=True)
         return
 
     if args.export_texts:

@@ -5,6 +5,7 @@ Expected values are computed by hand from the definitions, not from the code.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -215,16 +216,51 @@ def test_equal_accuracy_and_equal_time_partners_of_the_funnel():
     assert c["equal_time"]["flat"] == "flat X" and not c["equal_time"]["flat_within_funnel_time"]
 
 
-def test_hybrid_and_mog_tables_are_the_json():
-    """Cells of the blocks that were typed by hand before equal the JSON values, read independently."""
+def test_harness_tables_are_the_json():
+    """Cells of the tables rendered from the harness's reports equal the JSON, read independently."""
     import json
     res = BENCH / "results"
-    h = json.loads((res / "hybrid.json").read_text())["scifact"]["results"]
-    rows = [r.split(" | ") for r in report.block_hybrid_scifact().splitlines() if r.startswith("| RRF, k = 60")]
-    assert rows and rows[0][2] == f"{h['rrf_k60']['test']['ndcg@10']:.4f}"
-    m = json.loads((res / "mog_router.json").read_text())["routers"]["paper_ties_finer"]["selection"]["paper_margin_0.5"]
-    line = next(r for r in report.block_mog_router().splitlines() if "`paper_ties_finer` | `paper_margin_0.5`" in r)
-    assert f"| {m['AR@1']:.3f} |" in line and line.rstrip(" |").endswith(" / ".join(map(str, m["chosen_level_counts"])))
+    f = json.loads((res / "scifact_fusion" / "report.json").read_text())
+    row = next(r for r in report.block_hybrid_scifact().splitlines() if r.startswith("| RRF, k = 60"))
+    s = f["summary"]["rrf60"]["ndcg@10"]
+    assert f"| {s['mean']:.3f} [{s['ci'][0]:.3f}, {s['ci'][1]:.3f}] |" in row.replace("**", "")
+    t = f["tuning"]["hybrid_tuned"]
+    assert f"alpha = {t['chosen']}, chosen on the {t['questions']} questions" in report.block_hybrid_scifact()
+    m = json.loads((res / "mog" / "report.json").read_text())
+    chosen = m["router_training"]["paper_ties_finer"]["chosen_level_counts"]["paper_margin_0.5"]
+    line = next(r for r in report.block_mog_router().splitlines()
+                if "router `paper_ties_finer`, selection `paper_margin_0.5`" in r)
+    assert " / ".join(map(str, chosen)) in line
+    assert f"| {m['summary']['router paper_ties_finer / paper_margin_0.5']['AR@1']['mean']:.3f} [" in line
+
+
+def test_one_renderer_for_any_harness_report(tmp_path, monkeypatch):
+    """harness_table on a report the harness wrote: means, intervals and paired differences from its
+    summary, the best mean in bold, cost columns only when the run counted or timed them."""
+    from funnel_core.evaluation import EvalDataset, evaluate
+    from funnel_core.units import Unit
+
+    ds = EvalDataset(queries={f"q{i}": f"q{i}" for i in range(4)}, answers={f"q{i}": ["yes"] for i in range(4)},
+                     name="toy")
+    hits = {"a": [1, 1, 0, 0], "b": [1, 1, 1, 0]}  # AR@1 0.5 and 0.75 by construction
+
+    def system(name):
+        return lambda q: [Unit(id=q, text="yes" if hits[name][int(q[1:])] else "no")]
+
+    rep = evaluate({"a": system("a"), "b": system("b")}, ds, metrics=["AR@1"], n_timing=0, progress=False)
+    (tmp_path / "toy").mkdir()
+    (tmp_path / "toy" / "report.json").write_text(json.dumps({**rep.to_dict(), "command": "python toy.py"}))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    out = report.harness_table("toy", labels={"b": "system B", "a": "system A"}, bold=["AR@1"], vs_baseline="AR@1")
+    rows = cells(out)
+    assert [r[0] for r in rows] == ["system B", "system A"]  # the labels' order
+    ci_b = rep.summary["b"]["AR@1"]["ci"]
+    assert rows[0][1] == f"0.750 [{ci_b[0]:.3f}, {ci_b[1]:.3f}]" and "**0.750" in out and "**0.500" not in out
+    assert rows[0][2].startswith("+0.250 [") and rows[1][2] == ""  # b - a paired; a is the baseline
+    assert "pairs/query" not in out and "s/query" not in out  # nothing scored, nothing timed
+    assert "4 questions of `toy`" in out and "`python toy.py`" in out and "seconds not measured" in out
+    what, result, n, interval, cmd = report.harness_row("toy", "toy row", ["AR@1"], {"b": "B", "a": "A"})
+    assert result == "AR@1 **B 0.750**, A 0.500" and n == "4 questions" and cmd == "`python toy.py`"
 
 
 def _harness_timing(load: float) -> dict:
