@@ -53,7 +53,6 @@ from funnel_core.granularity import (
 )
 from funnel_core.units import Unit
 
-
 LABEL_VARIANTS = {"paper_ties_finer": {"tolerance": 0.0, "ties": "finer"},  # name -> soft_labels settings
                   "tolerance_0.25_finer": {"tolerance": 0.25, "ties": "finer"},
                   "ties_coarser": {"tolerance": 0.0, "ties": "coarser"}}

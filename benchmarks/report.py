@@ -161,7 +161,7 @@ def harness_table(name: str, metrics: Sequence[str] | None = None, labels: dict[
     top = {m: max(round(summ[s][m]["mean"], digits) for s in systems) for m in bold}
     pairs = any(cost[s]["pairs_scored_per_query"] for s in systems)
     timed = any(cost[s]["seconds_p50"] is not None for s in systems)
-    head = ["system", *metrics] + ([f"{vs_baseline}: - `{d['baseline']}` (paired)"] if vs_baseline else [])
+    head = ["system", *metrics] + ([f"{vs_baseline} minus `{d['baseline']}` (paired)"] if vs_baseline else [])
     head += (["pairs/query"] if pairs else []) + (["s/query p50", "s/query p95"] if timed else [])
     rows = []
     for s in systems:

@@ -295,7 +295,9 @@ def run_config(path: str | os.PathLike, *, n_timing: int | None = None, quiet_ch
     ev.pop("output", None)
     ev.setdefault("cache_dir", str(out / "cache"))
     tune_split, tune_metric = ev.pop("tune_split", None), ev.pop("tune_metric", None)
-    specs, tuning, indexes = cfg["systems"], {}, {}
+    specs = cfg["systems"]
+    tuning: dict[str, Any] = {}
+    indexes: dict[str, Any] = {}
     if any("tune" in spec for spec in specs.values()):
         if not tune_split:
             raise ValueError(f"{path}: a system has `tune` but [evaluate] has no tune_split; name the split to "
