@@ -26,7 +26,7 @@ words@3 (whitespace words returned); AR@10 / words@10 cover everything AutoMergi
 ``--graph-scale`` instead times the MoGG graph build at 100k nodes (the SQuAD nodes replicated;
 replicated text, not new text) into ``results/mog_graph_scale.json``.
 
-    nice -n 10 python benchmarks/bench_mog.py                 # writes benchmarks/results/mog/report.json
+    nice -n 10 python benchmarks/bench_mog.py                 # writes benchmarks/results/mog/report.json.gz
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ def main() -> None:
              "split": "articles[0::2] train the routers, articles[1::2] evaluate (corpus = test articles only)",
              "config": {k: v for k, v in vars(args).items() if k not in ("data", "out")},
              "router_training": training}
-    paths = Report.from_dict({**report.to_dict(), **extra}).save(out, plot=False)
+    paths = Report.from_dict({**report.to_dict(), **extra}).save(out, plot=False, compress=True)
     print(report.to_markdown(["AR@1", "AR@3", "words@1", "words@3"]))
     print(json.dumps({k: str(v) for k, v in paths.items()}))
 

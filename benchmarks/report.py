@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT))
 Row = tuple[str, str, str, str, str]   # what, result, n, interval, command
 Part = tuple[str, str, str, str]       # what, result, n, interval (the registration adds the command)
 
@@ -118,11 +119,13 @@ def count(n: int) -> str:
 
 # -- reports of the evaluation harness (`funnel eval`, funnel_core.evaluation.evaluate) -------------
 def harness(name: str) -> dict:
-    """``results/<name>/report.json``: what ``Report.to_dict()`` wrote, per-question results included."""
-    d = load(f"{name}/report.json")
-    if d.get("format") != "funnel-rag-eval/1":
-        raise ValueError(f"{name}: not an evaluation-harness report (format {d.get('format')!r}).")
-    return d
+    """``results/<name>/report.json[.gz]``: what ``Report.save`` wrote, per-question results included."""
+    from funnel_core.evaluation import Report
+
+    folder = RESULTS / name
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} holds no harness report")
+    return Report.load(folder).to_dict()
 
 
 def harness_command(d: dict) -> str:
@@ -158,7 +161,8 @@ def harness_table(name: str, metrics: Sequence[str] | None = None, labels: dict[
     summ, cost = d["summary"], d["cost"]
     systems = [s for s in (labels or summ) if s in summ]
     metrics = list(metrics or d["metrics"])
-    top = {m: max(round(summ[s][m]["mean"], digits) for s in systems) for m in bold}
+    dig = {m: 1 if m.startswith("words") else digits for m in metrics}  # words: one decimal
+    top = {m: max(round(summ[s][m]["mean"], dig[m]) for s in systems) for m in bold}
     pairs = any(cost[s]["pairs_scored_per_query"] for s in systems)
     timed = any(cost[s]["seconds_p50"] is not None for s in systems)
     head = ["system", *metrics] + ([f"{vs_baseline} minus `{d['baseline']}` (paired)"] if vs_baseline else [])
@@ -167,11 +171,11 @@ def harness_table(name: str, metrics: Sequence[str] | None = None, labels: dict[
     for s in systems:
         row = [harness_label(d, s, labels)]
         for m in metrics:
-            cell = f"{summ[s][m]['mean']:.{digits}f} {ci(summ[s][m]['ci'], digits)}"
-            row.append(f"**{cell}**" if m in top and round(summ[s][m]["mean"], digits) == top[m] else cell)
+            cell = f"{summ[s][m]['mean']:.{dig[m]}f} {ci(summ[s][m]['ci'], dig[m])}"
+            row.append(f"**{cell}**" if m in top and round(summ[s][m]["mean"], dig[m]) == top[m] else cell)
         if vs_baseline:
             c = d["comparisons"].get(s, {}).get(vs_baseline)
-            row.append(f"{c['difference']:+.{digits}f} {ci(c['ci'], digits)}" if c else "")
+            row.append(f"{c['difference']:+.{dig[vs_baseline]}f} {ci(c['ci'], dig[vs_baseline])}" if c else "")
         row += [f"{cost[s]['pairs_scored_per_query']:.0f}"] if pairs else []
         row += [secs(cost[s][k]) if cost[s][k] is not None else "" for k in ("seconds_p50", "seconds_p95") if timed]
         rows.append(row)
@@ -1295,7 +1299,11 @@ def block_hybrid_scifact() -> str:
               "dense": "dense all-MiniLM-L6-v2 (`DenseIndex`)", "hybrid_paper": "hybrid, alpha = 0.3, min-max (paper)",
               "hybrid_tuned": "hybrid, min-max", "hybrid_zscore_tuned": "hybrid, z-score",
               "rrf60": "RRF, k = 60", "rrf_tuned": "RRF"}
-    return harness_table("scifact_fusion", ["ndcg@10", "recall@100"], labels, bold=["ndcg@10"], vs_baseline="ndcg@10")
+    tuning = harness("scifact_fusion").get("tuning", {})
+    curves = "; ".join(f"{labels[n]}: " + ", ".join(f"{t['setting']} {v} {x:.4f}" for v, x in zip(t["values"], t["scores"]))
+                       for n, t in tuning.items())
+    return (harness_table("scifact_fusion", ["ndcg@10", "recall@100"], labels, bold=["ndcg@10"], vs_baseline="ndcg@10")
+            + (f"\n\nTuning (train {next(iter(tuning.values()))['metric']} of every value): {curves}." if tuning else ""))
 
 
 @block("compression-squad")

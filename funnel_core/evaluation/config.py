@@ -13,6 +13,7 @@ A configuration (paths are relative to the TOML file)::
     n_timing = 50                        # questions timed round-robin (0: none)
     # max_load = 1.0; quiet_check = true; quiet_timeout = 900
     output = "eval-out"                  # report.json, report.md, pareto.png (+ cache/)
+    # gzip = true                        # report.json.gz instead (compact)
 
     [systems.bm25]
     component = "bm25"
@@ -71,7 +72,7 @@ COMPONENTS = ("bm25", "dense", "hybrid", "clustered", "funnelrag")
 _DATASET_KEYS = {"path", "split", "corpus", "limit", "seed"}
 _EVALUATE_KEYS = {"metrics", "ks", "baseline", "depth", "id_key", "title_key", "n_timing", "timing_seed",
                   "max_load", "quiet_check", "quiet_load", "quiet_timeout", "quiet_poll", "n_boot", "seed", "output",
-                  "cache_dir", "tune_split", "tune_metric"}
+                  "cache_dir", "tune_split", "tune_metric", "gzip"}
 
 
 def _toml() -> Any:
@@ -295,6 +296,7 @@ def run_config(path: str | os.PathLike, *, n_timing: int | None = None, quiet_ch
     ev.pop("output", None)
     ev.setdefault("cache_dir", str(out / "cache"))
     tune_split, tune_metric = ev.pop("tune_split", None), ev.pop("tune_metric", None)
+    compress = bool(ev.pop("gzip", False))
     specs = cfg["systems"]
     tuning: dict[str, Any] = {}
     indexes: dict[str, Any] = {}
@@ -318,4 +320,4 @@ def run_config(path: str | os.PathLike, *, n_timing: int | None = None, quiet_ch
     if tuning:
         extra["tuning"] = tuning
     report = Report.from_dict({**report.to_dict(), **extra})
-    return report, report.save(out)
+    return report, report.save(out, compress=compress)

@@ -190,11 +190,17 @@ class Report:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Report":
-        """Read a report written by :meth:`save` (its ``report.json``, or the folder)."""
+        """Read a report written by :meth:`save` (its ``report.json`` or ``report.json.gz``, or the
+        folder holding one)."""
         p = Path(path)
         if p.is_dir():
-            p = p / "report.json"
-        return cls(json.loads(p.read_text(encoding="utf-8")))
+            p = p / "report.json" if (p / "report.json").is_file() else p / "report.json.gz"
+        raw = p.read_bytes()
+        if p.suffix == ".gz":
+            import gzip
+
+            raw = gzip.decompress(raw)
+        return cls(json.loads(raw.decode("utf-8")))
 
     # -- rendering -------------------------------------------------------------------------
     def primary_metric(self) -> str:
@@ -285,13 +291,23 @@ class Report:
         plt.close(fig)
         return out
 
-    def save(self, folder: str | os.PathLike, plot: bool = True) -> dict[str, Path]:
+    def save(self, folder: str | os.PathLike, plot: bool = True, compress: bool = False) -> dict[str, Path]:
         """Write ``report.json`` (with the per-question results), ``report.md`` and, when
-        ``plot``, ``pareto.png`` into ``folder``; returns their paths."""
+        ``plot``, ``pareto.png`` into ``folder``; returns their paths. ``compress`` writes compact
+        ``report.json.gz`` instead (per-question results of many systems run to megabytes)."""
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)
-        paths = {"json": out / "report.json", "markdown": out / "report.md"}
-        paths["json"].write_text(json.dumps(self._data, indent=1, default=float), encoding="utf-8")
+        paths = {"json": out / ("report.json.gz" if compress else "report.json"), "markdown": out / "report.md"}
+        stale = out / ("report.json" if compress else "report.json.gz")
+        if stale.is_file():  # Report.load prefers report.json: never leave an older twin beside the new one
+            stale.unlink()
+        if compress:
+            import gzip
+
+            text = json.dumps(self._data, separators=(",", ":"), default=float)
+            paths["json"].write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))
+        else:
+            paths["json"].write_text(json.dumps(self._data, indent=1, default=float), encoding="utf-8")
         paths["markdown"].write_text(self.to_markdown(), encoding="utf-8")
         if plot:
             paths["plot"] = self.plot(out / "pareto.png")

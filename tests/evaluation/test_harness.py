@@ -303,3 +303,16 @@ def test_errors_name_the_fix():
         evaluate({"s": 42}, ANSWER_DS, n_timing=0, progress=False)
     with pytest.raises(TypeError, match="at rank 1"):
         evaluate({"s": lambda q: [3.5]}, ANSWER_DS, n_timing=0, progress=False)
+
+
+def test_a_compressed_report_loads_back_equal(tmp_path):
+    from funnel_core.evaluation import EvalDataset, Report, evaluate
+    from funnel_core.units import Unit
+
+    ds = EvalDataset(queries={"q1": "a", "q2": "b"}, answers={"q1": ["x"], "q2": ["y"]})
+    rep = evaluate({"s": lambda q: [Unit(id=q, text="x")]}, ds, metrics=["AR@1"], n_timing=0, progress=False)
+    rep.save(tmp_path, plot=False)
+    paths = rep.save(tmp_path, plot=False, compress=True)
+    assert paths["json"].name == "report.json.gz" and not (tmp_path / "report.json").exists()  # no stale twin
+    assert Report.load(tmp_path).to_dict() == rep.to_dict() == Report.load(paths["json"]).to_dict()
+    assert Report.load(tmp_path).summary["s"]["AR@1"]["mean"] == 0.5
