@@ -189,9 +189,11 @@ def harness_row(name: str, what: str, metrics: Sequence[str], labels: dict[str, 
     with the first system's interval of the first metric."""
     d = harness(name)
     summ, first = d["summary"], next(iter(labels))
-    result = "; ".join(f"{m} " + ", ".join((f"**{label} {summ[s][m]['mean']:.3f}**" if (s, m) == (first, metrics[0])
-                                             else f"{label} {summ[s][m]['mean']:.3f}") for s, label in labels.items())
-                       for m in metrics)
+    def cell(s: str, m: str, label: str) -> str:
+        text = f"{label} {summ[s][m]['mean']:.{1 if m.startswith('words') else 3}f}"
+        return f"**{text}**" if (s, m) == (first, metrics[0]) else text
+
+    result = "; ".join(f"{m} " + ", ".join(cell(s, m, label) for s, label in labels.items()) for m in metrics)
     return (what, result, f"{d['dataset']['questions']:,} questions",
             f"{labels[first]}: {ci(summ[first][metrics[0]]['ci'])} (bootstrap)", harness_command(d))
 

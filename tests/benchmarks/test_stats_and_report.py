@@ -218,15 +218,16 @@ def test_equal_accuracy_and_equal_time_partners_of_the_funnel():
 
 def test_harness_tables_are_the_json():
     """Cells of the tables rendered from the harness's reports equal the JSON, read independently."""
-    import json
+    from funnel_core.evaluation import Report
+
     res = BENCH / "results"
-    f = json.loads((res / "scifact_fusion" / "report.json").read_text())
+    f = Report.load(res / "scifact_fusion").to_dict()
     row = next(r for r in report.block_hybrid_scifact().splitlines() if r.startswith("| RRF, k = 60"))
     s = f["summary"]["rrf60"]["ndcg@10"]
     assert f"| {s['mean']:.3f} [{s['ci'][0]:.3f}, {s['ci'][1]:.3f}] |" in row.replace("**", "")
     t = f["tuning"]["hybrid_tuned"]
     assert f"alpha = {t['chosen']}, chosen on the {t['questions']} questions" in report.block_hybrid_scifact()
-    m = json.loads((res / "mog" / "report.json").read_text())
+    m = Report.load(res / "mog").to_dict()
     chosen = m["router_training"]["paper_ties_finer"]["chosen_level_counts"]["paper_margin_0.5"]
     line = next(r for r in report.block_mog_router().splitlines()
                 if "router `paper_ties_finer`, selection `paper_margin_0.5`" in r)
