@@ -140,9 +140,15 @@ def main() -> None:
             for mode, box in st.items():
                 st[mode] = {k: statistics.median(v) for k, v in box.items()}
     loads = [r["load_before"][0] for r in runs if r["load_before"]]
+    from funnel_core.rerank.runtimes import RUNTIMES as ALL
+    from funnel_core.rerank.runtimes import choose_runtime, runtime_available
+
+    installed = [r for r in ALL if r != "auto" and runtime_available(r)]
     write_json("first_call", {"model": args.model, "max_length": 256, "pairs": len(TEXTS),
                               "repeats": args.repeats, "median_seconds": summary, "runs": runs,
-                              "max_load_before_a_run": max(loads) if loads else None}, args.out)
+                              "max_load_before_a_run": max(loads) if loads else None,
+                              "runtimes_installed": installed,
+                              "auto_runtime_on_this_cpu": choose_runtime("auto", "cpu", "transformers")}, args.out)
 
 
 if __name__ == "__main__":
