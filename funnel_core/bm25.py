@@ -140,8 +140,9 @@ def _search_compiled(retriever: Any, tokens: list[list[str]], k: int, mask: np.n
                      n_threads: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """The compiled engine: the top ``k`` of every query by :mod:`funnel_core._bm25_numba` (the
     same float32 sums and order as the numpy engine), the queries split into one contiguous range
-    per thread: all cores by default (``n_threads=0``), else ``n_threads`` (-1: one per CPU)."""
+    per thread: one per available core by default (``n_threads`` <= 0), else ``n_threads``."""
     from funnel_core._bm25_numba import search_range
+    from funnel_core.hardware import available_cores
 
     ids = [retriever.get_tokens_ids(t) for t in tokens]
     q_ptr = np.zeros(len(ids) + 1, dtype=np.int64)
@@ -155,7 +156,7 @@ def _search_compiled(retriever: Any, tokens: list[list[str]], k: int, mask: np.n
     use_mask = mask is not None
     mask_arr = np.asarray(mask, dtype=np.bool_) if use_mask else np.zeros(1, dtype=np.bool_)
     args = (s["indptr"], s["indices"], s["data"], q_ptr, q_ids, mask_arr, use_mask, n, k)
-    workers = min(nq, (os.cpu_count() or 1) if n_threads <= 0 else n_threads)
+    workers = min(nq, available_cores() if n_threads <= 0 else n_threads)
     if workers <= 1:
         search_range(*args, 0, nq, out_idx, out_val, out_cnt)
     else:  # the kernel releases the GIL: one contiguous range of queries per thread
