@@ -25,6 +25,8 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--parts", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--cpu-bf16", action="store_true",
+                    help="on a CPU with native bf16 (AMX / AVX-512-BF16), encode under bf16 autocast")
     args = ap.parse_args()
     import torch
     from sentence_transformers import SentenceTransformer
@@ -34,11 +36,14 @@ def main() -> None:
     if device == "cuda":
         model = model.half()
     texts = json.loads(gzip.decompress(open(args.texts, "rb").read()).decode("utf-8"))
-    info = {"device": device, "torch": torch.__version__}
+    bf16 = args.cpu_bf16 and device == "cpu"
+    info = {"device": device, "torch": torch.__version__, "compute": "bf16 autocast" if bf16 else
+            ("float16" if device == "cuda" else "float32")}
     for name, items in texts.items():
         t0 = time.perf_counter()
-        emb = model.encode(items, batch_size=args.batch_size, convert_to_numpy=True,
-                           normalize_embeddings=True, show_progress_bar=False).astype(np.float16)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            emb = model.encode(items, batch_size=args.batch_size, convert_to_numpy=True,
+                               normalize_embeddings=True, show_progress_bar=False).astype(np.float16)
         info[name] = {"n": len(items), "seconds": time.perf_counter() - t0}
         for p, block in enumerate(np.array_split(emb, args.parts)):
             np.save(f"{args.out}.{name}.{p}.npy", block)

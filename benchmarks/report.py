@@ -1009,6 +1009,33 @@ def block_ce_backends() -> str:
 
 
 
+@block("first-call")
+def block_first_call() -> str:
+    """Issue 31: a cross-encoder's first call per runtime, and where its seconds go (first_call.json)."""
+    d = load("first_call.json")
+    med = d["median_seconds"]
+    e2e = [[rt, st, f"{v['e2e']['first_call']:.2f}", f"{v['e2e']['warm_call']:.3f}",
+            f"{v['e2e']['process_seconds']:.1f}"]
+           for rt, states in med.items() for st, v in states.items()]
+    steps = ["import", "export", "load", "compile_or_load", "tokenizer", "first_batch"]
+    ph = [[rt, st] + [f"{v['phases'][k]:.2f}" if k in v["phases"] else "—" for k in steps]
+          for rt, states in med.items() for st, v in states.items()]
+    loads = [r["load_before"][0] for r in d["runs"]]
+    note = (f"Median of {d['repeats']} fresh processes per cell, {d['pairs']} pairs of up to {d['max_length']} "
+            f"tokens, model `{Path(d['model']).name}` (MiniLM-L6 size); `cold`: an empty export folder, `cached`: "
+            f"the folder a previous process left. 1-minute load average before a process: {min(loads):.2f}-"
+            f"{max(loads):.2f} on {d['machine']['cpus']} cores. Installed with `[all]`: "
+            f"{', '.join(d['runtimes_installed'])}; `runtime=\"auto\"` picks `{d['auto_runtime_on_this_cpu']}` "
+            f"on this CPU. Command: `python benchmarks/bench_first_call.py "
+            f"--repeats {d['repeats']}`.")
+    return (table(["runtime", "export folder", "first call (s)", "warm call (s)", "whole process (s)"], e2e, note)
+            + "\n\n" + table(["runtime", "export folder"] + [f"{k} (s)" for k in steps], ph,
+                             "The same first call, step by step (`phases`): `import` is funnel_core's scorer "
+                             "module plus transformers (which imports torch), `load` the torch weights, "
+                             "`compile_or_load` the ONNX Runtime session or OpenVINO's compile (or its cached "
+                             "model)."))
+
+
 @block("offline-engines")
 def block_offline_engines() -> str:
     """Issue 21: local vs Ray engines (bench_offline_engines.py's own tables)."""
@@ -1038,16 +1065,19 @@ def block_bm25_vs_raw() -> str:
     pairs = [("`search` / raw bm25s `retrieve` (numpy)", "ours_vs_raw_bm25s"),
              ("`search_many` / `search`, per query (numpy)", "ours_batched_vs_ours_single"),
              ("`search_many` / raw bm25s batched (numpy)", "ours_batched_vs_raw_bm25s_batched"),
+             ("`search_many` / `search`, per query (numba: the default where installed)",
+              "ours_numba_batched_vs_ours_numba_single"),
              ("numba: ours / raw bm25s numba", "ours_numba_vs_raw_bm25s_numba"),
              ("ours: numba / numpy", "ours_numba_vs_ours_numpy")]
-    rows = [[label] + [f"{d['k'][k]['time_ratios'][key]:.2f}x" for k in ks] for label, key in pairs]
+    rows = [[label] + [f"{d['k'][k]['time_ratios'][key]:.2f}x" for k in ks] for label, key in pairs
+            if key in d["k"][ks[0]]["time_ratios"]]
     ms = [[name] + [f"{d['k'][k]['systems'][name]['median_ms_per_query']:.2f}" for k in ks]
           for name in d["k"][ks[0]]["systems"]]
     loads = [s["latency"]["load_average_before"][0] for k in ks for s in d["k"][k]["systems"].values()]
     return (table(["time ratio (< 1: ours faster)"] + [f"k={k}" for k in ks], rows,
                   f"{d['n_documents']:,} synthetic documents, {d['n_queries']} queries, {d['rounds']} interleaved "
-                  f"rounds, median ms per query; ours and raw bm25s query the same built index (numba compile "
-                  f"{d['numba_compile_seconds']:.0f} s, not timed); 1-minute load average {min(loads):.1f}-"
+                  f"rounds, median ms per query; ours and raw bm25s query the same built index (first numba "
+                  f"calls {d['numba_compile_seconds']:.1f} s, not timed); 1-minute load average {min(loads):.1f}-"
                   f"{max(loads):.1f} on 2 cores. Command: `python benchmarks/bench_bm25.py --parts raw --rounds "
                   f"{d['rounds']}`.")
             + "\n\n" + table(["system (ms per query)"] + [f"k={k}" for k in ks], ms))

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import gc
+import importlib.util
 import os
 import re
 import threading
@@ -117,6 +119,56 @@ def _gc_paused(pause: bool = True) -> Iterator[None]:
             gc.enable()
 
 
+#: BM25 scoring engines: ``"auto"`` is numba where installed, else numpy (see :class:`BM25Index`).
+ENGINES = ("auto", "numpy", "numba")
+
+
+@functools.lru_cache(maxsize=1)
+def _numba_installed() -> bool:
+    return importlib.util.find_spec("numba") is not None
+
+
+def _compiled(config: Mapping[str, Any], retriever: Any) -> bool:
+    """Does this index score with :mod:`funnel_core._bm25_numba`? (engine numba, or auto with numba
+    installed; not for bm25l / bm25+, whose scores include every document: numpy path)."""
+    engine = config["engine"]
+    return (engine == "numba" or (engine == "auto" and _numba_installed())) \
+        and retriever.nonoccurrence_array is None
+
+
+def _search_compiled(retriever: Any, tokens: list[list[str]], k: int, mask: np.ndarray | None,
+                     n_threads: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The compiled engine: the top ``k`` of every query by :mod:`funnel_core._bm25_numba` (the
+    same float32 sums and order as the numpy engine), the queries split into one contiguous range
+    per thread: one per available core by default (``n_threads`` <= 0), else ``n_threads``."""
+    from funnel_core._bm25_numba import search_range
+    from funnel_core.hardware import available_cores
+
+    ids = [retriever.get_tokens_ids(t) for t in tokens]
+    q_ptr = np.zeros(len(ids) + 1, dtype=np.int64)
+    np.cumsum([len(i) for i in ids], out=q_ptr[1:])
+    q_ids = np.fromiter((t for i in ids for t in i), dtype=np.int64, count=int(q_ptr[-1]))
+    s = retriever.scores
+    n, nq = int(s["num_docs"]), len(ids)
+    out_idx = np.zeros((nq, k), dtype=np.int64)
+    out_val = np.zeros((nq, k), dtype=np.float32)
+    out_cnt = np.zeros(nq, dtype=np.int64)
+    use_mask = mask is not None
+    mask_arr = np.asarray(mask, dtype=np.bool_) if use_mask else np.zeros(1, dtype=np.bool_)
+    args = (s["indptr"], s["indices"], s["data"], q_ptr, q_ids, mask_arr, use_mask, n, k)
+    workers = min(nq, available_cores() if n_threads <= 0 else n_threads)
+    if workers <= 1:
+        search_range(*args, 0, nq, out_idx, out_val, out_cnt)
+    else:  # the kernel releases the GIL: one contiguous range of queries per thread
+        from concurrent.futures import ThreadPoolExecutor
+
+        step = -(-nq // workers)
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(lambda lo: search_range(*args, lo, min(nq, lo + step), out_idx, out_val, out_cnt),
+                          range(0, nq, step)))
+    return [(out_idx[q, :c], out_val[q, :c]) for q, c in enumerate(out_cnt.tolist())]
+
+
 def _top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Indices and scores of the (at most) ``k`` best positive scores: score descending, index
     ascending among ties (deterministic). Only positive scores are candidates, so the partial
@@ -191,9 +243,12 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
         raise TypeError("the BM25 scoring engine is engine='numpy' or engine='numba' (backend= "
                         "means storage in funnel-rag: 'memory' or a Milvus backend); got "
                         f"backend={config['backend']!r}.")
-    engine = config.get("engine", "numpy")
-    if engine not in ("numpy", "numba"):
-        raise ValueError(f"engine must be 'numpy' or 'numba', got {engine!r}.")
+    engine = config.get("engine", "auto")
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}.")
+    if engine == "numba" and not _numba_installed():
+        raise ImportError("engine='numba' needs numba: pip install 'funnel-rag[fast]', or use "
+                          "engine='auto' (numba where installed, else numpy).")
     cjk = config.get("cjk")
     if cjk not in CJK_MODES:
         raise ValueError(f"cjk must be one of {CJK_MODES}, got {cjk!r}; use 'bigram' for Chinese/"
@@ -220,9 +275,10 @@ class BM25Index(FreshOnCopy):
         token_pattern: Regular expression that defines a token (checked at construction, see
             :func:`~funnel_core.text.check_token_pattern`).
         lower: Lower-case text before tokenizing.
-        engine: ``"numpy"`` (default, no JIT) or ``"numba"``: after a one-off JIT compile per
-            process, numba queries are faster than numpy (measured in docs/performance.md): use it
-            for long-running services and large batches, numpy for short scripts.
+        engine: ``"auto"`` (default: numba where installed, as in the ``[fast]`` and ``[all]``
+            extras, else numpy), ``"numpy"`` or ``"numba"``. Both give the same results; the
+            numba kernels (:mod:`funnel_core._bm25_numba`) are compiled once per installation
+            (cached on disk) and score a batch in one thread per CPU (docs/performance.md).
         cjk: ``"bigram"`` or ``"char"`` to split Chinese/Japanese/Korean runs into bigrams or
             characters (see :func:`~funnel_core.text.split_cjk`); ``None`` (default) keeps them whole.
         show_progress: Show bm25s progress bars while indexing.
@@ -241,7 +297,7 @@ class BM25Index(FreshOnCopy):
                  delta: float = 0.5, stemmer: str | None = "english",
                  stopwords: str | list[str] | None = "en",
                  token_pattern: str = DEFAULT_TOKEN_PATTERN, lower: bool = True,
-                 engine: str = "numpy", cjk: str | None = None, show_progress: bool = False) -> None:
+                 engine: str = "auto", cjk: str | None = None, show_progress: bool = False) -> None:
         self.config: dict[str, Any] = validate_config(dict(
             method=method, k1=k1, b=b, delta=delta, stemmer=stemmer, stopwords=stopwords,
             token_pattern=token_pattern, lower=lower, engine=engine, cjk=cjk))
@@ -336,7 +392,7 @@ class BM25Index(FreshOnCopy):
                 "Chinese/Japanese).")
         retriever = bm25s.BM25(method=self.config["method"], k1=self.config["k1"],
                                b=self.config["b"], delta=self.config["delta"],
-                               backend=self.config["engine"])
+                               backend="numpy")  # engine="numba" runs our cached kernels instead
         retriever.index(tokens, show_progress=self.show_progress)
         return _State(retriever, tuple(units), {u.id: i for i, u in enumerate(units)})
 
@@ -439,6 +495,12 @@ class BM25Index(FreshOnCopy):
         ids = st.retriever.get_tokens_ids(list(tokens)) if tokens else []
         if not ids:  # only stopwords / no known term: nothing matches
             return np.zeros(len(st.units), dtype=np.float32)
+        if _compiled(self.config, st.retriever):
+            from funnel_core._bm25_numba import dense_scores
+
+            s = st.retriever.scores
+            return dense_scores(s["indptr"], s["indices"], s["data"], np.asarray(ids, dtype=np.int64),
+                                int(s["num_docs"]))
         return st.retriever.get_scores_from_ids(ids)
 
     def hits(self, scores: np.ndarray, k: int, mask: np.ndarray | None = None,
@@ -470,9 +532,12 @@ class BM25Index(FreshOnCopy):
         ``funnel["bm25_rank"]``. Units whose score is 0 (no matching term) or that the
         ``filter`` rejects are left out, so a result may hold fewer than ``k`` units.
         Equal scores are ordered by index position. An empty or whitespace-only query returns
-        ``[]``. ``n_threads`` > 0 (-1: one per CPU) scores the queries in that many threads
-        (numpy releases the GIL in the scoring); with ``engine="numba"`` the whole batch goes
-        through bm25s' compiled multi-query retrieval.
+        ``[]``. With the numba engine a compiled kernel (:mod:`funnel_core._bm25_numba`)
+        scores the batch in one thread per CPU (``n_threads`` > 0: that many); with the
+        numpy engine the queries run one after another, or in ``n_threads`` threads
+        (-1: one per CPU; numpy's scatter-add holds the GIL, so threads gain little). Both
+        engines return the same units and scores. (``bm25l`` and ``bm25+`` give every document
+        a score, not just those sharing a term: they take the numpy path in both engines.)
 
         Copies are cheap: a unit whose metadata holds only immutable values gets a new dict,
         others a deep copy, so editing a returned unit never changes the index.
@@ -489,14 +554,11 @@ class BM25Index(FreshOnCopy):
         if not live or n_allowed == 0:
             return results
         tokens = self.tokenize([queries[i] for i in live])
-        weights = None if mask is None else mask.astype(np.float32)
-        if self.config["engine"] == "numba":  # bm25s' JIT-compiled batch retrieval
-            docs, scores = st.retriever.retrieve(
-                tokens, k=min(k, n_allowed), show_progress=False, n_threads=n_threads,
-                backend_selection="numba", weight_mask=weights)
-            hits = [(docs[row], scores[row]) for row in range(len(live))]
+        if _compiled(self.config, st.retriever):
+            hits = _search_compiled(st.retriever, tokens, k, mask, n_threads)
         else:
             retr = st.retriever
+            weights = None if mask is None else mask.astype(np.float32)
 
             def one(toks: list[str]) -> tuple[np.ndarray, np.ndarray]:
                 ids = retr.get_tokens_ids(toks)
@@ -551,8 +613,7 @@ class BM25Index(FreshOnCopy):
                                "it was tampered with or is corrupt: rebuild it.") from exc
         units = read_units(folder / "units.jsonl")
         retriever = bm25s.BM25.load(str(folder / "bm25s"))
-        if index.config["engine"] == "numba":
-            retriever.backend = "numba"
+        retriever.backend = "numpy"  # bm25s' numba path recompiles in every process; ours is cached
         params = (retriever.method, float(retriever.k1), float(retriever.b), float(retriever.delta))
         want = tuple(index.config[k] for k in ("method", "k1", "b", "delta"))
         n = meta.get("n_units")

@@ -24,7 +24,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-__all__ = ["DTYPES", "DtypeDecision", "cpu_flags", "cpu_native_bf16", "cuda_capability",
+__all__ = ["DTYPES", "DtypeDecision", "available_cores", "cpu_flags", "cpu_native_bf16", "cuda_capability",
            "decide_dtype", "resolve_dtype", "torch_dtype", "describe", "BF16_SLOWDOWN",
            "requested_dtype", "autocast", "fp32_output_head"]
 
@@ -92,6 +92,14 @@ def decide_dtype(requested: Any, device: str, flags: Iterable[str] = (),
         return DtypeDecision("float32", "float16 was requested on a CPU, where it is slow and "
                              "often unsupported; running in float32 (use a GPU for float16).")
     return DtypeDecision(want)
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity), not the machine's total."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
 
 
 @functools.lru_cache(maxsize=1)

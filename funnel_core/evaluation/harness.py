@@ -34,6 +34,7 @@ from funnel_core.evaluation.datasets import EvalDataset
 from funnel_core.evaluation.metrics import answer_recall, contextual_integrity, ir_metrics_per_query
 from funnel_core.evaluation.report import Report, summarise
 from funnel_core.evaluation.systems import as_system
+from funnel_core.hardware import available_cores
 from funnel_core.units import Unit
 
 __all__ = ["evaluate", "available_cores", "read_load_average", "wait_for_quiet", "parse_metric",
@@ -41,14 +42,6 @@ __all__ = ["evaluate", "available_cores", "read_load_average", "wait_for_quiet",
 
 #: Bumped when the per-question cache records change shape.
 CACHE_VERSION = 1
-
-
-def available_cores() -> int:
-    """Cores this process may run on (its CPU affinity), not the machine's total."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        return os.cpu_count() or 1
 
 
 def read_load_average() -> float | None:

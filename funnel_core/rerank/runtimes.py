@@ -21,7 +21,9 @@ folder it goes to ``<model>/funnel_onnx/`` (a subfolder this package owns, marke
 ``funnel_core.cache.cache_root() / ce_export/<key>/`` (``$FUNNEL_RAG_CACHE``, default
 ``~/.cache/funnel-rag``). The manifest records the
 fingerprint of the source weights (file names, sizes, modification times); a stale export is
-rebuilt in a new folder and swapped in with one rename. Files this package did not write are never
+rebuilt in a new folder and swapped in with one rename. OpenVINO's compiled model is cached in
+the export's ``openvino_cache/`` subfolder (:data:`OPENVINO_CACHE`): a second process loads it
+instead of compiling again. Files this package did not write are never
 deleted: a ``funnel_onnx`` folder without our manifest is left alone and the user cache is used.
 """
 
@@ -46,6 +48,10 @@ RUNTIMES = ("auto", "torch", "onnx", "openvino")
 EXPORT_FORMAT = 2
 EXPORT_SUBDIR = "funnel_onnx"
 MANIFEST = "funnel_export.json"
+#: Subfolder of an export where OpenVINO keeps the model it compiled for this CPU (its own
+#: ``CACHE_DIR`` format, keyed by the ONNX file, the device and the settings), so only the first
+#: process compiles; it is replaced together with its export.
+OPENVINO_CACHE = "openvino_cache"
 _EXPORT_LOCK = threading.Lock()
 _PACKAGES = {"onnx": "onnxruntime", "openvino": "openvino"}
 
@@ -260,7 +266,10 @@ class OnnxSession:
             import openvino as ov
 
             core = ov.Core()
-            config = {"INFERENCE_NUM_THREADS": threads} if threads else {}
+            config: dict[str, Any] = {"INFERENCE_NUM_THREADS": threads} if threads else {}
+            cache = Path(self.path).parent / OPENVINO_CACHE
+            if _writable(cache.parent):  # the compiled blob, reused by the next process
+                config["CACHE_DIR"] = str(cache)
             self._compiled = core.compile_model(self.path, "CPU", config)
             self.input_names = [p.get_any_name() for p in self._compiled.inputs]
             # an OpenVINO infer request runs one inference at a time ("Infer Request is busy"):

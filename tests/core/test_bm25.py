@@ -103,7 +103,7 @@ def test_an_index_saved_with_the_old_backend_key_loads(tmp_path, corpus_units, m
     idx.save(tmp_path / "old")
     monkeypatch.undo()
     loaded = BM25Index.load(tmp_path / "old")
-    assert loaded.config == idx.config and loaded.config["engine"] == "numpy"
+    assert loaded.config == idx.config and loaded.config["engine"] == "auto"
     assert [u.id for u in loaded.search("Paris", k=3)] == [u.id for u in idx.search("Paris", k=3)]
     with pytest.raises(TypeError, match="engine='numpy' or engine='numba'"):
         validate_config({"backend": "numba"})

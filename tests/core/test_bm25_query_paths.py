@@ -45,17 +45,25 @@ def _reference_top(index, query, k):
     return [(index.units[i].id, float(scores[i])) for i in pos[:k]]
 
 
+@pytest.mark.parametrize("engine", ["numpy", "numba"])
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("k", [1, 5, 200])
-def test_search_equals_a_full_sort_of_bm25s_scores(method, k):
+def test_search_equals_a_full_sort_of_bm25s_scores(method, k, engine):
+    """Both engines against a full sort of the numpy engine's bm25s score vector (np.add.at in
+    float32): the compiled kernel must sum in the same order (equal floats), keep positive
+    scores only, and break the many ties of this small vocabulary by index."""
+    if engine == "numba":
+        pytest.importorskip("numba")
     texts = _texts(150, seed=1)
     texts[0] = texts[0] + " tower"  # at least one match
-    index = BM25Index.from_texts(texts, method=method)
-    queries = ["tower of Paris", "running quickly", "the", "xylophone", "ranks city tower lattice"]
+    index = BM25Index.from_texts(texts, method=method, engine=engine)
+    reference = BM25Index.from_texts(texts, method=method)
+    queries = ["tower of Paris", "running quickly", "the", "xylophone", "ranks city tower lattice",
+               "tower tower iron"]  # a repeated token counts twice
     many = index.search_many(queries, k=k)
     threaded = index.search_many(queries, k=k, n_threads=2)
     for q, got, got2 in zip(queries, many, threaded):
-        want = _reference_top(index, q, k)
+        want = _reference_top(reference, q, k)
         assert [(u.id, u.score) for u in got] == want
         assert [(u.id, u.score) for u in index.search(q, k=k)] == want
         assert [(u.id, u.score) for u in got2] == want
@@ -113,6 +121,21 @@ def test_editing_returned_units_never_changes_the_index(metadata):
     assert index.units[0].metadata == metadata and index.units[0].text == "Paris tower"
 
 
+def test_numba_engine_filters_like_numpy_in_threads_and_alone():
+    """A filter (mask) with k larger than what it allows, batches split over threads, and a
+    batch that has empty queries: both engines return the same ids and scores."""
+    pytest.importorskip("numba")
+    units = [Unit(id=str(i), text=t, metadata={"even": i % 2 == 0}) for i, t in enumerate(_texts(200, seed=5))]
+    a, b = BM25Index().index(units), BM25Index(engine="numba").index(units)
+    queries = ["tower Paris running", "", "lattice iron tower the", "quick", "zzz unknown", "ranks"] * 3
+    for kw in ({"k": 3}, {"k": 150, "filter": {"even": True}}, {"k": 7, "n_threads": 3}):
+        want = [[(u.id, u.score) for u in r] for r in a.search_many(queries, **kw)]
+        assert [[(u.id, u.score) for u in r] for r in b.search_many(queries, **kw)] == want
+        assert any(want) and all(len(r) <= kw["k"] for r in want)
+    evens = b.search_many(["tower"], k=150, filter={"even": True})[0]
+    assert evens and all(int(u.id) % 2 == 0 for u in evens)
+
+
 def test_numba_backend_gives_the_same_results_when_installed():
     pytest.importorskip("numba")
     texts = _texts(80, seed=3)
@@ -140,3 +163,26 @@ def test_search_many_leaves_the_garbage_collector_as_it_found_it(enabled_before)
     finally:
         gc.enable()
     assert [[(u.id, u.score) for u in r] for r in batch] == [[(u.id, u.score) for u in r] for r in single]
+
+
+def test_auto_engine_is_numba_where_installed_and_numpy_elsewhere(monkeypatch):
+    """engine='auto' (the default) scores with the compiled kernel when numba imports, with numpy
+    when it does not (same results either way); engine='numba' without numba is refused with
+    the fix."""
+    pytest.importorskip("numba")
+    from funnel_core import _bm25_numba, bm25
+
+    texts = _texts(120, seed=7)
+    index = BM25Index.from_texts(texts)
+    assert index.config["engine"] == "auto"
+    calls = []
+    real = _bm25_numba.search_range
+    monkeypatch.setattr(_bm25_numba, "search_range", lambda *a: calls.append(1) or real(*a))
+    with_numba = [(u.id, u.score) for u in index.search("tower Paris", k=9)]
+    assert calls, "auto did not use the compiled kernel although numba is installed"
+    monkeypatch.setattr(bm25, "_numba_installed", lambda: False)
+    calls.clear()
+    assert [(u.id, u.score) for u in index.search("tower Paris", k=9)] == with_numba
+    assert not calls
+    with pytest.raises(ImportError, match=r"funnel-rag\[fast\]"):
+        BM25Index(engine="numba")

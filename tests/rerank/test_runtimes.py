@@ -56,6 +56,21 @@ def test_openvino_runs_the_export(model):
     assert scorer.active_runtime == "openvino"
 
 
+def test_openvino_compiles_once_and_the_next_session_loads_the_cached_model(model):
+    """OpenVINO's CACHE_DIR inside the export: the first session writes the compiled blob, a new
+    session (as in the next process) reads it instead of compiling, and scores the same."""
+    pytest.importorskip("openvino")
+    first = CrossEncoderScorer(model, library="transformers", runtime="openvino", max_length=48).score(QUERY, TEXTS)
+    cache = Path(model) / "funnel_onnx" / runtimes.OPENVINO_CACHE
+    blobs = sorted(p for p in cache.rglob("*") if p.is_file())
+    assert blobs and all(p.stat().st_size > 0 for p in blobs)
+    stamps = [p.stat().st_mtime_ns for p in blobs]
+    again = CrossEncoderScorer(model, library="transformers", runtime="openvino", max_length=48).score(QUERY, TEXTS)
+    assert again == pytest.approx(first, abs=1e-6)
+    assert sorted(p for p in cache.rglob("*") if p.is_file()) == blobs  # read, not written again
+    assert [p.stat().st_mtime_ns for p in blobs] == stamps
+
+
 def test_export_is_reused_not_redone(model, monkeypatch):
     _scores(model, "transformers", "onnx")
     onnx_file = Path(model) / "funnel_onnx" / "model.onnx"
