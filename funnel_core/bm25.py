@@ -29,6 +29,7 @@ from funnel_core.cache import FreshOnCopy, LRUCache
 from funnel_core.errors import PersistError, check_positive_int, check_query
 from funnel_core.filters import MetadataFilter, metadata_mask
 from funnel_core.funnel import Stage
+from funnel_core.hardware import available_cores
 from funnel_core.persist import check_number, load_snapshot, prepare_units, read_units, save_snapshot, write_units
 from funnel_core.text import CJK_MODES, check_token_pattern, clean_text, split_cjk
 from funnel_core.units import SCORE_PREFIX, Unit, check_unique_ids, units_from_texts
@@ -142,7 +143,6 @@ def _search_compiled(retriever: Any, tokens: list[list[str]], k: int, mask: np.n
     same float32 sums and order as the numpy engine), the queries split into one contiguous range
     per thread: one per available core by default (``n_threads`` <= 0), else ``n_threads``."""
     from funnel_core._bm25_numba import search_range
-    from funnel_core.hardware import available_cores
 
     ids = [retriever.get_tokens_ids(t) for t in tokens]
     q_ptr = np.zeros(len(ids) + 1, dtype=np.int64)
@@ -535,7 +535,7 @@ class BM25Index(FreshOnCopy):
         ``[]``. With the numba engine a compiled kernel (:mod:`funnel_core._bm25_numba`)
         scores the batch in one thread per CPU (``n_threads`` > 0: that many); with the
         numpy engine the queries run one after another, or in ``n_threads`` threads
-        (-1: one per CPU; numpy's scatter-add holds the GIL, so threads gain little). Both
+        (-1: one per core available to the process; numpy's scatter-add holds the GIL, so threads gain little). Both
         engines return the same units and scores. (``bm25l`` and ``bm25+`` give every document
         a score, not just those sharing a term: they take the numpy path in both engines.)
 
@@ -569,7 +569,7 @@ class BM25Index(FreshOnCopy):
             if n_threads and len(tokens) > 1:
                 from concurrent.futures import ThreadPoolExecutor
 
-                workers = (os.cpu_count() or 1) if n_threads < 0 else n_threads
+                workers = available_cores() if n_threads < 0 else n_threads
                 with ThreadPoolExecutor(max_workers=workers) as pool:
                     hits = list(pool.map(one, tokens))
             else:
