@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from funnel_core.bm25_counts import COUNT_METHODS, TermCounts, bm25_weights, count_terms
 from funnel_core.cache import FreshOnCopy, LRUCache
 from funnel_core.errors import PersistError, check_positive_int, check_query
 from funnel_core.filters import MetadataFilter, metadata_mask
@@ -377,24 +378,94 @@ class BM25Index(FreshOnCopy):
         cjk = self.config["cjk"]
         return [split_cjk(t, cjk) for t in out] if cjk else out
 
+    def term_counts(self, texts: Sequence[str]) -> TermCounts:
+        """How often each index term occurs in each text, tokenized exactly as :meth:`tokenize`
+        does (see :mod:`funnel_core.bm25_counts`): what :meth:`index_counts` builds from."""
+        if self.config["cjk"]:  # CJK splits stemmed tokens: tokenize each text whole
+            def split(text: str) -> list[str]:
+                return self.tokenize([text])[0]
+
+            def term_of(tokens: list[str]) -> list[str | None]:
+                return list(tokens)
+        else:
+            findall, stop = self._token_plan()
+            lower = self.config["lower"]
+            stemmer = self._stemmer()
+
+            def split(text: str) -> list[str]:
+                text = clean_text(text)
+                return findall(text.lower() if lower else text)
+
+            def term_of(tokens: list[str]) -> list[str | None]:
+                kept = [t for t in tokens if t not in stop]
+                stems = dict(zip(kept, stemmer.stemWords(kept) if stemmer is not None else kept))
+                return [stems.get(t) for t in tokens]
+
+        progress = None
+        if self.show_progress:
+            from tqdm.auto import tqdm
+
+            def progress(batches: Iterable[Any]) -> Iterable[Any]:
+                return tqdm(batches, desc="BM25 count terms", unit="batch")
+        return count_terms(texts, split, term_of, progress=progress)
+
+    def splits_at(self, separator: str) -> bool:
+        """Whether texts joined by ``separator`` tokenize to their tokens one after the other (no
+        token spans the join), so their :meth:`term_counts` add up: true for the default token
+        pattern and a separator without word characters; a custom pattern is not assumed to."""
+        return self.config["token_pattern"] == DEFAULT_TOKEN_PATTERN and not re.search(r"\w", separator)
+
     # -- building --------------------------------------------------------------------------
-    def _build(self, units: list[Unit]) -> _State:
+    def _no_tokens(self, units: list[Unit]) -> ValueError:
+        stop = self.config["stopwords"]
+        return ValueError(
+            f"none of the {len(units)} units has an indexable token (token_pattern="
+            f"{self.config['token_pattern']!r}, stopwords={stop if isinstance(stop, str) else 'custom' if stop else None!r}"
+            f", e.g. unit id={units[0].id!r} text={units[0].text!r:.60}); index text with words, "
+            "or loosen the tokenizer (stopwords=None, token_pattern=r'\\w+', cjk='bigram' for "
+            "Chinese/Japanese).")
+
+    def _bm25s(self) -> Any:
         import bm25s
 
-        tokens = self.tokenize([u.text for u in units])
-        if not any(tokens):
-            stop = self.config["stopwords"]
-            raise ValueError(
-                f"none of the {len(units)} units has an indexable token (token_pattern="
-                f"{self.config['token_pattern']!r}, stopwords={stop if isinstance(stop, str) else 'custom' if stop else None!r}"
-                f", e.g. unit id={units[0].id!r} text={units[0].text!r:.60}); index text with words, "
-                "or loosen the tokenizer (stopwords=None, token_pattern=r'\\w+', cjk='bigram' for "
-                "Chinese/Japanese).")
-        retriever = bm25s.BM25(method=self.config["method"], k1=self.config["k1"],
-                               b=self.config["b"], delta=self.config["delta"],
-                               backend="numpy")  # engine="numba" runs our cached kernels instead
-        retriever.index(tokens, show_progress=self.show_progress)
+        return bm25s.BM25(method=self.config["method"], k1=self.config["k1"], b=self.config["b"],
+                          delta=self.config["delta"],
+                          backend="numpy")  # engine="numba" runs our cached kernels instead
+
+    def _build(self, units: list[Unit], counts: TermCounts | None = None) -> _State:
+        if self.config["method"] in COUNT_METHODS:
+            if counts is None:
+                counts = self.term_counts([u.text for u in units])
+            if counts.matrix.shape[0] != len(units):
+                raise ValueError(f"term counts have {counts.matrix.shape[0]} rows for {len(units)} units.")
+            if counts.matrix.nnz == 0:
+                raise self._no_tokens(units)
+            retriever = self._bm25s()
+            # the attributes bm25s.BM25.index sets, computed from the counts (equal to its own)
+            retriever.scores, retriever.vocab_dict = bm25_weights(
+                counts, self.config["method"], self.config["k1"], self.config["b"])
+            retriever.unique_token_ids_set = set(retriever.vocab_dict.values())
+            retriever.nonoccurrence_array = None
+        else:  # bm25l / bm25+: bm25s adds its non-occurrence scores
+            tokens = self.tokenize([u.text for u in units])
+            if not any(tokens):
+                raise self._no_tokens(units)
+            retriever = self._bm25s()
+            retriever.index(tokens, show_progress=self.show_progress)
         return _State(retriever, tuple(units), {u.id: i for i, u in enumerate(units)})
+
+    def index_counts(self, units: Iterable[Unit], counts: TermCounts) -> "BM25Index":
+        """Build the index over ``units`` from their :meth:`term_counts` (row ``i`` = unit ``i``),
+        e.g. cluster counts summed from their members' (:meth:`TermCounts.grouped`). The same
+        index as :meth:`index` over the same texts; bm25l and bm25+ tokenize again."""
+        units = prepare_units(list(units), "BM25Index.index_counts")
+        if not units:
+            raise ValueError("cannot build a BM25 index over an empty corpus; pass at least one unit/document.")
+        check_unique_ids(units)
+        state = self._build(units, counts)
+        with self._write_lock:
+            self._state = state
+        return self
 
     def index(self, units: Iterable[Unit]) -> "BM25Index":
         """Build the index over ``units`` (replaces any previous content in one swap)."""

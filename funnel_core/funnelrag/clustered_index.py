@@ -23,6 +23,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from funnel_core.bm25 import FILTER_CACHE_SIZE, BM25Index
+from funnel_core.bm25_counts import TermCounts
 from funnel_core.cache import FreshOnCopy, LRUCache
 from funnel_core.errors import PersistError, check_positive_int, check_query
 from funnel_core.filters import MetadataFilter, metadata_mask
@@ -143,25 +144,34 @@ class ClusteredBM25Index(FreshOnCopy):
         st = self._state
         return None if st is None else st.clustering
 
+    def _document_index(self, documents: list[Unit]) -> tuple[BM25Index, TermCounts]:
+        """The BM25 index over the documents, and their term counts (the clusters' are sums)."""
+        index = BM25Index(**self.bm25_config)
+        counts = index.term_counts([d.text for d in documents])
+        return index.index_counts(documents, counts), counts
+
     def _make_state(self, documents: list[Unit], clusters: list[Unit], clustering: Clustering | None,
                     next_cluster: int | None = None,
-                    document_index: BM25Index | None = None) -> _ClusteredState:
+                    document_index: tuple[BM25Index, TermCounts] | None = None) -> _ClusteredState:
         doc_pos = {d.id: i for i, d in enumerate(documents)}
         cluster_docs = tuple(np.array([doc_pos[m] for m in c.metadata["members"]], dtype=np.int64)
                              for c in clusters)
+        doc_index, counts = document_index or self._document_index(documents)
         if clustering is None:
             clustering = Clustering(members=[cd.tolist() for cd in cluster_docs],
                                     sizes=[int(c.metadata["n_tokens"]) for c in clusters],
                                     stats={"n_documents": len(documents), "n_clusters": len(clusters),
                                            "max_tokens": self.max_tokens, "incremental": True})
-        cluster_index = BM25Index(**self.bm25_config).index(clusters)
+        cluster_index = BM25Index(**self.bm25_config)
+        if cluster_index.splits_at(_SEPARATOR):  # a cluster's counts = its members' summed
+            cluster_index.index_counts(clusters, counts.grouped(cluster_docs))
+        else:
+            cluster_index.index(clusters)
         if next_cluster is None:
             next_cluster = 1 + max((_cluster_number(c.id) for c in clusters), default=-1)
-        if document_index is None:
-            document_index = BM25Index(**self.bm25_config).index(documents)
         return _ClusteredState(tuple(documents), tuple(clusters), cluster_index, clustering, doc_pos,
                                cluster_docs, OpenClusters({d.id: d for d in documents}), next_cluster,
-                               document_index)
+                               doc_index)
 
     # -- building --------------------------------------------------------------------------
     def index(self, documents: Sequence[Unit], adjacency: sp.spmatrix | None = None) -> "ClusteredBM25Index":
@@ -171,13 +181,13 @@ class ClusteredBM25Index(FreshOnCopy):
         documents = as_documents(prepare_units(list(documents), "ClusteredBM25Index.index"))
         if not documents:
             raise ValueError("cannot cluster an empty corpus; pass at least one document.")
-        document_index = BM25Index(**self.bm25_config).index(documents)
+        document_index = self._document_index(documents)
         if adjacency is None:
             mode = self.adjacency
             if mode == "auto":
                 mode = "links" if any(d.metadata.get("links") for d in documents) else "bm25"
             # the BM25 kNN graph is built over the same document index the search orders by
-            adjacency = (bm25_knn_adjacency(document_index, k=self.knn_k, threshold=self.knn_threshold)
+            adjacency = (bm25_knn_adjacency(document_index[0], k=self.knn_k, threshold=self.knn_threshold)
                          if mode == "bm25" else link_adjacency(documents))
         clusters, clustering = build_clusters(
             documents, adjacency=adjacency, max_tokens=self.max_tokens, knn_k=self.knn_k,
@@ -233,8 +243,8 @@ class ClusteredBM25Index(FreshOnCopy):
                                          "first (delete([id])) or use a new id.")
                 docs = list(st.documents) + new
                 n_old = len(st.documents)
-                document_index = BM25Index(**self.bm25_config).index(docs)
-                rows = self._neighbours(docs, n_old, adjacency, document_index)
+                document_index = self._document_index(docs)
+                rows = self._neighbours(docs, n_old, adjacency, document_index[0])
                 members = [list(c.metadata["members"]) for c in st.clusters]
                 sizes = [int(c.metadata["n_tokens"]) for c in st.clusters]
                 ids = [c.id for c in st.clusters]
