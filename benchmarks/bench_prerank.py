@@ -20,17 +20,13 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-for p in (str(REPO), str(REPO / "benchmarks")):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+from common import ROOT
 
-from funnel_core.hardware import describe  # noqa: E402
-from funnel_core.testing import offline_env  # noqa: E402
+from funnel_core.hardware import describe
+from funnel_core.testing import offline_env
 
 offline_env()
 
@@ -150,7 +146,7 @@ def main() -> None:
     ap.add_argument("--model", default=DEFAULT_OUT)
     ap.add_argument("--skip-throughput", action="store_true",
                     help="keep the throughput figures of an earlier run's JSON")
-    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "prerank.json"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "prerank.json"))
     args = ap.parse_args()
 
     from tqdm.auto import tqdm
@@ -191,7 +187,7 @@ def main() -> None:
         "published": PUBLISHED,
         "flat_bm25": {**bm25, "seconds": bm25_seconds,
                       "settings": "funnel_core.bm25.BM25Index defaults over load_beir corpus"},
-        "model": {"path": os.path.relpath(model_path, REPO), "training": training},
+        "model": {"path": os.path.relpath(model_path, ROOT), "training": training},
         "rerank": {"max_length": max_length, "batch_size": args.batch_size,
                    "window_words": args.window_words, "window_overlap": args.window_overlap,
                    "backend": "transformers (passage-only truncation)", "bf16_autocast": bf16,

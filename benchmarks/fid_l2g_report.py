@@ -39,11 +39,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
-REPO = Path(__file__).resolve().parents[1]
-for p in (str(REPO), str(REPO / "benchmarks")):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+from common import ROOT
 
 VARIANTS = ("top1", "top4", "all", "top1_q", "top4_q", "all_q")
 KS = (1, 2, 3, 4)
@@ -107,13 +103,13 @@ def summarise(m: np.ndarray, rng) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", default=str(REPO / ".m22_gpu" / "data.json.gz"))
-    ap.add_argument("--run", default=str(REPO / ".m22_gpu" / "run1"))
+    ap.add_argument("--data", default=str(ROOT / ".m22_gpu" / "data.json.gz"))
+    ap.add_argument("--run", default=str(ROOT / ".m22_gpu" / "run1"))
     ap.add_argument("--ce", default=None, help="cross-encoder folder to score the candidates with")
     ap.add_argument("--ce-questions", type=int, default=None,
                     help="score the cross-encoder on the first N questions only (CPU budget)")
     ap.add_argument("--ce-scores", default=None, help=".npy of CE scores in candidate order (skips --ce)")
-    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "postrank_fid_minilm.json"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "postrank_fid_minilm.json"))
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     from squad_ce_model import cpu_flags
