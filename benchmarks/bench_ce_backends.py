@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, parser
+from common import ROOT, parser, save_json
 
 from funnel_core.evaluation.stats import paired_bootstrap, percentile
 
@@ -206,10 +206,7 @@ def main() -> None:
     out = args.out or ROOT / "benchmarks" / "results" / "ce_backends.json"
 
     def write(final: bool) -> None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(report(final), indent=1), encoding="utf-8")
-        os.replace(tmp, out)
+        save_json(out, report(final))
 
     def score_all(pass_qids: list[str], pass_names: list[str], depth: int, label: str) -> None:
         with cache_path.open("a", encoding="utf-8") as log:

@@ -40,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT
+from common import ROOT, save_json
 
 DATA = ROOT.parent / "shared" / "data"
 SQUAD_FILES = [DATA / "squad" / "squad-v1.1-train.json", DATA / "squad" / "squad-v1.1-dev-a.json"]
@@ -275,10 +275,7 @@ def main() -> None:
             "hardware": describe(),  # the precisions the models ran in
             "per_query": per_query,
         }
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(res, indent=1))
-        tmp.replace(args.out)
+        save_json(args.out, res)
 
     t_loop = time.perf_counter()
     for n, (dataset, q, hits) in enumerate(tasks, 1):

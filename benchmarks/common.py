@@ -130,11 +130,19 @@ def machine() -> dict[str, Any]:
             "hardware": describe()}  # CPU flags and the precisions this process's models ran in
 
 
+def save_json(path: Path, payload: Any, indent: int = 1, **dumps: Any) -> None:
+    """Write ``payload`` as JSON atomically (a temporary file, then a rename), so a run stopped
+    mid-write, or a reader, never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=indent, **dumps), encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def write_json(name: str, payload: dict, out: Path | None = None) -> Path:
     path = out or RESULTS / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"benchmark": name, "machine": machine(), **payload}
-    path.write_text(json.dumps(payload, indent=2, default=float))
+    save_json(path, {"benchmark": name, "machine": machine(), **payload}, indent=2, default=float)
     print(f"wrote {path}")
     return path
 
