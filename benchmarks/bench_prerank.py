@@ -23,7 +23,7 @@ import statistics
 import time
 from pathlib import Path
 
-from common import ROOT, save_json
+from common import ROOT, interleaved_seconds, save_json
 
 from funnel_core.hardware import describe
 from funnel_core.testing import offline_env
@@ -89,14 +89,7 @@ def throughput(model_path: str, pairs: list[tuple[str, str]], *, max_length: int
         "transformers_sorted": lambda: sorted_s.score_pairs(qs, ts),
         "transformers_unsorted": lambda: unsorted_s.score_pairs(qs, ts),
     }
-    for fn in runs.values():  # warm-up
-        fn()
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    for _ in range(repeats):  # interleaved, so load changes hit every variant alike
-        for k, fn in runs.items():
-            t = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t)
+    times = interleaved_seconds(runs, repeats)
     med = {k: statistics.median(v) for k, v in times.items()}
     return {
         "pairs": len(pairs), "max_length": max_length, "batch_size": batch_size,

@@ -11,7 +11,7 @@ import time
 import tracemalloc
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -42,6 +42,20 @@ def timer() -> Iterator[dict]:
     t0 = time.perf_counter()
     yield box
     box["seconds"] = time.perf_counter() - t0
+
+
+def interleaved_seconds(runs: dict[str, Callable[[], Any]], repeats: int) -> dict[str, list[float]]:
+    """Seconds of each call of ``runs`` over ``repeats`` rounds, after one warm-up call each (lazy
+    model loading); every round calls each in turn, so a change of the machine's load hits all alike."""
+    for fn in runs.values():
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(repeats):
+        for k, fn in runs.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return times
 
 
 @contextmanager
