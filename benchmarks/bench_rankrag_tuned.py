@@ -184,8 +184,7 @@ def main() -> None:
         if not (path / "config.json").exists():
             raise SystemExit(f"{path} is missing: the {what}.")
 
-    from bench_squad_large import Answers
-    from squad_large_data import PASSAGE_WORDS
+    from squad_large_data import PASSAGE_WORDS, AnswerTexts
 
     from funnel_core.llm import TransformersLLM
     from funnel_core.rerank.cross_encoder import CrossEncoderScorer
@@ -194,7 +193,7 @@ def main() -> None:
     t0 = time.perf_counter()
     corpus, squad_qs, squad_hits = squad_candidates(args.squad_questions, args.depth, args.seed)
     pidx = {u.id: i for i, u in enumerate(corpus.passages)}
-    answers = Answers(corpus)
+    answers = AnswerTexts([u.text for u in corpus.passages])
     sci, sci_qs, sci_hits = scifact_candidates(args.scifact_queries, args.depth, args.seed)
     data_s = time.perf_counter() - t0
     print(f"data: {len(squad_qs)} SQuAD, {len(sci_qs)} SciFact queries ({data_s:.0f} s)", flush=True)
@@ -296,7 +295,7 @@ def main() -> None:
         metrics: dict[str, dict] = {}
         for name, order in orders.items():
             if dataset == "squad_dev_a":
-                rank = answers.hit_rank(q, [pidx[hits[i].id] for i in order])
+                rank = answers.hit_rank(q.answers, [pidx[hits[i].id] for i in order])
                 metrics[name] = {f"AR@{k}": float(0 < rank <= k) for k in (1, 2, 3, 4)}
                 metrics[name]["hit_rank"] = rank
             else:

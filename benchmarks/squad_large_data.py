@@ -22,6 +22,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from funnel_core.evaluation.datasets import load_squad
+from funnel_core.evaluation.metrics import normalize_answer
 from funnel_core.funnelrag.chunking import LaterChunking
 from funnel_core.text import count_tokens
 from funnel_core.units import Unit
@@ -46,6 +47,30 @@ class LargeCorpus:
 
         adj = self.links + bm25_knn_adjacency(BM25Index().index(self.documents), k=knn_k)
         return adj.tocsr()
+
+
+class AnswerTexts:
+    """``has_answer`` over a fixed list of texts (passages or documents), each text and each answer
+    list normalised once: the same test as :func:`funnel_core.evaluation.metrics.has_answer` (a
+    SQuAD-normalised answer occurs in the normalised text on word boundaries), fast enough for
+    millions of (question, text) checks."""
+
+    def __init__(self, texts: Sequence[str]):
+        self.texts = texts
+        self._norm: dict[int, str] = {}
+        self._answers: dict[tuple[str, ...], list[str]] = {}
+
+    def __call__(self, answers: Sequence[str], i: int) -> bool:
+        if i not in self._norm:
+            self._norm[i] = f" {normalize_answer(self.texts[i])} "
+        key = tuple(answers)
+        if key not in self._answers:
+            self._answers[key] = [f" {a} " for a in (normalize_answer(x) for x in answers) if a]
+        return any(a in self._norm[i] for a in self._answers[key])
+
+    def hit_rank(self, answers: Sequence[str], ranked: Sequence[int]) -> int:
+        """1-based rank of the first text of ``ranked`` containing a gold answer; 0 when none does."""
+        return next((r for r, i in enumerate(ranked, 1) if self(answers, i)), 0)
 
 
 def split_name(path: Path) -> str:
