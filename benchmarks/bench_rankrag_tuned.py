@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import random
@@ -49,14 +48,6 @@ SYSTEMS = ("bm25", "ce", "smollm2_zeroshot", "smollm2_rankrag")
 
 def load_avg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
-
-
-def ndcg_at_k(ranked_ids: list[str], qrels: dict[str, int], k: int = 10) -> float:
-    """nDCG@k with graded gains ``rel`` and ``1 / log2(rank + 1)`` discounts (as trec_eval / ranx)."""
-    dcg = sum(qrels.get(d, 0) / math.log2(r + 2) for r, d in enumerate(ranked_ids[:k]))
-    ideal = sorted((g for g in qrels.values() if g > 0), reverse=True)[:k]
-    idcg = sum(g / math.log2(r + 2) for r, g in enumerate(ideal))
-    return dcg / idcg if idcg else 0.0
 
 
 def squad_candidates(n: int, depth: int, seed: int):
@@ -186,6 +177,7 @@ def main() -> None:
 
     from squad_large_data import PASSAGE_WORDS, AnswerTexts
 
+    from funnel_core.evaluation import ir_metrics_per_query, run_from_units
     from funnel_core.llm import TransformersLLM
     from funnel_core.rerank.cross_encoder import CrossEncoderScorer
     from funnel_core.rerank.rankrag import RankRAGScorer
@@ -299,7 +291,9 @@ def main() -> None:
                 metrics[name] = {f"AR@{k}": float(0 < rank <= k) for k in (1, 2, 3, 4)}
                 metrics[name]["hit_rank"] = rank
             else:
-                metrics[name] = {"nDCG@10": ndcg_at_k([hits[i].id for i in order], sci.qrels.get(qid, {}))}
+                run = run_from_units({qid: [hits[i] for i in order]})      # ranx, rank-based scores
+                ndcg = ir_metrics_per_query({qid: sci.qrels.get(qid, {})}, run, ["ndcg@10"])["ndcg@10"]
+                metrics[name] = {"nDCG@10": ndcg.get(qid, 0.0)}
         per_query.append({"dataset": dataset, "id": qid, "candidates": [u.id for u in hits],
                           "scores": scores_out, "metrics": metrics, "seconds": seconds})
         write(False)
