@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 from bench_squad_large import model_key, read_scores
 from common import ROOT, parser, write_json
-from squad_ce_model import DEFAULT_FILES, cpu_flags, tuning_question_ids
+from squad_ce_model import DEFAULT_FILES, tuning_question_ids
 from squad_large_data import AnswerTexts, build_corpus
 
 from funnel_core.bm25 import BM25Index
@@ -287,7 +287,7 @@ def main() -> None:
                            "bootstrap": f"{args.bootstrap} resamples of questions, 95% percentile"},
             "results": summary,
             "per_question": records,
-            "cpu_flags": cpu_flags(), "torch_threads": torch.get_num_threads(),
+            "torch_threads": torch.get_num_threads(),  # CPU facts: machine.hardware (write_json)
             "load_average_start": load_start, "load_average_now": os.getloadavg(),
             "wall_seconds": time.perf_counter() - t_start,
         }, out=out_path)

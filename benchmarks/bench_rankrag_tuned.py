@@ -39,15 +39,11 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, save_json
+from common import ROOT, load_average, save_json
 
 DATA = ROOT.parent / "shared" / "data"
 SQUAD_FILES = [DATA / "squad" / "squad-v1.1-train.json", DATA / "squad" / "squad-v1.1-dev-a.json"]
 SYSTEMS = ("bm25", "ce", "smollm2_zeroshot", "smollm2_rankrag")
-
-
-def load_avg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def squad_candidates(n: int, depth: int, seed: int):
@@ -159,8 +155,6 @@ def main() -> None:
         args.squad_questions, args.scifact_queries, args.depth = 2, 2, 5
         args.out = ROOT / "models" / "rankrag_tuned_quick.json"
 
-    from squad_ce_model import cpu_flags
-
     from funnel_core.hardware import describe
     from funnel_core.testing import offline_env
 
@@ -169,7 +163,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     t_all = time.perf_counter()
-    load_start = load_avg()
+    load_start = load_average(2)
     for path, what in ((args.base, "base SmolLM2 folder (rankrag_train.py makes it)"),
                        (args.ce, "cross-encoder (cp -r /work/models/minilm-squad-ce models/)")):
         if not (path / "config.json").exists():
@@ -258,9 +252,9 @@ def main() -> None:
                 "max_minutes": args.max_minutes, "data_seconds": round(data_s, 1),
             },
             "results": summarize(per_query, args.n_boot),
-            "machine": {"cpu_flags": cpu_flags(), "cpu_count": os.cpu_count(), "torch_threads": args.threads,
+            "machine": {"cpu_count": os.cpu_count(), "torch_threads": args.threads,
                         "platform": platform.platform(), "torch": torch.__version__,
-                        "load_avg_start": load_start, "load_avg_now": load_avg(),
+                        "load_avg_start": load_start, "load_avg_now": load_average(2),
                         "note": "2 CPU cores shared with other jobs: seconds per query are noisy"},
             "total_seconds": round(time.perf_counter() - t_all, 1),
             "hardware": describe(),  # the precisions the models ran in
@@ -298,7 +292,7 @@ def main() -> None:
                           "scores": scores_out, "metrics": metrics, "seconds": seconds})
         write(False)
         elapsed = time.perf_counter() - t_loop
-        print(f"[{n}/{len(tasks)}] {dataset} {elapsed:.0f} s load {load_avg()[0]} "
+        print(f"[{n}/{len(tasks)}] {dataset} {elapsed:.0f} s load {load_average(2)[0]} "
               + " ".join(f"{s}={seconds[s]:.1f}s" for s in scorers), flush=True)
         if elapsed > args.max_minutes * 60:
             print("time cap reached", flush=True)

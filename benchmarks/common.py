@@ -72,9 +72,11 @@ def peak_memory() -> Iterator[dict]:
 
 
 # -- latency report (issue 19): p50/p95 per query with warm models, load average, CPU flags ----
-def load_average() -> list[float] | None:
-    """The 1/5/15-minute load average (``None`` where the OS has none)."""
-    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+def load_average(digits: int | None = None) -> list[float] | None:
+    """The 1/5/15-minute load average, rounded to ``digits`` if given (``None`` where the OS has none)."""
+    if not hasattr(os, "getloadavg"):
+        return None
+    return [x if digits is None else round(x, digits) for x in os.getloadavg()]
 
 
 def latency_cpu() -> dict[str, Any]:

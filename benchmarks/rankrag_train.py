@@ -31,15 +31,11 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT
+from common import ROOT, load_average
 
 DATA = ROOT.parent / "shared" / "data" / "squad"
 FILES = [DATA / "squad-v1.1-train.json", DATA / "squad-v1.1-dev-a.json"]
 BASE_FP32 = ROOT / "models" / "smollm2-135m-instruct-fp32"
-
-
-def load_avg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def base_model_dir() -> tuple[str, str | None]:
@@ -184,7 +180,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    load_start = load_avg()
+    load_start = load_average(2)
     t_all = time.perf_counter()
 
     from funnel_core.llm import TransformersLLM
@@ -256,7 +252,7 @@ def main() -> None:
                   "smoothed": smoothed, "seconds": [r["seconds"] for r in curve]},
         "machine": {"cpu_flags": cpu_flags(), "cpu_count": os.cpu_count(), "torch_threads": args.threads,
                     "platform": platform.platform(), "torch": torch.__version__,
-                    "load_avg_start": load_start, "load_avg_end": load_avg(),
+                    "load_avg_start": load_start, "load_avg_end": load_average(2),
                     "note": "2 CPU cores shared with other jobs: timings are noisy"},
         "total_seconds": round(time.perf_counter() - t_all, 1),
     }
