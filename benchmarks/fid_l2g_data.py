@@ -73,10 +73,7 @@ def build(n_fid_train: int, n_l2g_train: int, n_dev: int, n_passages: int, doc_d
     for q, ranked in zip(fid_pool, hits):
         if len(fid_train) >= n_fid_train:
             break
-        di = corpus.doc_of_paragraph[(q.article, q.paragraph_index)]
-        gold = [i for i in corpus.passages_of_doc[di]
-                if q.paragraph_index in corpus.passage_paragraphs[i]
-                and has_answer(passages[i].text, q.answers)]
+        gold = corpus.gold_passages(q)
         neg = [i for i in ranked if not has_answer(passages[i].text, q.answers)][:n_passages - 1]
         if not gold or len(neg) < n_passages - 1:
             continue

@@ -83,10 +83,7 @@ def squad_records(n_questions: int, negatives: int, depth: int, seed: int) -> tu
     for q, ranked in zip(pool, hits):
         if len(records) >= n_questions:
             break
-        di = corpus.doc_of_paragraph[(q.article, q.paragraph_index)]
-        gold = [i for i in corpus.passages_of_doc[di]
-                if q.paragraph_index in corpus.passage_paragraphs[i]
-                and has_answer(passages[i].text, q.answers)]
+        gold = corpus.gold_passages(q)
         neg = [pidx[u.id] for u in ranked if not has_answer(u.text, q.answers)]
         if not gold or len(neg) < negatives:
             skipped += 1

@@ -83,10 +83,7 @@ def make_groups(corpus, n_questions: int, negative_depth: int, seed: int):
     del pos_of
     groups = []
     for q, ranked in zip(sample, hits):
-        di = corpus.doc_of_paragraph[(q.article, q.paragraph_index)]
-        pos = [corpus.passages[i].text for i in corpus.passages_of_doc[di]
-               if q.paragraph_index in corpus.passage_paragraphs[i]
-               and has_answer(corpus.passages[i].text, q.answers)]
+        pos = [corpus.passages[i].text for i in corpus.gold_passages(q)]
         neg = [u.text for u in ranked if not has_answer(u.text, q.answers)]
         if pos and neg:
             groups.append(TrainingGroup(query=q.question, positives=pos[:1], negatives=neg, query_id=q.id))
