@@ -30,14 +30,9 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-for p in (str(REPO), str(REPO / "benchmarks")):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+from common import ROOT, parser, save_json
 
-from common import parser  # noqa: E402
-
-from funnel_core.evaluation.stats import paired_bootstrap, percentile  # noqa: E402
+from funnel_core.evaluation.stats import paired_bootstrap, percentile
 
 RUNTIMES = {  # name -> CrossEncoderScorer keyword arguments
     "torch-fp32": {"runtime": "torch", "dtype": "float32"},
@@ -64,7 +59,7 @@ def main() -> None:
     ap.add_argument("--timing-queries", type=int, default=20)
     ap.add_argument("--timing-depth", type=int, default=None, help="default: --depth")
     ap.add_argument("--limit", type=int, default=None, help="first N test queries only")
-    ap.add_argument("--export-dir", type=Path, default=REPO / ".cache" / "ce_backends_export")
+    ap.add_argument("--export-dir", type=Path, default=ROOT / ".cache" / "ce_backends_export")
     ap.add_argument("--cache", type=Path, default=None, help="score cache (JSON lines)")
     ap.add_argument("--save-every", type=int, default=20)
     args = ap.parse_args()
@@ -77,9 +72,9 @@ def main() -> None:
 
     load_before = list(os.getloadavg())
     scifact_model = is_trained(DEFAULT_OUT)
-    model = args.model or (str(REPO / DEFAULT_OUT) if scifact_model else None)
+    model = args.model or (str(ROOT / DEFAULT_OUT) if scifact_model else None)
     if model is None:
-        raise SystemExit(f"no SciFact cross-encoder at {REPO / DEFAULT_OUT}: train it with "
+        raise SystemExit(f"no SciFact cross-encoder at {ROOT / DEFAULT_OUT}: train it with "
                          "benchmarks/prerank_model.py or pass --model FOLDER.")
     model_note = ("SciFact-trained MiniLM cross-encoder (benchmarks/prerank_model.py)"
                   if "scifact" in Path(model).name else
@@ -108,7 +103,7 @@ def main() -> None:
     bm25_run = {q: {u.id: u.score for u in h} for q, h in zip(qids, hits)}
     bm25_ndcg = ir_metrics(qrels, bm25_run, ["ndcg@10"])["ndcg@10"]
 
-    cache_path = args.cache or (REPO / ".cache" / f"ce_backends_{Path(model).name}_len"
+    cache_path = args.cache or (ROOT / ".cache" / f"ce_backends_{Path(model).name}_len"
                                 f"{args.max_length}.jsonl")
     cache_path.parent.mkdir(parents=True, exist_ok=True)
     done: dict[tuple[str, str], dict] = {}
@@ -205,16 +200,13 @@ def main() -> None:
             "cpu_auto_runtime": choose_runtime("auto", "cpu", "transformers"),  # on this machine
             "hardware": describe(),
             "load_average_before": load_before, "load_average_after": list(os.getloadavg()),
-            "command": "python " + " ".join([os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]),
+            "command": "python " + " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
         }
 
-    out = args.out or REPO / "benchmarks" / "results" / "ce_backends.json"
+    out = args.out or ROOT / "benchmarks" / "results" / "ce_backends.json"
 
     def write(final: bool) -> None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(report(final), indent=1), encoding="utf-8")
-        os.replace(tmp, out)
+        save_json(out, report(final))
 
     def score_all(pass_qids: list[str], pass_names: list[str], depth: int, label: str) -> None:
         with cache_path.open("a", encoding="utf-8") as log:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import sys
@@ -30,27 +29,20 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from common import ROOT, default_data_dir, interleaved_seconds
 
-from funnel_core import testing  # noqa: E402
-from funnel_core.bm25 import BM25Index  # noqa: E402
-from funnel_core.evaluation import has_answer, load_squad  # noqa: E402
-from funnel_core.hardware import describe  # noqa: E402
-from funnel_core.text import word_windows  # noqa: E402
-from funnel_core.units import Unit  # noqa: E402
+from funnel_core import testing
+from funnel_core.bm25 import BM25Index
+from funnel_core.evaluation import has_answer, load_squad
+from funnel_core.evaluation.stats import mcnemar_exact, paired_bootstrap
+from funnel_core.hardware import describe
+from funnel_core.text import word_windows
+from funnel_core.units import Unit
 
 T5_CONFIGS = {
     "t5-small-sized": dict(d_model=512, d_ff=2048, d_kv=64, num_layers=6, num_decoder_layers=6, num_heads=8),
     "t5-base-sized": dict(d_model=768, d_ff=3072, d_kv=64, num_layers=12, num_decoder_layers=12, num_heads=12),
 }
-
-
-def default_data() -> str:
-    return os.environ.get("FUNNEL_DATA", str(ROOT.parent / "shared" / "data"))
 
 
 def squad_passages(path: Path) -> tuple[list[Unit], list]:
@@ -112,14 +104,7 @@ def bench_speed(units: list[Unit], questions: list, n_passages: int, tokens: int
     fid_lengths = scorers["t5-small-sized"].build_inputs(query, passages).lengths
     runs = {"cross_encoder_minilm": run_ce,
             **{name: (lambda s=s: s.score(query, passages)) for name, s in scorers.items()}}
-    for fn in runs.values():  # warm-up (and lazy model loading)
-        fn()
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    for _ in range(repeats):
-        for name, fn in runs.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
+    times = interleaved_seconds(runs, repeats)
     med = {k: statistics.median(v) for k, v in times.items()}
     params = {name: sum(p.numel() for p in s.model.parameters()) for name, s in scorers.items()}
     params["cross_encoder_minilm"] = sum(p.numel() for p in ce.parameters())
@@ -184,21 +169,15 @@ def bench_quality(units: list[Unit], questions: list, n_questions: int, depth: i
     n = len(rows)
     keys = ["bm25@1", "attention_calibrated@1", "attention_raw@1", f"bm25@{depth}"]
     recall = {k: sum(r[k] for r in rows) / max(n, 1) for k in keys}
-    wins = sum(r["attention_calibrated@1"] and not r["bm25@1"] for r in rows)
-    losses = sum(r["bm25@1"] and not r["attention_calibrated@1"] for r in rows)
-    rng = random.Random(1)
-    diffs = []
-    for _ in range(2000):  # paired bootstrap of the recall@1 difference
-        b = [rows[rng.randrange(n)] for _ in range(n)] if n else []
-        diffs.append(sum(r["attention_calibrated@1"] - r["bm25@1"] for r in b) / max(n, 1))
-    diffs.sort()
+    cal, bm = ([float(r[k]) for r in rows] for k in ("attention_calibrated@1", "bm25@1"))
+    mc = mcnemar_exact(cal, bm)   # wins: calibrated right and BM25 wrong; losses: the reverse
     return {
         "questions_planned": n_questions, "questions_done": n, "seed": seed, "depth": depth,
         "corpus_passages": len(units), "model": "SmolLM2-135M-Instruct Q4_1 GGUF (dequantised, fp32, CPU)",
         "answer_recall": recall,
-        "calibrated_vs_bm25": {"wins": wins, "losses": losses,
+        "calibrated_vs_bm25": {"wins": mc["a_only"], "losses": mc["b_only"], "mcnemar_p": mc["p_value"],
                                "diff": recall["attention_calibrated@1"] - recall["bm25@1"],
-                               "bootstrap95": [diffs[int(0.025 * len(diffs))], diffs[int(0.975 * len(diffs)) - 1]] if n else None},
+                               "bootstrap95": paired_bootstrap(cal, bm)["ci"] if n else None},
         "seconds_per_question_median": statistics.median(r["seconds"] for r in rows) if rows else None,
         "model_load_seconds": load_s,
         "per_question": rows,
@@ -207,7 +186,7 @@ def bench_quality(units: list[Unit], questions: list, n_questions: int, depth: i
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", default=default_data())
+    ap.add_argument("--data", default=str(default_data_dir()))
     ap.add_argument("--quick", action="store_true", help="fewer repeats and questions")
     ap.add_argument("--questions", type=int, default=200)
     ap.add_argument("--depth", type=int, default=20)

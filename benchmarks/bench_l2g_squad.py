@@ -43,8 +43,6 @@ averages are in the JSON.
 
 from __future__ import annotations
 
-import gzip
-import hashlib
 import json
 import os
 import random
@@ -53,12 +51,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_squad_large import model_key, read_scores
 from common import ROOT, parser, write_json
-from squad_ce_model import DEFAULT_FILES, cpu_flags, tuning_question_ids
-from squad_large_data import build_corpus
+from squad_ce_model import DEFAULT_FILES, tuning_question_ids
+from squad_large_data import AnswerTexts, build_corpus
 
 from funnel_core.bm25 import BM25Index
-from funnel_core.evaluation.metrics import normalize_answer
 from funnel_core.evaluation.stats import bootstrap_ci, mcnemar_exact, paired_bootstrap
 from funnel_core.train import CrossEncoderTrainer, TrainingGroup, init_cross_encoder, l2g_group
 from funnel_core.train.l2g import aggregate_passage_scores
@@ -74,47 +72,17 @@ WHY_NOT_FID = ("Issue 22 asks for the FiD reader as teacher. The only FiD checkp
                "post-ranker, the SQuAD-trained passage cross-encoder minilm-squad-ce.")
 
 
-def sha16(path: Path) -> str:
-    h = hashlib.sha1()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()[:16]
-
-
 def load_teacher_scores(teacher: Path, qids: set[str]) -> tuple[dict[str, dict[int, float]], str]:
     """The teacher's cached (question, passage index) scores of the questions ``qids``."""
-    key = sha16(teacher / "model.safetensors")
-    for d in CACHE_DIRS:
-        path = d / f"scores-{key}.npz"
-        if path.is_file():
-            break
-    else:
-        raise FileNotFoundError(f"no score cache scores-{key}.npz in {CACHE_DIRS}; run "
-                                "bench_squad_large.py (--export-pairs / score_pairs.py / --import-scores) "
-                                "with this teacher first.")
-    z = np.load(path, allow_pickle=False)
-    names = json.loads(gzip.decompress(z["qids"].tobytes()))
-    want = np.array([i for i, q in enumerate(names) if q in qids], dtype=np.int64)
-    qi = z["qi"]
-    mask = np.isin(qi, want)
+    name = f"scores-{model_key(teacher)}.npz"
+    path = next((d / name for d in CACHE_DIRS if (d / name).is_file()), None)
+    if path is None:
+        raise FileNotFoundError(f"no score cache {name} in {CACHE_DIRS}; run bench_squad_large.py "
+                                "(--export-pairs / score_pairs.py / --import-scores) with this teacher first.")
     out: dict[str, dict[int, float]] = {}
-    for a, p, s in zip(qi[mask], z["pi"][mask], z["s"][mask]):
-        out.setdefault(names[a], {})[int(p)] = float(s)
+    for (q, p), s in read_scores(path, qids).items():
+        out.setdefault(q, {})[p] = s
     return out, str(path)
-
-
-class Hits:
-    """``has_answer`` of documents with each text normalised once (as bench_squad_large.Answers)."""
-
-    def __init__(self, texts: list[str]):
-        self.texts, self._norm = texts, {}
-
-    def __call__(self, answers: list[str], i: int) -> bool:
-        if i not in self._norm:
-            self._norm[i] = f" {normalize_answer(self.texts[i])} "
-        norm = [f" {a} " for a in (normalize_answer(x) for x in answers) if a]
-        return any(a in self._norm[i] for a in norm)
 
 
 def order(scores: list[float]) -> list[int]:
@@ -192,7 +160,7 @@ def main() -> None:
     t0 = time.perf_counter()
     corpus = build_corpus(args.squad)
     docs, passages = corpus.documents, corpus.passages
-    hits = Hits([d.text for d in docs])
+    hits = AnswerTexts([d.text for d in docs])
     doc_index = {d.id: i for i, d in enumerate(docs)}
     train_all = corpus.questions["train"]
     held = tuning_question_ids(train_all)
@@ -319,7 +287,7 @@ def main() -> None:
                            "bootstrap": f"{args.bootstrap} resamples of questions, 95% percentile"},
             "results": summary,
             "per_question": records,
-            "cpu_flags": cpu_flags(), "torch_threads": torch.get_num_threads(),
+            "torch_threads": torch.get_num_threads(),  # CPU facts: machine.hardware (write_json)
             "load_average_start": load_start, "load_average_now": os.getloadavg(),
             "wall_seconds": time.perf_counter() - t_start,
         }, out=out_path)

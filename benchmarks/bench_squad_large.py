@@ -53,12 +53,11 @@ from pathlib import Path
 import numpy as np
 from common import ROOT, parser, write_json
 from squad_ce_model import DEFAULT_FILES, DEFAULT_OUT, cpu_flags, tuning_question_ids, use_bf16
-from squad_large_data import PASSAGE_WORDS, build_corpus
+from squad_large_data import PASSAGE_WORDS, AnswerTexts, build_corpus
 
 from funnel_core.best_practices.fusion import HybridRetrieve, fuse
 from funnel_core.bm25 import BM25Index, BM25Retrieve
 from funnel_core.evaluation import Report
-from funnel_core.evaluation.metrics import normalize_answer
 from funnel_core.evaluation.stats import bootstrap_ci, mcnemar_exact, paired_bootstrap
 from funnel_core.funnel import Funnel, Stage
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
@@ -153,22 +152,33 @@ def question_embeddings(args, corpus, qs, embedder) -> dict[str, np.ndarray]:
 
 
 # -- the score cache -----------------------------------------------------------------------------
+def model_key(model_dir: Path) -> str:
+    """The score cache's key of a checkpoint: the SHA-1 of its weights (16 hex digits)."""
+    h = hashlib.sha1()
+    with open(model_dir / "model.safetensors", "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
+
+
+def read_scores(path: Path, qids: set[str] | None = None) -> dict[tuple[str, int], float]:
+    """``{(question id, passage index): score}`` of a score-cache file (of the questions ``qids`` only)."""
+    z = np.load(path, allow_pickle=False)
+    names = json.loads(gzip.decompress(z["qids"].tobytes()))
+    qi, pi, s = z["qi"], z["pi"], z["s"]
+    if qids is not None:
+        mask = np.isin(qi, np.array([i for i, q in enumerate(names) if q in qids], dtype=np.int64))
+        qi, pi, s = qi[mask], pi[mask], s[mask]
+    return {(names[a], int(p)): float(x) for a, p, x in zip(qi, pi, s)}
+
+
 class ScoreCache:
     """Cross-encoder scores keyed by (model, question id, passage index), kept in one .npz per model."""
 
     def __init__(self, model_dir: Path):
-        h = hashlib.sha1()
-        with open(model_dir / "model.safetensors", "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        self.model_key = h.hexdigest()[:16]
+        self.model_key = model_key(model_dir)
         self.path = CACHE / f"scores-{self.model_key}.npz"
-        self.scores: dict[tuple[str, int], float] = {}
-        if self.path.is_file():
-            z = np.load(self.path, allow_pickle=False)
-            qids = json.loads(gzip.decompress(z["qids"].tobytes()))
-            for qi, pi, s in zip(z["qi"], z["pi"], z["s"]):
-                self.scores[(qids[qi], int(pi))] = float(s)
+        self.scores = read_scores(self.path) if self.path.is_file() else {}
 
     def save(self) -> None:
         qids = sorted({q for q, _ in self.scores})
@@ -211,46 +221,6 @@ def set_hybrid(cands, qs, pid_index, alpha):
                                                       alpha=alpha, k=FIRST_K)]
 
 
-class Answers:
-    """``has_answer`` of passages and documents per question, with each text normalised once.
-
-    Same test as :func:`funnel_core.evaluation.metrics.has_answer`: a SQuAD-normalised answer occurs in
-    the normalised text on word boundaries.
-    """
-
-    def __init__(self, corpus):
-        self.corpus = corpus
-        self._norm: dict[tuple[str, int], str] = {}
-        self._answers: dict[str, list[str]] = {}
-
-    def _text(self, kind: str, i: int) -> str:
-        key = (kind, i)
-        if key not in self._norm:
-            units = self.corpus.passages if kind == "p" else self.corpus.documents
-            self._norm[key] = f" {normalize_answer(units[i].text)} "
-        return self._norm[key]
-
-    def _ans(self, q) -> list[str]:
-        if q.id not in self._answers:
-            self._answers[q.id] = [f" {a} " for a in (normalize_answer(x) for x in q.answers) if a]
-        return self._answers[q.id]
-
-    def passage(self, q, i: int) -> bool:
-        t = self._text("p", i)
-        return any(a in t for a in self._ans(q))
-
-    def document(self, q, i: int) -> bool:
-        t = self._text("d", i)
-        return any(a in t for a in self._ans(q))
-
-    def hit_rank(self, q, ranked) -> int:
-        """1-based rank of the first passage containing a gold answer; 0 when none does."""
-        for r, i in enumerate(ranked, 1):
-            if self.passage(q, i):
-                return r
-        return 0
-
-
 def cluster_candidates(qs, cindexes, doc_index, kmax):
     """Per S and question: documents of the top-``kmax`` clusters as (doc index, cluster rank).
 
@@ -282,7 +252,7 @@ def needed_pairs(qs, cands, clus, corpus, grid):
 
 
 # -- evaluation from cached scores ---------------------------------------------------------------
-def evaluate(qs, cands, clus, corpus, scores: ScoreCache, ans: Answers, grid):
+def evaluate(qs, cands, clus, corpus, scores: ScoreCache, ans_p: AnswerTexts, ans_d: AnswerTexts, grid):
     """Hit rank of every system on every question, plus the pairs each real pipeline would score."""
     ranks: dict[str, dict[str, int]] = defaultdict(dict)
     pairs: dict[str, list[int]] = defaultdict(list)
@@ -290,13 +260,13 @@ def evaluate(qs, cands, clus, corpus, scores: ScoreCache, ans: Answers, grid):
     for q in qs:
         c = cands[q.id]
         for fs in ("bm25", "dense", "hybrid"):
-            ranks[fs][q.id] = ans.hit_rank(q, c[fs])
+            ranks[fs][q.id] = ans_p.hit_rank(q.answers, c[fs])
             pairs[fs].append(0)
             for d in FLAT_DEPTHS:
                 top = c[fs][:d]
                 order = sorted(top, key=lambda i: -scores[(q.id, i)])
                 name = f"{fs} -> CE@{d}"
-                ranks[name][q.id] = ans.hit_rank(q, order)
+                ranks[name][q.id] = ans_p.hit_rank(q.answers, order)
                 pairs[name].append(len(top))
         for cfg in grid:
             s, k, kd = cfg
@@ -306,11 +276,11 @@ def evaluate(qs, cands, clus, corpus, scores: ScoreCache, ans: Answers, grid):
             psg = [i for d in kept for i in corpus.passages_of_doc[d]]
             order = sorted(psg, key=lambda i: -scores[(q.id, i)])
             name = funnel_name(cfg)
-            ranks[name][q.id] = ans.hit_rank(q, order)
+            ranks[name][q.id] = ans_p.hit_rank(q.answers, order)
             pairs[name].append(sum(len(corpus.passages_of_doc[d]) for d in docs) + len(psg))
             extra[name]["docs_retrieved"].append(len(docs))
-            extra[name]["recall_after_retrieval"].append(float(any(ans.document(q, d) for d in docs)))
-            extra[name]["recall_after_pre_ranking"].append(float(any(ans.document(q, d) for d in kept)))
+            extra[name]["recall_after_retrieval"].append(float(any(ans_d(q.answers, d) for d in docs)))
+            extra[name]["recall_after_pre_ranking"].append(float(any(ans_d(q.answers, d) for d in kept)))
     return ranks, pairs, extra
 
 
@@ -365,7 +335,7 @@ def parse_funnel(name: str):
 
 
 # -- item 6: first-stage recall of clusters vs flat ----------------------------------------------
-def cluster_recall(qs, clus, doc_bm25, doc_index, cands_dense_doc, ans, ks):
+def cluster_recall(qs, clus, doc_bm25, doc_index, cands_dense_doc, ans_d: AnswerTexts, ks):
     out = {}
     for s, per_q in clus.items():
         rows = []
@@ -375,9 +345,9 @@ def cluster_recall(qs, clus, doc_bm25, doc_index, cands_dense_doc, ans, ks):
                 docs = [d for d, r in per_q[q.id] if r < k]
                 n = len(docs)
                 nd.append(n)
-                rc.append(float(any(ans.document(q, d) for d in docs)))
-                rb.append(float(any(ans.document(q, d) for d in doc_bm25[q.id][:n])))
-                rd.append(float(any(ans.document(q, d) for d in cands_dense_doc[q.id][:n])))
+                rc.append(float(any(ans_d(q.answers, d) for d in docs)))
+                rb.append(float(any(ans_d(q.answers, d) for d in doc_bm25[q.id][:n])))
+                rd.append(float(any(ans_d(q.answers, d) for d in cands_dense_doc[q.id][:n])))
             rows.append({"K": k, "mean_documents": float(np.mean(nd)), "clusters": float(np.mean(rc)),
                          "flat_bm25_documents": float(np.mean(rb)), "flat_dense_documents": float(np.mean(rd)),
                          "clusters_ci95": list(bootstrap_ci(rc, n_boot=1000)),
@@ -623,12 +593,12 @@ def main() -> None:
     hnsw_recall10 = float(np.mean([len(set(a[:10]) & set(e[:10])) / 10 for a, e in zip(approx, exact)]))
 
     # tune alpha on train (first-stage AR@20 of the fused top-100)
-    ans = Answers(corpus)
+    ans_p, ans_d = AnswerTexts([u.text for u in passages]), AnswerTexts([d.text for d in documents])
     cands = first_stages(all_qs, bm25, dense, q_emb, pid_index, passages, 0.3)
     alpha_scores = {}
     for a in ALPHAS:
         set_hybrid(cands, tune_qs, pid_index, a)
-        alpha_scores[a] = float(np.mean([ar([ans.hit_rank(q, cands[q.id]["hybrid"][:20])], 20)[0] for q in tune_qs]))
+        alpha_scores[a] = float(np.mean([ar([ans_p.hit_rank(q.answers, cands[q.id]["hybrid"][:20])], 20)[0] for q in tune_qs]))
     alpha = max(ALPHAS, key=lambda a: (alpha_scores[a], -abs(a - 0.3)))
     set_hybrid(cands, all_qs, pid_index, alpha)
     print(f"hybrid alpha tuned on train (AR@20): {alpha_scores} -> {alpha}", flush=True)
@@ -682,7 +652,7 @@ def main() -> None:
         scores.save()
         print(f"scored {len(qlist)} pairs on CPU: {info}", flush=True)
 
-    ranks, pairs_cnt, extra = evaluate(all_qs, cands, clus, corpus, scores, ans, grid)
+    ranks, pairs_cnt, extra = evaluate(all_qs, cands, clus, corpus, scores, ans_p, ans_d, grid)
     tune_rows = summarize(tune_qs, ranks, *_subset(pairs_cnt, extra, all_qs, tune_qs), n_boot=args.bootstrap)
     rows = summarize(report_qs, ranks, *_subset(pairs_cnt, extra, all_qs, report_qs), n_boot=args.bootstrap)
     funnels = [n for n in tune_rows if tune_rows[n]["kind"] == "funnel"]
@@ -695,9 +665,9 @@ def main() -> None:
                 zip(all_qs, doc_bm25_index.search_many([q.question for q in all_qs], k=200))}
     dense_docs = dense_doc_rankings(all_qs, dense, q_emb, corpus)
     recall_report = cluster_recall(report_qs, {s: {q.id: v[q.id] for q in report_qs} for s, v in clus.items()},
-                                   doc_bm25, doc_index, dense_docs, ans, RECALL_K)
+                                   doc_bm25, doc_index, dense_docs, ans_d, RECALL_K)
     recall_tune = cluster_recall(tune_qs, {s: {q.id: v[q.id] for q in tune_qs} for s, v in clus.items()},
-                                 doc_bm25, doc_index, dense_docs, ans, RECALL_K)
+                                 doc_bm25, doc_index, dense_docs, ans_d, RECALL_K)
 
     load_before_timing = os.getloadavg()
 

@@ -11,7 +11,7 @@ import time
 import tracemalloc
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -44,6 +44,20 @@ def timer() -> Iterator[dict]:
     box["seconds"] = time.perf_counter() - t0
 
 
+def interleaved_seconds(runs: dict[str, Callable[[], Any]], repeats: int) -> dict[str, list[float]]:
+    """Seconds of each call of ``runs`` over ``repeats`` rounds, after one warm-up call each (lazy
+    model loading); every round calls each in turn, so a change of the machine's load hits all alike."""
+    for fn in runs.values():
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(repeats):
+        for k, fn in runs.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return times
+
+
 @contextmanager
 def peak_memory() -> Iterator[dict]:
     """Peak Python-heap + numpy allocation (tracemalloc) inside the block, in MiB."""
@@ -58,9 +72,11 @@ def peak_memory() -> Iterator[dict]:
 
 
 # -- latency report (issue 19): p50/p95 per query with warm models, load average, CPU flags ----
-def load_average() -> list[float] | None:
-    """The 1/5/15-minute load average (``None`` where the OS has none)."""
-    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+def load_average(digits: int | None = None) -> list[float] | None:
+    """The 1/5/15-minute load average, rounded to ``digits`` if given (``None`` where the OS has none)."""
+    if not hasattr(os, "getloadavg"):
+        return None
+    return [x if digits is None else round(x, digits) for x in os.getloadavg()]
 
 
 def latency_cpu() -> dict[str, Any]:
@@ -130,11 +146,19 @@ def machine() -> dict[str, Any]:
             "hardware": describe()}  # CPU flags and the precisions this process's models ran in
 
 
+def save_json(path: Path, payload: Any, indent: int = 1, **dumps: Any) -> None:
+    """Write ``payload`` as JSON atomically (a temporary file, then a rename), so a run stopped
+    mid-write, or a reader, never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=indent, **dumps), encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def write_json(name: str, payload: dict, out: Path | None = None) -> Path:
     path = out or RESULTS / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"benchmark": name, "machine": machine(), **payload}
-    path.write_text(json.dumps(payload, indent=2, default=float))
+    save_json(path, {"benchmark": name, "machine": machine(), **payload}, indent=2, default=float)
     print(f"wrote {path}")
     return path
 

@@ -23,17 +23,12 @@ import argparse
 import hashlib
 import json
 import shutil
-import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
+import common  # noqa: F401  (puts the repository root on sys.path)
 import numpy as np
-
-REPO = Path(__file__).resolve().parents[1]
-for p in (str(REPO), str(REPO / "benchmarks")):
-    if p not in sys.path:
-        sys.path.insert(0, p)
 
 
 def default_minilm() -> str:

@@ -24,16 +24,12 @@ import argparse
 import gzip
 import json
 import random
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-for p in (str(REPO), str(REPO / "benchmarks")):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+from common import ROOT
 
-DATA = REPO.parent / "shared" / "data" / "squad"
+DATA = ROOT.parent / "shared" / "data" / "squad"
 FILES = [DATA / "squad-v1.1-train.json", DATA / "squad-v1.1-dev-a.json"]
 
 
@@ -77,10 +73,7 @@ def build(n_fid_train: int, n_l2g_train: int, n_dev: int, n_passages: int, doc_d
     for q, ranked in zip(fid_pool, hits):
         if len(fid_train) >= n_fid_train:
             break
-        di = corpus.doc_of_paragraph[(q.article, q.paragraph_index)]
-        gold = [i for i in corpus.passages_of_doc[di]
-                if q.paragraph_index in corpus.passage_paragraphs[i]
-                and has_answer(passages[i].text, q.answers)]
+        gold = corpus.gold_passages(q)
         neg = [i for i in ranked if not has_answer(passages[i].text, q.answers)][:n_passages - 1]
         if not gold or len(neg) < n_passages - 1:
             continue
@@ -112,7 +105,7 @@ def build(n_fid_train: int, n_l2g_train: int, n_dev: int, n_passages: int, doc_d
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=REPO / ".m22_gpu" / "data.json.gz")
+    ap.add_argument("--out", type=Path, default=ROOT / ".m22_gpu" / "data.json.gz")
     ap.add_argument("--fid-train", type=int, default=30000)
     ap.add_argument("--l2g-train", type=int, default=3000)
     ap.add_argument("--dev", type=int, default=1000)

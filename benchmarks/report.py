@@ -975,10 +975,9 @@ def block_ce_backends() -> str:
                      str(r["queries"]) if "ndcg@10" in r else "—", "yes" if r.get("meets_target") else "no"])
     hw = d["hardware"]
     met = d["target"]["met_by"]
-    lines = [table(["runtime", "pairs/s", "vs torch fp32", "p50 s/query", "p95 s/query",
-                       "max abs score diff", "nDCG@10", "nDCG loss", "loss 95% CI", "nDCG queries",
-                       "target met"],
-                      rows), "",
+    return "\n\n".join([
+             table(["runtime", "pairs/s", "vs torch fp32", "p50 s/query", "p95 s/query", "max abs score diff",
+                    "nDCG@10", "nDCG loss", "loss 95% CI", "nDCG queries", "target met"], rows),
              f"Speed: the first {st['timing_queries']} SciFact test queries (sorted ids), BM25 "
              f"top-{st['timing_depth']} each, every runtime, interleaved per query. nDCG@10: BM25 "
              f"top-{st['depth']} reranked (rest of the top-100 in BM25 order), over the test "
@@ -990,23 +989,18 @@ def block_ce_backends() -> str:
                 "models). " if max(r.get("ndcg@10", 0) for r in runs.values()) < d["bm25_ndcg@10"] else ". ")
              + "Loss intervals: paired bootstrap over queries (2,000 resamples). "
              f"{'Complete.' if d['complete'] else 'Run cut short: nDCG covers the queries counted in the table.'}",
-             "",
              f"Model: `{d['model']['path']}` — {d['model']['note']}. max_length {st['max_length']}, "
              f"batch {st['batch_size']}, {st['backend']}; OpenVINO inference precision "
              f"{st['openvino_inference_precision']}.",
-             "",
              f"Machine: {hw['cpu_model']}, {hw['cpus']} cores shared with other jobs, flags "
              f"{', '.join(hw['cpu_flags'])}; torch CPU capability {hw.get('torch_cpu_capability')}; "
              f"load average before {d['load_average_before'][0]:.1f}, after "
              f"{d['load_average_after'][0]:.1f}.",
-             "",
              f"Target (>= {d['target']['speedup_vs_torch_fp32']:g}x torch fp32 pairs/s at <= "
              f"{d['target']['max_ndcg@10_loss']} nDCG@10 loss): "
              + (f"met by {', '.join(met)}." if met else "not met by any runtime in this run.")
              + f" `runtime=\"auto\"` picks `{d['cpu_auto_runtime']}` on this machine.",
-             "", f"Reproduce: `{d['command']}`"]
-    return "\n".join(lines)
-
+             f"Reproduce: `{d['command']}`"])
 
 
 @block("first-call")

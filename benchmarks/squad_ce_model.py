@@ -50,28 +50,16 @@ CONFIG = dict(max_length=192, learning_rate=5e-5, head_learning_rate=5e-4, weigh
 
 
 def cpu_flags() -> dict:
-    flags = set()
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8"):
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
-    keys = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni")
-    out = {k: k in flags for k in keys}
-    try:
-        import torch
+    """The CPU facts a training or timing JSON records: model, relevant flags, native bf16, torch's
+    CPU capability (:func:`funnel_core.hardware.describe`)."""
+    from funnel_core.hardware import describe
 
-        out["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
-    except Exception:  # pragma: no cover
-        pass
-    return out
+    return describe()
 
 
 def use_bf16(flags: dict | None = None) -> bool:
-    flags = flags or cpu_flags()
-    return bool(flags.get("avx512_bf16") or flags.get("amx_bf16"))
+    """bf16 autocast only where the CPU runs bf16 natively (``funnel_core.hardware.cpu_native_bf16``)."""
+    return bool((flags or cpu_flags())["cpu_native_bf16"])
 
 
 def tuning_question_ids(train_questions) -> set[str]:
@@ -95,10 +83,7 @@ def make_groups(corpus, n_questions: int, negative_depth: int, seed: int):
     del pos_of
     groups = []
     for q, ranked in zip(sample, hits):
-        di = corpus.doc_of_paragraph[(q.article, q.paragraph_index)]
-        pos = [corpus.passages[i].text for i in corpus.passages_of_doc[di]
-               if q.paragraph_index in corpus.passage_paragraphs[i]
-               and has_answer(corpus.passages[i].text, q.answers)]
+        pos = [corpus.passages[i].text for i in corpus.gold_passages(q)]
         neg = [u.text for u in ranked if not has_answer(u.text, q.answers)]
         if pos and neg:
             groups.append(TrainingGroup(query=q.question, positives=pos[:1], negatives=neg, query_id=q.id))

@@ -22,6 +22,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from funnel_core.evaluation.datasets import load_squad
+from funnel_core.evaluation.metrics import has_answer, normalize_answer
 from funnel_core.funnelrag.chunking import LaterChunking
 from funnel_core.text import count_tokens
 from funnel_core.units import Unit
@@ -39,6 +40,12 @@ class LargeCorpus:
     passages_of_doc: list[list[int]] = field(default_factory=list)
     links: sp.csr_matrix | None = None              # neighbouring documents of an article
 
+    def gold_passages(self, q) -> list[int]:
+        """The passages of a question's gold: they overlap its own paragraph and contain an answer."""
+        doc = self.doc_of_paragraph[(q.article, q.paragraph_index)]
+        return [i for i in self.passages_of_doc[doc] if q.paragraph_index in self.passage_paragraphs[i]
+                and has_answer(self.passages[i].text, q.answers)]
+
     def adjacency(self, knn_k: int = 20) -> sp.csr_matrix:
         """Article links + BM25 kNN between documents (the graph Algorithm 1 clusters)."""
         from funnel_core.bm25 import BM25Index
@@ -46,6 +53,30 @@ class LargeCorpus:
 
         adj = self.links + bm25_knn_adjacency(BM25Index().index(self.documents), k=knn_k)
         return adj.tocsr()
+
+
+class AnswerTexts:
+    """``has_answer`` over a fixed list of texts (passages or documents), each text and each answer
+    list normalised once: the same test as :func:`funnel_core.evaluation.metrics.has_answer` (a
+    SQuAD-normalised answer occurs in the normalised text on word boundaries), fast enough for
+    millions of (question, text) checks."""
+
+    def __init__(self, texts: Sequence[str]):
+        self.texts = texts
+        self._norm: dict[int, str] = {}
+        self._answers: dict[tuple[str, ...], list[str]] = {}
+
+    def __call__(self, answers: Sequence[str], i: int) -> bool:
+        if i not in self._norm:
+            self._norm[i] = f" {normalize_answer(self.texts[i])} "
+        key = tuple(answers)
+        if key not in self._answers:
+            self._answers[key] = [f" {a} " for a in (normalize_answer(x) for x in answers) if a]
+        return any(a in self._norm[i] for a in self._answers[key])
+
+    def hit_rank(self, answers: Sequence[str], ranked: Sequence[int]) -> int:
+        """1-based rank of the first text of ``ranked`` containing a gold answer; 0 when none does."""
+        return next((r for r, i in enumerate(ranked, 1) if self(answers, i)), 0)
 
 
 def split_name(path: Path) -> str:

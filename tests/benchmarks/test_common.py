@@ -1,0 +1,27 @@
+"""benchmarks/common.py: the helpers several benchmark scripts share."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from common import interleaved_seconds, save_json  # noqa: E402
+
+
+def test_interleaved_seconds_warms_up_then_takes_turns():
+    calls: list[str] = []
+    times = interleaved_seconds({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeats=3)
+    assert calls == ["a", "b"] + ["a", "b"] * 3          # one warm-up call each, not timed, then rounds
+    assert {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3}
+    assert all(s >= 0 for v in times.values() for s in v)
+
+
+def test_save_json_replaces_the_file_whole(tmp_path):
+    path = tmp_path / "sub" / "r.json"
+    save_json(path, {"x": 1})
+    save_json(path, {"x": 2})
+    assert json.loads(path.read_text()) == {"x": 2}
+    assert [p.name for p in path.parent.iterdir()] == ["r.json"]     # no temporary file left behind
