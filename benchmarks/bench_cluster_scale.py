@@ -127,7 +127,15 @@ def child(args) -> dict:
               file=sys.stderr, flush=True)
         return out
 
-    index = step("bm25_index", lambda: BM25Index().index(units))
+    def document_index():
+        """What ClusteredBM25Index.index does: term counts once, the document index weighted from
+        them (and below, the cluster index from their sums)."""
+        if not hasattr(BM25Index, "term_counts"):  # older code (--code-root)
+            return BM25Index().index(units), None
+        counts = BM25Index().term_counts([u.text for u in units])
+        return BM25Index().index_counts(units, counts), counts
+
+    index, counts = step("bm25_index", document_index)
     if args.knn_sample:
         return sampled_knn(args, row, index, units, seconds, cpu, peak)
     knn_kw = {} if args.backend is None else {"backend": args.backend}
@@ -142,7 +150,8 @@ def child(args) -> dict:
     cpu["algorithm1+cluster_units"] = total_cpu
     peak["algorithm1"] = peak["cluster_units"] = rss_peak_mib()
     print(f"  n={n} build_clusters: {total:.1f} s (Algorithm 1 {clustering.seconds:.1f} s)", file=sys.stderr, flush=True)
-    step("cluster_index", lambda: BM25Index().index(clusters))
+    step("cluster_index", lambda: BM25Index().index(clusters) if counts is None
+         else BM25Index().index_counts(clusters, counts.grouped(clustering.members)))
     members = np.array([len(c.metadata["members"]) for c in clusters])
     tokens = np.array([c.metadata["n_tokens"] for c in clusters])
     if args.child == 0:

@@ -45,6 +45,9 @@ DEFAULT_TOKEN_PATTERN = r"(?u)\b\w\w+\b"
 FILTER_CACHE_SIZE = 32
 
 _EMPTY = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
+#: ASCII characters outside ``\w`` mapped to a space (the default token pattern's fast path)
+_ASCII_NON_WORD = str.maketrans({chr(c): " " for c in range(128)
+                                 if not (chr(c).isalnum() or chr(c) == "_")})
 
 
 @dataclass(frozen=True)
@@ -391,13 +394,18 @@ class BM25Index(FreshOnCopy):
             findall, stop = self._token_plan()
             lower = self.config["lower"]
             stemmer = self._stemmer()
+            default = self.config["token_pattern"] == DEFAULT_TOKEN_PATTERN
 
             def split(text: str) -> list[str]:
+                if default and text.isascii():
+                    # the default pattern on ASCII text: runs of [A-Za-z0-9_]; the one-character
+                    # runs, which the pattern skips, are dropped per distinct token in term_of
+                    return (text.lower() if lower else text).translate(_ASCII_NON_WORD).split()
                 text = clean_text(text)
                 return findall(text.lower() if lower else text)
 
             def term_of(tokens: list[str]) -> list[str | None]:
-                kept = [t for t in tokens if t not in stop]
+                kept = [t for t in tokens if t not in stop and (len(t) > 1 or not default)]
                 stems = dict(zip(kept, stemmer.stemWords(kept) if stemmer is not None else kept))
                 return [stems.get(t) for t in tokens]
 

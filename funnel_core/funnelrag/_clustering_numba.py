@@ -1,32 +1,42 @@
 """Compiled (numba) kernel of :func:`funnel_core.funnelrag.clustering.knn_block`; imported only when used.
 
-Per document, term at a time into one dense float64 accumulator per thread (no (rows x n) score
-block is materialised): its top-``m`` terms (ties: lower column) form the query; every posting of
-every query term is added to the documents' scores; the touched documents at or above
+Per document, term at a time into a float64 accumulator per thread (no (rows x n) score block is
+materialised): its top-``m`` terms (ties: lower column) form the query; every posting of every
+query term is added to the documents' scores; the touched documents at or above
 ``threshold * self-score`` are candidates and the ``k`` best (ties: lower index) are selected in
 O(candidates). Scores are float64 sums of float32 weights, so they equal the plain sparse
 product's whatever the summation order.
 
-The work is the summed posting length of the query terms, exact and unpruned. (Score-bound
-pruning with each term's largest weight, MaxScore-style, was tried: on the synthetic benchmark
-corpus the bound was too loose, it kept ~60% of the touched documents and was slower.)
+The work is the summed posting length of the query terms, exact and unpruned; what it costs is
+the scattered adds into the accumulator. The documents are therefore walked in tiles of
+``TILE``: the accumulator holds one tile (32 KiB, cache-resident) and each query term's posting
+list, sorted by document, is consumed tile by tile through a cursor. On the 300k-document
+synthetic benchmark corpus this ran in 0.69-0.83x the time of one accumulator over all
+documents. (Score-bound pruning with each term's largest weight, MaxScore-style, was tried: the
+bound was too loose, it kept ~60% of the touched documents and was slower; with the exact
+k-th score known in advance it would still read 54% of the postings at 100k documents.)
 """
 
 import numba
 import numpy as np
 
+#: Documents per accumulator tile (4096 float64 = 32 KiB).
+TILE = 4096
+
 
 @numba.njit(cache=True, nogil=True)
 def knn_rows_kernel(indptr, indices, data, cptr, crow, cval, start, stop, offset, n, k, thr, m,
                     out_cols, out_vals, out_cnt):
-    acc = np.zeros(n, np.float64)
-    mark = np.zeros(n, np.bool_)
-    touched = np.empty(n, np.int64)
+    acc = np.zeros(TILE, np.float64)
+    mark = np.zeros(TILE, np.uint8)
+    touched = np.empty(TILE + 1, np.int64)
     cand_j = np.empty(n, np.int64)
     cand_v = np.empty(n, np.float64)
     eq_j = np.empty(n, np.int64)
     sel_j = np.empty(k, np.int64)
     sel_v = np.empty(k, np.float64)
+    cursor = np.empty(m, np.int64)
+    last = np.empty(m, np.int64)
     for i in range(start, stop):
         r = i - offset
         out_cnt[r] = 0
@@ -36,35 +46,44 @@ def knn_rows_kernel(indptr, indices, data, cptr, crow, cval, start, stop, offset
         row_w = data[lo:hi]
         top = np.argsort(-row_w, kind="mergesort")[:m]  # stable: ties -> lower column
         nt = len(top)
-        terms = np.empty(nt, np.int64)
         self_s = 0.0
         for a in range(nt):
-            terms[a] = indices[lo + top[a]]
+            t = indices[lo + top[a]]
+            cursor[a] = cptr[t]
+            last[a] = cptr[t + 1]
             self_s += np.float64(row_w[top[a]])
         if self_s <= 0:
             continue
-        ntouched = 0
-        for a in range(nt):
-            t = terms[a]
-            for q in range(cptr[t], cptr[t + 1]):
-                j = crow[q]
-                if not mark[j]:
-                    mark[j] = True
-                    touched[ntouched] = j
-                    ntouched += 1
-                acc[j] += np.float64(cval[q])
         cnt = 0
-        for a in range(ntouched):
-            j = touched[a]
-            s = acc[j]
-            if j != i and s != 0.0:
-                v = s / self_s
-                if v >= thr:
-                    cand_j[cnt] = j
-                    cand_v[cnt] = v
-                    cnt += 1
-            acc[j] = 0.0
-            mark[j] = False
+        for t0 in range(0, n, TILE):  # one tile of documents at a time: acc stays in L1/L2
+            t1 = t0 + TILE
+            ntouched = 0
+            for a in range(nt):
+                q = cursor[a]
+                e = last[a]
+                while q < e:  # postings are in document order: this term's run in the tile
+                    j = crow[q]
+                    if j >= t1:
+                        break
+                    jj = j - t0
+                    touched[ntouched] = jj  # branch-free: counted only the first time
+                    ntouched += 1 - mark[jj]
+                    mark[jj] = 1
+                    acc[jj] += np.float64(cval[q])
+                    q += 1
+                cursor[a] = q
+            for a in range(ntouched):
+                jj = touched[a]
+                s = acc[jj]
+                j = jj + t0
+                if j != i and s != 0.0:
+                    v = s / self_s
+                    if v >= thr:
+                        cand_j[cnt] = j
+                        cand_v[cnt] = v
+                        cnt += 1
+                acc[jj] = 0.0
+                mark[jj] = 0
         if cnt == 0:
             continue
         kk = min(k, cnt)

@@ -220,7 +220,10 @@ def bm25_weight_matrix(index: Any) -> sp.csr_matrix:
     w = sp.csc_matrix((np.asarray(s["data"], dtype=np.float32), s["indices"], s["indptr"]),
                       shape=(n, len(s["indptr"]) - 1))
     vocab = index._retriever.vocab_dict
-    w = w[:, [vocab[t] for t in sorted(vocab) if vocab[t] < w.shape[1]]].tocsr()
+    order = [vocab[t] for t in sorted(vocab) if vocab[t] < w.shape[1]]
+    if order != list(range(w.shape[1])):  # indexes built from counts are already in term order
+        w = w[:, order]
+    w = w.tocsr()
     w.sort_indices()
     return w
 
@@ -339,6 +342,9 @@ def _knn_block_numba(w, postings, start, stop, k, threshold, m):
     if B == 0:
         return sp.csr_matrix((0, n))
     from funnel_core.funnelrag._clustering_numba import knn_block_kernel as kernel
+
+    if not postings.has_sorted_indices:  # the kernel walks each posting list in document order
+        postings = postings.sorted_indices()
 
     out_cols = np.zeros((B, k), dtype=np.int64)
     out_vals = np.zeros((B, k), dtype=np.float64)

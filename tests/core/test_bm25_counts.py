@@ -10,6 +10,8 @@ its members' all fail here.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import bm25s
 import numpy as np
 import pytest
@@ -128,3 +130,24 @@ def test_non_occurrence_variants_still_built_by_bm25s(method):
     index = BM25Index(method=method).index([Unit(id=str(i), text=t) for i, t in enumerate(texts)])
     assert index._retriever.nonoccurrence_array is not None
     assert columns(index._retriever) == reference(index, texts)
+
+
+MIXED = st.text(alphabet=st.sampled_from(list("ab_Z09 .,;-'\"\t\n!?()[]{}$%é—’東ßİ") + ["\x00", "\x7f", "\ud800"]),
+                max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(texts=st.lists(MIXED, min_size=1, max_size=8), lower=st.booleans(),
+       pattern=st.sampled_from([None, r"\w+", r"[^ ]+"]))
+def test_term_counts_equal_counting_the_tokenizer(texts, lower, pattern):
+    """term_counts (with its ASCII split for the default pattern) counts exactly the tokens
+    ``tokenize`` yields: punctuation, digits, underscores, one-letter runs, control characters,
+    lone surrogates, non-ASCII letters."""
+    config = {"lower": lower, "stopwords": None, "stemmer": None}
+    if pattern:
+        config["token_pattern"] = pattern
+    index = BM25Index(**config)
+    counts = index.term_counts(texts)
+    got = [{counts.terms[j]: int(c) for j, c in zip(row.indices, row.data)} for row in counts.matrix]
+    want = [dict(Counter(toks)) for toks in index.tokenize(texts)]
+    assert got == want
