@@ -462,11 +462,16 @@ class BM25Index(FreshOnCopy):
             retriever.index(tokens, show_progress=self.show_progress)
         return _State(retriever, tuple(units), {u.id: i for i, u in enumerate(units)})
 
-    def index_counts(self, units: Iterable[Unit], counts: TermCounts) -> "BM25Index":
+    def index_counts(self, units: Iterable[Unit], counts: TermCounts, *, copy: bool = True) -> "BM25Index":
         """Build the index over ``units`` from their :meth:`term_counts` (row ``i`` = unit ``i``),
         e.g. cluster counts summed from their members' (:meth:`TermCounts.grouped`). The same
-        index as :meth:`index` over the same texts; bm25l and bm25+ tokenize again."""
-        units = prepare_units(list(units), "BM25Index.index_counts")
+        index as :meth:`index` over the same texts; bm25l and bm25+ tokenize again.
+
+        ``copy=False`` keeps the given :class:`Unit` objects instead of checked copies: for a
+        caller that made them with ``prepare_units`` and never edits them (a clustered index's
+        own documents).
+        """
+        units = prepare_units(list(units), "BM25Index.index_counts") if copy else list(units)
         if not units:
             raise ValueError("cannot build a BM25 index over an empty corpus; pass at least one unit/document.")
         check_unique_ids(units)

@@ -16,6 +16,7 @@ and the cluster index costs no second tokenization.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
@@ -58,6 +59,15 @@ class TermCounts:
         return TermCounts(out, self.terms)
 
 
+class _Numbering(dict):
+    """Numbers keys in first-seen order: ``d[key]`` returns the key's number, adding it when new
+    (a lookup through ``map(d.__getitem__, tokens)`` stays in C for every known token)."""
+
+    def __missing__(self, key: str) -> int:
+        number = self[key] = len(self)
+        return number
+
+
 def count_terms(texts: Iterable[str], split: Callable[[str], list[str]],
                 term_of: Callable[[list[str]], list[str | None]], batch: int = BATCH,
                 progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None) -> TermCounts:
@@ -73,7 +83,7 @@ def count_terms(texts: Iterable[str], split: Callable[[str], list[str]],
         progress: Wraps the batch iterator (e.g. ``tqdm``).
     """
     texts = list(texts)
-    surface: dict[str, int] = {}  # surface token -> its number, in first-seen order
+    surface = _Numbering()  # surface token -> its number, in first-seen order
     term_ids: dict[str, int] = {}  # index term -> its provisional column, in first-seen order
     column_of: list[int] = []  # surface number -> provisional column, -1 when dropped
     blocks: list[sp.csr_matrix] = []
@@ -85,12 +95,12 @@ def count_terms(texts: Iterable[str], split: Callable[[str], list[str]],
             tokens = split(text)
             flat.extend(tokens)
             lengths.append(len(tokens))
-        new = [t for t in dict.fromkeys(flat) if t not in surface]
-        for token, term in zip(new, term_of(new)):
-            surface[token] = len(surface)
-            column_of.append(-1 if term is None else term_ids.setdefault(term, len(term_ids)))
-        cols = np.asarray(column_of, dtype=np.int64)[
-            np.fromiter(map(surface.__getitem__, flat), dtype=np.int64, count=len(flat))]
+        known = len(surface)
+        numbers = np.fromiter(map(surface.__getitem__, flat), dtype=np.int64, count=len(flat))
+        new = list(itertools.islice(surface, known, None))  # first seen in this batch, in order
+        column_of.extend(-1 if term is None else term_ids.setdefault(term, len(term_ids))
+                         for term in term_of(new))
+        cols = np.asarray(column_of, dtype=np.int64)[numbers]
         rows = np.repeat(np.arange(len(lengths)), lengths)
         kept = cols >= 0
         blocks.append(sp.csr_matrix((np.ones(int(kept.sum()), np.int32), (rows[kept], cols[kept])),
@@ -107,7 +117,7 @@ def count_terms(texts: Iterable[str], split: Callable[[str], list[str]],
         m.sort_indices()
         parts.append(m)
     matrix = sp.vstack(parts, format="csr") if parts else sp.csr_matrix((0, n_terms), dtype=np.int32)
-    matrix.sort_indices()
+    matrix.has_sorted_indices = True  # stacked rows of blocks with sorted indices
     return TermCounts(matrix.astype(np.int32, copy=False), tuple(terms))
 
 

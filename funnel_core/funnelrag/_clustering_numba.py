@@ -168,3 +168,102 @@ def triangles_kernel(indptr, indices, n):
         for a in range(out_ptr[v], out_ptr[v + 1]):
             mark[out[a]] = False
     return tri
+
+
+@numba.njit(cache=True, nogil=True)
+def algorithm1_kernel(indptr, indices, weights, order, sizes, max_tokens, grow_absorbed):
+    """Steps 2-3 of Algorithm 1 (see ``clustering._merge_python``, the same steps in Python).
+
+    Clusters are linked lists of documents (``head``/``nxt``), so a merge appends a list in
+    O(1) and keeps the merge order; a new cluster gets the next id (n, n+1, ...). A neighbour
+    cluster's strength is the sum of the edge weights in ``d``'s row order (as ``np.bincount``
+    sums them), its closeness strength / member count; ranked by closeness, ties by lower id.
+    Returns ``(head, nxt, alive)``.
+    """
+    n = len(sizes)
+    cap = 2 * n + 1
+    cluster_of = np.arange(n)
+    head = np.full(cap, -1, np.int64)
+    tail = np.full(cap, -1, np.int64)
+    nxt = np.full(n, -1, np.int64)
+    count = np.zeros(cap, np.int64)
+    tokens = np.zeros(cap, np.int64)
+    alive = np.zeros(cap, np.bool_)
+    for i in range(n):
+        head[i] = i
+        tail[i] = i
+        count[i] = 1
+        tokens[i] = sizes[i]
+        alive[i] = True
+    strength = np.zeros(cap, np.float64)
+    seen = np.zeros(cap, np.bool_)
+    found = np.empty(n, np.int64)
+    next_id = n
+    for d in order:
+        cid = cluster_of[d]
+        if count[cid] > 1 and not grow_absorbed:
+            continue  # already absorbed by a more central document
+        nfound = 0
+        for p in range(indptr[d], indptr[d + 1]):
+            c = cluster_of[indices[p]]
+            if c == cid:
+                continue
+            if not seen[c]:
+                seen[c] = True
+                found[nfound] = c
+                nfound += 1
+            strength[c] += weights[p]
+        if nfound == 0:
+            continue
+        near = np.sort(found[:nfound])
+        closeness = np.empty(nfound, np.float64)
+        for a in range(nfound):
+            c = near[a]
+            closeness[a] = strength[c] / count[c]
+            strength[c] = 0.0
+            seen[c] = False
+        ranked = near[np.argsort(-closeness, kind="mergesort")]  # stable: ties -> lower id
+        new = next_id
+        next_id += 1
+        head[new] = head[cid]
+        tail[new] = tail[cid]
+        count[new] = count[cid]
+        size = tokens[cid]
+        alive[cid] = False
+        for c in ranked:
+            if size + tokens[c] > max_tokens:
+                continue
+            nxt[tail[new]] = head[c]
+            tail[new] = tail[c]
+            count[new] += count[c]
+            size += tokens[c]
+            alive[c] = False
+        tokens[new] = size
+        alive[new] = True
+        x = head[new]
+        while x != -1:
+            cluster_of[x] = new
+            x = nxt[x]
+    return head, nxt, alive
+
+
+@numba.njit(cache=True, nogil=True)
+def cluster_lists(head, nxt, live):
+    """The members of each ``live`` cluster, flattened in list order: ``(flat, offsets, lowest)``
+    with cluster ``c``'s members ``flat[offsets[c]:offsets[c + 1]]`` and its lowest member."""
+    flat = np.empty(len(nxt), np.int64)
+    offsets = np.zeros(len(live) + 1, np.int64)
+    lowest = np.empty(len(live), np.int64)
+    p = 0
+    for c in range(len(live)):
+        x = head[live[c]]
+        low = x
+        while x != -1:
+            flat[p] = x
+            p += 1
+            if x < low:
+                low = x
+            x = nxt[x]
+        offsets[c + 1] = p
+        lowest[c] = low
+    return flat[:p], offsets, lowest

@@ -148,7 +148,7 @@ class ClusteredBM25Index(FreshOnCopy):
         """The BM25 index over the documents, and their term counts (the clusters' are sums)."""
         index = BM25Index(**self.bm25_config)
         counts = index.term_counts([d.text for d in documents])
-        return index.index_counts(documents, counts), counts
+        return index.index_counts(documents, counts, copy=False), counts  # our own copies
 
     def _make_state(self, documents: list[Unit], clusters: list[Unit], clustering: Clustering | None,
                     next_cluster: int | None = None,
