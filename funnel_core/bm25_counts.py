@@ -31,6 +31,8 @@ __all__ = ["TermCounts", "count_terms", "bm25_weights", "COUNT_METHODS"]
 COUNT_METHODS = ("lucene", "robertson", "atire")
 #: Texts tokenized between two merges of the vocabulary (bounds the memory of surface tokens).
 BATCH = 20_000
+#: Counts weighted at a time (bounds the float64 temporaries: ~32 MiB each).
+ENTRIES_PER_BLOCK = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,20 @@ def _idf(method: str) -> Callable[[int, int], float]:
     raise ValueError(f"BM25 method {method!r} is not weighted from counts; use one of {COUNT_METHODS}.")
 
 
+def _row_blocks(indptr: np.ndarray):
+    """``(first row, end row, row of each entry, first entry, end entry)`` of consecutive row
+    blocks holding about ``ENTRIES_PER_BLOCK`` entries each."""
+    size = ENTRIES_PER_BLOCK
+    n = len(indptr) - 1
+    r0 = 0
+    while r0 < n:
+        r1 = max(r0 + 1, int(np.searchsorted(indptr, indptr[r0] + size, side="right")) - 1)
+        r1 = min(r1, n)
+        lo, hi = int(indptr[r0]), int(indptr[r1])
+        yield r0, r1, np.repeat(np.arange(r0, r1), np.diff(indptr[r0:r1 + 1])), lo, hi
+        r0 = r1
+
+
 def bm25_weights(counts: TermCounts, method: str = "lucene", k1: float = 1.5,
                  b: float = 0.75) -> tuple[dict[str, Any], dict[str, int]]:
     """bm25s's score matrix and vocabulary for these counts.
@@ -153,19 +169,23 @@ def bm25_weights(counts: TermCounts, method: str = "lucene", k1: float = 1.5,
         m = sp.csr_matrix((m.data, remap[m.indices].astype(np.int32), m.indptr), shape=(n, len(used)))
         terms = tuple(terms[i] for i in used.tolist())
         df = df[used]
-    rows = np.repeat(np.arange(n), np.diff(m.indptr))
-    doc_len = np.bincount(rows, weights=m.data, minlength=n).astype(np.int64)
+    doc_len = np.zeros(n, dtype=np.int64)
+    for r0, r1, rows, lo, hi in _row_blocks(m.indptr):
+        doc_len[r0:r1] = np.bincount(rows - r0, weights=m.data[lo:hi], minlength=r1 - r0).astype(np.int64)
     l_avg = doc_len.mean()  # bm25s: np.array([len(ids) for ids in corpus]).mean()
     idf = np.array([idf_of(d, n) for d in df.tolist()], dtype=np.float32)
-    tf = m.data.astype(np.float32)
-    l_d = doc_len[rows]
-    # bm25s's term-frequency components, the same operations in the same order (float64 result)
-    if method == "atire":
-        tfc = (tf * (k1 + 1)) / (tf + k1 * (1 - b + b * l_d / l_avg))
-    else:
-        tfc = tf / (k1 * ((1 - b) + b * l_d / l_avg) + tf)
-    weights = sp.csr_matrix(((idf[m.indices] * tfc).astype(np.float32), m.indices, m.indptr),
-                            shape=m.shape).tocsc()
+    data = np.empty(m.nnz, dtype=np.float32)
+    for _, _, rows, lo, hi in _row_blocks(m.indptr):  # in blocks: a few temporaries of ~4M values
+        tf = m.data[lo:hi].astype(np.float32)
+        l_d = doc_len[rows]
+        # bm25s's term-frequency components, the same operations in the same order (float64 result)
+        if method == "atire":
+            tfc = (tf * (k1 + 1)) / (tf + k1 * (1 - b + b * l_d / l_avg))
+        else:
+            tfc = tf / (k1 * ((1 - b) + b * l_d / l_avg) + tf)
+        data[lo:hi] = idf[m.indices[lo:hi]] * tfc
+    weights = sp.csr_matrix((data, m.indices, m.indptr), shape=m.shape).tocsc()
+    del data
     weights.sort_indices()
     scores = {"data": weights.data.astype(np.float32, copy=False),
               "indices": weights.indices.astype(np.int32, copy=False),

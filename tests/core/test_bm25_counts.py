@@ -151,3 +151,16 @@ def test_term_counts_equal_counting_the_tokenizer(texts, lower, pattern):
     got = [{counts.terms[j]: int(c) for j, c in zip(row.indices, row.data)} for row in counts.matrix]
     want = [dict(Counter(toks)) for toks in index.tokenize(texts)]
     assert got == want
+
+
+def test_weights_do_not_depend_on_the_block_size(monkeypatch):
+    from funnel_core import bm25_counts
+
+    texts = [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(i % 9 + 1)) for i in range(60)]
+    counts = BM25Index().term_counts(texts)
+    whole = bm25_counts.bm25_weights(counts)
+    monkeypatch.setattr(bm25_counts, "ENTRIES_PER_BLOCK", 7)  # blocks of a row or two
+    blocks = bm25_counts.bm25_weights(counts)
+    assert whole[1] == blocks[1]
+    for key in ("data", "indices", "indptr"):
+        assert np.array_equal(whole[0][key], blocks[0][key])
