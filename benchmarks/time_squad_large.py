@@ -1,6 +1,6 @@
 """Time the real pipelines of ``bench_squad_large.py`` through the evaluation harness.
 
-    python benchmarks/time_squad_large.py --n-timing 50 --quiet-check --quiet-load 1.0 [--systems REGEX]
+    python benchmarks/time_squad_large.py --n-timing 50 --quiet-each --quiet-load 1.0 --max-load 1.0 [--systems REGEX]
     python benchmarks/time_squad_large.py --compare-only      # no timing: comparisons + plot from the JSON
 
 Builds only what the real pipelines need (corpus, BM25, HNSW, the cluster indexes of the timed
@@ -8,7 +8,7 @@ funnels) and runs ``funnel_core.evaluation.evaluate`` on the seeded timing sampl
 questions (the same sample and seed as ``bench_squad_large.py``): every system warmed up on a
 question outside the sample, then the systems in round-robin per question, the 1-minute load
 average read before every timed query (``--quiet-check`` first waits for it to fall to
-``--quiet-load``). The harness report (seconds, pairs and calls counted by
+``--quiet-load``; ``--quiet-each`` waits so before every timed query). The harness report (seconds, pairs and calls counted by
 the cross-encoder itself, per-question records, machine, versions) goes to
 ``results/squad_large_timing.json``; ``report.py`` reads the seconds from there. When the load
 average exceeded ``--max-load`` (default: the cores available) the harness withholds the seconds: nothing is merged and the
@@ -51,8 +51,12 @@ def main() -> None:
                         "(default: the cores available; the run's own threads count in the load average)")
     p.add_argument("--quiet-check", action="store_true",
                    help="before timing, wait (up to --quiet-timeout s) for the load average to fall to --quiet-load")
+    p.add_argument("--quiet-each", action="store_true",
+                   help="wait for the load average to fall to --quiet-load before every timed query "
+                        "(the harness's quiet_check='each': every recorded load within it)")
     p.add_argument("--quiet-load", type=float, default=1.0)
     p.add_argument("--quiet-timeout", type=float, default=1800)
+    p.add_argument("--quiet-poll", type=float, default=1.0, help="seconds between load readings while waiting")
     p.add_argument("--compare-only", action="store_true",
                    help="time nothing: recompute the comparisons and the plot from the JSON's times")
     args = p.parse_args()
@@ -95,7 +99,8 @@ def main() -> None:
                           format="squad")
     report = evaluate(pipes, dataset, metrics=["AR@4"], n_timing=len(timing_qs),
                       timing_ids=[q.id for q in timing_qs], warm_query=warm_q.question, max_load=args.max_load,
-                      quiet_check=args.quiet_check, quiet_load=args.quiet_load, quiet_timeout=args.quiet_timeout)
+                      quiet_check="each" if args.quiet_each else args.quiet_check, quiet_load=args.quiet_load,
+                      quiet_timeout=args.quiet_timeout, quiet_poll=args.quiet_poll)
     out = report.to_dict()
     out["command"] = "python benchmarks/time_squad_large.py " + " ".join(sys.argv[1:])
     out["cpu_flags"] = flags

@@ -165,7 +165,7 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
              baseline: str | None = None, depth: int | None = None, id_key: str | None = None,
              title_key: str = "title", n_timing: int = 20, timing_seed: int = 0,
              timing_ids: Sequence[str] | None = None, warm_query: str | None = None,
-             max_load: float | None = None, quiet_check: bool = False, quiet_load: float | None = None,
+             max_load: float | None = None, quiet_check: bool | str = False, quiet_load: float | None = None,
              quiet_timeout: float = 600.0,
              quiet_poll: float = 15.0, cache_dir: str | os.PathLike | None = None,
              n_boot: int = 2000, seed: int = 0, progress: bool = True,
@@ -201,6 +201,11 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
             fall to ``quiet_load`` (default ``max_load``). The run's own threads add to the load
             average while it times (a model using 2 threads adds about 2), so a strict start
             (``quiet_load=1.0``) and a refusal limit of the cores (``max_load``) go together.
+            ``"each"`` waits before every timed query instead (polling every ``quiet_poll``
+            seconds), so every recorded load is at most ``quiet_load`` even though the run's own
+            threads raise it: slower (the machine idles between queries while the 1-minute
+            average decays), but every query starts on a quiet machine; each record keeps the
+            seconds waited.
         cache_dir: Folder of per-system, per-question results; a rerun with the same folder
             resumes (systems are matched by name: delete a system's file after changing it).
         system_keys: ``{name: JSON-able settings}`` stored in each system's cache header, so
@@ -233,6 +238,9 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
         depth = max(cut + ([100] if any(k is None for _, k in parsed.values()) else []))
     local = [m for m, (kind, _) in parsed.items() if kind in LOCAL_METRICS]
     ranx_metrics = [m for m in metric_names if m not in local]
+    if quiet_check not in (False, True, "each"):
+        raise ValueError(f"quiet_check must be True, False or 'each' (wait before every timed query), "
+                         f"got {quiet_check!r}.")
     cores = cores or available_cores()
     max_load = float(cores) if max_load is None else float(max_load)
     qids = dataset.question_ids
@@ -297,20 +305,26 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
             warm_query = dataset.queries[spare[0]] if spare else dataset.queries[sample[0]]
         for name in names:
             sys_map[name].warm_up(warm_query)
+        quiet_level = max_load if quiet_load is None else float(quiet_load)
         if quiet_check:
-            timing["quiet_check"] = wait_for_quiet(max_load if quiet_load is None else float(quiet_load),
-                                                   timeout=quiet_timeout, poll=quiet_poll, load_reader=load_reader)
+            timing["quiet_check"] = wait_for_quiet(quiet_level, timeout=quiet_timeout, poll=quiet_poll,
+                                                   load_reader=load_reader)
         records = []
         for i, q in enumerate(_progress(sample, len(sample), "timing (round-robin)", progress)):
             order = names[i % len(names):] + names[: i % len(names)]
             for name in order:
+                waited = None
+                if quiet_check == "each":
+                    waited = wait_for_quiet(quiet_level, timeout=quiet_timeout, poll=quiet_poll,
+                                            load_reader=load_reader)["waited_s"]
                 load1 = load_reader()
                 before = counters.snapshot()
                 t0 = clock()
                 units = sys_map[name].search(dataset.queries[q])
                 seconds = clock() - t0
                 counts = counters.difference(counters.snapshot(), before)
-                records.append({"id": q, "system": name, "seconds": seconds, "load1": load1})
+                records.append({"id": q, "system": name, "seconds": seconds, "load1": load1,
+                                **({} if waited is None else {"waited_s": waited})})
                 timing["order"].append([q, name])
                 if one_pass:
                     per_question[name][q] = record(q, units, counts)

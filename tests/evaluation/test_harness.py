@@ -316,3 +316,33 @@ def test_a_compressed_report_loads_back_equal(tmp_path):
     assert paths["json"].name == "report.json.gz" and not (tmp_path / "report.json").exists()  # no stale twin
     assert Report.load(tmp_path).to_dict() == rep.to_dict() == Report.load(paths["json"]).to_dict()
     assert Report.load(tmp_path).summary["s"]["AR@1"]["mean"] == 0.5
+
+
+def test_quiet_check_each_waits_before_every_timed_query():
+    """quiet_check='each': the load is read until quiet before every query, so every recorded
+    load is within quiet_load although the run's own queries push it up."""
+    state = {"load": 0.5}
+
+    def load():
+        value = state["load"]
+        state["load"] = 0.5 if value > 1.0 else value  # one poll after a query: quiet again
+        return value
+
+    def busy(query):  # every query raises the load average above the limit
+        state["load"] = 1.8
+        return [_u("d1")]
+
+    r = evaluate({"a": busy, "b": busy}, ANSWER_DS, metrics=["AR@1"], n_timing=3, progress=False,
+                 load_reader=load, cores=2, max_load=1.0, quiet_check="each", quiet_load=1.0,
+                 quiet_poll=0.001)
+    records = r.timing["records"]
+    assert len(records) == 6 and all(rec["load1"] <= 1.0 for rec in records)
+    assert all(rec["waited_s"] > 0 for rec in records[1:])  # after the warm-up and each query
+    assert r.timing["refused"] is None and r.cost["a"]["seconds_p50"] is not None
+    # without it the same run records the raised load and refuses the seconds
+    state["load"] = 0.5
+    plain = evaluate({"a": busy, "b": busy}, ANSWER_DS, metrics=["AR@1"], n_timing=3, progress=False,
+                     load_reader=lambda: state["load"], cores=2, max_load=1.0)
+    assert plain.timing["refused"] and plain.cost["a"]["seconds_p50"] is None
+    with pytest.raises(ValueError, match="'each'"):
+        evaluate({"a": busy}, ANSWER_DS, metrics=["AR@1"], n_timing=1, progress=False, quiet_check="every")
