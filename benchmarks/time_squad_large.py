@@ -22,6 +22,7 @@ import gzip
 import json
 import random
 import re
+import shlex
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -102,7 +103,7 @@ def main() -> None:
                       quiet_check="each" if args.quiet_each else args.quiet_check, quiet_load=args.quiet_load,
                       quiet_timeout=args.quiet_timeout, quiet_poll=args.quiet_poll)
     out = report.to_dict()
-    out["command"] = "python benchmarks/time_squad_large.py " + " ".join(sys.argv[1:])
+    out["command"] = "python benchmarks/time_squad_large.py " + shlex.join(sys.argv[1:])
     out["cpu_flags"] = flags
     out["cross_encoder_dtype"] = "bf16 autocast" if bf16 else "fp32"
     # the real pipelines' top 4 against the cached-score top 4 of the quality run (same questions)

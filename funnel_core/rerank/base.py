@@ -29,6 +29,12 @@ __all__ = ["Reranker"]
 _depth = threading.local()
 
 
+def count_extra_pairs(n: int) -> None:
+    """Inside a counted ``score``: ``n`` more (query, text) pairs went through the model than
+    texts were scored (a long text scored as its best window counts every window)."""
+    _depth.extra = getattr(_depth, "extra", 0) + n
+
+
 def _counted(score: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap a subclass's ``score`` so that the outermost call in a thread counts once (a
     ``score`` that calls another reranker's ``score`` is one call, not two)."""
@@ -38,12 +44,14 @@ def _counted(score: Callable[..., Any]) -> Callable[..., Any]:
                       **kwargs: Any) -> Any:
         depth = getattr(_depth, "n", 0)
         _depth.n = depth + 1
+        if depth == 0:
+            _depth.extra = 0
         try:
             out = score(self, query, texts, *args, **kwargs)
         finally:
             _depth.n = depth
         if depth == 0:
-            self._count(len(out))
+            self._count(len(out) + _depth.extra)
         return out
 
     counted_score.__funnel_counted__ = True  # type: ignore[attr-defined]

@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 
 from funnel_core.errors import check_positive_int, check_probability
 from funnel_core.models import LazyModel, load_pretrained, resolve_device, tokenizer_lock
-from funnel_core.rerank.base import Reranker
+from funnel_core.rerank.base import Reranker, count_extra_pairs
 from funnel_core.rerank.runtimes import RUNTIMES, OnnxSession, choose_runtime, export_onnx, score_batches
 from funnel_core.scoring import minmax  # noqa: F401 (re-exported: funnel_core.rerank.cross_encoder.minmax)
 from funnel_core.settings import Settings
@@ -346,6 +346,7 @@ class CrossEncoderScorer(Settings, Reranker):
         for i, s in zip(owner, self._model.get()(win_queries, win_texts, self.batch_size,
                                                  self.sort_by_length)):
             best[i] = max(best[i], float(s))
+        count_extra_pairs(len(win_texts) - len(texts))  # the model scored every window
         return best
 
     def score(self, query: str, texts: Sequence[str]) -> list[float]:

@@ -220,6 +220,10 @@ def test_window_words_scores_a_long_text_by_its_best_window(tiny_cross_encoder_p
     short = "Paris is the capital of France."
     got = maxp.score_pairs([QUERY, QUERY], [long_text, short])
     assert got[0] == pytest.approx(max(plain.score(QUERY, windows)), abs=1e-5)
+    # the cost counts every (query, window) pair the model scored, not the two texts
+    before = maxp.pairs_scored
+    maxp.score(QUERY, [long_text, short])
+    assert maxp.pairs_scored - before == len(windows) + 1 and maxp.calls == 1
     assert got[1] == pytest.approx(plain.score(QUERY, [short])[0], abs=1e-5)  # short: one window
     with pytest.raises(ValueError, match="window_overlap"):
         CrossEncoderScorer(tiny_cross_encoder_path, window_words=30, window_overlap=30)
