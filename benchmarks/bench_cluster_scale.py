@@ -225,21 +225,6 @@ def knn_work(index, query_terms: int = 16) -> float | None:
     return total / w.shape[0]
 
 
-def cpu_flags() -> dict:
-    info = {"cpus": os.cpu_count()}
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        for line in text.splitlines():
-            if line.startswith("model name") and "model" not in info:
-                info["model"] = line.split(":", 1)[1].strip()
-            if line.startswith("flags") and "flags" not in info:
-                flags = set(line.split(":", 1)[1].split())
-                info["flags"] = sorted(f for f in flags if f.startswith(("avx", "sse4", "fma", "bmi")))
-    except OSError:
-        pass
-    return info
-
-
 def fit(rows: list[dict], key) -> dict | None:
     pts = [(r["n_documents"], key(r)) for r in rows if r["n_documents"] >= 100_000 and key(r) > 0]
     if len(pts) < 2:
@@ -435,7 +420,7 @@ def ray_extrapolation(rows: list[dict], knn_fit: dict | None, cpu_of) -> dict | 
 
 
 def write(result: dict, runs: dict, args) -> None:
-    result.update({"benchmark": "cluster_scale", "machine": {**machine(), "cpu": cpu_flags()},
+    result.update({"benchmark": "cluster_scale", "machine": machine(),  # CPU model and flags under machine.hardware
                    "target": {"n_documents": 1_000_000, "seconds": 300, "peak_rss_gib": 6},  # issue 31
                    "notes": __doc__.split("Pipeline per size", 1)[1].split("Writes", 1)[0].strip(),
                    "runs": runs})
