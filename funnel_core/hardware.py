@@ -116,6 +116,38 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+@functools.lru_cache(maxsize=1)
+def l2_cache_bytes() -> int | None:
+    """Per-core L2 (or unified level-2) cache size from Linux's sysfs; ``None`` where unknown."""
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        entries = sorted(os.listdir(base))
+    except OSError:
+        return None
+    for entry in entries:
+        try:
+            with open(f"{base}/{entry}/level") as f:
+                level = f.read().strip()
+            with open(f"{base}/{entry}/type") as f:
+                kind = f.read().strip()
+            with open(f"{base}/{entry}/size") as f:
+                size = f.read().strip()
+        except OSError:
+            continue
+        if level == "2" and kind in ("Unified", "Data"):
+            return parse_cache_size(size)
+    return None
+
+
+def parse_cache_size(text: str) -> int | None:
+    """sysfs's cache size (``"512K"``, ``"2048K"``, ``"1M"``) in bytes; ``None`` if unreadable."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper()
+    scale = units.get(text[-1:], 1)
+    digits = text[:-1] if text[-1:] in units else text
+    return int(digits) * scale if digits.isdigit() else None
+
+
 def cuda_capability(device: str = "cuda") -> tuple[int, int] | None:
     """Compute capability of a CUDA device, ``None`` without CUDA (imports torch lazily)."""
     if not str(device).startswith("cuda"):
@@ -215,6 +247,7 @@ def describe() -> dict[str, Any]:
     info: dict[str, Any] = {"cpu_model": model or platform.processor(), "cpus": os.cpu_count(),
                             "cpu_flags": sorted(f for f in RELEVANT_FLAGS if f in flags),
                             "cpu_native_bf16": cpu_native_bf16(flags),
+                            "l2_cache_bytes": l2_cache_bytes(),
                             "auto_dtype_cpu": decide_dtype("auto", "cpu", flags).dtype,
                             "dtypes_resolved": resolved_dtypes(),
                             "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}

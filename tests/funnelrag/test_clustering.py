@@ -240,6 +240,41 @@ def test_knn_blocks_stack_to_the_whole_graph_and_backends_agree():
     assert np.array_equal(adj.toarray(), ref)
 
 
+@pytest.mark.parametrize("tile", [1, 5, 32, 4096])
+def test_knn_tiles_cannot_change_the_graph(knn_index, monkeypatch, tile):
+    """The compiled kernel walks the documents in tiles (a quarter of the L2 cache: one tile for
+    these small corpora), so small tiles are forced here: every posting list then crosses tile
+    edges, and the graph must still equal the reference entry for entry, also for weights of
+    both signs (a document's score may fall back below the threshold)."""
+    pytest.importorskip("numba")
+    from funnel_core.funnelrag import clustering
+
+    monkeypatch.setattr(clustering, "knn_tile", lambda l2_bytes=None: tile)
+    w_dense = _weights_by_term_queries(knn_index)
+    for k, threshold, m in [(5, 0.1, 16), (3, 0.0, 2)]:
+        got = bm25_knn_adjacency(knn_index, k=k, threshold=threshold, query_terms=m, backend="numba")
+        np.testing.assert_array_equal(got.toarray(), _reference_knn(w_dense, k, threshold, m))
+    rng = np.random.default_rng(5)
+    w = sp.random(200, 30, density=0.2, random_state=6, format="csr",
+                  data_rvs=lambda s: rng.choice([-1.0, 0.5, 1.0, 2.0], size=s)).astype(np.float32)
+    w.sort_indices()
+    got = clustering.knn_adjacency_from_weights(w, k=4, threshold=0.3, query_terms=5, backend="numba")
+    np.testing.assert_array_equal(got.toarray(), _reference_knn(w.toarray(), 4, 0.3, 5))
+
+
+def test_knn_tile_is_a_quarter_of_l2_in_float64_scores():
+    from funnel_core.funnelrag.clustering import knn_tile
+    from funnel_core.hardware import parse_cache_size
+
+    assert parse_cache_size("512K") == 512 * 1024 and parse_cache_size("2M") == 2 << 20
+    assert parse_cache_size("1536K") == 1536 * 1024 and parse_cache_size("big") is None
+    assert knn_tile(512 * 1024) == 16384  # 128 KiB of float64 scores
+    assert knn_tile(1536 * 1024) == 32768  # 48K entries -> the power of two below
+    assert knn_tile(2 << 20) == 65536 and knn_tile(64 << 20) == 65536  # capped
+    assert knn_tile(64 * 1024) == 4096  # floored
+    assert knn_tile(None) >= 4096
+
+
 def test_knn_argument_errors(knn_index):
     from funnel_core.funnelrag.clustering import bm25_weight_matrix, knn_block
 
