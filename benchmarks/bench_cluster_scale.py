@@ -362,6 +362,10 @@ def main() -> None:
         block["rows"].sort(key=lambda r: r["n_documents"])
         block["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                          if k not in ("child", "sizes", "out", "merge")}
+        if args.code_root:  # the commit the old code was checked out at, for the command
+            block["args"]["code_commit"] = subprocess.run(
+                ["git", "-C", str(args.code_root), "rev-parse", "--short", "HEAD"],
+                capture_output=True, text=True).stdout.strip() or None
         refit(block)
         write(result, runs, args)
     print(f"wrote {args.out}")

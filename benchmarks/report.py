@@ -437,7 +437,7 @@ def block_large_ce() -> str:
 
 # -- clustering at scale (issue 15 item 5) -------------------------------------------------------
 CLUSTER_STEPS = ("bm25_index", "knn_graph", "algorithm1", "cluster_units", "cluster_index")
-CLUSTER_RUN_ORDER = ("squad", "before", "after", "before_cpu")
+CLUSTER_RUN_ORDER = ("squad", "before", "after")
 
 
 def cluster_command(run: dict, row: dict) -> str:
@@ -446,7 +446,8 @@ def cluster_command(run: dict, row: dict) -> str:
     parts = ["python benchmarks/bench_cluster_scale.py"]
     parts += ["--squad"] if a.get("squad") else [f"--sizes {row['n_documents']}"]
     parts += [f"--label {a['label']}"] if a.get("label") else []
-    parts += ["--code-root OLD_CODE"] if a.get("label") == "before" else []
+    if a.get("code_root"):
+        parts += [f"--code-root OLD_CODE ({'a worktree at ' + a['code_commit'] if a.get('code_commit') else 'older code'})"]
     sample = row["knn_sample"]["rows"] if isinstance(row.get("knn_sample"), dict) else a.get("knn_sample")
     parts += [f"--knn-sample {sample}"] if sample else []
     return " ".join(parts)
@@ -476,8 +477,9 @@ def block_cluster_scale() -> str:
     note = (f"The real clustering pipeline (BM25 index -> BM25 kNN graph -> Algorithm 1 + cluster units -> "
             f"cluster BM25 index), one subprocess per row, wall-clock seconds per step on the 2 shared cores (the "
             f"1-minute load average at the start is in the table; the process CPU seconds do not depend on it), one "
-            f"run per row, so no interval. `before` rows run the code before the kNN rewrite (`--code-root`), "
-            f"`after` rows the current code. Target: {tgt['n_documents']:,} documents in under {tgt['seconds']} s and "
+            f"run per row, so no interval. `before` rows run the code as it was before "
+            f"issue 31's speed work (`--code-root`, a worktree at the commit the command names), `after` rows the "
+            f"current code. Target: {tgt['n_documents']:,} documents in under {tgt['seconds']} s and "
             f"{tgt['peak_rss_gib']} GiB peak RSS.")
     out = [table(["run", "corpus", "documents", "BM25 index s", "kNN graph s", "Algorithm 1 + units s",
                   "cluster index s", "pipeline s (wall)", "CPU s", "peak RSS GiB", "load avg", "clusters",
