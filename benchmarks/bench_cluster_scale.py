@@ -136,8 +136,6 @@ def child(args) -> dict:
         return BM25Index().index_counts(units, counts), counts
 
     index, counts = step("bm25_index", document_index)
-    if args.knn_sample:
-        return sampled_knn(args, row, index, units, seconds, cpu, peak)
     knn_kw = {} if args.backend is None else {"backend": args.backend}
     adj = step("knn_graph", lambda: bm25_knn_adjacency(index, k=args.k, threshold=args.threshold, **knn_kw))  # noqa: F821 (called before the del below)
     row["knn_postings_per_document"] = knn_work(index, args.k)
@@ -173,39 +171,6 @@ def child(args) -> dict:
         "mean_tokens_per_cluster": float(tokens.mean()), "max_tokens_per_cluster": int(tokens.max()),
         "singleton_clusters": int((members == 1).sum()), "load_average_at_end": os.getloadavg(),
         "cpu_seconds": resource.getrusage(resource.RUSAGE_SELF).ru_utime + resource.getrusage(resource.RUSAGE_SELF).ru_stime,
-    })
-    return row
-
-
-def sampled_knn(args, row, index, units, seconds, cpu, peak) -> dict:
-    """Full BM25 index, then only ``--knn-sample`` rows of the kNN graph (evenly spaced blocks
-    of :func:`funnel_core.funnelrag.clustering.knn_block`), timed and scaled to all n rows. Algorithm 1 and
-    the cluster index are not run. For sizes whose full run does not fit the time available."""
-    from funnel_core.funnelrag.clustering import bm25_weight_matrix, knn_block
-
-    n = len(units)
-    t, c = time.perf_counter(), time.process_time()
-    w = bm25_weight_matrix(index)
-    postings = w.tocsc()
-    prep, prep_cpu = time.perf_counter() - t, time.process_time() - c
-    blocks = 8
-    per = max(1, args.knn_sample // blocks)
-    starts = np.linspace(0, n - per, blocks).astype(int)
-    knn_block(w, 0, 10, k=args.k, threshold=args.threshold, postings=postings)  # load the compiled kernel
-    t, c = time.perf_counter(), time.process_time()
-    edges = sum(knn_block(w, int(s), int(s) + per, k=args.k, threshold=args.threshold, postings=postings).nnz
-                for s in starts)
-    wall, cpu_s = time.perf_counter() - t, time.process_time() - c
-    rows_done = per * blocks
-    row.update({
-        "step_seconds": seconds, "step_cpu_seconds": cpu, "peak_rss_mib_after_step": peak,
-        "peak_rss_mib": rss_peak_mib(), "load_average_at_end": os.getloadavg(),
-        "knn_postings_per_document": knn_work(index, 16),
-        "knn_sample": {"rows": rows_done, "blocks": blocks, "directed_edges": int(edges),
-                       "seconds": wall, "cpu_seconds": cpu_s, "prepare_seconds": prep, "prepare_cpu_seconds": prep_cpu,
-                       "estimated_knn_graph_seconds": prep + wall * n / rows_done,
-                       "estimated_knn_graph_cpu_seconds": prep_cpu + cpu_s * n / rows_done},
-        "partial": "BM25 index run in full; kNN graph sampled and scaled; Algorithm 1 and cluster index not run",
     })
     return row
 
@@ -247,9 +212,7 @@ def plot(result: dict, path: Path) -> None:
                                          if any(r.get("step_cpu_seconds") for r in b["rows"])
                                          and lb != "squad"):
         for si, s in enumerate(cpu_steps):
-            pts = sorted((r["n_documents"], r["knn_sample"]["estimated_knn_graph_cpu_seconds"] if s == "knn_graph"
-                          and "knn_sample" in r else (r.get("step_cpu_seconds") or {}).get(s))
-                         for r in block["rows"])
+            pts = sorted((r["n_documents"], (r.get("step_cpu_seconds") or {}).get(s)) for r in block["rows"])
             pts = [q for q in pts if q[1]]
             if pts:
                 ax3.plot(*zip(*pts), "-" if li == 0 else ":", marker="os"[li % 2], color=f"C{si}", label=f"{s} ({label})")
@@ -260,18 +223,10 @@ def plot(result: dict, path: Path) -> None:
                          label=f"kNN fit n^{f['exponent']:.2f}")
     ax3.axhline(1200, color="grey", lw=0.8, ls="--")
     ax3.set_xscale("log"); ax3.set_yscale("log"); ax3.set_xlabel("documents"); ax3.set_ylabel("CPU seconds (all threads)")
-    ax3.set_title("CPU seconds per step (1M kNN: 8,000 rows sampled, scaled); line: 2 cores x 10 min", fontsize=9)
+    ax3.set_title("CPU seconds per step; line: 2 cores x 10 min", fontsize=9)
     ax3.legend(fontsize=6)
     for li, (label, block) in enumerate((lb, b) for lb, b in result["runs"].items() if lb != "squad"):
-        for r in block["rows"]:
-            if "knn_sample" in r:
-                ax1.plot([r["n_documents"]], [r["knn_sample"]["estimated_knn_graph_seconds"]], "*", ms=12,
-                         color="C1", label=f"knn_graph, sampled {r['knn_sample']['rows']:,} rows, scaled ({label})")
-                ax1.plot([r["n_documents"]], [r["step_seconds"]["bm25_index"]], "*", ms=12, color="C0",
-                         label=f"bm25_index ({label})")
-                ax2.plot([r["n_documents"]], [r["peak_rss_mib"] / 1024], "*", ms=12, color="C1",
-                         label=f"BM25 index + kNN sample ({label})")
-        rows = sorted((r for r in block["rows"] if "partial" not in r), key=lambda r: r["n_documents"])
+        rows = sorted(block["rows"], key=lambda r: r["n_documents"])
         if not rows:
             continue
         ns = np.array([r["n_documents"] for r in rows])
@@ -315,8 +270,6 @@ def main() -> None:
                    help="also run the pipeline on the real SQuAD train + dev-a paragraphs (cluster purity by article)")
     p.add_argument("--merge", type=Path, nargs="*", default=[],
                    help="add the rows of these result files (same format) before writing")
-    p.add_argument("--knn-sample", type=int, default=0,
-                   help="partial run: full BM25 index, then only this many kNN rows, scaled to n (label it)")
     p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child is not None:
@@ -346,8 +299,6 @@ def main() -> None:
             cmd += ["--backend", args.backend]
         if args.code_root:
             cmd += ["--code-root", str(args.code_root)]
-        if args.knn_sample:
-            cmd += ["--knn-sample", str(args.knn_sample)]
         print(f"[cluster_scale] {args.label} n={n:,}", flush=True)
         t = time.perf_counter()
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=args.timeout)
@@ -355,9 +306,8 @@ def main() -> None:
             raise SystemExit(f"size {n} failed with exit code {proc.returncode}")
         row = json.loads(proc.stdout.strip().splitlines()[-1])
         row["subprocess_wall_seconds"] = time.perf_counter() - t
-        if "partial" not in row:
-            print(f"  -> pipeline {row['pipeline_seconds']:.1f} s, peak RSS {row['peak_rss_mib']:.0f} MiB, "
-                  f"{row['n_clusters']:,} clusters", flush=True)
+        print(f"  -> pipeline {row['pipeline_seconds']:.1f} s, peak RSS {row['peak_rss_mib']:.0f} MiB, "
+              f"{row['n_clusters']:,} clusters", flush=True)
         block["rows"] = [r for r in block["rows"] if r["n_documents"] != row["n_documents"]] + [row]
         block["rows"].sort(key=lambda r: r["n_documents"])
         block["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
@@ -374,7 +324,7 @@ def main() -> None:
 
 
 def refit(block: dict) -> None:
-    rows = [r for r in block["rows"] if r.get("corpus", "synthetic") == "synthetic" and "partial" not in r]
+    rows = [r for r in block["rows"] if r.get("corpus", "synthetic") == "synthetic"]
     block["fits"] = {s: fit(rows, lambda r, s=s: r["step_seconds"][s]) for s in STEPS}
     block["fits"]["pipeline"] = fit(rows, lambda r: r["pipeline_seconds"])
     block["fits"]["peak_rss_mib"] = fit(rows, lambda r: r["peak_rss_mib"])
@@ -386,21 +336,17 @@ def refit(block: dict) -> None:
                                   if steps_21m else None)
     block["fits"]["knn_postings_per_document"] = fit(block["rows"], lambda r: r.get("knn_postings_per_document") or 0)
 
-    # CPU seconds (all threads), insensitive to other users' load; the kNN step of a partial
-    # (sampled) row counts with its scaled estimate
+    # CPU seconds (all threads), insensitive to other users' load
     def cpu_of(r, s):
-        if s == "knn_graph" and "knn_sample" in r:
-            return r["knn_sample"]["estimated_knn_graph_cpu_seconds"]
         return (r.get("step_cpu_seconds") or {}).get(s, 0)
 
-    synth = [r for r in block["rows"] if r.get("corpus", "synthetic") == "synthetic"]
-    cpu_fits = {s: fit(synth, lambda r, s=s: cpu_of(r, s))
+    cpu_fits = {s: fit(rows, lambda r, s=s: cpu_of(r, s))
                 for s in ("bm25_index", "knn_graph", "algorithm1+cluster_units", "cluster_index")}
     block["cpu_fits"] = cpu_fits
     at = {s: f["at_21M"] for s, f in cpu_fits.items() if f}
     block["extrapolation_21M_cpu"] = ({"cpu_seconds_per_step": at, "dominant_step": max(at, key=at.get),
                                        "cpu_hours_fitted_steps": sum(at.values()) / 3600} if at else None)
-    block["ray_21M"] = ray_extrapolation(synth, cpu_fits.get("knn_graph"), cpu_of)
+    block["ray_21M"] = ray_extrapolation(rows, cpu_fits.get("knn_graph"), cpu_of)
 
 
 RAY_BLOCK_ROWS = 4096  # rows per kNN task (knn_adjacency_from_weights' chunk_size)

@@ -248,8 +248,9 @@ def large_cmd(d: dict) -> str:
     return f"`{d['command']}` (see docs/benchmarks.md)"
 
 
-def _system(name: str, ar4: float, seconds: float) -> str:
-    return f"`{name}` (AR@4 {f3(ar4)}, {seconds:.2f} s/query)"
+def _system(x: dict, side: str = "flat", name: str | None = None) -> str:
+    """``x``'s flat system (or, with ``side="funnel"``, the funnel ``name``): name, AR@4 and seconds."""
+    return f"`{name or x[side]}` (AR@4 {f3(x[f'AR@4_{side}'])}, {x[f'seconds_p50_{side}']:.2f} s/query)"
 
 
 def _diff(x: dict) -> str:
@@ -275,20 +276,15 @@ def large_plain(d: dict) -> list[str]:
     if "equal_AR@4" in c:
         x = c["equal_AR@4"]
         ratio = x["time_ratio_funnel_over_flat"]
-        who = (f"the fastest flat system with at least the funnel's AR@4, {_system(x['flat'], x['AR@4_flat'], x['seconds_p50_flat'])}"
-               if x.get("flat_reaches_funnel_AR@4") else
-               f"no flat system reaches the funnel's AR@4; the most accurate one, "
-               f"{_system(x['flat'], x['AR@4_flat'], x['seconds_p50_flat'])}")
+        who = ("the fastest flat system with at least the funnel's AR@4" if x.get("flat_reaches_funnel_AR@4") else
+               "no flat system reaches the funnel's AR@4; the most accurate one")
         out.append(f"**At equal AR@4 the funnel is {'faster' if ratio < 1 else 'slower'}**: the funnel chosen on train, "
-                   f"{_system(f, x['AR@4_funnel'], x['seconds_p50_funnel'])}, takes **{ratio:.2f}x the time** of {who}; "
-                   f"{_diff(x)}.")
+                   f"{_system(x, 'funnel', f)}, takes **{ratio:.2f}x the time** of {who}, {_system(x)}; {_diff(x)}.")
     if "equal_time" in c:
         x = c["equal_time"]
-        who = (f"the most accurate flat system no slower than the funnel, "
-               f"{_system(x['flat'], x['AR@4_flat'], x['seconds_p50_flat'])}"
-               if x.get("flat_within_funnel_time") else
-               f"every flat system is slower than the funnel; the fastest, {_system(x['flat'], x['AR@4_flat'], x['seconds_p50_flat'])}")
-        out.append(f"**At equal time, {_verdict(x['AR@4_difference'])}**: against {who}, {_diff(x)}; the funnel takes "
+        who = ("the most accurate flat system no slower than the funnel" if x.get("flat_within_funnel_time") else
+               "every flat system is slower than the funnel; the fastest")
+        out.append(f"**At equal time, {_verdict(x['AR@4_difference'])}**: against {who}, {_system(x)}, {_diff(x)}; the funnel takes "
                    f"{x['time_ratio_funnel_over_flat']:.2f}x its time.")
     flats = {n: r for n, r in rows.items() if r["kind"] == "flat" and "seconds_p50" in r}
     funnels = {n: r for n, r in rows.items() if r["kind"] == "funnel" and "seconds_p50" in r}
@@ -327,8 +323,7 @@ def large_nearest(d: dict) -> list[str]:
                        ("best_flat", "the most accurate flat system")):
         if key in c:
             x = c[key]
-            out.append(f"Against {label}, {_system(x['flat'], x['AR@4_flat'], x['seconds_p50_flat'])}, the funnel "
-                       f"{_system(f, x['AR@4_funnel'], x['seconds_p50_funnel'])}: {_diff(x)} at "
+            out.append(f"Against {label}, {_system(x)}, the funnel {_system(x, 'funnel', f)}: {_diff(x)} at "
                        f"**{x['time_ratio_funnel_over_flat']:.2f}x** the time.")
     rows = d["systems_dev_a"]
     flats = {n: r for n, r in rows.items() if r["kind"] == "flat"}
@@ -342,8 +337,6 @@ def large_nearest(d: dict) -> list[str]:
 
 def timing_note(d: dict) -> str:
     s = d["samples"]
-    if "timing_run" not in d:
-        return f"time on {s['dev_a_timing']} dev-a questions"
     lq = d.get("load_average_per_question") or {}
     per_q = (f"; 1-minute load average over the timed questions: median {lq['median']:.1f}, range "
              f"{lq['min']:.1f}-{lq['max']:.1f}" if lq else "")
@@ -448,8 +441,6 @@ def cluster_command(run: dict, row: dict) -> str:
     parts += [f"--label {a['label']}"] if a.get("label") else []
     if a.get("code_root"):
         parts += [f"--code-root OLD_CODE ({'a worktree at ' + a['code_commit'] if a.get('code_commit') else 'older code'})"]
-    sample = row["knn_sample"]["rows"] if isinstance(row.get("knn_sample"), dict) else a.get("knn_sample")
-    parts += [f"--knn-sample {sample}"] if sample else []
     return " ".join(parts)
 
 
@@ -463,11 +454,10 @@ def block_cluster_scale() -> str:
         run = runs[name]
         for r in run["rows"]:
             st = r.get("step_seconds", {})
-            knn = (f"~{r['knn_sample']['estimated_knn_graph_seconds']:,.0f} (sampled {r['knn_sample']['rows']:,} rows)"
-                   if "knn_sample" in r and "knn_graph" not in st else f"{st['knn_graph']:.0f}" if "knn_graph" in st else "")
             alg = (f"{st['algorithm1'] + st['cluster_units']:.0f}" if "algorithm1" in st else "")
             body.append([f"`{name}`", r.get("corpus", "synthetic"), f"{r['n_documents']:,}",
-                         f"{st['bm25_index']:.0f}" if "bm25_index" in st else "", knn, alg,
+                         f"{st['bm25_index']:.0f}" if "bm25_index" in st else "",
+                         f"{st['knn_graph']:.0f}" if "knn_graph" in st else "", alg,
                          f"{st['cluster_index']:.0f}" if "cluster_index" in st else "",
                          f"{r['pipeline_seconds']:.0f}" if r.get("pipeline_seconds") else "not run in full",
                          f"{r['cpu_seconds']:.0f}" if r.get("cpu_seconds") else "",
@@ -916,46 +906,38 @@ def block_l2g_squad(name: str = "l2g_squad.json") -> str:
             + table(["a - b", "difference", "95% CI", "a only / b only", "p"], diffs))
 
 
-
-@block("l2g-squad-ce-init")
-def block_l2g_squad_ce_init() -> str:
-    return block_l2g_squad("l2g_squad_ce_init.json")
+block("l2g-squad-ce-init")(lambda: block_l2g_squad("l2g_squad_ce_init.json"))
 
 
 @block("rankrag-tuned")
 def block_rankrag_tuned() -> str:
     """RankRAG zero-shot vs tuned SmolLM2, BM25 and the SQuAD CE (bench_rankrag_tuned.py)."""
-    d, r = load("rankrag_tuned.json"), load("rankrag_tuned.json")["results"]
-    sq, sf = r.get("squad_dev_a"), r.get("scifact_test")
+    d = load("rankrag_tuned.json")
+    sq, sf = d["results"]["squad_dev_a"], d["results"]["scifact_test"]
+    parts = ((sq, "AR@4", "SQuAD dev-a AR@4"), (sf, "nDCG@10", "SciFact nDCG@10"))
     labels = {"bm25": "BM25 (no reranking)", "ce": "cross-encoder (MiniLM, SQuAD-trained)",
               "smollm2_zeroshot": "SmolLM2-135M zero-shot, P(True)", "smollm2_rankrag": "SmolLM2-135M RankRAG-tuned, P(True)"}
     rows, worse = [], []
     for s, label in labels.items():
-        a, b = (sq["systems"][s] if sq else None), (sf["systems"][s] if sf else None)
-        row = [label]
-        row += ([f"{a[f'AR@{k}']:.3f}" for k in (1, 2, 3, 4)] + [ci(a["AR@4_ci95"])] if a else ["-"] * 5)
-        row += [f"{b['nDCG@10']:.3f} {ci(b['nDCG@10_ci95'])}" if b else "-"]
-        secs = [x for x in (a, b) if x]
-        row += [" / ".join(f"{x['seconds_per_query_p50']:.1f} / {x['seconds_per_query_p95']:.1f}" for x in secs)]
-        rows.append(row)
-        if s in ("ce", "smollm2_rankrag"):
-            for blk, m, name in ((a, "AR@4", "SQuAD dev-a AR@4"), (b, "nDCG@10", "SciFact nDCG@10")):
-                if blk and blk[m] < (sq if m == "AR@4" else sf)["systems"]["bm25"][m]:
-                    diff = blk[f"{m}_minus_bm25"]
-                    worse.append(f"{label} is worse than BM25 on {name} ({blk[m]:.3f} vs "
-                                 f"{(sq if m == 'AR@4' else sf)['systems']['bm25'][m]:.3f}; paired difference "
-                                 f"{diff['difference']:+.3f}, 95% interval {ci(diff['ci95'])})")
-    for blk, m, name in ((sq, "AR@4", "SQuAD dev-a AR@4"), (sf, "nDCG@10", "SciFact nDCG@10")):
-        if not blk:
-            continue
+        a, b = sq["systems"][s], sf["systems"][s]
+        rows.append([label, *(f"{a[f'AR@{k}']:.3f}" for k in (1, 2, 3, 4)), ci(a["AR@4_ci95"]),
+                     f"{b['nDCG@10']:.3f} {ci(b['nDCG@10_ci95'])}",
+                     " / ".join(f"{x['seconds_per_query_p50']:.1f} / {x['seconds_per_query_p95']:.1f}" for x in (a, b))])
+        for blk, m, name in parts:
+            x, base = blk["systems"][s], blk["systems"]["bm25"][m]
+            if s in ("ce", "smollm2_rankrag") and x[m] < base:
+                diff = x[f"{m}_minus_bm25"]
+                worse.append(f"{label} is worse than BM25 on {name} ({x[m]:.3f} vs {base:.3f}; paired difference "
+                             f"{diff['difference']:+.3f}, 95% interval {ci(diff['ci95'])})")
+    for blk, m, name in parts:
         tuned, zs, ce_ = (blk["systems"][k][m] for k in ("smollm2_rankrag", "smollm2_zeroshot", "ce"))
         vs_zs = blk[f"rankrag_minus_smollm2_zeroshot_{m}"]
         worse.append(f"on {name} the tuning moved SmolLM2 from {zs:.3f} to {tuned:.3f} (paired difference "
                      f"{vs_zs['difference']:+.3f}, 95% interval {ci(vs_zs['ci95'])})"
                      + (f" and the tuned model is worse than the cross-encoder ({ce_:.3f})" if tuned < ce_ else ""))
     t = (d["setup"].get("training") or {}).get("train", {})
-    head = (f"Command: `{d['command']}`; SQuAD dev-a: {sq['queries'] if sq else 0} questions, SciFact test: "
-            f"{sf['queries'] if sf else 0} queries (seeded samples, the run's time cap decided n); BM25 top-"
+    head = (f"Command: `{d['command']}`; SQuAD dev-a: {sq['queries']} questions, SciFact test: "
+            f"{sf['queries']} queries (seeded samples, the run's time cap decided n); BM25 top-"
             f"{d['setup']['depth']} reranked; LLM dtype {d['setup']['llm_dtype']}; load average "
             f"{d['machine']['load_avg_start']} at start, {d['machine']['load_avg_now']} at the end "
             f"({d['machine']['cpu_count']} shared CPU cores). Tuned model: {t.get('steps', '?')} LoRA steps, "
@@ -1359,9 +1341,6 @@ def block_compression_squad() -> str:
 def block_reliability() -> str:
     """benchmarks/results/reliability.json (``make reliability``): one row per experiment kind
     and persisted object, then the totals that must be zero."""
-    def _n(x: int) -> str:
-        return f"{x:,}"
-
     d = load("reliability.json")
     ex, sm = d["experiments"], d["summary"]
     objects = sm.get("objects") or ["bm25", "clustered"]
@@ -1373,10 +1352,10 @@ def block_reliability() -> str:
         flips, conc, ioe = get("bit_flips"), get("concurrent_save_load"), get("io_errors")
         rows.append([
             f"`{obj}`",
-            f"{_n(sum(k.get('trials', 0) for k in kill))} / {sum(k.get('neither', 0) + k.get('orphans_after_next_save', 0) for k in kill)}",
-            f"{_n(flips.get('trials', 0))} / {flips.get('silent', '-')}",
-            f"{_n(conc.get('loads', 0))} / {conc.get('mixed', '-')}",
-            f"{_n(ioe.get('trials', 0))} / {ioe.get('neither', 0) + ioe.get('raised_but_committed', 0) if ioe else '-'}",
+            f"{sum(k.get('trials', 0) for k in kill):,} / {sum(k.get('neither', 0) + k.get('orphans_after_next_save', 0) for k in kill)}",
+            f"{flips.get('trials', 0):,} / {flips.get('silent', '-')}",
+            f"{conc.get('loads', 0):,} / {conc.get('mixed', '-')}",
+            f"{ioe.get('trials', 0):,} / {ioe.get('neither', 0) + ioe.get('raised_but_committed', 0) if ioe else '-'}",
         ])
     out = [table(["object", "kill -9: trials / bad", "bit flips: trials / silent",
                   "concurrent loads / mixed", "I/O errors: trials / bad"], rows)]
@@ -1384,14 +1363,14 @@ def block_reliability() -> str:
     harmless = [(f, c["harmless"]) for k, v in ex.items() if k.startswith("bit_flips")
                 for f, c in v.get("by_file", {}).items() if c["harmless"]]
     out.append("\nA bit flip is *harmless* when the load gives the original index: "
-               + (f"all {_n(sum(h for _, h in harmless))} were in files a load does not read (the "
+               + (f"all {sum(h for _, h in harmless):,} were in files a load does not read (the "
                   "marker and the save journal)." if all(f in unread for f, _ in harmless)
                   else "some were in files a load reads: " + ", ".join(sorted({f for f, _ in harmless}))))
     ten = sm.get("tenant_isolation", {})
     upd, fz = sm["queries_during_updates"], sm["fuzz"]
     out.append(
-        f"\nQueries during add/delete: {_n(upd['trials'])} queries during {_n(upd['updates'])} "
-        f"updates, {upd['wrong']} wrong, {upd['errors']} errors. Fuzz: {_n(fz['trials'])} "
+        f"\nQueries during add/delete: {upd['trials']:,} queries during {upd['updates']:,} "
+        f"updates, {upd['wrong']} wrong, {upd['errors']} errors. Fuzz: {fz['trials']:,} "
         f"examples, {fz['failures']} failures. Tenant isolation: {ten.get('probes', '-')} probes, "
         f"{ten.get('leaks_or_failures', '-')} leaks or unraised misspellings. \"bad\" after a kill: the folder "
         "loaded as neither index, or the next save left an orphan; after an I/O error: neither "

@@ -141,11 +141,8 @@ def _scale_json(seconds: float, rss_mib: float) -> dict:
            "step_seconds": {"bm25_index": 10.0, "knn_graph": seconds - 40.0, "algorithm1": 10.0,
                             "cluster_units": 10.0, "cluster_index": 10.0},
            "pipeline_seconds": seconds, "cpu_seconds": seconds, "peak_rss_mib": rss_mib, "n_clusters": 100}
-    part = {"n_documents": 1_000_000, "load_average_at_start": [1.0], "step_seconds": {"bm25_index": 5.0},
-            "peak_rss_mib": 100.0, "knn_sample": {"rows": 8000, "estimated_knn_graph_seconds": 1234.0}}
     return {"target": {"n_documents": 1_000_000, "seconds": 600, "peak_rss_gib": 8},
-            "runs": {"after": {"args": {"label": "after"}, "rows": [row]},
-                     "after_knn": {"args": {"label": "after"}, "rows": [part]}}}
+            "runs": {"after": {"args": {"label": "after"}, "rows": [row]}}}
 
 
 @pytest.mark.parametrize("seconds,rss_mib,time_word,mem_word", [(923.0, 5741.0, "misses", "meets"),
@@ -156,7 +153,6 @@ def test_cluster_scale_block_says_whether_the_target_is_met(monkeypatch, seconds
     assert f"**{seconds:.0f} s** wall ({time_word} the 600 s target" in text
     assert f"**{rss_mib / 1024:.1f} GiB** peak RSS ({mem_word} the 8 GiB target)" in text
     assert "`knn_graph`" in text                                    # the slowest step is named
-    assert "--knn-sample 8000" in text and "~1,234 (sampled 8,000 rows)" in text
 
 
 def _large(funnel_s: float, flat_fast_s: float, ci_equal_time: list[float]) -> dict:
