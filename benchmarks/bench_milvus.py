@@ -81,11 +81,15 @@ def qps(fn, queries: list[str], batch: int | None = None) -> float:
     return len(queries) / (time.perf_counter() - t0)
 
 
-def part_scifact(ds, db: str, quick: bool) -> dict:
+def scifact_queries(ds, quick: bool) -> tuple[list[str], list[str], dict]:
+    """The test query ids, their texts and qrels (the first 60 with ``quick``)."""
     queries = ds.split_queries()
     qids = list(queries)[: 60 if quick else None]
-    qs = [queries[q] for q in qids]
-    qrels = {q: ds.qrels[q] for q in qids}
+    return qids, [queries[q] for q in qids], {q: ds.qrels[q] for q in qids}
+
+
+def part_scifact(ds, db: str, quick: bool) -> dict:
+    qids, qs, qrels = scifact_queries(ds, quick)
     out: dict = {"n_documents": len(ds.corpus), "n_queries": len(qs)}
 
     with timer() as t:
@@ -192,10 +196,7 @@ DENSE_DOCS: int | None = None
 def part_dense(ds, db: str, quick: bool) -> dict:
     from funnel_core.embeddings import DenseIndex, SentenceEmbedder
 
-    queries = ds.split_queries()
-    qids = list(queries)[: 60 if quick else None]
-    qs = [queries[q] for q in qids]
-    qrels = {q: ds.qrels[q] for q in qids}
+    qids, qs, qrels = scifact_queries(ds, quick)
     n_docs = 1000 if quick else DENSE_DOCS
     if n_docs:  # a subset: every document judged for these queries + the first n_docs others
         judged = {d for q in qids for d in ds.qrels[q]}
@@ -240,10 +241,7 @@ def part_frameworks(ds, db: str, quick: bool) -> dict:
     from langchain_funnel.retrievers import BM25Retriever as LCBM25
     from llama_index_funnel.retrievers import BM25Retriever as LIBM25
 
-    queries = ds.split_queries()
-    qids = list(queries)[: 60 if quick else None]
-    qs = [queries[q] for q in qids]
-    qrels = {q: ds.qrels[q] for q in qids}
+    qids, qs, qrels = scifact_queries(ds, quick)
     out: dict = {"n_documents": len(ds.corpus), "n_queries": len(qs)}
     tmp = Path(tempfile.mkdtemp(prefix="bench_fw_"))
     nodes = [TextNode(id_=u.id, text=u.text, metadata=dict(u.metadata)) for u in ds.corpus]
@@ -323,12 +321,11 @@ def render_markdown(r: dict) -> str:
                   f"| clustered queries/s (top-10 clusters opened) | {_f(s['clustered_bm25s_qps'], 0)} | "
                   f"{_f(s['clustered_milvus_qps'], 0)} |"]
         for n in (1, 10):
-            if f"flat_milvus_filtered_qps_{n}_values" in s:
-                lines += [f"| flat queries/s with a {n}-value dict filter | {_f(s[f'flat_bm25s_filtered_qps_{n}_values'], 1)} | "
-                          f"{_f(s[f'flat_milvus_filtered_qps_{n}_values'], 1)} |",
-                          f"| clustered queries/s with a {n}-value dict filter | "
-                          f"{_f(s[f'clustered_bm25s_filtered_qps_{n}_values'], 1)} | "
-                          f"{_f(s[f'clustered_milvus_filtered_qps_{n}_values'], 1)} |"]
+            lines += [f"| flat queries/s with a {n}-value dict filter | {_f(s[f'flat_bm25s_filtered_qps_{n}_values'], 1)} | "
+                      f"{_f(s[f'flat_milvus_filtered_qps_{n}_values'], 1)} |",
+                      f"| clustered queries/s with a {n}-value dict filter | "
+                      f"{_f(s[f'clustered_bm25s_filtered_qps_{n}_values'], 1)} | "
+                      f"{_f(s[f'clustered_milvus_filtered_qps_{n}_values'], 1)} |"]
         lines += [""]
     for key in [k for k in r if k.startswith("synthetic")]:
         y = r[key]
@@ -344,12 +341,10 @@ def render_markdown(r: dict) -> str:
                   f"| queries/s, one query per call | {_f(y['bm25s_qps_single'], 1)} | {_f(y['milvus_qps_single'], 1)} |",
                   f"| queries/s, batches of 25 | | {_f(y['milvus_qps_batched'], 1)} |",
                   f"| top-10 overlap (mean / identical lists) | | {_f(y['mean_top10_overlap'])} / "
-                  f"{_f(y['identical_top10_share'])} |"]
-        if "max_relative_score_difference" in y:
-            lines += [f"| largest relative score difference | | {y['max_relative_score_difference']:.1e} |",
-                      f"| Milvus Lite data files (segments; BM25 statistics are per segment) | | "
-                      f"{y.get('milvus_lite_segments')} |"]
-        lines += [""]
+                  f"{_f(y['identical_top10_share'])} |",
+                  f"| largest relative score difference | | {y['max_relative_score_difference']:.1e} |",
+                  f"| Milvus Lite data files (segments; BM25 statistics are per segment) | | "
+                  f"{y.get('milvus_lite_segments')} |", ""]
     d = r.get("dense")
     if d:
         subset = " (a subset: the judged documents plus others)" if d.get("subset") else ""

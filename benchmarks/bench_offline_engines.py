@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -47,23 +46,9 @@ import numpy as np
 import scipy.sparse as sp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, default_data_dir, load_average, machine  # noqa: E402
+from common import RESULTS, default_data_dir, load_average, machine, save_json  # noqa: E402
 
 OUT = RESULTS / "offline_engines.json"
-
-
-def cpu_info() -> dict:
-    flags, model = set(), None
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-            if line.startswith("model name") and model is None:
-                model = line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    keep = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "sse4")))
-    return {"model": model, "flags": keep}
 
 
 def synthetic_weights(n: int, seed: int = 0, vocab: int = 20000, topics: int = 2000,
@@ -296,9 +281,6 @@ def main() -> None:
         return
     if args.quick:
         args.sizes, args.embed_n = [20_000], 500
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     prev = json.loads(args.out.read_text()) if args.out.is_file() and not args.quick else {}
     knn_rows = prev.get("knn", [])
     embed_rows = prev.get("embeddings", [])
@@ -316,7 +298,7 @@ def main() -> None:
 
     payload = {
         "benchmark": "offline_engines",
-        "machine": {**machine(), "cpu": cpu_info(), "ray": ray.__version__},
+        "machine": {**machine(), "ray": ray.__version__},  # CPU model and flags under machine.hardware
         "notes": ("2 cores shared with other engineers' jobs (see load_before/load_after, often > 2): "
                   "absolute seconds are noisy and Ray cannot be faster than the local engine on 2 "
                   "cores; the point is that the Ray code path is the cluster code path. Parallel "
@@ -327,8 +309,7 @@ def main() -> None:
         "embeddings": embed_rows,
         "embeddings_efficiency": efficiency(embed_rows, "n_texts"),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(payload, indent=1))
+    save_json(args.out, payload)
     print(f"wrote {args.out}")
 
 

@@ -671,55 +671,53 @@ def main() -> None:
 
     load_before_timing = os.getloadavg()
 
-    def finish(timing_done: bool) -> None:
-        comp = comparisons(rows, ranks, report_qs, best_funnel, args.bootstrap)
-        result = {
-            "args": {k: str(v) for k, v in vars(args).items()},
-            "command": "python benchmarks/bench_squad_large.py" + (" --quick" if args.quick else ""),
-            "corpus": {"files": [str(f) for f in args.squad], "documents": len(documents), "passages": len(passages),
-                       "passage_words": PASSAGE_WORDS, "clusters": cluster_info, "dense_embeddings": emb_source},
-            "samples": {"train_tuning": len(tune_qs), "dev_a_report": len(report_qs),
-                        "dev_a_timing": len(timing_qs) if timing_done else 0,
-                        "seeds": {"train": TUNE_SEED_OF, "report": REPORT_SEED, "timing": TIMING_SEED}},
-            "cross_encoder": {"model": str(args.model.relative_to(ROOT)) if args.model.is_relative_to(ROOT) else str(args.model),
-                              "cache_key": scores.model_key, "max_length": 192, "batch_size": args.batch_size,
-                              "timing_dtype": "bf16 autocast" if bf16 else "fp32",
-                              "training": _training_summary(args.model)},
-            "cpu_flags": flags,
-            "load_average_before_timing": load_before_timing,
-            "dense": {**dense.settings, "build_seconds": dense.build_seconds,
-                      "recall@100_hnsw_vs_exact": hnsw_recall, "recall@10_hnsw_vs_exact": hnsw_recall10},
-            "hybrid": {"alpha": alpha, "alpha_AR@20_on_train": {str(a): v for a, v in alpha_scores.items()},
-                       "fusion": "funnel_core.best_practices.fusion.fuse(method='alpha', normalization='minmax') of BM25 top-100 and dense top-100"},
-            "best_funnel_chosen_on_train": best_funnel,
-            "systems_dev_a": rows, "systems_train": tune_rows,
-            "comparison": comp,
-            "cluster_recall_dev_a": recall_report, "cluster_recall_train": recall_tune,
-            "build_seconds": timings,
-            "method": ("AR@k from cached cross-encoder scores: each (question, passage) pair is scored once "
-                       "(cache key: model hash, question id, passage index); a funnel's MaxP document score is the "
-                       "max of its passages' cached scores because its 100-word windows are exactly the corpus "
-                       "passages. AR@k = a passage among the top k contains a gold answer string (SQuAD "
-                       "normalisation). Seconds per query: each system's real funnel_core pipeline, uncached, models "
-                       "warm, systems run round-robin per question, on the timing sample, on this machine's CPU (2 "
-                       f"shared cores; load average in the JSON) with the cross-encoder in {'bf16 autocast' if bf16 else 'fp32'}, "
-                       f"batch size {args.batch_size}. Bulk scores for the cache may come from a GPU in fp16 "
-                       "(score_pairs.py); 'AR@4_hit_agreement_real_vs_cached' checks them against the CPU pipeline on "
-                       "the timing sample."),
-            "wall_seconds": time.perf_counter() - t_start,
-        }
-        name = "squad_large_quick" if args.quick else "squad_large"
-        path = write_json(name, result, args.out)
-        with gzip.open(path.with_name(name + "_per_question.jsonl.gz"), "wt", encoding="utf-8") as f:
-            for split, qs in (("train", tune_qs), ("dev-a", report_qs)):
-                for q in qs:
-                    f.write(json.dumps({"id": q.id, "split": split, "hit_rank": {n: ranks[n][q.id] for n in ranks}},
-                                       sort_keys=True) + "\n")
-        plot(rows, path.with_suffix(".png"),
-             f"SQuAD train+dev-a corpus ({len(passages)} passages): {len(report_qs)} dev-a questions, "
-             f"time on {len(timing_qs) if timing_done else 0}")
+    comp = comparisons(rows, ranks, report_qs, best_funnel, args.bootstrap)
+    result = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "command": "python benchmarks/bench_squad_large.py" + (" --quick" if args.quick else ""),
+        "corpus": {"files": [str(f) for f in args.squad], "documents": len(documents), "passages": len(passages),
+                   "passage_words": PASSAGE_WORDS, "clusters": cluster_info, "dense_embeddings": emb_source},
+        "samples": {"train_tuning": len(tune_qs), "dev_a_report": len(report_qs),
+                    "dev_a_timing": 0,  # time_squad_large.py times
+                    "seeds": {"train": TUNE_SEED_OF, "report": REPORT_SEED, "timing": TIMING_SEED}},
+        "cross_encoder": {"model": str(args.model.relative_to(ROOT)) if args.model.is_relative_to(ROOT) else str(args.model),
+                          "cache_key": scores.model_key, "max_length": 192, "batch_size": args.batch_size,
+                          "timing_dtype": "bf16 autocast" if bf16 else "fp32",
+                          "training": _training_summary(args.model)},
+        "cpu_flags": flags,
+        "load_average_before_timing": load_before_timing,
+        "dense": {**dense.settings, "build_seconds": dense.build_seconds,
+                  "recall@100_hnsw_vs_exact": hnsw_recall, "recall@10_hnsw_vs_exact": hnsw_recall10},
+        "hybrid": {"alpha": alpha, "alpha_AR@20_on_train": {str(a): v for a, v in alpha_scores.items()},
+                   "fusion": "funnel_core.best_practices.fusion.fuse(method='alpha', normalization='minmax') of BM25 top-100 and dense top-100"},
+        "best_funnel_chosen_on_train": best_funnel,
+        "systems_dev_a": rows, "systems_train": tune_rows,
+        "comparison": comp,
+        "cluster_recall_dev_a": recall_report, "cluster_recall_train": recall_tune,
+        "build_seconds": timings,
+        "method": ("AR@k from cached cross-encoder scores: each (question, passage) pair is scored once "
+                   "(cache key: model hash, question id, passage index); a funnel's MaxP document score is the "
+                   "max of its passages' cached scores because its 100-word windows are exactly the corpus "
+                   "passages. AR@k = a passage among the top k contains a gold answer string (SQuAD "
+                   "normalisation). Seconds per query: each system's real funnel_core pipeline, uncached, models "
+                   "warm, systems run round-robin per question, on the timing sample, on this machine's CPU (2 "
+                   f"shared cores; load average in the JSON) with the cross-encoder in {'bf16 autocast' if bf16 else 'fp32'}, "
+                   f"batch size {args.batch_size}. Bulk scores for the cache may come from a GPU in fp16 "
+                   "(score_pairs.py); 'AR@4_hit_agreement_real_vs_cached' checks them against the CPU pipeline on "
+                   "the timing sample."),
+        "wall_seconds": time.perf_counter() - t_start,
+    }
+    name = "squad_large_quick" if args.quick else "squad_large"
+    path = write_json(name, result, args.out)
+    with gzip.open(path.with_name(name + "_per_question.jsonl.gz"), "wt", encoding="utf-8") as f:
+        for split, qs in (("train", tune_qs), ("dev-a", report_qs)):
+            for q in qs:
+                f.write(json.dumps({"id": q.id, "split": split, "hit_rank": {n: ranks[n][q.id] for n in ranks}},
+                                   sort_keys=True) + "\n")
+    plot(rows, path.with_suffix(".png"),
+         f"SQuAD train+dev-a corpus ({len(passages)} passages): {len(report_qs)} dev-a questions, "
+         "time on 0")
 
-    finish(False)
     print("quality written; time the real pipelines through the evaluation harness with\n"
           "  python benchmarks/time_squad_large.py --n-timing 50 --quiet-check --quiet-load 1.0", flush=True)
 

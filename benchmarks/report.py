@@ -581,17 +581,16 @@ def _qps(systems: dict) -> tuple[str, str]:
 @readme_rows("bm25", "`python benchmarks/bench_bm25.py`")
 def bm25_rows() -> list[Part]:
     b = load("bm25.json")
-    out: list[Part] = []
-    out.append(("BM25 queries/s vs LlamaIndex BM25 / LangChain community BM25 (SciFact)",
-                *_qps(b["speed_scifact"]["systems"]), "not recorded (one timing run)"))
-    sy = b["speed_synthetic"]
-    out.append((f"same, {sy['n_documents']:,} synthetic docs", *_qps(sy["systems"]), "not recorded (one timing run)"))
-    c = b["clustered"]
+    sy, c = b["speed_synthetic"], b["clustered"]
     k5 = next(r for r in c["recall_at_k_clusters"] if r["k_clusters"] == 5)
-    out.append(("clustering SciFact (Algorithm 1, BM25 kNN, S=4096): recall of relevant docs in top-5 clusters",
-                f"{c['n_documents']:,} docs -> {c['n_clusters']} clusters; {k5['recall_clustered']:.3f} at "
-                f"{k5['mean_documents']:.0f} docs vs {k5['recall_flat_same_docs']:.3f} for flat BM25 at the same count",
-                "SciFact test queries (count not recorded in bm25.json)", "not recorded"))
+    out: list[Part] = [
+        ("BM25 queries/s vs LlamaIndex BM25 / LangChain community BM25 (SciFact)",
+         *_qps(b["speed_scifact"]["systems"]), "not recorded (one timing run)"),
+        (f"same, {sy['n_documents']:,} synthetic docs", *_qps(sy["systems"]), "not recorded (one timing run)"),
+        ("clustering SciFact (Algorithm 1, BM25 kNN, S=4096): recall of relevant docs in top-5 clusters",
+         f"{c['n_documents']:,} docs -> {c['n_clusters']} clusters; {k5['recall_clustered']:.3f} at "
+         f"{k5['mean_documents']:.0f} docs vs {k5['recall_flat_same_docs']:.3f} for flat BM25 at the same count",
+         "SciFact test queries (count not recorded in bm25.json)", "not recorded")]
     for r in b.get("clustering_scale", []):
         out.append((f"clustering time, {r['n_documents']:,} synthetic docs (BM25 index + kNN graph + Algorithm 1)",
                     f"{r['total_seconds']:.1f} s ({r['bm25_index_seconds']:.0f} + {r['knn_graph_seconds']:.0f} + "
@@ -1382,11 +1381,9 @@ def block_reliability() -> str:
     return "\n".join(out)
 
 
-FILES = [ROOT / "README.md", ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "clustering.md",
-         ROOT / "docs" / "funnel.md", ROOT / "docs" / "prerank.md", ROOT / "docs" / "postrank.md",
-         ROOT / "docs" / "llm_retrieval.md", ROOT / "docs" / "performance.md", ROOT / "docs" / "offline_build.md",
-         ROOT / "docs" / "mix_of_granularity.md", ROOT / "docs" / "best_practices.md",
-         ROOT / "docs" / "persistence.md"]
+FILES = [ROOT / "README.md"] + [ROOT / "docs" / f"{n}.md" for n in (
+    "benchmarks", "clustering", "funnel", "prerank", "postrank", "llm_retrieval", "performance", "offline_build",
+    "mix_of_granularity", "best_practices", "persistence")]
 MARK = re.compile(r"(<!-- results:([a-z0-9-]+):begin -->\n)(.*?)(<!-- results:\2:end -->)", re.S)
 
 
