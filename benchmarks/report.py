@@ -444,6 +444,12 @@ def cluster_command(run: dict, row: dict) -> str:
     return " ".join(parts)
 
 
+def cluster_full_runs(c: dict) -> list[tuple[str, dict, dict]]:
+    """(run name, run, row) of every row that ran the target size end to end."""
+    return [(name, run, r) for name, run in c["runs"].items() for r in run["rows"]
+            if r["n_documents"] == c["target"]["n_documents"] and r.get("pipeline_seconds")]
+
+
 @block("cluster-scale")
 def block_cluster_scale() -> str:
     c = load("cluster_scale.json")
@@ -474,9 +480,7 @@ def block_cluster_scale() -> str:
     out = [table(["run", "corpus", "documents", "BM25 index s", "kNN graph s", "Algorithm 1 + units s",
                   "cluster index s", "pipeline s (wall)", "CPU s", "peak RSS GiB", "load avg", "clusters",
                   "command"], body, note)]
-    full = [(name, r) for name, run in runs.items() for r in run["rows"]
-            if r["n_documents"] == tgt["n_documents"] and r.get("pipeline_seconds")]
-    for name, r in full:
+    for name, _, r in cluster_full_runs(c):
         met_t = r["pipeline_seconds"] <= tgt["seconds"]
         met_m = r["peak_rss_mib"] / 1024 <= tgt["peak_rss_gib"]
         dom = max(r["step_seconds"], key=r["step_seconds"].get)
@@ -550,17 +554,12 @@ def squad_large_rows() -> list[Row]:
 @readme_rows("cluster_scale")
 def cluster_scale_rows() -> list[Row]:
     c = load("cluster_scale.json")
-    out = []
-    for name, run in c["runs"].items():
-        for r in run["rows"]:
-            if r["n_documents"] == c["target"]["n_documents"] and r.get("pipeline_seconds"):
-                out.append((f"clustering pipeline end to end, {r['n_documents']:,} synthetic docs (BM25 index + kNN "
-                             "graph + Algorithm 1 + cluster index)",
-                             f"**{r['pipeline_seconds']:.0f} s** wall, {r['cpu_seconds']:.0f} CPU s, peak RSS "
-                             f"{r['peak_rss_mib'] / 1024:.1f} GiB (target {c['target']['seconds']} s, "
-                             f"{c['target']['peak_rss_gib']} GiB)", "one run", "not recorded (one run)",
-                             f"`{cluster_command(run, r)}`"))
-    return out
+    return [(f"clustering pipeline end to end, {r['n_documents']:,} synthetic docs (BM25 index + kNN graph + "
+             "Algorithm 1 + cluster index)",
+             f"**{r['pipeline_seconds']:.0f} s** wall, {r['cpu_seconds']:.0f} CPU s, peak RSS "
+             f"{r['peak_rss_mib'] / 1024:.1f} GiB (target {c['target']['seconds']} s, "
+             f"{c['target']['peak_rss_gib']} GiB)", "one run", "not recorded (one run)", f"`{cluster_command(run, r)}`")
+            for _, run, r in cluster_full_runs(c)]
 
 
 @readme_rows("squad_ce_training")
@@ -845,13 +844,10 @@ def block_prerank_scifact() -> str:
     def ndcg(p: dict, key: str) -> list[float]:
         return [p["rerank"]["depths"][k][key]["ndcg@10"] for k in depths]
 
-    def w(p: dict) -> str:
-        return fuse_key(p).rsplit("_w", 1)[1]
-
     def tuned(p: dict) -> str:
-        ft = p.get("fuse_tuning")
-        return (f"w={w(p)} chosen on {ft['train_queries']} train queries" if ft and str(ft["best_weight"]) == w(p)
-                else f"w={w(p)} (the weight chosen above, not re-tuned)")
+        w, ft = fuse_key(p).rsplit("_w", 1)[1], p.get("fuse_tuning")
+        return (f"w={w} chosen on {ft['train_queries']} train queries" if ft and str(ft["best_weight"]) == w
+                else f"w={w} (the weight chosen above, not re-tuned)")
 
     nd = base["model"]["training"]["negative_depth"] if "training" in base.get("model", {}) else 100
     ours = [("flat BM25 (`BM25Index` defaults)", [base["flat_bm25"]["ndcg@10"]] * len(depths)),
@@ -1342,20 +1338,16 @@ def block_reliability() -> str:
     and persisted object, then the totals that must be zero."""
     d = load("reliability.json")
     ex, sm = d["experiments"], d["summary"]
-    objects = sm.get("objects") or ["bm25", "clustered"]
     rows = []
-    for obj in objects:
-        def get(prefix: str, obj: str = obj) -> dict:
-            return ex.get(f"{prefix}_{obj}") or {}
-        kill = [get("kill_at_every_step"), get("kill_random")]
-        flips, conc, ioe = get("bit_flips"), get("concurrent_save_load"), get("io_errors")
+    for obj in sm.get("objects") or ["bm25", "clustered"]:
+        kill1, kill2, flips, conc, ioe = (ex.get(f"{prefix}_{obj}") or {} for prefix in (
+            "kill_at_every_step", "kill_random", "bit_flips", "concurrent_save_load", "io_errors"))
         rows.append([
             f"`{obj}`",
-            f"{sum(k.get('trials', 0) for k in kill):,} / {sum(k.get('neither', 0) + k.get('orphans_after_next_save', 0) for k in kill)}",
-            f"{flips.get('trials', 0):,} / {flips.get('silent', '-')}",
-            f"{conc.get('loads', 0):,} / {conc.get('mixed', '-')}",
-            f"{ioe.get('trials', 0):,} / {ioe.get('neither', 0) + ioe.get('raised_but_committed', 0) if ioe else '-'}",
-        ])
+            f"{sum(k.get('trials', 0) for k in (kill1, kill2)):,} / "
+            f"{sum(k.get('neither', 0) + k.get('orphans_after_next_save', 0) for k in (kill1, kill2))}",
+            f"{flips.get('trials', 0):,} / {flips.get('silent', '-')}", f"{conc.get('loads', 0):,} / {conc.get('mixed', '-')}",
+            f"{ioe.get('trials', 0):,} / {ioe.get('neither', 0) + ioe.get('raised_but_committed', 0) if ioe else '-'}"])
     out = [table(["object", "kill -9: trials / bad", "bit flips: trials / silent",
                   "concurrent loads / mixed", "I/O errors: trials / bad"], rows)]
     unread = (".funnel-rag", ".funnel-rag.journal")
