@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import RESULTS, default_data_dir, machine
+from common import RESULTS, default_data_dir, machine, save_json
 
 STEPS = ("bm25_index", "knn_graph", "algorithm1", "cluster_units", "cluster_index")
 TARGET_N = 21_000_000
@@ -374,8 +374,7 @@ def write(result: dict, runs: dict, args) -> None:
                    "target": {"n_documents": 1_000_000, "seconds": 300, "peak_rss_gib": 6},  # issue 31
                    "notes": __doc__.split("Pipeline per size", 1)[1].split("Writes", 1)[0].strip(),
                    "runs": runs})
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2, default=float))
+    save_json(args.out, result, indent=2, default=float)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import RESULTS, default_data_dir  # repo on sys.path, offline environment
+from common import RESULTS, default_data_dir, save_json  # repo on sys.path, offline environment
 from tqdm import tqdm  # noqa: E402
 
 from funnel_core.evaluation import has_answer, load_squad  # noqa: E402
@@ -112,8 +112,7 @@ def main() -> None:
             "examples": examples,
             "hardware": describe(),  # CPU flags and the precisions the models ran in
         }
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2))
+        save_json(Path(args.out), result, indent=2)
     print(json.dumps({k: v for k, v in result.items() if k != "examples"}, indent=2))
 
 

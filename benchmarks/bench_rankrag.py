@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import RESULTS, default_data_dir  # repo on sys.path, offline environment
+from common import RESULTS, default_data_dir, save_json  # repo on sys.path, offline environment
 from tqdm import tqdm  # noqa: E402
 
 from funnel_core.bm25 import BM25Index  # noqa: E402
@@ -127,12 +127,9 @@ def main() -> None:
                            "speedup_logprobs_over_generate": round(fast_pps_gen / slow_pps, 2) if slow_pps else None},
             "hardware": describe(),  # CPU flags and the precisions the models ran in
         }
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2))
+        save_json(Path(args.out), result, indent=2)
 
     print(json.dumps(result, indent=2))
-
-
 
 
 if __name__ == "__main__":

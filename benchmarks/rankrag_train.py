@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, load_average
+from common import ROOT, load_average, save_json
 
 DATA = ROOT.parent / "shared" / "data" / "squad"
 FILES = [DATA / "squad-v1.1-train.json", DATA / "squad-v1.1-dev-a.json"]
@@ -253,8 +253,7 @@ def main() -> None:
                     "note": "2 CPU cores shared with other jobs: timings are noisy"},
         "total_seconds": round(time.perf_counter() - t_all, 1),
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(out, indent=2))
+    save_json(args.json, out, indent=2)
     print(json.dumps({k: out[k] for k in ("dtype", "dtype_probe_s_per_step", "train", "total_seconds")},
                      indent=2), flush=True)
 
