@@ -1000,8 +1000,10 @@ def block_first_call() -> str:
     """Issue 31: a cross-encoder's first call per runtime, and where its seconds go (first_call.json)."""
     d = load("first_call.json")
     med = d["median_seconds"]
+    imported = {(r["runtime"], r["state"]): ", ".join(r["imported"]) or "neither"
+                for r in d["runs"] if r["mode"] == "e2e"}  # the same in every repeat
     e2e = [[rt, st, f"{v['e2e']['first_call']:.2f}", f"{v['e2e']['warm_call']:.3f}",
-            f"{v['e2e']['process_seconds']:.1f}"]
+            f"{v['e2e']['process_seconds']:.1f}", imported[rt, st]]
            for rt, states in med.items() for st, v in states.items()]
     steps = ["import", "export", "load", "compile_or_load", "tokenizer", "first_batch"]
     ph = [[rt, st] + [f"{v['phases'][k]:.2f}" if k in v["phases"] else "—" for k in steps]
@@ -1014,10 +1016,13 @@ def block_first_call() -> str:
             f"{', '.join(d['runtimes_installed'])}; `runtime=\"auto\"` picks `{d['auto_runtime_on_this_cpu']}` "
             f"on this CPU. Command: `python benchmarks/bench_first_call.py "
             f"--repeats {d['repeats']}`.")
-    return (table(["runtime", "export folder", "first call (s)", "warm call (s)", "whole process (s)"], e2e, note)
+    return (table(["runtime", "export folder", "first call (s)", "warm call (s)", "whole process (s)",
+                   "imported torch / transformers"], e2e, note)
             + "\n\n" + table(["runtime", "export folder"] + [f"{k} (s)" for k in steps], ph,
                              "The same first call, step by step (`phases`): `import` is funnel_core's scorer "
-                             "module plus transformers (which imports torch), `load` the torch weights, "
+                             "module, plus transformers (which imports torch) for the torch runtime; ONNX Runtime "
+                             "and OpenVINO tokenize with the export's own tokenizer (`PairTokenizer`) and import "
+                             "transformers only to export; `load` the torch weights, "
                              "`compile_or_load` the ONNX Runtime session or OpenVINO's compile (or its cached "
                              "model)."))
 

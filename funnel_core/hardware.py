@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -100,6 +101,20 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
         return os.cpu_count() or 1
+
+
+#: Device files a GPU runtime needs on Linux: NVIDIA's driver (CUDA), WSL 2's GPU bridge, AMD's
+#: compute driver (ROCm). Without any of them torch cannot see a GPU.
+GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg", "/dev/kfd")
+
+
+def gpu_possible() -> bool:
+    """Whether torch could find a GPU here. ``False`` only on Linux without any of
+    :data:`GPU_DEVICE_FILES`, so a caller can settle on the CPU without importing torch (about
+    3 s); ``True`` elsewhere (macOS has MPS, Windows its own drivers): ask torch."""
+    if not sys.platform.startswith("linux"):
+        return True
+    return any(os.path.exists(p) for p in GPU_DEVICE_FILES)
 
 
 @functools.lru_cache(maxsize=1)

@@ -46,9 +46,14 @@ def tokenizer_lock(tokenizer: Any) -> threading.Lock:
 
 
 def resolve_device(device: str | None) -> str:
-    """``None``/``"auto"`` -> ``"cuda"`` when available, else ``"mps"``, else ``"cpu"``."""
+    """``None``/``"auto"`` -> ``"cuda"`` when available, else ``"mps"``, else ``"cpu"`` (without
+    importing torch where no GPU can exist: :func:`funnel_core.hardware.gpu_possible`)."""
     if device not in (None, "auto"):
         return str(device)
+    from funnel_core.hardware import gpu_possible
+
+    if not gpu_possible():
+        return "cpu"
     try:
         import torch
     except ImportError as exc:

@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 from funnel_core.errors import check_positive_int, check_probability
 from funnel_core.models import LazyModel, load_pretrained, resolve_device, tokenizer_lock
 from funnel_core.rerank.base import Reranker, count_extra_pairs
-from funnel_core.rerank.runtimes import RUNTIMES, OnnxSession, choose_runtime, export_onnx, score_batches
+from funnel_core.rerank.runtimes import RUNTIMES, OnnxSession, PairTokenizer, choose_runtime, export_onnx, score_batches
 from funnel_core.scoring import minmax  # noqa: F401 (re-exported: funnel_core.rerank.cross_encoder.minmax)
 from funnel_core.settings import Settings
 from funnel_core.text import word_windows
@@ -287,31 +287,43 @@ class CrossEncoderScorer(Settings, Reranker):
         return score
 
     def _load_onnx(self, runtime: str):
-        from transformers import AutoTokenizer
-
         path = export_onnx(self.model_name, cache_dir=self.export_dir,
                            model_kwargs=self.model_kwargs)
         session = OnnxSession(path, engine="openvino" if runtime == "openvino" else "onnxruntime")
-        tokenizer = load_pretrained(AutoTokenizer.from_pretrained, self.model_name, what="tokenizer")
         max_length = self.max_length
+        # transformers passage-only truncation; sentence-transformers the tokenizer's own
+        # pair truncation ("longest_first")
+        strategy = "only_second" if self.library == "transformers" else "longest_first"
+        pairs = PairTokenizer.from_export(path.parent, max_length, strategy)
+        hf_tokenizer = LazyModel(self._hf_tokenizer)  # imports transformers (and torch)
+        limit = max(1, (max_length - 3) // 2)
 
-        if self.library == "transformers":
-            def tokenize(queries: list[str], texts: list[str]) -> Any:
+        def tokenize(queries: list[str], texts: list[str]) -> Any:
+            if pairs is not None and (strategy == "longest_first" or all(
+                    pairs.token_count(q) <= limit for q in set(queries))):
+                return pairs(queries, texts)  # what transformers returns, without importing it
+            # a query long enough to be clipped (decoded and re-encoded, as encode_pairs does),
+            # or an export that kept no tokenizer
+            tokenizer = hf_tokenizer.get()
+            if strategy == "only_second":
                 return encode_pairs(tokenizer, queries, texts, max_length, return_tensors="np")
-        else:  # sentence-transformers: the tokenizer's own pair truncation ("longest_first")
-            def tokenize(queries: list[str], texts: list[str]) -> Any:
-                with tokenizer_lock(tokenizer):
-                    return tokenizer(queries, texts, truncation=True, padding=True,
-                                     max_length=max_length, return_tensors="np")
+            with tokenizer_lock(tokenizer):
+                return tokenizer(queries, texts, truncation=True, padding=True,
+                                 max_length=max_length, return_tensors="np")
 
         def score(queries: list[str], texts: list[str], batch_size: int,
                   sort_by_length: bool) -> list[float]:
             return score_batches(session, tokenize, queries, texts, batch_size, sort_by_length)
 
         score.session = session  # type: ignore[attr-defined]
-        score.tokenizer = tokenizer  # type: ignore[attr-defined]
+        score.pair_tokenizer = pairs  # type: ignore[attr-defined]
         score.runtime = runtime  # type: ignore[attr-defined]
         return score
+
+    def _hf_tokenizer(self) -> Any:
+        from transformers import AutoTokenizer
+
+        return load_pretrained(AutoTokenizer.from_pretrained, self.model_name, what="tokenizer")
 
     def load(self) -> "CrossEncoderScorer":
         """Load the model now instead of on first use; returns ``self``."""

@@ -25,6 +25,13 @@ rebuilt in a new folder and swapped in with one rename. OpenVINO's compiled mode
 the export's ``openvino_cache/`` subfolder (:data:`OPENVINO_CACHE`): a second process loads it
 instead of compiling again. Files this package did not write are never
 deleted: a ``funnel_onnx`` folder without our manifest is left alone and the user cache is used.
+
+**Tokenizer without transformers.** The export also keeps the model's fast tokenizer as the
+``tokenizers`` library's JSON (:data:`TOKENIZER_FILE`, as transformers configured it) and the
+padding and truncation settings transformers applies at each call (:data:`TOKENIZER_SETTINGS`).
+:class:`PairTokenizer` encodes pairs from these with ``tokenizers`` alone, so a process that
+scores with a cached export never imports transformers, which imports torch (~3 s of a first
+call, ``benchmarks/results/first_call.json``). Its inputs equal transformers' (tested).
 """
 
 from __future__ import annotations
@@ -42,16 +49,20 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 __all__ = ["RUNTIMES", "cpu_auto_runtime", "choose_runtime", "runtime_available", "export_onnx",
-           "export_dir_for", "OnnxSession", "EXPORT_FORMAT"]
+           "export_dir_for", "OnnxSession", "PairTokenizer", "EXPORT_FORMAT"]
 
 RUNTIMES = ("auto", "torch", "onnx", "openvino")
-EXPORT_FORMAT = 2
+EXPORT_FORMAT = 3  # 3: the tokenizer is kept in the export (TOKENIZER_FILE, TOKENIZER_SETTINGS)
 EXPORT_SUBDIR = "funnel_onnx"
 MANIFEST = "funnel_export.json"
 #: Subfolder of an export where OpenVINO keeps the model it compiled for this CPU (its own
 #: ``CACHE_DIR`` format, keyed by the ONNX file, the device and the settings), so only the first
 #: process compiles; it is replaced together with its export.
 OPENVINO_CACHE = "openvino_cache"
+#: The export's copy of the fast tokenizer (``tokenizers`` JSON), and the settings transformers
+#: applies around it at each call (pad token and side, truncation side, special-token splitting).
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_SETTINGS = "tokenizer_settings.json"
 _EXPORT_LOCK = threading.Lock()
 _PACKAGES = {"onnx": "onnxruntime", "openvino": "openvino"}
 
@@ -174,6 +185,7 @@ def _export_fp32(model_name: str, out: Path, model_kwargs: dict[str, Any]) -> li
     kwargs.pop("dtype", None)
     model = load_pretrained(AutoModelForSequenceClassification.from_pretrained, model_name,
                             what="cross-encoder", **kwargs).float().eval()
+    _save_tokenizer(tokenizer, out)
     enc = tokenizer(["a query", "another query"], ["a passage", "a somewhat longer passage"],
                     padding=True, return_tensors="pt")
     names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in enc]
@@ -195,6 +207,76 @@ def _export_fp32(model_name: str, out: Path, model_kwargs: dict[str, Any]) -> li
                           input_names=names, output_names=["logits"], dynamic_axes=axes,
                           opset_version=17, dynamo=False)
     return names
+
+
+def _save_tokenizer(tokenizer: Any, out: Path) -> None:
+    """Keep ``tokenizer`` in the export for :class:`PairTokenizer`; nothing for a tokenizer
+    without a ``tokenizers`` backend or a pad token (transformers then stays in use)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or tokenizer.pad_token is None:
+        return
+    from tokenizers import Tokenizer
+
+    plain = Tokenizer.from_str(backend.to_str())
+    plain.no_truncation()  # the per-call settings are applied by PairTokenizer
+    plain.no_padding()
+    (out / TOKENIZER_FILE).write_text(plain.to_str(), encoding="utf-8")
+    settings = {"pad_id": tokenizer.pad_token_id, "pad_token": tokenizer.pad_token,
+                "pad_type_id": tokenizer.pad_token_type_id, "padding_side": tokenizer.padding_side,
+                "truncation_side": tokenizer.truncation_side,
+                "split_special_tokens": bool(getattr(tokenizer, "split_special_tokens", False))}
+    (out / TOKENIZER_SETTINGS).write_text(json.dumps(settings, indent=1), encoding="utf-8")
+
+
+class PairTokenizer:
+    """(query, passage) pairs to model inputs with the ``tokenizers`` library alone: the calls
+    transformers' fast tokenizer makes for ``tokenizer(queries, texts, truncation=strategy,
+    max_length=max_length, padding=True)`` (truncation and padding set on the backend, then
+    ``encode_batch``), from an export's :data:`TOKENIZER_FILE` and :data:`TOKENIZER_SETTINGS`.
+
+    Args:
+        folder: The export folder.
+        max_length: Tokens per pair, special tokens included.
+        strategy: ``"only_second"`` (the passage is truncated) or ``"longest_first"``.
+    """
+
+    def __init__(self, folder: str | os.PathLike, max_length: int, strategy: str) -> None:
+        from tokenizers import Tokenizer
+
+        folder = Path(folder)
+        settings = json.loads((folder / TOKENIZER_SETTINGS).read_text(encoding="utf-8"))
+        self._single = Tokenizer.from_file(str(folder / TOKENIZER_FILE))  # no truncation/padding
+        self._pairs = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
+        self._pairs.enable_truncation(max_length, stride=0, strategy=strategy,
+                                      direction=settings["truncation_side"])
+        self._pairs.enable_padding(direction=settings["padding_side"], pad_id=settings["pad_id"],
+                                   pad_type_id=settings["pad_type_id"], pad_token=settings["pad_token"])
+        for tok in (self._single, self._pairs):
+            tok.encode_special_tokens = settings["split_special_tokens"]
+
+    @classmethod
+    def from_export(cls, folder: str | os.PathLike, max_length: int,
+                    strategy: str) -> "PairTokenizer | None":
+        """The export's tokenizer; ``None`` when it kept none or ``tokenizers`` is missing."""
+        folder = Path(folder)
+        if not ((folder / TOKENIZER_FILE).is_file() and (folder / TOKENIZER_SETTINGS).is_file()):
+            return None
+        if importlib.util.find_spec("tokenizers") is None:
+            return None
+        return cls(folder, max_length, strategy)
+
+    def token_count(self, text: str) -> int:
+        """Tokens of ``text`` alone, without special tokens."""
+        return len(self._single.encode(text, add_special_tokens=False).ids)
+
+    def __call__(self, queries: Sequence[str], texts: Sequence[str]) -> dict[str, Any]:
+        """``input_ids``, ``attention_mask`` and ``token_type_ids`` as int64 numpy arrays."""
+        import numpy as np
+
+        encodings = self._pairs.encode_batch(list(zip(queries, texts)))
+        return {"input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+                "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
+                "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64)}
 
 
 def export_onnx(model_name: str, *, cache_dir: str | os.PathLike | None = None,

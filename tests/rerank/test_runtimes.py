@@ -71,6 +71,87 @@ def test_openvino_compiles_once_and_the_next_session_loads_the_cached_model(mode
     assert [p.stat().st_mtime_ns for p in blobs] == stamps
 
 
+PAIRS = [(QUERY, t) for t in TEXTS] + [
+    ("", "an empty query"), ("a query", ""), ("Übergrößenträger naïve café 東京 😀", "ünïcödé text, ok?"),
+    ("is [SEP] a special token here", "[CLS] [PAD] [MASK] written in the text [UNK]"),
+    ("tabs\tand\nnewlines  and   spaces", "   leading and trailing   "),
+    ("a query of a length near the limit " * 3, "and a passage well over it " * 30),
+    ("a query longer than the whole budget " * 20, "short passage")]
+
+
+@pytest.mark.parametrize("strategy,library", [("only_second", "transformers"),
+                                              ("longest_first", "sentence-transformers")])
+def test_pair_tokenizer_equals_transformers(model, strategy, library):
+    """The export's tokenizer (``tokenizers`` alone) returns transformers' inputs exactly: the
+    ids, the attention mask and the segment ids, truncated and padded the same way."""
+    from transformers import AutoTokenizer
+
+    _scores(model, library, "onnx")  # writes the export
+    folder = Path(model) / "funnel_onnx"
+    ref_tok = AutoTokenizer.from_pretrained(model)
+    for max_length in (48, 16):
+        pairs = runtimes.PairTokenizer(folder, max_length, strategy)
+        kept = PAIRS
+        if strategy == "only_second":  # longer queries are clipped by transformers first
+            limit = (max_length - 3) // 2
+            kept = [(q, t) for q, t in PAIRS if len(ref_tok(q, add_special_tokens=False)["input_ids"]) <= limit]
+            assert 0 < len(kept) < len(PAIRS)
+        queries, texts = [q for q, _ in kept], [t for _, t in kept]
+        got = pairs(queries, texts)
+        ref = ref_tok(queries, texts, truncation=strategy, max_length=max_length, padding=True,
+                      return_tensors="np")
+        assert got["input_ids"].shape[1] <= max_length
+        for name in ("input_ids", "attention_mask", "token_type_ids"):
+            assert got[name].tolist() == ref[name].tolist(), name
+        for q in queries:
+            assert pairs.token_count(q) == len(ref_tok(q, add_special_tokens=False)["input_ids"])
+
+
+def test_a_cached_export_scores_without_importing_transformers_or_torch(model):
+    """The point of keeping the tokenizer in the export: a new process scores from it without
+    importing transformers (which imports torch); a query long enough to be clipped still
+    goes through transformers and scores as the torch model does."""
+    import subprocess
+    import sys
+
+    ref = _scores(model, "transformers", "onnx")  # exports
+    code = (f"import sys, json\nfrom funnel_core.rerank.cross_encoder import CrossEncoderScorer\n"
+            f"s = CrossEncoderScorer({model!r}, library='transformers', runtime='onnx', device='cpu', max_length=48, "
+            f"batch_size=4).score({QUERY!r}, {TEXTS!r})\n"
+            f"print(json.dumps([s, sorted(m for m in ('torch', 'transformers') if m in sys.modules)]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    scores, imported = json.loads(out.stdout.strip().splitlines()[-1])
+    assert imported == []
+    assert scores == pytest.approx(ref, abs=1e-6)
+    long_query = "what makes clouds produce rain " * 12  # over (48 - 3) // 2 tokens: clipped
+    clipped = CrossEncoderScorer(model, library="transformers", runtime="onnx", max_length=48).score(long_query, TEXTS)
+    torch_clipped = CrossEncoderScorer(model, library="transformers", runtime="torch", dtype="float32",
+                                       max_length=48).score(long_query, TEXTS)
+    assert clipped == pytest.approx(torch_clipped, abs=1e-5)
+
+
+def test_no_gpu_device_files_settle_on_the_cpu_without_importing_torch(monkeypatch):
+    import subprocess
+    import sys
+
+    from funnel_core import hardware
+
+    monkeypatch.setattr(hardware.sys, "platform", "linux")
+    monkeypatch.setattr(hardware, "GPU_DEVICE_FILES", ("/nonexistent/nvidiactl",))
+    assert hardware.gpu_possible() is False
+    monkeypatch.setattr(hardware, "GPU_DEVICE_FILES", (__file__,))  # a file that exists
+    assert hardware.gpu_possible() is True
+    monkeypatch.setattr(hardware.sys, "platform", "darwin")  # MPS: only torch can tell
+    assert hardware.gpu_possible() is True
+    if not sys.platform.startswith("linux"):
+        return
+    code = ("import sys\nimport funnel_core.hardware as h\nh.GPU_DEVICE_FILES = ()\n"
+            "from funnel_core.models import resolve_device\n"
+            "print(resolve_device(None), resolve_device('auto'), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["cpu", "cpu", "False"]
+
+
 def test_export_is_reused_not_redone(model, monkeypatch):
     _scores(model, "transformers", "onnx")
     onnx_file = Path(model) / "funnel_onnx" / "model.onnx"
