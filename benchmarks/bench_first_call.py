@@ -116,6 +116,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--quiet-load", type=float, default=1.0)
     p.add_argument("--quiet-timeout", type=float, default=900)
+    p.add_argument("--install-note", default=None, help="how this environment was installed (recorded)")
     args = p.parse_args()
     t0 = time.time()
     while (load_average() or [0])[0] > args.quiet_load and time.time() - t0 < args.quiet_timeout:
@@ -150,7 +151,8 @@ def main() -> None:
     write_json("first_call", {"model": args.model, "max_length": 256, "pairs": len(TEXTS),
                               "repeats": args.repeats, "median_seconds": summary, "runs": runs,
                               "max_load_before_a_run": max(loads) if loads else None,
-                              "runtimes_installed": installed,
+                              "runtimes_installed": installed, "install": args.install_note,
+                              "python_prefix": sys.prefix,
                               "auto_runtime_on_this_cpu": choose_runtime("auto", "cpu", "transformers")}, args.out)
 
 

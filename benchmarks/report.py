@@ -1012,10 +1012,10 @@ def block_first_call() -> str:
     note = (f"Median of {d['repeats']} fresh processes per cell, {d['pairs']} pairs of up to {d['max_length']} "
             f"tokens, model `{Path(d['model']).name}` (MiniLM-L6 size); `cold`: an empty export folder, `cached`: "
             f"the folder a previous process left. 1-minute load average before a process: {min(loads):.2f}-"
-            f"{max(loads):.2f} on {d['machine']['cpus']} cores. Installed with `[all]`: "
-            f"{', '.join(d['runtimes_installed'])}; `runtime=\"auto\"` picks `{d['auto_runtime_on_this_cpu']}` "
+            f"{max(loads):.2f} on {d['machine']['cpus']} cores. Runtimes installed "
+            f"({d.get('install') or 'with `[all]`'}): {', '.join(d['runtimes_installed'])}; `runtime=\"auto\"` picks `{d['auto_runtime_on_this_cpu']}` "
             f"on this CPU. Command: `python benchmarks/bench_first_call.py "
-            f"--repeats {d['repeats']}`.")
+            f"--repeats {d['repeats']}`" + (" (run with that environment's Python)" if d.get("install") else "") + ".")
     return (table(["runtime", "export folder", "first call (s)", "warm call (s)", "whole process (s)",
                    "imported torch / transformers"], e2e, note)
             + "\n\n" + table(["runtime", "export folder"] + [f"{k} (s)" for k in steps], ph,
