@@ -136,6 +136,7 @@ def test_no_gpu_device_files_settle_on_the_cpu_without_importing_torch(monkeypat
 
     from funnel_core import hardware
 
+    on_linux = sys.platform.startswith("linux")  # read before sys.platform is patched below
     monkeypatch.setattr(hardware.sys, "platform", "linux")
     monkeypatch.setattr(hardware, "GPU_DEVICE_FILES", ("/nonexistent/nvidiactl",))
     assert hardware.gpu_possible() is False
@@ -143,7 +144,7 @@ def test_no_gpu_device_files_settle_on_the_cpu_without_importing_torch(monkeypat
     assert hardware.gpu_possible() is True
     monkeypatch.setattr(hardware.sys, "platform", "darwin")  # MPS: only torch can tell
     assert hardware.gpu_possible() is True
-    if not sys.platform.startswith("linux"):
+    if not on_linux:
         return
     code = ("import sys\nimport funnel_core.hardware as h\nh.GPU_DEVICE_FILES = ()\n"
             "from funnel_core.models import resolve_device\n"
