@@ -19,10 +19,11 @@ reached by several terms is tested once and no list of touched documents is kept
 Measured on the 1M-document synthetic corpus (2 threads, AMD EPYC, 512 KiB L2 per core; throwaway
 scripts): this ran in 0.67-0.71x the time of the previous kernel (a 4,096-document tile with a
 touched list and a mark per document), which itself ran in 0.25-0.32x the time of one
-accumulator over all documents. Tried and slower: re-walking to extract with branch-free stores,
-per-(term, tile) posting offsets computed in advance, recording each document when its score
-first crosses the threshold, a bitmap instead of the touched list, and score-bound (MaxScore)
-pruning, whose bound kept ~60% of the touched documents.
+accumulator over all documents. Tried with 4,096-document tiles on one thread and slower than
+the previous kernel: re-walking to extract with branch-free stores, and per-(term, tile) posting
+offsets computed in advance; no faster: recording each document when its score first crosses
+the threshold. Slower in earlier rounds: a bitmap instead of the touched list, and score-bound
+(MaxScore) pruning, whose bound kept ~60% of the touched documents.
 """
 
 import numba

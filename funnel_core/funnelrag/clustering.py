@@ -278,7 +278,7 @@ def knn_tile(l2_bytes: int | None = None) -> int:
     """Documents per accumulator tile of the compiled kNN kernel: float64 scores filling a quarter
     of the per-core L2 cache (:func:`funnel_core.hardware.l2_cache_bytes`), a power of two in
     [4096, 65536]; 16,384 where the cache size is unknown. On the 1M-document benchmark corpus
-    (512 KiB L2, 2 threads) a quarter beat an eighth, a half and the whole L2."""
+    (512 KiB L2, 2 threads) a quarter beat a half and the whole L2."""
     if l2_bytes is None:
         from funnel_core.hardware import l2_cache_bytes
 

@@ -253,9 +253,9 @@ class CrossEncoderScorer(Settings, Reranker):
 
     def _load_hf(self, device: str, active: str):
         import torch
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        from transformers import AutoModelForSequenceClassification
 
-        tokenizer = load_pretrained(AutoTokenizer.from_pretrained, self.model_name, what="tokenizer")
+        tokenizer = self._hf_tokenizer()
         model = load_pretrained(AutoModelForSequenceClassification.from_pretrained,
                                 self.model_name, what="cross-encoder", **self.model_kwargs)
         model = (model.half() if active == "float16" else model).to(device).eval()
