@@ -37,6 +37,10 @@ A configuration (paths are relative to the TOML file)::
     k_documents = 8
     k_passages = 4
 
+    # [reader]                     # answer quality: add "EM@4", "F1@4" to metrics
+    # model = "HuggingFaceTB/SmolLM2-135M-Instruct"   # TransformersLLM settings (gguf_file, device, dtype)
+    # max_new_tokens = 32; prompt = "...{context}...{question}..."
+
 Components: ``bm25`` (``k``; BM25 settings under ``index = {...}``), ``dense`` (``k``,
 ``embedder``), ``hybrid`` (``k``, ``k_side``, ``embedder``, and the fusion settings such as
 ``alpha``, ``method``), ``clustered`` (``k`` clusters, ``max_tokens``, ``max_documents``) and
@@ -51,6 +55,11 @@ of values) is evaluated with each value on the questions of ``[evaluate] tune_sp
 ``"train"``, a BEIR qrels split over the same corpus), and the value with the best
 ``tune_metric`` (default: the first metric; ties go to the value listed first) is the one
 evaluated on ``[dataset] split``. The report keeps every value's score under ``"tuning"``.
+
+A ``[reader]`` table names the LLM that answers from each system's top-k for the ``EM@k`` /
+``F1@k`` metrics (:class:`~funnel_core.llm.TransformersLLM`; ``prompt`` and ``max_new_tokens`` go to
+:func:`~funnel_core.evaluation.harness.evaluate`). To read with a LlamaIndex or LangChain model, pass
+it wrapped (``LlamaIndexLLM`` / ``LangChainLLM``) as ``run_config(path, reader=...)``.
 """
 
 from __future__ import annotations
@@ -98,9 +107,10 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
         cfg = tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{p}: not valid TOML ({exc}).") from exc
-    unknown = set(cfg) - {"dataset", "evaluate", "systems"}
+    unknown = set(cfg) - {"dataset", "evaluate", "systems", "reader"}
     if unknown:
-        raise ValueError(f"{p}: unknown table(s) {sorted(unknown)}; use [dataset], [evaluate] and [systems.NAME].")
+        raise ValueError(f"{p}: unknown table(s) {sorted(unknown)}; use [dataset], [evaluate], [systems.NAME] "
+                         "and [reader].")
     ds = dict(cfg.get("dataset") or {})
     if "path" not in ds:
         raise ValueError(f"{p}: [dataset] needs `path` (a SQuAD JSON, BEIR folder, LlamaIndex QA JSON or JSONL).")
@@ -126,7 +136,14 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
                 spec[key] = str((base / spec[key]).resolve())
         if isinstance(spec.get("rerank"), dict) and str(spec["rerank"].get("model", "")).startswith("."):
             spec["rerank"]["model"] = str((base / spec["rerank"]["model"]).resolve())
-    return {"dataset": ds, "evaluate": ev, "systems": systems}
+    reader = dict(cfg.get("reader") or {})
+    if reader:
+        if "model" not in reader:
+            raise ValueError(f"{p} [reader]: needs `model` (a causal LM hub name or folder), e.g. "
+                             "model = \"HuggingFaceTB/SmolLM2-135M-Instruct\".")
+        if str(reader["model"]).startswith("."):
+            reader["model"] = str((base / reader["model"]).resolve())
+    return {"dataset": ds, "evaluate": ev, "systems": systems, "reader": reader}
 
 
 def _check_keys(given: dict[str, Any], allowed: set[str], where: str) -> None:
@@ -277,10 +294,11 @@ def tune_systems(specs: dict[str, dict[str, Any]], tuning_set: EvalDataset, corp
 
 def run_config(path: str | os.PathLike, *, n_timing: int | None = None, quiet_check: bool | None = None,
                max_load: float | None = None, quiet_load: float | None = None, limit: int | None = None,
-               output: str | os.PathLike | None = None,
-               progress: bool = True) -> tuple[Report, dict[str, Path]]:
+               output: str | os.PathLike | None = None, progress: bool = True,
+               reader: Any = None) -> tuple[Report, dict[str, Path]]:
     """Load the dataset, build the systems, evaluate, and write the report; keyword arguments
-    override the file's settings. Returns the report and the paths written."""
+    override the file's settings (``reader``: any :class:`~funnel_core.llm.LLM`, instead of the
+    ``[reader]`` table's model). Returns the report and the paths written."""
     cfg = load_config(path)
     ds_cfg, ev = cfg["dataset"], dict(cfg["evaluate"])
     dataset: EvalDataset = load_dataset(ds_cfg["path"], split=ds_cfg.get("split", "test"),
@@ -315,8 +333,17 @@ def run_config(path: str | os.PathLike, *, n_timing: int | None = None, quiet_ch
         specs, tuning = tune_systems(specs, tuning_set, dataset.corpus, metric=metric, indexes=indexes,
                                      progress=progress)
     systems = build_systems(specs, dataset.corpus, indexes)
-    report = evaluate(systems, dataset, progress=progress, system_keys=specs, **ev)
-    extra = {"config": {"path": str(path), "dataset": ds_cfg, "systems": specs}}
+    rd = dict(cfg["reader"])
+    reading = {"reader_prompt": rd.pop("prompt")} if "prompt" in rd else {}
+    if "max_new_tokens" in rd:
+        reading["reader_max_new_tokens"] = int(rd.pop("max_new_tokens"))
+    if reader is None and rd:
+        from funnel_core.llm import TransformersLLM
+
+        reader = _call(f"{path} [reader]", TransformersLLM, rd.pop("model"), **rd)
+    report = evaluate(systems, dataset, progress=progress, system_keys=specs, reader=reader, **reading, **ev)
+    extra = {"config": {"path": str(path), "dataset": ds_cfg, "systems": specs,
+                        **({"reader": repr(reader)} if reader is not None else {})}}
     if tuning:
         extra["tuning"] = tuning
     report = Report.from_dict({**report.to_dict(), **extra})

@@ -17,6 +17,12 @@ The run has two phases:
    no seconds at all, only counts, and says why. ``quiet_check`` first waits (bounded) for the
    load to fall below ``max_load``. When every question is timed (and no cache is used), the
    timed runs are the quality run too: one pass, not two.
+
+With a ``reader`` (any :class:`~funnel_core.llm.LLM`; LlamaIndex and LangChain models through the
+adapters' ``LlamaIndexLLM`` / ``LangChainLLM``), the metrics ``EM@k`` and ``F1@k`` ask it to answer
+each question from a system's top-k texts and score the answer against the gold answers (SQuAD's
+exact match and token F1): whether better retrieval gives better answers. The reader's calls and
+tokens are counted apart from the system's cost and are never timed.
 """
 
 from __future__ import annotations
@@ -31,14 +37,20 @@ from typing import Any, Callable, Mapping, Sequence
 
 from funnel_core import counters
 from funnel_core.evaluation.datasets import EvalDataset
-from funnel_core.evaluation.metrics import answer_recall, contextual_integrity, ir_metrics_per_query
+from funnel_core.evaluation.metrics import (
+    answer_recall,
+    contextual_integrity,
+    exact_match,
+    ir_metrics_per_query,
+    token_f1,
+)
 from funnel_core.evaluation.report import Report, summarise
 from funnel_core.evaluation.systems import as_system
 from funnel_core.hardware import available_cores
 from funnel_core.units import Unit
 
 __all__ = ["evaluate", "available_cores", "read_load_average", "wait_for_quiet", "parse_metric",
-           "default_metrics", "CACHE_VERSION"]
+           "default_metrics", "CACHE_VERSION", "READER_PROMPT"]
 
 #: Bumped when the per-question cache records change shape.
 CACHE_VERSION = 1
@@ -70,15 +82,20 @@ def wait_for_quiet(max_load: float, *, timeout: float = 600.0, poll: float = 15.
 
 
 #: The metrics computed here from the returned texts (the rest go to ranx).
-LOCAL_METRICS = ("ar", "ci", "words")
+LOCAL_METRICS = ("ar", "ci", "words", "em", "f1")
+#: The metrics a reader's answer is scored by.
+READER_METRICS = ("em", "f1")
+#: The reader's prompt (``{context}``: the top-k texts, blank-line separated; ``{question}``).
+READER_PROMPT = ("Answer the question with a short phrase taken from the context.\n\nContext:\n{context}\n\n"
+                 "Question: {question}\nAnswer:")
 
-_METRIC = re.compile(r"^([A-Za-z_]+)(?:@(\d+))?$")
+_METRIC = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:@(\d+))?$")
 
 
 def parse_metric(name: str) -> tuple[str, int | None]:
     """``"AR@4"`` -> ``("ar", 4)``, ``"CI@10"`` -> ``("ci", 10)``, ``"words@5"`` -> ``("words", 5)``,
-    ``"ndcg@10"`` -> ``("ndcg", 10)``, ``"mrr"`` -> ``("mrr", None)``. AR, CI and words are ours;
-    every other name is passed to ranx."""
+    ``"EM@4"`` -> ``("em", 4)``, ``"ndcg@10"`` -> ``("ndcg", 10)``, ``"mrr"`` -> ``("mrr", None)``.
+    AR, CI, words, EM and F1 are ours; every other name is passed to ranx."""
     m = _METRIC.match(str(name).strip())
     if not m:
         raise ValueError(f"metric {name!r} is not NAME or NAME@k (e.g. 'AR@5', 'CI@5', 'ndcg@10', "
@@ -171,7 +188,8 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
              n_boot: int = 2000, seed: int = 0, progress: bool = True,
              load_reader: Callable[[], float | None] = read_load_average, cores: int | None = None,
              clock: Callable[[], float] = time.perf_counter,
-             system_keys: Mapping[str, Any] | None = None) -> Report:
+             system_keys: Mapping[str, Any] | None = None, reader: Any = None,
+             reader_prompt: str = READER_PROMPT, reader_max_new_tokens: int = 32) -> Report:
     """Evaluate retrieval systems side by side on one dataset.
 
     Args:
@@ -184,6 +202,8 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
             entropy in bits of the top-k units' ``title_key``; lower is more coherent), ``"words@k"``
             (whitespace words in the top-k texts: the context a reader would get), and any
             ranx metric (``"ndcg@10"``, ``"recall@100"``, ``"mrr"``, ...; needs qrels).
+            ``"EM@k"`` / ``"F1@k"``: exact match / token F1 of ``reader``'s answer from the top-k texts
+            (needs answers and a reader).
             ``None``: :func:`default_metrics` over ``ks``.
         baseline: The system every other is compared with (paired bootstrap of the difference
             per metric, and the exact McNemar test for 0/1 metrics); default: the first.
@@ -214,6 +234,12 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
         load_reader: Injectable for tests: returns the 1-minute load average.
         cores: Injectable for tests: the number of available cores.
         clock: Injectable for tests: a monotonic clock in seconds.
+        reader: The LLM that answers from each system's top-k for ``EM@k`` / ``F1@k``: a
+            :class:`~funnel_core.llm.LLM` (``TransformersLLM``, or a framework model wrapped by
+            ``llama_index_funnel.llm.LlamaIndexLLM`` / ``langchain_funnel.llm.LangChainLLM``) or a
+            model name / folder. Greedy decoding.
+        reader_prompt: ``str.format`` template with ``{context}`` and ``{question}``.
+        reader_max_new_tokens: Longest answer, in tokens.
     """
     if not systems:
         raise ValueError("evaluate needs at least one system, e.g. {'bm25': BM25Retrieve(index)}.")
@@ -230,6 +256,9 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
         if kind == "ar" and not dataset.answers:
             raise ValueError(f"metric {m!r} needs gold answer strings; dataset {dataset.name!r} has relevance "
                              "judgements only: use 'ndcg@k', 'recall@k' or 'mrr'.")
+        if kind in READER_METRICS and (reader is None or not dataset.answers):
+            raise ValueError(f"metric {m!r} scores a reader's answer against gold answers: pass reader= (an "
+                             "LLM, e.g. TransformersLLM(name)) and a dataset with answers (SQuAD-format JSON).")
         if kind not in LOCAL_METRICS and not dataset.qrels:
             raise ValueError(f"metric {m!r} needs relevance judgements (qrels); dataset {dataset.name!r} has "
                              "gold answers only: use 'AR@k' (answer recall) or 'CI@k'.")
@@ -237,6 +266,15 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
         cut = [k for _, k in parsed.values() if k]
         depth = max(cut + ([100] if any(k is None for _, k in parsed.values()) else []))
     local = [m for m, (kind, _) in parsed.items() if kind in LOCAL_METRICS]
+    reader_ks = sorted({k for kind, k in parsed.values() if kind in READER_METRICS and k})
+    if reader is not None and not reader_ks:
+        raise ValueError("reader= is given but no metric uses it; add 'EM@k' and/or 'F1@k' to metrics "
+                         "(k: how many of each system's top texts the reader reads).")
+    if reader is not None:
+        from funnel_core.llm import as_llm, check_prompt_template
+
+        reader = as_llm(reader)
+        reader_prompt = check_prompt_template(reader_prompt, ["context", "question"], "reader_prompt")
     ranx_metrics = [m for m in metric_names if m not in local]
     if quiet_check not in (False, True, "each"):
         raise ValueError(f"quiet_check must be True, False or 'each' (wait before every timed query), "
@@ -248,6 +286,8 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
 
     header = {"version": CACHE_VERSION, "dataset": dataset.fingerprint(), "depth": depth,
               "id_key": id_key, "title_key": title_key, "metrics": sorted(local)}
+    if reader is not None:
+        header["reader"] = {"llm": repr(reader), "prompt": reader_prompt, "max_new_tokens": reader_max_new_tokens}
     cache = _Cache(cache_dir, header) if cache_dir is not None else None
 
     # -- the timing sample (decided first: when it is every question, one pass serves both) -------
@@ -261,8 +301,19 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
         sample = dataset.subset(n_timing, seed=timing_seed).question_ids
     one_pass = bool(sample) and cache is None and set(sample) == set(qids)
 
+    def read(q: str, units: list[Unit]) -> dict[str, Any]:
+        """The reader's answer from the top-k texts, for every k an EM/F1 metric names."""
+        before = counters.snapshot()
+        answers = {}
+        for k in reader_ks:
+            prompt = reader_prompt.format(context="\n\n".join(u.text for u in units[:k]),
+                                          question=dataset.queries[q])
+            answers[str(k)] = reader.generate([prompt], max_new_tokens=reader_max_new_tokens)[0][0].strip()
+        return {"answers": answers, "counts": counters.difference(counters.snapshot(), before)}
+
     def record(q: str, units: list[Unit], counts: dict[str, int]) -> dict[str, Any]:
         values: dict[str, float] = {}
+        read_out = read(q, units) if reader is not None and q in dataset.answers else None
         for m in local:
             kind, k = parsed[m]
             if kind == "ar" and q in dataset.answers:
@@ -271,6 +322,9 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
                 values[m] = contextual_integrity(units, k or depth, key=title_key)
             elif kind == "words":
                 values[m] = float(sum(len(u.text.split()) for u in units[: k or depth]))
+            elif kind in READER_METRICS and read_out is not None:
+                score = exact_match if kind == "em" else token_f1
+                values[m] = score(read_out["answers"][str(k)], dataset.answers[q])
         ranked: list[str] = []
         for u in units:
             did = _doc_id(u, id_key)
@@ -278,7 +332,8 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
                 ranked.append(did)
             if len(ranked) >= depth:
                 break
-        return {"id": q, "ranked": ranked, "n_results": len(units), "metrics": values, "counts": counts}
+        rec = {"id": q, "ranked": ranked, "n_results": len(units), "metrics": values, "counts": counts}
+        return rec if read_out is None else {**rec, "reader": read_out}
 
     # -- phase 1: quality (and counted cost) ------------------------------------------------
     per_question: dict[str, dict[str, dict[str, Any]]] = {name: {} for name in names}

@@ -1,5 +1,6 @@
-"""Metrics: answer recall (FunnelRAG Appendix B.3), contextual integrity (Appendix C.3), and
-standard IR metrics through `ranx <https://github.com/AmenRa/ranx>`_.
+"""Metrics: answer recall (FunnelRAG Appendix B.3), contextual integrity (Appendix C.3), a
+reader's exact match and token F1 (the SQuAD v1.1 evaluation script's definitions), and standard
+IR metrics through `ranx <https://github.com/AmenRa/ranx>`_.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Iterable, Mapping, Sequence
 
 from funnel_core.units import Unit
 
-__all__ = ["normalize_answer", "has_answer", "answer_recall", "contextual_integrity",
+__all__ = ["normalize_answer", "has_answer", "answer_recall", "contextual_integrity", "exact_match", "token_f1",
            "ir_metrics", "ir_metrics_per_query", "run_from_units"]
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -34,6 +35,26 @@ def has_answer(text: str, answers: Iterable[str]) -> bool:
 def answer_recall(units: Sequence[Unit], answers: Iterable[str], k: int) -> float:
     """AR@k: 1.0 when an answer string appears in the concatenation of the top-``k`` units."""
     return 1.0 if has_answer(" ".join(u.text for u in units[:k]), list(answers)) else 0.0
+
+
+def exact_match(prediction: str, answers: Iterable[str]) -> float:
+    """1.0 when the normalised prediction equals a normalised gold answer (SQuAD EM)."""
+    pred = normalize_answer(prediction)
+    return 1.0 if any(pred == normalize_answer(a) for a in answers) else 0.0
+
+
+def token_f1(prediction: str, answers: Iterable[str]) -> float:
+    """The best token-level F1 of the prediction against any gold answer (SQuAD F1): the harmonic
+    mean of precision and recall over the multiset of normalised tokens they share."""
+    pred = normalize_answer(prediction).split()
+    best = 0.0
+    for answer in answers:
+        gold = normalize_answer(answer).split()
+        same = sum((Counter(pred) & Counter(gold)).values())
+        if same:
+            precision, recall = same / len(pred), same / len(gold)
+            best = max(best, 2 * precision * recall / (precision + recall))
+    return best
 
 
 def contextual_integrity(units: Sequence[Unit], k: int, key: str = "title") -> float:

@@ -69,6 +69,9 @@ def summarise(*, names: Sequence[str], baseline: str, metric_names: Sequence[str
         n = max(len(recs), 1)
         c: dict[str, Any] = {f"{k}_per_query": sum(r["counts"].get(k, 0) for r in recs) / n
                              for k in COUNTER_NAMES}
+        read = [r["reader"]["counts"] for r in recs if "reader" in r]  # the reader's cost, apart
+        c.update({f"reader_{k}_per_query": sum(x.get(k, 0) for x in read) / n
+                  for k in COUNTER_NAMES if any(x.get(k) for x in read)})
         secs = [r["seconds"] for r in timing.get("records", []) if r["system"] == name]
         c["timed_questions"] = len(secs)
         if secs and not refused:
