@@ -7,13 +7,7 @@ This is supervised training on labels, not FunnelRAG's local-to-global distillat
 post-ranker scores are aggregated (eqs. 4-5) and the pairwise BPR loss (eq. 6) is not used. L2G
 itself is :func:`funnel_core.train.l2g.train_l2g`.
 
-Other benchmarks import :func:`get_or_train` to reuse the model (or train it when missing)::
-
-    from benchmarks.prerank_model import get_or_train
-    path = get_or_train(data_dir)            # models/minilm-scifact-ce under the repo root
-    scorer = CrossEncoderScorer(path, library="transformers", max_length=256)
-
-Run it alone to (re)train::
+Train it (``benchmarks/configs/scifact.toml`` and ``bench_ce_backends.py`` read it)::
 
     nice -n 10 python benchmarks/prerank_model.py --data /work/shared/data [--retrain] [--quick]
 
@@ -44,11 +38,10 @@ DEFAULT_OUT = "models/minilm-scifact-ce"
 CONFIG = dict(max_length=192, learning_rate=5e-5, head_learning_rate=5e-4, weight_decay=0.01,
               warmup_ratio=0.1, epochs=2, num_negatives=5, queries_per_step=4, loss="listwise",
               freeze_embeddings=True, freeze_layers=0, dtype="auto", max_seconds=45 * 60, seed=0)
-#: BM25 depth the negatives are drawn from. Measured on SciFact test (nDCG@10 reranking BM25 top-10 /
-#: top-100): negatives from the top-100 (this model, results/prerank.json) 0.694 / 0.661; negatives
-#: from the top-30 (results/prerank_negdepth30.json) 0.702 / 0.673. Deeper negatives did not help the
-#: pure cross-encoder; interpolated with BM25 they did (0.719 vs 0.696 at top-100, each with its
-#: weight tuned on train queries). 100 stays the default because results/funnel.json used this model.
+#: BM25 depth the negatives are drawn from. Measured on SciFact test by the former bench_prerank.py
+#: (results/prerank*.json at commit bc7c8da; nDCG@10 reranking BM25 top-10 / top-100): negatives from
+#: the top-100 0.694 / 0.661, from the top-30 0.702 / 0.673; interpolated with BM25, the top-100
+#: model did better at the top-100 (0.719 vs 0.696, each weight tuned on train queries).
 NEGATIVE_DEPTH = 100
 
 
@@ -96,15 +89,6 @@ def train(data_dir: str | os.PathLike, out_dir: str | os.PathLike = DEFAULT_OUT,
                "data": "SciFact train (qrels/train.tsv)"}
     (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     return summary
-
-
-def get_or_train(data_dir: str | os.PathLike = DEFAULT_DATA,
-                 out_dir: str | os.PathLike = DEFAULT_OUT, *, retrain: bool = False,
-                 **kwargs) -> str:
-    """Path of the trained SciFact cross-encoder; trains it first when missing (or ``retrain``)."""
-    if retrain or not is_trained(out_dir):
-        train(data_dir, out_dir, **kwargs)
-    return str(_resolve(out_dir))
 
 
 def main() -> None:

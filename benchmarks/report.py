@@ -112,11 +112,6 @@ def secs(x: float) -> str:
     return f"{x:.2g}" if abs(x) < 0.01 else f"{x:.2f}"
 
 
-def count(n: int) -> str:
-    """10000 -> 10k, 1000000 -> 1M."""
-    return f"{n // 1_000_000}M" if n % 1_000_000 == 0 else (f"{n // 1000}k" if n % 1000 == 0 else f"{n:,}")
-
-
 # -- reports of the evaluation harness (`funnel eval`, funnel_core.evaluation.evaluate) -------------
 def harness(name: str) -> dict:
     """``results/<name>/report.json[.gz]``: what ``Report.save`` wrote, per-question results included."""
@@ -152,11 +147,13 @@ def harness_timing(d: dict) -> str:
 
 
 def harness_table(name: str, metrics: Sequence[str] | None = None, labels: dict[str, str] | None = None, *,
-                  bold: Sequence[str] = (), vs_baseline: str | None = None, digits: int = 3) -> str:
+                  bold: Sequence[str] = (), vs_baseline: str | None = None, digits: int = 3,
+                  command: str | None = None) -> str:
     """Any harness report as one table: a row per system (``labels`` picks, orders and names them), each
     metric as its mean and 95% bootstrap interval (the best mean of a ``bold`` metric in bold), the paired
     difference against the baseline in ``vs_baseline``, and pairs scored and seconds per query where the
-    run counted or timed them; the note names the questions, the command and the timing."""
+    run counted or timed them; the note names the questions, the command (``command``: a script that
+    ran the harness) and the timing."""
     d = harness(name)
     summ, cost = d["summary"], d["cost"]
     systems = [s for s in (labels or summ) if s in summ]
@@ -181,7 +178,7 @@ def harness_table(name: str, metrics: Sequence[str] | None = None, labels: dict[
         rows.append(row)
     ds = d["dataset"]
     return table(head, rows, f"{ds['questions']:,} questions of `{ds['name']}`, 95% bootstrap intervals over "
-                             f"questions; command: {harness_command(d)}; {harness_timing(d)}.")
+                             f"questions; command: {command or harness_command(d)}; {harness_timing(d)}.")
 
 
 def harness_row(name: str, what: str, metrics: Sequence[str], labels: dict[str, str]) -> Row:
@@ -597,52 +594,28 @@ def bm25_rows() -> list[Part]:
     return out
 
 
-PRERANK_RUNS = (
-    ("prerank.json", "`python benchmarks/prerank_model.py --retrain && python benchmarks/bench_prerank.py "
-                     "--tune-fuse-on-train 100`"),
-    ("prerank_maxp100.json", "`python benchmarks/bench_prerank.py --window-words 100 --skip-throughput "
-                             "--fuse-weight 0.3 --out benchmarks/results/prerank_maxp100.json`"))
-
-
-def fuse_key(p: dict) -> str:
-    """The JSON key of the cross-encoder + BM25 interpolation a prerank run recorded (one weight)."""
-    return next(k for k in p["rerank"]["depths"]["10"] if k.startswith("interpolated_ce_bm25_w"))
-
-
-def _prerank_part(name: str) -> Part:
-    p = load(name)
-    dep = p["rerank"]["depths"]
-    fk = fuse_key(p)
-    mx = " (MaxP, 100-word windows)" if p["rerank"].get("window_words") else ""
-    return (f"SciFact-trained MiniLM cross-encoder{mx}: rerank BM25 top-10 / top-100, nDCG@10",
-            f"alone **{dep['10']['cross_encoder']['ndcg@10']:.3f} / {dep['100']['cross_encoder']['ndcg@10']:.3f}**; "
-            f"interpolated with BM25 (w {fk.rsplit('_w', 1)[1]}) {dep['10'][fk]['ndcg@10']:.3f} / "
-            f"{dep['100'][fk]['ndcg@10']:.3f}; flat BM25 {p['flat_bm25']['ndcg@10']:.3f}",
-            f"{p['queries']} test queries", "not recorded")
+#: SciFact test nDCG@10 published for the systems the SciFact rows compare against
+PUBLISHED_SCIFACT = {"bm25_beir": 0.665, "bm25_pyserini_flat": 0.679, "bm25_top100_ms_marco_minilm_ce_beir": 0.688}
+#: The SciFact cross-encoder's systems in benchmarks/configs/scifact.toml (pre-ranking, docs/prerank.md)
+PRERANK_SYSTEMS = {"bm25_ce_fused": "BM25 top-100 -> CE, interpolated with BM25 (w = 0.3)",
+                   "bm25_ce_top10": "BM25 top-10 -> CE alone", "bm25": "BM25"}
+#: ... and the funnel against the flat systems with the same model (docs/funnel.md)
+FUNNEL_SYSTEMS = {"bm25_ce_fused": "BM25 top-100 -> CE + BM25", "funnelrag": "funnel", "bm25": "BM25",
+                  "clustered": "clustered BM25 (first stage alone)"}
 
 
 @readme_rows("prerank")
 def prerank_rows() -> list[Row]:
-    return [(*_prerank_part(name), cmd) for name, cmd in PRERANK_RUNS]
-
-
-@readme_rows("funnel", "`python benchmarks/bench_funnel.py --data ../shared/data`")
-def funnel_rows() -> list[Part]:
-    f = load("funnel.json")
-    sq, sc = f["squad"], f["scifact"]
-    n = sq["n_questions"]
-    return [(f"small SQuAD corpus ({sq['n_passages']:,} passages, dev-a only), flat dense top-400 -> CE vs funnel "
-             "(SciFact-trained CE)",
-             versus("AR@4", [(k, f"{sq[k]['AR@4']:.2f}, {sq[k]['seconds_per_query']:.2f} s/query") for k in ("flat", "funnel")], "; "),
-             f"{n} questions", f"flat {wci(sq['flat']['AR@4'], n)}; funnel {wci(sq['funnel']['AR@4'], n)}"),
-            ("SciFact test, flat dense top-400 passages -> CE vs funnel",
-             versus("nDCG@10", [(k, f"{sc[k]['ndcg@10']:.3f}, {sc[k]['seconds_per_query']:.2f} s/query") for k in ("flat", "funnel")], "; "),
-             f"{sc['n_queries']} queries", "not recorded")]
+    return [harness_row("scifact_eval", "SciFact-trained MiniLM cross-encoder reranking BM25, SciFact test (published "
+                        f"BM25 + ms-marco MiniLM CE: {PUBLISHED_SCIFACT['bm25_top100_ms_marco_minilm_ce_beir']})",
+                        ["ndcg@10"], PRERANK_SYSTEMS),
+            harness_row("scifact_eval", "FunnelRAG funnel (3 clusters -> CE on abstracts % 20 -> 60-word passages -> "
+                        "CE) vs flat systems with the same CE, SciFact test", ["ndcg@10", "recall@100"], FUNNEL_SYSTEMS)]
 
 
 @readme_rows("harness")
 def harness_rows() -> list[Row]:
-    p = load("prerank.json")["published"]
+    p = PUBLISHED_SCIFACT
     bm25 = harness_row("scifact_fusion", "flat BM25, SciFact test (published nDCG@10: BEIR "
                        f"{p['bm25_beir']}, Pyserini {p['bm25_pyserini_flat']})", ["ndcg@10", "recall@100"], {"bm25": "BM25"})
     return [bm25,
@@ -654,6 +627,7 @@ def harness_rows() -> list[Row]:
             harness_row("mog", "Mix-of-Granularity on SQuAD dev-a (held-out half)", ["AR@1"],
                         {"mog": "MoG", "level_1": "level 1", "level_5": "level 5", "mogg": "MoGG",
                          "auto_merging": "AutoMerging"})]
+
 
 
 @readme_rows("query_classifier")
@@ -732,143 +706,16 @@ def block_clustering_scifact() -> str:
     return table(["measurement", "result"], rows)
 
 
-FUNNEL_CMD = "`python benchmarks/bench_funnel.py --data ../shared/data`"
-
-
-@block("funnel-small-squad")
-def block_funnel_small_squad() -> str:
-    f = load("funnel.json")
-    sq = f["squad"]
-    n = sq["n_questions"]
-    rows = []
-    for name, label in (("flat", sq["settings"]["flat"]), ("funnel", sq["settings"]["funnel"])):
-        r = sq[name]
-        rows.append([f"{name}: {label}"] + [f"{r[f'AR@{k}']:.2f}" for k in (1, 2, 3, 4)]
-                    + [wci(r["AR@4"], n), f"{r['contextual_integrity@4']:.2f}", f"{r['seconds_per_query']:.2f}"])
-    ratio = sq["ratio_funnel_over_flat"]
-    rows.append(["ratio funnel / flat"] + [f"{ratio[f'AR@{k}']:.2f}" for k in (1, 2, 3, 4)]
-                + ["", "", f"{ratio['seconds_per_query']:.2f}"])
-    return table(["paradigm", "AR@1", "AR@2", "AR@3", "AR@4", "AR@4 95% interval",
-                  "contextual integrity@4 (lower is better)", "seconds/query"], rows,
-                 f"SQuAD dev-a only ({n} questions; {sq['n_documents']} documents, {sq['n_passages']:,} passages, "
-                 f"{sq['n_clusters']} clusters); command: {FUNNEL_CMD}")
-
-
-STAGE_LABELS = {"clustered_bm25": "clustered BM25, top-{k} clusters", "pre_ranking": "cross-encoder pre-ranking",
-                "later_chunking": "later chunking into 100-word passages", "post_ranking": "cross-encoder post-ranking",
-                "dense": "dense search", "rerank": "cross-encoder rerank"}
-
-
-def stage_label(name: str, k_clusters: int) -> str:
-    base, _, keep = name.partition(" % ")
-    return STAGE_LABELS.get(base, base).format(k=k_clusters) + (f" % {keep}" if keep else "")
-
-
-def units(x: float) -> str:
-    return "all" if x == 0 else (f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}")
-
-
-@block("funnel-stages")
-def block_funnel_stages() -> str:
-    f = load("funnel.json")
-    sq = f["squad"]
-    k = f["args"]["squad_clusters"]
-    rows = [[stage_label(st["name"], k), f"{units(st['units_in'])} -> {units(st['units_out'])}"
-             + (" documents" if st["name"] == "clustered_bm25" else ""),
-             secs(st["seconds_per_query"]), f"{st['answer_recall_after']:.2f}"] for st in sq["funnel"]["stages"]]
-    fl = sq["flat"]
-    rerank = next(st for st in fl["stages"] if st["name"].startswith("rerank"))
-    first = next(st for st in fl["stages"] if not st["name"].startswith("rerank"))
-    diff = sq["funnel"]["AR@4"] - fl["AR@4"]
-    n = sq["n_questions"]
-    return (table(["stage", "units in -> out", "seconds", "answer recall after"], rows,
-                  f"Where the funnel's time and recall go (from its trace, mean per query over the {n} questions "
-                  f"above; command: {FUNNEL_CMD}):")
-            + f"\n\nThe flat side spends {rerank['seconds_per_query']:.2f} of its {fl['seconds_per_query']:.2f} s "
-            f"reranking {units(rerank['units_in'])} passages; its {first['name']} search takes "
-            f"{first['seconds_per_query'] * 1000:.0f} ms. In this run the funnel's AR@4 is {diff * 100:+.0f} points "
-            f"against flat (intervals in the table above) at {sq['ratio_funnel_over_flat']['seconds_per_query']:.2f}x "
-            "the time.")
+@block("prerank-scifact")
+def block_prerank_scifact() -> str:
+    return harness_table("scifact_eval", ["ndcg@10", "recall@10", "recall@100"], PRERANK_SYSTEMS, bold=["ndcg@10"],
+                         vs_baseline="ndcg@10")
 
 
 @block("funnel-scifact")
 def block_funnel_scifact() -> str:
-    f = load("funnel.json")
-    sc, a = f["scifact"], f["args"]
-    labels = {"flat": f"flat: dense top-{a['flat_depth']} passages -> cross-encoder",
-              "funnel": f"funnel: BM25 top-{a['scifact_clusters']} clusters -> cross-encoder on abstracts % "
-                        f"{a['scifact_documents']} -> passages -> cross-encoder"}
-    cols = ("ndcg@10", "recall@100")
-    best = {c: bold_max([sc[k][c] for k in labels]) for c in cols}
-    fastest = min(labels, key=lambda k: sc[k]["seconds_per_query"])
-    rows = [[labels[k]] + [best[c][i] for c in cols]
-            + [f"**{sc[k]['seconds_per_query']:.2f}**" if k == fastest else f"{sc[k]['seconds_per_query']:.2f}"]
-            for i, k in enumerate(labels)]
-    ratio = sc["ratio_funnel_over_flat"]
-    rows.append(["ratio funnel / flat"] + [f"{ratio[c]:.2f}" for c in (*cols, "seconds_per_query")])
-    return table(["paradigm", "nDCG@10", "recall@100", "seconds/query"], rows,
-                 f"SciFact ({sc['n_queries']} test queries; {sc['n_documents']:,} abstracts as documents, "
-                 f"{sc['n_passages']:,} sentence-window passages, {sc['n_clusters']} clusters; document-level metrics, "
-                 f"a document scored by its best passage; one run, intervals not recorded); command: {FUNNEL_CMD}")
-
-
-@block("funnel-scaling")
-def block_funnel_scaling() -> str:
-    sc = load("funnel.json")["scaling"]
-
-    def ms(x: float) -> str:
-        return f"{x * 1000:.2g} ms" if x < 0.01 else f"{x * 1000:.0f} ms"
-
-    rows = [[count(r["n_passages"]), ms(r["flat_dense_search_s"]), ms(r["funnel_cluster_bm25_s"]),
-             f"{r['cluster_bm25_build_s']:.1f} s", f"{r['flat_total_s']:.2f} s", f"{r['funnel_total_s']:.2f} s"]
-            for r in sc]
-    lo, hi = sc[0], sc[-1]
-    return (table(["passages", "flat dense search", "funnel clustered BM25", "cluster index build", "flat total",
-                   "funnel total"], rows,
-                  f"Scaling (synthetic corpora, one run; the corpus-size-dependent first stage is measured, the "
-                  f"reranking time is the SQuAD figure above, which does not depend on corpus size); command: {FUNNEL_CMD}")
-            + f"\n\nOn a CPU the rerankers dominate at every size here; the first stage's time grows with the corpus, "
-            f"by {hi['flat_dense_search_s'] / lo['flat_dense_search_s']:.0f}x from {count(lo['n_passages'])} to "
-            f"{count(hi['n_passages'])} for exact dense search against "
-            f"{hi['funnel_cluster_bm25_s'] / lo['funnel_cluster_bm25_s']:.0f}x for BM25 over clusters.")
-
-
-PRERANK_FILES = ("prerank.json", "prerank_maxp100.json", "prerank_negdepth30.json")
-
-
-@block("prerank-scifact")
-def block_prerank_scifact() -> str:
-    base, maxp, neg = (load(n) for n in PRERANK_FILES)
-    depths = list(base["rerank"]["depths"])
-
-    def ndcg(p: dict, key: str) -> list[float]:
-        return [p["rerank"]["depths"][k][key]["ndcg@10"] for k in depths]
-
-    def tuned(p: dict) -> str:
-        w, ft = fuse_key(p).rsplit("_w", 1)[1], p.get("fuse_tuning")
-        return (f"w={w} chosen on {ft['train_queries']} train queries" if ft and str(ft["best_weight"]) == w
-                else f"w={w} (the weight chosen above, not re-tuned)")
-
-    nd = base["model"]["training"]["negative_depth"] if "training" in base.get("model", {}) else 100
-    ours = [("flat BM25 (`BM25Index` defaults)", [base["flat_bm25"]["ndcg@10"]] * len(depths)),
-            (f"**our MiniLM cross-encoder, negatives from BM25 top-{nd} (published model)**", ndcg(base, "cross_encoder")),
-            (f"same + BM25, min-max interpolation, {tuned(base)}", ndcg(base, fuse_key(base))),
-            ("same model, MaxP over 100-word windows (`--window-words 100`, `results/prerank_maxp100.json`)",
-             ndcg(maxp, "cross_encoder")),
-            (f"same MaxP + BM25, {tuned(maxp)}", ndcg(maxp, fuse_key(maxp))),
-            (f"our MiniLM cross-encoder, negatives from BM25 top-{neg['model']['training']['negative_depth']} "
-             "(`results/prerank_negdepth30.json`)", ndcg(neg, "cross_encoder")),
-            (f"same + BM25, {tuned(neg)}", ndcg(neg, fuse_key(neg)))]
-    cols = [bold_max([v[i] for _, v in ours]) for i in range(len(depths))]
-    rows = [[label] + [cols[i][j] for i in range(len(depths))] for j, (label, _) in enumerate(ours)]
-    pub = base["published"]["bm25_top100_ms_marco_minilm_ce_beir"]
-    rows.append(["published: BM25 top-100 + ms-marco-MiniLM CE (BEIR)"] + [""] * (len(depths) - 1) + [f"{pub:.3f}"])
-    return table(["SciFact test nDCG@10", f"depth {depths[0]}", *depths[1:]], rows,
-                 f"SciFact test ({base['queries']} queries), nDCG@10 after reranking the BM25 top-depth; one run per "
-                 f"model, flat BM25 in the same run; means only, intervals not recorded; the best of each column in "
-                 f"bold. Commands: {PRERANK_RUNS[0][1]} (`results/prerank.json`); {PRERANK_RUNS[1][1]}; the top-30 "
-                 f"model: `prerank_model.py --retrain` with its `NEGATIVE_DEPTH` set to 30, then `bench_prerank.py --tune-fuse-on-train 100 "
-                 f"--out benchmarks/results/prerank_negdepth30.json`.")
+    return harness_table("scifact_eval", ["ndcg@10", "recall@10", "recall@100"], FUNNEL_SYSTEMS, bold=["ndcg@10"],
+                         vs_baseline="ndcg@10")
 
 
 @block("l2g-squad")

@@ -137,12 +137,8 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
         if isinstance(spec.get("rerank"), dict) and str(spec["rerank"].get("model", "")).startswith("."):
             spec["rerank"]["model"] = str((base / spec["rerank"]["model"]).resolve())
     reader = dict(cfg.get("reader") or {})
-    if reader:
-        if "model" not in reader:
-            raise ValueError(f"{p} [reader]: needs `model` (a causal LM hub name or folder), e.g. "
-                             "model = \"HuggingFaceTB/SmolLM2-135M-Instruct\".")
-        if str(reader["model"]).startswith("."):
-            reader["model"] = str((base / reader["model"]).resolve())
+    if str(reader.get("model", "")).startswith("."):
+        reader["model"] = str((base / reader["model"]).resolve())
     return {"dataset": ds, "evaluate": ev, "systems": systems, "reader": reader}
 
 
@@ -301,6 +297,17 @@ def run_config(path: str | os.PathLike, *, n_timing: int | None = None, quiet_ch
     ``[reader]`` table's model). Returns the report and the paths written."""
     cfg = load_config(path)
     ds_cfg, ev = cfg["dataset"], dict(cfg["evaluate"])
+    rd = dict(cfg["reader"])
+    reading = {"reader_prompt": rd.pop("prompt")} if "prompt" in rd else {}
+    if "max_new_tokens" in rd:
+        reading["reader_max_new_tokens"] = int(rd.pop("max_new_tokens"))
+    if reader is None and cfg["reader"]:
+        from funnel_core.llm import TransformersLLM
+
+        if "model" not in rd:
+            raise ValueError(f"{path} [reader]: needs `model` (a causal LM hub name or folder), e.g. "
+                             "model = \"HuggingFaceTB/SmolLM2-135M-Instruct\", or pass run_config(reader=...).")
+        reader = _call(f"{path} [reader]", TransformersLLM, rd.pop("model"), **rd)
     dataset: EvalDataset = load_dataset(ds_cfg["path"], split=ds_cfg.get("split", "test"),
                                         corpus=ds_cfg.get("corpus"))
     limit = limit if limit is not None else ds_cfg.get("limit")
@@ -333,14 +340,6 @@ def run_config(path: str | os.PathLike, *, n_timing: int | None = None, quiet_ch
         specs, tuning = tune_systems(specs, tuning_set, dataset.corpus, metric=metric, indexes=indexes,
                                      progress=progress)
     systems = build_systems(specs, dataset.corpus, indexes)
-    rd = dict(cfg["reader"])
-    reading = {"reader_prompt": rd.pop("prompt")} if "prompt" in rd else {}
-    if "max_new_tokens" in rd:
-        reading["reader_max_new_tokens"] = int(rd.pop("max_new_tokens"))
-    if reader is None and rd:
-        from funnel_core.llm import TransformersLLM
-
-        reader = _call(f"{path} [reader]", TransformersLLM, rd.pop("model"), **rd)
     report = evaluate(systems, dataset, progress=progress, system_keys=specs, reader=reader, **reading, **ev)
     extra = {"config": {"path": str(path), "dataset": ds_cfg, "systems": specs,
                         **({"reader": repr(reader)} if reader is not None else {})}}

@@ -102,7 +102,7 @@ def test_the_cache_keeps_the_readers_answers_and_refuses_another_reader(tmp_path
 def test_funnel_eval_reads_with_the_reader_table(squad_file, tiny_llama_path, tmp_path):
     """`[reader]` builds a TransformersLLM (here a tiny random llama: its answers are noise, the
     wiring is what is checked); run_config(reader=...) replaces it with any LLM."""
-    from funnel_core.evaluation.config import load_config, run_config
+    from funnel_core.evaluation.config import run_config
 
     cfg = tmp_path / "e.toml"
     cfg.write_text('[dataset]\npath = "squad.json"\n[evaluate]\nmetrics = ["AR@1", "EM@1", "F1@1"]\nn_timing = 0\n'
@@ -120,4 +120,4 @@ def test_funnel_eval_reads_with_the_reader_table(squad_file, tiny_llama_path, tm
     assert 0 < scripted.summary["bm25"]["F1@1"]["mean"] < 1
     cfg.write_text(cfg.read_text().replace(f'model = "{tiny_llama_path}"', 'modell = "x"'))
     with pytest.raises(ValueError, match=r"\[reader\]: needs `model`"):
-        load_config(cfg)
+        run_config(cfg, progress=False)
