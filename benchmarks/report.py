@@ -602,6 +602,9 @@ PRERANK_SYSTEMS = {"bm25_ce_fused": "BM25 top-100 -> CE, interpolated with BM25 
 #: ... and the funnel against the flat systems with the same model (docs/funnel.md)
 FUNNEL_SYSTEMS = {"bm25_ce_fused": "BM25 top-100 -> CE + BM25", "funnelrag": "funnel", "bm25": "BM25",
                   "clustered": "clustered BM25 (first stage alone)"}
+#: The reader run (benchmarks/configs/squad_reader.toml, bench_reader.py)
+READER_SYSTEMS = {"funnelrag": "funnel", "bm25_ce": "BM25 top-30 -> CE", "bm25": "BM25"}
+READER_CMD = "`python benchmarks/bench_reader.py`"
 
 
 @readme_rows("prerank")
@@ -628,6 +631,12 @@ def harness_rows() -> list[Row]:
                         {"mog": "MoG", "level_1": "level 1", "level_5": "level 5", "mogg": "MoGG",
                          "auto_merging": "AutoMerging"})]
 
+
+@readme_rows("reader")
+def reader_rows() -> list[Row]:
+    return [(*harness_row("squad_reader", "answer quality: SmolLM2-135M reads each system's top-2 paragraphs "
+                          "(SQuAD dev-a; SQuAD token F1 / exact match)", ["F1@2", "EM@2", "AR@2"],
+                          READER_SYSTEMS)[:4], READER_CMD)]
 
 
 @readme_rows("query_classifier")
@@ -710,6 +719,12 @@ def block_clustering_scifact() -> str:
 def block_prerank_scifact() -> str:
     return harness_table("scifact_eval", ["ndcg@10", "recall@10", "recall@100"], PRERANK_SYSTEMS, bold=["ndcg@10"],
                          vs_baseline="ndcg@10")
+
+
+@block("squad-reader")
+def block_squad_reader() -> str:
+    return harness_table("squad_reader", ["AR@1", "AR@2", "EM@2", "F1@2"], READER_SYSTEMS, bold=["F1@2"],
+                         vs_baseline="F1@2", command=READER_CMD)
 
 
 @block("funnel-scifact")
