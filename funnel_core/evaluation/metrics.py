@@ -47,10 +47,11 @@ def token_f1(prediction: str, answers: Iterable[str]) -> float:
     """The best token-level F1 of the prediction against any gold answer (SQuAD F1): the harmonic
     mean of precision and recall over the multiset of normalised tokens they share."""
     pred = normalize_answer(prediction).split()
+    pred_counts = Counter(pred)
     best = 0.0
     for answer in answers:
         gold = normalize_answer(answer).split()
-        same = sum((Counter(pred) & Counter(gold)).values())
+        same = sum((pred_counts & Counter(gold)).values())
         if same:
             precision, recall = same / len(pred), same / len(gold)
             best = max(best, 2 * precision * recall / (precision + recall))
