@@ -143,6 +143,18 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    from funnel_core.train.runner import run_train
+
+    trained = run_train(args.config, output=args.out, max_minutes=args.max_minutes, limit=args.limit,
+                        progress=not args.no_progress)
+    card = trained.card
+    print(f"trained {card['kind']} -> {trained.path}")
+    print(json.dumps({k: card[k] for k in ("steps", "train_seconds", "stopped_early", "held_out_metrics")
+                      if k in card}, indent=1))
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from funnel_core.demo import run_demo
 
@@ -215,6 +227,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="--quiet-check waits for the load average to fall to this (default: --max-load)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(fn=_cmd_eval)
+
+    p = sub.add_parser("train", help="train a model (cross-encoder, fid-reader, l2g, mog-router, rankrag) from "
+                       "a TOML configuration; writes the model folder with its card and SHA-256 manifest",
+                       description="See docs/training.md for the configuration format.")
+    p.add_argument("config", help="TOML file: [dataset], [train], [mining], [model] tables")
+    p.add_argument("--out", default=None, help="model folder (default: [train] output)")
+    p.add_argument("--max-minutes", type=float, default=None, help="time cap of the optimisation")
+    p.add_argument("--limit", type=int, default=None, help="train on a seeded sample of this many questions")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(fn=_cmd_train)
 
     args = parser.parse_args(argv)
     try:

@@ -72,10 +72,17 @@ def load_pretrained(loader: Callable[..., T], name_or_path: str | os.PathLike, w
 
     A hub name that cannot be downloaded (no network, ``HF_HUB_OFFLINE=1``) or a folder that does
     not exist raises :class:`~funnel_core.errors.ModelLoadError` naming the model and the fix.
+    A local folder with a ``MANIFEST.sha256`` (every model ``funnel train`` writes) is verified
+    first: a file that differs from its digest raises
+    :class:`~funnel_core.train.card.ModelIntegrityError`.
     """
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise TypeError(f"{what} must be a hub name or a local folder path, got "
                         f"{type(name_or_path).__name__}.")
+    if os.path.isdir(name_or_path):
+        from funnel_core.train.card import verify_model
+
+        verify_model(name_or_path)  # a folder `funnel train` wrote: its files must match MANIFEST.sha256
     try:
         return loader(str(name_or_path), **kwargs)
     except (OSError, ValueError) as exc:

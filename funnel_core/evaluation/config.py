@@ -45,9 +45,10 @@ Components: ``bm25`` (``k``; BM25 settings under ``index = {...}``), ``dense`` (
 ``embedder``), ``hybrid`` (``k``, ``k_side``, ``embedder``, and the fusion settings such as
 ``alpha``, ``method``), ``clustered`` (``k`` clusters, ``max_tokens``, ``max_documents``) and
 ``funnelrag`` (the arguments of :func:`funnel_core.funnelrag.presets.funnelrag`). Any of the
-first four takes ``rerank = {model = ..., top_n = ..., <CrossEncoderScorer settings>}`` and
-``compress = {method = ..., ratio = ..., <ExtractiveCompressor settings>}`` (in that order when
-both are given). Indexes with equal settings are built once and shared. An unknown key is an
+first four takes ``rerank = {model = ..., top_n = ..., <CrossEncoderScorer settings>}``,
+``postrank = {model = ..., <FiDAttentionScorer settings>}`` (FiD cross-attention post-ranking by a
+reader such as one ``funnel train`` wrote) and ``compress = {method = ..., ratio = ...,
+<ExtractiveCompressor settings>}`` (in that order when several are given). Indexes with equal settings are built once and shared. An unknown key is an
 error, never ignored.
 
 Tuning on another split: a system with ``tune = {alpha = [0.1, 0.3, 0.5]}`` (one setting, a list
@@ -134,8 +135,9 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
         for key in ("embedder", "pre_ranker", "post_ranker"):
             if isinstance(spec.get(key), str) and spec[key].startswith("."):
                 spec[key] = str((base / spec[key]).resolve())
-        if isinstance(spec.get("rerank"), dict) and str(spec["rerank"].get("model", "")).startswith("."):
-            spec["rerank"]["model"] = str((base / spec["rerank"]["model"]).resolve())
+        for table in ("rerank", "postrank"):
+            if isinstance(spec.get(table), dict) and str(spec[table].get("model", "")).startswith("."):
+                spec[table]["model"] = str((base / spec[table]["model"]).resolve())
     reader = dict(cfg.get("reader") or {})
     if str(reader.get("model", "")).startswith("."):
         reader["model"] = str((base / reader["model"]).resolve())
@@ -193,6 +195,7 @@ def build_systems(specs: dict[str, dict[str, Any]], corpus: list[Unit],
         where = f"[systems.{name}]"
         component = spec.pop("component")
         rerank = spec.pop("rerank", None)
+        postrank = spec.pop("postrank", None)
         compress = spec.pop("compress", None)
         if "tune" in spec:
             raise ValueError(f"{where}: `tune` is resolved by run_config (funnel eval), which evaluates each "
@@ -241,6 +244,13 @@ def build_systems(specs: dict[str, dict[str, Any]], corpus: list[Unit],
             model = r.pop("model")
             ce = _call(f"{where} rerank", CrossEncoderScorer, model, **r)
             stage = Funnel([stage, ce])
+        if postrank is not None:
+            from funnel_core.rerank.fid import FiDAttentionScorer
+
+            if not isinstance(postrank, dict) or "model" not in postrank:
+                raise ValueError(f"{where}: postrank must be a table with `model` (a FiD reader folder, e.g. one "
+                                 "`funnel train` wrote with kind = \"fid-reader\").")
+            stage = Funnel([stage, _call(f"{where} postrank", FiDAttentionScorer, **postrank)])
         if compress is not None:
             from funnel_core.best_practices.compress import ExtractiveCompressor
 

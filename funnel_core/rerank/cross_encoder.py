@@ -211,10 +211,10 @@ class CrossEncoderScorer(Settings, Reranker):
         from sentence_transformers import CrossEncoder
 
         kwargs = dict(self.model_kwargs)
-        if active == "float16":
-            kwargs.setdefault("torch_dtype", torch.float16)
+        # the resolved precision, also for float16 checkpoints (the models funnel train keeps)
+        kwargs.setdefault("torch_dtype", torch.float16 if active == "float16" else torch.float32)
         model = load_pretrained(CrossEncoder, self.model_name, what="cross-encoder", device=device,
-                                max_length=self.max_length, model_kwargs=kwargs or None)
+                                max_length=self.max_length, model_kwargs=kwargs)
         identity = torch.nn.Identity()
         autocast: dict[str, Any] = dict(device_type=torch.device(device).type,
                                         dtype=torch.bfloat16,
@@ -258,7 +258,8 @@ class CrossEncoderScorer(Settings, Reranker):
         tokenizer = self._hf_tokenizer()
         model = load_pretrained(AutoModelForSequenceClassification.from_pretrained,
                                 self.model_name, what="cross-encoder", **self.model_kwargs)
-        model = (model.half() if active == "float16" else model).to(device).eval()
+        # float16 on disk (the models funnel train keeps) runs in the precision resolved for this hardware
+        model = (model.half() if active == "float16" else model.float()).to(device).eval()
         autocast: dict[str, Any] = dict(device_type=torch.device(device).type,
                                         dtype=torch.bfloat16,
                                         enabled=active == "bfloat16")

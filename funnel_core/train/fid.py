@@ -33,7 +33,7 @@ from funnel_core.models import load_pretrained, resolve_device
 from funnel_core.rerank.fid import DEFAULT_TEMPLATE, DEFAULT_TEMPLATE_NO_TITLE
 
 __all__ = ["FiDExample", "FiDTrainResult", "fid_collate", "fid_loss", "train_fid",
-           "evaluate_fid_loss", "init_fid_from_encoder"]
+           "evaluate_fid_loss", "init_fid_from_encoder", "encode_examples", "EncodedExamples"]
 
 
 
@@ -73,6 +73,7 @@ class FiDTrainResult:
     seconds: float = 0.0
     stopped_early: bool = False
     dtype: str = "float32"  # the compute precision used: "bfloat16" (autocast) or "float32"
+    encode_seconds: float = 0.0  # freeze_encoder: the one encoder pass over every example
 
 
 def _title_text(p: Any) -> tuple[str | None, str]:
@@ -178,7 +179,7 @@ def _load(model: Any, device: str) -> tuple[Any, Any]:
     return model.to(device), tokenizer
 
 
-def _batches(examples: Sequence[FiDExample], batch_size: int, rng: random.Random | None):
+def _batches(examples: Sequence[Any], batch_size: int, rng: random.Random | None):
     order = list(range(len(examples)))
     if rng is not None:
         rng.shuffle(order)
@@ -217,7 +218,8 @@ def train_fid(model: str | os.PathLike, examples: Sequence[FiDExample],
               answer_max_length: int = 32, accumulation_steps: int = 1,
               device: str | None = None, seed: int = 0, save_every_epoch: bool = False,
               progress: bool = True, max_seconds: float | None = None,
-              bf16: bool = False, dtype: str = "auto") -> FiDTrainResult:
+              bf16: bool = False, dtype: str = "auto", freeze_encoder: bool = False,
+              freeze_embeddings: bool = False, checkpointer: Any = None) -> FiDTrainResult:
     """Train a T5 checkpoint as a Fusion-in-Decoder reader and save it to ``output_dir``.
 
     AdamW with linear warm-up and decay, gradient clipping, teacher forcing, LM loss on the
@@ -253,6 +255,14 @@ def train_fid(model: str | os.PathLike, examples: Sequence[FiDExample],
             >= 8), float32 otherwise; ``"float32"`` or ``"bfloat16"``. float16 is not used for
             training (it would need loss scaling): it trains in float32. The result's ``dtype``
             records the precision used.
+        freeze_encoder: Keep the encoder fixed and train the decoder (self-attention,
+            cross-attention, feed-forward) only. The encoder then runs once per example, before
+            the first step, without gradients, and its outputs (float16 in memory) are reused by
+            every epoch: the way to train a reader on a CPU (see :func:`encode_examples`). The
+            passages still pass through the encoder with the question, as FiD reads them.
+        freeze_embeddings: Keep the word embeddings (and an output matrix tied to them) fixed.
+        checkpointer: A :class:`~funnel_core.train.checkpoint.Checkpointer`: the run saves its
+            state every few minutes and resumes from a saved one, skipping the steps taken.
 
     Returns:
         :class:`FiDTrainResult` with the loss of every optimiser step and the mean loss of every
@@ -284,7 +294,18 @@ def train_fid(model: str | os.PathLike, examples: Sequence[FiDExample],
     if active == "float16":
         active = "float32"
     net, tokenizer = _load(model, device)
+    if freeze_encoder:
+        net.get_encoder().requires_grad_(False)
+    if freeze_embeddings:
+        for emb in (net.get_input_embeddings(), net.get_decoder().get_input_embeddings()):
+            emb.weight.requires_grad_(False)
+        if net.get_output_embeddings() is not None:
+            net.get_output_embeddings().weight.requires_grad_(False)
     net.train()
+    collate: dict[str, Any] = dict(n_passages=n_passages, max_length=max_length,
+                                   answer_max_length=answer_max_length)
+    cached = encode_examples(net, tokenizer, examples, device=device, dtype=active, progress=progress,
+                             **collate) if freeze_encoder else None
 
     decay = [p for n, p in net.named_parameters() if p.requires_grad and p.ndim >= 2]
     no_decay = [p for n, p in net.named_parameters() if p.requires_grad and p.ndim < 2]
@@ -297,20 +318,33 @@ def train_fid(model: str | os.PathLike, examples: Sequence[FiDExample],
 
     step_losses: list[float] = []
     epoch_losses: list[float] = []
-    bar = tqdm(total=batches_per_epoch * epochs, desc="FiD training", disable=not progress)
-    steps = 0
+    done_batches = 0  # batches already trained by a run this one resumes
+    resumed = checkpointer.load(net, optimizer, scheduler) if checkpointer is not None else None
+    if resumed:
+        step_losses, epoch_losses = list(resumed["step_losses"]), list(resumed["epoch_losses"])
+        done_batches = int(resumed["batches"])
+    bar = tqdm(total=batches_per_epoch * epochs, desc="FiD training", disable=not progress,
+               initial=done_batches)
+    steps = len(step_losses)
     import time
 
     t0 = time.perf_counter()
     stopped = False
+    seen_batches = 0
     for epoch in range(epochs):
         running, seen, pending = 0.0, 0, 0.0
-        for i, batch in enumerate(_batches(examples, batch_size, rng)):
-            t = fid_collate(tokenizer, batch, n_passages=n_passages, max_length=max_length,
-                            answer_max_length=answer_max_length)
+        for i, index_batch in enumerate(_batches(list(range(len(examples))), batch_size, rng)):
+            seen_batches += 1
+            if seen_batches <= done_batches:  # resumed: this batch was trained before
+                continue
+            batch = [examples[j] for j in index_batch]
             with autocast(active, device):
-                loss = fid_loss(net, *(t[k].to(device)
-                                       for k in ("input_ids", "attention_mask", "labels")))
+                if cached is not None:
+                    loss = _cached_loss(net, cached, index_batch, tokenizer, batch, answer_max_length, device)
+                else:
+                    t = fid_collate(tokenizer, batch, **collate)
+                    loss = fid_loss(net, *(t[k].to(device)
+                                           for k in ("input_ids", "attention_mask", "labels")))
             (loss / accumulation_steps).backward()
             value = float(loss.detach())
             pending += value / accumulation_steps
@@ -325,13 +359,18 @@ def train_fid(model: str | os.PathLike, examples: Sequence[FiDExample],
                 step_losses.append(pending)
                 pending = 0.0
                 steps += 1
+                if checkpointer is not None:
+                    checkpointer.save(net, optimizer, scheduler,
+                                      {"batches": seen_batches, "step_losses": step_losses,
+                                       "epoch_losses": epoch_losses})
                 if max_seconds is not None and time.perf_counter() - t0 > max_seconds:
                     stopped = True
             bar.update(1)
-            bar.set_postfix(epoch=epoch, loss=f"{running / seen:.4f}")
+            bar.set_postfix(epoch=epoch, loss=f"{running / max(seen, 1):.4f}")
             if stopped:
                 break
-        epoch_losses.append(running / max(seen, 1))
+        if seen:
+            epoch_losses.append(running / seen)
         if save_every_epoch:
             _save(net, tokenizer, out / f"epoch-{epoch}")
         if stopped:
@@ -341,11 +380,88 @@ def train_fid(model: str | os.PathLike, examples: Sequence[FiDExample],
     _save(net, tokenizer, out)
     return FiDTrainResult(output_dir=str(out), step_losses=step_losses,
                           epoch_losses=epoch_losses, steps=steps,
-                          seconds=time.perf_counter() - t0, stopped_early=stopped, dtype=active)
+                          seconds=time.perf_counter() - t0, stopped_early=stopped, dtype=active,
+                          encode_seconds=cached.seconds if cached is not None else 0.0)
+
+
+@dataclass
+class EncodedExamples:
+    """Encoder outputs of every training example, computed once (``freeze_encoder``).
+
+    ``states[i]`` is ``[n_i, L_i, d]`` float16 (the example's passages, cut to its longest one),
+    ``masks[i]`` ``[n_i, L_i]``; slots beyond an example's passages are fully masked."""
+
+    states: list[Any]
+    masks: list[Any]
+    seconds: float
+
+
+def encode_examples(model: Any, tokenizer: Any, examples: Sequence[FiDExample], *, n_passages: int,
+                    max_length: int = 256, answer_max_length: int = 32, device: str = "cpu",
+                    dtype: str = "float32", batch_size: int = 8,
+                    progress: bool = True) -> EncodedExamples:
+    """Run the (frozen) encoder over every example's ``question + passage`` inputs once.
+
+    Why this is the CPU recipe: with the encoder fixed, its forward pass is the same in every
+    epoch and needs no backward pass, so it is paid once instead of ``3 x epochs`` times; the
+    decoder, which is what FiD post-ranking reads (its cross-attention), is what trains.
+    """
+    import time
+
+    import torch
+    from tqdm.auto import tqdm
+
+    from funnel_core.hardware import autocast
+
+    t0 = time.perf_counter()
+    encoder = model.get_encoder()
+    states, masks = [], []
+    with torch.inference_mode(), autocast(dtype, device):
+        for start in tqdm(range(0, len(examples), batch_size), desc="FiD encoding", disable=not progress):
+            chunk = examples[start:start + batch_size]
+            t = fid_collate(tokenizer, chunk, n_passages=n_passages, max_length=max_length,
+                            answer_max_length=answer_max_length)
+            b, n, length = t["input_ids"].shape
+            ids, mask = t["input_ids"].view(b * n, length), t["attention_mask"].view(b * n, length)
+            keep = mask.sum(dim=1) > 0
+            out = torch.zeros((b * n, length, encoder.config.hidden_size), dtype=torch.float16)
+            if keep.any():
+                hidden = encoder(input_ids=ids[keep].to(device),
+                                 attention_mask=mask[keep].to(device)).last_hidden_state
+                out[keep] = hidden.to("cpu", torch.float16)
+            out, mask = out.view(b, n, length, -1), t["attention_mask"]
+            for j in range(b):
+                width = max(1, int(mask[j].sum(dim=1).max()))
+                states.append(out[j, :, :width].clone())
+                masks.append(mask[j, :, :width].clone())
+    return EncodedExamples(states=states, masks=masks, seconds=time.perf_counter() - t0)
+
+
+def _cached_loss(model: Any, cached: EncodedExamples, index_batch: Sequence[int], tokenizer: Any,
+                 batch: Sequence[FiDExample], answer_max_length: int, device: str) -> Any:
+    """:func:`fid_loss` from encoder outputs computed before (the encoder is frozen)."""
+    import torch
+    from transformers.modeling_outputs import BaseModelOutput
+
+    width = max(int(cached.states[i].shape[1]) for i in index_batch)
+    n = max(int(cached.states[i].shape[0]) for i in index_batch)
+    d = cached.states[index_batch[0]].shape[2]
+    states = torch.zeros((len(index_batch), n, width, d), dtype=torch.float32)
+    mask = torch.zeros((len(index_batch), n, width), dtype=torch.long)
+    for b, i in enumerate(index_batch):
+        s = cached.states[i]
+        states[b, :s.shape[0], :s.shape[1]] = s.float()
+        mask[b, :s.shape[0], :s.shape[1]] = cached.masks[i]
+    labels = _answer_labels(tokenizer, [ex.answers[0] for ex in batch], answer_max_length)
+    out = model(encoder_outputs=BaseModelOutput(last_hidden_state=states.view(len(batch), n * width, d).to(device)),
+                attention_mask=mask.view(len(batch), n * width).to(device), labels=labels.to(device),
+                use_cache=False)
+    return out.loss
 
 
 def init_fid_from_encoder(encoder: str | os.PathLike, output_dir: str | os.PathLike, *,
-                          decoder: str | os.PathLike | None = None, seed: int = 0) -> str:
+                          decoder: str | os.PathLike | None = None, seed: int = 0,
+                          decoder_layers: int | None = None) -> str:
     """Warm-start a BERT2BERT ``EncoderDecoderModel`` for FiD training and save it.
 
     The encoder and the decoder both start from ``encoder`` (a BERT-style encoder folder such as
@@ -355,6 +471,9 @@ def init_fid_from_encoder(encoder: str | os.PathLike, output_dir: str | os.PathL
     The decoder starts from ``[CLS]`` and stops at ``[SEP]``; the saved tokenizer names them
     ``bos``/``eos`` so :func:`train_fid` and
     :class:`~funnel_core.rerank.fid.FiDAttentionScorer` handle it like a T5 checkpoint.
+
+    ``decoder_layers`` keeps only the decoder's lowest layers (a shallower, faster reader: the
+    CPU recipe trains 3 of MiniLM's 6); ``None`` keeps all.
 
     Returns the folder, loadable with ``AutoModelForSeq2SeqLM.from_pretrained``.
     """
@@ -370,6 +489,15 @@ def init_fid_from_encoder(encoder: str | os.PathLike, output_dir: str | os.PathL
                          "init_fid_from_encoder expects a BERT-style encoder.")
     model = load_pretrained(EncoderDecoderModel.from_encoder_decoder_pretrained, enc,
                             what="BERT2BERT warm start", decoder_pretrained_model_name_or_path=dec)
+    if decoder_layers is not None:
+        bert_decoder: Any = model.decoder
+        layers = bert_decoder.bert.encoder.layer
+        check_positive_int(decoder_layers, "decoder_layers")
+        if decoder_layers > len(layers):
+            raise ValueError(f"decoder_layers={decoder_layers} but the decoder has {len(layers)} layers.")
+        bert_decoder.bert.encoder.layer = layers[:decoder_layers]
+        model.config.decoder.num_hidden_layers = decoder_layers
+        bert_decoder.config.num_hidden_layers = decoder_layers
     for cfg in (model.config, model.generation_config):
         cfg.decoder_start_token_id = tokenizer.cls_token_id
         cfg.bos_token_id = tokenizer.cls_token_id

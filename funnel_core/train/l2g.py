@@ -279,7 +279,7 @@ class CrossEncoderTrainer:
     By default (``num_negatives=None``, eq. 6) each step takes ``queries_per_step`` queries and
     scores every positive and every negative of each in one forward pass; the BPR loss is the
     mean of ``-log sigmoid(S+ - S-)`` over **every** (positive, negative) pair of those queries
-    (eq. 6 sums over the pairs; the mean only rescales the learning rate). One epoch visits every
+    (eq. 6 sums over the pairs; the mean divides it by the pair count of that step, which varies with the groups in it, so it is not a constant rescaling). One epoch visits every
     query, hence every pair, once. With ``num_negatives=n`` each step instead takes
     ``queries_per_step`` (query, positive) items and samples ``n`` negatives for each (with
     replacement when a query has fewer); one epoch visits every (query, positive) item once.
@@ -409,8 +409,13 @@ class CrossEncoderTrainer:
             for layer in list(layers)[: self.freeze_layers]:
                 layer.requires_grad_(False)
 
-    def train(self, groups: Sequence[TrainingGroup], out_dir: str | os.PathLike) -> TrainReport:
-        """Train on ``groups`` and save the model, tokenizer and ``training.json`` to ``out_dir``."""
+    def train(self, groups: Sequence[TrainingGroup], out_dir: str | os.PathLike, *,
+              checkpointer: Any = None) -> TrainReport:
+        """Train on ``groups`` and save the model, tokenizer and ``training.json`` to ``out_dir``.
+
+        ``checkpointer`` (a :class:`~funnel_core.train.checkpoint.Checkpointer`) saves the run's
+        state every few minutes and resumes a saved one, skipping the steps already taken (the
+        steps are drawn from ``seed``, so the same ones are skipped)."""
         import torch
         from tqdm.auto import tqdm
         from transformers import AutoModelForSequenceClassification, AutoTokenizer, get_linear_schedule_with_warmup
@@ -453,15 +458,22 @@ class CrossEncoderTrainer:
             total = min(total, self.max_steps)
         scheduler = get_linear_schedule_with_warmup(optimizer, int(self.warmup_ratio * total), total)
         losses: list[float] = []
+        done = 0  # steps taken by the run this one resumes
+        resumed = checkpointer.load(model, optimizer, scheduler) if checkpointer is not None else None
+        if resumed:
+            losses, done = list(resumed["losses"]), int(resumed["step"])
         log = open(self.log_path, "a", encoding="utf-8") if self.log_path else None
         start, step, stopped = time.perf_counter(), 0, False
         model.train()
-        bar = tqdm(total=total, desc=f"train {self.loss}", disable=not self.show_progress)
+        bar = tqdm(total=total, desc=f"train {self.loss}", disable=not self.show_progress, initial=done)
         try:
             for epoch in range(self.epochs):
                 for entries in self.steps(groups, rng):
                     if step >= total:
                         break
+                    if step < done:  # resumed: taken before
+                        step += 1
+                        continue
                     queries, texts, sizes = [], [], []
                     for query, pos, neg in entries:
                         queries += [query] * (len(pos) + len(neg))
@@ -494,6 +506,8 @@ class CrossEncoderTrainer:
                                               "seconds": round(time.perf_counter() - start, 1)})
                                   + "\n")
                         log.flush()
+                    if checkpointer is not None:
+                        checkpointer.save(model, optimizer, scheduler, {"step": step, "losses": losses})
                     if self.max_seconds is not None and time.perf_counter() - start > self.max_seconds:
                         stopped = True
                         break
