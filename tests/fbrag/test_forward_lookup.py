@@ -419,3 +419,20 @@ def test_the_answer_is_what_follows_the_last_answer_marker():
     res = fb.search(QUESTION, units())
     assert (res.samples[0].rationale, res.samples[0].answer) == (s.rationale, "Christopher Marlowe")
     assert all(u.funnel["samples"][0]["answer"] == "Christopher Marlowe" for u in res.scored)
+
+
+def test_the_usage_snippet_of_the_docs_runs():
+    """docs/llm_retrieval.md, "FB-RAG forward lookup": the first snippet runs as written, with a
+    scripted light LLM as ``llm`` and a long text, and reads the bookkeeping the stage writes."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "llm_retrieval.md").read_text("utf-8")
+    section = page.split("## FB-RAG forward lookup", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    scope = {"llm": Reader(), "long_text": "\n\n".join([CONTEXT] * 10)}
+    exec(compile(code, "docs/llm_retrieval.md", "exec"), scope)
+    res = scope["res"]
+    assert len(res.units) == 3 and len(res.samples) == 5
+    assert isinstance(res.units[0].funnel["backward_score"], float)
+    assert len(res.units[0].funnel["forward_scores"]) == 5
