@@ -21,11 +21,11 @@ Each returned unit carries why it won, in its bookkeeping (:attr:`Unit.funnel`):
 context), and ``score`` = S_FB.
 
 The default Stage II prompt (:data:`FORWARD_PROMPT`) and :data:`ANSWER_PROMPT` are rewrites of
-the paper's prompts (Appendix C), not verbatim copies. :data:`PAPER_FORWARD_PROMPTS` are closer
-reconstructions, one per dataset as in the paper (EN.QA, EN.MC = Table 6, QMSum): the phrases
-the paper's prompts are known to use here (a rationale of "2-3 sentences" starting with
-"Rationale:", then the answer; QMSum asks for the answer without a rationale) are the paper's,
-the rest of the wording is reconstructed. :data:`FORWARD_PROMPT_QUOTE` (a rationale that quotes
+the paper's prompts, not verbatim copies (the paper's own per-dataset prompts, Tables 4-6, are
+not shipped). :data:`PAPER_FORWARD_PROMPTS` (EN.QA, EN.MC, QMSum) keep some of their parts (a
+rationale of "2-3 sentences" starting with "Rationale:", then the answer; QMSum asks for the
+answer without a rationale) around wording of ours, and end with the question where the paper's
+end with "Rationale:". :data:`FORWARD_PROMPT_QUOTE` (a rationale that quotes
 the context) is this package's variant, kept as an option.
 """
 
@@ -104,10 +104,10 @@ FORWARD_PROMPT_MULTIPLE_CHOICE_QUOTE = (
     "Answer: <letter and option>"
 )
 
-#: FB-RAG's per-dataset Stage II prompts (Appendix C), reconstructed: the rationale of "2-3
+#: Per-dataset Stage II prompts after FB-RAG's (Tables 4-6), not verbatim: the rationale of "2-3
 #: sentences" starting with "Rationale:" followed by the answer, and QMSum's answer without a
-#: rationale, are the paper's; the surrounding wording is ours (the paper's text is not
-#: reproduced here). ``{question}`` holds the options for EN.MC and the query for QMSum.
+#: rationale, are the paper's; the surrounding wording is ours, and they end with the question
+#: where the paper's prompts end with "Rationale:". ``{question}`` holds the options for EN.MC and the query for QMSum.
 PAPER_FORWARD_PROMPTS = {
     "en_qa": (
         "You are given a long context and a question. Read the context and answer the question.\n"
@@ -256,7 +256,7 @@ class ForwardLookup(Settings, Stage):
         eta_backward: Weight of S(C; Q); see :meth:`preset` for Ours-F and Ours-FB.
         eta_forward: Weight of max_k S(C; [R_k, A_k]).
         samples: K, outputs sampled in Stage II (>= 1).
-        temperature: Stage II sampling temperature.
+        temperature: Stage II sampling temperature (ours; the paper gives none).
         top_p: Nucleus sampling threshold (paper: 0.9).
         top_k: Top-k sampling cut (paper: 50).
         max_new_tokens: Tokens generated per sample.

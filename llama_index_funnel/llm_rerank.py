@@ -180,8 +180,9 @@ class ForwardLookupRetriever(BaseRetriever):
     """FB-RAG Stages I-III as a LlamaIndex retriever.
 
     Candidates are the ``chunk_words``-word chunks of ``context``, or the nodes that
-    ``retriever`` returns for the query. Each node's metadata holds ``backward_scores``,
-    ``forward_scores``, ``samples`` and ``position``; ``score`` is S_FB. Given a
+    ``retriever`` returns for the query. Each node's metadata holds ``funnel_backward_score``,
+    ``funnel_forward_scores_json``, ``funnel_samples_json`` and ``funnel_position``; ``score`` is
+    S_FB. Given a
     :class:`ForwardLookupQueryBundle` (from :class:`ForwardLookupQueryTransform` in a
     ``TransformRetriever``), its samples are reused instead of sampling again.
 

@@ -2,7 +2,7 @@
 
 Recomp-style sentence selection: split the retrieved units into sentences, score every sentence
 against the query, and keep the best sentences until a budget is spent — ``ratio`` of the input
-tokens (0.4 by default, the paper's setting) and/or ``max_tokens``. Kept sentences are written
+tokens (0.4 by default, our choice, not a setting of the paper) and/or ``max_tokens``. Kept sentences are written
 back in their original order, inside their original units, so the context still reads naturally
 and every sentence keeps its provenance (unit id, metadata).
 

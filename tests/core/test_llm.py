@@ -168,3 +168,79 @@ def test_next_token_logprobs_read_the_candidate_tokens(tiny_llama_path):
     assert rows == [pytest.approx(want, abs=1e-4)] * 2
     assert llm.candidate_token_ids("True") == [ids["True"]]
     assert llm.candidate_token_ids("zebra") == [ids["zebra"]]
+
+
+# -- a vocabulary where " True" is one token --------------------------------------------------
+#: next-token logits set by hand: both spellings of each answer word are single tokens
+SPACED_LOGITS = {"True": 1.0, "\u0120True": 2.0, "False": 0.5, "\u0120False": 1.5}
+SPACED_OTHER = -1.0
+
+
+@pytest.fixture(scope="module")
+def spaced_true_llm(tmp_path_factory):
+    """A TransformersLLM over a tiny random Llama whose byte-level BPE keeps a word's leading
+    space (no prefix space added), so "True" and " True" are two different single tokens (the
+    package's test tokenizer splits " True" into a space and "True"). The output layer ignores
+    its input: logit(token) = ``SPACED_LOGITS[token]``, ``SPACED_OTHER`` for every other token."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    path = tmp_path_factory.mktemp("spaced_true_llama")
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    bpe.train_from_iterator(["True False Is Paris in France? Answer True or False. " * 20,
+                             "True", "False"] * 10, trainer=trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe)
+    tok.pad_token = tok.eos_token = "<|im_end|>"
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.zero_()
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    llm = TransformersLLM(str(path), batch_size=4, dtype="float32", use_chat_template=False)
+    model, tok, _ = llm._model.get()
+    ids = {t: tok.convert_tokens_to_ids(t) for t in SPACED_LOGITS}
+    head = torch.nn.Linear(config.hidden_size, len(tok), bias=True)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.fill_(SPACED_OTHER)
+        for t, i in ids.items():
+            head.bias[i] = SPACED_LOGITS[t]
+    model.lm_head = head
+    return llm, ids
+
+
+def test_both_spellings_of_the_answer_word_count_when_the_space_is_part_of_the_token(
+        spaced_true_llm):
+    """RankRAG scores "the probability of generating True": the answer may start with "True" or
+    with " True", so P(True) = p("True") + p(" True") (probabilities add; neither spelling alone,
+    nor the larger of the two). Written from the set logits: True 1, " True" 2, False 0.5,
+    " False" 1.5, every other token -1."""
+    from funnel_core.rerank.rankrag import RankRAGScorer
+    from funnel_core.units import Unit
+
+    llm, ids = spaced_true_llm
+    tok = llm.tokenizer
+    assert tok.encode(" True", add_special_tokens=False) == [ids["\u0120True"]]    # one token
+    assert tok.encode("True", add_special_tokens=False) == [ids["True"]]
+    assert sorted(llm.candidate_token_ids("True")) == sorted([ids["True"], ids["\u0120True"]])
+    z = sum(math.exp(v) for v in SPACED_LOGITS.values()) + \
+        (len(tok) - len(SPACED_LOGITS)) * math.exp(SPACED_OTHER)
+    p_true = (math.exp(1.0) + math.exp(2.0)) / z
+    p_false = (math.exp(0.5) + math.exp(1.5)) / z
+    rows = llm.next_token_logprobs(["Is Paris in France?", "A longer prompt: is Paris in France?"],
+                                   ["True", "False"])
+    assert rows == [pytest.approx([math.log(p_true), math.log(p_false)], abs=1e-5)] * 2
+    # the scorer's default: P(True) renormalised over the two answer words
+    units = [Unit(id="a", text="Paris is in France.")]
+    out = RankRAGScorer(llm=llm, prompt="{passage} {question}")("Is Paris in France?", units)
+    assert out[0].score == pytest.approx(p_true / (p_true + p_false), abs=1e-6)

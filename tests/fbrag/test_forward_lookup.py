@@ -374,3 +374,65 @@ def test_budgets_are_inclusive_skip_too_long_chunks_and_clean_up():
 def test_parse_rationale_answer_reads_non_text_output():
     s = parse_rationale_answer(42)
     assert (s.text, s.rationale, s.answer) == ("42", "42", "")
+
+
+# Four chunks that all contain "play": BM25 with the question scores every chunk above 0, so
+# dividing by the maximum and min-max scaling give different numbers.
+PLAY_PARAS = [
+    "The play was staged in London in the spring and the play ran for a month.",
+    "Christopher Marlowe wrote the play Doctor Faustus about a scholar who sells his soul.",
+    "Critics still argue which play came first and who wrote it, Marlowe or another author.",
+    "A play needs actors, a stage and an audience; this one had all three that night.",
+]
+
+
+def test_normalisation_divides_each_score_vector_by_its_maximum_not_min_max():
+    """normalize=True: S(C_i; .) / max_j S(C_j; .), for the question and for each sample; the
+    lowest chunk keeps a positive share instead of dropping to 0 as min-max scaling would do."""
+    sample = "Rationale: Marlowe wrote Doctor Faustus, a play about a scholar. Answer: Marlowe"
+    chunks = chunk_context(PLAY_PARAS, chunk_words=40)
+    texts = [u.text for u in chunks]
+    b = bm25_scores(QUESTION, texts)
+    f = bm25_scores(parse_rationale_answer(sample).lookup_text, texts)
+    assert min(b) > 0 and min(f) > 0                   # the two scalings disagree here
+    fb = ForwardLookup.preset("FB", llm=ScriptedReader([sample]), samples=1, k=None,
+                              chunk_words=40, normalize=True)
+    res = fb.search(QUESTION, chunks)
+    got = {u.funnel["position"]: u for u in res.scored}
+    for i in range(len(texts)):
+        assert got[i].funnel["backward_score"] == pytest.approx(b[i] / max(b))
+        assert got[i].funnel["forward_scores"] == pytest.approx([f[i] / max(f)])
+        assert got[i].score == pytest.approx(0.5 * b[i] / max(b) + 0.5 * f[i] / max(f))
+    assert min(u.score for u in res.scored) > 0
+    assert fb._scale([4.0, 2.0, 1.0]) == pytest.approx([1.0, 0.5, 0.25])
+
+
+def test_the_answer_is_what_follows_the_last_answer_marker():
+    """The Stage II output is "Rationale: <R> Answer: <A>": A is the text after the final
+    "Answer:" marker, so a rationale that itself says "answer:" stays whole in R."""
+    text = ("Rationale: The question asks for the answer: who wrote Doctor Faustus. Marlowe "
+            "did. Answer: Christopher Marlowe")
+    s = parse_rationale_answer(text)
+    assert s.rationale == "The question asks for the answer: who wrote Doctor Faustus. Marlowe did."
+    assert s.answer == "Christopher Marlowe"
+    fb = ForwardLookup.preset("F", llm=ScriptedReader([text]), samples=1, chunk_words=20)
+    res = fb.search(QUESTION, units())
+    assert (res.samples[0].rationale, res.samples[0].answer) == (s.rationale, "Christopher Marlowe")
+    assert all(u.funnel["samples"][0]["answer"] == "Christopher Marlowe" for u in res.scored)
+
+
+def test_the_usage_snippet_of_the_docs_runs():
+    """docs/llm_retrieval.md, "FB-RAG forward lookup": the first snippet runs as written, with a
+    scripted light LLM as ``llm`` and a long text, and reads the bookkeeping the stage writes."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "llm_retrieval.md").read_text("utf-8")
+    section = page.split("## FB-RAG forward lookup", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    scope = {"llm": Reader(), "long_text": "\n\n".join([CONTEXT] * 10)}
+    exec(compile(code, "docs/llm_retrieval.md", "exec"), scope)
+    res = scope["res"]
+    assert len(res.units) == 3 and len(res.samples) == 5
+    assert isinstance(res.units[0].funnel["backward_score"], float)
+    assert len(res.units[0].funnel["forward_scores"]) == 5

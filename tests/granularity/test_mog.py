@@ -424,3 +424,120 @@ def test_mog_over_graph_returns_hop_neighbourhoods():
     center = out[0].funnel["center_id"]
     assert out[0].funnel["finest_id"] == center and "Eiffel" in out[0].text
     assert len(out[0].funnel["node_ids"]) >= 2
+
+
+# -- hop ranges, overlapping neighbourhoods, k_r, router loss: by hand -------------------------
+#: five sentence nodes on a path 0 - 1 - 2 - 3 - 4 (edges set by hand)
+PATH_TEXTS = ["Paris is the capital of France.", "The Eiffel Tower stands in Paris.",
+              "Gustave Eiffel designed the tower.", "The tower was built in 1889.",
+              "Bread is baked in ovens."]
+PATH_EDGES = [(0, 1), (1, 2), (2, 3), (3, 4)]
+
+
+def _path_graph(n_gra=3):
+    import scipy.sparse as sp
+
+    nodes = [Unit(id=f"s{i}", text=t, funnel={"doc_index": 0, "position": i})
+             for i, t in enumerate(PATH_TEXTS)]
+    rows, cols = zip(*PATH_EDGES)
+    adjacency = sp.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(nodes),) * 2)
+    return GranularityGraph(nodes, adjacency, n_gra=n_gra)
+
+
+def _within_hops(start, hops):
+    """Breadth-first search on PATH_EDGES: the nodes at most ``hops`` edges from ``start``."""
+    seen, frontier = {start}, {start}
+    for _ in range(hops):
+        frontier = {b for a, b in PATH_EDGES if a in frontier} | \
+                   {a for a, b in PATH_EDGES if b in frontier}
+        frontier -= seen
+        seen |= frontier
+    return sorted(seen)
+
+
+def test_level_j_is_the_j_hop_neighbourhood():
+    """MoGG: the level-j snippet of node i is every node within j hops of i (j = 1..n_gra): level
+    1 already holds the direct neighbours, level 2 their neighbours too."""
+    graph = _path_graph(n_gra=3)
+    assert graph.neighbourhood(2, 1).tolist() == [1, 2, 3]
+    assert graph.neighbourhood(0, 2).tolist() == [0, 1, 2]
+    for j in (1, 2, 3):
+        for i in range(len(PATH_TEXTS)):
+            want = _within_hops(i, j)
+            assert graph.neighbourhood(i, j).tolist() == want
+            unit = graph.levels[j - 1][i]
+            assert unit.text == " ".join(PATH_TEXTS[m] for m in want)
+            assert unit.funnel["node_ids"] == [f"s{m}" for m in want]
+
+
+def _mog_by_hand(index, query, w, k_r, combine=max):
+    """MoG over the path graph, written out: per level j, BM25's top-``k_r`` level-j snippets;
+    a node's level-j score is the best score of a retrieved snippet that contains it (snippets
+    overlap on a graph; ``combine=sum`` is the misreading); the mixed score is the
+    router-weighted sum over levels. Returns ``{node index: mixed score}``."""
+    total: dict[int, float] = {}
+    for j in range(1, len(w) + 1):
+        per_node: dict[int, list[float]] = {}
+        for hit in index.search_level(query, j, k_r):
+            center = int(hit.id.split("/")[0][1:])                   # "s<i>/h<j>"
+            for f in _within_hops(center, j):
+                per_node.setdefault(f, []).append(float(hit.score))
+        for f, scores in per_node.items():
+            total[f] = total.get(f, 0.0) + w[j - 1] * combine(scores)
+    return total
+
+
+def test_a_node_in_overlapping_neighbourhoods_takes_its_best_snippet_score_not_the_sum():
+    graph = _path_graph(n_gra=2)
+    index = GranularityBM25(graph)
+    query, w = "Eiffel tower Paris", [0.3, 1.0]
+    want = _mog_by_hand(index, query, w, k_r=5)
+    assert want != pytest.approx(_mog_by_hand(index, query, w, k_r=5, combine=sum))
+    out = MixOfGranularityRetrieve(index, k_r=5).retrieve(query, k=5, weights=w)
+    got = {int(u.funnel["finest_id"][1:]): u.score for u in out}
+    assert got == pytest.approx(want)
+    assert [u.score for u in out] == pytest.approx(sorted(want.values(), reverse=True))
+
+
+def test_k_r_is_raised_to_the_number_of_results_asked_for():
+    """k_r=1 and top-3: BM25 retrieves max(k_r, k) = 3 snippets per level, so the three results
+    carry the scores of the 3-snippet rule, not those of one snippet per level."""
+    graph = _path_graph(n_gra=2)
+    index = GranularityBM25(graph)
+    query, w = "Eiffel tower Paris", [1.0, 0.2]
+    want = sorted(_mog_by_hand(index, query, w, k_r=3).values(), reverse=True)[:3]
+    assert want != pytest.approx(sorted(_mog_by_hand(index, query, w, k_r=1).values(),
+                                        reverse=True)[:3])
+    out = MixOfGranularityRetrieve(index, k_r=1).retrieve(query, k=3, weights=w)
+    assert [u.score for u in out] == pytest.approx(want)
+
+
+class _TwoKindsEmbedder:
+    """Stands in for the sentence encoder: "fact ..." queries -> e1, "broad ..." queries -> e2."""
+
+    model_name_or_path = "two-kinds"
+    dimension = 4
+
+    def encode(self, texts, **kw):
+        out = np.zeros((len(texts), self.dimension), dtype=np.float32)
+        for i, t in enumerate(texts):
+            out[i, 0 if t.startswith("fact") else 1] = 1.0
+        return out
+
+
+def test_router_trains_one_sigmoid_per_level_with_binary_cross_entropy():
+    """Section 3.2.2: each level's output is a sigmoid trained with binary cross-entropy against
+    the soft label. Per level, -[y log p + (1 - y) log(1 - p)] is smallest at p = y, so a router
+    trained to convergence predicts the soft labels themselves (0.8 / 0.2 / 0 / 0). A softmax
+    trained with cross-entropy matches the labels with softmax(z) instead, and its sigmoids drift
+    to ~1 for both labelled levels."""
+    qs = [f"fact {i}" for i in range(10)] + [f"broad {i}" for i in range(10)]
+    labels = np.array([[0.8, 0.2, 0, 0]] * 10 + [[0, 0, 0.2, 0.8]] * 10)
+    router = GranularityRouter(4, embedder=_TwoKindsEmbedder(), hidden=16)
+    router.fit(qs, labels, epochs=2000, lr=1e-2, patience=50)
+    w = router.predict(["fact new", "broad new"])
+    np.testing.assert_allclose(w, [[0.8, 0.2, 0, 0], [0, 0, 0.2, 0.8]], atol=0.03)
+    p = np.clip(w, 1e-12, 1 - 1e-12)
+    bce = -(labels[[0, 10]] * np.log(p) + (1 - labels[[0, 10]]) * np.log(1 - p)).mean()
+    best = -(0.8 * np.log(0.8) + 0.2 * np.log(0.2)) / 2                # entropy of the labels
+    assert bce == pytest.approx(best, abs=0.02)

@@ -366,6 +366,18 @@ def test_last_k_layers_and_decoder_steps_match_reference(scorer):
     assert got == pytest.approx(want, rel=1e-4, abs=1e-6)
 
 
+def test_return_answer_still_scores_the_first_decoder_token(scorer):
+    """Eq. 3 reads alpha_0: the first decoder token. Generating an answer (return_answer=True)
+    runs the decoder further, but the scores must stay those of the first token: equal to the
+    reference's one-step forward and to the scores without the answer."""
+    s = _with(scorer, return_answer=True, max_answer_tokens=5)
+    got, answer = s.score_with_titles(QUERY, TEXTS, TITLES)
+    assert isinstance(answer, str)
+    want = _reference(s, QUERY, TEXTS, TITLES, aggregation="mean", lr=4, include_query=False)
+    assert got == pytest.approx(want, rel=1e-4, abs=1e-6)
+    assert got == pytest.approx(scorer.score_with_titles(QUERY, TEXTS, TITLES)[0], rel=1e-5)
+
+
 def test_passage_order_does_not_change_scores(scorer):
     base = dict(zip(TEXTS, scorer.score(QUERY, TEXTS)))
     for perm in list(itertools.permutations(range(len(TEXTS))))[1:6]:
