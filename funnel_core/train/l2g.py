@@ -279,7 +279,8 @@ class CrossEncoderTrainer:
     By default (``num_negatives=None``, eq. 6) each step takes ``queries_per_step`` queries and
     scores every positive and every negative of each in one forward pass; the BPR loss is the
     mean of ``-log sigmoid(S+ - S-)`` over **every** (positive, negative) pair of those queries
-    (eq. 6 sums over the pairs; the mean divides it by the pair count of that step, which varies with the groups in it, so it is not a constant rescaling). One epoch visits every
+    (eq. 6 sums over the pairs; the mean divides that sum by the step's pair count, which varies
+    with the groups in the step, so it is not a constant rescaling). One epoch visits every
     query, hence every pair, once. With ``num_negatives=n`` each step instead takes
     ``queries_per_step`` (query, positive) items and samples ``n`` negatives for each (with
     replacement when a query has fewer); one epoch visits every (query, positive) item once.
