@@ -260,7 +260,8 @@ def run_train(path: str | os.PathLike, *, output: str | os.PathLike | None = Non
                         "fingerprint": dataset.fingerprint(), "questions": len(dataset.question_ids),
                         "trained_on": len(train_ids), "held_out": len(held_ids), "corpus": len(dataset.corpus)},
             "config": {k: cfg[k] for k in ("dataset", "train", "mining", "model", "teacher", "labels") if cfg[k]},
-            "hardware": describe(), "seconds_total": round(time.perf_counter() - t0, 1), **result}
+            "hardware": describe(), "load_average_at_end": list(os.getloadavg()),
+            "seconds_total": round(time.perf_counter() - t0, 1), **result}
     write_card(built, card)
     write_manifest(built)
     _install(built, out)
