@@ -117,15 +117,18 @@ REMOVED_SCRIPTS = {"squad_ce_model.py": "squad_ce", "prerank_model.py": "scifact
                    "rankrag_train.py": "squad_rankrag"}
 
 
+def removed_note(text: str) -> str:
+    """``text`` (a run's recorded description) with a note where it names a removed script."""
+    gone = [s for s in REMOVED_SCRIPTS if s in text]
+    return text + (f" (`{gone[0]}` was removed by issue 38, see git history; the model is now made by "
+                   f"`funnel train benchmarks/train/{REMOVED_SCRIPTS[gone[0]]}.toml`, another run)" if gone else "")
+
+
 def commands_cell(commands: Sequence[str], strip_comments: bool = False) -> str:
     """The recorded commands of a run in backticks; a run of a removed script says so (it stays in git
     history) and names the `funnel train` recipe that now makes the model (a different run)."""
     cell = "; ".join(f"`{c.split('#')[0].strip() if strip_comments else c}`" for c in commands)
-    gone = [s for s in REMOVED_SCRIPTS if any(s in c for c in commands)]
-    if gone:
-        cell += (f" (`{gone[0]}` was removed by issue 38, see git history; the model is now made by "
-                 f"`funnel train benchmarks/train/{REMOVED_SCRIPTS[gone[0]]}.toml`, another run)")
-    return cell
+    return removed_note(cell) if any(s in cell for s in REMOVED_SCRIPTS) else cell
 
 
 # -- reports of the evaluation harness (`funnel eval`, funnel_core.evaluation.evaluate) -------------
@@ -860,7 +863,7 @@ def block_ce_backends() -> str:
                 "models). " if max(r.get("ndcg@10", 0) for r in runs.values()) < d["bm25_ndcg@10"] else ". ")
              + "Loss intervals: paired bootstrap over queries (2,000 resamples). "
              f"{'Complete.' if d['complete'] else 'Run cut short: nDCG covers the queries counted in the table.'}",
-             f"Model: `{d['model']['path']}` — {d['model']['note']}. max_length {st['max_length']}, "
+             f"Model: `{d['model']['path']}` — {removed_note(d['model']['note'])}. max_length {st['max_length']}, "
              f"batch {st['batch_size']}, {st['backend']}; OpenVINO inference precision "
              f"{st['openvino_inference_precision']}.",
              f"Machine: {hw['cpu_model']}, {hw['cpus']} cores shared with other jobs, flags "
