@@ -112,6 +112,25 @@ def secs(x: float) -> str:
     return f"{x:.2g}" if abs(x) < 0.01 else f"{x:.2f}"
 
 
+#: model-building scripts removed by issue 38 -> the `funnel train` recipe that now makes their model
+REMOVED_SCRIPTS = {"squad_ce_model.py": "squad_ce", "prerank_model.py": "scifact_ce",
+                   "rankrag_train.py": "squad_rankrag"}
+
+
+def removed_note(text: str) -> str:
+    """``text`` (a run's recorded description) with a note where it names a removed script."""
+    gone = [s for s in REMOVED_SCRIPTS if s in text]
+    return text + (f" (`{gone[0]}` was removed by issue 38, see git history; the model is now made by "
+                   f"`funnel train benchmarks/train/{REMOVED_SCRIPTS[gone[0]]}.toml`, another run)" if gone else "")
+
+
+def commands_cell(commands: Sequence[str], strip_comments: bool = False) -> str:
+    """The recorded commands of a run in backticks; a run of a removed script says so (it stays in git
+    history) and names the `funnel train` recipe that now makes the model (a different run)."""
+    cell = "; ".join(f"`{c.split('#')[0].strip() if strip_comments else c}`" for c in commands)
+    return removed_note(cell) if any(s in cell for s in REMOVED_SCRIPTS) else cell
+
+
 # -- reports of the evaluation harness (`funnel eval`, funnel_core.evaluation.evaluate) -------------
 def harness(name: str) -> dict:
     """``results/<name>/report.json[.gz]``: what ``Report.save`` wrote, per-question results included."""
@@ -423,7 +442,7 @@ def block_large_ce() -> str:
         ["listwise loss, first / last 50 steps", f"{t['loss_first50']:.3f} / {t['loss_last50']:.3f} (chance ln 6 = 1.792)"],
         ["loss curve (step: loss)", pts],
         ["where", t.get("where_trained", "")],
-        ["command", "; ".join(f"`{c}`" for c in t.get("commands", []))]])
+        ["command", commands_cell(t.get("commands", []))]])
 
 
 # -- clustering at scale (issue 15 item 5) -------------------------------------------------------
@@ -566,7 +585,7 @@ def ce_rows() -> list[Row]:
     return [("MiniLM cross-encoder trained on SQuAD train (listwise, BM25 hard negatives)",
              f"{t['steps']:,} steps, {t['train_seconds']:.0f} s on {t.get('gpu') or 'CPU'} ({t['dtype']}); "
              f"loss {t['loss_first50']:.2f} -> {t['loss_last50']:.2f}", f"{t['groups']:,} train questions",
-             "n/a (training run)", "; ".join(f"`{c.split('#')[0].strip()}`" for c in t.get("commands", [])))]
+             "n/a (training run)", commands_cell(t.get("commands", []), strip_comments=True))]
 
 
 def _qps(systems: dict) -> tuple[str, str]:
@@ -844,7 +863,7 @@ def block_ce_backends() -> str:
                 "models). " if max(r.get("ndcg@10", 0) for r in runs.values()) < d["bm25_ndcg@10"] else ". ")
              + "Loss intervals: paired bootstrap over queries (2,000 resamples). "
              f"{'Complete.' if d['complete'] else 'Run cut short: nDCG covers the queries counted in the table.'}",
-             f"Model: `{d['model']['path']}` — {d['model']['note']}. max_length {st['max_length']}, "
+             f"Model: `{d['model']['path']}` — {removed_note(d['model']['note'])}. max_length {st['max_length']}, "
              f"batch {st['batch_size']}, {st['backend']}; OpenVINO inference precision "
              f"{st['openvino_inference_precision']}.",
              f"Machine: {hw['cpu_model']}, {hw['cpus']} cores shared with other jobs, flags "
@@ -1116,7 +1135,8 @@ def block_postrank_fid_alpha() -> str:
         rows.append([label, _ar_ci(r[s]["AR@1"]), _ar_ci(r[s]["AR@4"]),
                      f"{pair['AR@1']['difference']:+.3f} {ci(pair['AR@1']['ci'])}" if pair else ""])
     return (f"**Table 7 / Table 8 as the paper writes them, on alpha** ({d['questions']} dev-a questions, "
-            f"{d['seconds']:.0f} s on the CPU; `benchmarks/fid_table7_cpu.py`):\n\n"
+            f"{d['seconds']:.0f} s on the CPU; the former `benchmarks/fid_table7_cpu.py`, removed by issue 38 "
+            "with the GPU reader's scripts, see git history):\n\n"
             + table(["scheme", "AR@1", "AR@4", "AR@1 - cross-encoder (paired)"], rows))
 
 
