@@ -1261,9 +1261,58 @@ def block_reliability() -> str:
     return "\n".join(out)
 
 
+
+# -- trained models (funnel train; the cards in models/) ------------------------------------------
+KEPT_MODELS = ("minilm-squad-ce", "minilm-squad-fid")
+
+
+@block("training")
+def training_costs() -> str:
+    """What each kept model cost to train here, from its model card (``funnel_model.json``)."""
+    rows = []
+    for name in KEPT_MODELS:
+        path = ROOT / "models" / name / "funnel_model.json"
+        if not path.is_file():
+            print(f"warning: {path} missing; its row is left out", file=sys.stderr)
+            continue
+        c = json.loads(path.read_text(encoding="utf-8"))
+        size = sum(f.stat().st_size for f in path.parent.rglob("*") if f.is_file() and "funnel_onnx" not in f.parts)
+        held = c.get("held_out_metrics", {})
+        ar = "; ".join(f"{m} {held[m]['first_stage']:.3f} -> {held[m]['reranked']:.3f} (paired "
+                       f"{held[m]['paired_difference']['difference']:+.3f} "
+                       f"{ci(held[m]['paired_difference']['ci'])})" for m in ("AR@1", "AR@4") if m in held)
+        ds, hw = c["dataset"], c["hardware"]
+        prep = c.get("prep_seconds", 0) + c.get("encode_seconds", 0)
+        loss = c.get("loss_curve") or []
+        w = max(1, min(50, len(loss) // 2))
+        rows.append([f"`{name}` ({c['kind']})", f"`{c['command']}`",
+                     f"{ds['trained_on']:,} questions of `{Path(ds['path']).name}` ({ds['split']})",
+                     f"{c['steps']:,} steps{' (time cap)' if c.get('stopped_early') else ''}, loss "
+                     f"{sum(loss[:w]) / w:.2f} -> {sum(loss[-w:]) / w:.2f} (first / last {w} steps)",
+                     f"{c['train_seconds'] / 60:.1f} min training + {prep / 60:.1f} min mining"
+                     + (" and encoding" if c.get("encode_seconds") else "")
+                     + f"; {c['seconds_total'] / 60:.1f} min in all",
+                     f"{c.get('dtype')}, {hw.get('cpus', '?')} CPUs, load {c['load_average_at_end'][0]:.1f} at the end"
+                     if c.get("load_average_at_end") else f"{c.get('dtype')}",
+                     f"{size / 2**20:.0f} MiB", f"{ar} on {held.get('questions', 0)} held-out train questions"
+                     if ar else ""])
+    return table(["model", "command", "data", "steps and loss", "minutes", "precision, machine", "size on disk",
+                  "held-out (first stage -> reranked by the model, 95% paired interval)"], rows,
+                 "From each model's card (`models/<name>/funnel_model.json`); the held-out questions are train "
+                 "questions kept out of training, their candidates the first stage's top-30 (FiD: its top-10 "
+                 "reranked). The load column says whether other work shared the 2 cores.")
+
+
+@block("squad-postrank")
+def squad_postrank() -> str:
+    return harness_table("squad_postrank", ["AR@1", "AR@2", "AR@4"],
+                         {"bm25_ce": "BM25 top-10 -> the SQuAD cross-encoder",
+                          "bm25_fid": "BM25 top-10 -> the CPU FiD reader's cross-attention (eq. 3)",
+                          "bm25": "BM25 top-10 alone"}, bold=["AR@1", "AR@4"], vs_baseline="AR@1")
+
 FILES = [ROOT / "README.md"] + [ROOT / "docs" / f"{n}.md" for n in (
     "benchmarks", "clustering", "funnel", "prerank", "postrank", "llm_retrieval", "performance", "offline_build",
-    "mix_of_granularity", "best_practices", "persistence")]
+    "mix_of_granularity", "best_practices", "persistence", "training")]
 MARK = re.compile(r"(<!-- results:([a-z0-9-]+):begin -->\n)(.*?)(<!-- results:\2:end -->)", re.S)
 
 
