@@ -22,8 +22,9 @@ Saving (:func:`save_snapshot`):
    fsync ``path``;
 3. commit: write ``.CURRENT.tmp-<random>``, fsync it, ``os.replace`` it over ``CURRENT``, fsync
    ``path``;
-4. only then remove the snapshots ``CURRENT`` no longer names and the temp folders of crashed
-   saves. Nothing else in ``path`` is touched.
+4. only then remove the snapshots ``CURRENT`` no longer names, the temp folders of crashed
+   saves and the journal's own temporary files (``.funnel-rag.journal.tmp-<16 hex>``) a
+   crashed save left. Nothing else in ``path`` is touched.
 
 A save killed at any point leaves ``CURRENT`` naming either the previous snapshot or the new one,
 both complete; the next successful save removes what the crash left behind.
@@ -493,6 +494,7 @@ def snapshot_owner(manifest: Mapping[str, Any]) -> str | None:
 
 JOURNAL = ".funnel-rag.journal"
 READERS = ".funnel-rag.readers"
+_JOURNAL_TMP_RE = re.compile(r"^" + re.escape(JOURNAL) + r"\.tmp-[0-9a-f]{16}$")
 
 
 class _Journal:
@@ -501,6 +503,16 @@ class _Journal:
 
     def __init__(self, path: Path) -> None:
         self.file = path / JOURNAL
+
+    def remove_stale_temps(self) -> None:
+        """Remove the journal's own temporary files left by a save killed between writing one
+        and renaming it (:meth:`reset`). Called under the save's exclusive lock, so no other
+        save is writing one; only regular files named exactly as :meth:`reset` names them."""
+        for entry in _listdir(self.file.parent):
+            if _JOURNAL_TMP_RE.match(entry):
+                with contextlib.suppress(OSError):
+                    if stat.S_ISREG(os.lstat(self.file.parent / entry).st_mode):
+                        os.unlink(self.file.parent / entry)
 
     def names(self) -> tuple[set[str], set[str]]:
         """(every name recorded, the snapshot names recorded as committed)."""
@@ -529,6 +541,7 @@ class _Journal:
             os.close(fd)
 
     def reset(self, names: set[str], committed: set[str]) -> None:
+        self.remove_stale_temps()
         tmp = self.file.with_name(f"{JOURNAL}.tmp-{secrets.token_hex(8)}")
         lines = [f"committed {n}" if n in committed else n for n in sorted(names)]
         _write_durable(tmp, "".join(f"{line}\n" for line in lines).encode("ascii"))

@@ -83,3 +83,23 @@ def test_a_fifo_marker_fails_fast(tmp_path):
     for action in ("save", "load"):
         verdict = _run(path, action)
         assert not verdict.startswith("DONE") or action == "load", verdict
+
+
+def test_stale_journal_temp_files_of_a_killed_save_are_removed(tmp_path):
+    """Issue 39, item 8: kill -9 between writing the journal's temporary file and renaming it
+    left a ``.funnel-rag.journal.tmp-<16 hex>`` that no later save removed. The next save
+    removes ours (exact naming pattern, regular files only) and nothing else."""
+    path = tmp_path / "ix"
+    BM25Index().index(UNITS).save(path)
+    stale = path / ".funnel-rag.journal.tmp-0123456789abcdef"
+    stale.write_text("snapshot-00000001-deadbeef\n")
+    foreign = [path / ".funnel-rag.journal.tmp-mine", path / ".funnel-rag.journal.tmp-0123456789ABCDEF"]
+    for f in foreign:
+        f.write_text("not ours")
+    link = path / ".funnel-rag.journal.tmp-fedcba9876543210"
+    os.symlink(tmp_path / "elsewhere", link)
+    BM25Index().index(UNITS).save(path)
+    assert not os.path.lexists(stale)
+    assert all(f.read_text() == "not ours" for f in foreign)
+    assert os.path.islink(link)  # not a regular file we wrote: left alone
+    assert len(BM25Index.load(path).search("capital", k=5)) == 2
