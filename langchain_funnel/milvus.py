@@ -115,7 +115,7 @@ class DenseRetriever(UnitRetriever):
     """
 
     index: Union[MilvusDenseIndex, DenseIndex]
-    filter: Any = Field(default=None, description="Default metadata filter (Milvus only).")
+    filter: Any = Field(default=None, description="Metadata filter (Milvus only), a floor: a per-call filter is ANDed with it.")
 
     @classmethod
     def from_documents(cls, documents: Iterable[Document], embedder: Any = None,

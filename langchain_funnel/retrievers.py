@@ -58,7 +58,7 @@ class BM25Retriever(UnitRetriever):
     """
 
     index: Union[BM25Index, MilvusBM25Index]
-    filter: Any = Field(default=None, description="Default metadata filter (dict or predicate).")
+    filter: Any = Field(default=None, description="Metadata filter (dict or predicate), a floor: a per-call filter is ANDed with it.")
 
     @classmethod
     def from_texts(cls, texts: Iterable[str], metadatas: Optional[Sequence[dict]] = None,
@@ -112,7 +112,7 @@ class ClusteredBM25Retriever(UnitRetriever):
     """
 
     index: Union[ClusteredBM25Index, MilvusClusteredBM25Index]
-    filter: Any = Field(default=None, description="Default metadata filter on documents.")
+    filter: Any = Field(default=None, description="Metadata filter on documents, a floor: a per-call filter is ANDed with it.")
     k_clusters: int = Field(default=10, description="Clusters retrieved by BM25 and opened into "
                                                     "their documents.")
     return_clusters: bool = Field(default=False, description="Return the clusters themselves "
