@@ -85,7 +85,8 @@ _EVALUATE_KEYS = {"metrics", "ks", "baseline", "depth", "id_key", "title_key", "
                   "cache_dir", "tune_split", "tune_metric", "gzip"}
 
 
-def _toml() -> Any:
+def toml_module() -> Any:
+    """``tomllib`` (Python 3.11+) or ``tomli`` (3.10, the eval extra)."""
     if sys.version_info >= (3, 11):
         import tomllib
 
@@ -100,7 +101,7 @@ def _toml() -> Any:
 
 def load_config(path: str | os.PathLike) -> dict[str, Any]:
     """Read and check a TOML configuration; relative paths become absolute (from its folder)."""
-    tomllib = _toml()
+    tomllib = toml_module()
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{str(p)!r} does not exist; pass a TOML file (see `funnel eval --help`).")

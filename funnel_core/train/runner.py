@@ -102,12 +102,12 @@ class TrainedModel:
 def load_train_config(path: str | os.PathLike) -> dict[str, Any]:
     """Read and check a training TOML: unknown tables or keys, wrong types, a missing split or
     kind raise ``ValueError`` naming the key and the fix; relative paths become absolute."""
-    from funnel_core.evaluation.config import _toml
+    from funnel_core.evaluation.config import toml_module
 
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{str(p)!r} does not exist; pass a TOML file (see `funnel train --help`).")
-    tomllib = _toml()
+    tomllib = toml_module()
     try:
         cfg = tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
