@@ -193,6 +193,17 @@ class EvalDataset:
                                 sort_keys=True).encode())
         return h.hexdigest()[:16]
 
+    def corpus_digest(self) -> str:
+        """A digest of the corpus content: every unit's id, text and metadata, in order (the score
+        cache checks it on resume: results computed over other texts are not reused)."""
+        import hashlib
+
+        h = hashlib.sha256(str(len(self.corpus)).encode())
+        for u in self.corpus:
+            h.update(json.dumps([u.id, u.text, u.metadata], sort_keys=True, default=str).encode("utf-8"))
+            h.update(b"\0")
+        return h.hexdigest()
+
 
 def squad_dataset(path: str | os.PathLike) -> EvalDataset:
     """A SQuAD-format file as an :class:`EvalDataset`: one corpus unit per paragraph (id
