@@ -12,7 +12,8 @@ A configuration (paths are relative to the TOML file)::
     baseline = "bm25"                    # default: the first system
     n_timing = 50                        # questions timed round-robin (0: none)
     # max_load = 1.0; quiet_check = true; quiet_timeout = 900
-    output = "eval-out"                  # report.json, report.md, pareto.png (+ cache/)
+    output = "eval-out"                  # report.json, report.md, pareto.png (+ cache/); inside
+                                         # this file's folder (elsewhere: funnel eval --out DIR)
     # gzip = true                        # report.json.gz instead (compact)
 
     [systems.bm25]

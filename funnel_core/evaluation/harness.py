@@ -138,6 +138,10 @@ def _doc_id(u: Unit, id_key: str | None) -> str:
 MAX_CACHE_BYTES = 1 << 30
 
 
+#: Subfolders of a model folder that this package derives from the model (ONNX/OpenVINO exports).
+_DERIVED = ("funnel_onnx",)
+
+
 def _model_identity(settings: Any) -> dict[str, Any]:
     """For every string in a system's settings that names a local file or folder (a model), what
     changes when its weights change: a folder's ``MANIFEST.sha256`` digest (``funnel train``
@@ -165,6 +169,9 @@ def _model_identity(settings: Any) -> dict[str, Any]:
                         for i, f in enumerate(sorted(p.rglob("*"))):
                             if i >= 10_000:
                                 break
+                            rel = f.relative_to(p).parts
+                            if rel[0] in _DERIVED or any(x.startswith(".") for x in rel):
+                                continue  # our own export caches and hidden files are not the model
                             if f.is_file():
                                 st = f.stat()
                                 files.append([str(f.relative_to(p)), st.st_size, st.st_mtime_ns])
@@ -392,10 +399,15 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
             average decays), but every query starts on a quiet machine; each record keeps the
             seconds waited.
         cache_dir: Folder of per-system, per-question results; a rerun with the same folder
-            resumes (systems are matched by name: delete a system's file after changing it).
+            resumes. Each file's header names the questions and labels, the corpus digest, the
+            system's settings and model identity, depth, metrics, reader and package version; a
+            file written for other inputs is recomputed (with a warning), and a damaged or
+            implausible record is discarded (with a warning) and its question run again.
         system_keys: ``{name: JSON-able settings}`` stored in each system's cache header, so
-            that a changed system is refused rather than resumed (``funnel eval`` passes the
-            TOML table).
+            that a changed system is recomputed rather than resumed (``funnel eval`` passes the
+            TOML table); a string naming a local model folder adds its identity (its
+            ``MANIFEST.sha256`` digest, else file names, sizes and modification times). Without
+            it, systems are matched by name only.
         load_reader: Injectable for tests: returns the 1-minute load average.
         cores: Injectable for tests: the number of available cores.
         clock: Injectable for tests: a monotonic clock in seconds.

@@ -331,3 +331,28 @@ def test_evaluate_checks_its_numbers():
                         ({"max_load": float("nan")}, "max_load")):
         with pytest.raises(ValueError, match=key):
             evaluate({"s": _good}, ds, metrics=["AR@1"], n_timing=0, progress=False, **kwargs)
+
+
+@pytest.mark.parametrize("manifest", [True, False])
+def test_changed_weights_in_a_model_folder_recompute(tmp_path, manifest):
+    """system_keys naming a model folder: a new MANIFEST.sha256 (or, without one, a changed file)
+    is another model, and its cached results are not reused."""
+    ds = _qrels_ds()
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "weights.bin").write_bytes(b"1234")
+    if manifest:
+        (model / "MANIFEST.sha256").write_text("aaaa  weights.bin\n")
+    keys = {"s": {"component": "bm25", "rerank": {"model": str(model)}}}
+    kw = dict(metrics=["AR@1"], n_timing=0, cache_dir=tmp_path / "cache", progress=False, system_keys=keys)
+    evaluate({"s": _good}, ds, **kw)
+    asked: list[str] = []
+    evaluate({"s": lambda q: asked.append(q) or _good(q)}, ds, **kw)
+    assert asked == []  # same model: resumed
+    if manifest:
+        (model / "MANIFEST.sha256").write_text("bbbb  weights.bin\n")
+    else:
+        (model / "weights.bin").write_bytes(b"123456")
+    with pytest.warns(UserWarning, match=r"'s'.*system models.*recomputing"):
+        evaluate({"s": lambda q: asked.append(q) or _good(q)}, ds, **kw)
+    assert len(asked) == 4
