@@ -138,7 +138,7 @@ def _inside(base: Path, value: str, key: str, where: str, flag: str) -> str:
     if resolved != base and base not in resolved.parents:
         raise ValueError(f"{where}: {key} = {value!r} resolves to {str(resolved)!r}, outside the configuration's "
                          f"folder {str(base)!r}; a configuration file writes only inside its own folder. Give "
-                         f"that folder on the command line instead ({flag} {value}) or use a path inside "
+                         f"that folder on the command line instead ({flag} {resolved}) or use a path inside "
                          f"{str(base)!r}.")
     return str(resolved)
 
@@ -375,6 +375,22 @@ def run_config(path: str | os.PathLike, *, n_timing: int | None = None, quiet_ch
     folder, else the run is refused before anything is written."""
     cfg = load_config(path)
     ds_cfg, ev = cfg["dataset"], dict(cfg["evaluate"])
+    # where the run writes: decided (and refused when outside the file's folder) before any work
+    base = Path(path).resolve().parent
+    if output is not None:  # the command line (or the caller) chose it: trusted
+        out = Path(output)
+    else:
+        out = Path(_inside(base, ev["output"], "output", f"{path} [evaluate]", "--out"))
+    ev.pop("output", None)
+    if cache_dir is not None:
+        ev["cache_dir"] = str(cache_dir)
+    elif "cache_dir" in ev:
+        ev["cache_dir"] = _inside(base, ev["cache_dir"], "cache_dir", f"{path} [evaluate]", "--cache-dir")
+    else:
+        if (out / "cache").is_symlink():
+            raise ValueError(f"{str(out / 'cache')!r} is a symbolic link; the score cache is never written through "
+                             "one: remove it, or pass the cache folder itself (--cache-dir).")
+        ev["cache_dir"] = str(out / "cache")
     rd = dict(cfg["reader"])
     reading = {"reader_prompt": rd.pop("prompt")} if "prompt" in rd else {}
     if "max_new_tokens" in rd:
@@ -397,21 +413,6 @@ def run_config(path: str | os.PathLike, *, n_timing: int | None = None, quiet_ch
                        ("quiet_load", quiet_load)):
         if value is not None:
             ev[key] = value
-    base = Path(path).resolve().parent
-    if output is not None:  # the command line (or the caller) chose it: trusted
-        out = Path(output)
-    else:
-        out = Path(_inside(base, ev["output"], "output", f"{path} [evaluate]", "--out"))
-    ev.pop("output", None)
-    if cache_dir is not None:
-        ev["cache_dir"] = str(cache_dir)
-    elif "cache_dir" in ev:
-        ev["cache_dir"] = _inside(base, ev["cache_dir"], "cache_dir", f"{path} [evaluate]", "--cache-dir")
-    else:
-        if (out / "cache").is_symlink():
-            raise ValueError(f"{str(out / 'cache')!r} is a symbolic link; the score cache is never written through "
-                             "one: remove it, or pass the cache folder itself (--cache-dir).")
-        ev["cache_dir"] = str(out / "cache")
     tune_split, tune_metric = ev.pop("tune_split", None), ev.pop("tune_metric", None)
     compress = ev.pop("gzip", False)
     specs = cfg["systems"]
