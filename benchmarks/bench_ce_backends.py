@@ -14,8 +14,9 @@ In both passes the runtimes are interleaved query by query, in an order rotated 
 change in machine load hits them all alike. Scores are kept in a cache file (``--cache``) so an
 interrupted run resumes; the JSON is rewritten every ``--save-every`` queries.
 
-Model: the SciFact-trained MiniLM cross-encoder of ``benchmarks/prerank_model.py`` when it exists
-(``--model``); otherwise pass another folder (the JSON names the model used). Run::
+Model: the SciFact-trained MiniLM cross-encoder ``models/minilm-scifact-ce``
+(``funnel train benchmarks/train/scifact_ce.toml``) unless ``--model`` names another folder (the JSON
+names the model used). Run::
 
     nice -n 10 python benchmarks/bench_ce_backends.py --data /work/shared/data \
         --model /work/models/minilm-squad-ce --depth 20
@@ -45,11 +46,11 @@ TARGET_NDCG_LOSS = 0.005
 
 
 def main() -> None:
-    from prerank_model import DEFAULT_OUT, is_trained
+    from trained import SCIFACT_CE, require_model
 
     ap = parser(__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None,
-                    help="cross-encoder folder (default: the SciFact model of prerank_model.py)")
+                    help="cross-encoder folder (default: models/minilm-scifact-ce, funnel train benchmarks/train/scifact_ce.toml)")
     ap.add_argument("--depth", type=int, default=100, help="BM25 candidates reranked per query")
     ap.add_argument("--max-length", type=int, default=192)
     ap.add_argument("--batch-size", type=int, default=32)
@@ -71,17 +72,13 @@ def main() -> None:
     from funnel_core.rerank.runtimes import choose_runtime, runtime_available
 
     load_before = list(os.getloadavg())
-    scifact_model = is_trained(DEFAULT_OUT)
-    model = args.model or (str(ROOT / DEFAULT_OUT) if scifact_model else None)
-    if model is None:
-        raise SystemExit(f"no SciFact cross-encoder at {ROOT / DEFAULT_OUT}: train it with "
-                         "benchmarks/prerank_model.py or pass --model FOLDER.")
-    model_note = ("SciFact-trained MiniLM cross-encoder (benchmarks/prerank_model.py)"
+    model = str(require_model(args.model or SCIFACT_CE, "cross-encoder"))
+    model_note = ("SciFact-trained MiniLM cross-encoder (funnel train benchmarks/train/scifact_ce.toml)"
                   if "scifact" in Path(model).name else
                   "NOT the SciFact-trained model: no SciFact checkpoint existed on this machine and "
                   "training one (460 steps) ran at ~55 s/step under a load average of ~13 on 2 "
                   "cores, far beyond the time available; this is the SQuAD-trained MiniLM "
-                  "cross-encoder (benchmarks/squad_ce_model.py), used zero-shot on SciFact")
+                  "cross-encoder (funnel train benchmarks/train/squad_ce.toml), used zero-shot on SciFact")
     names = [n for n in args.runtimes.split(",") if n]
     ndcg_names = [n for n in args.ndcg_runtimes.split(",") if n]
     names += [n for n in ndcg_names if n not in names]

@@ -14,9 +14,11 @@ S=1024, where a cluster is ~1.03 documents; flat document BM25 has the same reca
   nothing is re-scored. (Issue 22 asks for the FiD reader as teacher; the only FiD checkpoint was
   trained for 120 s, is lost, and ranked far worse than this cross-encoder: AR@1 0.112 against
   0.804 in ``postrank_fid_minilm.json``; a FiD cannot be trained on this session's CPU.)
-* **Training questions**: the 400 SQuAD *train* questions that ``squad_ce_model.py`` held out of
-  the teacher's training (so the teacher's scores on them are not memorised) and whose teacher
-  scores the cache holds. Each question's group = its BM25 top-``--train-docs`` documents.
+* **Training questions**: the 400 SQuAD *train* questions of the tuning sample
+  (``trained.tuning_question_ids``) whose teacher scores the cache holds. The published run's teacher
+  (the former ``squad_ce_model.py`` recipe) was trained without them, so its scores on them are not
+  memorised; ``benchmarks/train/squad_ce.toml`` samples its training questions independently of
+  this sample, so a teacher made by it may have trained on some of them. Each question's group = its BM25 top-``--train-docs`` documents.
 * **L2G arm** (eqs. 4-6): the teacher scores every passage of every candidate document; eq. 4
   aggregates them per document (``alpha`` max + (1 - ``alpha``) mean); eq. 5 takes the documents
   that contain an answer plus the top-1 document by that score as positives, the rest negatives
@@ -53,15 +55,14 @@ from pathlib import Path
 import numpy as np
 from bench_squad_large import model_key, read_scores
 from common import ROOT, parser, write_json
-from squad_ce_model import DEFAULT_FILES, tuning_question_ids
 from squad_large_data import AnswerTexts, build_corpus
+from trained import SQUAD_CE, SQUAD_FILES, require_model, tuning_question_ids
 
 from funnel_core.bm25 import BM25Index
 from funnel_core.evaluation.stats import bootstrap_ci, mcnemar_exact, paired_bootstrap
 from funnel_core.train import CrossEncoderTrainer, TrainingGroup, init_cross_encoder, l2g_group
 from funnel_core.train.l2g import aggregate_passage_scores
 
-TEACHER = Path("/work/models/minilm-squad-ce")
 CACHE_DIRS = [ROOT / ".cache" / "squad_large", Path("/work/cache/squad_large")]
 REPORT_SEED = 1          # bench_squad_large.py's dev-a permutation
 KDS = (1, 2, 3)
@@ -78,7 +79,7 @@ def load_teacher_scores(teacher: Path, qids: set[str]) -> tuple[dict[str, dict[i
     path = next((d / name for d in CACHE_DIRS if (d / name).is_file()), None)
     if path is None:
         raise FileNotFoundError(f"no score cache {name} in {CACHE_DIRS}; run bench_squad_large.py "
-                                "(--export-pairs / score_pairs.py / --import-scores) with this teacher first.")
+                                "(--export-pairs / pairs.py / --import-scores) with this teacher first.")
     out: dict[str, dict[int, float]] = {}
     for (q, p), s in read_scores(path, qids).items():
         out.setdefault(q, {})[p] = s
@@ -119,10 +120,10 @@ def summarize(records: list[dict], systems: list[str], n_boot: int) -> dict:
 
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
-    p.add_argument("--squad", type=Path, nargs="+", default=DEFAULT_FILES)
-    p.add_argument("--teacher", type=Path, default=TEACHER, help="the post-ranker whose cached scores teach")
+    p.add_argument("--squad", type=Path, nargs="+", default=SQUAD_FILES)
+    p.add_argument("--teacher", type=Path, default=SQUAD_CE, help="the post-ranker whose cached scores teach")
     p.add_argument("--work", type=Path, default=ROOT / "models" / "l2g_squad", help="checkpoints (gitignored)")
-    p.add_argument("--n-train", type=int, default=400, help="train questions (held out of the teacher's training)")
+    p.add_argument("--n-train", type=int, default=400, help="train questions (the tuning sample)")
     p.add_argument("--train-docs", type=int, default=8, help="BM25 candidate documents per training question")
     p.add_argument("--n-dev", type=int, default=1000, help="dev-a questions at most (seeded prefix)")
     p.add_argument("--eval-docs", type=int, default=5, help="BM25 candidate documents the pre-ranker orders")
@@ -170,6 +171,7 @@ def main() -> None:
     bm25 = BM25Index().index(docs)
     train_c = [[doc_index[u.id] for u in r] for r in bm25.search_many([q.question for q in train_qs], k=args.train_docs)]
     dev_c = [[doc_index[u.id] for u in r] for r in bm25.search_many([q.question for q in dev_qs], k=args.eval_docs)]
+    require_model(args.teacher, "teacher (SQuAD cross-encoder)")
     teacher, cache_path = load_teacher_scores(args.teacher, {q.id for q in train_qs + dev_qs})
     setup_seconds = time.perf_counter() - t0
     print(f"{len(docs)} documents, {len(passages)} passages; {len(train_qs)} train, {len(dev_qs)} dev-a "

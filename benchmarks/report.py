@@ -112,6 +112,25 @@ def secs(x: float) -> str:
     return f"{x:.2g}" if abs(x) < 0.01 else f"{x:.2f}"
 
 
+#: model-building scripts removed by issue 38 -> the `funnel train` recipe that now makes their model
+REMOVED_SCRIPTS = {"squad_ce_model.py": "squad_ce", "prerank_model.py": "scifact_ce",
+                   "rankrag_train.py": "squad_rankrag"}
+
+
+def removed_note(text: str) -> str:
+    """``text`` (a run's recorded description) with a note where it names a removed script."""
+    gone = [s for s in REMOVED_SCRIPTS if s in text]
+    return text + (f" (`{gone[0]}` was removed by issue 38, see git history; the model is now made by "
+                   f"`funnel train benchmarks/train/{REMOVED_SCRIPTS[gone[0]]}.toml`, another run)" if gone else "")
+
+
+def commands_cell(commands: Sequence[str], strip_comments: bool = False) -> str:
+    """The recorded commands of a run in backticks; a run of a removed script says so (it stays in git
+    history) and names the `funnel train` recipe that now makes the model (a different run)."""
+    cell = "; ".join(f"`{c.split('#')[0].strip() if strip_comments else c}`" for c in commands)
+    return removed_note(cell) if any(s in cell for s in REMOVED_SCRIPTS) else cell
+
+
 # -- reports of the evaluation harness (`funnel eval`, funnel_core.evaluation.evaluate) -------------
 def harness(name: str) -> dict:
     """``results/<name>/report.json[.gz]``: what ``Report.save`` wrote, per-question results included."""
@@ -423,7 +442,7 @@ def block_large_ce() -> str:
         ["listwise loss, first / last 50 steps", f"{t['loss_first50']:.3f} / {t['loss_last50']:.3f} (chance ln 6 = 1.792)"],
         ["loss curve (step: loss)", pts],
         ["where", t.get("where_trained", "")],
-        ["command", "; ".join(f"`{c}`" for c in t.get("commands", []))]])
+        ["command", commands_cell(t.get("commands", []))]])
 
 
 # -- clustering at scale (issue 15 item 5) -------------------------------------------------------
@@ -566,7 +585,7 @@ def ce_rows() -> list[Row]:
     return [("MiniLM cross-encoder trained on SQuAD train (listwise, BM25 hard negatives)",
              f"{t['steps']:,} steps, {t['train_seconds']:.0f} s on {t.get('gpu') or 'CPU'} ({t['dtype']}); "
              f"loss {t['loss_first50']:.2f} -> {t['loss_last50']:.2f}", f"{t['groups']:,} train questions",
-             "n/a (training run)", "; ".join(f"`{c.split('#')[0].strip()}`" for c in t.get("commands", [])))]
+             "n/a (training run)", commands_cell(t.get("commands", []), strip_comments=True))]
 
 
 def _qps(systems: dict) -> tuple[str, str]:
@@ -844,7 +863,7 @@ def block_ce_backends() -> str:
                 "models). " if max(r.get("ndcg@10", 0) for r in runs.values()) < d["bm25_ndcg@10"] else ". ")
              + "Loss intervals: paired bootstrap over queries (2,000 resamples). "
              f"{'Complete.' if d['complete'] else 'Run cut short: nDCG covers the queries counted in the table.'}",
-             f"Model: `{d['model']['path']}` — {d['model']['note']}. max_length {st['max_length']}, "
+             f"Model: `{d['model']['path']}` — {removed_note(d['model']['note'])}. max_length {st['max_length']}, "
              f"batch {st['batch_size']}, {st['backend']}; OpenVINO inference precision "
              f"{st['openvino_inference_precision']}.",
              f"Machine: {hw['cpu_model']}, {hw['cpus']} cores shared with other jobs, flags "
@@ -1116,7 +1135,8 @@ def block_postrank_fid_alpha() -> str:
         rows.append([label, _ar_ci(r[s]["AR@1"]), _ar_ci(r[s]["AR@4"]),
                      f"{pair['AR@1']['difference']:+.3f} {ci(pair['AR@1']['ci'])}" if pair else ""])
     return (f"**Table 7 / Table 8 as the paper writes them, on alpha** ({d['questions']} dev-a questions, "
-            f"{d['seconds']:.0f} s on the CPU; `benchmarks/fid_table7_cpu.py`):\n\n"
+            f"{d['seconds']:.0f} s on the CPU; the former `benchmarks/fid_table7_cpu.py`, removed by issue 38 "
+            "with the GPU reader's scripts, see git history):\n\n"
             + table(["scheme", "AR@1", "AR@4", "AR@1 - cross-encoder (paired)"], rows))
 
 
@@ -1241,9 +1261,58 @@ def block_reliability() -> str:
     return "\n".join(out)
 
 
+
+# -- trained models (funnel train; the cards in models/) ------------------------------------------
+KEPT_MODELS = ("minilm-squad-ce", "minilm-squad-fid")
+
+
+@block("training")
+def training_costs() -> str:
+    """What each kept model cost to train here, from its model card (``funnel_model.json``)."""
+    rows = []
+    for name in KEPT_MODELS:
+        path = ROOT / "models" / name / "funnel_model.json"
+        if not path.is_file():
+            print(f"warning: {path} missing; its row is left out", file=sys.stderr)
+            continue
+        c = json.loads(path.read_text(encoding="utf-8"))
+        size = sum(f.stat().st_size for f in path.parent.rglob("*") if f.is_file() and "funnel_onnx" not in f.parts)
+        held = c.get("held_out_metrics", {})
+        ar = "; ".join(f"{m} {held[m]['first_stage']:.3f} -> {held[m]['reranked']:.3f} (paired "
+                       f"{held[m]['paired_difference']['difference']:+.3f} "
+                       f"{ci(held[m]['paired_difference']['ci'])})" for m in ("AR@1", "AR@4") if m in held)
+        ds, hw = c["dataset"], c["hardware"]
+        prep = c.get("prep_seconds", 0) + c.get("encode_seconds", 0)
+        loss = c.get("loss_curve") or []
+        w = max(1, min(50, len(loss) // 2))
+        rows.append([f"`{name}` ({c['kind']})", f"`{c['command']}`",
+                     f"{ds['trained_on']:,} questions of `{Path(ds['path']).name}` ({ds['split']})",
+                     f"{c['steps']:,} steps{' (time cap)' if c.get('stopped_early') else ''}, loss "
+                     f"{sum(loss[:w]) / w:.2f} -> {sum(loss[-w:]) / w:.2f} (first / last {w} steps)",
+                     f"{c['train_seconds'] / 60:.1f} min training + {prep / 60:.1f} min mining"
+                     + (" and encoding" if c.get("encode_seconds") else "")
+                     + f"; {c['seconds_total'] / 60:.1f} min in all",
+                     f"{c.get('dtype')}, {hw.get('cpus', '?')} CPUs, load {c['load_average_at_end'][0]:.1f} at the end"
+                     if c.get("load_average_at_end") else f"{c.get('dtype')}",
+                     f"{size / 2**20:.0f} MiB", f"{ar} on {held.get('questions', 0)} held-out train questions"
+                     if ar else ""])
+    return table(["model", "command", "data", "steps and loss", "minutes", "precision, machine", "size on disk",
+                  "held-out (first stage -> reranked by the model, 95% paired interval)"], rows,
+                 "From each model's card (`models/<name>/funnel_model.json`); the held-out questions are train "
+                 "questions kept out of training, their candidates the first stage's top-30 (FiD: its top-10 "
+                 "reranked). The load column says whether other work shared the 2 cores.")
+
+
+@block("squad-postrank")
+def squad_postrank() -> str:
+    return harness_table("squad_postrank", ["AR@1", "AR@2", "AR@4"],
+                         {"bm25_ce": "BM25 top-10 -> the SQuAD cross-encoder",
+                          "bm25_fid": "BM25 top-10 -> the CPU FiD reader's cross-attention (eq. 3)",
+                          "bm25": "BM25 top-10 alone"}, bold=["AR@1", "AR@4"], vs_baseline="AR@1")
+
 FILES = [ROOT / "README.md"] + [ROOT / "docs" / f"{n}.md" for n in (
     "benchmarks", "clustering", "funnel", "prerank", "postrank", "llm_retrieval", "performance", "offline_build",
-    "mix_of_granularity", "best_practices", "persistence")]
+    "mix_of_granularity", "best_practices", "persistence", "training")]
 MARK = re.compile(r"(<!-- results:([a-z0-9-]+):begin -->\n)(.*?)(<!-- results:\2:end -->)", re.S)
 
 

@@ -30,8 +30,8 @@ from types import SimpleNamespace
 import bench_squad_large as B
 import report as R
 from common import ROOT, parser
-from squad_ce_model import DEFAULT_FILES, DEFAULT_OUT, cpu_flags, use_bf16
 from squad_large_data import PASSAGE_WORDS, build_corpus
+from trained import SQUAD_CE, SQUAD_FILES, cpu_flags, require_model, use_bf16
 
 from funnel_core.bm25 import BM25Index
 from funnel_core.evaluation import EvalDataset, evaluate
@@ -40,8 +40,8 @@ from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
 
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
-    p.add_argument("--squad", type=Path, nargs="+", default=DEFAULT_FILES)
-    p.add_argument("--model", type=Path, default=ROOT / DEFAULT_OUT)
+    p.add_argument("--squad", type=Path, nargs="+", default=SQUAD_FILES)
+    p.add_argument("--model", type=Path, default=SQUAD_CE)
     p.add_argument("--embeddings", type=Path, default=B.CACHE / "emb")
     p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results" / "squad_large.json")
     p.add_argument("--n-timing", type=int, default=50)
@@ -68,6 +68,7 @@ def main() -> None:
         return
     rows = res["systems_dev_a"]
     names = [n for n in rows if re.search(args.systems, n)]
+    require_model(args.model, "SQuAD cross-encoder")
     flags = cpu_flags()
     bf16 = use_bf16(flags)
     corpus = build_corpus(args.squad)

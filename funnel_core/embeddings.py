@@ -17,6 +17,7 @@ after :meth:`DenseIndex.load`) are never embedded again.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import threading
 from dataclasses import dataclass
@@ -334,7 +335,12 @@ class DenseIndex(FreshOnCopy):
 
     def search_many(self, queries: Sequence[str], k: int = 10,
                     query_embeddings: np.ndarray | None = None) -> list[list[Unit]]:
-        """Top-``k`` units per query by inner product; scores in ``funnel["score_dense"]``."""
+        """Top-``k`` units per query by inner product; scores in ``funnel["score_dense"]``.
+
+        ``k`` is clamped to the index size. A similarity that is not finite (finite float32
+        vectors near 3e38 overflow the inner product to ``inf`` or ``inf - inf = NaN``) is
+        never returned: such units are left out, so a result may hold fewer than ``k`` units.
+        """
         st = self._state
         if not st.units:
             raise RuntimeError("this DenseIndex is empty; call index(units) or DenseIndex.load(path).")
@@ -354,7 +360,8 @@ class DenseIndex(FreshOnCopy):
             sims, ids = ann.search(q_emb, k, params=params)
             for qi, q in enumerate(queries):
                 out.append([] if not q else [st.units[int(i)].rescored(float(d), "dense")
-                                             for d, i in zip(sims[qi], ids[qi]) if i >= 0])
+                                             for d, i in zip(sims[qi], ids[qi])
+                                             if i >= 0 and math.isfinite(d)])
             return out
         sims = q_emb @ st.embeddings.T
         for qi, q in enumerate(queries):
@@ -362,9 +369,12 @@ class DenseIndex(FreshOnCopy):
                 out.append([])
                 continue
             row = sims[qi]
+            if not np.isfinite(row).all():  # overflow of huge finite vectors: inf - inf = NaN
+                row = np.where(np.isfinite(row), row, -np.inf)
             top = np.argpartition(-row, k - 1)[:k]
             top = top[np.argsort(-row[top], kind="stable")]
-            out.append([st.units[i].rescored(float(row[i]), "dense") for i in top])
+            out.append([st.units[i].rescored(float(row[i]), "dense") for i in top
+                        if math.isfinite(row[i])])
         return out
 
     def search(self, query: str, k: int = 10) -> list[Unit]:

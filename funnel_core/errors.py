@@ -13,6 +13,7 @@ _SURROGATE_RE = re.compile("[\ud800-\udfff]")
 
 __all__ = [
     "FunnelError",
+    "ModelIntegrityError",
     "ModelLoadError",
     "PersistError",
     "check_query",
@@ -27,6 +28,10 @@ class FunnelError(Exception):
 
 class ModelLoadError(FunnelError, OSError):
     """A model could not be loaded (for example a hub name on a machine without network)."""
+
+
+class ModelIntegrityError(FunnelError, ValueError):
+    """A model folder's files do not match its ``MANIFEST.sha256`` (:mod:`funnel_core.train.card`)."""
 
 
 class PersistError(FunnelError, OSError):

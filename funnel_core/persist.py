@@ -22,8 +22,9 @@ Saving (:func:`save_snapshot`):
    fsync ``path``;
 3. commit: write ``.CURRENT.tmp-<random>``, fsync it, ``os.replace`` it over ``CURRENT``, fsync
    ``path``;
-4. only then remove the snapshots ``CURRENT`` no longer names and the temp folders of crashed
-   saves. Nothing else in ``path`` is touched.
+4. only then remove the snapshots ``CURRENT`` no longer names, the temp folders of crashed
+   saves and the journal's own temporary files (``.funnel-rag.journal.tmp-<16 hex>``) a
+   crashed save left. Nothing else in ``path`` is touched.
 
 A save killed at any point leaves ``CURRENT`` naming either the previous snapshot or the new one,
 both complete; the next successful save removes what the crash left behind.
@@ -99,7 +100,7 @@ def _step(name: str) -> None:
 def _fsync_dir(path: Path) -> None:
     if os.name == "nt":  # directories cannot be opened for fsync on Windows
         return
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NONBLOCK", 0))
     try:
         os.fsync(fd)
     finally:
@@ -124,8 +125,34 @@ def _sha256_file(path: Path, fsync: bool = False, limit: int | None = None) -> t
     return h.hexdigest(), size
 
 
+_NO_HANG = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+
+
+def _open_bookkeeping(f: Path, flags: int, what: str, mode: int = 0o644) -> int:
+    """``os.open`` of one of our own files (marker, journal, readers' lock, pointer, manifest)
+    with ``O_NOFOLLOW | O_NONBLOCK``: a symbolic link is not followed and a FIFO does not block
+    (read: it opens at once; write: ``ENXIO``); anything but a regular file raises
+    :class:`PersistError` naming it. ``FileNotFoundError`` propagates."""
+    try:
+        fd = os.open(f, flags | _NO_HANG, mode)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise PersistError(f"{what} ({str(f)!r}) cannot be opened ({exc}): it is a symbolic link, "
+                           "a FIFO or another special file, not a regular file funnel-rag wrote; "
+                           "the persist folder is damaged or tampered with. Remove it (or save "
+                           "into a new folder).") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise PersistError(f"{what} ({str(f)!r}) is not a regular file (a FIFO, device, socket or "
+                           "folder); the persist folder is damaged or tampered with. Remove it "
+                           "(or save into a new folder).")
+    return fd
+
+
 def _write_durable(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
+    fd = _open_bookkeeping(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, f"the file {path.name!r}")
+    with os.fdopen(fd, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -139,7 +166,7 @@ def _locked(marker: Path) -> Iterator[None]:
     except ImportError:  # Windows: saves to one folder must not run concurrently there
         yield
         return
-    with open(marker, "rb") as f:
+    with os.fdopen(_open_bookkeeping(marker, os.O_RDONLY, f"the marker {MARKER!r}"), "rb") as f:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         try:
             yield
@@ -310,6 +337,7 @@ def save_snapshot(path: str | os.PathLike, fmt: str, version: int,
     path = Path(path)
     marker = _claim(path)
     with _locked(marker):
+        _check_bookkeeping(path)
         try:
             before: str | None = _read_pointer(path, "object")["snapshot"]
         except PersistError:
@@ -369,6 +397,18 @@ def save_snapshot(path: str | os.PathLike, fmt: str, version: int,
         # committed: from here on nothing may raise (the new snapshot is what CURRENT names)
         _after_commit(path, journal, name, before)
     return path / name
+
+
+def _check_bookkeeping(path: Path) -> None:
+    """Refuse (:class:`PersistError`, naming it) a pointer, journal or readers' lock file that
+    exists and is not a regular file (a FIFO, a symbolic link, a device, a folder): a save never
+    blocks on one, nor replaces what it did not write."""
+    for name, what in ((POINTER, "the pointer file"), (JOURNAL, "the journal"),
+                       (READERS, "the readers' lock")):
+        try:
+            _check_plain(path / name, path, f"{what} {name!r}")
+        except FileNotFoundError:
+            continue
 
 
 def _after_commit(path: Path, journal: "_Journal", name: str, before: str | None) -> None:
@@ -454,6 +494,7 @@ def snapshot_owner(manifest: Mapping[str, Any]) -> str | None:
 
 JOURNAL = ".funnel-rag.journal"
 READERS = ".funnel-rag.readers"
+_JOURNAL_TMP_RE = re.compile(r"^" + re.escape(JOURNAL) + r"\.tmp-[0-9a-f]{16}$")
 
 
 class _Journal:
@@ -462,6 +503,16 @@ class _Journal:
 
     def __init__(self, path: Path) -> None:
         self.file = path / JOURNAL
+
+    def remove_stale_temps(self) -> None:
+        """Remove the journal's own temporary files left by a save killed between writing one
+        and renaming it (:meth:`reset`). Called under the save's exclusive lock, so no other
+        save is writing one; only regular files named exactly as :meth:`reset` names them."""
+        for entry in _listdir(self.file.parent):
+            if _JOURNAL_TMP_RE.match(entry):
+                with contextlib.suppress(OSError):
+                    if stat.S_ISREG(os.lstat(self.file.parent / entry).st_mode):
+                        os.unlink(self.file.parent / entry)
 
     def names(self) -> tuple[set[str], set[str]]:
         """(every name recorded, the snapshot names recorded as committed)."""
@@ -482,7 +533,7 @@ class _Journal:
         return names, committed
 
     def add(self, name: str) -> None:
-        fd = os.open(self.file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        fd = _open_bookkeeping(self.file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, f"the journal {JOURNAL!r}")
         try:
             os.write(fd, name.encode("ascii") + b"\n")
             os.fsync(fd)
@@ -490,28 +541,33 @@ class _Journal:
             os.close(fd)
 
     def reset(self, names: set[str], committed: set[str]) -> None:
+        self.remove_stale_temps()
         tmp = self.file.with_name(f"{JOURNAL}.tmp-{secrets.token_hex(8)}")
         lines = [f"committed {n}" if n in committed else n for n in sorted(names)]
         _write_durable(tmp, "".join(f"{line}\n" for line in lines).encode("ascii"))
         os.replace(tmp, self.file)
 
 
-def _readers_lock(path: Path, blocking: bool, shared: bool = False) -> int | None:
+def _readers_lock(path: Path, blocking: bool, shared: bool = False,
+                  refuse: bool = False) -> int | None:
     """A lock on ``.funnel-rag.readers``: loads hold it shared while they read a snapshot, the
     clean-up exclusive (non-blocking: it skips removing snapshots while anyone reads). Returns
-    the locked fd, or ``None`` when the lock is unavailable (held, or no such file/flock)."""
+    the locked fd, or ``None`` when the lock is unavailable (held, or no such file/flock). The
+    file is opened no-follow and non-blocking; with ``refuse``, one that is not a regular file
+    (a FIFO, a link) raises :class:`PersistError` instead of returning ``None``."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - Windows
         return None
     f = path / READERS
+    what = f"the readers' lock {READERS!r}"
     try:
-        if not shared:
-            fd = os.open(f, os.O_RDONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
-        else:
-            _check_plain(f, path, "the readers' lock")
-            fd = os.open(f, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    except (OSError, PersistError):
+        fd = _open_bookkeeping(f, os.O_RDONLY | (0 if shared else os.O_CREAT), what)
+    except PersistError:
+        if refuse:
+            raise
+        return None
+    except OSError:
         return None
     op = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if blocking else fcntl.LOCK_NB)
     try:
@@ -633,7 +689,7 @@ def load_snapshot(path: str | os.PathLike, fmt: str | Sequence[str], max_version
     path = Path(path)
     # a shared lock on the readers' file: a concurrent save does not remove the snapshot we
     # read (its clean-up skips while we hold it), so the load does not have to chase pointers
-    readers = _readers_lock(path, blocking=True, shared=True) if path.is_dir() else None
+    readers = _readers_lock(path, blocking=True, shared=True, refuse=True) if path.is_dir() else None
     try:
         if _pointer_lost(path):
             return _recover(path, fmt, max_version, what, read)

@@ -38,11 +38,12 @@ from funnel_core.backends.milvus import (
     search_dense,
 )
 from funnel_core.embeddings import DenseIndex
+from funnel_core.filters import combine_filters
 from funnel_core.units import Unit
 from langchain_funnel._base import UnitRetriever
 from langchain_funnel.corpus import units_from_documents
 
-__all__ = ["DenseRetriever", "MilvusTranslator", "to_milvus_filter", "push_down"]
+__all__ = ["DenseRetriever", "MilvusTranslator", "to_milvus_filter", "push_down", "search_filter"]
 
 _OPS = {Comparator.EQ: "eq", Comparator.NE: "ne", Comparator.GT: "gt", Comparator.GTE: "gte",
         Comparator.LT: "lt", Comparator.LTE: "lte", Comparator.IN: "in", Comparator.NIN: "nin",
@@ -96,18 +97,25 @@ def push_down(index: Any, flt: Any) -> Any:
     return flt
 
 
+def search_filter(index: Any, floor: Any, call: Any) -> Any:
+    """The filter a retriever searches with: its own ``filter`` (a floor) AND the per-call one
+    (:func:`funnel_core.filters.combine_filters`; an empty or blank one adds nothing), each
+    pushed down first (:func:`push_down`)."""
+    return combine_filters(push_down(index, floor), push_down(index, call))
+
+
 class DenseRetriever(UnitRetriever):
     """Dense retrieval over a Milvus (or in-memory) dense index; ``k`` and ``filter`` per call.
 
     Build with :meth:`from_documents` (``backend=`` picks Milvus), re-open a built collection
     with :meth:`from_backend`. ``filter`` is a dict (``{"source": "a.md"}``), a Milvus
     expression string or a structured-query ``Comparison``/``Operation``, pushed down to Milvus
-    (the in-memory ``DenseIndex`` takes no filter). Scores (inner product of normalised
+    (the in-memory ``DenseIndex`` takes no filter); a per-call filter is ANDed with ``filter``. Scores (inner product of normalised
     embeddings) are in ``metadata["relevance_score"]``.
     """
 
     index: Union[MilvusDenseIndex, DenseIndex]
-    filter: Any = Field(default=None, description="Default metadata filter (Milvus only).")
+    filter: Any = Field(default=None, description="Metadata filter (Milvus only), a floor: a per-call filter is ANDed with it.")
 
     @classmethod
     def from_documents(cls, documents: Iterable[Document], embedder: Any = None,
@@ -130,8 +138,7 @@ class DenseRetriever(UnitRetriever):
         return cls(index=b.dense(embedder).open(), **settings)
 
     def _search(self, query: str, k: int, filter: Any = None) -> list[Unit]:
-        flt = push_down(self.index, filter if filter is not None else self.filter)
-        return search_dense(self.index, query, k, flt)
+        return search_dense(self.index, query, k, search_filter(self.index, self.filter, filter))
 
 
 def require_milvus(backend: Any, where: str) -> MilvusBackend:

@@ -6,7 +6,8 @@
   related documents (Algorithm 1), opened into their member documents.
 
 Both take ``k`` in the constructor and per call (``invoke(q, k=3)``) and a per-call metadata
-``filter`` (``invoke(q, filter={"source": "a.md"})`` or a predicate).
+``filter`` (``invoke(q, filter={"source": "a.md"})`` or a predicate), ANDed with the retriever's
+own ``filter`` (a floor: a per-call filter narrows it, never widens it; ``{}`` adds nothing).
 
 Both keep their data in memory by default, or in Milvus with one argument: ``backend=`` (a
 :class:`funnel_core.backends.milvus.MilvusBackend`, or a URI: ``"funnel.db"`` for embedded Milvus Lite,
@@ -18,7 +19,6 @@ objects) and ``save`` writes only a manifest (URI, collection, settings), never 
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any, ClassVar, Iterable, Optional, Sequence, Union
 
@@ -36,14 +36,14 @@ from funnel_core.backends.milvus import (
 )
 from funnel_core.bm25 import BM25Index
 from funnel_core.errors import PersistError, check_positive_int
-from funnel_core.filters import MetadataFilter
+from funnel_core.filters import MetadataFilter, persistable_filter
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
 from funnel_core.persist import load_snapshot, save_snapshot, snapshot_info
 from funnel_core.settings import build_index, check_kwargs, keyword_names
 from funnel_core.units import Unit, units_from_texts
 from langchain_funnel._base import UnitRetriever
 from langchain_funnel.corpus import units_from_documents
-from langchain_funnel.milvus import push_down, require_milvus
+from langchain_funnel.milvus import push_down, require_milvus, search_filter
 
 Backend = Union[MilvusBackend, str, None]
 
@@ -58,7 +58,7 @@ class BM25Retriever(UnitRetriever):
     """
 
     index: Union[BM25Index, MilvusBM25Index]
-    filter: Any = Field(default=None, description="Default metadata filter (dict or predicate).")
+    filter: Any = Field(default=None, description="Metadata filter (dict or predicate), a floor: a per-call filter is ANDed with it.")
 
     @classmethod
     def from_texts(cls, texts: Iterable[str], metadatas: Optional[Sequence[dict]] = None,
@@ -86,8 +86,7 @@ class BM25Retriever(UnitRetriever):
         return cls(index=require_milvus(backend, f"{cls.__name__}.from_backend").bm25().open(), **settings)
 
     def _search(self, query: str, k: int, filter: MetadataFilter = None) -> list[Unit]:
-        flt = push_down(self.index, filter if filter is not None else self.filter)
-        return self.index.search(query, k=k, filter=flt)
+        return self.index.search(query, k=k, filter=search_filter(self.index, self.filter, filter))
 
     _settings: ClassVar[tuple[str, ...]] = ("k", "filter")
 
@@ -113,7 +112,7 @@ class ClusteredBM25Retriever(UnitRetriever):
     """
 
     index: Union[ClusteredBM25Index, MilvusClusteredBM25Index]
-    filter: Any = Field(default=None, description="Default metadata filter on documents.")
+    filter: Any = Field(default=None, description="Metadata filter on documents, a floor: a per-call filter is ANDed with it.")
     k_clusters: int = Field(default=10, description="Clusters retrieved by BM25 and opened into "
                                                     "their documents.")
     return_clusters: bool = Field(default=False, description="Return the clusters themselves "
@@ -167,7 +166,7 @@ class ClusteredBM25Retriever(UnitRetriever):
                 k_clusters: Optional[int] = None) -> list[Unit]:
         n = self.k_clusters if k_clusters is None else check_positive_int(k_clusters, "k_clusters")
         n_clusters = min(n, k) if self.return_clusters else n  # clusters returned: k caps them
-        flt = push_down(self.index, filter if filter is not None else self.filter)
+        flt = search_filter(self.index, self.filter, filter)
         return self.index.search(query, k=n_clusters, filter=flt,
                                  return_clusters=self.return_clusters, max_documents=k)
 
@@ -190,11 +189,9 @@ def _save(retriever: Any, path: str | Path) -> None:
     if settings.get("filter") is not None and not isinstance(settings["filter"], (dict, str)):
         # a structured-query filter over Milvus is saved as the expression it is pushed down as
         settings["filter"] = _saved_filter(retriever.index, settings["filter"])
-    if settings.get("filter") is not None and not isinstance(settings["filter"], (dict, str)):
-        warnings.warn(f"{type(retriever).__name__}.save: a predicate filter cannot be saved; the "
-                      "loaded retriever has no default filter (pass filter= to load or per call).",
-                      stacklevel=3)
-        settings["filter"] = None
+    # a filter that cannot be saved (a predicate, a mask) refuses the save before anything is
+    # written: the loaded retriever would be wider than this one
+    settings["filter"] = persistable_filter(settings.get("filter"), f"{type(retriever).__name__}.save")
     index, st = retriever.index, retriever.index._require_built()
 
     def write(folder: Path) -> dict:  # over Milvus: a manifest entry, no files (no data)
@@ -241,7 +238,7 @@ def _saved_filter(index: Any, flt: Any) -> Any:
         return flt
     try:
         expr = push_down(index, flt)
-    except Exception:  # not translatable for this index: left as is (a warning follows)
+    except Exception:  # not translatable for this index: left as is (the save refuses it)
         return flt
     return "" if expr is None else expr  # "": no constraint
 

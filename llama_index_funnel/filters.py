@@ -13,7 +13,7 @@ from llama_index.core.vector_stores.types import (
     MetadataFilters,
 )
 
-__all__ = ["to_predicate"]
+__all__ = ["is_empty_metadata_filters", "to_predicate"]
 
 _MISSING = object()
 
@@ -58,6 +58,12 @@ def _one(f: MetadataFilter | ExactMatchFilter) -> Callable[[dict], bool]:
             return False
 
     return check
+
+
+def is_empty_metadata_filters(filters: MetadataFilters) -> bool:
+    """Whether ``filters`` constrains nothing: no filters under AND or NOT (``MetadataFilters(
+    filters=[])``). An empty OR matches nothing, so it is not empty."""
+    return not filters.filters and filters.condition != FilterCondition.OR
 
 
 def to_predicate(filters: MetadataFilters | None) -> Callable[[dict], bool] | None:

@@ -34,12 +34,14 @@ from funnel_core.backends.milvus import (
 )
 from funnel_core.embeddings import DenseIndex
 from funnel_core.errors import check_positive_int, check_query
+from funnel_core.filters import combine_filters
 from funnel_core.units import Unit
 from llama_index_funnel._base import UnitRetriever, units_to_nodes
 from llama_index_funnel.corpus import nodes_from, units_of
+from llama_index_funnel.filters import is_empty_metadata_filters, to_predicate
 
 __all__ = ["DenseRetriever", "to_milvus_filter", "is_milvus", "milvus_backend",
-           "with_shells", "restore_nodes"]
+           "with_shells", "restore_nodes", "search_filter"]
 
 _OPS = {FilterOperator.EQ: "eq", FilterOperator.NE: "ne", FilterOperator.GT: "gt",
         FilterOperator.GTE: "gte", FilterOperator.LT: "lt", FilterOperator.LTE: "lte",
@@ -133,6 +135,23 @@ def push_down(index: Any, flt: Any) -> Any:
     return to_milvus_filter(flt) if isinstance(flt, MetadataFilters) else flt
 
 
+def _native(index: Any, flt: Any) -> Any:
+    """``flt`` in the index's own form: ``MetadataFilters`` become a Milvus expression (pushed
+    down) for a Milvus index, a predicate for an in-memory one; an empty one, ``None``."""
+    if not isinstance(flt, MetadataFilters):
+        return flt
+    if is_empty_metadata_filters(flt):
+        return None
+    return push_down(index, flt) if is_milvus(index) else to_predicate(flt)
+
+
+def search_filter(index: Any, floor: Any, call: Any) -> Any:
+    """The filter a retriever searches with: its own ``filters`` (a floor) AND the per-query ones
+    (:func:`funnel_core.filters.combine_filters`; ``None``, ``{}``, a blank string and
+    ``MetadataFilters(filters=[])`` add nothing), each in the index's own form first."""
+    return combine_filters(_native(index, floor), _native(index, call))
+
+
 class DenseRetriever(UnitRetriever):
     """LlamaIndex retriever over a dense index (Milvus or in-memory); scores in metadata.
 
@@ -146,7 +165,8 @@ class DenseRetriever(UnitRetriever):
             are ``TextNode``s rebuilt from the index (id, text, metadata).
         similarity_top_k: Nodes returned.
         filters: Default metadata filter (``MetadataFilters``, dict or Milvus expression
-            string), pushed down; Milvus indexes only. Override per query with :meth:`search`.
+            string), pushed down; Milvus indexes only. A floor: per-query filters passed to
+            :meth:`search` are ANDed with it.
     """
 
     def __init__(self, index: Union[DenseIndex, Any], nodes: Optional[Sequence[BaseNode]] = None,
@@ -186,9 +206,9 @@ class DenseRetriever(UnitRetriever):
         return self._nodes
 
     def _search(self, query: str, filters: Any = None, k: Optional[int] = None) -> list[Unit]:
-        flt = self.filters if filters is None else filters
         k = self.similarity_top_k if k is None else check_positive_int(k, "k")
-        hits = search_dense(self.index, query, k, push_down(self.index, flt), argument="filters")
+        flt = search_filter(self.index, self.filters, filters)
+        hits = search_dense(self.index, query, k, flt, argument="filters")
         return hits if isinstance(self.index, DenseIndex) else restore_nodes(hits, self._nodes)
 
     def search(self, query: str, filters: Any = None, k: Optional[int] = None) -> List[NodeWithScore]:

@@ -21,7 +21,6 @@ nodes (relationships intact), rebuilt from the collection.
 from __future__ import annotations
 
 import secrets
-import warnings
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Sequence, Union
 
@@ -33,27 +32,19 @@ from llama_index.core.vector_stores.types import MetadataFilters
 from funnel_core.backends.milvus import MilvusBackend, as_backend, is_milvus_entry, open_index
 from funnel_core.bm25 import BM25Index
 from funnel_core.errors import check_positive_int, check_query
+from funnel_core.filters import persistable_filter
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
 from funnel_core.persist import load_snapshot, save_snapshot, snapshot_owner
 from funnel_core.settings import build_index, keyword_names
 from funnel_core.units import Unit
 from llama_index_funnel._base import UnitRetriever, units_to_nodes
 from llama_index_funnel.corpus import nodes_from, units_of
-from llama_index_funnel.filters import to_predicate
-from llama_index_funnel.milvus import is_milvus, milvus_backend, push_down, restore_nodes, with_shells
+from llama_index_funnel.milvus import is_milvus, milvus_backend, restore_nodes, search_filter, with_shells
 
 __all__ = ["BM25Retriever", "ClusteredBM25Retriever"]
 
 Filter = Union[MetadataFilters, Dict[str, Any], Callable[[dict], bool], str, None]
 Backend = Union[MilvusBackend, str, None]
-
-
-def _filter(filters: Filter, index: Any = None) -> Any:
-    """The filter handed to the index: ``MetadataFilters`` become a Milvus expression (pushed
-    down) for a Milvus index, a predicate for an in-memory one."""
-    if is_milvus(index):
-        return push_down(index, filters)
-    return to_predicate(filters) if isinstance(filters, MetadataFilters) else filters
 
 
 class _NodeRetriever(UnitRetriever):
@@ -76,12 +67,12 @@ class _NodeRetriever(UnitRetriever):
         return restore_nodes(units, self._nodes) if is_milvus(self.index) else units
 
     def search(self, query: str, filters: Filter = None, **kwargs: Any) -> List[NodeWithScore]:
-        """Retrieve with a per-query filter (MetadataFilters, dict or predicate) and options."""
+        """Retrieve with a per-query filter (MetadataFilters, dict or predicate) and options; the
+        per-query filter is ANDed with :attr:`filters` (a floor it narrows, never widens)."""
         query = check_query(query)
         if not query:
             return []
-        units = self._search(query, filters=filters if filters is not None else self.filters,  # type: ignore[call-arg]
-                             **kwargs)
+        units = self._search(query, filters=filters, **kwargs)  # type: ignore[call-arg]
         return units_to_nodes(units, self._originals(), self.annotate)
 
     #: The index class and the sub-folder of a persist dir this retriever owns (set by
@@ -101,10 +92,8 @@ class _NodeRetriever(UnitRetriever):
         flt = settings.get("filters")
         if isinstance(flt, MetadataFilters):
             settings["filters"] = {"metadata_filters": flt.model_dump(mode="json")}
-        elif flt is not None and not isinstance(flt, (dict, str)):  # str: a Milvus expression
-            warnings.warn(f"{type(self).__name__}.persist: a predicate filter cannot be saved; "
-                          "the loaded retriever has no default filter.", stacklevel=3)
-            settings["filters"] = None
+        else:  # a dict or a Milvus expression; a predicate or a mask refuses the persist
+            settings["filters"] = persistable_filter(flt, f"{type(self).__name__}.persist")
         return settings
 
     def persist(self, path: str, overwrite: bool = False) -> None:
@@ -183,7 +172,8 @@ class BM25Retriever(_NodeRetriever):
         index: A built :class:`funnel_core.bm25.BM25Index` whose unit ids are the node ids.
         nodes: The nodes the index was built from (results are copies of them).
         similarity_top_k: Number of nodes to return.
-        filters: Default metadata filter; override per query with :meth:`search`.
+        filters: Metadata filter, a floor: per-query filters passed to :meth:`search` are
+            ANDed with it (they narrow it, never widen it).
     """
 
     _index_cls = BM25Index
@@ -221,9 +211,9 @@ class BM25Retriever(_NodeRetriever):
         return cls(index, [], similarity_top_k=similarity_top_k, filters=filters)
 
     def _search(self, query: str, filters: Filter = None, k: Optional[int] = None) -> list[Unit]:
-        flt = self.filters if filters is None else filters
         k = self.similarity_top_k if k is None else check_positive_int(k, "k")
-        return self._restore(self.index.search(query, k=k, filter=_filter(flt, self.index)))
+        flt = search_filter(self.index, self.filters, filters)
+        return self._restore(self.index.search(query, k=k, filter=flt))
 
 
 
@@ -241,7 +231,8 @@ class ClusteredBM25Retriever(_NodeRetriever):
         index: A built :class:`funnel_core.funnelrag.clustered_index.ClusteredBM25Index`.
         nodes: The document nodes the index was built from.
         similarity_top_k: Number of nodes returned.
-        filters: Default metadata filter on documents; override per query with :meth:`search`.
+        filters: Metadata filter on documents, a floor: per-query filters passed to
+            :meth:`search` are ANDed with it.
         callback_manager: LlamaIndex callback manager.
         verbose: LlamaIndex's verbose flag.
         k_clusters: Clusters retrieved by BM25 and opened into their documents (10).
@@ -307,9 +298,9 @@ class ClusteredBM25Retriever(_NodeRetriever):
 
     def _search(self, query: str, filters: Filter = None, k: Optional[int] = None,
                 k_clusters: Optional[int] = None) -> list[Unit]:
-        flt = self.filters if filters is None else filters
         k = self.similarity_top_k if k is None else check_positive_int(k, "k")
         n = self.k_clusters if k_clusters is None else check_positive_int(k_clusters, "k_clusters")
         n_clusters = min(n, k) if self.return_clusters else n  # clusters returned: k caps them
-        return self._restore(self.index.search(query, k=n_clusters, filter=_filter(flt, self.index),
+        flt = search_filter(self.index, self.filters, filters)
+        return self._restore(self.index.search(query, k=n_clusters, filter=flt,
                                                return_clusters=self.return_clusters, max_documents=k))

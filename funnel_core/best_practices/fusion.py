@@ -15,6 +15,10 @@ over *normalised* scores. Raw BM25 scores are unbounded and cosine similarities 
 * ``"zscore"``: ``(s - mean) / std`` over the list (std 0 -> all 0).
 * ``"none"``: raw scores (only sensible when both sides share a scale).
 
+Alpha fusion refuses a non-finite score (``ValueError`` naming the side and the ids) under
+every normalisation, ``"none"`` included: an ``inf`` would otherwise rank first and a ``NaN``
+anywhere. RRF reads ranks only and is unaffected.
+
 A candidate that only one side returned gets the *minimum* normalised value of the other side
 (0 under min-max): it ranked below everything that side returned, so it gets that side's lowest
 score. Reciprocal rank fusion (``method="rrf"``, Cormack et al., 2009) is offered as an
@@ -29,7 +33,7 @@ from typing import Any, Callable, Sequence, Union
 
 from funnel_core.errors import check_positive_int, check_probability, check_query
 from funnel_core.funnel import Stage
-from funnel_core.scoring import NORMALIZATIONS, normalize_scores
+from funnel_core.scoring import NORMALIZATIONS, check_finite_scores, normalize_scores
 from funnel_core.settings import Settings
 from funnel_core.units import SCORE_PREFIX, Unit
 
@@ -62,7 +66,10 @@ def _scores_of(units: Sequence[Unit], side: str) -> list[float]:
                 "units (use method='rrf', which only needs ranks)."
             )
         out.append(float(u.score))
-    return out
+    # every normalisation, "none" included: an inf would rank first and a NaN anywhere
+    return check_finite_scores(out, f"the {side} side of the hybrid", [u.id for u in units],
+                               "Fusion needs finite scores: fix or filter that retriever's "
+                               "output, or use method='rrf', which only reads ranks.")
 
 
 def _dedup(units: Sequence[Unit]) -> list[Unit]:

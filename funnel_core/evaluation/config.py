@@ -143,7 +143,8 @@ def _inside(base: Path, value: str, key: str, where: str, flag: str) -> str:
     return str(resolved)
 
 
-def _toml() -> Any:
+def toml_module() -> Any:
+    """``tomllib`` (Python 3.11+) or ``tomli`` (3.10, the eval extra)."""
     if sys.version_info >= (3, 11):
         import tomllib
 
@@ -161,7 +162,7 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
     [evaluate] and [reader] values type-checked (never coerced); dataset and model paths become
     absolute (from its folder). ``output`` and ``cache_dir`` stay as written: :func:`run_config`
     resolves them and refuses one outside the file's folder (unless given on the command line)."""
-    tomllib = _toml()
+    tomllib = toml_module()
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{str(p)!r} does not exist; pass a TOML file (see `funnel eval --help`).")

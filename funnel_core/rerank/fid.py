@@ -459,7 +459,10 @@ class FiDAttentionScorer(Settings, Reranker):
             k = k.view(k.shape[0], n_heads, d).transpose(0, 1)               # [H, N, d]
             alpha = torch.matmul(q, k.transpose(1, 2)) * scaling             # [H, S, N]
             p = p[0].float()                                                 # [H, S, N]
-            tol = 1e-3 if (self.active_dtype or "float32") == "float32" else 3e-2
+            # bfloat16 keeps 8 bits of mantissa: logits of a trained reader (|alpha| ~ 10-20) are
+            # off by up to ~0.1 after rounding, and so is a near-1 probability; a bias or another
+            # scaling shifts whole rows far more than that
+            tol = 1e-3 if (self.active_dtype or "float32") == "float32" else 1e-1
             err = float((torch.softmax(alpha, dim=-1) - p).abs().max())
             if err > tol:
                 raise RuntimeError(

@@ -19,9 +19,18 @@ project runs on transformers 5.
 folder it goes to ``<model>/funnel_onnx/`` (a subfolder this package owns, marked by
 ``funnel_export.json``); when that folder is not writable, or the model is a hub name, it goes to
 ``funnel_core.cache.cache_root() / ce_export/<key>/`` (``$FUNNEL_RAG_CACHE``, default
-``~/.cache/funnel-rag``). The manifest records the
-fingerprint of the source weights (file names, sizes, modification times); a stale export is
-rebuilt in a new folder and swapped in with one rename. OpenVINO's compiled model is cached in
+``~/.cache/funnel-rag``). The export is keyed by content (issue 39): the manifest records
+the source's fingerprint (the SHA-256 of every weights, config, tokenizer and code file of the
+model folder, and of its ``subfolder`` when one is loaded; for a hub name, the cached snapshot's
+files and commit) and the load arguments that change what is exported (``model_kwargs``:
+``subfolder``, ``revision``, ...; not ``dtype``, the export is float32), and the SHA-256 of each
+file the export itself wrote (``model.onnx``, the kept tokenizer JSON and its settings). Before
+an export is used, the source is fingerprinted again and the export's files are checked against
+their digests; any difference (other weights, even of the same size and modification time, an
+edited tokenizer, a ``model.onnx`` copied in from elsewhere, other load arguments) rebuilds the
+export in a new folder, swapped in with one rename. A file is hashed once per process for a given
+(path, device, inode, size, mtime_ns, ctime_ns): rewriting a file in place, or ``cp -p`` over it,
+changes its ctime, which no user call can set back. OpenVINO's compiled model is cached in
 the export's ``openvino_cache/`` subfolder (:data:`OPENVINO_CACHE`): a second process loads it
 instead of compiling again. Files this package did not write are never
 deleted: a ``funnel_onnx`` folder without our manifest is left alone and the user cache is used.
@@ -42,6 +51,7 @@ import importlib.util
 import json
 import os
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -49,10 +59,11 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 __all__ = ["RUNTIMES", "cpu_auto_runtime", "choose_runtime", "runtime_available", "export_onnx",
-           "export_dir_for", "OnnxSession", "PairTokenizer", "EXPORT_FORMAT"]
+           "export_dir_for", "file_sha256", "OnnxSession", "PairTokenizer", "EXPORT_FORMAT"]
 
 RUNTIMES = ("auto", "torch", "onnx", "openvino")
-EXPORT_FORMAT = 3  # 3: the tokenizer is kept in the export (TOKENIZER_FILE, TOKENIZER_SETTINGS)
+EXPORT_FORMAT = 4  # 3: the tokenizer is kept in the export (TOKENIZER_FILE, TOKENIZER_SETTINGS);
+#                    4: keyed by content (source SHA-256 + load arguments; each export file's SHA-256)
 EXPORT_SUBDIR = "funnel_onnx"
 MANIFEST = "funnel_export.json"
 #: Subfolder of an export where OpenVINO keeps the model it compiled for this CPU (its own
@@ -127,17 +138,96 @@ def _user_cache() -> Path:
     return cache_root() / "ce_export"
 
 
-def _fingerprint(model: str) -> dict[str, Any]:
-    """What identifies the source weights: file names, sizes and mtimes of a local folder."""
-    path = Path(model)
-    if not path.is_dir():
-        return {"hub_name": model}
+#: Files of a model folder that decide what is exported (weights, config, tokenizer, remote code).
+SOURCE_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model", ".py", ".tiktoken")
+#: ``model_kwargs`` that do not change the float32 export (it drops them or sets them itself).
+_NOT_IN_KEY = frozenset({"dtype", "torch_dtype", "attn_implementation"})
+_DIGESTS: dict[tuple[Any, ...], str] = {}
+_DIGESTS_LOCK = threading.Lock()
+
+
+def file_sha256(path: str | os.PathLike, *, follow: bool = True) -> str:
+    """SHA-256 of the regular file ``path``, hashed once per process for a given (path, device,
+    inode, size, mtime_ns, ctime_ns).
+
+    The file is opened non-blocking (a FIFO does not hang the caller) and, with
+    ``follow=False``, without following a symlink; anything but a regular file raises
+    :class:`OSError`.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    if not follow:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{os.fspath(path)!r} is not a regular file; refusing to read it.")
+        key = (os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+               st.st_ctime_ns)
+        with _DIGESTS_LOCK:
+            known = _DIGESTS.get(key)
+        if known is not None:
+            return known
+        h = hashlib.sha256()
+        with os.fdopen(os.dup(fd), "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        digest = h.hexdigest()
+        with _DIGESTS_LOCK:
+            _DIGESTS[key] = digest
+        return digest
+    finally:
+        os.close(fd)
+
+
+def _load_arguments(model_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """The ``model_kwargs`` that change the export, as JSON (values JSON cannot hold: ``repr``)."""
+    kept = {str(k): v for k, v in (model_kwargs or {}).items() if k not in _NOT_IN_KEY}
+    return json.loads(json.dumps(kept, sort_keys=True, default=repr))
+
+
+def _folder_files(root: Path, subfolder: str | None) -> dict[str, str]:
+    """SHA-256 of the files of ``root`` (and of ``root/subfolder``) that decide the export."""
+    folders = [root]
+    if subfolder:
+        folders.append(root / subfolder)
     files = {}
-    for f in sorted(path.iterdir()):
-        if f.is_file() and f.suffix in (".safetensors", ".bin", ".json", ".txt", ".model"):
-            st = f.stat()
-            files[f.name] = [st.st_size, int(st.st_mtime)]
-    return {"folder": str(path.resolve()), "files": files}
+    for folder in folders:
+        if not folder.is_dir():
+            continue
+        for f in sorted(folder.iterdir()):
+            if f.suffix in SOURCE_SUFFIXES and f.is_file():
+                files[f.relative_to(root).as_posix()] = file_sha256(f)
+    return files
+
+
+def _hub_snapshot(name: str, revision: Any) -> Path | None:
+    """The locally cached snapshot folder of hub model ``name`` (``None`` when not cached)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(name, "config.json",
+                                       revision=revision if isinstance(revision, str) else None)
+    except Exception:  # no huggingface_hub, an invalid repo id: nothing cached to hash
+        return None
+    return Path(found).parent if isinstance(found, str) else None
+
+
+def _fingerprint(model: str, model_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What identifies the export's source: the SHA-256 of the model's files (a local folder, or
+    the cached snapshot of a hub name) and the load arguments that change the export."""
+    load = _load_arguments(model_kwargs)
+    subfolder = (model_kwargs or {}).get("subfolder")
+    subfolder = subfolder if isinstance(subfolder, str) else None
+    path = Path(model)
+    if path.is_dir():
+        return {"folder": str(path.resolve()), "files": _folder_files(path, subfolder),
+                "load": load}
+    snapshot = _hub_snapshot(model, (model_kwargs or {}).get("revision"))
+    if snapshot is None:
+        return {"hub_name": model, "load": load}
+    return {"hub_name": model, "commit": snapshot.name,
+            "files": _folder_files(snapshot, subfolder), "load": load}
 
 
 def _writable(folder: Path) -> bool:
@@ -163,13 +253,48 @@ def export_dir_for(model: str, cache_dir: str | os.PathLike | None = None) -> Pa
     return _user_cache() / safe
 
 
-def _manifest_ok(folder: Path, fingerprint: dict[str, Any], name: str) -> bool:
+def _read_manifest(folder: Path) -> dict[str, Any] | None:
+    """The export's manifest (opened no-follow, non-blocking, bounded); ``None`` if unreadable."""
+    flags = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+             | getattr(os, "O_BINARY", 0))
     try:
-        data = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+        fd = os.open(folder / MANIFEST, flags)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read(1 << 20)
+        data = json.loads(raw.decode("utf-8"))
     except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return data if isinstance(data, dict) else None
+
+
+def _manifest_ok(folder: Path, fingerprint: dict[str, Any], name: str) -> bool:
+    """Whether ``folder`` holds a current export of ``fingerprint``: same format and source, and
+    every file the export wrote (no more) has the SHA-256 its manifest records."""
+    data = _read_manifest(folder)
+    if data is None or data.get("format") != EXPORT_FORMAT or data.get("source") != fingerprint:
         return False
-    return (data.get("format") == EXPORT_FORMAT and data.get("source") == fingerprint
-            and name in data.get("files", {}) and (folder / name).is_file())
+    files = data.get("files")
+    if not isinstance(files, dict) or name not in files:
+        return False
+    for kept in (TOKENIZER_FILE, TOKENIZER_SETTINGS):  # one dropped into an export that kept none
+        if kept not in files and os.path.lexists(folder / kept):
+            return False
+    for file, entry in files.items():
+        if not (isinstance(file, str) and isinstance(entry, dict) and file == Path(file).name):
+            return False
+        try:
+            if file_sha256(folder / file, follow=False) != entry.get("sha256"):
+                return False
+        except OSError:
+            return False
+    return True
 
 
 def _export_fp32(model_name: str, out: Path, model_kwargs: dict[str, Any]) -> list[str]:
@@ -284,12 +409,15 @@ def export_onnx(model_name: str, *, cache_dir: str | os.PathLike | None = None,
     """Path of the ONNX file of ``model_name`` (exported once, then reused).
 
     The export goes to a temporary folder next to the target and is swapped in with one rename;
-    concurrent exporters keep whichever export landed first.
+    concurrent exporters keep whichever export landed first. An existing export is used only
+    when its source fingerprint (content of the model files and the load arguments in
+    ``model_kwargs``) and the SHA-256 of each of its files match its manifest; otherwise it is
+    rebuilt (see the module docstring).
     """
     target = export_dir_for(model_name, cache_dir)
     name = "model.onnx"
-    fingerprint = _fingerprint(model_name)
     with _EXPORT_LOCK:
+        fingerprint = _fingerprint(model_name, model_kwargs)
         if _manifest_ok(target, fingerprint, name):
             return target / name
         if target.exists() and not _ours(target):
@@ -300,7 +428,11 @@ def export_onnx(model_name: str, *, cache_dir: str | os.PathLike | None = None,
         try:
             t0 = time.perf_counter()
             inputs = _export_fp32(model_name, tmp, dict(model_kwargs or {}))
-            files = {"model.onnx": "fp32"}
+            if "files" not in fingerprint:  # a hub model downloaded by this export: now cached
+                fingerprint = _fingerprint(model_name, model_kwargs)
+            files = {f: {"sha256": file_sha256(tmp / f, follow=False),
+                         **({"kind": "fp32"} if f == name else {})}
+                     for f in (name, TOKENIZER_FILE, TOKENIZER_SETTINGS) if (tmp / f).is_file()}
             import onnxruntime
             import torch
             manifest = {"format": EXPORT_FORMAT, "source": fingerprint, "files": files,
@@ -321,10 +453,16 @@ def _swap_in(tmp: Path, target: Path) -> None:
         with contextlib.suppress(OSError):  # another process may have landed one first
             os.rename(tmp, target)
         return
-    old = target.with_name(f".{target.name}.old-{os.getpid()}")
-    os.rename(target, old)
-    os.rename(tmp, target)
-    shutil.rmtree(old, ignore_errors=True)  # it carried our manifest: ours to delete
+    old = target.with_name(f".{target.name}.old-{os.getpid()}-{threading.get_ident()}")
+    try:
+        os.rename(target, old)
+        moved = True
+    except FileNotFoundError:  # another process moved the stale export away first
+        moved = False
+    with contextlib.suppress(OSError):  # another process may have landed a new one first
+        os.rename(tmp, target)
+    if moved:
+        shutil.rmtree(old, ignore_errors=True)  # it carried our manifest: ours to delete
 
 
 # -- sessions --------------------------------------------------------------------------------

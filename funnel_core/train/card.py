@@ -26,16 +26,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from funnel_core.errors import ModelIntegrityError
+
 __all__ = ["CARD", "MANIFEST", "write_manifest", "verify_model", "write_card", "read_card",
            "save_half", "ModelIntegrityError"]
 
 CARD = "funnel_model.json"
 MANIFEST = "MANIFEST.sha256"
 CARD_FORMAT = 1
-
-
-class ModelIntegrityError(ValueError):
-    """A model folder's files do not match its ``MANIFEST.sha256``."""
 
 
 def _sha256(path: Path) -> str:
@@ -104,10 +102,14 @@ def verify_model(folder: str | os.PathLike) -> bool:
 
 def write_card(folder: str | os.PathLike, card: dict[str, Any]) -> Path:
     """Write the model card (``funnel_model.json``), adding the format, package version and date."""
-    from funnel_core import __version__
+    from importlib import metadata
 
     folder = Path(folder)
-    full = {"format": CARD_FORMAT, "package_version": __version__,
+    try:
+        version = metadata.version("funnel-rag")
+    except metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        version = "unknown"
+    full = {"format": CARD_FORMAT, "package_version": version,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **card}
     tmp = folder / (CARD + ".tmp")
     tmp.write_text(json.dumps(full, indent=1, default=_jsonable) + "\n", encoding="utf-8")

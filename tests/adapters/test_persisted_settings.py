@@ -34,6 +34,12 @@ def test_llamaindex_persist_keeps_settings(tmp_path, source_linked_nodes):
     assert (again.similarity_top_k, again.k_clusters, again.filters) == (3, 2, {"topic": "lit"})
     assert [n.node.node_id for n in again.retrieve(Q)] == [n.node.node_id for n in cl.retrieve(Q)]
 
+    # a predicate cannot be persisted: refused (naming the fix), the folder keeps the last persist
+    again.filters = lambda m: m["topic"] == "lit"
+    with pytest.raises(ValueError, match=r"ClusteredBM25Retriever.persist: a predicate filter.*per call"):
+        again.persist(str(tmp_path / "cl"))
+    assert ClusteredBM25Retriever.from_persist_dir(str(tmp_path / "cl")).filters == {"topic": "lit"}
+
 
 def test_llamaindex_snapshot_with_the_removed_max_documents_still_loads(tmp_path, source_linked_nodes,
                                                                         monkeypatch):
@@ -70,5 +76,8 @@ def test_langchain_save_keeps_settings(tmp_path):
     again = LCClustered.load(tmp_path / "cl")
     assert (again.k, again.k_clusters, again.return_clusters, again.filter) == \
         (3, 2, True, {"topic": "lit"})
-    with pytest.warns(UserWarning, match="predicate"):
+    # a predicate cannot be saved: the save refuses (naming the fix) and writes nothing, never a
+    # warning and a loaded retriever without the filter (issue 39)
+    with pytest.raises(ValueError, match=r"predicate filter \(<lambda>\).*dict filter.*per call"):
         LCBM25(index=flat.index, filter=lambda m: True).save(tmp_path / "pred")
+    assert not (tmp_path / "pred").exists()

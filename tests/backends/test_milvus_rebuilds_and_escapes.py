@@ -109,3 +109,27 @@ def test_filter_values_with_control_characters_mean_exactly_themselves(db):
         ix.search("alpha", filter={"k": "x\ud800y"})
     with pytest.raises(UnsupportedFilterError, match="lone surrogate"):
         ix.search("alpha", filter={"bad\udfffkey": "x"})
+
+
+def test_a_floor_and_a_call_filter_compile_to_both_and_an_expression_cannot_escape_the_and(db):
+    """Issue 39 item 1: on Milvus a retriever's filter AND a per-call filter is
+    ``(floor) and (call)``; a blank call adds nothing; an expression whose parentheses do not
+    balance (``x) or (true``) is refused, never wrapped into ``(floor) and (x) or (true)``."""
+    from funnel_core.backends.milvus import filter_expression
+    from funnel_core.filters import combine_filters
+
+    floor = {"tenant": "acme"}
+    floor_expr = filter_expression(floor)
+    assert filter_expression(combine_filters(floor, "  ")) == floor_expr
+    assert filter_expression(combine_filters(floor, 'metadata["n"] > 1')) == f'({floor_expr}) and (metadata["n"] > 1)'
+    assert filter_expression(combine_filters(floor, {"tenant": "globex"})).count(" and ") == 1
+    assert filter_expression(combine_filters('metadata["a"] == "x) or (true"', "")) == 'metadata["a"] == "x) or (true"'
+    units = [Unit(id=f"{t}{i}", text="alpha beta", metadata={"tenant": t, "n": i})
+             for t in ("acme", "globex") for i in range(3)]
+    ix = MilvusBM25Index(db, "floor").index(units)
+    search = lambda call: sorted(u.id for u in ix.search("alpha", k=50, filter=combine_filters(floor, call)))  # noqa: E731
+    assert search('metadata["n"] >= 1') == ["acme1", "acme2"]
+    assert search('metadata["tenant"] == "globex"') == []
+    for escape in ['metadata["n"] >= 0) or (true', 'true) or (metadata["tenant"] == "globex"', 'metadata["tenant"] == "acme']:
+        with pytest.raises(UnsupportedFilterError, match="unbalanced"):
+            search(escape)

@@ -147,3 +147,15 @@ def test_repack_default_is_reverse_and_rejects_unknown():
     assert [u.id for u in repack(units)] == ["b", "a"]
     with pytest.raises(ValueError, match="unknown repack order 'random'"):
         repack(units, "random")
+
+
+@pytest.mark.parametrize("normalization", ["none", "minmax", "zscore"])
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_alpha_fusion_refuses_a_non_finite_score_under_every_normalization(normalization, bad):
+    """Issue 39, item 8: with normalization="none" an inf score was ranked first."""
+    sparse = [Unit(id="a", text="a", score=bad), Unit(id="b", text="b", score=2.0)]
+    dense = [Unit(id="b", text="b", score=0.9), Unit(id="c", text="c", score=0.1)]
+    with pytest.raises(ValueError, match=r"sparse side.*non-finite.*'a'"):
+        fuse(sparse, dense, normalization=normalization)
+    # ranks only: RRF is unaffected
+    assert [u.id for u in fuse(sparse, dense, method="rrf")] == ["b", "a", "c"]

@@ -168,12 +168,17 @@ def test_export_is_reused_not_redone(model, monkeypatch):
 
 
 def test_changed_weights_make_a_new_export(model):
+    """Keyed by content (issue 39): a touched file keeps the export, changed bytes rebuild it."""
     _scores(model, "transformers", "onnx")
     manifest = Path(model) / "funnel_onnx" / "funnel_export.json"
     before = json.loads(manifest.read_text())["source"]
     weights = next(p for p in Path(model).iterdir() if p.suffix in (".safetensors", ".bin"))
     later = time.time() + 5
     os.utime(weights, (later, later))
+    _scores(model, "transformers", "onnx")
+    assert json.loads(manifest.read_text())["source"] == before
+    config = Path(model) / "config.json"
+    config.write_text(config.read_text() + "\n")  # same model, other bytes
     _scores(model, "transformers", "onnx")
     assert json.loads(manifest.read_text())["source"] != before
 

@@ -5,6 +5,7 @@ import math
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from funnel_core.backends.milvus.client import ESCAPE, SAFE_TOKEN, UnsupportedFilterError
+from funnel_core.filters import AllOf
 
 if TYPE_CHECKING:  # pragma: no cover
     pass  # typing.Self from Python 3.11
@@ -68,6 +69,36 @@ def json_path(field: str, key: str) -> str:
     return f"{field}[{string_literal(key, 'the metadata key')}]"
 
 
+def check_grouped(expr: str) -> str:
+    """``expr`` if its parentheses balance outside string literals (and its literals end), so
+    that ``(floor) and (expr)`` keeps ``expr`` inside its own parentheses; else
+    :class:`UnsupportedFilterError`. Such an expression is malformed on its own; wrapped, one like
+    ``'x) or (true'`` would escape the AND with a retriever's filter and widen it."""
+    depth, quote, escaped = 0, "", False
+    for ch in expr:
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:
+                break
+    if depth or quote:
+        raise UnsupportedFilterError(
+            f"the Milvus filter expression {expr!r:.120} has unbalanced parentheses or an "
+            "unterminated string literal; it is refused rather than combined with the "
+            "retriever's filter, which it could escape.")
+    return expr
+
+
 def filter_expression(filter: Any, field: str = "metadata") -> str | None:
     """Translate a funnel-rag metadata filter into a Milvus boolean expression.
 
@@ -75,14 +106,19 @@ def filter_expression(filter: Any, field: str = "metadata") -> str | None:
     ``key: value`` / ``key: [values]`` becomes ANDed equality / membership tests on the JSON
     ``metadata`` field, a list-valued metadata field matching when it contains the value (the
     same semantics as :func:`funnel_core.bm25.metadata_mask`). An empty list matches nothing
-    (``"false"``). Callables and boolean arrays raise :class:`UnsupportedFilterError`.
+    (``"false"``). An :class:`~funnel_core.filters.AllOf` (a retriever's floor and a per-call
+    filter, :func:`funnel_core.filters.combine_filters`) becomes ``(floor) and (call)``, each
+    part compiled by these rules; a blank part adds nothing. Callables and boolean arrays raise
+    :class:`UnsupportedFilterError`.
     """
     if filter is None:
         return None
+    if isinstance(filter, AllOf):
+        return combine_expressions([filter_expression(part, field) for part in filter.parts], "and")
     if isinstance(filter, str):
         if not filter.strip():
             return None
-        return filter
+        return check_grouped(filter)
     if isinstance(filter, np.ndarray):
         raise UnsupportedFilterError(
             "a boolean-mask filter is aligned with an in-memory index and cannot be pushed down "
