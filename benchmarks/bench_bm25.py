@@ -1,6 +1,6 @@
 """Issue 2 benchmark: clustered BM25 recall, BM25 speed against the framework baselines, and
 clustering time at scale — all in one run. (Flat BM25 quality on SciFact runs through the
-evaluation harness: ``funnel eval benchmarks/configs/scifact_fusion.toml``.)
+evaluation harness: ``funnel eval benchmarks/configs/scifact_fusion.toml --out benchmarks/results/scifact_fusion``.)
 
     python benchmarks/bench_bm25.py --data ../shared/data            # full run
     python benchmarks/bench_bm25.py --data ../shared/data --quick    # smoke run

@@ -629,10 +629,10 @@ READER_CMD = "`python benchmarks/bench_reader.py`"
 
 @readme_rows("prerank")
 def prerank_rows() -> list[Row]:
-    return [harness_row("scifact_eval", "SciFact-trained MiniLM cross-encoder reranking BM25, SciFact test (published "
+    return [harness_row("scifact", "SciFact-trained MiniLM cross-encoder reranking BM25, SciFact test (published "
                         f"BM25 + ms-marco MiniLM CE: {PUBLISHED_SCIFACT['bm25_top100_ms_marco_minilm_ce_beir']})",
                         ["ndcg@10"], PRERANK_SYSTEMS),
-            harness_row("scifact_eval", "FunnelRAG funnel (3 clusters -> CE on abstracts % 20 -> 60-word passages -> "
+            harness_row("scifact", "FunnelRAG funnel (3 clusters -> CE on abstracts % 20 -> 60-word passages -> "
                         "CE) vs flat systems with the same CE, SciFact test", ["ndcg@10", "recall@100"], FUNNEL_SYSTEMS)]
 
 
@@ -737,7 +737,7 @@ def block_clustering_scifact() -> str:
 
 @block("prerank-scifact")
 def block_prerank_scifact() -> str:
-    return harness_table("scifact_eval", ["ndcg@10", "recall@10", "recall@100"], PRERANK_SYSTEMS, bold=["ndcg@10"],
+    return harness_table("scifact", ["ndcg@10", "recall@10", "recall@100"], PRERANK_SYSTEMS, bold=["ndcg@10"],
                          vs_baseline="ndcg@10")
 
 
@@ -749,7 +749,7 @@ def block_squad_reader() -> str:
 
 @block("funnel-scifact")
 def block_funnel_scifact() -> str:
-    return harness_table("scifact_eval", ["ndcg@10", "recall@10", "recall@100"], FUNNEL_SYSTEMS, bold=["ndcg@10"],
+    return harness_table("scifact", ["ndcg@10", "recall@10", "recall@100"], FUNNEL_SYSTEMS, bold=["ndcg@10"],
                          vs_baseline="ndcg@10")
 
 

@@ -135,7 +135,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
     report, paths = run_config(args.config, n_timing=args.n_timing, quiet_check=args.quiet_check or None,
                                max_load=args.max_load, quiet_load=args.quiet_load, limit=args.limit,
-                               output=args.out,
+                               output=args.out, cache_dir=args.cache_dir,
                                progress=not args.no_progress)
     print(report.to_markdown())
     for kind, path in paths.items():
@@ -216,7 +216,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "cost per query) from a TOML configuration; writes report.json, report.md, pareto.png",
                        description="See docs/evaluation.md for the configuration format.")
     p.add_argument("config", help="TOML file: [dataset], [evaluate], [systems.NAME] tables")
-    p.add_argument("--out", default=None, help="output folder (default: [evaluate] output, else eval-out)")
+    p.add_argument("--out", default=None, help="output folder (default: [evaluate] output, else eval-out; a "
+                   "TOML's output must lie inside the TOML's folder, this one may be anywhere)")
+    p.add_argument("--cache-dir", default=None, help="per-question score cache (default: [evaluate] cache_dir, "
+                   "else OUT/cache; a TOML's cache_dir must lie inside the TOML's folder)")
     p.add_argument("--n-timing", type=int, default=None, help="questions to time (0: none)")
     p.add_argument("--limit", type=int, default=None, help="evaluate a seeded sample of this many questions")
     p.add_argument("--quiet-check", action="store_true",

@@ -12,7 +12,8 @@ A configuration (paths are relative to the TOML file)::
     baseline = "bm25"                    # default: the first system
     n_timing = 50                        # questions timed round-robin (0: none)
     # max_load = 1.0; quiet_check = true; quiet_timeout = 900
-    output = "eval-out"                  # report.json, report.md, pareto.png (+ cache/)
+    output = "eval-out"                  # report.json, report.md, pareto.png (+ cache/); inside
+                                         # this file's folder (elsewhere: funnel eval --out DIR)
     # gzip = true                        # report.json.gz instead (compact)
 
     [systems.bm25]
@@ -66,6 +67,7 @@ it wrapped (``LlamaIndexLLM`` / ``LangChainLLM``) as ``run_config(path, reader=.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -83,6 +85,62 @@ _DATASET_KEYS = {"path", "split", "corpus", "limit", "seed"}
 _EVALUATE_KEYS = {"metrics", "ks", "baseline", "depth", "id_key", "title_key", "n_timing", "timing_seed",
                   "max_load", "quiet_check", "quiet_load", "quiet_timeout", "quiet_poll", "n_boot", "seed", "output",
                   "cache_dir", "tune_split", "tune_metric", "gzip"}
+#: What each [dataset] / [evaluate] / [reader] value must be (checked by load_config; never coerced).
+_KINDS: dict[str, dict[str, str]] = {
+    "dataset": {"path": "str", "split": "str", "corpus": "str", "limit": "int>=1", "seed": "int"},
+    "evaluate": {"metrics": "[str]", "ks": "[int>=1]", "baseline": "str", "depth": "int>=1", "id_key": "str",
+                 "title_key": "str", "n_timing": "int>=0", "timing_seed": "int", "max_load": "number>0",
+                 "quiet_check": "bool|each", "quiet_load": "number>0", "quiet_timeout": "number>=0",
+                 "quiet_poll": "number>0", "n_boot": "int>=1", "seed": "int", "output": "str", "cache_dir": "str",
+                 "tune_split": "str", "tune_metric": "str", "gzip": "bool"},
+    "reader": {"prompt": "str", "max_new_tokens": "int>=1"},
+}
+_KIND_WORDS = {"str": "a string", "int": "an integer", "int>=1": "an integer >= 1", "int>=0": "an integer >= 0",
+               "number>0": "a finite number > 0", "number>=0": "a finite number >= 0", "bool": "true or false",
+               "bool|each": "true, false or \"each\"", "[str]": "a list of strings",
+               "[int>=1]": "a non-empty list of integers >= 1"}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _fits(kind: str, v: Any) -> bool:
+    if kind == "str":
+        return isinstance(v, str) and bool(v.strip())
+    if kind == "bool":
+        return isinstance(v, bool)
+    if kind == "bool|each":
+        return isinstance(v, bool) or v == "each"
+    if kind.startswith("int"):
+        return _is_int(v) and (kind == "int" or v >= int(kind[-1]))
+    if kind.startswith("number"):
+        ok = (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+        return ok and (v > 0 if kind == "number>0" else v >= 0)
+    if kind == "[str]":
+        return isinstance(v, list) and all(isinstance(x, str) and x.strip() for x in v)
+    if kind == "[int>=1]":
+        return isinstance(v, list) and bool(v) and all(_is_int(x) and x >= 1 for x in v)
+    raise AssertionError(kind)
+
+
+def _check_kinds(given: dict[str, Any], table: str, where: str) -> None:
+    for key, v in given.items():
+        kind = _KINDS[table].get(key)
+        if kind is not None and not _fits(kind, v):
+            raise ValueError(f"{where}: {key} must be {_KIND_WORDS[kind]}, got {v!r} "
+                             f"({type(v).__name__}); nothing is guessed from another type.")
+
+
+def _inside(base: Path, value: str, key: str, where: str, flag: str) -> str:
+    """``value`` (a TOML path, relative to ``base``) resolved; refused unless inside ``base``."""
+    resolved = (base / value).resolve()
+    if resolved != base and base not in resolved.parents:
+        raise ValueError(f"{where}: {key} = {value!r} resolves to {str(resolved)!r}, outside the configuration's "
+                         f"folder {str(base)!r}; a configuration file writes only inside its own folder. Give "
+                         f"that folder on the command line instead ({flag} {resolved}) or use a path inside "
+                         f"{str(base)!r}.")
+    return str(resolved)
 
 
 def toml_module() -> Any:
@@ -100,7 +158,10 @@ def toml_module() -> Any:
 
 
 def load_config(path: str | os.PathLike) -> dict[str, Any]:
-    """Read and check a TOML configuration; relative paths become absolute (from its folder)."""
+    """Read and check a TOML configuration: unknown tables and keys are refused, [dataset],
+    [evaluate] and [reader] values type-checked (never coerced); dataset and model paths become
+    absolute (from its folder). ``output`` and ``cache_dir`` stay as written: :func:`run_config`
+    resolves them and refuses one outside the file's folder (unless given on the command line)."""
     tomllib = toml_module()
     p = Path(path)
     if not p.is_file():
@@ -117,8 +178,10 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
     if "path" not in ds:
         raise ValueError(f"{p}: [dataset] needs `path` (a SQuAD JSON, BEIR folder, LlamaIndex QA JSON or JSONL).")
     _check_keys(ds, _DATASET_KEYS, f"{p} [dataset]")
+    _check_kinds(ds, "dataset", f"{p} [dataset]")
     ev = dict(cfg.get("evaluate") or {})
     _check_keys(ev, _EVALUATE_KEYS, f"{p} [evaluate]")
+    _check_kinds(ev, "evaluate", f"{p} [evaluate]")
     systems = dict(cfg.get("systems") or {})
     if not systems:
         raise ValueError(f"{p}: no [systems.NAME] table; add one, e.g. [systems.bm25] component = \"bm25\".")
@@ -126,9 +189,9 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
     for key in ("path", "corpus"):
         if key in ds:
             ds[key] = str((base / ds[key]).resolve())
-    ev["output"] = str((base / ev.get("output", "eval-out")).resolve())
-    if "cache_dir" in ev:
-        ev["cache_dir"] = str((base / ev["cache_dir"]).resolve())
+    # output and cache_dir stay as written here: run_config resolves them and refuses a folder
+    # outside `base` unless the command line gives one (a TOML never chooses where we write)
+    ev.setdefault("output", "eval-out")
     for name, spec in systems.items():
         if not isinstance(spec, dict) or spec.get("component") not in COMPONENTS:
             got = spec.get("component") if isinstance(spec, dict) else spec
@@ -140,6 +203,7 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
             if isinstance(spec.get(table), dict) and str(spec[table].get("model", "")).startswith("."):
                 spec[table]["model"] = str((base / spec[table]["model"]).resolve())
     reader = dict(cfg.get("reader") or {})
+    _check_kinds(reader, "reader", f"{p} [reader]")
     if str(reader.get("model", "")).startswith("."):
         reader["model"] = str((base / reader["model"]).resolve())
     return {"dataset": ds, "evaluate": ev, "systems": systems, "reader": reader}
@@ -302,12 +366,32 @@ def tune_systems(specs: dict[str, dict[str, Any]], tuning_set: EvalDataset, corp
 def run_config(path: str | os.PathLike, *, n_timing: int | None = None, quiet_check: bool | None = None,
                max_load: float | None = None, quiet_load: float | None = None, limit: int | None = None,
                output: str | os.PathLike | None = None, progress: bool = True,
-               reader: Any = None) -> tuple[Report, dict[str, Path]]:
+               reader: Any = None, cache_dir: str | os.PathLike | None = None) -> tuple[Report, dict[str, Path]]:
     """Load the dataset, build the systems, evaluate, and write the report; keyword arguments
     override the file's settings (``reader``: any :class:`~funnel_core.llm.LLM`, instead of the
-    ``[reader]`` table's model). Returns the report and the paths written."""
+    ``[reader]`` table's model). Returns the report and the paths written.
+
+    ``output`` and ``cache_dir`` given here (``funnel eval --out/--cache-dir``) are used as given;
+    the TOML's ``output`` and ``cache_dir`` must resolve (links followed) inside the TOML file's
+    folder, else the run is refused before anything is written."""
     cfg = load_config(path)
     ds_cfg, ev = cfg["dataset"], dict(cfg["evaluate"])
+    # where the run writes: decided (and refused when outside the file's folder) before any work
+    base = Path(path).resolve().parent
+    if output is not None:  # the command line (or the caller) chose it: trusted
+        out = Path(output)
+    else:
+        out = Path(_inside(base, ev["output"], "output", f"{path} [evaluate]", "--out"))
+    ev.pop("output", None)
+    if cache_dir is not None:
+        ev["cache_dir"] = str(cache_dir)
+    elif "cache_dir" in ev:
+        ev["cache_dir"] = _inside(base, ev["cache_dir"], "cache_dir", f"{path} [evaluate]", "--cache-dir")
+    else:
+        if (out / "cache").is_symlink():
+            raise ValueError(f"{str(out / 'cache')!r} is a symbolic link; the score cache is never written through "
+                             "one: remove it, or pass the cache folder itself (--cache-dir).")
+        ev["cache_dir"] = str(out / "cache")
     rd = dict(cfg["reader"])
     reading = {"reader_prompt": rd.pop("prompt")} if "prompt" in rd else {}
     if "max_new_tokens" in rd:
@@ -321,18 +405,17 @@ def run_config(path: str | os.PathLike, *, n_timing: int | None = None, quiet_ch
         reader = _call(f"{path} [reader]", TransformersLLM, rd.pop("model"), **rd)
     dataset: EvalDataset = load_dataset(ds_cfg["path"], split=ds_cfg.get("split", "test"),
                                         corpus=ds_cfg.get("corpus"))
+    if limit is not None and not _fits("int>=1", limit):
+        raise ValueError(f"limit must be an integer >= 1 (the questions sampled), got {limit!r}.")
     limit = limit if limit is not None else ds_cfg.get("limit")
-    if limit:
-        dataset = dataset.subset(int(limit), seed=int(ds_cfg.get("seed", 0)))
+    if limit is not None:
+        dataset = dataset.subset(limit, seed=ds_cfg.get("seed", 0))
     for key, value in (("n_timing", n_timing), ("quiet_check", quiet_check), ("max_load", max_load),
                        ("quiet_load", quiet_load)):
         if value is not None:
             ev[key] = value
-    out = Path(output) if output is not None else Path(ev.pop("output"))
-    ev.pop("output", None)
-    ev.setdefault("cache_dir", str(out / "cache"))
     tune_split, tune_metric = ev.pop("tune_split", None), ev.pop("tune_metric", None)
-    compress = bool(ev.pop("gzip", False))
+    compress = ev.pop("gzip", False)
     specs = cfg["systems"]
     tuning: dict[str, Any] = {}
     indexes: dict[str, Any] = {}

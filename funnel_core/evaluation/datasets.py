@@ -5,7 +5,6 @@ returns one :class:`EvalDataset`. They take a path; nothing is downloaded.
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 from dataclasses import dataclass, field
@@ -14,7 +13,7 @@ from pathlib import Path
 from funnel_core.units import Unit
 
 __all__ = ["BeirDataset", "load_beir", "SquadQuestion", "SquadArticle", "load_squad", "squad_question_id",
-           "EvalDataset", "FORMATS", "load_dataset", "squad_dataset", "beir_dataset", "llamaindex_qa_dataset",
+           "EvalDataset", "FORMATS", "DatasetError", "load_dataset", "squad_dataset", "beir_dataset", "llamaindex_qa_dataset",
            "jsonl_dataset"]
 
 
@@ -36,6 +35,73 @@ def _need(path: Path) -> Path:
     return path
 
 
+class DatasetError(ValueError):
+    """A dataset file that does not follow its format; the message names the file, line and field."""
+
+
+def _jsonl_objects(path: Path, expected: str):  # type: ignore[no-untyped-def]
+    """``(line number, dict)`` for every non-blank line of the JSONL file ``path``; a line that is
+    not UTF-8, not JSON or not an object is refused with its file and line."""
+    _check_file(path)
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DatasetError(f"{path}:{n}: not UTF-8 text ({exc.reason} at byte {exc.start} of the line); "
+                                   "save the file as UTF-8.") from exc
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DatasetError(f"{path}:{n} is not JSON ({exc.msg}); expected {expected}.") from exc
+            if not isinstance(d, dict):
+                raise DatasetError(f"{path}:{n} is JSON {type(d).__name__}, not an object; expected {expected}.")
+            yield n, d
+
+
+def _check_file(path: Path) -> None:
+    """A dataset file must be a regular file (a FIFO would block the read)."""
+    _need(path)
+    if not path.is_file():
+        raise DatasetError(f"{str(path)!r} is not a regular file (a folder, FIFO or device); pass a dataset file.")
+
+
+def _read_json(path: Path) -> object:
+    _check_file(path)
+    raw = path.read_bytes()
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise DatasetError(f"{path}:{line}: not UTF-8 text ({exc.reason}); save the file as UTF-8.") from exc
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"{path}:{exc.lineno}:{exc.colno} is not JSON ({exc.msg}).") from exc
+
+
+def _an_id(v: object, where: str, field: str) -> str:
+    """An id is a non-empty string or an integer (never a boolean, float, list or null)."""
+    if isinstance(v, str) and v.strip():
+        return v
+    if isinstance(v, int) and not isinstance(v, bool):
+        return str(v)
+    raise DatasetError(f"{where}: {field} must be a non-empty string or an integer id, got {v!r}.")
+
+
+def _a_text(v: object, where: str, field: str) -> str:
+    if not isinstance(v, str):
+        raise DatasetError(f"{where}: {field} must be a string, got {v!r}.")
+    return v
+
+
+def _a_grade(v: object, where: str, field: str, negative_ok: bool = False) -> int:
+    """A relevance grade is an integer >= 0 (never a float, boolean or string)."""
+    if isinstance(v, int) and not isinstance(v, bool) and (negative_ok or v >= 0):
+        return v
+    raise DatasetError(f"{where}: {field} must be an integer grade >= 0, got {v!r} ({type(v).__name__}).")
+
+
 def load_beir(path: str | os.PathLike, split: str = "test", title_in_text: bool = True) -> BeirDataset:
     """Load a BEIR dataset. Corpus units are documents with ``metadata["title"]``.
 
@@ -43,26 +109,64 @@ def load_beir(path: str | os.PathLike, split: str = "test", title_in_text: bool 
     """
     path = Path(path)
     corpus = []
-    with open(_need(path / "corpus.jsonl"), encoding="utf-8") as f:
-        for line in f:
-            d = json.loads(line)
-            title = d.get("title") or ""
-            text = f"{title}\n{d['text']}" if title and title_in_text else d["text"]
-            corpus.append(Unit(id=str(d["_id"]), text=text, metadata={"title": title, "doc_id": str(d["_id"])},
-                               level="document"))
-    queries = {}
-    with open(_need(path / "queries.jsonl"), encoding="utf-8") as f:
-        for line in f:
-            d = json.loads(line)
-            queries[str(d["_id"])] = d["text"]
+    doc_line: dict[str, int] = {}
+    f = path / "corpus.jsonl"
+    for n, d in _jsonl_objects(f, 'one {"_id", "title", "text"} a line'):
+        where = f"{f}:{n}"
+        did = _an_id(d.get("_id"), where, "_id")
+        if did in doc_line:
+            raise DatasetError(f"{where}: _id {did!r} occurs twice (first at line {doc_line[did]}); document ids "
+                               "must be unique.")
+        doc_line[did] = n
+        body = _a_text(d.get("text"), where, "text")
+        title = d.get("title")
+        title = _a_text(title, where, "title") if title is not None else ""
+        text = f"{title}\n{body}" if title and title_in_text else body
+        corpus.append(Unit(id=did, text=text, metadata={"title": title, "doc_id": did}, level="document"))
+    queries: dict[str, str] = {}
+    query_line: dict[str, int] = {}
+    f = path / "queries.jsonl"
+    for n, d in _jsonl_objects(f, 'one {"_id", "text"} a line'):
+        where = f"{f}:{n}"
+        qid = _an_id(d.get("_id"), where, "_id")
+        if qid in query_line:
+            raise DatasetError(f"{where}: _id {qid!r} occurs twice (first at line {query_line[qid]}); query ids "
+                               "must be unique.")
+        query_line[qid] = n
+        queries[qid] = _a_text(d.get("text"), where, "text")
     qrels: dict[str, dict[str, int]] = {}
-    with open(_need(path / "qrels" / f"{split}.tsv"), encoding="utf-8") as f:
-        reader = csv.reader(f, delimiter="\t")
-        for row in reader:
-            if not row or row[0] == "query-id":
+    judged: dict[tuple[str, str], tuple[int, int]] = {}
+    f = _need(path / "qrels" / f"{split}.tsv")
+    _check_file(f)
+    with open(f, "rb") as fh:
+        for n, raw in enumerate(fh, 1):
+            where = f"{f}:{n}"
+            try:
+                line = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as exc:
+                raise DatasetError(f"{where}: not UTF-8 text ({exc.reason}).") from exc
+            if not line.strip():
                 continue
-            qid, did, rel = row[0], row[1], int(row[2])
-            if rel > 0:
+            row = line.split("\t")
+            if n == 1 and row[0] == "query-id":
+                continue
+            if len(row) != 3:
+                raise DatasetError(f"{where}: {len(row)} tab-separated field(s) where a qrels row has 3 "
+                                   "(query-id, corpus-id, score).")
+            qid, did = _an_id(row[0], where, "query-id"), _an_id(row[1], where, "corpus-id")
+            try:
+                rel = int(row[2])
+            except ValueError:
+                raise DatasetError(f"{where}: score {row[2]!r} is not an integer grade.") from None
+            if (qid, did) in judged and judged[(qid, did)][0] != rel:
+                raise DatasetError(f"{where}: ({qid!r}, {did!r}) is judged twice with different scores (also at "
+                                   f"line {judged[(qid, did)][1]}).")
+            judged[(qid, did)] = (rel, n)
+            if rel > 0:  # 0 and, as in trec_eval, negative grades: judged not relevant
+                if qid not in queries:
+                    raise DatasetError(f"{where}: query-id {qid!r} is not in {path / 'queries.jsonl'}.")
+                if did not in doc_line:
+                    raise DatasetError(f"{where}: corpus-id {did!r} is not in {path / 'corpus.jsonl'}.")
                 qrels.setdefault(qid, {})[did] = rel
     return BeirDataset(corpus=corpus, queries=queries, qrels=qrels)
 
@@ -96,24 +200,47 @@ def load_squad(path: str | os.PathLike) -> list[SquadArticle]:
     :func:`squad_question_id` of its position; a question with one keeps it.
     """
     path = Path(path)
-    with open(_need(path), encoding="utf-8") as f:
-        data = json.load(f)["data"]
+    top = _read_json(path)
+    data = top.get("data") if isinstance(top, dict) else None
+    if not isinstance(data, list):
+        raise DatasetError(f"{path}: no \"data\" list at the top level; expected SQuAD v1.1 JSON.")
+
+    def need(obj: object, key: str, kind: type, where: str) -> object:
+        v = obj.get(key) if isinstance(obj, dict) else None
+        if not isinstance(v, kind) or isinstance(v, bool):
+            raise DatasetError(f"{path}: {where}.{key} must be a {kind.__name__}, got {v!r}.")
+        return v
+
     articles = []
     seen: dict[str, str] = {}
-    for art in data:
-        a = SquadArticle(title=art["title"], paragraphs=[])
-        for pi, para in enumerate(art["paragraphs"]):
-            a.paragraphs.append(para["context"])
-            for qi, qa in enumerate(para["qas"]):
-                answers = sorted({x["text"] for x in qa["answers"]})
-                qid = str(qa.get("id") or squad_question_id(art["title"], pi, qi))
+    for ai, art in enumerate(data):
+        aw = f"data[{ai}]"
+        title = need(art, "title", str, aw)
+        a = SquadArticle(title=title, paragraphs=[])  # type: ignore[arg-type]
+        for pi, para in enumerate(need(art, "paragraphs", list, aw)):  # type: ignore[arg-type]
+            pw = f"{aw}.paragraphs[{pi}]"
+            a.paragraphs.append(need(para, "context", str, pw))  # type: ignore[arg-type]
+            for qi, qa in enumerate(need(para, "qas", list, pw)):  # type: ignore[arg-type]
+                qw = f"{pw}.qas[{qi}]"
+                texts = []
+                for j, x in enumerate(need(qa, "answers", list, qw)):  # type: ignore[arg-type]
+                    t = x.get("text") if isinstance(x, dict) else None
+                    if not isinstance(t, str) or not t.strip():
+                        raise DatasetError(f"{path}: {qw}.answers[{j}].text must be a non-empty string, got "
+                                           f"{t if isinstance(x, dict) else x!r}.")
+                    texts.append(t)
+                answers = sorted(set(texts))
+                question = need(qa, "question", str, qw)
+                raw_id = qa.get("id")
+                qid = _an_id(raw_id, f"{path}: {qw}", "id") if raw_id not in (None, "") else \
+                    squad_question_id(title, pi, qi)  # type: ignore[arg-type]
                 if qid in seen:
-                    raise ValueError(f"{path}: question id {qid!r} occurs twice (at {seen[qid]} and at "
-                                     f"{art['title']!r} paragraph {pi} question {qi}); give the questions "
-                                     "distinct ids or drop the duplicate article.")
-                seen[qid] = f"{art['title']!r} paragraph {pi} question {qi}"
-                a.questions.append(SquadQuestion(id=qid, question=qa["question"],
-                                                 answers=answers, article=art["title"],
+                    raise DatasetError(f"{path}: question id {qid!r} occurs twice (at {seen[qid]} and at "
+                                       f"{title!r} paragraph {pi} question {qi}); give the questions "
+                                       "distinct ids or drop the duplicate article.")
+                seen[qid] = f"{title!r} paragraph {pi} question {qi}"
+                a.questions.append(SquadQuestion(id=qid, question=question,  # type: ignore[arg-type]
+                                                 answers=answers, article=title,  # type: ignore[arg-type]
                                                  paragraph_index=pi))
         articles.append(a)
     return articles
@@ -193,6 +320,17 @@ class EvalDataset:
                                 sort_keys=True).encode())
         return h.hexdigest()[:16]
 
+    def corpus_digest(self) -> str:
+        """A digest of the corpus content: every unit's id, text and metadata, in order (the score
+        cache checks it on resume: results computed over other texts are not reused)."""
+        import hashlib
+
+        h = hashlib.sha256(str(len(self.corpus)).encode())
+        for u in self.corpus:
+            h.update(json.dumps([u.id, u.text, u.metadata], sort_keys=True, default=str).encode("utf-8"))
+            h.update(b"\0")
+        return h.hexdigest()
+
 
 def squad_dataset(path: str | os.PathLike) -> EvalDataset:
     """A SQuAD-format file as an :class:`EvalDataset`: one corpus unit per paragraph (id
@@ -221,17 +359,40 @@ def llamaindex_qa_dataset(path: str | os.PathLike) -> EvalDataset:
     """The JSON that LlamaIndex's ``EmbeddingQAFinetuneDataset.save_json`` writes (what
     ``generate_question_context_pairs`` returns): the corpus maps node ids to texts and every
     relevant node has grade 1."""
-    with open(_need(Path(path)), encoding="utf-8") as f:
-        data = json.load(f)
+    data = _read_json(Path(path))
+    if not isinstance(data, dict):
+        raise DatasetError(f"{path}: the top level is not an object; expected {FORMATS[2]}.")
     return _llamaindex_qa(data, Path(path))
 
 
 def _llamaindex_qa(data: dict, path: Path) -> EvalDataset:
-    corpus = [Unit(id=str(nid), text=str(text), metadata={"doc_id": str(nid), "title": str(nid)})
-              for nid, text in (data.get("corpus") or {}).items()]
-    qrels = {str(q): {str(d): 1 for d in docs} for q, docs in data["relevant_docs"].items() if docs}
-    return EvalDataset(queries={str(q): str(t) for q, t in data["queries"].items()}, qrels=qrels,
-                       corpus=corpus, name=path.stem, format="llamaindex")
+    def mapping(key: str, required: bool) -> dict:
+        v = data.get(key)
+        if v is None and not required:
+            return {}
+        if not isinstance(v, dict):
+            raise DatasetError(f"{path}: {key} must be an object, got {type(v).__name__}; expected {FORMATS[2]}.")
+        return v
+
+    texts = mapping("corpus", False)
+    corpus = [Unit(id=str(nid), text=_a_text(text, f"{path}", f"corpus[{nid!r}]"),
+                   metadata={"doc_id": str(nid), "title": str(nid)}) for nid, text in texts.items()]
+    queries = {str(q): _a_text(t, f"{path}", f"queries[{q!r}]") for q, t in mapping("queries", True).items()}
+    qrels: dict[str, dict[str, int]] = {}
+    for q, docs in mapping("relevant_docs", True).items():
+        where = f"relevant_docs[{q!r}]"
+        if isinstance(docs, str):
+            docs = [docs]
+        if not isinstance(docs, list):
+            raise DatasetError(f"{path}: {where} must be a list of node ids, got {docs!r}.")
+        if q not in queries:
+            raise DatasetError(f"{path}: {where} names a question that is not in queries.")
+        for d in docs:
+            did = _an_id(d, str(path), where)
+            if texts and did not in texts:
+                raise DatasetError(f"{path}: {where} names node {did!r}, which is not in corpus.")
+            qrels.setdefault(str(q), {})[did] = 1
+    return EvalDataset(queries=queries, qrels=qrels, corpus=corpus, name=path.stem, format="llamaindex")
 
 
 def jsonl_dataset(path: str | os.PathLike, corpus: str | os.PathLike | None = None) -> EvalDataset:
@@ -245,40 +406,64 @@ def jsonl_dataset(path: str | os.PathLike, corpus: str | os.PathLike | None = No
     queries: dict[str, str] = {}
     answers: dict[str, list[str]] = {}
     qrels: dict[str, dict[str, int]] = {}
-    with open(_need(path), encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{n} is not JSON ({exc.msg}); expected {FORMATS[3]}.") from exc
-            text = d.get("question", d.get("query")) if isinstance(d, dict) else None
-            if not isinstance(text, str):
-                raise ValueError(f"{path}:{n} has no \"question\" string; expected {FORMATS[3]}.")
-            qid = str(d.get("id", d.get("_id", n)))
-            if qid in queries:
-                raise ValueError(f"{path}:{n}: question id {qid!r} occurs twice; give every line its own id.")
-            queries[qid] = text
-            if d.get("answers"):
-                got = d["answers"]
-                answers[qid] = [got] if isinstance(got, str) else [str(a) for a in got]
-            rel = d.get("relevant", d.get("relevant_docs"))
-            if rel:
-                qrels[qid] = ({str(k): int(v) for k, v in rel.items() if int(v) > 0} if isinstance(rel, dict)
-                              else {str(x): 1 for x in ([rel] if isinstance(rel, str) else rel)})
-            if qid not in answers and qid not in qrels:
-                raise ValueError(f"{path}:{n}: question {qid!r} has neither \"answers\" nor \"relevant\"; "
-                                 "give it at least one.")
+    line_of: dict[str, int] = {}
+    for n, d in _jsonl_objects(path, FORMATS[3]):
+        where = f"{path}:{n}"
+        text = d.get("question", d.get("query"))
+        if not isinstance(text, str):
+            raise DatasetError(f"{where} has no \"question\" string; expected {FORMATS[3]}.")
+        raw_id = d.get("id", d.get("_id"))
+        qid = str(n) if raw_id is None else _an_id(raw_id, where, "id")
+        if qid in queries:
+            raise DatasetError(f"{where}: question id {qid!r} occurs twice (first at line {line_of[qid]}); give "
+                               "every line its own id.")
+        queries[qid], line_of[qid] = text, n
+        got = d.get("answers")
+        if got is not None and got != []:
+            items = [got] if isinstance(got, str) else got
+            if not isinstance(items, list) or not all(isinstance(a, str) and a.strip() for a in items):
+                raise DatasetError(f"{where}: answers must be a non-empty string or a list of them, got {got!r}; "
+                                   "e.g. \"answers\": [\"Paris\"].")
+            answers[qid] = list(items)
+        rel = d.get("relevant", d.get("relevant_docs"))
+        if rel is not None and rel != [] and rel != {}:
+            field_name = "relevant" if "relevant" in d else "relevant_docs"
+            if isinstance(rel, dict):
+                graded = {_an_id(k, where, f"{field_name} key"):
+                          _a_grade(v, where, f"{field_name}[{k!r}]") for k, v in rel.items()}
+            elif isinstance(rel, (str, list)):
+                graded = {_an_id(x, where, f"{field_name} entry"): 1 for x in ([rel] if isinstance(rel, str) else rel)}
+            else:
+                raise DatasetError(f"{where}: {field_name} must be a list of document ids or a {{doc id: grade}} "
+                                   f"object, got {rel!r}.")
+            graded = {k: v for k, v in graded.items() if v > 0}
+            if graded:
+                qrels[qid] = graded
+        if qid not in answers and qid not in qrels:
+            raise DatasetError(f"{where}: question {qid!r} has neither \"answers\" nor \"relevant\"; "
+                               "give it at least one.")
     units: list[Unit] = []
     if corpus is not None:
-        with open(_need(Path(corpus)), encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if line.strip():
-                    d = json.loads(line)
-                    did = str(d.get("id", d.get("_id", n)))
-                    units.append(Unit(id=did, text=d["text"], level="document",
-                                      metadata={"title": d.get("title") or did, "doc_id": did}))
+        corpus = Path(corpus)
+        doc_line: dict[str, int] = {}
+        for n, d in _jsonl_objects(corpus, 'one {"id", "text", "title"} a line'):
+            where = f"{corpus}:{n}"
+            raw_id = d.get("id", d.get("_id"))
+            did = str(n) if raw_id is None else _an_id(raw_id, where, "id")
+            if did in doc_line:
+                raise DatasetError(f"{where}: document id {did!r} occurs twice (first at line {doc_line[did]}); "
+                                   "document ids must be unique.")
+            doc_line[did] = n
+            body = _a_text(d.get("text"), where, "text")
+            title = d.get("title")
+            if title is not None:
+                _a_text(title, where, "title")
+            units.append(Unit(id=did, text=body, level="document", metadata={"title": title or did, "doc_id": did}))
+        for qid, docs in qrels.items():
+            for did in docs:
+                if did not in doc_line:
+                    raise DatasetError(f"{path}:{line_of[qid]}: relevant document {did!r} of question {qid!r} is "
+                                       f"not in the corpus {str(corpus)!r}.")
     return EvalDataset(queries=queries, answers=answers, qrels=qrels, corpus=units, name=path.stem, format="jsonl")
 
 
@@ -302,10 +487,9 @@ def load_dataset(path: str | os.PathLike, *, split: str = "test",
     if p.suffix == ".jsonl":
         return jsonl_dataset(p, corpus=corpus)
     try:
-        with open(p, encoding="utf-8") as f:
-            data = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{str(p)!r} is not JSON ({exc}); pass one of: {_formats_help()}.") from exc
+        data = _read_json(p)
+    except DatasetError as exc:
+        raise DatasetError(f"{exc} Pass one of: {_formats_help()}.") from exc
     if isinstance(data, dict) and isinstance(data.get("data"), list) and \
             all(isinstance(a, dict) and "paragraphs" in a for a in data["data"]):
         return squad_dataset(p)

@@ -29,13 +29,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from funnel_core import counters
+from funnel_core.evaluation._files import (
+    TooLargeError,
+    append_text,
+    check_plain_or_absent,
+    read_bounded,
+    write_atomic,
+)
 from funnel_core.evaluation.datasets import EvalDataset
 from funnel_core.evaluation.metrics import (
     answer_recall,
@@ -52,8 +61,9 @@ from funnel_core.units import Unit
 __all__ = ["evaluate", "available_cores", "read_load_average", "wait_for_quiet", "parse_metric",
            "default_metrics", "CACHE_VERSION", "READER_PROMPT"]
 
-#: Bumped when the per-question cache records change shape.
-CACHE_VERSION = 1
+#: Bumped when the per-question cache records change shape (2: the header names the corpus, the
+#: system's model identity and the package version).
+CACHE_VERSION = 2
 
 
 def read_load_average() -> float | None:
@@ -124,51 +134,213 @@ def _doc_id(u: Unit, id_key: str | None) -> str:
     return str(u.metadata.get("doc_id", u.id))
 
 
-class _Cache:
-    """Per-system JSONL files of finished questions; the first line is a header that must match."""
+#: The largest score-cache file read back (bytes); a larger one is not ours and is recomputed.
+MAX_CACHE_BYTES = 1 << 30
 
-    def __init__(self, folder: str | os.PathLike, header: dict[str, Any]) -> None:
+
+#: Subfolders of a model folder that this package derives from the model (ONNX/OpenVINO exports).
+_DERIVED = ("funnel_onnx",)
+
+
+def _model_identity(settings: Any) -> dict[str, Any]:
+    """For every string in a system's settings that names a local file or folder (a model), what
+    changes when its weights change: a folder's ``MANIFEST.sha256`` digest (``funnel train``
+    writes one) when present, else its files' names, sizes and modification times (ns)."""
+    found: dict[str, Any] = {}
+
+    def walk(v: Any) -> None:
+        if isinstance(v, Mapping):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+        elif isinstance(v, str) and 0 < len(v) < 4096 and "\n" not in v and v not in found:
+            try:
+                p = Path(v)
+                if not (p.is_absolute() or p.exists()):
+                    return
+                if p.is_dir():
+                    manifest = p / "MANIFEST.sha256"
+                    if manifest.is_file():
+                        found[v] = {"manifest": hashlib.sha256(manifest.read_bytes()).hexdigest()}
+                    else:
+                        files = []
+                        for i, f in enumerate(sorted(p.rglob("*"))):
+                            if i >= 10_000:
+                                break
+                            rel = f.relative_to(p).parts
+                            if rel[0] in _DERIVED or any(x.startswith(".") for x in rel):
+                                continue  # our own export caches and hidden files are not the model
+                            if f.is_file():
+                                st = f.stat()
+                                files.append([str(f.relative_to(p)), st.st_size, st.st_mtime_ns])
+                        found[v] = {"files": hashlib.sha256(json.dumps(files).encode()).hexdigest()}
+                elif p.is_file():
+                    st = p.stat()
+                    found[v] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+            except (OSError, ValueError):
+                return
+
+    walk(settings)
+    return found
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+class _Cache:
+    """Per-system JSONL files of finished questions. The first line is a header naming everything
+    the results depend on (questions and labels, the corpus, the system's settings and model
+    identity, depth, metrics, the package version); a file whose header differs is not reused
+    (recomputed, with a warning), and a record that is damaged or implausible is discarded (with a
+    warning) and its question runs again. Files are read bounded, written no-follow."""
+
+    def __init__(self, folder: str | os.PathLike, header: dict[str, Any],
+                 check: Callable[[Any], str | None]) -> None:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.header = header
+        self.check = check
 
     def path(self, system: str) -> Path:
         safe = re.sub(r"[^\w.-]+", "_", system)[:60]
         return self.folder / f"{safe}-{hashlib.sha256(system.encode()).hexdigest()[:8]}.jsonl"
 
     def _header(self, system: str, key: Any) -> dict[str, Any]:
-        return {**self.header, "system": key}
+        return {**self.header, "system": {"name": system, "settings": key, "models": _model_identity(key)}}
+
+    def _head_line(self, system: str, key: Any) -> str:
+        return json.dumps({"header": self._header(system, key)}, sort_keys=True, default=str) + "\n"
 
     def load(self, system: str, key: Any = None) -> dict[str, dict[str, Any]]:
+        """The valid records of ``system``'s file; the file is rewritten (atomically) without what
+        was discarded, or started afresh when its header differs."""
         p = self.path(system)
-        if not p.exists():
+        check_plain_or_absent(p, "score cache")
+        try:
+            raw = read_bounded(p, MAX_CACHE_BYTES, "score cache")
+        except TooLargeError as exc:
+            warnings.warn(f"system {system!r}: {exc} Recomputing.", UserWarning, stacklevel=3)
+            raw = b"garbage"
+        head_line = self._head_line(system, key)
+        if raw is None or not raw.strip():
+            write_atomic(p, head_line.encode("utf-8"))
+            return {}
+        lines = raw.decode("utf-8", errors="replace").splitlines()
+        try:
+            head = json.loads(lines[0])
+        except json.JSONDecodeError:
+            head = None
+        want = json.loads(head_line)
+        if head != want:
+            got = head.get("header") if isinstance(head, dict) else None
+            if isinstance(got, dict):
+                differ = sorted(k for k in set(got) | set(want["header"]) if got.get(k) != want["header"].get(k))
+                if "system" in differ and isinstance(got.get("system"), dict):
+                    differ += [f"system {k}" for k in ("settings", "models")
+                               if got["system"].get(k) != want["header"]["system"].get(k)]
+                why = f"was written for other inputs (differs in: {', '.join(differ)})"
+            else:
+                why = "has no readable header (damaged or not a score cache)"
+            warnings.warn(f"system {system!r}: the score cache {str(p)!r} {why}; its {len(lines) - 1} record(s) "
+                          "are not reused: recomputing.", UserWarning, stacklevel=3)
+            write_atomic(p, head_line.encode("utf-8"))
             return {}
         done: dict[str, dict[str, Any]] = {}
-        with open(p, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-        if not lines:
-            return {}
-        head = json.loads(lines[0])
-        if head != {"header": self._header(system, key)}:
-            raise ValueError(f"the score cache {str(p)!r} was written for other settings ({head.get('header')}); "
-                             f"this run has {self._header(system, key)}. Delete the file or pass another "
-                             "cache_dir.")
-        for line in lines[1:]:
+        kept: list[str] = []
+        problems: list[str] = []
+        for n, line in enumerate(lines[1:], 2):
+            if not line.strip():
+                continue
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError:  # a line cut by the interruption: that question runs again
+            except json.JSONDecodeError:
+                problems.append(f"line {n}: not JSON")
+                continue
+            why = self.check(rec)
+            if why is None and rec["id"] in done:
+                why = f"question {rec['id']!r} recorded twice"
+            if why is not None:
+                problems.append(f"line {n}: {why}")
                 continue
             done[rec["id"]] = rec
+            kept.append(line)
+        if problems:
+            shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+            warnings.warn(f"system {system!r}: {len(problems)} record(s) of the score cache {str(p)!r} are damaged "
+                          f"or implausible and are discarded, never reported; recomputing those questions "
+                          f"({shown}).", UserWarning, stacklevel=3)
+            write_atomic(p, (head_line + "".join(x + "\n" for x in kept)).encode("utf-8"))
         return done
 
     def append(self, system: str, record: dict[str, Any], key: Any = None) -> None:
         p = self.path(system)
-        fresh = not p.exists() or p.stat().st_size == 0
-        with open(p, "a", encoding="utf-8") as f:
-            if fresh:
-                f.write(json.dumps({"header": self._header(system, key)}) + "\n")
-            f.write(json.dumps(record) + "\n")
-            f.flush()
+        if not check_plain_or_absent(p, "score cache") or p.stat().st_size == 0:
+            write_atomic(p, self._head_line(system, key).encode("utf-8"))
+        append_text(p, json.dumps(record) + "\n")
+
+
+def _record_problem(rec: Any, *, qids: set[str], answered: set[str], depth: int, local: Mapping[str, tuple],
+                    reader_ks: Sequence[int]) -> str | None:
+    """Why a cached record cannot be what :func:`evaluate` wrote (``None`` when it can)."""
+    if not isinstance(rec, dict):
+        return "not a record"
+    q = rec.get("id")
+    if not isinstance(q, str) or q not in qids:
+        return f"unknown question id {q!r}"
+    n = rec.get("n_results")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        return f"question {q!r}: n_results {n!r} is not a count"
+    ranked = rec.get("ranked")
+    if not isinstance(ranked, list) or not all(isinstance(d, str) for d in ranked):
+        return f"question {q!r}: the ranked list is not a list of document ids"
+    if len(ranked) > min(depth, n) or len(set(ranked)) != len(ranked):
+        return (f"question {q!r}: the ranked list has {len(ranked)} ids ({len(set(ranked))} distinct) for "
+                f"depth {depth} and {n} results")
+    values = rec.get("metrics")
+    if not isinstance(values, dict):
+        return f"question {q!r}: no metrics"
+    reading = bool(reader_ks) and q in answered
+    want = {m for m, (kind, _) in local.items()
+            if kind in ("ci", "words") or (kind == "ar" and q in answered) or (kind in ("em", "f1") and reading)}
+    if set(values) != want:
+        return f"question {q!r}: metrics {sorted(values)} where {sorted(want)} were computed"
+    for m, v in values.items():
+        kind = local[m][0]
+        if not _finite(v):
+            return f"question {q!r}: metric {m!r} = {v!r} is not a finite number"
+        if (kind in ("ar", "em") and v not in (0, 1)) or (kind == "f1" and not 0 <= v <= 1) or v < 0:
+            return f"question {q!r}: metric {m!r} = {v!r} is outside its range"
+    counts = rec.get("counts")
+    if not isinstance(counts, dict) or not all(isinstance(k, str) and isinstance(c, int) and not isinstance(c, bool)
+                                               and c >= 0 for k, c in counts.items()):
+        return f"question {q!r}: counts are not counts"
+    read = rec.get("reader")
+    if reading:
+        ans = read.get("answers") if isinstance(read, dict) else None
+        if not isinstance(ans, dict) or set(ans) != {str(k) for k in reader_ks} or \
+                not all(isinstance(a, str) for a in ans.values()) or not isinstance(read.get("counts"), dict):
+            return f"question {q!r}: the reader's answers are missing or damaged"
+    elif read is not None:
+        return f"question {q!r}: a reader's answer where no reader reads"
+    return None
+
+
+def _check_numbers(**values: Any) -> None:
+    """``depth`` and ``n_boot`` are integers >= 1, ``n_timing`` >= 0; loads, ``quiet_poll`` finite
+    and > 0; ``quiet_timeout`` finite and >= 0 (``None``: the default)."""
+    for name, v in values.items():
+        if v is None and name in ("max_load", "quiet_load"):
+            continue
+        if name in ("depth", "n_boot", "n_timing"):
+            low = 0 if name == "n_timing" else 1
+            if not isinstance(v, int) or isinstance(v, bool) or v < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {v!r}.")
+        elif not _finite(v) or v < 0 or (v == 0 and name != "quiet_timeout"):
+            raise ValueError(f"{name} must be a finite number {'>= 0' if name == 'quiet_timeout' else '> 0'}, "
+                             f"got {v!r}.")
 
 
 def _progress(iterable: Any, total: int, desc: str, enabled: bool) -> Any:
@@ -227,10 +399,15 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
             average decays), but every query starts on a quiet machine; each record keeps the
             seconds waited.
         cache_dir: Folder of per-system, per-question results; a rerun with the same folder
-            resumes (systems are matched by name: delete a system's file after changing it).
+            resumes. Each file's header names the questions and labels, the corpus digest, the
+            system's settings and model identity, depth, metrics, reader and package version; a
+            file written for other inputs is recomputed (with a warning), and a damaged or
+            implausible record is discarded (with a warning) and its question run again.
         system_keys: ``{name: JSON-able settings}`` stored in each system's cache header, so
-            that a changed system is refused rather than resumed (``funnel eval`` passes the
-            TOML table).
+            that a changed system is recomputed rather than resumed (``funnel eval`` passes the
+            TOML table); a string naming a local model folder adds its identity (its
+            ``MANIFEST.sha256`` digest, else file names, sizes and modification times). Without
+            it, systems are matched by name only.
         load_reader: Injectable for tests: returns the 1-minute load average.
         cores: Injectable for tests: the number of available cores.
         clock: Injectable for tests: a monotonic clock in seconds.
@@ -265,6 +442,8 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
     if depth is None:
         cut = [k for _, k in parsed.values() if k]
         depth = max(cut + ([100] if any(k is None for _, k in parsed.values()) else []))
+    _check_numbers(depth=depth, n_boot=n_boot, max_load=max_load, quiet_load=quiet_load, n_timing=n_timing,
+                   quiet_timeout=quiet_timeout, quiet_poll=quiet_poll)
     local = [m for m, (kind, _) in parsed.items() if kind in LOCAL_METRICS]
     reader_ks = sorted({k for kind, k in parsed.values() if kind in READER_METRICS and k})
     if reader is not None and not reader_ks:
@@ -284,11 +463,24 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
     qids = dataset.question_ids
     load_before = load_reader()
 
-    header = {"version": CACHE_VERSION, "dataset": dataset.fingerprint(), "depth": depth,
-              "id_key": id_key, "title_key": title_key, "metrics": sorted(local)}
-    if reader is not None:
-        header["reader"] = {"llm": repr(reader), "prompt": reader_prompt, "max_new_tokens": reader_max_new_tokens}
-    cache = _Cache(cache_dir, header) if cache_dir is not None else None
+    cache = None
+    if cache_dir is not None:
+        from funnel_core import __version__
+
+        header = {"version": CACHE_VERSION, "package": __version__, "dataset": dataset.fingerprint(),
+                  "corpus": dataset.corpus_digest(), "depth": depth, "id_key": id_key, "title_key": title_key,
+                  "metrics": sorted(local)}
+        if reader is not None:
+            header["reader"] = {"llm": repr(reader), "prompt": reader_prompt,
+                                "max_new_tokens": reader_max_new_tokens}
+        answered = set(dataset.answers)
+        qid_set = set(qids)
+
+        def check(rec: Any) -> str | None:
+            return _record_problem(rec, qids=qid_set, answered=answered, depth=depth,
+                                   local={m: parsed[m] for m in local}, reader_ks=reader_ks)
+
+        cache = _Cache(cache_dir, header, check)
 
     # -- the timing sample (decided first: when it is every question, one pass serves both) -------
     sample: list[str] = []

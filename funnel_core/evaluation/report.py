@@ -4,6 +4,7 @@ table and a Pareto plot (quality against seconds and against pairs scored per qu
 from __future__ import annotations
 
 import copy
+import io
 import json
 import math
 import os
@@ -13,12 +14,15 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from funnel_core.counters import COUNTER_NAMES
+from funnel_core.evaluation._files import read_bounded, write_atomic
 from funnel_core.evaluation.stats import bootstrap_ci, mcnemar_exact, paired_bootstrap, percentile
 
 __all__ = ["Report", "summarise", "package_versions", "lower_is_better", "REPORT_FORMAT"]
 
 #: The ``format`` field of :meth:`Report.to_dict`; report readers check it.
 REPORT_FORMAT = "funnel-rag-eval/1"
+#: The largest report file :meth:`Report.load` reads (bytes; a gzip one may hold eight times this).
+MAX_REPORT_BYTES = 1 << 30
 
 _PACKAGES = ("funnel-rag", "numpy", "ranx", "bm25s", "torch", "transformers", "sentence-transformers",
              "onnxruntime", "openvino", "faiss-cpu", "llama-index-core", "langchain-core")
@@ -198,11 +202,20 @@ class Report:
         p = Path(path)
         if p.is_dir():
             p = p / "report.json" if (p / "report.json").is_file() else p / "report.json.gz"
-        raw = p.read_bytes()
+        raw = read_bounded(p, MAX_REPORT_BYTES, "report")
+        if raw is None:
+            raise FileNotFoundError(f"{str(p)!r} does not exist; pass a report.json written by Report.save.")
         if p.suffix == ".gz":
             import gzip
+            import zlib
 
-            raw = gzip.decompress(raw)
+            try:
+                with gzip.GzipFile(fileobj=io.BytesIO(raw)) as g:
+                    raw = g.read(MAX_REPORT_BYTES * 8 + 1)
+            except (OSError, EOFError, zlib.error) as exc:
+                raise ValueError(f"{str(p)!r} is not a gzip file ({exc}).") from exc
+            if len(raw) > MAX_REPORT_BYTES * 8:
+                raise ValueError(f"{str(p)!r} decompresses to more than {MAX_REPORT_BYTES * 8} bytes; not a report.")
         return cls(json.loads(raw.decode("utf-8")))
 
     # -- rendering -------------------------------------------------------------------------
@@ -290,9 +303,10 @@ class Report:
         fig.tight_layout()
         out = Path(path)
         out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=120)
+        buf = io.BytesIO()
+        fig.savefig(buf, dpi=120, format=out.suffix.lstrip(".") or "png")
         plt.close(fig)
-        return out
+        return write_atomic(out, buf.getvalue())
 
     def save(self, folder: str | os.PathLike, plot: bool = True, compress: bool = False) -> dict[str, Path]:
         """Write ``report.json`` (with the per-question results), ``report.md`` and, when
@@ -302,16 +316,16 @@ class Report:
         out.mkdir(parents=True, exist_ok=True)
         paths = {"json": out / ("report.json.gz" if compress else "report.json"), "markdown": out / "report.md"}
         stale = out / ("report.json" if compress else "report.json.gz")
-        if stale.is_file():  # Report.load prefers report.json: never leave an older twin beside the new one
-            stale.unlink()
+        if stale.is_symlink() or stale.is_file():  # Report.load prefers report.json: never leave an older twin
+            stale.unlink()  # (a link is removed itself, its target untouched)
         if compress:
             import gzip
 
             text = json.dumps(self._data, separators=(",", ":"), default=float)
-            paths["json"].write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))
+            write_atomic(paths["json"], gzip.compress(text.encode("utf-8"), mtime=0))
         else:
-            paths["json"].write_text(json.dumps(self._data, indent=1, default=float), encoding="utf-8")
-        paths["markdown"].write_text(self.to_markdown(), encoding="utf-8")
+            write_atomic(paths["json"], json.dumps(self._data, indent=1, default=float).encode("utf-8"))
+        write_atomic(paths["markdown"], self.to_markdown().encode("utf-8"))
         if plot:
             paths["plot"] = self.plot(out / "pareto.png")
         return paths

@@ -81,8 +81,8 @@ def test_check_fails_on_a_block_that_cannot_render(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("block, run, systems, metrics, key", [
-    ("prerank-scifact", "scifact_eval", report.PRERANK_SYSTEMS, ["ndcg@10", "recall@10", "recall@100"], "ndcg@10"),
-    ("funnel-scifact", "scifact_eval", report.FUNNEL_SYSTEMS, ["ndcg@10", "recall@10", "recall@100"], "ndcg@10"),
+    ("prerank-scifact", "scifact", report.PRERANK_SYSTEMS, ["ndcg@10", "recall@10", "recall@100"], "ndcg@10"),
+    ("funnel-scifact", "scifact", report.FUNNEL_SYSTEMS, ["ndcg@10", "recall@10", "recall@100"], "ndcg@10"),
     ("squad-reader", "squad_reader", report.READER_SYSTEMS, ["AR@1", "AR@2", "EM@2", "F1@2"], "F1@2")])
 def test_harness_blocks_are_the_json(block, run, systems, metrics, key):
     """docs/prerank.md, docs/funnel.md, docs/benchmarks.md: a row per system of the run, each metric and

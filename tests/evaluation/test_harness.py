@@ -233,9 +233,12 @@ def test_an_interrupted_run_resumes_from_the_score_cache(tmp_path):
     assert resumed == ["question 3", "question 4"]  # only the unfinished questions run again
     fresh = evaluate({"s": good}, ds, metrics=["AR@1"], n_timing=0, progress=False)
     assert r.per_question == fresh.per_question and r.summary["s"]["AR@1"]["mean"] == 1.0
-    # a cache written for other settings is refused, not silently mixed in
-    with pytest.raises(ValueError, match="Delete the file or pass another cache_dir"):
-        evaluate({"s": good}, ds, metrics=["AR@2"], n_timing=0, cache_dir=tmp_path, progress=False)
+    # a cache written for other settings is not reused (recomputed, with a warning), never mixed in
+    again: list[str] = []
+    with pytest.warns(UserWarning, match=r"'s'.*other inputs \(differs in: depth, metrics\).*recomputing"):
+        evaluate({"s": lambda q: again.append(q) or good(q)}, ds, metrics=["AR@2"], n_timing=0,
+                 cache_dir=tmp_path, progress=False)
+    assert len(again) == 5
 
 
 def test_counts_come_from_the_stages_not_from_an_estimate():

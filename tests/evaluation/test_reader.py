@@ -88,15 +88,16 @@ def test_reader_metrics_and_reader_go_together():
         evaluate({"good": _system(GOOD)}, DS, metrics=["EM"], reader=FirstLine(), n_timing=0, progress=False)
 
 
-def test_the_cache_keeps_the_readers_answers_and_refuses_another_reader(tmp_path):
+def test_the_cache_keeps_the_readers_answers_and_recomputes_for_another_reader(tmp_path):
     reader = FirstLine()
     kw = dict(metrics=["EM@1"], n_timing=0, progress=False, cache_dir=tmp_path)
     first = evaluate({"good": _system(GOOD)}, DS, reader=reader, **kw)
     again = evaluate({"good": _system(GOOD)}, DS, reader=reader, **kw)
     assert len(reader.prompts) == 2                      # the second run read nothing: resumed
     assert again.summary == first.summary
-    with pytest.raises(ValueError, match="other settings"):
-        evaluate({"good": _system(GOOD)}, DS, reader=reader, reader_prompt="Q: {question}\n{context}", **kw)
+    with pytest.warns(UserWarning, match=r"'good'.*other inputs \(differs in: reader\).*recomputing"):
+        evaluate({"good": _system(GOOD)}, DS, reader=reader, reader_prompt="Q: {question}\nContext:\n{context}", **kw)
+    assert len(reader.prompts) == 4                      # another prompt: read again, not resumed
 
 
 def test_funnel_eval_reads_with_the_reader_table(squad_file, tiny_llama_path, tmp_path):
