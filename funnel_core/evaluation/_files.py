@@ -15,6 +15,8 @@ import secrets
 import stat
 from pathlib import Path
 
+from funnel_core.errors import FunnelError
+
 __all__ = ["UnsafeFileError", "TooLargeError", "write_atomic", "append_text", "read_bounded",
            "check_plain_or_absent"]
 
@@ -23,7 +25,7 @@ _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _BINARY = getattr(os, "O_BINARY", 0)
 
 
-class UnsafeFileError(ValueError):
+class UnsafeFileError(FunnelError, ValueError):
     """A file the evaluation writes or reads is a link, FIFO, device, folder or too large."""
 
 

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from funnel_core.errors import FunnelError
 from funnel_core.units import Unit
 
 __all__ = ["BeirDataset", "load_beir", "SquadQuestion", "SquadArticle", "load_squad", "squad_question_id",
@@ -35,7 +36,7 @@ def _need(path: Path) -> Path:
     return path
 
 
-class DatasetError(ValueError):
+class DatasetError(FunnelError, ValueError):
     """A dataset file that does not follow its format; the message names the file, line and field."""
 
 
