@@ -471,7 +471,7 @@ def _train_fid_reader(ctx: _Context) -> dict[str, Any]:
                          lambda q, units: scorer.rank(q, units[:n_passages]) + units[n_passages:])
     return {"objective": "FiD answer generation (LM loss)", "examples": len(examples), "steps": result.steps,
             "train_seconds": round(result.seconds, 1), "prep_seconds": round(prep, 1),
-            "encode_seconds": round(result.encode_seconds, 1), "stopped_early": result.stopped_early,
+            "encode_seconds": round(result.encode_seconds, 3), "stopped_early": result.stopped_early,
             "dtype": result.dtype, "loss_curve": result.step_losses, "epoch_losses": result.epoch_losses,
             "held_out_metrics": held}
 
