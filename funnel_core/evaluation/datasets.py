@@ -9,6 +9,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from funnel_core.errors import FunnelError
 from funnel_core.units import Unit
@@ -206,7 +207,7 @@ def load_squad(path: str | os.PathLike) -> list[SquadArticle]:
     if not isinstance(data, list):
         raise DatasetError(f"{path}: no \"data\" list at the top level; expected SQuAD v1.1 JSON.")
 
-    def need(obj: object, key: str, kind: type, where: str) -> object:
+    def need(obj: object, key: str, kind: type, where: str) -> Any:
         v = obj.get(key) if isinstance(obj, dict) else None
         if not isinstance(v, kind) or isinstance(v, bool):
             raise DatasetError(f"{path}: {where}.{key} must be a {kind.__name__}, got {v!r}.")
@@ -217,14 +218,14 @@ def load_squad(path: str | os.PathLike) -> list[SquadArticle]:
     for ai, art in enumerate(data):
         aw = f"data[{ai}]"
         title = need(art, "title", str, aw)
-        a = SquadArticle(title=title, paragraphs=[])  # type: ignore[arg-type]
-        for pi, para in enumerate(need(art, "paragraphs", list, aw)):  # type: ignore[arg-type]
+        a = SquadArticle(title=title, paragraphs=[])
+        for pi, para in enumerate(need(art, "paragraphs", list, aw)):
             pw = f"{aw}.paragraphs[{pi}]"
-            a.paragraphs.append(need(para, "context", str, pw))  # type: ignore[arg-type]
-            for qi, qa in enumerate(need(para, "qas", list, pw)):  # type: ignore[arg-type]
+            a.paragraphs.append(need(para, "context", str, pw))
+            for qi, qa in enumerate(need(para, "qas", list, pw)):
                 qw = f"{pw}.qas[{qi}]"
                 texts = []
-                for j, x in enumerate(need(qa, "answers", list, qw)):  # type: ignore[arg-type]
+                for j, x in enumerate(need(qa, "answers", list, qw)):
                     t = x.get("text") if isinstance(x, dict) else None
                     if not isinstance(t, str) or not t.strip():
                         raise DatasetError(f"{path}: {qw}.answers[{j}].text must be a non-empty string, got "

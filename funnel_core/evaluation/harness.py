@@ -259,11 +259,11 @@ class _Cache:
             except json.JSONDecodeError:
                 problems.append(f"line {n}: not JSON")
                 continue
-            why = self.check(rec)
-            if why is None and rec["id"] in done:
-                why = f"question {rec['id']!r} recorded twice"
-            if why is not None:
-                problems.append(f"line {n}: {why}")
+            problem: str | None = self.check(rec)
+            if problem is None and rec["id"] in done:
+                problem = f"question {rec['id']!r} recorded twice"
+            if problem is not None:
+                problems.append(f"line {n}: {problem}")
                 continue
             done[rec["id"]] = rec
             kept.append(line)
@@ -320,7 +320,7 @@ def _record_problem(rec: Any, *, qids: set[str], answered: set[str], depth: int,
     read = rec.get("reader")
     if reading:
         ans = read.get("answers") if isinstance(read, dict) else None
-        if not isinstance(ans, dict) or set(ans) != {str(k) for k in reader_ks} or \
+        if not isinstance(read, dict) or not isinstance(ans, dict) or set(ans) != {str(k) for k in reader_ks} or \
                 not all(isinstance(a, str) for a in ans.values()) or not isinstance(read.get("counts"), dict):
             return f"question {q!r}: the reader's answers are missing or damaged"
     elif read is not None:
