@@ -308,12 +308,21 @@ class _Context:
                     depth=int(m.get("depth", 30)), indexes=indexes, progress=self.progress)
 
 
+#: trainer arguments that [train] or the runner set; [model] may not set them too
+_SET_BY_TRAIN = frozenset({"seed", "device", "dtype", "max_seconds", "progress", "show_progress", "checkpointer",
+                           "log_path", "log", "output_dir", "out_dir", "model", "examples", "groups", "llm"})
+
+
 def _trainer_kwargs(ctx: _Context, fn: Callable[..., Any], drop: tuple[str, ...] = ()) -> dict[str, Any]:
     """``[model]`` as keyword arguments of ``fn``; an unknown key raises naming the allowed ones."""
     import inspect
 
     params = inspect.signature(fn).parameters
     model = {k: v for k, v in ctx.cfg["model"].items() if k not in drop}
+    owned = sorted(set(model) & _SET_BY_TRAIN)
+    if owned:
+        raise ValueError(f"{ctx.cfg['path']} [model]: {owned} are set by [train] (seed, device, dtype, "
+                         "max_minutes, checkpoint_minutes) or by funnel train itself; move them to [train].")
     bad = sorted(k for k in model if k not in params or params[k].kind is inspect.Parameter.POSITIONAL_ONLY)
     if bad:
         allowed = sorted(k for k in params if k not in ("self", "model", "examples", "output_dir", "groups")

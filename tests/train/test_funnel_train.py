@@ -97,6 +97,12 @@ def test_an_unknown_model_setting_is_refused_before_any_training(data):
     assert not (data / "out" / "cross-encoder").exists()
 
 
+def test_a_model_setting_that_train_owns_is_refused(data):
+    path = _config(data, "cross-encoder", "seed = 3\n")
+    with pytest.raises(ValueError, match=r"\[model\]: \['seed'\] are set by \[train\]"):
+        run_train(path, progress=False)
+
+
 def test_training_on_the_split_an_evaluation_reports_is_refused(data):
     path = _config(data, "cross-encoder", questions="dev.jsonl", split="test")
     with pytest.raises(ValueError, match="is the split .*eval.toml.* reports; train on another split"):
