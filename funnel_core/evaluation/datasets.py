@@ -104,6 +104,15 @@ def _a_grade(v: object, where: str, field: str, negative_ok: bool = False) -> in
     raise DatasetError(f"{where}: {field} must be an integer grade >= 0, got {v!r} ({type(v).__name__}).")
 
 
+def _first_occurrence(first_line: dict[str, int], key: str, n: int, where: str, what: str) -> None:
+    """Record that ``key`` (a ``what``: "question id", "document _id", ...) is on line ``n``; a key seen
+    before raises naming both lines."""
+    if key in first_line:
+        raise DatasetError(f"{where}: {what} {key!r} occurs twice (first at line {first_line[key]}); every "
+                           f"{what} must be unique.")
+    first_line[key] = n
+
+
 def load_beir(path: str | os.PathLike, split: str = "test", title_in_text: bool = True) -> BeirDataset:
     """Load a BEIR dataset. Corpus units are documents with ``metadata["title"]``.
 
@@ -116,10 +125,7 @@ def load_beir(path: str | os.PathLike, split: str = "test", title_in_text: bool 
     for n, d in _jsonl_objects(f, 'one {"_id", "title", "text"} a line'):
         where = f"{f}:{n}"
         did = _an_id(d.get("_id"), where, "_id")
-        if did in doc_line:
-            raise DatasetError(f"{where}: _id {did!r} occurs twice (first at line {doc_line[did]}); document ids "
-                               "must be unique.")
-        doc_line[did] = n
+        _first_occurrence(doc_line, did, n, where, "document _id")
         body = _a_text(d.get("text"), where, "text")
         title = d.get("title")
         title = _a_text(title, where, "title") if title is not None else ""
@@ -131,10 +137,7 @@ def load_beir(path: str | os.PathLike, split: str = "test", title_in_text: bool 
     for n, d in _jsonl_objects(f, 'one {"_id", "text"} a line'):
         where = f"{f}:{n}"
         qid = _an_id(d.get("_id"), where, "_id")
-        if qid in query_line:
-            raise DatasetError(f"{where}: _id {qid!r} occurs twice (first at line {query_line[qid]}); query ids "
-                               "must be unique.")
-        query_line[qid] = n
+        _first_occurrence(query_line, qid, n, where, "query _id")
         queries[qid] = _a_text(d.get("text"), where, "text")
     qrels: dict[str, dict[str, int]] = {}
     judged: dict[tuple[str, str], tuple[int, int]] = {}
@@ -416,10 +419,8 @@ def jsonl_dataset(path: str | os.PathLike, corpus: str | os.PathLike | None = No
             raise DatasetError(f"{where} has no \"question\" string; expected {FORMATS[3]}.")
         raw_id = d.get("id", d.get("_id"))
         qid = str(n) if raw_id is None else _an_id(raw_id, where, "id")
-        if qid in queries:
-            raise DatasetError(f"{where}: question id {qid!r} occurs twice (first at line {line_of[qid]}); give "
-                               "every line its own id.")
-        queries[qid], line_of[qid] = text, n
+        _first_occurrence(line_of, qid, n, where, "question id")
+        queries[qid] = text
         got = d.get("answers")
         if got is not None and got != []:
             items = [got] if isinstance(got, str) else got
@@ -452,10 +453,7 @@ def jsonl_dataset(path: str | os.PathLike, corpus: str | os.PathLike | None = No
             where = f"{corpus}:{n}"
             raw_id = d.get("id", d.get("_id"))
             did = str(n) if raw_id is None else _an_id(raw_id, where, "id")
-            if did in doc_line:
-                raise DatasetError(f"{where}: document id {did!r} occurs twice (first at line {doc_line[did]}); "
-                                   "document ids must be unique.")
-            doc_line[did] = n
+            _first_occurrence(doc_line, did, n, where, "document id")
             body = _a_text(d.get("text"), where, "text")
             title = d.get("title")
             if title is not None:
