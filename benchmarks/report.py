@@ -112,7 +112,7 @@ def secs(x: float) -> str:
     return f"{x:.2g}" if abs(x) < 0.01 else f"{x:.2f}"
 
 
-#: model-building scripts removed by issue 38 -> the `funnel train` recipe that now makes their model
+#: model-building scripts removed when model building moved to `funnel train` -> the `funnel train` recipe that now makes their model
 REMOVED_SCRIPTS = {"squad_ce_model.py": "squad_ce", "prerank_model.py": "scifact_ce",
                    "rankrag_train.py": "squad_rankrag"}
 
@@ -120,7 +120,7 @@ REMOVED_SCRIPTS = {"squad_ce_model.py": "squad_ce", "prerank_model.py": "scifact
 def removed_note(text: str) -> str:
     """``text`` (a run's recorded description) with a note where it names a removed script."""
     gone = [s for s in REMOVED_SCRIPTS if s in text]
-    return text + (f" (`{gone[0]}` was removed by issue 38, see git history; the model is now made by "
+    return text + (f" (`{gone[0]}` was removed when model building moved to `funnel train`, see git history; the model is now made by "
                    f"`funnel train benchmarks/train/{REMOVED_SCRIPTS[gone[0]]}.toml`, another run)" if gone else "")
 
 
@@ -1135,7 +1135,7 @@ def block_postrank_fid_alpha() -> str:
         rows.append([label, _ar_ci(r[s]["AR@1"]), _ar_ci(r[s]["AR@4"]),
                      f"{pair['AR@1']['difference']:+.3f} {ci(pair['AR@1']['ci'])}" if pair else ""])
     return (f"**Table 7 / Table 8 as the paper writes them, on alpha** ({d['questions']} dev-a questions, "
-            f"{d['seconds']:.0f} s on the CPU; the former `benchmarks/fid_table7_cpu.py`, removed by issue 38 "
+            f"{d['seconds']:.0f} s on the CPU; the former `benchmarks/fid_table7_cpu.py`, removed when model building moved to `funnel train` "
             "with the GPU reader's scripts, see git history):\n\n"
             + table(["scheme", "AR@1", "AR@4", "AR@1 - cross-encoder (paired)"], rows))
 

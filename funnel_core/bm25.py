@@ -594,7 +594,7 @@ class BM25Index(FreshOnCopy):
         units) applied, ties by index position."""
         st = self._require_built()
         check_positive_int(k, "k")
-        k = min(k, max(1, len(st.units)))  # no buffer larger than the index (issue 39)
+        k = min(k, max(1, len(st.units)))  # no buffer larger than the index
         if mask is not None:
             scores = np.where(mask, scores, 0.0).astype(np.float32, copy=False)
         idx, sc = _top_k(scores, k)
@@ -629,7 +629,7 @@ class BM25Index(FreshOnCopy):
         """
         st = self._require_built()
         check_positive_int(k, "k")
-        k = min(k, max(1, len(st.units)))  # the top-k buffers never exceed the index (issue 39)
+        k = min(k, max(1, len(st.units)))  # the top-k buffers never exceed the index
         if isinstance(queries, str):
             raise TypeError("search_many expects a list of queries; use search() for one query.")
         queries = [check_query(q) for q in queries]

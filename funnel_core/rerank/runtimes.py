@@ -19,7 +19,7 @@ project runs on transformers 5.
 folder it goes to ``<model>/funnel_onnx/`` (a subfolder this package owns, marked by
 ``funnel_export.json``); when that folder is not writable, or the model is a hub name, it goes to
 ``funnel_core.cache.cache_root() / ce_export/<key>/`` (``$FUNNEL_RAG_CACHE``, default
-``~/.cache/funnel-rag``). The export is keyed by content (issue 39): the manifest records
+``~/.cache/funnel-rag``). The export is keyed by content: the manifest records
 the source's fingerprint (the SHA-256 of every weights, config, tokenizer and code file of the
 model folder, and of its ``subfolder`` when one is loaded; for a hub name, the cached snapshot's
 files and commit) and the load arguments that change what is exported (``model_kwargs``:

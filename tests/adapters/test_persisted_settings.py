@@ -77,7 +77,7 @@ def test_langchain_save_keeps_settings(tmp_path):
     assert (again.k, again.k_clusters, again.return_clusters, again.filter) == \
         (3, 2, True, {"topic": "lit"})
     # a predicate cannot be saved: the save refuses (naming the fix) and writes nothing, never a
-    # warning and a loaded retriever without the filter (issue 39)
+    # warning and a loaded retriever without the filter
     with pytest.raises(ValueError, match=r"predicate filter \(<lambda>\).*dict filter.*per call"):
         LCBM25(index=flat.index, filter=lambda m: True).save(tmp_path / "pred")
     assert not (tmp_path / "pred").exists()

@@ -1,6 +1,6 @@
 """funnel_core.filters: a construction filter is a floor that a per-call filter narrows, never
 widens (combine_filters, AllOf in metadata_mask), and a filter that cannot be saved is refused
-(persistable_filter). DESIGN.md "Filters narrow, never widen"; issue 39, item 1."""
+(persistable_filter). DESIGN.md "Filters narrow, never widen"."""
 
 from __future__ import annotations
 

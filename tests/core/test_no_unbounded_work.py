@@ -1,4 +1,4 @@
-"""No unbounded work (issue 39, items 6 and 8): ``k`` is clamped to the index size before any
+"""No unbounded work: ``k`` is clamped to the index size before any
 top-k buffer is allocated (``BM25Index.search(k=10**12)`` asked numpy for 7.28 TiB), and a dense
 search never returns a non-finite similarity (finite float32 embeddings near 3e38 overflow the
 inner product to inf - inf = NaN)."""

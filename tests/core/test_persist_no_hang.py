@@ -1,4 +1,4 @@
-"""Nothing hangs (issue 39, item 6): a FIFO (or another special file) planted at one of the
+"""Nothing hangs: a FIFO (or another special file) planted at one of the
 persist folder's bookkeeping files (``.funnel-rag.readers``, ``.funnel-rag.journal``,
 ``CURRENT``, the marker) makes a save or a load fail fast with a clear error.
 

@@ -327,7 +327,7 @@ def test_langchain_mog_funnel_and_forward_lookup_take_no_filter_keyword(typo, em
         ForwardLookupRetriever(llm=tiny_llama_path, retriever=sparse, **{typo: {"tenant": TENANT}})
 
 
-# -- Filters narrow, never widen (issue 39, item 1) ---------------------------------------------
+# -- Filters narrow, never widen ---------------------------------------------
 # A construction filter is a floor: a per-call filter is ANDed with it, an empty or blank one adds
 # nothing, and a filter that cannot be persisted makes save/persist refuse (DESIGN.md). Each probe
 # below returned every tenant (or, for blank strings in memory, raised) before the floor existed.

@@ -1,4 +1,4 @@
-"""The ONNX export cache is keyed by content (issue 39, item 4): a swapped ``model.onnx``, an
+"""The ONNX export cache is keyed by content: a swapped ``model.onnx``, an
 edited tokenizer (the export's copy or the model's own, same size and mtime), weights replaced by
 others of the same size under the same mtime, and other load arguments (``subfolder``) each
 rebuild the export, so ONNX scores always equal torch scores of the model as it is now."""

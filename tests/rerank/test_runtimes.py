@@ -168,7 +168,7 @@ def test_export_is_reused_not_redone(model, monkeypatch):
 
 
 def test_changed_weights_make_a_new_export(model):
-    """Keyed by content (issue 39): a touched file keeps the export, changed bytes rebuild it."""
+    """Keyed by content: a touched file keeps the export, changed bytes rebuild it."""
     _scores(model, "transformers", "onnx")
     manifest = Path(model) / "funnel_onnx" / "funnel_export.json"
     before = json.loads(manifest.read_text())["source"]

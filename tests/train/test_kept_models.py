@@ -34,6 +34,14 @@ def test_kept_models_match_their_manifest_and_fit_the_size_budget():
     assert total <= MAX_BYTES, f"kept models take {total / 2**20:.0f} MiB, over the 200 MB budget"
 
 
+def test_the_models_manifest_lists_and_matches_every_kept_file():
+    listed = {line.split("  ", 1)[1] for line in (MODELS / "MANIFEST.sha256").read_text().splitlines() if line}
+    kept = {f.relative_to(MODELS).as_posix() for folder in _kept() for f in folder.rglob("*")
+            if f.is_file() and "funnel_onnx" not in f.parts} | {"README.md"}
+    assert listed == kept
+    assert verify_model(MODELS) is True
+
+
 def test_each_card_names_a_funnel_train_command_whose_config_exists_and_trains_that_model():
     from funnel_core.train.runner import load_train_config
 
