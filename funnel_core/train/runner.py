@@ -394,11 +394,14 @@ def _ce_rank(folder: Path, device: str | None) -> Callable[[str, list[Any]], lis
     return lambda q, units: scorer.rank(q, units)
 
 
-def _train_cross_encoder(ctx: _Context, groups: list[Any] | None = None, what: str = "label") -> dict[str, Any]:
+def _train_cross_encoder(ctx: _Context, groups: list[Any] | None = None, what: str = "label",
+                         indexes: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Label-supervised training on mined groups, or (L2G) on ``groups`` built by the caller, whose
+    ``indexes`` the held-out mining then reuses."""
     from funnel_core.train.l2g import CrossEncoderTrainer, init_cross_encoder
 
     train = ctx.cfg["train"]
-    indexes: dict[str, Any] = {}
+    indexes = {} if indexes is None else indexes
     t0 = time.perf_counter()
     mined = ctx.mined(ctx.train_ids, indexes) if groups is None else []
     groups = _groups(mined) if groups is None else groups
@@ -476,7 +479,7 @@ def _train_fid_reader(ctx: _Context) -> dict[str, Any]:
         score = ctx.cfg["model"].get("score", {})
         scorer = FiDAttentionScorer(model=str(ctx.built), device=train.get("device"),
                                     max_length=int(kwargs.get("max_length", 256)), **score)
-        held = _held_out(ctx, [m for m in ctx.mined(ctx.held_ids, indexes)],
+        held = _held_out(ctx, ctx.mined(ctx.held_ids, indexes),
                          lambda q, units: scorer.rank(q, units[:n_passages]) + units[n_passages:])
     return {"objective": "FiD answer generation (LM loss)", "examples": len(examples), "steps": result.steps,
             "train_seconds": round(result.seconds, 1), "prep_seconds": round(prep, 1),
@@ -537,7 +540,7 @@ def _train_l2g(ctx: _Context) -> dict[str, Any]:
             groups.append(g)
     ctx.cfg["model"].setdefault("loss", "bpr")
     result = _train_cross_encoder(ctx, groups=groups, what="L2G (FunnelRAG eqs. 4-6) from "
-                                  f"{t.get('kind', 'fid')} teacher {t['model']}")
+                                  f"{t.get('kind', 'fid')} teacher {t['model']}", indexes=indexes)
     result["teacher_seconds"] = round(time.perf_counter() - t0 - result["train_seconds"], 1)
     return result
 
