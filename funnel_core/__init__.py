@@ -11,13 +11,12 @@ from funnel_core.funnel import FunctionStage, Funnel, FunnelResult, Stage, as_st
 from funnel_core.funnelrag.chunking import LaterChunking, OpenClusters
 from funnel_core.text import split_sentences, word_windows
 from funnel_core.units import StageRecord, Trace, Unit
-
-__version__ = "0.1.0"
+from funnel_core.version import __version__
 
 __all__ = [
     "BM25Index", "BM25Retrieve", "bm25_scores",
     "FunnelError", "ModelLoadError", "PersistError",
     "FunctionStage", "Funnel", "FunnelResult", "Stage", "as_stage",
     "LaterChunking", "OpenClusters", "split_sentences", "word_windows",
-    "StageRecord", "Trace", "Unit",
+    "StageRecord", "Trace", "Unit", "__version__",
 ]

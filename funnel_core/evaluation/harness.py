@@ -465,7 +465,7 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
 
     cache = None
     if cache_dir is not None:
-        from funnel_core import __version__
+        from funnel_core.version import __version__
 
         header = {"version": CACHE_VERSION, "package": __version__, "dataset": dataset.fingerprint(),
                   "corpus": dataset.corpus_digest(), "depth": depth, "id_key": id_key, "title_key": title_key,

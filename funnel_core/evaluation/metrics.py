@@ -6,31 +6,14 @@ IR metrics through `ranx <https://github.com/AmenRa/ranx>`_.
 from __future__ import annotations
 
 import math
-import re
-import string
 from collections import Counter
 from typing import Iterable, Mapping, Sequence
 
+from funnel_core.text import has_answer, normalize_answer
 from funnel_core.units import Unit
 
 __all__ = ["normalize_answer", "has_answer", "answer_recall", "contextual_integrity", "exact_match", "token_f1",
            "ir_metrics", "ir_metrics_per_query", "run_from_units"]
-
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCT = set(string.punctuation)
-
-
-def normalize_answer(text: str) -> str:
-    """SQuAD normalisation: lower-case, drop punctuation and articles, squeeze whitespace."""
-    text = "".join(ch for ch in text.lower() if ch not in _PUNCT)
-    return " ".join(_ARTICLES.sub(" ", text).split())
-
-
-def has_answer(text: str, answers: Iterable[str]) -> bool:
-    """True when any normalised answer occurs in the normalised text, on word boundaries."""
-    norm = f" {normalize_answer(text)} "
-    return any(f" {a} " in norm for a in (normalize_answer(x) for x in answers) if a)
-
 
 def answer_recall(units: Sequence[Unit], answers: Iterable[str], k: int) -> float:
     """AR@k: 1.0 when an answer string appears in the concatenation of the top-``k`` units."""

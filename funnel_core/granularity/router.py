@@ -24,10 +24,10 @@ import numpy as np
 from funnel_core.cache import LRUCache
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import FunnelError, PersistError, check_positive_int
-from funnel_core.evaluation.metrics import normalize_answer
 from funnel_core.granularity.levels import GranularityStructure
 from funnel_core.granularity.retrieval import GranularityBM25
 from funnel_core.persist import check_model_name, check_number, load_snapshot, save_snapshot
+from funnel_core.text import normalize_answer
 
 __all__ = ["GranularityRouter", "RouterNotTrainedError", "soft_labels", "level_similarities",
            "level_choice_counts", "SIMILARITIES", "BEST_LABEL", "SECOND_LABEL"]

@@ -19,7 +19,6 @@ folder, a hub download) loads as before.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -27,89 +26,20 @@ from pathlib import Path
 from typing import Any
 
 from funnel_core.errors import ModelIntegrityError
+from funnel_core.manifest import MANIFEST, verify_model, write_manifest
+from funnel_core.version import __version__
 
 __all__ = ["CARD", "MANIFEST", "write_manifest", "verify_model", "write_card", "read_card",
            "save_half", "ModelIntegrityError"]
 
 CARD = "funnel_model.json"
-MANIFEST = "MANIFEST.sha256"
 CARD_FORMAT = 1
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _model_files(folder: Path) -> list[Path]:
-    """The files the manifest covers: every regular file of the folder tree except the manifest
-    itself and caches that runtimes add later (``funnel_onnx/``, ``.cache``)."""
-    skip_dirs = {"funnel_onnx", ".cache", "__pycache__"}
-    out = []
-    for root, dirs, files in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if d not in skip_dirs)
-        for name in sorted(files):
-            p = Path(root) / name
-            if p.name == MANIFEST and p.parent == folder:
-                continue
-            if p.is_file() and not p.is_symlink():
-                out.append(p)
-    return out
-
-
-def write_manifest(folder: str | os.PathLike) -> Path:
-    """Write ``MANIFEST.sha256`` over every file of ``folder`` (last, after the card)."""
-    folder = Path(folder)
-    lines = [f"{_sha256(p)}  {p.relative_to(folder).as_posix()}\n" for p in _model_files(folder)]
-    tmp = folder / (MANIFEST + ".tmp")
-    tmp.write_text("".join(lines), encoding="utf-8")
-    tmp.replace(folder / MANIFEST)
-    return folder / MANIFEST
-
-
-def verify_model(folder: str | os.PathLike) -> bool:
-    """Check ``folder`` against its ``MANIFEST.sha256``.
-
-    Returns ``False`` when the folder has no manifest (nothing to check), ``True`` when every
-    listed file exists with the listed digest; raises :class:`ModelIntegrityError` naming the
-    first file that is missing or differs, and the fix.
-    """
-    folder = Path(folder)
-    manifest = folder / MANIFEST
-    if not manifest.is_file():
-        return False
-    for n, line in enumerate(manifest.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        digest, sep, name = line.partition("  ")
-        if not sep or len(digest) != 64 or name.startswith("/") or ".." in Path(name).parts:
-            raise ModelIntegrityError(f"{manifest}:{n} is not a `<sha256>  <file>` line inside the folder: "
-                                      f"{line!r}; re-create the model (funnel train) or restore the folder.")
-        path = folder / name
-        if not path.is_file():
-            raise ModelIntegrityError(f"model folder {str(folder)!r}: {name!r} is listed in {MANIFEST} but "
-                                      "missing; restore the folder (git checkout / copy it whole) or "
-                                      "re-create it with the command in its funnel_model.json.")
-        if _sha256(path) != digest:
-            raise ModelIntegrityError(f"model folder {str(folder)!r}: {name!r} does not match its SHA-256 in "
-                                      f"{MANIFEST} (changed, damaged or replaced after training); restore "
-                                      "the folder or re-create it with the command in its funnel_model.json.")
-    return True
 
 
 def write_card(folder: str | os.PathLike, card: dict[str, Any]) -> Path:
     """Write the model card (``funnel_model.json``), adding the format, package version and date."""
-    from importlib import metadata
-
     folder = Path(folder)
-    try:
-        version = metadata.version("funnel-rag")
-    except metadata.PackageNotFoundError:  # run from a source tree that is not installed
-        version = "unknown"
-    full = {"format": CARD_FORMAT, "package_version": version,
+    full = {"format": CARD_FORMAT, "package_version": __version__,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **card}
     tmp = folder / (CARD + ".tmp")
     tmp.write_text(json.dumps(full, indent=1, default=_jsonable) + "\n", encoding="utf-8")

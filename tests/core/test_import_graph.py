@@ -1,5 +1,5 @@
-"""The import graph of the three packages: no circles, no private names across modules, no
-private APIs of libraries, and no framework import in the core.
+"""The import graph of the three packages: no circles, no import of a higher layer, no private
+names across modules, no private APIs of libraries, and no framework import in the core.
 
 Every ``import`` counts, also one inside a function: a lazy import still ties two modules
 together, and a circle through lazy imports is the same knot a reader has to untie.
@@ -101,6 +101,56 @@ def test_no_import_circle():
     circles = _cycles(_graph())
     assert circles == [], "import circles (break them by moving the shared piece down a layer):\n" + \
         "\n".join(" <-> ".join(c) for c in circles)
+
+
+#: The core's layers, from the bottom (docs/architecture.md draws the same list): a module imports
+#: only from its own layer or below. A name is a module or subpackage directly under funnel_core.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("units", "errors", "scoring", "text", "counters", "cache", "version"),
+    ("settings", "filters", "funnel", "persist", "models", "manifest", "hardware"),
+    ("bm25", "bm25_counts", "_bm25_numba", "embeddings", "llm"),
+    ("rerank",),
+    ("funnelrag", "granularity", "fbrag", "best_practices"),
+    ("train", "evaluation", "backends", "offline"),
+    ("cli", "demo", "testing", "__main__"),
+)
+
+
+def _layer(module: str) -> int | None:
+    """The layer of a funnel_core module (the package itself is the top); None outside the core."""
+    parts = module.split(".")
+    if parts[0] != "funnel_core":
+        return None
+    if len(parts) == 1:
+        return len(LAYERS)
+    return next((i for i, names in enumerate(LAYERS) if parts[1] in names), -1)
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    out = []
+    for m, deps in sorted(graph.items()):
+        lm = _layer(m)
+        for d in sorted(deps):
+            ld = _layer(d)
+            if lm is not None and ld is not None and ld > lm:
+                out.append(f"{m} (layer {lm}) imports {d} (layer {ld})")
+    return out
+
+
+def test_layer_check_finds_a_planted_upward_import():
+    graph = {"funnel_core.text": {"funnel_core.evaluation.metrics"}, "funnel_core.evaluation.metrics": set(),
+             "funnel_core.rerank.fid": {"funnel_core.units"}}
+    assert _upward(graph) == ["funnel_core.text (layer 0) imports funnel_core.evaluation.metrics (layer 5)"]
+
+
+def test_every_core_module_has_a_layer():
+    missing = sorted({m.split(".")[1] for m in _modules() if _layer(m) == -1})
+    assert missing == [], f"add these to LAYERS (and docs/architecture.md): {missing}"
+
+
+def test_no_module_imports_a_layer_above_it():
+    up = _upward(_graph())
+    assert up == [], "imports that go up a layer (move the shared piece down):\n" + "\n".join(up)
 
 
 def test_no_private_name_of_another_module_or_library():
