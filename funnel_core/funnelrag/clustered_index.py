@@ -34,12 +34,23 @@ from funnel_core.persist import check_number, load_snapshot, prepare_units, read
 from funnel_core.text import count_tokens
 from funnel_core.units import SCORE_PREFIX, Unit, check_unique_ids
 
-__all__ = ["ClusteredBM25Index", "ClusteredBM25Retrieve", "rank_opened_documents"]
+__all__ = ["ClusteredBM25Index", "ClusteredBM25Retrieve", "rank_opened_documents", "check_clustering_settings"]
 
 FORMAT = "funnel-rag.clustered-bm25"
 FORMAT_VERSION = 2  # 2: snapshot layout (funnel_core.persist), incremental cluster ids
 ADJACENCY_MODES = ("auto", "links", "bm25")
 _SEPARATOR = "\n\n"  # joins member texts into a cluster text (as build_clusters does)
+
+
+def check_clustering_settings(max_tokens: Any, adjacency: Any, knn_k: Any,
+                              knn_threshold: Any) -> tuple[int, str, int, float]:
+    """The clustering settings of every clustered index (in memory and on Milvus), validated:
+    ``(max_tokens, adjacency, knn_k, knn_threshold)``; a bad value raises naming it and the fix."""
+    if not isinstance(adjacency, str) or adjacency not in ADJACENCY_MODES:
+        raise ValueError(f"adjacency must be one of {ADJACENCY_MODES}, got {adjacency!r:.60}; "
+                         "pass a precomputed matrix to index(documents, adjacency=matrix).")
+    return (check_positive_int(max_tokens, "max_tokens"), adjacency, check_positive_int(knn_k, "knn_k"),
+            float(check_number(knn_threshold, "knn_threshold", 0.0, 1e6)))
 
 
 @dataclass(frozen=True)
@@ -111,13 +122,8 @@ class ClusteredBM25Index(FreshOnCopy):
 
     def __init__(self, *, max_tokens: int = 4096, adjacency: str = "auto", knn_k: int = 20,
                  knn_threshold: float = 0.1, **bm25_config: Any) -> None:
-        self.max_tokens = check_positive_int(max_tokens, "max_tokens")
-        if not isinstance(adjacency, str) or adjacency not in ADJACENCY_MODES:
-            raise ValueError(f"adjacency must be one of {ADJACENCY_MODES}, got {adjacency!r:.60}; "
-                             "pass a precomputed matrix to index(documents, adjacency=matrix).")
-        self.adjacency = adjacency
-        self.knn_k = check_positive_int(knn_k, "knn_k")
-        self.knn_threshold = float(check_number(knn_threshold, "knn_threshold", 0.0, 1e6))
+        self.max_tokens, self.adjacency, self.knn_k, self.knn_threshold = check_clustering_settings(
+            max_tokens, adjacency, knn_k, knn_threshold)
         self.bm25_config = dict(BM25Index(**bm25_config).config)  # validated, complete
         self._state: _ClusteredState | None = None
         self._write_lock = threading.Lock()

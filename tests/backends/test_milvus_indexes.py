@@ -365,6 +365,30 @@ def test_clustered_builds_itself_and_reopens(db, corpus, clustered_ref, tmp_path
     assert again.search(q, k=3) == own.search(q, k=3)
 
 
+def test_clustered_settings_are_validated_like_in_memory(db, tmp_path):
+    """The Milvus clustered index checks its clustering settings with the in-memory index's rule,
+    before it connects, and again when it re-opens a collection whose stored settings changed."""
+    absent = tmp_path / "never.db"
+    for bad, word in [({"adjacency": "link"}, "adjacency"), ({"knn_k": 0}, "knn_k"),
+                      ({"knn_threshold": float("nan")}, "knn_threshold"), ({"max_tokens": -1}, "max_tokens")]:
+        with pytest.raises(ValueError, match=word):
+            ClusteredBM25Index(**bad)
+        with pytest.raises(ValueError, match=word):
+            MilvusClusteredBM25Index(absent, "c", **bad)
+    assert not absent.exists()  # refused before any connection
+
+    from funnel_core.backends.milvus.client import META_KEY, MilvusError
+
+    own = MilvusClusteredBM25Index(db, "clusters_tampered", max_tokens=120).index(
+        [Unit(id=f"d{i}", text=f"word{i} shared text") for i in range(6)])
+    physical = own._opened()["_physical"]
+    meta = json.loads(own.client.describe_collection(physical)["properties"][META_KEY])
+    meta["settings"]["adjacency"] = "everything"
+    own.client.alter_collection_properties(physical, properties={META_KEY: json.dumps(meta)})
+    with pytest.raises(MilvusError, match="adjacency.*rebuild it"):
+        MilvusClusteredBM25Index(db, "clusters_tampered").search("shared")
+
+
 # -- dense --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def vectors(corpus) -> np.ndarray:

@@ -44,11 +44,11 @@ class MilvusClusteredBM25Index(BM25Common):
                  token: str | None = None, db_name: str | None = None, timeout: float | None = None,
                  show_progress: bool = False, max_tokens: int = 4096, adjacency: str = "auto",
                  knn_k: int = 20, knn_threshold: float = 0.1, **bm25_config: Any) -> None:
+        from funnel_core.funnelrag.clustered_index import check_clustering_settings
+
+        self.max_tokens, self.adjacency, self.knn_k, self.knn_threshold = check_clustering_settings(
+            max_tokens, adjacency, knn_k, knn_threshold)  # before connecting: a typo costs no connection
         super().__init__(uri, collection, token, db_name, timeout, show_progress, bm25_config)
-        self.max_tokens = check_positive_int(max_tokens, "max_tokens")
-        self.adjacency = adjacency
-        self.knn_k = check_positive_int(knn_k, "knn_k")
-        self.knn_threshold = float(knn_threshold)
 
     # building ------------------------------------------------------------------------------
     def index(self, documents: Sequence[Unit], adjacency: Any = None) -> "MilvusClusteredBM25Index":
@@ -137,9 +137,17 @@ class MilvusClusteredBM25Index(BM25Common):
 
     def _check_settings(self, meta: Mapping[str, Any]) -> None:
         super()._check_settings(meta)
+        from funnel_core.funnelrag.clustered_index import check_clustering_settings
+
         s = meta.get("settings", {})
-        self.max_tokens, self.knn_k = s.get("max_tokens", self.max_tokens), s.get("knn_k", self.knn_k)
-        self.knn_threshold = s.get("knn_threshold", self.knn_threshold)
+        stored = s.get("adjacency", self.adjacency)  # "matrix": built from a matrix; keep ours
+        try:
+            self.max_tokens, self.adjacency, self.knn_k, self.knn_threshold = check_clustering_settings(
+                s.get("max_tokens", self.max_tokens), self.adjacency if stored == "matrix" else stored,
+                s.get("knn_k", self.knn_k), s.get("knn_threshold", self.knn_threshold))
+        except (TypeError, ValueError) as exc:
+            raise MilvusError(f"collection {self.collection!r} stores clustering settings funnel-rag cannot "
+                              f"use ({exc}); it was changed outside funnel-rag: rebuild it with index().") from exc
 
     # searching -------------------------------------------------------------------------------
     def _query_all(self, name: str, expr: str, fields: list[str]) -> list[dict]:
