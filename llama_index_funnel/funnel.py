@@ -3,8 +3,9 @@
 :class:`FunnelRetriever` runs a :class:`funnel_core.Funnel` whose stages can be ``funnel_core``
 stages *or* LlamaIndex's own objects: any ``BaseRetriever`` (as a first stage) and any
 ``BaseNodePostprocessor`` (as a later stage), wrapped by :func:`as_stage`. The per-stage trace
-is not copied onto the nodes: :meth:`FunnelRetriever.search` returns it with them, and
-:attr:`FunnelRetriever.last_trace` holds the latest query's.
+is not copied onto the nodes: :meth:`FunnelRetriever.search` returns it with them, and every
+query sends its own trace to LlamaIndex's instrumentation as a :class:`FunnelTraceEvent` (inside
+the retrieve span of that query, so concurrent queries never mix their traces).
 
 Nodes keep their identity across stages: every :class:`~funnel_core.units.Unit` carries the
 node it came from (``unit.source``), so each stage hands the next one copies of the user's own
@@ -19,6 +20,8 @@ from typing import Any, List, Mapping, Optional, Sequence
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks import CallbackManager
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 
@@ -28,7 +31,22 @@ from funnel_core.funnel import as_stage as core_as_stage
 from funnel_core.units import Trace, Unit, scored_by
 from llama_index_funnel._base import UnitRetriever, nodes_to_units, units_to_nodes
 
-__all__ = ["FunnelRetriever", "RetrieverStage", "PostprocessorStage", "as_stage"]
+__all__ = ["FunnelRetriever", "FunnelTraceEvent", "RetrieverStage", "PostprocessorStage", "as_stage"]
+
+dispatcher = get_dispatcher(__name__)
+
+
+class FunnelTraceEvent(BaseEvent):
+    """One funnel query's per-stage trace (:meth:`funnel_core.units.Trace.to_dict`: the query, and
+    units in/out and seconds per stage), sent to LlamaIndex's instrumentation (an event handler
+    added to ``llama_index.core.instrumentation.get_dispatcher()`` receives it) in that query's
+    retrieve span."""
+
+    trace: dict[str, Any]
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "FunnelTraceEvent"
 
 
 def _scored(nodes: Sequence[NodeWithScore], name: str) -> list[Unit]:
@@ -103,17 +121,14 @@ class FunnelRetriever(UnitRetriever):
     def _originals(self) -> Mapping[str, BaseNode]:
         return self._nodes
 
-    #: The trace of the latest query (``None`` before the first); :meth:`search` returns it too.
-    last_trace: Optional[Trace] = None
-
     def _search(self, query: str) -> list[Unit]:
         result = self.funnel.search(query)
-        self.last_trace = result.trace
+        dispatcher.event(FunnelTraceEvent(trace=result.trace.to_dict()))
         return result.units
 
     async def _asearch(self, query: str) -> list[Unit]:
         result = await self.funnel.asearch(query)
-        self.last_trace = result.trace
+        dispatcher.event(FunnelTraceEvent(trace=result.trace.to_dict()))
         return result.units
 
     def search(self, query: str, answers: Optional[Sequence[str]] = None) -> tuple[List[NodeWithScore], Trace]:
@@ -121,5 +136,5 @@ class FunnelRetriever(UnitRetriever):
         answer recall that survives each stage."""
         query = check_query(query)
         result: FunnelResult = self.funnel.search(query, None, answers)
-        self.last_trace = result.trace
+        dispatcher.event(FunnelTraceEvent(trace=result.trace.to_dict()))
         return units_to_nodes(result.units, self._originals(), self.annotate), result.trace

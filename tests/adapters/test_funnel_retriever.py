@@ -1,6 +1,7 @@
 """FunnelRetriever in both frameworks, with our stages and with the frameworks' own objects."""
 
 import asyncio
+import contextlib
 import json
 
 import pytest
@@ -56,16 +57,58 @@ def test_core_preset_builds_the_papers_funnel(corpus_units):
     assert set(res.units[0].scores) >= {"retrieval", "pre_ranking", "post_ranking"}
 
 
+@contextlib.contextmanager
+def _funnel_traces():
+    """The FunnelTraceEvent traces sent to LlamaIndex's instrumentation while the block runs."""
+    from llama_index.core.instrumentation import get_dispatcher
+    from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+
+    from llama_index_funnel.funnel import FunnelTraceEvent
+
+    got: list[dict] = []
+
+    class Collect(BaseEventHandler):
+        def handle(self, event, **kwargs):
+            if isinstance(event, FunnelTraceEvent):
+                got.append(event.trace)
+
+    root = get_dispatcher()
+    handler = Collect()
+    root.add_event_handler(handler)
+    try:
+        yield got
+    finally:
+        root.event_handlers.remove(handler)
+
+
+def test_llamaindex_funnel_traces_are_per_query_under_concurrency(source_linked_nodes):
+    """Concurrent queries each send their own trace (in their own span); nothing is shared."""
+    funnel = LIFunnelRetriever([ClusteredBM25Retriever.from_defaults(nodes=source_linked_nodes, similarity_top_k=2,
+                                                                     max_tokens=40, knn_k=3, knn_threshold=0.05),
+                                LaterChunking(words=6) % 3])
+    queries = ["Eiffel Tower in Paris", "Berlin wall", "Rome Colosseum", "Paris museum"]
+
+    async def run_all():
+        return await asyncio.gather(*(funnel.aretrieve(q) for q in queries))
+
+    with _funnel_traces() as traces:
+        asyncio.run(run_all())
+    assert sorted(t["query"] for t in traces) == sorted(queries)
+    assert all(t["stages"][-1]["units_out"] <= 3 for t in traces)
+
+
 def test_llamaindex_funnel_with_native_components_in_a_query_engine(source_linked_nodes):
     clustered = ClusteredBM25Retriever.from_defaults(nodes=source_linked_nodes, similarity_top_k=3, max_tokens=40,
                                                      knn_k=3, knn_threshold=0.05)
     funnel = LIFunnelRetriever([clustered, SimilarityPostprocessor(similarity_cutoff=0.0),
                                 LaterChunking(words=6) % 6, LongContextReorder()])
     engine = RetrieverQueryEngine.from_args(funnel, llm=MockLLM())
-    response = engine.query("Eiffel Tower in Paris")
+    with _funnel_traces() as traces:
+        response = engine.query("Eiffel Tower in Paris")
     assert len(response.source_nodes) == 6
     assert not any("trace" in k for k in response.source_nodes[0].node.metadata)  # not on nodes
-    trace = funnel.last_trace.to_dict()
+    assert not hasattr(funnel, "last_trace")  # no state shared between queries
+    (trace,) = traces
     assert [s["name"] for s in trace["stages"]] == ["ClusteredBM25Retriever", "SimilarityPostprocessor",
                                                     "later_chunking(6w) % 6", "LongContextReorder"]
     # passages point to their parent document node, which keeps its source relationship
