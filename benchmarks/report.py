@@ -20,6 +20,7 @@ summary table: a function returning ``Part`` tuples, decorated with ``@readme_ro
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import re
@@ -132,8 +133,10 @@ def commands_cell(commands: Sequence[str], strip_comments: bool = False) -> str:
 
 
 # -- reports of the evaluation harness (`funnel eval`, funnel_core.evaluation.evaluate) -------------
+@functools.cache
 def harness(name: str) -> dict:
-    """``results/<name>/report.json[.gz]``: what ``Report.save`` wrote, per-question results included."""
+    """``results/<name>/report.json[.gz]``: what ``Report.save`` wrote, per-question results included.
+    Read once per process and shared by every renderer (which only read it: never change it)."""
     from funnel_core.evaluation import Report
 
     folder = RESULTS / name

@@ -48,6 +48,17 @@ def source_linked_nodes(corpus_units):
 
 
 @pytest.fixture(scope="session")
+def ranx_loaded() -> None:
+    """ranx loads its numba-compiled metrics on the first evaluation of a process (2-5 s here, once):
+    a cost of the process, not of whichever test happens to come first. Modules whose tests compute
+    IR metrics use this fixture, so the fast tier's 2-second rule times their own work."""
+    from funnel_core.evaluation.metrics import ir_metrics_per_query
+
+    ir_metrics_per_query({"q": {"d": 1}}, {"q": {"d": 1.0, "e": 0.5}},
+                         ["ndcg@10", "recall@10", "mrr", "map@10", "precision@1", "hit_rate@10"])
+
+
+@pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("models")
 

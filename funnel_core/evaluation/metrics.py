@@ -72,8 +72,10 @@ def run_from_units(results: Mapping[str, Sequence[Unit]], id_key: str | None = N
 
 def _ranx_inputs(qrels: Mapping[str, Mapping[str, int]],
                  run: Mapping[str, Mapping[str, float]]) -> tuple[dict, dict]:
-    qrels = {q: dict(d) for q, d in qrels.items() if d}
-    full_run = {q: dict(run.get(q) or {}) for q in qrels}
+    # plain ints and floats: numpy scalars (float32 BM25 scores) would make ranx compile its numba
+    # metrics again for another type signature (seconds per new signature)
+    qrels = {q: {doc: int(g) for doc, g in d.items()} for q, d in qrels.items() if d}
+    full_run = {q: {doc: float(s) for doc, s in (run.get(q) or {}).items()} for q in qrels}
     for q, d in full_run.items():  # ranx rejects empty rankings; a non-relevant dummy scores 0
         if not d:
             full_run[q] = {"__none__": 0.0}

@@ -10,6 +10,8 @@ from funnel_core.cli import main
 from funnel_core.evaluation import Report, load_dataset
 from funnel_core.evaluation.config import load_config
 
+pytestmark = pytest.mark.usefixtures("ranx_loaded")  # ranx loads once per process
+
 
 def _toml(tmp_path, model: str, extra: str = "") -> str:
     path = tmp_path / "eval.toml"

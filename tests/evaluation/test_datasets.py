@@ -8,6 +8,8 @@ import pytest
 
 from funnel_core.evaluation import EvalDataset, load_dataset
 
+pytestmark = pytest.mark.usefixtures("ranx_loaded")  # ranx loads once per process
+
 
 def test_squad_json(tmp_path):
     data = {"version": "1.1", "data": [{"title": "T", "paragraphs": [

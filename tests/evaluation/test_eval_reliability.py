@@ -16,6 +16,8 @@ from funnel_core.evaluation import EvalDataset, evaluate, load_dataset
 from funnel_core.evaluation.config import run_config
 from funnel_core.units import Unit
 
+pytestmark = pytest.mark.usefixtures("ranx_loaded")  # ranx loads once per process
+
 DOCS = [{"id": "d1", "text": "Paris is the capital of France.", "title": "France"},
         {"id": "d2", "text": "Berlin is the capital of Germany.", "title": "Germany"},
         {"id": "d3", "text": "Rome is the capital of Italy.", "title": "Italy"}]

@@ -15,6 +15,8 @@ from funnel_core.evaluation import EvalDataset, evaluate, wait_for_quiet
 from funnel_core.evaluation.report import Report
 from funnel_core.units import Unit
 
+pytestmark = pytest.mark.usefixtures("ranx_loaded")  # ranx loads once per process
+
 
 def _u(doc: str, text: str = "", title: str | None = None) -> Unit:
     return Unit(id=doc, text=text or doc, metadata={"title": title or doc})
