@@ -231,7 +231,7 @@ class _Cache:
         lines = raw.decode("utf-8", errors="replace").splitlines()
         try:
             head = json.loads(lines[0])
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
             head = None
         want = json.loads(head_line)
         if head != want:
@@ -256,7 +256,7 @@ class _Cache:
                 continue
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 problems.append(f"line {n}: not JSON")
                 continue
             problem: str | None = self.check(rec)

@@ -114,6 +114,42 @@ def test_nan_forged_or_damaged_cached_records_are_recomputed_never_reported(tmp_
     assert asked == [] and again.per_question == fresh.per_question
 
 
+def _damages(lines):
+    """(name, bytes) of cache files damaged in every way a crash, a disk or a hand can."""
+    head, recs = lines[0], lines[1:]
+    rec = json.loads(recs[0])
+    yield "header nested deeper than the parser goes", ("[" * 100_000 + "\n" + "\n".join(recs)).encode()
+    yield "record nested deeper than the parser goes", (head + "\n" + "[" * 100_000 + "\n").encode()
+    yield "header is a list", (json.dumps([head]) + "\n" + "\n".join(recs)).encode()
+    yield "header names a non-dict system", (head.replace('"system": {', '"system": "x", "was": {', 1) + "\n").encode()
+    yield "not UTF-8", b"\xff\xfe\x00" + "\n".join(lines).encode()
+    yield "truncated mid-record", "\n".join(lines).encode()[: len(head) + 20]
+    yield "truncated mid-header", head.encode()[:15]
+    yield "a record that is a list", (head + "\n" + json.dumps([rec]) + "\n").encode()
+    yield "metrics a list", (head + "\n" + json.dumps({**rec, "metrics": [1]}) + "\n").encode()
+    yield "NaN literal", (head + "\n" + json.dumps({**rec, "metrics": {"AR@1": float("nan")}}) + "\n").encode()
+    yield "no id", (head + "\n" + json.dumps({k: v for k, v in rec.items() if k != "id"}) + "\n").encode()
+
+
+def test_a_damaged_cache_file_is_discarded_with_a_warning_naming_it_never_a_raw_error(tmp_path):
+    """Whatever the damage (JSON nested past the parser's recursion limit, a header of the wrong
+    type, bytes that are not UTF-8, a file cut short, records of the wrong shape), the run
+    warns naming the file, recomputes, and reports what a fresh run reports: no
+    JSONDecodeError, RecursionError, AttributeError or KeyError."""
+    ds = _qrels_ds()
+    fresh = evaluate({"s": _good}, ds, metrics=["AR@1"], n_timing=0, progress=False)
+    evaluate({"s": _good}, ds, metrics=["AR@1"], n_timing=0, cache_dir=tmp_path, progress=False)
+    (path,) = tmp_path.glob("*.jsonl")
+    lines = path.read_text().splitlines()
+    for name, data in _damages(lines):
+        path.write_bytes(data)
+        with pytest.warns(UserWarning, match=rf"'s'.*{path.name}") as seen:
+            r = evaluate({"s": _good}, ds, metrics=["AR@1"], n_timing=0, cache_dir=tmp_path, progress=False)
+        assert r.per_question == fresh.per_question, name
+        assert any("recomput" in str(w.message) for w in seen), name
+        path.write_text("\n".join(lines) + "\n")
+
+
 def test_a_cache_header_written_for_another_corpus_is_not_reused(tmp_path):
     ds = _qrels_ds()
     ds.corpus = [Unit(id=f"d{i}", text=f"the answer{i} is here") for i in range(4)]
@@ -327,7 +363,7 @@ def test_configuration_values_are_type_checked(tmp_path, case):
 
 def test_evaluate_checks_its_numbers():
     ds = _qrels_ds()
-    for kwargs, key in (({"n_boot": 0}, "n_boot"), ({"depth": 0}, "depth"),
+    for kwargs, key in (({"n_boot": 0}, "n_boot.*0"), ({"n_boot": -5}, "n_boot.*-5"), ({"depth": 0}, "depth"),
                         ({"max_load": float("nan")}, "max_load")):
         with pytest.raises(ValueError, match=key):
             evaluate({"s": _good}, ds, metrics=["AR@1"], n_timing=0, progress=False, **kwargs)
