@@ -62,8 +62,16 @@ __all__ = ["evaluate", "available_cores", "read_load_average", "wait_for_quiet",
            "default_metrics", "CACHE_VERSION", "READER_PROMPT"]
 
 #: Bumped when the per-question cache records change shape (2: the header names the corpus, the
-#: system's model identity and the package version).
-CACHE_VERSION = 2
+#: system's model identity and the package version; 3: every record carries its SHA-256).
+CACHE_VERSION = 3
+
+
+def _record_digest(rec: Mapping[str, Any]) -> str:
+    """SHA-256 of a cache record (without its ``sha256`` field), in canonical JSON: a record
+    whose bytes changed on disk (a flipped byte that still parses, ``1.0`` -> ``0.0``) no longer
+    matches it. It detects damage, not forgery (anyone can compute it)."""
+    body = {k: v for k, v in rec.items() if k != "sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
 def read_load_average() -> float | None:
@@ -194,8 +202,9 @@ class _Cache:
     """Per-system JSONL files of finished questions. The first line is a header naming everything
     the results depend on (questions and labels, the corpus, the system's settings and model
     identity, depth, metrics, the package version); a file whose header differs is not reused
-    (recomputed, with a warning), and a record that is damaged or implausible is discarded (with a
-    warning) and its question runs again. Files are read bounded, written no-follow."""
+    (recomputed, with a warning), and a record that is damaged (its SHA-256 does not match) or
+    implausible is discarded (with a warning) and its question runs again. Files are read bounded,
+    written no-follow."""
 
     def __init__(self, folder: str | os.PathLike, header: dict[str, Any],
                  check: Callable[[Any], str | None]) -> None:
@@ -259,6 +268,10 @@ class _Cache:
             except (ValueError, RecursionError):
                 problems.append(f"line {n}: not JSON")
                 continue
+            if not isinstance(rec, dict) or rec.get("sha256") != _record_digest(rec):
+                problems.append(f"line {n}: its SHA-256 does not match (changed on disk)")
+                continue
+            rec = {k: v for k, v in rec.items() if k != "sha256"}
             problem: str | None = self.check(rec)
             if problem is None and rec["id"] in done:
                 problem = f"question {rec['id']!r} recorded twice"
@@ -279,7 +292,7 @@ class _Cache:
         p = self.path(system)
         if not check_plain_or_absent(p, "score cache") or p.stat().st_size == 0:
             write_atomic(p, self._head_line(system, key).encode("utf-8"))
-        append_text(p, json.dumps(record) + "\n")
+        append_text(p, json.dumps({**record, "sha256": _record_digest(record)}) + "\n")
 
 
 def _record_problem(rec: Any, *, qids: set[str], answered: set[str], depth: int, local: Mapping[str, tuple],
@@ -401,8 +414,9 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
         cache_dir: Folder of per-system, per-question results; a rerun with the same folder
             resumes. Each file's header names the questions and labels, the corpus digest, the
             system's settings and model identity, depth, metrics, reader and package version; a
-            file written for other inputs is recomputed (with a warning), and a damaged or
-            implausible record is discarded (with a warning) and its question run again.
+            file written for other inputs is recomputed (with a warning), and a damaged record
+            (each carries its SHA-256) or an implausible one is discarded (with a warning) and its
+            question run again.
         system_keys: ``{name: JSON-able settings}`` stored in each system's cache header, so
             that a changed system is recomputed rather than resumed (``funnel eval`` passes the
             TOML table); a string naming a local model folder adds its identity (its

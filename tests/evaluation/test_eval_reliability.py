@@ -150,6 +150,24 @@ def test_a_damaged_cache_file_is_discarded_with_a_warning_naming_it_never_a_raw_
         path.write_text("\n".join(lines) + "\n")
 
 
+def test_a_plausible_byte_change_in_a_cached_record_is_detected(tmp_path):
+    """A byte that changed on disk and still parses (AR 1.0 -> 0.0, a ranked id d1 -> d3) passes
+    every plausibility check; each record's SHA-256 catches it, so the question is recomputed
+    rather than reported with the changed value."""
+    ds = _qrels_ds()
+    kw = dict(metrics=["AR@1", "ndcg@2"], n_timing=0, progress=False)
+    fresh = evaluate({"s": _good}, ds, **kw)
+    evaluate({"s": _good}, ds, cache_dir=tmp_path, **kw)
+    (path,) = tmp_path.glob("*.jsonl")
+    text = path.read_text()
+    for old, new in (('"AR@1": 1.0', '"AR@1": 0.0'), ('"ranked": ["d1"', '"ranked": ["d3"')):
+        assert old in text
+        path.write_text(text.replace(old, new, 1))
+        with pytest.warns(UserWarning, match="SHA-256 does not match"):
+            r = evaluate({"s": _good}, ds, cache_dir=tmp_path, **kw)
+        assert r.per_question == fresh.per_question, new
+
+
 def test_a_cache_header_written_for_another_corpus_is_not_reused(tmp_path):
     ds = _qrels_ds()
     ds.corpus = [Unit(id=f"d{i}", text=f"the answer{i} is here") for i in range(4)]
