@@ -410,3 +410,106 @@ def test_changed_weights_in_a_model_folder_recompute(tmp_path, manifest):
     with pytest.warns(UserWarning, match=r"'s'.*system models.*recomputing"):
         evaluate({"s": lambda q: asked.append(q) or _good(q)}, ds, **kw)
     assert len(asked) == 4
+
+
+def _save_tiny_cross_encoder(source: str, folder, shift: float) -> None:
+    """The tiny cross-encoder of ``source`` with its classifier shifted by ``shift``, saved by
+    ``save_pretrained`` into ``folder`` (replacing what is there)."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(source)
+    with torch.no_grad():
+        model.classifier.bias += shift
+        model.classifier.weight *= 1000  # scores that differ between passages
+    shutil.rmtree(folder, ignore_errors=True)
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(source).save_pretrained(folder)
+
+
+def test_two_models_saved_under_the_same_folder_are_two_systems(tiny_cross_encoder_path, tmp_path):
+    """Model B saved over model A in the same folder, every file the same size and given back
+    A's modification time (as a copy that keeps times does): the cached results of A are not
+    reused for B, and the report is B's."""
+    from funnel_core.rerank.cross_encoder import CrossEncoderScorer
+
+    ds = _qrels_ds()
+    folder = tmp_path / "reranker"
+    docs = [Unit(id=f"d{i}", text=f"the answer{i} is here", metadata={"title": "T"}) for i in range(4)]
+
+    def system(query: str) -> list[Unit]:
+        scores = CrossEncoderScorer(str(folder), library="transformers", runtime="torch", dtype="float32",
+                                    max_length=32).score(query, [u.text for u in docs])
+        return [u for _, u in sorted(zip(scores, docs), key=lambda p: -p[0])]
+
+    keys = {"s": {"component": "rerank", "model": str(folder)}}
+    kw = dict(metrics=["AR@1", "ndcg@2"], n_timing=0, progress=False, system_keys=keys)
+    _save_tiny_cross_encoder(tiny_cross_encoder_path, folder, 0.0)
+    evaluate({"s": system}, ds, cache_dir=tmp_path / "cache", **kw)
+    stats = {f.name: f.stat() for f in folder.iterdir()}
+    _save_tiny_cross_encoder(tiny_cross_encoder_path, folder, 5.0)  # model B, same path
+    for f in folder.iterdir():
+        assert f.stat().st_size == stats[f.name].st_size
+        os.utime(f, ns=(stats[f.name].st_atime_ns, stats[f.name].st_mtime_ns))
+    fresh = evaluate({"s": system}, ds, cache_dir=tmp_path / "fresh-cache", **kw)
+    asked: list[str] = []
+    with pytest.warns(UserWarning, match=r"'s'.*system models.*recomputing"):
+        again = evaluate({"s": lambda q: asked.append(q) or system(q)}, ds, cache_dir=tmp_path / "cache", **kw)
+    assert len(asked) == 4 and again.per_question == fresh.per_question
+
+
+def test_a_hub_model_name_is_identified_by_its_cached_snapshot(tmp_path, monkeypatch):
+    """A hub name in a system's settings: the commit of its locally cached snapshot (what
+    from_pretrained loads offline) is part of the cache key, so a new snapshot of the same name
+    (another commit under refs/main) recomputes."""
+    import huggingface_hub.constants
+
+    hub = tmp_path / "hub"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))
+    repo = hub / "models--org--tiny-reranker"
+
+    def snapshot(commit: str) -> None:
+        (repo / "snapshots" / commit).mkdir(parents=True)
+        (repo / "snapshots" / commit / "config.json").write_text("{}")
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / "main").write_text(commit)
+
+    snapshot("a" * 40)
+    ds = _qrels_ds()
+    kw = dict(metrics=["AR@1"], n_timing=0, cache_dir=tmp_path / "cache", progress=False,
+              system_keys={"s": {"component": "rerank", "model": "org/tiny-reranker"}})
+    evaluate({"s": _good}, ds, **kw)
+    asked: list[str] = []
+    evaluate({"s": lambda q: asked.append(q) or _good(q)}, ds, **kw)
+    assert asked == []  # the same snapshot: resumed
+    snapshot("b" * 40)
+    with pytest.warns(UserWarning, match=r"'s'.*system models.*recomputing"):
+        evaluate({"s": lambda q: asked.append(q) or _good(q)}, ds, **kw)
+    assert len(asked) == 4
+
+
+def test_a_model_folder_identity_is_its_model_files_content(tmp_path):
+    """What the folder identity covers: the model files' content (same size, same mtime or not),
+    including sub-folders (sentence-transformers' ``1_Pooling``), not our ONNX export, hidden
+    files or a trainer's ``checkpoint-*`` folders (loading the folder reads none of them)."""
+    from funnel_core.evaluation.harness import _model_identity
+
+    model = tmp_path / "m"
+    (model / "1_Pooling").mkdir(parents=True)
+    (model / "model.safetensors").write_bytes(b"weights-A")
+    (model / "1_Pooling" / "config.json").write_text('{"mean": true}')
+    ident = _model_identity({"model": str(model)})
+    for extra in ("funnel_onnx/model.onnx", ".cache/x.json", "checkpoint-500/optimizer.pt", "README.md"):
+        (model / extra).parent.mkdir(parents=True, exist_ok=True)
+        (model / extra).write_bytes(b"other")
+    assert _model_identity({"model": str(model)}) == ident
+    st = (model / "model.safetensors").stat()
+    (model / "model.safetensors").write_bytes(b"weights-B")  # same size
+    os.utime(model / "model.safetensors", ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert _model_identity({"model": str(model)}) != ident
+    (model / "model.safetensors").write_bytes(b"weights-A")
+    assert _model_identity({"model": str(model)}) == ident
+    (model / "1_Pooling" / "config.json").write_text('{"mean": false}')
+    assert _model_identity({"model": str(model)}) != ident
