@@ -80,7 +80,7 @@ def main() -> None:
     plan += [
         ("eval_cache", lambda: th.eval_cache_campaign(trials=12 * n, seed=30)),
         ("export_cache", lambda: th.export_cache_campaign(trials=2 * n, seed=31)),
-        ("filters", lambda: th.filter_campaign(trials=150 * n, save_trials=4 * n, seed=32)),
+        ("filters", lambda: th.filter_campaign(trials=150 * n, save_trials=6 * n, seed=32)),
     ]
     for name, run in plan:
         t = time.perf_counter()

@@ -148,10 +148,14 @@ def _random_comparison(rng: random.Random) -> tuple[str, str, Any]:
     return key, op, value
 
 
-def _random_filter(rng: random.Random, allow_empty: bool = True) -> tuple[str, Any, Callable[[dict], bool] | None]:
+def _random_filter(rng: random.Random, allow_empty: bool = True,
+                   kind: str | None = None) -> tuple[str, Any, Callable[[dict], bool] | None]:
     """(kind, spec, reference predicate); ``None`` reference: adds nothing."""
     kinds = ["dict", "dict", "li", "lc", "expr", "pred"] + (["empty"] * 2 if allow_empty else [])
-    kind = rng.choice(kinds)
+    kind = kind or rng.choice(kinds)
+    if kind == "mask":  # a boolean array over the indexed units, in their order
+        t = rng.choice(TENANTS)
+        return "mask", t, lambda m, t=t: m.get("tenant") != t
     if kind == "empty":
         return "empty", rng.choice([None, {}, "", "   ", "\n\t", "li-empty"]), None
     if kind == "dict":
@@ -192,6 +196,10 @@ def _render(kind: str, spec: Any, framework: str, where: str) -> tuple[Any, bool
         return copy.deepcopy(spec), False
     if kind == "pred":
         return (lambda m, t=spec: m.get("tenant") != t), where == "milvus"
+    if kind == "mask":
+        import numpy as np
+
+        return np.array([m.get("tenant") != spec for _, _, m in _filter_rows()]), where == "milvus"
     if kind == "expr":
         return spec, where == "memory"
     cond, parts = spec  # "li" / "lc": one spec, written in the framework's own filter objects
@@ -334,13 +342,15 @@ def filter_campaign(trials: int = 400, save_trials: int = 24, seed: int = 0,
         judge(label, functools.partial(_ask, framework, r, floor, call, n), fref, cref,
               floor_refused or call_refused, exact=kind == "bm25")
 
-    # save/load of every filter kind: a persisted floor is still a floor; an unpersistable one refuses
+    # save/load of every filter kind on every retriever: a persisted floor is still a floor; an
+    # unpersistable one (a predicate, a boolean mask) makes the save refuse
+    combos = [(ret, fk) for fk in ("dict", "li", "lc", "expr", "pred", "mask") for ret in retrievers]
     for t in range(save_trials):
-        framework, kind, where, r = retrievers[t % len(retrievers)]
-        fk, fspec, fref = _random_filter(rng, allow_empty=False)
+        (framework, kind, where, r), fk = combos[t % len(combos)]
+        fk, fspec, fref = _random_filter(rng, allow_empty=False, kind=fk)
         floor, refused = _render(fk, fspec, framework, where)
-        if floor is None or refused:
-            continue
+        if floor is None or refused or (fk == "mask" and kind != "bm25"):
+            continue  # a kind this backend refuses at search; a mask aligns with BM25's units only
         c["save_trials"] += 1
         folder = tmp / f"saved{t}"
         try:
@@ -355,15 +365,15 @@ def filter_campaign(trials: int = 400, save_trials: int = 24, seed: int = 0,
                     r.filters = old
                 again = type(r).from_persist_dir(str(folder), backend=None if where == "memory" else _backend_of(r))
         except ValueError as exc:
-            if fk == "pred" and "cannot be saved" in str(exc):
+            if fk in ("pred", "mask") and "cannot be saved" in str(exc):
                 c["unsaveable_refused"] += 1
             else:
                 c["unexpected_errors"] += 1
                 examples.append(f"save {framework}/{kind}/{where} {fk}: {exc}"[:200])
             continue
-        if fk == "pred":
+        if fk in ("pred", "mask"):
             c["unsaveable_saved"] += 1
-            examples.append(f"save {framework}/{kind}/{where}: a predicate floor was saved")
+            examples.append(f"save {framework}/{kind}/{where}: a {fk} floor was saved")
             continue
         floor_after = again.filter if framework == "langchain" else again.filters
         before = c["widened"] + c["call_ignored"] + c["wrong"] + c["unexpected_errors"]
