@@ -185,9 +185,9 @@ def _hub_identity(name: str, revision: Any) -> dict[str, Any] | None:
     ``name`` is not a cached hub model (then it names no weights this run could load offline)."""
     if not _HUB_ID.match(name):
         return None
-    from funnel_core.rerank.runtimes import _hub_snapshot
+    from funnel_core.rerank.runtimes import hub_snapshot
 
-    snapshot = _hub_snapshot(name, revision)
+    snapshot = hub_snapshot(name, revision)
     if snapshot is None:
         return None
     return {"hub": name, "commit": snapshot.name, "revision": revision if isinstance(revision, str) else None}
