@@ -18,7 +18,7 @@ test-fast: setup  # the fast tier (no model), failing any of its tests that take
 docs: setup
 	.venv/bin/mkdocs build --strict
 
-reliability: setup  # long reliability run (~15 min on 2 cores): kills, bit flips, concurrency, fuzz
+reliability: setup  # long reliability run (~15-20 min on 2 cores): kills, bit flips, concurrency, fuzz, eval/export caches, filters
 	HF_HUB_OFFLINE=1 NUMBA_THREADING_LAYER=workqueue PYTHONPATH=. .venv/bin/python tests/reliability/run.py --out benchmarks/results/reliability.json
 	.venv/bin/python benchmarks/report.py
 

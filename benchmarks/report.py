@@ -1257,6 +1257,16 @@ def block_reliability() -> str:
         f"{ten.get('leaks_or_failures', '-')} leaks or unraised misspellings. \"bad\" after a kill: the folder "
         "loaded as neither index, or the next save left an orphan; after an I/O error: neither "
         "loads, or the save raised although it had committed.\n")
+    ev, xp, fl = (sm.get(k) for k in ("eval_cache", "export_cache", "filters"))
+    if ev and xp and fl:
+        out.append(
+            f"What is read back but was not written by this run: evaluation output and score cache "
+            f"{ev['trials']:,} trials (planted links/FIFOs/`../`, damaged or forged records, changed inputs), "
+            f"{ev['bad']} bad ({ev['silent']} silent, {ev['raw_errors']} raw errors, {ev['outside_touched']} "
+            f"outside writes, {ev['blocked']} blocked); ONNX export cache {xp['trials']:,} trials (swapped or "
+            f"linked model.onnx, edited tokenizers, same-size same-mtime weights), {xp['bad']} bad "
+            f"({xp['silent']} stale scores); filters {fl['trials']:,} floor x per-call trials and "
+            f"{fl['save_trials']} saves, {fl['widened']} widenings, {fl['bad']} bad.\n")
     m = d.get("machine_before", {})
     out.append(f"`{d.get('command', 'make reliability')}`: {d.get('seconds', '?')} s on {m.get('cpu', '?')} "
                f"({m.get('cpu_count', '?')} CPUs, load average {round(float((m.get('load_average') or [0])[0]), 1)}), "

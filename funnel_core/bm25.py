@@ -708,6 +708,13 @@ class BM25Index(FreshOnCopy):
                 f"the BM25 index in {str(folder)!r} is inconsistent (manifest: {n!r} units, "
                 f"found {len(units)}; parameters {params} vs {want}); rebuild and save again.")
         check_sparse_scores(retriever.scores, retriever.vocab_dict, len(units), folder)
+        check_nonoccurrence(retriever, len(retriever.scores["indptr"]) - 1, folder)
+        # the engines score in float32 (numba has no float16 kernels: NotImplementedError); a
+        # folder whose scores were stored narrower or wider (bm25s' dtype=) is read as float32
+        if retriever.scores["data"].dtype != np.float32:
+            retriever.scores["data"] = retriever.scores["data"].astype(np.float32)
+        if retriever.nonoccurrence_array is not None and retriever.nonoccurrence_array.dtype != np.float32:
+            retriever.nonoccurrence_array = retriever.nonoccurrence_array.astype(np.float32)
         check_unique_ids(units)
         index._state = _State(retriever, tuple(units), {u.id: i for i, u in enumerate(units)})
         return index
@@ -771,6 +778,30 @@ def check_sparse_scores(scores: Mapping[str, Any], vocab: Any, n_docs: int, fold
         if isinstance(col, bool) or not isinstance(col, (int, np.integer)) or not (
                 0 <= col < n_cols or (token == "" and col == n_cols)):
             raise bad(f"vocabulary id {col!r} of {str(token)[:40]!r} outside [0, {n_cols})")
+
+
+def check_nonoccurrence(retriever: Any, n_cols: int, folder: Path) -> None:
+    """The non-occurrence scores of bm25l / bm25+ (one float per vocabulary column, added for
+    each query token a document lacks): a 1-D float array of ``n_cols`` finite values, else a
+    :class:`PersistError` naming the file (a truncated or reshaped array would fail at query
+    time with an ``IndexError``, or silently add the wrong scores). Other variants have none."""
+    arr = getattr(retriever, "nonoccurrence_array", None)
+    name = str(folder / "bm25s" / "nonoccurrence_array.index.npy")
+    if retriever.method not in ("bm25l", "bm25+"):
+        if arr is not None:
+            raise PersistError(f"{name!r} holds non-occurrence scores, which a {retriever.method} index "
+                               "does not have; the folder is damaged: rebuild the index and save it again.")
+        return
+    what = None
+    if not isinstance(arr, np.ndarray):
+        what = "missing"
+    elif arr.ndim != 1 or arr.shape[0] != n_cols:
+        what = f"shape {arr.shape}, where the vocabulary has {n_cols} columns: ({n_cols},) expected"
+    elif arr.dtype.kind != "f" or not np.isfinite(arr).all():
+        what = f"dtype {arr.dtype} or non-finite values"
+    if what is not None:
+        raise PersistError(f"the {retriever.method} non-occurrence scores {name!r} are damaged ({what}); "
+                           "rebuild the index and save it again (or restore the folder from a backup).")
 
 
 class BM25Retrieve(Stage):

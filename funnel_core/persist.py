@@ -464,20 +464,42 @@ def _cleanup(path: Path, journal: "_Journal", name: str, before: str | None) -> 
     _step("done")
 
 
+def _manifest_of(path: Path, name: str) -> dict[str, Any] | None:
+    """The manifest of the snapshot ``name`` when it can be read (bounded, no links), else
+    ``None``."""
+    try:
+        _check_plain(path / name, path, f"the snapshot {name!r}", "dir")
+        manifest = json.loads(_read_bounded(path / name / MANIFEST, _MAX_MANIFEST_BYTES),
+                              parse_constant=_reject_constant)
+    except (OSError, ValueError, RecursionError, PersistError):
+        return None
+    return manifest if isinstance(manifest, dict) else None
+
+
 def _refuse_other_kind(path: Path, before: str | None, fmt: str, owner: str | None,
                        overwrite: bool) -> None:
-    if before is None:
-        return
-    try:
-        manifest = json.loads(_read_bounded(path / before / MANIFEST, _MAX_MANIFEST_BYTES))
-        got = manifest.get("format") if isinstance(manifest, dict) else None
-    except (OSError, ValueError, PersistError):
-        return  # a damaged snapshot: the new save replaces it
-    if isinstance(got, str) and got != fmt:
-        raise PersistError(
-            f"refusing to save a {fmt!r} into {str(path)!r}: it holds a {got!r}, and one folder "
-            "holds one object. Save into another folder, or delete this one first if you mean to "
-            "replace it.")
+    """Refuse a save of ``fmt`` into a folder that holds another kind of object (or, with
+    ``overwrite=False``, another owner's). ``before`` is the snapshot ``CURRENT`` names; when
+    the pointer is lost or unreadable, the committed snapshots a recovery could load (the
+    journal's, see :func:`_recover`) are checked instead, so a lost ``CURRENT`` never lets a
+    dense index replace a BM25 index (nor another owner's retriever)."""
+    if before is not None:
+        names = [before]
+    else:
+        names = _committed_snapshots(path)
+    manifests = [m for m in (_manifest_of(path, n) for n in names) if m is not None]
+    if not manifests:
+        return  # nothing committed, or only damaged snapshots: the new save replaces them
+    for m in manifests:
+        got = m.get("format")
+        if isinstance(got, str) and got != fmt:
+            raise PersistError(
+                f"refusing to save a {fmt!r} into {str(path)!r}: it holds a {got!r}"
+                f"{'' if before else f' (in {POINTER}-less snapshots; the pointer is missing or damaged)'}"
+                ", and one folder holds one object. Save into another folder, or delete this one "
+                "first if you mean to replace it.")
+    manifest = manifests[0]  # the newest readable one
+    got = manifest.get("format")
     theirs = manifest.get("owner")
     if not overwrite and owner is not None and isinstance(theirs, str) and theirs != owner:
         raise PersistError(
@@ -739,6 +761,18 @@ def _snapshot_dirs(path: Path) -> list[str]:
     return [e for _, e in sorted(out, reverse=True)]
 
 
+def _committed_snapshots(path: Path) -> list[str]:
+    """Snapshot folders a pointer named once, newest first: the journal records them as
+    committed (a folder written before the journal existed has none, so every snapshot there is
+    one); a snapshot a killed save renamed but never committed is not among them."""
+    candidates = _snapshot_dirs(path)
+    journal = _Journal(path)
+    if journal.file.exists():
+        committed = journal.names()[1]
+        candidates = [n for n in candidates if n in committed]
+    return candidates
+
+
 def _pointer_lost(path: Path) -> bool:
     return (path.is_dir() and (path / MARKER).is_file() and not os.path.lexists(path / POINTER)
             and bool(_snapshot_dirs(path)))
@@ -750,14 +784,7 @@ def _recover(path: Path, fmt: str | Sequence[str], max_version: int, what: str,
     whose every file verifies (SHA-256), and say so. Nothing is deleted (the next save keeps
     every snapshot a lost pointer could have named)."""
     errors = []
-    # only snapshots a pointer named once: the journal records them as committed (a folder
-    # written before the journal existed has none, so every snapshot there is a candidate); a
-    # snapshot a killed save renamed but never committed is never loaded
-    journal = _Journal(path)
-    candidates = _snapshot_dirs(path)
-    if journal.file.exists():
-        committed = journal.names()[1]
-        candidates = [n for n in candidates if n in committed]
+    candidates = _committed_snapshots(path)
     if not candidates:
         raise PersistError(f"no {what} at {str(path)!r} (missing {POINTER} and no committed snapshot: "
                            "nothing was ever committed there); build one and save it there first.")

@@ -33,6 +33,7 @@ from funnel_core.backends.milvus import (
     MilvusDenseIndex,
     UnsupportedFilterError,
     as_backend,
+    build_dense,
     combine_expressions,
     comparison_expression,
     search_dense,
@@ -120,14 +121,14 @@ class DenseRetriever(UnitRetriever):
     @classmethod
     def from_documents(cls, documents: Iterable[Document], embedder: Any = None,
                        backend: Union[MilvusBackend, str, None] = None, k: int = 4,
-                       **index_config: Any) -> "DenseRetriever":
+                       filter: Any = None, **index_config: Any) -> "DenseRetriever":
         """Embed ``documents`` (``embedder``: a :class:`~funnel_core.embeddings.SentenceEmbedder`,
-        default the packaged all-MiniLM-L6-v2) into Milvus (``backend=``) or memory."""
+        default the packaged all-MiniLM-L6-v2) into Milvus (``backend=``) or memory. ``k`` and
+        ``filter`` are the retriever's; ``index_config`` goes to the index (an unknown key
+        raises, naming this method and the accepted ones)."""
+        index = build_dense(f"{cls.__name__}.from_documents", as_backend(backend), embedder, index_config)
         units = units_from_documents(documents, "passage")
-        b = as_backend(backend)
-        index: Any = b.dense(embedder, **index_config) if b is not None \
-            else DenseIndex(embedder, **index_config)
-        return cls(index=index.index(units), k=k)
+        return cls(index=index.index(units), k=k, filter=filter)
 
     @classmethod
     def from_backend(cls, backend: Union[MilvusBackend, str], embedder: Any = None,

@@ -28,6 +28,7 @@ from funnel_core.backends.milvus import (
     MilvusBackend,
     UnsupportedFilterError,
     as_backend,
+    build_dense,
     combine_expressions,
     comparison_expression,
     search_dense,
@@ -186,10 +187,9 @@ class DenseRetriever(UnitRetriever):
                       filters: Any = None, **index_config: Any) -> "DenseRetriever":
         """Embed ``nodes`` (``embedder``: a :class:`~funnel_core.embeddings.SentenceEmbedder`,
         default the packaged all-MiniLM-L6-v2) into Milvus (``backend=``) or memory."""
-        nodes = nodes_from(nodes, None)
         b = as_backend(backend)
-        index: Any = b.dense(embedder, **index_config) if b is not None \
-            else DenseIndex(embedder, **index_config)
+        index = build_dense(f"{cls.__name__}.from_defaults", b, embedder, index_config)
+        nodes = nodes_from(nodes, None)
         units = units_of(nodes, "passage")
         index.index(with_shells(units, nodes) if b is not None else units)
         return cls(index, nodes, similarity_top_k=similarity_top_k, filters=filters)

@@ -62,8 +62,16 @@ __all__ = ["evaluate", "available_cores", "read_load_average", "wait_for_quiet",
            "default_metrics", "CACHE_VERSION", "READER_PROMPT"]
 
 #: Bumped when the per-question cache records change shape (2: the header names the corpus, the
-#: system's model identity and the package version).
-CACHE_VERSION = 2
+#: system's model identity and the package version; 3: every record carries its SHA-256).
+CACHE_VERSION = 3
+
+
+def _record_digest(rec: Mapping[str, Any]) -> str:
+    """SHA-256 of a cache record (without its ``sha256`` field), in canonical JSON: a record
+    whose bytes changed on disk (a flipped byte that still parses, ``1.0`` -> ``0.0``) no longer
+    matches it. It detects damage, not forgery (anyone can compute it)."""
+    body = {k: v for k, v in rec.items() if k != "sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
 def read_load_average() -> float | None:
@@ -140,45 +148,79 @@ MAX_CACHE_BYTES = 1 << 30
 
 #: Subfolders of a model folder that this package derives from the model (ONNX/OpenVINO exports).
 _DERIVED = ("funnel_onnx",)
+#: Files of a model folder that decide its outputs: weights, configuration, tokenizer, remote code
+#: (the export cache's :data:`~funnel_core.rerank.runtimes.SOURCE_SUFFIXES`), other weight formats,
+#: and ``MANIFEST.sha256``.
+_MODEL_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model", ".py", ".tiktoken", ".gguf",
+                   ".onnx", ".pt", ".pth", ".msgpack", ".h5", ".sha256")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[\w.-]{1,96})?$")
+
+
+def _folder_digest(folder: Path) -> dict[str, Any]:
+    """SHA-256 over the name and content digest of every model file under ``folder`` (see
+    :data:`_MODEL_SUFFIXES`), skipping our exports (``funnel_onnx``), hidden entries and
+    ``checkpoint-*`` folders (a trainer's intermediate states, which loading the folder does not
+    read). Weights replaced by others of the same size under the same modification time are
+    another model. Each file is hashed once per process (:func:`~funnel_core.rerank.runtimes.file_sha256`)."""
+    from funnel_core.rerank.runtimes import file_sha256
+
+    files = []
+    for root, dirs, names in os.walk(folder):
+        rel_root = Path(root).relative_to(folder)
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not d.startswith("checkpoint-")
+                         and not (rel_root == Path(".") and d in _DERIVED))
+        for name in sorted(names):
+            f = Path(root) / name
+            if name.startswith(".") or f.suffix not in _MODEL_SUFFIXES or not f.is_file():
+                continue
+            files.append([(rel_root / name).as_posix(), file_sha256(f)])
+            if len(files) >= 10_000:
+                break
+    return {"content": hashlib.sha256(json.dumps(files).encode()).hexdigest(), "files": len(files)}
+
+
+def _hub_identity(name: str, revision: Any) -> dict[str, Any] | None:
+    """The locally cached snapshot of hub model ``name`` (what ``from_pretrained`` loads
+    offline): its commit hash, found without network by ``huggingface_hub``; ``None`` when
+    ``name`` is not a cached hub model (then it names no weights this run could load offline)."""
+    if not _HUB_ID.match(name):
+        return None
+    from funnel_core.rerank.runtimes import hub_snapshot
+
+    snapshot = hub_snapshot(name, revision)
+    if snapshot is None:
+        return None
+    return {"hub": name, "commit": snapshot.name, "revision": revision if isinstance(revision, str) else None}
 
 
 def _model_identity(settings: Any) -> dict[str, Any]:
-    """For every string in a system's settings that names a local file or folder (a model), what
-    changes when its weights change: a folder's ``MANIFEST.sha256`` digest (``funnel train``
-    writes one) when present, else its files' names, sizes and modification times (ns)."""
+    """What identifies the weights each string of a system's settings names, so that other
+    weights under the same name are another system: a local folder's content digest (every
+    weights, configuration and tokenizer file, :func:`_folder_digest`), a local file's SHA-256,
+    a cached hub model's snapshot commit (``revision`` taken from the same table when given)."""
     found: dict[str, Any] = {}
 
-    def walk(v: Any) -> None:
+    def walk(v: Any, revision: Any = None) -> None:
         if isinstance(v, Mapping):
+            rev = v.get("revision", revision)
             for x in v.values():
-                walk(x)
+                walk(x, rev)
         elif isinstance(v, (list, tuple)):
             for x in v:
-                walk(x)
+                walk(x, revision)
         elif isinstance(v, str) and 0 < len(v) < 4096 and "\n" not in v and v not in found:
             try:
                 p = Path(v)
-                if not (p.is_absolute() or p.exists()):
-                    return
                 if p.is_dir():
-                    manifest = p / "MANIFEST.sha256"
-                    if manifest.is_file():
-                        found[v] = {"manifest": hashlib.sha256(manifest.read_bytes()).hexdigest()}
-                    else:
-                        files = []
-                        for i, f in enumerate(sorted(p.rglob("*"))):
-                            if i >= 10_000:
-                                break
-                            rel = f.relative_to(p).parts
-                            if rel[0] in _DERIVED or any(x.startswith(".") for x in rel):
-                                continue  # our own export caches and hidden files are not the model
-                            if f.is_file():
-                                st = f.stat()
-                                files.append([str(f.relative_to(p)), st.st_size, st.st_mtime_ns])
-                        found[v] = {"files": hashlib.sha256(json.dumps(files).encode()).hexdigest()}
+                    found[v] = _folder_digest(p)
                 elif p.is_file():
-                    st = p.stat()
-                    found[v] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+                    from funnel_core.rerank.runtimes import file_sha256
+
+                    found[v] = {"sha256": file_sha256(p)}
+                elif not p.is_absolute():
+                    hub = _hub_identity(v, revision)
+                    if hub is not None:
+                        found[v] = hub
             except (OSError, ValueError):
                 return
 
@@ -194,8 +236,9 @@ class _Cache:
     """Per-system JSONL files of finished questions. The first line is a header naming everything
     the results depend on (questions and labels, the corpus, the system's settings and model
     identity, depth, metrics, the package version); a file whose header differs is not reused
-    (recomputed, with a warning), and a record that is damaged or implausible is discarded (with a
-    warning) and its question runs again. Files are read bounded, written no-follow."""
+    (recomputed, with a warning), and a record that is damaged (its SHA-256 does not match) or
+    implausible is discarded (with a warning) and its question runs again. Files are read bounded,
+    written no-follow."""
 
     def __init__(self, folder: str | os.PathLike, header: dict[str, Any],
                  check: Callable[[Any], str | None]) -> None:
@@ -231,7 +274,7 @@ class _Cache:
         lines = raw.decode("utf-8", errors="replace").splitlines()
         try:
             head = json.loads(lines[0])
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
             head = None
         want = json.loads(head_line)
         if head != want:
@@ -256,9 +299,13 @@ class _Cache:
                 continue
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 problems.append(f"line {n}: not JSON")
                 continue
+            if not isinstance(rec, dict) or rec.get("sha256") != _record_digest(rec):
+                problems.append(f"line {n}: its SHA-256 does not match (changed on disk)")
+                continue
+            rec = {k: v for k, v in rec.items() if k != "sha256"}
             problem: str | None = self.check(rec)
             if problem is None and rec["id"] in done:
                 problem = f"question {rec['id']!r} recorded twice"
@@ -279,7 +326,7 @@ class _Cache:
         p = self.path(system)
         if not check_plain_or_absent(p, "score cache") or p.stat().st_size == 0:
             write_atomic(p, self._head_line(system, key).encode("utf-8"))
-        append_text(p, json.dumps(record) + "\n")
+        append_text(p, json.dumps({**record, "sha256": _record_digest(record)}) + "\n")
 
 
 def _record_problem(rec: Any, *, qids: set[str], answered: set[str], depth: int, local: Mapping[str, tuple],
@@ -401,12 +448,14 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
         cache_dir: Folder of per-system, per-question results; a rerun with the same folder
             resumes. Each file's header names the questions and labels, the corpus digest, the
             system's settings and model identity, depth, metrics, reader and package version; a
-            file written for other inputs is recomputed (with a warning), and a damaged or
-            implausible record is discarded (with a warning) and its question run again.
+            file written for other inputs is recomputed (with a warning), and a damaged record
+            (each carries its SHA-256) or an implausible one is discarded (with a warning) and its
+            question run again.
         system_keys: ``{name: JSON-able settings}`` stored in each system's cache header, so
             that a changed system is recomputed rather than resumed (``funnel eval`` passes the
-            TOML table); a string naming a local model folder adds its identity (its
-            ``MANIFEST.sha256`` digest, else file names, sizes and modification times). Without
+            TOML table); a string naming a model adds what identifies its weights (a local
+            folder: the SHA-256 of its weights, configuration and tokenizer files; a local file:
+            its SHA-256; a hub name: the commit of its locally cached snapshot). Without
             it, systems are matched by name only.
         load_reader: Injectable for tests: returns the 1-minute load average.
         cores: Injectable for tests: the number of available cores.
@@ -471,8 +520,13 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
                   "corpus": dataset.corpus_digest(), "depth": depth, "id_key": id_key, "title_key": title_key,
                   "metrics": sorted(local)}
         if reader is not None:
+            settings = getattr(reader, "settings", None)
+            try:  # the reader's weights too (TransformersLLM: its model folder or hub name)
+                reader_models = _model_identity(settings()) if callable(settings) else {}
+            except Exception:
+                reader_models = {}
             header["reader"] = {"llm": repr(reader), "prompt": reader_prompt,
-                                "max_new_tokens": reader_max_new_tokens}
+                                "max_new_tokens": reader_max_new_tokens, "models": reader_models}
         answered = set(dataset.answers)
         qid_set = set(qids)
 

@@ -9,9 +9,17 @@ from typing import Sequence
 import numpy as np
 
 
+def _check_n_boot(n_boot: object) -> int:
+    if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 1:
+        raise ValueError(f"n_boot must be an integer >= 1 (the number of bootstrap resamples, e.g. "
+                         f"2000), got {n_boot!r}.")
+    return int(n_boot)
+
+
 def bootstrap_ci(hits: Sequence[float], n_boot: int = 2000, seed: int = 0,
                  level: float = 0.95) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean of ``hits`` (questions resampled with replacement)."""
+    n_boot = _check_n_boot(n_boot)
     x = np.asarray(hits, dtype=np.float64)
     if len(x) == 0:
         return (float("nan"), float("nan"))
@@ -25,6 +33,7 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], n_boot: int = 2000,
                      level: float = 0.95) -> dict:
     """Mean difference ``mean(a) - mean(b)`` over the same questions, with a paired bootstrap
     interval (the same resampled questions for both systems) and the share of resamples <= 0."""
+    n_boot = _check_n_boot(n_boot)
     x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if x.shape != y.shape:
         raise ValueError(f"paired samples need the same questions; got {x.shape} and {y.shape}.")

@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 __all__ = ["RUNTIMES", "cpu_auto_runtime", "choose_runtime", "runtime_available", "export_onnx",
-           "export_dir_for", "file_sha256", "OnnxSession", "PairTokenizer", "EXPORT_FORMAT"]
+           "export_dir_for", "file_sha256", "hub_snapshot", "OnnxSession", "PairTokenizer", "EXPORT_FORMAT"]
 
 RUNTIMES = ("auto", "torch", "onnx", "openvino")
 EXPORT_FORMAT = 4  # 3: the tokenizer is kept in the export (TOKENIZER_FILE, TOKENIZER_SETTINGS);
@@ -201,7 +201,7 @@ def _folder_files(root: Path, subfolder: str | None) -> dict[str, str]:
     return files
 
 
-def _hub_snapshot(name: str, revision: Any) -> Path | None:
+def hub_snapshot(name: str, revision: Any) -> Path | None:
     """The locally cached snapshot folder of hub model ``name`` (``None`` when not cached)."""
     try:
         from huggingface_hub import try_to_load_from_cache
@@ -223,7 +223,7 @@ def _fingerprint(model: str, model_kwargs: dict[str, Any] | None = None) -> dict
     if path.is_dir():
         return {"folder": str(path.resolve()), "files": _folder_files(path, subfolder),
                 "load": load}
-    snapshot = _hub_snapshot(model, (model_kwargs or {}).get("revision"))
+    snapshot = hub_snapshot(model, (model_kwargs or {}).get("revision"))
     if snapshot is None:
         return {"hub_name": model, "load": load}
     return {"hub_name": model, "commit": snapshot.name,

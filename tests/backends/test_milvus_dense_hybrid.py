@@ -120,6 +120,13 @@ def test_langchain_dense_and_hybrid_on_milvus(db, embedder):
     full = [d.id for d in ref.invoke(QUESTION, k=len(docs)) if d.metadata["topic"] == "lit"]
     assert [d.id for d in lit] == full[:4]
     assert [d.id for d in dense.invoke(QUESTION, filter={"topic": "lit"})] == full[:4]
+    # filter= given to from_documents is the retriever's floor (as for BM25Retriever), not an
+    # unknown keyword handed to MilvusDenseIndex.__init__
+    floored = DenseRetriever.from_documents(docs, embedder, backend=backend.with_collection("lc_floor"),
+                                            index_type="FLAT", k=4, filter={"topic": "lit"})
+    assert floored.filter == {"topic": "lit"}
+    assert [d.id for d in floored.invoke(QUESTION)] == full[:4]
+    assert [d.id for d in floored.invoke(QUESTION, filter={"topic": "geo"})] == []  # AND, never wider
     again = DenseRetriever.from_backend(backend.with_collection("lc_dense"), embedder, k=2)
     assert [d.id for d in again.invoke(QUESTION)] == [d.id for d in ref.invoke(QUESTION, k=2)]
 

@@ -11,6 +11,7 @@ then deletes it; an ``OSError`` raised after the pointer swap although the save 
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 
@@ -173,3 +174,48 @@ def test_a_snapshot_never_committed_is_not_recovered(tmp_path, monkeypatch):
     BM25Index().index(_units(2)).save(path)
     assert len([e for e in os.listdir(path) if e.startswith("snapshot-")]) == 1
     assert _ids(BM25Index.load(path)) == ["d0", "d1"]
+
+
+@pytest.mark.parametrize("pointer", ["deleted", "damaged"])
+def test_the_kind_check_runs_when_current_is_lost_or_damaged(tmp_path, pointer):
+    """Without a readable CURRENT the save used to skip the "one folder holds one object" check
+    and committed a dense index over a BM25 index. The committed snapshots (the journal's) are
+    checked instead: another kind is refused, and the BM25 index is still recovered."""
+    path = tmp_path / "ix"
+    BM25Index().index(_units(3)).save(path)
+    if pointer == "deleted":
+        os.unlink(path / "CURRENT")
+    else:
+        (path / "CURRENT").write_bytes(b"not a pointer\n")
+    rng = np.random.default_rng(0)
+    dense = DenseIndex(SentenceEmbedder("unused-model")).index(
+        _units(3), embeddings=rng.normal(size=(3, 4)).astype(np.float32))
+    with pytest.raises(PersistError, match=r"refusing to save a 'funnel-rag.dense'.*holds a 'funnel-rag.bm25'.*"
+                                           r"CURRENT.*missing or damaged.*another folder"):
+        dense.save(path)
+    formats = {json.loads((path / e / "manifest.json").read_text())["format"]
+               for e in os.listdir(path) if e.startswith("snapshot-")}
+    assert formats == {"funnel-rag.bm25"}  # nothing of the dense index was committed
+    if pointer == "deleted":
+        with pytest.warns(RuntimeWarning, match="no CURRENT pointer"):
+            assert _ids(BM25Index.load(path)) == ["d0", "d1", "d2"]
+    BM25Index().index(_units(4)).save(path)  # the same kind may save (and writes a new pointer)
+    assert _ids(BM25Index.load(path)) == ["d0", "d1", "d2", "d3"]
+
+
+def test_the_owner_check_runs_when_current_is_lost(tmp_path):
+    from llama_index.core.schema import TextNode
+
+    from llama_index_funnel.retrievers import BM25Retriever
+
+    first = BM25Retriever.from_defaults(nodes=[TextNode(id_="a", text="alpha beta")])
+    second = BM25Retriever.from_defaults(nodes=[TextNode(id_="b", text="gamma delta")])
+    storage = tmp_path / "storage"
+    first.persist(str(storage))
+    (pointers,) = [p for p in storage.rglob("CURRENT")]
+    os.unlink(pointers)
+    with pytest.raises(PersistError, match="persisted by another object.*overwrite=True"):
+        second.persist(str(storage))
+    first.persist(str(storage))  # its own folder: fine
+    second.persist(str(storage), overwrite=True)
+    assert [n.node.node_id for n in BM25Retriever.from_persist_dir(str(storage)).retrieve("gamma")] == ["b"]

@@ -163,3 +163,58 @@ def test_a_damaged_score_matrix_never_crashes_numba(tmp_path):
         _damage(snap, how)
         verdict = _load_in_subprocess(tmp_path / how, verify=False, backend="numba", timeout=240)
         assert verdict.startswith("REFUSED") and "damaged" in verdict, (how, verdict)
+
+
+def _forge(path: Path, rel: str, array: np.ndarray) -> None:
+    """What a tamperer can do: replace one file of the committed snapshot and re-hash it in the
+    manifest and the pointer (so checksums and sizes all verify)."""
+    import hashlib
+
+    from funnel_core import persist
+
+    ptr = persist._read_pointer(path, "x")
+    snap = path / ptr["snapshot"]
+    np.save(snap / rel, array, allow_pickle=False)
+    manifest = json.loads((snap / "manifest.json").read_text())
+    raw = (snap / rel).read_bytes()
+    manifest["files"][rel] = {"sha256": hashlib.sha256(raw).hexdigest(), "size": len(raw)}
+    data = json.dumps(manifest).encode()
+    (snap / "manifest.json").write_bytes(data)
+    ptr["manifest_sha256"] = hashlib.sha256(data).hexdigest()
+    (path / "CURRENT").write_bytes(persist._pointer_bytes(ptr))
+
+
+_NONOCC = "bm25s/nonoccurrence_array.index.npy"
+
+
+@pytest.mark.parametrize("method", ["bm25l", "bm25+"])
+@pytest.mark.parametrize("how", ["truncated", "two_d", "nan", "ints"])
+def test_a_damaged_non_occurrence_array_is_refused_at_load_naming_the_file(tmp_path, method, how):
+    """A bm25l / bm25+ index adds one non-occurrence score per query token: a truncated or
+    reshaped array used to load and then fail at query time with an IndexError (or add the wrong
+    scores); it is refused at load, naming the file."""
+    units = [Unit(id=f"d{i}", text=t) for i, t in enumerate(
+        ["paris capital france", "berlin capital germany", "hamlet tragedy shakespeare"])]
+    BM25Index(method=method).index(units).save(tmp_path / "ix")
+    arr = np.load(tmp_path / "ix" / snapshot_info(tmp_path / "ix")["snapshot"] / _NONOCC)
+    forged = {"truncated": arr[:2], "two_d": np.stack([arr, arr]), "nan": np.where(arr == arr, np.nan, arr),
+              "ints": arr.astype(np.int64)}[how]
+    _forge(tmp_path / "ix", _NONOCC, forged)
+    with pytest.raises(PersistError, match=r"non-occurrence scores .*nonoccurrence_array\.index\.npy.* damaged"):
+        BM25Index.load(tmp_path / "ix").search("capital tragedy", k=2)
+
+
+@pytest.mark.slow  # numba compiles its kernels on first use in a process
+@pytest.mark.parametrize("dtype", [np.float16, np.float64])
+def test_scores_stored_as_float16_or_float64_load_for_the_numba_engine(tmp_path, dtype):
+    """bm25s writes float16 scores when asked (dtype=); numba has no float16 kernels and raised
+    NotImplementedError at the first query. A loaded folder's scores are read as float32 for
+    both engines, which then agree."""
+    pytest.importorskip("numba")
+    snap = _saved(tmp_path / "ix")
+    rel = "bm25s/data.csc.index.npy"
+    _forge(tmp_path / "ix", rel, np.load(snap / rel).astype(dtype))
+    q = "capital tragedy documents"
+    want = [(u.id, u.score) for u in BM25Index.load(tmp_path / "ix", engine="numpy").search(q, k=3)]
+    got = [(u.id, u.score) for u in BM25Index.load(tmp_path / "ix", engine="numba").search(q, k=3)]
+    assert want and got == want

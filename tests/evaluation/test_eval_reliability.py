@@ -116,6 +116,60 @@ def test_nan_forged_or_damaged_cached_records_are_recomputed_never_reported(tmp_
     assert asked == [] and again.per_question == fresh.per_question
 
 
+def _damages(lines):
+    """(name, bytes) of cache files damaged in every way a crash, a disk or a hand can."""
+    head, recs = lines[0], lines[1:]
+    rec = json.loads(recs[0])
+    yield "header nested deeper than the parser goes", ("[" * 100_000 + "\n" + "\n".join(recs)).encode()
+    yield "record nested deeper than the parser goes", (head + "\n" + "[" * 100_000 + "\n").encode()
+    yield "header is a list", (json.dumps([head]) + "\n" + "\n".join(recs)).encode()
+    yield "header names a non-dict system", (head.replace('"system": {', '"system": "x", "was": {', 1) + "\n").encode()
+    yield "not UTF-8", b"\xff\xfe\x00" + "\n".join(lines).encode()
+    yield "truncated mid-record", "\n".join(lines).encode()[: len(head) + 20]
+    yield "truncated mid-header", head.encode()[:15]
+    yield "a record that is a list", (head + "\n" + json.dumps([rec]) + "\n").encode()
+    yield "metrics a list", (head + "\n" + json.dumps({**rec, "metrics": [1]}) + "\n").encode()
+    yield "NaN literal", (head + "\n" + json.dumps({**rec, "metrics": {"AR@1": float("nan")}}) + "\n").encode()
+    yield "no id", (head + "\n" + json.dumps({k: v for k, v in rec.items() if k != "id"}) + "\n").encode()
+
+
+def test_a_damaged_cache_file_is_discarded_with_a_warning_naming_it_never_a_raw_error(tmp_path):
+    """Whatever the damage (JSON nested past the parser's recursion limit, a header of the wrong
+    type, bytes that are not UTF-8, a file cut short, records of the wrong shape), the run
+    warns naming the file, recomputes, and reports what a fresh run reports: no
+    JSONDecodeError, RecursionError, AttributeError or KeyError."""
+    ds = _qrels_ds()
+    fresh = evaluate({"s": _good}, ds, metrics=["AR@1"], n_timing=0, progress=False)
+    evaluate({"s": _good}, ds, metrics=["AR@1"], n_timing=0, cache_dir=tmp_path, progress=False)
+    (path,) = tmp_path.glob("*.jsonl")
+    lines = path.read_text().splitlines()
+    for name, data in _damages(lines):
+        path.write_bytes(data)
+        with pytest.warns(UserWarning, match=rf"'s'.*{path.name}") as seen:
+            r = evaluate({"s": _good}, ds, metrics=["AR@1"], n_timing=0, cache_dir=tmp_path, progress=False)
+        assert r.per_question == fresh.per_question, name
+        assert any("recomput" in str(w.message) for w in seen), name
+        path.write_text("\n".join(lines) + "\n")
+
+
+def test_a_plausible_byte_change_in_a_cached_record_is_detected(tmp_path):
+    """A byte that changed on disk and still parses (AR 1.0 -> 0.0, a ranked id d1 -> d3) passes
+    every plausibility check; each record's SHA-256 catches it, so the question is recomputed
+    rather than reported with the changed value."""
+    ds = _qrels_ds()
+    kw = dict(metrics=["AR@1", "ndcg@2"], n_timing=0, progress=False)
+    fresh = evaluate({"s": _good}, ds, **kw)
+    evaluate({"s": _good}, ds, cache_dir=tmp_path, **kw)
+    (path,) = tmp_path.glob("*.jsonl")
+    text = path.read_text()
+    for old, new in (('"AR@1": 1.0', '"AR@1": 0.0'), ('"ranked": ["d1"', '"ranked": ["d3"')):
+        assert old in text
+        path.write_text(text.replace(old, new, 1))
+        with pytest.warns(UserWarning, match="SHA-256 does not match"):
+            r = evaluate({"s": _good}, ds, cache_dir=tmp_path, **kw)
+        assert r.per_question == fresh.per_question, new
+
+
 def test_a_cache_header_written_for_another_corpus_is_not_reused(tmp_path):
     ds = _qrels_ds()
     ds.corpus = [Unit(id=f"d{i}", text=f"the answer{i} is here") for i in range(4)]
@@ -329,7 +383,7 @@ def test_configuration_values_are_type_checked(tmp_path, case):
 
 def test_evaluate_checks_its_numbers():
     ds = _qrels_ds()
-    for kwargs, key in (({"n_boot": 0}, "n_boot"), ({"depth": 0}, "depth"),
+    for kwargs, key in (({"n_boot": 0}, "n_boot.*0"), ({"n_boot": -5}, "n_boot.*-5"), ({"depth": 0}, "depth"),
                         ({"max_load": float("nan")}, "max_load")):
         with pytest.raises(ValueError, match=key):
             evaluate({"s": _good}, ds, metrics=["AR@1"], n_timing=0, progress=False, **kwargs)
@@ -358,3 +412,106 @@ def test_changed_weights_in_a_model_folder_recompute(tmp_path, manifest):
     with pytest.warns(UserWarning, match=r"'s'.*system models.*recomputing"):
         evaluate({"s": lambda q: asked.append(q) or _good(q)}, ds, **kw)
     assert len(asked) == 4
+
+
+def _save_tiny_cross_encoder(source: str, folder, shift: float) -> None:
+    """The tiny cross-encoder of ``source`` with its classifier shifted by ``shift``, saved by
+    ``save_pretrained`` into ``folder`` (replacing what is there)."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(source)
+    with torch.no_grad():
+        model.classifier.bias += shift
+        model.classifier.weight *= 1000  # scores that differ between passages
+    shutil.rmtree(folder, ignore_errors=True)
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(source).save_pretrained(folder)
+
+
+def test_two_models_saved_under_the_same_folder_are_two_systems(tiny_cross_encoder_path, tmp_path):
+    """Model B saved over model A in the same folder, every file the same size and given back
+    A's modification time (as a copy that keeps times does): the cached results of A are not
+    reused for B, and the report is B's."""
+    from funnel_core.rerank.cross_encoder import CrossEncoderScorer
+
+    ds = _qrels_ds()
+    folder = tmp_path / "reranker"
+    docs = [Unit(id=f"d{i}", text=f"the answer{i} is here", metadata={"title": "T"}) for i in range(4)]
+
+    def system(query: str) -> list[Unit]:
+        scores = CrossEncoderScorer(str(folder), library="transformers", runtime="torch", dtype="float32",
+                                    max_length=32).score(query, [u.text for u in docs])
+        return [u for _, u in sorted(zip(scores, docs), key=lambda p: -p[0])]
+
+    keys = {"s": {"component": "rerank", "model": str(folder)}}
+    kw = dict(metrics=["AR@1", "ndcg@2"], n_timing=0, progress=False, system_keys=keys)
+    _save_tiny_cross_encoder(tiny_cross_encoder_path, folder, 0.0)
+    evaluate({"s": system}, ds, cache_dir=tmp_path / "cache", **kw)
+    stats = {f.name: f.stat() for f in folder.iterdir()}
+    _save_tiny_cross_encoder(tiny_cross_encoder_path, folder, 5.0)  # model B, same path
+    for f in folder.iterdir():
+        assert f.stat().st_size == stats[f.name].st_size
+        os.utime(f, ns=(stats[f.name].st_atime_ns, stats[f.name].st_mtime_ns))
+    fresh = evaluate({"s": system}, ds, cache_dir=tmp_path / "fresh-cache", **kw)
+    asked: list[str] = []
+    with pytest.warns(UserWarning, match=r"'s'.*system models.*recomputing"):
+        again = evaluate({"s": lambda q: asked.append(q) or system(q)}, ds, cache_dir=tmp_path / "cache", **kw)
+    assert len(asked) == 4 and again.per_question == fresh.per_question
+
+
+def test_a_hub_model_name_is_identified_by_its_cached_snapshot(tmp_path, monkeypatch):
+    """A hub name in a system's settings: the commit of its locally cached snapshot (what
+    from_pretrained loads offline) is part of the cache key, so a new snapshot of the same name
+    (another commit under refs/main) recomputes."""
+    import huggingface_hub.constants
+
+    hub = tmp_path / "hub"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))
+    repo = hub / "models--org--tiny-reranker"
+
+    def snapshot(commit: str) -> None:
+        (repo / "snapshots" / commit).mkdir(parents=True)
+        (repo / "snapshots" / commit / "config.json").write_text("{}")
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / "main").write_text(commit)
+
+    snapshot("a" * 40)
+    ds = _qrels_ds()
+    kw = dict(metrics=["AR@1"], n_timing=0, cache_dir=tmp_path / "cache", progress=False,
+              system_keys={"s": {"component": "rerank", "model": "org/tiny-reranker"}})
+    evaluate({"s": _good}, ds, **kw)
+    asked: list[str] = []
+    evaluate({"s": lambda q: asked.append(q) or _good(q)}, ds, **kw)
+    assert asked == []  # the same snapshot: resumed
+    snapshot("b" * 40)
+    with pytest.warns(UserWarning, match=r"'s'.*system models.*recomputing"):
+        evaluate({"s": lambda q: asked.append(q) or _good(q)}, ds, **kw)
+    assert len(asked) == 4
+
+
+def test_a_model_folder_identity_is_its_model_files_content(tmp_path):
+    """What the folder identity covers: the model files' content (same size, same mtime or not),
+    including sub-folders (sentence-transformers' ``1_Pooling``), not our ONNX export, hidden
+    files or a trainer's ``checkpoint-*`` folders (loading the folder reads none of them)."""
+    from funnel_core.evaluation.harness import _model_identity
+
+    model = tmp_path / "m"
+    (model / "1_Pooling").mkdir(parents=True)
+    (model / "model.safetensors").write_bytes(b"weights-A")
+    (model / "1_Pooling" / "config.json").write_text('{"mean": true}')
+    ident = _model_identity({"model": str(model)})
+    for extra in ("funnel_onnx/model.onnx", ".cache/x.json", "checkpoint-500/optimizer.pt", "README.md"):
+        (model / extra).parent.mkdir(parents=True, exist_ok=True)
+        (model / extra).write_bytes(b"other")
+    assert _model_identity({"model": str(model)}) == ident
+    st = (model / "model.safetensors").stat()
+    (model / "model.safetensors").write_bytes(b"weights-B")  # same size
+    os.utime(model / "model.safetensors", ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert _model_identity({"model": str(model)}) != ident
+    (model / "model.safetensors").write_bytes(b"weights-A")
+    assert _model_identity({"model": str(model)}) == ident
+    (model / "1_Pooling" / "config.json").write_text('{"mean": false}')
+    assert _model_identity({"model": str(model)}) != ident

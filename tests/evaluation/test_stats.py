@@ -3,6 +3,8 @@ bootstrap. Expected values are computed by hand from the definitions, not from t
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from funnel_core.evaluation.stats import bootstrap_ci, mcnemar_exact, paired_bootstrap
@@ -44,3 +46,13 @@ def test_paired_bootstrap_difference_and_interval():
     assert r["difference"] == 1.0 and r["ci"] == [1.0, 1.0] and r["share_of_resamples_le_0"] == 0.0
     with pytest.raises(ValueError, match="same questions"):
         paired_bootstrap([1, 0], [1])
+
+
+@pytest.mark.parametrize("n_boot", [0, -1, -2000, 2.5, True, "100", None])
+def test_bootstrap_refuses_a_resample_count_that_is_not_a_positive_int(n_boot):
+    """n_boot = 0 used to fail inside numpy (an IndexError on an empty quantile), a negative one
+    with 'negative dimensions'; the error now names the value and the fix."""
+    with pytest.raises(ValueError, match=rf"n_boot must be an integer >= 1.*{re.escape(repr(n_boot))}"):
+        bootstrap_ci([1.0, 0.0, 1.0], n_boot=n_boot)
+    with pytest.raises(ValueError, match=rf"n_boot must be an integer >= 1.*{re.escape(repr(n_boot))}"):
+        paired_bootstrap([1.0, 0.0, 1.0], [0.0, 0.0, 1.0], n_boot=n_boot)

@@ -23,6 +23,7 @@ from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import reliability_harness as rh  # noqa: E402
+import trust_harness as th  # noqa: E402
 
 
 def machine() -> dict:
@@ -74,6 +75,13 @@ def main() -> None:
         ]
     plan += [(f"io_errors_{kind}", lambda kind=kind: rh.io_errors(kind)) for kind in rh.KINDS]
     plan.append(("tenant_isolation", rh.tenant_suite))
+    # what is read back but was not written by this run: the evaluation's output and score cache,
+    # the cross-encoder's ONNX export cache, and filters (floors x per-call, save/load)
+    plan += [
+        ("eval_cache", lambda: th.eval_cache_campaign(trials=12 * n, seed=30)),
+        ("export_cache", lambda: th.export_cache_campaign(trials=2 * n, seed=31)),
+        ("filters", lambda: th.filter_campaign(trials=150 * n, save_trials=6 * n, seed=32)),
+    ]
     for name, run in plan:
         t = time.perf_counter()
         res = run()
@@ -110,6 +118,15 @@ def main() -> None:
                       "orphans_after_next_save": sum(e["orphans_after_next_save"] for e in ioe)},
         "tenant_isolation": {"probes": ten["probes"], "leaks_or_failures": ten["leaks_or_failures"],
                              "xfailed_until_settings_rework": ten["xfailed_until_settings_rework"]},
+        "eval_cache": {k: ex["eval_cache"][k] for k in ("trials", "same", "refused", "recomputed_with_warning",
+                                                         "silent", "wrong_with_warning", "raw_errors",
+                                                         "outside_touched", "blocked", "bad")},
+        "export_cache": {k: ex["export_cache"][k] for k in ("trials", "same", "reused", "refused", "silent",
+                                                             "foreign_scores", "raw_errors", "blocked", "bad")},
+        "filters": {k: ex["filters"][k] for k in ("trials", "ok", "refused_as_expected", "widened", "call_ignored",
+                                                   "wrong", "unexpected_errors", "save_trials",
+                                                   "saved_and_kept_floor", "unsaveable_refused",
+                                                   "unsaveable_saved", "bad")},
         "objects": sorted(k[len("kill_at_every_step_"):] for k in ex if k.startswith("kill_at_every_step_")),
     }
     out["seconds"] = round(time.perf_counter() - t0, 1)
@@ -123,7 +140,9 @@ def main() -> None:
            + out["summary"]["fuzz"]["failures"] + out["summary"]["io_errors"]["neither"]
            + out["summary"]["io_errors"]["raised_but_committed"]
            + out["summary"]["io_errors"]["orphans_after_next_save"]
-           + out["summary"]["tenant_isolation"]["leaks_or_failures"])
+           + out["summary"]["tenant_isolation"]["leaks_or_failures"]
+           + out["summary"]["eval_cache"]["bad"] + out["summary"]["export_cache"]["bad"]
+           + out["summary"]["filters"]["bad"])
     sys.exit(1 if bad else 0)
 
 

@@ -58,3 +58,30 @@ def test_fuzz_queries_corpora_filters():
     s = rh.fuzz(max_examples=40)
     assert s["failures"] == 0, s.get("failure")
     assert s["examples"] >= 40
+
+
+# -- what is read back but was not written by this run (trust_harness.py) --------------------------
+import trust_harness as th  # noqa: E402
+
+
+@pytest.mark.slow
+def test_eval_output_and_cache_campaign_smoke(tmp_path):
+    s = th.eval_cache_campaign(trials=8, seed=3, workdir=tmp_path)
+    assert s["trials"] == 8 and s["bad"] == 0, s
+    assert s["same"] + s["refused"] == 8, s
+
+
+@pytest.mark.slow
+@pytest.mark.models  # builds a tiny cross-encoder and exports it to ONNX
+def test_export_cache_campaign_smoke(tmp_path):
+    pytest.importorskip("onnxruntime")
+    s = th.export_cache_campaign(trials=4, seed=3, workdir=tmp_path)  # untouched, swapped, linked, FIFO
+    assert s["trials"] == 4 and s["bad"] == 0 and s["reused"] == 1, s
+
+
+@pytest.mark.slow
+def test_filter_campaign_smoke(tmp_path):
+    pytest.importorskip("milvus_lite")
+    s = th.filter_campaign(trials=60, save_trials=8, seed=3, workdir=tmp_path)
+    assert s["bad"] == 0 and s["widened"] == 0, s
+    assert s["ok"] > 20 and s["saved_and_kept_floor"] > 0, s

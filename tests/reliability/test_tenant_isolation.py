@@ -369,9 +369,7 @@ def _combined_checks(search, where: str, dict_only: bool = False) -> None:
 
 @pytest.mark.parametrize(("kind", "where"), FLOOR_KINDS)
 def test_langchain_per_call_filter_never_widens_the_construction_filter(kind, where, db, embedder):
-    r = _lc_build(kind, _backend(where, db), embedder, **({} if kind == "dense" else {"filter": {"tenant": TENANT}}))
-    if kind == "dense":  # DenseRetriever.from_documents takes no filter: set the floor after
-        r = r.model_copy(update={"filter": {"tenant": TENANT}})
+    r = _lc_build(kind, _backend(where, db), embedder, filter={"tenant": TENANT})
     for call in _lc_empty_calls():
         _only_tenant(_lc_ids(r.invoke(QUERY, filter=call, k=12)))
         _only_tenant(_lc_ids(r.batch([QUERY], filter=call, k=12)[0]))

@@ -47,7 +47,13 @@ settings; never the token, never the data); ``load(path)`` re-opens without re-i
 
 from __future__ import annotations
 
-from funnel_core.backends.milvus.backend import MilvusBackend, as_backend, hybrid_backends, search_dense
+from funnel_core.backends.milvus.backend import (
+    MilvusBackend,
+    as_backend,
+    build_dense,
+    hybrid_backends,
+    search_dense,
+)
 from funnel_core.backends.milvus.bm25 import MilvusBM25Index
 from funnel_core.backends.milvus.client import (
     FORMAT_VERSION,
@@ -77,6 +83,7 @@ __all__ = [
     "MilvusSettingsError",
     "UnsupportedFilterError",
     "search_dense",
+    "build_dense",
     "filter_expression",
     "comparison_expression",
     "combine_expressions",

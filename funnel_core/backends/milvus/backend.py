@@ -34,6 +34,26 @@ def search_dense(index: Any, query: str, k: int, flt: Any, *, argument: str = "f
 
 
 
+#: The settings of a Milvus dense index that come from the backend, not from ``**index_config``.
+_CONNECTION = ("uri", "collection", "embedder", "token", "db_name", "timeout", "show_progress")
+
+
+def build_dense(owner: str, backend: "MilvusBackend | None", embedder: Any, config: dict[str, Any]) -> Any:
+    """An empty dense index for a retriever's ``from_documents`` / ``from_defaults`` (``owner``
+    names it): on Milvus when ``backend`` is given, else the in-memory
+    :class:`~funnel_core.embeddings.DenseIndex`. A key of ``config`` that the index does not
+    take raises a ``TypeError`` naming ``owner`` and the accepted keys (not an internal class's
+    ``__init__``)."""
+    from funnel_core.embeddings import DenseIndex
+    from funnel_core.settings import build_index, keyword_names
+
+    if backend is None:
+        accepted = [n for n in keyword_names(DenseIndex) if n != "embedder"]
+        return build_index(owner, lambda **kw: DenseIndex(embedder, **kw), config, accepted)
+    accepted = [n for n in keyword_names(MilvusDenseIndex) if n not in _CONNECTION]
+    return build_index(owner, lambda **kw: backend.dense(embedder, **kw), config, accepted)
+
+
 @dataclass(frozen=True)
 class MilvusBackend:
     """Where an index keeps its data when it is not in this process's memory: Milvus.

@@ -92,6 +92,22 @@ class Collection:
         self._meta: dict[str, Any] | None = None
         self._lock = threading.Lock()
 
+    # pickling and copying ------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """The settings (URI, collection, token, ...) without the lock and the opened state: a
+        pickled or copied index connects again and re-opens the collection at its first search,
+        as the in-memory indexes pickle without their locks. The token travels with it, as it
+        does in a pickled :class:`~funnel_core.backends.milvus.MilvusBackend`; ``save`` never
+        writes it."""
+        state = dict(self.__dict__)
+        state.pop("_lock", None)
+        state["_meta"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     # connection ----------------------------------------------------------------------------
     @property
     def client(self) -> Any:

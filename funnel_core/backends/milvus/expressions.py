@@ -47,10 +47,25 @@ def string_literal(value: str, what: str) -> str:
     return '"' + out.replace("\r", "\\r") + '"'
 
 
+#: The integers Milvus stores in a JSON field (64-bit signed); an insert of a larger one fails.
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
 def literal(value: Any, key: str) -> str:
-    if isinstance(value, bool):
+    """``value`` (a JSON scalar: bool, int, float, str) as a Milvus literal with Python's meaning.
+
+    Measured on Milvus Lite: numbers compare as Python compares them (``1 == 1.0 == true``,
+    ``-0.0 == 0``); a negative number is a literal in a comparison and a list (``x == -1``,
+    ``[-1, 2]``) but not as a function's argument (``json_contains(x, -1)`` is a syntax error:
+    :func:`arg` parenthesises it); an integer outside 64 bits cannot be stored, nor written."""
+    if isinstance(value, (bool, np.bool_)):
         return "true" if value else "false"
     if isinstance(value, (int, np.integer)):
+        if not _INT64[0] <= int(value) <= _INT64[1]:
+            raise UnsupportedFilterError(
+                f"filter value {int(value)} for key {key!r} is outside the 64-bit integers that "
+                "Milvus stores (no stored value can equal it, and Milvus cannot parse it); use a "
+                "float (e.g. float(value)) or a value within +-9223372036854775807.")
         return str(int(value))
     if isinstance(value, (float, np.floating)):
         if not math.isfinite(float(value)):
@@ -59,10 +74,22 @@ def literal(value: Any, key: str) -> str:
         return repr(float(value))
     if isinstance(value, str):
         return string_literal(value, f"the filter value for key {key!r}")
+    if value is None:
+        raise UnsupportedFilterError(
+            f"filter value None for key {key!r} cannot be compared on Milvus, which does not tell "
+            f"a stored null from a missing key; filter with the dict {{{key!r}: None}} (the key is "
+            "missing or null), or compare with a value.")
     raise UnsupportedFilterError(
         f"filter value {value!r:.60} ({type(value).__name__}) for key {key!r} cannot be pushed "
         "down to Milvus; use str, int, float or bool values (or a list of them), or pass a raw "
         "Milvus expression string such as 'metadata[\"year\"] >= 2015'.")
+
+
+def arg(lit: str) -> str:
+    """A literal as a function's argument: Milvus's parser takes ``-1`` after ``==`` and inside
+    ``[...]`` but not as an argument (``json_contains(x, -1)``: "unexpected token '-'"), so a
+    negative number is parenthesised there (``json_contains(x, (-1))``, measured to match)."""
+    return f"({lit})" if lit.startswith("-") else lit
 
 
 def json_path(field: str, key: str) -> str:
@@ -106,7 +133,9 @@ def filter_expression(filter: Any, field: str = "metadata") -> str | None:
     ``key: value`` / ``key: [values]`` becomes ANDed equality / membership tests on the JSON
     ``metadata`` field, a list-valued metadata field matching when it contains the value (the
     same semantics as :func:`funnel_core.bm25.metadata_mask`). An empty list matches nothing
-    (``"false"``). An :class:`~funnel_core.filters.AllOf` (a retriever's floor and a per-call
+    (``"false"``). ``None`` matches a missing key or a null value (``is null``), as
+    ``metadata.get(key) is None`` does in memory; a null inside a list-valued field is not seen
+    (Milvus has no test for it: narrower than memory, never wider). An :class:`~funnel_core.filters.AllOf` (a retriever's floor and a per-call
     filter, :func:`funnel_core.filters.combine_filters`) becomes ``(floor) and (call)``, each
     part compiled by these rules; a blank part adds nothing. Callables and boolean arrays raise
     :class:`UnsupportedFilterError`.
@@ -142,12 +171,15 @@ def filter_expression(filter: Any, field: str = "metadata") -> str | None:
         values = list(wanted) if isinstance(wanted, (list, tuple, set, frozenset)) else [wanted]
         if not values:
             return "false"
-        lits = [literal(v, key) for v in values]
+        # None: the key is missing or null (in memory, metadata.get(key) is None); a null
+        # inside a list-valued field cannot be tested on Milvus (json_contains takes no null)
+        tests = [f"{path} is null"] if any(v is None for v in values) else []
+        lits = [literal(v, key) for v in values if v is not None]
         if len(lits) == 1:
-            parts.append(f"({path} == {lits[0]} or json_contains({path}, {lits[0]}))")
-        else:
-            eqs = " or ".join(f"{path} == {lit}" for lit in lits)
-            parts.append(f"({eqs} or json_contains_any({path}, [{', '.join(lits)}]))")
+            tests += [f"{path} == {lits[0]}", f"json_contains({path}, {arg(lits[0])})"]
+        elif lits:
+            tests += [f"{path} == {lit}" for lit in lits] + [f"json_contains_any({path}, [{', '.join(lits)}])"]
+        parts.append(f"({' or '.join(tests)})")
     return " and ".join(parts) if parts else None
 
 
@@ -189,7 +221,7 @@ def comparison_expression(key: str, op: str, value: Any, field: str = "metadata"
         eqs = " or ".join(f"{path} == {lit}" for lit in lits)
         return f"({guarded}({eqs}))" if op == "in" else f"not ({guarded}({eqs}))"
     if op == "contains":
-        return f"({guarded}json_contains({path}, {literal(value, key)}))"
+        return f"({guarded}json_contains({path}, {arg(literal(value, key))}))"
     if op == "like":
         text = str(value)
         if any(c in text for c in "%_\\"):
