@@ -106,14 +106,14 @@ class HyDE(Settings):
         cache_size: Queries whose documents are remembered (an LRU; 0: none). A repeated query, or
             the same query reaching a dense stage and a hybrid that share this object, is written
             for once; the key is the prompt text and every generation setting.
-        gguf_file, device, dtype, timeout: :class:`~funnel_core.llm.TransformersLLM` settings, used
-            when ``llm`` is a folder or hub name.
+        gguf_file, device, dtype, seed, timeout: :class:`~funnel_core.llm.TransformersLLM` settings,
+            used when ``llm`` is a folder or hub name (``seed`` makes sampled documents repeatable).
 
     Every setting is an attribute; an edit is validated and used at the next call (an edit of the
     LLM or its load-time settings also forgets the remembered documents).
     """
 
-    load_settings = frozenset({"llm", "gguf_file", "device", "timeout", "dtype"})
+    load_settings = frozenset({"llm", "gguf_file", "device", "timeout", "dtype", "seed"})
     model_attrs = ()
     unserialised = ("llm",)
     setting_attrs = {"llm": "_llm_spec"}  # ``self.llm`` is the provider built from it
@@ -122,7 +122,7 @@ class HyDE(Settings):
                  prompt: str = DEFAULT_HYDE_PROMPT, temperature: float = 0.0, top_p: float = 1.0,
                  top_k: int = 0, max_new_tokens: int = 128, cache_size: int = 1024,
                  gguf_file: str | None = None, device: str | None = None,
-                 dtype: str = "auto", timeout: float | None = None) -> None:
+                 dtype: str = "auto", seed: int | None = None, timeout: float | None = None) -> None:
         if llm is None or isinstance(llm, dict):
             raise TypeError("HyDE needs llm= (a funnel_core LLM or a local causal-LM folder); an LLM "
                             "object is not serialised: HyDE.from_dict(data, llm=my_llm).")
@@ -143,6 +143,7 @@ class HyDE(Settings):
             raise ValueError(f"cache_size must be an int >= 0 (0: no cache), got {cache_size!r}.")
         self.cache_size = cache_size
         self.gguf_file, self.device, self.dtype, self.timeout = gguf_file, device, dtype, timeout
+        self.seed = seed
         self._llm_spec = llm
         self.llm = self._provider()
         self._cache: LRUCache[tuple, tuple[str, ...]] | None = None
@@ -151,7 +152,7 @@ class HyDE(Settings):
         if not isinstance(self._llm_spec, str):
             return as_llm(self._llm_spec)
         extra = {k: v for k, v in (("gguf_file", self.gguf_file), ("device", self.device),
-                                   ("timeout", self.timeout)) if v is not None}
+                                   ("timeout", self.timeout), ("seed", self.seed)) if v is not None}
         return as_llm(self._llm_spec, dtype=self.dtype, **extra)
 
     def __setattr__(self, attr: str, value: Any) -> None:
