@@ -309,24 +309,24 @@ def build_systems(specs: dict[str, dict[str, Any]], corpus: list[Unit],
             from funnel_core.best_practices.hyde import HyDE, HyDERetrieve
             from funnel_core.settings import setting_names
 
-            index = dense(spec.pop("embedder", None))
-            writer = hyde({n: spec.pop(n) for n in setting_names(HyDE) if n in spec}, where)
-            stage = _call(where, HyDERetrieve, index, writer, **spec)
+            writer = hyde({n: spec.pop(n) for n in setting_names(HyDE) if n in spec}, where)  # checked first
+            stage = _call(where, HyDERetrieve, dense(spec.pop("embedder", None)), writer, **spec)
         elif component == "hybrid":
             from funnel_core.best_practices.fusion import HybridRetrieve
             from funnel_core.bm25 import BM25Retrieve
             from funnel_core.embeddings import DenseRetrieve
 
             k_side = int(spec.pop("k_side", 100))
+            hyde_table = spec.pop("hyde", None)
+            writer = None if hyde_table is None else hyde(hyde_table, f"{where} hyde")  # checked first
             sparse = BM25Retrieve(bm25(spec.pop("index", {})), k=k_side)
             dense_index = dense(spec.pop("embedder", None))
-            hyde_table = spec.pop("hyde", None)
-            if hyde_table is None:
+            if writer is None:
                 dense_side: Any = DenseRetrieve(dense_index, k=k_side)
             else:  # hybrid with HyDE: BM25 over the query, dense over the HyDE vector
                 from funnel_core.best_practices.hyde import HyDERetrieve
 
-                dense_side = HyDERetrieve(dense_index, hyde(hyde_table, f"{where} hyde"), k=k_side)
+                dense_side = HyDERetrieve(dense_index, writer, k=k_side)
             stage = _call(where, HybridRetrieve, sparse, dense_side, name=name, **spec)
         elif component == "clustered":
             from funnel_core.funnelrag.clustered_index import ClusteredBM25Retrieve

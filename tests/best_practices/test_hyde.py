@@ -225,3 +225,17 @@ def test_with_a_local_causal_lm_the_scores_follow_the_equation(tiny_llama_path):
     v = (emb.encode(["who wrote hamlet?"])[0] + (emb.encode([doc])[0] if doc else 0)) / (2 if doc else 1)
     by_hand = {u.id: float(emb.encode([u.text])[0] @ v) for u in units}
     assert scores(out) == pytest.approx(by_hand, abs=1e-5)
+
+
+# -- the documentation -------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_the_docs_snippet_runs_with_the_packaged_smollm2_and_minilm(capsys):
+    """docs/best_practices.md's HyDE snippet, executed as written (the packaged SmolLM2 and MiniLM)."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "best_practices.md").read_text(encoding="utf-8")
+    block = next(b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "HyDERetrieve(dense, hyde" in b)
+    exec(compile(block, "docs/best_practices.md (HyDE snippet)", "exec"), {})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("[") and len(lines) == 4  # the document, then d1..d3 fused
+    assert {line.split()[0] for line in lines[1:]} == {"d1", "d2", "d3"}
