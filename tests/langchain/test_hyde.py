@@ -14,6 +14,7 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import PromptTemplate
 from langchain_core.runnables import RunnableLambda, RunnablePassthrough
 from langchain_core.vectorstores import InMemoryVectorStore
+from langchain_tests.integration_tests import RetrieversIntegrationTests
 
 from funnel_core.best_practices import HyDE
 from funnel_core.embeddings import DenseIndex
@@ -34,6 +35,24 @@ class CountEmbeddings(Embeddings):
 
     def embed_query(self, text):
         return CountEmbedder().encode([text])[0].tolist()
+
+
+class TestHyDERetrieverStandard(RetrieversIntegrationTests):
+    """LangChain's standard retriever suite (k in the constructor and per call, async, ...)."""
+
+    @property
+    def retriever_constructor(self):
+        return HyDERetriever
+
+    @property
+    def retriever_constructor_params(self) -> dict:
+        store = InMemoryVectorStore(embedding=CountEmbeddings())
+        store.add_documents([Document(id=f"x{i}", page_content=f"paris hamlet {'berlin ' * i}") for i in range(8)])
+        return {"hyde": HyDE(ScriptedLLM("hamlet")), "vectorstore": store}
+
+    @property
+    def retriever_query_example(self) -> str:
+        return "paris"
 
 
 @pytest.fixture
