@@ -107,9 +107,10 @@ def hyde_query(llm: Runnable, prompt: PromptTemplate | None = None,
     """HyDE (Gao et al., 2022) as a runnable ``query -> text for the dense retriever``.
 
     The LLM writes a hypothetical passage answering the question; with ``include_original`` the
-    question is kept in front of it (LlamaIndex's ``HyDEQueryTransform`` averages both
-    embeddings; one text holding both is the single-vector equivalent). Works with chat models
-    and plain LLMs. The prompt must have a ``{question}`` variable.
+    question is kept in front of it, and the dense retriever embeds that one text. This is an
+    approximation: the HyDE paper (and LlamaIndex's ``HyDEQueryTransform``) average the
+    embeddings of the question and the documents instead, which :class:`HyDERetriever` does.
+    Works with chat models and plain LLMs. The prompt must have a ``{question}`` variable.
     """
     prompt = prompt or DEFAULT_HYDE_PROMPT
     if "question" not in prompt.input_variables:
