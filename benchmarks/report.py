@@ -1223,6 +1223,43 @@ def block_compression_squad() -> str:
     return harness_table("squad_compression", ["AR@5", "words@5"], labels, vs_baseline="AR@5")
 
 
+HYDE_SYSTEMS = {"bm25": "BM25", "dense": "dense all-MiniLM-L6-v2", "hybrid": "hybrid, alpha = 0.3, min-max (paper)",
+                "dense_hyde": "dense with HyDE (N = 1, query included)",
+                "hybrid_hyde": "hybrid with HyDE (BM25 over the question, dense over the HyDE vector)"}
+
+
+@block("hyde-squad")
+def block_hyde_squad() -> str:
+    """docs/best_practices.md: HyDE and hybrid with HyDE on SQuAD dev-a (results/squad_hyde): the
+    harness table (paired against BM25), then each HyDE system against the same system without HyDE,
+    paired over the same questions (bootstrap interval and exact McNemar test from the per-question
+    results)."""
+    from funnel_core.evaluation.stats import mcnemar_exact, paired_bootstrap
+
+    metrics = ["AR@1", "AR@5", "AR@10"]
+    out = harness_table("squad_hyde", metrics, HYDE_SYSTEMS, bold=metrics, vs_baseline="AR@5")
+    d = harness("squad_hyde")
+    per = {s: {r["id"]: r["metrics"] for r in recs} for s, recs in d["per_question"].items()}
+    rows = []
+    for with_hyde, without in (("dense_hyde", "dense"), ("hybrid_hyde", "hybrid")):
+        if with_hyde not in per or without not in per:
+            continue
+        qids = sorted(per[with_hyde])
+        row = [f"{HYDE_SYSTEMS[with_hyde]} minus {HYDE_SYSTEMS[without]}"]
+        for m in metrics:
+            a, b = [per[with_hyde][q][m] for q in qids], [per[without][q][m] for q in qids]
+            diff, test = paired_bootstrap(a, b), mcnemar_exact(a, b)
+            row.append(f"{diff['difference']:+.3f} {ci(diff['ci'])}, McNemar p = {test['p_value']:.2g} "
+                       f"({test['a_only']} vs {test['b_only']})")
+        rows.append(row)
+    tokens = d["cost"].get("dense_hyde", {}).get("llm_completion_tokens_per_query")
+    note = ("Paired over the same questions: difference of means, 95% bootstrap interval, exact McNemar test "
+            "(questions only the HyDE system answers vs only the system without it)"
+            + (f"; the HyDE systems share one writer: {tokens:.0f} generated tokens per question on average"
+               if isinstance(tokens, (int, float)) else "") + ".")
+    return out + "\n\n" + table(["paired difference", *metrics], rows, note)
+
+
 @block("reliability")
 def block_reliability() -> str:
     """benchmarks/results/reliability.json (``make reliability``): one row per experiment kind

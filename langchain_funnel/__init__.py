@@ -10,6 +10,7 @@ from langchain_funnel._base import (
 from langchain_funnel.best_practices import (
     ExtractiveCompressor,
     HybridRetriever,
+    HyDERetriever,
     RepackTransformer,
     SentenceEmbedderEmbeddings,
     hyde_query,
@@ -34,5 +35,5 @@ from langchain_funnel.llm_rerank import ForwardLookupRetriever, RankRAGReranker
 from langchain_funnel.rerank import CrossEncoderReranker, LaterChunkingTransformer, MonoT5Reranker
 from langchain_funnel.retrievers import BM25Retriever, ClusteredBM25Retriever
 
-__all__ = ["LangChainLLM", "ForwardLookupRetriever", "RankRAGReranker", "AttentionLMReranker", "FiDAttentionReranker", "CompressionRetriever", "CrossEncoderReranker", "LaterChunkingTransformer", "MonoT5Reranker", "ExtractiveCompressor", "HybridRetriever", "RepackTransformer", "SentenceEmbedderEmbeddings", "hyde_query", "query_classifier_branch", "GraphGranularitySplitter", "MixOfGranularityRetriever", "MultiGranularityTextSplitter", "FunnelRetriever", "LCCompressorStage", "LCRetrieverStage", "LCRunnableStage", "BM25Retriever", "ClusteredBM25Retriever", "StageCompressor", "UnitRetriever",
+__all__ = ["LangChainLLM", "ForwardLookupRetriever", "RankRAGReranker", "AttentionLMReranker", "FiDAttentionReranker", "CompressionRetriever", "CrossEncoderReranker", "LaterChunkingTransformer", "MonoT5Reranker", "ExtractiveCompressor", "HybridRetriever", "HyDERetriever", "RepackTransformer", "SentenceEmbedderEmbeddings", "hyde_query", "query_classifier_branch", "GraphGranularitySplitter", "MixOfGranularityRetriever", "MultiGranularityTextSplitter", "FunnelRetriever", "LCCompressorStage", "LCRetrieverStage", "LCRunnableStage", "BM25Retriever", "ClusteredBM25Retriever", "StageCompressor", "UnitRetriever",
            "documents_to_units", "rerank_chain", "units_to_documents"]

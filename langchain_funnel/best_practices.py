@@ -8,6 +8,10 @@
   different query: ``dense_query`` (a runnable, e.g. :func:`hyde_query`) rewrites it, or pass
   ``invoke(q, dense_query="...")``.
 * :func:`hyde_query` — HyDE as a runnable: asks an LLM for a hypothetical answer document.
+* :class:`HyDERetriever` — HyDE (Gao et al.) as a retriever: any funnel_core or LangChain LLM
+  writes ``n`` hypothetical documents and the vector store (or our dense index) is searched with
+  ``v = 1/(N+1) [f(q) + sum_k f(d_k)]``, the HyDE paper's equation. As the ``dense`` side of
+  :class:`HybridRetriever` it gives hybrid with HyDE (BM25 keeps the query's words).
 * :class:`RepackTransformer` — forward / reverse (best last, default) / sides.
 * :class:`ExtractiveCompressor` — query-based sentence selection (a ``StageCompressor``).
 * :func:`query_classifier_branch` — a ``RunnableBranch`` that runs the RAG chain only for
@@ -29,13 +33,14 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import PromptTemplate
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableBranch, RunnableConfig, RunnableLambda
-from langchain_core.vectorstores import VectorStoreRetriever
+from langchain_core.vectorstores import VectorStore, VectorStoreRetriever
 from pydantic import ConfigDict, Field
 
 from funnel_core.backends.milvus import as_backend, hybrid_backends
 from funnel_core.best_practices.classify import QueryClassifier
 from funnel_core.best_practices.compress import ExtractiveCompressor as CoreExtractiveCompressor
 from funnel_core.best_practices.fusion import check_fusion_config, fuse
+from funnel_core.best_practices.hyde import HyDE, HyDERetrieve
 from funnel_core.best_practices.repack import Repack
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
@@ -47,6 +52,7 @@ from langchain_funnel._base import (
     documents_to_units,
     units_to_documents,
 )
+from langchain_funnel.llm import as_provider
 from langchain_funnel.milvus import DenseRetriever, require_milvus
 from langchain_funnel.rerank import TransformerBase
 from langchain_funnel.retrievers import BM25Retriever
@@ -56,6 +62,7 @@ __all__ = [
     "HybridRetriever",
     "hyde_query",
     "DEFAULT_HYDE_PROMPT",
+    "HyDERetriever",
     "RepackTransformer",
     "ExtractiveCompressor",
     "query_classifier_branch",
@@ -100,9 +107,10 @@ def hyde_query(llm: Runnable, prompt: PromptTemplate | None = None,
     """HyDE (Gao et al., 2022) as a runnable ``query -> text for the dense retriever``.
 
     The LLM writes a hypothetical passage answering the question; with ``include_original`` the
-    question is kept in front of it (LlamaIndex's ``HyDEQueryTransform`` averages both
-    embeddings; one text holding both is the single-vector equivalent). Works with chat models
-    and plain LLMs. The prompt must have a ``{question}`` variable.
+    question is kept in front of it, and the dense retriever embeds that one text. This is an
+    approximation: the HyDE paper (and LlamaIndex's ``HyDEQueryTransform``) average the
+    embeddings of the question and the documents instead, which :class:`HyDERetriever` does.
+    Works with chat models and plain LLMs. The prompt must have a ``{question}`` variable.
     """
     prompt = prompt or DEFAULT_HYDE_PROMPT
     if "question" not in prompt.input_variables:
@@ -115,6 +123,98 @@ def hyde_query(llm: Runnable, prompt: PromptTemplate | None = None,
 
     return ({"question": RunnableLambda(lambda q: q), "doc": RunnableLambda(lambda q: {"question": q}) | write}
             | RunnableLambda(_join)).with_config(run_name="hyde_query")
+
+
+class HyDERetriever(BaseRetriever):
+    """Dense retrieval with the HyDE vector (:mod:`funnel_core.best_practices.hyde`).
+
+    The LLM writes ``n`` hypothetical documents; the search vector is
+    ``v = 1/(N+1) [f(q) + sum_k f(d_k)]`` (the HyDE paper's equation), where ``f(q)`` is
+    ``embeddings.embed_query(q)`` and ``f(d_k)`` are ``embeddings.embed_documents([...])`` of the
+    vector store; or, over our dense ``index``, its embedder. Documents carry the similarity in
+    ``metadata["relevance_score"]`` (so :class:`HybridRetriever` fuses them) and
+    ``funnel_hyde_documents`` (how many documents entered ``v``).
+
+    Build with :meth:`from_llm` (a LangChain chat model or LLM, or a funnel_core LLM, plus the
+    :class:`~funnel_core.best_practices.hyde.HyDE` settings), or pass ``hyde=HyDE(...)``.
+
+    Attributes:
+        hyde: The core :class:`~funnel_core.best_practices.hyde.HyDE` (its settings are attributes).
+        vectorstore: A LangChain vector store with embeddings and ``similarity_search_by_vector``
+            (``similarity_search_with_score_by_vector`` when it has one, for scores).
+        index: Or a funnel_core dense index (``DenseIndex``, Milvus); exactly one of the two.
+        k: Documents returned (``invoke(q, k=3)`` overrides).
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
+    hyde: HyDE
+    vectorstore: Optional[VectorStore] = None
+    index: Optional[Any] = None
+    k: int = Field(default=4, description="Number of documents to return.")
+
+    def __init__(self, **data: Any) -> None:
+        check_accepted(type(self), data)
+        super().__init__(**data)
+
+    def model_post_init(self, __context: Any) -> None:
+        if (self.vectorstore is None) == (self.index is None):
+            raise ValueError("HyDERetriever needs exactly one of vectorstore= (a LangChain vector store) "
+                             "and index= (a funnel_core DenseIndex or Milvus dense index).")
+        if self.vectorstore is not None and self.vectorstore.embeddings is None:
+            raise ValueError(f"the vector store {type(self.vectorstore).__name__} exposes no embeddings; "
+                             "HyDE embeds the query and its documents with them.")
+        if self.index is not None:
+            HyDERetrieve(self.index, self.hyde)  # checks the index
+        check_positive_int(self.k, "k")
+
+    @classmethod
+    def from_llm(cls, llm: Any, *, vectorstore: Optional[VectorStore] = None, index: Any = None,
+                 k: int = 4, **settings: Any) -> "HyDERetriever":
+        """``HyDE(llm, **settings)`` over ``vectorstore`` or ``index``; ``llm`` is a LangChain
+        model, a funnel_core LLM or a causal-LM folder."""
+        return cls(hyde=HyDE(as_provider(llm), **settings), vectorstore=vectorstore, index=index, k=k)
+
+    def warm_up(self) -> "HyDERetriever":
+        """Load the models this retriever holds (a local LLM, the index's embedder); returns ``self``."""
+        return warm_up_attributes(self)
+
+    def _search(self, query: str, docs: list[str], k: int) -> list[Document]:
+        if self.index is not None:
+            return units_to_documents(HyDERetrieve(self.index, self.hyde, k=k)._search(query, docs))
+        store = self.vectorstore
+        emb = store.embeddings  # type: ignore[union-attr]
+        v = [float(x) for x in self.hyde.combine(query, docs, emb.embed_query, emb.embed_documents)]  # type: ignore[union-attr]
+        used = sum(1 for d in docs if d.strip())
+        with_score = getattr(store, "similarity_search_with_score_by_vector", None)
+        pairs = with_score(v, k=k) if callable(with_score) else \
+            [(d, None) for d in store.similarity_search_by_vector(v, k=k)]  # type: ignore[union-attr]
+        out = []
+        for d, score in pairs:
+            meta = {**d.metadata, "funnel_hyde_documents": used}
+            if score is not None:
+                meta[RELEVANCE_SCORE] = float(score)
+            out.append(Document(id=d.id, page_content=d.page_content, metadata=meta))
+        return out
+
+    def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
+                                k: int | None = None, **kwargs: Any) -> list[Document]:
+        check_kwargs(type(self).__name__, kwargs, ("k",))  # no silent typos
+        query = check_query(query)
+        k = self.k if k is None else check_positive_int(k, "k")
+        if not query:
+            return []
+        return self._search(query, self.hyde.documents(query), k)
+
+    async def _aget_relevant_documents(self, query: str, *,
+                                       run_manager: AsyncCallbackManagerForRetrieverRun,
+                                       k: int | None = None, **kwargs: Any) -> list[Document]:
+        check_kwargs(type(self).__name__, kwargs, ("k",))
+        query = check_query(query)
+        k = self.k if k is None else check_positive_int(k, "k")
+        if not query:
+            return []
+        docs = await self.hyde.adocuments(query)
+        return await asyncio.to_thread(self._search, query, docs, k)
 
 
 class HybridRetriever(BaseRetriever):

@@ -5,6 +5,7 @@ from llama_index_funnel._base import StagePostprocessor, UnitRetriever, nodes_to
 from llama_index_funnel.best_practices import (
     ExtractiveCompressorPostprocessor,
     HybridRetriever,
+    HyDETransform,
     QueryClassifierGate,
     QueryClassifierQueryEngine,
     RepackPostprocessor,
@@ -27,5 +28,5 @@ from llama_index_funnel.llm_rerank import (
 from llama_index_funnel.rerank import CrossEncoderRerank, LaterChunkingPostprocessor, MonoT5Rerank
 from llama_index_funnel.retrievers import BM25Retriever, ClusteredBM25Retriever
 
-__all__ = ["LlamaIndexLLM", "ForwardLookupQueryBundle", "ForwardLookupQueryTransform", "ForwardLookupRetriever", "RankRAGRerank", "AttentionLMRerank", "FiDAttentionRerank", "CrossEncoderRerank", "LaterChunkingPostprocessor", "MonoT5Rerank", "ExtractiveCompressorPostprocessor", "HybridRetriever", "QueryClassifierGate", "QueryClassifierQueryEngine", "RepackPostprocessor", "SentenceEmbedderEmbedding", "GraphGranularityNodeParser", "MixOfGranularityRetriever", "MultiGranularityNodeParser", "FunnelRetriever", "PostprocessorStage", "RetrieverStage", "BM25Retriever", "ClusteredBM25Retriever", "StagePostprocessor", "UnitRetriever",
+__all__ = ["LlamaIndexLLM", "ForwardLookupQueryBundle", "ForwardLookupQueryTransform", "ForwardLookupRetriever", "RankRAGRerank", "AttentionLMRerank", "FiDAttentionRerank", "CrossEncoderRerank", "LaterChunkingPostprocessor", "MonoT5Rerank", "ExtractiveCompressorPostprocessor", "HybridRetriever", "HyDETransform", "QueryClassifierGate", "QueryClassifierQueryEngine", "RepackPostprocessor", "SentenceEmbedderEmbedding", "GraphGranularityNodeParser", "MixOfGranularityRetriever", "MultiGranularityNodeParser", "FunnelRetriever", "PostprocessorStage", "RetrieverStage", "BM25Retriever", "ClusteredBM25Retriever", "StagePostprocessor", "UnitRetriever",
            "nodes_to_units", "units_to_nodes"]

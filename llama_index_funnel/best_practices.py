@@ -8,6 +8,12 @@
   ``HyDEQueryTransform``: the transformed ``QueryBundle`` goes to the dense side unchanged (so
   the vector retriever embeds the hypothetical document through ``embedding_strs``), while the
   sparse side receives a bundle holding only the original ``query_str``.
+* :class:`HyDETransform` — HyDE (Gao et al.) as a LlamaIndex query transform: any funnel_core or
+  LlamaIndex LLM writes ``n`` hypothetical documents and the bundle carries the HyDE vector
+  ``v = 1/(N+1) [f(q) + sum_k f(d_k)]`` as its ``embedding``, which vector retrievers (a
+  ``VectorStoreIndex``'s, our ``DenseRetriever``) search with. In ``TransformRetriever(
+  HybridRetriever(bm25, dense), HyDETransform(...))`` BM25 keeps the query's words: hybrid with
+  HyDE.
 * :class:`RepackPostprocessor` — forward / reverse (best last, default) / sides.
 * :class:`ExtractiveCompressorPostprocessor` — query-based sentence selection (ratio 0.4).
 * :class:`QueryClassifierGate` (retriever) and :class:`QueryClassifierQueryEngine` (query
@@ -25,6 +31,7 @@ from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
 from llama_index.core.base.response.schema import Response
 from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
 from llama_index.core.callbacks.base import CallbackManager
+from llama_index.core.indices.query.query_transform.base import BaseQueryTransform
 from llama_index.core.llms import LLM
 from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.query_engine import CustomQueryEngine
@@ -34,18 +41,21 @@ from funnel_core.backends.milvus import as_backend, hybrid_backends
 from funnel_core.best_practices.classify import QueryClassifier
 from funnel_core.best_practices.compress import ExtractiveCompressor
 from funnel_core.best_practices.fusion import check_fusion_config, fuse
+from funnel_core.best_practices.hyde import HyDE
 from funnel_core.best_practices.repack import Repack
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import warm_up_attributes
 from funnel_core.settings import check_accepted
 from llama_index_funnel._base import StagePostprocessor, nodes_to_units, units_to_nodes
+from llama_index_funnel.llm import as_provider
 from llama_index_funnel.milvus import DenseRetriever, milvus_backend
 from llama_index_funnel.retrievers import BM25Retriever
 
 __all__ = [
     "SentenceEmbedderEmbedding",
     "HybridRetriever",
+    "HyDETransform",
     "RepackPostprocessor",
     "ExtractiveCompressorPostprocessor",
     "QueryClassifierGate",
@@ -198,6 +208,72 @@ class HybridRetriever(BaseRetriever):
         """Re-open both sides built by :meth:`from_defaults` on Milvus (no re-indexing)."""
         sparse, dense = hybrid_sides(None, backend, embedder, candidates)
         return cls(sparse, dense, **fusion)
+
+
+class HyDETransform(BaseQueryTransform):
+    """HyDE as a query transform (:mod:`funnel_core.best_practices.hyde`).
+
+    The LLM writes ``n`` hypothetical documents for the query; the returned ``QueryBundle`` keeps
+    the ``query_str`` and carries ``embedding = v = 1/(N+1) [f(q) + sum_k f(d_k)]`` (the HyDE
+    paper's equation: ``f(q)`` is ``embed_model.get_query_embedding(q)``, ``f(d_k)`` its text
+    embeddings), with the documents in ``custom_embedding_strs`` (for reading; a retriever uses
+    the ``embedding``). Use it with ``TransformRetriever`` or ``TransformQueryEngine``; inside
+    :class:`HybridRetriever` only the dense side receives the vector, BM25 the query string.
+
+    Args:
+        llm: A :class:`~funnel_core.best_practices.hyde.HyDE` (its settings are used), a LlamaIndex
+            LLM, a funnel_core LLM or a causal-LM folder (then ``HyDE(llm, **settings)``).
+        embed_model: The embedding model of the index searched (default: LlamaIndex's
+            ``Settings.embed_model``). With our ``DenseRetriever`` pass
+            ``SentenceEmbedderEmbedding(embedder=index.embedder)``.
+        **settings: :class:`~funnel_core.best_practices.hyde.HyDE` settings (``n``,
+            ``include_query``, ``prompt``, ``temperature``, ``max_new_tokens``, ...); unknown
+            ones raise, naming the accepted ones.
+
+    ``transform.hyde`` is the core object: its settings are attributes (an edit is validated).
+    """
+
+    def __init__(self, llm: Any, embed_model: Optional[BaseEmbedding] = None, **settings: Any) -> None:
+        super().__init__()
+        if isinstance(llm, HyDE):
+            if settings:
+                raise TypeError(f"HyDETransform got a HyDE object and settings {sorted(settings)}; set them "
+                                "on the HyDE object (or pass the LLM instead).")
+            self._hyde = llm
+        else:
+            self._hyde = HyDE(as_provider(llm), **settings)
+        self._embed_model = embed_model
+
+    @property
+    def hyde(self) -> HyDE:
+        """The :class:`~funnel_core.best_practices.hyde.HyDE` this transform runs."""
+        return self._hyde
+
+    @property
+    def embed_model(self) -> BaseEmbedding:
+        if self._embed_model is None:
+            from llama_index.core import Settings as LlamaSettings
+
+            self._embed_model = LlamaSettings.embed_model
+        return self._embed_model
+
+    def _get_prompts(self) -> dict:
+        return {}
+
+    def _update_prompts(self, prompts: Any) -> None:
+        return None
+
+    def _run(self, query_bundle: QueryBundle, metadata: dict) -> QueryBundle:
+        query = check_query(query_bundle.query_str)
+        if not query:
+            return query_bundle
+        docs = self._hyde.documents(query)
+        embed = self.embed_model
+        v = self._hyde.combine(query, docs, embed.get_query_embedding,
+                               lambda texts: embed.get_text_embedding_batch(list(texts)))
+        return QueryBundle(query_str=query_bundle.query_str, image_path=query_bundle.image_path,
+                           custom_embedding_strs=[d for d in docs if d.strip()] or None,
+                           embedding=[float(x) for x in v])
 
 
 class RepackPostprocessor(StagePostprocessor):

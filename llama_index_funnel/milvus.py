@@ -14,10 +14,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, List, Mapping, Optional, Sequence, Union
 
+import numpy as np
 from llama_index.core.callbacks import CallbackManager
-from llama_index.core.schema import BaseNode, NodeWithScore
+from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 from llama_index.core.vector_stores.types import (
     FilterCondition,
     FilterOperator,
@@ -205,11 +207,45 @@ class DenseRetriever(UnitRetriever):
     def _originals(self) -> Mapping[str, BaseNode]:
         return self._nodes
 
-    def _search(self, query: str, filters: Any = None, k: Optional[int] = None) -> list[Unit]:
+    def _search(self, query: str, filters: Any = None, k: Optional[int] = None,
+                vector: Any = None) -> list[Unit]:
         k = self.similarity_top_k if k is None else check_positive_int(k, "k")
         flt = search_filter(self.index, self.filters, filters)
-        hits = search_dense(self.index, query, k, flt, argument="filters")
+        if vector is None:
+            hits = search_dense(self.index, query, k, flt, argument="filters")
+        elif isinstance(self.index, DenseIndex):
+            if flt is not None:
+                search_dense(self.index, query, k, flt, argument="filters")  # raises, naming the fix
+            hits = self.index.search_many([query], k, query_embeddings=vector[None, :])[0]
+        else:
+            hits = self.index.search_many([query], k, query_embeddings=vector[None, :], filter=flt)[0]
         return hits if isinstance(self.index, DenseIndex) else restore_nodes(hits, self._nodes)
+
+    def _bundle_vector(self, query_bundle: QueryBundle) -> Any:
+        """The vector a query bundle asks for, as LlamaIndex's vector retrievers read it: its
+        ``embedding`` (e.g. from :class:`~llama_index_funnel.best_practices.HyDETransform`), else
+        the mean embedding of its ``custom_embedding_strs`` (``HyDEQueryTransform``), else ``None``
+        (the query string is embedded)."""
+        if query_bundle.embedding is not None:
+            return np.asarray(query_bundle.embedding, dtype=np.float32)
+        if query_bundle.custom_embedding_strs:
+            return self.index.embedder.encode(list(query_bundle.custom_embedding_strs)).mean(axis=0)
+        return None
+
+    def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
+        query = check_query(query_bundle.query_str)
+        if not query:
+            return []
+        units = self._search(query, vector=self._bundle_vector(query_bundle))
+        return units_to_nodes(units, self._originals(), self.annotate)
+
+    async def _aretrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
+        query = check_query(query_bundle.query_str)
+        if not query:
+            return []
+        units = await asyncio.to_thread(
+            lambda: self._search(query, vector=self._bundle_vector(query_bundle)))
+        return units_to_nodes(units, self._originals(), self.annotate)
 
     def search(self, query: str, filters: Any = None, k: Optional[int] = None) -> List[NodeWithScore]:
         """Retrieve with a per-query filter and ``k``."""

