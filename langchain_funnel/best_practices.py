@@ -29,7 +29,7 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import PromptTemplate
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableBranch, RunnableConfig, RunnableLambda
-from langchain_core.vectorstores import VectorStoreRetriever
+from langchain_core.vectorstores import InMemoryVectorStore, VectorStore, VectorStoreRetriever
 from pydantic import ConfigDict, Field
 
 from funnel_core.backends.milvus import as_backend, hybrid_backends
@@ -117,14 +117,28 @@ def hyde_query(llm: Runnable, prompt: PromptTemplate | None = None,
             | RunnableLambda(_join)).with_config(run_name="hyde_query")
 
 
+#: The async twin of each store method :meth:`HybridRetriever._relevance_path` may name.
+_ASYNC_TWIN = {
+    "_similarity_search_with_relevance_scores": "_asimilarity_search_with_relevance_scores",
+    "similarity_search_with_relevance_scores": "asimilarity_search_with_relevance_scores",
+    "similarity_search_with_score": "asimilarity_search_with_score",
+}
+
+
 class HybridRetriever(BaseRetriever):
     """Hybrid search over any two LangChain retrievers (paper section 3.4.3).
 
     Scores are read from ``Document.metadata["relevance_score"]`` (funnel-rag retrievers and
-    LangChain's rerankers write it). A
-    similarity ``VectorStoreRetriever`` returns no scores, so its vector store is queried through
-    ``similarity_search_with_score`` with the retriever's own ``search_kwargs``. A retriever
-    that gives no scores can still be fused with ``method="rrf"``.
+    LangChain's rerankers write it). A ``VectorStoreRetriever`` (search type ``"similarity"``
+    or ``"similarity_score_threshold"``) returns no scores, so for ``method="alpha"`` its vector
+    store is queried, with the retriever's own ``search_kwargs``, through the store's own
+    relevance path, ``similarity_search_with_relevance_scores`` (the store's
+    ``_select_relevance_score_fn`` turns FAISS's or Chroma's distances into relevances, higher
+    = better); langchain-core's ``InMemoryVectorStore``, which defines none, gives its cosine
+    similarity. A store that can say neither is refused with a ``ValueError`` naming it (its
+    raw score may be a distance). A retriever that gives no scores (an MMR search, a store that
+    cannot say what its score means) can still be fused with ``method="rrf"``, which invokes it
+    as it is and reads ranks only.
 
     The fusion fields (``alpha``, ``method``, ``normalization``, ``rrf_k``) are validated at
     construction and at every assignment, and read at each call
@@ -177,26 +191,85 @@ class HybridRetriever(BaseRetriever):
         check_positive_int(self.k, "k")
 
     # -- sides ---------------------------------------------------------------------------------
-    @staticmethod
-    def _with_scores(retriever: BaseRetriever, query: str, config: RunnableConfig) -> list[Document]:
-        if isinstance(retriever, VectorStoreRetriever) and retriever.search_type == "similarity":
-            pairs = retriever.vectorstore.similarity_search_with_score(query, **retriever.search_kwargs)
-            return [Document(id=d.id, page_content=d.page_content,
-                             metadata={**d.metadata, RELEVANCE_SCORE: float(s)}) for d, s in pairs]
-        return retriever.invoke(query, config=config)
+    def _scored_search(self, retriever: BaseRetriever) -> Optional[VectorStoreRetriever]:
+        """The vector-store retriever whose store this retriever queries for scores itself, or
+        ``None`` when the retriever is invoked as it is (RRF reads ranks only; an MMR search
+        has no score per document; any other retriever writes ``relevance_score`` itself)."""
+        if (self.method == "alpha" and isinstance(retriever, VectorStoreRetriever)
+                and retriever.search_type in ("similarity", "similarity_score_threshold")):
+            return retriever
+        return None
 
     @staticmethod
-    async def _awith_scores(retriever: BaseRetriever, query: str,
+    def _relevance_path(store: Any) -> str:
+        """The name of the store's method that answers ``(document, relevance)`` pairs, higher =
+        more relevant (its async twin is the same name with ``a``).
+
+        The store's own relevance path: ``_similarity_search_with_relevance_scores``, which maps
+        its raw scores through the store's ``_select_relevance_score_fn`` (FAISS and Chroma turn
+        their L2 distances into relevances there), read without the public method's warning
+        about values outside [0, 1] (FAISS's squared L2 over unit vectors goes below 0; the
+        order is right and fusion normalises each side); a store that overrides only the public
+        ``similarity_search_with_relevance_scores`` is asked through it. langchain-core's
+        ``InMemoryVectorStore`` defines no relevance function, and its own
+        ``similarity_search_with_score`` is a cosine similarity. A store that says neither is
+        refused: its raw score may be a distance, and fusing a distance as a similarity ranks
+        the nearest documents last.
+        """
+        cls = type(store)
+        private, public = ("_similarity_search_with_relevance_scores",
+                           "similarity_search_with_relevance_scores")
+        if getattr(cls, private) is not getattr(VectorStore, private):
+            return private
+        try:
+            store._select_relevance_score_fn()
+            return private
+        except NotImplementedError:
+            if getattr(cls, public) is not getattr(VectorStore, public):
+                return public
+        if isinstance(store, InMemoryVectorStore) and cls.similarity_search_with_score is \
+                InMemoryVectorStore.similarity_search_with_score:
+            return "similarity_search_with_score"
+        raise ValueError(
+            f"HybridRetriever cannot tell what the scores of {cls.__name__} mean: it defines no "
+            "relevance score function (_select_relevance_score_fn), and its "
+            "similarity_search_with_score may answer a distance (lower = nearer) that alpha "
+            f"fusion would rank as a similarity. Give {cls.__name__} a relevance function "
+            "(e.g. its relevance_score_fn= argument, where it has one), or fuse by ranks with "
+            "method='rrf'.")
+
+    @staticmethod
+    def _pairs_to_documents(pairs: Sequence[tuple[Document, float]],
+                            threshold: Any) -> list[Document]:
+        return [Document(id=d.id, page_content=d.page_content,
+                         metadata={**d.metadata, RELEVANCE_SCORE: float(s)})
+                for d, s in pairs if threshold is None or s >= threshold]
+
+    def _with_scores(self, retriever: BaseRetriever, query: str,
+                     config: RunnableConfig) -> list[Document]:
+        vsr = self._scored_search(retriever)
+        if vsr is None:
+            return retriever.invoke(query, config=config)
+        store, kwargs = vsr.vectorstore, dict(vsr.search_kwargs)
+        threshold = kwargs.pop("score_threshold", None)
+        path = self._relevance_path(store)
+        search = getattr(store, path)
+        return self._pairs_to_documents(search(query, **kwargs), threshold)
+
+    async def _awith_scores(self, retriever: BaseRetriever, query: str,
                             config: RunnableConfig) -> list[Document]:
-        if isinstance(retriever, VectorStoreRetriever) and retriever.search_type == "similarity":
-            pairs = await retriever.vectorstore.asimilarity_search_with_score(
-                query, **retriever.search_kwargs)
-            return [Document(id=d.id, page_content=d.page_content,
-                             metadata={**d.metadata, RELEVANCE_SCORE: float(s)}) for d, s in pairs]
-        return await retriever.ainvoke(query, config=config)
+        vsr = self._scored_search(retriever)
+        if vsr is None:
+            return await retriever.ainvoke(query, config=config)
+        store, kwargs = vsr.vectorstore, dict(vsr.search_kwargs)
+        threshold = kwargs.pop("score_threshold", None)
+        path = self._relevance_path(store)
+        search = getattr(store, _ASYNC_TWIN[path])
+        return self._pairs_to_documents(await search(query, **kwargs), threshold)
 
     def _fuse(self, sparse: Sequence[Document], dense: Sequence[Document], k: int) -> list[Document]:
-        units = fuse(documents_to_units(sparse), documents_to_units(dense), method=self.method,
+        s_units, d_units = documents_to_units(sparse), documents_to_units(dense)
+        units = fuse(s_units, d_units, method=self.method,
                      alpha=self.alpha, normalization=self.normalization, rrf_k=self.rrf_k, k=k)
         return units_to_documents(units)
 
