@@ -41,6 +41,7 @@ from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import warm_up_attributes
 from funnel_core.settings import check_accepted, check_kwargs
+from funnel_core.units import Unit
 from langchain_funnel._base import (
     RELEVANCE_SCORE,
     StageCompressor,
@@ -139,6 +140,12 @@ class HybridRetriever(BaseRetriever):
     raw score may be a distance). A retriever that gives no scores (an MMR search, a store that
     cannot say what its score means) can still be fused with ``method="rrf"``, which invokes it
     as it is and reads ranks only.
+
+    The two sides name a document alike when its ``Document.id`` is set. Documents without ids
+    (LangChain's default) get different names on each side (our BM25 numbers them, a vector
+    store gives them uuids), so a dense document whose id the sparse side did not return is
+    matched to the sparse document with the same text (:func:`same_identity`): the same
+    document is fused once, never returned twice.
 
     The fusion fields (``alpha``, ``method``, ``normalization``, ``rrf_k``) are validated at
     construction and at every assignment, and read at each call
@@ -269,6 +276,7 @@ class HybridRetriever(BaseRetriever):
 
     def _fuse(self, sparse: Sequence[Document], dense: Sequence[Document], k: int) -> list[Document]:
         s_units, d_units = documents_to_units(sparse), documents_to_units(dense)
+        same_identity(s_units, d_units)
         units = fuse(s_units, d_units, method=self.method,
                      alpha=self.alpha, normalization=self.normalization, rrf_k=self.rrf_k, k=k)
         return units_to_documents(units)
@@ -417,6 +425,27 @@ def query_classifier_branch(classifier: QueryClassifier, retrieval_chain: Runnab
 
     return RunnableBranch((RunnableLambda(needs).with_config(run_name="needs_retrieval"),
                            retrieval_chain), direct_chain)
+
+
+def same_identity(sparse: Sequence[Unit], dense: Sequence[Unit]) -> None:
+    """Give a dense unit the id of the sparse unit that is the same document, in place.
+
+    Two retrievers built over the same id-less Documents (LangChain's default) name them
+    differently: our BM25 numbers them ``"0"``, ``"1"``, ..., a vector store gives them uuids.
+    A dense unit whose id the sparse side also returned keeps it; otherwise it takes the id of
+    the first sparse unit with the same text whose own id the dense side did not return, so
+    fusion merges the two copies instead of returning the text twice. Documents with ids both
+    sides share are matched by id alone.
+    """
+    dense_ids = {u.id for u in dense}
+    sparse_ids = {u.id for u in sparse}
+    free: dict[str, list[str]] = {}
+    for u in sparse:
+        if u.id not in dense_ids:
+            free.setdefault(u.text, []).append(u.id)
+    for u in dense:
+        if u.id not in sparse_ids and free.get(u.text):
+            u.id = free[u.text].pop(0)
 
 
 def hybrid_sides(documents: Optional[Iterable[Document]], backend: Any, embedder: Any = None,

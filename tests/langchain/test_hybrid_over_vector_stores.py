@@ -78,6 +78,7 @@ def test_hybrid_over_faiss_matches_hybrid_over_in_memory(squad_sample, embedding
     r_faiss, dup_faiss = _recall_and_duplicates(_hybrid(docs, faiss), questions)
     assert r_mem >= 0.85, r_mem  # the in-memory hybrid is a sound reference
     assert abs(r_faiss - r_mem) <= 0.02, (r_faiss, r_mem)
+    assert dup_mem == dup_faiss == 0
 
 
 @pytest.mark.filterwarnings("error:Relevance scores must be between")
@@ -101,6 +102,25 @@ def test_score_threshold_search_keeps_its_threshold(squad_sample, embeddings):
                              k=2 * CANDIDATES, alpha=0.0)
     got = hybrid.invoke(question)
     assert sum(d.metadata["funnel_dense_rank"] is not None for d in got) == 2
+
+
+def test_documents_without_ids_fuse_into_one_result_each(squad_sample, embeddings):
+    questions, docs = squad_sample
+    assert all(d.id is None for d in docs)
+    in_memory = InMemoryVectorStore.from_documents(docs, embeddings)
+    retriever = _hybrid(docs, in_memory, k=6)
+    for question, _ in questions[:40]:
+        got = retriever.invoke(question)
+        texts = [d.page_content for d in got]
+        assert len(texts) == 6 and len(set(texts)) == 6, question
+        # a document both sides found carries both sides' ranks
+    both = [d for q, _ in questions[:40] for d in retriever.invoke(q)
+            if d.metadata["funnel_sparse_rank"] is not None and d.metadata["funnel_dense_rank"] is not None]
+    assert both
+    # RRF fuses the same documents by identity too
+    rrf = _hybrid(docs, in_memory, k=6, method="rrf")
+    texts = [d.page_content for d in rrf.invoke(questions[0][0])]
+    assert len(set(texts)) == len(texts) == 6
 
 
 def test_the_dense_score_is_the_stores_relevance(squad_sample, embeddings):
