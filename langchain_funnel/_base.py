@@ -171,9 +171,9 @@ class StageCompressor(StageAdapter, BaseDocumentCompressor, Runnable[dict, list[
 
     def _no_query(self, documents: Sequence[Document]) -> list[Document]:
         """An empty query scores nothing: the documents keep their order, but ``top_n`` (and a
-        cut-off) still caps them, as for any other query."""
-        limit = self.stage.limit(getattr(self.stage, "top_n", None))
-        return list(documents)[:limit] if limit is not None else list(documents)
+        cut-off) still caps them, as for any other query (the stage's own rule,
+        :meth:`funnel_core.funnel.Stage.no_query`)."""
+        return self.stage.no_query(documents)
 
     # -- Runnable --------------------------------------------------------------------------
     @staticmethod
