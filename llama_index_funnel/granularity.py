@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Dict, List, Optional, Sequence
 
-from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
+from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr, field_validator
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.node_parser.interface import NodeParser
+from llama_index.core.node_parser.node_utils import default_id_func
 from llama_index.core.schema import (
     BaseNode,
     MetadataMode,
@@ -113,10 +114,29 @@ def _refuse_partial_ingestion(name: str) -> None:
 
 class _StageNodeParser(StageAdapter, NodeParser):
     """A node parser holding one core splitter (``stage_class``) built from the fields named
-    like its settings; an edit of one is forwarded to it. Unknown keywords raise."""
+    like its settings; an edit of one is forwarded to it. Unknown keywords raise.
+
+    Node ids are structural (document, level, position: the MoG retriever and the
+    PARENT/CHILD links read them), so NodeParser's ``id_func`` is not used: the default is
+    accepted, also as ``to_dict`` saves it (by name), and any other is refused rather than
+    silently ignored."""
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
     _stage: Any = PrivateAttr(default=None)
+
+    @field_validator("id_func", mode="before")
+    @classmethod
+    def _structural_ids(cls, value: Any) -> Any:
+        if isinstance(value, dict):  # NodeParser.to_dict saves the function by name
+            value = default_id_func if value.get("id_func_name") == default_id_func.__name__ \
+                else value.get("id_func_name")
+        if value is None or value is default_id_func:
+            return default_id_func
+        name = getattr(value, "__name__", value)
+        raise ValueError(
+            f"{cls.__name__} names its nodes by document, level and position (the MoG retriever "
+            f"and the PARENT/CHILD links read those ids), so it does not use id_func; got "
+            f"id_func={name!r}. Leave id_func out (or pass the default).")
 
 
 class MultiGranularityNodeParser(_StageNodeParser):
