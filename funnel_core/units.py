@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 __all__ = ["Unit", "StageRecord", "Trace", "as_float", "FUNNEL_PREFIX", "SCORE_PREFIX",
            "funnel_metadata", "read_funnel_metadata", "scored_by", "foreign_output", "REORDERED_BY",
-           "copy_funnel", "text_digest", "units_from_texts"]
+           "copy_funnel", "text_digest", "units_from_texts", "keep_source_funnel_keys"]
 
 #: Prefix of every metadata key the adapters write on a framework object (a LlamaIndex node, a
 #: LangChain ``Document``): ``funnel_level``, ``funnel_parent_id``, ``funnel_score_<stage>``,
@@ -243,6 +244,31 @@ def scored_by(unit: Unit, stage: str) -> Unit:
     if history and history[-1] == unit.score:
         return unit
     return unit.rescored(unit.score, stage)
+
+
+def keep_source_funnel_keys(owner: str, pairs: Iterable[tuple[Mapping[str, Any], dict]]) -> None:
+    """The reserved-prefix rule of a splitter (``owner``) that makes pieces of documents.
+
+    For each ``(source metadata, piece metadata)`` pair the piece gets the source's ``funnel_``
+    keys it does not set itself (in place; LlamaIndex's node parsers merge the same way), and
+    the keys the splitter writes win. One warning per call names the source keys the pieces
+    replaced with other values: the ``funnel_`` prefix is this package's namespace, so a user's
+    ``funnel_level`` is not kept where a splitter writes its own.
+    """
+    replaced: set[str] = set()
+    for source, piece in pairs:
+        for key, value in source.items():
+            if isinstance(key, str) and key.startswith(FUNNEL_PREFIX):
+                if key not in piece:
+                    piece[key] = value
+                elif piece[key] != value:
+                    replaced.add(key)
+    if replaced:
+        warnings.warn(
+            f"{owner}: the source documents carry {sorted(replaced)}, which {owner} writes itself "
+            "on the pieces it makes (the funnel_ prefix is this package's metadata namespace), "
+            "so the pieces carry its values, not yours. Rename your keys (without the funnel_ "
+            "prefix) to keep them.", UserWarning, stacklevel=3)
 
 
 #: Bookkeeping key (``funnel_reordered_by`` on a framework object) naming the foreign stage that

@@ -32,7 +32,7 @@ from funnel_core.granularity.levels import GranularityStructure, MultiGranularit
 from funnel_core.granularity.retrieval import MixOfGranularityRetrieve, mog_stage
 from funnel_core.granularity.router import GranularityRouter
 from funnel_core.settings import StageAdapter
-from funnel_core.units import Unit, read_funnel_metadata
+from funnel_core.units import Unit, keep_source_funnel_keys, read_funnel_metadata
 from llama_index_funnel._base import UnitRetriever, annotate_node, node_to_unit
 
 __all__ = ["MultiGranularityNodeParser", "GraphGranularityNodeParser", "MixOfGranularityRetriever"]
@@ -173,6 +173,7 @@ class MultiGranularityNodeParser(_StageNodeParser):
                      **kwargs: Any) -> List[BaseNode]:
         chunker: MultiGranularityChunker = self.stage
         out: List[BaseNode] = []
+        pairs: List[tuple[Dict[str, Any], Dict[str, Any]]] = []
         for di, doc in enumerate(get_tqdm_iterable(nodes, show_progress, "Parsing granularity levels")):
             levels = chunker.split_document(_doc_unit(doc), di)
             by_id: Dict[str, TextNode] = {}
@@ -190,6 +191,8 @@ class MultiGranularityNodeParser(_StageNodeParser):
                         node.relationships[NodeRelationship.CHILD] = \
                             [by_id[k].as_related_node_info() for k in kids]
                     out.append(node)
+                    pairs.append((doc.metadata, node.metadata))
+        keep_source_funnel_keys(type(self).__name__, pairs)
         return out
 
 
@@ -240,7 +243,11 @@ class GraphGranularityNodeParser(_StageNodeParser):
         docs = {n.node_id: n for n in nodes}
         graph = builder.build([_doc_unit(n) for n in nodes])
         self.last_build_seconds = graph.build_seconds
-        return [_text_node(u, docs[u.funnel["doc_id"]]) for u in graph.nodes]
+        out: List[BaseNode] = [_text_node(u, docs[u.funnel["doc_id"]]) for u in graph.nodes]
+        keep_source_funnel_keys(type(self).__name__,
+                                ((docs[u.funnel["doc_id"]].metadata, n.metadata)
+                                 for u, n in zip(graph.nodes, out)))
+        return out
 
 
 class MixOfGranularityRetriever(UnitRetriever):
