@@ -250,18 +250,23 @@ def keep_source_funnel_keys(owner: str, pairs: Iterable[tuple[Mapping[str, Any],
     """The reserved-prefix rule of a splitter (``owner``) that makes pieces of documents.
 
     For each ``(source metadata, piece metadata)`` pair the piece gets the source's ``funnel_``
-    keys it does not set itself (in place; LlamaIndex's node parsers merge the same way), and
-    the keys the splitter writes win. One warning per call names the source keys the pieces
+    keys the splitter does not write (in place; LlamaIndex's node parsers merge the same way),
+    and the keys the splitter writes win (``None`` on a piece it leaves without one, so a
+    source's structure never leaks onto the pieces). One warning per call names the source keys the pieces
     replaced with other values: the ``funnel_`` prefix is this package's namespace, so a user's
     ``funnel_level`` is not kept where a splitter writes its own.
     """
+    pairs = list(pairs)
+    # a key the splitter writes on some pieces (funnel_parent_id below the top level) is its
+    # structure on every piece: where a piece has none, it gets None, not the source's value
+    written = {k for _, piece in pairs for k in piece if k.startswith(FUNNEL_PREFIX)}
     replaced: set[str] = set()
     for source, piece in pairs:
         for key, value in source.items():
             if isinstance(key, str) and key.startswith(FUNNEL_PREFIX):
                 if key not in piece:
-                    piece[key] = value
-                elif piece[key] != value:
+                    piece[key] = None if key in written else value
+                if piece[key] != value:
                     replaced.add(key)
     if replaced:
         warnings.warn(

@@ -429,3 +429,26 @@ def test_a_splitter_keeps_a_users_funnel_key_and_says_which_it_replaced(name, sp
     meta = [p.metadata for p in pieces]
     assert all(m["title"] == "T" and m["funnel_note"] == "mine" for m in meta)
     assert all(m["funnel_level"] != "chapter" for m in meta)
+
+
+def test_splitting_pieces_again_leaks_no_structure():
+    """A piece split again: its funnel_parent_id names a node of the first split; the new
+    top-level pieces must not inherit it (in both frameworks)."""
+    from llama_index.core import Document as LIDocument
+
+    import langchain_funnel as lc_
+    import llama_index_funnel as li_
+
+    text = " ".join(f"Sentence {i} is about the river and the mill." for i in range(12))
+    first = lc_.MultiGranularityTextSplitter(chunk_size=8, n_gra=2).split_documents(
+        [Document(page_content=text, id="a")])
+    child = next(d for d in first if d.metadata.get("funnel_parent_id"))
+    with pytest.warns(UserWarning, match="funnel_parent_id"):
+        again = lc_.MultiGranularityTextSplitter(chunk_size=4, n_gra=2).split_documents([child])
+    top = [d for d in again if d.metadata["funnel_granularity"] == 2]
+    assert top and all(d.metadata["funnel_parent_id"] is None for d in top)
+    source = LIDocument(text=child.page_content, id_="b", metadata=dict(child.metadata))
+    with pytest.warns(UserWarning, match="funnel_parent_id"):
+        nodes = li_.MultiGranularityNodeParser(chunk_size=4, n_gra=2).get_nodes_from_documents([source])
+    top = [n for n in nodes if n.metadata["funnel_granularity"] == 2]
+    assert top and all(n.metadata["funnel_parent_id"] is None for n in top)
