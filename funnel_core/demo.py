@@ -56,6 +56,8 @@ def _module_names() -> list[str]:
 
 
 def _doc_units(module_name: str) -> Iterable[Unit]:
+    from funnel_core.funnelrag.clustering import LINKS_KEY
+
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -65,7 +67,7 @@ def _doc_units(module_name: str) -> Iterable[Unit]:
     mod_doc = inspect.getdoc(module)
     if mod_doc:
         yield Unit(id=module_name, text=f"{module_name}: {mod_doc}", level="document",
-                   metadata={"title": module_name, "module": module_name, "links": []})
+                   metadata={"title": module_name, "module": module_name, LINKS_KEY: []})
     for name, obj in sorted(vars(module).items()):
         if name.startswith("_") or getattr(obj, "__module__", None) != module_name:
             continue
@@ -76,20 +78,20 @@ def _doc_units(module_name: str) -> Iterable[Unit]:
             continue
         qual = f"{module_name}.{name}"
         yield Unit(id=qual, text=f"{qual}: {doc}", level="document",
-                   metadata={"title": qual, "module": module_name, "links": [module_name]})
+                   metadata={"title": qual, "module": module_name, LINKS_KEY: [module_name]})
         if inspect.isclass(obj):
             for mname, meth in sorted(vars(obj).items()):
                 mdoc = inspect.getdoc(meth) if not mname.startswith("_") else None
                 if mdoc and len(mdoc.split()) >= 5 and (inspect.isfunction(meth) or inspect.ismethoddescriptor(meth)):
                     mq = f"{qual}.{mname}"
                     yield Unit(id=mq, text=f"{mq}: {mdoc}", level="document",
-                               metadata={"title": mq, "module": module_name, "links": [qual]})
+                               metadata={"title": mq, "module": module_name, LINKS_KEY: [qual]})
 
 
 def stdlib_corpus() -> list[Unit]:
     """Docstrings of the standard library's modules, classes, functions and methods.
 
-    ``metadata["links"]`` points from a method to its class and from a class or function to its
+    ``metadata["funnel_links"]`` (:data:`~funnel_core.funnelrag.clustering.LINKS_KEY`) points from a method to its class and from a class or function to its
     module, so the clustering uses explicit links, like Wikipedia hyperlinks in the paper.
     """
     seen: set[str] = set()

@@ -25,7 +25,7 @@ import copy
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence, overload
+from typing import Any, Callable, Iterable, Sequence, TypeVar, overload
 
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.units import StageRecord, Trace, Unit
@@ -63,6 +63,9 @@ def warm_up_attributes(obj: Any) -> Any:
     return obj
 
 
+#: An item a stage passes through untouched on an empty query (a Unit, a framework node).
+T = TypeVar("T")
+
 class Stage(ABC):
     """Base class of every pipeline stage: ``(query, units) -> units``.
 
@@ -99,16 +102,25 @@ class Stage(ABC):
     def __call__(self, query: str, units: Sequence[Unit] | None = None) -> list[Unit]:
         query = check_query(query)
         if not query:
-            return []
+            return self.no_query(units or [])
         out = self.run(query, list(units or []))
         return out[: self.cutoff] if self.cutoff is not None else out
 
     async def acall(self, query: str, units: Sequence[Unit] | None = None) -> list[Unit]:
         query = check_query(query)
         if not query:
-            return []
+            return self.no_query(units or [])
         out = await self.arun(query, list(units or []))
         return out[: self.cutoff] if self.cutoff is not None else out
+
+    def no_query(self, items: Sequence[T]) -> list[T]:
+        """What every stage (and every adapter of one) returns for an empty or blank query:
+        there is nothing to score with, so the incoming items keep their order, capped by the
+        stage's ``top_n`` and its cut-off (``stage % n``) as for any other query. A first
+        stage (a retriever) gets no items, so it returns none."""
+        limit = self.limit(getattr(self, "top_n", None))
+        out = list(items)
+        return out[:limit] if limit is not None else out
 
     @overload
     def limit(self, k: int) -> int: ...
@@ -213,6 +225,14 @@ class Funnel(Stage):
 
     def run(self, query: str, units: list[Unit]) -> list[Unit]:
         return self._run(query, units, None).units
+
+    def no_query(self, items: Sequence[T]) -> list[T]:
+        """An empty query: each stage's :meth:`Stage.no_query` in turn (their ``top_n`` and
+        cut-offs cap the items), then the funnel's own cut-off."""
+        out = list(items)
+        for stage in self.stages:
+            out = stage.no_query(out)
+        return super().no_query(out)
 
     def search(self, query: str, units: Sequence[Unit] | None = None,
                answers: Sequence[str] | None = None) -> FunnelResult:

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 __all__ = ["Unit", "StageRecord", "Trace", "as_float", "FUNNEL_PREFIX", "SCORE_PREFIX",
-           "funnel_metadata", "read_funnel_metadata", "scored_by", "copy_funnel", "text_digest",
-           "units_from_texts"]
+           "funnel_metadata", "read_funnel_metadata", "scored_by", "foreign_output", "REORDERED_BY",
+           "copy_funnel", "text_digest", "units_from_texts", "keep_source_funnel_keys"]
 
 #: Prefix of every metadata key the adapters write on a framework object (a LlamaIndex node, a
 #: LangChain ``Document``): ``funnel_level``, ``funnel_parent_id``, ``funnel_score_<stage>``,
@@ -243,6 +244,70 @@ def scored_by(unit: Unit, stage: str) -> Unit:
     if history and history[-1] == unit.score:
         return unit
     return unit.rescored(unit.score, stage)
+
+
+def keep_source_funnel_keys(owner: str, pairs: Iterable[tuple[Mapping[str, Any], dict]]) -> None:
+    """The reserved-prefix rule of a splitter (``owner``) that makes pieces of documents.
+
+    For each ``(source metadata, piece metadata)`` pair the piece gets the source's ``funnel_``
+    keys the splitter does not write (in place; LlamaIndex's node parsers merge the same way),
+    and the keys the splitter writes win (``None`` on a piece it leaves without one, so a
+    source's structure never leaks onto the pieces). One warning per call names the source keys the pieces
+    replaced with other values: the ``funnel_`` prefix is this package's namespace, so a user's
+    ``funnel_level`` is not kept where a splitter writes its own.
+    """
+    pairs = list(pairs)
+    # a key the splitter writes on some pieces (funnel_parent_id below the top level) is its
+    # structure on every piece: where a piece has none, it gets None, not the source's value
+    written = {k for _, piece in pairs for k in piece if k.startswith(FUNNEL_PREFIX)}
+    replaced: set[str] = set()
+    for source, piece in pairs:
+        for key, value in source.items():
+            if isinstance(key, str) and key.startswith(FUNNEL_PREFIX):
+                if key not in piece:
+                    piece[key] = None if key in written else value
+                if piece[key] != value:
+                    replaced.add(key)
+    if replaced:
+        warnings.warn(
+            f"{owner}: the source documents carry {sorted(replaced)}, which {owner} writes itself "
+            "on the pieces it makes (the funnel_ prefix is this package's metadata namespace), "
+            "so the pieces carry its values, not yours. Rename your keys (without the funnel_ "
+            "prefix) to keep them.", UserWarning, stacklevel=3)
+
+
+#: Bookkeeping key (``funnel_reordered_by`` on a framework object) naming the foreign stage that
+#: reordered units without scoring them (see :func:`foreign_output`).
+REORDERED_BY = "reordered_by"
+
+
+def foreign_output(before: Sequence[Unit], after: Sequence[Unit], stage: str) -> list[Unit]:
+    """The units a foreign stage (a framework reranker, filter or reorderer) named ``stage``
+    returned for ``before``, with scores that belong to their order.
+
+    A stage that wrote its own scores gets them recorded (:func:`scored_by`). A stage that wrote
+    none hands back the scores its input had; while it keeps their order (a filter, a cut) they
+    still describe it and are kept. When it reorders them (a reranker that writes no score,
+    such as LangChain's ``CrossEncoderReranker``, or ``LongContextReorder``) they no longer
+    do: the score is dropped (``None``: no ``relevance_score`` on a LangChain ``Document``,
+    ``NodeWithScore.score`` ``None`` in LlamaIndex), the earlier scores stay in the history
+    (``funnel["score_<stage>"]``), and ``funnel["reordered_by"]`` names the stage.
+    """
+    prior = {u.id: u.score for u in before}
+    after = list(after)
+    unscored = all(u.id in prior and u.score == prior[u.id] for u in after)
+    scores = [u.score for u in after]
+    known = [x for x in scores if x is not None]
+    reordered = any(a < b for a, b in zip(known, known[1:]))
+    if not (unscored and reordered):
+        return [scored_by(u, stage) for u in after]
+    out = []
+    for u in after:
+        new = u.copy()
+        new.score = None
+        new.funnel[REORDERED_BY] = stage
+        out.append(new)
+    return out
 
 
 def copy_funnel(funnel: dict[str, Any]) -> dict[str, Any]:

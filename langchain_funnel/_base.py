@@ -63,8 +63,7 @@ def document_to_unit(doc: Document) -> Unit:
     score = doc.metadata.get(RELEVANCE_SCORE)
     level = str(ours.pop("level", "passage"))
     parent_id = ours.pop("parent_id", None)
-    ok = isinstance(score, (int, float)) and not isinstance(score, bool)
-    return Unit(id=_doc_id(doc), text=doc.page_content, score=score if ok else None,
+    return Unit(id=_doc_id(doc), text=doc.page_content, score=score if _is_score(score) else None,
                 metadata=user, parent_id=None if parent_id is None else str(parent_id),
                 level=level, source=doc, funnel=ours)
 
@@ -87,7 +86,15 @@ def document_metadata(unit: Unit, user: Mapping[str, Any]) -> dict[str, Any]:
     meta = {**user, **funnel_metadata(unit)}
     if unit.score is not None:
         meta[RELEVANCE_SCORE] = float(unit.score)
+    elif _is_score(meta.get(RELEVANCE_SCORE)):
+        # a numeric relevance_score would have become the unit's score: the unit has none now
+        # (a stage reordered it without scoring, see funnel_core.units.foreign_output)
+        del meta[RELEVANCE_SCORE]
     return meta
+
+
+def _is_score(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def units_to_documents(units: Sequence[Unit], originals: Sequence[Document] = ()) -> list[Document]:
@@ -164,9 +171,9 @@ class StageCompressor(StageAdapter, BaseDocumentCompressor, Runnable[dict, list[
 
     def _no_query(self, documents: Sequence[Document]) -> list[Document]:
         """An empty query scores nothing: the documents keep their order, but ``top_n`` (and a
-        cut-off) still caps them, as for any other query."""
-        limit = self.stage.limit(getattr(self.stage, "top_n", None))
-        return list(documents)[:limit] if limit is not None else list(documents)
+        cut-off) still caps them, as for any other query (the stage's own rule,
+        :meth:`funnel_core.funnel.Stage.no_query`)."""
+        return self.stage.no_query(documents)
 
     # -- Runnable --------------------------------------------------------------------------
     @staticmethod

@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, ClassVar, Iterable, Optional, Sequence
+from typing import Any, Callable, ClassVar, Iterable, Optional, Sequence
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
@@ -33,7 +33,7 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import PromptTemplate
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableBranch, RunnableConfig, RunnableLambda
-from langchain_core.vectorstores import VectorStore, VectorStoreRetriever
+from langchain_core.vectorstores import InMemoryVectorStore, VectorStore, VectorStoreRetriever
 from pydantic import ConfigDict, Field
 
 from funnel_core.backends.milvus import as_backend, hybrid_backends
@@ -46,6 +46,7 @@ from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import warm_up_attributes
 from funnel_core.settings import check_accepted, check_kwargs
+from funnel_core.units import Unit
 from langchain_funnel._base import (
     RELEVANCE_SCORE,
     StageCompressor,
@@ -125,6 +126,18 @@ def hyde_query(llm: Runnable, prompt: PromptTemplate | None = None,
             | RunnableLambda(_join)).with_config(run_name="hyde_query")
 
 
+def _vector_relevance(store: Any) -> Optional[Callable[[float], float]]:
+    """How a store's raw ``similarity_search_with_score_by_vector`` score becomes a relevance
+    (higher = more relevant): the store's own ``_select_relevance_score_fn`` (FAISS and Chroma turn
+    their distances into relevances there); langchain-core's ``InMemoryVectorStore`` answers a cosine
+    similarity already; ``None`` for a store that says neither (its score may be a distance, so no
+    score is written rather than a wrong one)."""
+    try:
+        return store._select_relevance_score_fn()  # type: ignore[no-any-return]
+    except NotImplementedError:
+        return (lambda s: s) if isinstance(store, InMemoryVectorStore) else None
+
+
 class HyDERetriever(BaseRetriever):
     """Dense retrieval with the HyDE vector (:mod:`funnel_core.best_practices.hyde`).
 
@@ -141,7 +154,8 @@ class HyDERetriever(BaseRetriever):
     Attributes:
         hyde: The core :class:`~funnel_core.best_practices.hyde.HyDE` (its settings are attributes).
         vectorstore: A LangChain vector store with embeddings and ``similarity_search_by_vector``
-            (``similarity_search_with_score_by_vector`` when it has one, for scores).
+            (``similarity_search_with_score_by_vector`` for scores, turned into relevances by the
+            store's own relevance function; a store that has none gets no score).
         index: Or a funnel_core dense index (``DenseIndex``, Milvus); exactly one of the two.
         k: Documents returned (``invoke(q, k=3)`` overrides).
     """
@@ -186,13 +200,14 @@ class HyDERetriever(BaseRetriever):
         v = [float(x) for x in self.hyde.combine(query, docs, emb.embed_query, emb.embed_documents)]  # type: ignore[union-attr]
         used = sum(1 for d in docs if d.strip())
         with_score = getattr(store, "similarity_search_with_score_by_vector", None)
-        pairs = with_score(v, k=k) if callable(with_score) else \
+        relevance = _vector_relevance(store) if callable(with_score) else None
+        pairs = with_score(v, k=k) if relevance is not None else \
             [(d, None) for d in store.similarity_search_by_vector(v, k=k)]  # type: ignore[union-attr]
         out = []
         for d, score in pairs:
             meta = {**d.metadata, "funnel_hyde_documents": used}
-            if score is not None:
-                meta[RELEVANCE_SCORE] = float(score)
+            if score is not None and relevance is not None:
+                meta[RELEVANCE_SCORE] = float(relevance(score))
             out.append(Document(id=d.id, page_content=d.page_content, metadata=meta))
         return out
 
@@ -217,14 +232,34 @@ class HyDERetriever(BaseRetriever):
         return await asyncio.to_thread(self._search, query, docs, k)
 
 
+#: The async twin of each store method :meth:`HybridRetriever._relevance_path` may name.
+_ASYNC_TWIN = {
+    "_similarity_search_with_relevance_scores": "_asimilarity_search_with_relevance_scores",
+    "similarity_search_with_relevance_scores": "asimilarity_search_with_relevance_scores",
+    "similarity_search_with_score": "asimilarity_search_with_score",
+}
+
+
 class HybridRetriever(BaseRetriever):
     """Hybrid search over any two LangChain retrievers (paper section 3.4.3).
 
     Scores are read from ``Document.metadata["relevance_score"]`` (funnel-rag retrievers and
-    LangChain's rerankers write it). A
-    similarity ``VectorStoreRetriever`` returns no scores, so its vector store is queried through
-    ``similarity_search_with_score`` with the retriever's own ``search_kwargs``. A retriever
-    that gives no scores can still be fused with ``method="rrf"``.
+    LangChain's rerankers write it). A ``VectorStoreRetriever`` (search type ``"similarity"``
+    or ``"similarity_score_threshold"``) returns no scores, so for ``method="alpha"`` its vector
+    store is queried, with the retriever's own ``search_kwargs``, through the store's own
+    relevance path, ``similarity_search_with_relevance_scores`` (the store's
+    ``_select_relevance_score_fn`` turns FAISS's or Chroma's distances into relevances, higher
+    = better); langchain-core's ``InMemoryVectorStore``, which defines none, gives its cosine
+    similarity. A store that can say neither is refused with a ``ValueError`` naming it (its
+    raw score may be a distance). A retriever that gives no scores (an MMR search, a store that
+    cannot say what its score means) can still be fused with ``method="rrf"``, which invokes it
+    as it is and reads ranks only.
+
+    The two sides name a document alike when its ``Document.id`` is set. Documents without ids
+    (LangChain's default) get different names on each side (our BM25 numbers them, a vector
+    store gives them uuids), so a dense document whose id the sparse side did not return is
+    matched to the sparse document with the same text (:func:`same_identity`): the same
+    document is fused once, never returned twice.
 
     The fusion fields (``alpha``, ``method``, ``normalization``, ``rrf_k``) are validated at
     construction and at every assignment, and read at each call
@@ -277,26 +312,86 @@ class HybridRetriever(BaseRetriever):
         check_positive_int(self.k, "k")
 
     # -- sides ---------------------------------------------------------------------------------
-    @staticmethod
-    def _with_scores(retriever: BaseRetriever, query: str, config: RunnableConfig) -> list[Document]:
-        if isinstance(retriever, VectorStoreRetriever) and retriever.search_type == "similarity":
-            pairs = retriever.vectorstore.similarity_search_with_score(query, **retriever.search_kwargs)
-            return [Document(id=d.id, page_content=d.page_content,
-                             metadata={**d.metadata, RELEVANCE_SCORE: float(s)}) for d, s in pairs]
-        return retriever.invoke(query, config=config)
+    def _scored_search(self, retriever: BaseRetriever) -> Optional[VectorStoreRetriever]:
+        """The vector-store retriever whose store this retriever queries for scores itself, or
+        ``None`` when the retriever is invoked as it is (RRF reads ranks only; an MMR search
+        has no score per document; any other retriever writes ``relevance_score`` itself)."""
+        if (self.method == "alpha" and isinstance(retriever, VectorStoreRetriever)
+                and retriever.search_type in ("similarity", "similarity_score_threshold")):
+            return retriever
+        return None
 
     @staticmethod
-    async def _awith_scores(retriever: BaseRetriever, query: str,
+    def _relevance_path(store: Any) -> str:
+        """The name of the store's method that answers ``(document, relevance)`` pairs, higher =
+        more relevant (its async twin is the same name with ``a``).
+
+        The store's own relevance path: ``_similarity_search_with_relevance_scores``, which maps
+        its raw scores through the store's ``_select_relevance_score_fn`` (FAISS and Chroma turn
+        their L2 distances into relevances there), read without the public method's warning
+        about values outside [0, 1] (FAISS's squared L2 over unit vectors goes below 0; the
+        order is right and fusion normalises each side); a store that overrides only the public
+        ``similarity_search_with_relevance_scores`` is asked through it. langchain-core's
+        ``InMemoryVectorStore`` defines no relevance function, and its own
+        ``similarity_search_with_score`` is a cosine similarity. A store that says neither is
+        refused: its raw score may be a distance, and fusing a distance as a similarity ranks
+        the nearest documents last.
+        """
+        cls = type(store)
+        private, public = ("_similarity_search_with_relevance_scores",
+                           "similarity_search_with_relevance_scores")
+        if getattr(cls, private) is not getattr(VectorStore, private):
+            return private
+        try:
+            store._select_relevance_score_fn()
+            return private
+        except NotImplementedError:
+            if getattr(cls, public) is not getattr(VectorStore, public):
+                return public
+        if isinstance(store, InMemoryVectorStore) and cls.similarity_search_with_score is \
+                InMemoryVectorStore.similarity_search_with_score:
+            return "similarity_search_with_score"
+        raise ValueError(
+            f"HybridRetriever cannot tell what the scores of {cls.__name__} mean: it defines no "
+            "relevance score function (_select_relevance_score_fn), and its "
+            "similarity_search_with_score may answer a distance (lower = nearer) that alpha "
+            f"fusion would rank as a similarity. Give {cls.__name__} a relevance function "
+            "(e.g. its relevance_score_fn= argument, where it has one), or fuse by ranks with "
+            "method='rrf'.")
+
+    @staticmethod
+    def _pairs_to_documents(pairs: Sequence[tuple[Document, float]],
+                            threshold: Any) -> list[Document]:
+        return [Document(id=d.id, page_content=d.page_content,
+                         metadata={**d.metadata, RELEVANCE_SCORE: float(s)})
+                for d, s in pairs if threshold is None or s >= threshold]
+
+    def _with_scores(self, retriever: BaseRetriever, query: str,
+                     config: RunnableConfig) -> list[Document]:
+        vsr = self._scored_search(retriever)
+        if vsr is None:
+            return retriever.invoke(query, config=config)
+        store, kwargs = vsr.vectorstore, dict(vsr.search_kwargs)
+        threshold = kwargs.pop("score_threshold", None)
+        path = self._relevance_path(store)
+        search = getattr(store, path)
+        return self._pairs_to_documents(search(query, **kwargs), threshold)
+
+    async def _awith_scores(self, retriever: BaseRetriever, query: str,
                             config: RunnableConfig) -> list[Document]:
-        if isinstance(retriever, VectorStoreRetriever) and retriever.search_type == "similarity":
-            pairs = await retriever.vectorstore.asimilarity_search_with_score(
-                query, **retriever.search_kwargs)
-            return [Document(id=d.id, page_content=d.page_content,
-                             metadata={**d.metadata, RELEVANCE_SCORE: float(s)}) for d, s in pairs]
-        return await retriever.ainvoke(query, config=config)
+        vsr = self._scored_search(retriever)
+        if vsr is None:
+            return await retriever.ainvoke(query, config=config)
+        store, kwargs = vsr.vectorstore, dict(vsr.search_kwargs)
+        threshold = kwargs.pop("score_threshold", None)
+        path = self._relevance_path(store)
+        search = getattr(store, _ASYNC_TWIN[path])
+        return self._pairs_to_documents(await search(query, **kwargs), threshold)
 
     def _fuse(self, sparse: Sequence[Document], dense: Sequence[Document], k: int) -> list[Document]:
-        units = fuse(documents_to_units(sparse), documents_to_units(dense), method=self.method,
+        s_units, d_units = documents_to_units(sparse), documents_to_units(dense)
+        same_identity(s_units, d_units)
+        units = fuse(s_units, d_units, method=self.method,
                      alpha=self.alpha, normalization=self.normalization, rrf_k=self.rrf_k, k=k)
         return units_to_documents(units)
 
@@ -444,6 +539,27 @@ def query_classifier_branch(classifier: QueryClassifier, retrieval_chain: Runnab
 
     return RunnableBranch((RunnableLambda(needs).with_config(run_name="needs_retrieval"),
                            retrieval_chain), direct_chain)
+
+
+def same_identity(sparse: Sequence[Unit], dense: Sequence[Unit]) -> None:
+    """Give a dense unit the id of the sparse unit that is the same document, in place.
+
+    Two retrievers built over the same id-less Documents (LangChain's default) name them
+    differently: our BM25 numbers them ``"0"``, ``"1"``, ..., a vector store gives them uuids.
+    A dense unit whose id the sparse side also returned keeps it; otherwise it takes the id of
+    the first sparse unit with the same text whose own id the dense side did not return, so
+    fusion merges the two copies instead of returning the text twice. Documents with ids both
+    sides share are matched by id alone.
+    """
+    dense_ids = {u.id for u in dense}
+    sparse_ids = {u.id for u in sparse}
+    free: dict[str, list[str]] = {}
+    for u in sparse:
+        if u.id not in dense_ids:
+            free.setdefault(u.text, []).append(u.id)
+    for u in dense:
+        if u.id not in sparse_ids and free.get(u.text):
+            u.id = free[u.text].pop(0)
 
 
 def hybrid_sides(documents: Optional[Iterable[Document]], backend: Any, embedder: Any = None,

@@ -35,19 +35,22 @@ class CompressionRetriever(FunnelRetriever):
     Attributes:
         base_retriever: Any LangChain retriever (it should return more than ``k`` documents).
         base_compressor: One compressor, as LangChain's ``ContextualCompressionRetriever`` takes
-            it (``CompressionRetriever(base_retriever=..., base_compressor=...)`` works as there);
-            it runs before ``compressors``.
-        compressors: ``BaseDocumentCompressor`` objects (called with the query) and
-            ``BaseDocumentTransformer`` objects (documents only), applied in order.
+            it (``CompressionRetriever(base_retriever=..., base_compressor=...)`` works as there).
+            It is folded into ``compressors`` as their first: it always reads
+            ``compressors[0]`` (``None`` when there are none), and setting it replaces that one.
+        compressors: Every ``BaseDocumentCompressor`` (called with the query) and
+            ``BaseDocumentTransformer`` (documents only) run after the retriever, in order,
+            ``base_compressor`` first.
         k: Documents returned (also ``invoke(query, k=3)``).
 
-    Any other keyword raises, naming the accepted ones.
+    An edit of ``base_retriever``, ``base_compressor`` or ``compressors`` is checked and is what
+    the next query runs. Any other keyword raises, naming the accepted ones.
     """
 
     base_retriever: BaseRetriever
     base_compressor: Optional[Any] = Field(
-        default=None, description="One compressor (ContextualCompressionRetriever's argument), "
-                                  "run before compressors.")
+        default=None, description="One compressor (ContextualCompressionRetriever's argument): "
+                                  "the first of compressors.")
     compressors: list[Any] = Field(default_factory=list)
     funnel: Optional[Funnel] = Field(default=None,  # type: ignore[assignment]
                                      description="Built from the fields above.")
@@ -57,8 +60,37 @@ class CompressionRetriever(FunnelRetriever):
         super().model_post_init(__context)
         steps = [*([] if self.base_compressor is None else [self.base_compressor]),
                  *self.compressors]
+        self._rebuild(self.base_retriever, steps)
+
+    @staticmethod
+    def _check(steps: list[Any]) -> None:
         for c in steps:
             if not isinstance(c, (BaseDocumentCompressor, BaseDocumentTransformer)):
                 raise TypeError(f"compressors must be BaseDocumentCompressor or "
                                 f"BaseDocumentTransformer objects, got {type(c).__name__}.")
-        self.funnel = build_funnel([self.base_retriever, *steps])
+
+    def _rebuild(self, retriever: Any, steps: list[Any]) -> None:
+        """Check, then set the fields and the funnel together (a refused edit changes nothing)."""
+        steps = list(steps)
+        self._check(steps)
+        funnel = build_funnel([retriever, *steps])
+        set_field = super().__setattr__
+        set_field("base_retriever", retriever)
+        set_field("compressors", steps)
+        set_field("base_compressor", steps[0] if steps else None)
+        set_field("funnel", funnel)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("funnel") is None:  # still being built
+            super().__setattr__(name, value)
+        elif name == "base_retriever":
+            self._rebuild(value, self.compressors)
+        elif name == "compressors":
+            if not isinstance(value, (list, tuple)):
+                raise TypeError(f"compressors must be a list, got {type(value).__name__}.")
+            self._rebuild(self.base_retriever, list(value))
+        elif name == "base_compressor":
+            rest = self.compressors[1:]
+            self._rebuild(self.base_retriever, rest if value is None else [value, *rest])
+        else:
+            super().__setattr__(name, value)

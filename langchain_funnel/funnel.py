@@ -6,6 +6,13 @@ any runnable taking ``{"query", "documents"}`` and returning documents — wrapp
 :func:`as_stage`. The per-stage trace is not copied onto the documents (it would repeat ~1 KB
 of JSON on each): :meth:`FunnelRetriever.search` returns ``(documents, trace)``, and the
 retriever's run reports it to callbacks as the custom event ``"funnel_trace"``.
+
+Scores belong to the order: a later stage that reorders documents without writing a
+``relevance_score`` of its own (LangChain's ``CrossEncoderReranker``, ``LongContextReorder``)
+leaves none (the earlier stage's score stays in ``funnel_score_<stage>``, and
+``funnel_reordered_by`` names the stage); one that keeps the order keeps the scores
+(:func:`funnel_core.units.foreign_output`). LlamaIndex's funnel does the same with
+``NodeWithScore.score``.
 """
 
 from __future__ import annotations
@@ -26,18 +33,24 @@ from pydantic import Field
 from funnel_core.errors import check_query
 from funnel_core.funnel import Funnel, FunnelResult, Stage
 from funnel_core.funnel import as_stage as core_as_stage
-from funnel_core.units import Trace, Unit, scored_by
+from funnel_core.units import Trace, Unit, foreign_output, scored_by
 from langchain_funnel._base import UnitRetriever, documents_to_units, units_to_documents
 
 __all__ = ["rerank_chain", "FunnelRetriever", "LCRetrieverStage", "LCCompressorStage", "LCTransformerStage",
            "LCRunnableStage", "as_stage"]
 
 
-def _scored(docs: Any, name: str) -> list[Unit]:
+def _scored(docs: Any, name: str, before: Optional[Sequence[Unit]] = None) -> list[Unit]:
+    """A LangChain stage's documents -> units; for a later stage (``before``: its input) a score
+    the stage did not write is dropped once it reorders the documents
+    (:func:`funnel_core.units.foreign_output`)."""
     if not isinstance(docs, (list, tuple)) or not all(isinstance(d, Document) for d in docs):
         raise TypeError(f"funnel stage {name!r} must return a list of Documents, got "
                         f"{type(docs).__name__}.")
-    return [scored_by(u, name) for u in documents_to_units(list(docs))]
+    units = documents_to_units(list(docs))
+    if before is None:
+        return [scored_by(u, name) for u in units]
+    return foreign_output(before, units, name)
 
 
 #: Name of the custom callback event that carries a funnel run's trace (``Trace.to_dict()``).
@@ -93,12 +106,12 @@ class LCCompressorStage(Stage):
     def run(self, query: str, units: list[Unit]) -> list[Unit]:
         docs = self.compressor.compress_documents(units_to_documents(units), query,
                                                   callbacks=_callbacks())
-        return _scored(list(docs), self.name)
+        return _scored(list(docs), self.name, units)
 
     async def arun(self, query: str, units: list[Unit]) -> list[Unit]:
         docs = await self.compressor.acompress_documents(units_to_documents(units), query,
                                                          callbacks=_callbacks())
-        return _scored(list(docs), self.name)
+        return _scored(list(docs), self.name, units)
 
 
 class LCTransformerStage(Stage):
@@ -111,14 +124,14 @@ class LCTransformerStage(Stage):
     def run(self, query: str, units: list[Unit]) -> list[Unit]:
         docs = units_to_documents(units)
         if isinstance(self.transformer, Runnable):
-            return _scored(self.transformer.invoke(docs), self.name)
-        return _scored(list(self.transformer.transform_documents(docs)), self.name)
+            return _scored(self.transformer.invoke(docs), self.name, units)
+        return _scored(list(self.transformer.transform_documents(docs)), self.name, units)
 
     async def arun(self, query: str, units: list[Unit]) -> list[Unit]:
         docs = units_to_documents(units)
         if isinstance(self.transformer, Runnable):
-            return _scored(await self.transformer.ainvoke(docs), self.name)
-        return _scored(list(await self.transformer.atransform_documents(docs)), self.name)
+            return _scored(await self.transformer.ainvoke(docs), self.name, units)
+        return _scored(list(await self.transformer.atransform_documents(docs)), self.name, units)
 
 
 class LCRunnableStage(Stage):
@@ -130,11 +143,11 @@ class LCRunnableStage(Stage):
 
     def run(self, query: str, units: list[Unit]) -> list[Unit]:
         return _scored(self.runnable.invoke({"query": query, "documents": units_to_documents(units)}),
-                       self.name)
+                       self.name, units)
 
     async def arun(self, query: str, units: list[Unit]) -> list[Unit]:
         out = await self.runnable.ainvoke({"query": query, "documents": units_to_documents(units)})
-        return _scored(out, self.name)
+        return _scored(out, self.name, units)
 
 
 def as_stage(obj: Any, first: bool = False) -> Stage:

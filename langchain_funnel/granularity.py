@@ -25,7 +25,7 @@ from funnel_core.granularity.graph import GraphGranularityBuilder
 from funnel_core.granularity.levels import MultiGranularityChunker
 from funnel_core.granularity.retrieval import MixOfGranularityRetrieve, check_mog_settings, mog_stage
 from funnel_core.settings import setting_names
-from funnel_core.units import Unit, read_funnel_metadata
+from funnel_core.units import Unit, keep_source_funnel_keys, read_funnel_metadata
 from langchain_funnel._base import UnitRetriever, documents_to_units, units_to_documents
 
 __all__ = ["MultiGranularityTextSplitter", "GraphGranularitySplitter", "MixOfGranularityRetriever"]
@@ -54,8 +54,14 @@ def _doc_units(documents: Iterable[Document]) -> tuple[list[Unit], dict[str, Doc
     return units, by_id
 
 
-def _to_documents(units: Sequence[Unit], by_id: dict[str, Document]) -> list[Document]:
-    return units_to_documents(units)
+def _to_documents(units: Sequence[Unit], by_id: dict[str, Document], owner: str) -> list[Document]:
+    """The pieces as Documents; each also gets its source document's ``funnel_`` keys it does
+    not write itself, as LlamaIndex's node parsers merge them (and a warning names those it
+    replaced: :func:`funnel_core.units.keep_source_funnel_keys`)."""
+    docs = units_to_documents(units)
+    keep_source_funnel_keys(owner, ((by_id[u.funnel["doc_id"]].metadata, d.metadata)
+                                    for u, d in zip(units, docs) if u.funnel.get("doc_id") in by_id))
+    return docs
 
 
 def _texts_to_documents(texts: Sequence[str], metadatas: Optional[Sequence[dict]]) -> list[Document]:
@@ -137,7 +143,7 @@ class MultiGranularityTextSplitter(_HoldsSplitter, TextSplitter):
             return []
         hierarchy = self._core.split(units)
         levels = hierarchy.levels if self.levels == "all" else hierarchy.levels[:1]
-        return _to_documents([u for level in levels for u in level], by_id)
+        return _to_documents([u for level in levels for u in level], by_id, type(self).__name__)
 
     def create_documents(self, texts: Sequence[str],
                          metadatas: Optional[Sequence[dict]] = None) -> list[Document]:
@@ -194,7 +200,7 @@ class GraphGranularitySplitter(_HoldsSplitter, TextSplitter):
             return []
         graph = self._core.build(units)
         self.last_build_seconds = graph.build_seconds
-        return _to_documents(graph.nodes, by_id)
+        return _to_documents(graph.nodes, by_id, type(self).__name__)
 
     def create_documents(self, texts: Sequence[str],
                          metadatas: Optional[Sequence[dict]] = None) -> list[Document]:

@@ -37,6 +37,10 @@ class CrossEncoderReranker(StageCompressor):
     """Rerank documents with a cross-encoder: a
     :class:`~funnel_core.rerank.cross_encoder.CrossEncoderScorer`.
 
+    ``relevance_score`` is a sigmoid probability in (0, 1) by default (``normalize=True``), the
+    scale of LangChain's ``HuggingFaceCrossEncoder`` behind ``CrossEncoderReranker``, so a 0.5
+    threshold means "relevant"; ``normalize=False`` gives raw logits (the same order).
+
     Example::
 
         reranker = CrossEncoderReranker(model="BAAI/bge-reranker-v2-m3", library="flagembedding",
@@ -56,7 +60,10 @@ class CrossEncoderReranker(StageCompressor):
     max_length: int = Field(
         default=512, description='Tokens per (query, passage) pair; the passage is truncated, never the query.')
     sort_by_length: bool = Field(default=True, description='Batch pairs of similar length.')
-    normalize: bool = Field(default=False, description='Sigmoid scores into (0, 1).')
+    normalize: bool = Field(
+        default=True, description="Sigmoid scores into (0, 1), as the framework's own cross-encoder "
+                                  "rerankers give them (so a 0.5 similarity cut-off means 'relevant'); "
+                                  "False: the model's raw logits (the core CrossEncoderScorer's default).")
     top_n: Optional[int] = Field(default=None, description='Units to keep (None: all).')
     score_threshold: Optional[float] = Field(
         default=None, description='Drop units scoring below this.')

@@ -132,7 +132,8 @@ class ClusteredBM25Retriever(UnitRetriever):
                    ids: Optional[Sequence[str]] = None, k: int = 4, backend: Backend = None,
                    filter: Any = None, k_clusters: int = 10, return_clusters: bool = False,
                    **index_settings: Any) -> "ClusteredBM25Retriever":
-        """Cluster the texts (metadata ``links`` when present, else BM25 kNN) and index them
+        """Cluster the texts (metadata ``funnel_links`` when present, else BM25
+        kNN; a ``links`` key of the user's own is not read) and index them
         (in memory, or in Milvus with ``backend=``). ``index_settings``: the index's
         ``max_tokens``, ``adjacency``, ``knn_k``, ``knn_threshold`` and BM25 settings (an
         unknown one raises, naming this class and the accepted ones)."""

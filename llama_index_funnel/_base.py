@@ -202,9 +202,9 @@ class StagePostprocessor(StageAdapter, BaseNodePostprocessor):
 
     def _no_query(self, nodes: List[NodeWithScore]) -> List[NodeWithScore]:
         """An empty query scores nothing: the nodes keep their order, but ``top_n`` (and a
-        cut-off) still caps them, as for any other query."""
-        limit = self.stage.limit(getattr(self.stage, "top_n", None))
-        return list(nodes)[:limit] if limit is not None else list(nodes)
+        cut-off) still caps them, as for any other query (the stage's own rule,
+        :meth:`funnel_core.funnel.Stage.no_query`)."""
+        return self.stage.no_query(nodes)
 
     @contextmanager
     def _reranking(self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle],

@@ -12,6 +12,13 @@ node it came from (``unit.source``), so each stage hands the next one copies of 
 nodes (relationships, excluded keys and hash intact). Our postprocessors run through
 ``postprocess_nodes`` like any other, so rerank events and instrumentation spans are emitted
 inside the funnel too.
+
+Scores belong to the order: a postprocessor that reorders nodes without scoring them
+(``LongContextReorder``, a reranker that keeps the incoming scores) leaves ``score=None`` (the
+earlier stage's score stays in ``funnel_score_<stage>``, and ``funnel_reordered_by`` names the
+postprocessor); one that keeps the order (``SimilarityPostprocessor``, a cut) keeps the scores
+(:func:`funnel_core.units.foreign_output`). LangChain's funnel does the same with
+``relevance_score``.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 from funnel_core.errors import check_query
 from funnel_core.funnel import Funnel, FunnelResult, Stage
 from funnel_core.funnel import as_stage as core_as_stage
-from funnel_core.units import Trace, Unit, scored_by
+from funnel_core.units import Trace, Unit, foreign_output, scored_by
 from llama_index_funnel._base import UnitRetriever, nodes_to_units, units_to_nodes
 
 __all__ = ["FunnelRetriever", "FunnelTraceEvent", "RetrieverStage", "PostprocessorStage", "as_stage"]
@@ -49,8 +56,15 @@ class FunnelTraceEvent(BaseEvent):
         return "FunnelTraceEvent"
 
 
-def _scored(nodes: Sequence[NodeWithScore], name: str) -> list[Unit]:
-    return [scored_by(u, name) for u in nodes_to_units(nodes)]
+def _scored(nodes: Sequence[NodeWithScore], name: str,
+            before: Optional[Sequence[Unit]] = None) -> list[Unit]:
+    """A LlamaIndex stage's nodes -> units; for a postprocessor (``before``: its input) a score
+    it did not write is dropped once it reorders the nodes
+    (:func:`funnel_core.units.foreign_output`)."""
+    units = nodes_to_units(nodes)
+    if before is None:
+        return [scored_by(u, name) for u in units]
+    return foreign_output(before, units, name)
 
 
 class RetrieverStage(Stage):
@@ -78,12 +92,12 @@ class PostprocessorStage(Stage):
     def run(self, query: str, units: list[Unit]) -> list[Unit]:
         nodes = units_to_nodes(units)
         return _scored(self.postprocessor.postprocess_nodes(nodes, query_bundle=QueryBundle(query)),
-                       self.name)
+                       self.name, units)
 
     async def arun(self, query: str, units: list[Unit]) -> list[Unit]:
         nodes = units_to_nodes(units)
         out = await self.postprocessor.apostprocess_nodes(nodes, query_bundle=QueryBundle(query))
-        return _scored(out, self.name)
+        return _scored(out, self.name, units)
 
 
 def as_stage(obj: Any) -> Stage:

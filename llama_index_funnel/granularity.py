@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Dict, List, Optional, Sequence
 
-from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
+from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr, field_validator
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.node_parser.interface import NodeParser
+from llama_index.core.node_parser.node_utils import default_id_func
 from llama_index.core.schema import (
     BaseNode,
     MetadataMode,
@@ -31,7 +32,7 @@ from funnel_core.granularity.levels import GranularityStructure, MultiGranularit
 from funnel_core.granularity.retrieval import MixOfGranularityRetrieve, mog_stage
 from funnel_core.granularity.router import GranularityRouter
 from funnel_core.settings import StageAdapter
-from funnel_core.units import Unit, read_funnel_metadata
+from funnel_core.units import Unit, keep_source_funnel_keys, read_funnel_metadata
 from llama_index_funnel._base import UnitRetriever, annotate_node, node_to_unit
 
 __all__ = ["MultiGranularityNodeParser", "GraphGranularityNodeParser", "MixOfGranularityRetriever"]
@@ -59,21 +60,33 @@ def _text_node(unit: Unit, source: BaseNode, drop: Sequence[str] = ()) -> TextNo
 
 #: IngestionPipeline's worker functions: each runs the transformations on one batch of nodes.
 _PIPELINE_WORKERS = frozenset({"_run_transformations_worker", "_arun_transformations_worker"})
+#: IngestionPipeline's entry points, whose ``input_nodes`` / ``nodes_to_run`` say what its
+#: docstore let through.
+_PIPELINE_RUNS = frozenset({"run", "arun"})
+_PIPELINE_MODULE = "llama_index.core.ingestion.pipeline"
 
 
-def _refuse_batched_ingestion(name: str) -> None:
-    """Raise when called from an ``IngestionPipeline(num_workers > 1)`` worker process.
+def _refuse_partial_ingestion(name: str) -> None:
+    """Raise when an ``IngestionPipeline`` hands a graph parser only part of its documents.
 
-    A graph parser links nodes across all the documents of one call; the pipeline splits the
-    documents into one batch per worker, so each worker would build its own, sparser graph (84
-    instead of 108 edges on the same documents) without any sign of it.
+    A graph parser links nodes across all the documents of one call. Two pipeline set-ups call
+    it with a part of the corpus, and each would build a separate, sparser graph without any
+    sign of it:
+
+    * ``num_workers > 1``: each worker process gets one batch (84 instead of 108 edges on the
+      same documents);
+    * a ``docstore``: the pipeline passes only the documents that are new or changed (upserts)
+      or not seen before (duplicates), so the graph is rebuilt over those alone, with no edge to
+      the unchanged documents, whose nodes (and neighbour lists) stay as they were.
+
+    A docstore run that passes every input document (the first ingestion) is not refused.
     """
     import sys
 
     frame = sys._getframe(1)
     while frame is not None:
-        if (frame.f_code.co_name in _PIPELINE_WORKERS
-                and frame.f_globals.get("__name__") == "llama_index.core.ingestion.pipeline"):
+        code, module = frame.f_code.co_name, frame.f_globals.get("__name__")
+        if module == _PIPELINE_MODULE and code in _PIPELINE_WORKERS:
             raise ValueError(
                 f"{name} links nodes across all the documents it parses at once, but "
                 "IngestionPipeline(num_workers > 1) hands each worker process a separate batch, "
@@ -81,15 +94,49 @@ def _refuse_batched_ingestion(name: str) -> None:
                 "num_workers=None (or 1), or parse first: nodes = "
                 f"{name}(...).get_nodes_from_documents(documents), then run the pipeline's "
                 "other transformations on those nodes with workers.")
+        if module == _PIPELINE_MODULE and code in _PIPELINE_RUNS:
+            pipeline = frame.f_locals.get("self")
+            given, run = frame.f_locals.get("input_nodes"), frame.f_locals.get("nodes_to_run")
+            if (getattr(pipeline, "docstore", None) is not None and given is not None
+                    and run is not None and 0 < len(run) < len(given)):
+                raise ValueError(
+                    f"{name} links nodes across all the documents it parses at once, but this "
+                    f"IngestionPipeline's docstore passed it only {len(run)} of the "
+                    f"{len(given)} documents (the new or changed ones): the graph would be "
+                    "rebuilt over those alone, with no edge to the unchanged documents (the "
+                    "pipeline recorded their hashes in its docstore before this parser ran). Re-parse "
+                    f"the whole corpus: nodes = {name}(...).get_nodes_from_documents(all_documents), "
+                    "then run a pipeline without the graph parser (docstore and vector store "
+                    "as before) on those nodes; or use this parser in a pipeline without a "
+                    "docstore.")
         frame = frame.f_back  # type: ignore[assignment]
 
 
 class _StageNodeParser(StageAdapter, NodeParser):
     """A node parser holding one core splitter (``stage_class``) built from the fields named
-    like its settings; an edit of one is forwarded to it. Unknown keywords raise."""
+    like its settings; an edit of one is forwarded to it. Unknown keywords raise.
+
+    Node ids are structural (document, level, position: the MoG retriever and the
+    PARENT/CHILD links read them), so NodeParser's ``id_func`` is not used: the default is
+    accepted, also as ``to_dict`` saves it (by name), and any other is refused rather than
+    silently ignored."""
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
     _stage: Any = PrivateAttr(default=None)
+
+    @field_validator("id_func", mode="before")
+    @classmethod
+    def _structural_ids(cls, value: Any) -> Any:
+        if isinstance(value, dict):  # NodeParser.to_dict saves the function by name
+            value = default_id_func if value.get("id_func_name") == default_id_func.__name__ \
+                else value.get("id_func_name")
+        if value is None or value is default_id_func:
+            return default_id_func
+        name = getattr(value, "__name__", value)
+        raise ValueError(
+            f"{cls.__name__} names its nodes by document, level and position (the MoG retriever "
+            f"and the PARENT/CHILD links read those ids), so it does not use id_func; got "
+            f"id_func={name!r}. Leave id_func out (or pass the default).")
 
 
 class MultiGranularityNodeParser(_StageNodeParser):
@@ -126,6 +173,7 @@ class MultiGranularityNodeParser(_StageNodeParser):
                      **kwargs: Any) -> List[BaseNode]:
         chunker: MultiGranularityChunker = self.stage
         out: List[BaseNode] = []
+        pairs: List[tuple[Dict[str, Any], Dict[str, Any]]] = []
         for di, doc in enumerate(get_tqdm_iterable(nodes, show_progress, "Parsing granularity levels")):
             levels = chunker.split_document(_doc_unit(doc), di)
             by_id: Dict[str, TextNode] = {}
@@ -143,6 +191,8 @@ class MultiGranularityNodeParser(_StageNodeParser):
                         node.relationships[NodeRelationship.CHILD] = \
                             [by_id[k].as_related_node_info() for k in kids]
                     out.append(node)
+                    pairs.append((doc.metadata, node.metadata))
+        keep_source_funnel_keys(type(self).__name__, pairs)
         return out
 
 
@@ -153,7 +203,9 @@ class GraphGranularityNodeParser(_StageNodeParser):
     documents) whose normalised similarity reaches ``t_graph``; edges are undirected and stored
     as ``metadata["funnel_graph_neighbors_json"]`` (a JSON list of ids) and
     ``metadata["funnel_graph_weights_json"]``. The graph spans
-    the documents of one call, so parse the whole corpus at once. ``last_build_seconds`` is the
+    the documents of one call, so parse the whole corpus at once: inside an
+    ``IngestionPipeline`` with ``num_workers > 1``, or with a docstore that passes on only the
+    new or changed documents, it raises instead of building a graph over a part. ``last_build_seconds`` is the
     edge-building time of the latest call. With no pair above ``t_graph`` the nodes get empty
     neighbour lists (and a warning): every hop range is then the node alone. The settings are
     those of the :class:`~funnel_core.granularity.graph.GraphGranularityBuilder` it holds.
@@ -184,14 +236,18 @@ class GraphGranularityNodeParser(_StageNodeParser):
 
     def _parse_nodes(self, nodes: Sequence[BaseNode], show_progress: bool = False,
                      **kwargs: Any) -> List[BaseNode]:
-        _refuse_batched_ingestion(type(self).__name__)
+        _refuse_partial_ingestion(type(self).__name__)
         if not nodes:
             return []
         builder: GraphGranularityBuilder = self.stage
         docs = {n.node_id: n for n in nodes}
         graph = builder.build([_doc_unit(n) for n in nodes])
         self.last_build_seconds = graph.build_seconds
-        return [_text_node(u, docs[u.funnel["doc_id"]]) for u in graph.nodes]
+        out: List[BaseNode] = [_text_node(u, docs[u.funnel["doc_id"]]) for u in graph.nodes]
+        keep_source_funnel_keys(type(self).__name__,
+                                ((docs[u.funnel["doc_id"]].metadata, n.metadata)
+                                 for u, n in zip(graph.nodes, out)))
+        return out
 
 
 class MixOfGranularityRetriever(UnitRetriever):

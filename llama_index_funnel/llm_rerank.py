@@ -104,6 +104,49 @@ def forward_lookup(owner: str, llm: Any, *, variant: str = "FB",
     return ForwardLookup(llm=llm, eta_backward=eta_b, eta_forward=eta_f, **settings)
 
 
+class _HoldsForwardLookup:
+    """Forwards the settings of the :class:`~funnel_core.fbrag.ForwardLookup` it holds
+    (``self.forward``) as attributes: ``retriever.k = 1`` is validated by the stage and honoured
+    at the next call (the setting lives on the stage, not on this object). ``llm`` takes a
+    LlamaIndex LLM too; ``variant`` (where the class has one) sets both weights; a new
+    ``chunk_words`` chunks ``context`` again."""
+
+    #: Stage settings this class does not forward (its own, or derived from its own).
+    _NOT_FORWARDED: ClassVar[frozenset[str]] = frozenset({"llm"})
+
+    def _forwarded(self, name: str) -> bool:
+        return name in setting_names(ForwardLookup) and name not in self._NOT_FORWARDED
+
+    def __getattr__(self, name: str) -> Any:
+        forward = self.__dict__.get("forward")
+        if name == "llm" and forward is not None:
+            return self.__dict__.get("_llm", forward.llm)
+        if forward is not None and self._forwarded(name):
+            return getattr(forward, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        forward = self.__dict__.get("forward")
+        if forward is None:
+            object.__setattr__(self, name, value)
+        elif name == "llm":
+            forward.llm = as_provider(value, timeout=forward.timeout) \
+                if isinstance(value, LlamaIndexBaseLLM) else value
+            object.__setattr__(self, "_llm", value)
+        elif self._forwarded(name):
+            setattr(forward, name, value)  # validated by the stage
+            if name == "timeout" and isinstance(self.__dict__.get("_llm"), LlamaIndexBaseLLM):
+                forward.llm = as_provider(self.__dict__["_llm"], timeout=value)
+            if name == "chunk_words" and self.__dict__.get("_context") is not None:
+                object.__setattr__(self, "units", _chunks(self.__dict__["_context"], value))
+        else:
+            object.__setattr__(self, name, value)
+
+
+def _chunks(context: str | Sequence[str], chunk_words: int) -> list[Unit]:
+    return chunk_context(context, chunk_words, id_prefix=f"chunk-{text_digest(context)}")
+
+
 @dataclass
 class ForwardLookupQueryBundle(QueryBundle):
     """A ``QueryBundle`` carrying FB-RAG's forward-lookup samples (rationales and answers)."""
@@ -112,7 +155,7 @@ class ForwardLookupQueryBundle(QueryBundle):
     reader_context: str = ""
 
 
-class ForwardLookupQueryTransform(BaseQueryTransform):
+class ForwardLookupQueryTransform(_HoldsForwardLookup, BaseQueryTransform):
     """FB-RAG Stage II as a query transform: sample K ``Rationale: ... Answer: ...`` outputs.
 
     The light LLM reads a context chosen, in this order, from: ``metadata["context"]`` of the
@@ -130,17 +173,22 @@ class ForwardLookupQueryTransform(BaseQueryTransform):
     The sampling and reading arguments (``samples``, ``temperature``, ``top_p``, ``top_k``,
     ``max_new_tokens``, ``prompt``, ``recall_k``, ``reader_words``, ``chunk_words``, and
     ``timeout``/``gguf_file``/``device``/``dtype`` of a local model) are settings of
-    :class:`funnel_core.fbrag.ForwardLookup`, passed as ``**settings``.
+    :class:`funnel_core.fbrag.ForwardLookup`, passed as ``**settings``; each is also an
+    attribute, and an edit (``transform.samples = 3``) is validated and used at the next call.
     """
+
+    #: Stage II reads with the forward side only: the weights are not this class's settings.
+    _NOT_FORWARDED = frozenset({"llm", "eta_backward", "eta_forward"})
 
     def __init__(self, llm: Any, *, context: str | Sequence[str] | None = None,
                  retriever: Optional[BaseRetriever] = None, embed_samples: bool = True,
                  **settings: Any) -> None:
         # Stage II reads: the forward side only
+        self._context = context
+        self._llm = llm
+        self.units = _chunks(context, settings.get("chunk_words", 300)) \
+            if context is not None else None
         self.forward = forward_lookup(type(self).__name__, llm, variant="F", **settings)
-        self.units = (chunk_context(context, self.forward.chunk_words,
-                                    id_prefix=f"chunk-{text_digest(context)}")
-                      if context is not None else None)
         self.retriever = retriever
         self.embed_samples = embed_samples
 
@@ -176,7 +224,7 @@ class ForwardLookupQueryTransform(BaseQueryTransform):
                                         samples=samples, reader_context=context)
 
 
-class ForwardLookupRetriever(BaseRetriever):
+class ForwardLookupRetriever(_HoldsForwardLookup, BaseRetriever):
     """FB-RAG Stages I-III as a LlamaIndex retriever.
 
     Candidates are the ``chunk_words``-word chunks of ``context``, or the nodes that
@@ -196,7 +244,13 @@ class ForwardLookupRetriever(BaseRetriever):
             :class:`funnel_core.fbrag.ForwardLookup` (``k`` = chunks returned, 3 here;
             ``budget_words``, ``chunk_words``, sampling, ``timeout``/``gguf_file``/``device`` of
             a local model...). An unknown one raises, naming the accepted ones.
+
+    Each setting is also an attribute, forwarded to the stage (``.forward``): an edit
+    (``retriever.k = 1``, ``retriever.variant = "F"``) is validated and used at the next query.
     """
+
+    #: The weights follow ``variant`` (and may be set themselves): handled below.
+    _NOT_FORWARDED = frozenset({"llm"})
 
     def __init__(self, llm: Any, *, context: str | Sequence[str] | None = None,
                  retriever: Optional[BaseRetriever] = None,
@@ -204,12 +258,28 @@ class ForwardLookupRetriever(BaseRetriever):
         if (context is None) == (retriever is None):
             raise ValueError("ForwardLookupRetriever needs exactly one of context= (a long "
                              "text) or retriever= (a base retriever).")
+        self._context = context
+        self._llm = llm
+        self._variant = settings.get("variant", "FB")
+        self.units: Optional[list[Unit]] = _chunks(context, settings.get("chunk_words", 300)) \
+            if context is not None else None
         self.forward = forward_lookup(type(self).__name__, llm, **{"k": 3, **settings})
-        self.units: Optional[list[Unit]] = (
-            chunk_context(context, self.forward.chunk_words, id_prefix=f"chunk-{text_digest(context)}")
-            if context is not None else None)
         self.retriever = retriever
         super().__init__(callback_manager=callback_manager)
+
+    @property
+    def variant(self) -> str:
+        """``"FB"``, ``"F"`` or ``"B"``: setting it sets both weights of the stage."""
+        return self._variant
+
+    @variant.setter
+    def variant(self, value: str) -> None:
+        eta_b, eta_f = variant_weights(value)  # validated before anything changes
+        # the larger weight first: the stage refuses both weights at 0 on the way (B -> F)
+        for name, eta in sorted((("eta_backward", eta_b), ("eta_forward", eta_f)),
+                                key=lambda x: -x[1]):
+            setattr(self.forward, name, eta)
+        object.__setattr__(self, "_variant", value)
 
     def warm_up(self) -> "ForwardLookupRetriever":
         """Load the models of everything this retriever holds (see ``funnel_core`` ``Stage.warm_up``),

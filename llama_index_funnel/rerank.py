@@ -34,6 +34,11 @@ class CrossEncoderRerank(StagePostprocessor):
     """Rerank nodes with a cross-encoder (FunnelRAG's pre-ranker): a
     :class:`~funnel_core.rerank.cross_encoder.CrossEncoderScorer`.
 
+    Scores are sigmoid probabilities in (0, 1) by default (``normalize=True``), the scale of
+    LlamaIndex's ``SentenceTransformerRerank``, so ``SimilarityPostprocessor(similarity_cutoff=0.5)``
+    after it keeps the nodes the model calls relevant; ``normalize=False`` gives raw logits (the
+    order is the same either way).
+
     Example::
 
         rerank = CrossEncoderRerank(model="BAAI/bge-reranker-v2-m3", library="flagembedding",
@@ -53,7 +58,10 @@ class CrossEncoderRerank(StagePostprocessor):
     max_length: int = Field(
         default=512, description='Tokens per (query, passage) pair; the passage is truncated, never the query.')
     sort_by_length: bool = Field(default=True, description='Batch pairs of similar length.')
-    normalize: bool = Field(default=False, description='Sigmoid scores into (0, 1).')
+    normalize: bool = Field(
+        default=True, description="Sigmoid scores into (0, 1), as the framework's own cross-encoder "
+                                  "rerankers give them (so a 0.5 similarity cut-off means 'relevant'); "
+                                  "False: the model's raw logits (the core CrossEncoderScorer's default).")
     top_n: Optional[int] = Field(default=None, description='Units to keep (None: all).')
     score_threshold: Optional[float] = Field(
         default=None, description='Drop units scoring below this.')

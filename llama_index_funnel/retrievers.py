@@ -273,7 +273,8 @@ class ClusteredBM25Retriever(_NodeRetriever):
         the index's ``max_tokens``, ``adjacency``, ``knn_k``, ``knn_threshold`` and BM25
         settings (an unknown one raises, naming this class and the accepted ones).
 
-        Adjacency: ``metadata["links"]`` (ids or titles) when present, else a BM25 kNN graph.
+        Adjacency: ``metadata["funnel_links"]`` (ids or titles) when present, else a BM25 kNN graph
+        (a ``links`` key of the user's own is not read).
         """
         nodes = nodes_from(nodes, docstore)
         check_positive_int(similarity_top_k, "similarity_top_k")

@@ -34,7 +34,7 @@ import numpy as np
 
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import FunnelError, PersistError, check_probability, check_query
-from funnel_core.funnel import Stage, as_stage
+from funnel_core.funnel import Stage, T, as_stage
 from funnel_core.persist import check_model_name, check_number, load_snapshot, save_snapshot
 from funnel_core.units import Unit
 
@@ -267,3 +267,8 @@ class RetrievalGate(Stage):
         if self.classifier.needs_retrieval(query):
             return self.stage(query, units)
         return units
+
+    def no_query(self, items: Sequence[T]) -> list[T]:
+        """An empty query: what the gated stage returns for one (its ``top_n`` caps), then this
+        gate's cut-off."""
+        return super().no_query(self.stage.no_query(items))

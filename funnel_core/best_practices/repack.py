@@ -66,7 +66,7 @@ class Repack(Settings, Stage):
     def __call__(self, query: str, units: Sequence[Unit] | None = None) -> list[Unit]:
         query = check_query(query)
         if not query:
-            return []
+            return self.no_query(units or [])  # as every stage: the order kept, the cut-off applied
         return self.run(query, list(units or []))  # the cut-off is applied before reordering
 
     async def acall(self, query: str, units: Sequence[Unit] | None = None) -> list[Unit]:

@@ -29,7 +29,13 @@ from funnel_core.errors import PersistError, check_positive_int, check_query
 from funnel_core.filters import MetadataFilter, metadata_mask
 from funnel_core.funnel import Stage
 from funnel_core.funnelrag.chunking import OpenClusters
-from funnel_core.funnelrag.clustering import Clustering, bm25_knn_adjacency, build_clusters, link_adjacency
+from funnel_core.funnelrag.clustering import (
+    Clustering,
+    bm25_knn_adjacency,
+    build_clusters,
+    has_links,
+    link_adjacency,
+)
 from funnel_core.persist import check_number, load_snapshot, prepare_units, read_units, save_snapshot, write_units
 from funnel_core.text import count_tokens
 from funnel_core.units import SCORE_PREFIX, Unit, check_unique_ids
@@ -102,8 +108,10 @@ class ClusteredBM25Index(FreshOnCopy):
 
     Args:
         max_tokens: Maximum cluster size S (whitespace tokens; the paper uses ~4K).
-        adjacency: ``"auto"`` (metadata links if present, else BM25 kNN), ``"links"``, ``"bm25"``;
-            or pass a precomputed scipy sparse (n, n) matrix to :meth:`index`.
+        adjacency: ``"auto"`` (links under our ``metadata["funnel_links"]`` if any document has
+            them, else BM25 kNN), ``"links"``, ``"bm25"``; or pass a precomputed scipy sparse
+            (n, n) matrix to :meth:`index` (e.g. ``link_adjacency(documents, key="links")`` to
+            cluster by a key of your own). A user's ``links`` key is never read.
         knn_k: Neighbours per document in the BM25 kNN graph.
         knn_threshold: Minimum normalised BM25 similarity of an edge.
         **bm25_config: Settings of the BM25 index over clusters (method, k1, b, stemmer,
@@ -191,7 +199,7 @@ class ClusteredBM25Index(FreshOnCopy):
         if adjacency is None:
             mode = self.adjacency
             if mode == "auto":
-                mode = "links" if any(d.metadata.get("links") for d in documents) else "bm25"
+                mode = "links" if has_links(documents) else "bm25"
             # the BM25 kNN graph is built over the same document index the search orders by
             adjacency = (bm25_knn_adjacency(document_index[0], k=self.knn_k, threshold=self.knn_threshold)
                          if mode == "bm25" else link_adjacency(documents))
@@ -216,7 +224,7 @@ class ClusteredBM25Index(FreshOnCopy):
                              f"(rows: new documents; columns: existing then new), got {adj.shape}.")
         mode = self.adjacency
         if mode == "auto":
-            mode = "links" if any(d.metadata.get("links") for d in documents) else "bm25"
+            mode = "links" if has_links(documents) else "bm25"
         if mode == "links":
             return link_adjacency(documents)[n_old:]
         return bm25_knn_adjacency(document_index, k=self.knn_k,

@@ -51,6 +51,8 @@ __all__ = [
     "Clustering",
     "cluster_documents",
     "local_clustering_coefficient",
+    "LINKS_KEY",
+    "has_links",
     "link_adjacency",
     "bm25_knn_adjacency",
     "bm25_weight_matrix",
@@ -220,8 +222,21 @@ def _merge_python(a: sp.csr_matrix, order: np.ndarray, sizes: np.ndarray, max_to
     return [members[c] for c in live]
 
 
-def link_adjacency(units: Sequence[Unit], key: str = "links", title_key: str = "title") -> sp.csr_matrix:
-    """Adjacency from explicit links: ``unit.metadata[key]`` lists linked ids or titles."""
+#: The metadata key whose list of linked ids or titles steers clustering (``adjacency="auto"``
+#: or ``"links"``). It is ours (``funnel_`` prefix): a user's own ``links`` key (web loaders write
+#: URLs there) changes nothing; pass ``link_adjacency(units, key="links")`` to use it on purpose.
+LINKS_KEY = "funnel_links"
+
+
+def has_links(units: Sequence[Unit]) -> bool:
+    """Whether any unit lists links under :data:`LINKS_KEY` (what ``adjacency="auto"`` checks)."""
+    return any(u.metadata.get(LINKS_KEY) for u in units)
+
+
+def link_adjacency(units: Sequence[Unit], key: str = LINKS_KEY, title_key: str = "title") -> sp.csr_matrix:
+    """Adjacency from explicit links: ``unit.metadata[key]`` lists linked ids or titles
+    (``key`` is :data:`LINKS_KEY`, ``"funnel_links"``, unless named; a target is matched to a
+    unit's id, else to the ``title_key`` of a unit)."""
     index = {u.id: i for i, u in enumerate(units)}
     for i, u in enumerate(units):
         title = u.metadata.get(title_key)
@@ -479,8 +494,10 @@ def build_clusters(units: Sequence[Unit], adjacency: sp.spmatrix | str = "auto",
 
     Args:
         units: The documents.
-        adjacency: A sparse matrix, or ``"links"`` (metadata links), ``"bm25"`` (BM25 kNN), or
-            ``"auto"``: links when any document has ``metadata["links"]``, else BM25 kNN.
+        adjacency: A sparse matrix, or ``"links"`` (metadata ``funnel_links``), ``"bm25"``
+            (BM25 kNN), or ``"auto"``: links when any document has ``metadata["funnel_links"]``
+            (:data:`LINKS_KEY`), else BM25 kNN. A user's ``links`` key is not read; build
+            ``link_adjacency(units, key="links")`` to use it.
         max_tokens: Maximum cluster size S (whitespace tokens).
         knn_k: Neighbours per document in the BM25 kNN graph (tuned on SciFact train qrels).
         knn_threshold: Minimum normalised BM25 similarity of an edge (tuned likewise).
@@ -497,7 +514,7 @@ def build_clusters(units: Sequence[Unit], adjacency: sp.spmatrix | str = "auto",
     if isinstance(adjacency, str):
         mode = adjacency
         if mode == "auto":
-            mode = "links" if any(u.metadata.get("links") for u in units) else "bm25"
+            mode = "links" if has_links(units) else "bm25"
         if mode == "links":
             adj = link_adjacency(units)
         elif mode == "bm25":

@@ -396,3 +396,59 @@ def test_filter_complex_metadata_keeps_the_splitter_hierarchy():
     got = lc.MixOfGranularityRetriever(documents=kept, k=3).invoke(QUERY)
     assert [(d.id, d.metadata["relevance_score"]) for d in got] == \
         [(d.id, d.metadata["relevance_score"]) for d in want]
+
+
+# -- the funnel_ prefix is ours: a collision is a stated rule, not a silent loss -----------------
+RESERVED = {"title": "T", "funnel_note": "mine", "funnel_level": "chapter"}
+
+
+def _splitters():
+    from llama_index.core import Document as LIDocument
+
+    import langchain_funnel as lc_
+    import llama_index_funnel as li_
+
+    text = "Paris is the capital of France. The Eiffel Tower stands in Paris. It was built in 1889."
+    yield "li-mog", lambda: li_.MultiGranularityNodeParser(chunk_size=4, n_gra=2).get_nodes_from_documents(
+        [LIDocument(text=text, id_="a", metadata=dict(RESERVED))])
+    yield "li-graph", lambda: li_.GraphGranularityNodeParser(sentences_per_node=1, t_graph=0.0).get_nodes_from_documents(
+        [LIDocument(text=text, id_="a", metadata=dict(RESERVED))])
+    yield "lc-mog", lambda: lc_.MultiGranularityTextSplitter(chunk_size=4, n_gra=2).split_documents(
+        [Document(page_content=text, id="a", metadata=dict(RESERVED))])
+    yield "lc-graph", lambda: lc_.GraphGranularitySplitter(sentences_per_node=1, t_graph=0.0).split_documents(
+        [Document(page_content=text, id="a", metadata=dict(RESERVED))])
+
+
+@pytest.mark.parametrize("name,split", list(_splitters()), ids=[n for n, _ in _splitters()])
+def test_a_splitter_keeps_a_users_funnel_key_and_says_which_it_replaced(name, split):
+    """A splitter's pieces carry the source's metadata; of the reserved funnel_ keys, those the
+    splitter writes (funnel_level) are its own, and a warning names them (they were replaced
+    silently); any other (funnel_note) is kept, in both frameworks alike."""
+    with pytest.warns(UserWarning, match=r"funnel_level.*funnel_ prefix is this package's"):
+        pieces = split()
+    meta = [p.metadata for p in pieces]
+    assert all(m["title"] == "T" and m["funnel_note"] == "mine" for m in meta)
+    assert all(m["funnel_level"] != "chapter" for m in meta)
+
+
+def test_splitting_pieces_again_leaks_no_structure():
+    """A piece split again: its funnel_parent_id names a node of the first split; the new
+    top-level pieces must not inherit it (in both frameworks)."""
+    from llama_index.core import Document as LIDocument
+
+    import langchain_funnel as lc_
+    import llama_index_funnel as li_
+
+    text = " ".join(f"Sentence {i} is about the river and the mill." for i in range(12))
+    first = lc_.MultiGranularityTextSplitter(chunk_size=8, n_gra=2).split_documents(
+        [Document(page_content=text, id="a")])
+    child = next(d for d in first if d.metadata.get("funnel_parent_id"))
+    with pytest.warns(UserWarning, match="funnel_parent_id"):
+        again = lc_.MultiGranularityTextSplitter(chunk_size=4, n_gra=2).split_documents([child])
+    top = [d for d in again if d.metadata["funnel_granularity"] == 2]
+    assert top and all(d.metadata["funnel_parent_id"] is None for d in top)
+    source = LIDocument(text=child.page_content, id_="b", metadata=dict(child.metadata))
+    with pytest.warns(UserWarning, match="funnel_parent_id"):
+        nodes = li_.MultiGranularityNodeParser(chunk_size=4, n_gra=2).get_nodes_from_documents([source])
+    top = [n for n in nodes if n.metadata["funnel_granularity"] == 2]
+    assert top and all(n.metadata["funnel_parent_id"] is None for n in top)

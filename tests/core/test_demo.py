@@ -17,12 +17,12 @@ pytestmark = pytest.mark.models
 DOCS = [
     Unit(id="csv.DictReader", text="csv.DictReader: Create an object that maps the information in each row "
          "to a dict whose keys are given by the optional fieldnames parameter. " * 3,
-         metadata={"title": "csv.DictReader", "links": []}),
+         metadata={"title": "csv.DictReader", "funnel_links": []}),
     Unit(id="hashlib.sha256", text="hashlib.sha256: Return a new SHA256 hash object; optionally "
-         "initialized with a string.", metadata={"title": "hashlib.sha256", "links": []}),
+         "initialized with a string.", metadata={"title": "hashlib.sha256", "funnel_links": []}),
     Unit(id="subprocess.run", text="subprocess.run: Run command with arguments and return a "
          "CompletedProcess instance; capture_output captures stdout and stderr.",
-         metadata={"title": "subprocess.run", "links": []}),
+         metadata={"title": "subprocess.run", "funnel_links": []}),
 ]
 
 

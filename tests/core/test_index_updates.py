@@ -101,11 +101,11 @@ def test_clustered_add_follows_algorithm_1_closeness(tmp_path):
 
 
 def test_clustered_add_with_links_and_bm25_graphs():
-    docs = [Unit(id="a", text="alpha beta gamma", metadata={"links": ["b"]}),
-            Unit(id="b", text="beta delta", metadata={"links": ["a"]}),
-            Unit(id="c", text="omega sigma", metadata={"links": []})]
+    docs = [Unit(id="a", text="alpha beta gamma", metadata={"funnel_links": ["b"]}),
+            Unit(id="b", text="beta delta", metadata={"funnel_links": ["a"]}),
+            Unit(id="c", text="omega sigma", metadata={"funnel_links": []})]
     idx = ClusteredBM25Index(max_tokens=100).index(docs)
-    idx.add([Unit(id="n", text="new text", metadata={"links": ["c"]})])
+    idx.add([Unit(id="n", text="new text", metadata={"funnel_links": ["c"]})])
     of = {m: c.id for c in idx.clusters for m in c.metadata["members"]}
     assert of["n"] == of["c"]
     bm = ClusteredBM25Index(max_tokens=100, adjacency="bm25", knn_k=3, knn_threshold=0.05, stemmer=None)

@@ -52,7 +52,7 @@ def _documents(groups=GROUPS) -> list[Unit]:
     for g, texts in groups.items():
         ids = [f"{g}-{i}" for i in range(len(texts))]
         for i, t in enumerate(texts):
-            docs.append(Unit(id=ids[i], text=t, metadata={"group": g, "links": [x for x in ids if x != ids[i]]}))
+            docs.append(Unit(id=ids[i], text=t, metadata={"group": g, "funnel_links": [x for x in ids if x != ids[i]]}))
     return docs
 
 
@@ -162,7 +162,7 @@ def test_order_survives_save_load_add_and_delete(tmp_path, index):
             [(d.id, d.score) for d in index.search(q, k=3)]
     # add and delete change N, df and avgdl: the scores follow the new corpus
     grown = ClusteredBM25Index(max_tokens=200, adjacency="links").index(_documents())
-    extra = Unit(id="river-4", text="The river river river mill.", metadata={"links": ["river-0"]})
+    extra = Unit(id="river-4", text="The river river river mill.", metadata={"funnel_links": ["river-0"]})
     grown.add([extra])
     docs = _documents() + [extra]
     q = "river mill"

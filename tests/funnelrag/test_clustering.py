@@ -63,7 +63,7 @@ def test_link_adjacency_by_id_and_title():
     units = [Unit(id="a", text="x", metadata={"title": "Alpha", "links": ["Beta"]}),
              Unit(id="b", text="y", metadata={"title": "Beta"}),
              Unit(id="c", text="z", metadata={"links": ["a", "missing"]})]
-    adj = link_adjacency(units).toarray()
+    adj = link_adjacency(units, key="links").toarray()  # a key named explicitly
     assert adj[0, 1] == adj[1, 0] == 1 and adj[2, 0] == adj[0, 2] == 1 and adj[1, 2] == 0
 
 

@@ -135,3 +135,21 @@ def test_settings_are_checked(store):
         HyDERetriever(hyde=HyDE(ScriptedLLM("x")), vectorstore=store, top_k=3)
     with pytest.raises(TypeError, match="unknown argument"):
         HyDERetriever(hyde=HyDE(ScriptedLLM("x")), vectorstore=store).invoke("q", top_k=3)
+
+
+def test_hyde_over_faiss_scores_relevance_not_distance(docs):
+    """FAISS answers L2 distances by vector; the relevance written is the store's own conversion
+    (higher = nearer), so the nearest document has the highest score, as over InMemory."""
+    pytest.importorskip("faiss")
+    from langchain_community.vectorstores import FAISS
+
+    hyde = HyDE(ScriptedLLM("paris"))
+    store = FAISS.from_documents(docs, CountEmbeddings(), normalize_L2=True)  # L2 order = cosine order
+    faiss = HyDERetriever(hyde=hyde, vectorstore=store, k=4)
+    mem_store = InMemoryVectorStore(embedding=CountEmbeddings())
+    mem_store.add_documents(docs)
+    mem = HyDERetriever(hyde=hyde, vectorstore=mem_store, k=4)
+    got, want = faiss.invoke("paris"), mem.invoke("paris")
+    assert got[0].id == want[0].id == "u1"
+    scores = [d.metadata["relevance_score"] for d in got]
+    assert scores == sorted(scores, reverse=True) and scores[0] > scores[-1]

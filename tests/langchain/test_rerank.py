@@ -12,6 +12,7 @@ from langchain_tests.integration_tests import RetrieversIntegrationTests
 from funnel_core.bm25 import BM25Index
 from funnel_core.errors import ModelLoadError
 from funnel_core.rerank.cross_encoder import CrossEncoderScorer
+from funnel_core.scoring import sigmoid
 from funnel_core.testing import tiny_cross_encoder
 from langchain_funnel._base import UnitRetriever
 from langchain_funnel.compression import CompressionRetriever
@@ -46,8 +47,9 @@ def test_reranker_orders_by_model_and_keeps_metadata(tiny_cross_encoder_path):
                               max_length=64)
     docs = _docs()
     out = rr.compress_documents(docs, QUERY)
-    raw = CrossEncoderScorer(tiny_cross_encoder_path, dtype="float32", library="transformers",
-                             max_length=64).score(QUERY, [d.page_content for d in docs])
+    raw = [sigmoid(s) for s in  # the adapter's default scale: sigmoid probabilities
+           CrossEncoderScorer(tiny_cross_encoder_path, dtype="float32", library="transformers",
+                              max_length=64).score(QUERY, [d.page_content for d in docs])]
     best = sorted(zip(raw, [d.id for d in docs]), reverse=True)[:3]
     assert [d.id for d in out] == [i for _, i in best]
     assert [d.metadata["relevance_score"] for d in out] == pytest.approx([s for s, _ in best], abs=1e-5)
@@ -157,7 +159,7 @@ def test_reranker_maxp_windows_in_a_chain(tiny_cross_encoder_path):
                               window_words=20, window_overlap=5)
     assert rr.stage.window_words == 20 and rr.stage.window_overlap == 5
     out = (RunnableLambda(lambda q: {"query": q, "documents": docs}) | rr).invoke(QUERY)
-    want = CrossEncoderScorer(tiny_cross_encoder_path, library="transformers", max_length=64,
-                              window_words=20, window_overlap=5).score(QUERY, [long_text])[0]
+    want = sigmoid(CrossEncoderScorer(tiny_cross_encoder_path, library="transformers", max_length=64,
+                                      window_words=20, window_overlap=5).score(QUERY, [long_text])[0])
     got = {d.id: d.metadata["relevance_score"] for d in out}
     assert got["long"] == pytest.approx(want, abs=1e-5)

@@ -158,3 +158,76 @@ def test_graph_parser_refuses_a_batched_ingestion_pipeline(docs):
         [n.metadata["funnel_graph_neighbors_json"] for n in direct]
     with pytest.raises(ValueError, match=r"num_workers=None"):
         IngestionPipeline(transformations=[parser]).run(documents=docs, num_workers=2)
+
+
+RIVER_TEXTS = [
+    "The Seine river flows through Paris. Barges carry grain along the Seine river.",
+    "The Thames river flows through London. A water mill once ground grain by the Thames.",
+    "Mills on the Rhine river ground grain for centuries. The Rhine flows to the North Sea.",
+]
+
+
+def _cross_document_edges(nodes):
+    doc_of = {n.node_id: n.metadata["funnel_doc_id"] for n in nodes}
+    return sum(doc_of.get(m) not in (None, doc_of[n.node_id])
+               for n in nodes for m in json.loads(n.metadata["funnel_graph_neighbors_json"]))
+
+
+@pytest.mark.parametrize("strategy", ["upserts", "duplicates_only"])
+def test_graph_parser_refuses_a_docstore_pipeline_that_parses_only_changed_documents(strategy):
+    """An IngestionPipeline with a docstore hands its transformations only the new or changed
+    documents: the graph parser would build a graph over those alone (no edge to the unchanged
+    ones) without any sign. It refuses; the first run, which parses every document, builds the
+    whole graph."""
+    from llama_index.core.ingestion import DocstoreStrategy, IngestionPipeline
+    from llama_index.core.storage.docstore import SimpleDocumentStore
+    from llama_index.core.vector_stores import SimpleVectorStore
+
+    docs = [Document(text=t, id_=f"river{i}") for i, t in enumerate(RIVER_TEXTS)]
+    parser = GraphGranularityNodeParser(sentences_per_node=1, k_graph=2, t_graph=0.05, n_gra=2)
+    pipeline = IngestionPipeline(transformations=[parser], docstore=SimpleDocumentStore(),
+                                 vector_store=SimpleVectorStore() if strategy == "upserts" else None,
+                                 docstore_strategy=DocstoreStrategy(strategy))
+    first = pipeline.run(documents=list(docs))
+    direct = parser.get_nodes_from_documents(docs)
+    assert [n.metadata["funnel_graph_neighbors_json"] for n in first] == \
+        [n.metadata["funnel_graph_neighbors_json"] for n in direct]
+    assert _cross_document_edges(first) > 0
+    assert pipeline.run(documents=list(docs)) == []  # nothing changed: nothing to parse
+    changed = [Document(text=d.text + " A new closing sentence about the river.", id_=d.id_,
+                        metadata=dict(d.metadata)) if i == 0 else d for i, d in enumerate(docs)]
+    if strategy == "duplicates_only":  # a new document with the old ones
+        changed = list(docs) + [Document(text="The river mill ground wheat by the river.", id_="new")]
+    with pytest.raises(ValueError, match=r"GraphGranularityNodeParser.*docstore.*1 of"):
+        pipeline.run(documents=changed)
+    # the same through arun, on a fresh docstore (the refused run above already recorded the
+    # changed documents' hashes there: the pipeline does that before it runs transformations)
+    fresh = IngestionPipeline(transformations=[parser], docstore=SimpleDocumentStore(),
+                              vector_store=SimpleVectorStore() if strategy == "upserts" else None,
+                              docstore_strategy=DocstoreStrategy(strategy))
+    assert len(asyncio.run(fresh.arun(documents=list(docs)))) == len(first)
+    with pytest.raises(ValueError, match=r"GraphGranularityNodeParser.*docstore.*1 of"):
+        asyncio.run(fresh.arun(documents=changed))
+
+
+@pytest.mark.parametrize("cls,settings", [
+    (MultiGranularityNodeParser, {"chunk_size": 10, "n_gra": 3}),
+    (GraphGranularityNodeParser, {"sentences_per_node": 1, "k_graph": 2, "t_graph": 0.05, "n_gra": 2}),
+])
+def test_granularity_parsers_round_trip_through_to_dict_and_json(cls, settings, docs):
+    """``from_dict(to_dict())`` (and JSON) give the same parser: NodeParser's ``id_func`` is
+    saved by name, and the default one is read back."""
+    from llama_index.core.node_parser.node_utils import default_id_func
+
+    parser = cls(**settings)
+    again = cls.from_dict(parser.to_dict())
+    assert again.to_dict() == parser.to_dict() and again.id_func is default_id_func
+    assert cls.from_json(parser.to_json()).to_dict() == parser.to_dict()
+    assert [n.node_id for n in again.get_nodes_from_documents(docs)] == \
+        [n.node_id for n in parser.get_nodes_from_documents(docs)]
+    # the parsers name nodes by document, level and position (the retriever and the
+    # PARENT/CHILD links read those ids): a custom id_func would be ignored, so it is refused
+    with pytest.raises(ValueError, match="id_func"):
+        cls(id_func=lambda i, doc: f"node-{i}", **settings)
+    with pytest.raises(ValueError, match="id_func"):
+        cls.from_dict({**parser.to_dict(), "id_func": {"id_func_name": "my_ids", "title": "id_func"}})

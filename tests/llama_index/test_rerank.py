@@ -24,6 +24,7 @@ from llama_index.core.schema import (
 from funnel_core.bm25 import BM25Index
 from funnel_core.errors import ModelLoadError
 from funnel_core.rerank.cross_encoder import CrossEncoderScorer
+from funnel_core.scoring import sigmoid
 from llama_index_funnel._base import UnitRetriever
 from llama_index_funnel.rerank import CrossEncoderRerank, LaterChunkingPostprocessor, MonoT5Rerank
 
@@ -66,7 +67,8 @@ def test_cross_encoder_in_query_engine(tiny_cross_encoder_path, corpus_units):
     # the order is the model's: recompute the scores with the core scorer
     retrieved = _BM25(corpus_units).retrieve("Paris capital of France city")
     core = CrossEncoderScorer(tiny_cross_encoder_path, dtype="float32", library="transformers", max_length=64)
-    raw = core.score("Paris capital of France city", [n.node.get_content() for n in retrieved])
+    raw = [sigmoid(s) for s in  # the adapter's default scale: sigmoid probabilities
+           core.score("Paris capital of France city", [n.node.get_content() for n in retrieved])]
     best = sorted(zip(raw, [n.node.node_id for n in retrieved]), reverse=True)[:3]
     assert [n.node.node_id for n in got] == [i for _, i in best]
     assert [n.score for n in got] == pytest.approx([s for s, _ in best], abs=1e-5)

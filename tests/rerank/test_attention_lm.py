@@ -126,7 +126,9 @@ def test_stage_behaviour_and_errors(scorer):
     out = (scorer % 2)(QUERY, units)
     assert len(out) == 2 and out[0].score >= out[1].score
     assert out[0].scores["attention_lm"] == out[0].score
-    assert scorer(QUERY, []) == [] and scorer(" ", units) == []
+    assert scorer(QUERY, []) == []
+    assert [u.id for u in scorer(" ", units)] == [u.id for u in units][:scorer.limit(scorer.top_n)
+                                                                      or len(units)]
     with pytest.raises(ValueError, match="attend_from"):
         AttentionLMScorer(model="x", attend_from="passage")
     with pytest.raises(ValueError, match="calibration_query"):

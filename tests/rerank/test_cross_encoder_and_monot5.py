@@ -99,7 +99,7 @@ def test_fuse_weight_interpolates_previous_scores(tiny_cross_encoder_path, corpu
 
 def test_bad_input(scorer, tiny_cross_encoder_path):
     assert scorer(QUERY, []) == [] and scorer.score(QUERY, []) == []
-    assert scorer("   ", [Unit(id="a", text="x")]) == []
+    assert [u.id for u in scorer("   ", [Unit(id="a", text="x")])] == ["a"]  # kept, unscored
     with pytest.raises(ValueError, match="top_n must be >= 1"):
         CrossEncoderScorer(tiny_cross_encoder_path, top_n=0)
     with pytest.raises(ValueError, match="top_n must be >= 1"):
