@@ -165,16 +165,12 @@ class ScriptedLLM(LLM):
     def __init__(self, replies: Union[str, Sequence[str], Callable[[str, int], str]] = "",
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if isinstance(replies, str):
-            self._reply: Callable[[str, int], str] = lambda prompt, j: replies
-        elif callable(replies):
-            self._reply = replies
-        else:
-            fixed = list(replies)
-            if not fixed or not all(isinstance(r, str) for r in fixed):
+        if not isinstance(replies, str) and not callable(replies):
+            replies = list(replies)
+            if not replies or not all(isinstance(r, str) for r in replies):
                 raise TypeError(f"replies must be a str, a non-empty list of str or a function "
                                 f"(prompt, j) -> str, got {replies!r:.80}.")
-            self._reply = lambda prompt, j: fixed[j % len(fixed)]
+        self._replies = replies  # kept as given (no closure), so the LLM pickles with a string or list
         self.calls: list[dict[str, Any]] = []
 
     def _generate(self, prompts: list[str], *, n: int, temperature: float, top_p: float,
@@ -182,3 +178,9 @@ class ScriptedLLM(LLM):
         self.calls.append(dict(prompts=list(prompts), n=n, temperature=temperature, top_p=top_p,
                                top_k=top_k, max_new_tokens=max_new_tokens))
         return [[str(self._reply(p, j)) for j in range(n)] for p in prompts]
+
+    def _reply(self, prompt: str, j: int) -> str:
+        r = self._replies
+        if isinstance(r, str):
+            return r
+        return r[j % len(r)] if isinstance(r, list) else str(r(prompt, j))

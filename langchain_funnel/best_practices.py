@@ -45,7 +45,7 @@ from funnel_core.best_practices.repack import Repack
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import warm_up_attributes
-from funnel_core.settings import check_accepted, check_kwargs
+from funnel_core.settings import check_accepted, check_kwargs, setting_names
 from funnel_core.units import Unit
 from langchain_funnel._base import (
     RELEVANCE_SCORE,
@@ -186,6 +186,7 @@ class HyDERetriever(BaseRetriever):
                  k: int = 4, **settings: Any) -> "HyDERetriever":
         """``HyDE(llm, **settings)`` over ``vectorstore`` or ``index``; ``llm`` is a LangChain
         model, a funnel_core LLM or a causal-LM folder."""
+        check_kwargs(f"{cls.__name__}.from_llm", settings, [*setting_names(HyDE), "vectorstore", "index", "k"])
         return cls(hyde=HyDE(as_provider(llm), **settings), vectorstore=vectorstore, index=index, k=k)
 
     def warm_up(self) -> "HyDERetriever":
@@ -201,8 +202,10 @@ class HyDERetriever(BaseRetriever):
         used = sum(1 for d in docs if d.strip())
         with_score = getattr(store, "similarity_search_with_score_by_vector", None)
         relevance = _vector_relevance(store) if callable(with_score) else None
-        pairs = with_score(v, k=k) if relevance is not None else \
-            [(d, None) for d in store.similarity_search_by_vector(v, k=k)]  # type: ignore[union-attr]
+        if with_score is not None and relevance is not None:
+            pairs = with_score(v, k=k)
+        else:
+            pairs = [(d, None) for d in store.similarity_search_by_vector(v, k=k)]  # type: ignore[union-attr]
         out = []
         for d, score in pairs:
             meta = {**d.metadata, "funnel_hyde_documents": used}

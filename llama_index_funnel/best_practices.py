@@ -46,7 +46,7 @@ from funnel_core.best_practices.repack import Repack
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import warm_up_attributes
-from funnel_core.settings import check_accepted
+from funnel_core.settings import check_accepted, check_kwargs, setting_names
 from llama_index_funnel._base import StagePostprocessor, nodes_to_units, units_to_nodes
 from llama_index_funnel.llm import as_provider
 from llama_index_funnel.milvus import DenseRetriever, milvus_backend
@@ -241,6 +241,7 @@ class HyDETransform(BaseQueryTransform):
                                 "on the HyDE object (or pass the LLM instead).")
             self._hyde = llm
         else:
+            check_kwargs(type(self).__name__, settings, [*setting_names(HyDE), "llm", "embed_model"])
             self._hyde = HyDE(as_provider(llm), **settings)
         self._embed_model = embed_model
 

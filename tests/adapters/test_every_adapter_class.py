@@ -13,8 +13,11 @@ from typing import Any, Callable
 
 import pytest
 from langchain_core.documents import Document
+from langchain_core.embeddings import DeterministicFakeEmbedding
 from langchain_core.language_models.fake import FakeListLLM
+from langchain_core.vectorstores import InMemoryVectorStore
 from llama_index.core import Document as LIDocument
+from llama_index.core.embeddings import MockEmbedding
 from llama_index.core.llms import MockLLM
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from pydantic import BaseModel
@@ -23,6 +26,7 @@ import langchain_funnel as lc
 import llama_index_funnel as li
 from funnel_core.best_practices.classify import QueryClassifier
 from funnel_core.embeddings import SentenceEmbedder
+from funnel_core.testing import ScriptedLLM
 from funnel_core.units import Unit
 from tests.conftest import CORPUS
 
@@ -179,6 +183,10 @@ LI_CASES: dict[str, Case] = {
         li.CrossEncoderRerank(model=c.ce, top_n=2), **kw), run_stage),
     "RetrieverStage": (lambda c, **kw: li.RetrieverStage(li_bm25(), **kw), run_stage),
     "BM25Retriever": (lambda c, **kw: li_bm25(**kw), retrieve_li),
+    "HyDETransform": (
+        lambda c, **kw: li.HyDETransform(ScriptedLLM("Hamlet was written by Shakespeare."),
+                                         embed_model=MockEmbedding(embed_dim=8), **kw),
+        lambda o: o.run(Q).custom_embedding_strs),
     "ClusteredBM25Retriever": (
         lambda c, **kw: li.ClusteredBM25Retriever.from_defaults(
             nodes=[n.node for n in nodes()], similarity_top_k=3, max_tokens=40, knn_k=3,
@@ -239,6 +247,11 @@ LC_CASES: dict[str, Case] = {
     "LCRunnableStage": (lambda c, **kw: lc.LCRunnableStage(
         lc.CrossEncoderReranker(model=c.ce, top_n=2), **kw), run_stage),
     "BM25Retriever": (lambda c, **kw: lc_bm25(**kw), retrieve_lc),
+    "HyDERetriever": (
+        lambda c, **kw: lc.HyDERetriever.from_llm(ScriptedLLM("Hamlet was written by Shakespeare."),
+                                                  vectorstore=InMemoryVectorStore.from_documents(
+                                                      docs(), DeterministicFakeEmbedding(size=8)), k=2, **kw),
+        retrieve_lc),
     "ClusteredBM25Retriever": (
         lambda c, **kw: lc.ClusteredBM25Retriever.from_documents(
             docs(), k=3, max_tokens=40, knn_k=3, knn_threshold=0.05, **kw), retrieve_lc),
