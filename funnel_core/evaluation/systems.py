@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from funnel_core.funnel import Stage, warm_up_objects
 from funnel_core.units import Unit, text_digest
 
-__all__ = ["System", "as_system", "to_unit", "framework_of"]
+__all__ = ["System", "as_system", "to_unit", "framework_of", "document_id_candidates"]
 
 
 def framework_of(obj: Any) -> str | None:
@@ -62,6 +62,45 @@ def to_unit(item: Any, rank: int = 0) -> Unit:
         return Unit(id=text_digest(item), text=item)
     raise TypeError(f"a system returned a {type(item).__name__} at rank {rank + 1}; expected funnel_core "
                     "Units, LlamaIndex NodeWithScore/nodes, LangChain Documents or strings.")
+
+
+def _related_id(node: Any, name: str) -> str | None:
+    """The node id of a LlamaIndex node's ``PARENT`` / ``SOURCE`` relationship (by the enum's
+    name, so nothing is imported), or ``None``."""
+    rels = getattr(node, "relationships", None)
+    if not isinstance(rels, dict):
+        return None
+    for key, info in rels.items():
+        if getattr(key, "name", None) == name and getattr(info, "node_id", None) is not None:
+            return str(info.node_id)
+    return None
+
+
+def document_id_candidates(unit: Unit) -> list[str]:
+    """The ids a result may be judged under, most specific first: ``metadata["doc_id"]``, the
+    unit's own id (a node's ``node_id``, a ``Document``'s ``id``), the unit it was cut from
+    (``funnel_parent_id``, which our stages write, and :attr:`Unit.parent_id`), then the
+    framework's own links: a LlamaIndex node's ``PARENT`` and ``SOURCE`` relationships (its
+    ``ref_doc_id``), a LangChain ``Document``'s ``id``. The harness judges a result under the
+    first of these that the dataset knows (see :func:`~funnel_core.evaluation.harness.evaluate`)."""
+    out: list[str] = []
+
+    def add(value: Any) -> None:
+        if value is not None and str(value) and str(value) not in out:
+            out.append(str(value))
+
+    add(unit.metadata.get("doc_id"))
+    add(unit.id)
+    add(unit.metadata.get("funnel_parent_id"))
+    add(unit.parent_id)
+    src = unit.source
+    node = getattr(src, "node", src)
+    if hasattr(node, "get_content") and hasattr(node, "node_id"):
+        add(_related_id(node, "PARENT"))
+        add(_related_id(node, "SOURCE"))
+    elif hasattr(src, "page_content"):
+        add(getattr(src, "id", None))
+    return out
 
 
 class System:
