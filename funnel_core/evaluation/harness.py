@@ -623,4 +623,5 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
     return summarise(names=names, baseline=baseline, metric_names=metric_names, dataset=dataset,
                      per_question=per_question, timing=timing, depth=depth, n_boot=n_boot, seed=seed,
                      load_before=load_before, load_after=load_reader(),
-                     systems={n: repr(s) for n, s in sys_map.items()})
+                     systems={n: repr(s) for n, s in sys_map.items()},
+                     uncounted={n: list(s.uncounted) for n, s in sys_map.items()})

@@ -156,3 +156,44 @@ def test_framework_passages_without_doc_id_count_for_their_document():
     for rec in d["per_question"]["llamaindex"]:  # judged under the documents' ids, each once
         assert rec["ranked"] and set(rec["ranked"]) <= {u.id for u in ds.corpus}
         assert len(rec["ranked"]) == len(set(rec["ranked"]))
+
+
+def test_a_framework_reranker_is_counted_and_unknown_costs_are_named(tiny_cross_encoder_path):
+    """LlamaIndex's own SentenceTransformerRerank scores every candidate it receives in one
+    batch: the harness counts those pairs and that call (as our cross-encoder counts its own),
+    instead of reporting the reranker as free; a framework object whose work nobody counts is
+    named, and the table marks its counts as a lower bound."""
+    from llama_index.core.postprocessor import SentenceTransformerRerank, SimilarityPostprocessor
+    from llama_index.core.retrievers import BaseRetriever as LIRetriever
+    from llama_index.core.schema import NodeWithScore, TextNode
+
+    from funnel_core.bm25 import BM25Index, BM25Retrieve
+    from funnel_core.funnel import Funnel
+    from funnel_core.rerank.cross_encoder import CrossEncoderScorer
+    from llama_index_funnel.retrievers import BM25Retriever
+
+    ds = _judged_dataset()
+    nodes = [TextNode(id_=u.id, text=u.text) for u in ds.corpus]
+    li = BM25Retriever.from_defaults(nodes=nodes, similarity_top_k=4)
+    rerank = SentenceTransformerRerank(model=tiny_cross_encoder_path, top_n=2, device="cpu")
+
+    class AllNodes(LIRetriever):  # a framework retriever of the user's: its work is not counted
+        def _retrieve(self, query_bundle):
+            return [NodeWithScore(node=n, score=1.0) for n in nodes]
+
+    core = Funnel([BM25Retrieve(BM25Index().index(ds.corpus), k=4),
+                   CrossEncoderScorer(tiny_cross_encoder_path) % 2])
+    report = evaluate({"core": core, "li_rerank": (li, [rerank]),
+                       "framework": (AllNodes(), [SimilarityPostprocessor(similarity_cutoff=0.5)])},
+                      ds, metrics=["ndcg@10"], n_timing=0, progress=False)
+    cost = report.to_dict()["cost"]
+    candidates = sum(len(li.retrieve(q)) for q in ds.queries.values()) / len(ds.queries)
+    assert candidates > 0
+    assert cost["li_rerank"]["pairs_scored_per_query"] == pytest.approx(candidates)
+    assert cost["li_rerank"]["model_calls_per_query"] == 1.0
+    assert cost["li_rerank"]["pairs_scored_per_query"] == cost["core"]["pairs_scored_per_query"]
+    assert cost["li_rerank"]["uncounted"] == [] and cost["core"]["uncounted"] == []
+    assert cost["framework"]["uncounted"] == ["AllNodes", "SimilarityPostprocessor"]
+    table = report.to_markdown()
+    row = next(line for line in table.splitlines() if line.startswith("| framework "))
+    assert "0.0 + ?" in row and "| li_rerank " in table and "cost unknown, for framework" in table
