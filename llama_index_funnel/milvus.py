@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, List, Mapping, Optional, Sequence, Union
 
 from llama_index.core.callbacks import CallbackManager
@@ -35,6 +36,7 @@ from funnel_core.backends.milvus import (
 from funnel_core.embeddings import DenseIndex
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.filters import combine_filters
+from funnel_core.settings import build_index, checked_keywords, keyword_names
 from funnel_core.units import Unit
 from llama_index_funnel._base import UnitRetriever, units_to_nodes
 from llama_index_funnel.corpus import nodes_from, units_of
@@ -121,6 +123,7 @@ def is_milvus(index: Any) -> bool:
     return str(getattr(index, "kind", "")).startswith("funnel-rag.milvus")
 
 
+@checked_keywords
 def milvus_backend(backend: Any, where: str) -> MilvusBackend:
     """``backend`` as a :class:`MilvusBackend`; ``None``/``"memory"`` is an error naming ``where``."""
     b = as_backend(backend)
@@ -169,6 +172,7 @@ class DenseRetriever(UnitRetriever):
             :meth:`search` are ANDed with it.
     """
 
+    @checked_keywords
     def __init__(self, index: Union[DenseIndex, Any], nodes: Optional[Sequence[BaseNode]] = None,
                  similarity_top_k: int = 10, filters: Any = None,
                  callback_manager: Optional[CallbackManager] = None, verbose: bool = False) -> None:
@@ -188,13 +192,15 @@ class DenseRetriever(UnitRetriever):
         default the packaged all-MiniLM-L6-v2) into Milvus (``backend=``) or memory."""
         nodes = nodes_from(nodes, None)
         b = as_backend(backend)
-        index: Any = b.dense(embedder, **index_config) if b is not None \
-            else DenseIndex(embedder, **index_config)
+        factory: Any = DenseIndex if b is None else b.dense
+        index: Any = build_index(f"{cls.__name__}.from_defaults", functools.partial(factory, embedder),
+                                 index_config, [n for n in keyword_names(factory) if n != "embedder"])
         units = units_of(nodes, "passage")
         index.index(with_shells(units, nodes) if b is not None else units)
         return cls(index, nodes, similarity_top_k=similarity_top_k, filters=filters)
 
     @classmethod
+    @checked_keywords
     def from_backend(cls, backend: Union[MilvusBackend, str], embedder: Any = None,
                      similarity_top_k: int = 10, filters: Any = None) -> "DenseRetriever":
         """Re-open a dense collection built before (no re-embedding); pass the ``embedder`` it
