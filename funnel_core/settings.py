@@ -22,13 +22,14 @@ from __future__ import annotations
 import inspect
 import threading
 from abc import ABCMeta
-from typing import Any, ClassVar, Mapping, TypeVar
+from typing import Any, Callable, ClassVar, Mapping, TypeVar
 
 __all__ = ["Settings", "SettingsMeta", "setting_names", "check_kwargs", "StageAdapter", "build_index",
-           "keyword_names"]
+           "keyword_names", "checked_keywords"]
 
 
 _T = TypeVar("_T")
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def check_kwargs(owner: str, given: Any, accepted: Any) -> None:
@@ -36,6 +37,32 @@ def check_kwargs(owner: str, given: Any, accepted: Any) -> None:
     unknown = sorted(set(given) - set(accepted))
     if unknown:
         raise TypeError(f"{owner} got unknown argument(s) {unknown}; accepted: {sorted(accepted)}.")
+
+
+def checked_keywords(fn: _F) -> _F:
+    """Decorate a constructor or factory so that a keyword it does not take raises
+    :func:`check_kwargs`'s ``TypeError`` (naming the accepted keywords) before the call, instead
+    of Python's bare "unexpected keyword argument". ``__init__`` is named after the class being
+    built (``BM25Retriever got unknown argument(s) ...``), anything else by its qualified name
+    (``FunnelRetriever.from_stages``). A function taking ``**kwargs`` is returned unchanged: it
+    checks what it forwards itself (:func:`build_index`, :func:`check_kwargs`)."""
+    import functools
+
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return fn
+    accepted = frozenset(n for n, p in params.items() if n not in ("self", "cls") and p.kind in (
+        inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD))
+    is_init = fn.__name__ == "__init__"
+    owner = fn.__qualname__
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if kwargs and not accepted.issuperset(kwargs):
+            check_kwargs(type(args[0]).__name__ if is_init and args else owner, kwargs, accepted)
+        return fn(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 def keyword_names(*callables: Any) -> list[str]:

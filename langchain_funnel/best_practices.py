@@ -45,7 +45,7 @@ from funnel_core.best_practices.repack import Repack
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import warm_up_attributes
-from funnel_core.settings import check_accepted, check_kwargs, setting_names
+from funnel_core.settings import check_accepted, check_kwargs, checked_keywords, setting_names
 from funnel_core.units import Unit
 from langchain_funnel._base import (
     RELEVANCE_SCORE,
@@ -86,6 +86,7 @@ class SentenceEmbedderEmbeddings(Embeddings):
         embedder: An existing :class:`SentenceEmbedder` to share.
     """
 
+    @checked_keywords
     def __init__(self, *, model_name: str | None = None, batch_size: int = 64,
                  device: str | None = None, embedder: SentenceEmbedder | None = None) -> None:
         self.embedder = embedder or SentenceEmbedder(model_name, device=device, batch_size=batch_size)
@@ -103,6 +104,7 @@ class SentenceEmbedderEmbeddings(Embeddings):
         return await asyncio.to_thread(self.embed_query, text)
 
 
+@checked_keywords
 def hyde_query(llm: Runnable, prompt: PromptTemplate | None = None,
                include_original: bool = True) -> Runnable:
     """HyDE (Gao et al., 2022) as a runnable ``query -> text for the dense retriever``.
@@ -442,6 +444,7 @@ class HybridRetriever(BaseRetriever):
         """Our BM25 and dense retrievers over ``documents`` (``candidates`` each), fused;
         ``backend=MilvusBackend(...)`` (or a URI) keeps both in Milvus. ``fusion``: ``alpha``,
         ``method``, ``k``, ..."""
+        check_kwargs(f"{cls.__name__}.from_documents", fusion, _fusion_names(cls))  # before building
         sparse, dense = hybrid_sides(documents, backend, embedder, candidates, dense_config,
                                      **(bm25_config or {}))
         return cls(sparse=sparse, dense=dense, **fusion)
@@ -450,8 +453,14 @@ class HybridRetriever(BaseRetriever):
     def from_backend(cls, backend: Any, *, embedder: Any = None, candidates: int = 20,
                      **fusion: Any) -> "HybridRetriever":
         """Re-open both sides built by :meth:`from_documents` on Milvus (no re-indexing)."""
+        check_kwargs(f"{cls.__name__}.from_backend", fusion, _fusion_names(cls))  # before opening
         sparse, dense = hybrid_sides(None, backend, embedder, candidates)
         return cls(sparse=sparse, dense=dense, **fusion)
+
+
+def _fusion_names(cls: Any) -> list[str]:
+    """The fields a hybrid factory forwards to the retriever (all but its two sides)."""
+    return [n for n in cls.model_fields if n not in ("sparse", "dense")]
 
 
 class RepackTransformer(TransformerBase):
@@ -522,6 +531,7 @@ class ExtractiveCompressor(StageCompressor):
                                                  description="Share an already loaded embedder.")
 
 
+@checked_keywords
 def query_classifier_branch(classifier: QueryClassifier, retrieval_chain: Runnable,
                             direct_chain: Runnable, *, query_key: str | None = None) -> Runnable:
     """A ``RunnableBranch``: ``retrieval_chain`` when the query needs retrieval, else

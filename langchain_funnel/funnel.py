@@ -33,6 +33,7 @@ from pydantic import Field
 from funnel_core.errors import check_query
 from funnel_core.funnel import Funnel, FunnelResult, Stage
 from funnel_core.funnel import as_stage as core_as_stage
+from funnel_core.settings import checked_keywords
 from funnel_core.units import Trace, Unit, foreign_output, scored_by
 from langchain_funnel._base import UnitRetriever, documents_to_units, units_to_documents
 
@@ -84,6 +85,7 @@ class LCRetrieverStage(Stage):
     """A LangChain retriever (or any runnable ``query -> documents``) as a first funnel stage
     (incoming units are ignored)."""
 
+    @checked_keywords
     def __init__(self, retriever: Runnable, name: Optional[str] = None) -> None:
         self.retriever = retriever
         self.name = name or type(retriever).__name__
@@ -99,6 +101,7 @@ class LCCompressorStage(Stage):
     """A LangChain ``BaseDocumentCompressor`` (ours or any other) as a funnel stage; it runs as a
     child of the retriever's run."""
 
+    @checked_keywords
     def __init__(self, compressor: BaseDocumentCompressor, name: Optional[str] = None) -> None:
         self.compressor = compressor
         self.name = name or getattr(compressor, "name", None) or type(compressor).__name__
@@ -117,6 +120,7 @@ class LCCompressorStage(Stage):
 class LCTransformerStage(Stage):
     """A LangChain ``BaseDocumentTransformer`` (documents -> documents) as a funnel stage."""
 
+    @checked_keywords
     def __init__(self, transformer: BaseDocumentTransformer, name: Optional[str] = None) -> None:
         self.transformer = transformer
         self.name = name or getattr(transformer, "name", None) or type(transformer).__name__
@@ -137,6 +141,7 @@ class LCTransformerStage(Stage):
 class LCRunnableStage(Stage):
     """A runnable ``{"query": str, "documents": list[Document]} -> list[Document]`` as a stage."""
 
+    @checked_keywords
     def __init__(self, runnable: Runnable, name: Optional[str] = None) -> None:
         self.runnable = runnable
         self.name = name or getattr(runnable, "name", None) or type(runnable).__name__
@@ -150,6 +155,7 @@ class LCRunnableStage(Stage):
         return _scored(out, self.name, units)
 
 
+@checked_keywords
 def as_stage(obj: Any, first: bool = False) -> Stage:
     """A ``funnel_core`` stage, LangChain retriever, compressor, transformer, runnable or
     callable -> Stage. With ``first``, a plain runnable is read as ``query -> documents``."""
@@ -182,6 +188,7 @@ class FunnelRetriever(UnitRetriever):
     _k_optional = True
 
     @classmethod
+    @checked_keywords
     def from_stages(cls, *stages: Any, k: Optional[int] = 4) -> "FunnelRetriever":
         if len(stages) == 1 and isinstance(stages[0], Funnel):
             return cls(funnel=stages[0], k=k)
@@ -224,6 +231,7 @@ def build_funnel(stages: Sequence[Any]) -> Funnel:
     return Funnel([as_stage(s, first=(i == 0)) for i, s in enumerate(stages)])
 
 
+@checked_keywords
 def rerank_chain(retriever: Runnable, *compressors: Any) -> Any:
     """``retriever`` then ``compressors``, as one retriever: a thin constructor of
     :class:`~langchain_funnel.funnel.FunnelRetriever` (no cap on the number of documents)."""

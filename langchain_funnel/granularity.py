@@ -24,7 +24,7 @@ from pydantic import Field, PrivateAttr
 from funnel_core.granularity.graph import GraphGranularityBuilder
 from funnel_core.granularity.levels import MultiGranularityChunker
 from funnel_core.granularity.retrieval import MixOfGranularityRetrieve, check_mog_settings, mog_stage
-from funnel_core.settings import setting_names
+from funnel_core.settings import checked_keywords, setting_names
 from funnel_core.units import Unit, keep_source_funnel_keys, read_funnel_metadata
 from langchain_funnel._base import UnitRetriever, documents_to_units, units_to_documents
 
@@ -118,6 +118,7 @@ class MultiGranularityTextSplitter(_HoldsSplitter, TextSplitter):
     do not apply: sizes are ``chunk_size`` words.
     """
 
+    @checked_keywords
     def __init__(self, *, levels: str = "all", chunk_size: int = 64, n_gra: int = 5,
                  sentence_aware: bool = True) -> None:
         if levels not in ("all", "finest"):
@@ -178,6 +179,7 @@ class GraphGranularitySplitter(_HoldsSplitter, TextSplitter):
     (its character-size settings do not apply).
     """
 
+    @checked_keywords
     def __init__(self, *, sentences_per_node: int = 2, n_gra: int = 5, k_graph: int = 3,
                  t_graph: float = 0.3, block_size: int = 512, max_df: Optional[float] = None,
                  bm25: Optional[dict] = None) -> None:

@@ -13,6 +13,7 @@ from langchain_core.language_models import BaseChatModel, BaseLanguageModel
 from langchain_core.messages import BaseMessage, HumanMessage
 
 from funnel_core.llm import LLM, as_llm
+from funnel_core.settings import checked_keywords
 
 __all__ = ["LangChainLLM", "as_provider", "message_text"]
 
@@ -47,6 +48,7 @@ class LangChainLLM(LLM):
         timeout: See :class:`funnel_core.llm.LLM`.
     """
 
+    @checked_keywords
     def __init__(self, model: BaseLanguageModel, *, pass_sampling_params: bool = False,
                  max_concurrency: int | None = None, timeout: float | None = None) -> None:
         super().__init__(timeout=timeout)
@@ -98,5 +100,5 @@ class LangChainLLM(LLM):
 def as_provider(model: Any, **kwargs: Any) -> LLM:
     """A funnel_core provider from a LangChain model, a funnel_core LLM, or a model name/folder."""
     if isinstance(model, BaseLanguageModel):
-        return LangChainLLM(model, timeout=kwargs.get("timeout"))
+        return LangChainLLM(model, **kwargs)  # a keyword it does not take is named, not dropped
     return as_llm(model, **kwargs)

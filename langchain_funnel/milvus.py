@@ -40,6 +40,7 @@ from funnel_core.backends.milvus import (
 )
 from funnel_core.embeddings import DenseIndex
 from funnel_core.filters import combine_filters
+from funnel_core.settings import check_kwargs, checked_keywords
 from funnel_core.units import Unit
 from langchain_funnel._base import UnitRetriever
 from langchain_funnel.corpus import units_from_documents
@@ -58,6 +59,10 @@ class MilvusTranslator(Visitor):
 
     allowed_comparators = tuple(_OPS)
     allowed_operators = (Operator.AND, Operator.OR, Operator.NOT)
+
+    @checked_keywords
+    def __init__(self) -> None:  # takes no settings; a keyword given names that
+        super().__init__()
 
     def visit_comparison(self, comparison: Comparison) -> Optional[str]:
         self._validate_func(comparison.comparator)
@@ -135,6 +140,8 @@ class DenseRetriever(UnitRetriever):
                      **settings: Any) -> "DenseRetriever":
         """Re-open a dense collection built before (no re-embedding); pass the ``embedder`` it
         was built with (default: the packaged all-MiniLM-L6-v2)."""
+        check_kwargs(f"{cls.__name__}.from_backend", settings,
+                     [n for n in cls.model_fields if n != "index"])  # before opening the collection
         b = require_milvus(backend, "DenseRetriever.from_backend")
         return cls(index=b.dense(embedder).open(), **settings)
 

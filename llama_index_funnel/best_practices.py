@@ -46,7 +46,7 @@ from funnel_core.best_practices.repack import Repack
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import warm_up_attributes
-from funnel_core.settings import check_accepted, check_kwargs, setting_names
+from funnel_core.settings import check_accepted, check_kwargs, checked_keywords, keyword_names, setting_names
 from llama_index_funnel._base import StagePostprocessor, nodes_to_units, units_to_nodes
 from llama_index_funnel.llm import as_provider
 from llama_index_funnel.milvus import DenseRetriever, milvus_backend
@@ -136,6 +136,7 @@ class HybridRetriever(BaseRetriever):
         retriever = TransformRetriever(HybridRetriever(bm25, vector_retriever), hyde)
     """
 
+    @checked_keywords
     def __init__(self, sparse_retriever: BaseRetriever, dense_retriever: BaseRetriever, *,
                  similarity_top_k: Optional[int] = 10,
                  callback_manager: Optional[CallbackManager] = None, verbose: bool = False,
@@ -198,6 +199,7 @@ class HybridRetriever(BaseRetriever):
         """Our BM25 and dense retrievers over ``nodes`` (``candidates`` each), fused;
         ``backend=MilvusBackend(...)`` (or a URI) keeps both in Milvus. ``fusion``: ``alpha``,
         ``method``, ``similarity_top_k``, ..."""
+        check_kwargs(f"{cls.__name__}.from_defaults", fusion, _fusion_names(cls))  # before building
         sparse, dense = hybrid_sides(nodes, backend, embedder, candidates, dense_config,
                                      **(bm25_config or {}))
         return cls(sparse, dense, **fusion)
@@ -206,6 +208,7 @@ class HybridRetriever(BaseRetriever):
     def from_backend(cls, backend: Any, *, embedder: Any = None, candidates: int = 20,
                      **fusion: Any) -> "HybridRetriever":
         """Re-open both sides built by :meth:`from_defaults` on Milvus (no re-indexing)."""
+        check_kwargs(f"{cls.__name__}.from_backend", fusion, _fusion_names(cls))  # before opening
         sparse, dense = hybrid_sides(None, backend, embedder, candidates)
         return cls(sparse, dense, **fusion)
 
@@ -275,6 +278,11 @@ class HyDETransform(BaseQueryTransform):
         return QueryBundle(query_str=query_bundle.query_str, image_path=query_bundle.image_path,
                            custom_embedding_strs=[d for d in docs if d.strip()] or None,
                            embedding=[float(x) for x in v])
+
+
+def _fusion_names(cls: type) -> list[str]:
+    """The keywords a hybrid factory forwards to the retriever's constructor."""
+    return [n for n in keyword_names(cls) if n not in ("sparse_retriever", "dense_retriever")]
 
 
 class RepackPostprocessor(StagePostprocessor):
@@ -348,6 +356,7 @@ class QueryClassifierGate(BaseRetriever):
             ``QueryClassifier.pretrained()``).
     """
 
+    @checked_keywords
     def __init__(self, retriever: BaseRetriever, classifier: QueryClassifier,
                  callback_manager: Optional[CallbackManager] = None, verbose: bool = False) -> None:
         if not isinstance(retriever, BaseRetriever):

@@ -35,6 +35,7 @@ from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 from funnel_core.errors import check_query
 from funnel_core.funnel import Funnel, FunnelResult, Stage
 from funnel_core.funnel import as_stage as core_as_stage
+from funnel_core.settings import checked_keywords
 from funnel_core.units import Trace, Unit, foreign_output, scored_by
 from llama_index_funnel._base import UnitRetriever, nodes_to_units, units_to_nodes
 
@@ -70,6 +71,7 @@ def _scored(nodes: Sequence[NodeWithScore], name: str,
 class RetrieverStage(Stage):
     """A LlamaIndex ``BaseRetriever`` as a first funnel stage (incoming units are ignored)."""
 
+    @checked_keywords
     def __init__(self, retriever: BaseRetriever, name: Optional[str] = None) -> None:
         self.retriever = retriever
         self.name = name or type(retriever).__name__
@@ -85,6 +87,7 @@ class PostprocessorStage(Stage):
     """A LlamaIndex ``BaseNodePostprocessor`` (ours or any other: reranker, filter, reorder...)
     as a funnel stage; it runs through ``postprocess_nodes``, so its events and spans fire."""
 
+    @checked_keywords
     def __init__(self, postprocessor: BaseNodePostprocessor, name: Optional[str] = None) -> None:
         self.postprocessor = postprocessor
         self.name = name or postprocessor.class_name()
@@ -100,6 +103,7 @@ class PostprocessorStage(Stage):
         return _scored(out, self.name, units)
 
 
+@checked_keywords
 def as_stage(obj: Any) -> Stage:
     """A ``funnel_core`` stage, LlamaIndex retriever, node postprocessor, or callable -> Stage."""
     if isinstance(obj, BaseRetriever):
@@ -126,6 +130,7 @@ class FunnelRetriever(UnitRetriever):
         engine = RetrieverQueryEngine.from_args(funnel, llm=llm)
     """
 
+    @checked_keywords
     def __init__(self, stages: Sequence[Any] | Funnel, nodes: Optional[Sequence[BaseNode]] = None,
                  callback_manager: Optional[CallbackManager] = None, verbose: bool = False) -> None:
         self.funnel = stages if isinstance(stages, Funnel) else Funnel([as_stage(s) for s in stages])

@@ -31,7 +31,7 @@ from funnel_core.granularity.graph import GraphGranularityBuilder
 from funnel_core.granularity.levels import GranularityStructure, MultiGranularityChunker
 from funnel_core.granularity.retrieval import MixOfGranularityRetrieve, mog_stage
 from funnel_core.granularity.router import GranularityRouter
-from funnel_core.settings import StageAdapter
+from funnel_core.settings import StageAdapter, checked_keywords
 from funnel_core.units import Unit, keep_source_funnel_keys, read_funnel_metadata
 from llama_index_funnel._base import UnitRetriever, annotate_node, node_to_unit
 
@@ -282,6 +282,7 @@ class MixOfGranularityRetriever(UnitRetriever):
     _FORWARDED = {"similarity_top_k": "top_k", "router": "router", "k_r": "k_r",
                   "normalize": "normalize", "level_margin": "level_margin", "bm25": "bm25"}
 
+    @checked_keywords
     def __init__(self, nodes: Sequence[BaseNode], router: Optional[GranularityRouter] = None, *,
                  similarity_top_k: int = 1, k_r: int = 3, normalize: str = "none",
                  level_margin: float = 0.0, n_gra: int = 5, bm25: Optional[dict] = None,

@@ -13,6 +13,7 @@ from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.llms.llm import LLM as LlamaIndexBaseLLM
 
 from funnel_core.llm import LLM, as_llm
+from funnel_core.settings import checked_keywords
 
 __all__ = ["LlamaIndexLLM", "as_provider"]
 
@@ -30,6 +31,7 @@ class LlamaIndexLLM(LLM):
     ``n`` completions are ``n`` calls per prompt (concurrent on the async path).
     """
 
+    @checked_keywords
     def __init__(self, llm: LlamaIndexBaseLLM, *, pass_sampling_params: bool = False,
                  timeout: float | None = None) -> None:
         super().__init__(timeout=timeout)
@@ -82,5 +84,5 @@ class LlamaIndexLLM(LLM):
 def as_provider(llm: Any, **kwargs: Any) -> LLM:
     """A funnel_core provider from a LlamaIndex LLM, a funnel_core LLM, or a model name/folder."""
     if isinstance(llm, LlamaIndexBaseLLM):
-        return LlamaIndexLLM(llm, timeout=kwargs.get("timeout"))
+        return LlamaIndexLLM(llm, **kwargs)  # a keyword it does not take is named, not dropped
     return as_llm(llm, **kwargs)

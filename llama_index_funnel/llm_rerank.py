@@ -29,7 +29,7 @@ from funnel_core.errors import check_query
 from funnel_core.fbrag import ForwardLookup, ForwardLookupResult, ForwardSample, chunk_context, variant_weights
 from funnel_core.funnel import warm_up_attributes
 from funnel_core.rerank.rankrag import DEFAULT_RANKRAG_PROMPT, RankRAGScorer
-from funnel_core.settings import check_kwargs, setting_names
+from funnel_core.settings import check_kwargs, checked_keywords, setting_names
 from funnel_core.units import Unit, text_digest
 from llama_index_funnel._base import StagePostprocessor, nodes_to_units, units_to_nodes
 from llama_index_funnel.llm import as_provider
@@ -153,6 +153,10 @@ class ForwardLookupQueryBundle(QueryBundle):
 
     samples: List[ForwardSample] = field(default_factory=list)
     reader_context: str = ""
+
+
+# a misspelt field names the accepted ones (the dataclass's generated __init__ would not)
+ForwardLookupQueryBundle.__init__ = checked_keywords(ForwardLookupQueryBundle.__init__)  # type: ignore[method-assign]
 
 
 class ForwardLookupQueryTransform(_HoldsForwardLookup, BaseQueryTransform):

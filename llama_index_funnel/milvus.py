@@ -38,6 +38,7 @@ from funnel_core.backends.milvus import (
 from funnel_core.embeddings import DenseIndex
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.filters import combine_filters
+from funnel_core.settings import checked_keywords
 from funnel_core.units import Unit
 from llama_index_funnel._base import UnitRetriever, units_to_nodes
 from llama_index_funnel.corpus import nodes_from, units_of
@@ -124,6 +125,7 @@ def is_milvus(index: Any) -> bool:
     return str(getattr(index, "kind", "")).startswith("funnel-rag.milvus")
 
 
+@checked_keywords
 def milvus_backend(backend: Any, where: str) -> MilvusBackend:
     """``backend`` as a :class:`MilvusBackend`; ``None``/``"memory"`` is an error naming ``where``."""
     b = as_backend(backend)
@@ -172,6 +174,7 @@ class DenseRetriever(UnitRetriever):
             :meth:`search` are ANDed with it.
     """
 
+    @checked_keywords
     def __init__(self, index: Union[DenseIndex, Any], nodes: Optional[Sequence[BaseNode]] = None,
                  similarity_top_k: int = 10, filters: Any = None,
                  callback_manager: Optional[CallbackManager] = None, verbose: bool = False) -> None:
@@ -197,6 +200,7 @@ class DenseRetriever(UnitRetriever):
         return cls(index, nodes, similarity_top_k=similarity_top_k, filters=filters)
 
     @classmethod
+    @checked_keywords
     def from_backend(cls, backend: Union[MilvusBackend, str], embedder: Any = None,
                      similarity_top_k: int = 10, filters: Any = None) -> "DenseRetriever":
         """Re-open a dense collection built before (no re-embedding); pass the ``embedder`` it

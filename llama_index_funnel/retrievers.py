@@ -35,7 +35,7 @@ from funnel_core.errors import check_positive_int, check_query
 from funnel_core.filters import persistable_filter
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
 from funnel_core.persist import load_snapshot, save_snapshot, snapshot_owner
-from funnel_core.settings import build_index, keyword_names
+from funnel_core.settings import build_index, checked_keywords, keyword_names
 from funnel_core.units import Unit
 from llama_index_funnel._base import UnitRetriever, units_to_nodes
 from llama_index_funnel.corpus import nodes_from, units_of
@@ -52,6 +52,7 @@ class _NodeRetriever(UnitRetriever):
 
     annotate = False  # the user's nodes, hash unchanged (QueryFusionRetriever dedups by hash)
 
+    @checked_keywords
     def __init__(self, nodes: Sequence[BaseNode], filters: Filter = None,
                  callback_manager: Optional[CallbackManager] = None, verbose: bool = False) -> None:
         self._nodes = {n.node_id: n for n in nodes}
@@ -180,6 +181,7 @@ class BM25Retriever(_NodeRetriever):
     _index_dir = "funnel_rag_bm25"
     _settings = ("similarity_top_k", "filters")
 
+    @checked_keywords
     def __init__(self, index: Any, nodes: Sequence[BaseNode], similarity_top_k: int = 10,
                  filters: Filter = None, callback_manager: Optional[CallbackManager] = None,
                  verbose: bool = False) -> None:
@@ -203,6 +205,7 @@ class BM25Retriever(_NodeRetriever):
         return cls(index, nodes, similarity_top_k=similarity_top_k, filters=filters)
 
     @classmethod
+    @checked_keywords
     def from_backend(cls, backend: Union[MilvusBackend, str], similarity_top_k: int = 10,
                      filters: Filter = None) -> "BM25Retriever":
         """Re-open a BM25 collection built before (no re-indexing; its tokenizer settings are
@@ -246,6 +249,7 @@ class ClusteredBM25Retriever(_NodeRetriever):
     _index_dir = "funnel_rag_clustered_bm25"
     _settings = ("similarity_top_k", "k_clusters", "return_clusters", "filters")
 
+    @checked_keywords
     def __init__(self, index: Any, nodes: Sequence[BaseNode], similarity_top_k: int = 10,
                  filters: Filter = None, callback_manager: Optional[CallbackManager] = None,
                  verbose: bool = False, *, k_clusters: int = 10,
@@ -288,6 +292,7 @@ class ClusteredBM25Retriever(_NodeRetriever):
                    k_clusters=k_clusters, return_clusters=return_clusters)
 
     @classmethod
+    @checked_keywords
     def from_backend(cls, backend: Union[MilvusBackend, str], similarity_top_k: int = 10,
                      filters: Filter = None, *, k_clusters: int = 10,
                      return_clusters: bool = False) -> "ClusteredBM25Retriever":

@@ -204,6 +204,7 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
         if not isinstance(spec, dict) or spec.get("component") not in COMPONENTS:
             got = spec.get("component") if isinstance(spec, dict) else spec
             raise ValueError(f"{p} [systems.{name}]: component must be one of {COMPONENTS}, got {got!r}.")
+        _check_system_keys(spec, f"{p} [systems.{name}]")
         for key in ("embedder", "pre_ranker", "post_ranker"):
             if isinstance(spec.get(key), str) and spec[key].startswith("."):
                 spec[key] = str((base / spec[key]).resolve())
@@ -225,6 +226,53 @@ def _check_keys(given: dict[str, Any], allowed: set[str], where: str) -> None:
     unknown = set(given) - allowed
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(allowed)}.")
+
+
+#: Keys every [systems.NAME] table takes, whatever its component.
+_SYSTEM_KEYS = {"component", "rerank", "postrank", "compress", "tune"}
+
+
+def system_keys(component: str) -> tuple[set[str], dict[str, set[str]]]:
+    """The keys a ``[systems.NAME]`` table of ``component`` takes, and those of its sub-tables
+    (``index``, ``rerank``, ``postrank``, ``compress``): the TOML's own names, read from the
+    signatures of what :func:`build_systems` builds (never a Python object's parameter such as
+    the built index)."""
+    from funnel_core.best_practices.compress import ExtractiveCompressor
+    from funnel_core.best_practices.fusion import HybridRetrieve
+    from funnel_core.bm25 import BM25Index, BM25Retrieve
+    from funnel_core.embeddings import DenseRetrieve
+    from funnel_core.funnelrag.clustered_index import ClusteredBM25Retrieve
+    from funnel_core.funnelrag.presets import funnelrag
+    from funnel_core.rerank.cross_encoder import CrossEncoderScorer
+    from funnel_core.rerank.fid import FiDAttentionScorer
+    from funnel_core.settings import keyword_names, setting_names
+
+    def names(fn: Any, *drop: str) -> set[str]:  # a class: its __init__'s (a metaclass may hide them)
+        return set(setting_names(fn) if isinstance(fn, type) else keyword_names(fn)) - set(drop)
+
+    own = {
+        "bm25": names(BM25Retrieve, "index") | {"index"},
+        "dense": names(DenseRetrieve, "index") | {"embedder"},
+        "hybrid": names(HybridRetrieve, "sparse", "dense", "name", "sparse_query", "dense_query")
+        | {"index", "embedder", "k_side"},
+        "clustered": names(ClusteredBM25Retrieve, "index") | {"max_tokens", "max_documents"},
+        "funnelrag": names(funnelrag, "documents") | names(CrossEncoderScorer, "model", "name"),
+    }[component]
+    tables = {"index": names(BM25Index), "rerank": names(CrossEncoderScorer),
+              "postrank": names(FiDAttentionScorer), "compress": names(ExtractiveCompressor)}
+    return own | _SYSTEM_KEYS, tables
+
+
+def _check_system_keys(spec: dict[str, Any], where: str) -> None:
+    """Refuse a misspelt key of a [systems.NAME] table (or of its sub-tables, or a tuned one),
+    naming the keys that table takes."""
+    allowed, tables = system_keys(spec["component"])
+    _check_keys(spec, allowed, where)
+    for table, keys in tables.items():
+        if isinstance(spec.get(table), dict):
+            _check_keys(spec[table], keys, f"{where} {table}")
+    if isinstance(spec.get("tune"), dict):
+        _check_keys(spec["tune"], allowed - _SYSTEM_KEYS, f"{where} tune")
 
 
 def _call(where: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -294,6 +342,8 @@ def build_systems(specs: dict[str, dict[str, Any]], corpus: list[Unit],
         if "tune" in spec:
             raise ValueError(f"{where}: `tune` is resolved by run_config (funnel eval), which evaluates each "
                              "value on [evaluate] tune_split first; build_systems takes one value per setting.")
+        allowed, _ = system_keys(component)
+        _check_keys(spec, allowed - _SYSTEM_KEYS, where)  # build_systems is public: same check
         stage: Any
         if component == "bm25":
             from funnel_core.bm25 import BM25Retrieve

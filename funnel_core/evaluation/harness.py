@@ -54,7 +54,7 @@ from funnel_core.evaluation.metrics import (
     token_f1,
 )
 from funnel_core.evaluation.report import Report, summarise
-from funnel_core.evaluation.systems import as_system
+from funnel_core.evaluation.systems import as_system, document_id_candidates
 from funnel_core.hardware import available_cores
 from funnel_core.units import Unit
 
@@ -62,8 +62,9 @@ __all__ = ["evaluate", "available_cores", "read_load_average", "wait_for_quiet",
            "default_metrics", "CACHE_VERSION", "READER_PROMPT"]
 
 #: Bumped when the per-question cache records change shape (2: the header names the corpus, the
-#: system's model identity and the package version; 3: every record carries its SHA-256).
-CACHE_VERSION = 3
+#: system's model identity and the package version; 3: every record carries its SHA-256; 4: a result is
+#: judged under the first of its candidate document ids the dataset knows).
+CACHE_VERSION = 4
 
 
 def _record_digest(rec: Mapping[str, Any]) -> str:
@@ -136,10 +137,21 @@ def default_metrics(dataset: EvalDataset, ks: Sequence[int] = (1, 5, 10)) -> lis
     return out
 
 
-def _doc_id(u: Unit, id_key: str | None) -> str:
-    if id_key:
-        return str(u.metadata.get(id_key, u.id))
-    return str(u.metadata.get("doc_id", u.id))
+def _doc_id(u: Unit, id_key: str | None, known: frozenset[str] = frozenset()) -> str:
+    """The document id a result is judged under: ``metadata[id_key]`` when ``id_key`` is given
+    and present; else the first of :func:`~funnel_core.evaluation.systems.document_id_candidates`
+    (``doc_id``, own id, ``funnel_parent_id`` / parent, LlamaIndex ``PARENT`` / ``SOURCE``) that
+    the dataset knows (``known``: its judged and corpus document ids), so a framework passage
+    without a ``doc_id`` key counts for the document it was cut from; else ``doc_id`` or the
+    unit's own id."""
+    if id_key and id_key in u.metadata:
+        return str(u.metadata[id_key])
+    candidates = document_id_candidates(u)
+    if known:
+        for c in candidates:
+            if c in known:
+                return c
+    return candidates[0] if candidates else str(u.id)
 
 
 #: The largest score-cache file read back (bytes); a larger one is not ours and is recomputed.
@@ -428,8 +440,12 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
             per metric, and the exact McNemar test for 0/1 metrics); default: the first.
         depth: Results kept per question (default: the largest k of the metrics, 100 when a
             metric has none, e.g. ``mrr``).
-        id_key: Metadata key holding the document id the qrels name (default ``"doc_id"`` when
-            present, else the unit / node / Document id).
+        id_key: Metadata key holding the document id the qrels name. Default: the first id
+            the dataset knows (its judged or corpus document ids) among ``metadata["doc_id"]``,
+            the unit / node / Document id, the unit it was cut from (``funnel_parent_id``,
+            written by later chunking and the other splitting stages), and a LlamaIndex node's
+            ``PARENT`` / ``SOURCE`` relationship (``ref_doc_id``); none known: ``doc_id``, else
+            the result's own id.
         n_timing: Questions timed (a seeded sample of the labelled ones); 0 times nothing.
         timing_ids: Time exactly these question ids, in this order (instead of the sample).
         warm_query: The warm-up question (default: a labelled question outside the timing
@@ -511,6 +527,9 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
     max_load = float(cores) if max_load is None else float(max_load)
     qids = dataset.question_ids
     load_before = load_reader()
+    # the document ids a result may be judged under (see _doc_id)
+    known_ids = frozenset({d for judged in dataset.qrels.values() for d in judged}
+                          | {str(u.metadata.get("doc_id", u.id)) for u in dataset.corpus})
 
     cache = None
     if cache_dir is not None:
@@ -573,7 +592,7 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
                 values[m] = score(read_out["answers"][str(k)], dataset.answers[q])
         ranked: list[str] = []
         for u in units:
-            did = _doc_id(u, id_key)
+            did = _doc_id(u, id_key, known_ids)
             if did not in ranked:
                 ranked.append(did)
             if len(ranked) >= depth:
@@ -658,4 +677,5 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
     return summarise(names=names, baseline=baseline, metric_names=metric_names, dataset=dataset,
                      per_question=per_question, timing=timing, depth=depth, n_boot=n_boot, seed=seed,
                      load_before=load_before, load_after=load_reader(),
-                     systems={n: repr(s) for n, s in sys_map.items()})
+                     systems={n: repr(s) for n, s in sys_map.items()},
+                     uncounted={n: list(s.uncounted) for n, s in sys_map.items()})

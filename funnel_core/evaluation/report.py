@@ -54,8 +54,9 @@ def _is_binary(values: Sequence[float]) -> bool:
 def summarise(*, names: Sequence[str], baseline: str, metric_names: Sequence[str], dataset: Any,
               per_question: Mapping[str, Mapping[str, dict[str, Any]]], timing: dict[str, Any],
               depth: int, n_boot: int, seed: int, load_before: float | None, load_after: float | None,
-              systems: Mapping[str, str]) -> "Report":
-    """Turn per-question results and timing records into a :class:`Report`."""
+              systems: Mapping[str, str], uncounted: Mapping[str, Sequence[str]] | None = None) -> "Report":
+    """Turn per-question results and timing records into a :class:`Report`. ``uncounted``: per
+    system, the parts whose model work nobody counted (``cost[system]["uncounted"]``)."""
     from funnel_core.hardware import describe
 
     summary: dict[str, dict[str, Any]] = {}
@@ -76,6 +77,7 @@ def summarise(*, names: Sequence[str], baseline: str, metric_names: Sequence[str
         read = [r["reader"]["counts"] for r in recs if "reader" in r]  # the reader's cost, apart
         c.update({f"reader_{k}_per_query": sum(x.get(k, 0) for x in read) / n
                   for k in COUNTER_NAMES if any(x.get(k) for x in read)})
+        c["uncounted"] = list((uncounted or {}).get(name, []))
         secs = [r["seconds"] for r in timing.get("records", []) if r["system"] == name]
         c["timed_questions"] = len(secs)
         if secs and not refused:
@@ -142,7 +144,9 @@ class Report:
     Attributes (views of :meth:`to_dict`): ``summary`` (``{system: {metric: {mean, ci, n}}}``),
     ``comparisons`` (``{system: {metric: paired bootstrap [+ McNemar]}}`` against ``baseline``),
     ``cost`` (``{system: {seconds_p50, seconds_p95, pairs_scored_per_query, model_calls_per_query,
-    llm_*_per_query, ...}}``), ``timing`` and ``per_question`` (``{system: [records]}``).
+    llm_*_per_query, uncounted, ...}}``; ``uncounted`` names the parts of a system whose model
+    work is not counted, so its counts are a lower bound), ``timing`` and ``per_question``
+    (``{system: [records]}``).
     """
 
     def __init__(self, data: dict[str, Any]) -> None:
@@ -239,7 +243,8 @@ class Report:
                 v = self.summary[s][m]
                 row.append(f"{_fmt(v['mean'])} [{_fmt(v['ci'][0])}, {_fmt(v['ci'][1])}]")
             c = self.cost[s]
-            row += [f"{c['pairs_scored_per_query']:.1f}", f"{c['model_calls_per_query']:.1f}"]
+            unknown = " + ?" if c.get("uncounted") else ""
+            row += [f"{c['pairs_scored_per_query']:.1f}{unknown}", f"{c['model_calls_per_query']:.1f}{unknown}"]
             if with_llm:
                 row += [f"{c['llm_calls_per_query']:.1f}",
                         f"{c['llm_prompt_tokens_per_query'] + c['llm_completion_tokens_per_query']:.0f}"]
@@ -259,6 +264,12 @@ class Report:
                 parts.append(f"{m} {cmp['difference']:+.3f} [{cmp['ci'][0]:+.3f}, {cmp['ci'][1]:+.3f}]{p}")
             if parts:
                 notes.append(f"{s} vs {self.baseline}: " + "; ".join(parts) + ".")
+        partly = [f"{s} ({', '.join(self.cost[s]['uncounted'])})" for s in self.systems
+                  if self.cost[s].get("uncounted")]
+        if partly:
+            notes.append("Pairs and model calls count our stages and the candidates a framework "
+                         "reranker (top_n) receives; \"+ ?\": not counted, cost unknown, for "
+                         + "; ".join(partly) + ".")
         t = self.timing
         if t.get("n_timing"):
             load = t.get("load1") or {}
@@ -289,8 +300,11 @@ class Report:
             pts = [(float(self.cost[s][key]), float(self.summary[s][metric]["mean"]), s) for s in self.systems]
             for x, y, s in pts:
                 lo, hi = self.summary[s][metric]["ci"]
-                ax.errorbar([x], [y], yerr=[[y - lo], [hi - y]], fmt="o", capsize=3)
-                ax.annotate(s, (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
+                unknown = key.startswith("pairs") and bool(self.cost[s].get("uncounted"))
+                ax.errorbar([x], [y], yerr=[[y - lo], [hi - y]], fmt="o", capsize=3,
+                            mfc="none" if unknown else None)  # hollow: part of the cost unknown
+                ax.annotate(s + (" (cost partly unknown)" if unknown else ""), (x, y),
+                            textcoords="offset points", xytext=(5, 5), fontsize=8)
             front = sorted((p for p in pts if not any(
                 (q[0] <= p[0] and sign * q[1] >= sign * p[1]) and (q[0] < p[0] or sign * q[1] > sign * p[1])
                 for q in pts)), key=lambda p: p[0])

@@ -13,16 +13,25 @@
 Frameworks are recognised by the modules of the object's classes (duck typing): nothing here
 imports LlamaIndex or LangChain. Results become :class:`~funnel_core.units.Unit` s with the
 framework object kept in ``Unit.source``.
+
+Cost: our stages and adapters count their model work themselves (:mod:`funnel_core.counters`).
+A framework's own reranker (a LlamaIndex node postprocessor or LangChain document compressor
+with a ``top_n`` setting, e.g. ``SentenceTransformerRerank``, ``CrossEncoderReranker``) is
+counted here: one model call and one (query, text) pair per candidate it receives. Every other
+framework object or plain function does work nobody counts; :attr:`System.uncounted` names them
+and the report says so instead of showing their cost as 0.
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
+from funnel_core import counters
 from funnel_core.funnel import Stage, warm_up_objects
 from funnel_core.units import Unit, text_digest
 
-__all__ = ["System", "as_system", "to_unit", "framework_of"]
+__all__ = ["System", "as_system", "to_unit", "framework_of", "document_id_candidates",
+           "counted_reranker"]
 
 
 def framework_of(obj: Any) -> str | None:
@@ -36,6 +45,27 @@ def framework_of(obj: Any) -> str | None:
                     "langchain_classic"):
             return "langchain"
     return None
+
+
+_OURS = ("funnel_core", "llama_index_funnel", "langchain_funnel")
+
+
+def _ours(obj: Any) -> bool:
+    """Is ``obj`` one of our stages or adapters (which count their own model work)?"""
+    return (type(obj).__module__ or "").split(".")[0] in _OURS
+
+
+def counted_reranker(obj: Any) -> bool:
+    """A framework's own reranker the harness counts from outside: a LlamaIndex postprocessor or
+    LangChain compressor, not ours, with a ``top_n`` setting (it scores every candidate it
+    receives: ``SentenceTransformerRerank``, ``LLMRerank``, ``CrossEncoderReranker``,
+    ``CohereRerank``, ``FlashrankRerank``, ...)."""
+    return (framework_of(obj) is not None and not _ours(obj) and hasattr(obj, "top_n")
+            and (hasattr(obj, "postprocess_nodes") or hasattr(obj, "compress_documents")))
+
+
+def _describe(obj: Any) -> str:
+    return getattr(obj, "__name__", None) or type(obj).__name__
 
 
 def to_unit(item: Any, rank: int = 0) -> Unit:
@@ -62,6 +92,45 @@ def to_unit(item: Any, rank: int = 0) -> Unit:
         return Unit(id=text_digest(item), text=item)
     raise TypeError(f"a system returned a {type(item).__name__} at rank {rank + 1}; expected funnel_core "
                     "Units, LlamaIndex NodeWithScore/nodes, LangChain Documents or strings.")
+
+
+def _related_id(node: Any, name: str) -> str | None:
+    """The node id of a LlamaIndex node's ``PARENT`` / ``SOURCE`` relationship (by the enum's
+    name, so nothing is imported), or ``None``."""
+    rels = getattr(node, "relationships", None)
+    if not isinstance(rels, dict):
+        return None
+    for key, info in rels.items():
+        if getattr(key, "name", None) == name and getattr(info, "node_id", None) is not None:
+            return str(info.node_id)
+    return None
+
+
+def document_id_candidates(unit: Unit) -> list[str]:
+    """The ids a result may be judged under, most specific first: ``metadata["doc_id"]``, the
+    unit's own id (a node's ``node_id``, a ``Document``'s ``id``), the unit it was cut from
+    (``funnel_parent_id``, which our stages write, and :attr:`Unit.parent_id`), then the
+    framework's own links: a LlamaIndex node's ``PARENT`` and ``SOURCE`` relationships (its
+    ``ref_doc_id``), a LangChain ``Document``'s ``id``. The harness judges a result under the
+    first of these that the dataset knows (see :func:`~funnel_core.evaluation.harness.evaluate`)."""
+    out: list[str] = []
+
+    def add(value: Any) -> None:
+        if value is not None and str(value) and str(value) not in out:
+            out.append(str(value))
+
+    add(unit.metadata.get("doc_id"))
+    add(unit.id)
+    add(unit.metadata.get("funnel_parent_id"))
+    add(unit.parent_id)
+    src = unit.source
+    node = getattr(src, "node", src)
+    if hasattr(node, "get_content") and hasattr(node, "node_id"):
+        add(_related_id(node, "PARENT"))
+        add(_related_id(node, "SOURCE"))
+    elif hasattr(src, "page_content"):
+        add(getattr(src, "id", None))
+    return out
 
 
 class System:
@@ -99,6 +168,10 @@ class System:
                 raise TypeError(f"system {self.name!r}: postprocessor {type(pp).__name__} has neither "
                                 "postprocess_nodes (LlamaIndex) nor compress_documents (LangChain) and is "
                                 "not a funnel_core Stage.")
+        #: The parts whose model work is not counted (framework objects other than the rerankers
+        #: :func:`counted_reranker` recognises, plain functions): the report marks their cost unknown.
+        self.uncounted: list[str] = [_describe(x) for x in [self.obj, *self.postprocessors]
+                                     if not (isinstance(x, Stage) or _ours(x) or counted_reranker(x))]
 
     def _first(self, query: str) -> list[Any]:
         if self.kind == "funnel_core":
@@ -115,10 +188,13 @@ class System:
         for pp in self.postprocessors:
             if isinstance(pp, Stage):
                 items = list(pp(query, [to_unit(x, i) for i, x in enumerate(items)]))
-            elif hasattr(pp, "postprocess_nodes"):
-                items = list(pp.postprocess_nodes(items, query_str=query))
             else:
-                items = list(pp.compress_documents(items, query))
+                if items and counted_reranker(pp):  # the candidates it scores: one batch of pairs
+                    counters.add(model_calls=1, pairs_scored=len(items))
+                if hasattr(pp, "postprocess_nodes"):
+                    items = list(pp.postprocess_nodes(items, query_str=query))
+                else:
+                    items = list(pp.compress_documents(items, query))
         return items
 
     def search(self, query: str) -> list[Unit]:

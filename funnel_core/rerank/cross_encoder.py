@@ -32,7 +32,7 @@ import os
 from typing import Any, Callable, Sequence
 
 from funnel_core.errors import check_positive_int, check_probability
-from funnel_core.models import LazyModel, load_pretrained, resolve_device, tokenizer_lock
+from funnel_core.models import LazyModel, flagembedding_error, load_pretrained, resolve_device, tokenizer_lock
 from funnel_core.rerank.base import Reranker, count_extra_pairs
 from funnel_core.rerank.runtimes import RUNTIMES, OnnxSession, PairTokenizer, choose_runtime, export_onnx, score_batches
 from funnel_core.scoring import minmax  # noqa: F401 (re-exported: funnel_core.rerank.cross_encoder.minmax)
@@ -234,7 +234,10 @@ class CrossEncoderScorer(Settings, Reranker):
         return score
 
     def _load_flag(self, device: str, active: str):
-        from FlagEmbedding import FlagReranker
+        try:
+            from FlagEmbedding import FlagReranker
+        except ImportError as exc:  # missing, or installed against another transformers
+            raise flagembedding_error(exc) from exc
 
         max_length = self.max_length
         model = load_pretrained(FlagReranker, self.model_name, what="cross-encoder",

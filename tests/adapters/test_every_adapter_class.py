@@ -276,8 +276,9 @@ def test_a_misspelt_keyword_raises(pkg, name, request):
     with pytest.raises((TypeError, ValueError)) as err:
         build(Ctx(request), tpo_k=3)
     assert "tpo_k" in str(err.value)
-    if isinstance(cls, type) and issubclass(cls, BaseModel):
-        assert "accepted" in str(err.value) and name in str(err.value)  # names class and fields
+    assert "accepted" in str(err.value) and name in str(err.value)  # names class and fields
+    if not (isinstance(cls, type) and issubclass(cls, BaseModel)):
+        assert "unexpected keyword argument" not in str(err.value)
 
 
 @pytest.mark.parametrize("pkg,name", ALL, ids=[f"{p.split('_')[0]}-{n}" for p, n in ALL])
@@ -341,3 +342,154 @@ def test_an_empty_query_keeps_top_n(query, request):
     assert lc_ids(lc.CrossEncoderReranker(model=ce, top_n=2).compress_documents(lc_docs, query)) \
         == ["d0", "d1"]
     assert len(li.CrossEncoderRerank(model=ce).postprocess_nodes(many, query_str=query)) == 10
+
+
+# -- every factory: the classmethods that build a public class, and the factory functions -------
+def _tmp(c: Ctx) -> Any:
+    return c.request.getfixturevalue("tmp_path")
+
+
+def _li_persisted(c: Ctx, retriever: Any) -> str:
+    path = str(_tmp(c) / "persisted")
+    retriever.persist(path)
+    return path
+
+
+def _lc_saved(c: Ctx, retriever: Any) -> str:
+    path = str(_tmp(c) / "saved")
+    retriever.save(path)
+    return path
+
+
+def _li_clustered() -> Any:
+    return li.ClusteredBM25Retriever.from_defaults(nodes=[n.node for n in nodes()], max_tokens=40,
+                                                   knn_k=3, knn_threshold=0.05)
+
+
+def _lc_clustered() -> Any:
+    return lc.ClusteredBM25Retriever.from_documents(docs(), max_tokens=40, knn_k=3, knn_threshold=0.05)
+
+
+NEVER_OPENED = "never-opened.db"  # a Milvus URI: the keyword check must come before any connection
+
+#: "package:Class.factory" or "package:function" -> build(ctx, **extra)
+FACTORY_CASES: dict[str, Callable[..., Any]] = {
+    "llama_index_funnel:HybridRetriever.from_defaults": lambda c, **kw: li.HybridRetriever.from_defaults(
+        [n.node for n in nodes()], embedder=c.embedder(), **kw),
+    "llama_index_funnel:HybridRetriever.from_backend": lambda c, **kw: li.HybridRetriever.from_backend(
+        NEVER_OPENED, **kw),
+    "llama_index_funnel:BM25Retriever.from_defaults": lambda c, **kw: li_bm25(**kw),
+    "llama_index_funnel:BM25Retriever.from_backend": lambda c, **kw: li.BM25Retriever.from_backend(
+        NEVER_OPENED, **kw),
+    "llama_index_funnel:BM25Retriever.from_persist_dir": lambda c, **kw: li.BM25Retriever.from_persist_dir(
+        _li_persisted(c, li_bm25()), **kw),
+    "llama_index_funnel:ClusteredBM25Retriever.from_defaults": lambda c, **kw: li.ClusteredBM25Retriever
+    .from_defaults(nodes=[n.node for n in nodes()], max_tokens=40, **kw),
+    "llama_index_funnel:ClusteredBM25Retriever.from_backend": lambda c, **kw: li.ClusteredBM25Retriever
+    .from_backend(NEVER_OPENED, **kw),
+    "llama_index_funnel:ClusteredBM25Retriever.from_persist_dir": lambda c, **kw: li.ClusteredBM25Retriever
+    .from_persist_dir(_li_persisted(c, _li_clustered()), **kw),
+    "llama_index_funnel:DenseRetriever.from_defaults": lambda c, **kw: li.milvus.DenseRetriever.from_defaults(
+        [n.node for n in nodes()], embedder=c.embedder(), **kw),
+    "llama_index_funnel:DenseRetriever.from_backend": lambda c, **kw: li.milvus.DenseRetriever.from_backend(
+        NEVER_OPENED, **kw),
+    "llama_index_funnel:DenseRetriever": lambda c, **kw: li.milvus.DenseRetriever(
+        li.milvus.DenseIndex(c.embedder()), **kw),
+    "llama_index_funnel:as_stage": lambda c, **kw: li.funnel.as_stage(li_bm25(), **kw),
+    "llama_index_funnel:as_provider": lambda c, **kw: li.llm.as_provider(MockLLM(max_tokens=3), **kw),
+    "llama_index_funnel:milvus_backend": lambda c, **kw: li.milvus.milvus_backend(NEVER_OPENED, "here", **kw),
+    "langchain_funnel:CompressionRetriever.from_stages": lambda c, **kw: lc.CompressionRetriever.from_stages(
+        lc_bm25(), **kw),
+    "langchain_funnel:HybridRetriever.from_documents": lambda c, **kw: lc.HybridRetriever.from_documents(
+        docs(), embedder=c.embedder(), **kw),
+    "langchain_funnel:HybridRetriever.from_backend": lambda c, **kw: lc.HybridRetriever.from_backend(
+        NEVER_OPENED, **kw),
+    "langchain_funnel:FunnelRetriever.from_stages": lambda c, **kw: lc.FunnelRetriever.from_stages(
+        lc_bm25(), **kw),
+    "langchain_funnel:BM25Retriever.from_texts": lambda c, **kw: lc.BM25Retriever.from_texts(
+        [t for _, t, _ in CORPUS], **kw),
+    "langchain_funnel:BM25Retriever.from_documents": lambda c, **kw: lc_bm25(**kw),
+    "langchain_funnel:BM25Retriever.from_backend": lambda c, **kw: lc.BM25Retriever.from_backend(
+        NEVER_OPENED, **kw),
+    "langchain_funnel:BM25Retriever.load": lambda c, **kw: lc.BM25Retriever.load(_lc_saved(c, lc_bm25()), **kw),
+    "langchain_funnel:ClusteredBM25Retriever.from_texts": lambda c, **kw: lc.ClusteredBM25Retriever.from_texts(
+        [t for _, t, _ in CORPUS], max_tokens=40, **kw),
+    "langchain_funnel:ClusteredBM25Retriever.from_documents": lambda c, **kw: lc.ClusteredBM25Retriever
+    .from_documents(docs(), max_tokens=40, **kw),
+    "langchain_funnel:ClusteredBM25Retriever.from_backend": lambda c, **kw: lc.ClusteredBM25Retriever
+    .from_backend(NEVER_OPENED, **kw),
+    "langchain_funnel:ClusteredBM25Retriever.load": lambda c, **kw: lc.ClusteredBM25Retriever.load(
+        _lc_saved(c, _lc_clustered()), **kw),
+    "langchain_funnel:DenseRetriever.from_documents": lambda c, **kw: lc.milvus.DenseRetriever.from_documents(
+        docs(), embedder=c.embedder(), **kw),
+    "langchain_funnel:DenseRetriever.from_backend": lambda c, **kw: lc.milvus.DenseRetriever.from_backend(
+        NEVER_OPENED, **kw),
+    "langchain_funnel:DenseRetriever": lambda c, **kw: lc.milvus.DenseRetriever(
+        index=lc.milvus.DenseIndex(c.embedder()), **kw),
+    "langchain_funnel:LCTransformerStage": lambda c, **kw: lc.funnel.LCTransformerStage(
+        lc.LaterChunkingTransformer(words=4), **kw),
+    "langchain_funnel:MilvusTranslator": lambda c, **kw: lc.milvus.MilvusTranslator(**kw),
+    "langchain_funnel:hyde_query": lambda c, **kw: lc.hyde_query(FakeListLLM(responses=["x"]), **kw),
+    "langchain_funnel:query_classifier_branch": lambda c, **kw: lc.query_classifier_branch(
+        c.classifier(), lc_bm25(), lc_bm25(), **kw),
+    "langchain_funnel:rerank_chain": lambda c, **kw: lc.rerank_chain(lc_bm25(), **kw),
+    "langchain_funnel:as_stage": lambda c, **kw: lc.funnel.as_stage(lc_bm25(), **kw),
+    "langchain_funnel:as_provider": lambda c, **kw: lc.llm.as_provider(FakeListLLM(responses=["x"]), **kw),
+}
+#: Public functions that convert or translate data rather than build a configured object.
+NOT_FACTORIES = {
+    "llama_index_funnel": {"nodes_to_units", "units_to_nodes", "nodes_from", "units_of",
+                           "is_empty_metadata_filters", "to_predicate", "to_milvus_filter", "is_milvus",
+                           "with_shells", "restore_nodes", "search_filter"},
+    "langchain_funnel": {"documents_to_units", "units_to_documents", "units_from_documents",
+                         "message_text", "to_milvus_filter", "push_down", "search_filter"},
+}
+#: Built by the package, not by its users (an instrumentation event carrying a trace).
+NOT_BUILT_BY_USERS = {"llama_index_funnel:FunnelTraceEvent"}
+
+
+def _public_factories(pkg: str) -> set[str]:
+    """Every public class outside the top-level ``__all__`` (those have cases above), every
+    from_* / load classmethod of a public class, every public function: from the ``__all__`` of
+    the package and of its submodules."""
+    import importlib
+    import pkgutil
+
+    top = importlib.import_module(pkg)
+    modules = [top] + [importlib.import_module(f"{pkg}.{m.name}") for m in pkgutil.iter_modules(top.__path__)
+                       if not m.name.startswith("_")]
+    out: set[str] = set()
+    for m in modules:
+        for n in getattr(m, "__all__", []):
+            obj = getattr(m, n)
+            if (getattr(obj, "__module__", "") or "").split(".")[0] != pkg:
+                continue
+            if inspect.isclass(obj):
+                if n not in top.__all__:
+                    out.add(f"{pkg}:{n}")
+                for klass in obj.__mro__:
+                    if (klass.__module__ or "").split(".")[0] == pkg:
+                        out |= {f"{pkg}:{n}.{a}" for a, v in vars(klass).items()
+                                if isinstance(v, classmethod) and (a.startswith("from_") or a == "load")}
+            elif inspect.isfunction(obj) and n not in NOT_FACTORIES[pkg]:
+                out.add(f"{pkg}:{n}")
+    return out - NOT_BUILT_BY_USERS
+
+
+@pytest.mark.parametrize("pkg", sorted(PACKAGES))
+def test_every_public_factory_has_a_case(pkg):
+    assert _public_factories(pkg) == {k for k in FACTORY_CASES if k.startswith(pkg + ":")}, \
+        "add the new factory to FACTORY_CASES (or a converter to NOT_FACTORIES)"
+
+
+@pytest.mark.parametrize("name", sorted(FACTORY_CASES))
+def test_a_misspelt_keyword_to_a_factory_names_the_accepted_ones(name, request):
+    """A misspelt keyword to any constructor or factory raises a TypeError that names it and the
+    accepted keywords (Python's bare 'unexpected keyword argument' names neither the fix nor, for
+    a keyword forwarded to an inner class, the function the user called), before any Milvus
+    connection is tried."""
+    with pytest.raises(TypeError) as err:
+        FACTORY_CASES[name](Ctx(request), tpo_k=3)
+    msg = str(err.value)
+    assert "tpo_k" in msg and "accepted" in msg and "unexpected keyword argument" not in msg, msg
+    assert not (_tmp(Ctx(request)).parent / NEVER_OPENED).exists() and not __import__("os").path.exists(NEVER_OPENED)

@@ -186,3 +186,53 @@ def test_auto_engine_is_numba_where_installed_and_numpy_elsewhere(monkeypatch):
     assert not calls
     with pytest.raises(ImportError, match=r"funnel-rag\[fast\]"):
         BM25Index(engine="numba")
+
+
+def _zipf_texts(n, vocab=400, seed=11):
+    """Texts over a Zipf-like vocabulary: a few very common terms (long postings, many ties at
+    small k) and a long tail (short postings)."""
+    rng = np.random.default_rng(seed)
+    words = [f"w{i}" for i in range(vocab)]
+    p = 1.0 / np.arange(1, vocab + 1)
+    p /= p.sum()
+    return [" ".join(rng.choice(words, size=int(rng.integers(3, 30)), p=p)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("engine", ["numpy", "numba"])
+@pytest.mark.parametrize("method", ["lucene", "bm25l"])
+def test_a_batch_returns_what_each_query_returns_alone(engine, method):
+    """search_many scores and cuts a batch together (the numpy engine in blocks of queries, one
+    scatter-add and one partition per block; the compiled engine in threads); each query's hits
+    must be exactly the ones a full sort of its own bm25s score vector gives, and the ones
+    search() gives it alone, at every k up to the whole index, with and without a filter, in
+    blocks split over threads."""
+    if engine == "numba":
+        pytest.importorskip("numba")
+    import funnel_core.bm25 as bm25_module
+
+    texts = _zipf_texts(500)
+    units = [Unit(id=f"d{i}", text=t, metadata={"even": i % 2 == 0}) for i, t in enumerate(texts)]
+    index = BM25Index(method=method, engine=engine).index(units)
+    reference = BM25Index(method=method, engine="numpy").index(units)
+    rng = random.Random(5)
+    vocab = [f"w{i}" for i in range(420)]  # w400.. are not in the index
+    queries = [" ".join(rng.choice(vocab[:60] if j % 3 else vocab) for _ in range(rng.randint(1, 8)))
+               for j in range(70)] + ["", "w5 w5 w5", "unknownword", "w399"]
+    full = [_reference_top(reference, q, len(units)) if q else [] for q in queries]
+    for k in (1, 10, 100, len(units)):
+        for kw in ({}, {"filter": {"even": True}}, {"n_threads": 2}):
+            batch = index.search_many(queries, k=k, **kw)
+            for q, got, ranked in zip(queries, batch, full):
+                alone = index.search(q, k=k, filter=kw.get("filter"))
+                assert [(u.id, u.score, u.funnel) for u in got] == \
+                    [(u.id, u.score, u.funnel) for u in alone]
+                want = [(i, s) for i, s in ranked if "filter" not in kw or int(i[1:]) % 2 == 0][:k]
+                assert [(u.id, u.score) for u in got] == want
+    # blocks smaller than the batch (the block size follows the index size): same hits
+    small = bm25_module.BLOCK_CELLS
+    try:
+        bm25_module.BLOCK_CELLS = 7 * len(units)
+        assert [[(u.id, u.score) for u in r] for r in index.search_many(queries, k=10, n_threads=3)] == \
+            [[(u.id, u.score) for u in index.search(q, k=10)] for q in queries]
+    finally:
+        bm25_module.BLOCK_CELLS = small

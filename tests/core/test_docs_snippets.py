@@ -1,4 +1,5 @@
-"""The Python snippets of docs/*.md name only what they import.
+"""The Python snippets of README.md and docs/*.md name only what they import (that they run:
+``test_docs_snippets_run.py``).
 
 Issue 28 item 12: the LangChain snippet of docs/best_practices.md used ``QueryClassifier``
 without importing it (``NameError``). Snippets leave the user's own objects (``docs``, ``llm``,
@@ -33,7 +34,7 @@ def _public_names() -> set[str]:
 
 
 def _snippets():
-    for page in sorted(DOCS.glob("*.md")):
+    for page in [DOCS.parent / "README.md", *sorted(DOCS.glob("*.md"))]:
         for i, m in enumerate(BLOCK.finditer(page.read_text(encoding="utf-8"))):
             yield pytest.param(page.name, m.group(1), id=f"{page.name}#{i}")
 

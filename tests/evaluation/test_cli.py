@@ -167,3 +167,31 @@ def test_compress_appends_the_extractive_compressor(squad_file, tmp_path):
     assert sum(short.values()) < 0.7 * sum(full.values())
     cfg.write_text(cfg.read_text().replace("ratio = 0.3", "ratios = 0.3"))
     assert main(["eval", str(cfg), "--no-progress"]) == 1
+
+
+@pytest.mark.parametrize("component,line,bad,expected", [
+    ("bm25", "kk = 3", "kk", ["k", "index", "rerank"]),
+    ("hybrid", "alpah = 0.5", "alpah", ["alpha", "k_side", "embedder"]),
+    ("clustered", "max_token = 64", "max_token", ["max_tokens", "max_documents"]),
+    ("funnelrag", 'pre_ranker = "ce"\nk_passage = 4', "k_passage", ["k_passages", "pre_ranker"]),
+    ("bm25", "index = { stemer = \"english\" }", "stemer", ["stemmer", "stopwords"]),
+    ("bm25", "rerank = { model = \"ce\", topn = 2 }", "topn", ["top_n", "batch_size"]),
+    ("bm25", "compress = { method = \"bm25\", ration = 0.5 }", "ration", ["ratio", "method"]),
+    ("hybrid", "tune = { alfa = [0.1, 0.3] }", "alfa", ["alpha"]),
+])
+def test_a_misspelt_key_names_the_keys_the_table_takes(tmp_path, capsys, component, line, bad, expected):
+    """A misspelt key of a [systems.NAME] table (or of its index / rerank / compress / tune
+    tables) is refused when the file is read, naming the TOML keys that table takes; not a Python
+    constructor and its parameters (the built index, the sides of a hybrid)."""
+    cfg = tmp_path / "e.toml"
+    cfg.write_text(f'[dataset]\npath = "squad.json"\n[systems.a]\ncomponent = "{component}"\n{line}\n')
+    with pytest.raises(ValueError) as err:
+        load_config(cfg)
+    msg = str(err.value)
+    assert f"unknown key(s) ['{bad}']" in msg and "[systems.a]" in msg and "allowed:" in msg
+    allowed = msg.split("allowed:")[1]
+    assert all(f"'{k}'" in allowed for k in expected), msg
+    for python_only in ("Retrieve", "Scorer", "'sparse'", "'documents'", "'self'"):
+        assert python_only not in msg, msg
+    assert main(["eval", str(cfg), "--no-progress"]) == 1  # the command says the same
+    assert f"unknown key(s) ['{bad}']" in capsys.readouterr().err
