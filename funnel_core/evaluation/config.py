@@ -239,6 +239,7 @@ def system_keys(component: str) -> tuple[set[str], dict[str, set[str]]]:
     the built index)."""
     from funnel_core.best_practices.compress import ExtractiveCompressor
     from funnel_core.best_practices.fusion import HybridRetrieve
+    from funnel_core.best_practices.hyde import HyDE, HyDERetrieve
     from funnel_core.bm25 import BM25Index, BM25Retrieve
     from funnel_core.embeddings import DenseRetrieve
     from funnel_core.funnelrag.clustered_index import ClusteredBM25Retrieve
@@ -253,12 +254,13 @@ def system_keys(component: str) -> tuple[set[str], dict[str, set[str]]]:
     own = {
         "bm25": names(BM25Retrieve, "index") | {"index"},
         "dense": names(DenseRetrieve, "index") | {"embedder"},
+        "hyde": names(HyDERetrieve, "index", "hyde") | names(HyDE) | {"embedder"},
         "hybrid": names(HybridRetrieve, "sparse", "dense", "name", "sparse_query", "dense_query")
-        | {"index", "embedder", "k_side"},
+        | {"index", "embedder", "k_side", "hyde"},
         "clustered": names(ClusteredBM25Retrieve, "index") | {"max_tokens", "max_documents"},
         "funnelrag": names(funnelrag, "documents") | names(CrossEncoderScorer, "model", "name"),
     }[component]
-    tables = {"index": names(BM25Index), "rerank": names(CrossEncoderScorer),
+    tables = {"index": names(BM25Index), "rerank": names(CrossEncoderScorer), "hyde": names(HyDE),
               "postrank": names(FiDAttentionScorer), "compress": names(ExtractiveCompressor)}
     return own | _SYSTEM_KEYS, tables
 

@@ -400,6 +400,8 @@ FACTORY_CASES: dict[str, Callable[..., Any]] = {
     "llama_index_funnel:milvus_backend": lambda c, **kw: li.milvus.milvus_backend(NEVER_OPENED, "here", **kw),
     "langchain_funnel:CompressionRetriever.from_stages": lambda c, **kw: lc.CompressionRetriever.from_stages(
         lc_bm25(), **kw),
+    "langchain_funnel:HyDERetriever.from_llm": lambda c, **kw: lc.HyDERetriever.from_llm(
+        ScriptedLLM("x"), vectorstore=InMemoryVectorStore(DeterministicFakeEmbedding(size=8)), **kw),
     "langchain_funnel:HybridRetriever.from_documents": lambda c, **kw: lc.HybridRetriever.from_documents(
         docs(), embedder=c.embedder(), **kw),
     "langchain_funnel:HybridRetriever.from_backend": lambda c, **kw: lc.HybridRetriever.from_backend(

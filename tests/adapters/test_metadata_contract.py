@@ -166,6 +166,7 @@ LI_NOT_COMPONENTS = {
     "StagePostprocessor": "abstract base of the postprocessors above",
     "UnitRetriever": "abstract base of the retrievers above",
     "QueryClassifierQueryEngine": "a query engine: its source nodes are the wrapped engine's",
+    "HyDETransform": "a query transform that returns a QueryBundle (the HyDE vector), never nodes",
 }
 
 
@@ -186,6 +187,8 @@ LC_BUILDERS: dict[str, tuple[str, Callable[[Models], Runner]]] = {
         lc_documents(), k=6, max_tokens=40, knn_k=3, knn_threshold=0.05).invoke(QUERY)),
     "HybridRetriever": ("retriever", lambda m: lambda: lc.HybridRetriever(
         sparse=lc_bm25(), dense=_lc_store().as_retriever(search_kwargs={"k": 4}), k=4).invoke(QUERY)),
+    "HyDERetriever": ("retriever", lambda m: lambda: lc.HyDERetriever.from_llm(
+        FakeListLLM(responses=[MARLOWE] * 4), vectorstore=_lc_store(), k=4).invoke(QUERY)),
     "MixOfGranularityRetriever": ("retriever", lambda m: lambda: lc.MixOfGranularityRetriever(
         documents=lc.MultiGranularityTextSplitter(chunk_size=8, n_gra=2).split_documents(lc_documents()),
         k=3).invoke(QUERY)),
