@@ -119,7 +119,7 @@ class ForwardLookupRetriever(StageAdapter, UnitRetriever):
     order_preserving: bool = Field(
         default=True, description='Return chunks in their original order.')
     normalize: bool = Field(
-        default=True, description='Min-max normalise both scores before weighting.')
+        default=True, description='Divide each BM25 score vector by its maximum before weighting.')
     chunk_words: int = Field(default=300, description='Chunk size in words.')
     bm25: Optional[dict[str, Any]] = Field(
         default=None, description='BM25 settings of Stage I and the backward score.')
