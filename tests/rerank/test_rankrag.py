@@ -244,10 +244,18 @@ def test_conversation_query_round_trip_and_bad_dialogues():
     assert split_conversation("Who wrote Hamlet?\nAssistant: Shakespeare.\nUser: When?") == (
         "User: Who wrote Hamlet?\n\nAssistant: Shakespeare.\n\n", "When?")
     assert split_conversation("  plain question? ") == ("", "plain question?")
-    with pytest.raises(ValueError, match="must end with the latest question"):
+    with pytest.raises(ValueError, match=r"^a conversational RankRAG query must end with the latest "
+                       r"question as a 'User: \.\.\.' turn; it ends with an Assistant turn: "
+                       r"'User: Who wrote Hamlet\?\\nAssistant: Shakespeare\.'\. Build it with "
+                       r"conversation_query\(history, question\)\.$"):
         split_conversation("User: Who wrote Hamlet?\nAssistant: Shakespeare.")
+    long_tail = "User: q\nAssistant: " + "x" * 200
+    with pytest.raises(ValueError, match=r"ends with an Assistant turn: 'x{120}'\. Build"):
+        split_conversation(long_tail)   # the error quotes the last 120 characters, no more
     with pytest.raises(ValueError, match=r"history\[0\] must be a \(question, answer\) pair"):
         conversation_query(["Who wrote Hamlet?"], "When?")
+    with pytest.raises(ValueError, match=r"history\[1\] must be a \(question, answer\) pair"):
+        conversation_query([("q", "a"), ("q", "a", "extra")], "When?")
     # {history} is the one optional field; others are still refused, naming it
     with pytest.raises(ValueError, match=r"optional: \{history\}.*unknown \{turns\}"):
         RankRAGScorer(llm=Judge(), prompt="{question} {passage} {turns}")
@@ -393,3 +401,29 @@ def test_passages_at_the_word_limit_are_kept_verbatim(tiny_llama_path):
     assert scorer.build_prompt("q", "one  two three four").startswith("Passage: one two three\n")
     with pytest.raises(ValueError, match="turns candidate '' into no tokens"):
         scorer.llm.candidate_token_ids("")
+
+
+def test_half_precision_head_scores_in_float32(tiny_llama_path):
+    """P(True) from a bfloat16 model: the output layer is recomputed in float32 from its bf16
+    weights, so the log-probabilities match a float64 computation from the same weights and
+    hidden state; bf16 logits (8 bits of mantissa) would be off by ~0.1 at these magnitudes."""
+    import torch
+
+    llm = TransformersLLM(tiny_llama_path, dtype="bfloat16")
+    model, _, _ = llm._model.get()
+    head = model.get_output_embeddings()
+    assert head.weight.dtype == torch.bfloat16
+    with torch.no_grad():
+        head.weight.mul_(64.0)                     # logits of tens: bf16 rounding shows
+    prompts = ["Passage: Paris is in France. Relevant?", "Passage: Rivers flow. Relevant?"]
+    got = llm.next_token_logprobs(prompts, ["True", "False"])
+    enc = llm._encode(prompts)
+    with torch.no_grad():
+        hidden = model.model(**enc).last_hidden_state[:, -1, :]
+        logits = hidden.double() @ head.weight.double().T
+    logp = torch.log_softmax(logits, dim=-1)
+    ids = [llm.candidate_token_ids(w) for w in ("True", "False")]
+    want = [[math.log(sum(math.exp(float(row[i])) for i in c)) for c in ids] for row in logp]
+    assert float(logits.abs().max()) > 10
+    for g, w in zip(got, want):
+        assert g == pytest.approx(w, abs=2e-3)
