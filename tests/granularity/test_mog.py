@@ -585,12 +585,14 @@ def test_knn_graph_edge_weights_are_the_normalised_bm25_similarity(method):
         assert got[key] == pytest.approx(weight, rel=1e-5)
 
 
-def test_max_df_leaves_frequent_terms_out_of_the_pair_scores_only():
+@pytest.mark.parametrize("method", ["lucene", "bm25l"])
+def test_max_df_leaves_frequent_terms_out_of_the_pair_scores_only(method):
     """``max_df``: terms in more than ``max_df * n`` nodes do not count in the pair scores; the
-    self-scores stay exact. A term in exactly ``max_df * n`` nodes still counts."""
+    self-scores stay exact (for bm25l, its non-occurrence part included). A term in exactly
+    ``max_df * n`` nodes still counts."""
     nodes = GraphGranularityBuilder(sentences_per_node=1).nodes(DOCS + [
         "Paris and the tower and the river in Paris.", "The river, the tower and the museum."])
-    index = BM25Index().index(nodes)
+    index = BM25Index(method=method).index(nodes)
     tokens = index.tokenize([u.text for u in nodes])
     n = len(nodes)
     df = {}
@@ -611,6 +613,8 @@ def test_max_df_leaves_frequent_terms_out_of_the_pair_scores_only():
     assert checked >= 1  # the cut changed the graph at least once
     assert _edges(bm25_knn_graph(index, k_graph=3, t_graph=0.05, max_df=1.0)) == pytest.approx(
         _edges(bm25_knn_graph(index, k_graph=3, t_graph=0.05)))
+    one = _edges(bm25_knn_graph(index, k_graph=1, t_graph=0.05))   # k_graph = 1: the best only
+    assert one == pytest.approx(_reference_edges(index, 1, 0.05)) and one
 
 
 def test_knn_graph_errors_name_the_bad_value():
