@@ -619,8 +619,8 @@ def test_max_df_leaves_frequent_terms_out_of_the_pair_scores_only(method):
 
 def test_knn_graph_errors_name_the_bad_value():
     index = BM25Index().index(GraphGranularityBuilder().nodes(DOCS))
-    for kwargs, name in [({"k_graph": 0}, "k_graph"), ({"t_graph": 1.5}, "t_graph"),
-                         ({"block_size": 0}, "block_size"), ({"max_df": 0.0}, r"max_df must be in \(0, 1\]"),
+    for kwargs, name in [({"k_graph": 0}, "^k_graph must be >= 1"), ({"t_graph": 1.5}, r"^t_graph must be in \[0, 1\]"),
+                         ({"block_size": 0}, "^block_size must be >= 1"), ({"max_df": 0.0}, r"max_df must be in \(0, 1\]"),
                          ({"max_df": 1.5}, r"max_df must be in \(0, 1\] or None, got 1\.5")]:
         with pytest.raises(ValueError, match=name):
             bm25_knn_graph(index, **kwargs)
@@ -633,7 +633,7 @@ def test_graph_from_units_restores_document_order_and_edge_weights():
     graph = GraphGranularityBuilder(sentences_per_node=1, k_graph=2, t_graph=0.05, n_gra=3).build(DOCS)
     order = np.random.default_rng(0).permutation(len(graph.nodes))
     again = GranularityGraph.from_units([graph.nodes[i] for i in order], n_gra=3)
-    assert [u.id for u in again.nodes] == [u.id for u in graph.nodes]
+    assert [u.id for u in again.nodes] == [u.id for u in graph.nodes] and again.n_gra == 3
     assert _edges(again.adjacency) == pytest.approx(_edges(graph.adjacency))
     assert len({round(w, 4) for w in graph.adjacency.data}) > 2   # the weights are not all alike
     assert [u.text for u in again.levels[2]] == [u.text for u in graph.levels[2]]
@@ -646,6 +646,11 @@ def test_graph_from_units_restores_document_order_and_edge_weights():
     unweighted = GranularityGraph.from_units(bare, n_gra=3)
     assert set(unweighted.adjacency.data.tolist()) == {1.0}
     assert (unweighted.adjacency != 0).nnz == (graph.adjacency != 0).nnz
+    # a last node without neighbours still counts: the graph has every node
+    alone = Unit(id="z/s0", text="Nothing else.", funnel={"doc_index": 9, "position": 0,
+                                                          "graph_neighbors": [], "graph_weights": []})
+    with_alone = GranularityGraph.from_units(graph.nodes + [alone], n_gra=3)
+    assert with_alone.adjacency.shape == (len(graph.nodes) + 1,) * 2 and with_alone.nodes[-1].id == "z/s0"
     lost = graph.nodes[1].copy()
     lost.funnel.pop("graph_neighbors")
     with pytest.raises(ValueError, match=r"^node '.*/s1' has no funnel\['graph_neighbors'\]; build the "
@@ -710,7 +715,7 @@ def test_graph_and_builder_errors_name_the_bad_value():
         GranularityGraph([], sp.csr_matrix((0, 0)))
     with pytest.raises(ValueError, match=r"^adjacency has shape \(2, 2\), expected \(1, 1\)\.$"):
         GranularityGraph([node], sp.csr_matrix((2, 2)))
-    with pytest.raises(ValueError, match=r"n_gra \(number of hop ranges\)"):
+    with pytest.raises(ValueError, match=r"^n_gra \(number of hop ranges\) must be >= 1"):
         GranularityGraph([node], sp.csr_matrix((1, 1)), n_gra=0)
     import warnings
     with warnings.catch_warnings():
@@ -719,9 +724,10 @@ def test_graph_and_builder_errors_name_the_bad_value():
     with pytest.warns(UserWarning, match=r"^the granularity graph has no edges \(no pair of nodes reaches "
                       r"t_graph\); every hop range is the node alone\. Lower t_graph or raise k_graph\.$"):
         GranularityGraph([node, Unit(id="m", text="x")], sp.csr_matrix((2, 2)))
-    for kwargs, match in [({"sentences_per_node": 0}, "sentences_per_node"),
-                          ({"block_size": 0}, "block_size"), ({"k_graph": 0}, "k_graph"),
-                          ({"t_graph": -0.1}, "t_graph"), ({"n_gra": 0}, r"n_gra \(number of hop ranges\)"),
+    for kwargs, match in [({"sentences_per_node": 0}, "^sentences_per_node must be >= 1"),
+                          ({"block_size": 0}, "^block_size must be >= 1"), ({"k_graph": 0}, "^k_graph must be >= 1"),
+                          ({"t_graph": -0.1}, r"^t_graph must be in \[0, 1\]"),
+                          ({"n_gra": 0}, r"^n_gra \(number of hop ranges\) must be >= 1"),
                           ({"max_df": 0.0}, r"^max_df must be in \(0, 1\] or None, got 0\.0\.$"),
                           ({"max_df": 1.5}, r"^max_df must be in \(0, 1\] or None, got 1\.5\.$")]:
         with pytest.raises(ValueError, match=match):
@@ -792,3 +798,9 @@ def test_router_training_errors_name_the_bad_value():
     for args, kwargs, error, match in cases:
         with pytest.raises(error, match=match):
             router.fit(*args, **kwargs)
+
+
+def test_two_nodes_that_share_a_term_are_linked():
+    """The smallest graph: each of two similar nodes has the other as its neighbour."""
+    index = BM25Index().index([Unit(id="a", text="Paris tower river"), Unit(id="b", text="Paris museum")])
+    assert sorted(_edges(bm25_knn_graph(index, k_graph=3, t_graph=0.0))) == [(0, 1), (1, 0)]
