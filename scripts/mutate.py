@@ -123,6 +123,7 @@ WIDENED = ["mog-graph", "rankrag", "fid-model"]
 RECORD = ROOT / "benchmarks" / "results" / "mutation.json"
 KILLED = {1, 3, 36, -24, 24, 152, 255}  # mutmut exit codes: killed, or timed out
 NOT_REACHED = {5, 33}                   # no selected test reaches the function
+CRASHED = {-11}                         # the test process died (SIGSEGV): no verdict, not a kill
 
 
 def results() -> dict[str, int | None]:
@@ -137,13 +138,15 @@ def report(names: list[str]) -> dict:
     table = {}
     for name in names:
         keys = [k for k in codes if any(fnmatch.fnmatchcase(k, g) for g in MODULES[name])]
-        checked = [k for k in keys if codes[k] is not None and codes[k] not in NOT_REACHED]
+        checked = [k for k in keys if codes[k] is not None and codes[k] not in NOT_REACHED
+                   and codes[k] not in CRASHED]
         killed = [k for k in checked if codes[k] in KILLED]
         survived = sorted(k for k in checked if codes[k] not in KILLED)
         table[name] = {"mutants": len(keys), "checked": len(checked), "killed": len(killed),
                        "survived": len(survived),
                        "not_reached": sum(codes[k] in NOT_REACHED for k in keys),
                        "not_checked": sum(codes[k] is None for k in keys),
+                       "crashed": sum(codes[k] in CRASHED for k in keys),
                        "score": round(len(killed) / len(checked), 3) if checked else None,
                        "survivors": survived}
     width = max(len(n) for n in names)
@@ -213,7 +216,8 @@ def record(table: dict) -> None:
     data.setdefault("score", "killed (or timed out) / checked (mutants that some selected test reaches)")
     modules = data.setdefault("modules", {})
     for name, row in table.items():
-        modules[name] = {**row, "complete": row["not_checked"] == 0 and row["mutants"] > 0,
+        modules[name] = {**row, "complete": row["not_checked"] == 0 and row["crashed"] == 0
+                         and row["mutants"] > 0,
                          "tool": tool, "date": time.strftime("%Y-%m-%d")}
     RECORD.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
     print(f"recorded in {RECORD.relative_to(ROOT)}")
