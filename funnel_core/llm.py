@@ -469,8 +469,10 @@ def as_llm(llm: Any, **kwargs: Any) -> LLM:
         "langchain_funnel.llm.LangChainLLM.")
 
 
-def check_prompt_template(template: Any, required: Sequence[str], what: str = "prompt") -> str:
-    """Check that ``template`` is a ``str.format`` template with exactly the ``required`` fields.
+def check_prompt_template(template: Any, required: Sequence[str], what: str = "prompt",
+                          optional: Sequence[str] = ()) -> str:
+    """Check that ``template`` is a ``str.format`` template with exactly the ``required`` fields
+    (and, where it has them, some of the ``optional`` ones).
 
     Raises ``ValueError`` naming the missing (or unknown) placeholders and showing the fix.
     """
@@ -482,14 +484,16 @@ def check_prompt_template(template: Any, required: Sequence[str], what: str = "p
         raise ValueError(f"{what} is not a valid str.format template ({exc}); write literal "
                          "braces as '{{' and '}}'.") from exc
     missing = [f for f in required if f not in fields]
-    unknown = sorted(f for f in fields if f not in required)
+    unknown = sorted(f for f in fields if f not in required and f not in optional)
     if missing or unknown:
         parts = []
         if missing:
             parts.append("missing " + ", ".join("{" + f + "}" for f in missing))
         if unknown:
             parts.append("unknown " + ", ".join("{" + f + "}" for f in unknown))
+        others = (f" (optional: {', '.join('{' + f + '}' for f in optional)})" if optional
+                  else "")
         raise ValueError(f"{what} must contain the placeholders "
-                         f"{', '.join('{' + f + '}' for f in required)} and no others: "
+                         f"{', '.join('{' + f + '}' for f in required)}{others} and no others: "
                          f"{'; '.join(parts)}. Got: {template!r:.200}")
     return template

@@ -50,7 +50,9 @@ class RankRAGReranker(StageCompressor):
     llm: Any = Field(description="LangChain chat model/LLM, funnel_core LLM provider, or a "
                                  "causal-LM name/folder.")
     prompt: str = Field(default=DEFAULT_RANKRAG_PROMPT,
-                        description="Template with {question} and {passage}.")
+                        description="Template with {question} and {passage} (optionally "
+                                    "{history}); RANKRAG_PROMPTS names the presets: paper, "
+                                    "fever, conversational, smollm2.")
     mode: str = Field(default="auto", description="'auto', 'logprobs' or 'generate'.")
     max_passage_words: int = Field(default=300, description="Passages are cut to this length.")
     max_new_tokens: int = Field(default=8, description="Tokens per judgement (generate mode).")
@@ -117,7 +119,7 @@ class ForwardLookupRetriever(StageAdapter, UnitRetriever):
     order_preserving: bool = Field(
         default=True, description='Return chunks in their original order.')
     normalize: bool = Field(
-        default=True, description='Min-max normalise both scores before weighting.')
+        default=True, description='Divide each BM25 score vector by its maximum before weighting.')
     chunk_words: int = Field(default=300, description='Chunk size in words.')
     bm25: Optional[dict[str, Any]] = Field(
         default=None, description='BM25 settings of Stage I and the backward score.')

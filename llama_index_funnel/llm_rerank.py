@@ -54,7 +54,9 @@ class RankRAGRerank(StagePostprocessor):
     llm: Any = Field(description="LlamaIndex LLM, funnel_core LLM provider, or a causal-LM "
                                  "name/folder.")
     prompt: str = Field(default=DEFAULT_RANKRAG_PROMPT,
-                        description="Template with {question} and {passage}.")
+                        description="Template with {question} and {passage} (optionally "
+                                    "{history}); RANKRAG_PROMPTS names the presets: paper, "
+                                    "fever, conversational, smollm2.")
     mode: str = Field(default="auto", description="'auto', 'logprobs' or 'generate'.")
     max_passage_words: int = Field(default=300, description="Passages are cut to this length.")
     max_new_tokens: int = Field(default=8, description="Tokens per judgement (generate mode).")

@@ -9,6 +9,12 @@ module's mutation score: killed (or timed out) / mutants that some selected test
     python scripts/mutate.py --report        # only the table, from the last run's results
     python scripts/mutate.py --max-children 2
     python scripts/mutate.py --survivors     # re-run only the last run's survivors (after new tests)
+    python scripts/mutate.py --widened --max-children 1   # the modules widened last, one by one
+    python scripts/mutate.py rankrag --report --record    # merge the table into the results file
+
+``--record`` merges each module's row (killed, survived, score, survivors, and ``complete``:
+false when some mutants were never run, e.g. a run cut by ``timeout``) into
+``benchmarks/results/mutation.json``.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,6 +42,18 @@ MODULES: dict[str, list[str]] = {
         "funnel_core.rerank.fid.x__cross_attention_modules__mutmut_*",
         "funnel_core.rerank.fid.xǁFiDAttentionScorerǁscore_with_titles__mutmut_*",
         "funnel_core.rerank.fid.xǁFiDAttentionScorerǁscored_map__mutmut_*",
+    ],
+    "FiD model path (inputs, encoder, decoder prefix, cross-attention)": [
+        "funnel_core.rerank.fid.x__render__mutmut_*",
+        "funnel_core.rerank.fid.xǁFiDAttentionScorerǁbuild_inputs__mutmut_*",
+        "funnel_core.rerank.fid.xǁFiDAttentionScorerǁencode__mutmut_*",
+        "funnel_core.rerank.fid.xǁFiDAttentionScorerǁ_decoder_prefix__mutmut_*",
+        "funnel_core.rerank.fid.xǁFiDAttentionScorerǁ_cross_attentions__mutmut_*",
+        "funnel_core.rerank.fid.xǁFiDAttentionScorerǁcross_attention__mutmut_*",
+        "funnel_core.rerank.fid.xǁFiDAttentionScorerǁraw_scores__mutmut_*",
+        "funnel_core.rerank.fid.xǁFiDAttentionScorerǁ_log_attention__mutmut_*",
+        "funnel_core.rerank.fid.xǁFiDAttentionScorerǁscore__mutmut_*",
+        "funnel_core.rerank.fid.xǁFiDAttentionScorerǁrank__mutmut_*",
     ],
     "L2G labels and losses (eqs. 4-6)": [
         "funnel_core.train.l2g.x_aggregate_passage_scores__mutmut_*",
@@ -56,7 +75,11 @@ MODULES: dict[str, list[str]] = {
         "funnel_core.rerank.rankrag.xǁRankRAGScorerǁscore_generate__mutmut_*",
         "funnel_core.rerank.rankrag.xǁRankRAGScorerǁ_votes__mutmut_*",
         "funnel_core.rerank.rankrag.xǁRankRAGScorerǁ_ranked__mutmut_*",
+        "funnel_core.rerank.rankrag.x_conversation_query__mutmut_*",
+        "funnel_core.rerank.rankrag.x_split_conversation__mutmut_*",
         "funnel_core.llm.xǁTransformersLLMǁcandidate_token_ids__mutmut_*",
+        "funnel_core.llm.xǁTransformersLLMǁ_next_token_logprobs__mutmut_*",
+        "funnel_core.llm.xǁLLMǁnext_token_logprobs__mutmut_*",
     ],
     "MoG selection and labels (eqs. 1-2)": [
         "funnel_core.granularity.retrieval.x_choose_level__mutmut_*",
@@ -65,6 +88,10 @@ MODULES: dict[str, list[str]] = {
         "funnel_core.granularity.router.x_level_choice_counts__mutmut_*",
         "funnel_core.granularity.router.x__hit_rate__mutmut_*",
         "funnel_core.granularity.router.xǁGranularityRouterǁpredict__mutmut_*",
+    ],
+    "MoG router training and MoGG graph (sections 3.2-3.3)": [
+        "funnel_core.granularity.router.xǁGranularityRouterǁfit__mutmut_*",
+        "funnel_core.granularity.graph.x*__mutmut_*",
     ],
     "FB-RAG forward lookup (eqs. 4-5, Stage III)": [
         "funnel_core.fbrag.x_parse_rationale_answer__mutmut_*",
@@ -89,10 +116,14 @@ MODULES: dict[str, list[str]] = {
         "funnel_core.best_practices.repack.x_repack__mutmut_*",
     ],
 }
-SHORT = {"clustering": 0, "fid": 1, "l2g": 2, "rankrag": 3, "mog": 4, "fbrag": 5, "presets": 6,
-         "fusion": 7}
+SHORT = {"clustering": 0, "fid": 1, "fid-model": 2, "l2g": 3, "rankrag": 4, "mog": 5,
+         "mog-graph": 6, "fbrag": 7, "presets": 8, "fusion": 9}
+#: the modules whose scope was widened last, run first by ``--widened``
+WIDENED = ["mog-graph", "rankrag", "fid-model"]
+RECORD = ROOT / "benchmarks" / "results" / "mutation.json"
 KILLED = {1, 3, 36, -24, 24, 152, 255}  # mutmut exit codes: killed, or timed out
 NOT_REACHED = {5, 33}                   # no selected test reaches the function
+CRASHED = {-11}                         # the test process died (SIGSEGV): no verdict, not a kill
 
 
 def results() -> dict[str, int | None]:
@@ -107,12 +138,15 @@ def report(names: list[str]) -> dict:
     table = {}
     for name in names:
         keys = [k for k in codes if any(fnmatch.fnmatchcase(k, g) for g in MODULES[name])]
-        checked = [k for k in keys if codes[k] is not None and codes[k] not in NOT_REACHED]
+        checked = [k for k in keys if codes[k] is not None and codes[k] not in NOT_REACHED
+                   and codes[k] not in CRASHED]
         killed = [k for k in checked if codes[k] in KILLED]
         survived = sorted(k for k in checked if codes[k] not in KILLED)
         table[name] = {"mutants": len(keys), "checked": len(checked), "killed": len(killed),
+                       "survived": len(survived),
                        "not_reached": sum(codes[k] in NOT_REACHED for k in keys),
                        "not_checked": sum(codes[k] is None for k in keys),
+                       "crashed": sum(codes[k] in CRASHED for k in keys),
                        "score": round(len(killed) / len(checked), 3) if checked else None,
                        "survivors": survived}
     width = max(len(n) for n in names)
@@ -131,10 +165,22 @@ def main() -> None:
     ap.add_argument("--survivors", action="store_true",
                     help="re-run only the mutants that survived the last run")
     ap.add_argument("--max-children", type=int, default=2)
+    ap.add_argument("--widened", action="store_true",
+                    help=f"the modules widened last, one mutmut run each: {WIDENED}")
+    ap.add_argument("--record", action="store_true",
+                    help=f"merge the table into {RECORD.relative_to(ROOT)}")
     args = ap.parse_args()
     unknown = [m for m in args.modules if m not in SHORT]
     if unknown:
         sys.exit(f"unknown module(s) {unknown}; choose from {sorted(SHORT)}")
+    if args.widened:
+        if args.modules:
+            sys.exit("--widened names its own modules; give either module names or --widened")
+        for module in WIDENED:  # one module at a time, each its own mutmut run
+            subprocess.run([sys.executable, __file__, module, "--max-children",
+                            str(args.max_children), *(["--record"] if args.record else [])],
+                           check=False)
+        return
     names = [list(MODULES)[SHORT[m]] for m in args.modules] or list(MODULES)
     if not args.report:
         globs = [g for n in names for g in MODULES[n]]
@@ -154,6 +200,27 @@ def main() -> None:
     table = report(names)
     (ROOT / "mutants").mkdir(exist_ok=True)
     (ROOT / "mutants" / "scores.json").write_text(json.dumps(table, indent=1, ensure_ascii=False))
+    if args.record:
+        record(table)
+
+
+def record(table: dict) -> None:
+    """Merge ``table``'s rows into :data:`RECORD` (other modules' rows are kept)."""
+    try:
+        from importlib.metadata import version
+
+        tool = f"mutmut {version('mutmut')}"
+    except Exception:  # mutmut installed outside this environment's metadata
+        tool = "mutmut"
+    data = json.loads(RECORD.read_text()) if RECORD.exists() else {}
+    data.setdefault("score", "killed (or timed out) / checked (mutants that some selected test reaches)")
+    modules = data.setdefault("modules", {})
+    for name, row in table.items():
+        modules[name] = {**row, "complete": row["not_checked"] == 0 and row["crashed"] == 0
+                         and row["mutants"] > 0,
+                         "tool": tool, "date": time.strftime("%Y-%m-%d")}
+    RECORD.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    print(f"recorded in {RECORD.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -7,10 +7,12 @@
       >> later chunking into ~passage_words passages
       >> post-ranker on passages % k_passages          (FiD cross-attention in the paper)
 
-``preset="paper"`` takes the paper's Table 2 setting (600K -> 80 clusters -> 8 documents -> 4
-passages of ~100 words, FiD post-ranking): ``k_clusters=80`` and a post-ranker that must be a FiD
+``preset="paper"`` takes the paper's Table 2 setting for NQ (600K -> 80 clusters -> 8 documents ->
+4 passages of ~100 words, FiD post-ranking): ``k_clusters=80`` and a post-ranker that must be a FiD
 reader, given as a checkpoint (hub name or folder, loaded by
 :class:`~funnel_core.rerank.fid.FiDAttentionScorer`) or as a ``FiDAttentionScorer``.
+``preset="paper-tqa"`` is Table 2's TQA row: the same, but 12 documents after pre-ranking
+(80 clusters -> 12 documents -> 4 passages).
 ``preset="default"`` retrieves 10 clusters (a size for small corpora and CPUs) and post-ranks
 with the pre-ranker when no post-ranker is given.
 """
@@ -26,14 +28,19 @@ from funnel_core.funnelrag.chunking import LaterChunking
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index, ClusteredBM25Retrieve
 from funnel_core.units import Unit
 
-__all__ = ["funnelrag", "renamed", "PRESETS"]
+__all__ = ["funnelrag", "renamed", "PRESETS", "FID_PRESETS"]
 
 #: Cut-offs of each preset: clusters, documents, passages, passage words. ``"paper"`` is
-#: FunnelRAG Table 2 (600K -> 80c -> 8d -> 4p, ~100-word passages).
+#: FunnelRAG Table 2's NQ row (600K -> 80c -> 8d -> 4p, ~100-word passages); ``"paper-tqa"`` its
+#: TQA row (80c -> 12d; passages as the NQ row).
 PRESETS: dict[str, dict[str, int]] = {
     "default": {"k_clusters": 10, "k_documents": 8, "k_passages": 4, "passage_words": 100},
     "paper": {"k_clusters": 80, "k_documents": 8, "k_passages": 4, "passage_words": 100},
+    "paper-tqa": {"k_clusters": 80, "k_documents": 12, "k_passages": 4, "passage_words": 100},
 }
+
+#: The presets of the paper's Table 2, which post-rank with a FiD reader.
+FID_PRESETS = frozenset({"paper", "paper-tqa"})
 
 
 def renamed(stage: Stage, name: str) -> Stage:
@@ -55,7 +62,7 @@ def _ranker(spec: Any, name: str, **kwargs: Any) -> Stage:
                     f"{type(spec).__name__}.")
 
 
-def _fid_post_ranker(spec: Any, **kwargs: Any) -> Stage:
+def _fid_post_ranker(spec: Any, preset: str, **kwargs: Any) -> Stage:
     from funnel_core.rerank.fid import FiDAttentionScorer
 
     if isinstance(spec, FiDAttentionScorer):
@@ -63,7 +70,7 @@ def _fid_post_ranker(spec: Any, **kwargs: Any) -> Stage:
     if isinstance(spec, str) and spec:
         return FiDAttentionScorer(model=spec, name="post_ranking", **kwargs)
     raise ValueError(
-        "preset='paper' post-ranks with a FiD reader (FunnelRAG Table 2): pass post_ranker= a "
+        f"preset={preset!r} post-ranks with a FiD reader (FunnelRAG Table 2): pass post_ranker= a "
         "T5 / FiD checkpoint (hub name or folder) or a FiDAttentionScorer, got "
         f"{spec!r}; or use preset='default' to post-rank with the pre-ranker.")
 
@@ -82,15 +89,16 @@ def funnelrag(documents: Sequence[Unit] | ClusteredBM25Index, pre_ranker: Stage 
         pre_ranker: Document scorer: a stage (e.g. ``CrossEncoderScorer``) or a cross-encoder
             hub name / local folder.
         post_ranker: Passage scorer (e.g. ``FiDAttentionScorer``); defaults to the pre-ranker
-            (``preset="default"``). With ``preset="paper"`` it is required and is a FiD reader: a
-            checkpoint name / folder or a ``FiDAttentionScorer``.
-        preset: ``"default"`` (10 clusters) or ``"paper"`` (Table 2: 80 clusters, 8 documents,
-            4 passages, FiD post-ranking); see :data:`PRESETS`.
+            (``preset="default"``). With ``preset="paper"`` or ``"paper-tqa"`` it is required and is
+            a FiD reader: a checkpoint name / folder or a ``FiDAttentionScorer``.
+        preset: ``"default"`` (10 clusters), ``"paper"`` (Table 2, NQ: 80 clusters, 8 documents,
+            4 passages, FiD post-ranking) or ``"paper-tqa"`` (Table 2, TQA: 80 clusters,
+            12 documents, 4 passages, FiD post-ranking); see :data:`PRESETS`.
         k_clusters: Clusters retrieved by BM25 (default: the preset's, 10 or 80).
-        k_documents: Documents kept by the pre-ranker (preset: 8).
+        k_documents: Documents kept by the pre-ranker (preset: 8; 12 for ``"paper-tqa"``).
         k_passages: Passages kept by the post-ranker (preset: 4).
         passage_words: Size of the passages cut by later chunking (preset: 100).
-        fid_kwargs: ``FiDAttentionScorer`` settings when ``preset="paper"`` builds it from a
+        fid_kwargs: ``FiDAttentionScorer`` settings when a paper preset builds it from a
             checkpoint name (e.g. ``device``, ``batch_size``).
         max_tokens: Cluster size S when clustering ``documents``.
         k_retrieved: Documents kept from the opened clusters, best first, before pre-ranking
@@ -114,8 +122,8 @@ def funnelrag(documents: Sequence[Unit] | ClusteredBM25Index, pre_ranker: Stage 
     if k_retrieved is not None:
         retrieve = retrieve % check_positive_int(k_retrieved, "k_retrieved")
     pre = _ranker(pre_ranker, "pre_ranking", **ranker_kwargs)
-    if preset == "paper":
-        post = _fid_post_ranker(post_ranker, **(fid_kwargs or {}))
+    if preset in FID_PRESETS:
+        post = _fid_post_ranker(post_ranker, preset, **(fid_kwargs or {}))
     else:
         post = renamed(pre, "post_ranking") if post_ranker is None else \
             _ranker(post_ranker, "post_ranking", **ranker_kwargs)  # a shallow copy shares the model

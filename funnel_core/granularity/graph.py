@@ -78,6 +78,8 @@ def bm25_knn_graph(index: BM25Index, k_graph: int = 3, t_graph: float = 0.3,
         if not 0.0 < float(max_df) <= 1.0:
             raise ValueError(f"max_df must be in (0, 1] or None, got {max_df!r}.")
         exact_self = np.asarray(q.multiply(w.T.tocsr()).sum(axis=1), dtype=np.float32).ravel()
+        if nonocc is not None:  # bm25l / bm25+: the self-score's constant over the full query
+            exact_self = exact_self + np.asarray(q @ nonocc, dtype=np.float32).ravel()
         df = np.diff(w.indptr)
         keep_terms = (df <= max_df * n).astype(np.float32)
         q = (q @ sp.diags(keep_terms)).tocsr()
@@ -97,8 +99,8 @@ def bm25_knn_graph(index: BM25Index, k_graph: int = 3, t_graph: float = 0.3,
             is_self = cols == rows
             self_score = np.zeros(b1 - b0, dtype=np.float32)
             self_score[rows[is_self] - b0] = vals[is_self]
-            if exact_self is not None:
-                self_score = exact_self[b0:b1] + (0.0 if shift is None else shift[b0:b1])
+            if exact_self is not None:  # max_df: exact self-scores, the full query's constant included
+                self_score = exact_self[b0:b1]
             denom = self_score[rows - b0]
             with np.errstate(divide="ignore", invalid="ignore"):
                 norm = np.where(denom > 0, vals / denom, 0.0)

@@ -12,8 +12,12 @@ context-ranking instruction (Table 1, in the prompt format of Appendix D.1)::
 
     Assistant:
 
-(:data:`PAPER_RANKRAG_PROMPT`, the default; :data:`SMOLLM2_RANKRAG_PROMPT` is a shorter
-variant for small chat models). For a local model (:class:`~funnel_core.llm.TransformersLLM`)
+(:data:`PAPER_RANKRAG_PROMPT`, the default, Appendix D.1's prompt for NQ / TriviaQA / HotpotQA /
+PopQA). :data:`RANKRAG_PROMPTS` names the others: ``"fever"`` (Appendix D.1's FEVER prompt, "For
+the claim <claim>, ..."; the query is the claim) and ``"conversational"`` (Appendix D.1's prompt
+for Doc2dial / INSCIT / TopiOCQA: the earlier turns of the dialogue before the instruction on the
+latest question; the query is the dialogue, see :func:`conversation_query`), both from Appendix
+D.1; ``"smollm2"`` is a shorter variant of ours for small chat models. For a local model (:class:`~funnel_core.llm.TransformersLLM`)
 the probability is read from ONE forward pass per batch, no generation. The paper says only
 "the probability of generating True"; the default score (``p_true="renormalized"``) is
 ``sigmoid(l_T - l_F) = P(True) / (P(True) + P(False))``, where ``l_T`` / ``l_F`` are the
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import math
 import re
+import string
 from typing import Any, Sequence
 
 from funnel_core.errors import check_positive_int
@@ -40,14 +45,20 @@ from funnel_core.rerank.base import Reranker
 from funnel_core.scoring import sigmoid
 from funnel_core.settings import Settings
 
-__all__ = ["RankRAGScorer", "RANKRAG_INSTRUCTION", "RANKRAG_ANSWER_INSTRUCTION",
-           "RANKRAG_SYSTEM_PROMPT", "PAPER_RANKRAG_PROMPT", "SMOLLM2_RANKRAG_PROMPT",
+__all__ = ["RankRAGScorer", "RANKRAG_INSTRUCTION", "RANKRAG_CLAIM_INSTRUCTION",
+           "RANKRAG_ANSWER_INSTRUCTION", "RANKRAG_SYSTEM_PROMPT", "PAPER_RANKRAG_PROMPT",
+           "FEVER_RANKRAG_PROMPT", "CONVERSATIONAL_RANKRAG_PROMPT", "SMOLLM2_RANKRAG_PROMPT",
            "RANKRAG_PROMPTS", "DEFAULT_RANKRAG_PROMPT", "ANSWER_WORDS", "P_TRUE_MODES",
-           "parse_true_false"]
+           "parse_true_false", "conversation_query", "split_conversation"]
 
 #: The paper's context-ranking instruction (RankRAG, Table 1), verbatim (including "access").
 RANKRAG_INSTRUCTION = ("For the question {question}, access whether the passage is relevant to "
                        "the question.")
+
+#: The FEVER instruction of Appendix D.1 (the claim in place of the question), verbatim; the
+#: scorer fills the claim from its query, so the placeholder is ``{question}``.
+RANKRAG_CLAIM_INSTRUCTION = ("For the claim {question}, access whether the passage is relevant "
+                             "to the claim.")
 
 #: The answer sentence that Appendix D.1 appends to the instruction.
 RANKRAG_ANSWER_INSTRUCTION = "Return True if relevant, otherwise False."
@@ -69,14 +80,39 @@ PAPER_RANKRAG_PROMPT = ("System: " + RANKRAG_SYSTEM_PROMPT + "\n\n"
                         "User: " + RANKRAG_INSTRUCTION + " " + RANKRAG_ANSWER_INSTRUCTION + "\n\n"
                         "Assistant:")
 
+#: Appendix D.1's context-ranking prompt for FEVER: as :data:`PAPER_RANKRAG_PROMPT` with the
+#: claim instruction ("For the claim <claim>, access whether the passage is relevant to the
+#: claim."). The query is the claim.
+FEVER_RANKRAG_PROMPT = ("System: " + RANKRAG_SYSTEM_PROMPT + "\n\n"
+                        "Passage: {passage}\n\n"
+                        "User: " + RANKRAG_CLAIM_INSTRUCTION + " " + RANKRAG_ANSWER_INSTRUCTION
+                        + "\n\n"
+                        "Assistant:")
+
+#: Appendix D.1's context-ranking prompt for conversational QA (Doc2dial, INSCIT, TopiOCQA): the
+#: earlier turns of the dialogue ("User: {Question 1}", "Assistant: {Answer 1}", ...) come after
+#: the passage, then the instruction on the latest question. ``{history}`` is those turns, each
+#: followed by a blank line (empty for a single question: the prompt is then
+#: :data:`PAPER_RANKRAG_PROMPT`); the scorer cuts them from the query with
+#: :func:`split_conversation`.
+CONVERSATIONAL_RANKRAG_PROMPT = ("System: " + RANKRAG_SYSTEM_PROMPT + "\n\n"
+                                 "Passage: {passage}\n\n"
+                                 "{history}"
+                                 "User: " + RANKRAG_INSTRUCTION + " " + RANKRAG_ANSWER_INSTRUCTION
+                                 + "\n\n"
+                                 "Assistant:")
+
 #: A shorter prompt for small instruction-tuned models that were not trained on RankRAG data
 #: (e.g. SmolLM2-135M-Instruct through its chat template): no system text, the passage labelled,
 #: and "Answer True or False." in place of the paper's answer sentence. Not the paper's prompt.
 SMOLLM2_RANKRAG_PROMPT = ("Passage: {passage}\n\n" + RANKRAG_INSTRUCTION
                           + " Answer True or False.")
 
-#: Named prompts: ``"paper"`` (Appendix D.1, the default) and ``"smollm2"``.
-RANKRAG_PROMPTS = {"paper": PAPER_RANKRAG_PROMPT, "smollm2": SMOLLM2_RANKRAG_PROMPT}
+#: Named prompts: ``"paper"`` (Appendix D.1, question answering; the default), ``"fever"``
+#: (Appendix D.1, claims), ``"conversational"`` (Appendix D.1, dialogues) and ``"smollm2"`` (ours).
+RANKRAG_PROMPTS = {"paper": PAPER_RANKRAG_PROMPT, "fever": FEVER_RANKRAG_PROMPT,
+                   "conversational": CONVERSATIONAL_RANKRAG_PROMPT,
+                   "smollm2": SMOLLM2_RANKRAG_PROMPT}
 
 #: The default prompt: the paper's (Appendix D.1).
 DEFAULT_RANKRAG_PROMPT = PAPER_RANKRAG_PROMPT
@@ -87,6 +123,48 @@ ANSWER_WORDS = ("True", "False")
 #: How the log-probability path turns ``l_True`` / ``l_False`` into a score: ``"renormalized"``
 #: (default) ``sigmoid(l_True - l_False)``; ``"raw"`` ``exp(l_True)``.
 P_TRUE_MODES = ("renormalized", "raw")
+
+_TURN = re.compile(r"^(User|Assistant):[ \t]*", re.MULTILINE)
+
+
+def _fields(template: str) -> set[str]:
+    return {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+
+
+def conversation_query(history: Sequence[tuple[str, str]], question: str) -> str:
+    """A dialogue as one query string for :data:`CONVERSATIONAL_RANKRAG_PROMPT`: the earlier
+    ``(question, answer)`` turns written ``User: ...`` / ``Assistant: ...`` (the turn format of
+    Appendix D.1), then ``User: <question>``, the latest question. Works through any adapter,
+    whose query is a string."""
+    turns = []
+    for i, pair in enumerate(history):
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+            raise ValueError(f"history[{i}] must be a (question, answer) pair, got {pair!r:.80}.")
+        turns += [f"User: {pair[0]}", f"Assistant: {pair[1]}"]
+    return "\n\n".join([*turns, f"User: {question}"])
+
+
+def split_conversation(query: str) -> tuple[str, str]:
+    """``(history, latest question)`` of a dialogue written as :func:`conversation_query` writes
+    it. ``history`` is the earlier turns, each ending in a blank line (the ``{history}`` of
+    :data:`CONVERSATIONAL_RANKRAG_PROMPT`); a query with no ``User:`` turn is a single question
+    (``("", query)``)."""
+    marks = list(_TURN.finditer(query))
+    if not marks:
+        return "", query.strip()
+    last = marks[-1]
+    if last.group(1) != "User":
+        raise ValueError("a conversational RankRAG query must end with the latest question as a "
+                         f"'User: ...' turn; it ends with an Assistant turn: {query[-120:]!r}. "
+                         "Build it with conversation_query(history, question).")
+    turns = [f"{m.group(1)}: {query[m.end():nxt.start()].strip()}"
+             for m, nxt in zip(marks[:-1], marks[1:])]
+    head = query[:marks[0].start()].strip()
+    if head:  # text before the first turn marker: the user's first turn
+        turns.insert(0, f"User: {head}")
+    history = "".join(t + "\n\n" for t in turns)
+    return history, query[last.end():].strip()
+
 
 _TRUE = {"true", "yes", "relevant"}
 _FALSE = {"false", "no", "irrelevant"}
@@ -119,9 +197,12 @@ class RankRAGScorer(Settings, Reranker):
     Args:
         llm: A :class:`~funnel_core.llm.LLM` provider, or a hub name / folder for a local
             :class:`~funnel_core.llm.TransformersLLM`.
-        prompt: ``str.format`` template with ``{question}`` and ``{passage}`` (default: the
-            paper's, :data:`PAPER_RANKRAG_PROMPT`; ``RANKRAG_PROMPTS["smollm2"]`` is the short
-            variant for small chat models).
+        prompt: ``str.format`` template with ``{question}`` and ``{passage}``, and optionally
+            ``{history}`` (default: the paper's, :data:`PAPER_RANKRAG_PROMPT`;
+            ``RANKRAG_PROMPTS["fever"]`` and ``["conversational"]`` are Appendix D.1's claim and
+            dialogue prompts, ``["smollm2"]`` the short variant for small chat models). With
+            ``{history}`` the query is a dialogue (:func:`conversation_query`), cut by
+            :func:`split_conversation` into the earlier turns and the latest question.
         mode: ``"auto"`` (log-probabilities when the provider has them, else generate-and-parse),
             ``"logprobs"`` or ``"generate"``.
         max_passage_words: Passages are cut to this many words before prompting.
@@ -182,7 +263,8 @@ class RankRAGScorer(Settings, Reranker):
         if mode == "logprobs" and not self.llm.supports_logprobs:
             raise ValueError(f"mode='logprobs' needs a provider with token log-probabilities; "
                              f"{self.llm!r} exposes text only. Use mode='auto' or 'generate'.")
-        self.prompt = check_prompt_template(prompt, ("question", "passage"), "RankRAG prompt")
+        self.prompt = check_prompt_template(prompt, ("question", "passage"), "RankRAG prompt",
+                                            optional=("history",))
         self.mode = mode
         self.max_passage_words = check_positive_int(max_passage_words, "max_passage_words")
         self.max_new_tokens = check_positive_int(max_new_tokens, "max_new_tokens")
@@ -213,7 +295,10 @@ class RankRAGScorer(Settings, Reranker):
         words = text.split()
         if len(words) > self.max_passage_words:
             text = " ".join(words[: self.max_passage_words])
-        return self.prompt.format(question=query, passage=text)
+        if "history" not in _fields(self.prompt):
+            return self.prompt.format(question=query, passage=text)
+        history, question = split_conversation(query)
+        return self.prompt.format(question=question, passage=text, history=history)
 
     def score(self, query: str, texts: Sequence[str]) -> list[float]:
         """P(True) for each passage (floats in [0, 1])."""

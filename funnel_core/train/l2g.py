@@ -205,7 +205,8 @@ def group_pair_losses(positives: "torch.Tensor", negatives: "torch.Tensor",
 
     ``"bpr"`` (eq. 6): ``-log sigmoid(S+_p - S-_n)`` for every one of the ``P * N`` pairs;
     ``"listwise"``: for every positive, the softmax cross-entropy against all ``N`` negatives
-    (``P`` terms). The trainer averages the terms of a step (eq. 6's sum up to a constant).
+    (``P`` terms). The trainer averages the terms of a step (eq. 6's sum divided by the step's
+    number of terms, which varies from step to step).
     """
     if loss == "bpr":
         return _LOSSES["bpr_terms"](positives, negatives)

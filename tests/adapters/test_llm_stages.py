@@ -29,6 +29,7 @@ from llama_index.core.retrievers import TransformRetriever
 from llama_index.core.schema import NodeWithScore, TextNode
 
 from funnel_core.llm import LLMError
+from funnel_core.rerank.rankrag import RANKRAG_PROMPTS, conversation_query
 from langchain_funnel.funnel import rerank_chain
 from langchain_funnel.llm import LangChainLLM, message_text
 from langchain_funnel.llm_rerank import ForwardLookupRetriever as LCForwardLookupRetriever
@@ -167,6 +168,32 @@ def test_rankrag_rerank_bad_input(nodes):
         RankRAGRerank(llm=FailingLLM()).postprocess_nodes(nodes, query_str="q")
 
 
+class RecordingJudgeLLM(MockLLM):
+    """A LlamaIndex LLM that keeps the prompts it was sent: True for a passage about Paris."""
+
+    prompts: list = []
+
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        self.prompts.append(prompt)
+        passage = prompt.split("Passage: ")[1].split("\n\n")[0]
+        return CompletionResponse(text="True." if "Paris" in passage else "False.")
+
+
+def test_rankrag_rerank_takes_the_fever_and_conversational_presets(nodes):
+    """The named Appendix D.1 prompts reach the LLM through ``prompt=`` like any other."""
+    fever = RankRAGRerank(llm=RecordingJudgeLLM(), prompt=RANKRAG_PROMPTS["fever"], top_n=2)
+    out = fever.postprocess_nodes(nodes, query_str="Paris is the capital of France.")
+    assert [n.node.node_id for n in out] == ["d0", "d2"]
+    assert all("User: For the claim Paris is the capital of France., access whether the passage is "
+               "relevant to the claim." in p for p in fever.llm.prompts)
+    talk = RankRAGRerank(llm=RecordingJudgeLLM(), prompt=RANKRAG_PROMPTS["conversational"],
+                         top_n=2)
+    query = conversation_query([("Which country is it?", "France.")], "What is its capital?")
+    assert [n.node.node_id for n in talk.postprocess_nodes(nodes, query_str=query)] == ["d0", "d2"]
+    assert all("User: Which country is it?\n\nAssistant: France.\n\nUser: For the question What is "
+               "its capital?, access whether" in p for p in talk.llm.prompts)
+
+
 def test_forward_lookup_transform_attaches_samples_and_feeds_retrievers(vector_retriever):
     judge = JudgeLLM()
     transform = ForwardLookupQueryTransform(judge, context=LONG_CONTEXT, samples=3, chunk_words=30)
@@ -253,6 +280,34 @@ async def test_rankrag_reranker_langchain_local_model_and_async(tiny_llama_path,
     assert reranker.compress_documents(lc_docs, "  ") == lc_docs[:3]  # top_n caps even then
     with pytest.raises(ValueError, match=r"unknown \{doc\}"):
         RankRAGReranker(llm=tiny_llama_path, prompt="{question}{passage}{doc}")
+
+
+class RecordingChatModel(FakeListChatModel):
+    """A fake chat model that keeps the text of the prompts it was sent."""
+
+    seen: list = []
+
+    def _call(self, messages, *args: Any, **kwargs: Any) -> str:
+        self.seen.append(" ".join(message_text(m) for m in messages))
+        return super()._call(messages, *args, **kwargs)
+
+
+def test_rankrag_reranker_langchain_takes_the_fever_and_conversational_presets(lc_docs):
+    replies = ["Yes! True." if "Paris" in t else "Nope, False." for _, t, _ in CORPUS]
+    for preset, query, expected in [
+            ("fever", "Paris is the capital of France.",
+             "User: For the claim Paris is the capital of France., access whether the passage is "
+             "relevant to the claim."),
+            ("conversational", conversation_query([("Which country is it?", "France.")],
+                                                  "What is its capital?"),
+             "User: Which country is it?\n\nAssistant: France.\n\nUser: For the question What is "
+             "its capital?, access whether")]:
+        chat = RecordingChatModel(responses=replies, seen=[])
+        reranker = RankRAGReranker(llm=LangChainLLM(chat, max_concurrency=1), top_n=2,
+                                   prompt=RANKRAG_PROMPTS[preset])
+        out = reranker.compress_documents(lc_docs, query)
+        assert [d.id for d in out] == ["d0", "d2"]
+        assert len(chat.seen) == len(lc_docs) and all(expected in p for p in chat.seen)
 
 
 def test_forward_lookup_retriever_langchain(lc_docs):

@@ -68,7 +68,7 @@ def test_failure_and_timeout_policy():
     assert time.perf_counter() - t < 1.5
     with pytest.raises(LLMError, match="returned 1 outputs for 2 prompts"):
         Scripted(bad_shape=True).generate(["p", "q"])
-    with pytest.raises(NotImplementedError, match="exposes generated text only"):
+    with pytest.raises(NotImplementedError, match="^Scripted exposes generated text only"):
         Scripted().next_token_logprobs(["p"], ["True"])
 
 
@@ -244,3 +244,43 @@ def test_both_spellings_of_the_answer_word_count_when_the_space_is_part_of_the_t
     units = [Unit(id="a", text="Paris is in France.")]
     out = RankRAGScorer(llm=llm, prompt="{passage} {question}")("Is Paris in France?", units)
     assert out[0].score == pytest.approx(p_true / (p_true + p_false), abs=1e-6)
+
+
+class _Logprobs(LLM):
+    """A provider with token log-probabilities that returns the rows it is given."""
+
+    supports_logprobs = True
+
+    def __init__(self, rows=None, fail=None, **kw):
+        super().__init__(**kw)
+        self.rows, self.fail = rows, fail
+
+    def _generate(self, prompts, **kw):
+        raise AssertionError("not used")
+
+    def _next_token_logprobs(self, prompts, candidates):
+        if self.fail:
+            raise self.fail
+        return self.rows if self.rows is not None else [[-0.5] * len(candidates) for _ in prompts]
+
+
+def test_next_token_logprobs_contract_and_errors():
+    """The log-probability path RankRAG scores with: one row per prompt, one value per
+    candidate, as Python floats; a provider that breaks that is refused, naming what it did."""
+    assert _Logprobs().next_token_logprobs(["p", "q"], ["True", "False"]) == [[-0.5, -0.5]] * 2
+    assert _Logprobs().next_token_logprobs([], ["True"]) == []
+    with pytest.raises(NotImplementedError, match=r"^Scripted exposes generated text only, not token "
+                       r"log-probabilities; use generate\(\) and parse the answer "
+                       r"\(RankRAGScorer\(mode='generate'\) does this\)\.$"):
+        Scripted().next_token_logprobs(["p"], ["True"])
+    with pytest.raises(ValueError, match=r"^candidates must name at least one answer word, e\.g\. "
+                       r"\['True', 'False'\]\.$"):
+        _Logprobs().next_token_logprobs(["p"], [])
+    for rows in ([[-0.1, -0.2]], [[-0.1], [-0.2]]):   # one row short; rows one value short
+        llm = _Logprobs(rows=rows)
+        with pytest.raises(LLMError, match=r"returned log-probabilities of the wrong shape for 2 "
+                           r"prompts x 2 candidates\.$"):
+            llm.next_token_logprobs(["p", "q"], ["True", "False"])
+    with pytest.raises(LLMError, match=r"failed during next_token_logprobs for a batch of 3 "
+                       r"prompt\(s\): RuntimeError: boom\. Nothing was scored\.$"):
+        _Logprobs(fail=RuntimeError("boom")).next_token_logprobs(["a", "b", "c"], ["True"])

@@ -541,3 +541,266 @@ def test_router_trains_one_sigmoid_per_level_with_binary_cross_entropy():
     bce = -(labels[[0, 10]] * np.log(p) + (1 - labels[[0, 10]]) * np.log(1 - p)).mean()
     best = -(0.8 * np.log(0.8) + 0.2 * np.log(0.2)) / 2                # entropy of the labels
     assert bce == pytest.approx(best, abs=0.02)
+
+
+# -- MoGG edges against their definition (section 3.3) ------------------------------------------
+def _reference_edges(index, k, t_graph, pair_tokens=None):
+    """Directed edges ``{(i, j): weight}`` written from the definition: the normalised similarity
+    of node j to node i is bm25(text_i -> text_j) / bm25(text_i -> text_i); node i links to its k
+    most similar other nodes (ties: lower index) whose similarity reaches t_graph and is > 0; the
+    weight is the similarity, capped at 1. Only nodes that share a query term are similar at all
+    (bm25l / bm25+ give every node a constant score, term or not). ``pair_tokens[i]`` (default:
+    node i's tokens) is the query of the pair scores; the self-score always uses every token."""
+    tokens = index.tokenize([u.text for u in index.units])
+    edges = {}
+    for i, toks in enumerate(tokens):
+        query = toks if pair_tokens is None else pair_tokens[i]
+        self_score = float(index.token_scores(toks)[i])
+        pair = index.token_scores(query)
+        if self_score <= 0:
+            continue
+        cands = [(float(pair[j]) / self_score, j) for j in range(len(tokens))
+                 if j != i and set(query) & set(tokens[j]) and pair[j] > 0
+                 and pair[j] / self_score >= t_graph]
+        for norm, j in sorted(cands, key=lambda c: (-c[0], c[1]))[:k]:
+            edges[(i, j)] = min(norm, 1.0)
+    return edges
+
+
+def _edges(matrix):
+    m = matrix.tocoo()
+    return {(int(r), int(c)): float(v) for r, c, v in zip(m.row, m.col, m.data)}
+
+
+@pytest.mark.parametrize("method", ["lucene", "bm25l", "bm25+"])
+def test_knn_graph_edge_weights_are_the_normalised_bm25_similarity(method):
+    """Every edge and its weight, for BM25 variants with and without a non-occurrence score
+    (bm25l / bm25+ add a per-query constant to every node's score, the self-score included)."""
+    nodes = GraphGranularityBuilder(sentences_per_node=1).nodes(DOCS)
+    index = BM25Index(method=method).index(nodes)
+    got = _edges(bm25_knn_graph(index, k_graph=3, t_graph=0.05, block_size=5))
+    want = _reference_edges(index, 3, 0.05)
+    assert got.keys() == want.keys() and len(want) > 10
+    for key, weight in want.items():
+        assert got[key] == pytest.approx(weight, rel=1e-5)
+
+
+@pytest.mark.parametrize("method", ["lucene", "bm25l"])
+def test_max_df_leaves_frequent_terms_out_of_the_pair_scores_only(method):
+    """``max_df``: terms in more than ``max_df * n`` nodes do not count in the pair scores; the
+    self-scores stay exact (for bm25l, its non-occurrence part included). A term in exactly
+    ``max_df * n`` nodes still counts."""
+    nodes = GraphGranularityBuilder(sentences_per_node=1).nodes(DOCS + [
+        "Paris and the tower and the river in Paris.", "The river, the tower and the museum."])
+    index = BM25Index(method=method).index(nodes)
+    tokens = index.tokenize([u.text for u in nodes])
+    n = len(nodes)
+    df = {}
+    for toks in tokens:
+        for t in set(toks):
+            df[t] = df.get(t, 0) + 1
+    assert max(df.values()) >= 3
+    checked = 0
+    for d in sorted(set(df.values()) - {max(df.values())}, reverse=True)[:3]:
+        max_df = d / n
+        kept = [[t for t in toks if df[t] <= d] for toks in tokens]
+        want = _reference_edges(index, 3, 0.05, pair_tokens=kept)
+        got = _edges(bm25_knn_graph(index, k_graph=3, t_graph=0.05, max_df=max_df))
+        assert got.keys() == want.keys()
+        for key, weight in want.items():
+            assert got[key] == pytest.approx(weight, rel=1e-5)
+        checked += got != _edges(bm25_knn_graph(index, k_graph=3, t_graph=0.05))
+    assert checked >= 1  # the cut changed the graph at least once
+    assert _edges(bm25_knn_graph(index, k_graph=3, t_graph=0.05, max_df=1.0)) == pytest.approx(
+        _edges(bm25_knn_graph(index, k_graph=3, t_graph=0.05)))
+    one = _edges(bm25_knn_graph(index, k_graph=1, t_graph=0.05))   # k_graph = 1: the best only
+    assert one == pytest.approx(_reference_edges(index, 1, 0.05)) and one
+
+
+def test_knn_graph_errors_name_the_bad_value():
+    index = BM25Index().index(GraphGranularityBuilder().nodes(DOCS))
+    for kwargs, name in [({"k_graph": 0}, "^k_graph must be >= 1"), ({"t_graph": 1.5}, r"^t_graph must be in \[0, 1\]"),
+                         ({"block_size": 0}, "^block_size must be >= 1"), ({"max_df": 0.0}, r"max_df must be in \(0, 1\]"),
+                         ({"max_df": 1.5}, r"max_df must be in \(0, 1\] or None, got 1\.5")]:
+        with pytest.raises(ValueError, match=name):
+            bm25_knn_graph(index, **kwargs)
+
+
+def test_graph_from_units_restores_document_order_and_edge_weights():
+    """A graph rebuilt from its nodes (e.g. after a node parser) is the same graph: nodes in
+    document order (level snippets list their nodes in document order), the same weighted edges;
+    nodes without weights get weight 1; a node without neighbours' ids is refused."""
+    graph = GraphGranularityBuilder(sentences_per_node=1, k_graph=2, t_graph=0.05, n_gra=3).build(DOCS)
+    order = np.random.default_rng(0).permutation(len(graph.nodes))
+    again = GranularityGraph.from_units([graph.nodes[i] for i in order], n_gra=3)
+    assert [u.id for u in again.nodes] == [u.id for u in graph.nodes] and again.n_gra == 3
+    assert _edges(again.adjacency) == pytest.approx(_edges(graph.adjacency))
+    assert len({round(w, 4) for w in graph.adjacency.data}) > 2   # the weights are not all alike
+    assert [u.text for u in again.levels[2]] == [u.text for u in graph.levels[2]]
+    assert GranularityGraph.from_units(graph.nodes).n_gra == 5     # the builder's default
+    bare = []
+    for u in graph.nodes:
+        v = u.copy()
+        v.funnel.pop("graph_weights")
+        bare.append(v)
+    unweighted = GranularityGraph.from_units(bare, n_gra=3)
+    assert set(unweighted.adjacency.data.tolist()) == {1.0}
+    assert (unweighted.adjacency != 0).nnz == (graph.adjacency != 0).nnz
+    # a last node without neighbours still counts: the graph has every node
+    alone = Unit(id="z/s0", text="Nothing else.", funnel={"doc_index": 9, "position": 0,
+                                                          "graph_neighbors": [], "graph_weights": []})
+    with_alone = GranularityGraph.from_units(graph.nodes + [alone], n_gra=3)
+    assert with_alone.adjacency.shape == (len(graph.nodes) + 1,) * 2 and with_alone.nodes[-1].id == "z/s0"
+    lost = graph.nodes[1].copy()
+    lost.funnel.pop("graph_neighbors")
+    with pytest.raises(ValueError, match=r"^node '.*/s1' has no funnel\['graph_neighbors'\]; build the "
+                       r"nodes with GraphGranularityBuilder / GraphGranularityNodeParser\.$"):
+        GranularityGraph.from_units([graph.nodes[0], lost])
+
+
+def test_graph_nodes_are_consecutive_sentences_of_each_document():
+    """MoGG nodes: each document cut into runs of ``sentences_per_node`` consecutive sentences,
+    every sentence once, in order; a node keeps its document's metadata and where it came from."""
+    docs = [Unit(id="a", text=DOCS[0], metadata={"title": "Paris"}), Unit(id="b", text=DOCS[2])]
+    nodes = GraphGranularityBuilder(sentences_per_node=3).nodes(docs)
+    want = []
+    for di, doc in enumerate(docs):
+        sents = split_sentences(doc.text)
+        want += [(f"{doc.id}/s{p}", " ".join(sents[s:s + 3]), dict(doc.metadata),
+                  {"doc_id": doc.id, "doc_index": di, "position": p})
+                 for p, s in enumerate(range(0, len(sents), 3))]
+    assert [(u.id, u.text, u.metadata, u.funnel) for u in nodes] == want
+    assert {u.level for u in nodes} == {"graph-node"}
+    with pytest.raises(ValueError, match=r"^cannot build a graph from an empty corpus; pass at least "
+                       r"one document\.$"):
+        GraphGranularityBuilder().nodes([])
+    with pytest.raises(ValueError, match=r"^every document is empty \(no sentences\); nothing to build "
+                       r"a graph from\.$"):
+        GraphGranularityBuilder().nodes(["   ", ""])
+
+
+def test_builder_links_nodes_best_neighbour_first_and_passes_max_df():
+    import time
+
+    builder = GraphGranularityBuilder(sentences_per_node=1, k_graph=3, t_graph=0.05, max_df=0.15)
+    nodes = builder.nodes(DOCS + ["Paris and the tower and the river in Paris.",
+                                  "The river, the tower and the museum."])
+    t0 = time.perf_counter()
+    graph = builder.build_from_nodes(nodes)
+    elapsed = time.perf_counter() - t0
+    assert 0 <= graph.build_seconds <= elapsed
+    index = BM25Index().index(nodes)
+    directed = bm25_knn_graph(index, k_graph=3, t_graph=0.05, max_df=0.15)
+    assert _edges(graph.adjacency) == pytest.approx(_edges(directed.maximum(directed.T)))
+    exact = bm25_knn_graph(index, k_graph=3, t_graph=0.05)
+    assert directed.nnz > 10 and _edges(directed) != _edges(exact)  # max_df mattered
+    for i, u in enumerate(graph.nodes):   # the bookkeeping: neighbours best first, with weights
+        row = graph.adjacency.getrow(i)
+        pairs = sorted(zip(row.data.tolist(), row.indices.tolist()), key=lambda p: -p[0])
+        assert u.funnel["graph_weights"] == pytest.approx([w for w, _ in pairs])
+        assert u.funnel["graph_weights"] == sorted(u.funnel["graph_weights"], reverse=True)
+        assert set(u.funnel["graph_neighbors"]) == {graph.nodes[c].id for _, c in pairs}
+    # nodes without an indexable token (only stopwords) get no edges, and the graph still builds
+    with pytest.warns(UserWarning, match="no edges"):
+        empty = builder.build_from_nodes([Unit(id="x", text="the and of"), Unit(id="y", text="a to in")])
+    assert empty.n_edges == 0 and empty.adjacency.shape == (2, 2)
+    with pytest.raises(ValueError, match=r"^cannot build a graph from no nodes\.$"):
+        builder.build_from_nodes([])
+
+
+def test_graph_and_builder_errors_name_the_bad_value():
+    node = Unit(id="n", text="Paris is the capital.")
+    import scipy.sparse as sp
+    with pytest.raises(ValueError, match=r"^a granularity graph needs at least one node\.$"):
+        GranularityGraph([], sp.csr_matrix((0, 0)))
+    with pytest.raises(ValueError, match=r"^adjacency has shape \(2, 2\), expected \(1, 1\)\.$"):
+        GranularityGraph([node], sp.csr_matrix((2, 2)))
+    with pytest.raises(ValueError, match=r"^n_gra \(number of hop ranges\) must be >= 1"):
+        GranularityGraph([node], sp.csr_matrix((1, 1)), n_gra=0)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")       # one node: nothing to link, no warning
+        assert GranularityGraph([node], sp.csr_matrix((1, 1))).n_edges == 0
+    with pytest.warns(UserWarning, match=r"^the granularity graph has no edges \(no pair of nodes reaches "
+                      r"t_graph\); every hop range is the node alone\. Lower t_graph or raise k_graph\.$"):
+        GranularityGraph([node, Unit(id="m", text="x")], sp.csr_matrix((2, 2)))
+    for kwargs, match in [({"sentences_per_node": 0}, "^sentences_per_node must be >= 1"),
+                          ({"block_size": 0}, "^block_size must be >= 1"), ({"k_graph": 0}, "^k_graph must be >= 1"),
+                          ({"t_graph": -0.1}, r"^t_graph must be in \[0, 1\]"),
+                          ({"n_gra": 0}, r"^n_gra \(number of hop ranges\) must be >= 1"),
+                          ({"max_df": 0.0}, r"^max_df must be in \(0, 1\] or None, got 0\.0\.$"),
+                          ({"max_df": 1.5}, r"^max_df must be in \(0, 1\] or None, got 1\.5\.$")]:
+        with pytest.raises(ValueError, match=match):
+            GraphGranularityBuilder(**kwargs)
+    assert GraphGranularityBuilder(max_df=1.0).max_df == 1.0
+
+
+# -- router training (section 3.2.2: BCE on the soft labels, early stopping) ----------------------
+def test_router_training_loss_is_the_mean_bce_over_the_training_queries():
+    """With a learning rate of 0 the MLP never changes, so every epoch's training loss is the
+    mean binary cross-entropy of that fixed MLP over the training queries (batches of unequal
+    size weighted by their sizes), the validation loss never improves after epoch 1, and training
+    stops ``patience`` epochs later with the epoch-1 weights."""
+    import torch
+
+    qs = [f"fact {i}" for i in range(9)]
+    labels = np.array([[0.8, 0.2, 0.0, 0.0]] * 9)
+    router = GranularityRouter(4, embedder=_TwoKindsEmbedder(), hidden=8, dropout=0.0)
+    h = router.fit(qs, labels, lr=0.0, batch_size=3, patience=4, epochs=50, val_fraction=0.2)
+    with torch.no_grad():
+        z = router._mlp(torch.from_numpy(_TwoKindsEmbedder().encode(["fact 0"]))).double().numpy()[0]
+    p = 1 / (1 + np.exp(-z))
+    bce = float(-(labels[0] * np.log(p) + (1 - labels[0]) * np.log(1 - p)).mean())
+    assert h["train_loss"] == pytest.approx([bce] * h["epochs_run"], rel=1e-5)
+    assert h["val_loss"] == pytest.approx([bce] * h["epochs_run"], rel=1e-5)
+    assert (h["best_epoch"], h["epochs_run"], h["n_val"], h["n_train"]) == (1, 5, 2, 7)
+    assert h["best_val_loss"] == pytest.approx(bce, rel=1e-5)
+
+
+def test_router_training_runs_the_epochs_asked_for_and_is_reproducible():
+    import time
+
+    qs = [f"fact {i}" for i in range(6)] + [f"broad {i}" for i in range(6)]
+    labels = np.array([[0.8, 0.2, 0, 0]] * 6 + [[0, 0, 0.2, 0.8]] * 6)
+    runs = []
+    for _ in range(2):
+        router = GranularityRouter(4, embedder=_TwoKindsEmbedder(), hidden=8)
+        t0 = time.perf_counter()
+        h = router.fit(qs, labels, epochs=6, patience=100, lr=1e-2, seed=3)
+        elapsed = time.perf_counter() - t0
+        assert h["epochs_run"] == len(h["train_loss"]) == len(h["val_loss"]) == 6
+        assert h["best_epoch"] == 1 + int(np.argmin(h["val_loss"]))
+        assert 0 <= h["embed_seconds"] <= elapsed and 0 <= h["train_seconds"] <= elapsed
+        assert set(h) == {"train_loss", "val_loss", "best_epoch", "best_val_loss", "epochs_run",
+                          "n_train", "n_val", "embed_seconds", "train_seconds"}
+        runs.append((h["train_loss"], h["val_loss"], router.predict(["fact x"]).tolist()))
+    assert runs[0] == runs[1]
+    # the validation share: round(val_fraction * n), at least 1, leaving at least 1 to train on
+    for n, fraction, n_val in [(2, 0.2, 1), (10, 0.05, 1), (3, 0.9, 2), (10, 0.26, 3)]:
+        router = GranularityRouter(4, embedder=_TwoKindsEmbedder(), hidden=4)
+        h = router.fit(qs[:n], labels[:n], epochs=1, val_fraction=fraction)
+        assert (h["n_val"], h["n_train"]) == (n_val, n - n_val)
+
+
+def test_router_training_errors_name_the_bad_value():
+    router = GranularityRouter(4, embedder=_TwoKindsEmbedder(), hidden=4)
+    labels = np.zeros((3, 4))
+    qs = ["fact a", "fact b", "broad c"]
+    cases = [((qs[0], labels[:1]), {}, TypeError, r"^queries must be a list of strings\.$"),
+             ((qs[:1], labels[:1]), {}, ValueError,
+              r"^need at least 2 labelled queries to train \(one for validation\), got 1\.$"),
+             ((qs, labels[:2]), {}, ValueError, r"labels must have shape \(3, 4\), got \(2, 4\)"),
+             ((qs, labels), {"val_fraction": 0.0}, ValueError, r"^val_fraction must be in \(0, 1\), got 0\.0\.$"),
+             ((qs, labels), {"val_fraction": 1.0}, ValueError, r"^val_fraction must be in \(0, 1\), got 1\.0\.$"),
+             ((qs, labels), {"epochs": 0}, ValueError, "epochs"),
+             ((qs, labels), {"batch_size": 0}, ValueError, "batch_size"),
+             ((qs, labels), {"patience": 0}, ValueError, "patience")]
+    for args, kwargs, error, match in cases:
+        with pytest.raises(error, match=match):
+            router.fit(*args, **kwargs)
+
+
+def test_two_nodes_that_share_a_term_are_linked():
+    """The smallest graph: each of two similar nodes has the other as its neighbour."""
+    index = BM25Index().index([Unit(id="a", text="Paris tower river"), Unit(id="b", text="Paris museum")])
+    assert sorted(_edges(bm25_knn_graph(index, k_graph=3, t_graph=0.0))) == [(0, 1), (1, 0)]

@@ -11,7 +11,9 @@ from funnel_core.rerank.rankrag import (
     RANKRAG_PROMPTS,
     RankRAGScorer,
     check_prompt_template,
+    conversation_query,
     parse_true_false,
+    split_conversation,
 )
 
 
@@ -151,6 +153,130 @@ def test_default_prompt_is_appendix_d1():
     assert small == "Passage: p\n\nFor the question q?, access whether the passage is relevant to the question. Answer True or False."
 
 
+#: RankRAG (arXiv 2407.02485), Appendix D.1 "Context Ranking", the FEVER prompt, character for
+#: character as the paper prints it ("{...}" marks what is filled in; the apostrophe is the
+#: paper's typographic one).
+PAPER_D1_FEVER = (
+    "System: This is a chat between a user and an artificial intelligence assistant. The "
+    "assistant gives helpful, detailed, and polite answers to the user\u2019s questions based on "
+    "the context. The assistant should also indicate when the answer cannot be found in the "
+    "context.\n"
+    "Passage: {Passage}\n"
+    "User: {For the claim <claim>, access whether the passage is relevant to the claim. Return "
+    "True if relevant, otherwise False. }\n"
+    "Assistant:")
+
+#: The same appendix, the prompt for Doc2dial, Inscit, TopiocQA (conversational QA), character for
+#: character (the "..." is the paper's: more earlier turns).
+PAPER_D1_CONVERSATIONAL = (
+    "System: This is a chat between a user and an artificial intelligence assistant. The "
+    "assistant gives helpful, detailed, and polite answers to the user\u2019s questions based on "
+    "the context. The assistant should also indicate when the answer cannot be found in the "
+    "context.\n"
+    "Passage: {Passage}\n"
+    "User: {Question 1}\n"
+    "Assistant: {Answer 1}\n"
+    "...\n"
+    "User: {For the question <latest question>, access whether the passage is relevant to the "
+    "question. Return True if relevant, otherwise False. }\n"
+    "Assistant:")
+
+
+def _fill_paper(text, fills):
+    """The paper's notation filled in: each ``{...}`` replaced by ``fills`` (an instruction keeps
+    its own words, ``<...>`` filled), the typographic apostrophe straight, the lines of the turns
+    separated by a blank line (the layout of every prompt of this module)."""
+    for old, new in fills.items():
+        text = text.replace(old, new)
+    return text.replace("\u2019", "'").replace("\n", "\n\n")
+
+
+def test_fever_prompt_is_appendix_d1_fever():
+    """RankRAG Appendix D.1, FEVER: "For the claim <claim>, access whether the passage is relevant
+    to the claim." in place of the question instruction; the query is the claim."""
+    claim, passage = "Nikolaj Coster-Waldau worked with the Fox Broadcasting Company.", "He acted."
+    want = _fill_paper(PAPER_D1_FEVER, {
+        "{Passage}": passage,
+        "{For the claim <claim>, access whether the passage is relevant to the claim. Return True "
+        "if relevant, otherwise False. }":
+            f"For the claim {claim}, access whether the passage is relevant to the claim. Return "
+            "True if relevant, otherwise False."})
+    assert RANKRAG_PROMPTS["fever"].format(question=claim, passage=passage) == want
+    scorer = RankRAGScorer(llm=Judge(), prompt=RANKRAG_PROMPTS["fever"])
+    assert scorer.build_prompt(claim, passage) == want
+
+
+def test_conversational_prompt_is_appendix_d1_dialogue():
+    """RankRAG Appendix D.1, Doc2dial / Inscit / TopiocQA: the earlier turns of the dialogue after
+    the passage, then the instruction on the latest question only."""
+    q1, a1 = "Who wrote Hamlet?", "William Shakespeare."
+    q2, a2 = "When was it written?", "Around 1600."
+    latest, passage = "Where was its author born?", "Shakespeare was born in Stratford."
+    scorer = RankRAGScorer(llm=Judge(), prompt=RANKRAG_PROMPTS["conversational"])
+
+    def paper(turns):
+        return _fill_paper(PAPER_D1_CONVERSATIONAL, {
+            "{Passage}": passage,
+            "User: {Question 1}\nAssistant: {Answer 1}\n...\n": turns,
+            "{For the question <latest question>, access whether the passage is relevant to the "
+            "question. Return True if relevant, otherwise False. }":
+                f"For the question {latest}, access whether the passage is relevant to the "
+                "question. Return True if relevant, otherwise False."})
+
+    one = paper(f"User: {q1}\nAssistant: {a1}\n")
+    assert scorer.build_prompt(conversation_query([(q1, a1)], latest), passage) == one
+    two = paper(f"User: {q1}\nAssistant: {a1}\nUser: {q2}\nAssistant: {a2}\n")
+    assert scorer.build_prompt(conversation_query([(q1, a1), (q2, a2)], latest), passage) == two
+    # a single question (no earlier turn) gives the paper's question-answering prompt
+    single = DEFAULT_RANKRAG_PROMPT.format(question=latest, passage=passage)
+    assert scorer.build_prompt(latest, passage) == single
+    assert scorer.build_prompt(conversation_query([], latest), passage) == single
+
+
+def test_conversation_query_round_trip_and_bad_dialogues():
+    history = [("Who wrote Hamlet?", "Shakespeare."), ("When?", "Around 1600.")]
+    query = conversation_query(history, "Where was he born?")
+    turns, latest = split_conversation(query)
+    assert latest == "Where was he born?"
+    assert turns == ("User: Who wrote Hamlet?\n\nAssistant: Shakespeare.\n\n"
+                     "User: When?\n\nAssistant: Around 1600.\n\n")
+    # single newlines and a first question without its "User:" label read the same
+    assert split_conversation("Who wrote Hamlet?\nAssistant: Shakespeare.\nUser: When?") == (
+        "User: Who wrote Hamlet?\n\nAssistant: Shakespeare.\n\n", "When?")
+    assert split_conversation("  plain question? ") == ("", "plain question?")
+    with pytest.raises(ValueError, match=r"^a conversational RankRAG query must end with the latest "
+                       r"question as a 'User: \.\.\.' turn; it ends with an Assistant turn: "
+                       r"'User: Who wrote Hamlet\?\\nAssistant: Shakespeare\.'\. Build it with "
+                       r"conversation_query\(history, question\)\.$"):
+        split_conversation("User: Who wrote Hamlet?\nAssistant: Shakespeare.")
+    long_tail = "User: q\nAssistant: " + "x" * 200
+    with pytest.raises(ValueError, match=r"ends with an Assistant turn: 'x{120}'\. Build"):
+        split_conversation(long_tail)   # the error quotes the last 120 characters, no more
+    with pytest.raises(ValueError, match=r"history\[0\] must be a \(question, answer\) pair"):
+        conversation_query(["Who wrote Hamlet?"], "When?")
+    with pytest.raises(ValueError, match=r"history\[1\] must be a \(question, answer\) pair"):
+        conversation_query([("q", "a"), ("q", "a", "extra")], "When?")
+    # {history} is the one optional field; others are still refused, naming it
+    with pytest.raises(ValueError, match=r"optional: \{history\}.*unknown \{turns\}"):
+        RankRAGScorer(llm=Judge(), prompt="{question} {passage} {turns}")
+
+
+def test_conversational_scorer_judges_against_the_latest_question():
+    """Through the whole scorer: the provider receives each passage with the earlier turns and
+    the instruction on the latest question; the ranking follows the judge's replies."""
+    from funnel_core.units import Unit
+
+    judge = Judge()
+    scorer = RankRAGScorer(llm=judge, prompt=RANKRAG_PROMPTS["conversational"])
+    units = [Unit(id="a", text="Rivers flow."), Unit(id="b", text="Paris is in France.")]
+    query = conversation_query([("Which country?", "France.")], "What is its capital?")
+    out = scorer(query, units)
+    assert [u.id for u in out] == ["b", "a"] and [u.score for u in out] == [1.0, 0.0]
+    assert len(judge.prompts) == 2 and all(
+        "Passage: " in p and "User: Which country?\n\nAssistant: France.\n\nUser: For the question "
+        "What is its capital?, access whether" in p for p in judge.prompts)
+
+
 # -- a model whose next-token logits are set by hand ----------------------------------------
 #: next-token logits (the same for every prompt): True 2, False 0, zebra 4, the bare space 3,
 #: every other token -1
@@ -185,7 +311,7 @@ def test_scores_are_p_true_of_the_answer_word(tiny_llama_path, corpus_units):
     # P(True) over {True, False} from the logits: e^2 / (e^2 + e^0); neither "zebra" (4) nor the
     # bare space that starts " True" and " False" alike (3) may enter it.
     want = math.exp(2.0) / (math.exp(2.0) + math.exp(0.0))
-    for prompt in ("paper", "smollm2"):
+    for prompt in ("paper", "fever", "conversational", "smollm2"):
         scorer = RankRAGScorer(llm=llm, prompt=RANKRAG_PROMPTS[prompt], batch_size=3)
         out = scorer("Who wrote Hamlet?", corpus_units)
         assert [u.score for u in out] == pytest.approx([want] * len(corpus_units), abs=1e-6)
@@ -275,3 +401,29 @@ def test_passages_at_the_word_limit_are_kept_verbatim(tiny_llama_path):
     assert scorer.build_prompt("q", "one  two three four").startswith("Passage: one two three\n")
     with pytest.raises(ValueError, match="turns candidate '' into no tokens"):
         scorer.llm.candidate_token_ids("")
+
+
+def test_half_precision_head_scores_in_float32(tiny_llama_path):
+    """P(True) from a bfloat16 model: the output layer is recomputed in float32 from its bf16
+    weights, so the log-probabilities match a float64 computation from the same weights and
+    hidden state; bf16 logits (8 bits of mantissa) would be off by ~0.1 at these magnitudes."""
+    import torch
+
+    llm = TransformersLLM(tiny_llama_path, dtype="bfloat16")
+    model, _, _ = llm._model.get()
+    head = model.get_output_embeddings()
+    assert head.weight.dtype == torch.bfloat16
+    with torch.no_grad():
+        head.weight.mul_(64.0)                     # logits of tens: bf16 rounding shows
+    prompts = ["Passage: Paris is in France. Relevant?", "Passage: Rivers flow. Relevant?"]
+    got = llm.next_token_logprobs(prompts, ["True", "False"])
+    enc = llm._encode(prompts)
+    with torch.no_grad():
+        hidden = model.model(**enc).last_hidden_state[:, -1, :]
+        logits = hidden.double() @ head.weight.double().T
+    logp = torch.log_softmax(logits, dim=-1)
+    ids = [llm.candidate_token_ids(w) for w in ("True", "False")]
+    want = [[math.log(sum(math.exp(float(row[i])) for i in c)) for c in ids] for row in logp]
+    assert float(logits.abs().max()) > 10
+    for g, w in zip(got, want):
+        assert g == pytest.approx(w, abs=2e-3)
