@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, ClassVar, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
@@ -38,10 +38,9 @@ from pydantic import ConfigDict, Field
 
 from funnel_core.backends.milvus import as_backend, hybrid_backends
 from funnel_core.best_practices.classify import QueryClassifier
-from funnel_core.best_practices.compress import ExtractiveCompressor as CoreExtractiveCompressor
+from funnel_core.best_practices.fields import ExtractiveCompressorFields, RepackFields
 from funnel_core.best_practices.fusion import check_fusion_config, fuse
 from funnel_core.best_practices.hyde import HyDE, HyDERetrieve
-from funnel_core.best_practices.repack import Repack
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import warm_up_attributes
@@ -295,7 +294,6 @@ class HybridRetriever(BaseRetriever):
         default='minmax', description="Score normalisation of each side for method='alpha': minmax, zscore or none.")
     rrf_k: int = Field(default=60, description="RRF constant (method='rrf'; Cormack et al.: 60).")
 
-
     def __init__(self, **data: Any) -> None:
         check_accepted(type(self), data)
         super().__init__(**data)
@@ -463,7 +461,7 @@ def _fusion_names(cls: Any) -> list[str]:
     return [n for n in cls.model_fields if n not in ("sparse", "dense")]
 
 
-class RepackTransformer(TransformerBase):
+class RepackTransformer(RepackFields, TransformerBase):
     """Reorder documents that arrive best first: ``"forward"``, ``"reverse"`` (default: best
     last, next to the question) or ``"sides"`` (best at both ends).
 
@@ -471,13 +469,6 @@ class RepackTransformer(TransformerBase):
     document gets ``funnel_retrieval_rank`` and ``funnel_repack_position`` in its metadata. It
     holds a :class:`~funnel_core.best_practices.repack.Repack` stage.
     """
-
-    stage_class: ClassVar[type] = Repack
-
-    order: str = Field(
-        default='reverse', description='forward, reverse (best last, next to the question) or sides.')
-    name: Optional[str] = Field(default=None, description='Stage name in traces (None: repack).')
-
 
     def transform_documents(self, documents: Sequence[Document], **kwargs: Any) -> list[Document]:
         return units_to_documents(self.stage.run("", documents_to_units(list(documents))))
@@ -493,7 +484,7 @@ class RepackTransformer(TransformerBase):
         return self._call_with_config(self.transform_documents, input, config)
 
 
-class ExtractiveCompressor(StageCompressor):
+class ExtractiveCompressor(ExtractiveCompressorFields, StageCompressor):
     """Keep the sentences most similar to the query (paper section 3.7), in original order.
 
     A ``BaseDocumentCompressor`` and a runnable over ``{"query", "documents"}`` (see
@@ -502,30 +493,6 @@ class ExtractiveCompressor(StageCompressor):
     already loaded :class:`SentenceEmbedder`. ``funnel_compression_...`` metadata keys record
     tokens before/after.
     """
-
-    stage_class: ClassVar[type] = CoreExtractiveCompressor
-
-    method: str = Field(
-        default='embedding', description='embedding (cosine similarity), bm25 sentence scoring, or random '
-                                         '(a control: random sentences up to the same budget).')
-    ratio: float = Field(default=0.4, description='Share of input tokens to keep, in (0, 1].')
-    seed: int = Field(default=0, description='Seed of the random control (with the query).')
-    max_tokens: Optional[int] = Field(
-        default=None, description='Absolute token budget (the smaller of the two wins).')
-    scope: str = Field(
-        default='global', description='global (one budget over all units) or unit (one budget per unit).')
-    min_sentences: int = Field(
-        default=1, description='Sentences always kept per scope (the best ones).')
-    model: Optional[str] = Field(
-        default=None, description='Sentence-embedding model; None = the packaged MiniLM.')
-    batch_size: int = Field(default=64, description='Sentences per forward pass.')
-    device: Optional[str] = Field(default=None, description='Torch device; None = best available.')
-    cache_size: int = Field(
-        default=0, description='Sentence embeddings kept in an LRU cache (0 = off).')
-    name: Optional[str] = Field(
-        default=None, description='Stage name in traces (None: extractive_compressor).')
-    dtype: str = Field(
-        default='auto', description='Precision of the embedding model: auto | float32 | bfloat16 | float16 (auto: bf16 autocast only where the hardware runs it natively).')
 
     embedder: Optional[SentenceEmbedder] = Field(default=None, exclude=True,
                                                  description="Share an already loaded embedder.")

@@ -21,7 +21,7 @@ from pydantic import Field, PrivateAttr
 
 from funnel_core.fbrag import ForwardLookup, chunk_context, variant_weights
 from funnel_core.llm import LLM
-from funnel_core.rerank.rankrag import DEFAULT_RANKRAG_PROMPT, RankRAGScorer
+from funnel_core.rerank.fields import RankRAGFields
 from funnel_core.settings import StageAdapter
 from funnel_core.units import Unit, text_digest
 from langchain_funnel._base import StageCompressor, UnitRetriever, documents_to_units, units_to_documents
@@ -35,7 +35,7 @@ def _provider(llm: Any, timeout: Optional[float]) -> Any:
     return llm if isinstance(llm, (str, LLM)) else as_provider(llm, timeout=timeout)
 
 
-class RankRAGReranker(StageCompressor):
+class RankRAGReranker(RankRAGFields, StageCompressor):
     """RankRAG reranking as a LangChain document compressor: a
     :class:`~funnel_core.rerank.rankrag.RankRAGScorer`; ``llm`` may also be a LangChain model.
 
@@ -45,27 +45,8 @@ class RankRAGReranker(StageCompressor):
         retriever = FunnelRetriever.from_stages(bm25_retriever, reranker)
     """
 
-    stage_class: ClassVar[type] = RankRAGScorer
-
     llm: Any = Field(description="LangChain chat model/LLM, funnel_core LLM provider, or a "
                                  "causal-LM name/folder.")
-    prompt: str = Field(default=DEFAULT_RANKRAG_PROMPT,
-                        description="Template with {question} and {passage} (optionally "
-                                    "{history}); RANKRAG_PROMPTS names the presets: paper, "
-                                    "fever, conversational, smollm2.")
-    mode: str = Field(default="auto", description="'auto', 'logprobs' or 'generate'.")
-    max_passage_words: int = Field(default=300, description="Passages are cut to this length.")
-    max_new_tokens: int = Field(default=8, description="Tokens per judgement (generate mode).")
-    samples: int = Field(default=1, description="Judgements per pair (generate mode).")
-    top_n: Optional[int] = Field(default=5, description="Documents kept (None: all).")
-    score_threshold: Optional[float] = Field(default=None,
-                                             description="Drop documents below this P(True).")
-    batch_size: int = Field(default=8, description="Pairs per LLM call / forward pass.")
-    gguf_file: Optional[str] = Field(default=None, description="GGUF file for a local model folder.")
-    device: Optional[str] = Field(default=None, description="Device of a local model.")
-    timeout: Optional[float] = Field(default=None, description="Seconds per LLM call.")
-    dtype: str = Field(default="auto", description="Weights of a local model: auto | float32 | "
-                                                   "bfloat16 | float16.")
 
     def _stage_value(self, name: str, value: Any) -> Any:
         return _provider(value, self.timeout) if name == "llm" else value

@@ -23,7 +23,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, ClassVar, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 from llama_index.core.base.base_query_engine import BaseQueryEngine
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -39,10 +39,9 @@ from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 
 from funnel_core.backends.milvus import as_backend, hybrid_backends
 from funnel_core.best_practices.classify import QueryClassifier
-from funnel_core.best_practices.compress import ExtractiveCompressor
+from funnel_core.best_practices.fields import ExtractiveCompressorFields, RepackFields
 from funnel_core.best_practices.fusion import check_fusion_config, fuse
 from funnel_core.best_practices.hyde import HyDE
-from funnel_core.best_practices.repack import Repack
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import warm_up_attributes
@@ -285,23 +284,17 @@ def _fusion_names(cls: type) -> list[str]:
     return [n for n in keyword_names(cls) if n not in ("sparse_retriever", "dense_retriever")]
 
 
-class RepackPostprocessor(StagePostprocessor):
+class RepackPostprocessor(RepackFields, StagePostprocessor):
     """Reorder the final nodes: ``"forward"``, ``"reverse"`` (default: best last, next to the
     question) or ``"sides"`` (best at both ends); a :class:`~funnel_core.best_practices.repack.Repack`.
     Put it last in ``node_postprocessors``."""
-
-    stage_class: ClassVar[type] = Repack
-
-    order: str = Field(default="reverse", description="forward, reverse (best last, next to the "
-                                                      "question) or sides.")
-    name: Optional[str] = Field(default=None, description="Stage name in traces (None: repack).")
 
     @classmethod
     def class_name(cls) -> str:
         return "RepackPostprocessor"
 
 
-class ExtractiveCompressorPostprocessor(StagePostprocessor):
+class ExtractiveCompressorPostprocessor(ExtractiveCompressorFields, StagePostprocessor):
     """Keep the sentences most similar to the query (paper section 3.7), in original order: an
     :class:`~funnel_core.best_practices.compress.ExtractiveCompressor`.
 
@@ -309,30 +302,6 @@ class ExtractiveCompressorPostprocessor(StagePostprocessor):
     ``batch_size`` and ``device`` are not used). ``funnel_compression_...`` metadata keys on each
     node records tokens before/after.
     """
-
-    stage_class: ClassVar[type] = ExtractiveCompressor
-
-    method: str = Field(
-        default='embedding', description='embedding (cosine similarity), bm25 sentence scoring, or random '
-                                         '(a control: random sentences up to the same budget).')
-    ratio: float = Field(default=0.4, description='Share of input tokens to keep, in (0, 1].')
-    seed: int = Field(default=0, description='Seed of the random control (with the query).')
-    max_tokens: Optional[int] = Field(
-        default=None, description='Absolute token budget (the smaller of the two wins).')
-    scope: str = Field(
-        default='global', description='global (one budget over all units) or unit (one budget per unit).')
-    min_sentences: int = Field(
-        default=1, description='Sentences always kept per scope (the best ones).')
-    model: Optional[str] = Field(
-        default=None, description='Sentence-embedding model; None = the packaged MiniLM.')
-    batch_size: int = Field(default=64, description='Sentences per forward pass.')
-    device: Optional[str] = Field(default=None, description='Torch device; None = best available.')
-    cache_size: int = Field(
-        default=0, description='Sentence embeddings kept in an LRU cache (0 = off).')
-    name: Optional[str] = Field(
-        default=None, description='Stage name in traces (None: extractive_compressor).')
-    dtype: str = Field(
-        default='auto', description='Precision of the embedding model: auto | float32 | bfloat16 | float16 (auto: bf16 autocast only where the hardware runs it natively).')
 
     embedder: Optional[SentenceEmbedder] = Field(
         default=None, description="A loaded SentenceEmbedder to share (None: one is built from "

@@ -28,7 +28,7 @@ from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 from funnel_core.errors import check_query
 from funnel_core.fbrag import ForwardLookup, ForwardLookupResult, ForwardSample, chunk_context, variant_weights
 from funnel_core.funnel import warm_up_attributes
-from funnel_core.rerank.rankrag import DEFAULT_RANKRAG_PROMPT, RankRAGScorer
+from funnel_core.rerank.fields import RankRAGFields
 from funnel_core.settings import check_kwargs, checked_keywords, setting_names
 from funnel_core.units import Unit, text_digest
 from llama_index_funnel._base import StagePostprocessor, nodes_to_units, units_to_nodes
@@ -38,7 +38,7 @@ __all__ = ["RankRAGRerank", "ForwardLookupQueryTransform", "ForwardLookupQueryBu
            "ForwardLookupRetriever"]
 
 
-class RankRAGRerank(StagePostprocessor):
+class RankRAGRerank(RankRAGFields, StagePostprocessor):
     """RankRAG reranking as a LlamaIndex node postprocessor (sync + async, rerank events): a
     :class:`~funnel_core.rerank.rankrag.RankRAGScorer`; ``llm`` may also be a LlamaIndex ``LLM``.
 
@@ -49,28 +49,9 @@ class RankRAGRerank(StagePostprocessor):
         engine = RetrieverQueryEngine.from_args(retriever, node_postprocessors=[rerank])
     """
 
-    stage_class: ClassVar[type] = RankRAGScorer
-
     llm: Any = Field(description="LlamaIndex LLM, funnel_core LLM provider, or a causal-LM "
                                  "name/folder.")
-    prompt: str = Field(default=DEFAULT_RANKRAG_PROMPT,
-                        description="Template with {question} and {passage} (optionally "
-                                    "{history}); RANKRAG_PROMPTS names the presets: paper, "
-                                    "fever, conversational, smollm2.")
-    mode: str = Field(default="auto", description="'auto', 'logprobs' or 'generate'.")
-    max_passage_words: int = Field(default=300, description="Passages are cut to this length.")
-    max_new_tokens: int = Field(default=8, description="Tokens per judgement (generate mode).")
-    samples: int = Field(default=1, description="Judgements per pair (generate mode).")
-    top_n: Optional[int] = Field(default=5, description="Nodes kept after reranking (None: all).")
-    score_threshold: Optional[float] = Field(default=None,
-                                             description="Drop nodes below this P(True).")
-    batch_size: int = Field(default=8, description="Pairs per LLM call / forward pass.")
-    gguf_file: Optional[str] = Field(default=None, description="GGUF file for a local model folder.")
-    device: Optional[str] = Field(default=None, description="Device of a local model.")
-    timeout: Optional[float] = Field(default=None, description="Seconds per LLM call.")
     name: Optional[str] = Field(default=None, description="Stage name in traces.")
-    dtype: str = Field(default="auto", description="Weights of a local model: auto | float32 | "
-                                                   "bfloat16 | float16.")
 
     @classmethod
     def class_name(cls) -> str:

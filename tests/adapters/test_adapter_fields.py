@@ -1,0 +1,85 @@
+"""Every adapter field named like a setting of its core stage has the stage's default, and the
+settings each adapter offers are its stage's (apart from the documented exceptions below).
+
+A setting is declared once for both frameworks (the ``*Fields`` models beside the stages, which
+both adapters inherit) and once in the stage's constructor; this test is what keeps the two equal,
+so a default changed in one place and not the other fails here (as ``RankRAGRerank``'s
+``top_n=5`` against the stage's ``None`` once did)."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+from pydantic import BaseModel
+
+import langchain_funnel as lc
+import llama_index_funnel as li
+from funnel_core.settings import setting_names
+
+#: (stage, setting) -> why the adapters' default differs from the stage's.
+ADAPTER_DEFAULTS = {
+    ("CrossEncoderScorer", "normalize"): "the frameworks' rerankers give scores in [0, 1] (sigmoid)",
+    ("ForwardLookup", "eta_backward"): "None: the weight of the adapter's `variant` (FB, F or B)",
+    ("ForwardLookup", "eta_forward"): "None: the weight of the adapter's `variant` (FB, F or B)",
+    ("ForwardLookup", "prompt"): "None, which the stage reads as its FORWARD_PROMPT",
+}
+#: (stage, setting) -> why the adapters do not offer it.
+NOT_OFFERED = {
+    ("RankRAGScorer", "p_true"): "a scoring function for tests and research, not a user setting",
+    ("AttentionLMScorer", "layers"): "a research knob of the attention read-out",
+    ("FiDAttentionScorer", "score_on"): "which decoder input is scored: fixed by return_answer",
+}
+
+
+def _adapters() -> list[tuple[str, type]]:
+    out = []
+    for pkg in (li, lc):
+        for name in pkg.__all__:
+            cls = getattr(pkg, name)
+            if isinstance(cls, type) and issubclass(cls, BaseModel) and getattr(cls, "stage_class", None):
+                out.append((f"{pkg.__name__}.{name}", cls))
+    return out
+
+
+ADAPTERS = _adapters()
+
+
+def test_the_adapters_with_a_stage_are_found():
+    names = {n.split(".")[-1] for n, _ in ADAPTERS}
+    assert {"CrossEncoderRerank", "CrossEncoderReranker", "RankRAGRerank", "RankRAGReranker",
+            "FiDAttentionRerank", "LaterChunkingTransformer", "ExtractiveCompressor"} <= names
+
+
+@pytest.mark.parametrize("name,cls", ADAPTERS, ids=[n for n, _ in ADAPTERS])
+def test_adapter_fields_are_the_stage_settings_with_its_defaults(name, cls):
+    stage = cls.stage_class
+    params = inspect.signature(stage.__init__).parameters
+    fields = cls.model_fields
+    missing = [s for s in setting_names(stage)
+               if s not in fields and (stage.__name__, s) not in NOT_OFFERED]
+    assert missing == [], f"{name} does not offer {missing} of {stage.__name__}"
+    for s in setting_names(stage):
+        if s not in fields or params[s].default is inspect.Parameter.empty:
+            continue
+        if (stage.__name__, s) in ADAPTER_DEFAULTS:
+            assert fields[s].default != params[s].default, f"{name}.{s}: the documented exception is gone"
+            continue
+        assert fields[s].default == params[s].default, (
+            f"{name}.{s} defaults to {fields[s].default!r}, {stage.__name__} to {params[s].default!r}")
+
+
+def test_the_two_frameworks_declare_each_shared_setting_once():
+    """Both adapters of a stage take their shared fields from one model (the same FieldInfo)."""
+    by_stage: dict[type, list[type]] = {}
+    for _, cls in ADAPTERS:
+        by_stage.setdefault(cls.stage_class, []).append(cls)
+    pairs = [v for v in by_stage.values() if len(v) == 2]
+    assert len(pairs) >= 8
+    for a, b in pairs:
+        shared = [n for n in setting_names(a.stage_class) if n in a.model_fields and n in b.model_fields]
+        declared_once = [n for n in shared if any(n in base.__dict__.get("__annotations__", {})
+                                                  for base in a.__mro__ if base in b.__mro__)]
+        own = sorted(set(shared) - set(declared_once))
+        assert set(own) <= {"llm", "embedder", "name"}, (
+            f"{a.__name__} / {b.__name__} each declare {own}: move them to the shared fields model")
