@@ -1,4 +1,4 @@
-"""Issue 2 benchmark: clustered BM25 recall, BM25 speed against the framework baselines, and
+"""Clustered BM25 recall, BM25 speed against the framework baselines, and
 clustering time at scale — all in one run. (Flat BM25 quality on SciFact runs through the
 evaluation harness: ``funnel eval benchmarks/configs/scifact_fusion.toml --out benchmarks/results/scifact_fusion``.)
 

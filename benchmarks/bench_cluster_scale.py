@@ -1,4 +1,4 @@
-"""Issue 15 item 5: FunnelRAG clustering at scale, the real pipeline end to end.
+"""FunnelRAG clustering at scale, the real pipeline end to end.
 
     python benchmarks/bench_cluster_scale.py                        # 100k, 300k, 1M documents
     python benchmarks/bench_cluster_scale.py --sizes 1000000        # one size, merged into the JSON
@@ -371,7 +371,7 @@ def ray_extrapolation(rows: list[dict], knn_fit: dict | None, cpu_of) -> dict | 
 
 def write(result: dict, runs: dict, args) -> None:
     result.update({"benchmark": "cluster_scale", "machine": machine(),  # CPU model and flags under machine.hardware
-                   "target": {"n_documents": 1_000_000, "seconds": 300, "peak_rss_gib": 6},  # issue 31
+                   "target": {"n_documents": 1_000_000, "seconds": 300, "peak_rss_gib": 6},  # the speed target of the clustering work
                    "notes": __doc__.split("Pipeline per size", 1)[1].split("Writes", 1)[0].strip(),
                    "runs": runs})
     save_json(args.out, result, indent=2, default=float)

@@ -1,4 +1,4 @@
-"""Issue 19: per-question time of the offline demo (``python -m funnel_core demo``, the README's
+"""Per-question time of the offline demo (``python -m funnel_core demo``, the README's
 first command) with warm models: the stdlib docstring funnel of :mod:`funnel_core.demo`.
 
     nice -n 10 python benchmarks/bench_demo.py [--repeats 2]

@@ -1,4 +1,4 @@
-"""Issue 19: DenseIndex HNSW (faiss) against exact search: recall@10/@100 and p50/p95 seconds
+"""DenseIndex HNSW (faiss) against exact search: recall@10/@100 and p50/p95 seconds
 per query at 100k (and 1M) vectors.
 
     nice -n 10 python benchmarks/bench_dense_ann.py --sizes 100000 1000000

@@ -1,4 +1,4 @@
-"""Issue 19, item 5: do bf16 scores rank like fp32 scores, and how fast is each, on real models?
+"""Do bf16 scores rank like fp32 scores, and how fast is each, on real models?
 
     nice -n 10 python benchmarks/bench_dtype.py [--questions 8] [--candidates 8]
 

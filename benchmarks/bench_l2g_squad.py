@@ -11,7 +11,7 @@ S=1024, where a cluster is ~1.03 documents; flat document BM25 has the same reca
 * **Teacher** = the funnel's post-ranker in ``bench_squad_large.py``: the SQuAD-trained passage
   cross-encoder ``minilm-squad-ce``. Its (question, passage) scores are read from that benchmark's
   score cache (``scores-<sha1 of model.safetensors>.npz``), so the teacher is exactly that model;
-  nothing is re-scored. (Issue 22 asks for the FiD reader as teacher; the only FiD checkpoint was
+  nothing is re-scored. (The FiD reader was the intended teacher; the only FiD checkpoint was
   trained for 120 s, is lost, and ranked far worse than this cross-encoder: AR@1 0.112 against
   0.804 in ``postrank_fid_minilm.json``; a FiD cannot be trained on this session's CPU.)
 * **Training questions**: the 400 SQuAD *train* questions of the tuning sample
@@ -66,7 +66,7 @@ from funnel_core.train.l2g import aggregate_passage_scores
 CACHE_DIRS = [ROOT / ".cache" / "squad_large", Path("/work/cache/squad_large")]
 REPORT_SEED = 1          # bench_squad_large.py's dev-a permutation
 KDS = (1, 2, 3)
-WHY_NOT_FID = ("Issue 22 asks for the FiD reader as teacher. The only FiD checkpoint (MiniLM BERT2BERT, "
+WHY_NOT_FID = ("The FiD reader was the intended teacher. The only FiD checkpoint (MiniLM BERT2BERT, "
                "trained 120 s on a GPU last session) was lost, and it ranked far worse than the "
                "cross-encoder (AR@1 0.112 vs 0.804, benchmarks/results/postrank_fid_minilm.json); this "
                "session has no GPU to train a better one. The teacher is therefore the funnel's actual "

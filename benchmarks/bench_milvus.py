@@ -1,4 +1,4 @@
-"""Issue 20 benchmark: the funnel's indexes on Milvus (Milvus Lite, embedded) against the
+"""The funnel's indexes on Milvus (Milvus Lite, embedded) against the
 in-memory bm25s / numpy backends: parity and speed.
 
     python benchmarks/bench_milvus.py --data ../shared/data            # full run

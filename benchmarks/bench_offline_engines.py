@@ -1,4 +1,4 @@
-"""Issue 21: the offline pipeline's local and Ray engines, wall time and parallel efficiency.
+"""The offline pipeline's local and Ray engines, wall time and parallel efficiency.
 
     python benchmarks/bench_offline_engines.py                          # 100k and 1M kNN, 10k embeddings
     python benchmarks/bench_offline_engines.py --sizes 1000000 --rows 98304   # part of the rows at 1M

@@ -1,4 +1,4 @@
-"""RankRAG: SmolLM2-135M-Instruct zero-shot vs RankRAG-tuned as a reranker (issue 22, item 4).
+"""RankRAG: SmolLM2-135M-Instruct zero-shot vs RankRAG-tuned as a reranker.
 
     # 1. the tuned model (models/rankrag-smollm2-135m) and the SQuAD cross-encoder
     funnel train benchmarks/train/squad_rankrag.toml

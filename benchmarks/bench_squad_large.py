@@ -1,4 +1,4 @@
-"""Issue 15 benchmark: the funnel against strong flat baselines on the large SQuAD corpus.
+"""The funnel against strong flat baselines on the large SQuAD corpus.
 
     # 1. (once) the cross-encoder, trained on SQuAD train questions only (models/minilm-squad-ce)
     funnel train benchmarks/train/squad_ce.toml
@@ -333,7 +333,7 @@ def parse_funnel(name: str):
     return int(parts[1][1:]), int(parts[2][1:]), int(parts[3][2:])
 
 
-# -- item 6: first-stage recall of clusters vs flat ----------------------------------------------
+# -- first-stage recall of clusters vs flat ----------------------------------------------
 def cluster_recall(qs, clus, doc_bm25, doc_index, cands_dense_doc, ans_d: AnswerTexts, ks):
     out = {}
     for s, per_q in clus.items():
@@ -432,7 +432,7 @@ def plot(rows, path: Path, title: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-# -- the funnel with a FiD post-ranker (issue 22) ------------------------------------------------
+# -- the funnel with a FiD post-ranker -----------------------------------------------------------
 def run_postrank_fid(args, corpus, qs, warm_q, bf16: bool) -> dict:
     """One funnel configuration, real pipelines, the same questions, through the evaluation harness
     (each system answers each question once, timed round-robin): the SQuAD cross-encoder as
@@ -660,7 +660,7 @@ def main() -> None:
     best_funnel = max(funnels, key=lambda n: (tune_rows[n]["AR@4"], -tune_rows[n]["pairs_per_query"]))
     print(f"best funnel on train: {best_funnel} AR@4 {tune_rows[best_funnel]['AR@4']:.3f}", flush=True)
 
-    # item 6 on dev-a (and train)
+    # first-stage recall of clusters vs flat on dev-a (and train)
     doc_bm25_index = BM25Index().index(documents)
     doc_bm25 = {q.id: [doc_index[u.id] for u in r] for q, r in
                 zip(all_qs, doc_bm25_index.search_many([q.question for q in all_qs], k=200))}

@@ -71,7 +71,7 @@ def peak_memory() -> Iterator[dict]:
         tracemalloc.stop()
 
 
-# -- latency report (issue 19): p50/p95 per query with warm models, load average, CPU flags ----
+# -- latency report: p50/p95 per query with warm models, load average, CPU flags ----
 def load_average(digits: int | None = None) -> list[float] | None:
     """The 1/5/15-minute load average, rounded to ``digits`` if given (``None`` where the OS has none)."""
     if not hasattr(os, "getloadavg"):

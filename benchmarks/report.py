@@ -218,7 +218,7 @@ def harness_row(name: str, what: str, metrics: Sequence[str], labels: dict[str, 
             f"{labels[first]}: {ci(summ[first][metrics[0]]['ci'])} (bootstrap)", command or harness_command(d))
 
 
-# -- the large SQuAD benchmark (issue 15) --------------------------------------------------------
+# -- the large SQuAD benchmark -----------------------------------------------------------------
 TIMING_KEYS = ("seconds_p50", "seconds_p95", "seconds_mean", "timed_questions", "reranked_units_per_query_real",
                "pairs_scored_per_query_real", "model_calls_per_query_real", "AR@4_hit_agreement_real_vs_cached")
 
@@ -448,7 +448,7 @@ def block_large_ce() -> str:
         ["command", commands_cell(t.get("commands", []))]])
 
 
-# -- clustering at scale (issue 15 item 5) -------------------------------------------------------
+# -- clustering at scale ------------------------------------------------------------------------
 CLUSTER_STEPS = ("bm25_index", "knn_graph", "algorithm1", "cluster_units", "cluster_index")
 CLUSTER_RUN_ORDER = ("squad", "before", "after")
 
@@ -494,7 +494,7 @@ def block_cluster_scale() -> str:
             f"cluster BM25 index), one subprocess per row, wall-clock seconds per step on the 2 shared cores (the "
             f"1-minute load average at the start is in the table; the process CPU seconds do not depend on it), one "
             f"run per row, so no interval. `before` rows run the code as it was before "
-            f"issue 31's speed work (`--code-root`, a worktree at the commit the command names), `after` rows the "
+            f"the clustering speed work (`--code-root`, a worktree at the commit the command names), `after` rows the "
             f"current code. Target: {tgt['n_documents']:,} documents in under {tgt['seconds']} s and "
             f"{tgt['peak_rss_gib']} GiB peak RSS.")
     out = [table(["run", "corpus", "documents", "BM25 index s", "kNN graph s", "Algorithm 1 + units s",
@@ -882,7 +882,7 @@ def block_ce_backends() -> str:
 
 @block("first-call")
 def block_first_call() -> str:
-    """Issue 31: a cross-encoder's first call per runtime, and where its seconds go (first_call.json)."""
+    """A cross-encoder's first call per runtime, and where its seconds go (first_call.json)."""
     d = load("first_call.json")
     med = d["median_seconds"]
     imported = {(r["runtime"], r["state"]): ", ".join(r["imported"]) or "neither"
@@ -914,7 +914,7 @@ def block_first_call() -> str:
 
 @block("offline-engines")
 def block_offline_engines() -> str:
-    """Issue 21: local vs Ray engines (bench_offline_engines.py's own tables)."""
+    """Local vs Ray engines (bench_offline_engines.py's own tables)."""
     from bench_offline_engines import markdown
 
     return markdown(load("offline_engines.json"))
@@ -935,7 +935,7 @@ def block_offline_engines_1m_full() -> str:
 
 @block("bm25-vs-raw")
 def block_bm25_vs_raw() -> str:
-    """Issue 19: our BM25Index against raw bm25s on the same index (bm25.json, vs_raw_bm25s)."""
+    """Our BM25Index against raw bm25s on the same index (bm25.json, vs_raw_bm25s)."""
     d = load("bm25.json")["vs_raw_bm25s"]
     ks = sorted(d["k"], key=int)
     pairs = [("`search` / raw bm25s `retrieve` (numpy)", "ours_vs_raw_bm25s"),
@@ -961,7 +961,7 @@ def block_bm25_vs_raw() -> str:
 
 @block("dense-ann")
 def block_dense_ann() -> str:
-    """Issue 19: faiss HNSW against exact search (dense_ann.json)."""
+    """Faiss HNSW against exact search (dense_ann.json)."""
     d = load("dense_ann.json")
     rows = []
     for s in d["sizes"].values():
@@ -990,7 +990,7 @@ def block_dense_ann() -> str:
 
 @block("demo-timing")
 def block_demo_timing() -> str:
-    """Issue 19: the offline demo's seconds per question (demo_timing.json)."""
+    """The offline demo's seconds per question (demo_timing.json)."""
     d = load("demo_timing.json")
     runs = {d["embedding_cache"]: d, **d.get("previous_runs", {})}
     rows = []
@@ -1011,7 +1011,7 @@ def block_demo_timing() -> str:
 
 @block("dtype-agreement")
 def block_dtype_agreement() -> str:
-    """Issue 19: bf16 against fp32 scores of real models on the CPU (dtype_agreement.json)."""
+    """bf16 against fp32 scores of real models on the CPU (dtype_agreement.json)."""
     d = load("dtype_agreement.json")
     rows = []
     for name, r in d["stages"].items():

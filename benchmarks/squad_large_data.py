@@ -1,4 +1,4 @@
-"""The large SQuAD corpus of issue 15: every article of one or more SQuAD-format files together.
+"""The large SQuAD corpus: every article of one or more SQuAD-format files together.
 
 * documents : ~1K-token runs of consecutive paragraphs of an article (as ``squad_units`` in
   ``bench_funnel.py``);

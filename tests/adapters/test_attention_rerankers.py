@@ -131,7 +131,7 @@ async def test_langchain_async_and_compress(index, lc_reranker):
     sync = comp.compress_documents(docs, QUERY)
     asyn = await comp.acompress_documents(docs, QUERY)
     assert [d.id for d in sync] == [d.id for d in asyn]
-    # empty query: nothing is scored, the order stays, and top_n still caps (issue 28 item 8)
+    # empty query: nothing is scored, the order stays, and top_n still caps
     assert comp.compress_documents(docs, "  ") == docs[: comp.top_n or len(docs)]
 
 

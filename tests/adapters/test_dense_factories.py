@@ -3,7 +3,7 @@
 Reference: :class:`funnel_core.embeddings.DenseIndex`'s documented keywords (``index``,
 ``ef_search``, ``hnsw_m``, ...). Wrong implementation caught: a factory that builds
 ``DenseIndex(embedder)`` and drops ``index="hnsw"``/``ef_search`` when no Milvus backend is
-given (issue 32), and one that swallows a misspelt keyword.
+given, and one that swallows a misspelt keyword.
 """
 
 from __future__ import annotations

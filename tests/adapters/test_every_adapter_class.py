@@ -333,7 +333,7 @@ def test_bm25_numba_engine_is_reachable_from_both_adapters():
 
 @pytest.mark.parametrize("query", ["", "   "])
 def test_an_empty_query_keeps_top_n(query, request):
-    """Issue 28 item 8: 10 nodes in, top_n=2 must give 2 out even when nothing is scored."""
+    """10 nodes in, top_n=2 must give 2 out even when nothing is scored."""
     ce = Ctx(request).ce
     many = [NodeWithScore(node=TextNode(id_=f"n{i}", text=f"text {i}"), score=1.0) for i in range(10)]
     out = li.CrossEncoderRerank(model=ce, top_n=2).postprocess_nodes(many, query_str=query)

@@ -1,4 +1,4 @@
-"""Defect 4 of issue 17: an adapter's field edits must be honoured, as LlamaIndex's own
+"""An adapter's field edits must be honoured, as LlamaIndex's own
 ``SentenceTransformerRerank`` honours ``top_n``; cheap edits keep the loaded model."""
 
 from __future__ import annotations

@@ -186,7 +186,7 @@ def test_funnel_bad_input(corpus_units):
 
 def test_langchain_funnel_keeps_one_score_per_stage_and_no_trace_on_documents(
         corpus_units, tiny_cross_encoder_path):
-    """Issue 28 item 11: a FunnelRetriever over our retriever recorded the retriever's score twice
+    """A FunnelRetriever over our retriever recorded the retriever's score twice
     (``bm25`` and ``ClusteredBM25Retriever``), two cross-encoder stages wrote one
     ``cross_encoder`` entry (the second overwrote the first), and every document carried the
     whole trace (~1.15 KB of JSON). Now: one key per scoring, the second cross-encoder under

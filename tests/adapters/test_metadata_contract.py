@@ -3,7 +3,7 @@
 Every public retriever, node postprocessor / document compressor, node parser / splitter and
 query transform / document transformer of ``llama_index_funnel`` and ``langchain_funnel`` runs
 here on documents whose user metadata holds every key name the core used for its bookkeeping
-until issue 28 (the old ``funnel_core.units.INTERNAL_KEYS``), plus ``funnel`` (the old nested
+before its keys moved under ``funnel_`` names (the old ``funnel_core.units.INTERNAL_KEYS``), plus ``funnel`` (the old nested
 namespace) and ``relevance_score``. The classes are enumerated from the packages' ``__all__``: a
 new public class fails :func:`test_every_public_component_is_covered` until it is added here.
 
@@ -57,7 +57,7 @@ import langchain_funnel as lc
 import llama_index_funnel as li
 from tests.conftest import CORPUS
 
-#: funnel_core.units.INTERNAL_KEYS as it was before issue 28 (the names the adapters used to move
+#: funnel_core.units.INTERNAL_KEYS as it was (the names the adapters used to move
 #: or overwrite), plus the old namespace key and LangChain's score key.
 OLD_INTERNAL_KEYS = (
     "scores", "score", "level", "parent_id", "funnel_trace", "bm25_rank", "cluster_id",

@@ -1,4 +1,4 @@
-"""Issue 17 defect 3: persisting a retriever keeps its settings (top-k, cluster count, caps,
+"""Persisting a retriever keeps its settings (top-k, cluster count, caps,
 filters), in both frameworks; explicit arguments at load time win."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 17 defect 9: from_dict round trips, pickle/deepcopy, framework-neutral query errors,
+"""From_dict round trips, pickle/deepcopy, framework-neutral query errors,
 chunk ids that differ between contexts."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Credentials never leave with a persisted folder, and never appear in what we write or show.
 
-The attacks, each from the security run of issue 32: a folder whose manifest names someone
+The attacks, each from a security review: a folder whose manifest names someone
 else's server (a fake server on localhost records whether we connect and what we send); a
 manifest naming a local ``.db`` outside the folder (loading must not create it); credentials
 inside a URI (``http://user:password@host``) written to ``manifest.json`` or shown in errors.

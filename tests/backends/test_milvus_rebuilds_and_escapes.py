@@ -112,7 +112,7 @@ def test_filter_values_with_control_characters_mean_exactly_themselves(db):
 
 
 def test_a_floor_and_a_call_filter_compile_to_both_and_an_expression_cannot_escape_the_and(db):
-    """Issue 39 item 1: on Milvus a retriever's filter AND a per-call filter is
+    """On Milvus a retriever's filter AND a per-call filter is
     ``(floor) and (call)``; a blank call adds nothing; an expression whose parentheses do not
     balance (``x) or (true``) is refused, never wrapped into ``(floor) and (x) or (true)``."""
     from funnel_core.backends.milvus import filter_expression

@@ -152,7 +152,7 @@ def test_repack_default_is_reverse_and_rejects_unknown():
 @pytest.mark.parametrize("normalization", ["none", "minmax", "zscore"])
 @pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
 def test_alpha_fusion_refuses_a_non_finite_score_under_every_normalization(normalization, bad):
-    """Issue 39, item 8: with normalization="none" an inf score was ranked first."""
+    """With normalization="none" an inf score was ranked first."""
     sparse = [Unit(id="a", text="a", score=bad), Unit(id="b", text="b", score=2.0)]
     dense = [Unit(id="b", text="b", score=0.9), Unit(id="c", text="c", score=0.1)]
     with pytest.raises(ValueError, match=r"sparse side.*non-finite.*'a'"):

@@ -1,4 +1,4 @@
-"""The fast BM25 query path (issue 19) against references: bm25s' own tokenizer, a full sort of
+"""The fast BM25 query path against references: bm25s' own tokenizer, a full sort of
 bm25s' score vector, and copy safety of the cheap hit copies."""
 
 import dataclasses

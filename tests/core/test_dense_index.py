@@ -1,4 +1,4 @@
-"""DenseIndex over faiss HNSW (issue 19) against exact search (the reference: a full numpy sort
+"""DenseIndex over faiss HNSW against exact search (the reference: a full numpy sort
 of inner products), persisted through the snapshot mechanism."""
 
 import numpy as np

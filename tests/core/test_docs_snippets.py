@@ -1,7 +1,7 @@
 """The Python snippets of README.md and docs/*.md name only what they import (that they run:
 ``test_docs_snippets_run.py``).
 
-Issue 28 item 12: the LangChain snippet of docs/best_practices.md used ``QueryClassifier``
+Regression: the LangChain snippet of docs/best_practices.md used ``QueryClassifier``
 without importing it (``NameError``). Snippets leave the user's own objects (``docs``, ``llm``,
 ``prompt``...) undefined on purpose, so the rule checked here is narrower: a snippet that uses
 a public name of funnel-rag imports it, and every ``from funnel_core... / llama_index_funnel... /

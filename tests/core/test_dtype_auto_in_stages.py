@@ -1,4 +1,4 @@
-"""``dtype="auto"`` in every scorer, embedder and trainer (issue 19, item 5).
+"""``dtype="auto"`` in every scorer, embedder and trainer.
 
 The hardware *facts* are faked (``funnel_core.hardware.cpu_flags`` returns the flags of an
 AVX2-only CPU or of one with AVX-512-BF16); what is checked is what the stages do with them:

@@ -1,4 +1,4 @@
-"""Embedding cache (issue 19): the real packaged MiniLM is loaded and its ``encode`` wrapped to
+"""Embedding cache: the real packaged MiniLM is loaded and its ``encode`` wrapped to
 count how many texts really went through the model; cached rows are compared with an uncached
 embedder (the reference)."""
 

@@ -1,4 +1,4 @@
-"""Issue 18 items 2, 3, 6 and the bounded caches: one state object per index (atomic for
+"""Index updates and the bounded caches: one state object per index (atomic for
 concurrent readers), incremental add/delete, and bad inputs with clear errors."""
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ def test_dense_concurrent_index_add_delete(corpus_units):
     _hammer(search, refs, writer)
 
 
-# -- bad inputs (item 6) -------------------------------------------------------------------------
+# -- bad inputs ----------------------------------------------------------------------------------
 def test_corpus_without_indexable_tokens():
     with pytest.raises(ValueError, match=r"none of the 2 units has an indexable token .*stopwords=None"):
         BM25Index().index([Unit(id="a", text="the of and"), Unit(id="b", text="!! ??")])

@@ -1,4 +1,4 @@
-"""Commit semantics of funnel_core.persist (issue 18 items 1, 4): ownership, snapshots, pointer,
+"""Commit semantics of funnel_core.persist: ownership, snapshots, pointer,
 checksums, versions, untrusted manifests, shared LlamaIndex ./storage."""
 
 from __future__ import annotations

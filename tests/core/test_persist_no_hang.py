@@ -86,7 +86,7 @@ def test_a_fifo_marker_fails_fast(tmp_path):
 
 
 def test_stale_journal_temp_files_of_a_killed_save_are_removed(tmp_path):
-    """Issue 39, item 8: kill -9 between writing the journal's temporary file and renaming it
+    """Kill -9 between writing the journal's temporary file and renaming it
     left a ``.funnel-rag.journal.tmp-<16 hex>`` that no later save removed. The next save
     removes ours (exact naming pattern, regular files only) and nothing else."""
     path = tmp_path / "ix"

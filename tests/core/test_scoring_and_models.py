@@ -58,7 +58,7 @@ def test_old_import_paths():
 
 
 def test_a_missing_models_extra_names_the_install_command():
-    """Issue 28 item 12: without torch a reranker failed with a bare "No module named 'torch'"."""
+    """Without torch a reranker failed with a bare "No module named 'torch'"."""
     import subprocess
     import sys
 
@@ -78,7 +78,7 @@ def test_a_missing_models_extra_names_the_install_command():
 
 @pytest.mark.parametrize("name", ["/nonexistent/x", "./models/ce", "~/ce", "a/b/c"])
 def test_a_missing_local_folder_is_not_sent_to_the_hub(name):
-    """Issue 28 item 12: a missing local path was answered with `huggingface-cli download
+    """A missing local path was answered with `huggingface-cli download
     /nonexistent/x` (a command that cannot work for a path)."""
     from funnel_core.errors import ModelLoadError
     from funnel_core.models import load_pretrained

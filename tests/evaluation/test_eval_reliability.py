@@ -1,4 +1,4 @@
-"""Issue 39, items 2, 3 and 5: the evaluation cache is keyed by everything a result depends on and
+"""The evaluation cache is keyed by everything a result depends on and
 never reports a damaged record; output stays in its folder and never follows a planted link;
 datasets and configurations refuse what they do not understand, naming the file, line and field."""
 
@@ -53,7 +53,7 @@ def no_hang():
     signal.signal(signal.SIGALRM, old)
 
 
-# -- item 2: the cache key covers the corpus; damaged records are never reported -------------------
+# -- the cache key covers the corpus; damaged records are never reported -------------------
 def test_funnel_eval_recomputes_after_the_corpus_text_changes(tmp_path):
     cfg = _config(tmp_path)
     report, _ = run_config(cfg, progress=False)
@@ -182,7 +182,7 @@ def test_a_cache_header_written_for_another_corpus_is_not_reused(tmp_path):
     assert len(asked) == 4
 
 
-# -- item 3: output stays in its folder, no link is followed, no FIFO blocks -----------------------
+# -- output stays in its folder, no link is followed, no FIFO blocks -----------------------
 def test_a_symlink_planted_in_the_output_folder_is_not_followed(tmp_path):
     cfg = _config(tmp_path / "cfg")
     out = tmp_path / "cfg" / "out"
@@ -247,7 +247,7 @@ def test_a_symlinked_output_folder_leaving_the_config_folder_is_refused(tmp_path
     assert list((tmp_path / "away").iterdir()) == []
 
 
-# -- item 5: datasets refuse what they do not understand, naming file, line and field -------------
+# -- datasets refuse what they do not understand, naming file, line and field -------------
 def _jsonl_case(tmp_path, rows, docs=DOCS):
     q = tmp_path / "q.jsonl"
     _write_jsonl(q, rows)
@@ -350,7 +350,7 @@ def test_squad_and_llamaindex_files_are_validated(tmp_path):
         load_dataset(p)
 
 
-# -- item 5: configuration values are type-checked ------------------------------------------------
+# -- configuration values are type-checked ------------------------------------------------
 TOML_CASES = {
     "limit = 0": ("dataset", "limit = 0", "limit"),
     "limit = -3": ("dataset", "limit = -3", "limit"),

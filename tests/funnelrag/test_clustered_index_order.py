@@ -1,9 +1,8 @@
 """The clustered first stage: the top-``k`` clusters decide WHICH documents come back; each
 document's score is its OWN BM25 score and the documents are sorted by it, best first (ties keep
-cluster order, then member order); the cluster's score and rank stay in the bookkeeping. Before
-(issue 17) every member carried its cluster's score and documents came cluster by cluster, so a
-document without a query term ranked above matching documents of the next cluster (issue 28,
-item 7).
+cluster order, then member order); the cluster's score and rank stay in the bookkeeping. Before,
+every member carried its cluster's score and documents came cluster by cluster, so a
+document without a query term ranked above matching documents of the next cluster.
 
 The reference is the Lucene BM25 formula written out here over the documents (tokenized with
 the index's own tokenizer), not the index's code path: idf = ln(1 + (N - df + 0.5) / (df + 0.5)),
@@ -111,7 +110,7 @@ def test_documents_are_scored_and_sorted_by_their_own_bm25_score(index):
 
 
 def test_no_document_without_a_query_term_ranks_above_one_with_it():
-    """Issue 28 item 7: a member without any query term must not come before a matching
+    """A member without any query term must not come before a matching
     document, neither of its own cluster nor of the next one (before: each document carried its
     cluster's score, so the whole first cluster, matching or not, came first)."""
     groups = {  # the first cluster has one strong match and three documents without the terms

@@ -137,7 +137,7 @@ def test_bad_or_unknown_settings_name_the_value():
         GraphGranularityNodeParser(t_graph=2.0)
     with pytest.raises(TypeError, match="chunksize"):
         MultiGranularityTextSplitter(chunksize=10)
-    with pytest.raises(TypeError, match=r"chunk_sz.*accepted.*chunk_size"):  # issue 28 item 1
+    with pytest.raises(TypeError, match=r"chunk_sz.*accepted.*chunk_size"):  # a misspelt keyword names the right one
         MultiGranularityNodeParser(chunk_sz=10)
     nodes = li_parse(MultiGranularityNodeParser(chunk_size=10, n_gra=2))
     with pytest.raises(ValueError, match="k_r"):

@@ -1,4 +1,4 @@
-"""Issue 17 defects 6, 7, 8, 10 and issue 18 item 5 (LangChain side): our objects inside the
+"""LangChain side: our objects inside the
 framework's own compositions and with its conventions."""
 
 from __future__ import annotations

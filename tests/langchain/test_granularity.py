@@ -125,7 +125,7 @@ class TestMixOfGranularityRetrieverStandard(RetrieversIntegrationTests):
     lambda: GraphGranularitySplitter(sentences_per_node=1, k_graph=2, t_graph=0.05, n_gra=2),
 ], ids=["multi_granularity", "graph"])
 def test_splitters_are_text_splitters_inside_parent_document_retriever(make):
-    """Issue 28 item 6: ParentDocumentRetriever (langchain-classic) validates
+    """ParentDocumentRetriever (langchain-classic) validates
     ``child_splitter: TextSplitter``; ours were plain document transformers and were rejected
     ("Input should be an instance of TextSplitter")."""
     from langchain_classic.retrievers import ParentDocumentRetriever

@@ -1,4 +1,4 @@
-"""Issue 17 defects 1, 5, 7 and 8 (LlamaIndex side): our objects inside the framework's own
+"""LlamaIndex side: our objects inside the framework's own
 compositions, checked against what LlamaIndex's own components do."""
 
 from __future__ import annotations

@@ -146,7 +146,7 @@ def test_graph_parser_and_mogg_retriever(docs):
 
 @pytest.mark.slow  # starts two spawned worker processes (each imports llama_index)
 def test_graph_parser_refuses_a_batched_ingestion_pipeline(docs):
-    """Issue 28 item 10: under IngestionPipeline(num_workers=2) each worker parsed its own batch
+    """Under IngestionPipeline(num_workers=2) each worker parsed its own batch
     and built its own graph: 84 instead of 108 edges, silently. The parser now refuses; run
     without workers it builds the one graph over all documents."""
     from llama_index.core.ingestion import IngestionPipeline

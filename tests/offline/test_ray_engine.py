@@ -1,4 +1,4 @@
-"""The offline pipeline's Ray engine against its local engine (issue 21).
+"""The offline pipeline's Ray engine against its local engine.
 
 One module-scoped local Ray session (``ray.init(num_cpus=2)``); small corpora. The references
 are the single-process functions of funnel_core.funnelrag.clustering / ClusteredBM25Index, the embedder

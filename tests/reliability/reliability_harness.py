@@ -1,4 +1,4 @@
-"""Reliability experiments for persistence and incremental updates (issue 18 item 7).
+"""Reliability experiments for persistence and incremental updates.
 
 Each experiment returns a dict of counts; the short pytest run (``test_reliability.py``) and the
 long run (``run.py``, ``make reliability``) call the same functions with different sizes.

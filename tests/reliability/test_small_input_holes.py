@@ -1,4 +1,4 @@
-"""The smaller holes of issue 32: ids that cannot be ``None``, bytes queries, and cluster ids
+"""Small input holes: ids that cannot be ``None``, bytes queries, and cluster ids
 that do not move when unrelated documents are added or deleted.
 
 Wrong implementations caught: ``Unit(id=None)`` silently becoming ``"None"`` (and

@@ -237,7 +237,7 @@ def test_runtime_settings_are_validated_and_serialised(model):
         CrossEncoderScorer(model, runtime="onnx-fp8")
     with pytest.raises(ValueError, match="runtime='torch'"):
         CrossEncoderScorer(model, library="transformers", runtime="onnx", dtype="bfloat16")
-    with pytest.raises(ValueError, match="onnx-int8"):  # removed (issue 27): it lost nDCG
+    with pytest.raises(ValueError, match="onnx-int8"):  # removed: it lost nDCG
         CrossEncoderScorer(model, runtime="onnx-int8")
     scorer = CrossEncoderScorer(model, library="transformers", runtime="openvino")
     again = CrossEncoderScorer.from_dict(scorer.to_dict())

@@ -1,4 +1,4 @@
-"""FiD on a BERT2BERT EncoderDecoderModel (issue 22): warm start, training, scoring.
+"""FiD on a BERT2BERT EncoderDecoderModel: warm start, training, scoring.
 
 A tiny random BERT stands in for all-MiniLM-L6-v2. The checks would catch: a warm start that does
 not copy the encoder's weights into both halves, answer labels that keep the tokenizer's
