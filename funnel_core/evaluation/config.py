@@ -6,6 +6,7 @@ A configuration (paths are relative to the TOML file)::
     path = "squad-dev.json"      # SQuAD JSON, BEIR folder, LlamaIndex QA JSON or JSONL
     # split = "test"             # BEIR qrels split;  corpus = "docs.jsonl" for a JSONL dataset
     # limit = 300                # a seeded sample of the questions (seed = 0)
+    # offset = 300               # with limit: positions offset.. of one seeded shuffle (disjoint samples)
     # distractors = ["squad-train.json"]   # their paragraphs/documents join the corpus (not their
                                  # questions); ids must not repeat; the cache's corpus digest covers them
 
@@ -87,13 +88,13 @@ from funnel_core.units import Unit
 __all__ = ["load_config", "build_systems", "tune_systems", "run_config", "COMPONENTS"]
 
 COMPONENTS = ("bm25", "dense", "hybrid", "clustered", "funnelrag")
-_DATASET_KEYS = {"path", "split", "corpus", "limit", "seed", "distractors"}
+_DATASET_KEYS = {"path", "split", "corpus", "limit", "seed", "offset", "distractors"}
 _EVALUATE_KEYS = {"metrics", "ks", "baseline", "depth", "id_key", "title_key", "n_timing", "timing_seed",
                   "max_load", "quiet_check", "quiet_load", "quiet_timeout", "quiet_poll", "n_boot", "seed", "output",
                   "cache_dir", "tune_split", "tune_questions", "tune_metric", "gzip"}
 #: What each [dataset] / [evaluate] / [reader] value must be (checked by load_config; never coerced).
 _KINDS: dict[str, dict[str, str]] = {
-    "dataset": {"path": "str", "split": "str", "corpus": "str", "limit": "int>=1", "seed": "int",
+    "dataset": {"path": "str", "split": "str", "corpus": "str", "limit": "int>=1", "seed": "int", "offset": "int>=0",
                 "distractors": "[str]"},
     "evaluate": {"metrics": "[str]", "ks": "[int>=1]", "baseline": "str", "depth": "int>=1", "id_key": "str",
                  "title_key": "str", "n_timing": "int>=0", "timing_seed": "int", "max_load": "number>0",
@@ -436,8 +437,8 @@ def run_config(path: str | os.PathLike, *, n_timing: int | None = None, quiet_ch
     if limit is not None and not _fits("int>=1", limit):
         raise ValueError(f"limit must be an integer >= 1 (the questions sampled), got {limit!r}.")
     limit = limit if limit is not None else ds_cfg.get("limit")
-    if limit is not None:
-        dataset = dataset.subset(limit, seed=ds_cfg.get("seed", 0))
+    if limit is not None or "offset" in ds_cfg:
+        dataset = dataset.subset(limit, seed=ds_cfg.get("seed", 0), offset=ds_cfg.get("offset"))
     for key, value in (("n_timing", n_timing), ("quiet_check", quiet_check), ("max_load", max_load),
                        ("quiet_load", quiet_load)):
         if value is not None:

@@ -301,13 +301,25 @@ class EvalDataset:
         """The ids of the questions that carry a label, in file order."""
         return [q for q in self.queries if q in self.answers or q in self.qrels]
 
-    def subset(self, n: int | None = None, seed: int = 0) -> "EvalDataset":
+    def subset(self, n: int | None = None, seed: int = 0, offset: int | None = None) -> "EvalDataset":
         """A seeded random sample of ``n`` labelled questions (all when ``n`` is ``None`` or
-        larger), in file order; the corpus is shared."""
+        larger), in file order; the corpus is shared. With ``offset``, the sample is positions
+        ``offset .. offset + n - 1`` of one seeded shuffle of all the labelled questions, so the
+        samples of one seed at offsets 0, n, 2n, ... are disjoint (a held-out set beside a
+        reported one)."""
         import random
 
         ids = self.question_ids
-        if n is not None and n < len(ids):
+        if offset is not None:
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+                raise ValueError(f"offset must be an integer >= 0, got {offset!r}.")
+            order = random.Random(seed).sample(ids, len(ids))
+            if offset >= len(order):
+                raise ValueError(f"offset {offset} leaves no question: dataset {self.name!r} has {len(order)} "
+                                 "labelled questions; use a smaller offset.")
+            keep = set(order[offset:] if n is None else order[offset:offset + n])
+            ids = [q for q in ids if q in keep]
+        elif n is not None and n < len(ids):
             keep = set(random.Random(seed).sample(ids, n))
             ids = [q for q in ids if q in keep]
         return EvalDataset(queries={q: self.queries[q] for q in ids},

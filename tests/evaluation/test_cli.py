@@ -250,3 +250,23 @@ def test_tune_questions_tune_on_another_file_over_the_evaluated_corpus(tmp_path)
         cfg.write_text(head.format(ds='distractors = ["train.json"]\n', tq=bad) + systems)
         with pytest.raises(ValueError, match=message):
             load_config(cfg)
+
+
+def test_offset_samples_of_one_seed_are_disjoint_and_cover_the_shuffle(squad_file, tmp_path):
+    from funnel_core.evaluation.config import run_config
+
+    ds = load_dataset(squad_file)
+    parts = [ds.subset(2, seed=5, offset=o).question_ids for o in (0, 2, 4)]
+    assert [len(p) for p in parts] == [2, 2, 2]
+    assert sorted(sum(parts, [])) == sorted(ds.question_ids)  # disjoint, and together every question
+    assert ds.subset(None, seed=5, offset=4).question_ids == parts[2]  # no limit: the rest of the shuffle
+    with pytest.raises(ValueError, match="offset 6 leaves no question"):
+        ds.subset(2, seed=5, offset=6)
+    cfg = tmp_path / "e.toml"
+    body = '[evaluate]\nmetrics = ["AR@1"]\nn_timing = 0\noutput = "out"\n[systems.b]\ncomponent = "bm25"\n'
+    cfg.write_text('[dataset]\npath = "squad.json"\nlimit = 2\nseed = 5\noffset = 2\n' + body)
+    report, _ = run_config(cfg, progress=False)
+    assert [r["id"] for r in report.per_question["b"]] == parts[1]
+    cfg.write_text('[dataset]\npath = "squad.json"\nlimit = 2\noffset = -1\n' + body)
+    with pytest.raises(ValueError, match="offset must be an integer >= 0, got -1"):
+        load_config(cfg)
