@@ -62,8 +62,9 @@ __all__ = ["evaluate", "available_cores", "read_load_average", "wait_for_quiet",
            "default_metrics", "CACHE_VERSION", "READER_PROMPT"]
 
 #: Bumped when the per-question cache records change shape (2: the header names the corpus, the
-#: system's model identity and the package version).
-CACHE_VERSION = 2
+#: system's model identity and the package version; 3: a funnel's records carry its per-stage trace
+#: and the counts name the FiD passages).
+CACHE_VERSION = 3
 
 
 def read_load_average() -> float | None:
@@ -317,6 +318,12 @@ def _record_problem(rec: Any, *, qids: set[str], answered: set[str], depth: int,
     if not isinstance(counts, dict) or not all(isinstance(k, str) and isinstance(c, int) and not isinstance(c, bool)
                                                and c >= 0 for k, c in counts.items()):
         return f"question {q!r}: counts are not counts"
+    stages = rec.get("stages")
+    if stages is not None and not (isinstance(stages, list) and all(
+            isinstance(s, dict) and isinstance(s.get("stage"), str) and isinstance(s.get("units_out"), int)
+            and not isinstance(s.get("units_out"), bool) and s["units_out"] >= 0
+            and s.get("answer_recall") in (None, 0, 1) for s in stages)):
+        return f"question {q!r}: the per-stage trace is damaged"
     read = rec.get("reader")
     if reading:
         ans = read.get("answers") if isinstance(read, dict) else None
@@ -503,7 +510,8 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
             answers[str(k)] = reader.generate([prompt], max_new_tokens=reader_max_new_tokens)[0][0].strip()
         return {"answers": answers, "counts": counters.difference(counters.snapshot(), before)}
 
-    def record(q: str, units: list[Unit], counts: dict[str, int]) -> dict[str, Any]:
+    def record(q: str, units: list[Unit], counts: dict[str, int],
+               stages: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         values: dict[str, float] = {}
         read_out = read(q, units) if reader is not None and q in dataset.answers else None
         for m in local:
@@ -524,7 +532,10 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
                 ranked.append(did)
             if len(ranked) >= depth:
                 break
-        rec = {"id": q, "ranked": ranked, "n_results": len(units), "metrics": values, "counts": counts}
+        rec: dict[str, Any] = {"id": q, "ranked": ranked, "n_results": len(units), "metrics": values,
+                               "counts": counts}
+        if stages is not None:
+            rec["stages"] = stages
         return rec if read_out is None else {**rec, "reader": read_out}
 
     # -- phase 1: quality (and counted cost) ------------------------------------------------
@@ -536,8 +547,8 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
         todo = [q for q in qids if q not in done]
         for q in _progress(todo, len(todo), f"{name}: quality", progress):
             before = counters.snapshot()
-            units = system.search(dataset.queries[q])
-            rec = record(q, units, counters.difference(counters.snapshot(), before))
+            units, stages = system.search_traced(dataset.queries[q], dataset.answers.get(q))
+            rec = record(q, units, counters.difference(counters.snapshot(), before), stages)
             if cache:
                 cache.append(name, rec, skey)
             done[q] = rec

@@ -45,6 +45,7 @@ import string
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from funnel_core import counters
 from funnel_core.errors import check_positive_int
 from funnel_core.hardware import autocast, normalize_dtype, requested_dtype, resolve_dtype
 from funnel_core.models import LazyModel, load_pretrained, resolve_device, tokenizer_lock
@@ -512,6 +513,10 @@ class FiDAttentionScorer(Settings, Reranker):
         # clamped against underflow in half precision), then the mean over positions
         return torch.stack([a[0].float().clamp_min(1e-38).log().mean(dim=1)
                             for a in self._cross_attentions(encoder_states, decoder_input_ids)])
+
+    def _count(self, pairs: int) -> None:
+        super()._count(pairs)
+        counters.add(fid_passages=pairs)  # the FiD share of pairs_scored, counted apart
 
     def score(self, query: str, texts: Sequence[str]) -> list[float]:
         """Scores of untitled passages (see :meth:`score_with_titles`)."""
