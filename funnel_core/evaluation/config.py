@@ -44,6 +44,8 @@ A configuration (paths are relative to the TOML file)::
     # [reader]                     # answer quality: add "EM@4", "F1@4" to metrics
     # model = "HuggingFaceTB/SmolLM2-135M-Instruct"   # TransformersLLM settings (gguf_file, device, dtype)
     # max_new_tokens = 32; prompt = "...{context}...{question}..."
+    # kind = "fid"; model = "models/minilm-squad-fid"; max_answer_tokens = 20   # a FiD reader instead:
+                                   # each top-k text is one passage (FiDAttentionScorer settings too)
 
 Components: ``bm25`` (``k``; BM25 settings under ``index = {...}``), ``dense`` (``k``,
 ``embedder``), ``hybrid`` (``k``, ``k_side``, ``embedder``, and the fusion settings such as
@@ -102,7 +104,7 @@ _KINDS: dict[str, dict[str, str]] = {
                  "quiet_poll": "number>0", "n_boot": "int>=1", "seed": "int", "output": "str", "cache_dir": "str",
                  "tune_split": "str", "tune_questions": "table", "tune_metric": "str", "gzip": "bool"},
     "tune_questions": {"path": "str", "split": "str", "limit": "int>=1", "seed": "int"},
-    "reader": {"prompt": "str", "max_new_tokens": "int>=1"},
+    "reader": {"prompt": "str", "max_new_tokens": "int>=1", "kind": "str", "max_answer_tokens": "int>=1"},
 }
 _KIND_WORDS = {"str": "a string", "int": "an integer", "int>=1": "an integer >= 1", "int>=0": "an integer >= 0",
                "number>0": "a finite number > 0", "number>=0": "a finite number >= 0", "bool": "true or false",
@@ -423,6 +425,23 @@ def run_config(path: str | os.PathLike, *, n_timing: int | None = None, quiet_ch
     reading = {"reader_prompt": rd.pop("prompt")} if "prompt" in rd else {}
     if "max_new_tokens" in rd:
         reading["reader_max_new_tokens"] = int(rd.pop("max_new_tokens"))
+    kind = rd.pop("kind", "llm")
+    if kind not in ("llm", "fid"):
+        raise ValueError(f"{path} [reader]: kind must be \"llm\" (a causal LM reading a prompt) or \"fid\" (a FiD "
+                         f"reader folder reading each top-k text as a passage), got {kind!r}.")
+    if kind == "fid" and reading:
+        raise ValueError(f"{path} [reader]: a FiD reader reads passages, not a prompt; remove "
+                         f"{sorted(k.replace('reader_', '') for k in reading)} (max_answer_tokens bounds its answer).")
+    if reader is None and kind == "fid":
+        from funnel_core.rerank.fid import FiDReader
+
+        if "model" not in rd:
+            raise ValueError(f"{path} [reader]: kind = \"fid\" needs `model` (a FiD reader folder, e.g. one "
+                             "`funnel train` wrote with kind = \"fid-reader\").")
+        reader = _call(f"{path} [reader]", FiDReader, rd.pop("model"), **rd)
+    elif "max_answer_tokens" in rd:
+        raise ValueError(f"{path} [reader]: max_answer_tokens is a FiD reader's setting (kind = \"fid\"); a causal "
+                         "LM takes max_new_tokens.")
     if reader is None and cfg["reader"]:
         from funnel_core.llm import TransformersLLM
 

@@ -421,7 +421,10 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
         reader: The LLM that answers from each system's top-k for ``EM@k`` / ``F1@k``: a
             :class:`~funnel_core.llm.LLM` (``TransformersLLM``, or a framework model wrapped by
             ``llama_index_funnel.llm.LlamaIndexLLM`` / ``langchain_funnel.llm.LangChainLLM``) or a
-            model name / folder. Greedy decoding.
+            model name / folder. Greedy decoding. Or a passage reader: an object with
+            ``answer(question, units) -> str`` and no ``generate``, such as
+            :class:`~funnel_core.rerank.fid.FiDReader` (a FiD reader reads each of the top-k units
+            as one passage; ``reader_prompt`` is not used).
         reader_prompt: ``str.format`` template with ``{context}`` and ``{question}``.
         reader_max_new_tokens: Longest answer, in tokens.
     """
@@ -456,7 +459,10 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
     if reader is not None and not reader_ks:
         raise ValueError("reader= is given but no metric uses it; add 'EM@k' and/or 'F1@k' to metrics "
                          "(k: how many of each system's top texts the reader reads).")
-    if reader is not None:
+    # a passage reader (e.g. funnel_core.rerank.fid.FiDReader) answers from the units themselves
+    passage_reader = reader is not None and callable(getattr(reader, "answer", None)) and \
+        not callable(getattr(reader, "generate", None))
+    if reader is not None and not passage_reader:
         from funnel_core.llm import as_llm, check_prompt_template
 
         reader = as_llm(reader)
@@ -478,8 +484,8 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
                   "corpus": dataset.corpus_digest(), "depth": depth, "id_key": id_key, "title_key": title_key,
                   "metrics": sorted(local)}
         if reader is not None:
-            header["reader"] = {"llm": repr(reader), "prompt": reader_prompt,
-                                "max_new_tokens": reader_max_new_tokens}
+            header["reader"] = {"llm": repr(reader), "prompt": None if passage_reader else reader_prompt,
+                                "max_new_tokens": None if passage_reader else reader_max_new_tokens}
         answered = set(dataset.answers)
         qid_set = set(qids)
 
@@ -505,6 +511,9 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
         before = counters.snapshot()
         answers = {}
         for k in reader_ks:
+            if passage_reader:  # each of the top-k units is one passage of the reader's input
+                answers[str(k)] = str(reader.answer(dataset.queries[q], units[:k])).strip()
+                continue
             prompt = reader_prompt.format(context="\n\n".join(u.text for u in units[:k]),
                                           question=dataset.queries[q])
             answers[str(k)] = reader.generate([prompt], max_new_tokens=reader_max_new_tokens)[0][0].strip()
