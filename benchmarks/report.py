@@ -1266,7 +1266,7 @@ def block_reliability() -> str:
 
 
 # -- trained models (funnel train; the cards in models/) ------------------------------------------
-KEPT_MODELS = ("minilm-squad-ce", "minilm-squad-fid")
+KEPT_MODELS = ("minilm-squad-ce", "minilm-squad-fid", "minilm-squad-l2g")
 
 
 @block("training")
@@ -1285,7 +1285,7 @@ def training_costs() -> str:
                        f"{held[m]['paired_difference']['difference']:+.3f} "
                        f"{ci(held[m]['paired_difference']['ci'])})" for m in ("AR@1", "AR@4") if m in held)
         ds, hw = c["dataset"], c["hardware"]
-        prep = c.get("prep_seconds", 0) + c.get("encode_seconds", 0)
+        prep = c.get("prep_seconds", 0) + c.get("encode_seconds", 0) + c.get("teacher_seconds", 0)
         loss = c.get("loss_curve") or []
         w = max(1, min(50, len(loss) // 2))
         rows.append([f"`{name}` ({c['kind']})", f"`{c['command']}`",
@@ -1294,16 +1294,17 @@ def training_costs() -> str:
                      f"{sum(loss[:w]) / w:.2f} -> {sum(loss[-w:]) / w:.2f} (first / last {w} steps)",
                      f"{c['train_seconds'] / 60:.1f} min training + {prep / 60:.1f} min mining"
                      + (" and encoding" if c.get("encode_seconds") else "")
+                     + (" and teacher scoring" if c.get("teacher_seconds") else "")
                      + f"; {c['seconds_total'] / 60:.1f} min in all",
                      f"{c.get('dtype')}, {hw.get('cpus', '?')} CPUs, load {c['load_average_at_end'][0]:.1f} at the end"
                      if c.get("load_average_at_end") else f"{c.get('dtype')}",
                      f"{size / 2**20:.0f} MiB", f"{ar} on {held.get('questions', 0)} held-out train questions"
-                     if ar else ""])
+                     f" ({held.get('candidates', 'first stage')})" if ar else ""])
     return table(["model", "command", "data", "steps and loss", "minutes", "precision, machine", "size on disk",
                   "held-out (first stage -> reranked by the model, 95% paired interval)"], rows,
                  "From each model's card (`models/<name>/funnel_model.json`); the held-out questions are train "
-                 "questions kept out of training, their candidates the first stage's top-30 (FiD: its top-10 "
-                 "reranked). The load column says whether other work shared the 2 cores.")
+                 "questions kept out of training, their candidates the first stage's top-k named in the cell (FiD: "
+                 "its top-10 reranked). The load column says whether other work shared the 2 cores.")
 
 
 POSTRANK_COMMAND = ("`funnel eval benchmarks/configs/squad_postrank.toml --out benchmarks/results/squad_postrank "
@@ -1335,6 +1336,7 @@ WHOLE_FLAT = {"bm25": "BM25 top-10", "hybrid": "hybrid (BM25 + MiniLM, alpha 0.3
               "hybrid_ce_fid": "hybrid top-30 -> SQuAD CE top 10 -> FiD post-ranking"}
 WHOLE_FUNNELS = {"funnel_s1024_fid": "funnel S=1024: 4 clusters -> L2G % 8 -> 100 words -> FiD % 4",
                  "funnel_s1024_ce": "funnel S=1024: 4 clusters -> L2G % 8 -> 100 words -> CE % 4",
+                 "funnel_s1024_ce_ce": "funnel S=1024: 4 clusters -> CE % 8 -> 100 words -> CE % 4 (no L2G)",
                  "funnel_s4096_fid": "funnel S=4096: 1 cluster -> L2G % 8 -> 100 words -> FiD % 4",
                  "funnel_s4096_ce": "funnel S=4096: 1 cluster -> L2G % 8 -> 100 words -> CE % 4"}
 
