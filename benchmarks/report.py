@@ -183,9 +183,11 @@ def harness_table(name: str, metrics: Sequence[str] | None = None, labels: dict[
     dig = {m: 1 if m.startswith("words") else digits for m in metrics}  # words: one decimal
     top = {m: max(round(summ[s][m]["mean"], dig[m]) for s in systems) for m in bold}
     pairs = any(cost[s]["pairs_scored_per_query"] for s in systems)
+    fid = any(cost[s].get("fid_passages_per_query") for s in systems)
     timed = any(cost[s]["seconds_p50"] is not None for s in systems)
     head = ["system", *metrics] + ([f"{vs_baseline} minus `{d['baseline']}` (paired)"] if vs_baseline else [])
-    head += (["pairs/query"] if pairs else []) + (["s/query p50", "s/query p95"] if timed else [])
+    head += (["pairs/query"] if pairs else []) + (["of which FiD passages"] if fid else [])
+    head += ["s/query p50", "s/query p95"] if timed else []
     rows = []
     for s in systems:
         row = [harness_label(d, s, labels)]
@@ -196,6 +198,7 @@ def harness_table(name: str, metrics: Sequence[str] | None = None, labels: dict[
             c = d["comparisons"].get(s, {}).get(vs_baseline)
             row.append(f"{c['difference']:+.{dig[vs_baseline]}f} {ci(c['ci'], dig[vs_baseline])}" if c else "")
         row += [f"{cost[s]['pairs_scored_per_query']:.0f}"] if pairs else []
+        row += [f"{cost[s].get('fid_passages_per_query', 0):.0f}"] if fid else []
         row += [secs(cost[s][k]) if cost[s][k] is not None else "" for k in ("seconds_p50", "seconds_p95") if timed]
         rows.append(row)
     ds = d["dataset"]
@@ -1313,7 +1316,7 @@ def block_reliability() -> str:
 
 
 # -- trained models (funnel train; the cards in models/) ------------------------------------------
-KEPT_MODELS = ("minilm-squad-ce", "minilm-squad-fid")
+KEPT_MODELS = ("minilm-squad-ce", "minilm-squad-fid", "minilm-squad-l2g")
 
 
 @block("training")
@@ -1332,7 +1335,7 @@ def training_costs() -> str:
                        f"{held[m]['paired_difference']['difference']:+.3f} "
                        f"{ci(held[m]['paired_difference']['ci'])})" for m in ("AR@1", "AR@4") if m in held)
         ds, hw = c["dataset"], c["hardware"]
-        prep = c.get("prep_seconds", 0) + c.get("encode_seconds", 0)
+        prep = c.get("prep_seconds", 0) + c.get("encode_seconds", 0) + c.get("teacher_seconds", 0)
         loss = c.get("loss_curve") or []
         w = max(1, min(50, len(loss) // 2))
         rows.append([f"`{name}` ({c['kind']})", f"`{c['command']}`",
@@ -1341,16 +1344,17 @@ def training_costs() -> str:
                      f"{sum(loss[:w]) / w:.2f} -> {sum(loss[-w:]) / w:.2f} (first / last {w} steps)",
                      f"{c['train_seconds'] / 60:.1f} min training + {prep / 60:.1f} min mining"
                      + (" and encoding" if c.get("encode_seconds") else "")
+                     + (" and teacher scoring" if c.get("teacher_seconds") else "")
                      + f"; {c['seconds_total'] / 60:.1f} min in all",
                      f"{c.get('dtype')}, {hw.get('cpus', '?')} CPUs, load {c['load_average_at_end'][0]:.1f} at the end"
                      if c.get("load_average_at_end") else f"{c.get('dtype')}",
                      f"{size / 2**20:.0f} MiB", f"{ar} on {held.get('questions', 0)} held-out train questions"
-                     if ar else ""])
+                     f" ({held.get('candidates', 'first stage')})" if ar else ""])
     return table(["model", "command", "data", "steps and loss", "minutes", "precision, machine", "size on disk",
                   "held-out (first stage -> reranked by the model, 95% paired interval)"], rows,
                  "From each model's card (`models/<name>/funnel_model.json`); the held-out questions are train "
-                 "questions kept out of training, their candidates the first stage's top-30 (FiD: its top-10 "
-                 "reranked). The load column says whether other work shared the 2 cores.")
+                 "questions kept out of training, their candidates the first stage's top-k named in the cell (FiD: "
+                 "its top-10 reranked). The load column says whether other work shared the 2 cores.")
 
 
 POSTRANK_COMMAND = ("`funnel eval benchmarks/configs/squad_postrank.toml --out benchmarks/results/squad_postrank "
@@ -1371,6 +1375,101 @@ def squad_postrank_rows() -> list[Row]:
     return [harness_row("squad_postrank", "post-ranking BM25 top-10 with the kept SQuAD cross-encoder and the CPU FiD "
                         "reader (models/), SQuAD dev-a", ["AR@1", "AR@4"],
                         {"bm25_ce": "CE", "bm25_fid": "FiD (CPU)", "bm25": "BM25"}, command=POSTRANK_COMMAND)]
+
+# -- FunnelRAG measured whole (benchmarks/configs/funnelrag_whole.toml) -------------------------------
+WHOLE_COMMAND = ("`funnel eval benchmarks/configs/funnelrag_whole.toml --out benchmarks/results/funnelrag_whole "
+                 "--cache-dir .cache/funnelrag_whole`")
+WHOLE_FLAT = {"bm25": "BM25 top-10", "hybrid": "hybrid (BM25 + MiniLM, alpha 0.3)", "hybrid_tuned": "hybrid",
+              "clustered_s1024": "clustered BM25, 4 clusters of <= 1024 tokens, opened",
+              "clustered_s4096": "clustered BM25, 1 cluster of <= 4096 tokens, opened",
+              "hybrid_ce10": "hybrid top-30 -> SQuAD CE, top 10",
+              "hybrid_ce_fid": "hybrid top-30 -> SQuAD CE top 10 -> FiD post-ranking"}
+WHOLE_FUNNELS = {"funnel_s1024_fid": "funnel S=1024: 4 clusters -> L2G % 8 -> 100 words -> FiD % 4",
+                 "funnel_s1024_ce": "funnel S=1024: 4 clusters -> L2G % 8 -> 100 words -> CE % 4",
+                 "funnel_s1024_ce_ce": "funnel S=1024: 4 clusters -> CE % 8 -> 100 words -> CE % 4 (no L2G)",
+                 "funnel_s4096_fid": "funnel S=4096: 1 cluster -> L2G % 8 -> 100 words -> FiD % 4",
+                 "funnel_s4096_ce": "funnel S=4096: 1 cluster -> L2G % 8 -> 100 words -> CE % 4"}
+
+
+def pareto_front(points: dict[str, tuple[float, float]]) -> list[str]:
+    """The names whose (cost, quality) no other point matches or beats on both and beats on one."""
+    return [n for n, (c, q) in points.items() if not any(
+        c2 <= c and q2 >= q and (c2 < c or q2 > q) for m, (c2, q2) in points.items() if m != n)]
+
+
+def whole_statement(d: dict, flat: Sequence[str], funnels: Sequence[str]) -> str:
+    """The plain statement of a whole-funnel report: the best funnel minus the best flat system at
+    AR@1 and AR@4 (paired bootstrap over questions), the Pareto front of each against pairs scored per
+    query (cross-encoder pairs + FiD passages), and per funnel stage the share of questions whose answer
+    survived it."""
+    from funnel_core.evaluation.stats import paired_bootstrap
+
+    summ, cost = d["summary"], d["cost"]
+    flat = [s for s in flat if s in summ]
+    funnels = [s for s in funnels if s in summ]
+    per_q = {s: {r["id"]: r for r in d["per_question"][s]} for s in flat + funnels}
+
+    def best(names: Sequence[str], m: str) -> str:
+        return max(names, key=lambda s: (round(summ[s][m]["mean"], 6), -cost[s]["pairs_scored_per_query"]))
+
+    lines = []
+    for m in ("AR@1", "AR@4"):
+        bf, bu = best(flat, m), best(funnels, m)
+        ids = sorted(per_q[bu])
+        cmp = paired_bootstrap([per_q[bu][q]["metrics"][m] for q in ids], [per_q[bf][q]["metrics"][m] for q in ids])
+        sign = "above" if cmp["ci"][0] > 0 else "below" if cmp["ci"][1] < 0 else "not distinguishable from"
+        lines.append(f"At {m} the best funnel (`{bu}`, {summ[bu][m]['mean']:.3f} at "
+                     f"{cost[bu]['pairs_scored_per_query']:.0f} pairs/query) minus the best flat system (`{bf}`, "
+                     f"{summ[bf][m]['mean']:.3f} at {cost[bf]['pairs_scored_per_query']:.0f}): "
+                     f"{cmp['difference']:+.3f} {ci(cmp['ci'])} (paired bootstrap over {len(ids)} questions): "
+                     f"the funnel is {sign} the flat system.")
+    for m in ("AR@1", "AR@4"):
+        front = pareto_front({s: (cost[s]["pairs_scored_per_query"], summ[s][m]["mean"]) for s in flat + funnels})
+        on = [s for s in front if s in funnels]
+        lines.append(f"Pareto front of {m} against pairs scored per query (cross-encoder pairs + FiD passages): "
+                     + ", ".join(f"`{s}`" for s in sorted(front, key=lambda s: cost[s]["pairs_scored_per_query"]))
+                     + (f"; funnel configuration(s) on it: {', '.join(f'`{s}`' for s in on)}." if on else
+                        "; no funnel configuration is on it (each is matched or beaten at no more cost)."))
+    for s in funnels:
+        trace = d.get("stages", {}).get(s)
+        if not trace:
+            continue
+        steps, prev, losses = [], None, []
+        for x in trace:
+            r = x["answer_recall"]
+            steps.append(f"{x['stage']} {x['units_out_mean']:.1f} units ({r:.3f})")
+            if prev is not None and r is not None and prev - r > 0:
+                losses.append((prev - r, x["stage"]))
+            prev = r if r is not None else prev
+        worst = max(losses) if losses else None
+        lines.append(f"`{s}` per stage (units out; share of questions whose answer is still among them): "
+                     + " -> ".join(steps) + "; " + (f"the largest loss is at {worst[1]} ({worst[0]:.3f})."
+                                                   if worst else "no stage loses an answer."))
+    for s in flat:
+        trace = d.get("stages", {}).get(s)
+        if trace:
+            x = trace[0]
+            lines.append(f"For comparison, `{s}`'s first stage ({x['stage']}, {x['units_out_mean']:.1f} units) holds "
+                         f"the answer for {x['answer_recall']:.3f} of the questions.")
+    return "\n".join(f"- {line}" for line in lines)
+
+
+def _whole_block(name: str, command: str) -> str:
+    d = harness(name)
+    tab = harness_table(name, ["AR@1", "AR@2", "AR@4", "CI@4"], {**WHOLE_FLAT, **WHOLE_FUNNELS},
+                        bold=["AR@1", "AR@4"], vs_baseline="AR@1", command=command)
+    return tab + "\n\n" + whole_statement(d, list(WHOLE_FLAT), list(WHOLE_FUNNELS))
+
+
+@block("funnelrag-whole")
+def funnelrag_whole() -> str:
+    return _whole_block("funnelrag_whole", WHOLE_COMMAND)
+
+
+@block("funnelrag-whole-heldout")
+def funnelrag_whole_heldout() -> str:
+    return _whole_block("funnelrag_whole_heldout", WHOLE_COMMAND.replace("funnelrag_whole", "funnelrag_whole_heldout"))
+
 
 FILES = [ROOT / "README.md"] + [ROOT / "docs" / f"{n}.md" for n in (
     "benchmarks", "clustering", "funnel", "prerank", "postrank", "llm_retrieval", "performance", "offline_build",

@@ -14,8 +14,11 @@ import threading
 
 __all__ = ["COUNTER_NAMES", "add", "snapshot", "difference"]
 
-#: What is counted: reranker calls and (query, text) pairs, LLM calls and tokens.
-COUNTER_NAMES = ("model_calls", "pairs_scored", "llm_calls", "llm_prompt_tokens", "llm_completion_tokens")
+#: What is counted: reranker calls and (query, text) pairs, LLM calls and tokens. ``fid_passages``
+#: is the share of ``pairs_scored`` that a FiD reader's cross-attention scored (a FiD passage costs
+#: an encoder pass plus its share of the decoder's, unlike a cross-encoder pair).
+COUNTER_NAMES = ("model_calls", "pairs_scored", "fid_passages", "llm_calls", "llm_prompt_tokens",
+                 "llm_completion_tokens")
 
 _lock = threading.Lock()
 _totals = dict.fromkeys(COUNTER_NAMES, 0)

@@ -6,6 +6,9 @@ A configuration (paths are relative to the TOML file)::
     path = "squad-dev.json"      # SQuAD JSON, BEIR folder, LlamaIndex QA JSON or JSONL
     # split = "test"             # BEIR qrels split;  corpus = "docs.jsonl" for a JSONL dataset
     # limit = 300                # a seeded sample of the questions (seed = 0)
+    # offset = 300               # with limit: positions offset.. of one seeded shuffle (disjoint samples)
+    # distractors = ["squad-train.json"]   # their paragraphs/documents join the corpus (not their
+                                 # questions); ids must not repeat; the cache's corpus digest covers them
 
     [evaluate]
     metrics = ["AR@1", "AR@5", "CI@5"]   # default: by the dataset's labels
@@ -46,6 +49,8 @@ A configuration (paths are relative to the TOML file)::
     # [reader]                     # answer quality: add "EM@4", "F1@4" to metrics
     # model = "HuggingFaceTB/SmolLM2-135M-Instruct"   # TransformersLLM settings (gguf_file, device, dtype)
     # max_new_tokens = 32; prompt = "...{context}...{question}..."
+    # kind = "fid"; model = "models/minilm-squad-fid"; max_answer_tokens = 20   # a FiD reader instead:
+                                   # each top-k text is one passage (FiDAttentionScorer settings too)
 
 Components: ``bm25`` (``k``; BM25 settings under ``index = {...}``), ``dense`` (``k``,
 ``embedder``), ``hyde`` (dense retrieval with the HyDE vector: ``k``, ``embedder``, ``llm`` and the
@@ -65,6 +70,10 @@ of values) is evaluated with each value on the questions of ``[evaluate] tune_sp
 ``"train"``, a BEIR qrels split over the same corpus), and the value with the best
 ``tune_metric`` (default: the first metric; ties go to the value listed first) is the one
 evaluated on ``[dataset] split``. The report keeps every value's score under ``"tuning"``.
+Instead of a split, ``[evaluate] tune_questions = {path = "squad-train.json", limit = 200, seed =
+1}`` tunes on another file's questions (a seeded sample; ``split`` for a BEIR folder) searched in
+the evaluated corpus: their own paragraphs must be in it (list the file in ``[dataset]
+distractors``), and a question also evaluated is refused.
 
 A ``[reader]`` table names the LLM that answers from each system's top-k for the ``EM@k`` /
 ``F1@k`` metrics (:class:`~funnel_core.llm.TransformersLLM`; ``prompt`` and ``max_new_tokens`` go to
@@ -81,7 +90,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from funnel_core.evaluation.datasets import EvalDataset, load_dataset
+from funnel_core.evaluation.datasets import EvalDataset, load_dataset, questions_over, with_distractors
 from funnel_core.evaluation.harness import default_metrics, evaluate
 from funnel_core.evaluation.report import Report
 from funnel_core.units import Unit
@@ -89,24 +98,27 @@ from funnel_core.units import Unit
 __all__ = ["load_config", "build_systems", "tune_systems", "run_config", "COMPONENTS"]
 
 COMPONENTS = ("bm25", "dense", "hyde", "hybrid", "clustered", "funnelrag")
-_DATASET_KEYS = {"path", "split", "corpus", "limit", "seed"}
+_DATASET_KEYS = {"path", "split", "corpus", "limit", "seed", "offset", "distractors"}
 _EVALUATE_KEYS = {"metrics", "ks", "baseline", "depth", "id_key", "title_key", "n_timing", "timing_seed",
                   "max_load", "quiet_check", "quiet_load", "quiet_timeout", "quiet_poll", "n_boot", "seed", "output",
-                  "cache_dir", "tune_split", "tune_metric", "gzip"}
+                  "cache_dir", "tune_split", "tune_questions", "tune_metric", "gzip"}
 #: What each [dataset] / [evaluate] / [reader] value must be (checked by load_config; never coerced).
 _KINDS: dict[str, dict[str, str]] = {
-    "dataset": {"path": "str", "split": "str", "corpus": "str", "limit": "int>=1", "seed": "int"},
+    "dataset": {"path": "str", "split": "str", "corpus": "str", "limit": "int>=1", "seed": "int", "offset": "int>=0",
+                "distractors": "[str]"},
     "evaluate": {"metrics": "[str]", "ks": "[int>=1]", "baseline": "str", "depth": "int>=1", "id_key": "str",
                  "title_key": "str", "n_timing": "int>=0", "timing_seed": "int", "max_load": "number>0",
                  "quiet_check": "bool|each", "quiet_load": "number>0", "quiet_timeout": "number>=0",
                  "quiet_poll": "number>0", "n_boot": "int>=1", "seed": "int", "output": "str", "cache_dir": "str",
-                 "tune_split": "str", "tune_metric": "str", "gzip": "bool"},
-    "reader": {"prompt": "str", "max_new_tokens": "int>=1"},
+                 "tune_split": "str", "tune_questions": "table", "tune_metric": "str", "gzip": "bool"},
+    "tune_questions": {"path": "str", "split": "str", "limit": "int>=1", "seed": "int"},
+    "reader": {"prompt": "str", "max_new_tokens": "int>=1", "kind": "str", "max_answer_tokens": "int>=1"},
 }
 _KIND_WORDS = {"str": "a string", "int": "an integer", "int>=1": "an integer >= 1", "int>=0": "an integer >= 0",
                "number>0": "a finite number > 0", "number>=0": "a finite number >= 0", "bool": "true or false",
                "bool|each": "true, false or \"each\"", "[str]": "a list of strings",
-               "[int>=1]": "a non-empty list of integers >= 1"}
+               "[int>=1]": "a non-empty list of integers >= 1",
+               "table": "a table, e.g. { path = \"squad-train.json\", limit = 200 }"}
 
 
 def _is_int(v: Any) -> bool:
@@ -129,6 +141,8 @@ def _fits(kind: str, v: Any) -> bool:
         return isinstance(v, list) and all(isinstance(x, str) and x.strip() for x in v)
     if kind == "[int>=1]":
         return isinstance(v, list) and bool(v) and all(_is_int(x) and x >= 1 for x in v)
+    if kind == "table":
+        return isinstance(v, dict)
     raise AssertionError(kind)
 
 
@@ -197,6 +211,21 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
     for key in ("path", "corpus"):
         if key in ds:
             ds[key] = str((base / ds[key]).resolve())
+    if "distractors" in ds:
+        ds["distractors"] = [str((base / d).resolve()) for d in ds["distractors"]]
+    if "tune_questions" in ev:
+        tq = dict(ev["tune_questions"])
+        where = f"{p} [evaluate] tune_questions"
+        _check_keys(tq, set(_KINDS["tune_questions"]), where)
+        if "path" not in tq:
+            raise ValueError(f"{where}: needs `path` (a SQuAD JSON or BEIR folder of questions to tune on), e.g. "
+                             "tune_questions = { path = \"squad-v1.1-train.json\", limit = 200 }.")
+        _check_kinds(tq, "tune_questions", where)
+        if "tune_split" in ev:
+            raise ValueError(f"{p} [evaluate]: tune_split and tune_questions both name what to tune on; keep "
+                             "one (tune_split: another split of a BEIR folder; tune_questions: another file).")
+        tq["path"] = str((base / tq["path"]).resolve())
+        ev["tune_questions"] = tq
     # output and cache_dir stay as written here: run_config resolves them and refuses a folder
     # outside `base` unless the command line gives one (a TOML never chooses where we write)
     ev.setdefault("output", "eval-out")
@@ -491,6 +520,23 @@ def run_config(path: str | os.PathLike, *, n_timing: int | None = None, quiet_ch
     reading = {"reader_prompt": rd.pop("prompt")} if "prompt" in rd else {}
     if "max_new_tokens" in rd:
         reading["reader_max_new_tokens"] = int(rd.pop("max_new_tokens"))
+    kind = rd.pop("kind", "llm")
+    if kind not in ("llm", "fid"):
+        raise ValueError(f"{path} [reader]: kind must be \"llm\" (a causal LM reading a prompt) or \"fid\" (a FiD "
+                         f"reader folder reading each top-k text as a passage), got {kind!r}.")
+    if kind == "fid" and reading:
+        raise ValueError(f"{path} [reader]: a FiD reader reads passages, not a prompt; remove "
+                         f"{sorted(k.replace('reader_', '') for k in reading)} (max_answer_tokens bounds its answer).")
+    if reader is None and kind == "fid":
+        from funnel_core.rerank.fid import FiDReader
+
+        if "model" not in rd:
+            raise ValueError(f"{path} [reader]: kind = \"fid\" needs `model` (a FiD reader folder, e.g. one "
+                             "`funnel train` wrote with kind = \"fid-reader\").")
+        reader = _call(f"{path} [reader]", FiDReader, rd.pop("model"), **rd)
+    elif "max_answer_tokens" in rd:
+        raise ValueError(f"{path} [reader]: max_answer_tokens is a FiD reader's setting (kind = \"fid\"); a causal "
+                         "LM takes max_new_tokens.")
     if reader is None and cfg["reader"]:
         from funnel_core.llm import TransformersLLM
 
@@ -500,31 +546,44 @@ def run_config(path: str | os.PathLike, *, n_timing: int | None = None, quiet_ch
         reader = _call(f"{path} [reader]", TransformersLLM, rd.pop("model"), **rd)
     dataset: EvalDataset = load_dataset(ds_cfg["path"], split=ds_cfg.get("split", "test"),
                                         corpus=ds_cfg.get("corpus"))
+    if ds_cfg.get("distractors"):
+        dataset = with_distractors(dataset, ds_cfg["distractors"])
     if limit is not None and not _fits("int>=1", limit):
         raise ValueError(f"limit must be an integer >= 1 (the questions sampled), got {limit!r}.")
     limit = limit if limit is not None else ds_cfg.get("limit")
-    if limit is not None:
-        dataset = dataset.subset(limit, seed=ds_cfg.get("seed", 0))
+    if limit is not None or "offset" in ds_cfg:
+        dataset = dataset.subset(limit, seed=ds_cfg.get("seed", 0), offset=ds_cfg.get("offset"))
     for key, value in (("n_timing", n_timing), ("quiet_check", quiet_check), ("max_load", max_load),
                        ("quiet_load", quiet_load)):
         if value is not None:
             ev[key] = value
     tune_split, tune_metric = ev.pop("tune_split", None), ev.pop("tune_metric", None)
+    tune_questions = ev.pop("tune_questions", None)
     compress = ev.pop("gzip", False)
     specs = cfg["systems"]
     tuning: dict[str, Any] = {}
     indexes: dict[str, Any] = {}
     if any("tune" in spec for spec in specs.values()):
-        if not tune_split:
-            raise ValueError(f"{path}: a system has `tune` but [evaluate] has no tune_split; name the split to "
-                             "tune on (e.g. tune_split = \"train\"), never the one reported.")
-        if tune_split == ds_cfg.get("split", "test"):
-            raise ValueError(f"{path}: tune_split {tune_split!r} is the evaluated split; tune on another one.")
-        tuning_set = load_dataset(ds_cfg["path"], split=tune_split, corpus=ds_cfg.get("corpus"))
-        if [u.id for u in tuning_set.corpus] != [u.id for u in dataset.corpus]:
-            raise ValueError(f"{path}: the {tune_split!r} split has another corpus than the evaluated one; tuning "
-                             "needs both splits over the same corpus (a BEIR folder).")
-        tuning_set.name = f"{dataset.name} ({tune_split})"
+        if tune_questions:
+            tq = tune_questions
+            source = load_dataset(tq["path"], split=tq.get("split", "train"))
+            if "limit" in tq:
+                source = source.subset(tq["limit"], seed=tq.get("seed", 0))
+            tuning_set = questions_over(source, dataset, name=f"{source.name} (tune_questions)")
+        elif not tune_split:
+            raise ValueError(f"{path}: a system has `tune` but [evaluate] has neither tune_split nor tune_questions; "
+                             "name the split to tune on (e.g. tune_split = \"train\"), or another file's questions "
+                             "(tune_questions = { path = ..., limit = ... }), never the ones reported.")
+        else:
+            if tune_split == ds_cfg.get("split", "test"):
+                raise ValueError(f"{path}: tune_split {tune_split!r} is the evaluated split; tune on another one.")
+            tuning_set = load_dataset(ds_cfg["path"], split=tune_split, corpus=ds_cfg.get("corpus"))
+            if ds_cfg.get("distractors"):
+                tuning_set = with_distractors(tuning_set, ds_cfg["distractors"])
+            if [u.id for u in tuning_set.corpus] != [u.id for u in dataset.corpus]:
+                raise ValueError(f"{path}: the {tune_split!r} split has another corpus than the evaluated one; "
+                                 "tuning needs both splits over the same corpus (a BEIR folder).")
+            tuning_set.name = f"{dataset.name} ({tune_split})"
         metric = tune_metric or (ev.get("metrics") or default_metrics(dataset))[0]
         specs, tuning = tune_systems(specs, tuning_set, dataset.corpus, metric=metric, indexes=indexes,
                                      progress=progress)

@@ -16,7 +16,7 @@ from funnel_core.units import Unit
 
 __all__ = ["BeirDataset", "load_beir", "SquadQuestion", "SquadArticle", "load_squad", "squad_question_id",
            "EvalDataset", "FORMATS", "DatasetError", "load_dataset", "squad_dataset", "beir_dataset", "llamaindex_qa_dataset",
-           "jsonl_dataset"]
+           "jsonl_dataset", "with_distractors", "questions_over"]
 
 
 @dataclass
@@ -301,13 +301,25 @@ class EvalDataset:
         """The ids of the questions that carry a label, in file order."""
         return [q for q in self.queries if q in self.answers or q in self.qrels]
 
-    def subset(self, n: int | None = None, seed: int = 0) -> "EvalDataset":
+    def subset(self, n: int | None = None, seed: int = 0, offset: int | None = None) -> "EvalDataset":
         """A seeded random sample of ``n`` labelled questions (all when ``n`` is ``None`` or
-        larger), in file order; the corpus is shared."""
+        larger), in file order; the corpus is shared. With ``offset``, the sample is positions
+        ``offset .. offset + n - 1`` of one seeded shuffle of all the labelled questions, so the
+        samples of one seed at offsets 0, n, 2n, ... are disjoint (a held-out set beside a
+        reported one)."""
         import random
 
         ids = self.question_ids
-        if n is not None and n < len(ids):
+        if offset is not None:
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+                raise ValueError(f"offset must be an integer >= 0, got {offset!r}.")
+            order = random.Random(seed).sample(ids, len(ids))
+            if offset >= len(order):
+                raise ValueError(f"offset {offset} leaves no question: dataset {self.name!r} has {len(order)} "
+                                 "labelled questions; use a smaller offset.")
+            keep = set(order[offset:] if n is None else order[offset:offset + n])
+            ids = [q for q in ids if q in keep]
+        elif n is not None and n < len(ids):
             keep = set(random.Random(seed).sample(ids, n))
             ids = [q for q in ids if q in keep]
         return EvalDataset(queries={q: self.queries[q] for q in ids},
@@ -335,6 +347,52 @@ class EvalDataset:
             h.update(json.dumps([u.id, u.text, u.metadata], sort_keys=True, default=str).encode("utf-8"))
             h.update(b"\0")
         return h.hexdigest()
+
+
+def with_distractors(dataset: EvalDataset, paths: list[str | os.PathLike]) -> EvalDataset:
+    """``dataset`` with the corpus units (SQuAD paragraphs, BEIR documents, ...) of every file in
+    ``paths`` appended to its corpus, in order; their questions are not taken. A unit id that is
+    already in the corpus (the same file given twice, or two files sharing an article title) is
+    refused, since a question's gold document must name one unit."""
+    corpus = list(dataset.corpus)
+    where = {u.id: dataset.name for u in corpus}
+    for path in paths:
+        extra = load_dataset(path)
+        if not extra.corpus:
+            raise DatasetError(f"distractor file {str(path)!r} has no corpus (a JSONL question file carries "
+                               "none); pass a SQuAD JSON or a BEIR folder, whose paragraphs/documents join the "
+                               "corpus.")
+        for u in extra.corpus:
+            if u.id in where:
+                raise DatasetError(f"distractor file {str(path)!r}: unit id {u.id!r} is already in the corpus "
+                                   f"(from {where[u.id]!r}); give each file once, and files whose ids differ "
+                                   "(SQuAD ids are '<article title>/<paragraph>').")
+            where[u.id] = str(path)
+            corpus.append(u)
+    return EvalDataset(queries=dict(dataset.queries), answers=dict(dataset.answers), qrels=dict(dataset.qrels),
+                       corpus=corpus, name=dataset.name, format=dataset.format)
+
+
+def questions_over(source: EvalDataset, corpus_of: EvalDataset, *, name: str) -> EvalDataset:
+    """The questions and labels of ``source`` over the corpus of ``corpus_of`` (tuning questions
+    from another file, searched in the evaluated corpus). Refused when a unit of ``source``'s
+    own corpus (where its answers are) is missing from that corpus, or when a question text is
+    also among ``corpus_of``'s questions (tuning on what is reported)."""
+    ids = {u.id for u in corpus_of.corpus}
+    missing = [u.id for u in source.corpus if u.id not in ids]
+    missing += sorted({d for rel in source.qrels.values() for d in rel if d not in ids} - set(missing))
+    if missing:
+        raise DatasetError(f"tuning questions {source.name!r}: {len(missing)} of their documents are not in the "
+                           f"evaluated corpus (e.g. {missing[0]!r}); add their file to [dataset] distractors so "
+                           "that tuning searches the corpus the evaluation searches.")
+    reported = {" ".join(corpus_of.queries[q].lower().split()) for q in corpus_of.question_ids}
+    shared = [q for q in source.question_ids if " ".join(source.queries[q].lower().split()) in reported]
+    if shared:
+        raise DatasetError(f"tuning questions {source.name!r}: {len(shared)} are among the evaluated questions "
+                           f"(e.g. {source.queries[shared[0]]!r}); tune on questions the evaluation does not "
+                           "report.")
+    return EvalDataset(queries=dict(source.queries), answers=dict(source.answers), qrels=dict(source.qrels),
+                       corpus=corpus_of.corpus, name=name, format=source.format)
 
 
 def squad_dataset(path: str | os.PathLike) -> EvalDataset:

@@ -63,8 +63,9 @@ __all__ = ["evaluate", "available_cores", "read_load_average", "wait_for_quiet",
 
 #: Bumped when the per-question cache records change shape (2: the header names the corpus, the
 #: system's model identity and the package version; 3: every record carries its SHA-256; 4: a result is
-#: judged under the first of its candidate document ids the dataset knows).
-CACHE_VERSION = 4
+#: judged under the first of its candidate document ids the dataset knows; 5: a funnel's records carry
+#: its per-stage trace and the counts name the FiD passages).
+CACHE_VERSION = 5
 
 
 def _record_digest(rec: Mapping[str, Any]) -> str:
@@ -376,6 +377,12 @@ def _record_problem(rec: Any, *, qids: set[str], answered: set[str], depth: int,
     if not isinstance(counts, dict) or not all(isinstance(k, str) and isinstance(c, int) and not isinstance(c, bool)
                                                and c >= 0 for k, c in counts.items()):
         return f"question {q!r}: counts are not counts"
+    stages = rec.get("stages")
+    if stages is not None and not (isinstance(stages, list) and all(
+            isinstance(s, dict) and isinstance(s.get("stage"), str) and isinstance(s.get("units_out"), int)
+            and not isinstance(s.get("units_out"), bool) and s["units_out"] >= 0
+            and s.get("answer_recall") in (None, 0, 1) for s in stages)):
+        return f"question {q!r}: the per-stage trace is damaged"
     read = rec.get("reader")
     if reading:
         ans = read.get("answers") if isinstance(read, dict) else None
@@ -479,7 +486,10 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
         reader: The LLM that answers from each system's top-k for ``EM@k`` / ``F1@k``: a
             :class:`~funnel_core.llm.LLM` (``TransformersLLM``, or a framework model wrapped by
             ``llama_index_funnel.llm.LlamaIndexLLM`` / ``langchain_funnel.llm.LangChainLLM``) or a
-            model name / folder. Greedy decoding.
+            model name / folder. Greedy decoding. Or a passage reader: an object with
+            ``answer(question, units) -> str`` and no ``generate``, such as
+            :class:`~funnel_core.rerank.fid.FiDReader` (a FiD reader reads each of the top-k units
+            as one passage; ``reader_prompt`` is not used).
         reader_prompt: ``str.format`` template with ``{context}`` and ``{question}``.
         reader_max_new_tokens: Longest answer, in tokens.
     """
@@ -514,7 +524,10 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
     if reader is not None and not reader_ks:
         raise ValueError("reader= is given but no metric uses it; add 'EM@k' and/or 'F1@k' to metrics "
                          "(k: how many of each system's top texts the reader reads).")
-    if reader is not None:
+    # a passage reader (e.g. funnel_core.rerank.fid.FiDReader) answers from the units themselves
+    passage_reader = reader is not None and callable(getattr(reader, "answer", None)) and \
+        not callable(getattr(reader, "generate", None))
+    if reader is not None and not passage_reader:
         from funnel_core.llm import as_llm, check_prompt_template
 
         reader = as_llm(reader)
@@ -544,8 +557,9 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
                 reader_models = _model_identity(settings()) if callable(settings) else {}
             except Exception:
                 reader_models = {}
-            header["reader"] = {"llm": repr(reader), "prompt": reader_prompt,
-                                "max_new_tokens": reader_max_new_tokens, "models": reader_models}
+            header["reader"] = {"llm": repr(reader), "prompt": None if passage_reader else reader_prompt,
+                                "max_new_tokens": None if passage_reader else reader_max_new_tokens,
+                                "models": reader_models}
         answered = set(dataset.answers)
         qid_set = set(qids)
 
@@ -571,12 +585,16 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
         before = counters.snapshot()
         answers = {}
         for k in reader_ks:
+            if passage_reader:  # each of the top-k units is one passage of the reader's input
+                answers[str(k)] = str(reader.answer(dataset.queries[q], units[:k])).strip()
+                continue
             prompt = reader_prompt.format(context="\n\n".join(u.text for u in units[:k]),
                                           question=dataset.queries[q])
             answers[str(k)] = reader.generate([prompt], max_new_tokens=reader_max_new_tokens)[0][0].strip()
         return {"answers": answers, "counts": counters.difference(counters.snapshot(), before)}
 
-    def record(q: str, units: list[Unit], counts: dict[str, int]) -> dict[str, Any]:
+    def record(q: str, units: list[Unit], counts: dict[str, int],
+               stages: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         values: dict[str, float] = {}
         read_out = read(q, units) if reader is not None and q in dataset.answers else None
         for m in local:
@@ -597,7 +615,10 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
                 ranked.append(did)
             if len(ranked) >= depth:
                 break
-        rec = {"id": q, "ranked": ranked, "n_results": len(units), "metrics": values, "counts": counts}
+        rec: dict[str, Any] = {"id": q, "ranked": ranked, "n_results": len(units), "metrics": values,
+                               "counts": counts}
+        if stages is not None:
+            rec["stages"] = stages
         return rec if read_out is None else {**rec, "reader": read_out}
 
     # -- phase 1: quality (and counted cost) ------------------------------------------------
@@ -609,8 +630,8 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
         todo = [q for q in qids if q not in done]
         for q in _progress(todo, len(todo), f"{name}: quality", progress):
             before = counters.snapshot()
-            units = system.search(dataset.queries[q])
-            rec = record(q, units, counters.difference(counters.snapshot(), before))
+            units, stages = system.search_traced(dataset.queries[q], dataset.answers.get(q))
+            rec = record(q, units, counters.difference(counters.snapshot(), before), stages)
             if cache:
                 cache.append(name, rec, skey)
             done[q] = rec

@@ -51,6 +51,23 @@ def _is_binary(values: Sequence[float]) -> bool:
     return all(v in (0.0, 1.0) for v in values)
 
 
+def _stage_summary(traces: Sequence[Any]) -> list[dict[str, Any]]:
+    """Per stage of a funnel, over the questions: units out (mean) and the answer recall of the
+    stage's whole output (over the questions with answers); ``[]`` unless every question has a
+    trace with the same stages."""
+    if not traces or any(t is None for t in traces):
+        return []
+    names = [s["stage"] for s in traces[0]]
+    if any([s["stage"] for s in t] != names for t in traces):
+        return []
+    out = []
+    for i, name in enumerate(names):
+        recall = [t[i]["answer_recall"] for t in traces if t[i]["answer_recall"] is not None]
+        out.append({"stage": name, "units_out_mean": sum(t[i]["units_out"] for t in traces) / len(traces),
+                    "answer_recall": sum(recall) / len(recall) if recall else None, "questions": len(traces)})
+    return out
+
+
 def summarise(*, names: Sequence[str], baseline: str, metric_names: Sequence[str], dataset: Any,
               per_question: Mapping[str, Mapping[str, dict[str, Any]]], timing: dict[str, Any],
               depth: int, n_boot: int, seed: int, load_before: float | None, load_after: float | None,
@@ -62,6 +79,7 @@ def summarise(*, names: Sequence[str], baseline: str, metric_names: Sequence[str
     summary: dict[str, dict[str, Any]] = {}
     comparisons: dict[str, dict[str, Any]] = {}
     cost: dict[str, dict[str, Any]] = {}
+    stages: dict[str, list[dict[str, Any]]] = {}
     refused = timing.get("refused")
     for name in names:
         recs = list(per_question[name].values())
@@ -86,6 +104,9 @@ def summarise(*, names: Sequence[str], baseline: str, metric_names: Sequence[str
         else:
             c.update(seconds_p50=None, seconds_p95=None, seconds_mean=None)
         cost[name] = c
+        trace = _stage_summary([r.get("stages") for r in recs])
+        if trace:
+            stages[name] = trace
     for name in names:
         if name == baseline:
             continue
@@ -115,6 +136,7 @@ def summarise(*, names: Sequence[str], baseline: str, metric_names: Sequence[str
         "summary": summary,
         "comparisons": comparisons,
         "cost": cost,
+        "stages": stages,
         "timing": {k: v for k, v in timing.items()},
         "machine": machine,
         "cores_available": timing.get("cores"),
@@ -181,6 +203,12 @@ class Report:
         return self._data["cost"]
 
     @property
+    def stages(self) -> dict[str, list[dict[str, Any]]]:
+        """``{system: [{"stage", "units_out_mean", "answer_recall", "questions"}]}`` for the
+        funnels (what each stage kept, and the share of questions whose answer survived it)."""
+        return self._data.get("stages", {})
+
+    @property
     def timing(self) -> dict[str, Any]:
         return self._data["timing"]
 
@@ -232,7 +260,8 @@ class Report:
         paired comparisons against the baseline and any timing refusal."""
         metrics = list(metrics or self.metrics)
         with_llm = any(self.cost[s]["llm_calls_per_query"] for s in self.systems)
-        head = ["system", *metrics, "pairs/query", "model calls/query"]
+        with_fid = any(self.cost[s].get("fid_passages_per_query") for s in self.systems)
+        head = ["system", *metrics, "pairs/query", *(["of which FiD"] if with_fid else []), "model calls/query"]
         if with_llm:
             head += ["LLM prompts/query", "LLM tokens/query"]
         head += ["s/query p50", "s/query p95"]
@@ -244,7 +273,9 @@ class Report:
                 row.append(f"{_fmt(v['mean'])} [{_fmt(v['ci'][0])}, {_fmt(v['ci'][1])}]")
             c = self.cost[s]
             unknown = " + ?" if c.get("uncounted") else ""
-            row += [f"{c['pairs_scored_per_query']:.1f}{unknown}", f"{c['model_calls_per_query']:.1f}{unknown}"]
+            row += [f"{c['pairs_scored_per_query']:.1f}{unknown}",
+                    *([f"{c.get('fid_passages_per_query', 0.0):.1f}"] if with_fid else []),
+                    f"{c['model_calls_per_query']:.1f}{unknown}"]
             if with_llm:
                 row += [f"{c['llm_calls_per_query']:.1f}",
                         f"{c['llm_prompt_tokens_per_query'] + c['llm_completion_tokens_per_query']:.0f}"]
@@ -270,6 +301,12 @@ class Report:
             notes.append("Pairs and model calls count our stages and the candidates a framework "
                          "reranker (top_n) receives; \"+ ?\": not counted, cost unknown, for "
                          + "; ".join(partly) + ".")
+        for s, trace in self.stages.items():
+            steps = [f"{x['stage']} {x['units_out_mean']:.1f}"
+                     + ("" if x["answer_recall"] is None else f" (answer in {x['answer_recall']:.3f})")
+                     for x in trace]
+            notes.append(f"{s} per stage (units out; share of questions whose answer is still there): "
+                         + " -> ".join(steps) + ".")
         t = self.timing
         if t.get("n_timing"):
             load = t.get("load1") or {}

@@ -201,6 +201,19 @@ class System:
         """The ranked results for ``query`` as units, best first."""
         return [to_unit(x, i) for i, x in enumerate(self.retrieve(query))]
 
+    def search_traced(self, query: str,
+                      answers: Sequence[str] | None = None) -> tuple[list[Unit], list[dict[str, Any]] | None]:
+        """:meth:`search` and, for a ``funnel_core`` :class:`~funnel_core.funnel.Funnel` without
+        postprocessors, its per-stage trace: ``[{"stage", "units_out", "answer_recall"}]`` (the
+        recall over all of a stage's output, ``None`` without ``answers``); ``None`` for others."""
+        from funnel_core.funnel import Funnel
+
+        if self.kind == "funnel_core" and not self.postprocessors and isinstance(self.obj, Funnel):
+            res = self.obj.search(query, answers=answers)
+            return res.units, [{"stage": r.name, "units_out": r.units_out, "answer_recall": r.answer_recall}
+                               for r in res.trace.stages]
+        return self.search(query), None
+
     def warm_up(self, query: str | None = None) -> None:
         """Load every lazy model (stages, adapters with ``warm_up()``) and, when ``query`` is
         given, run it once, so that timed queries pay neither."""

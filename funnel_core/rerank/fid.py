@@ -45,6 +45,7 @@ import string
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from funnel_core import counters
 from funnel_core.errors import check_positive_int
 from funnel_core.hardware import autocast, normalize_dtype, requested_dtype, resolve_dtype
 from funnel_core.models import LazyModel, load_pretrained, resolve_device, tokenizer_lock
@@ -52,7 +53,7 @@ from funnel_core.rerank.base import Reranker
 from funnel_core.settings import Settings
 from funnel_core.units import Unit
 
-__all__ = ["FiDAttentionScorer", "AGGREGATIONS", "FiDInputs", "aggregate_cross_attention",
+__all__ = ["FiDAttentionScorer", "FiDReader", "AGGREGATIONS", "FiDInputs", "aggregate_cross_attention",
            "DEFAULT_TEMPLATE", "DEFAULT_TEMPLATE_NO_TITLE", "DEFAULT_LAST_K", "SCORE_ON"]
 
 DEFAULT_TEMPLATE = "question: {question} title: {title} context: {text}"
@@ -513,6 +514,10 @@ class FiDAttentionScorer(Settings, Reranker):
         return torch.stack([a[0].float().clamp_min(1e-38).log().mean(dim=1)
                             for a in self._cross_attentions(encoder_states, decoder_input_ids)])
 
+    def _count(self, pairs: int) -> None:
+        super()._count(pairs)
+        counters.add(fid_passages=pairs)  # the FiD share of pairs_scored, counted apart
+
     def score(self, query: str, texts: Sequence[str]) -> list[float]:
         """Scores of untitled passages (see :meth:`score_with_titles`)."""
         scores, answer = self.score_with_titles(query, texts)
@@ -541,6 +546,46 @@ class FiDAttentionScorer(Settings, Reranker):
             for u in out:
                 u.funnel["fid_answer"] = self.last_answer
         return out
+
+
+class FiDReader:
+    """A FiD reader answering a question from passages (greedy generation), for the evaluation
+    harness's ``EM@k`` / ``F1@k``: each of a system's top-k units is one encoder passage (question,
+    title and text, the reader's training format), as the reader was trained, not one prompt.
+
+    Args:
+        model: A FiD / T5 reader folder or hub name (e.g. one ``funnel train`` wrote with
+            ``kind = "fid-reader"``).
+        max_answer_tokens: The longest answer, in tokens.
+        **scorer_kwargs: :class:`FiDAttentionScorer` settings (``max_length``, ``dtype``,
+            ``device``, ``template``, ...).
+
+    Its passages are counted like the scorer's (``pairs_scored``, ``fid_passages``); the harness
+    keeps a reader's counts apart from the system's cost.
+    """
+
+    def __init__(self, model: str, *, max_answer_tokens: int = 20, **scorer_kwargs: Any) -> None:
+        for key in ("return_answer", "top_n", "name"):
+            if key in scorer_kwargs:
+                raise ValueError(f"FiDReader sets {key} itself; remove it (got {key}={scorer_kwargs[key]!r}).")
+        self.scorer = FiDAttentionScorer(model=model, return_answer=True, max_answer_tokens=max_answer_tokens,
+                                         name="fid_reader", **scorer_kwargs)
+
+    def answer(self, question: str, units: Sequence[Unit]) -> str:
+        """The reader's answer to ``question`` from ``units`` (``""`` without any)."""
+        units = list(units)
+        if not units:
+            return ""
+        self.scorer.rank(question, units)
+        return (self.scorer.last_answer or "").strip()
+
+    def warm_up(self) -> None:
+        self.scorer.warm_up()
+
+    def __repr__(self) -> str:
+        s = self.scorer
+        return (f"FiDReader(model={s.model_name!r}, max_answer_tokens={s.max_answer_tokens}, "
+                f"max_length={s.max_length}, dtype={s.dtype!r}, template={s.template!r})")
 
 
 def _cross_attention_modules(model: Any) -> list[tuple[str, Any, Any, float, int]]:

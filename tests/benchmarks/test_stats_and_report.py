@@ -285,3 +285,46 @@ def test_large_tables_take_their_seconds_from_the_harness_report():
     assert report.merge_timing(res, _harness_timing(load=3.0)) == res
     with pytest.raises(ValueError, match="not an evaluation-harness report"):
         report.merge_timing(res, {"systems": {}})
+
+
+def test_pareto_front_by_hand():
+    # (cost, quality): b beats a on both; c is dearer but better; d ties c's quality at more cost
+    pts = {"a": (10.0, 0.5), "b": (5.0, 0.6), "c": (30.0, 0.8), "d": (40.0, 0.8), "e": (5.0, 0.6)}
+    assert report.pareto_front(pts) == ["b", "c", "e"]  # equal points do not dominate each other
+
+
+def _whole_report(flat_ar1, fun_ar1, flat_pairs, fun_pairs, stages):
+    n = len(flat_ar1)
+
+    def recs(ar1):
+        return [{"id": f"q{i}", "metrics": {"AR@1": float(v), "AR@4": 1.0}} for i, v in enumerate(ar1)]
+
+    def summ(ar1):
+        return {"AR@1": {"mean": sum(ar1) / n, "ci": [0.0, 1.0]}, "AR@4": {"mean": 1.0, "ci": [1.0, 1.0]}}
+
+    return {"summary": {"flat": summ(flat_ar1), "fun": summ(fun_ar1)},
+            "cost": {"flat": {"pairs_scored_per_query": flat_pairs}, "fun": {"pairs_scored_per_query": fun_pairs}},
+            "per_question": {"flat": recs(flat_ar1), "fun": recs(fun_ar1)}, "stages": {"fun": stages}}
+
+
+def test_whole_statement_says_the_difference_the_front_and_the_losing_stage():
+    stages = [{"stage": "retrieval", "units_out_mean": 25.0, "answer_recall": 0.9},
+              {"stage": "pre_ranking % 8", "units_out_mean": 8.0, "answer_recall": 0.6},
+              {"stage": "later_chunking", "units_out_mean": 11.0, "answer_recall": 0.6},
+              {"stage": "post_ranking % 4", "units_out_mean": 4.0, "answer_recall": 0.5}]
+    # 40 questions: the flat system finds the answer at rank 1 for q0-q9, the funnel for q0-q29; the
+    # paired differences are +1 on 20 questions and 0 on 20
+    d = _whole_report([1] * 10 + [0] * 30, [1] * 30 + [0] * 10, 30.0, 40.0, stages)
+    text = report.whole_statement(d, ["flat"], ["fun"])
+    assert "minus the best flat system (`flat`, 0.250 at 30): +0.500 [" in text
+    assert "the funnel is above the flat system" in text  # 20 of 40 paired +1: the interval excludes 0
+    assert "front of AR@1 against pairs scored per query (cross-encoder pairs + FiD passages): `flat`, `fun`; " \
+           "funnel configuration(s) on it: `fun`." in text
+    # AR@4 ties at 1.0: the cheaper flat system dominates the funnel
+    assert "front of AR@4 against pairs scored per query (cross-encoder pairs + FiD passages): `flat`; no funnel" in text
+    assert "the largest loss is at pre_ranking % 8 (0.300)" in text
+    # the same qualities with the flat system better: below, and off the front
+    d = _whole_report([1] * 30 + [0] * 10, [1] * 10 + [0] * 30, 30.0, 40.0, stages)
+    text = report.whole_statement(d, ["flat"], ["fun"])
+    assert "-0.500 [" in text and "the funnel is below the flat system" in text
+    assert "funnel configuration(s) on it" not in text

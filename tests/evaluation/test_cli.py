@@ -143,7 +143,7 @@ def test_tune_needs_another_split_over_the_same_corpus(tmp_path):
     cfg = tmp_path / "e.toml"
     base = ('[dataset]\npath = "beir"\n[evaluate]\nmetrics = ["ndcg@1"]\nn_timing = 0\n{extra}\n'
             '[systems.tuned]\ncomponent = "bm25"\ntune = {{ k = [1, 2] }}\n')
-    for extra, message in (("", "no tune_split"), ('tune_split = "test"', "is the evaluated split")):
+    for extra, message in (("", "neither tune_split nor tune_questions"), ('tune_split = "test"', "is the evaluated split")):
         cfg.write_text(base.format(extra=extra))
         with pytest.raises(ValueError, match=message):
             from funnel_core.evaluation.config import run_config
@@ -195,3 +195,108 @@ def test_a_misspelt_key_names_the_keys_the_table_takes(tmp_path, capsys, compone
         assert python_only not in msg, msg
     assert main(["eval", str(cfg), "--no-progress"]) == 1  # the command says the same
     assert f"unknown key(s) ['{bad}']" in capsys.readouterr().err
+
+
+def _squad(path, articles):
+    """A SQuAD v1.1 file from ``{title: [(paragraph, [(question, answer), ...]), ...]}``."""
+    data = [{"title": title, "paragraphs": [
+        {"context": ctx, "qas": [{"id": f"{title}-{pi}-{qi}", "question": q,
+                                  "answers": [{"text": a, "answer_start": ctx.find(a)}]}
+                                 for qi, (q, a) in enumerate(qas)]}
+        for pi, (ctx, qas) in enumerate(paras)]} for title, paras in articles.items()]
+    path.write_text(json.dumps({"version": "1.1", "data": data}))
+    return path
+
+
+def test_distractors_join_the_corpus_not_the_questions(tmp_path):
+    _squad(tmp_path / "dev.json", {"Fruit": [("apple zest", [("apple apple", "zest")])]})
+    # the train file's one paragraph repeats "apple" three times: with b = 0 (no length
+    # normalisation) BM25 ranks it above the dev paragraph
+    _squad(tmp_path / "train.json", {"Orchard": [(
+        "apple apple apple banana cherry grape lemon mango peach plum", [("apple", "plum")])]})
+    cfg = tmp_path / "e.toml"
+    cfg.write_text('[dataset]\npath = "dev.json"\ndistractors = ["train.json"]\n[evaluate]\nmetrics = ["AR@1"]\n'
+                   'n_timing = 0\noutput = "out"\n[systems.flat]\ncomponent = "bm25"\nk = 1\nindex = { b = 0.0 }\n')
+    assert main(["eval", str(cfg), "--no-progress", "--cache-dir", str(tmp_path / "cache")]) == 0
+    d = Report.load(tmp_path / "out").to_dict()
+    assert d["dataset"]["corpus"] == 2 and d["dataset"]["questions"] == 1  # the train question is not asked
+    assert d["config"]["dataset"]["distractors"] == [str((tmp_path / "train.json").resolve())]
+    assert d["summary"]["flat"]["AR@1"]["mean"] == 0.0  # the distractor took rank 1
+    # the score cache's corpus digest covers the distractors: a changed distractor file recomputes
+    _squad(tmp_path / "train.json", {"Orchard": [("banana cherry", [("banana?", "cherry")])]})
+    with pytest.warns(UserWarning, match="differs in: corpus"):
+        assert main(["eval", str(cfg), "--no-progress", "--cache-dir", str(tmp_path / "cache")]) == 0
+    assert Report.load(tmp_path / "out").to_dict()["summary"]["flat"]["AR@1"]["mean"] == 1.0
+
+
+def test_distractors_are_checked(tmp_path):
+    _squad(tmp_path / "dev.json", {"Fruit": [("apple zest", [("apple apple", "zest")])]})
+    cfg = tmp_path / "e.toml"
+    body = '[evaluate]\nmetrics = ["AR@1"]\nn_timing = 0\noutput = "out"\n[systems.b]\ncomponent = "bm25"\n'
+    cfg.write_text('[dataset]\npath = "dev.json"\ndistractors = "dev.json"\n' + body)
+    with pytest.raises(ValueError, match="distractors must be a list of strings, got 'dev.json'"):
+        load_config(cfg)
+    from funnel_core.evaluation.config import run_config
+
+    cfg.write_text('[dataset]\npath = "dev.json"\ndistractors = ["dev.json"]\n' + body)
+    with pytest.raises(ValueError, match="unit id 'Fruit/0' is already in the corpus"):
+        run_config(cfg, progress=False)
+
+
+def test_tune_questions_tune_on_another_file_over_the_evaluated_corpus(tmp_path):
+    _squad(tmp_path / "dev.json", {"Fruit": [("apple zest", [("apple apple", "zest")])]})
+    _squad(tmp_path / "train.json", {"Orchard": [(
+        "apple apple apple banana cherry grape lemon mango peach plum", [("apple", "plum")])]})
+    cfg = tmp_path / "e.toml"
+    head = '[dataset]\npath = "dev.json"\n{ds}[evaluate]\nmetrics = ["AR@1"]\nn_timing = 0\noutput = "out"\n{tq}\n'
+    systems = ('[systems.fixed]\ncomponent = "bm25"\nk = 1\nindex = { b = 1.0 }\n'
+               '[systems.tuned]\ncomponent = "bm25"\nk = 1\ntune = { index = [{ b = 1.0 }, { b = 0.0 }] }\n')
+    tq = 'tune_questions = { path = "train.json", limit = 1, seed = 3 }'
+    cfg.write_text(head.format(ds='distractors = ["train.json"]\n', tq=tq) + systems)
+    assert main(["eval", str(cfg), "--no-progress"]) == 0
+    d = Report.load(tmp_path / "out").to_dict()
+    t = d["tuning"]["tuned"]
+    # the train question's answer is in the long paragraph: b = 0 finds it at rank 1, b = 1 does
+    # not; a tuner that read the dev question would choose b = 1
+    assert t["scores"] == [0.0, 1.0] and t["chosen"] == {"b": 0.0} and t["questions"] == 1
+    assert t["split"] == "train (tune_questions)"
+    assert d["summary"]["tuned"]["AR@1"]["mean"] == 0.0 and d["summary"]["fixed"]["AR@1"]["mean"] == 1.0
+    from funnel_core.evaluation.config import run_config
+
+    # tuning questions whose paragraphs are not searched are refused, naming the fix
+    cfg.write_text(head.format(ds="", tq=tq) + systems)
+    with pytest.raises(ValueError, match=r"not in the evaluated corpus .*'Orchard/0'.*\[dataset\] distractors"):
+        run_config(cfg, progress=False)
+    # so are tuning questions that the evaluation reports
+    _squad(tmp_path / "train.json", {"Orchard": [("apple plum", [("Apple  apple", "plum")])]})
+    cfg.write_text(head.format(ds='distractors = ["train.json"]\n', tq=tq) + systems)
+    with pytest.raises(ValueError, match="1 are among the evaluated questions"):
+        run_config(cfg, progress=False)
+    for bad, message in (('tune_questions = { limit = 1 }', "needs `path`"),
+                         ('tune_questions = { path = "train.json", limit = 0 }', "limit must be an integer >= 1"),
+                         ('tune_questions = { path = "train.json", lmit = 1 }', r"unknown key\(s\) \['lmit'\]"),
+                         ('tune_questions = "train.json"', "tune_questions must be a table"),
+                         (tq + '\ntune_split = "train"', "keep one")):
+        cfg.write_text(head.format(ds='distractors = ["train.json"]\n', tq=bad) + systems)
+        with pytest.raises(ValueError, match=message):
+            load_config(cfg)
+
+
+def test_offset_samples_of_one_seed_are_disjoint_and_cover_the_shuffle(squad_file, tmp_path):
+    from funnel_core.evaluation.config import run_config
+
+    ds = load_dataset(squad_file)
+    parts = [ds.subset(2, seed=5, offset=o).question_ids for o in (0, 2, 4)]
+    assert [len(p) for p in parts] == [2, 2, 2]
+    assert sorted(sum(parts, [])) == sorted(ds.question_ids)  # disjoint, and together every question
+    assert ds.subset(None, seed=5, offset=4).question_ids == parts[2]  # no limit: the rest of the shuffle
+    with pytest.raises(ValueError, match="offset 6 leaves no question"):
+        ds.subset(2, seed=5, offset=6)
+    cfg = tmp_path / "e.toml"
+    body = '[evaluate]\nmetrics = ["AR@1"]\nn_timing = 0\noutput = "out"\n[systems.b]\ncomponent = "bm25"\n'
+    cfg.write_text('[dataset]\npath = "squad.json"\nlimit = 2\nseed = 5\noffset = 2\n' + body)
+    report, _ = run_config(cfg, progress=False)
+    assert [r["id"] for r in report.per_question["b"]] == parts[1]
+    cfg.write_text('[dataset]\npath = "squad.json"\nlimit = 2\noffset = -1\n' + body)
+    with pytest.raises(ValueError, match="offset must be an integer >= 0, got -1"):
+        load_config(cfg)

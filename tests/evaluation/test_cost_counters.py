@@ -69,3 +69,21 @@ def test_a_local_llm_counts_prompts_and_tokens(tiny_llama_path):
     # padding is not counted
     assert diff["llm_prompt_tokens"] == expected_prompt_tokens + len(tok(prompts[0], add_special_tokens=False)["input_ids"])
     assert 0 < diff["llm_completion_tokens"] <= 2 * 3 and len(out) == 2
+
+
+def test_fid_passages_are_counted_apart_from_cross_encoder_pairs(tiny_t5_path, tiny_cross_encoder_path):
+    from funnel_core.rerank.cross_encoder import CrossEncoderScorer
+    from funnel_core.rerank.fid import FiDAttentionScorer
+
+    units = [Unit(id=str(i), text=t, metadata={"title": f"T{i}"})
+             for i, t in enumerate(["cats purr", "dogs bark", "cats and dogs"])]
+    ce = CrossEncoderScorer(tiny_cross_encoder_path, device="cpu", runtime="torch")
+    fid = FiDAttentionScorer(model=tiny_t5_path, device="cpu", max_length=32)
+    before = counters.snapshot()
+    ce.rank("cats", units)
+    fid.rank("cats", units[:2])          # through rank (titles read from the units)
+    fid.score("dogs", ["dogs bark"])     # and through score
+    diff = counters.difference(counters.snapshot(), before)
+    # pairs_scored is every pair either model scored; fid_passages the reader's share alone
+    assert diff["pairs_scored"] == 6 and diff["fid_passages"] == 3 and diff["model_calls"] == 3
+    assert (fid.calls, fid.pairs_scored) == (2, 3)

@@ -351,3 +351,27 @@ def test_quiet_check_each_waits_before_every_timed_query():
     assert plain.timing["refused"] and plain.cost["a"]["seconds_p50"] is None
     with pytest.raises(ValueError, match="'each'"):
         evaluate({"a": busy}, ANSWER_DS, metrics=["AR@1"], n_timing=1, progress=False, quiet_check="every")
+
+
+def test_a_funnel_records_what_each_stage_kept_and_whether_the_answer_survived():
+    from funnel_core.bm25 import BM25Index, BM25Retrieve
+    from funnel_core.funnel import Funnel
+    from funnel_core.rerank.bm25 import BM25Scorer
+
+    corpus = [Unit(id=f"d{i}", text=t, metadata={"title": f"T{i}"}) for i, t in enumerate(
+        ["paris is in france", "paris paris paris is a city", "rome is in italy", "berlin is in germany"])]
+    # q1: BM25 retrieval finds both paris documents; the cut % 1 keeps the one that repeats "paris",
+    # which lacks the answer: retrieval has it, the reranking stage loses it
+    ds = EvalDataset(queries={"q1": "paris", "q2": "rome italy"}, answers={"q1": ["france"], "q2": ["italy"]})
+    index = BM25Index().index(corpus)
+    funnel = Funnel([BM25Retrieve(index, k=3), BM25Scorer() % 1])
+    r = evaluate({"bm25": BM25Retrieve(index, k=1), "funnel": funnel}, ds, metrics=["AR@1"], n_timing=0,
+                 progress=False)
+    per_q = {x["id"]: x["stages"] for x in r.per_question["funnel"]}
+    assert [s["answer_recall"] for s in per_q["q1"]] == [1.0, 0.0]
+    assert [s["answer_recall"] for s in per_q["q2"]] == [1.0, 1.0]
+    assert [s["units_out"] for s in per_q["q1"]] == [2, 1]
+    trace = r.stages["funnel"]
+    assert [x["answer_recall"] for x in trace] == [1.0, 0.5] and [x["units_out_mean"] for x in trace] == [1.5, 1.0]
+    assert "bm25" not in r.stages and "stages" not in r.per_question["bm25"][0]  # one stage: no trace
+    assert "funnel per stage" in r.to_markdown() and "(answer in 0.500)" in r.to_markdown()

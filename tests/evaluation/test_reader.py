@@ -122,3 +122,53 @@ def test_funnel_eval_reads_with_the_reader_table(squad_file, tiny_llama_path, tm
     cfg.write_text(cfg.read_text().replace(f'model = "{tiny_llama_path}"', 'modell = "x"'))
     with pytest.raises(ValueError, match=r"\[reader\]: needs `model`"):
         run_config(cfg, progress=False)
+
+
+def test_a_fid_reader_reads_each_top_k_unit_as_one_passage(tiny_t5_path, tmp_path):
+    """FiDReader through the harness: the answer is what the reader generates from the top-k units as
+    k passages (compared with the scorer run by hand on those units), its passages are counted as the
+    reader's cost, never the system's, and `[reader] kind = "fid"` builds it."""
+    from funnel_core import counters
+    from funnel_core.rerank.fid import FiDAttentionScorer, FiDReader
+
+    units = {"q1": [Unit(id="a", text="Paris is the capital of France.", metadata={"title": "Paris"}),
+                    Unit(id="b", text="Lyon is a city.", metadata={"title": "Lyon"}),
+                    Unit(id="c", text="Nice is by the sea.", metadata={"title": "Nice"})],
+             "q2": [Unit(id="d", text="Hamlet was written by William Shakespeare.", metadata={"title": "Hamlet"})]}
+    reader = FiDReader(tiny_t5_path, max_answer_tokens=4, max_length=32, device="cpu")
+    rep = evaluate({"s": lambda q: units["q1" if "France" in q else "q2"]}, DS, metrics=["EM@2", "F1@2"],
+                   n_timing=0, progress=False, reader=reader)
+    by_hand = FiDAttentionScorer(model=tiny_t5_path, return_answer=True, max_answer_tokens=4, max_length=32,
+                                 device="cpu")
+    for rec in rep.per_question["s"]:
+        top = units[rec["id"]][:2]
+        by_hand.rank(DS.queries[rec["id"]], top)
+        assert rec["reader"]["answers"] == {"2": by_hand.last_answer}
+        assert rec["reader"]["counts"]["fid_passages"] == len(top)   # 2 passages for q1, 1 for q2
+        assert rec["counts"]["fid_passages"] == 0                    # the system scored nothing
+    assert rep.cost["s"]["reader_fid_passages_per_query"] == 1.5
+    before = counters.snapshot()
+    assert reader.answer("anything", []) == "" and counters.snapshot() == before
+    with pytest.raises(ValueError, match="FiDReader sets return_answer itself"):
+        FiDReader(tiny_t5_path, return_answer=False)
+    # the TOML way
+    import json
+
+    from funnel_core.evaluation.config import run_config
+
+    (tmp_path / "squad.json").write_text(json.dumps({"data": [{"title": "Paris", "paragraphs": [
+        {"context": "Paris is the capital of France.", "qas": [
+            {"id": "q1", "question": "What is the capital of France?", "answers": [{"text": "Paris"}]}]}]}]}))
+    cfg = tmp_path / "e.toml"
+    body = ('[dataset]\npath = "squad.json"\n[evaluate]\nmetrics = ["EM@1"]\nn_timing = 0\noutput = "out"\n'
+            '[systems.b]\ncomponent = "bm25"\n[reader]\nkind = "fid"\nmodel = "{m}"\nmax_length = 32\n{extra}')
+    cfg.write_text(body.format(m=tiny_t5_path, extra="max_answer_tokens = 3\n"))
+    report, _ = run_config(cfg, progress=False)
+    assert "FiDReader(" in report.to_dict()["config"]["reader"]
+    assert report.per_question["b"][0]["reader"]["counts"]["fid_passages"] == 1
+    cfg.write_text(body.format(m=tiny_t5_path, extra='prompt = "{context} {question}"\n'))
+    with pytest.raises(ValueError, match="reads passages, not a prompt"):
+        run_config(cfg, progress=False)
+    cfg.write_text(body.format(m=tiny_t5_path, extra="").replace('kind = "fid"', 'kind = "t5"'))
+    with pytest.raises(ValueError, match="kind must be \"llm\""):
+        run_config(cfg, progress=False)
