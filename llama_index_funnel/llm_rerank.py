@@ -51,8 +51,6 @@ class RankRAGRerank(RankRAGFields, StagePostprocessor):
 
     llm: Any = Field(description="LlamaIndex LLM, funnel_core LLM provider, or a causal-LM "
                                  "name/folder.")
-    name: Optional[str] = Field(default=None, description="Stage name in traces.")
-
     @classmethod
     def class_name(cls) -> str:
         return "RankRAGRerank"

@@ -20,10 +20,18 @@ from funnel_core.rerank.fid import FiDAttentionScorer
 from funnel_core.rerank.monot5 import MonoT5Scorer
 from funnel_core.rerank.rankrag import DEFAULT_RANKRAG_PROMPT, RankRAGScorer
 
-__all__ = ["CrossEncoderFields", "MonoT5Fields", "FiDAttentionFields", "AttentionLMFields", "RankRAGFields"]
+__all__ = ["RerankerFields", "CrossEncoderFields", "MonoT5Fields", "FiDAttentionFields", "AttentionLMFields", "RankRAGFields"]
 
 
-class CrossEncoderFields(BaseModel):
+class RerankerFields(BaseModel):
+    """The settings every reranker takes from :class:`~funnel_core.rerank.base.Reranker`."""
+
+    top_n: Optional[int] = Field(default=None, description="Units to keep (None: all).")
+    score_threshold: Optional[float] = Field(default=None, description="Drop units scoring below this.")
+    name: Optional[str] = Field(default=None, description="Stage name in traces and score histories.")
+
+
+class CrossEncoderFields(RerankerFields):
     """The settings of :class:`~funnel_core.rerank.cross_encoder.CrossEncoderScorer`, for both adapters."""
 
     stage_class: ClassVar[type] = CrossEncoderScorer
@@ -42,16 +50,11 @@ class CrossEncoderFields(BaseModel):
         default=True, description="Sigmoid scores into (0, 1), as the framework's own cross-encoder "
                                   "rerankers give them (so a 0.5 similarity cut-off means 'relevant'); "
                                   "False: the model's raw logits (the core CrossEncoderScorer's default).")
-    top_n: Optional[int] = Field(default=None, description='Units to keep (None: all).')
-    score_threshold: Optional[float] = Field(
-        default=None, description='Drop units scoring below this.')
     window_words: Optional[int] = Field(
         default=None, description='Score texts longer than this many words by their best window (MaxP); None = truncate.')
     window_overlap: int = Field(default=0, description='Words shared by consecutive windows.')
     fuse_weight: Optional[float] = Field(
         default=None, description='Weight of the previous score in a min-max interpolation; None = off.')
-    name: Optional[str] = Field(
-        default=None, description='Stage name in traces and score histories.')
     model_kwargs: Optional[dict[str, Any]] = Field(
         default=None, description='Extra keyword arguments of the model loader.')
     runtime: str = Field(
@@ -62,7 +65,7 @@ class CrossEncoderFields(BaseModel):
         default='auto', description='auto | float32 | bfloat16 | float16 (torch runtime; auto: bf16 only where the hardware runs it natively).')
 
 
-class MonoT5Fields(BaseModel):
+class MonoT5Fields(RerankerFields):
     """The settings of :class:`~funnel_core.rerank.monot5.MonoT5Scorer`, for both adapters."""
 
     stage_class: ClassVar[type] = MonoT5Scorer
@@ -79,18 +82,13 @@ class MonoT5Fields(BaseModel):
     true_token: str = Field(default='true', description='Token whose probability is the relevance.')
     false_token: str = Field(default='false', description='The other token of the binary choice.')
     normalize: bool = Field(default=False, description='Sigmoid scores into (0, 1).')
-    top_n: Optional[int] = Field(default=None, description='Units to keep (None: all).')
-    score_threshold: Optional[float] = Field(
-        default=None, description='Drop units scoring below this.')
-    name: Optional[str] = Field(
-        default=None, description='Stage name in traces and score histories.')
     model_kwargs: Optional[dict[str, Any]] = Field(
         default=None, description='Extra keyword arguments of the model loader.')
     dtype: str = Field(
         default='auto', description='auto | float32 | bfloat16 | float16 (auto: bf16 autocast only where the hardware runs it natively, fp16 on older GPUs, else fp32).')
 
 
-class FiDAttentionFields(BaseModel):
+class FiDAttentionFields(RerankerFields):
     """The settings of :class:`~funnel_core.rerank.fid.FiDAttentionScorer`, for both adapters."""
 
     stage_class: ClassVar[type] = FiDAttentionScorer
@@ -116,17 +114,12 @@ class FiDAttentionFields(BaseModel):
     batch_size: int = Field(default=16, description='Passages per encoder pass.')
     device: Optional[str] = Field(
         default=None, description='cpu, cuda, ... (None: best available).')
-    top_n: Optional[int] = Field(default=None, description='Units to keep (None keeps all).')
-    score_threshold: Optional[float] = Field(
-        default=None, description='Drop units below this score.')
     normalize: bool = Field(default=False, description='Sigmoid-normalise scores.')
-    name: Optional[str] = Field(
-        default=None, description='Stage name in traces and score histories.')
     dtype: str = Field(
         default='auto', description='auto | float32 | bfloat16 | float16 (auto: bf16 autocast only where the hardware runs it natively, fp16 on older GPUs, else fp32).')
 
 
-class AttentionLMFields(BaseModel):
+class AttentionLMFields(RerankerFields):
     """The settings of :class:`~funnel_core.rerank.attention_lm.AttentionLMScorer`, for both adapters."""
 
     stage_class: ClassVar[type] = AttentionLMScorer
@@ -152,24 +145,17 @@ class AttentionLMFields(BaseModel):
         default=True, description='SDPA for the passages, eager for the query.')
     device: Optional[str] = Field(
         default=None, description='cpu, cuda, ... (None: best available).')
-    top_n: Optional[int] = Field(default=None, description='Units to keep (None keeps all).')
-    score_threshold: Optional[float] = Field(
-        default=None, description='Drop units below this score.')
     normalize: bool = Field(default=False, description='Sigmoid-normalise scores.')
     batch_size: int = Field(default=1, description='Prompts per forward pass.')
-    name: Optional[str] = Field(
-        default=None, description='Stage name in traces and score histories.')
     dtype: str = Field(
         default='auto', description='auto | float32 | bfloat16 | float16 (auto: bf16 autocast only where the hardware runs it natively, fp16 on older GPUs, else fp32).')
 
 
-class RankRAGFields(BaseModel):
+class RankRAGFields(RerankerFields):
     """The settings of :class:`~funnel_core.rerank.rankrag.RankRAGScorer`, for both adapters."""
 
     stage_class: ClassVar[type] = RankRAGScorer
 
-    top_n: Optional[int] = Field(default=None, description="Units kept (None: all).")
-    score_threshold: Optional[float] = Field(default=None, description="Drop units below this P(True).")
     prompt: str = Field(default=DEFAULT_RANKRAG_PROMPT,
                         description="Template with {question} and {passage} (optionally "
                                     "{history}); RANKRAG_PROMPTS names the presets: paper, "
