@@ -74,9 +74,14 @@ router.fit(["Who wrote Hamlet?", "What is BM25?", "Where is Paris?"], _np.eye(5)
 
 SETUP: dict[str, str] = {
     "README.md#0": CORPUS,
-    "docs/best_practices.md#0": CORPUS + "my_llm = lambda prompt: 'Vitamin D is a vitamin.'",
+    "docs/best_practices.md#0": CORPUS + """
+my_llm = lambda prompt: 'Vitamin D is a vitamin.'
+from funnel_core.testing import ScriptedLLM
+llm = ScriptedLLM("Vitamin D lowers the risk of respiratory infections.")
+""",
     "docs/best_practices.md#1": LI,
     "docs/best_practices.md#2": LC,
+    "docs/best_practices.md#3": "",   # self-contained (SmolLM2 becomes the tiny Llama)
     "docs/clustering.md#0": CORPUS,
     "docs/clustering.md#1": LI + "from llama_index.core.vector_stores import MetadataFilters",
     "docs/clustering.md#2": LC,
@@ -143,17 +148,23 @@ from langchain_core.language_models.fake_chat_models import FakeListChatModel
 ChatOpenAI = lambda **kw: FakeListChatModel(responses=["1"] * 50)
 """,
     "docs/llm_retrieval.md#4": CORPUS + """
+from llama_index.core.schema import NodeWithScore, TextNode
+from funnel_core.llm import TransformersLLM
+llm = TransformersLLM(TINY_LLAMA)
+nodes = [NodeWithScore(node=TextNode(id_=u.id, text=u.text), score=1.0) for u in units]
+""",
+    "docs/llm_retrieval.md#5": CORPUS + """
 records = [{"question": "Who wrote Hamlet?", "answers": ["Shakespeare"], "positive": units[5].text,
             "negatives": [units[0].text, units[1].text]},
            {"question": "What is BM25?", "answers": ["a ranking function"], "positive": units[3].text,
             "negatives": [units[7].text]}]
 """,
-    "docs/llm_retrieval.md#5": CORPUS + """
+    "docs/llm_retrieval.md#6": CORPUS + """
 from funnel_core.llm import TransformersLLM
 llm = TransformersLLM(TINY_LLAMA)
 long_text = " ".join(u.text for u in units) * 20
 """,
-    "docs/llm_retrieval.md#6": LI + """
+    "docs/llm_retrieval.md#7": LI + """
 from llama_index.core.query_engine import RetrieverQueryEngine, TransformQueryEngine
 from llama_index.core.retrievers import TransformRetriever
 long_text = " ".join(u.text for u in units) * 20
