@@ -18,6 +18,7 @@ from funnel_core import Unit
 from funnel_core.best_practices.classify import QueryClassifier, RetrievalGate
 from funnel_core.best_practices.compress import ExtractiveCompressor
 from funnel_core.best_practices.fusion import HybridRetrieve
+from funnel_core.best_practices.hyde import HyDE, HyDERetrieve
 from funnel_core.best_practices.repack import Repack
 from funnel_core.bm25 import BM25Index, BM25Retrieve
 from funnel_core.embeddings import DenseIndex, DenseRetrieve, SentenceEmbedder
@@ -59,6 +60,7 @@ BUILD: dict[str, Callable[[Any], Stage]] = {
     "ClusteredBM25Retrieve": lambda r: ClusteredBM25Retrieve(
         ClusteredBM25Index(max_tokens=30).index(UNITS), k=3),
     "HybridRetrieve": lambda r: HybridRetrieve(BM25Retrieve(_index()), BM25Retrieve(_index()), k=3),
+    "HyDERetrieve": lambda r: HyDERetrieve(DenseIndex(SentenceEmbedder(NO_MODEL)), HyDE(NO_MODEL), k=3),
     "MixOfGranularityRetrieve": lambda r: MixOfGranularityRetrieve(
         MultiGranularityChunker(chunk_size=4, n_gra=2).split([u.text for u in UNITS]), top_k=3),
     "Repack": lambda r: Repack(),

@@ -13,7 +13,9 @@ import pytest
 
 from funnel_core.best_practices.compress import ExtractiveCompressor
 from funnel_core.best_practices.fusion import HybridRetrieve
+from funnel_core.best_practices.hyde import HyDE, HyDERetrieve
 from funnel_core.best_practices.repack import Repack
+from funnel_core.embeddings import DenseIndex, SentenceEmbedder
 from funnel_core.fbrag import ForwardLookup
 from funnel_core.funnelrag.chunking import LaterChunking
 from funnel_core.granularity.graph import GraphGranularityBuilder
@@ -63,12 +65,15 @@ def _stages(tiny_cross_encoder_path="m") -> list[Settings]:
         MixOfGranularityRetrieve(MultiGranularityChunker(chunk_size=8, n_gra=2).split(docs),
                                  k_r=4, top_k=2, normalize="max"),
         HybridRetrieve(_no_hits, _no_hits, alpha=0.7, method="rrf", rrf_k=10),
+        HyDE("some/lm", n=2, temperature=0.7, max_new_tokens=32),
+        HyDERetrieve(DenseIndex(SentenceEmbedder("some/embedder")), HyDE("some/lm", n=2, temperature=0.7), k=7),
     ]
 
 
 def test_every_settings_class_is_covered():
     """A new Settings class must join _stages (so its round trip is tested)."""
     import funnel_core.best_practices.compress  # noqa: F401 (every module with a Settings class)
+    import funnel_core.best_practices.hyde  # noqa: F401
     import funnel_core.granularity.retrieval  # noqa: F401
 
     def subclasses(cls):
@@ -82,7 +87,7 @@ def test_every_settings_class_is_covered():
 @pytest.mark.parametrize("stage", _stages(), ids=lambda s: type(s).__name__)
 def test_from_dict_of_to_dict_round_trips(stage):
     data = stage.to_dict()
-    if isinstance(stage, (MixOfGranularityRetrieve, HybridRetrieve)):  # live objects: passed again
+    if isinstance(stage, (MixOfGranularityRetrieve, HybridRetrieve, HyDERetrieve)):  # live objects: passed again
         live = {n: stage._setting(n) for n in type(stage).unserialised}
         back = type(stage).from_dict(data, **live)
     else:
