@@ -1,6 +1,6 @@
 """Code, tests, docs and benchmarks say what they do, not which internal issue asked for it.
 
-An internal tracker number ("Issue 28 item 10", "Defect 4 of issue 17") means nothing to a
+An internal tracker number (an issue's number and item, a defect's number) means nothing to a
 reader of the repository. The check covers the tracked files of the paths below (the same set
 as ``git grep -nE PATTERN -- PATHS``); recorded benchmark results (``benchmarks/results``) are
 data and are left out, as is this file.
@@ -38,9 +38,10 @@ def _tracked_files() -> list[Path]:
 
 
 def test_the_pattern_catches_the_spellings_used_before():
-    for text in ("Issue 28 item 10", "issue 19", "(issue 22)", "Defect 4 of issue 17",
-                 "before issue 29 moved", "issues 17 and 18", "issue #31"):
-        assert PATTERN.search(text), text
+    # the spellings are built here (not written out) so that this file cites no number itself
+    for text in ("Issue {} item 10", "issue {}", "(issue {})", "Defect 4 of issue {}",
+                 "before issue {} moved", "issues {} and 18", "issue #{}"):
+        assert PATTERN.search(text.format(28)), text
     for text in ("an issue with ids", "the issue tracker", "item 6", "the 2 defects of a run"):
         assert not PATTERN.search(text), text
 
