@@ -440,6 +440,7 @@ def test_funnelrag_preset_on_milvus_equals_in_memory(clustered, clustered_ref):
         assert [r.units_out for r in a.trace.stages] == [r.units_out for r in b.trace.stages]
 
 
+@pytest.mark.slow  # over the fast tier's 2 s on a quiet machine (load 0.5)
 def test_clustered_follows_a_rebuild_by_another_writer(db, corpus):
     """A reader that cached the old collections keeps working after another writer's rebuild."""
     writer = MilvusClusteredBM25Index(db, "shared_clusters", max_tokens=120).index(corpus[:40])

@@ -45,6 +45,7 @@ def _view(units):
 QUERIES = ["capital city france", "tragedy play", "ranking search", "dense vectors"]
 
 
+@pytest.mark.slow  # over the fast tier's 2 s on a quiet machine (load 0.5)
 def test_a_reader_sees_the_old_or_the_new_build_never_a_mix(db, monkeypatch):
     ref = {v: ClusteredBM25Index(**KW).index(_corpus(v)) for v in ("old", "new")}
     MilvusClusteredBM25Index(db, "rb", **KW).index(_corpus("old"))

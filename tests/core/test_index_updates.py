@@ -163,6 +163,7 @@ def test_bm25_concurrent_index_add_delete(corpus_units):
     _hammer(search, refs, writer)
 
 
+@pytest.mark.slow  # over the fast tier's 2 s on a quiet machine (load 0.5)
 def test_clustered_concurrent_index_add_delete(corpus_units):
     a, b = corpus_units[:5], corpus_units
     cfg = dict(max_tokens=40, knn_k=3, knn_threshold=0.05)

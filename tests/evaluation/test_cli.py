@@ -123,6 +123,7 @@ def _beir_two_splits(folder):
     (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\ns1\tshort\t1\n")
 
 
+@pytest.mark.slow  # over the fast tier's 2 s on a quiet machine (load 0.5)
 def test_tune_chooses_on_the_tuning_split_and_reports_the_other(tmp_path):
     _beir_two_splits(tmp_path / "beir")
     cfg = tmp_path / "e.toml"

@@ -58,6 +58,7 @@ def test_hyde_systems_build_share_one_writer_and_run(squad_file, tiny_llama_path
     assert set(d["summary"]["hybrid_hyde"]) >= {"AR@1", "AR@2"}
 
 
+@pytest.mark.slow  # over the fast tier's 2 s on a quiet machine (load 0.5)
 def test_hyde_settings_are_checked(squad_file, tmp_path, capsys):
     cfg = _config(tmp_path, "x")
     cfg.write_text(cfg.read_text().replace('llm = "x"\nmax_new_tokens', 'max_new_tokens'))

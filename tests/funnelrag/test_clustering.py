@@ -133,6 +133,7 @@ def test_clustered_stage_in_a_funnel(clustered):
     assert res.trace.stages[0].level == "document"
 
 
+@pytest.mark.slow  # over the fast tier's 2 s on a quiet machine (load 0.5)
 def test_clustering_is_identical_across_processes(tmp_path):
     """bm25s numbers terms in hash-seed order; the graph must not depend on it."""
     import os

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork (
 
 # the dense kinds run in ``make reliability`` only: pytest has imported numpy with BLAS threads
 # before the harness can limit them, and a fork then can leave the child waiting on their locks
+@pytest.mark.slow  # over the fast tier's 2 s on a quiet machine (load 0.5)
 @pytest.mark.parametrize("kind", ["bm25", "clustered", "langchain_bm25"])
 def test_kill_at_every_step_boundary(kind, tmp_path):
     s = rh.kill_at_steps(kind, repeats=1, workdir=tmp_path)
@@ -42,12 +43,14 @@ def test_bit_flips_never_load_silently(tmp_path):
     assert {k for k, v in s["by_file"].items() if v["harmless"]} <= {".funnel-rag", ".funnel-rag.journal"}, s
 
 
+@pytest.mark.slow  # over the fast tier's 2 s on a quiet machine (load 0.5)
 def test_concurrent_save_load_never_mixes(tmp_path):
     s = rh.concurrent_save_load("bm25", seconds=3.0, readers=2, workdir=tmp_path)
     assert s["mixed"] == 0 and s["errors"] == 0 and s["loads"] > 10 and s["saves"] > 5, s
     assert s["orphans_after_final_save"] == 0
 
 
+@pytest.mark.slow  # over the fast tier's 2 s on a quiet machine (load 0.5)
 @pytest.mark.parametrize("kind", ["bm25", "clustered"])
 def test_queries_during_add_delete(kind):
     s = rh.queries_during_updates(kind, seconds=2.0, threads=3)
