@@ -204,28 +204,29 @@ class HyDE(Settings):
     def _clean(texts: Sequence[str]) -> list[str]:
         return [t.strip() for t in texts]
 
+    def _known(self, query: str) -> tuple[str, list[str] | None]:
+        """``(prompt, documents)`` where the documents are known without a call: ``[]`` for an
+        empty query, the remembered ones for a prompt seen before; ``None`` otherwise."""
+        query = check_query(query)
+        if not query:
+            return "", []
+        prompt = self.build_prompt(query)
+        return prompt, self._cached(prompt)
+
     def documents(self, query: str) -> list[str]:
         """The ``n`` hypothetical documents for ``query`` (stripped; an empty one stays empty and
         is left out of the vector). An empty query gives ``[]``."""
-        query = check_query(query)
-        if not query:
-            return []
-        prompt = self.build_prompt(query)
-        hit = self._cached(prompt)
-        if hit is not None:
-            return hit
+        prompt, known = self._known(query)
+        if known is not None:
+            return known
         out = self.llm.generate([prompt], **self._params())[0]
         return self._remember(prompt, self._clean(out))
 
     async def adocuments(self, query: str) -> list[str]:
         """Async twin of :meth:`documents` (the provider's ``agenerate``)."""
-        query = check_query(query)
-        if not query:
-            return []
-        prompt = self.build_prompt(query)
-        hit = self._cached(prompt)
-        if hit is not None:
-            return hit
+        prompt, known = self._known(query)
+        if known is not None:
+            return known
         out = (await self.llm.agenerate([prompt], **self._params()))[0]
         return self._remember(prompt, self._clean(out))
 
