@@ -151,3 +151,45 @@ def test_retrievers_of_both_frameworks_filter_negative_numbers_on_milvus(tmp_pat
     for flt in ({"num": -1}, {"tags": -3.5}, {"num": [-3.5, 2]}):
         want = sorted(d.id for d in lc_mem.invoke("alpha", filter=flt))
         assert want and sorted(d.id for d in lc_mil.invoke("alpha", filter=flt)) == want, flt
+
+
+MIXED = {"list": ["a", 5], "string": "m", "number": 5, "bool": True, "float": 2.5, "null": None}
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    """One key holding a value of every kind (and a unit without it)."""
+    units = [Unit(id=name, text="alpha beta", metadata={"k": v}) for name, v in MIXED.items()]
+    units.append(Unit(id="missing", text="alpha beta", metadata={}))
+    db = str(tmp_path_factory.mktemp("milvus_mixed") / "m.db")
+    return BM25Index().index(units), MilvusBM25Index(db, "mixed").index(units)
+
+
+@pytest.mark.parametrize("op", [">", ">=", "<", "<=", "==", "!=", "text_match"])
+@pytest.mark.parametrize("value", ["z", "", 3, -1.5, True], ids=repr)
+def test_a_negated_comparison_between_kinds_keeps_what_memory_keeps(mixed, op, value, no_milvus_errors):
+    """Milvus's comparison of two kinds (a list or a number against "z") is null, and ``not``
+    keeps null: ``NOT (tags <= "z")`` returned nothing where memory returns every unit whose value
+    is not a string at most "z". Each comparison and its negation, in both frameworks, against
+    LlamaIndex's predicate in memory."""
+    from langchain_core.structured_query import Comparator, Comparison, Operation, Operator
+    from llama_index.core.vector_stores.types import (FilterCondition, FilterOperator,
+                                                      MetadataFilter, MetadataFilters)
+
+    import langchain_funnel.milvus as lc
+    import llama_index_funnel.milvus as li
+    from llama_index_funnel.filters import to_predicate
+
+    if op == "text_match" and not isinstance(value, str):
+        return
+    memory, milvus = mixed
+    one = MetadataFilter.model_construct(key="k", value=value, operator=FilterOperator(op))
+    lc_op = {">": Comparator.GT, ">=": Comparator.GTE, "<": Comparator.LT, "<=": Comparator.LTE,
+             "==": Comparator.EQ, "!=": Comparator.NE, "text_match": Comparator.LIKE}[op]
+    for negated in (False, True):
+        filters = MetadataFilters(filters=[one], condition=FilterCondition.NOT if negated else None)
+        want = _ids(memory, to_predicate(filters))
+        assert _ids(milvus, li.to_milvus_filter(filters)) == want, (op, value, negated)
+        cmp = Comparison(comparator=lc_op, attribute="k", value=value)
+        lc_filter = Operation(operator=Operator.NOT, arguments=[cmp]) if negated else cmp
+        assert _ids(milvus, lc.to_milvus_filter(lc_filter)) == want, ("langchain", op, value, negated)

@@ -189,6 +189,22 @@ COMPARISONS = ("eq", "ne", "gt", "gte", "lt", "lte", "in", "nin", "contains", "a
 CMP_OPS = {"eq": "==", "gt": ">", "gte": ">=", "lt": "<", "lte": "<="}
 
 
+def _same_type(path: str, value: Any) -> str:
+    """A two-valued test that the stored value at ``path`` has ``value``'s kind, so an order
+    comparison between kinds is false, as in memory, and not null.
+
+    Measured on Milvus Lite: ``x <= "z"`` on a list, a number or a dict is null, not false, and
+    ``not`` keeps null: ``not (x <= "z")`` dropped the units memory keeps (memory: the comparison
+    raises ``TypeError``, so it is false and its negation true). ``x like "%"`` is true for every
+    string and false for every other stored value; ``x * 0 == 0`` true for numbers and bools, false
+    for strings and lists. A dict value stays null under ``x * 0 == 0`` (no two-valued test tells a
+    dict from a number), so ``not (x < 3)`` leaves out a dict-valued ``x`` that memory keeps:
+    narrower, never wider."""
+    if isinstance(value, str):
+        return f'{path} like "%"'
+    return f"{path} * 0 == 0"
+
+
 def comparison_expression(key: str, op: str, value: Any, field: str = "metadata") -> str | None:
     """One metadata comparison as a Milvus boolean expression, with the semantics of a Python
     predicate on the metadata dict: a unit whose metadata lacks ``key`` fails ``eq``/``gt``/...
@@ -203,8 +219,10 @@ def comparison_expression(key: str, op: str, value: Any, field: str = "metadata"
         raise TypeError(f"a metadata filter key must be a non-empty str, got {key!r}.")
     path = json_path(field, key)
     guarded = f"exists {path} and "
+    if op == "eq":
+        return f"({guarded}{path} == {literal(value, key)})"
     if op in CMP_OPS:
-        return f"({guarded}{path} {CMP_OPS[op]} {literal(value, key)})"
+        return f"({guarded}{_same_type(path, value)} and {path} {CMP_OPS[op]} {literal(value, key)})"
     if op == "ne":
         return f"not ({guarded}{path} == {literal(value, key)})"
     if op in ("in", "nin", "any", "all"):
