@@ -162,7 +162,10 @@ def flagembedding_error(exc: ImportError) -> ImportError:
     sentence-transformers, or give FlagEmbedding the transformers it was built for."""
     flag = _installed_version("FlagEmbedding")
     if flag is None:
-        return missing_extra(ImportError(str(exc), name="FlagEmbedding"))
+        return ImportError("library='flagembedding' needs FlagEmbedding, which comes with its own extra "
+                           '(with a transformers it imports with): pip install "funnel-rag[flagembedding]"; '
+                           "or use library='sentence-transformers' with the same model. "
+                           f"Underlying error: {type(exc).__name__}: {exc}")
     transformers = _installed_version("transformers")
     missing = getattr(exc, "name", None) or ""
     why = (f"it imports {missing!r}, which transformers {transformers} does not have (transformers 5 "
@@ -172,7 +175,8 @@ def flagembedding_error(exc: ImportError) -> ImportError:
         f"library='flagembedding': FlagEmbedding {flag} is installed but cannot be imported: {why}. "
         "Use library='sentence-transformers' with the same model (it loads FlagEmbedding's "
         "cross-encoder checkpoints such as 'BAAI/bge-reranker-v2-m3'), or run FlagEmbedding in an "
-        "environment with a transformers it supports (transformers<5 for FlagEmbedding 1.4.2). "
+        "environment with a transformers it supports (pip install \"funnel-rag[flagembedding]\" installs "
+        "transformers<5 with it). "
         f"Underlying error: {type(exc).__name__}: {exc}")
 def gguf_model_kwargs(gguf_file: str | None) -> dict[str, Any]:
     """``from_pretrained`` keywords of a causal LM stored as a GGUF file: the file, unpacked into

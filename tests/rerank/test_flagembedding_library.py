@@ -39,7 +39,30 @@ def test_flagembedding_error_names_the_conflict_and_the_alternative():
         "No module named 'transformers.modeling_attn_mask_utils'",
         name="transformers.modeling_attn_mask_utils")))
     assert "is installed but cannot be imported" in msg and "transformers.modeling_attn_mask_utils" in msg
-    assert "library='sentence-transformers'" in msg and "pip install" not in msg
+    # the fix is the flagembedding extra (it brings transformers<5), never the models extra again
+    assert "library='sentence-transformers'" in msg and '"funnel-rag[flagembedding]"' in msg
+    assert "funnel-rag[models]" not in msg
+
+
+def test_a_missing_flagembedding_names_its_own_extra():
+    """FlagEmbedding is not in the models extra (it does not import with transformers 5): where it
+    is missing, the error names the extra that installs it with a transformers it imports with."""
+    if importlib.util.find_spec("FlagEmbedding") is not None:
+        pytest.skip("FlagEmbedding is installed here")
+    msg = str(flagembedding_error(ModuleNotFoundError("No module named 'FlagEmbedding'", name="FlagEmbedding")))
+    assert 'pip install "funnel-rag[flagembedding]"' in msg and "library='sentence-transformers'" in msg
+
+
+def test_the_models_extra_leaves_flagembedding_out_and_its_extra_pins_transformers():
+    from pathlib import Path
+
+    import tomllib
+
+    extras = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert not any(d.lower().startswith("flagembedding") for d in extras["models"])
+    assert any(d.startswith("FlagEmbedding") for d in extras["flagembedding"])
+    assert "transformers>=4.45,<5" in extras["flagembedding"]
 
 
 @pytest.mark.models
