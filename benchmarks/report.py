@@ -11,10 +11,13 @@ a bootstrap interval the row shows that; for a proportion with only its mean and
 row shows a Wilson 95% interval (marked "Wilson"); where neither is possible the row says so.
 A row whose JSON is missing (or lacks the fields) is left out with a warning.
 
-To add a block: write a function returning the block's markdown, decorate it with
-``@block("name")`` and put the two markers in a file of ``FILES``. To add rows to the README's
-summary table: a function returning ``Part`` tuples, decorated with ``@readme_rows(what, command)``.
-``table(header, rows, note)`` renders every table.
+Most blocks are declared, not programmed: a ``Table`` names a JSON file, the column headers, one
+template per cell (``"{path.to.field:.3f}"``, see ``_Template``) and where its rows come from;
+``HARNESS_BLOCKS`` lists the blocks that are one ``harness_table`` of an evaluation-harness report;
+``README_ROWS`` lists the README summary rows (``Rows`` of templates, ``hrow`` of a harness report).
+A block that needs code (derived comparisons, statements in words) is a function decorated with
+``@block("name")``. Either way the two markers go in a file of ``FILES``; ``table(header, rows,
+note)`` renders every table.
 """
 
 from __future__ import annotations
@@ -24,39 +27,27 @@ import functools
 import json
 import math
 import re
+import string
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT))
 Row = tuple[str, str, str, str, str]   # what, result, n, interval, command
-Part = tuple[str, str, str, str]       # what, result, n, interval (the registration adds the command)
 
 #: block name -> renderer; filled by ``@block``
 BLOCKS: dict[str, Callable[[], str]] = {}
-#: (what, renderer of README rows) in table order; filled by ``@readme_rows``
-README_ROWS: list[tuple[str, Callable[[], list[Row]]]] = []
 
 
 def block(name: str) -> Callable[[Callable[[], str]], Callable[[], str]]:
     """Register the renderer of the block ``<!-- results:NAME:begin/end -->``."""
     def register(fn: Callable[[], str]) -> Callable[[], str]:
         if name in BLOCKS:
-            raise ValueError(f"block {name!r} is registered twice ({BLOCKS[name].__name__}, {fn.__name__})")
+            raise ValueError(f"block {name!r} is registered twice ({BLOCKS[name]!r}, {fn!r})")
         BLOCKS[name] = fn
-        return fn
-    return register
-
-
-def readme_rows(what: str, command: str | None = None):
-    """Register rows of the README's results table. With ``command`` the function returns ``Part``
-    tuples and every row gets that command; without, it returns whole ``Row`` tuples."""
-    def register(fn: Callable[[], list]) -> Callable[[], list]:
-        def rows() -> list[Row]:
-            return [(*r, command) for r in fn()] if command is not None else fn()
-        README_ROWS.append((what, rows))
         return fn
     return register
 
@@ -130,6 +121,106 @@ def commands_cell(commands: Sequence[str], strip_comments: bool = False) -> str:
     history) and names the `funnel train` recipe that now makes the model (a different run)."""
     cell = "; ".join(f"`{c.split('#')[0].strip() if strip_comments else c}`" for c in commands)
     return removed_note(cell) if any(s in cell for s in REMOVED_SCRIPTS) else cell
+
+
+# -- tables declared as data --------------------------------------------------------------------------
+class _Missing(str):
+    """The text a template shows for a missing value (``{path|text}``), never formatted."""
+
+
+class _Template(string.Formatter):
+    """``str.format`` over JSON: ``{a.b.c:SPEC}`` reads key ``a``, then ``b``, then ``c`` of the row
+    (``{^a.b}``: of the whole file; a ``*`` in a path is the row's key; ``{key}`` / ``{label}`` the row's
+    key and label; ``{a|text}``: ``text`` where the value is missing or null). ``SPEC`` is a format spec
+    or a name of ``FORMATS`` followed by its argument (``{p:wci300}``: a Wilson interval over 300)."""
+
+    def get_field(self, field_name, args, kwargs):  # type: ignore[override]
+        path, bar, default = field_name.partition("|")
+        if path in ("key", "label"):
+            return kwargs[path], field_name
+        node = kwargs["root"] if path.startswith("^") else kwargs["row"]
+        try:
+            for part in path.lstrip("^").split("."):
+                part = part.replace("*", str(kwargs["key"]))
+                node = node[int(part) if isinstance(node, list) else part]
+        except (KeyError, IndexError, TypeError):
+            if not bar:
+                raise
+            node = None
+        return (_Missing(default) if bar and node is None else node), field_name
+
+    def format_field(self, value, format_spec):  # type: ignore[override]
+        if isinstance(value, _Missing):
+            return str(value)
+        name = re.match(r"[a-z_]*", format_spec).group(0)  # type: ignore[union-attr]
+        if name in FORMATS:
+            return FORMATS[name](value, format_spec[len(name):])
+        return format(value, format_spec)
+
+
+#: named formats of a template: value, argument -> text
+FORMATS: dict[str, Callable[[Any, str], str]] = {
+    "ci": lambda v, spec: "[{}, {}]".format(*(format(x, spec or ".3f") for x in v)),
+    "arci": lambda x, _: f"{x['mean']:.3f} {ci(x['ci95'])}",     # mean [95% interval]
+    "diff": lambda c, _: f"{c['difference']:+.3f} {ci(c['ci'])}",  # paired difference [95% interval]
+    "wci": lambda p, n: wci(p, int(n)),
+    "secs": lambda v, _: secs(v),
+    "join": lambda v, sep: (sep or ", ").join(map(str, v)),
+    "commands": lambda v, _: commands_cell(v),
+    "bare_commands": lambda v, _: commands_cell(v, strip_comments=True),
+    "mega": lambda v, _: f"{v / 1e6:.1f} M",
+    "times": lambda v, spec: f"{v:{spec}}×",
+    "curve": lambda c, _: ", ".join(f"{x['step']}: {x['loss']:.2f}" for x in (c or [])[:: max(1, len(c or []) // 8)]),
+}
+
+
+def fill(template: str, row: Any = None, root: Any = None, key: str = "", label: str = "") -> str:
+    """``template`` with its ``{path:spec}`` fields read from ``row`` (and ``root``, ``key``, ``label``)."""
+    return _Template().format(template, row=row, root=root, key=key, label=label)
+
+
+@dataclass(frozen=True)
+class Table:
+    """A markdown table read from one JSON file of results/ (a harness report: ``harness:NAME``).
+
+    ``each``: the path of a dict (or list) with a row per item, each row ``body[0]``'s templates over that
+    item; ``labels`` picks and orders the items of the dict (``{label}`` in a template) and, with
+    ``each`` empty, makes a row per label over the whole file (``*`` in a path: the label's key).
+    Without either, ``body`` is a list of rows of templates over the whole file. ``note`` precedes the
+    table and ``after`` follows it, both templates over the file."""
+
+    source: str
+    header: Sequence[str]
+    body: Sequence[Sequence[str]]
+    each: str | None = None
+    labels: dict[str, str] | None = None
+    note: str = ""
+    after: str = ""
+
+    def __call__(self) -> str:
+        d = harness(self.source[8:]) if self.source.startswith("harness:") else load(self.source)
+        if self.each is None and self.labels is None:
+            rows = [[fill(t, d, d) for t in row] for row in self.body]
+        else:
+            items = _Template().get_field(self.each, (), {"row": d, "root": d, "key": ""})[0] if self.each else d
+            keys = list(self.labels) if self.labels else (list(items) if isinstance(items, dict) else range(len(items)))
+            rows = [[fill(t, items[k] if self.each else d, d, str(k), (self.labels or {}).get(str(k), ""))
+                     for t in self.body[0]] for k in keys]
+        head = [fill(h, d, d) for h in self.header]
+        return table(head, rows, fill(self.note, d, d)) + (fill(self.after, d, d) if self.after else "")
+
+
+@dataclass(frozen=True)
+class Rows:
+    """README results rows read from one JSON file: each a (what, result, sample, interval, command)
+    tuple of templates over the file."""
+
+    source: str
+    rows: Sequence[Sequence[str]]
+
+    def __call__(self) -> list[Row]:
+        d = load(self.source)
+        return [tuple(fill(t, d, d) for t in r) for r in self.rows]  # type: ignore[misc]
 
 
 # -- reports of the evaluation harness (`funnel eval`, funnel_core.evaluation.evaluate) -------------
@@ -435,20 +526,15 @@ def block_large_cluster_recall() -> str:
             f"questions; command: {large_cmd(d)}.\n\n" + "\n".join(out).rstrip())
 
 
-@block("large-ce")
-def block_large_ce() -> str:
-    t = load("squad_ce_training.json")
-    curve = t.get("loss_curve", [])
-    pts = ", ".join(f"{c['step']}: {c['loss']:.2f}" for c in curve[:: max(1, len(curve) // 8)])
-    return table(["what", "value"], [
-        ["init", t["init"]], ["training questions", f"{t['groups']:,} groups from {t['train_questions_sampled']:,} "
-                                                    "sampled SQuAD train questions (the 400 tuning questions excluded)"],
-        ["positives / negatives", f"{t['positives']}; {t['negatives']}"],
-        ["steps, time", f"{t['steps']:,} steps, {t['train_seconds']:.0f} s ({t.get('gpu') or 'CPU'}, {t['dtype']})"],
-        ["listwise loss, first / last 50 steps", f"{t['loss_first50']:.3f} / {t['loss_last50']:.3f} (chance ln 6 = 1.792)"],
-        ["loss curve (step: loss)", pts],
-        ["where", t.get("where_trained", "")],
-        ["command", commands_cell(t.get("commands", []))]])
+block("large-ce")(Table("squad_ce_training.json", ["what", "value"], [
+    ["init", "{init}"],
+    ["training questions", "{groups:,} groups from {train_questions_sampled:,} sampled SQuAD train questions (the "
+                           "400 tuning questions excluded)"],
+    ["positives / negatives", "{positives}; {negatives}"],
+    ["steps, time", "{steps:,} steps, {train_seconds:.0f} s ({gpu|CPU}, {dtype})"],
+    ["listwise loss, first / last 50 steps", "{loss_first50:.3f} / {loss_last50:.3f} (chance ln 6 = 1.792)"],
+    ["loss curve (step: loss)", "{loss_curve|:curve}"], ["where", "{where_trained|}"],
+    ["command", "{commands|:commands}"]]))
 
 
 # -- clustering at scale ------------------------------------------------------------------------
@@ -548,7 +634,6 @@ def rows_readme() -> list[Row]:
     return rows
 
 
-@readme_rows("squad_large")
 def squad_large_rows() -> list[Row]:
     d = large()
     r = d["systems_dev_a"]
@@ -574,7 +659,6 @@ def squad_large_rows() -> list[Row]:
     return out
 
 
-@readme_rows("cluster_scale")
 def cluster_scale_rows() -> list[Row]:
     c = load("cluster_scale.json")
     return [(f"clustering pipeline end to end, {r['n_documents']:,} synthetic docs (BM25 index + kNN graph + "
@@ -585,27 +669,17 @@ def cluster_scale_rows() -> list[Row]:
             for _, run, r in cluster_full_runs(c)]
 
 
-@readme_rows("squad_ce_training")
-def ce_rows() -> list[Row]:
-    t = load("squad_ce_training.json")
-    return [("MiniLM cross-encoder trained on SQuAD train (listwise, BM25 hard negatives)",
-             f"{t['steps']:,} steps, {t['train_seconds']:.0f} s on {t.get('gpu') or 'CPU'} ({t['dtype']}); "
-             f"loss {t['loss_first50']:.2f} -> {t['loss_last50']:.2f}", f"{t['groups']:,} train questions",
-             "n/a (training run)", commands_cell(t.get("commands", []), strip_comments=True))]
-
-
 def _qps(systems: dict) -> tuple[str, str]:
     keys = ("ours", "llama_index_bm25", "langchain_community")
     return (" vs ".join(f"{systems[k]['qps']:,.0f}" if systems[k]["qps"] >= 10 else f"{systems[k]['qps']:.1f}" for k in keys),
             " / ".join(str(systems[k]["queries_timed"]) for k in keys) + " queries")
 
 
-@readme_rows("bm25", "`python benchmarks/bench_bm25.py`")
-def bm25_rows() -> list[Part]:
+def bm25_rows() -> list[Row]:
     b = load("bm25.json")
     sy, c = b["speed_synthetic"], b["clustered"]
     k5 = next(r for r in c["recall_at_k_clusters"] if r["k_clusters"] == 5)
-    out: list[Part] = [
+    out = [
         ("BM25 queries/s vs LlamaIndex BM25 / LangChain community BM25 (SciFact)",
          *_qps(b["speed_scifact"]["systems"]), "not recorded (one timing run)"),
         (f"same, {sy['n_documents']:,} synthetic docs", *_qps(sy["systems"]), "not recorded (one timing run)"),
@@ -617,7 +691,7 @@ def bm25_rows() -> list[Part]:
         out.append((f"clustering time, {r['n_documents']:,} synthetic docs (BM25 index + kNN graph + Algorithm 1)",
                     f"{r['total_seconds']:.1f} s ({r['bm25_index_seconds']:.0f} + {r['knn_graph_seconds']:.0f} + "
                     f"{r['algorithm1_seconds']:.0f} s)", "one run", "not recorded (one run)"))
-    return out
+    return [(*r, "`python benchmarks/bench_bm25.py`") for r in out]
 
 
 #: SciFact test nDCG@10 published for the systems the SciFact rows compare against
@@ -631,77 +705,6 @@ FUNNEL_SYSTEMS = {"bm25_ce_fused": "BM25 top-100 -> CE + BM25", "funnelrag": "fu
 #: The reader run (benchmarks/configs/squad_reader.toml, bench_reader.py)
 READER_SYSTEMS = {"funnelrag": "funnel", "bm25_ce": "BM25 top-30 -> CE", "bm25": "BM25"}
 READER_CMD = "`python benchmarks/bench_reader.py`"
-
-
-@readme_rows("prerank")
-def prerank_rows() -> list[Row]:
-    return [harness_row("scifact", "SciFact-trained MiniLM cross-encoder reranking BM25, SciFact test (published "
-                        f"BM25 + ms-marco MiniLM CE: {PUBLISHED_SCIFACT['bm25_top100_ms_marco_minilm_ce_beir']})",
-                        ["ndcg@10"], PRERANK_SYSTEMS),
-            harness_row("scifact", "FunnelRAG funnel (3 clusters -> CE on abstracts % 20 -> 60-word passages -> "
-                        "CE) vs flat systems with the same CE, SciFact test", ["ndcg@10", "recall@100"], FUNNEL_SYSTEMS)]
-
-
-@readme_rows("harness")
-def harness_rows() -> list[Row]:
-    p = PUBLISHED_SCIFACT
-    bm25 = harness_row("scifact_fusion", "flat BM25, SciFact test (published nDCG@10: BEIR "
-                       f"{p['bm25_beir']}, Pyserini {p['bm25_pyserini_flat']})", ["ndcg@10", "recall@100"], {"bm25": "BM25"})
-    return [bm25,
-            harness_row("scifact_fusion", "hybrid BM25 + MiniLM on SciFact test (alpha tuned on train)", ["ndcg@10"],
-                        {"hybrid_tuned": "hybrid", "bm25": "BM25", "dense": "dense"}),
-            harness_row("squad_compression", "extractive compression (SQuAD dev-a, BM25 top-5 paragraphs, 40% of the "
-                        "words)", ["AR@5", "words@5"], {"bm25_sentences": "BM25 sentences", "bm25": "before",
-                                                        "random": "random sentences"}),
-            harness_row("mog", "Mix-of-Granularity on SQuAD dev-a (held-out half)", ["AR@1"],
-                        {"mog": "MoG", "level_1": "level 1", "level_5": "level 5", "mogg": "MoGG",
-                         "auto_merging": "AutoMerging"})]
-
-
-@readme_rows("reader")
-def reader_rows() -> list[Row]:
-    return [harness_row("squad_reader", "answer quality: SmolLM2-135M reads each system's top-2 paragraphs "
-                        "(SQuAD dev-a; SQuAD token F1 / exact match)", ["F1@2", "EM@2", "AR@2"], READER_SYSTEMS,
-                        command=READER_CMD)]
-
-
-@readme_rows("query_classifier")
-def classifier_rows() -> list[Row]:
-    q = load("query_classifier.json")
-    return [(f"query classifier (labelled queries, {q['n_task_types']} task types)", f"{q['folds']}-fold accuracy "
-             f"{q['cv_accuracy_mean']:.3f} +- {q['cv_accuracy_std']:.3f} (sd over folds)", f"{q['n_examples']} queries",
-             "sd over folds only", f"`{q['command']}`")]
-
-
-@readme_rows("fid", "`python benchmarks/bench_fid.py`")
-def fid_rows() -> list[Part]:
-    f = load("fid.json")
-    sp = f["speed"]["passages_per_second"]
-    q = f["quality"]
-    a = q["answer_recall"]
-    return [("FiD attention scorer speed (50 passages x 130 tokens, CPU), passages/s",
-             versus("", [(label, f"{sp[k]:.2f}") for k, label in (
-                 ("cross_encoder_minilm", "MiniLM CE"), ("t5-small-sized", "FiD t5-small-sized"),
-                 ("t5-base-sized", "t5-base-sized"))]),
-             f"{f['speed']['repeats']} repeats", "not recorded"),
-            ("decoder-only attention reranker (SmolLM2-135M), SQuAD AR@1",
-             f"{a['attention_calibrated@1']:.3f} vs BM25 order {a['bm25@1']:.3f}", f"{q['questions_done']} questions",
-             f"difference {ci(q['calibrated_vs_bm25']['bootstrap95'])} (bootstrap)")]
-
-
-@readme_rows("rankrag/fbrag")
-def llm_rows() -> list[Row]:
-    r = load("bench_rankrag.json")
-    f = load("bench_fbrag.json")
-    n = f["setup"]["questions"]
-    a = f["answer_recall_at_kept"]
-    return [("RankRAG with SmolLM2-135M, SciFact nDCG@10", f"{r['subset']['rankrag_ndcg@10']:.3f} vs BM25 "
-             f"{r['subset']['bm25_ndcg@10']:.3f}", f"{r['setup']['queries']} queries", "not recorded",
-             "`python benchmarks/bench_rankrag.py`"),
-            ("FB-RAG with SmolLM2-135M, SQuAD answer recall (3 chunks kept)",
-             versus("", [(label, f"{a[k]:.2f}") for k, label in (
-                 ("backward_only_bm25", "BM25 backward-only"), ("ours_fb", "Ours-FB"), ("ours_f", "Ours-F"))]),
-             f"{n} questions", f"Ours-FB {wci(a['ours_fb'], n)}", "`python benchmarks/bench_fbrag.py`")]
 
 
 @block("readme-table")
@@ -741,26 +744,7 @@ def block_clustering_scifact() -> str:
     return table(["measurement", "result"], rows)
 
 
-@block("prerank-scifact")
-def block_prerank_scifact() -> str:
-    return harness_table("scifact", ["ndcg@10", "recall@10", "recall@100"], PRERANK_SYSTEMS, bold=["ndcg@10"],
-                         vs_baseline="ndcg@10")
-
-
-@block("squad-reader")
-def block_squad_reader() -> str:
-    return harness_table("squad_reader", ["AR@1", "AR@2", "EM@2", "F1@2"], READER_SYSTEMS, bold=["F1@2"],
-                         vs_baseline="F1@2", command=READER_CMD)
-
-
-@block("funnel-scifact")
-def block_funnel_scifact() -> str:
-    return harness_table("scifact", ["ndcg@10", "recall@10", "recall@100"], FUNNEL_SYSTEMS, bold=["ndcg@10"],
-                         vs_baseline="ndcg@10")
-
-
-@block("l2g-squad")
-def block_l2g_squad(name: str = "l2g_squad.json") -> str:
+def l2g_table(name: str) -> str:
     """L2G vs label-only vs init vs BM25 order: pre-ranking answer recall on dev-a (l2g_squad*.json)."""
     d = load(name)
     res, tr = d["results"], d["training"]
@@ -789,7 +773,8 @@ def block_l2g_squad(name: str = "l2g_squad.json") -> str:
             + table(["a - b", "difference", "95% CI", "a only / b only", "p"], diffs))
 
 
-block("l2g-squad-ce-init")(lambda: block_l2g_squad("l2g_squad_ce_init.json"))
+block("l2g-squad")(functools.partial(l2g_table, "l2g_squad.json"))
+block("l2g-squad-ce-init")(functools.partial(l2g_table, "l2g_squad_ce_init.json"))
 
 
 @block("rankrag-tuned")
@@ -1012,45 +997,29 @@ def block_demo_timing() -> str:
                  f"({d['n_clusters']} clusters); later questions asked with warm models, twice each; "
                  "command: `python benchmarks/bench_demo.py --repeats 2` (run once on an empty cache, once again).")
 
-@block("dtype-agreement")
-def block_dtype_agreement() -> str:
-    """bf16 against fp32 scores of real models on the CPU (dtype_agreement.json)."""
-    d = load("dtype_agreement.json")
-    rows = []
-    for name, r in d["stages"].items():
-        sec = r["seconds_per_question_median"]
-        rows.append([f"`{name}`", f"{r['spearman_min']:.4f}", f"{r['spearman_mean']:.4f}",
-                     f"{r['top1_agreement']:.2f}", f"{r['max_abs_diff_over_range']:.4f}",
-                     f"{r['gold_top1_fp32']:.2f} / {r['gold_top1_bf16']:.2f}",
-                     f"{sec['float32']:.3f} / {sec['bfloat16']:.3f}"])
-    hw, m = d["hardware"], d["machine"]
-    a = d["args"]
-    return table(["stage", "Spearman min", "Spearman mean", "top-1 agreement",
-                  "max abs(fp32 - bf16) / fp32 range", "gold top-1 fp32 / bf16",
-                  "median s per question fp32 / bf16"], rows,
-                 f"{d['n_questions']} SQuAD train questions x {d['n_candidates']} candidates (the gold "
-                 f"paragraph and others of its article), scored in each precision on the CPU "
-                 f"({hw['cpu_model']}, flags {', '.join(hw['cpu_flags'])}; auto = {hw['auto_dtype_cpu']}), "
-                 f"timed alternately on the same question; "
-                 f"load average {m['load_average_at_start'][0]:.1f} at start, "
-                 f"{m['load_average_at_end'][0]:.1f} at the end. Command: `python benchmarks/bench_dtype.py "
-                 f"--questions {a['questions']} --candidates {a['candidates']}`.")
+block("dtype-agreement")(Table(
+    "dtype_agreement.json", ["stage", "Spearman min", "Spearman mean", "top-1 agreement",
+                             "max abs(fp32 - bf16) / fp32 range", "gold top-1 fp32 / bf16",
+                             "median s per question fp32 / bf16"],
+    [["`{key}`", "{spearman_min:.4f}", "{spearman_mean:.4f}", "{top1_agreement:.2f}", "{max_abs_diff_over_range:.4f}",
+      "{gold_top1_fp32:.2f} / {gold_top1_bf16:.2f}",
+      "{seconds_per_question_median.float32:.3f} / {seconds_per_question_median.bfloat16:.3f}"]], each="stages",
+    note="{n_questions} SQuAD train questions x {n_candidates} candidates (the gold paragraph and others of its "
+         "article), scored in each precision on the CPU ({hardware.cpu_model}, flags {hardware.cpu_flags:join}; "
+         "auto = {hardware.auto_dtype_cpu}), timed alternately on the same question; load average "
+         "{machine.load_average_at_start.0:.1f} at start, {machine.load_average_at_end.0:.1f} at the end. Command: "
+         "`python benchmarks/bench_dtype.py --questions {args.questions} --candidates {args.candidates}`."))
 
 
 # -- postrank / llm_retrieval tables (typed by hand before) --------------------------------------
-@block("fid-speed")
-def block_fid_speed() -> str:
-    """CE vs FiD attention scoring speed on CPU (fid.json, bench_fid.py speed part)."""
-    s = load("fid.json")["speed"]
-    labels = {"cross_encoder_minilm": "MiniLM cross-encoder",
-              "t5-small-sized": "FiD attention, t5-small-sized (512, 6+6 layers, 8 heads)",
-              "t5-base-sized": "FiD attention, t5-base-sized (768, 12+12 layers, 12 heads)"}
-    rows = [[label, f"{s['parameters'][k] / 1e6:.1f} M", f"{s['seconds_median'][k]:.1f}",
-             f"{s['passages_per_second'][k]:.2f}",
-             f"{s['cross_encoder_speedup_over'][k]:.1f}×" if k in s["cross_encoder_speedup_over"] else "—"]
-            for k, label in labels.items()]
-    return table(["scorer", "parameters", f"seconds / {s['passages']} passages", "passages / s",
-                  "cross-encoder is faster by"], rows)
+block("fid-speed")(Table(
+    "fid.json", ["scorer", "parameters", "seconds / {speed.passages} passages", "passages / s",
+                 "cross-encoder is faster by"],
+    [["{label}", "{speed.parameters.*:mega}", "{speed.seconds_median.*:.1f}", "{speed.passages_per_second.*:.2f}",
+      "{speed.cross_encoder_speedup_over.*|—:times.1f}"]],
+    labels={"cross_encoder_minilm": "MiniLM cross-encoder",
+            "t5-small-sized": "FiD attention, t5-small-sized (512, 6+6 layers, 8 heads)",
+            "t5-base-sized": "FiD attention, t5-base-sized (768, 12+12 layers, 12 heads)"}))
 
 
 @block("fid-icr-squad")
@@ -1083,23 +1052,20 @@ FID_PAIR_LABELS = {"fid_mean": "FiD eq. 3", "fid_max_tokens": "FiD top-1 token",
                    "fid_averaged_map_top4": "FiD averaged map", "bm25": "BM25"}
 
 
-def _ar_ci(x: dict) -> str:
-    return f"{x['mean']:.3f} {ci(x['ci95'])}"
-
-
 @block("postrank-fid-ce")
 def block_postrank_fid_ce() -> str:
     """Post-rankers with the cross-encoder on the first questions (postrank_fid_minilm.json)."""
-    w = load("postrank_fid_minilm.json")["with_cross_encoder"]
-    ks = (1, 2, 3, 4)
-    head = ["AR@1", "AR@2", "AR@3", "AR@4"]
     shown = ("random", "bm25", "cross_encoder", "fid_mean", "fid_max_tokens", "oracle_any_of_n")
-    rows = [[FID_LABELS[s]] + [_ar_ci(w["results"][s][f"AR@{k}"]) for k in ks] for s in shown]
-    diffs = [[f"{FID_PAIR_LABELS[name.split(' - ')[0]]} - {name.split(' - ')[1]}"]
-             + [_ar_ci(v[f"AR@{k}"]) for k in ks] for name, v in w["paired_vs_cross_encoder"].items()]
-    return (f"**Post-rankers on the same candidates** ({w['questions']} dev-a questions):\n\n"
-            + table(["ranking of the candidates", *head], rows) + "\n\n"
-            + table(["paired difference", *head], diffs))
+    head = ["AR@1", "AR@2", "AR@3", "AR@4"]
+    cells = [["{label}"] + [f"{{{m}:arci}}" for m in head]]
+    pairs = load("postrank_fid_minilm.json")["with_cross_encoder"]["paired_vs_cross_encoder"]
+    diffs = Table("postrank_fid_minilm.json", ["paired difference", *head], cells,
+                  each="with_cross_encoder.paired_vs_cross_encoder",
+                  labels={n: f"{FID_PAIR_LABELS[n.split(' - ')[0]]} - {n.split(' - ')[1]}" for n in pairs})
+    return Table("postrank_fid_minilm.json", ["ranking of the candidates", *head], cells,
+                 each="with_cross_encoder.results", labels={s: FID_LABELS[s] for s in shown},
+                 note="**Post-rankers on the same candidates** ({with_cross_encoder.questions} dev-a questions):")() \
+        + "\n\n" + diffs()
 
 
 @block("postrank-fid-schemes")
@@ -1130,33 +1096,22 @@ FID_ALPHA_LABELS = {"fid_alpha_mean": "(i) eq. 3 on alpha: top-4 tokens per laye
                     "cross_encoder": "SQuAD cross-encoder (same candidates)", "bm25": "BM25 order"}
 
 
-@block("postrank-fid-alpha")
-def block_postrank_fid_alpha() -> str:
-    """Table 7 / Table 8 as written, on alpha, with the trained reader (fid_table7_alpha.json)."""
-    d = load("fid_table7_alpha.json")
-    r, p = d["results"], d["paired_vs_cross_encoder"]
-    rows = []
-    for s, label in FID_ALPHA_LABELS.items():
-        pair = p.get(f"{s} - cross_encoder")
-        rows.append([label, _ar_ci(r[s]["AR@1"]), _ar_ci(r[s]["AR@4"]),
-                     f"{pair['AR@1']['difference']:+.3f} {ci(pair['AR@1']['ci'])}" if pair else ""])
-    return (f"**Table 7 / Table 8 as the paper writes them, on alpha** ({d['questions']} dev-a questions, "
-            f"{d['seconds']:.0f} s on the CPU; the former `benchmarks/fid_table7_cpu.py`, removed when model building moved to `funnel train` "
-            "with the GPU reader's scripts, see git history):\n\n"
-            + table(["scheme", "AR@1", "AR@4", "AR@1 - cross-encoder (paired)"], rows))
+block("postrank-fid-alpha")(Table(  # Table 7 / Table 8 as written, on alpha, with the trained reader
+    "fid_table7_alpha.json", ["scheme", "AR@1", "AR@4", "AR@1 - cross-encoder (paired)"],
+    [["{label}", "{results.*.AR@1:arci}", "{results.*.AR@4:arci}", "{paired_vs_cross_encoder.* - cross_encoder.AR@1|:diff}"]],
+    labels=FID_ALPHA_LABELS,
+    note="**Table 7 / Table 8 as the paper writes them, on alpha** ({questions} dev-a questions, {seconds:.0f} s on the "
+         "CPU; the former `benchmarks/fid_table7_cpu.py`, removed when model building moved to `funnel train` with the "
+         "GPU reader's scripts, see git history):"))
 
 
-@block("rankrag-scifact")
-def block_rankrag_scifact() -> str:
-    """RankRAG (SmolLM2 P(True)) on SciFact test (bench_rankrag.json)."""
-    d = load("bench_rankrag.json")
-    n, g = d["setup"]["queries"], d["generate_subset"]
-    rows = [["BM25 (all 300 queries, our index)", f3(d["bm25_all_300"]["ndcg@10"])],
-            [f"BM25, the {n} sampled queries", f3(d["subset"]["bm25_ndcg@10"])],
-            [f"BM25 + RankRAG (P(True), SmolLM2), same {n} queries", f"**{d['subset']['rankrag_ndcg@10']:.3f}**"],
-            [f"{d['setup']['generate_path_queries']} of those queries: BM25 / P(True) / generate-and-parse",
-             " / ".join(f3(g[k]) for k in ("bm25_ndcg@10", "rankrag_logprobs_ndcg@10", "rankrag_generate_ndcg@10"))]]
-    return table(["", "nDCG@10"], rows)
+block("rankrag-scifact")(Table("bench_rankrag.json", ["", "nDCG@10"], [
+    ["BM25 (all 300 queries, our index)", "{bm25_all_300.ndcg@10:.3f}"],
+    ["BM25, the {setup.queries} sampled queries", "{subset.bm25_ndcg@10:.3f}"],
+    ["BM25 + RankRAG (P(True), SmolLM2), same {setup.queries} queries", "**{subset.rankrag_ndcg@10:.3f}**"],
+    ["{setup.generate_path_queries} of those queries: BM25 / P(True) / generate-and-parse",
+     "{generate_subset.bm25_ndcg@10:.3f} / {generate_subset.rankrag_logprobs_ndcg@10:.3f} / "
+     "{generate_subset.rankrag_generate_ndcg@10:.3f}"]]))
 
 
 @block("fbrag-squad")
@@ -1216,14 +1171,6 @@ def block_hybrid_scifact() -> str:
                        for n, t in tuning.items())
     return (harness_table("scifact_fusion", ["ndcg@10", "recall@100"], labels, bold=["ndcg@10"], vs_baseline="ndcg@10")
             + (f"\n\nTuning (train {next(iter(tuning.values()))['metric']} of every value): {curves}." if tuning else ""))
-
-
-@block("compression-squad")
-def block_compression_squad() -> str:
-    """docs/best_practices.md: extractive compression on SQuAD (results/squad_compression)."""
-    labels = {"bm25": "BM25 top-5 paragraphs (before)", "embedding": "compressed, embedding (MiniLM cosine)",
-              "bm25_sentences": "compressed, BM25 sentence scores", "random": "control: random sentences, same budget"}
-    return harness_table("squad_compression", ["AR@5", "words@5"], labels, vs_baseline="AR@5")
 
 
 HYDE_SYSTEMS = {"bm25": "BM25", "dense": "dense all-MiniLM-L6-v2", "hybrid": "hybrid, alpha = 0.3, min-max (paper)",
@@ -1364,18 +1311,6 @@ POSTRANK_SYSTEMS = {"bm25_ce": "BM25 top-10 -> the SQuAD cross-encoder",
                     "bm25": "BM25 top-10 alone"}
 
 
-@block("squad-postrank")
-def squad_postrank() -> str:
-    return harness_table("squad_postrank", ["AR@1", "AR@2", "AR@4"], POSTRANK_SYSTEMS, bold=["AR@1", "AR@4"],
-                         vs_baseline="AR@1", command=POSTRANK_COMMAND)
-
-
-@readme_rows("post-ranking with the models funnel train keeps (SQuAD dev-a, BM25 top-10 paragraphs)")
-def squad_postrank_rows() -> list[Row]:
-    return [harness_row("squad_postrank", "post-ranking BM25 top-10 with the kept SQuAD cross-encoder and the CPU FiD "
-                        "reader (models/), SQuAD dev-a", ["AR@1", "AR@4"],
-                        {"bm25_ce": "CE", "bm25_fid": "FiD (CPU)", "bm25": "BM25"}, command=POSTRANK_COMMAND)]
-
 # -- FunnelRAG measured whole (benchmarks/configs/funnelrag_whole.toml) -------------------------------
 WHOLE_COMMAND = ("`funnel eval benchmarks/configs/funnelrag_whole.toml --out benchmarks/results/funnelrag_whole "
                  "--cache-dir .cache/funnelrag_whole`")
@@ -1471,6 +1406,81 @@ def funnelrag_whole_heldout() -> str:
     return _whole_block("funnelrag_whole_heldout", WHOLE_COMMAND.replace("funnelrag_whole", "funnelrag_whole_heldout"))
 
 
+def hrow(name: str, what: str, metrics: Sequence[str], labels: dict[str, str],
+         command: str | None = None) -> Callable[[], list[Row]]:
+    return lambda: [harness_row(name, what, metrics, labels, command)]
+
+
+P = PUBLISHED_SCIFACT
+BENCH_FID, BENCH_FBRAG, BENCH_RANKRAG = (f"`python benchmarks/{n}.py`" for n in ("bench_fid", "bench_fbrag", "bench_rankrag"))
+#: the README's results table, in order: (what, rows); a source that fails to render is left out with a warning
+README_ROWS: list[tuple[str, Callable[[], list[Row]]]] = [
+    ("squad_large", squad_large_rows), ("cluster_scale", cluster_scale_rows),
+    ("squad_ce_training", Rows("squad_ce_training.json", [(
+        "MiniLM cross-encoder trained on SQuAD train (listwise, BM25 hard negatives)",
+        "{steps:,} steps, {train_seconds:.0f} s on {gpu|CPU} ({dtype}); loss {loss_first50:.2f} -> {loss_last50:.2f}",
+        "{groups:,} train questions", "n/a (training run)", "{commands|:bare_commands}")])),
+    ("bm25", bm25_rows),
+    ("prerank", hrow("scifact", "SciFact-trained MiniLM cross-encoder reranking BM25, SciFact test (published BM25 + "
+                     f"ms-marco MiniLM CE: {P['bm25_top100_ms_marco_minilm_ce_beir']})", ["ndcg@10"], PRERANK_SYSTEMS)),
+    ("prerank", hrow("scifact", "FunnelRAG funnel (3 clusters -> CE on abstracts % 20 -> 60-word passages -> CE) vs "
+                     "flat systems with the same CE, SciFact test", ["ndcg@10", "recall@100"], FUNNEL_SYSTEMS)),
+    ("harness", hrow("scifact_fusion", f"flat BM25, SciFact test (published nDCG@10: BEIR {P['bm25_beir']}, Pyserini "
+                     f"{P['bm25_pyserini_flat']})", ["ndcg@10", "recall@100"], {"bm25": "BM25"})),
+    ("harness", hrow("scifact_fusion", "hybrid BM25 + MiniLM on SciFact test (alpha tuned on train)", ["ndcg@10"],
+                     {"hybrid_tuned": "hybrid", "bm25": "BM25", "dense": "dense"})),
+    ("harness", hrow("squad_compression", "extractive compression (SQuAD dev-a, BM25 top-5 paragraphs, 40% of the "
+                     "words)", ["AR@5", "words@5"], {"bm25_sentences": "BM25 sentences", "bm25": "before",
+                                                     "random": "random sentences"})),
+    ("harness", hrow("mog", "Mix-of-Granularity on SQuAD dev-a (held-out half)", ["AR@1"],
+                     {"mog": "MoG", "level_1": "level 1", "level_5": "level 5", "mogg": "MoGG",
+                      "auto_merging": "AutoMerging"})),
+    ("reader", hrow("squad_reader", "answer quality: SmolLM2-135M reads each system's top-2 paragraphs (SQuAD dev-a; "
+                    "SQuAD token F1 / exact match)", ["F1@2", "EM@2", "AR@2"], READER_SYSTEMS, command=READER_CMD)),
+    ("query_classifier", Rows("query_classifier.json", [(
+        "query classifier (labelled queries, {n_task_types} task types)",
+        "{folds}-fold accuracy {cv_accuracy_mean:.3f} +- {cv_accuracy_std:.3f} (sd over folds)", "{n_examples} queries",
+        "sd over folds only", "`{command}`")])),
+    ("fid", Rows("fid.json", [
+        ("FiD attention scorer speed (50 passages x 130 tokens, CPU), passages/s",
+         "MiniLM CE {speed.passages_per_second.cross_encoder_minilm:.2f}, FiD t5-small-sized "
+         "{speed.passages_per_second.t5-small-sized:.2f}, t5-base-sized {speed.passages_per_second.t5-base-sized:.2f}",
+         "{speed.repeats} repeats", "not recorded", BENCH_FID),
+        ("decoder-only attention reranker (SmolLM2-135M), SQuAD AR@1",
+         "{quality.answer_recall.attention_calibrated@1:.3f} vs BM25 order {quality.answer_recall.bm25@1:.3f}",
+         "{quality.questions_done} questions", "difference {quality.calibrated_vs_bm25.bootstrap95:ci} (bootstrap)",
+         BENCH_FID)])),
+    ("rankrag", Rows("bench_rankrag.json", [(
+        "RankRAG with SmolLM2-135M, SciFact nDCG@10", "{subset.rankrag_ndcg@10:.3f} vs BM25 {subset.bm25_ndcg@10:.3f}",
+        "{setup.queries} queries", "not recorded", BENCH_RANKRAG)])),
+    ("fbrag", Rows("bench_fbrag.json", [(
+        "FB-RAG with SmolLM2-135M, SQuAD answer recall (3 chunks kept)",
+        "BM25 backward-only {answer_recall_at_kept.backward_only_bm25:.2f}, Ours-FB {answer_recall_at_kept.ours_fb:.2f}, "
+        "Ours-F {answer_recall_at_kept.ours_f:.2f}", "{setup.questions} questions",
+        "Ours-FB {answer_recall_at_kept.ours_fb:wci{setup.questions}}", BENCH_FBRAG)])),
+    ("post-ranking with the models funnel train keeps (SQuAD dev-a, BM25 top-10 paragraphs)",
+     hrow("squad_postrank", "post-ranking BM25 top-10 with the kept SQuAD cross-encoder and the CPU FiD reader "
+          "(models/), SQuAD dev-a", ["AR@1", "AR@4"], {"bm25_ce": "CE", "bm25_fid": "FiD (CPU)", "bm25": "BM25"},
+          command=POSTRANK_COMMAND)),
+]
+
+HARNESS_BLOCKS = {  # block -> harness_table's arguments
+    "prerank-scifact": dict(name="scifact", metrics=["ndcg@10", "recall@10", "recall@100"], labels=PRERANK_SYSTEMS,
+                            bold=["ndcg@10"], vs_baseline="ndcg@10"),
+    "funnel-scifact": dict(name="scifact", metrics=["ndcg@10", "recall@10", "recall@100"], labels=FUNNEL_SYSTEMS,
+                           bold=["ndcg@10"], vs_baseline="ndcg@10"),
+    "squad-reader": dict(name="squad_reader", metrics=["AR@1", "AR@2", "EM@2", "F1@2"], labels=READER_SYSTEMS,
+                         bold=["F1@2"], vs_baseline="F1@2", command=READER_CMD),
+    "squad-postrank": dict(name="squad_postrank", metrics=["AR@1", "AR@2", "AR@4"], labels=POSTRANK_SYSTEMS,
+                           bold=["AR@1", "AR@4"], vs_baseline="AR@1", command=POSTRANK_COMMAND),
+    "compression-squad": dict(name="squad_compression", metrics=["AR@5", "words@5"], vs_baseline="AR@5", labels={
+        "bm25": "BM25 top-5 paragraphs (before)", "embedding": "compressed, embedding (MiniLM cosine)",
+        "bm25_sentences": "compressed, BM25 sentence scores", "random": "control: random sentences, same budget"}),
+}
+for _name, _kw in HARNESS_BLOCKS.items():
+    block(_name)(functools.partial(harness_table, **_kw))  # type: ignore[arg-type]
+
+
 FILES = [ROOT / "README.md"] + [ROOT / "docs" / f"{n}.md" for n in (
     "benchmarks", "clustering", "funnel", "prerank", "postrank", "llm_retrieval", "performance", "offline_build",
     "mix_of_granularity", "best_practices", "persistence", "training")]
@@ -1505,7 +1515,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true",
                     help="exit 1 when a block is stale or cannot be rendered; write nothing")
     args = ap.parse_args(argv)
-    stale, problems = [], []
+    stale: list[Path] = []
+    problems: list[str] = []
     for path in FILES:
         if not path.is_file():
             continue

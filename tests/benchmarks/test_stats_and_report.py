@@ -328,3 +328,50 @@ def test_whole_statement_says_the_difference_the_front_and_the_losing_stage():
     text = report.whole_statement(d, ["flat"], ["fun"])
     assert "-0.500 [" in text and "the funnel is below the flat system" in text
     assert "funnel configuration(s) on it" not in text
+
+
+# -- declared tables: templates over JSON -------------------------------------------------------------
+DOC = {"runs": {"fast": {"qps": 1234.5, "ci": [0.1, 0.25]}, "slow": {"qps": 0.5}}, "n": 300, "flags": ["avx2", "fma"],
+       "pairs": {"fast - slow": {"difference": 0.125, "ci": [0.01, 0.2]}}}
+
+
+def test_template_reads_paths_root_key_and_named_formats():
+    assert report.fill("{qps:,.1f} of {^n} ({key}: {label})", DOC["runs"]["fast"], DOC, "fast", "Fast") \
+        == "1,234.5 of 300 (fast: Fast)"
+    assert report.fill("{runs.*.qps:.2f}", DOC, DOC, "slow") == "0.50"              # * is the row's key
+    assert report.fill("{pairs.* - slow:diff}", DOC, DOC, "fast") == "+0.125 [0.010, 0.200]"
+    assert report.fill("{flags:join} / {flags:join+}", DOC, DOC) == "avx2, fma / avx2+fma"
+    assert report.fill("{runs.fast.ci:ci} {runs.fast.ci:ci+.2f}", DOC, DOC) == "[0.100, 0.250] [+0.10, +0.25]"
+    # a Wilson interval whose n is read from the file too (a nested field in the format spec)
+    lo, hi = report.wilson(0.5, 300)
+    assert report.fill("{x:wci{n}}", {"x": 0.5, "n": 300}) == f"[{lo:.3f}, {hi:.3f}] (Wilson)"
+
+
+def test_template_shows_the_default_only_where_a_value_is_missing_and_raises_otherwise():
+    """``{path|text}`` shows ``text`` unformatted where the value is missing or null; without ``|`` a missing
+    field raises KeyError, so a renamed JSON field leaves its block out with a warning instead of a blank cell."""
+    assert report.fill("{runs.slow.ci|—:ci}", DOC, DOC) == "—"
+    assert report.fill("{runs.fast.ci|—:ci}", DOC, DOC) == "[0.100, 0.250]"
+    assert report.fill("{runs.gone.qps|n/a:.1f}", DOC, DOC) == "n/a"
+    with pytest.raises(KeyError):
+        report.fill("{runs.slow.ci:ci}", DOC, DOC)
+
+
+def test_table_rows_per_item_per_label_and_fixed(monkeypatch):
+    monkeypatch.setattr(report, "load", lambda name: DOC)
+    per_item = report.Table("x.json", ["run", "q/s (n = {n})"], [["`{key}`", "{qps:.1f}"]], each="runs",
+                            note="{n} queries")()
+    assert per_item == "300 queries\n\n| run | q/s (n = 300) |\n|---|---|\n| `fast` | 1234.5 |\n| `slow` | 0.5 |"
+    picked = report.Table("x.json", ["run", "q/s"], [["{label}", "{qps:.0f}"]], each="runs", labels={"slow": "S"})()
+    assert picked.splitlines()[2:] == ["| S | 0 |"]                    # labels pick and order the items
+    over_file = report.Table("x.json", ["run", "q/s"], [["{label}", "{runs.*.qps:.0f}"]],
+                             labels={"slow": "S", "fast": "F"}, after="\n\nend")()
+    assert over_file.splitlines()[2:] == ["| S | 0 |", "| F | 1234 |", "", "end"]
+    fixed = report.Table("x.json", ["what", "value"], [["n", "{n}"], ["flags", "{flags:join}"]])()
+    assert fixed.splitlines()[2:] == ["| n | 300 |", "| flags | avx2, fma |"]
+
+
+def test_readme_rows_from_templates(monkeypatch):
+    monkeypatch.setattr(report, "load", lambda name: DOC)
+    rows = report.Rows("x.json", [("fast run", "{runs.fast.qps:,.0f} q/s", "{n} queries", "not recorded", "`cmd`")])()
+    assert rows == [("fast run", "1,234 q/s", "300 queries", "not recorded", "`cmd`")]
