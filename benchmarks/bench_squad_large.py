@@ -52,15 +52,15 @@ from pathlib import Path
 import numpy as np
 from common import ROOT, parser, write_json
 from squad_large_data import PASSAGE_WORDS, AnswerTexts, build_corpus
-from trained import SQUAD_CE, SQUAD_FID, SQUAD_FILES, cpu_flags, require_model, tuning_question_ids, use_bf16
+from trained import SQUAD_CE, SQUAD_FILES, require_model, tuning_question_ids
 
 from funnel_core.best_practices.fusion import HybridRetrieve, fuse
 from funnel_core.bm25 import BM25Index, BM25Retrieve
-from funnel_core.evaluation import Report
 from funnel_core.evaluation.stats import bootstrap_ci, mcnemar_exact, paired_bootstrap
 from funnel_core.funnel import Funnel, Stage
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
 from funnel_core.funnelrag.presets import funnelrag, renamed
+from funnel_core.hardware import describe
 from funnel_core.units import Unit
 
 CACHE = ROOT / ".cache" / "squad_large"
@@ -432,58 +432,6 @@ def plot(rows, path: Path, title: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-# -- the funnel with a FiD post-ranker -----------------------------------------------------------
-def run_postrank_fid(args, corpus, qs, warm_q, bf16: bool) -> dict:
-    """One funnel configuration, real pipelines, the same questions, through the evaluation harness
-    (each system answers each question once, timed round-robin): the SQuAD cross-encoder as
-    pre-ranker in both, and as post-ranker either the cross-encoder or the FiD checkpoint's
-    cross-attention scores (``FiDAttentionScorer``, FunnelRAG Eq. 3). AR@1..4 with bootstrap
-    intervals, the paired comparison (FiD - cross-encoder), seconds per query, and FiD's exact match of
-    its generated answers (a sanity figure). Nothing comes from the score cache."""
-    from funnel_core.evaluation import EvalDataset, evaluate, normalize_answer
-    from funnel_core.rerank.cross_encoder import CrossEncoderScorer
-    from funnel_core.rerank.fid import FiDAttentionScorer
-
-    require_model(args.fid_model, "FiD reader")
-    name = args.fid_funnel
-    s, k, kd = parse_funnel(name)
-    t0 = time.perf_counter()
-    cindex = ClusteredBM25Index(max_tokens=s).index(corpus.documents, adjacency=corpus.adjacency())
-    build_seconds = time.perf_counter() - t0
-    ranker = CrossEncoderScorer(str(args.model), library="transformers", batch_size=args.batch_size,
-                                max_length=192, window_words=PASSAGE_WORDS,
-                                dtype="bfloat16" if bf16 else "auto", name="ranker")
-    fid = FiDAttentionScorer(model=str(args.fid_model), batch_size=args.batch_size, return_answer=True,
-                             name="post_ranking")
-    ce_funnel, fid_funnel = (funnelrag(cindex, ranker, *post, k_clusters=k, k_documents=kd, k_passages=4,
-                                       passage_words=PASSAGE_WORDS) for post in ((), (fid,)))
-    answers = {q.question: q.answers for q in qs}
-    em: list[float] = []
-
-    def fid_system(query: str) -> list[Unit]:
-        units = fid_funnel.search(query).units
-        if query in answers:  # FiD's generated answer, for its exact match
-            gen = next((u.funnel["fid_answer"] for u in units if u.funnel.get("fid_answer") is not None), "")
-            em.append(float(normalize_answer(gen or "") in {normalize_answer(a) for a in answers[query]}))
-        return units
-
-    ds = EvalDataset(queries={q.id: q.question for q in qs}, answers={q.id: list(q.answers) for q in qs},
-                     name="SQuAD dev-a (large corpus)", format="squad")
-    report = evaluate({"cross-encoder": ce_funnel, "fid": fid_system}, ds, metrics=[f"AR@{i}" for i in (1, 2, 3, 4)],
-                      n_timing=len(qs), warm_query=warm_q.question, n_boot=args.bootstrap)
-    return {**report.to_dict(),
-            "command": "python benchmarks/bench_squad_large.py --postrank fid " + " ".join(
-                f"--{k_.replace('_', '-')} {v}" for k_, v in (("fid_model", args.fid_model), ("fid_funnel", f"'{name}'"),
-                                                             ("n_postrank", args.n_postrank))),
-            "funnel": name, "pre_ranker": str(args.model), "fid_model": str(args.fid_model),
-            "samples": {"dev_a_questions": len(qs), "seed": REPORT_SEED,
-                        "note": "a prefix of the seeded dev-a permutation that bench_squad_large.py reports on"},
-            "fid_exact_match": float(np.mean(em)) if em else None,
-            "fid_exact_match_ci95": list(bootstrap_ci(em, n_boot=args.bootstrap)) if em else None,
-            "cluster_index_seconds": build_seconds, "batch_size": args.batch_size,
-            "cross_encoder_dtype": "bf16 autocast" if bf16 else "fp32"}
-
-
 # -- main ----------------------------------------------------------------------------------------
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
@@ -505,14 +453,6 @@ def main() -> None:
                    help="write the texts to embed (passages, dev-a questions, train tuning questions) as a "
                         "json.gz for embed_texts.py, and stop")
     p.add_argument("--cpu-score", action="store_true", help="score missing pairs here on the CPU")
-    p.add_argument("--postrank", choices=("ce", "fid"), default="ce",
-                   help="post-ranker of the funnel: the cross-encoder (default: the full benchmark) or a FiD "
-                        "checkpoint's cross-attention (--fid-model; runs only that comparison, real pipelines)")
-    p.add_argument("--fid-model", type=Path, default=SQUAD_FID,
-                   help="FiD reader folder for --postrank fid (default: funnel train benchmarks/train/squad_fid.toml)")
-    p.add_argument("--fid-funnel", default="funnel S1024 K20 kd8",
-                   help="the funnel configuration compared with --postrank fid (default: the one chosen on train)")
-    p.add_argument("--n-postrank", type=int, default=200, help="dev-a questions for --postrank fid")
     args = p.parse_args()
     grid = list(FUNNEL_GRID)
     if args.quick:
@@ -522,8 +462,8 @@ def main() -> None:
     if not args.export_texts:
         require_model(args.model, "SQuAD cross-encoder")
     t_start = time.perf_counter()
-    flags = cpu_flags()
-    bf16 = use_bf16(flags)
+    flags = describe()  # the CPU facts the JSON records; bf16 autocast only where the CPU runs bf16 natively
+    bf16 = bool(flags["cpu_native_bf16"])
     timings = {}
 
     t0 = time.perf_counter()
@@ -544,12 +484,6 @@ def main() -> None:
     warm_q = next(q for q in dev_all if q.id not in {t.id for t in timing_qs})
     all_qs = tune_qs + report_qs
     print(f"questions: {len(tune_qs)} train (tuning), {len(report_qs)} dev-a (report), {len(timing_qs)} timed", flush=True)
-    if args.postrank == "fid":
-        out = run_postrank_fid(args, corpus, report_qs[:args.n_postrank], warm_q, bf16)
-        write_json("squad_large_postrank_fid", out, args.out)
-        print(Report.from_dict(out).to_markdown(), flush=True)
-        return
-
     if args.export_texts:
         texts = {"passages": [u.text for u in passages], "dev_a": [q.question for q in dev_all],
                  "train_tune": [q.question for q in train_all if q.id in tune_ids]}

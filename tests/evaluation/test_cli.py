@@ -301,3 +301,40 @@ def test_offset_samples_of_one_seed_are_disjoint_and_cover_the_shuffle(squad_fil
     cfg.write_text('[dataset]\npath = "squad.json"\nlimit = 2\noffset = -1\n' + body)
     with pytest.raises(ValueError, match="offset must be an integer >= 0, got -1"):
         load_config(cfg)
+
+
+def test_funnel_eval_runs_the_funnel_with_a_fid_post_ranker_against_a_cross_encoder(
+        squad_file, tiny_cross_encoder_path, tiny_t5_path, tmp_path):
+    """What benchmarks/configs/funnelrag_whole.toml does at full size (it replaced
+    `bench_squad_large.py --postrank fid`): one funnel configuration twice on the same questions, the
+    cross-encoder as pre-ranker in both and as post-ranker once the cross-encoder, once a FiD reader's
+    cross-attention, real pipelines through `funnel eval`. Tiny random models: the code path, not the quality."""
+    funnel = f"""component = "funnelrag"
+max_tokens = 64
+k_clusters = 2
+k_documents = 2
+k_passages = 2
+pre_ranker = "{tiny_cross_encoder_path}"
+batch_size = 4"""
+    config = _toml(tmp_path, tiny_cross_encoder_path, f"""
+[systems.funnel_ce]
+{funnel}
+
+[systems.funnel_fid]
+{funnel}
+preset = "paper"
+post_ranker = "{tiny_t5_path}"
+fid_kwargs = {{ dtype = "float32" }}
+""")
+    assert main(["eval", config, "--no-progress", "--n-timing", "0"]) == 0
+    d = json.loads((tmp_path / "out" / "report.json").read_text())
+    for name in ("funnel_ce", "funnel_fid"):
+        ar1, ar2 = (d["summary"][name][m]["mean"] for m in ("AR@1", "AR@2"))
+        assert 0.0 <= ar1 <= ar2 <= 1.0                                  # AR@k cannot fall with k
+        per_q = d["per_question"][name]
+        assert len(per_q) == 6 and ar2 == pytest.approx(sum(r["metrics"]["AR@2"] for r in per_q) / 6)
+        assert all(r["n_results"] <= 2 for r in per_q)                   # k_passages cuts both
+    # the FiD system's post-ranker is the reader (its passages are counted), the other's the cross-encoder
+    assert d["cost"]["funnel_fid"]["fid_passages_per_query"] > 0
+    assert not d["cost"]["funnel_ce"].get("fid_passages_per_query")
+    assert "AR@1" in d["comparisons"]["funnel_fid"]                      # paired against the baseline
