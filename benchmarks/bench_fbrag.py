@@ -11,7 +11,6 @@ with the question. Reports answer recall of the kept chunks and seconds per quer
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
@@ -19,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import RESULTS, default_data_dir, save_json  # repo on sys.path, offline environment
+from common import RESULTS, parser, save_json  # repo on sys.path, offline environment
 from tqdm import tqdm  # noqa: E402
 
 from funnel_core.evaluation import has_answer, load_squad  # noqa: E402
@@ -30,9 +29,7 @@ from funnel_core.testing import SMOLLM2_GGUF, smollm2_path  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--data", default=str(default_data_dir()))
-    ap.add_argument("--quick", action="store_true", help="3 questions")
+    ap = parser(__doc__.splitlines()[0])  # --data, --quick (3 questions), --out
     ap.add_argument("--questions", type=int, default=30, help="seed-0 sample of questions")
     ap.add_argument("--chunk-words", type=int, default=300)
     ap.add_argument("--recall-k", type=int, default=20)
@@ -42,7 +39,6 @@ def main() -> None:
                     help="words of the Stage I chunks SmolLM2 reads (best first); 0 = all 20 chunks")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default=str(RESULTS / "bench_fbrag.json"))
     args = ap.parse_args()
     if args.quick:
         args.questions = 3
@@ -112,7 +108,7 @@ def main() -> None:
             "examples": examples,
             "hardware": describe(),  # CPU flags and the precisions the models ran in
         }
-        save_json(Path(args.out), result, indent=2)
+        save_json(args.out or RESULTS / "bench_fbrag.json", result, indent=2)
     print(json.dumps({k: v for k, v in result.items() if k != "examples"}, indent=2))
 
 

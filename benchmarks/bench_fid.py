@@ -20,7 +20,6 @@ Run::
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
@@ -29,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, default_data_dir, interleaved_seconds
+from common import RESULTS, interleaved_seconds, parser, save_json
 
 from funnel_core import testing
 from funnel_core.bm25 import BM25Index
@@ -185,9 +184,7 @@ def bench_quality(units: list[Unit], questions: list, n_questions: int, depth: i
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", default=str(default_data_dir()))
-    ap.add_argument("--quick", action="store_true", help="fewer repeats and questions")
+    ap = parser(__doc__.split("\n\n")[0])  # --data, --quick (fewer repeats and questions), --out
     ap.add_argument("--questions", type=int, default=200)
     ap.add_argument("--depth", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
@@ -200,15 +197,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--skip-quality", action="store_true")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fid.json"))
     args = ap.parse_args()
     if args.quick:
         args.questions, args.repeats = min(args.questions, 20), min(args.repeats, 2)
 
     squad = Path(args.data) / "squad" / "squad-v1.1-dev-a.json"
     units, questions = squad_passages(squad)
-    out_path = Path(args.out)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path = args.out or RESULTS / "fid.json"
     command = "nice -n 10 python " + " ".join(["benchmarks/bench_fid.py", *sys.argv[1:]])
 
     def save(section: str, data: dict) -> None:
@@ -219,7 +214,7 @@ def main() -> None:
         result[section] = data
         result.setdefault("hardware", {})[section] = describe()  # CPU flags, precisions run in
         result.setdefault("commands", {})[section] = command
-        out_path.write_text(json.dumps(result, indent=2))
+        save_json(out_path, result, indent=2)
 
     if not args.skip_speed:
         speed = bench_speed(units, questions, args.passages, args.tokens, args.repeats)

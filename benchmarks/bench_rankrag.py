@@ -9,14 +9,13 @@ the same process on the same pairs, interleaved query by query.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
 import time
 from pathlib import Path
 
-from common import RESULTS, default_data_dir, save_json  # repo on sys.path, offline environment
+from common import RESULTS, parser, save_json  # repo on sys.path, offline environment
 from tqdm import tqdm  # noqa: E402
 
 from funnel_core.bm25 import BM25Index  # noqa: E402
@@ -28,16 +27,13 @@ from funnel_core.testing import SMOLLM2_GGUF, smollm2_path  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--data", default=str(default_data_dir()))
-    ap.add_argument("--quick", action="store_true", help="5 queries, 2 for the generate path")
+    ap = parser(__doc__.splitlines()[0])  # --data, --quick (5 queries, 2 for the generate path), --out
     ap.add_argument("--queries", type=int, default=25, help="test queries reranked (seed-0 sample; 0 = all 300)")
     ap.add_argument("--generate-queries", type=int, default=3, help="queries also scored by generate-and-parse")
     ap.add_argument("--depth", type=int, default=20)
     ap.add_argument("--batch-size", type=int, default=10)
     ap.add_argument("--max-passage-words", type=int, default=300)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on the shared 2-core machine)")
-    ap.add_argument("--out", default=str(RESULTS / "bench_rankrag.json"))
     args = ap.parse_args()
     if args.quick:
         args.queries, args.generate_queries = 5, 2
@@ -127,7 +123,7 @@ def main() -> None:
                            "speedup_logprobs_over_generate": round(fast_pps_gen / slow_pps, 2) if slow_pps else None},
             "hardware": describe(),  # CPU flags and the precisions the models ran in
         }
-        save_json(Path(args.out), result, indent=2)
+        save_json(args.out or RESULTS / "bench_rankrag.json", result, indent=2)
 
     print(json.dumps(result, indent=2))
 

@@ -31,11 +31,12 @@ import bench_squad_large as B
 import report as R
 from common import ROOT, parser
 from squad_large_data import PASSAGE_WORDS, build_corpus
-from trained import SQUAD_CE, SQUAD_FILES, cpu_flags, require_model, use_bf16
+from trained import SQUAD_CE, SQUAD_FILES, require_model
 
 from funnel_core.bm25 import BM25Index
 from funnel_core.evaluation import EvalDataset, evaluate
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
+from funnel_core.hardware import describe
 
 
 def main() -> None:
@@ -69,8 +70,8 @@ def main() -> None:
     rows = res["systems_dev_a"]
     names = [n for n in rows if re.search(args.systems, n)]
     require_model(args.model, "SQuAD cross-encoder")
-    flags = cpu_flags()
-    bf16 = use_bf16(flags)
+    flags = describe()  # the CPU facts the JSON records; bf16 autocast only where the CPU runs bf16 natively
+    bf16 = bool(flags["cpu_native_bf16"])
     corpus = build_corpus(args.squad)
     passages, documents = corpus.passages, corpus.documents
     dev_all = corpus.questions["dev-a"]

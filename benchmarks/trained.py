@@ -3,8 +3,8 @@
 Every model comes from a recipe under ``benchmarks/train/`` (``funnel train benchmarks/train/<name>.toml``;
 the model folder holds ``funnel_model.json``, its card). A script that needs a missing model stops
 with :func:`require_model`, which names that command. Also here: the SQuAD files of the large
-corpus, the seeded sample of train questions ``bench_squad_large.py`` tunes on, the CPU facts a
-timing records, and the float32 SmolLM2 folder the RankRAG benchmark compares against.
+corpus, the seeded sample of train questions ``bench_squad_large.py`` tunes on, and the float32
+SmolLM2 folder the RankRAG benchmark compares against.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ MODELS = ROOT / "models"
 RECIPES = {"minilm-squad-ce": "squad_ce", "minilm-squad-fid": "squad_fid", "minilm-scifact-ce": "scifact_ce",
            "rankrag-smollm2-135m": "squad_rankrag"}
 SQUAD_CE = MODELS / "minilm-squad-ce"
-SQUAD_FID = MODELS / "minilm-squad-fid"
 SCIFACT_CE = MODELS / "minilm-scifact-ce"
 RANKRAG = MODELS / "rankrag-smollm2-135m"
 #: the large SQuAD corpus: every article of SQuAD v1.1 train + dev-a (squad_large_data.build_corpus)
@@ -55,18 +54,6 @@ def tuning_question_ids(train_questions) -> set[str]:
     """Ids of the seeded sample of train questions the large-corpus benchmarks tune on."""
     rng = random.Random(TUNE_SEED)
     return {q.id for q in rng.sample(train_questions, min(TUNE_N, len(train_questions)))}
-
-
-def cpu_flags() -> dict:
-    """The CPU facts a timing JSON records (:func:`funnel_core.hardware.describe`)."""
-    from funnel_core.hardware import describe
-
-    return describe()
-
-
-def use_bf16(flags: dict | None = None) -> bool:
-    """bf16 autocast only where the CPU runs bf16 natively (``funnel_core.hardware.cpu_native_bf16``)."""
-    return bool((flags or cpu_flags())["cpu_native_bf16"])
 
 
 def smollm2_fp32() -> Path:
