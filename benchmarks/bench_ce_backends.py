@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, parser, save_json
+from common import ROOT, load_average, parser, save_json
 
 from funnel_core.evaluation.stats import paired_bootstrap, percentile
 
@@ -71,7 +71,7 @@ def main() -> None:
     from funnel_core.rerank.cross_encoder import CrossEncoderScorer
     from funnel_core.rerank.runtimes import choose_runtime, runtime_available
 
-    load_before = list(os.getloadavg())
+    load_before = load_average()
     model = str(require_model(args.model or SCIFACT_CE, "cross-encoder"))
     model_note = ("SciFact-trained MiniLM cross-encoder (funnel train benchmarks/train/scifact_ce.toml)"
                   if "scifact" in Path(model).name else
@@ -196,7 +196,7 @@ def main() -> None:
                        "met_by": [n for n, r in per.items() if r.get("meets_target")]},
             "cpu_auto_runtime": choose_runtime("auto", "cpu", "transformers"),  # on this machine
             "hardware": describe(),
-            "load_average_before": load_before, "load_average_after": list(os.getloadavg()),
+            "load_average_before": load_before, "load_average_after": load_average(),
             "command": "python " + " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
         }
 

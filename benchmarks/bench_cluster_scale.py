@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import RESULTS, default_data_dir, machine, save_json
+from common import RESULTS, default_data_dir, load_average, machine, save_json
 
 STEPS = ("bm25_index", "knn_graph", "algorithm1", "cluster_units", "cluster_index")
 TARGET_N = 21_000_000
@@ -112,7 +112,7 @@ def child(args) -> dict:
     n = len(units)
     row: dict = {"n_documents": n, "corpus": "squad-train+dev-a paragraphs" if args.child == 0 else "synthetic",
                  "label": args.label, "code": str(Path(funnel_core.__file__).parent),
-                 "load_average_at_start": os.getloadavg()}
+                 "load_average_at_start": load_average()}
     row["generate_seconds"] = time.perf_counter() - t0
     row["rss_after_generate_mib"] = rss_now_mib()
     seconds, cpu, peak = {}, {}, {}
@@ -169,7 +169,7 @@ def child(args) -> dict:
         "peak_rss_mib_after_step": peak, "peak_rss_mib": rss_peak_mib(),
         "edges": int(adj.nnz // 2), "n_clusters": len(clusters), "compression": n / len(clusters),
         "mean_tokens_per_cluster": float(tokens.mean()), "max_tokens_per_cluster": int(tokens.max()),
-        "singleton_clusters": int((members == 1).sum()), "load_average_at_end": os.getloadavg(),
+        "singleton_clusters": int((members == 1).sum()), "load_average_at_end": load_average(),
         "cpu_seconds": resource.getrusage(resource.RUSAGE_SELF).ru_utime + resource.getrusage(resource.RUSAGE_SELF).ru_stime,
     })
     return row

@@ -32,6 +32,8 @@ from pathlib import Path
 
 from common import ROOT, load_average, parser, write_json
 
+from funnel_core.evaluation.harness import wait_for_quiet
+
 QUERY = "what protein regulates the circadian clock in mammals"
 TEXTS = [f"Passage {i}: the circadian clock of mammals is driven by a transcriptional feedback loop in which "
          f"CLOCK and BMAL1 activate Period and Cryptochrome genes, whose proteins in turn repress them; "
@@ -118,9 +120,7 @@ def main() -> None:
     p.add_argument("--quiet-timeout", type=float, default=900)
     p.add_argument("--install-note", default=None, help="how this environment was installed (recorded)")
     args = p.parse_args()
-    t0 = time.time()
-    while (load_average() or [0])[0] > args.quiet_load and time.time() - t0 < args.quiet_timeout:
-        time.sleep(10)
+    wait_for_quiet(args.quiet_load, timeout=args.quiet_timeout, poll=10)  # the harness's wait
     runs = []
     for rep in range(args.repeats):
         for runtime in RUNTIMES[rep % 3:] + RUNTIMES[:rep % 3]:  # rotate the order per repeat

@@ -46,7 +46,6 @@ averages are in the JSON.
 from __future__ import annotations
 
 import json
-import os
 import random
 import sys
 import time
@@ -54,7 +53,7 @@ from pathlib import Path
 
 import numpy as np
 from bench_squad_large import model_key, read_scores
-from common import ROOT, parser, write_json
+from common import ROOT, load_average, parser, write_json
 from squad_large_data import AnswerTexts, build_corpus
 from trained import SQUAD_CE, SQUAD_FILES, require_model, tuning_question_ids
 
@@ -152,7 +151,7 @@ def main() -> None:
         args.work = args.work.with_name(args.work.name + "_quick")
     out_path = args.out or ROOT / "benchmarks" / "results" / ("l2g_squad_quick.json" if args.quick else "l2g_squad.json")
     t_start = time.perf_counter()
-    load_start = os.getloadavg()
+    load_start = load_average()
     import torch
 
     torch.manual_seed(args.seed)
@@ -241,11 +240,11 @@ def main() -> None:
             (out_dir.parent).mkdir(parents=True, exist_ok=True)
             log = out_dir.with_suffix(".log.jsonl")
             log.unlink(missing_ok=True)
-            la0 = os.getloadavg()
+            la0 = load_average()
             trainer = CrossEncoderTrainer(model=init_dir, log_path=log, **train_kw)
             r = trainer.train(groups, out_dir)
             rep = json.loads(done.read_text())
-            rep["load_average_before"], rep["load_average_after"] = la0, os.getloadavg()
+            rep["load_average_before"], rep["load_average_after"] = la0, load_average()
             done.write_text(json.dumps(rep, indent=1))
             print(f"{arm}: {r.steps} steps in {r.seconds:.0f}s, loss {r.first_last_loss(10)}", flush=True)
         training[arm] = {k: rep.get(k) for k in ("steps", "planned_steps", "seconds", "stopped_early", "groups",
@@ -290,7 +289,7 @@ def main() -> None:
             "results": summary,
             "per_question": records,
             "torch_threads": torch.get_num_threads(),  # CPU facts: machine.hardware (write_json)
-            "load_average_start": load_start, "load_average_now": os.getloadavg(),
+            "load_average_start": load_start, "load_average_now": load_average(),
             "wall_seconds": time.perf_counter() - t_start,
         }, out=out_path)
 

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import RESULTS, cached_embeddings, parser, timer, write_json
+from common import RESULTS, cached_embeddings, load_average, parser, timer, write_json
 
 from funnel_core.backends.milvus import MilvusBM25Index, MilvusClusteredBM25Index, MilvusDenseIndex
 from funnel_core.bm25 import BM25Index
@@ -430,14 +430,14 @@ def main() -> None:
 
     try:
         for part in args.parts:
-            load_before = os.getloadavg()
+            load_before = load_average()
             with timer() as t:
                 res = {"scifact": part_scifact, "synthetic": part_synthetic, "dense": part_dense,
                        "frameworks": part_frameworks}[part](
                     ds, db, args.quick)
             res["part_seconds"] = t["seconds"]
             res["load_average_before"] = load_before
-            res["load_average_after"] = os.getloadavg()
+            res["load_average_after"] = load_average()
             res["args"] = {"quick": args.quick, "memtable_mib": args.memtable_mib,
                            "dense_docs": args.dense_docs}
             result[f"{part}_memtable{args.memtable_mib}mib" if args.memtable_mib else part] = res

@@ -42,7 +42,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import os
 import random
 import sys
 import time
@@ -50,7 +49,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from common import ROOT, parser, write_json
+from common import ROOT, load_average, parser, write_json
 from squad_large_data import PASSAGE_WORDS, AnswerTexts, build_corpus
 from trained import SQUAD_CE, SQUAD_FILES, require_model, tuning_question_ids
 
@@ -604,7 +603,7 @@ def main() -> None:
     recall_tune = cluster_recall(tune_qs, {s: {q.id: v[q.id] for q in tune_qs} for s, v in clus.items()},
                                  doc_bm25, doc_index, dense_docs, ans_d, RECALL_K)
 
-    load_before_timing = os.getloadavg()
+    load_before_timing = load_average()
 
     comp = comparisons(rows, ranks, report_qs, best_funnel, args.bootstrap)
     result = {

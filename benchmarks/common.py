@@ -142,7 +142,7 @@ def machine() -> dict[str, Any]:
     return {"python": platform.python_version(), "platform": platform.platform(),
             "cpus": os.cpu_count(), "numpy": numpy.__version__,
             "load_average_at_start": _LOAD_AT_START,
-            "load_average_at_end": os.getloadavg() if hasattr(os, "getloadavg") else None,
+            "load_average_at_end": load_average(),
             "hardware": describe()}  # CPU flags and the precisions this process's models ran in
 
 
