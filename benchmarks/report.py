@@ -87,11 +87,6 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]], note: str = "") 
     return (note.rstrip() + "\n\n" if note else "") + "\n".join(out)
 
 
-def versus(metric: str, items: Sequence[tuple[str, str]], sep: str = ", ") -> str:
-    """``"metric a 0.1, b 0.2"``: one measurement of several systems in one cell."""
-    return (f"{metric} " if metric else "") + sep.join(f"{label} {value}" for label, value in items)
-
-
 def bold_max(values: Sequence[float | None], digits: int = 3) -> list[str]:
     """Format ``values``; the largest (after rounding) in bold, every tie included; None -> blank."""
     shown = [None if v is None else round(v, digits) for v in values]
