@@ -22,7 +22,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from funnel_core.evaluation.datasets import load_squad
-from funnel_core.evaluation.metrics import has_answer, normalize_answer
+from funnel_core.evaluation.metrics import normalize_answer
 from funnel_core.funnelrag.chunking import LaterChunking
 from funnel_core.text import count_tokens
 from funnel_core.units import Unit
@@ -39,12 +39,6 @@ class LargeCorpus:
     passage_paragraphs: list[tuple[int, ...]] = field(default_factory=list)  # paragraph indices (within article) each passage overlaps
     passages_of_doc: list[list[int]] = field(default_factory=list)
     links: sp.csr_matrix | None = None              # neighbouring documents of an article
-
-    def gold_passages(self, q) -> list[int]:
-        """The passages of a question's gold: they overlap its own paragraph and contain an answer."""
-        doc = self.doc_of_paragraph[(q.article, q.paragraph_index)]
-        return [i for i in self.passages_of_doc[doc] if q.paragraph_index in self.passage_paragraphs[i]
-                and has_answer(self.passages[i].text, q.answers)]
 
     def adjacency(self, knn_k: int = 20) -> sp.csr_matrix:
         """Article links + BM25 kNN between documents (the graph Algorithm 1 clusters)."""
