@@ -176,7 +176,7 @@ def fill(template: str, row: Any = None, root: Any = None, key: str = "", label:
 
 @dataclass(frozen=True)
 class Table:
-    """A markdown table read from one JSON file of results/ (a harness report: ``harness:NAME``).
+    """A markdown table read from one JSON file of results/.
 
     ``each``: the path of a dict (or list) with a row per item, each row ``body[0]``'s templates over that
     item; ``labels`` picks and orders the items of the dict (``{label}`` in a template) and, with
@@ -193,7 +193,7 @@ class Table:
     after: str = ""
 
     def __call__(self) -> str:
-        d = harness(self.source[8:]) if self.source.startswith("harness:") else load(self.source)
+        d = load(self.source)
         if self.each is None and self.labels is None:
             rows = [[fill(t, d, d) for t in row] for row in self.body]
         else:
