@@ -282,3 +282,28 @@ def test_a_nested_funnel_is_run_on_units_too(monkeypatch, framework, corpus_unit
     with count_calls(monkeypatch, framework + "_funnel", *names) as counts:
         out = run(Q)
     assert len(out) > 3 and dict(counts) == {names[1]: 1}
+
+
+def test_both_frameworks_keep_the_same_bookkeeping(corpus_units, source_linked_nodes,
+                                                   tiny_cross_encoder_path):
+    """The same funnel in both frameworks hands back the same ids, scores and ``funnel_`` keys:
+    what our retrievers record (``funnel_score_bm25``, ``funnel_bm25_rank``) reaches the output in
+    LlamaIndex too, where a round trip through the BM25 retriever's own nodes (which carry none
+    of it, so that their hash stays the user's) used to drop it and record the score again under
+    the retriever's class name."""
+    import langchain_funnel as lc
+    import llama_index_funnel as li
+
+    lc_out = lc.FunnelRetriever.from_stages(*_lc_stages(corpus_units, tiny_cross_encoder_path)[:3],
+                                            k=None).invoke(Q)
+    li_out = li.FunnelRetriever(_li_stages(source_linked_nodes, tiny_cross_encoder_path)[:3]).retrieve(Q)
+
+    def ours(meta):
+        return {k: v for k, v in meta.items() if k.startswith("funnel_")}
+
+    assert [d.id for d in lc_out] == [n.node.node_id for n in li_out]
+    assert [d.metadata.get("relevance_score") for d in lc_out] == pytest.approx(
+        [n.score for n in li_out])
+    for d, n in zip(lc_out, li_out):
+        assert ours(d.metadata) == pytest.approx(ours(n.node.metadata))
+        assert "funnel_score_BM25Retriever" not in n.node.metadata
