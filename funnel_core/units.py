@@ -23,7 +23,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 __all__ = ["Unit", "StageRecord", "Trace", "as_float", "FUNNEL_PREFIX", "SCORE_PREFIX",
            "funnel_metadata", "read_funnel_metadata", "scored_by", "foreign_output", "REORDERED_BY",
-           "copy_funnel", "text_digest", "units_from_texts", "keep_source_funnel_keys"]
+           "copy_funnel", "text_digest", "units_from_texts", "keep_source_funnel_keys", "settled"]
 
 #: Prefix of every metadata key the adapters write on a framework object (a LlamaIndex node, a
 #: LangChain ``Document``): ``funnel_level``, ``funnel_parent_id``, ``funnel_score_<stage>``,
@@ -244,6 +244,30 @@ def scored_by(unit: Unit, stage: str) -> Unit:
     if history and history[-1] == unit.score:
         return unit
     return unit.rescored(unit.score, stage)
+
+
+def settled(unit: Unit) -> Unit:
+    """``unit`` as an adapter reads it back from the framework object it would become, without
+    building that object.
+
+    An index built from nodes or Documents that a splitter of ours made (MoG levels, graph
+    nodes) stores their flat ``funnel_...`` keys in :attr:`Unit.metadata`; read back from a node
+    or a ``Document`` they are bookkeeping: ``funnel_parent_id`` becomes :attr:`Unit.parent_id`
+    where the unit has none of its own, the rest goes to :attr:`Unit.funnel` (the unit's own
+    level and entries win). A funnel adapter applies this to
+    what its retrievers return, so the next stage sees what it saw when every stage boundary was
+    a framework object. A unit with no such key is returned as it is (not copied).
+    """
+    if not any(isinstance(k, str) and k.startswith(FUNNEL_PREFIX) for k in unit.metadata):
+        return unit
+    user, ours = read_funnel_metadata({**unit.metadata, **funnel_metadata(unit)})
+    new = unit.copy()
+    new.metadata = user
+    new.level = str(ours.pop("level", "passage"))
+    parent_id = ours.pop("parent_id", None)
+    new.parent_id = None if parent_id is None else str(parent_id)
+    new.funnel = ours
+    return new
 
 
 def keep_source_funnel_keys(owner: str, pairs: Iterable[tuple[Mapping[str, Any], dict]]) -> None:

@@ -3,7 +3,11 @@
 :class:`FunnelRetriever` runs a :class:`funnel_core.Funnel` whose stages can be ``funnel_core``
 stages *or* LangChain objects: any retriever (first stage), any ``BaseDocumentCompressor``, and
 any runnable taking ``{"query", "documents"}`` and returning documents — wrapped by
-:func:`as_stage`. The per-stage trace is not copied onto the documents (it would repeat ~1 KB
+:func:`as_stage`. The funnel runs on :class:`~funnel_core.units.Unit` objects: the documents a
+LangChain object of another package returns are converted to units once, and the funnel's
+output to Documents once; this package's own retrievers, compressors and transformers run as
+their ``funnel_core`` work on the units (:class:`OwnStage`), so no Document is built between
+them (callbacks still see each of them as a child run). The per-stage trace is not copied onto the documents (it would repeat ~1 KB
 of JSON on each): :meth:`FunnelRetriever.search` returns ``(documents, trace)``, and the
 retriever's run reports it to callbacks as the custom event ``"funnel_trace"``.
 
@@ -21,7 +25,9 @@ import asyncio
 from typing import Any, Optional, Sequence
 
 from langchain_core.callbacks import (
+    AsyncCallbackManager,
     AsyncCallbackManagerForRetrieverRun,
+    CallbackManager,
     CallbackManagerForRetrieverRun,
 )
 from langchain_core.documents import BaseDocumentCompressor, BaseDocumentTransformer, Document
@@ -34,8 +40,14 @@ from funnel_core.errors import check_query
 from funnel_core.funnel import Funnel, FunnelResult, Stage
 from funnel_core.funnel import as_stage as core_as_stage
 from funnel_core.settings import checked_keywords
-from funnel_core.units import Trace, Unit, foreign_output, scored_by
-from langchain_funnel._base import UnitRetriever, documents_to_units, units_to_documents
+from funnel_core.units import Trace, Unit, foreign_output, scored_by, settled
+from langchain_funnel._base import (
+    StageCompressor,
+    UnitRetriever,
+    documents_to_units,
+    units_to_documents,
+)
+from langchain_funnel.rerank import TransformerBase
 
 __all__ = ["rerank_chain", "FunnelRetriever", "LCRetrieverStage", "LCCompressorStage", "LCTransformerStage",
            "LCRunnableStage", "as_stage"]
@@ -155,10 +167,170 @@ class LCRunnableStage(Stage):
         return _scored(out, self.name, units)
 
 
+class OwnStage(Stage):
+    """One of this package's LangChain objects run on units: its ``funnel_core`` work, with no
+    ``Document`` built on either side (a funnel converts its input once and its output once).
+
+    While callbacks listen (``config={"callbacks": ...}``, ``astream_events``, a tracer) the
+    object is still a child run of the funnel's run, named as its own ``invoke`` names it, with
+    Documents as its input and output: those are built for the callbacks only, from the units,
+    and nothing is read back from them. With no callback nothing is built.
+    """
+
+    def __init__(self, obj: Any, name: str) -> None:
+        self.obj = obj
+        self.name = name
+
+    # what the object does, on units (subclasses)
+    def _work(self, query: str, units: list[Unit]) -> list[Unit]:
+        raise NotImplementedError
+
+    async def _awork(self, query: str, units: list[Unit]) -> list[Unit]:
+        raise NotImplementedError
+
+    def _done(self, before: list[Unit], out: list[Unit]) -> list[Unit]:
+        """Scores as a foreign stage's (:func:`funnel_core.units.foreign_output`), exactly as
+        when the object's Documents were read back."""
+        return foreign_output(before, out, self.name)
+
+    # the child run, as the object's own invoke reports it
+    def _start(self, cm: Any, query: str, units: list[Unit]) -> Any:
+        return cm.on_chain_start(None, {"query": query, "documents": units_to_documents(units)},
+                                 name=self.obj.get_name())
+
+    def _manager(self, cls: Any) -> Any:
+        """The callback manager of the object's run under the funnel's, ``None`` when nobody
+        listens."""
+        callbacks = _callbacks()
+        if callbacks is None:
+            return None
+        cm = cls.configure(callbacks, None, local_tags=getattr(self.obj, "tags", None),
+                           local_metadata=getattr(self.obj, "metadata", None))
+        return cm if cm.handlers else None
+
+    def run(self, query: str, units: list[Unit]) -> list[Unit]:
+        cm = self._manager(CallbackManager)
+        if cm is None:
+            return self._done(units, self._work(query, units))
+        run = self._start(cm, query, units)
+        try:
+            with set_config_context({"callbacks": run.get_child()}) as ctx:
+                out = self._done(units, ctx.run(self._work, query, units))
+        except BaseException as e:
+            _end(run, error=e)
+            raise
+        _end(run, out)
+        return out
+
+    async def arun(self, query: str, units: list[Unit]) -> list[Unit]:
+        cm = self._manager(AsyncCallbackManager)
+        if cm is None:
+            return self._done(units, await self._awork(query, units))
+        run = await self._start(cm, query, units)
+        try:
+            with set_config_context({"callbacks": run.get_child()}) as ctx:
+                out = self._done(units, await asyncio.create_task(self._awork(query, units),
+                                                                  context=ctx))
+        except BaseException as e:
+            await _end(run, error=e)
+            raise
+        await _end(run, out)
+        return out
+
+
+def _end(run: Any, units: Optional[list[Unit]] = None, error: Optional[BaseException] = None) -> Any:
+    """End a child run (retriever or chain) with the units as Documents, or with ``error``."""
+    retriever = isinstance(run, (CallbackManagerForRetrieverRun, AsyncCallbackManagerForRetrieverRun))
+    if error is not None:
+        return run.on_retriever_error(error) if retriever else run.on_chain_error(error)
+    docs = units_to_documents(units or [])
+    return run.on_retriever_end(docs) if retriever else run.on_chain_end(docs)
+
+
+class OwnRetrieverStage(OwnStage):
+    """One of our retrievers (:class:`~langchain_funnel._base.UnitRetriever`) as a first stage:
+    its ``_search`` with its own ``k`` and ``filter`` (incoming units are ignored)."""
+
+    def _work(self, query: str, units: list[Unit]) -> list[Unit]:
+        query, k = self.obj._prepare(query, None, {})
+        return self.obj._search(query, k) if query else []
+
+    async def _awork(self, query: str, units: list[Unit]) -> list[Unit]:
+        query, k = self.obj._prepare(query, None, {})
+        return await self.obj._asearch(query, k) if query else []
+
+    def _done(self, before: list[Unit], out: list[Unit]) -> list[Unit]:
+        return [scored_by(settled(u), self.name) for u in out]
+
+    def _start(self, cm: Any, query: str, units: list[Unit]) -> Any:
+        return cm.on_retriever_start(None, query, name=self.obj.get_name())
+
+
+class OwnCompressorStage(OwnStage):
+    """One of our compressors (:class:`~langchain_funnel._base.StageCompressor`): its core
+    stage on the units, as ``compress_documents`` runs it."""
+
+    def _work(self, query: str, units: list[Unit]) -> list[Unit]:
+        return self.obj.stage(query, units) if units else []
+
+    async def _awork(self, query: str, units: list[Unit]) -> list[Unit]:
+        return await self.obj.stage.acall(query, units) if units else []
+
+
+class OwnTransformerStage(OwnStage):
+    """One of our document transformers (later chunking, repacking): its core stage's ``run``
+    on the units, as ``transform_documents`` runs it (the query is not read)."""
+
+    def _work(self, query: str, units: list[Unit]) -> list[Unit]:
+        return self.obj.stage.run(query, units)
+
+    async def _awork(self, query: str, units: list[Unit]) -> list[Unit]:
+        return await asyncio.to_thread(self.obj.stage.run, query, units)
+
+    def _start(self, cm: Any, query: str, units: list[Unit]) -> Any:
+        return cm.on_chain_start(None, units_to_documents(units), name=self.obj.get_name())
+
+
+def _same_methods(obj: Any, bases: Sequence[type], *methods: str) -> bool:
+    """Whether ``obj`` runs each of ``methods`` as one of ``bases`` defines it (a subclass that
+    overrides one is run through LangChain, converting around it, like any other object)."""
+    return all(_defined_by(type(obj), m) in bases for m in methods)
+
+
+def _defined_by(cls: type, method: str) -> Optional[type]:
+    """The class of ``cls``'s MRO whose body defines ``method``."""
+    return next((k for k in cls.__mro__ if method in vars(k)), None)
+
+
+def _own(obj: Any) -> Optional[Stage]:
+    """The units-level stage of one of our objects, or ``None`` for any other."""
+    if isinstance(obj, UnitRetriever) and _same_methods(
+            obj, (UnitRetriever, FunnelRetriever), "_get_relevant_documents",
+            "_aget_relevant_documents"):
+        return OwnRetrieverStage(obj, type(obj).__name__)
+    name = getattr(obj, "name", None) or type(obj).__name__
+    if isinstance(obj, StageCompressor) and _same_methods(
+            obj, (StageCompressor,), "compress_documents", "acompress_documents", "invoke",
+            "ainvoke", "_compress", "_acompress"):
+        return OwnCompressorStage(obj, name)
+    if isinstance(obj, TransformerBase) and all(
+            (_defined_by(type(obj), m) or object).__module__.startswith("langchain_funnel.")
+            or _defined_by(type(obj), m) is Runnable  # ainvoke: invoke in a thread
+            for m in ("transform_documents", "atransform_documents", "invoke", "ainvoke")):
+        return OwnTransformerStage(obj, name)  # each of ours is its stage's run
+    return None
+
+
 @checked_keywords
 def as_stage(obj: Any, first: bool = False) -> Stage:
     """A ``funnel_core`` stage, LangChain retriever, compressor, transformer, runnable or
-    callable -> Stage. With ``first``, a plain runnable is read as ``query -> documents``."""
+    callable -> Stage. This package's own retrievers, compressors and transformers become their
+    units-level work (:class:`OwnStage`: no Document is built between stages); any other
+    LangChain object is run through LangChain, converting only around it. With ``first``, a
+    plain runnable is read as ``query -> documents``."""
+    own = _own(obj)
+    if own is not None:
+        return own
     if isinstance(obj, BaseRetriever):
         return LCRetrieverStage(obj)
     if isinstance(obj, BaseDocumentCompressor):

@@ -14,17 +14,18 @@ All three import only ``langchain_core``.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any, ClassVar, Iterable, Optional, Sequence
 
 from langchain_core.documents import Document
+from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_text_splitters import TextSplitter
-from pydantic import Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
-from funnel_core.granularity.graph import GraphGranularityBuilder
-from funnel_core.granularity.levels import MultiGranularityChunker
+from funnel_core.granularity.fields import GraphGranularityFields, MultiGranularityFields
 from funnel_core.granularity.retrieval import MixOfGranularityRetrieve, check_mog_settings, mog_stage
-from funnel_core.settings import checked_keywords, setting_names
+from funnel_core.settings import StageAdapter
 from funnel_core.units import Unit, keep_source_funnel_keys, read_funnel_metadata
 from langchain_funnel._base import UnitRetriever, documents_to_units, units_to_documents
 
@@ -73,68 +74,86 @@ def _texts_to_documents(texts: Sequence[str], metadatas: Optional[Sequence[dict]
     return [Document(page_content=t, metadata=dict(m)) for t, m in zip(texts, metadatas)]
 
 
-class _HoldsSplitter:
-    """Forwards the settings of the core splitter it holds (``self._core``) as attributes: an
-    edit is validated by the core object and honoured at the next call."""
+class _GranularitySplitter(StageAdapter, BaseModel, TextSplitter,
+                           Runnable[Sequence[Document], list[Document]]):
+    """A LangChain text splitter holding one core splitter (``stage_class``), built from the
+    fields named like its settings (declared once for both frameworks in
+    :mod:`funnel_core.granularity.fields`); an edit of one is validated by the core splitter and
+    honoured at the next call. Unknown keywords raise, naming the accepted ones.
 
-    def __getattr__(self, name: str) -> Any:
-        core = self.__dict__.get("_core")
-        if core is not None and name in setting_names(type(core)):
-            return getattr(core, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+    Also a ``Runnable`` from documents to documents, so it composes in LCEL
+    (``loader | splitter``). The ``TextSplitter`` settings (``chunk_overlap``,
+    ``length_function``, ``add_start_index``, ...) do not apply: sizes are counted in words.
+    """
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        core = self.__dict__.get("_core")
-        if core is not None and name in setting_names(type(core)):
-            setattr(core, name, value)
-        else:
-            object.__setattr__(self, name, value)
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
+    # Runnable annotates ``name: str | None`` without a default; pydantic would make it required.
+    name: Optional[str] = None
+    _stage: Any = PrivateAttr(default=None)
+
+    def split_text(self, text: str) -> list[str]:
+        """The chunk texts of ``text``: the same chunks as :meth:`split_documents`."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}.")
+        return [d.page_content for d in self.split_documents([Document(page_content=text)])]
+
+    def split_documents(self, documents: Iterable[Document]) -> list[Document]:
+        raise NotImplementedError
+
+    def create_documents(self, texts: Sequence[str],
+                         metadatas: Optional[Sequence[dict]] = None) -> list[Document]:
+        """The chunks of plain texts (one metadata dict per text)."""
+        return self.split_documents(_texts_to_documents(texts, metadatas))
+
+    def transform_documents(self, documents: Sequence[Document], **kwargs: Any) -> list[Document]:
+        return self.split_documents(documents)
+
+    async def atransform_documents(self, documents: Sequence[Document],
+                                   **kwargs: Any) -> list[Document]:
+        return await asyncio.to_thread(self.split_documents, documents)
+
+    def invoke(self, input: Sequence[Document], config: RunnableConfig | None = None,
+               **kwargs: Any) -> list[Document]:
+        return self._call_with_config(self.split_documents, input, config)
+
+    async def ainvoke(self, input: Sequence[Document], config: RunnableConfig | None = None,
+                      **kwargs: Any) -> list[Document]:
+        return await self._acall_with_config(self.atransform_documents, input, config)
 
 
-class MultiGranularityTextSplitter(_HoldsSplitter, TextSplitter):
+class MultiGranularityTextSplitter(MultiGranularityFields, _GranularitySplitter):
     """Split documents into ``n_gra`` nested granularity levels (MoG section 3.2).
 
-    Args:
+    Fields:
         levels: ``"all"`` (every level, for :class:`MixOfGranularityRetriever`) or ``"finest"``.
-        chunk_size: Finest chunk size in words (64).
-        n_gra: Levels; a level-``j`` chunk is two adjacent level-``j - 1`` chunks (5).
-        sentence_aware: End finest chunks at sentence ends.
+        chunk_size, n_gra, sentence_aware: the settings of the core
+            :class:`~funnel_core.granularity.levels.MultiGranularityChunker` it holds
+            (:class:`~funnel_core.granularity.fields.MultiGranularityFields`, the same fields as
+            LlamaIndex's ``MultiGranularityNodeParser``); an edit is validated and honoured at
+            the next call.
 
-    Each setting is also an attribute of the core
-    :class:`~funnel_core.granularity.levels.MultiGranularityChunker` it holds; an edit is
-    validated and honoured at the next call.
-
-    :meth:`split_documents` (and ``transform_documents``) return the chunks of *every* level,
-    finest first; each ``Document`` has ``id``, the source document's metadata as it was, and
-    flat ``funnel_...`` keys: ``funnel_granularity`` (1 = finest), ``funnel_parent_id`` (below the
-    top level), ``funnel_child_ids_json`` (above level 1), ``funnel_doc_id``,
-    ``funnel_doc_index``, ``funnel_position`` and ``funnel_level``, so
+    :meth:`split_documents` (and ``transform_documents``, ``invoke``) return the chunks of
+    *every* level, finest first; each ``Document`` has ``id``, the source document's metadata as
+    it was, and flat ``funnel_...`` keys: ``funnel_granularity`` (1 = finest),
+    ``funnel_parent_id`` (below the top level), ``funnel_child_ids_json`` (above level 1),
+    ``funnel_doc_id``, ``funnel_doc_index``, ``funnel_position`` and ``funnel_level``, so
     ``filter_complex_metadata`` keeps the hierarchy. :meth:`split_text` returns the chunk texts
     of one text.
 
     A LangChain ``TextSplitter``: it works wherever one is expected, e.g.
-    ``ParentDocumentRetriever(child_splitter=MultiGranularityTextSplitter(...))``. The
-    ``TextSplitter`` settings (``chunk_overlap``, ``length_function``, ``add_start_index``, ...)
-    do not apply: sizes are ``chunk_size`` words.
+    ``ParentDocumentRetriever(child_splitter=MultiGranularityTextSplitter(...))``.
     """
 
-    @checked_keywords
-    def __init__(self, *, levels: str = "all", chunk_size: int = 64, n_gra: int = 5,
-                 sentence_aware: bool = True) -> None:
-        if levels not in ("all", "finest"):
-            raise ValueError(f"levels must be 'all' (the whole hierarchy, for "
-                             f"MixOfGranularityRetriever) or 'finest', got {levels!r}.")
-        self._core = MultiGranularityChunker(chunk_size=chunk_size, n_gra=n_gra,
-                                             sentence_aware=sentence_aware)
-        self.levels = levels
-        TextSplitter.__init__(self, chunk_overlap=0)
+    levels: str = Field(default="all", description="'all' (every level, for "
+                                                    "MixOfGranularityRetriever) or 'finest'.")
 
-    def split_text(self, text: str) -> list[str]:
-        """The chunk texts of ``text``: the same chunks as :meth:`split_documents` (every level,
-        finest first, or the finest only with ``levels="finest"``)."""
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}.")
-        return [d.page_content for d in self.split_documents([Document(page_content=text)])]
+    @field_validator("levels")
+    @classmethod
+    def _check_levels(cls, value: str) -> str:
+        if value not in ("all", "finest"):
+            raise ValueError(f"levels must be 'all' (the whole hierarchy, for "
+                             f"MixOfGranularityRetriever) or 'finest', got {value!r}.")
+        return value
 
     def split_documents(self, documents: Iterable[Document]) -> list[Document]:
         """Every level's chunks of ``documents`` (the whole hierarchy), finest level first
@@ -142,74 +161,40 @@ class MultiGranularityTextSplitter(_HoldsSplitter, TextSplitter):
         units, by_id = _doc_units(documents)
         if not units:
             return []
-        hierarchy = self._core.split(units)
+        hierarchy = self.stage.split(units)
         levels = hierarchy.levels if self.levels == "all" else hierarchy.levels[:1]
         return _to_documents([u for level in levels for u in level], by_id, type(self).__name__)
 
-    def create_documents(self, texts: Sequence[str],
-                         metadatas: Optional[Sequence[dict]] = None) -> list[Document]:
-        """The hierarchy of plain texts (one metadata dict per text)."""
-        return self.split_documents(_texts_to_documents(texts, metadatas))
 
-    def transform_documents(self, documents: Sequence[Document], **kwargs: Any) -> list[Document]:
-        return self.split_documents(documents)
-
-
-class GraphGranularitySplitter(_HoldsSplitter, TextSplitter):
+class GraphGranularitySplitter(GraphGranularityFields, _GranularitySplitter):
     """Split documents into MoGG graph nodes and link them by BM25 similarity (section 3.3).
 
-    Args:
-        sentences_per_node: Sentences per graph node (1-2 in the paper).
-        n_gra: Hop ranges (levels) the retriever will use.
-        k_graph: Edges per node (its most BM25-similar nodes).
-        t_graph: Minimum normalised BM25 similarity of an edge, in [0, 1].
-        block_size: Nodes scored per block when building the kNN graph.
-        max_df: Ignore terms in more than this share of nodes when linking (None: keep all).
-        bm25: BM25 settings of the similarity.
-
-    Each setting is also an attribute of the core
-    :class:`~funnel_core.granularity.graph.GraphGranularityBuilder` it holds; an edit is
-    validated and honoured at the next call.
+    Fields: the settings of the core
+    :class:`~funnel_core.granularity.graph.GraphGranularityBuilder` it holds
+    (:class:`~funnel_core.granularity.fields.GraphGranularityFields`, the same fields as
+    LlamaIndex's ``GraphGranularityNodeParser``): ``sentences_per_node``, ``n_gra``,
+    ``k_graph``, ``t_graph``, ``block_size``, ``max_df``, ``bm25``; an edit is validated and
+    honoured at the next call.
 
     Each node ``Document`` carries ``funnel_graph_neighbors_json`` (a JSON list of ids) and
     ``funnel_graph_weights_json``; the graph spans the documents of one call (in
     ``ParentDocumentRetriever``, which splits one parent at a time, each parent is a graph of its
     own). ``last_build_seconds`` is the latest edge-building time. With no pair above
     ``t_graph`` every neighbour list is empty (a warning says so). A LangChain ``TextSplitter``
-    (its character-size settings do not apply).
+    and a ``Runnable`` (documents -> node documents).
     """
 
-    @checked_keywords
-    def __init__(self, *, sentences_per_node: int = 2, n_gra: int = 5, k_graph: int = 3,
-                 t_graph: float = 0.3, block_size: int = 512, max_df: Optional[float] = None,
-                 bm25: Optional[dict] = None) -> None:
-        self._core = GraphGranularityBuilder(
-            sentences_per_node=sentences_per_node, n_gra=n_gra, k_graph=k_graph, t_graph=t_graph,
-            block_size=block_size, max_df=max_df, bm25=bm25)
-        self.last_build_seconds: float | None = None
-        TextSplitter.__init__(self, chunk_overlap=0)
-
-    def split_text(self, text: str) -> list[str]:
-        """The node texts of one text (its sentences, ``sentences_per_node`` at a time)."""
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}.")
-        return [d.page_content for d in self.split_documents([Document(page_content=text)])]
+    last_build_seconds: Optional[float] = Field(default=None,
+                                                description="Seconds of the last build.")
 
     def split_documents(self, documents: Iterable[Document]) -> list[Document]:
         """The linked graph nodes of ``documents``, in document order."""
         units, by_id = _doc_units(documents)
         if not units:
             return []
-        graph = self._core.build(units)
+        graph = self.stage.build(units)
         self.last_build_seconds = graph.build_seconds
         return _to_documents(graph.nodes, by_id, type(self).__name__)
-
-    def create_documents(self, texts: Sequence[str],
-                         metadatas: Optional[Sequence[dict]] = None) -> list[Document]:
-        return self.split_documents(_texts_to_documents(texts, metadatas))
-
-    def transform_documents(self, documents: Sequence[Document], **kwargs: Any) -> list[Document]:
-        return self.split_documents(documents)
 
 
 class MixOfGranularityRetriever(UnitRetriever):

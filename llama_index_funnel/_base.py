@@ -13,6 +13,7 @@ import asyncio
 from abc import abstractmethod
 from collections import ChainMap
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Iterable, Iterator, List, Mapping, Optional, Sequence
 
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -39,7 +40,7 @@ from funnel_core.units import Unit, funnel_metadata, read_funnel_metadata
 dispatcher = get_dispatcher(__name__)
 
 __all__ = ["StagePostprocessor", "UnitRetriever", "node_to_unit", "nodes_to_units",
-           "units_to_nodes", "annotate_node", "hide_keys"]
+           "units_to_nodes", "annotate_node", "hide_keys", "Handoff", "handing"]
 
 def _node_text(node: BaseNode) -> str:
     return node.get_content(metadata_mode=MetadataMode.NONE)
@@ -157,6 +158,39 @@ def units_to_nodes(units: Sequence[Unit],
     return [NodeWithScore(node=unit_to_node(u, lookup, annotate), score=u.score) for u in units]
 
 
+class Handoff:
+    """Units a funnel hands one of our objects, and takes back, while it runs the object
+    through LlamaIndex only so that the object's events and spans fire (see
+    :func:`handing`): the nodes LlamaIndex passes are for the events' payload, the work is done
+    on :attr:`units` and its result left in :attr:`out`."""
+
+    def __init__(self, owner: Any, units: Optional[list[Unit]] = None) -> None:
+        self.owner = owner
+        self.units = units
+        self.out: Optional[list[Unit]] = None
+
+
+_HANDOFF: ContextVar[Optional[Handoff]] = ContextVar("funnel_handoff", default=None)
+
+
+@contextmanager
+def handing(owner: Any, units: Optional[list[Unit]] = None) -> Iterator[Handoff]:
+    """While the block runs, ``owner`` (a :class:`StagePostprocessor` or
+    :class:`UnitRetriever`) works on ``units`` instead of reading them back from the nodes it
+    is given, and leaves the units it returns in the yielded :class:`Handoff`."""
+    hand = Handoff(owner, units)
+    token = _HANDOFF.set(hand)
+    try:
+        yield hand
+    finally:
+        _HANDOFF.reset(token)
+
+
+def _handoff(owner: Any) -> Optional[Handoff]:
+    hand = _HANDOFF.get()
+    return hand if hand is not None and hand.owner is owner else None
+
+
 class StagePostprocessor(StageAdapter, BaseNodePostprocessor):
     """A LlamaIndex node postprocessor that holds and runs one ``funnel_core`` stage.
 
@@ -187,8 +221,13 @@ class StagePostprocessor(StageAdapter, BaseNodePostprocessor):
         query = self._query(query_bundle)
         if not nodes or not query:
             return self._no_query(nodes)
+        hand = _handoff(self)
         with self._reranking(nodes, query_bundle, query) as out:
-            out.extend(units_to_nodes(self.stage(query, nodes_to_units(nodes)), nodes))
+            units = self.stage(query, hand.units if hand and hand.units is not None
+                               else nodes_to_units(nodes))
+            if hand is not None:
+                hand.out = units
+            out.extend(units_to_nodes(units, nodes))
         return out
 
     async def _apostprocess_nodes(self, nodes: List[NodeWithScore],
@@ -196,8 +235,13 @@ class StagePostprocessor(StageAdapter, BaseNodePostprocessor):
         query = self._query(query_bundle)
         if not nodes or not query:
             return self._no_query(nodes)
+        hand = _handoff(self)
         with self._reranking(nodes, query_bundle, query) as out:
-            out.extend(units_to_nodes(await self.stage.acall(query, nodes_to_units(nodes)), nodes))
+            units = await self.stage.acall(query, hand.units if hand and hand.units is not None
+                                           else nodes_to_units(nodes))
+            if hand is not None:
+                hand.out = units
+            out.extend(units_to_nodes(units, nodes))
         return out
 
     def _no_query(self, nodes: List[NodeWithScore]) -> List[NodeWithScore]:
@@ -268,7 +312,15 @@ class UnitRetriever(BaseRetriever):
         query = check_query(query_bundle.query_str)
         if not query:
             return []
-        return units_to_nodes(self._search(query), self._originals(), self.annotate)
+        return self._to_nodes(self._search(query))
+
+    def _to_nodes(self, units: list[Unit]) -> List[NodeWithScore]:
+        """The nodes of what :meth:`_search` returned (and the units themselves to a funnel
+        that hands them on, see :func:`handing`)."""
+        hand = _handoff(self)
+        if hand is not None:
+            hand.out = units
+        return units_to_nodes(units, self._originals(), self.annotate)
 
     async def _asearch(self, query: str) -> list[Unit]:
         """Async twin of :meth:`_search`; by default :meth:`_search` in a worker thread."""
@@ -278,8 +330,7 @@ class UnitRetriever(BaseRetriever):
         query = check_query(query_bundle.query_str)
         if not query:
             return []
-        units = await self._asearch(query)
-        return units_to_nodes(units, self._originals(), self.annotate)
+        return self._to_nodes(await self._asearch(query))
 
     def _originals(self) -> Sequence[BaseNode] | Mapping[str, BaseNode]:
         """Original nodes to copy back (override when the retriever keeps them, e.g. its own

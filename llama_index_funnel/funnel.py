@@ -7,11 +7,16 @@ is not copied onto the nodes: :meth:`FunnelRetriever.search` returns it with the
 query sends its own trace to LlamaIndex's instrumentation as a :class:`FunnelTraceEvent` (inside
 the retrieve span of that query, so concurrent queries never mix their traces).
 
-Nodes keep their identity across stages: every :class:`~funnel_core.units.Unit` carries the
-node it came from (``unit.source``), so each stage hands the next one copies of the user's own
-nodes (relationships, excluded keys and hash intact). Our postprocessors run through
-``postprocess_nodes`` like any other, so rerank events and instrumentation spans are emitted
-inside the funnel too.
+The funnel runs on :class:`~funnel_core.units.Unit` objects: the nodes a LlamaIndex object of
+another package returns are converted to units once, and the funnel's output to nodes once.
+This package's own retrievers and postprocessors run as their ``funnel_core`` work on the
+units (:class:`OwnRetrieverStage`, :class:`OwnPostprocessorStage`), so no node is built between
+them. Nodes keep their identity: every unit carries the node it came from (``unit.source``) or
+is found by id among the nodes of the funnel's retrievers, so the output is copies of the
+user's own nodes (relationships, excluded keys and hash intact). While an event or span handler
+listens, our postprocessors and retrievers still run through ``postprocess_nodes`` /
+``retrieve``, so rerank and retrieval events and instrumentation spans are emitted inside the
+funnel as before (nodes are then built for those events' payload).
 
 Scores belong to the order: a postprocessor that reorders nodes without scoring them
 (``LongContextReorder``, a reranker that keeps the incoming scores) leaves ``score=None`` (the
@@ -23,7 +28,10 @@ postprocessor); one that keeps the order (``SimilarityPostprocessor``, a cut) ke
 
 from __future__ import annotations
 
-from typing import Any, List, Mapping, Optional, Sequence
+from collections import ChainMap
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Iterator, List, Mapping, Optional, Sequence
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks import CallbackManager
@@ -36,8 +44,14 @@ from funnel_core.errors import check_query
 from funnel_core.funnel import Funnel, FunnelResult, Stage
 from funnel_core.funnel import as_stage as core_as_stage
 from funnel_core.settings import checked_keywords
-from funnel_core.units import Trace, Unit, foreign_output, scored_by
-from llama_index_funnel._base import UnitRetriever, nodes_to_units, units_to_nodes
+from funnel_core.units import Trace, Unit, foreign_output, scored_by, settled
+from llama_index_funnel._base import (
+    StagePostprocessor,
+    UnitRetriever,
+    handing,
+    nodes_to_units,
+    units_to_nodes,
+)
 
 __all__ = ["FunnelRetriever", "FunnelTraceEvent", "RetrieverStage", "PostprocessorStage", "as_stage"]
 
@@ -57,12 +71,60 @@ class FunnelTraceEvent(BaseEvent):
         return "FunnelTraceEvent"
 
 
+class _Seen:
+    """One query's framework objects, for turning its units back into copies of the user's
+    nodes: the sources of the units that entered from LlamaIndex objects, and the node maps of
+    our retrievers in the funnel (their units carry no node)."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, BaseNode] = {}
+        self.corpora: list[Mapping[str, BaseNode]] = []
+
+    def add(self, units: Sequence[Unit]) -> None:
+        for u in units:
+            if isinstance(u.source, BaseNode):
+                self.nodes.setdefault(u.id, u.source)
+
+    def lookup(self, *more: Mapping[str, BaseNode]) -> Mapping[str, BaseNode]:
+        return ChainMap(self.nodes, *self.corpora, *more)  # type: ignore[arg-type]
+
+
+_SEEN: ContextVar[Optional[_Seen]] = ContextVar("funnel_seen", default=None)
+
+
+@contextmanager
+def _query_scope() -> Iterator[_Seen]:
+    """The :class:`_Seen` of the query being run (a nested funnel shares its outer one's)."""
+    seen = _SEEN.get()
+    if seen is not None:
+        yield seen
+        return
+    seen = _Seen()
+    token = _SEEN.set(seen)
+    try:
+        yield seen
+    finally:
+        _SEEN.reset(token)
+
+
+def _seen_lookup() -> Mapping[str, BaseNode]:
+    seen = _SEEN.get()
+    return seen.lookup() if seen is not None else {}
+
+
+def _seen_add(units: list[Unit]) -> list[Unit]:
+    seen = _SEEN.get()
+    if seen is not None:
+        seen.add(units)
+    return units
+
+
 def _scored(nodes: Sequence[NodeWithScore], name: str,
             before: Optional[Sequence[Unit]] = None) -> list[Unit]:
     """A LlamaIndex stage's nodes -> units; for a postprocessor (``before``: its input) a score
     it did not write is dropped once it reorders the nodes
     (:func:`funnel_core.units.foreign_output`)."""
-    units = nodes_to_units(nodes)
+    units = _seen_add(nodes_to_units(nodes))
     if before is None:
         return [scored_by(u, name) for u in units]
     return foreign_output(before, units, name)
@@ -93,19 +155,120 @@ class PostprocessorStage(Stage):
         self.name = name or postprocessor.class_name()
 
     def run(self, query: str, units: list[Unit]) -> list[Unit]:
-        nodes = units_to_nodes(units)
+        nodes = units_to_nodes(units, _seen_lookup())
         return _scored(self.postprocessor.postprocess_nodes(nodes, query_bundle=QueryBundle(query)),
                        self.name, units)
 
     async def arun(self, query: str, units: list[Unit]) -> list[Unit]:
-        nodes = units_to_nodes(units)
+        nodes = units_to_nodes(units, _seen_lookup())
         out = await self.postprocessor.apostprocess_nodes(nodes, query_bundle=QueryBundle(query))
         return _scored(out, self.name, units)
 
 
+def _listened(obj: Any) -> bool:
+    """Whether anything would see ``obj``'s events or spans: a handler on its callback manager,
+    or an event or span handler (other than LlamaIndex's null ones) on any dispatcher."""
+    from llama_index.core.instrumentation.event_handlers import NullEventHandler
+    from llama_index.core.instrumentation.span_handlers import NullSpanHandler
+
+    cm = getattr(obj, "callback_manager", None)
+    if cm is not None and cm.handlers:
+        return True
+    manager = dispatcher.manager
+    dispatchers = manager.dispatchers.values() if manager is not None else [dispatcher.root]
+    return any(not isinstance(h, NullEventHandler) for d in dispatchers for h in d.event_handlers) \
+        or any(not isinstance(h, NullSpanHandler) for d in dispatchers for h in d.span_handlers)
+
+
+class OwnRetrieverStage(Stage):
+    """One of our retrievers (:class:`~llama_index_funnel._base.UnitRetriever`) as a first
+    stage: its ``_search`` (its own ``similarity_top_k`` and ``filters``), whose units go on
+    as they are: no node is built. While a handler listens (:func:`_listened`) it runs through
+    ``retrieve``, so its events and spans fire as before, with nodes built for their payload
+    only; the units it found are handed back (:func:`~llama_index_funnel._base.handing`)."""
+
+    def __init__(self, retriever: Any, name: Optional[str] = None) -> None:
+        self.retriever = retriever
+        self.name = name or type(retriever).__name__
+
+    def run(self, query: str, units: list[Unit]) -> list[Unit]:
+        if not _listened(self.retriever):
+            return self._done(self.retriever._search(query))
+        with handing(self.retriever) as hand:
+            self.retriever.retrieve(query)
+        return self._done(hand.out or [])
+
+    async def arun(self, query: str, units: list[Unit]) -> list[Unit]:
+        if not _listened(self.retriever):
+            return self._done(await self.retriever._asearch(query))
+        with handing(self.retriever) as hand:
+            await self.retriever.aretrieve(query)
+        return self._done(hand.out or [])
+
+    def _done(self, out: list[Unit]) -> list[Unit]:
+        seen = _SEEN.get()
+        if seen is not None:
+            originals = self.retriever._originals()
+            seen.corpora.append(originals if isinstance(originals, Mapping)
+                                else {n.node_id: n for n in originals})
+        return [scored_by(settled(u), self.name) for u in out]
+
+
+class OwnPostprocessorStage(Stage):
+    """One of our postprocessors (:class:`~llama_index_funnel._base.StagePostprocessor`): its
+    core stage on the units, as ``postprocess_nodes`` runs it, with no node built. While a
+    handler listens it runs through ``postprocess_nodes`` (rerank events, callback events and
+    spans as before, nodes built for their payload only) and works on the units handed to it."""
+
+    def __init__(self, postprocessor: Any, name: Optional[str] = None) -> None:
+        self.postprocessor = postprocessor
+        self.name = name or postprocessor.class_name()
+
+    def run(self, query: str, units: list[Unit]) -> list[Unit]:
+        if not units:
+            return []
+        if not _listened(self.postprocessor):
+            return foreign_output(units, self.postprocessor.stage(query, units), self.name)
+        with handing(self.postprocessor, units) as hand:
+            self.postprocessor.postprocess_nodes(units_to_nodes(units, _seen_lookup()),
+                                                 query_bundle=QueryBundle(query))
+        return foreign_output(units, hand.out or [], self.name)
+
+    async def arun(self, query: str, units: list[Unit]) -> list[Unit]:
+        if not units:
+            return []
+        if not _listened(self.postprocessor):
+            out = await self.postprocessor.stage.acall(query, units)
+            return foreign_output(units, out, self.name)
+        with handing(self.postprocessor, units) as hand:
+            await self.postprocessor.apostprocess_nodes(units_to_nodes(units, _seen_lookup()),
+                                                        query_bundle=QueryBundle(query))
+        return foreign_output(units, hand.out or [], self.name)
+
+
+def _same_methods(obj: Any, bases: Sequence[type], *methods: str) -> bool:
+    """Whether ``obj`` runs each of ``methods`` as one of ``bases`` defines it (a subclass that
+    overrides one is run through LlamaIndex, converting around it, like any other object)."""
+    return all(_defined_by(type(obj), m) in bases for m in methods)
+
+
+def _defined_by(cls: type, method: str) -> Optional[type]:
+    """The class of ``cls``'s MRO whose body defines ``method``."""
+    return next((k for k in cls.__mro__ if method in vars(k)), None)
+
+
 @checked_keywords
 def as_stage(obj: Any) -> Stage:
-    """A ``funnel_core`` stage, LlamaIndex retriever, node postprocessor, or callable -> Stage."""
+    """A ``funnel_core`` stage, LlamaIndex retriever, node postprocessor, or callable -> Stage.
+    This package's own retrievers and postprocessors become their units-level work
+    (:class:`OwnRetrieverStage`, :class:`OwnPostprocessorStage`: no node is built between
+    stages); any other LlamaIndex object runs through LlamaIndex, converting only around it."""
+    if isinstance(obj, UnitRetriever) and _same_methods(
+            obj, (UnitRetriever, FunnelRetriever), "_retrieve", "_aretrieve"):
+        return OwnRetrieverStage(obj)
+    if isinstance(obj, StagePostprocessor) and _same_methods(
+            obj, (StagePostprocessor,), "_postprocess_nodes", "_apostprocess_nodes"):
+        return OwnPostprocessorStage(obj)
     if isinstance(obj, BaseRetriever):
         return RetrieverStage(obj)
     if isinstance(obj, BaseNodePostprocessor):
@@ -138,15 +301,27 @@ class FunnelRetriever(UnitRetriever):
         super().__init__(callback_manager=callback_manager, verbose=verbose)
 
     def _originals(self) -> Mapping[str, BaseNode]:
-        return self._nodes
+        """The given nodes, and (inside a query) the nodes its stages brought in."""
+        seen = _SEEN.get()
+        return seen.lookup(self._nodes) if seen is not None else self._nodes
+
+    def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
+        with _query_scope():
+            return super()._retrieve(query_bundle)
+
+    async def _aretrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
+        with _query_scope():
+            return await super()._aretrieve(query_bundle)
 
     def _search(self, query: str) -> list[Unit]:
-        result = self.funnel.search(query)
+        with _query_scope():
+            result = self.funnel.search(query)
         dispatcher.event(FunnelTraceEvent(trace=result.trace.to_dict()))
         return result.units
 
     async def _asearch(self, query: str) -> list[Unit]:
-        result = await self.funnel.asearch(query)
+        with _query_scope():
+            result = await self.funnel.asearch(query)
         dispatcher.event(FunnelTraceEvent(trace=result.trace.to_dict()))
         return result.units
 
@@ -154,6 +329,7 @@ class FunnelRetriever(UnitRetriever):
         """Run the funnel and return ``(nodes, trace)``; with ``answers`` the trace records the
         answer recall that survives each stage."""
         query = check_query(query)
-        result: FunnelResult = self.funnel.search(query, None, answers)
-        dispatcher.event(FunnelTraceEvent(trace=result.trace.to_dict()))
-        return units_to_nodes(result.units, self._originals(), self.annotate), result.trace
+        with _query_scope():
+            result: FunnelResult = self.funnel.search(query, None, answers)
+            dispatcher.event(FunnelTraceEvent(trace=result.trace.to_dict()))
+            return units_to_nodes(result.units, self._originals(), self.annotate), result.trace

@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr, field_validator
 from llama_index.core.callbacks import CallbackManager
@@ -27,6 +27,7 @@ from llama_index.core.schema import (
 from llama_index.core.utils import get_tqdm_iterable
 
 from funnel_core.errors import check_positive_int
+from funnel_core.granularity.fields import GraphGranularityFields, MultiGranularityFields
 from funnel_core.granularity.graph import GraphGranularityBuilder
 from funnel_core.granularity.levels import GranularityStructure, MultiGranularityChunker
 from funnel_core.granularity.retrieval import MixOfGranularityRetrieve, mog_stage
@@ -139,7 +140,7 @@ class _StageNodeParser(StageAdapter, NodeParser):
             f"id_func={name!r}. Leave id_func out (or pass the default).")
 
 
-class MultiGranularityNodeParser(_StageNodeParser):
+class MultiGranularityNodeParser(MultiGranularityFields, _StageNodeParser):
     """Split documents into ``n_gra`` nested granularity levels (MoG section 3.2).
 
     Level 1 holds sentence-aware chunks of about ``chunk_size`` words; each level-``j`` node is
@@ -154,13 +155,6 @@ class MultiGranularityNodeParser(_StageNodeParser):
     :class:`~funnel_core.granularity.levels.MultiGranularityChunker` it holds. A document shorter
     than one finest chunk yields one node per level with the same text.
     """
-
-    stage_class: ClassVar[type] = MultiGranularityChunker
-
-    chunk_size: int = Field(default=64, description='Finest chunk size in words (level 1).')
-    n_gra: int = Field(
-        default=5, description='Number of granularity levels; a level-j chunk is two adjacent level-(j-1) chunks of the same document.')
-    sentence_aware: bool = Field(default=True, description='End finest chunks at sentence ends.')
 
     include_prev_next_rel: bool = Field(
         default=False, description="PREV/NEXT links (off: consecutive nodes may be of different levels).")
@@ -196,7 +190,7 @@ class MultiGranularityNodeParser(_StageNodeParser):
         return out
 
 
-class GraphGranularityNodeParser(_StageNodeParser):
+class GraphGranularityNodeParser(GraphGranularityFields, _StageNodeParser):
     """Split documents into MoGG graph nodes of ``sentences_per_node`` sentences and link them.
 
     Each node is linked to its ``k_graph`` most BM25-similar nodes (anywhere in the parsed
@@ -210,22 +204,6 @@ class GraphGranularityNodeParser(_StageNodeParser):
     neighbour lists (and a warning): every hop range is then the node alone. The settings are
     those of the :class:`~funnel_core.granularity.graph.GraphGranularityBuilder` it holds.
     """
-
-    stage_class: ClassVar[type] = GraphGranularityBuilder
-
-    sentences_per_node: int = Field(
-        default=2, description='Sentences per graph node (1-2 in the paper).')
-    n_gra: int = Field(
-        default=5, description='Number of hop ranges (levels) the retriever will use.')
-    k_graph: int = Field(default=3, description='Edges per node (its most BM25-similar nodes).')
-    t_graph: float = Field(
-        default=0.3, description='Minimum normalised BM25 similarity of an edge, in [0, 1].')
-    block_size: int = Field(
-        default=512, description='Nodes scored per block when building the kNN graph (memory bound).')
-    max_df: Optional[float] = Field(
-        default=None, description='Ignore terms in more than this share of nodes when linking (None: keep all).')
-    bm25: Optional[dict[str, Any]] = Field(
-        default=None, description='BM25 settings of the similarity (k1, b, ...).')
 
     include_prev_next_rel: bool = Field(default=True, description="PREV/NEXT links within a document.")
     last_build_seconds: Optional[float] = Field(default=None, description="Seconds of the last build.")

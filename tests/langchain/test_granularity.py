@@ -151,3 +151,57 @@ def test_splitters_are_text_splitters_inside_parent_document_retriever(make):
     got = pdr.invoke("Who designed the Eiffel Tower?")
     assert got and all(d.page_content in TEXTS for d in got)  # whole parents come back
     assert splitter.split_text(TEXTS[0])  # the TextSplitter API on a plain text
+
+
+@pytest.mark.parametrize("make", [
+    lambda: MultiGranularityTextSplitter(chunk_size=10, n_gra=3),
+    lambda: GraphGranularitySplitter(sentences_per_node=1, k_graph=2, t_graph=0.05, n_gra=2),
+], ids=["multi_granularity", "graph"])
+def test_splitter_and_mog_retriever_inside_lcel_and_an_ensemble(make):
+    """The splitter is a Runnable (``load | splitter`` in LCEL, sync and async, the same chunks
+    as ``split_documents``), and the MoG retriever over its output takes part in LangChain's own
+    ``EnsembleRetriever`` (reciprocal rank fusion with another retriever) inside an LCEL chain."""
+    import asyncio
+
+    from langchain_classic.retrievers import EnsembleRetriever
+
+    from langchain_funnel.retrievers import BM25Retriever
+
+    splitter = make()
+    load = RunnableLambda(lambda _: _docs(), name="load")
+    chunks = (load | splitter).invoke("corpus")
+    assert [d.id for d in chunks] == [d.id for d in splitter.split_documents(_docs())]
+    assert [d.id for d in asyncio.run((load | splitter).ainvoke("corpus"))] == [d.id for d in chunks]
+    mog = MixOfGranularityRetriever(documents=chunks, k=2, n_gra=2)
+    ensemble = EnsembleRetriever(retrievers=[mog, BM25Retriever.from_documents(_docs(), k=2)],
+                                 weights=[0.5, 0.5])
+    chain = {"context": ensemble | RunnableLambda(lambda ds: "\n".join(d.page_content for d in ds)),
+             "question": RunnablePassthrough()} | ChatPromptTemplate.from_template(
+        "{context}\n\nQ: {question}")
+    text = chain.invoke("Who designed the Eiffel Tower?").to_string()
+    assert "Eiffel" in text and "Q: Who designed the Eiffel Tower?" in text
+    fused = ensemble.invoke("Who designed the Eiffel Tower?")
+    assert any(d.metadata.get("funnel_chosen_level") is not None or "funnel_granularity" in d.metadata
+               for d in fused)  # the MoG retriever's documents are among the fused ones
+
+
+def test_splitter_edits_reach_the_core_splitter():
+    """A splitter's settings are fields (the ones LlamaIndex's node parsers have, declared once in
+    funnel_core.granularity.fields); an edit is validated by the core splitter before the field
+    changes, and honoured at the next call."""
+    splitter = MultiGranularityTextSplitter(chunk_size=10, n_gra=3)
+    assert {d.metadata["funnel_granularity"] for d in splitter.split_documents(_docs())} == {1, 2, 3}
+    splitter.n_gra = 2
+    assert splitter.stage.n_gra == 2
+    assert {d.metadata["funnel_granularity"] for d in splitter.split_documents(_docs())} == {1, 2}
+    with pytest.raises(ValueError, match="n_gra"):
+        splitter.n_gra = 0
+    assert splitter.n_gra == 2 and splitter.stage.n_gra == 2  # a refused edit changes nothing
+    with pytest.raises(TypeError, match=r"\['chunk_sise'\].*accepted"):
+        MultiGranularityTextSplitter(chunk_sise=10)
+    with pytest.raises(ValueError, match="levels must be 'all'"):
+        MultiGranularityTextSplitter(levels="coarsest")
+    graph = GraphGranularitySplitter(sentences_per_node=1, k_graph=2, t_graph=0.05)
+    graph.k_graph = 1
+    assert graph.stage.k_graph == 1
+    assert graph.split_documents(_docs()) and graph.last_build_seconds is not None

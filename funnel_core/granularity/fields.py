@@ -1,0 +1,56 @@
+"""The user-facing settings of the Mix-of-Granularity splitters' adapters, declared once for
+LlamaIndex and LangChain.
+
+Each model below lists the settings of one core splitter as pydantic fields (name, type, default,
+description); the LlamaIndex node parser and the LangChain text splitter of that splitter both
+inherit it, so editors, mypy and the docs see every field and each default is written once.
+``tests/adapters/test_adapter_fields.py`` checks every field against the splitter's constructor.
+Imported only by the adapter packages: pydantic comes with both frameworks, and the splitters
+themselves do not need it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Optional
+
+from pydantic import BaseModel, Field
+
+from funnel_core.granularity.graph import GraphGranularityBuilder
+from funnel_core.granularity.levels import MultiGranularityChunker
+
+__all__ = ["MultiGranularityFields", "GraphGranularityFields"]
+
+
+class MultiGranularityFields(BaseModel):
+    """The settings of :class:`~funnel_core.granularity.levels.MultiGranularityChunker` (MoG's
+    nested levels), for both adapters."""
+
+    stage_class: ClassVar[type] = MultiGranularityChunker
+
+    chunk_size: int = Field(default=64, description='Finest chunk size in words (level 1).')
+    n_gra: int = Field(
+        default=5, description='Number of granularity levels; a level-j chunk is two adjacent '
+                               'level-(j-1) chunks of the same document.')
+    sentence_aware: bool = Field(default=True, description='End finest chunks at sentence ends.')
+
+
+class GraphGranularityFields(BaseModel):
+    """The settings of :class:`~funnel_core.granularity.graph.GraphGranularityBuilder` (MoGG's
+    sentence graph), for both adapters."""
+
+    stage_class: ClassVar[type] = GraphGranularityBuilder
+
+    sentences_per_node: int = Field(
+        default=2, description='Sentences per graph node (1-2 in the paper).')
+    n_gra: int = Field(
+        default=5, description='Number of hop ranges (levels) the retriever will use.')
+    k_graph: int = Field(default=3, description='Edges per node (its most BM25-similar nodes).')
+    t_graph: float = Field(
+        default=0.3, description='Minimum normalised BM25 similarity of an edge, in [0, 1].')
+    block_size: int = Field(
+        default=512, description='Nodes scored per block when building the kNN graph (memory bound).')
+    max_df: Optional[float] = Field(
+        default=None, description='Ignore terms in more than this share of nodes when linking '
+                                  '(None: keep all).')
+    bm25: Optional[dict[str, Any]] = Field(
+        default=None, description='BM25 settings of the similarity (k1, b, ...).')
