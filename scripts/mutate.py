@@ -9,6 +9,7 @@ module's mutation score: killed (or timed out) / mutants that some selected test
     python scripts/mutate.py --report        # only the table, from the last run's results
     python scripts/mutate.py --max-children 2
     python scripts/mutate.py --survivors     # re-run only the last run's survivors (after new tests)
+    python scripts/mutate.py fid-model --unchecked   # resume a run cut short: only mutants without a verdict
     python scripts/mutate.py --widened --max-children 1   # the modules widened last, one by one
     python scripts/mutate.py rankrag --report --record    # merge the table into the results file
 
@@ -164,6 +165,8 @@ def main() -> None:
     ap.add_argument("--report", action="store_true", help="print the last run's scores only")
     ap.add_argument("--survivors", action="store_true",
                     help="re-run only the mutants that survived the last run")
+    ap.add_argument("--unchecked", action="store_true",
+                    help="run only the mutants that have no verdict yet (resume a run cut by timeout)")
     ap.add_argument("--max-children", type=int, default=2)
     ap.add_argument("--widened", action="store_true",
                     help=f"the modules widened last, one mutmut run each: {WIDENED}")
@@ -184,6 +187,8 @@ def main() -> None:
     names = [list(MODULES)[SHORT[m]] for m in args.modules] or list(MODULES)
     if not args.report:
         globs = [g for n in names for g in MODULES[n]]
+        if args.survivors and args.unchecked:
+            sys.exit("give --survivors or --unchecked, not both")
         if args.survivors:
             codes = results()
             globs = sorted(k for k in codes if codes[k] is not None and codes[k] not in KILLED
@@ -191,6 +196,14 @@ def main() -> None:
                            and any(fnmatch.fnmatchcase(k, g) for g in globs))
             if not globs:
                 sys.exit("no survivors to re-run")
+        elif args.unchecked:
+            # mutmut re-runs every mutant a name or glob selects, so name only those without a
+            # verdict (never run, or whose test process crashed)
+            codes = results()
+            globs = sorted(k for k in codes if (codes[k] is None or codes[k] in CRASHED)
+                           and any(fnmatch.fnmatchcase(k, g) for g in globs))
+            if not globs:
+                sys.exit("every mutant of these modules has a verdict")
         mutmut = Path(os.environ.get("MUTMUT") or Path(sys.executable).with_name("mutmut"))
         # one thread per worker: mutmut forks workers from a process that ran torch tests
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
