@@ -125,6 +125,8 @@ RECORD = ROOT / "benchmarks" / "results" / "mutation.json"
 KILLED = {1, 3, 36, -24, 24, 152, 255}  # mutmut exit codes: killed, or timed out
 NOT_REACHED = {5, 33}                   # no selected test reaches the function
 CRASHED = {-11}                         # the test process died (SIGSEGV): no verdict, not a kill
+#: keys of a recorded row written by hand, kept when ``--record`` rewrites the row's counts
+NOTES = ("runs", "equivalent_or_not_paper")
 
 
 def results() -> dict[str, int | None]:
@@ -229,9 +231,11 @@ def record(table: dict) -> None:
     data.setdefault("score", "killed (or timed out) / checked (mutants that some selected test reaches)")
     modules = data.setdefault("modules", {})
     for name, row in table.items():
+        # the hand-written notes (the runs, why the survivors survive) stay; the counts are new
+        notes = {k: v for k, v in modules.get(name, {}).items() if k in NOTES}
         modules[name] = {**row, "complete": row["not_checked"] == 0 and row["crashed"] == 0
                          and row["mutants"] > 0,
-                         "tool": tool, "date": time.strftime("%Y-%m-%d")}
+                         "tool": tool, "date": time.strftime("%Y-%m-%d"), **notes}
     RECORD.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
     print(f"recorded in {RECORD.relative_to(ROOT)}")
 
