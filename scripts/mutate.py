@@ -136,6 +136,20 @@ def results() -> dict[str, int | None]:
     return out
 
 
+def select(codes: dict[str, int | None], globs: list[str], which: str) -> list[str]:
+    """The names of the mutants matching ``globs`` that ``which`` asks for: ``"survivors"``
+    (run, reached by a test, not killed) or ``"unchecked"`` (never run, or whose test process
+    crashed). mutmut re-runs every mutant a name or glob selects, so a re-run names these only."""
+    def wanted(code: int | None) -> bool:
+        if which == "survivors":
+            return code is not None and code not in KILLED and code not in NOT_REACHED \
+                and code not in CRASHED
+        return code is None or code in CRASHED
+
+    return sorted(k for k, code in codes.items()
+                  if wanted(code) and any(fnmatch.fnmatchcase(k, g) for g in globs))
+
+
 def report(names: list[str]) -> dict:
     codes = results()
     table = {}
@@ -191,21 +205,11 @@ def main() -> None:
         globs = [g for n in names for g in MODULES[n]]
         if args.survivors and args.unchecked:
             sys.exit("give --survivors or --unchecked, not both")
-        if args.survivors:
-            codes = results()
-            globs = sorted(k for k in codes if codes[k] is not None and codes[k] not in KILLED
-                           and codes[k] not in NOT_REACHED
-                           and any(fnmatch.fnmatchcase(k, g) for g in globs))
+        if args.survivors or args.unchecked:
+            globs = select(results(), globs, "survivors" if args.survivors else "unchecked")
             if not globs:
-                sys.exit("no survivors to re-run")
-        elif args.unchecked:
-            # mutmut re-runs every mutant a name or glob selects, so name only those without a
-            # verdict (never run, or whose test process crashed)
-            codes = results()
-            globs = sorted(k for k in codes if (codes[k] is None or codes[k] in CRASHED)
-                           and any(fnmatch.fnmatchcase(k, g) for g in globs))
-            if not globs:
-                sys.exit("every mutant of these modules has a verdict")
+                sys.exit("no survivors to re-run" if args.survivors
+                         else "every mutant of these modules has a verdict")
         mutmut = Path(os.environ.get("MUTMUT") or Path(sys.executable).with_name("mutmut"))
         # one thread per worker: mutmut forks workers from a process that ran torch tests
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
