@@ -211,9 +211,15 @@ def main() -> None:
                 sys.exit("no survivors to re-run" if args.survivors
                          else "every mutant of these modules has a verdict")
         mutmut = Path(os.environ.get("MUTMUT") or Path(sys.executable).with_name("mutmut"))
-        # one thread per worker: mutmut forks workers from a process that ran torch tests
+        # Every mutant's tests run in a forked process. A fork inherits no threads, only their
+        # state: torch with an OpenMP pool of 2+ threads in the parent hangs on its next
+        # parallel op in the child (OMP_NUM_THREADS=1: no pool), and numba's "omp" threading
+        # layer (the clustering tests' prange; NUMBA_NUM_THREADS=1 does not help) kills a child
+        # that runs numba code ("fork() called from a process already using GNU OpenMP"); its
+        # "workqueue" layer is fork-safe. [tool.mutmut] forks from a fork server that ran no test.
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-               "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+               "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+               "NUMBA_THREADING_LAYER": "workqueue"}
         subprocess.run([str(mutmut), "run", "--max-children", str(args.max_children), *globs],
                        cwd=ROOT, env=env, check=False)
     table = report(names)
