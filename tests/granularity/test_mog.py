@@ -936,6 +936,9 @@ def test_router_fit_defaults_are_the_documented_ones():
     assert runs[0] == runs[1]
     assert runs[0][2] + 10 == len(runs[0][0]) < 200       # stopped 10 epochs after the best one
     assert runs[0][3] == 10
+    # without early stopping, the default runs 200 epochs
+    router = GranularityRouter(3, embedder=_DistinctEmbedder(), hidden=4)
+    assert router.fit(qs[:6], labels[:6], patience=10_000)["epochs_run"] == 200
 
 
 def test_router_trains_on_integer_hard_labels():
