@@ -9,6 +9,7 @@ module's mutation score: killed (or timed out) / mutants that some selected test
     python scripts/mutate.py --report        # only the table, from the last run's results
     python scripts/mutate.py --max-children 2
     python scripts/mutate.py --survivors     # re-run only the last run's survivors (after new tests)
+    python scripts/mutate.py fid-model --unchecked   # resume a run cut short: only mutants without a verdict
     python scripts/mutate.py --widened --max-children 1   # the modules widened last, one by one
     python scripts/mutate.py rankrag --report --record    # merge the table into the results file
 
@@ -124,6 +125,8 @@ RECORD = ROOT / "benchmarks" / "results" / "mutation.json"
 KILLED = {1, 3, 36, -24, 24, 152, 255}  # mutmut exit codes: killed, or timed out
 NOT_REACHED = {5, 33}                   # no selected test reaches the function
 CRASHED = {-11}                         # the test process died (SIGSEGV): no verdict, not a kill
+#: keys of a recorded row written by hand, kept when ``--record`` rewrites the row's counts
+NOTES = ("runs", "equivalent_or_not_paper")
 
 
 def results() -> dict[str, int | None]:
@@ -131,6 +134,20 @@ def results() -> dict[str, int | None]:
     for meta in (ROOT / "mutants").rglob("*.py.meta"):
         out.update(json.loads(meta.read_text())["exit_code_by_key"])
     return out
+
+
+def select(codes: dict[str, int | None], globs: list[str], which: str) -> list[str]:
+    """The names of the mutants matching ``globs`` that ``which`` asks for: ``"survivors"``
+    (run, reached by a test, not killed) or ``"unchecked"`` (never run, or whose test process
+    crashed). mutmut re-runs every mutant a name or glob selects, so a re-run names these only."""
+    def wanted(code: int | None) -> bool:
+        if which == "survivors":
+            return code is not None and code not in KILLED and code not in NOT_REACHED \
+                and code not in CRASHED
+        return code is None or code in CRASHED
+
+    return sorted(k for k, code in codes.items()
+                  if wanted(code) and any(fnmatch.fnmatchcase(k, g) for g in globs))
 
 
 def report(names: list[str]) -> dict:
@@ -164,6 +181,8 @@ def main() -> None:
     ap.add_argument("--report", action="store_true", help="print the last run's scores only")
     ap.add_argument("--survivors", action="store_true",
                     help="re-run only the mutants that survived the last run")
+    ap.add_argument("--unchecked", action="store_true",
+                    help="run only the mutants that have no verdict yet (resume a run cut by timeout)")
     ap.add_argument("--max-children", type=int, default=2)
     ap.add_argument("--widened", action="store_true",
                     help=f"the modules widened last, one mutmut run each: {WIDENED}")
@@ -184,17 +203,23 @@ def main() -> None:
     names = [list(MODULES)[SHORT[m]] for m in args.modules] or list(MODULES)
     if not args.report:
         globs = [g for n in names for g in MODULES[n]]
-        if args.survivors:
-            codes = results()
-            globs = sorted(k for k in codes if codes[k] is not None and codes[k] not in KILLED
-                           and codes[k] not in NOT_REACHED
-                           and any(fnmatch.fnmatchcase(k, g) for g in globs))
+        if args.survivors and args.unchecked:
+            sys.exit("give --survivors or --unchecked, not both")
+        if args.survivors or args.unchecked:
+            globs = select(results(), globs, "survivors" if args.survivors else "unchecked")
             if not globs:
-                sys.exit("no survivors to re-run")
+                sys.exit("no survivors to re-run" if args.survivors
+                         else "every mutant of these modules has a verdict")
         mutmut = Path(os.environ.get("MUTMUT") or Path(sys.executable).with_name("mutmut"))
-        # one thread per worker: mutmut forks workers from a process that ran torch tests
+        # Every mutant's tests run in a forked process. A fork inherits no threads, only their
+        # state: torch with an OpenMP pool of 2+ threads in the parent hangs on its next
+        # parallel op in the child (OMP_NUM_THREADS=1: no pool), and numba's "omp" threading
+        # layer (the clustering tests' prange; NUMBA_NUM_THREADS=1 does not help) kills a child
+        # that runs numba code ("fork() called from a process already using GNU OpenMP"); its
+        # "workqueue" layer is fork-safe. [tool.mutmut] forks from a fork server that ran no test.
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-               "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+               "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+               "NUMBA_THREADING_LAYER": "workqueue"}
         subprocess.run([str(mutmut), "run", "--max-children", str(args.max_children), *globs],
                        cwd=ROOT, env=env, check=False)
     table = report(names)
@@ -216,9 +241,11 @@ def record(table: dict) -> None:
     data.setdefault("score", "killed (or timed out) / checked (mutants that some selected test reaches)")
     modules = data.setdefault("modules", {})
     for name, row in table.items():
+        # the hand-written notes (the runs, why the survivors survive) stay; the counts are new
+        notes = {k: v for k, v in modules.get(name, {}).items() if k in NOTES}
         modules[name] = {**row, "complete": row["not_checked"] == 0 and row["crashed"] == 0
                          and row["mutants"] > 0,
-                         "tool": tool, "date": time.strftime("%Y-%m-%d")}
+                         "tool": tool, "date": time.strftime("%Y-%m-%d"), **notes}
     RECORD.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
     print(f"recorded in {RECORD.relative_to(ROOT)}")
 

@@ -160,17 +160,16 @@ class GranularityGraph(GranularityStructure):
         return int(self.adjacency.nnz // 2)
 
     def reach(self, hops: int) -> sp.csr_matrix:
-        """Boolean ``(n, n)`` matrix: node ``c`` is within ``hops`` hops of node ``r``."""
+        """Boolean ``(n, n)`` matrix (dtype ``bool``): node ``c`` is within ``hops`` hops of node
+        ``r``."""
         self._check_level(hops)
         if self._reach is None:
-            step = (self.adjacency != 0).astype(np.int8) + sp.identity(len(self.nodes), dtype=np.int8,
-                                                                         format="csr")
-            step = step.tocsr()
+            # boolean products (sums are "or"): a count of paths in a small integer type wraps
+            # around, and a count of exactly 256 in int8 became 0 and dropped a reachable node
+            step = ((self.adjacency != 0) + sp.identity(len(self.nodes), dtype=np.bool_)).tocsr()
             reach = [step]
             for _ in range(1, self.n_gra):
-                nxt = (reach[-1] @ step).tocsr()
-                nxt.data[:] = 1
-                reach.append(nxt)
+                reach.append((reach[-1] @ step).tocsr())
             self._reach = reach
         return self._reach[hops - 1]
 

@@ -804,3 +804,156 @@ def test_two_nodes_that_share_a_term_are_linked():
     """The smallest graph: each of two similar nodes has the other as its neighbour."""
     index = BM25Index().index([Unit(id="a", text="Paris tower river"), Unit(id="b", text="Paris museum")])
     assert sorted(_edges(bm25_knn_graph(index, k_graph=3, t_graph=0.0))) == [(0, 1), (1, 0)]
+
+
+# -- MoGG graph: corner cases of the definition ----------------------------------------------------
+def _star_graph(n_leaves, n_gra=3):
+    import scipy.sparse as sp
+
+    n = n_leaves + 1
+    nodes = [Unit(id=f"s{i}", text=f"node {i}") for i in range(n)]
+    adjacency = sp.csr_matrix((np.ones(n_leaves), ([0] * n_leaves, list(range(1, n)))), shape=(n, n))
+    return GranularityGraph(nodes, adjacency, n_gra=n_gra)
+
+
+@pytest.mark.parametrize("n_leaves", [127, 255, 256])
+def test_hop_ranges_of_a_hub_with_hundreds_of_neighbours(n_leaves):
+    """A star: node 0 linked to every leaf. Within 1 hop of a leaf are the leaf and the hub;
+    within 2 or more hops, every node (the hub is one hop away at every range). Reachability is a
+    yes/no question: counting the paths in a small integer type wrapped around at 256 paths and
+    dropped the hub from a leaf's 3-hop range."""
+    graph = _star_graph(n_leaves)
+    everyone = list(range(n_leaves + 1))
+    for leaf in (1, n_leaves):
+        assert graph.neighbourhood(leaf, 1).tolist() == [0, leaf]
+        assert graph.neighbourhood(leaf, 2).tolist() == everyone
+        assert graph.neighbourhood(leaf, 3).tolist() == everyone
+    for hops in (1, 2, 3):
+        assert graph.neighbourhood(0, hops).tolist() == everyone
+        assert graph.reach(hops).dtype == np.bool_
+
+
+def test_knn_graph_caps_weights_at_one_and_keeps_a_similarity_equal_to_t_graph():
+    """BM25's length normalisation can score another node above the node's own text (ratio > 1):
+    the weight is capped at 1. A similarity equal to ``t_graph`` reaches it: duplicated
+    sentences (ratio exactly 1) are linked at ``t_graph = 1``."""
+    texts = ["Paris river", "Paris river Paris river", "Louvre museum art", "Seine bridges",
+             "Louvre museum art"]
+    index = BM25Index().index([Unit(id=str(i), text=t) for i, t in enumerate(texts)])
+    tokens = index.tokenize(texts)
+    raw = index.token_scores(tokens[0])
+    assert raw[1] / raw[0] > 1.05                     # node 1 outscores node 0 on node 0's text
+    graph = bm25_knn_graph(index, k_graph=3, t_graph=0.0)
+    assert graph.dtype == np.float32
+    assert _edges(graph) == pytest.approx(_reference_edges(index, 3, 0.0))
+    assert _edges(graph)[(0, 1)] == 1.0
+    assert _edges(bm25_knn_graph(index, k_graph=3, t_graph=1.0)) == {(0, 1): 1.0, (2, 4): 1.0,
+                                                                    (4, 2): 1.0}
+
+
+def test_knn_graph_of_one_node_and_of_a_last_node_without_terms():
+    """One node: no edges, a 1 x 1 matrix. A last node whose text has no indexable token (only
+    stopwords) is still a node of the graph: the matrix is n x n, that node without edges."""
+    one = bm25_knn_graph(BM25Index().index([Unit(id="a", text="Paris river")]))
+    assert one.shape == (1, 1) and one.nnz == 0 and one.dtype == np.float32
+    units = [Unit(id="a", text="Paris river"), Unit(id="b", text="Paris tower"),
+             Unit(id="c", text="the and of")]
+    index = BM25Index().index(units)
+    graph = bm25_knn_graph(index, k_graph=3, t_graph=0.0)
+    assert graph.shape == (3, 3) and set(_edges(graph)) == {(0, 1), (1, 0)}
+    assert _edges(graph) == pytest.approx(_reference_edges(index, 3, 0.0))
+    built = GraphGranularityBuilder(t_graph=0.0).build_from_nodes(units)
+    assert built.adjacency.shape == (3, 3) and built.nodes[2].funnel["graph_neighbors"] == []
+
+
+def test_graph_defaults_are_the_documented_ones():
+    """docs/mix_of_granularity.md: n_gra 5, 2-sentence nodes, k_graph 3, t_graph 0.3. The kNN
+    graph's defaults give the reference edges for k = 3, t = 0.3 on a corpus where one node has
+    more than three neighbours above 0.3."""
+    texts = ["Eiffel tower Paris"] + [f"Eiffel tower Paris {w}" for w in
+                                      ("night", "lights", "visitors", "summer", "river")]
+    index = BM25Index().index([Unit(id=str(i), text=t) for i, t in enumerate(texts)])
+    assert len([e for e in _reference_edges(index, 5, 0.3) if e[0] == 0]) > 3
+    assert _edges(bm25_knn_graph(index)) == pytest.approx(_reference_edges(index, 3, 0.3))
+    builder = GraphGranularityBuilder()
+    assert (builder.sentences_per_node, builder.n_gra, builder.k_graph, builder.t_graph) == (2, 5, 3, 0.3)
+    import scipy.sparse as sp
+    assert GranularityGraph([Unit(id="a", text="x")], sp.csr_matrix((1, 1))).n_gra == 5
+
+
+def test_graph_stores_symmetric_float32_weights():
+    """The adjacency is the symmetric maximum of the directed weights, stored as float32 whatever
+    the input's type."""
+    import scipy.sparse as sp
+
+    nodes = [Unit(id=f"n{i}", text=f"t{i}") for i in range(3)]
+    directed = sp.csr_matrix(np.array([[0, 0.5, 0], [0.25, 0, 0], [0, 0.75, 0]], dtype=np.float64))
+    graph = GranularityGraph(nodes, directed, n_gra=2)
+    assert graph.adjacency.dtype == np.float32
+    np.testing.assert_array_equal(graph.adjacency.toarray(),
+                                  [[0, 0.5, 0], [0.5, 0, 0.75], [0, 0.75, 0]])
+
+
+@pytest.mark.filterwarnings("ignore:the granularity graph has no edges")
+def test_graph_from_hand_made_nodes_counts_missing_positions_as_the_first():
+    """Nodes made by hand may lack ``doc_index`` / ``position``: they count as document 0,
+    position 0, so they come first; the others keep document order."""
+    def node(name, **funnel):
+        return Unit(id=name, text=name, funnel={"graph_neighbors": [], **funnel})
+
+    nodes = [node("c", doc_index=0, position=1), node("a", doc_index=1, position=0), node("bare"),
+             node("no-position", doc_index=1)]
+    graph = GranularityGraph.from_units(nodes, n_gra=1)
+    assert [u.id for u in graph.nodes] == ["bare", "c", "a", "no-position"]
+
+
+# -- router training: documented defaults, label types, error messages ----------------------------
+class _DistinctEmbedder:
+    """A fixed random vector per query (no model): queries the router cannot generalise over, so
+    the validation loss rises once it overfits and early stopping ends training."""
+
+    model_name_or_path = "distinct"
+    dimension = 8
+
+    def encode(self, texts, **kw):
+        out = np.zeros((len(texts), self.dimension), dtype=np.float32)
+        for i, t in enumerate(texts):
+            out[i] = np.random.default_rng(int(t.split()[-1])).normal(size=self.dimension)
+        return out
+
+
+def test_router_fit_defaults_are_the_documented_ones():
+    """docs/mix_of_granularity.md: val_fraction 0.2, epochs 200, lr 1e-3, patience 10, batch_size
+    32 (and seed 0). Fifty queries (40 to train: two batches of 32 and 8) with random soft labels:
+    training stops early, so the patience matters, and the default run is the explicit one."""
+    qs = [f"query {i}" for i in range(50)]
+    labels = soft_labels(np.random.default_rng(1).random((50, 3)))
+    runs = []
+    for kwargs in ({}, dict(val_fraction=0.2, epochs=200, lr=1e-3, patience=10, batch_size=32, seed=0)):
+        router = GranularityRouter(3, embedder=_DistinctEmbedder(), hidden=64, dropout=0.0)
+        h = router.fit(qs, labels, **kwargs)
+        runs.append((h["train_loss"], h["val_loss"], h["best_epoch"], h["n_val"]))
+    assert runs[0] == runs[1]
+    assert runs[0][2] + 10 == len(runs[0][0]) < 200       # stopped 10 epochs after the best one
+    assert runs[0][3] == 10
+    # without early stopping, the default runs 200 epochs
+    router = GranularityRouter(3, embedder=_DistinctEmbedder(), hidden=4)
+    assert router.fit(qs[:6], labels[:6], patience=10_000)["epochs_run"] == 200
+
+
+def test_router_trains_on_integer_hard_labels():
+    """Hard 0/1 labels given as integers are targets like any other (BCE needs float targets)."""
+    qs = [f"fact {i}" for i in range(6)] + [f"broad {i}" for i in range(6)]
+    labels = np.array([[1, 0, 0, 0]] * 6 + [[0, 0, 0, 1]] * 6)
+    router = GranularityRouter(4, embedder=_TwoKindsEmbedder(), hidden=8)
+    router.fit(qs, labels, epochs=300, lr=1e-2, patience=300)
+    w = router.predict(["fact new", "broad new"])
+    assert w[0].argmax() == 0 and w[1].argmax() == 3
+
+
+def test_router_training_error_names_the_setting():
+    router = GranularityRouter(4, embedder=_TwoKindsEmbedder(), hidden=4)
+    qs, labels = ["fact a", "fact b", "broad c"], np.zeros((3, 4))
+    for name in ("epochs", "batch_size", "patience"):
+        with pytest.raises(ValueError, match=rf"^{name} must be >= 1, got 0"):
+            router.fit(qs, labels, **{name: 0})

@@ -454,3 +454,21 @@ def test_fid_training_reduces_loss_and_checkpoint_loads(tiny_t5_path, tmp_path):
         FiDExample("q?", ["a"], [])
     with pytest.raises(ValueError, match="empty list"):
         train_fid(tiny_t5_path, [], tmp_path / "x")
+
+
+def test_rank_orders_by_the_titled_scores_and_the_call_top_n_wins(scorer):
+    """``rank`` reads each unit's title from its metadata, scores the units as
+    ``score_with_titles`` does, returns them best first, and a ``top_n`` given to the call
+    overrides the instance's."""
+    units = [Unit(id=f"u{i}", text=t, metadata={"title": ti} if ti else {})
+             for i, (t, ti) in enumerate(zip(TEXTS, TITLES))]
+    raw, _ = scorer.score_with_titles(QUERY, TEXTS, TITLES)
+    best_first = sorted(range(len(TEXTS)), key=lambda i: -raw[i])
+    out = scorer.rank(QUERY, units)
+    assert [u.id for u in out] == [f"u{i}" for i in best_first]
+    assert [u.score for u in out] == pytest.approx([raw[i] for i in best_first], rel=1e-5)
+    capped = _with(scorer, top_n=3)
+    assert [u.id for u in capped.rank(QUERY, units)] == [f"u{i}" for i in best_first[:3]]
+    assert [u.id for u in capped.rank(QUERY, units, top_n=1)] == [f"u{best_first[0]}"]
+    with pytest.raises(TypeError, match=r"^FiDAttentionScorer expects Unit objects, got str\.$"):
+        scorer.rank(QUERY, [TEXTS[0]])
