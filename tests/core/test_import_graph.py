@@ -110,7 +110,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("settings", "filters", "funnel", "persist", "models", "manifest", "hardware"),
     ("bm25", "embeddings", "llm"),
     ("rerank",),
-    ("funnelrag", "granularity", "fbrag", "best_practices"),
+    ("funnelrag", "granularity", "fbrag", "fbrag_fields", "best_practices"),
     ("train", "evaluation", "backends", "offline"),
     ("cli", "demo", "testing", "__main__"),
 )
