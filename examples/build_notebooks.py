@@ -706,8 +706,8 @@ show_table([{"RankRAG rank": i, "bm25 rank": ranks[u.id], "id": u.id, "bm25": u.
             for i, u in enumerate(reranked, 1)])"""),
         md("""
 In a funnel, RankRAG is just another stage: `BM25Retrieve(index, k=20) >> RankRAGScorer(llm=llm,
-top_n=5)`; the adapters are `llama_index_funnel.llm_rerank.RankRAGRerank` and
-`langchain_funnel.llm_rerank.RankRAGReranker`.
+top_n=5)`; the adapters are `llama_index_funnel.rankrag.RankRAGRerank` and
+`langchain_funnel.rankrag.RankRAGReranker`.
 
 ## 2. FB-RAG: forward lookup over one long context
 
@@ -746,7 +746,7 @@ show_table([{"method": "B (BM25 only)", "chunks": [u.id for u in b_res.units],
         md("""
 `ForwardLookup` is a funnel stage too (`run(query, chunks)`); LlamaIndex gets
 `ForwardLookupQueryTransform` / `ForwardLookupRetriever` and LangChain `ForwardLookupRetriever`
-(in `*_funnel.llm_rerank`). With one 135M model and two samples the forward scores are noisy;
+(in `*_funnel.fbrag`). With one 135M model and two samples the forward scores are noisy;
 `benchmarks/bench_fbrag.py` and `benchmarks/bench_rankrag.py` measure both methods on the
 shared data.
 """),

@@ -17,6 +17,7 @@ from langchain_funnel.best_practices import (
     query_classifier_branch,
 )
 from langchain_funnel.compression import CompressionRetriever
+from langchain_funnel.fbrag import ForwardLookupRetriever
 from langchain_funnel.fid import AttentionLMReranker, FiDAttentionReranker
 from langchain_funnel.funnel import (
     FunnelRetriever,
@@ -31,7 +32,7 @@ from langchain_funnel.granularity import (
     MultiGranularityTextSplitter,
 )
 from langchain_funnel.llm import LangChainLLM
-from langchain_funnel.llm_rerank import ForwardLookupRetriever, RankRAGReranker
+from langchain_funnel.rankrag import RankRAGReranker
 from langchain_funnel.rerank import CrossEncoderReranker, LaterChunkingTransformer, MonoT5Reranker
 from langchain_funnel.retrievers import BM25Retriever, ClusteredBM25Retriever
 

@@ -15,7 +15,7 @@ from langchain_core.messages import BaseMessage, HumanMessage
 from funnel_core.llm import LLM, as_llm
 from funnel_core.settings import checked_keywords
 
-__all__ = ["LangChainLLM", "as_provider", "message_text"]
+__all__ = ["LangChainLLM", "as_provider", "message_text"]  # stage_llm: for the adapters
 
 
 def message_text(output: Any) -> str:
@@ -102,3 +102,10 @@ def as_provider(model: Any, **kwargs: Any) -> LLM:
     if isinstance(model, BaseLanguageModel):
         return LangChainLLM(model, **kwargs)  # a keyword it does not take is named, not dropped
     return as_llm(model, **kwargs)
+
+
+def stage_llm(llm: Any, timeout: float | None) -> Any:
+    """What an adapter hands its stage as ``llm``: a LangChain model wrapped as a funnel_core
+    provider with ``timeout``; a model name/folder or a funnel_core provider as it is (the stage
+    builds or keeps it)."""
+    return llm if isinstance(llm, (str, LLM)) else as_provider(llm, timeout=timeout)

@@ -11,6 +11,7 @@ from llama_index_funnel.best_practices import (
     RepackPostprocessor,
     SentenceEmbedderEmbedding,
 )
+from llama_index_funnel.fbrag import ForwardLookupQueryBundle, ForwardLookupQueryTransform, ForwardLookupRetriever
 from llama_index_funnel.fid import AttentionLMRerank, FiDAttentionRerank
 from llama_index_funnel.funnel import FunnelRetriever, PostprocessorStage, RetrieverStage
 from llama_index_funnel.granularity import (
@@ -19,12 +20,7 @@ from llama_index_funnel.granularity import (
     MultiGranularityNodeParser,
 )
 from llama_index_funnel.llm import LlamaIndexLLM
-from llama_index_funnel.llm_rerank import (
-    ForwardLookupQueryBundle,
-    ForwardLookupQueryTransform,
-    ForwardLookupRetriever,
-    RankRAGRerank,
-)
+from llama_index_funnel.rankrag import RankRAGRerank
 from llama_index_funnel.rerank import CrossEncoderRerank, LaterChunkingPostprocessor, MonoT5Rerank
 from llama_index_funnel.retrievers import BM25Retriever, ClusteredBM25Retriever
 

@@ -15,7 +15,7 @@ from llama_index.core.llms.llm import LLM as LlamaIndexBaseLLM
 from funnel_core.llm import LLM, as_llm
 from funnel_core.settings import checked_keywords
 
-__all__ = ["LlamaIndexLLM", "as_provider"]
+__all__ = ["LlamaIndexLLM", "as_provider"]  # stage_llm: for the adapters
 
 
 class LlamaIndexLLM(LLM):
@@ -86,3 +86,10 @@ def as_provider(llm: Any, **kwargs: Any) -> LLM:
     if isinstance(llm, LlamaIndexBaseLLM):
         return LlamaIndexLLM(llm, **kwargs)  # a keyword it does not take is named, not dropped
     return as_llm(llm, **kwargs)
+
+
+def stage_llm(llm: Any, timeout: float | None) -> Any:
+    """What an adapter hands its stage as ``llm``: a LlamaIndex ``LLM`` wrapped as a funnel_core
+    provider with ``timeout``; anything else (a model name/folder, a funnel_core provider) as it
+    is (the stage builds or keeps it)."""
+    return as_provider(llm, timeout=timeout) if isinstance(llm, LlamaIndexBaseLLM) else llm

@@ -22,8 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from funnel_core.bm25 import FILTER_CACHE_SIZE, BM25Index
-from funnel_core.bm25_counts import TermCounts
+from funnel_core.bm25 import FILTER_CACHE_SIZE, BM25Index, TermCounts
 from funnel_core.cache import FreshOnCopy, LRUCache
 from funnel_core.errors import PersistError, check_positive_int, check_query
 from funnel_core.filters import MetadataFilter, metadata_mask

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 import langchain_funnel as lc
 import llama_index_funnel as li
+from funnel_core.fbrag_fields import ForwardLookupFields
 from funnel_core.settings import setting_names
 
 #: (stage, setting) -> why the adapters' default differs from the stage's.
@@ -51,6 +52,11 @@ def test_the_adapters_with_a_stage_are_found():
             "FiDAttentionRerank", "LaterChunkingTransformer", "ExtractiveCompressor",
             "MultiGranularityNodeParser", "MultiGranularityTextSplitter",
             "GraphGranularityNodeParser", "GraphGranularitySplitter"} <= names
+    # FB-RAG's retriever: a pydantic model in both frameworks, its fields model first in the bases
+    found = dict(ADAPTERS)
+    for full in ("llama_index_funnel.ForwardLookupRetriever", "langchain_funnel.ForwardLookupRetriever"):
+        assert full in found, f"{full} is not a pydantic adapter with a stage_class"
+        assert found[full].__bases__[0] is ForwardLookupFields
 
 
 @pytest.mark.parametrize("name,cls", ADAPTERS, ids=[n for n, _ in ADAPTERS])
@@ -77,7 +83,7 @@ def test_the_two_frameworks_declare_each_shared_setting_once():
     for _, cls in ADAPTERS:
         by_stage.setdefault(cls.stage_class, []).append(cls)
     pairs = [v for v in by_stage.values() if len(v) == 2]
-    assert len(pairs) >= 10
+    assert len(pairs) >= 11
     for a, b in pairs:
         shared = [n for n in setting_names(a.stage_class) if n in a.model_fields and n in b.model_fields]
         declared_once = [n for n in shared if any(n in base.__dict__.get("__annotations__", {})

@@ -30,17 +30,13 @@ from llama_index.core.schema import NodeWithScore, TextNode
 
 from funnel_core.llm import LLMError
 from funnel_core.rerank.rankrag import RANKRAG_PROMPTS, conversation_query
+from langchain_funnel.fbrag import ForwardLookupRetriever as LCForwardLookupRetriever
 from langchain_funnel.funnel import rerank_chain
 from langchain_funnel.llm import LangChainLLM, message_text
-from langchain_funnel.llm_rerank import ForwardLookupRetriever as LCForwardLookupRetriever
-from langchain_funnel.llm_rerank import RankRAGReranker
+from langchain_funnel.rankrag import RankRAGReranker
+from llama_index_funnel.fbrag import ForwardLookupQueryBundle, ForwardLookupQueryTransform, ForwardLookupRetriever
 from llama_index_funnel.llm import LlamaIndexLLM
-from llama_index_funnel.llm_rerank import (
-    ForwardLookupQueryBundle,
-    ForwardLookupQueryTransform,
-    ForwardLookupRetriever,
-    RankRAGRerank,
-)
+from llama_index_funnel.rankrag import RankRAGRerank
 from tests.conftest import CORPUS
 
 LONG_CONTEXT = "\n\n".join(t for _, t, _ in CORPUS) + "\n\n" + " ".join(

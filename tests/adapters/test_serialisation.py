@@ -16,7 +16,7 @@ from langchain_funnel import ClusteredBM25Retriever as LCClustered
 from langchain_funnel import CrossEncoderReranker
 from langchain_funnel import ForwardLookupRetriever as LCForward
 from llama_index_funnel import BM25Retriever, ClusteredBM25Retriever, CrossEncoderRerank, RankRAGRerank
-from llama_index_funnel.llm_rerank import ForwardLookupRetriever
+from llama_index_funnel.fbrag import ForwardLookupRetriever
 from tests.adapters.test_llm_stages import JudgeLLM
 from tests.conftest import CORPUS
 

@@ -1,4 +1,4 @@
-"""The count-based BM25 build (funnel_core.bm25_counts) against bm25s's own ``BM25.index``.
+"""The count-based BM25 build (funnel_core.bm25.counts) against bm25s's own ``BM25.index``.
 
 The reference is bm25s itself: the same tokens (``BM25Index.tokenize``) indexed by
 ``bm25s.BM25.index``, its score matrix read column by column under its own vocabulary. Equality
@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from funnel_core.bm25 import BM25Index
-from funnel_core.bm25_counts import BATCH, count_terms
+from funnel_core.bm25.counts import BATCH, count_terms
 from funnel_core.units import Unit
 
 WORDS = ["apple", "apples", "banana", "the", "and", "running", "runs", "ran", "Über", "straße",
@@ -154,7 +154,7 @@ def test_term_counts_equal_counting_the_tokenizer(texts, lower, pattern):
 
 
 def test_weights_do_not_depend_on_the_block_size(monkeypatch):
-    from funnel_core import bm25_counts
+    from funnel_core.bm25 import counts as bm25_counts
 
     texts = [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(i % 9 + 1)) for i in range(60)]
     counts = BM25Index().term_counts(texts)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from funnel_core import BM25Index, Unit
-from funnel_core.bm25 import METHODS, _hit
+from funnel_core.bm25 import METHODS
+from funnel_core.bm25.index import _hit
 
 WORDS = ("the running runner runs ran quickly quick cities city's CITY Paris parisian ranking "
          "ranked ranks of and a an to tower towers lattice iron Eiffel école naïve x y z 42 4x4 "
@@ -170,17 +171,18 @@ def test_auto_engine_is_numba_where_installed_and_numpy_elsewhere(monkeypatch):
     when it does not (same results either way); engine='numba' without numba is refused with
     the fix."""
     pytest.importorskip("numba")
-    from funnel_core import _bm25_numba, bm25
+    from funnel_core.bm25 import _numba as bm25_numba
+    from funnel_core.bm25 import index as bm25_index
 
     texts = _texts(120, seed=7)
     index = BM25Index.from_texts(texts)
     assert index.config["engine"] == "auto"
     calls = []
-    real = _bm25_numba.search_range
-    monkeypatch.setattr(_bm25_numba, "search_range", lambda *a: calls.append(1) or real(*a))
+    real = bm25_numba.search_range
+    monkeypatch.setattr(bm25_numba, "search_range", lambda *a: calls.append(1) or real(*a))
     with_numba = [(u.id, u.score) for u in index.search("tower Paris", k=9)]
     assert calls, "auto did not use the compiled kernel although numba is installed"
-    monkeypatch.setattr(bm25, "_numba_installed", lambda: False)
+    monkeypatch.setattr(bm25_index, "_numba_installed", lambda: False)
     calls.clear()
     assert [(u.id, u.score) for u in index.search("tower Paris", k=9)] == with_numba
     assert not calls
@@ -208,7 +210,7 @@ def test_a_batch_returns_what_each_query_returns_alone(engine, method):
     blocks split over threads."""
     if engine == "numba":
         pytest.importorskip("numba")
-    import funnel_core.bm25 as bm25_module
+    from funnel_core.bm25 import index as bm25_module  # BLOCK_CELLS is read there
 
     texts = _zipf_texts(500)
     units = [Unit(id=f"d{i}", text=t, metadata={"even": i % 2 == 0}) for i, t in enumerate(texts)]

@@ -108,9 +108,9 @@ def test_no_import_circle():
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("units", "errors", "scoring", "text", "counters", "cache", "version"),
     ("settings", "filters", "funnel", "persist", "models", "manifest", "hardware"),
-    ("bm25", "bm25_counts", "_bm25_numba", "embeddings", "llm"),
+    ("bm25", "embeddings", "llm"),
     ("rerank",),
-    ("funnelrag", "granularity", "fbrag", "best_practices"),
+    ("funnelrag", "granularity", "fbrag", "fbrag_fields", "best_practices"),
     ("train", "evaluation", "backends", "offline"),
     ("cli", "demo", "testing", "__main__"),
 )
@@ -198,3 +198,35 @@ def test_every_error_class_of_the_core_is_a_funnel_error():
                     and not issubclass(obj, FunnelError)):
                 bad.append(f"{m}.{name}")
     assert bad == [], f"error classes outside FunnelError: {bad}"
+
+
+#: Packages split by role whose ``__init__`` re-exports the public names of their modules, so
+#: ``from funnel_core.persist import save_snapshot`` works whichever module defines it.
+REEXPORTING = ("funnel_core.persist", "funnel_core.bm25")
+
+
+def test_split_packages_reexport_every_public_name_of_their_modules():
+    import importlib
+    import pkgutil
+
+    bad = []
+    for name in REEXPORTING:
+        package = importlib.import_module(name)
+        for info in pkgutil.iter_modules(package.__path__):
+            if info.name.startswith("_"):
+                continue
+            module = importlib.import_module(f"{name}.{info.name}")
+            for public in getattr(module, "__all__", ()):
+                if public not in package.__all__ or getattr(package, public, None) is not getattr(module, public):
+                    bad.append(f"{name}.{info.name}.{public}")
+    assert bad == [], f"not re-exported by its package (add it to the package's imports and __all__): {bad}"
+
+
+def test_persist_test_hooks_are_patched_where_they_are_read():
+    """The save's step hook and fsync live in persist.commit; the package must not hold copies,
+    or a test that patched the package would silently patch nothing."""
+    from funnel_core import persist
+    from funnel_core.persist import commit
+
+    assert callable(commit._fsync_dir) and commit._step_hook is None
+    assert not hasattr(persist, "_step_hook") and not hasattr(persist, "_fsync_dir")

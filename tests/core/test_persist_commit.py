@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from funnel_core import persist
 from funnel_core.bm25 import BM25Index
 from funnel_core.embeddings import DenseIndex
 from funnel_core.errors import PersistError
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
+from funnel_core.persist import commit as persist_commit
 
 QUERIES = ["Paris France", "Shakespeare", "dense vectors", "capital of Germany", "ranking"]
 
@@ -31,14 +31,14 @@ def listing(path: Path) -> list[str]:
 
 def rewrite_manifest(path: Path, change) -> None:
     """What an attacker can do: edit the manifest and re-hash it in the pointer."""
-    ptr = persist._read_pointer(path, "x")
+    ptr = persist_commit._read_pointer(path, "x")
     mfile = path / ptr["snapshot"] / "manifest.json"
     manifest = json.loads(mfile.read_text())
     change(manifest)
     data = json.dumps(manifest).encode()
     mfile.write_bytes(data)
     ptr["manifest_sha256"] = hashlib.sha256(data).hexdigest()
-    (path / "CURRENT").write_bytes(persist._pointer_bytes(ptr))
+    (path / "CURRENT").write_bytes(persist_commit._pointer_bytes(ptr))
 
 
 # -- layout and commit ---------------------------------------------------------------------------
@@ -59,7 +59,7 @@ def test_layout_one_snapshot_and_old_ones_removed(tmp_path, corpus_units):
     assert first[4] not in second  # the previous snapshot is gone after the commit
     assert signature(BM25Index.load(path)) == signature(b)
     assert (path / "NOTES.txt").read_text() == "mine"
-    info = persist.snapshot_info(path)
+    info = persist_commit.snapshot_info(path)
     assert info["format"] == "funnel-rag.bm25" and "units.jsonl" in info["files"]
     assert all(len(f["sha256"]) == 64 for f in info["files"].values())
 
@@ -97,10 +97,10 @@ def test_failure_at_every_step_keeps_previous_and_next_save_cleans(tmp_path, cor
         def hook(name, step=step):
             if name == step:
                 raise KeyboardInterrupt(step)
-        monkeypatch.setattr(persist, "_step_hook", hook)
+        monkeypatch.setattr(persist_commit, "_step_hook", hook)
         with pytest.raises(KeyboardInterrupt):
             new.save(path)
-        monkeypatch.setattr(persist, "_step_hook", None)
+        monkeypatch.setattr(persist_commit, "_step_hook", None)
         got = signature(BM25Index.load(path))
         assert got in (signature(old), signature(new)), step
         old.save(path)
@@ -227,12 +227,12 @@ def test_tampered_settings_are_rejected(tmp_path, corpus_units, key, value, matc
 def test_nan_in_manifest_and_unsafe_file_names_are_rejected(tmp_path, corpus_units):
     path = tmp_path / "ix"
     BM25Index().index(corpus_units).save(path)
-    ptr = persist._read_pointer(path, "x")
+    ptr = persist_commit._read_pointer(path, "x")
     mfile = path / ptr["snapshot"] / "manifest.json"
     text = mfile.read_text().replace('"b": 0.75', '"b": NaN')
     mfile.write_text(text)
     ptr["manifest_sha256"] = hashlib.sha256(text.encode()).hexdigest()
-    (path / "CURRENT").write_bytes(persist._pointer_bytes(ptr))
+    (path / "CURRENT").write_bytes(persist_commit._pointer_bytes(ptr))
     with pytest.raises(PersistError, match="NaN is not allowed"):
         BM25Index.load(path)
     BM25Index().index(corpus_units).save(path)

@@ -18,10 +18,10 @@ import warnings
 import numpy as np
 import pytest
 
-from funnel_core import persist
 from funnel_core.bm25 import BM25Index
 from funnel_core.embeddings import DenseIndex, SentenceEmbedder
 from funnel_core.errors import PersistError
+from funnel_core.persist import commit as persist_commit
 from funnel_core.units import Unit
 
 
@@ -60,15 +60,15 @@ def test_what_a_killed_save_left_behind_is_removed_by_the_next(tmp_path, monkeyp
         if step == "snapshot_renamed":
             raise KeyboardInterrupt  # killed between the rename and the pointer swap
 
-    monkeypatch.setattr(persist, "_step_hook", die)
+    monkeypatch.setattr(persist_commit, "_step_hook", die)
     with pytest.raises(KeyboardInterrupt):
         BM25Index().index(_units(3)).save(path)
-    monkeypatch.setattr(persist, "_step_hook", None)
+    monkeypatch.setattr(persist_commit, "_step_hook", None)
     orphans = [e for e in os.listdir(path) if e.startswith("snapshot-")]
     assert len(orphans) == 2  # the committed one and the orphan
     assert _ids(BM25Index.load(path)) == ["d0", "d1"]
     BM25Index().index(_units(4)).save(path)
-    assert [e for e in os.listdir(path) if e.startswith("snapshot-")] == [persist.snapshot_info(path)["snapshot"]]
+    assert [e for e in os.listdir(path) if e.startswith("snapshot-")] == [persist_commit.snapshot_info(path)["snapshot"]]
 
 
 def test_a_save_over_another_kind_of_index_is_refused(tmp_path):
@@ -85,11 +85,11 @@ def test_a_save_over_another_kind_of_index_is_refused(tmp_path):
 def test_a_lost_current_is_recovered_from_the_newest_verified_snapshot_and_never_deleted(tmp_path):
     path = tmp_path / "ix"
     BM25Index().index(_units(2)).save(path)
-    readers = persist._readers_lock(path, blocking=True, shared=True)  # a reader holds snapshot 1
+    readers = persist_commit._readers_lock(path, blocking=True, shared=True)  # a reader holds snapshot 1
     try:
         BM25Index().index(_units(3)).save(path)
     finally:
-        persist._unlock(readers)
+        persist_commit._unlock(readers)
     snaps = sorted(e for e in os.listdir(path) if e.startswith("snapshot-"))
     assert len(snaps) == 2  # the clean-up skipped while the reader held the lock
     os.unlink(path / "CURRENT")
@@ -118,19 +118,19 @@ def test_a_failed_fsync_after_the_commit_warns_and_reports_success(tmp_path, mon
     path = tmp_path / "ix"
     BM25Index().index(_units(2)).save(path)
     committed = []
-    real = persist._fsync_dir
+    real = persist_commit._fsync_dir
 
     def flaky(p):
         if committed:
             raise OSError(5, "Input/output error")
         real(p)
 
-    monkeypatch.setattr(persist, "_fsync_dir", flaky)
-    monkeypatch.setattr(persist, "_step_hook", lambda step: committed.append(1) if step == "pointer_replaced" else None)
+    monkeypatch.setattr(persist_commit, "_fsync_dir", flaky)
+    monkeypatch.setattr(persist_commit, "_step_hook", lambda step: committed.append(1) if step == "pointer_replaced" else None)
     with pytest.warns(RuntimeWarning, match="committed.*syncing the folder afterwards failed"):
         BM25Index().index(_units(3)).save(path)
-    monkeypatch.setattr(persist, "_step_hook", None)
-    monkeypatch.setattr(persist, "_fsync_dir", real)
+    monkeypatch.setattr(persist_commit, "_step_hook", None)
+    monkeypatch.setattr(persist_commit, "_fsync_dir", real)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert _ids(BM25Index.load(path)) == ["d0", "d1", "d2"]
@@ -164,10 +164,10 @@ def test_a_snapshot_never_committed_is_not_recovered(tmp_path, monkeypatch):
         if step == "pointer_written":
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(persist, "_step_hook", die)
+    monkeypatch.setattr(persist_commit, "_step_hook", die)
     with pytest.raises(KeyboardInterrupt):
         BM25Index().index(_units(3)).save(path)
-    monkeypatch.setattr(persist, "_step_hook", None)
+    monkeypatch.setattr(persist_commit, "_step_hook", None)
     assert [e for e in os.listdir(path) if e.startswith("snapshot-")]
     with pytest.raises(PersistError, match="nothing was ever committed"):
         BM25Index.load(path)

@@ -170,9 +170,9 @@ def _forge(path: Path, rel: str, array: np.ndarray) -> None:
     manifest and the pointer (so checksums and sizes all verify)."""
     import hashlib
 
-    from funnel_core import persist
+    from funnel_core.persist import commit as persist_commit
 
-    ptr = persist._read_pointer(path, "x")
+    ptr = persist_commit._read_pointer(path, "x")
     snap = path / ptr["snapshot"]
     np.save(snap / rel, array, allow_pickle=False)
     manifest = json.loads((snap / "manifest.json").read_text())
@@ -181,7 +181,7 @@ def _forge(path: Path, rel: str, array: np.ndarray) -> None:
     data = json.dumps(manifest).encode()
     (snap / "manifest.json").write_bytes(data)
     ptr["manifest_sha256"] = hashlib.sha256(data).hexdigest()
-    (path / "CURRENT").write_bytes(persist._pointer_bytes(ptr))
+    (path / "CURRENT").write_bytes(persist_commit._pointer_bytes(ptr))
 
 
 _NONOCC = "bm25s/nonoccurrence_array.index.npy"

@@ -12,8 +12,8 @@ from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from funnel_core.bm25 import bm25_scores
 from funnel_core.fbrag import ForwardLookup, chunk_context
 from funnel_core.settings import setting_names
-from langchain_funnel.llm_rerank import ForwardLookupRetriever as LCForward
-from llama_index_funnel.llm_rerank import ForwardLookupQueryTransform, ForwardLookupRetriever
+from langchain_funnel.fbrag import ForwardLookupRetriever as LCForward
+from llama_index_funnel.fbrag import ForwardLookupQueryTransform, ForwardLookupRetriever
 from tests.conftest import CORPUS
 
 CONTEXT = "\n\n".join(t for _, t, _ in CORPUS)
@@ -131,3 +131,23 @@ def test_variant_weights_and_provider_settings_agree_across_frameworks():
     assert (named.llm.gguf_file, named.llm.device, named.llm.timeout) == ("m.gguf", "cpu", 5.0)
     provider = _chat_provider()
     assert ForwardLookup(llm=provider, device="cpu").llm is provider
+
+
+@pytest.mark.parametrize("make", [
+    lambda **kw: LCForward(llm=_chat(), context=CONTEXT, **kw),
+    lambda **kw: ForwardLookupRetriever(_chat_provider(), context=CONTEXT, **kw),
+], ids=["langchain", "llamaindex"])
+def test_variant_edits_move_both_weights_through_every_preset(make):
+    """Every variant edit, B -> F included (where setting eta_backward first would pass through
+    0 / 0, which the stage refuses), leaves the stage with the new preset's weights, an eta_*
+    field that overrides a weight keeps doing so, and a refused variant changes nothing."""
+    r = make(variant="B", chunk_words=12)
+    for variant, weights in (("F", (0.0, 1.0)), ("B", (1.0, 0.0)), ("FB", (0.5, 0.5)), ("F", (0.0, 1.0))):
+        r.variant = variant
+        assert (r.variant, r.forward.eta_backward, r.forward.eta_forward) == (variant, *weights)
+    r.eta_backward = 0.2
+    r.variant = "B"  # the override stays, the other weight follows the variant
+    assert (r.forward.eta_backward, r.forward.eta_forward) == (0.2, 0.0)
+    with pytest.raises(ValueError, match="unknown FB-RAG variant"):
+        r.variant = "Z"
+    assert (r.variant, r.forward.eta_backward, r.forward.eta_forward) == ("B", 0.2, 0.0)

@@ -4,7 +4,7 @@ Each experiment returns a dict of counts; the short pytest run (``test_reliabili
 long run (``run.py``, ``make reliability``) call the same functions with different sizes.
 
 * :func:`kill_at_steps` — a child process saving index B over index A is SIGKILLed at every step
-  boundary of the save (the hook in :mod:`funnel_core.persist`), also on a first save into a new
+  boundary of the save (the hook in :mod:`funnel_core.persist.commit`), also on a first save into a new
   folder; after each kill the folder must load as A or B (or, on a first save, report that
   nothing was committed), and the next save must leave exactly one snapshot and no temp files.
 * :func:`kill_random` — a child saves B and A alternately in a loop and is SIGKILLed after a
@@ -44,10 +44,10 @@ from typing import Any, Callable  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from funnel_core import persist  # noqa: E402
 from funnel_core.bm25 import BM25Index  # noqa: E402
 from funnel_core.errors import PersistError  # noqa: E402
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index  # noqa: E402
+from funnel_core.persist import commit as persist_commit  # noqa: E402
 from funnel_core.units import Unit  # noqa: E402
 
 STEPS = ["marker_written", "tmp_created", "files_written", "files_synced", "manifest_written",
@@ -245,7 +245,7 @@ def kill_at_steps(kind: str = "bm25", repeats: int = 1, workdir: Path | None = N
                         def hook(name):
                             if name == step:
                                 os.kill(os.getpid(), signal.SIGKILL)
-                        persist._step_hook = hook
+                        persist_commit._step_hook = hook
                         b.save(path)
 
                     pid = _fork(child)

@@ -173,8 +173,8 @@ def test_llamaindex_misspelt_filter_keyword_raises(kind, how, typo, embedder):
 @pytest.mark.parametrize("where", BACKENDS)
 def test_llamaindex_hybrid_funnel_and_forward_lookup_keep_the_tenant(where, db, embedder, tiny_llama_path):
     from llama_index_funnel.best_practices import HybridRetriever
+    from llama_index_funnel.fbrag import ForwardLookupRetriever
     from llama_index_funnel.funnel import FunnelRetriever
-    from llama_index_funnel.llm_rerank import ForwardLookupRetriever
 
     backend = _backend(where, db)
     sparse = _li_build("bm25", backend, embedder, filters=_li_filters())
@@ -291,8 +291,8 @@ def test_langchain_misspelt_filter_keyword_raises(kind, how, typo, embedder):
 @pytest.mark.parametrize("where", BACKENDS)
 def test_langchain_hybrid_funnel_and_forward_lookup_keep_the_tenant(where, db, embedder, tiny_llama_path):
     from langchain_funnel.best_practices import HybridRetriever
+    from langchain_funnel.fbrag import ForwardLookupRetriever
     from langchain_funnel.funnel import FunnelRetriever
-    from langchain_funnel.llm_rerank import ForwardLookupRetriever
 
     backend = _backend(where, db)
     sparse = _lc_build("bm25", backend, embedder).model_copy(update={"filter": {"tenant": TENANT}})
@@ -314,9 +314,9 @@ def test_langchain_hybrid_factory_misspellings_raise(typo, embedder):
 
 @pytest.mark.parametrize("typo", ["filter", "filters"])
 def test_langchain_mog_funnel_and_forward_lookup_take_no_filter_keyword(typo, embedder, tiny_llama_path):
+    from langchain_funnel.fbrag import ForwardLookupRetriever
     from langchain_funnel.funnel import FunnelRetriever
     from langchain_funnel.granularity import MixOfGranularityRetriever
-    from langchain_funnel.llm_rerank import ForwardLookupRetriever
 
     with pytest.raises((TypeError, ValueError), match=typo):
         MixOfGranularityRetriever(documents=_docs(), **{typo: {"tenant": TENANT}})

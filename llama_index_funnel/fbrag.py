@@ -1,15 +1,16 @@
-"""LLM-driven retrieval for LlamaIndex: RankRAG reranking and FB-RAG forward lookup.
+"""FB-RAG forward lookup for LlamaIndex.
 
-* :class:`RankRAGRerank` — node postprocessor: P("True") of an LLM judge per (query, node).
 * :class:`ForwardLookupQueryTransform` — a ``BaseQueryTransform`` that samples K
   ``Rationale/Answer`` outputs and attaches them to the query bundle
   (:class:`ForwardLookupQueryBundle`; their texts also go to ``custom_embedding_strs`` so an
   embedding retriever behind a ``TransformRetriever`` searches with them).
 * :class:`ForwardLookupRetriever` — FB-RAG Stages I-III over a long context or over the nodes
-  of any base retriever; reuses the samples of a :class:`ForwardLookupQueryBundle`.
+  of any base retriever; reuses the samples of a :class:`ForwardLookupQueryBundle`. Its
+  settings are the fields of :class:`~funnel_core.fbrag_fields.ForwardLookupFields`, shared with
+  the LangChain twin.
 
-The LLM can be a LlamaIndex ``LLM`` (text only: RankRAG parses its replies), a ``funnel_core``
-provider, or a hub name / folder of a local causal LM (RankRAG reads True/False logits).
+The LLM can be a LlamaIndex ``LLM``, a ``funnel_core`` provider, or a hub name / folder of a
+local causal LM.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, List, Optional, Sequence
 
 from llama_index.core.base.base_retriever import BaseRetriever
-from llama_index.core.bridge.pydantic import Field
+from llama_index.core.bridge.pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.indices.query.query_transform.base import BaseQueryTransform
 from llama_index.core.llms.llm import LLM as LlamaIndexBaseLLM
@@ -27,46 +28,14 @@ from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
 from funnel_core.errors import check_query
 from funnel_core.fbrag import ForwardLookup, ForwardLookupResult, ForwardSample, chunk_context, variant_weights
+from funnel_core.fbrag_fields import ForwardLookupFields
 from funnel_core.funnel import warm_up_attributes
-from funnel_core.rerank.fields import RankRAGFields
-from funnel_core.settings import check_kwargs, checked_keywords, setting_names
+from funnel_core.settings import StageAdapter, check_kwargs, checked_keywords, setting_names
 from funnel_core.units import Unit, text_digest
-from llama_index_funnel._base import StagePostprocessor, nodes_to_units, units_to_nodes
-from llama_index_funnel.llm import as_provider
+from llama_index_funnel._base import nodes_to_units, units_to_nodes
+from llama_index_funnel.llm import stage_llm
 
-__all__ = ["RankRAGRerank", "ForwardLookupQueryTransform", "ForwardLookupQueryBundle",
-           "ForwardLookupRetriever"]
-
-
-class RankRAGRerank(RankRAGFields, StagePostprocessor):
-    """RankRAG reranking as a LlamaIndex node postprocessor (sync + async, rerank events): a
-    :class:`~funnel_core.rerank.rankrag.RankRAGScorer`; ``llm`` may also be a LlamaIndex ``LLM``.
-
-    Example::
-
-        from llama_index.core.query_engine import RetrieverQueryEngine
-        rerank = RankRAGRerank(llm=smollm2_path(), gguf_file=SMOLLM2_GGUF, top_n=5)
-        engine = RetrieverQueryEngine.from_args(retriever, node_postprocessors=[rerank])
-    """
-
-    llm: Any = Field(description="LlamaIndex LLM, funnel_core LLM provider, or a causal-LM "
-                                 "name/folder.")
-    @classmethod
-    def class_name(cls) -> str:
-        return "RankRAGRerank"
-
-    def _model_name(self) -> str:
-        return self.llm if isinstance(self.llm, str) else type(self.llm).__name__
-
-    def _stage_value(self, name: str, value: Any) -> Any:
-        if name == "llm" and isinstance(value, LlamaIndexBaseLLM):
-            return as_provider(value, timeout=self.timeout)
-        return value
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        super().__setattr__(name, value)
-        if name == "timeout" and isinstance(self.llm, LlamaIndexBaseLLM):
-            self.stage.llm = self._stage_value("llm", self.llm)  # the new timeout
+__all__ = ["ForwardLookupQueryTransform", "ForwardLookupQueryBundle", "ForwardLookupRetriever"]
 
 
 def forward_lookup(owner: str, llm: Any, *, variant: str = "FB",
@@ -80,17 +49,16 @@ def forward_lookup(owner: str, llm: Any, *, variant: str = "FB",
                 *(n for n in setting_names(ForwardLookup) if n != "llm")}
     check_kwargs(owner, settings, accepted)
     eta_b, eta_f = variant_weights(variant, eta_backward, eta_forward)
-    if isinstance(llm, LlamaIndexBaseLLM):
-        llm = as_provider(llm, timeout=settings.get("timeout"))
-    return ForwardLookup(llm=llm, eta_backward=eta_b, eta_forward=eta_f, **settings)
+    return ForwardLookup(llm=stage_llm(llm, settings.get("timeout")), eta_backward=eta_b,
+                         eta_forward=eta_f, **settings)
 
 
 class _HoldsForwardLookup:
     """Forwards the settings of the :class:`~funnel_core.fbrag.ForwardLookup` it holds
-    (``self.forward``) as attributes: ``retriever.k = 1`` is validated by the stage and honoured
-    at the next call (the setting lives on the stage, not on this object). ``llm`` takes a
-    LlamaIndex LLM too; ``variant`` (where the class has one) sets both weights; a new
-    ``chunk_words`` chunks ``context`` again."""
+    (``self.forward``) as attributes: ``transform.samples = 3`` is validated by the stage and
+    honoured at the next call (the setting lives on the stage, not on this object). ``llm``
+    takes a LlamaIndex LLM too; a new ``chunk_words`` chunks ``context`` again. (The query
+    transform's mixin; the retriever declares its settings as fields instead.)"""
 
     #: Stage settings this class does not forward (its own, or derived from its own).
     _NOT_FORWARDED: ClassVar[frozenset[str]] = frozenset({"llm"})
@@ -111,13 +79,12 @@ class _HoldsForwardLookup:
         if forward is None:
             object.__setattr__(self, name, value)
         elif name == "llm":
-            forward.llm = as_provider(value, timeout=forward.timeout) \
-                if isinstance(value, LlamaIndexBaseLLM) else value
+            forward.llm = stage_llm(value, forward.timeout)
             object.__setattr__(self, "_llm", value)
         elif self._forwarded(name):
             setattr(forward, name, value)  # validated by the stage
             if name == "timeout" and isinstance(self.__dict__.get("_llm"), LlamaIndexBaseLLM):
-                forward.llm = as_provider(self.__dict__["_llm"], timeout=value)
+                forward.llm = stage_llm(self.__dict__["_llm"], value)
             if name == "chunk_words" and self.__dict__.get("_context") is not None:
                 object.__setattr__(self, "units", _chunks(self.__dict__["_context"], value))
         else:
@@ -209,62 +176,67 @@ class ForwardLookupQueryTransform(_HoldsForwardLookup, BaseQueryTransform):
                                         samples=samples, reader_context=context)
 
 
-class ForwardLookupRetriever(_HoldsForwardLookup, BaseRetriever):
-    """FB-RAG Stages I-III as a LlamaIndex retriever.
+class ForwardLookupRetriever(ForwardLookupFields, StageAdapter, BaseModel, BaseRetriever):
+    """FB-RAG Stages I-III as a LlamaIndex retriever (``k`` = chunks returned, 3 by default): a
+    :class:`~funnel_core.fbrag.ForwardLookup`.
 
     Candidates are the ``chunk_words``-word chunks of ``context``, or the nodes that
     ``retriever`` returns for the query. Each node's metadata holds ``funnel_backward_score``,
     ``funnel_forward_scores_json``, ``funnel_samples_json`` and ``funnel_position``; ``score`` is
-    S_FB. Given a
-    :class:`ForwardLookupQueryBundle` (from :class:`ForwardLookupQueryTransform` in a
-    ``TransformRetriever``), its samples are reused instead of sampling again.
+    S_FB. Given a :class:`ForwardLookupQueryBundle` (from :class:`ForwardLookupQueryTransform` in
+    a ``TransformRetriever``), its samples are reused instead of sampling again.
 
     Args:
-        llm: LlamaIndex LLM, funnel_core LLM, or a local causal-LM name/folder.
+        llm: LlamaIndex LLM, funnel_core LLM, or a local causal-LM name/folder (the one
+            argument that may be passed by position).
         context: A long text or a list of texts.
         retriever: A base retriever (instead of ``context``).
         callback_manager: LlamaIndex callback manager.
-        **settings: ``variant``: ``"FB"`` (Ours-FB, default), ``"F"`` (Ours-F) or ``"B"`` (BM25
+        **fields: ``variant``: ``"FB"`` (Ours-FB, default), ``"F"`` (Ours-F) or ``"B"`` (BM25
             only), whose weights ``eta_backward``/``eta_forward`` override; and the settings of
-            :class:`funnel_core.fbrag.ForwardLookup` (``k`` = chunks returned, 3 here;
-            ``budget_words``, ``chunk_words``, sampling, ``timeout``/``gguf_file``/``device`` of
-            a local model...). An unknown one raises, naming the accepted ones.
+            :class:`funnel_core.fbrag.ForwardLookup` (``k``, ``budget_words``, ``chunk_words``,
+            sampling, ``timeout``/``gguf_file``/``device`` of a local model...): the fields of
+            :class:`~funnel_core.fbrag_fields.ForwardLookupFields`. An unknown one raises,
+            naming the accepted ones.
 
-    Each setting is also an attribute, forwarded to the stage (``.forward``): an edit
+    Each setting is a field, forwarded to the stage (``.forward``): an edit
     (``retriever.k = 1``, ``retriever.variant = "F"``) is validated and used at the next query.
     """
 
-    #: The weights follow ``variant`` (and may be set themselves): handled below.
-    _NOT_FORWARDED = frozenset({"llm"})
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+    stage_class: ClassVar[type] = ForwardLookup
 
-    def __init__(self, llm: Any, *, context: str | Sequence[str] | None = None,
-                 retriever: Optional[BaseRetriever] = None,
-                 callback_manager: Optional[CallbackManager] = None, **settings: Any) -> None:
-        if (context is None) == (retriever is None):
-            raise ValueError("ForwardLookupRetriever needs exactly one of context= (a long "
-                             "text) or retriever= (a base retriever).")
-        self._context = context
-        self._llm = llm
-        self._variant = settings.get("variant", "FB")
-        self.units: Optional[list[Unit]] = _chunks(context, settings.get("chunk_words", 300)) \
-            if context is not None else None
-        self.forward = forward_lookup(type(self).__name__, llm, **{"k": 3, **settings})
-        self.retriever = retriever
-        super().__init__(callback_manager=callback_manager)
+    llm: Any = Field(description="LlamaIndex LLM, funnel_core LLM, or a causal-LM name/folder.")
+    retriever: Optional[BaseRetriever] = Field(
+        default=None, description="Base retriever whose nodes are the candidates (instead of context).")
+    callback_manager: CallbackManager = Field(
+        default_factory=CallbackManager, exclude=True, description="LlamaIndex callback manager.")
+
+    _stage: Optional[ForwardLookup] = PrivateAttr(default=None)
+    _verbose: bool = PrivateAttr(default=False)
+
+    def __init__(self, llm: Any, **fields: Any) -> None:
+        if "callback_manager" in fields and fields["callback_manager"] is None:
+            del fields["callback_manager"]  # None: a new one, as BaseRetriever does
+        super().__init__(llm=llm, **fields)
+
+    def model_post_init(self, __context: Any) -> None:
+        # what BaseRetriever.__init__ sets besides callback_manager (it is not called)
+        object.__setattr__(self, "object_map", {})
+        super().model_post_init(__context)  # checks the context, builds (and validates) the stage
+
+    def _stage_value(self, name: str, value: Any) -> Any:
+        return stage_llm(value, self.timeout) if name == "llm" else super()._stage_value(name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name == "timeout" and isinstance(self.llm, LlamaIndexBaseLLM):
+            self.stage.llm = stage_llm(self.llm, self.timeout)
 
     @property
-    def variant(self) -> str:
-        """``"FB"``, ``"F"`` or ``"B"``: setting it sets both weights of the stage."""
-        return self._variant
-
-    @variant.setter
-    def variant(self, value: str) -> None:
-        eta_b, eta_f = variant_weights(value)  # validated before anything changes
-        # the larger weight first: the stage refuses both weights at 0 on the way (B -> F)
-        for name, eta in sorted((("eta_backward", eta_b), ("eta_forward", eta_f)),
-                                key=lambda x: -x[1]):
-            setattr(self.forward, name, eta)
-        object.__setattr__(self, "_variant", value)
+    def forward(self) -> ForwardLookup:
+        """The ``funnel_core`` stage doing the work."""
+        return self.stage
 
     def warm_up(self) -> "ForwardLookupRetriever":
         """Load the models of everything this retriever holds (see ``funnel_core`` ``Stage.warm_up``),

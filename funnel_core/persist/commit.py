@@ -1,4 +1,4 @@
-"""Persistence with commit semantics, shared by every saved object of funnel-rag.
+"""The commit protocol: snapshots, pointer, journal and locks, shared by every saved object.
 
 One mechanism, learnt from Lucene's ``IndexWriter.commit`` (immutable segment files plus an
 atomically replaced ``segments_N``), for the BM25, clustered and dense indexes, the MoG router,
@@ -45,7 +45,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import os
 import re
 import secrets
@@ -57,19 +56,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from funnel_core.errors import PersistError
-from funnel_core.units import Unit
 
 __all__ = [
     "LAYOUT_VERSION",
     "save_snapshot",
     "load_snapshot",
     "snapshot_info",
-    "write_units",
-    "read_units",
-    "write_json",
-    "prepare_units",
-    "json_safe",
-    "from_json_safe",
+    "snapshot_owner",
 ]
 
 #: Version of the folder layout (marker, pointer, snapshot, manifest) written by this module.
@@ -813,150 +806,3 @@ def snapshot_info(path: str | os.PathLike) -> dict[str, Any]:
     _check_tree(folder, path)
     manifest = json.loads(_read_bounded(folder / MANIFEST, _MAX_MANIFEST_BYTES).decode("utf-8"))
     return {"snapshot": pointer["snapshot"], **manifest}
-
-
-# -- JSON with lossless metadata -----------------------------------------------------------------
-_TAGS = ("$tuple", "$dict", "$set")
-_PLAIN = (str, int, float, bool)
-
-
-def json_safe(value: Any, where: str = "value") -> Any:
-    """A JSON-representable copy of ``value`` that :func:`from_json_safe` turns back into it.
-
-    Tuples and dicts with non-string keys (int, float, bool, None, tuples) are kept through a
-    tagged form; numpy scalars become Python numbers, numpy arrays lists. Anything JSON cannot
-    hold (datetime, bytes, sets of objects, custom classes) raises ``TypeError`` naming
-    ``where`` (the unit id and key path) and the fix.
-    """
-    if value is None or isinstance(value, (str, bool, int, float)):
-        return value
-    if isinstance(value, list):
-        return [json_safe(v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if isinstance(value, tuple):
-        return {"$tuple": [json_safe(v, f"{where}[{i}]") for i, v in enumerate(value)]}
-    if isinstance(value, dict):
-        if all(isinstance(k, str) for k in value) and not (len(value) == 1 and next(iter(value)) in _TAGS):
-            return {k: json_safe(v, f"{where}[{k!r}]") for k, v in value.items()}
-        for k in value:
-            if not (k is None or isinstance(k, (str, bool, int, float, tuple))):
-                raise TypeError(f"{where} has a key {k!r} of type {type(k).__name__} that cannot be "
-                                "saved; use str, int, float, bool or tuple keys.")
-        return {"$dict": [[json_safe(k, f"{where} key"), json_safe(v, f"{where}[{k!r}]")]
-                          for k, v in value.items()]}
-    mod = type(value).__module__
-    if mod == "numpy" or mod.startswith("numpy."):
-        import numpy as np
-
-        if isinstance(value, np.generic):
-            return json_safe(value.item(), where)
-        if isinstance(value, np.ndarray):
-            return json_safe(value.tolist(), where)
-    raise TypeError(
-        f"{where} is a {type(value).__name__} ({value!r:.60}), which cannot be saved with the "
-        "index; convert it to str, int, float, bool, None, list, tuple or dict first (e.g. "
-        "datetime -> value.isoformat(), bytes -> value.decode(), set -> sorted(list(value))).")
-
-
-def from_json_safe(value: Any) -> Any:
-    """Invert :func:`json_safe`."""
-    if isinstance(value, list):
-        return [from_json_safe(v) for v in value]
-    if isinstance(value, dict):
-        if len(value) == 1:
-            (tag, inner), = value.items()
-            if tag == "$tuple" and isinstance(inner, list):
-                return tuple(from_json_safe(v) for v in inner)
-            if tag == "$dict" and isinstance(inner, list):
-                return {_hashable(from_json_safe(k)): from_json_safe(v) for k, v in inner}
-        return {k: from_json_safe(v) for k, v in value.items()}
-    return value
-
-
-def _hashable(key: Any) -> Any:
-    if isinstance(key, list):  # pragma: no cover - only from hand-edited files
-        return tuple(key)
-    return key
-
-
-def prepare_units(units: Sequence[Any], what: str) -> list[Unit]:
-    """Own copies of ``units`` with JSON-safe metadata, for an index to keep.
-
-    Checks types (``TypeError`` naming the position), converts numpy scalars in metadata to
-    Python numbers, and raises ``TypeError`` naming the unit id and key for metadata that cannot
-    be saved, at index time rather than at save time. Editing the caller's units afterwards does
-    not change the index.
-    """
-    out = []
-    for i, u in enumerate(units):
-        if not isinstance(u, Unit):
-            raise TypeError(f"{what} expects Unit objects, got {type(u).__name__} at position {i} "
-                            f"({u!r:.60}); wrap texts with Unit(id=..., text=...).")
-        if not isinstance(u.metadata, dict):
-            raise TypeError(f"metadata of unit id={u.id!r} must be a dict, got {type(u.metadata).__name__}.")
-        m = u.metadata
-        if all(type(k) is str and (v is None or type(v) in _PLAIN) for k, v in m.items()) and not (
-                len(m) == 1 and next(iter(m)) in _TAGS):
-            meta = dict(m)  # fast path: flat metadata of plain values
-        else:
-            meta = from_json_safe(json_safe(m, f"metadata of unit id={u.id!r}"))
-        out.append(Unit(id=u.id, text=u.text, score=u.score, metadata=meta,
-                        parent_id=None if u.parent_id is None else str(u.parent_id), level=str(u.level)))
-    return out
-
-
-def write_json(path: Path, obj: Any) -> None:
-    path.write_text(json.dumps(obj, ensure_ascii=True, allow_nan=False), encoding="ascii")
-
-
-def write_units(path: Path, units: Sequence[Unit]) -> None:
-    """One JSON object per line; ASCII-escaped, so lone surrogates in text survive."""
-    with open(path, "w", encoding="ascii") as f:
-        for u in units:
-            d = u.to_dict()
-            d["metadata"] = json_safe(d["metadata"], f"metadata of unit id={u.id!r}")
-            f.write(json.dumps(d, ensure_ascii=True) + "\n")
-
-
-def read_units(path: Path) -> list[Unit]:
-    out = []
-    with open(path, encoding="ascii") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            d = json.loads(line)
-            if not isinstance(d, dict) or not isinstance(d.get("id"), str) or not isinstance(d.get("text"), str):
-                raise ValueError(f"line {n} of {path.name} is not a unit")
-            if d.get("score") is not None and not isinstance(d["score"], (int, float)):
-                raise ValueError(f"line {n} of {path.name} has a non-numeric score")
-            if d.get("parent_id") is not None and not isinstance(d["parent_id"], str):
-                raise ValueError(f"line {n} of {path.name} has a non-string parent_id")
-            if not isinstance(d.get("level", "passage"), str):
-                raise ValueError(f"line {n} of {path.name} has a non-string level")
-            d["metadata"] = from_json_safe(d.get("metadata") or {})
-            if not isinstance(d["metadata"], dict):
-                raise ValueError(f"line {n} of {path.name} has non-dict metadata")
-            out.append(Unit.from_dict(d))
-    return out
-
-
-def check_number(value: Any, name: str, lo: float | None = None, hi: float | None = None,
-                 lo_open: bool = False, integer: bool = False) -> float | int:
-    """A finite number (int when ``integer``) within [lo, hi] (``lo_open``: (lo, hi]); raise
-    ``TypeError``/``ValueError`` naming ``name`` and the value otherwise."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
-        kind = "an int" if integer else "a number"
-        raise TypeError(f"{name} must be {kind}, got {type(value).__name__} {value!r}.")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}.")
-    if lo is not None and (value <= lo if lo_open else value < lo) or hi is not None and value > hi:
-        rng = f"{'(' if lo_open else '['}{lo if lo is not None else '-inf'}, {hi if hi is not None else 'inf'}]"
-        raise ValueError(f"{name} must be in {rng}, got {value!r}.")
-    return value
-
-
-def check_model_name(value: Any) -> str:
-    """A model name or folder read from a manifest: a non-empty str of at most 4,096 characters;
-    raise ``ValueError`` naming the value otherwise."""
-    if not isinstance(value, str) or not value or len(value) > 4096:
-        raise ValueError(f"invalid embedder name {value!r:.80}")
-    return value

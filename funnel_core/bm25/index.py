@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from funnel_core.bm25_counts import COUNT_METHODS, TermCounts, bm25_weights, count_terms
+from funnel_core.bm25.counts import COUNT_METHODS, TermCounts, bm25_weights, count_terms
 from funnel_core.cache import FreshOnCopy, LRUCache
 from funnel_core.errors import PersistError, check_positive_int, check_query
 from funnel_core.filters import MetadataFilter, metadata_mask
@@ -133,7 +133,7 @@ def _numba_installed() -> bool:
 
 
 def _compiled(config: Mapping[str, Any], retriever: Any) -> bool:
-    """Does this index score with :mod:`funnel_core._bm25_numba`? (engine numba, or auto with numba
+    """Does this index score with :mod:`funnel_core.bm25._numba`? (engine numba, or auto with numba
     installed; not for bm25l / bm25+, whose scores include every document: numpy path)."""
     engine = config["engine"]
     return (engine == "numba" or (engine == "auto" and _numba_installed())) \
@@ -142,11 +142,11 @@ def _compiled(config: Mapping[str, Any], retriever: Any) -> bool:
 
 def _search_compiled(retriever: Any, tokens: list[list[str]], k: int, mask: np.ndarray | None,
                      n_threads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The compiled engine: the top ``k`` of every query by :mod:`funnel_core._bm25_numba` (the
+    """The compiled engine: the top ``k`` of every query by :mod:`funnel_core.bm25._numba` (the
     same float32 sums and order as the numpy engine), the queries split into one contiguous range
     per thread: one per available core by default (``n_threads`` <= 0), else ``n_threads``.
     Returns the batch's hits as flat arrays (see :func:`_search_blocks`)."""
-    from funnel_core._bm25_numba import search_range
+    from funnel_core.bm25._numba import search_range
 
     ids = [retriever.get_tokens_ids(t) for t in tokens]
     q_ptr = np.zeros(len(ids) + 1, dtype=np.int64)
@@ -390,7 +390,7 @@ class BM25Index(FreshOnCopy):
         lower: Lower-case text before tokenizing.
         engine: ``"auto"`` (default: numba where installed, as in the ``[fast]`` and ``[all]``
             extras, else numpy), ``"numpy"`` or ``"numba"``. Both give the same results; the
-            numba kernels (:mod:`funnel_core._bm25_numba`) are compiled once per installation
+            numba kernels (:mod:`funnel_core.bm25._numba`) are compiled once per installation
             (cached on disk) and score a batch in one thread per CPU (docs/performance.md).
         cjk: ``"bigram"`` or ``"char"`` to split Chinese/Japanese/Korean runs into bigrams or
             characters (see :func:`~funnel_core.text.split_cjk`); ``None`` (default) keeps them whole.
@@ -492,7 +492,7 @@ class BM25Index(FreshOnCopy):
 
     def term_counts(self, texts: Sequence[str]) -> TermCounts:
         """How often each index term occurs in each text, tokenized exactly as :meth:`tokenize`
-        does (see :mod:`funnel_core.bm25_counts`): what :meth:`index_counts` builds from."""
+        does (see :mod:`funnel_core.bm25.counts`): what :meth:`index_counts` builds from."""
         if self.config["cjk"]:  # CJK splits stemmed tokens: tokenize each text whole
             def split(text: str) -> list[str]:
                 return self.tokenize([text])[0]
@@ -689,7 +689,7 @@ class BM25Index(FreshOnCopy):
         if not ids:  # only stopwords / no known term: nothing matches
             return np.zeros(len(st.units), dtype=np.float32)
         if _compiled(self.config, st.retriever):
-            from funnel_core._bm25_numba import dense_scores
+            from funnel_core.bm25._numba import dense_scores
 
             s = st.retriever.scores
             return dense_scores(s["indptr"], s["indices"], s["data"], np.asarray(ids, dtype=np.int64),
@@ -726,7 +726,7 @@ class BM25Index(FreshOnCopy):
         ``funnel["bm25_rank"]``. Units whose score is 0 (no matching term) or that the
         ``filter`` rejects are left out, so a result may hold fewer than ``k`` units.
         Equal scores are ordered by index position. An empty or whitespace-only query returns
-        ``[]``. With the numba engine a compiled kernel (:mod:`funnel_core._bm25_numba`)
+        ``[]``. With the numba engine a compiled kernel (:mod:`funnel_core.bm25._numba`)
         scores the batch in one thread per CPU (``n_threads`` > 0: that many); the numpy
         engine scores and cuts blocks of queries together (one scatter-add and one partition per
         block, not per query), in ``n_threads`` threads when > 1 (-1: one per core available to
