@@ -93,11 +93,8 @@ def test_the_two_frameworks_declare_each_shared_setting_once():
             f"{a.__name__} / {b.__name__} each declare {own}: move them to the shared fields model")
 
 
-#: Adapters whose fields are declared in their own class body (with the reason).
-FIELDS_IN_OWN_BODY = {
-    "langchain_funnel.ForwardLookupRetriever": "its LlamaIndex twin is not a pydantic model: "
-                                               "there is no second adapter to share a fields model",
-}
+#: Adapters whose fields are declared in their own class body (with the reason); none today.
+FIELDS_IN_OWN_BODY: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("name,cls", ADAPTERS, ids=[n for n, _ in ADAPTERS])
