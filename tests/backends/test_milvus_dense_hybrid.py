@@ -42,7 +42,7 @@ def test_llamaindex_dense_and_hybrid_on_milvus(db, embedder):
 
     from llama_index_funnel.best_practices import HybridRetriever
     from llama_index_funnel.filters import to_predicate
-    from llama_index_funnel.milvus import DenseRetriever
+    from llama_index_funnel import DenseRetriever
     from llama_index_funnel.retrievers import BM25Retriever
 
     nodes = [TextNode(id_=i, text=t, metadata=dict(m, n=k)) for k, (i, t, m) in enumerate(CORPUS)]
@@ -101,7 +101,7 @@ def test_langchain_dense_and_hybrid_on_milvus(db, embedder):
     from langchain_core.structured_query import Comparator, Comparison
 
     from langchain_funnel.best_practices import HybridRetriever
-    from langchain_funnel.milvus import DenseRetriever
+    from langchain_funnel import DenseRetriever
     from langchain_funnel.retrievers import BM25Retriever
 
     docs = [Document(id=i, page_content=t, metadata=dict(m, n=k)) for k, (i, t, m) in enumerate(CORPUS)]
@@ -157,7 +157,7 @@ def test_llamaindex_dense_retriever_on_milvus_searches_with_a_hyde_bundle(db, em
 
     from funnel_core.testing import ScriptedLLM
     from llama_index_funnel.best_practices import HyDETransform, SentenceEmbedderEmbedding
-    from llama_index_funnel.milvus import DenseRetriever
+    from llama_index_funnel import DenseRetriever
 
     nodes = [TextNode(id_=i, text=t, metadata=dict(m, n=k)) for k, (i, t, m) in enumerate(CORPUS)]
     milvus = DenseRetriever.from_defaults(nodes, embedder, backend=MilvusBackend(db).with_collection("li_hyde"),

@@ -99,7 +99,7 @@ def _li_ids(nodes) -> list[str]:
 
 
 def _li_build(kind: str, backend, embedder, **kwargs):
-    from llama_index_funnel.milvus import DenseRetriever
+    from llama_index_funnel import DenseRetriever
     from llama_index_funnel.retrievers import BM25Retriever, ClusteredBM25Retriever
 
     nodes = _nodes()
@@ -224,7 +224,7 @@ def _lc_ids(docs) -> list[str]:
 
 
 def _lc_build(kind: str, backend, embedder, **kwargs):
-    from langchain_funnel.milvus import DenseRetriever
+    from langchain_funnel import DenseRetriever
     from langchain_funnel.retrievers import BM25Retriever, ClusteredBM25Retriever
 
     if kind == "bm25":
