@@ -10,7 +10,7 @@ the Milvus cases run where ``pymilvus`` and ``milvus_lite`` are installed.
 from __future__ import annotations
 
 import importlib.util
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import pytest
 
@@ -20,6 +20,9 @@ from funnel_core.filters import Comparison, Condition, filter_predicate
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
 from funnel_core.index import SearchIndex
 from funnel_core.units import Unit
+
+if TYPE_CHECKING:  # importable without pymilvus (it is imported on first connection)
+    from funnel_core.backends.milvus import MilvusBM25Index, MilvusClusteredBM25Index, MilvusDenseIndex
 
 HAVE_MILVUS = all(importlib.util.find_spec(m) is not None for m in ("pymilvus", "milvus_lite"))
 needs_milvus = pytest.mark.skipif(not HAVE_MILVUS, reason="pymilvus / milvus-lite not installed "
@@ -33,7 +36,7 @@ TOPICS = {
 QUERIES = ["capital city of the country", "ranking documents for a search query",
            "tragedy play by an author", "river valley map", "index score relevance term"]
 #: BM25 settings other than the defaults, so a load that forgets them scores differently
-BM25 = {"k1": 1.2, "b": 0.5}
+BM25: dict[str, Any] = {"k1": 1.2, "b": 0.5}
 
 
 def corpus() -> list[Unit]:
@@ -143,7 +146,7 @@ def ids(hits: list[Unit]) -> list[str]:
     return [u.id for u in hits]
 
 
-def scores(hits: list[Unit]) -> list[float]:
+def scores(hits: list[Unit]) -> list[float | None]:
     return [u.score for u in hits]
 
 
@@ -154,6 +157,13 @@ def cluster_ids(hits: list[Unit]) -> list[str]:
 
 
 # -- the checks ---------------------------------------------------------------------------------
+def _signatures_conform(a: BM25Index, b: ClusteredBM25Index, c: DenseIndex, d: MilvusBM25Index,
+                        e: MilvusClusteredBM25Index, f: MilvusDenseIndex) -> list[SearchIndex]:
+    """For mypy (``mypy tests/core/test_index_conformance.py``): each class satisfies the
+    protocol's signatures, not only its method names (the isinstance checks below see names)."""
+    return [a, b, c, d, e, f]
+
+
 class NoBatch:
     """Everything a SearchIndex has but ``search_many`` (what the in-memory clustered index
     lacked): the negative control of the isinstance check."""
