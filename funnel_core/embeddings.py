@@ -20,7 +20,7 @@ import hashlib
 import math
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence, cast
 
@@ -28,6 +28,7 @@ import numpy as np
 
 from funnel_core.cache import FreshOnCopy, LRUCache
 from funnel_core.errors import PersistError, check_positive_int, check_query
+from funnel_core.filters import MetadataFilter, metadata_mask
 from funnel_core.funnel import Stage
 from funnel_core.hardware import autocast, normalize_dtype, resolve_dtype
 from funnel_core.models import LazyModel, load_pretrained, resolve_device
@@ -167,12 +168,18 @@ class SentenceEmbedder:
         return np.stack(cast("list[np.ndarray]", rows)).astype(np.float32, copy=True)
 
 
+#: Distinct metadata keys whose filter columns a dense index caches (as :class:`BM25Index` does).
+FILTER_CACHE_SIZE = 32
+
+
 @dataclass(frozen=True)
 class _DenseState:
     units: tuple
     embeddings: np.ndarray
     pos: dict
     ann: Any = None  # a faiss HNSW index over ``embeddings`` (None: exact numpy search)
+    #: filter columns per metadata key (see :func:`~funnel_core.filters.metadata_mask`)
+    columns: LRUCache = field(default_factory=lambda: LRUCache(FILTER_CACHE_SIZE))
 
     def by_text(self) -> dict:
         """Text -> row (built on first use; the state never changes, so neither does this)."""
@@ -334,12 +341,20 @@ class DenseIndex(FreshOnCopy):
         return len(self._state.units)
 
     def search_many(self, queries: Sequence[str], k: int = 10,
-                    query_embeddings: np.ndarray | None = None) -> list[list[Unit]]:
-        """Top-``k`` units per query by inner product; scores in ``funnel["score_dense"]``.
+                    query_embeddings: np.ndarray | None = None, filter: MetadataFilter = None,
+                    name: str = "dense") -> list[list[Unit]]:
+        """Top-``k`` units per query by inner product; scores in ``funnel["score_<name>"]``.
 
-        ``k`` is clamped to the index size. A similarity that is not finite (finite float32
-        vectors near 3e38 overflow the inner product to ``inf`` or ``inf - inf = NaN``) is
-        never returned: such units are left out, so a result may hold fewer than ``k`` units.
+        ``k`` is clamped to the index size. ``filter`` is the in-memory filter language of
+        :func:`~funnel_core.filters.metadata_mask`, as for :class:`~funnel_core.bm25.BM25Index`
+        (a dict of metadata values, a predicate, a boolean mask over :attr:`units`, a
+        :class:`~funnel_core.filters.Comparison` tree): units it rejects are left out, never
+        padded back. With a filter the search is exact over the units that pass (an HNSW
+        graph would return the filtered-out neighbours and leave too few), so it gives the
+        filtered part of the exact ranking. An empty or whitespace-only query returns ``[]``.
+        A similarity that is not finite (finite float32 vectors near 3e38 overflow the inner
+        product to ``inf`` or ``inf - inf = NaN``) is never returned: such units are left out,
+        so a result may hold fewer than ``k`` units.
         """
         st = self._state
         if not st.units:
@@ -348,37 +363,46 @@ class DenseIndex(FreshOnCopy):
         if isinstance(queries, str):
             raise TypeError("search_many expects a list of queries; use search() for one query.")
         queries = [check_query(q) for q in queries]
+        mask = metadata_mask(st.units, filter, st.columns)
         given = query_embeddings is not None
-        q_emb = _query_matrix(self.embedder.encode(queries) if not given else query_embeddings,
-                              len(queries), int(st.embeddings.shape[1]), given)
+        out: list[list[Unit]] = [[] for _ in queries]
+        live = [i for i, q in enumerate(queries) if q]
+        if mask is not None and not mask.any():
+            live = []
+        if given:  # checked even when nothing is searched: a wrong shape is the caller's bug
+            q_emb = _query_matrix(query_embeddings, len(queries), int(st.embeddings.shape[1]), True)[live]
+        elif live:
+            q_emb = _query_matrix(self.embedder.encode([queries[i] for i in live]), len(live),
+                                  int(st.embeddings.shape[1]), False)
+        if not live:
+            return out
         k = min(k, len(st.units))
-        out = []
-        if st.ann is not None:
-            ann = st.ann
+        if st.ann is not None and mask is None:
             params = _faiss().SearchParametersHNSW()
             params.efSearch = max(self.ef_search, k)
-            sims, ids = ann.search(q_emb, k, params=params)
-            for qi, q in enumerate(queries):
-                out.append([] if not q else [st.units[int(i)].rescored(float(d), "dense")
-                                             for d, i in zip(sims[qi], ids[qi])
-                                             if i >= 0 and math.isfinite(d)])
+            sims, ids = st.ann.search(q_emb, k, params=params)
+            for row, qi in enumerate(live):
+                out[qi] = [st.units[int(i)].rescored(float(d), name) for d, i in zip(sims[row], ids[row])
+                           if i >= 0 and math.isfinite(d)]
             return out
-        sims = q_emb @ st.embeddings.T
-        for qi, q in enumerate(queries):
-            if not q:
-                out.append([])
-                continue
-            row = sims[qi]
-            if not np.isfinite(row).all():  # overflow of huge finite vectors: inf - inf = NaN
-                row = np.where(np.isfinite(row), row, -np.inf)
-            top = np.argpartition(-row, k - 1)[:k]
-            top = top[np.argsort(-row[top], kind="stable")]
-            out.append([st.units[i].rescored(float(row[i]), "dense") for i in top
-                        if math.isfinite(row[i])])
+        rows = np.arange(len(st.units)) if mask is None else np.flatnonzero(mask)
+        emb = st.embeddings if mask is None else st.embeddings[rows]
+        k = min(k, len(rows))
+        sims = q_emb @ emb.T
+        for row, qi in enumerate(live):
+            sim = sims[row]
+            if not np.isfinite(sim).all():  # overflow of huge finite vectors: inf - inf = NaN
+                sim = np.where(np.isfinite(sim), sim, -np.inf)
+            top = np.argpartition(-sim, k - 1)[:k]
+            top = top[np.argsort(-sim[top], kind="stable")]
+            out[qi] = [st.units[rows[i]].rescored(float(sim[i]), name) for i in top
+                       if math.isfinite(sim[i])]
         return out
 
-    def search(self, query: str, k: int = 10) -> list[Unit]:
-        return self.search_many([query], k)[0]
+    def search(self, query: str, k: int = 10, filter: MetadataFilter = None,
+               name: str = "dense") -> list[Unit]:
+        """Top-``k`` units for one query; see :meth:`search_many`."""
+        return self.search_many([query], k, filter=filter, name=name)[0]
 
     def _write(self, folder: Path, st: "_DenseState") -> dict[str, Any]:
         folder.mkdir(parents=True, exist_ok=True)

@@ -22,14 +22,15 @@ import numpy as np
 from funnel_core.cache import LRUCache
 from funnel_core.units import Unit
 
-__all__ = ["AllOf", "MetadataFilter", "combine_filters", "is_empty_filter", "metadata_mask",
-           "persistable_filter"]
+__all__ = ["AllOf", "COMPARISONS", "Comparison", "Condition", "MetadataFilter", "combine_filters",
+           "filter_predicate", "is_empty_filter", "metadata_mask", "persistable_filter"]
 
 #: A per-query filter: ``{"key": value}`` / ``{"key": [v1, v2]}`` (equality / membership, all
 #: keys must match; a list-valued metadata field matches when it contains the value), a
 #: predicate ``f(metadata) -> bool``, a boolean array aligned with the indexed units, or an
 #: :class:`AllOf` of them (all must hold).
-MetadataFilter = Union[Mapping[str, Any], Callable[[dict], bool], np.ndarray, "AllOf", None]
+MetadataFilter = Union[Mapping[str, Any], Callable[[dict], bool], np.ndarray, "AllOf", "Comparison",
+                       "Condition", None]
 
 _LISTLIKE = (list, tuple, set, frozenset)
 
@@ -48,11 +49,118 @@ class AllOf:
             raise TypeError(f"AllOf takes a tuple of at least two filters, got {self.parts!r:.80}.")
 
 
+#: The comparison operators of :class:`Comparison`, what the frameworks' filter objects map onto
+#: (LlamaIndex ``FilterOperator``, LangChain ``structured_query.Comparator``). Milvus compiles all
+#: but ``ilike`` and ``is_empty`` (:func:`funnel_core.backends.milvus.comparison_expression`).
+COMPARISONS = ("eq", "ne", "gt", "gte", "lt", "lte", "in", "nin", "contains", "any", "all", "like",
+               "ilike", "is_empty")
+
+_MISSING = object()
+
+
+def _is_list(value: Any) -> bool:
+    return isinstance(value, (list, tuple, set))
+
+
+_COMPARE: dict[str, Callable[[Any, Any], bool]] = {
+    "eq": lambda v, w: v == w,
+    "ne": lambda v, w: v != w,
+    "gt": lambda v, w: v > w,
+    "gte": lambda v, w: v >= w,
+    "lt": lambda v, w: v < w,
+    "lte": lambda v, w: v <= w,
+    "in": lambda v, w: v in w,
+    "nin": lambda v, w: v not in w,
+    "contains": lambda v, w: _is_list(v) and w in v,
+    "any": lambda v, w: _is_list(v) and any(x in v for x in w),
+    "all": lambda v, w: _is_list(v) and all(x in v for x in w),
+    "like": lambda v, w: isinstance(v, str) and str(w) in v,
+    "ilike": lambda v, w: isinstance(v, str) and str(w).lower() in v.lower(),
+}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One metadata comparison, framework-free: ``metadata[key] <op> value``.
+
+    ``op`` is one of :data:`COMPARISONS`. A unit whose metadata lacks ``key`` fails every
+    operator but ``ne`` and ``nin`` (which it passes); a comparison between values of different
+    types (``"a" > 3``) fails; ``contains``/``any``/``all`` test a list-valued field, ``like``
+    /``ilike`` a substring of a string field, ``is_empty`` a missing, null or empty value. The
+    adapters map their framework's filter objects onto these; in memory
+    :func:`filter_predicate` runs them, on Milvus they compile to one expression each.
+    """
+
+    key: str
+    op: str
+    value: Any = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.key, str) or not self.key:
+            raise TypeError(f"a metadata filter key must be a non-empty str, got {self.key!r}.")
+        if self.op not in COMPARISONS:
+            raise ValueError(f"unknown comparison operator {self.op!r} (key {self.key!r}); use one "
+                             f"of {COMPARISONS}.")
+
+
+@dataclass(frozen=True)
+class Condition:
+    """Filters joined by ``"and"`` (all hold), ``"or"`` (any holds) or ``"not"`` (none holds).
+
+    An empty ``"and"`` or ``"not"`` constrains nothing (:func:`is_empty_filter`); an empty
+    ``"or"`` matches nothing. Parts are :class:`Comparison`, :class:`Condition` or dict filters.
+    """
+
+    condition: str
+    parts: tuple = ()
+
+    def __post_init__(self) -> None:
+        if self.condition not in ("and", "or", "not"):
+            raise ValueError(f"condition must be 'and', 'or' or 'not', got {self.condition!r}.")
+        if not isinstance(self.parts, tuple):
+            raise TypeError(f"Condition parts must be a tuple, got {type(self.parts).__name__}.")
+
+
+def filter_predicate(filter: Comparison | Condition | Mapping[str, Any]) -> Callable[[dict], bool]:
+    """``filter`` as ``f(metadata) -> bool`` (the semantics :class:`Comparison` states)."""
+    if isinstance(filter, Condition):
+        parts = [filter_predicate(p) for p in filter.parts]
+        if filter.condition == "or":
+            return lambda m: any(p(m) for p in parts)
+        if filter.condition == "not":
+            return lambda m: not any(p(m) for p in parts)
+        return lambda m: all(p(m) for p in parts)
+    if isinstance(filter, Mapping):
+        wanted = dict(filter)
+        return lambda m: all(_dict_matches(m.get(key), w) for key, w in wanted.items())
+    if not isinstance(filter, Comparison):
+        raise TypeError(f"expected a Comparison, a Condition or a dict filter, got "
+                        f"{type(filter).__name__}.")
+    key, op, wanted = filter.key, filter.op, filter.value
+    if op == "is_empty":
+        return lambda m: m.get(key) in (None, [], "", ())
+    fn = _COMPARE[op]
+
+    def check(m: dict) -> bool:
+        value = m.get(key, _MISSING)
+        if value is _MISSING:
+            return op in ("ne", "nin")
+        try:
+            return bool(fn(value, wanted))
+        except TypeError:  # e.g. "a" > 3: the unit does not match
+            return False
+
+    return check
+
+
 def is_empty_filter(filter: Any) -> bool:
-    """Whether ``filter`` constrains nothing: ``None``, an empty dict, or a blank string (a blank
-    Milvus expression). A boolean array is never empty (it is a mask, even all ``True``)."""
+    """Whether ``filter`` constrains nothing: ``None``, an empty dict, a blank string (a blank
+    Milvus expression), or a :class:`Condition` ``"and"``/``"not"`` without parts. A boolean
+    array is never empty (it is a mask, even all ``True``)."""
     if filter is None:
         return True
+    if isinstance(filter, Condition):
+        return not filter.parts and filter.condition != "or"
     if isinstance(filter, Mapping):
         return len(filter) == 0
     if isinstance(filter, str):
@@ -136,6 +244,13 @@ def _matches(value: Any, wanted: Any) -> bool:
     return _eq(value, wanted)
 
 
+def _dict_matches(value: Any, wanted: Any) -> bool:
+    """One key of a dict filter on one value (the rule :func:`metadata_mask` vectorises)."""
+    if isinstance(wanted, _LISTLIKE):
+        return any(_matches(value, w) for w in wanted)
+    return _matches(value, wanted)
+
+
 def _eq(a: Any, b: Any) -> bool:
     try:
         return bool(a == b)
@@ -168,6 +283,8 @@ def metadata_mask(units: Sequence[Unit], filter: MetadataFilter,
             raise ValueError(f"a mask filter must be a boolean array of shape ({n},), got "
                              f"{filter.dtype} {filter.shape}.")
         return filter
+    if isinstance(filter, (Comparison, Condition)):
+        filter = filter_predicate(filter)
     if callable(filter):
         return np.fromiter((bool(filter(u.metadata)) for u in units), dtype=bool, count=n)
     if not isinstance(filter, Mapping):

@@ -52,8 +52,9 @@ from langchain_funnel._base import (
     documents_to_units,
     units_to_documents,
 )
+from langchain_funnel.dense import DenseRetriever
 from langchain_funnel.llm import as_provider
-from langchain_funnel.milvus import DenseRetriever, require_milvus
+from langchain_funnel.milvus import require_milvus
 from langchain_funnel.rerank import TransformerBase
 from langchain_funnel.retrievers import BM25Retriever
 

@@ -1,22 +1,21 @@
 """LangChain over the Milvus backend (:mod:`funnel_core.backends.milvus`).
 
-* The BM25 retrievers of :mod:`langchain_funnel.retrievers` take ``backend=`` (a
+* The BM25 retrievers of :mod:`langchain_funnel.retrievers` and the
+  :class:`~langchain_funnel.dense.DenseRetriever` take ``backend=`` (a
   :class:`~funnel_core.backends.milvus.MilvusBackend` or a URI) in ``from_documents``/``from_texts`` to
   build into Milvus, and re-open a built collection with ``from_backend`` (no re-indexing).
-* :class:`DenseRetriever` — dense retrieval over a :class:`~funnel_core.backends.milvus.MilvusDenseIndex`
-  (or the in-memory :class:`~funnel_core.embeddings.DenseIndex`), e.g. the dense side of
-  :class:`~langchain_funnel.best_practices.HybridRetriever`.
-* :class:`MilvusTranslator` / :func:`to_milvus_filter` — LangChain's filter objects
-  (``langchain_core.structured_query``: ``Comparison``/``Operation``, what a self-query
-  retriever produces) -> a Milvus boolean expression, pushed down to Milvus. The retrievers
+* :func:`to_core_filter` — LangChain's filter objects (``langchain_core.structured_query``:
+  ``Comparison``/``Operation``, what a self-query retriever produces) -> the core filter tree
+  (:mod:`funnel_core.filters`): this module holds only the mapping of ``Comparator`` /
+  ``Operator`` onto the core's operators; :class:`MilvusTranslator` / :func:`to_milvus_filter`
+  compile that tree into a Milvus boolean expression, pushed down to Milvus. The retrievers
   accept such an object as ``filter=`` directly.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Optional
 
-from langchain_core.documents import Document
 from langchain_core.structured_query import (
     Comparator,
     Comparison,
@@ -26,30 +25,40 @@ from langchain_core.structured_query import (
     StructuredQuery,
     Visitor,
 )
-from pydantic import Field
 
 from funnel_core.backends.milvus import (
     MilvusBackend,
-    MilvusDenseIndex,
     UnsupportedFilterError,
     as_backend,
-    build_dense,
-    combine_expressions,
-    comparison_expression,
-    search_dense,
+    filter_expression,
+    is_milvus_index,
 )
-from funnel_core.embeddings import DenseIndex
-from funnel_core.filters import combine_filters
-from funnel_core.settings import check_kwargs, checked_keywords
-from funnel_core.units import Unit
-from langchain_funnel._base import UnitRetriever
-from langchain_funnel.corpus import units_from_documents
+from funnel_core.filters import Comparison as CoreComparison
+from funnel_core.filters import Condition, combine_filters
+from funnel_core.settings import checked_keywords
 
-__all__ = ["DenseRetriever", "MilvusTranslator", "to_milvus_filter", "push_down", "search_filter"]
+__all__ = ["MilvusTranslator", "to_core_filter", "to_milvus_filter", "push_down", "search_filter"]
 
+#: LangChain's comparators as the core's (:data:`funnel_core.filters.COMPARISONS`).
 _OPS = {Comparator.EQ: "eq", Comparator.NE: "ne", Comparator.GT: "gt", Comparator.GTE: "gte",
         Comparator.LT: "lt", Comparator.LTE: "lte", Comparator.IN: "in", Comparator.NIN: "nin",
         Comparator.CONTAIN: "contains", Comparator.LIKE: "like"}
+
+
+def to_core_filter(directive: FilterDirective) -> CoreComparison | Condition:
+    """A ``Comparison``/``Operation`` as the core filter tree that every index takes as
+    ``filter=`` (a comparator outside :data:`MilvusTranslator.allowed_comparators` raises)."""
+    if isinstance(directive, Comparison):
+        if directive.comparator not in _OPS:
+            raise UnsupportedFilterError(
+                f"the LangChain comparator {directive.comparator!r} (attribute "
+                f"{directive.attribute!r}) is not supported; use one of {[c.value for c in _OPS]}.")
+        return CoreComparison(directive.attribute, _OPS[directive.comparator], directive.value)
+    if isinstance(directive, Operation):
+        return Condition(directive.operator.value,
+                         tuple(to_core_filter(arg) for arg in directive.arguments))
+    raise TypeError(f"expected a langchain_core.structured_query Comparison or Operation, got "
+                    f"{type(directive).__name__}.")
 
 
 class MilvusTranslator(Visitor):
@@ -66,13 +75,11 @@ class MilvusTranslator(Visitor):
 
     def visit_comparison(self, comparison: Comparison) -> Optional[str]:
         self._validate_func(comparison.comparator)
-        return comparison_expression(comparison.attribute, _OPS[comparison.comparator],
-                                     comparison.value)
+        return filter_expression(to_core_filter(comparison))
 
     def visit_operation(self, operation: Operation) -> Optional[str]:
         self._validate_func(operation.operator)
-        parts = [arg.accept(self) for arg in operation.arguments]
-        return combine_expressions(parts, operation.operator.value)
+        return filter_expression(to_core_filter(operation))
 
     def visit_structured_query(self, structured_query: StructuredQuery) -> tuple[str, dict]:
         if structured_query.filter is None:
@@ -94,7 +101,7 @@ def push_down(index: Any, flt: Any) -> Any:
     """The filter a retriever hands its index: structured-query objects become Milvus
     expressions for a Milvus index (an in-memory index cannot run them: an error names the fix)."""
     if isinstance(flt, FilterDirective):
-        if getattr(index, "kind", "").startswith("funnel-rag.milvus"):
+        if is_milvus_index(index):
             return to_milvus_filter(flt)
         raise UnsupportedFilterError(
             "a structured-query filter (Comparison/Operation) is translated for the Milvus "
@@ -108,45 +115,6 @@ def search_filter(index: Any, floor: Any, call: Any) -> Any:
     (:func:`funnel_core.filters.combine_filters`; an empty or blank one adds nothing), each
     pushed down first (:func:`push_down`)."""
     return combine_filters(push_down(index, floor), push_down(index, call))
-
-
-class DenseRetriever(UnitRetriever):
-    """Dense retrieval over a Milvus (or in-memory) dense index; ``k`` and ``filter`` per call.
-
-    Build with :meth:`from_documents` (``backend=`` picks Milvus), re-open a built collection
-    with :meth:`from_backend`. ``filter`` is a dict (``{"source": "a.md"}``), a Milvus
-    expression string or a structured-query ``Comparison``/``Operation``, pushed down to Milvus
-    (the in-memory ``DenseIndex`` takes no filter); a per-call filter is ANDed with ``filter``. Scores (inner product of normalised
-    embeddings) are in ``metadata["relevance_score"]``.
-    """
-
-    index: Union[MilvusDenseIndex, DenseIndex]
-    filter: Any = Field(default=None, description="Metadata filter (Milvus only), a floor: a per-call filter is ANDed with it.")
-
-    @classmethod
-    def from_documents(cls, documents: Iterable[Document], embedder: Any = None,
-                       backend: Union[MilvusBackend, str, None] = None, k: int = 4,
-                       filter: Any = None, **index_config: Any) -> "DenseRetriever":
-        """Embed ``documents`` (``embedder``: a :class:`~funnel_core.embeddings.SentenceEmbedder`,
-        default the packaged all-MiniLM-L6-v2) into Milvus (``backend=``) or memory. ``k`` and
-        ``filter`` are the retriever's; ``index_config`` goes to the index (an unknown key
-        raises, naming this method and the accepted ones)."""
-        index = build_dense(f"{cls.__name__}.from_documents", as_backend(backend), embedder, index_config)
-        units = units_from_documents(documents, "passage")
-        return cls(index=index.index(units), k=k, filter=filter)
-
-    @classmethod
-    def from_backend(cls, backend: Union[MilvusBackend, str], embedder: Any = None,
-                     **settings: Any) -> "DenseRetriever":
-        """Re-open a dense collection built before (no re-embedding); pass the ``embedder`` it
-        was built with (default: the packaged all-MiniLM-L6-v2)."""
-        check_kwargs(f"{cls.__name__}.from_backend", settings,
-                     [n for n in cls.model_fields if n != "index"])  # before opening the collection
-        b = require_milvus(backend, "DenseRetriever.from_backend")
-        return cls(index=b.dense(embedder).open(), **settings)
-
-    def _search(self, query: str, k: int, filter: Any = None) -> list[Unit]:
-        return search_dense(self.index, query, k, search_filter(self.index, self.filter, filter))
 
 
 def require_milvus(backend: Any, where: str) -> MilvusBackend:

@@ -38,6 +38,7 @@ from funnel_core.bm25 import BM25Index
 from funnel_core.errors import PersistError, check_positive_int
 from funnel_core.filters import MetadataFilter, persistable_filter
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
+from funnel_core.index import read_snapshot_part, snapshot_writer
 from funnel_core.persist import load_snapshot, save_snapshot, snapshot_info
 from funnel_core.settings import build_index, check_kwargs, keyword_names
 from funnel_core.units import Unit, units_from_texts
@@ -193,10 +194,10 @@ def _save(retriever: Any, path: str | Path) -> None:
     # a filter that cannot be saved (a predicate, a mask) refuses the save before anything is
     # written: the loaded retriever would be wider than this one
     settings["filter"] = persistable_filter(settings.get("filter"), f"{type(retriever).__name__}.save")
-    index, st = retriever.index, retriever.index._require_built()
+    write_index = snapshot_writer(retriever.index)  # this state; an empty index raises here
 
     def write(folder: Path) -> dict:  # over Milvus: a manifest entry, no files (no data)
-        return {"index": index._write(folder / "index", st), "settings": settings}
+        return {"index": write_index(folder / "index"), "settings": settings}
 
     save_snapshot(path, f"funnel-rag.langchain.{type(retriever).__name__}", 1, write)
 
@@ -208,7 +209,7 @@ def _load(cls: Any, path: str | Path, index_cls: Any, overrides: dict[str, Any])
     def read(folder: Path, manifest: dict) -> tuple:
         meta = manifest["meta"]
         entry = meta.get("index") or {}
-        index = entry if is_milvus_entry(entry) else index_cls._read(folder / "index", entry)
+        index = entry if is_milvus_entry(entry) else read_snapshot_part(index_cls, folder / "index", entry)
         return index, dict(meta.get("settings") or {})
 
     try:

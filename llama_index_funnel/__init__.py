@@ -11,6 +11,7 @@ from llama_index_funnel.best_practices import (
     RepackPostprocessor,
     SentenceEmbedderEmbedding,
 )
+from llama_index_funnel.dense import DenseRetriever
 from llama_index_funnel.fbrag import ForwardLookupQueryBundle, ForwardLookupQueryTransform, ForwardLookupRetriever
 from llama_index_funnel.fid import AttentionLMRerank, FiDAttentionRerank
 from llama_index_funnel.funnel import FunnelRetriever, PostprocessorStage, RetrieverStage
@@ -24,5 +25,5 @@ from llama_index_funnel.rankrag import RankRAGRerank
 from llama_index_funnel.rerank import CrossEncoderRerank, LaterChunkingPostprocessor, MonoT5Rerank
 from llama_index_funnel.retrievers import BM25Retriever, ClusteredBM25Retriever
 
-__all__ = ["LlamaIndexLLM", "ForwardLookupQueryBundle", "ForwardLookupQueryTransform", "ForwardLookupRetriever", "RankRAGRerank", "AttentionLMRerank", "FiDAttentionRerank", "CrossEncoderRerank", "LaterChunkingPostprocessor", "MonoT5Rerank", "ExtractiveCompressorPostprocessor", "HybridRetriever", "HyDETransform", "QueryClassifierGate", "QueryClassifierQueryEngine", "RepackPostprocessor", "SentenceEmbedderEmbedding", "GraphGranularityNodeParser", "MixOfGranularityRetriever", "MultiGranularityNodeParser", "FunnelRetriever", "PostprocessorStage", "RetrieverStage", "BM25Retriever", "ClusteredBM25Retriever", "StagePostprocessor", "UnitRetriever",
+__all__ = ["DenseRetriever", "LlamaIndexLLM", "ForwardLookupQueryBundle", "ForwardLookupQueryTransform", "ForwardLookupRetriever", "RankRAGRerank", "AttentionLMRerank", "FiDAttentionRerank", "CrossEncoderRerank", "LaterChunkingPostprocessor", "MonoT5Rerank", "ExtractiveCompressorPostprocessor", "HybridRetriever", "HyDETransform", "QueryClassifierGate", "QueryClassifierQueryEngine", "RepackPostprocessor", "SentenceEmbedderEmbedding", "GraphGranularityNodeParser", "MixOfGranularityRetriever", "MultiGranularityNodeParser", "FunnelRetriever", "PostprocessorStage", "RetrieverStage", "BM25Retriever", "ClusteredBM25Retriever", "StagePostprocessor", "UnitRetriever",
            "nodes_to_units", "units_to_nodes"]

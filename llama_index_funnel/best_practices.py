@@ -47,8 +47,9 @@ from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import warm_up_attributes
 from funnel_core.settings import check_accepted, check_kwargs, checked_keywords, keyword_names, setting_names
 from llama_index_funnel._base import StagePostprocessor, nodes_to_units, units_to_nodes
+from llama_index_funnel.dense import DenseRetriever
 from llama_index_funnel.llm import as_provider
-from llama_index_funnel.milvus import DenseRetriever, milvus_backend
+from llama_index_funnel.milvus import milvus_backend
 from llama_index_funnel.retrievers import BM25Retriever
 
 __all__ = [

@@ -1,9 +1,15 @@
-"""LlamaIndex ``MetadataFilters`` -> a ``funnel_core`` metadata predicate (per query)."""
+"""LlamaIndex ``MetadataFilters`` -> the core filter tree (:mod:`funnel_core.filters`).
+
+This module holds only the mapping of LlamaIndex's ``FilterOperator`` / ``FilterCondition``
+onto the core comparison operators; what a comparison means (a missing key, values of another
+type) is written once in :class:`funnel_core.filters.Comparison`. In memory the tree runs as a
+predicate (:func:`funnel_core.filters.filter_predicate`); on Milvus it compiles into one
+expression (:func:`funnel_core.backends.milvus.filter_expression`).
+"""
 
 from __future__ import annotations
 
-import operator
-from typing import Any, Callable
+from typing import Callable
 
 from llama_index.core.vector_stores.types import (
     ExactMatchFilter,
@@ -13,51 +19,38 @@ from llama_index.core.vector_stores.types import (
     MetadataFilters,
 )
 
-__all__ = ["is_empty_metadata_filters", "to_predicate"]
+from funnel_core.filters import Comparison, Condition, filter_predicate
 
-_MISSING = object()
+__all__ = ["is_empty_metadata_filters", "to_core_filter", "to_predicate"]
 
-
-def _contains(value: Any, wanted: Any) -> bool:
-    return isinstance(value, (list, tuple, set)) and wanted in value
-
-
-_OPS: dict[FilterOperator, Callable[[Any, Any], bool]] = {
-    FilterOperator.EQ: operator.eq,
-    FilterOperator.NE: operator.ne,
-    FilterOperator.GT: operator.gt,
-    FilterOperator.LT: operator.lt,
-    FilterOperator.GTE: operator.ge,
-    FilterOperator.LTE: operator.le,
-    FilterOperator.IN: lambda v, w: v in w,
-    FilterOperator.NIN: lambda v, w: v not in w,
-    FilterOperator.CONTAINS: _contains,
-    FilterOperator.ANY: lambda v, w: isinstance(v, (list, tuple, set)) and any(x in v for x in w),
-    FilterOperator.ALL: lambda v, w: isinstance(v, (list, tuple, set)) and all(x in v for x in w),
-    FilterOperator.TEXT_MATCH: lambda v, w: isinstance(v, str) and str(w) in v,
-    FilterOperator.TEXT_MATCH_INSENSITIVE: lambda v, w: isinstance(v, str) and str(w).lower() in v.lower(),
+#: LlamaIndex's operators as the core's (:data:`funnel_core.filters.COMPARISONS`).
+OPERATORS: dict[FilterOperator, str] = {
+    FilterOperator.EQ: "eq", FilterOperator.NE: "ne", FilterOperator.GT: "gt",
+    FilterOperator.GTE: "gte", FilterOperator.LT: "lt", FilterOperator.LTE: "lte",
+    FilterOperator.IN: "in", FilterOperator.NIN: "nin", FilterOperator.CONTAINS: "contains",
+    FilterOperator.ANY: "any", FilterOperator.ALL: "all", FilterOperator.TEXT_MATCH: "like",
+    FilterOperator.TEXT_MATCH_INSENSITIVE: "ilike", FilterOperator.IS_EMPTY: "is_empty",
 }
 
 
-def _one(f: MetadataFilter | ExactMatchFilter) -> Callable[[dict], bool]:
+def _one(f: MetadataFilter | ExactMatchFilter) -> Comparison:
     op = getattr(f, "operator", FilterOperator.EQ)
-    key, wanted = f.key, f.value
-    if op == FilterOperator.IS_EMPTY:
-        return lambda m: m.get(key) in (None, [], "", ())
-    fn = _OPS.get(op)
-    if fn is None:  # pragma: no cover - future operators
-        raise NotImplementedError(f"metadata filter operator {op!r} is not supported.")
+    core = OPERATORS.get(op)
+    if core is None:  # pragma: no cover - operators LlamaIndex adds later
+        raise NotImplementedError(
+            f"the LlamaIndex filter operator {op!r} (key {f.key!r}) is not supported; use one of "
+            f"{[o.value for o in OPERATORS]}.")
+    return Comparison(f.key, core, f.value)
 
-    def check(m: dict) -> bool:
-        value = m.get(key, _MISSING)
-        if value is _MISSING:
-            return op in (FilterOperator.NE, FilterOperator.NIN)
-        try:
-            return bool(fn(value, wanted))
-        except TypeError:  # e.g. "a" > 3: the unit does not match
-            return False
 
-    return check
+def to_core_filter(filters: MetadataFilters) -> Condition:
+    """``MetadataFilters`` (nested, AND/OR/NOT) as a :class:`~funnel_core.filters.Condition`
+    tree that every index takes as ``filter=``."""
+    if not isinstance(filters, MetadataFilters):
+        raise TypeError(f"filters must be llama_index MetadataFilters, got {type(filters).__name__}.")
+    parts = tuple(to_core_filter(f) if isinstance(f, MetadataFilters) else _one(f)
+                  for f in filters.filters)
+    return Condition((filters.condition or FilterCondition.AND).value, parts)
 
 
 def is_empty_metadata_filters(filters: MetadataFilters) -> bool:
@@ -70,14 +63,4 @@ def to_predicate(filters: MetadataFilters | None) -> Callable[[dict], bool] | No
     """Convert LlamaIndex ``MetadataFilters`` (nested, AND/OR/NOT) into ``f(metadata) -> bool``."""
     if filters is None:
         return None
-    if not isinstance(filters, MetadataFilters):
-        raise TypeError(f"filters must be llama_index MetadataFilters, got {type(filters).__name__}.")
-    parts: list[Callable[[dict], bool]] = [
-        to_predicate(f) if isinstance(f, MetadataFilters) else _one(f)  # type: ignore[misc]
-        for f in filters.filters]
-    cond = filters.condition or FilterCondition.AND
-    if cond == FilterCondition.OR:
-        return lambda m: any(p(m) for p in parts)
-    if cond == FilterCondition.NOT:
-        return lambda m: not any(p(m) for p in parts)
-    return lambda m: all(p(m) for p in parts)
+    return filter_predicate(to_core_filter(filters))

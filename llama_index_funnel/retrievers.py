@@ -34,6 +34,7 @@ from funnel_core.bm25 import BM25Index
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.filters import persistable_filter
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
+from funnel_core.index import read_snapshot_part, snapshot_writer
 from funnel_core.persist import load_snapshot, save_snapshot, snapshot_owner
 from funnel_core.settings import build_index, checked_keywords, keyword_names
 from funnel_core.units import Unit
@@ -104,12 +105,12 @@ class _NodeRetriever(UnitRetriever):
         stores, are left alone. A second retriever of the same class persisted into the same
         ``path`` is refused (it would replace the first) unless ``overwrite=True``; this
         retriever, or one loaded from ``path``, may persist there again."""
-        index, st = self.index, self.index._require_built()
+        write_index = snapshot_writer(self.index)  # this state; an empty index raises here
         nodes = list(self._nodes.values())
         settings = self._saved_settings()
 
         def write(folder: Path) -> dict:
-            meta = index._write(folder / "index", st)
+            meta = write_index(folder / "index")
             if is_milvus_entry(meta):  # over Milvus: a manifest entry only, no data, no nodes
                 return {"index": meta, "n_nodes": 0, "settings": settings}
             store = SimpleDocumentStore()
@@ -145,7 +146,7 @@ class _NodeRetriever(UnitRetriever):
             settings = dict(meta.get("settings") or {})
             if is_milvus_entry(entry):
                 return entry, [], settings
-            index = cls._index_cls._read(folder / "index", entry)
+            index = read_snapshot_part(cls._index_cls, folder / "index", entry)
             store = SimpleDocumentStore.from_persist_path(str(folder / "nodes.json"))
             return index, list(store.docs.values()), settings
 

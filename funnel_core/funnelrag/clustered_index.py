@@ -368,19 +368,38 @@ class ClusteredBM25Index(FreshOnCopy):
         are ranked, and only matching documents are returned (never padded). ``max_documents``
         caps the number of documents returned.
         """
+        return self.search_many([query], k=k, filter=filter, return_clusters=return_clusters,
+                                max_documents=max_documents, name=name)[0]
+
+    def search_many(self, queries: Sequence[str], k: int = 10, filter: MetadataFilter = None,
+                    return_clusters: bool = False, max_documents: int | None = None,
+                    name: str = "bm25") -> list[list[Unit]]:
+        """:meth:`search` for each query, in order: the filter is compiled into a document mask
+        once and the queries are tokenized together (the results equal one :meth:`search` per
+        query)."""
+        if isinstance(queries, str):
+            raise TypeError("search_many expects a list of queries; use search() for one query.")
         st = self._require_built()
         check_positive_int(k, "k")
         check_positive_int(max_documents, "max_documents", allow_none=True)
-        query = check_query(query)
-        if not query:
-            return []
-        cluster_filter: np.ndarray | None = None
+        queries = [check_query(q) for q in queries]
         doc_mask = None if filter is None else metadata_mask(st.documents, filter, st.columns)
+        cluster_filter: np.ndarray | None = None
         if doc_mask is not None:
             cluster_filter = np.array([bool(doc_mask[docs].any()) for docs in st.cluster_docs],
                                       dtype=bool)
+        live = [i for i, q in enumerate(queries) if q]
+        results: list[list[Unit]] = [[] for _ in queries]
         # one tokenization for both indexes (same settings: checked at build and load)
-        tokens = st.cluster_index.tokenize([query])[0]
+        for i, tokens in zip(live, st.cluster_index.tokenize([queries[i] for i in live])):
+            results[i] = self._search_tokens(st, queries[i], tokens, k, doc_mask, cluster_filter,
+                                             return_clusters, max_documents, name)
+        return results
+
+    @staticmethod
+    def _search_tokens(st: _ClusteredState, query: str, tokens: list[str], k: int,
+                       doc_mask: np.ndarray | None, cluster_filter: np.ndarray | None,
+                       return_clusters: bool, max_documents: int | None, name: str) -> list[Unit]:
         clusters = st.cluster_index.hits(st.cluster_index.token_scores(tokens), k,
                                          cluster_filter, name)
         for rank, c in enumerate(clusters):

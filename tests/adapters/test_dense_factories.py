@@ -26,7 +26,7 @@ def embedder(minilm_path):
 def test_llamaindex_from_defaults_keeps_index_settings(embedder):
     from llama_index.core.schema import TextNode
 
-    from llama_index_funnel.milvus import DenseRetriever
+    from llama_index_funnel import DenseRetriever
 
     nodes = [TextNode(id_=f"n{i}", text=t) for i, t in enumerate(TEXTS)]
     r = DenseRetriever.from_defaults(nodes, embedder, index="hnsw", ef_search=7, hnsw_m=8)
@@ -39,7 +39,7 @@ def test_llamaindex_from_defaults_keeps_index_settings(embedder):
 def test_langchain_from_documents_keeps_index_settings(embedder):
     from langchain_core.documents import Document
 
-    from langchain_funnel.milvus import DenseRetriever
+    from langchain_funnel import DenseRetriever
 
     docs = [Document(id=f"d{i}", page_content=t) for i, t in enumerate(TEXTS)]
     r = DenseRetriever.from_documents(docs, embedder, index="hnsw", ef_search=9)

@@ -25,7 +25,7 @@ from pydantic import BaseModel
 import langchain_funnel as lc
 import llama_index_funnel as li
 from funnel_core.best_practices.classify import QueryClassifier
-from funnel_core.embeddings import SentenceEmbedder
+from funnel_core.embeddings import DenseIndex, SentenceEmbedder
 from funnel_core.testing import ScriptedLLM
 from funnel_core.units import Unit
 from tests.conftest import CORPUS
@@ -191,6 +191,10 @@ LI_CASES: dict[str, Case] = {
         lambda c, **kw: li.ClusteredBM25Retriever.from_defaults(
             nodes=[n.node for n in nodes()], similarity_top_k=3, max_tokens=40, knn_k=3,
             knn_threshold=0.05, **kw), retrieve_li),
+    "DenseRetriever": (
+        lambda c, **kw: li.DenseRetriever(DenseIndex(c.embedder()).index(units()),
+                                          [n.node for n in nodes()], similarity_top_k=3, **kw),
+        retrieve_li),
 }
 
 LC_CASES: dict[str, Case] = {
@@ -255,6 +259,9 @@ LC_CASES: dict[str, Case] = {
     "ClusteredBM25Retriever": (
         lambda c, **kw: lc.ClusteredBM25Retriever.from_documents(
             docs(), k=3, max_tokens=40, knn_k=3, knn_threshold=0.05, **kw), retrieve_lc),
+    "DenseRetriever": (
+        lambda c, **kw: lc.DenseRetriever(index=DenseIndex(c.embedder()).index(units()), k=3, **kw),
+        retrieve_lc),
 }
 
 PACKAGES = {"llama_index_funnel": (li, LI_CASES), "langchain_funnel": (lc, LC_CASES)}
@@ -389,12 +396,10 @@ FACTORY_CASES: dict[str, Callable[..., Any]] = {
     .from_backend(NEVER_OPENED, **kw),
     "llama_index_funnel:ClusteredBM25Retriever.from_persist_dir": lambda c, **kw: li.ClusteredBM25Retriever
     .from_persist_dir(_li_persisted(c, _li_clustered()), **kw),
-    "llama_index_funnel:DenseRetriever.from_defaults": lambda c, **kw: li.milvus.DenseRetriever.from_defaults(
+    "llama_index_funnel:DenseRetriever.from_defaults": lambda c, **kw: li.DenseRetriever.from_defaults(
         [n.node for n in nodes()], embedder=c.embedder(), **kw),
-    "llama_index_funnel:DenseRetriever.from_backend": lambda c, **kw: li.milvus.DenseRetriever.from_backend(
+    "llama_index_funnel:DenseRetriever.from_backend": lambda c, **kw: li.DenseRetriever.from_backend(
         NEVER_OPENED, **kw),
-    "llama_index_funnel:DenseRetriever": lambda c, **kw: li.milvus.DenseRetriever(
-        li.milvus.DenseIndex(c.embedder()), **kw),
     "llama_index_funnel:as_stage": lambda c, **kw: li.funnel.as_stage(li_bm25(), **kw),
     "llama_index_funnel:as_provider": lambda c, **kw: li.llm.as_provider(MockLLM(max_tokens=3), **kw),
     "llama_index_funnel:milvus_backend": lambda c, **kw: li.milvus.milvus_backend(NEVER_OPENED, "here", **kw),
@@ -422,12 +427,10 @@ FACTORY_CASES: dict[str, Callable[..., Any]] = {
     .from_backend(NEVER_OPENED, **kw),
     "langchain_funnel:ClusteredBM25Retriever.load": lambda c, **kw: lc.ClusteredBM25Retriever.load(
         _lc_saved(c, _lc_clustered()), **kw),
-    "langchain_funnel:DenseRetriever.from_documents": lambda c, **kw: lc.milvus.DenseRetriever.from_documents(
+    "langchain_funnel:DenseRetriever.from_documents": lambda c, **kw: lc.DenseRetriever.from_documents(
         docs(), embedder=c.embedder(), **kw),
-    "langchain_funnel:DenseRetriever.from_backend": lambda c, **kw: lc.milvus.DenseRetriever.from_backend(
+    "langchain_funnel:DenseRetriever.from_backend": lambda c, **kw: lc.DenseRetriever.from_backend(
         NEVER_OPENED, **kw),
-    "langchain_funnel:DenseRetriever": lambda c, **kw: lc.milvus.DenseRetriever(
-        index=lc.milvus.DenseIndex(c.embedder()), **kw),
     "langchain_funnel:LCTransformerStage": lambda c, **kw: lc.funnel.LCTransformerStage(
         lc.LaterChunkingTransformer(words=4), **kw),
     "langchain_funnel:MilvusTranslator": lambda c, **kw: lc.milvus.MilvusTranslator(**kw),
@@ -441,10 +444,12 @@ FACTORY_CASES: dict[str, Callable[..., Any]] = {
 #: Public functions that convert or translate data rather than build a configured object.
 NOT_FACTORIES = {
     "llama_index_funnel": {"nodes_to_units", "units_to_nodes", "nodes_from", "units_of",
-                           "is_empty_metadata_filters", "to_predicate", "to_milvus_filter", "is_milvus",
+                           "is_empty_metadata_filters", "to_predicate", "to_core_filter",
+                           "to_milvus_filter", "is_milvus",
                            "with_shells", "restore_nodes", "search_filter"},
     "langchain_funnel": {"documents_to_units", "units_to_documents", "units_from_documents",
-                         "message_text", "to_milvus_filter", "push_down", "search_filter"},
+                         "message_text", "to_core_filter", "to_milvus_filter", "push_down",
+                         "search_filter"},
 }
 #: Built by the package, not by its users (an instrumentation event carrying a trace).
 NOT_BUILT_BY_USERS = {"llama_index_funnel:FunnelTraceEvent"}

@@ -109,6 +109,13 @@ def lc_bm25(k: int = 6) -> Any:
     return lc.BM25Retriever.from_documents(lc_documents(), k=k)
 
 
+def _embedder(models: Models) -> Any:
+    """A tiny BERT loaded as a sentence embedder (what a dense retriever embeds with here)."""
+    from funnel_core.embeddings import SentenceEmbedder
+
+    return SentenceEmbedder(models.cross_encoder, device="cpu")
+
+
 def _classifier(models: Models) -> Any:
     from funnel_core.best_practices.classify import QueryClassifier
     from funnel_core.embeddings import SentenceEmbedder
@@ -129,6 +136,8 @@ Runner = Callable[[], list]
 LI_BUILDERS: dict[str, tuple[str, Callable[[Models], Runner]]] = {
     "BM25Retriever": ("retriever", lambda m: lambda: li_bm25().retrieve(QUERY)),
     "ClusteredBM25Retriever": ("retriever", lambda m: _li_clustered),
+    "DenseRetriever": ("retriever", lambda m: lambda: li.DenseRetriever.from_defaults(
+        li_nodes(), _embedder(m), similarity_top_k=4).retrieve(QUERY)),
     "HybridRetriever": ("retriever", lambda m: lambda: li.HybridRetriever(
         li_bm25(), VectorStoreIndex(li_nodes(), embed_model=MockEmbedding(embed_dim=8))
         .as_retriever(similarity_top_k=4), similarity_top_k=4).retrieve(QUERY)),
@@ -185,6 +194,8 @@ LC_BUILDERS: dict[str, tuple[str, Callable[[Models], Runner]]] = {
     "BM25Retriever": ("retriever", lambda m: lambda: lc_bm25().invoke(QUERY)),
     "ClusteredBM25Retriever": ("retriever", lambda m: lambda: lc.ClusteredBM25Retriever.from_documents(
         lc_documents(), k=6, max_tokens=40, knn_k=3, knn_threshold=0.05).invoke(QUERY)),
+    "DenseRetriever": ("retriever", lambda m: lambda: lc.DenseRetriever.from_documents(
+        lc_documents(), _embedder(m), k=4).invoke(QUERY)),
     "HybridRetriever": ("retriever", lambda m: lambda: lc.HybridRetriever(
         sparse=lc_bm25(), dense=_lc_store().as_retriever(search_kwargs={"k": 4}), k=4).invoke(QUERY)),
     "HyDERetriever": ("retriever", lambda m: lambda: lc.HyDERetriever.from_llm(

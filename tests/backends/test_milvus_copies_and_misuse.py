@@ -68,8 +68,8 @@ def test_dense_factories_name_themselves_for_an_unknown_argument(backend):
     from langchain_core.documents import Document
     from llama_index.core.schema import TextNode
 
-    from langchain_funnel.milvus import DenseRetriever as LCDense
-    from llama_index_funnel.milvus import DenseRetriever as LIDense
+    from langchain_funnel import DenseRetriever as LCDense
+    from llama_index_funnel import DenseRetriever as LIDense
 
     for where in (backend.with_collection("misuse"), None):
         with pytest.raises(TypeError, match=r"DenseRetriever\.from_documents got unknown argument\(s\) "

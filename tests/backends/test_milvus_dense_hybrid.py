@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("pymilvus", reason="pymilvus is not installed (pip install 'funnel-rag[milvus]')")
 pytest.importorskip("milvus_lite", reason="milvus-lite is not installed (pip install 'funnel-rag[milvus]')")
 
-from funnel_core.backends.milvus import MilvusBackend, MilvusDenseIndex, UnsupportedFilterError  # noqa: E402
+from funnel_core.backends.milvus import MilvusBackend, MilvusDenseIndex  # noqa: E402
 from tests.conftest import CORPUS  # noqa: E402
 
 QUESTION = "Which city is the capital of France?"
@@ -40,9 +40,9 @@ def test_llamaindex_dense_and_hybrid_on_milvus(db, embedder):
     from llama_index.core.schema import TextNode
     from llama_index.core.vector_stores.types import FilterOperator, MetadataFilter, MetadataFilters
 
+    from llama_index_funnel import DenseRetriever
     from llama_index_funnel.best_practices import HybridRetriever
     from llama_index_funnel.filters import to_predicate
-    from llama_index_funnel.milvus import DenseRetriever
     from llama_index_funnel.retrievers import BM25Retriever
 
     nodes = [TextNode(id_=i, text=t, metadata=dict(m, n=k)) for k, (i, t, m) in enumerate(CORPUS)]
@@ -61,8 +61,8 @@ def test_llamaindex_dense_and_hybrid_on_milvus(db, embedder):
     keep = to_predicate(flt)
     full = [n.node.node_id for n in ref.search(QUESTION, k=len(nodes)) if keep(n.node.metadata)]
     assert [n.node.node_id for n in dense.search(QUESTION, filters=flt, k=3)] == full[:3]
-    with pytest.raises(UnsupportedFilterError, match="in-memory DenseIndex.*backend"):
-        ref.search(QUESTION, filters=flt)
+    # the in-memory index takes the same filter with the same meaning: the same nodes
+    assert [n.node.node_id for n in ref.search(QUESTION, filters=flt, k=3)] == full[:3]
     # re-open without re-embedding the corpus
     again = DenseRetriever.from_backend(backend.with_collection("li_dense"), embedder, similarity_top_k=4)
     assert [n.node.node_id for n in again.retrieve(QUESTION)] == [n.node.node_id for n in ref.retrieve(QUESTION)]
@@ -100,8 +100,8 @@ def test_langchain_dense_and_hybrid_on_milvus(db, embedder):
     from langchain_core.runnables import RunnableLambda
     from langchain_core.structured_query import Comparator, Comparison
 
+    from langchain_funnel import DenseRetriever
     from langchain_funnel.best_practices import HybridRetriever
-    from langchain_funnel.milvus import DenseRetriever
     from langchain_funnel.retrievers import BM25Retriever
 
     docs = [Document(id=i, page_content=t, metadata=dict(m, n=k)) for k, (i, t, m) in enumerate(CORPUS)]
@@ -156,8 +156,8 @@ def test_llamaindex_dense_retriever_on_milvus_searches_with_a_hyde_bundle(db, em
     from llama_index.core.schema import TextNode
 
     from funnel_core.testing import ScriptedLLM
+    from llama_index_funnel import DenseRetriever
     from llama_index_funnel.best_practices import HyDETransform, SentenceEmbedderEmbedding
-    from llama_index_funnel.milvus import DenseRetriever
 
     nodes = [TextNode(id_=i, text=t, metadata=dict(m, n=k)) for k, (i, t, m) in enumerate(CORPUS)]
     milvus = DenseRetriever.from_defaults(nodes, embedder, backend=MilvusBackend(db).with_collection("li_hyde"),

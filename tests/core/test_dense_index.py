@@ -73,3 +73,45 @@ def test_hnsw_graph_is_saved_and_loaded_without_rebuild(tmp_path, monkeypatch):
     assert loaded.backend == "hnsw" and loaded.hnsw_m == 16 and loaded.ef_search == 64
     after = loaded.search_many(["a", "b"], k=7, query_embeddings=q[:2])
     assert [[(u.id, u.score) for u in r] for r in after] == [[(u.id, u.score) for u in r] for r in before]
+
+
+@pytest.mark.parametrize("kind", ["exact", "hnsw"])
+def test_a_filter_keeps_the_exact_ranking_of_the_matching_units(kind):
+    """``filter=`` means what it means on BM25Index (dict, predicate, boolean mask): the result
+    is the top-k of the matching units by the true inner product. Catches a filter ignored, a
+    post-filter of the HNSW top-k (fewer than k hits while more units match), and a padded
+    result. The reference is a full numpy sort over the matching rows."""
+    units, x, q = _data(n=600)
+    for i, u in enumerate(units):
+        u.metadata = {"shard": i % 7, "tags": ["a" if i % 2 else "b"]}
+    index = DenseIndex(index=kind).index(units, embeddings=x)
+    queries = [f"q{i}" for i in range(len(q))]
+    keep = np.array([i % 7 == 3 and i % 2 == 1 for i in range(len(units))])
+    rows = np.flatnonzero(keep)
+    want = [[f"u{rows[j]}" for j in np.argsort(-(x[rows] @ qq), kind="stable")[:10]] for qq in q]
+    for flt in ({"shard": 3, "tags": "a"}, lambda m: m["shard"] == 3 and "a" in m["tags"], keep):
+        got = index.search_many(queries, k=10, query_embeddings=q, filter=flt)
+        assert [[u.id for u in g] for g in got] == want
+    assert index.search_many(queries[:1], k=5, query_embeddings=q[:1], filter={"shard": 99}) == [[]]
+    with pytest.raises(ValueError, match="boolean array of shape"):
+        index.search_many(queries[:1], k=5, query_embeddings=q[:1], filter=keep[:10])
+
+
+def test_search_takes_filter_and_name_like_the_other_indexes():
+    """``search(query, k=, filter=, name=)``: one query of :meth:`search_many` (catches a
+    ``search`` that drops the filter on the way)."""
+    units, x, q = _data(n=50)
+    for i, u in enumerate(units):
+        u.metadata = {"even": i % 2 == 0}
+
+    class Fixed:  # an embedder that returns the given query vector (no model)
+        model_name_or_path = "fixed"
+
+        def encode(self, texts, show_progress=False):
+            return np.repeat(q[:1], len(texts), axis=0)
+
+    index = DenseIndex(Fixed(), index="exact").index(units, embeddings=x)
+    hits = index.search("anything", k=5, filter={"even": True}, name="vec")
+    assert len(hits) == 5 and all(u.metadata["even"] for u in hits)
+    assert all("score_vec" in u.funnel for u in hits)
+    assert [u.id for u in hits] == [u.id for u in index.search_many(["anything"], 5, filter={"even": True})[0]]

@@ -84,3 +84,71 @@ def test_what_is_refused_names_the_filter_and_the_fix(flt, what):
     assert "R.save" in str(err.value)
     if callable(flt) or isinstance(flt, (np.ndarray, AllOf)):
         assert "dict filter" in str(err.value) and "per call" in str(err.value)
+
+
+# -- the framework-free filter tree (what LlamaIndex MetadataFilters / LangChain Comparison map to)
+def _reference(op: str, key: str, value, metadata: dict) -> bool:
+    """A comparison written out case by case: a missing key passes only ne/nin, a comparison
+    between kinds ("a" > 3) is false, contains/any/all need a list, like/ilike a string."""
+    if op == "is_empty":
+        return metadata.get(key) in (None, [], "", ())
+    if key not in metadata:
+        return op in ("ne", "nin")
+    v = metadata[key]
+    if op in ("gt", "gte", "lt", "lte"):
+        if isinstance(v, str) != isinstance(value, str) or isinstance(v, list):
+            return False
+        return {"gt": v > value, "gte": v >= value, "lt": v < value, "lte": v <= value}[op]
+    if op in ("contains", "any", "all"):
+        if not isinstance(v, list):
+            return False
+        wanted = [value] if op == "contains" else value
+        return (all if op == "all" else any)(w in v for w in wanted)
+    if op in ("like", "ilike"):
+        return isinstance(v, str) and (str(value) in v if op == "like" else str(value).lower() in v.lower())
+    if op in ("in", "nin"):
+        return (v in value) == (op == "in")
+    return (v == value) == (op == "eq")
+
+
+TREE_UNITS = [Unit(id=str(i), text="x", metadata=m) for i, m in enumerate([
+    {"n": 1, "s": "Alpha", "tags": ["a", "b"]}, {"n": 5, "s": "beta"}, {"s": "gamma", "tags": []},
+    {"n": "7", "tags": ["b"]}, {}, {"n": 3, "s": None}])]
+COMPARISONS_CASES = [("eq", "n", 5), ("ne", "n", 5), ("gt", "n", 2), ("gte", "n", 3), ("lt", "n", 4),
+                     ("lte", "s", "beta"), ("in", "n", [1, 3]), ("nin", "n", [1, 3]),
+                     ("contains", "tags", "b"), ("any", "tags", ["a", "z"]), ("all", "tags", ["a", "b"]),
+                     ("like", "s", "amm"), ("ilike", "s", "ALP"), ("is_empty", "tags", None)]
+
+
+@pytest.mark.parametrize("op,key,value", COMPARISONS_CASES, ids=[c[0] for c in COMPARISONS_CASES])
+def test_a_comparison_means_what_the_reference_says_in_memory(op, key, value):
+    """Catches a comparison that fails a missing key under ne/nin (or passes it under eq), that
+    raises on values of another type instead of failing them, or that swaps an operator."""
+    from funnel_core.filters import Comparison, filter_predicate
+
+    want = {u.id for u in TREE_UNITS if _reference(op, key, value, u.metadata)}
+    assert {u.id for u in TREE_UNITS if filter_predicate(Comparison(key, op, value))(u.metadata)} == want
+    mask = metadata_mask(TREE_UNITS, Comparison(key, op, value))
+    assert {u.id for u, keep in zip(TREE_UNITS, mask) if keep} == want
+
+
+def test_conditions_join_their_parts_and_an_empty_and_adds_nothing():
+    """and/or/not over parts (dicts too); an empty and/not constrains nothing and an empty or
+    matches nothing (what LlamaIndex's empty MetadataFilters mean). Catches a NOT applied to
+    each part instead of to their OR, and an empty OR treated as no filter (it would widen)."""
+    from funnel_core.filters import Comparison, Condition
+
+    gt2, tag_b = Comparison("n", "gt", 2), Comparison("tags", "contains", "b")
+    kept = lambda flt: {u.id for u, k in zip(TREE_UNITS, metadata_mask(TREE_UNITS, flt)) if k}  # noqa: E731
+    assert kept(Condition("and", (gt2, tag_b))) == set()
+    assert kept(Condition("or", (gt2, tag_b))) == {"0", "1", "3", "5"}
+    assert kept(Condition("not", (gt2, tag_b))) == {"2", "4"}
+    assert kept(Condition("and", ({"s": "beta"}, gt2))) == {"1"}
+    assert kept(Condition("or", ())) == set()
+    assert is_empty_filter(Condition("and", ())) and is_empty_filter(Condition("not", ()))
+    assert not is_empty_filter(Condition("or", ()))
+    assert combine_filters(FLOOR, Condition("and", ())) == FLOOR
+    with pytest.raises(ValueError, match="'between'.*use one of"):
+        Comparison("n", "between", (1, 2))
+    with pytest.raises(ValueError, match="'xor'"):
+        Condition("xor", (gt2,))

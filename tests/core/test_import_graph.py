@@ -107,7 +107,7 @@ def test_no_import_circle():
 #: only from its own layer or below. A name is a module or subpackage directly under funnel_core.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("units", "errors", "scoring", "text", "counters", "cache", "version"),
-    ("settings", "filters", "funnel", "persist", "models", "manifest", "hardware"),
+    ("settings", "filters", "funnel", "persist", "models", "manifest", "hardware", "index"),
     ("bm25", "embeddings", "llm"),
     ("rerank",),
     ("funnelrag", "granularity", "fbrag", "fbrag_fields", "best_practices"),

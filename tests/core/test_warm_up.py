@@ -79,11 +79,11 @@ def test_hybrid_retrievers_warm_their_dense_side(tmp_path):
     from llama_index.core.schema import TextNode
 
     from funnel_core.embeddings import DenseIndex, SentenceEmbedder
+    from langchain_funnel import DenseRetriever as LCDense
     from langchain_funnel.best_practices import HybridRetriever as LCHybrid
-    from langchain_funnel.milvus import DenseRetriever as LCDense
     from langchain_funnel.retrievers import BM25Retriever as LCBM25
+    from llama_index_funnel import DenseRetriever as LIDense
     from llama_index_funnel.best_practices import HybridRetriever as LIHybrid
-    from llama_index_funnel.milvus import DenseRetriever as LIDense
     from llama_index_funnel.retrievers import BM25Retriever as LIBM25
 
     texts = [u.text for u in UNITS]

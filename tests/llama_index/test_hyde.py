@@ -22,8 +22,8 @@ from funnel_core.best_practices import HyDE
 from funnel_core.embeddings import DenseIndex
 from funnel_core.testing import ScriptedLLM
 from funnel_core.units import Unit
+from llama_index_funnel import DenseRetriever
 from llama_index_funnel.best_practices import HybridRetriever, HyDETransform
-from llama_index_funnel.milvus import DenseRetriever
 from llama_index_funnel.retrievers import BM25Retriever
 from tests.best_practices.test_hyde import VOCAB, CountEmbedder
 

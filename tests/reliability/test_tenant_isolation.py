@@ -99,7 +99,7 @@ def _li_ids(nodes) -> list[str]:
 
 
 def _li_build(kind: str, backend, embedder, **kwargs):
-    from llama_index_funnel.milvus import DenseRetriever
+    from llama_index_funnel import DenseRetriever
     from llama_index_funnel.retrievers import BM25Retriever, ClusteredBM25Retriever
 
     nodes = _nodes()
@@ -116,27 +116,10 @@ def _li_build(kind: str, backend, embedder, **kwargs):
 LI_KINDS = ["bm25", "clustered", "dense"]
 
 
-def _refuses_or_isolates(run, backend) -> None:
-    """In memory, the dense index takes no filter: it must refuse rather than ignore it."""
-    try:
-        ids = run()
-    except UnsupportedFilterError as exc:
-        assert backend is None and "backend" in str(exc)
-        return
-    _only_tenant(ids)
-
-
 @pytest.mark.parametrize("where", BACKENDS)
 @pytest.mark.parametrize("kind", LI_KINDS)
 def test_llamaindex_filter_at_construction_per_call_and_after_persist(kind, where, db, embedder, tmp_path):
     backend = _backend(where, db)
-    if kind == "dense" and backend is None:
-        r = _li_build(kind, None, embedder)
-        with pytest.raises(UnsupportedFilterError, match="backend"):
-            type(r)(r.index, _nodes(), similarity_top_k=4, filters=_li_filters()).retrieve(QUERY)
-        with pytest.raises(UnsupportedFilterError, match="backend"):
-            r.search(QUERY, filters=_li_filters())
-        return
     r = _li_build(kind, backend, embedder, filters=_li_filters())
     _only_tenant(_li_ids(r.retrieve(QUERY)))
     _only_tenant(_li_ids(r.search(QUERY, k=12)))
@@ -178,15 +161,9 @@ def test_llamaindex_hybrid_funnel_and_forward_lookup_keep_the_tenant(where, db, 
 
     backend = _backend(where, db)
     sparse = _li_build("bm25", backend, embedder, filters=_li_filters())
-    if backend is None:
-        dense = _li_build("dense", None, embedder)
-        hybrid = HybridRetriever(sparse, dense, similarity_top_k=4)
-        with pytest.raises(UnsupportedFilterError):
-            HybridRetriever(sparse, type(dense)(dense.index, _nodes(), filters=_li_filters())).retrieve(QUERY)
-    else:
-        dense = _li_build("dense", _backend(where, db), embedder, filters=_li_filters())
-        hybrid = HybridRetriever(sparse, dense, similarity_top_k=4)
-        _only_tenant(_li_ids(hybrid.retrieve(QUERY)))
+    dense = _li_build("dense", _backend(where, db), embedder, filters=_li_filters())
+    hybrid = HybridRetriever(sparse, dense, similarity_top_k=4)
+    _only_tenant(_li_ids(hybrid.retrieve(QUERY)))
     funnel = FunnelRetriever([sparse])
     _only_tenant(_li_ids(funnel.retrieve(QUERY)))
     fwd = ForwardLookupRetriever(tiny_llama_path, retriever=sparse, variant="B", k=3)
@@ -224,7 +201,7 @@ def _lc_ids(docs) -> list[str]:
 
 
 def _lc_build(kind: str, backend, embedder, **kwargs):
-    from langchain_funnel.milvus import DenseRetriever
+    from langchain_funnel import DenseRetriever
     from langchain_funnel.retrievers import BM25Retriever, ClusteredBM25Retriever
 
     if kind == "bm25":
@@ -247,13 +224,6 @@ def _lc_filters():
 def test_langchain_filter_at_construction_per_call_and_after_save(kind, where, db, embedder, tmp_path):
     backend = _backend(where, db)
     plain = _lc_build(kind, backend, embedder)
-    if kind == "dense" and backend is None:
-        for flt in _lc_filters():
-            with pytest.raises(UnsupportedFilterError):
-                plain.invoke(QUERY, filter=flt)
-            with pytest.raises(UnsupportedFilterError):
-                plain.model_copy(update={"filter": flt}).invoke(QUERY)
-        return
     assert {_tenant_of(i) for i in _lc_ids(plain.invoke(QUERY, k=12))} == set(TENANTS)
     for flt in _lc_filters():
         if backend is None and not isinstance(flt, dict):  # structured queries: Milvus only
@@ -296,9 +266,8 @@ def test_langchain_hybrid_funnel_and_forward_lookup_keep_the_tenant(where, db, e
 
     backend = _backend(where, db)
     sparse = _lc_build("bm25", backend, embedder).model_copy(update={"filter": {"tenant": TENANT}})
-    if backend is not None:
-        dense = _lc_build("dense", _backend(where, db), embedder).model_copy(update={"filter": {"tenant": TENANT}})
-        _only_tenant(_lc_ids(HybridRetriever(sparse=sparse, dense=dense, k=4).invoke(QUERY)))
+    dense = _lc_build("dense", _backend(where, db), embedder).model_copy(update={"filter": {"tenant": TENANT}})
+    _only_tenant(_lc_ids(HybridRetriever(sparse=sparse, dense=dense, k=4).invoke(QUERY)))
     _only_tenant(_lc_ids(FunnelRetriever.from_stages(sparse, k=4).invoke(QUERY)))
     fwd = ForwardLookupRetriever(llm=tiny_llama_path, retriever=sparse, variant="B", k=3)
     _only_tenant(_lc_ids(fwd.invoke(QUERY)))

@@ -52,7 +52,7 @@ from funnel_core.backends.milvus.backend import (
     as_backend,
     build_dense,
     hybrid_backends,
-    search_dense,
+    is_milvus_index,
 )
 from funnel_core.backends.milvus.bm25 import MilvusBM25Index
 from funnel_core.backends.milvus.client import (
@@ -82,7 +82,7 @@ __all__ = [
     "MilvusCollectionError",
     "MilvusSettingsError",
     "UnsupportedFilterError",
-    "search_dense",
+    "is_milvus_index",
     "build_dense",
     "filter_expression",
     "comparison_expression",

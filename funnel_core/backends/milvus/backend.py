@@ -12,26 +12,18 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 from funnel_core.backends.milvus.bm25 import MilvusBM25Index
-from funnel_core.backends.milvus.client import UnsupportedFilterError, normalise_uri, split_credentials
+from funnel_core.backends.milvus.client import normalise_uri, split_credentials
 from funnel_core.backends.milvus.clustered import MilvusClusteredBM25Index
+from funnel_core.backends.milvus.collection import Collection
 from funnel_core.backends.milvus.dense import MilvusDenseIndex
 
 
-def search_dense(index: Any, query: str, k: int, flt: Any, *, argument: str = "filter") -> list:
-    """Search a dense index for the framework retrievers: a Milvus index gets ``flt`` pushed
-    down; the in-memory :class:`~funnel_core.embeddings.DenseIndex` takes no filter, so one
-    raises :class:`UnsupportedFilterError` naming the fix (``argument`` is the retriever's name
-    for the filter)."""
-    from funnel_core.embeddings import DenseIndex
-
-    if not isinstance(index, DenseIndex):
-        return index.search(query, k=k, filter=flt)
-    if flt is not None:
-        raise UnsupportedFilterError(
-            "the in-memory DenseIndex takes no metadata filter; build the retriever with "
-            f"backend=MilvusBackend(...) to filter, or drop {argument}=.")
-    return index.search(query, k=k)
-
+def is_milvus_index(index: Any) -> bool:
+    """Whether ``index`` keeps its data in Milvus (one of this package's indexes): the adapters
+    ask it where their framework's filter objects must be compiled into Milvus expressions and
+    where results carry the node structure stored with them. Every index, in memory or not, is a
+    :class:`~funnel_core.index.SearchIndex`; this tells them apart by class, not by name."""
+    return isinstance(index, Collection)
 
 
 #: The settings of a Milvus dense index that come from the backend, not from ``**index_config``.

@@ -5,7 +5,7 @@ import math
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from funnel_core.backends.milvus.client import ESCAPE, SAFE_TOKEN, UnsupportedFilterError
-from funnel_core.filters import AllOf
+from funnel_core.filters import AllOf, Comparison, Condition
 
 if TYPE_CHECKING:  # pragma: no cover
     pass  # typing.Self from Python 3.11
@@ -137,13 +137,22 @@ def filter_expression(filter: Any, field: str = "metadata") -> str | None:
     ``metadata.get(key) is None`` does in memory; a null inside a list-valued field is not seen
     (Milvus has no test for it: narrower than memory, never wider). An :class:`~funnel_core.filters.AllOf` (a retriever's floor and a per-call
     filter, :func:`funnel_core.filters.combine_filters`) becomes ``(floor) and (call)``, each
-    part compiled by these rules; a blank part adds nothing. Callables and boolean arrays raise
+    part compiled by these rules; a blank part adds nothing. A
+    :class:`~funnel_core.filters.Comparison` compiles with :func:`comparison_expression` and a
+    :class:`~funnel_core.filters.Condition` joins its parts with :func:`combine_expressions`
+    (what the adapters turn LlamaIndex ``MetadataFilters`` and LangChain structured-query
+    objects into), so one tree means the same here and in memory. Callables and boolean arrays raise
     :class:`UnsupportedFilterError`.
     """
     if filter is None:
         return None
     if isinstance(filter, AllOf):
         return combine_expressions([filter_expression(part, field) for part in filter.parts], "and")
+    if isinstance(filter, Comparison):
+        return comparison_expression(filter.key, filter.op, filter.value, field)
+    if isinstance(filter, Condition):
+        return combine_expressions([filter_expression(part, field) for part in filter.parts],
+                                   filter.condition)
     if isinstance(filter, str):
         if not filter.strip():
             return None
@@ -250,7 +259,8 @@ def comparison_expression(key: str, op: str, value: Any, field: str = "metadata"
         return f"({guarded}{path} like {string_literal('%' + text + '%', f'the substring filter on {key!r}')})"
     raise UnsupportedFilterError(
         f"the filter operator {op!r} (key {key!r}) has no Milvus expression; use one of "
-        f"{COMPARISONS}, or pass a Milvus expression string such as 'metadata[\"year\"] >= 2015'.")
+        f"{COMPARISONS}, or write the expression yourself as a Milvus expression string, e.g. "
+        "'metadata[\"year\"] >= 2015'.")
 
 
 def combine_expressions(parts: Sequence[str | None], condition: str = "and") -> str | None:
