@@ -173,8 +173,7 @@ def test_a_negated_comparison_between_kinds_keeps_what_memory_keeps(mixed, op, v
     is not a string at most "z". Each comparison and its negation, in both frameworks, against
     LlamaIndex's predicate in memory."""
     from langchain_core.structured_query import Comparator, Comparison, Operation, Operator
-    from llama_index.core.vector_stores.types import (FilterCondition, FilterOperator,
-                                                      MetadataFilter, MetadataFilters)
+    from llama_index.core.vector_stores.types import FilterCondition, FilterOperator, MetadataFilter, MetadataFilters
 
     import langchain_funnel.milvus as lc
     import llama_index_funnel.milvus as li
