@@ -316,8 +316,15 @@ def test_whole_statement_says_the_difference_the_front_and_the_losing_stage():
     # paired differences are +1 on 20 questions and 0 on 20
     d = _whole_report([1] * 10 + [0] * 30, [1] * 30 + [0] * 10, 30.0, 40.0, stages)
     text = report.whole_statement(d, ["flat"], ["fun"])
-    assert "minus the best flat system (`flat`, 0.250 at 30): +0.500 [" in text
+    assert "minus the best flat system (`flat`, 0.250 at 30 pairs/query): +0.500 [" in text
     assert "the funnel is above the flat system" in text  # 20 of 40 paired +1: the interval excludes 0
+    # equal cost: the flat system scores fewer pairs; equal quality at AR@1: none reaches the funnel
+    assert "At equal cost (AR@1; flat systems scoring no more pairs per query than `fun`): the best is " \
+           "`flat`; funnel minus it +0.500 [" in text
+    assert "At equal quality (AR@1): no flat system reaches `fun`." in text
+    # AR@4 ties at 1.0: the flat system is the cheapest at least as good
+    assert "At equal quality (AR@4): the cheapest flat system at least as good as `fun` is `flat`, 1.000 at " \
+           "30 pairs/query; the funnel scores 40 pairs per query." in text
     assert "front of AR@1 against pairs scored per query (cross-encoder pairs + FiD passages): `flat`, `fun`; " \
            "funnel configuration(s) on it: `fun`." in text
     # AR@4 ties at 1.0: the cheaper flat system dominates the funnel
