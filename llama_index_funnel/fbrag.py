@@ -186,18 +186,18 @@ class ForwardLookupRetriever(ForwardLookupFields, StageAdapter, BaseModel, BaseR
     S_FB. Given a :class:`ForwardLookupQueryBundle` (from :class:`ForwardLookupQueryTransform` in
     a ``TransformRetriever``), its samples are reused instead of sampling again.
 
-    Args:
-        llm: LlamaIndex LLM, funnel_core LLM, or a local causal-LM name/folder (the one
-            argument that may be passed by position).
-        context: A long text or a list of texts.
-        retriever: A base retriever (instead of ``context``).
-        callback_manager: LlamaIndex callback manager.
-        **fields: ``variant``: ``"FB"`` (Ours-FB, default), ``"F"`` (Ours-F) or ``"B"`` (BM25
-            only), whose weights ``eta_backward``/``eta_forward`` override; and the settings of
-            :class:`funnel_core.fbrag.ForwardLookup` (``k``, ``budget_words``, ``chunk_words``,
-            sampling, ``timeout``/``gguf_file``/``device`` of a local model...): the fields of
-            :class:`~funnel_core.fbrag_fields.ForwardLookupFields`. An unknown one raises,
-            naming the accepted ones.
+    Constructor keywords (the model's fields):
+
+    * ``llm``: LlamaIndex LLM, funnel_core LLM, or a local causal-LM name/folder (the one
+      argument that may be passed by position);
+    * ``context``: a long text or a list of texts; or ``retriever``: a base retriever;
+    * ``callback_manager``: LlamaIndex callback manager;
+    * ``variant``: ``"FB"`` (Ours-FB, default), ``"F"`` (Ours-F) or ``"B"`` (BM25
+      only), whose weights ``eta_backward``/``eta_forward`` override; and the settings of
+      :class:`funnel_core.fbrag.ForwardLookup` (``k``, ``budget_words``, ``chunk_words``,
+      sampling, ``timeout``/``gguf_file``/``device`` of a local model...): the fields of
+      :class:`~funnel_core.fbrag_fields.ForwardLookupFields`. An unknown one raises, naming
+      the accepted ones.
 
     Each setting is a field, forwarded to the stage (``.forward``): an edit
     (``retriever.k = 1``, ``retriever.variant = "F"``) is validated and used at the next query.
