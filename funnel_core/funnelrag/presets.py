@@ -80,7 +80,8 @@ def funnelrag(documents: Sequence[Unit] | ClusteredBM25Index, pre_ranker: Stage 
               k_clusters: int | None = None, k_documents: int | None = None,
               k_passages: int | None = None, passage_words: int | None = None,
               max_tokens: int = 4096, k_retrieved: int | None = None,
-              fid_kwargs: dict[str, Any] | None = None, **ranker_kwargs: Any) -> Funnel:
+              fid_kwargs: dict[str, Any] | None = None, exit_margin: float | None = None,
+              **ranker_kwargs: Any) -> Funnel:
     """The FunnelRAG pipeline: retrieval -> pre-ranking -> post-ranking.
 
     Args:
@@ -103,6 +104,9 @@ def funnelrag(documents: Sequence[Unit] | ClusteredBM25Index, pre_ranker: Stage 
         max_tokens: Cluster size S when clustering ``documents``.
         k_retrieved: Documents kept from the opened clusters, best first, before pre-ranking
             (``None``: all of them); the retrieval stage is cut with ``% k_retrieved``.
+        exit_margin: Skip the post-ranker for a query whose best pre-ranked document leads the
+            next by at least this much (:class:`~funnel_core.funnelrag.early_exit.ConfidentExit`;
+            ours, not the paper's); ``None`` (default): always post-rank.
         **ranker_kwargs: Passed to ``CrossEncoderScorer`` when a ranker is given by name.
     """
     if preset not in PRESETS:
@@ -127,5 +131,9 @@ def funnelrag(documents: Sequence[Unit] | ClusteredBM25Index, pre_ranker: Stage 
     else:
         post = renamed(pre, "post_ranking") if post_ranker is None else \
             _ranker(post_ranker, "post_ranking", **ranker_kwargs)  # a shallow copy shares the model
+    if exit_margin is not None:
+        from funnel_core.funnelrag.early_exit import ConfidentExit
+
+        post = ConfidentExit(post, exit_margin, name="post_ranking")
     return Funnel([retrieve, pre % k_documents, LaterChunking(words=passage_words, name="later_chunking"),
                    post % k_passages])

@@ -26,6 +26,7 @@ from funnel_core.fbrag import ForwardLookup
 from funnel_core.funnel import FunctionStage, Funnel, Stage
 from funnel_core.funnelrag.chunking import LaterChunking, OpenClusters
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index, ClusteredBM25Retrieve
+from funnel_core.funnelrag.early_exit import ConfidentExit
 from funnel_core.granularity.levels import MultiGranularityChunker
 from funnel_core.granularity.retrieval import MixOfGranularityRetrieve
 from funnel_core.rerank.attention_lm import AttentionLMScorer
@@ -69,6 +70,7 @@ BUILD: dict[str, Callable[[Any], Stage]] = {
     "FunctionStage": lambda r: FunctionStage(lambda q, us: us[::-1]),
     "Funnel": lambda r: Funnel([BM25Scorer(top_n=4), CrossEncoderScorer(NO_MODEL, top_n=3)]),
     "LaterChunking": lambda r: LaterChunking(words=2),
+    "ConfidentExit": lambda r: ConfidentExit(CrossEncoderScorer(NO_MODEL, top_n=3), 1.0),
     "OpenClusters": lambda r: OpenClusters(UNITS),
     "RetrievalGate": _gate,
     "CrossEncoderScorer": lambda r: CrossEncoderScorer(NO_MODEL, top_n=3),
@@ -82,7 +84,7 @@ BUILD: dict[str, Callable[[Any], Stage]] = {
 #: Expected length of the output for 6 incoming units: 3 for a stage with top_n=3 (a
 #: reranker, and the funnel whose last reranker keeps 3), else all 6.
 CAPPED = {"CrossEncoderScorer", "MonoT5Scorer", "FiDAttentionScorer", "AttentionLMScorer",
-          "RankRAGScorer", "EmbeddingScorer", "BM25Scorer", "Funnel", "RetrievalGate"}
+          "RankRAGScorer", "EmbeddingScorer", "BM25Scorer", "Funnel", "RetrievalGate", "ConfidentExit"}
 
 
 def _concrete_stages() -> set[str]:
