@@ -451,11 +451,16 @@ def build_systems(specs: dict[str, dict[str, Any]], corpus: list[Unit],
 
 
 def tune_systems(specs: dict[str, dict[str, Any]], tuning_set: EvalDataset, corpus: list[Unit], *,
-                 metric: str, indexes: dict[str, Any] | None = None,
-                 progress: bool = True) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+                 metric: str, indexes: dict[str, Any] | None = None, progress: bool = True,
+                 cache_dir: str | os.PathLike | None = None) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """Resolve every ``tune = {setting = [values]}`` of ``specs`` on ``tuning_set``: each value is
     evaluated (quality only) and the best by ``metric`` is kept (ties: the value listed first).
-    Returns the specs with the chosen values and ``{system: {"setting", "scores", "chosen", ...}}``."""
+    Returns the specs with the chosen values and ``{system: {"setting", "scores", "chosen", ...}}``.
+
+    With ``cache_dir`` each tuned value's per-question results are kept there like any system's
+    (:func:`~funnel_core.evaluation.harness.evaluate`'s score cache, keyed by the tuning
+    questions, the corpus, the value's settings and model identity), so a rerun reads them
+    instead of tuning again."""
     out = {name: dict(spec) for name, spec in specs.items()}
     candidates: dict[str, dict[str, Any]] = {}
     grids: dict[str, tuple[str, list[Any]]] = {}
@@ -476,7 +481,7 @@ def tune_systems(specs: dict[str, dict[str, Any]], tuning_set: EvalDataset, corp
     if not grids:
         return out, {}
     report = evaluate(build_systems(candidates, corpus, indexes), tuning_set, metrics=[metric], n_timing=0,
-                      progress=progress)
+                      progress=progress, cache_dir=cache_dir, system_keys=candidates)
     tuning: dict[str, Any] = {}
     for name, (setting, values) in grids.items():
         scores = [report.summary[f"{name} [{setting}={v}]"][metric]["mean"] for v in values]
@@ -586,7 +591,7 @@ def run_config(path: str | os.PathLike, *, n_timing: int | None = None, quiet_ch
             tuning_set.name = f"{dataset.name} ({tune_split})"
         metric = tune_metric or (ev.get("metrics") or default_metrics(dataset))[0]
         specs, tuning = tune_systems(specs, tuning_set, dataset.corpus, metric=metric, indexes=indexes,
-                                     progress=progress)
+                                     progress=progress, cache_dir=Path(ev["cache_dir"]) / "tuning")
     systems = build_systems(specs, dataset.corpus, indexes)
     report = evaluate(systems, dataset, progress=progress, system_keys=specs, reader=reader, **reading, **ev)
     extra = {"config": {"path": str(path), "dataset": ds_cfg, "systems": specs,

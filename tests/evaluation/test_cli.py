@@ -283,6 +283,48 @@ def test_tune_questions_tune_on_another_file_over_the_evaluated_corpus(tmp_path)
             load_config(cfg)
 
 
+def test_tuning_results_are_cached_and_read_back_on_a_rerun(tmp_path):
+    """Each tuned value's per-question results are kept in the score cache's ``tuning/`` folder:
+    a rerun reads them (the files stay byte-identical, the choice is the same), and a changed
+    tuning grid writes the new value's file beside them."""
+    _squad(tmp_path / "dev.json", {"Fruit": [("apple zest", [("apple apple", "zest")])]})
+    _squad(tmp_path / "train.json", {"Orchard": [(
+        "apple apple apple banana cherry grape lemon mango peach plum", [("apple", "plum")])]})
+    cfg = tmp_path / "e.toml"
+    body = ('[dataset]\npath = "dev.json"\ndistractors = ["train.json"]\n[evaluate]\nmetrics = ["AR@1"]\n'
+            'n_timing = 0\noutput = "out"\ncache_dir = "cache"\n'
+            'tune_questions = { path = "train.json", limit = 1, seed = 3 }\n'
+            '[systems.tuned]\ncomponent = "bm25"\nk = 1\ntune = { index = [{ b = 1.0 }, { b = 0.0 }] }\n')
+    cfg.write_text(body)
+    assert main(["eval", str(cfg), "--no-progress"]) == 0
+    files = sorted((tmp_path / "cache" / "tuning").glob("*.jsonl"))
+    assert len(files) == 2  # one per tuned value
+    records = [f.read_text().splitlines() for f in files]
+    assert all(len(lines) == 2 for lines in records)  # a header and the one tuning question
+    before = {f: f.read_bytes() for f in files}
+    assert main(["eval", str(cfg), "--no-progress"]) == 0
+    assert {f: f.read_bytes() for f in files} == before
+    assert Report.load(tmp_path / "out").to_dict()["tuning"]["tuned"]["chosen"] == {"b": 0.0}
+    # the cached value is read, not recomputed: a record changed on disk (its digest redone, so it
+    # is not discarded as damaged) decides the next choice
+    import hashlib
+
+    for f in files:
+        head, line = f.read_text().splitlines()
+        rec = json.loads(line)
+        if rec["metrics"]["AR@1"] == 1.0:
+            rec["metrics"]["AR@1"] = 0.0
+            body_rec = {k: v for k, v in rec.items() if k != "sha256"}
+            rec["sha256"] = hashlib.sha256(json.dumps(body_rec, sort_keys=True, separators=(",", ":"))
+                                           .encode("utf-8")).hexdigest()
+            f.write_text(head + "\n" + json.dumps(rec) + "\n")
+    assert main(["eval", str(cfg), "--no-progress"]) == 0
+    assert Report.load(tmp_path / "out").to_dict()["tuning"]["tuned"]["scores"] == [0.0, 0.0]
+    cfg.write_text(body.replace("{ b = 0.0 }]", "{ b = 0.0 }, { b = 0.5 }]"))
+    assert main(["eval", str(cfg), "--no-progress"]) == 0
+    assert len(list((tmp_path / "cache" / "tuning").glob("*.jsonl"))) == 3
+
+
 def test_offset_samples_of_one_seed_are_disjoint_and_cover_the_shuffle(squad_file, tmp_path):
     from funnel_core.evaluation.config import run_config
 
