@@ -337,6 +337,30 @@ def test_whole_statement_says_the_difference_the_front_and_the_losing_stage():
     assert "funnel configuration(s) on it" not in text
 
 
+def test_readme_line_names_the_funnel_on_the_front_and_its_held_out_difference(monkeypatch):
+    # main questions: the funnel answers 30 of 40 at rank 1, the best flat system 10: the funnel is on
+    # the AR@1 front (dearer but better); held-out: the funnel 10, the flat system 30
+    main = _whole_report([1] * 10 + [0] * 30, [1] * 30 + [0] * 10, 30.0, 40.0, [])
+    held = _whole_report([1] * 30 + [0] * 10, [1] * 10 + [0] * 30, 30.0, 40.0, [])
+    for d in (main, held):
+        d["dataset"] = {"questions": 40, "corpus": 1234}
+        for who in ("flat", "fun"):
+            d["cost"][who]["seconds_p50"] = None
+    monkeypatch.setattr(report, "WHOLE_FLAT", {"flat": "flat"})
+    monkeypatch.setattr(report, "WHOLE_FUNNELS", {"fun": "funnel"})
+    monkeypatch.setattr(report, "harness", lambda name: {"funnelrag_whole": main, "funnelrag_whole_heldout": held}[name])
+    line = report.funnelrag_whole_readme()
+    assert line.startswith("- **A funnel configuration is on the Pareto front here** (AR@1 or AR@4 against pairs "
+                           "scored per query): `fun` at AR@1: 0.750 at 40 pairs/query, +0.500 [")
+    assert "against the best flat system `flat` (0.250 at 30 pairs/query); on the held-out questions -0.500 [" in line
+    assert "AR@4" not in line.split("): ", 1)[1].split(" (paired")[0]  # AR@4 ties: the cheaper flat system wins
+    assert "40 SQuAD dev-a questions over 1,234 paragraphs" in line
+    # no funnel on any front: the plain statement
+    monkeypatch.setattr(report, "harness", lambda name: {"funnelrag_whole": held, "funnelrag_whole_heldout": main}[name])
+    assert report.funnelrag_whole_readme().startswith(
+        "- **The paper's funnel, measured whole, is not on the Pareto front here**")
+
+
 # -- declared tables: templates over JSON -------------------------------------------------------------
 DOC = {"runs": {"fast": {"qps": 1234.5, "ci": [0.1, 0.25]}, "slow": {"qps": 0.5}}, "n": 300, "flags": ["avx2", "fma"],
        "pairs": {"fast - slow": {"difference": 0.125, "ci": [0.01, 0.2]}}}
