@@ -4,31 +4,10 @@ post-ranker, sync or async, and the framework objects come back in the pre-ranke
 import asyncio
 
 from funnel_core import BM25Index, BM25Retrieve, LaterChunking
-from funnel_core.funnel import Stage
 from funnel_core.funnelrag.early_exit import ConfidentExit
-from funnel_core.rerank.base import Reranker
 from langchain_funnel.funnel import FunnelRetriever as LCFunnelRetriever
 from llama_index_funnel.funnel import FunnelRetriever as LIFunnelRetriever
-
-
-class Count(Reranker):
-    def __init__(self, word, **kw):
-        super().__init__(**kw)
-        self.word = word
-
-    def score(self, query, texts):
-        return [float(t.split().count(self.word)) for t in texts]
-
-
-class Calls(Stage):
-    name = "post_ranking"
-
-    def __init__(self):
-        self.calls = 0
-
-    def run(self, query, units):
-        self.calls += 1
-        return units[::-1]
+from tests.funnelrag.test_early_exit import Calls, Count
 
 
 def _stages(corpus_units, margin):
