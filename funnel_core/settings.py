@@ -24,7 +24,9 @@ import threading
 from abc import ABCMeta
 from typing import Any, Callable, ClassVar, Mapping, TypeVar
 
-__all__ = ["Settings", "SettingsMeta", "setting_names", "check_kwargs", "StageAdapter", "build_index",
+from funnel_core.errors import BuiltSettingError
+
+__all__ = ["Settings", "SettingsMeta", "BuiltSettingError", "setting_names", "check_kwargs", "StageAdapter", "build_index",
            "keyword_names", "checked_keywords"]
 
 
@@ -104,6 +106,13 @@ class SettingsMeta(ABCMeta):
     """Marks an instance ready once its constructor has returned: from then on an assignment to a
     setting is an *edit* (validated, and dropping the model when it is a load-time setting)."""
 
+    @property
+    def __signature__(cls) -> inspect.Signature:
+        """The constructor's signature (what ``inspect.signature(cls)`` and ``help`` show),
+        not that of :meth:`__call__` below."""
+        sig = inspect.signature(cls.__init__)  # type: ignore[misc]
+        return sig.replace(parameters=list(sig.parameters.values())[1:])
+
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         check_kwargs(cls.__name__, kwargs, setting_names(cls))  # a typo names the accepted ones
         obj = super().__call__(*args, **kwargs)
@@ -130,6 +139,10 @@ class Settings(metaclass=SettingsMeta):
     #: A setting stored under another attribute name (e.g. ``{"model": "model_name"}`` where
     #: ``model`` is the loaded model); every other setting is the attribute of its own name.
     setting_attrs: ClassVar[dict[str, str]] = {}
+    #: Settings that shape what an index builds (BM25's ``k1``, a tokenizer's stemmer, a
+    #: clustering's ``max_tokens``): editable until :meth:`built` is true, then an edit raises
+    #: :class:`BuiltSettingError` naming the setting (the built data would no longer match it).
+    build_settings: ClassVar[frozenset[str]] = frozenset()
 
     # -- reading and writing the settings ----------------------------------------------------
     def settings(self) -> dict[str, Any]:
@@ -148,11 +161,21 @@ class Settings(metaclass=SettingsMeta):
                 return name
         return attr if attr in setting_names(cls) and attr not in cls.setting_attrs else None
 
+    def built(self) -> bool:
+        """Whether this object holds data built with its :attr:`build_settings` (an index
+        answers true once it is built or loaded; a stage has none)."""
+        return False
+
     def __setattr__(self, attr: str, value: Any) -> None:
         name = self._setting_of(attr) if self.__dict__.get("_settings_ready") else None
         if name is None:
             object.__setattr__(self, attr, value)
             return
+        if name in self.build_settings and self.built():
+            raise BuiltSettingError(
+                f"{name} is a build-time setting of this {type(self).__name__}, which is already "
+                f"built with {name}={self._setting(name)!r}; build a new index with the new value "
+                f"({type(self).__name__}.from_dict({{**index.to_dict(), {name!r}: ...}}).index(...)).")
         old = self._setting(name)
         # validated and normalised by the constructor itself: a dry construction with the edit
         # (constructors store settings and load nothing, so this is cheap)
