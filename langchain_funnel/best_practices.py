@@ -36,16 +36,15 @@ from langchain_core.runnables import Runnable, RunnableBranch, RunnableConfig, R
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore, VectorStoreRetriever
 from pydantic import ConfigDict, Field
 
-from funnel_core.backends.milvus import as_backend, hybrid_backends
+from funnel_core.backends.milvus import as_backend, hybrid_backends, require_backend
 from funnel_core.best_practices.classify import QueryClassifier
 from funnel_core.best_practices.fields import ExtractiveCompressorFields, RepackFields
-from funnel_core.best_practices.fusion import check_fusion_config, fuse
+from funnel_core.best_practices.fusion import check_fusion_config, fuse, same_identity
 from funnel_core.best_practices.hyde import HyDE, HyDERetrieve
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import warm_up_attributes
 from funnel_core.settings import check_accepted, check_kwargs, checked_keywords, setting_names
-from funnel_core.units import Unit
 from langchain_funnel._base import (
     RELEVANCE_SCORE,
     StageCompressor,
@@ -54,7 +53,6 @@ from langchain_funnel._base import (
 )
 from langchain_funnel.dense import DenseRetriever
 from langchain_funnel.llm import as_provider
-from langchain_funnel.milvus import require_milvus
 from langchain_funnel.rerank import TransformerBase
 from langchain_funnel.retrievers import BM25Retriever
 
@@ -263,7 +261,8 @@ class HybridRetriever(BaseRetriever):
     The two sides name a document alike when its ``Document.id`` is set. Documents without ids
     (LangChain's default) get different names on each side (our BM25 numbers them, a vector
     store gives them uuids), so a dense document whose id the sparse side did not return is
-    matched to the sparse document with the same text (:func:`same_identity`): the same
+    matched to the sparse document with the same text
+    (:func:`funnel_core.best_practices.fusion.same_identity`): the same
     document is fused once, never returned twice.
 
     The fusion fields (``alpha``, ``method``, ``normalization``, ``rrf_k``) are validated at
@@ -522,27 +521,6 @@ def query_classifier_branch(classifier: QueryClassifier, retrieval_chain: Runnab
                            retrieval_chain), direct_chain)
 
 
-def same_identity(sparse: Sequence[Unit], dense: Sequence[Unit]) -> None:
-    """Give a dense unit the id of the sparse unit that is the same document, in place.
-
-    Two retrievers built over the same id-less Documents (LangChain's default) name them
-    differently: our BM25 numbers them ``"0"``, ``"1"``, ..., a vector store gives them uuids.
-    A dense unit whose id the sparse side also returned keeps it; otherwise it takes the id of
-    the first sparse unit with the same text whose own id the dense side did not return, so
-    fusion merges the two copies instead of returning the text twice. Documents with ids both
-    sides share are matched by id alone.
-    """
-    dense_ids = {u.id for u in dense}
-    sparse_ids = {u.id for u in sparse}
-    free: dict[str, list[str]] = {}
-    for u in sparse:
-        if u.id not in dense_ids:
-            free.setdefault(u.text, []).append(u.id)
-    for u in dense:
-        if u.id not in sparse_ids and free.get(u.text):
-            u.id = free[u.text].pop(0)
-
-
 def hybrid_sides(documents: Optional[Iterable[Document]], backend: Any, embedder: Any = None,
                  candidates: int = 20, dense_config: Optional[dict] = None,
                  **bm25_config: Any) -> tuple[Any, DenseRetriever]:
@@ -551,7 +529,7 @@ def hybrid_sides(documents: Optional[Iterable[Document]], backend: Any, embedder
     ``<collection>_bm25`` and ``<collection>_dense`` (``collection`` default ``funnel_hybrid``)."""
     candidates = check_positive_int(candidates, "candidates")
     if documents is None:
-        sb, db = hybrid_backends(require_milvus(backend, "HybridRetriever.from_backend"))
+        sb, db = hybrid_backends(require_backend(backend, "HybridRetriever.from_backend"))
         return (BM25Retriever.from_backend(sb, k=candidates),
                 DenseRetriever.from_backend(db, embedder, k=candidates))
     b = as_backend(backend)

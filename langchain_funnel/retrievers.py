@@ -33,6 +33,7 @@ from funnel_core.backends.milvus import (
     is_milvus_entry,
     load_index,
     open_index,
+    require_backend,
 )
 from funnel_core.bm25 import BM25Index
 from funnel_core.errors import PersistError, check_positive_int
@@ -44,7 +45,7 @@ from funnel_core.settings import build_index, check_kwargs, keyword_names
 from funnel_core.units import Unit, units_from_texts
 from langchain_funnel._base import UnitRetriever
 from langchain_funnel.corpus import units_from_documents
-from langchain_funnel.milvus import push_down, require_milvus, search_filter
+from langchain_funnel.milvus import push_down, search_filter
 
 Backend = Union[MilvusBackend, str, None]
 
@@ -84,7 +85,7 @@ class BM25Retriever(UnitRetriever):
         """Re-open a BM25 collection built before (no re-indexing; its tokenizer settings are
         read from Milvus); ``settings`` are this retriever's (``k``, ``filter``)."""
         check_kwargs(f"{cls.__name__}.from_backend", settings, cls._settings)
-        return cls(index=require_milvus(backend, f"{cls.__name__}.from_backend").bm25().open(), **settings)
+        return cls(index=require_backend(backend, f"{cls.__name__}.from_backend").bm25().open(), **settings)
 
     def _search(self, query: str, k: int, filter: MetadataFilter = None) -> list[Unit]:
         return self.index.search(query, k=k, filter=search_filter(self.index, self.filter, filter))
@@ -161,7 +162,7 @@ class ClusteredBM25Retriever(UnitRetriever):
         """Re-open a clustered collection built before (no re-clustering, no re-indexing);
         ``settings`` are this retriever's (``k``, ``k_clusters``, ``return_clusters``, ``filter``)."""
         check_kwargs(f"{cls.__name__}.from_backend", settings, cls._settings)
-        b = require_milvus(backend, f"{cls.__name__}.from_backend")
+        b = require_backend(backend, f"{cls.__name__}.from_backend")
         return cls(index=b.clustered().open(), **settings)
 
     def _search(self, query: str, k: int, filter: MetadataFilter = None,

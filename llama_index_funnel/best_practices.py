@@ -37,7 +37,7 @@ from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.query_engine import CustomQueryEngine
 from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 
-from funnel_core.backends.milvus import as_backend, hybrid_backends
+from funnel_core.backends.milvus import as_backend, hybrid_backends, require_backend
 from funnel_core.best_practices.classify import QueryClassifier
 from funnel_core.best_practices.fields import ExtractiveCompressorFields, RepackFields
 from funnel_core.best_practices.fusion import check_fusion_config, fuse
@@ -49,7 +49,6 @@ from funnel_core.settings import check_accepted, check_kwargs, checked_keywords,
 from llama_index_funnel._base import StagePostprocessor, nodes_to_units, units_to_nodes
 from llama_index_funnel.dense import DenseRetriever
 from llama_index_funnel.llm import as_provider
-from llama_index_funnel.milvus import milvus_backend
 from llama_index_funnel.retrievers import BM25Retriever
 
 __all__ = [
@@ -405,7 +404,7 @@ def hybrid_sides(nodes: Optional[Sequence[BaseNode]], backend: Any, embedder: An
     b = as_backend(backend)
     candidates = check_positive_int(candidates, "candidates")
     if nodes is None:
-        b = milvus_backend(backend, "HybridRetriever.from_backend")
+        b = require_backend(backend, "HybridRetriever.from_backend")
         sb, db = hybrid_backends(b)
         return (BM25Retriever.from_backend(sb, similarity_top_k=candidates),
                 DenseRetriever.from_backend(db, embedder, similarity_top_k=candidates))

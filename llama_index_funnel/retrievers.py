@@ -29,7 +29,7 @@ from llama_index.core.schema import BaseNode, NodeWithScore
 from llama_index.core.storage.docstore import BaseDocumentStore, SimpleDocumentStore
 from llama_index.core.vector_stores.types import MetadataFilters
 
-from funnel_core.backends.milvus import MilvusBackend, as_backend, is_milvus_entry, open_index
+from funnel_core.backends.milvus import MilvusBackend, as_backend, is_milvus_entry, open_index, require_backend
 from funnel_core.bm25 import BM25Index
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.filters import persistable_filter
@@ -40,7 +40,7 @@ from funnel_core.settings import build_index, checked_keywords, keyword_names
 from funnel_core.units import Unit
 from llama_index_funnel._base import UnitRetriever, units_to_nodes
 from llama_index_funnel.corpus import nodes_from, units_of
-from llama_index_funnel.milvus import is_milvus, milvus_backend, restore_nodes, search_filter, with_shells
+from llama_index_funnel.milvus import is_milvus, restore_nodes, search_filter, with_shells
 
 __all__ = ["BM25Retriever", "ClusteredBM25Retriever"]
 
@@ -211,7 +211,7 @@ class BM25Retriever(_NodeRetriever):
                      filters: Filter = None) -> "BM25Retriever":
         """Re-open a BM25 collection built before (no re-indexing; its tokenizer settings are
         read from Milvus); results are ``TextNode``s rebuilt from the collection."""
-        index = milvus_backend(backend, f"{cls.__name__}.from_backend").bm25().open()
+        index = require_backend(backend, f"{cls.__name__}.from_backend").bm25().open()
         return cls(index, [], similarity_top_k=similarity_top_k, filters=filters)
 
     def _search(self, query: str, filters: Filter = None, k: Optional[int] = None) -> list[Unit]:
@@ -299,7 +299,7 @@ class ClusteredBM25Retriever(_NodeRetriever):
                      return_clusters: bool = False) -> "ClusteredBM25Retriever":
         """Re-open a clustered collection built before (no re-clustering, no re-indexing);
         results are ``TextNode``s rebuilt from the collection."""
-        index = milvus_backend(backend, f"{cls.__name__}.from_backend").clustered().open()
+        index = require_backend(backend, f"{cls.__name__}.from_backend").clustered().open()
         return cls(index, [], similarity_top_k=similarity_top_k, filters=filters,
                    k_clusters=k_clusters, return_clusters=return_clusters)
 

@@ -53,6 +53,7 @@ from funnel_core.backends.milvus.backend import (
     build_dense,
     hybrid_backends,
     is_milvus_index,
+    require_backend,
 )
 from funnel_core.backends.milvus.bm25 import MilvusBM25Index
 from funnel_core.backends.milvus.client import (
@@ -93,6 +94,7 @@ __all__ = [
     "is_milvus_entry",
     "MilvusBackend",
     "as_backend",
+    "require_backend",
     "hybrid_backends",
     "FORMAT_VERSION",
 ]

@@ -16,6 +16,7 @@ from funnel_core.backends.milvus.client import normalise_uri, split_credentials
 from funnel_core.backends.milvus.clustered import MilvusClusteredBM25Index
 from funnel_core.backends.milvus.collection import Collection
 from funnel_core.backends.milvus.dense import MilvusDenseIndex
+from funnel_core.settings import checked_keywords
 
 
 def is_milvus_index(index: Any) -> bool:
@@ -127,6 +128,17 @@ def as_backend(backend: Any) -> MilvusBackend | None:
                              "funnel_core.backends.milvus.MilvusBackend(uri, token=..., db_name=...).") from exc
     raise TypeError(f"backend must be None/'memory', a Milvus URI string or a "
                     f"funnel_core.backends.milvus.MilvusBackend, got {type(backend).__name__}.")
+
+
+@checked_keywords
+def require_backend(backend: Any, where: str) -> MilvusBackend:
+    """``backend`` as a :class:`MilvusBackend` for ``where`` (a ``from_backend`` that re-opens a
+    collection); ``None``/``"memory"`` is an error naming ``where``."""
+    b = as_backend(backend)
+    if b is None:
+        raise ValueError(f"{where} re-opens a Milvus collection: pass backend=MilvusBackend(uri, "
+                         "collection=...) or a Milvus URI, not 'memory'.")
+    return b
 
 
 def hybrid_backends(backend: MilvusBackend) -> tuple[MilvusBackend, MilvusBackend]:
