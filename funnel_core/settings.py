@@ -92,12 +92,14 @@ _LOCK_TYPES = (type(threading.Lock()), type(threading.RLock()))
 
 
 def setting_names(cls: type) -> tuple[str, ...]:
-    """The names of ``cls.__init__``'s named parameters (its settings), in declaration order."""
+    """The names of ``cls.__init__``'s named parameters (its settings), in declaration order,
+    then those it takes through ``**kwargs`` (:attr:`Settings.keyword_settings`)."""
     names = _NAMES.get(cls)
     if names is None:
         params = inspect.signature(cls.__init__).parameters  # type: ignore[misc]
         names = tuple(n for n, p in params.items() if n != "self" and p.kind not in (
             inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD))
+        names += tuple(n for n in getattr(cls, "keyword_settings", ()) if n not in names)
         _NAMES[cls] = names
     return names
 
@@ -143,6 +145,11 @@ class Settings(metaclass=SettingsMeta):
     #: clustering's ``max_tokens``): editable until :meth:`built` is true, then an edit raises
     #: :class:`BuiltSettingError` naming the setting (the built data would no longer match it).
     build_settings: ClassVar[frozenset[str]] = frozenset()
+    #: Settings a constructor takes through ``**kwargs`` and passes on (a Milvus BM25 index's
+    #: tokenizer settings, which it may also adopt from its collection): accepted, named in
+    #: errors, and editable like the others (the class reads and stores them itself, see
+    #: :meth:`_setting` and :meth:`_take_setting`).
+    keyword_settings: ClassVar[tuple[str, ...]] = ()
 
     # -- reading and writing the settings ----------------------------------------------------
     def settings(self) -> dict[str, Any]:
@@ -182,10 +189,15 @@ class Settings(metaclass=SettingsMeta):
         probe = type(self)(**{**self.settings(), name: value})
         if name in self.load_settings and not _same(old, probe._setting(name)):
             self._detach_models()
-            object.__setattr__(self, attr, getattr(probe, attr))
+            self._take_setting(name, attr, probe)
             self.drop_model()
         else:
-            object.__setattr__(self, attr, getattr(probe, attr))
+            self._take_setting(name, attr, probe)
+
+    def _take_setting(self, name: str, attr: str, probe: Any) -> None:
+        """Store the setting ``name`` (in the attribute ``attr``) as ``probe``, the dry
+        construction that validated the edit, holds it."""
+        object.__setattr__(self, attr, getattr(probe, attr))
 
     def drop_model(self) -> None:
         """Forget the loaded model (it reloads lazily at the next call)."""
