@@ -50,6 +50,7 @@ from __future__ import annotations
 from funnel_core.backends.milvus.backend import (
     MilvusBackend,
     as_backend,
+    build_bm25,
     build_dense,
     hybrid_backends,
     is_milvus_index,
@@ -85,6 +86,7 @@ __all__ = [
     "UnsupportedFilterError",
     "is_milvus_index",
     "build_dense",
+    "build_bm25",
     "filter_expression",
     "comparison_expression",
     "combine_expressions",

@@ -47,6 +47,21 @@ def build_dense(owner: str, backend: "MilvusBackend | None", embedder: Any, conf
     return build_index(owner, lambda **kw: backend.dense(embedder, **kw), config, accepted)
 
 
+def build_bm25(owner: str, backend: Any, config: dict[str, Any], clustered: bool = False) -> Any:
+    """An empty BM25 index (``clustered``: a clustered BM25 index) for a retriever's factory
+    (``owner`` names it): in memory, or on Milvus when ``backend`` (a URI or a
+    :class:`MilvusBackend`) is given. A key of ``config`` that the index does not take raises a
+    ``TypeError`` naming ``owner`` and the accepted keys."""
+    from funnel_core.bm25 import BM25Index
+    from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
+    from funnel_core.settings import build_index, keyword_names
+
+    memory = ClusteredBM25Index if clustered else BM25Index
+    b = as_backend(backend)
+    factory = memory if b is None else b.clustered if clustered else b.bm25
+    return build_index(owner, factory, config, keyword_names(memory))
+
+
 @dataclass(frozen=True)
 class MilvusBackend:
     """Where an index keeps its data when it is not in this process's memory: Milvus.
