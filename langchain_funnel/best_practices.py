@@ -38,8 +38,8 @@ from pydantic import ConfigDict, Field
 
 from funnel_core.backends.milvus import as_backend, hybrid_backends, require_backend
 from funnel_core.best_practices.classify import QueryClassifier
-from funnel_core.best_practices.fields import ExtractiveCompressorFields, RepackFields
-from funnel_core.best_practices.fusion import check_fusion_config, fuse, same_identity
+from funnel_core.best_practices.fields import ExtractiveCompressorFields, FusionFields, RepackFields
+from funnel_core.best_practices.fusion import fuse, same_identity
 from funnel_core.best_practices.hyde import HyDE, HyDERetrieve
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
@@ -243,7 +243,7 @@ _ASYNC_TWIN = {
 }
 
 
-class HybridRetriever(BaseRetriever):
+class HybridRetriever(FusionFields, BaseRetriever):
     """Hybrid search over any two LangChain retrievers (paper section 3.4.3).
 
     Scores are read from ``Document.metadata["relevance_score"]`` (funnel-rag retrievers and
@@ -286,24 +286,10 @@ class HybridRetriever(BaseRetriever):
     dense: BaseRetriever
     k: int = Field(default=4, description="Number of documents to return.")
     dense_query: Optional[Runnable] = None
-    alpha: float = Field(
-        default=0.3, description="Sparse weight in S_h = alpha * S_sparse + S_dense, in [0, 1] (method='alpha').")
-    method: str = Field(
-        default='alpha', description='alpha (weighted sum of normalised scores) or rrf (reciprocal rank fusion).')
-    normalization: str = Field(
-        default='minmax', description="Score normalisation of each side for method='alpha': minmax, zscore or none.")
-    rrf_k: int = Field(default=60, description="RRF constant (method='rrf'; Cormack et al.: 60).")
 
     def __init__(self, **data: Any) -> None:
         check_accepted(type(self), data)
         super().__init__(**data)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in ("alpha", "method", "normalization", "rrf_k"):
-            settings = {n: getattr(self, n) for n in ("alpha", "method", "normalization", "rrf_k")}
-            settings[name] = value
-            check_fusion_config(**settings)  # validated before the field changes
-        super().__setattr__(name, value)
 
     def warm_up(self) -> "HybridRetriever":
         """Load the models of everything this retriever holds (see ``funnel_core`` ``Stage.warm_up``),
@@ -311,7 +297,7 @@ class HybridRetriever(BaseRetriever):
         return warm_up_attributes(self)
 
     def model_post_init(self, __context: Any) -> None:
-        check_fusion_config(self.method, self.alpha, self.normalization, self.rrf_k)
+        super().model_post_init(__context)  # the fusion settings
         check_positive_int(self.k, "k")
 
     # -- sides ---------------------------------------------------------------------------------
