@@ -22,7 +22,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence, cast
+from typing import Any, Mapping, Sequence, cast
 
 import numpy as np
 
@@ -31,8 +31,10 @@ from funnel_core.errors import PersistError, check_positive_int, check_query
 from funnel_core.filters import MetadataFilter, metadata_mask
 from funnel_core.funnel import Stage
 from funnel_core.hardware import autocast, normalize_dtype, resolve_dtype
+from funnel_core.index import restore_settings
 from funnel_core.models import LazyModel, load_pretrained, resolve_device
 from funnel_core.persist import load_snapshot, prepare_units, read_units, save_snapshot, write_units
+from funnel_core.settings import Settings
 from funnel_core.units import Unit, check_unique_ids
 
 __all__ = ["SentenceEmbedder", "DenseIndex", "DenseRetrieve", "EMBEDDING_CACHE",
@@ -196,7 +198,7 @@ ANN_THRESHOLD = 100_000
 _INDEX_KINDS = ("auto", "exact", "hnsw")
 
 
-class DenseIndex(FreshOnCopy):
+class DenseIndex(FreshOnCopy, Settings):
     """Dense retrieval (inner product over normalised embeddings) over units: exact (numpy) or
     approximate (a faiss HNSW graph).
 
@@ -219,7 +221,12 @@ class DenseIndex(FreshOnCopy):
     """
 
     FORMAT = "funnel-rag.dense"
-    FORMAT_VERSION = 2  # 2: snapshot layout (funnel_core.persist)
+    FORMAT_VERSION = 3  # 2: snapshot layout (funnel_core.persist); 3: settings as to_dict()
+    #: the embeddings and the graph are built with these (``ef_search`` is a query-time setting)
+    build_settings = frozenset({"embedder", "index", "ann_threshold", "hnsw_m", "ef_construction"})
+    #: the embedder is a live object, saved by its model name
+    unserialised = ("embedder",)
+    setting_attrs = {"index": "kind"}  # ``index`` is also the method that builds the index
 
     def __init__(self, embedder: SentenceEmbedder | None = None, *, index: str = "auto",
                  ann_threshold: int = ANN_THRESHOLD, hnsw_m: int = 32, ef_construction: int = 80,
@@ -408,12 +415,10 @@ class DenseIndex(FreshOnCopy):
         folder.mkdir(parents=True, exist_ok=True)
         np.save(folder / "embeddings.npy", st.embeddings, allow_pickle=False)
         write_units(folder / "units.jsonl", st.units)
-        settings = {"index": self.kind, "ann_threshold": self.ann_threshold, "hnsw_m": self.hnsw_m,
-                    "ef_construction": self.ef_construction, "ef_search": self.ef_search}
         if st.ann is not None:
             _faiss().write_index(st.ann, str(folder / "hnsw.faiss"))
         return {"model": self.embedder.model_name_or_path, "n_units": len(st.units),
-                "dimension": int(st.embeddings.shape[1]), "settings": settings,
+                "dimension": int(st.embeddings.shape[1]), "settings": self.to_dict(),
                 "ann": "hnsw" if st.ann is not None else None}
 
     def warm_up(self) -> "DenseIndex":
@@ -428,6 +433,15 @@ class DenseIndex(FreshOnCopy):
             raise RuntimeError("this DenseIndex is empty; index units before saving.")
         save_snapshot(path, self.FORMAT, self.FORMAT_VERSION, lambda folder: self._write(folder, st))
 
+    def built(self) -> bool:
+        return bool(self.__dict__["_state"].units) if "_state" in self.__dict__ else False
+
+    @classmethod
+    def _legacy_settings(cls, meta: Mapping[str, Any]) -> dict[str, Any]:
+        """The settings of a manifest written before they were ``to_dict()``: ``"settings"``
+        without the class name (or none: the defaults)."""
+        return dict(meta.get("settings") or {})
+
     @classmethod
     def _read(cls, folder: Path, meta: dict[str, Any],
               embedder: SentenceEmbedder | None = None) -> "DenseIndex":
@@ -441,12 +455,8 @@ class DenseIndex(FreshOnCopy):
             raise PersistError(f"the dense index in {str(folder)!r} is inconsistent (embeddings "
                                f"{emb.dtype} {emb.shape}, {len(units)} units, manifest {n!r}); rebuild it.")
         check_unique_ids(units)
-        settings = meta.get("settings") or {}
-        try:
-            index = cls(embedder or SentenceEmbedder(model), **settings)
-        except (TypeError, ValueError) as exc:
-            raise PersistError(f"the dense index in {str(folder)!r} has an invalid setting ({exc}); "
-                               "rebuild it.") from exc
+        index: DenseIndex = restore_settings(cls, folder, meta, "dense index",
+                                             embedder=embedder or SentenceEmbedder(model))
         ann = None
         if meta.get("ann") == "hnsw":
             ann = _faiss().read_index(str(folder / "hnsw.faiss"))

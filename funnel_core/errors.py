@@ -18,6 +18,7 @@ __all__ = [
     "PersistError",
     "check_query",
     "check_positive_int",
+    "BuiltSettingError",
     "check_probability",
 ]
 
@@ -36,6 +37,11 @@ class ModelIntegrityError(FunnelError, ValueError):
 
 class PersistError(FunnelError, OSError):
     """A persist folder is missing, incomplete or corrupt."""
+
+
+class BuiltSettingError(FunnelError, ValueError):
+    """An edit of a build-time setting of an index that is already built
+    (:attr:`funnel_core.settings.Settings.build_settings`)."""
 
 
 def check_query(query: Any) -> str:

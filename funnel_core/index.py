@@ -30,6 +30,12 @@ per-index extras of ``search`` (``name=``, ``return_clusters=``, ``query_embeddi
 
 An object that persists an index inside its own snapshot (a retriever's ``persist``/``save``)
 uses :func:`snapshot_writer` and :func:`read_snapshot_part`, never the index's private methods.
+
+Settings: every index is a :class:`~funnel_core.settings.Settings` (validated keyword settings,
+``to_dict``/``from_dict``; a build-time setting of a built index cannot be edited). Each in-memory
+index saves them as ``"settings": index.to_dict()`` in its manifest and reads them back with
+:func:`restore_settings`, which also reads the layouts written before (each index's
+``_legacy_settings``).
 """
 
 from __future__ import annotations
@@ -38,9 +44,10 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
+from funnel_core.errors import PersistError
 from funnel_core.units import Unit
 
-__all__ = ["SearchIndex", "snapshot_writer", "read_snapshot_part"]
+__all__ = ["SearchIndex", "snapshot_writer", "read_snapshot_part", "restore_settings"]
 
 
 @runtime_checkable
@@ -94,3 +101,24 @@ def read_snapshot_part(index_cls: Any, folder: Path, entry: Mapping[str, Any]) -
     ``folder`` with the manifest ``entry`` (a Milvus entry is re-opened with
     :func:`funnel_core.backends.milvus.open_index` instead: it needs the caller's URI)."""
     return index_cls._read(folder, entry)
+
+
+def restore_settings(index_cls: Any, folder: Path, meta: Mapping[str, Any], what: str,
+                     **overrides: Any) -> Any:
+    """A new, empty ``index_cls`` with the settings a manifest entry ``meta`` saved: its
+    ``"settings"`` (``index.to_dict()``), or, in a layout written before, what the class's
+    ``_legacy_settings(meta)`` reads from it; ``overrides`` (run-time settings such as
+    ``engine=``, live objects such as ``embedder=``) replace saved values. A missing, unknown or
+    invalid setting raises :class:`~funnel_core.errors.PersistError` naming ``what`` and
+    ``folder``."""
+    try:
+        saved = meta.get("settings")
+        if saved is None or "type" not in saved:  # a layout written before the settings were one dict
+            saved = {"type": index_cls.__name__, **index_cls._legacy_settings(meta)}
+        if not isinstance(saved, dict):
+            raise TypeError(f"the settings are a {type(saved).__name__}, not a dict")
+        return index_cls.from_dict(saved, **overrides)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PersistError(f"the {what} in {str(folder)!r} has an invalid or missing setting "
+                           f"({type(exc).__name__}: {exc}); it was tampered with or is corrupt: "
+                           "rebuild it.") from exc

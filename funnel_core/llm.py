@@ -35,7 +35,8 @@ from funnel_core.errors import FunnelError, check_positive_int, check_probabilit
 from funnel_core.hardware import normalize_dtype, resolve_dtype
 from funnel_core.models import LazyModel, gguf_model_kwargs, load_pretrained, resolve_device, tokenizer_lock
 
-__all__ = ["LLM", "LLMError", "LLMTimeoutError", "TransformersLLM", "as_llm", "logsumexp", "check_prompt_template"]
+__all__ = ["LLM", "LLMError", "LLMTimeoutError", "TransformersLLM", "as_llm", "logsumexp", "check_prompt_template",
+           "sampling_kwargs"]
 
 
 class LLMError(FunnelError, RuntimeError):
@@ -53,6 +54,18 @@ def logsumexp(values: Sequence[float]) -> float:
         return -math.inf
     m = max(values)
     return m + math.log(math.fsum(math.exp(v - m) for v in values))
+
+
+def sampling_kwargs(temperature: float, top_p: float, top_k: int, max_new_tokens: int) -> dict[str, Any]:
+    """The sampling settings as the frameworks' LLM calls name them (``temperature``,
+    ``max_tokens``; ``top_p`` below 1 and ``top_k`` above 0 only): what the LlamaIndex and
+    LangChain providers pass on when asked to (``pass_sampling_params=True``)."""
+    kw: dict[str, Any] = {"temperature": temperature, "max_tokens": max_new_tokens}
+    if top_p < 1.0:
+        kw["top_p"] = top_p
+    if top_k > 0:
+        kw["top_k"] = top_k
+    return kw
 
 
 def _check_prompts(prompts: Any) -> list[str]:

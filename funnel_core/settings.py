@@ -24,7 +24,9 @@ import threading
 from abc import ABCMeta
 from typing import Any, Callable, ClassVar, Mapping, TypeVar
 
-__all__ = ["Settings", "SettingsMeta", "setting_names", "check_kwargs", "StageAdapter", "build_index",
+from funnel_core.errors import BuiltSettingError
+
+__all__ = ["Settings", "SettingsMeta", "BuiltSettingError", "setting_names", "check_kwargs", "StageAdapter", "build_index",
            "keyword_names", "checked_keywords"]
 
 
@@ -90,12 +92,14 @@ _LOCK_TYPES = (type(threading.Lock()), type(threading.RLock()))
 
 
 def setting_names(cls: type) -> tuple[str, ...]:
-    """The names of ``cls.__init__``'s named parameters (its settings), in declaration order."""
+    """The names of ``cls.__init__``'s named parameters (its settings), in declaration order,
+    then those it takes through ``**kwargs`` (:attr:`Settings.keyword_settings`)."""
     names = _NAMES.get(cls)
     if names is None:
         params = inspect.signature(cls.__init__).parameters  # type: ignore[misc]
         names = tuple(n for n, p in params.items() if n != "self" and p.kind not in (
             inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD))
+        names += tuple(n for n in getattr(cls, "keyword_settings", ()) if n not in names)
         _NAMES[cls] = names
     return names
 
@@ -103,6 +107,13 @@ def setting_names(cls: type) -> tuple[str, ...]:
 class SettingsMeta(ABCMeta):
     """Marks an instance ready once its constructor has returned: from then on an assignment to a
     setting is an *edit* (validated, and dropping the model when it is a load-time setting)."""
+
+    @property
+    def __signature__(cls) -> inspect.Signature:
+        """The constructor's signature (what ``inspect.signature(cls)`` and ``help`` show),
+        not that of :meth:`__call__` below."""
+        sig = inspect.signature(cls.__init__)  # type: ignore[misc]
+        return sig.replace(parameters=list(sig.parameters.values())[1:])
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         check_kwargs(cls.__name__, kwargs, setting_names(cls))  # a typo names the accepted ones
@@ -130,6 +141,15 @@ class Settings(metaclass=SettingsMeta):
     #: A setting stored under another attribute name (e.g. ``{"model": "model_name"}`` where
     #: ``model`` is the loaded model); every other setting is the attribute of its own name.
     setting_attrs: ClassVar[dict[str, str]] = {}
+    #: Settings that shape what an index builds (BM25's ``k1``, a tokenizer's stemmer, a
+    #: clustering's ``max_tokens``): editable until :meth:`built` is true, then an edit raises
+    #: :class:`BuiltSettingError` naming the setting (the built data would no longer match it).
+    build_settings: ClassVar[frozenset[str]] = frozenset()
+    #: Settings a constructor takes through ``**kwargs`` and passes on (a Milvus BM25 index's
+    #: tokenizer settings, which it may also adopt from its collection): accepted, named in
+    #: errors, and editable like the others (the class reads and stores them itself, see
+    #: :meth:`_setting` and :meth:`_take_setting`).
+    keyword_settings: ClassVar[tuple[str, ...]] = ()
 
     # -- reading and writing the settings ----------------------------------------------------
     def settings(self) -> dict[str, Any]:
@@ -148,21 +168,36 @@ class Settings(metaclass=SettingsMeta):
                 return name
         return attr if attr in setting_names(cls) and attr not in cls.setting_attrs else None
 
+    def built(self) -> bool:
+        """Whether this object holds data built with its :attr:`build_settings` (an index
+        answers true once it is built or loaded; a stage has none)."""
+        return False
+
     def __setattr__(self, attr: str, value: Any) -> None:
         name = self._setting_of(attr) if self.__dict__.get("_settings_ready") else None
         if name is None:
             object.__setattr__(self, attr, value)
             return
+        if name in self.build_settings and self.built():
+            raise BuiltSettingError(
+                f"{name} is a build-time setting of this {type(self).__name__}, which is already "
+                f"built with {name}={self._setting(name)!r}; build a new index with the new value "
+                f"({type(self).__name__}.from_dict({{**index.to_dict(), {name!r}: ...}}).index(...)).")
         old = self._setting(name)
         # validated and normalised by the constructor itself: a dry construction with the edit
         # (constructors store settings and load nothing, so this is cheap)
         probe = type(self)(**{**self.settings(), name: value})
         if name in self.load_settings and not _same(old, probe._setting(name)):
             self._detach_models()
-            object.__setattr__(self, attr, getattr(probe, attr))
+            self._take_setting(name, attr, probe)
             self.drop_model()
         else:
-            object.__setattr__(self, attr, getattr(probe, attr))
+            self._take_setting(name, attr, probe)
+
+    def _take_setting(self, name: str, attr: str, probe: Any) -> None:
+        """Store the setting ``name`` (in the attribute ``attr``) as ``probe``, the dry
+        construction that validated the edit, holds it."""
+        object.__setattr__(self, attr, getattr(probe, attr))
 
     def drop_model(self) -> None:
         """Forget the loaded model (it reloads lazily at the next call)."""

@@ -36,16 +36,15 @@ from langchain_core.runnables import Runnable, RunnableBranch, RunnableConfig, R
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore, VectorStoreRetriever
 from pydantic import ConfigDict, Field
 
-from funnel_core.backends.milvus import as_backend, hybrid_backends
+from funnel_core.backends.milvus import as_backend, hybrid_backends, require_backend
 from funnel_core.best_practices.classify import QueryClassifier
-from funnel_core.best_practices.fields import ExtractiveCompressorFields, RepackFields
-from funnel_core.best_practices.fusion import check_fusion_config, fuse
+from funnel_core.best_practices.fields import ExtractiveCompressorFields, FusionFields, RepackFields
+from funnel_core.best_practices.fusion import fuse, same_identity
 from funnel_core.best_practices.hyde import HyDE, HyDERetrieve
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import warm_up_attributes
 from funnel_core.settings import check_accepted, check_kwargs, checked_keywords, setting_names
-from funnel_core.units import Unit
 from langchain_funnel._base import (
     RELEVANCE_SCORE,
     StageCompressor,
@@ -54,7 +53,6 @@ from langchain_funnel._base import (
 )
 from langchain_funnel.dense import DenseRetriever
 from langchain_funnel.llm import as_provider
-from langchain_funnel.milvus import require_milvus
 from langchain_funnel.rerank import TransformerBase
 from langchain_funnel.retrievers import BM25Retriever
 
@@ -245,7 +243,7 @@ _ASYNC_TWIN = {
 }
 
 
-class HybridRetriever(BaseRetriever):
+class HybridRetriever(FusionFields, BaseRetriever):
     """Hybrid search over any two LangChain retrievers (paper section 3.4.3).
 
     Scores are read from ``Document.metadata["relevance_score"]`` (funnel-rag retrievers and
@@ -263,7 +261,8 @@ class HybridRetriever(BaseRetriever):
     The two sides name a document alike when its ``Document.id`` is set. Documents without ids
     (LangChain's default) get different names on each side (our BM25 numbers them, a vector
     store gives them uuids), so a dense document whose id the sparse side did not return is
-    matched to the sparse document with the same text (:func:`same_identity`): the same
+    matched to the sparse document with the same text
+    (:func:`funnel_core.best_practices.fusion.same_identity`): the same
     document is fused once, never returned twice.
 
     The fusion fields (``alpha``, ``method``, ``normalization``, ``rrf_k``) are validated at
@@ -287,24 +286,10 @@ class HybridRetriever(BaseRetriever):
     dense: BaseRetriever
     k: int = Field(default=4, description="Number of documents to return.")
     dense_query: Optional[Runnable] = None
-    alpha: float = Field(
-        default=0.3, description="Sparse weight in S_h = alpha * S_sparse + S_dense, in [0, 1] (method='alpha').")
-    method: str = Field(
-        default='alpha', description='alpha (weighted sum of normalised scores) or rrf (reciprocal rank fusion).')
-    normalization: str = Field(
-        default='minmax', description="Score normalisation of each side for method='alpha': minmax, zscore or none.")
-    rrf_k: int = Field(default=60, description="RRF constant (method='rrf'; Cormack et al.: 60).")
 
     def __init__(self, **data: Any) -> None:
         check_accepted(type(self), data)
         super().__init__(**data)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in ("alpha", "method", "normalization", "rrf_k"):
-            settings = {n: getattr(self, n) for n in ("alpha", "method", "normalization", "rrf_k")}
-            settings[name] = value
-            check_fusion_config(**settings)  # validated before the field changes
-        super().__setattr__(name, value)
 
     def warm_up(self) -> "HybridRetriever":
         """Load the models of everything this retriever holds (see ``funnel_core`` ``Stage.warm_up``),
@@ -312,7 +297,7 @@ class HybridRetriever(BaseRetriever):
         return warm_up_attributes(self)
 
     def model_post_init(self, __context: Any) -> None:
-        check_fusion_config(self.method, self.alpha, self.normalization, self.rrf_k)
+        super().model_post_init(__context)  # the fusion settings
         check_positive_int(self.k, "k")
 
     # -- sides ---------------------------------------------------------------------------------
@@ -522,27 +507,6 @@ def query_classifier_branch(classifier: QueryClassifier, retrieval_chain: Runnab
                            retrieval_chain), direct_chain)
 
 
-def same_identity(sparse: Sequence[Unit], dense: Sequence[Unit]) -> None:
-    """Give a dense unit the id of the sparse unit that is the same document, in place.
-
-    Two retrievers built over the same id-less Documents (LangChain's default) name them
-    differently: our BM25 numbers them ``"0"``, ``"1"``, ..., a vector store gives them uuids.
-    A dense unit whose id the sparse side also returned keeps it; otherwise it takes the id of
-    the first sparse unit with the same text whose own id the dense side did not return, so
-    fusion merges the two copies instead of returning the text twice. Documents with ids both
-    sides share are matched by id alone.
-    """
-    dense_ids = {u.id for u in dense}
-    sparse_ids = {u.id for u in sparse}
-    free: dict[str, list[str]] = {}
-    for u in sparse:
-        if u.id not in dense_ids:
-            free.setdefault(u.text, []).append(u.id)
-    for u in dense:
-        if u.id not in sparse_ids and free.get(u.text):
-            u.id = free[u.text].pop(0)
-
-
 def hybrid_sides(documents: Optional[Iterable[Document]], backend: Any, embedder: Any = None,
                  candidates: int = 20, dense_config: Optional[dict] = None,
                  **bm25_config: Any) -> tuple[Any, DenseRetriever]:
@@ -551,7 +515,7 @@ def hybrid_sides(documents: Optional[Iterable[Document]], backend: Any, embedder
     ``<collection>_bm25`` and ``<collection>_dense`` (``collection`` default ``funnel_hybrid``)."""
     candidates = check_positive_int(candidates, "candidates")
     if documents is None:
-        sb, db = hybrid_backends(require_milvus(backend, "HybridRetriever.from_backend"))
+        sb, db = hybrid_backends(require_backend(backend, "HybridRetriever.from_backend"))
         return (BM25Retriever.from_backend(sb, k=candidates),
                 DenseRetriever.from_backend(db, embedder, k=candidates))
     b = as_backend(backend)

@@ -10,13 +10,13 @@ from typing import Any, Iterable, Union
 from langchain_core.documents import Document
 from pydantic import Field
 
-from funnel_core.backends.milvus import MilvusBackend, MilvusDenseIndex, as_backend, build_dense
+from funnel_core.backends.milvus import MilvusBackend, MilvusDenseIndex, as_backend, build_dense, require_backend
 from funnel_core.embeddings import DenseIndex
 from funnel_core.settings import check_kwargs
 from funnel_core.units import Unit
 from langchain_funnel._base import UnitRetriever
 from langchain_funnel.corpus import units_from_documents
-from langchain_funnel.milvus import require_milvus, search_filter
+from langchain_funnel.milvus import search_filter
 
 __all__ = ["DenseRetriever"]
 
@@ -55,7 +55,7 @@ class DenseRetriever(UnitRetriever):
         was built with (default: the packaged all-MiniLM-L6-v2)."""
         check_kwargs(f"{cls.__name__}.from_backend", settings,
                      [n for n in cls.model_fields if n != "index"])  # before opening the collection
-        b = require_milvus(backend, "DenseRetriever.from_backend")
+        b = require_backend(backend, "DenseRetriever.from_backend")
         return cls(index=b.dense(embedder).open(), **settings)
 
     def _search(self, query: str, k: int, filter: Any = None) -> list[Unit]:

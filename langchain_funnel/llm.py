@@ -12,7 +12,7 @@ from typing import Any
 from langchain_core.language_models import BaseChatModel, BaseLanguageModel
 from langchain_core.messages import BaseMessage, HumanMessage
 
-from funnel_core.llm import LLM, as_llm
+from funnel_core.llm import LLM, as_llm, sampling_kwargs
 from funnel_core.settings import checked_keywords
 
 __all__ = ["LangChainLLM", "as_provider", "message_text"]  # stage_llm: for the adapters
@@ -65,12 +65,7 @@ class LangChainLLM(LLM):
     def _runnable(self, temperature: float, top_p: float, top_k: int, max_new_tokens: int) -> Any:
         if not self.pass_sampling_params:
             return self.model
-        kw: dict[str, Any] = {"temperature": temperature, "max_tokens": max_new_tokens}
-        if top_p < 1.0:
-            kw["top_p"] = top_p
-        if top_k > 0:
-            kw["top_k"] = top_k
-        return self.model.bind(**kw)
+        return self.model.bind(**sampling_kwargs(temperature, top_p, top_k, max_new_tokens))
 
     def _inputs(self, prompts: list[str], n: int) -> list[Any]:
         chat = isinstance(self.model, BaseChatModel)

@@ -26,13 +26,7 @@ from langchain_core.structured_query import (
     Visitor,
 )
 
-from funnel_core.backends.milvus import (
-    MilvusBackend,
-    UnsupportedFilterError,
-    as_backend,
-    filter_expression,
-    is_milvus_index,
-)
+from funnel_core.backends.milvus import UnsupportedFilterError, filter_expression, is_milvus_index
 from funnel_core.filters import Comparison as CoreComparison
 from funnel_core.filters import Condition, combine_filters
 from funnel_core.settings import checked_keywords
@@ -115,11 +109,3 @@ def search_filter(index: Any, floor: Any, call: Any) -> Any:
     (:func:`funnel_core.filters.combine_filters`; an empty or blank one adds nothing), each
     pushed down first (:func:`push_down`)."""
     return combine_filters(push_down(index, floor), push_down(index, call))
-
-
-def require_milvus(backend: Any, where: str) -> MilvusBackend:
-    b = as_backend(backend)
-    if b is None:
-        raise ValueError(f"{where} re-opens a Milvus collection: pass backend=MilvusBackend(uri, "
-                         "collection=...) or a Milvus URI, not 'memory'.")
-    return b

@@ -29,22 +29,21 @@ from funnel_core.backends.milvus import (
     MilvusBackend,
     MilvusBM25Index,
     MilvusClusteredBM25Index,
-    as_backend,
-    is_milvus_entry,
+    build_bm25,
     load_index,
-    open_index,
+    require_backend,
 )
+from funnel_core.backends.persist import load_retriever, save_retriever
 from funnel_core.bm25 import BM25Index
 from funnel_core.errors import PersistError, check_positive_int
 from funnel_core.filters import MetadataFilter, persistable_filter
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
-from funnel_core.index import read_snapshot_part, snapshot_writer
-from funnel_core.persist import load_snapshot, save_snapshot, snapshot_info
-from funnel_core.settings import build_index, check_kwargs, keyword_names
+from funnel_core.persist import snapshot_info
+from funnel_core.settings import check_kwargs
 from funnel_core.units import Unit, units_from_texts
 from langchain_funnel._base import UnitRetriever
 from langchain_funnel.corpus import units_from_documents
-from langchain_funnel.milvus import push_down, require_milvus, search_filter
+from langchain_funnel.milvus import push_down, search_filter
 
 Backend = Union[MilvusBackend, str, None]
 
@@ -68,7 +67,7 @@ class BM25Retriever(UnitRetriever):
         """Index ``texts``; ``bm25_config`` goes to the index (an unknown key raises, naming
         this class and the accepted ones); ``k`` and ``filter`` are the retriever's."""
         units = units_from_texts(texts, ids, metadatas, "passage")
-        return cls(index=_bm25(cls.__name__, backend, bm25_config).index(units), k=k,
+        return cls(index=build_bm25(cls.__name__, backend, bm25_config).index(units), k=k,
                    filter=filter)
 
     @classmethod
@@ -76,7 +75,7 @@ class BM25Retriever(UnitRetriever):
                        filter: Any = None, **bm25_config: Any) -> "BM25Retriever":
         """Index ``documents``; the settings as in :meth:`from_texts`."""
         units = units_from_documents(documents, "passage")
-        return cls(index=_bm25(cls.__name__, backend, bm25_config).index(units), k=k,
+        return cls(index=build_bm25(cls.__name__, backend, bm25_config).index(units), k=k,
                    filter=filter)
 
     @classmethod
@@ -84,7 +83,7 @@ class BM25Retriever(UnitRetriever):
         """Re-open a BM25 collection built before (no re-indexing; its tokenizer settings are
         read from Milvus); ``settings`` are this retriever's (``k``, ``filter``)."""
         check_kwargs(f"{cls.__name__}.from_backend", settings, cls._settings)
-        return cls(index=require_milvus(backend, f"{cls.__name__}.from_backend").bm25().open(), **settings)
+        return cls(index=require_backend(backend, f"{cls.__name__}.from_backend").bm25().open(), **settings)
 
     def _search(self, query: str, k: int, filter: MetadataFilter = None) -> list[Unit]:
         return self.index.search(query, k=k, filter=search_filter(self.index, self.filter, filter))
@@ -139,7 +138,7 @@ class ClusteredBM25Retriever(UnitRetriever):
         ``max_tokens``, ``adjacency``, ``knn_k``, ``knn_threshold`` and BM25 settings (an
         unknown one raises, naming this class and the accepted ones)."""
         check_positive_int(k_clusters, "k_clusters")
-        index = _clustered(cls.__name__, backend, index_settings)
+        index = build_bm25(cls.__name__, backend, index_settings, clustered=True)
         index.index(units_from_texts(texts, ids, metadatas, "document"))
         return cls(index=index, k=k, filter=filter, k_clusters=k_clusters,
                    return_clusters=return_clusters)
@@ -150,7 +149,7 @@ class ClusteredBM25Retriever(UnitRetriever):
                        **index_settings: Any) -> "ClusteredBM25Retriever":
         """Cluster and index ``documents``; the settings as in :meth:`from_texts`."""
         check_positive_int(k_clusters, "k_clusters")
-        index = _clustered(cls.__name__, backend, index_settings)
+        index = build_bm25(cls.__name__, backend, index_settings, clustered=True)
         index.index(units_from_documents(documents, "document"))
         return cls(index=index, k=k, filter=filter, k_clusters=k_clusters,
                    return_clusters=return_clusters)
@@ -161,7 +160,7 @@ class ClusteredBM25Retriever(UnitRetriever):
         """Re-open a clustered collection built before (no re-clustering, no re-indexing);
         ``settings`` are this retriever's (``k``, ``k_clusters``, ``return_clusters``, ``filter``)."""
         check_kwargs(f"{cls.__name__}.from_backend", settings, cls._settings)
-        b = require_milvus(backend, f"{cls.__name__}.from_backend")
+        b = require_backend(backend, f"{cls.__name__}.from_backend")
         return cls(index=b.clustered().open(), **settings)
 
     def _search(self, query: str, k: int, filter: MetadataFilter = None,
@@ -194,27 +193,15 @@ def _save(retriever: Any, path: str | Path) -> None:
     # a filter that cannot be saved (a predicate, a mask) refuses the save before anything is
     # written: the loaded retriever would be wider than this one
     settings["filter"] = persistable_filter(settings.get("filter"), f"{type(retriever).__name__}.save")
-    write_index = snapshot_writer(retriever.index)  # this state; an empty index raises here
-
-    def write(folder: Path) -> dict:  # over Milvus: a manifest entry, no files (no data)
-        return {"index": write_index(folder / "index"), "settings": settings}
-
-    save_snapshot(path, f"funnel-rag.langchain.{type(retriever).__name__}", 1, write)
+    save_retriever(path, f"funnel-rag.langchain.{type(retriever).__name__}", retriever.index, settings)
 
 
 def _load(cls: Any, path: str | Path, index_cls: Any, overrides: dict[str, Any]) -> Any:
     token = overrides.pop("token", None)
     backend = overrides.pop("backend", None)  # where a Milvus index lives: the caller says
-
-    def read(folder: Path, manifest: dict) -> tuple:
-        meta = manifest["meta"]
-        entry = meta.get("index") or {}
-        index = entry if is_milvus_entry(entry) else read_snapshot_part(index_cls, folder / "index", entry)
-        return index, dict(meta.get("settings") or {})
-
     try:
-        index, settings = load_snapshot(path, f"funnel-rag.langchain.{cls.__name__}", 1,
-                                        f"saved {cls.__name__}", read)
+        index, settings, _, _ = load_retriever(path, f"funnel-rag.langchain.{cls.__name__}", index_cls,
+                                               f"saved {cls.__name__}", backend=backend, token=token)
     except PersistError:
         try:
             ours = snapshot_info(path).get("format") == f"funnel-rag.langchain.{cls.__name__}"
@@ -226,8 +213,6 @@ def _load(cls: Any, path: str | Path, index_cls: Any, overrides: dict[str, Any])
         milvus = {"uri": backend, "token": token} if backend is not None or token else {}
         settings, index = {}, load_index(path, index_cls, **milvus)
     check_kwargs(f"{cls.__name__}.load", overrides, cls._settings)
-    if isinstance(index, dict):  # saved over Milvus: re-open the collection (outside the
-        index = open_index(index, uri=backend, token=token)  # snapshot read, so its errors are its own)
     return cls(index=index, **{**settings, **overrides})
 
 
@@ -244,14 +229,3 @@ def _saved_filter(index: Any, flt: Any) -> Any:
         return flt
     return "" if expr is None else expr  # "": no constraint
 
-
-def _bm25(owner: str, backend: Backend, config: dict[str, Any]) -> Any:
-    b = as_backend(backend)
-    return build_index(owner, BM25Index if b is None else b.bm25, config,
-                       keyword_names(BM25Index))
-
-
-def _clustered(owner: str, backend: Backend, config: dict[str, Any]) -> Any:
-    b = as_backend(backend)
-    return build_index(owner, ClusteredBM25Index if b is None else b.clustered, config,
-                       keyword_names(ClusteredBM25Index, BM25Index))

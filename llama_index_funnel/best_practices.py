@@ -37,9 +37,9 @@ from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.query_engine import CustomQueryEngine
 from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 
-from funnel_core.backends.milvus import as_backend, hybrid_backends
+from funnel_core.backends.milvus import as_backend, hybrid_backends, require_backend
 from funnel_core.best_practices.classify import QueryClassifier
-from funnel_core.best_practices.fields import ExtractiveCompressorFields, RepackFields
+from funnel_core.best_practices.fields import FUSION_SETTINGS, ExtractiveCompressorFields, FusionFields, RepackFields
 from funnel_core.best_practices.fusion import check_fusion_config, fuse
 from funnel_core.best_practices.hyde import HyDE
 from funnel_core.embeddings import SentenceEmbedder
@@ -49,7 +49,6 @@ from funnel_core.settings import check_accepted, check_kwargs, checked_keywords,
 from llama_index_funnel._base import StagePostprocessor, nodes_to_units, units_to_nodes
 from llama_index_funnel.dense import DenseRetriever
 from llama_index_funnel.llm import as_provider
-from llama_index_funnel.milvus import milvus_backend
 from llama_index_funnel.retrievers import BM25Retriever
 
 __all__ = [
@@ -107,6 +106,10 @@ class SentenceEmbedderEmbedding(BaseEmbedding):
         return await asyncio.to_thread(self._get_text_embeddings, texts)
 
 
+#: The fusion settings' defaults, declared once in :class:`~funnel_core.best_practices.fields.FusionFields`.
+_FUSION: dict[str, Any] = {n: FusionFields.model_fields[n].default for n in FUSION_SETTINGS}
+
+
 class HybridRetriever(BaseRetriever):
     """Hybrid search over two LlamaIndex retrievers (paper section 3.4.3).
 
@@ -140,8 +143,8 @@ class HybridRetriever(BaseRetriever):
     def __init__(self, sparse_retriever: BaseRetriever, dense_retriever: BaseRetriever, *,
                  similarity_top_k: Optional[int] = 10,
                  callback_manager: Optional[CallbackManager] = None, verbose: bool = False,
-                 alpha: float = 0.3, method: str = "alpha", normalization: str = "minmax",
-                 rrf_k: int = 60) -> None:
+                 alpha: float = _FUSION["alpha"], method: str = _FUSION["method"],
+                 normalization: str = _FUSION["normalization"], rrf_k: int = _FUSION["rrf_k"]) -> None:
         for label, r in (("sparse_retriever", sparse_retriever), ("dense_retriever", dense_retriever)):
             if not isinstance(r, BaseRetriever):
                 raise TypeError(f"{label} must be a LlamaIndex BaseRetriever, got {type(r).__name__}.")
@@ -152,9 +155,8 @@ class HybridRetriever(BaseRetriever):
         super().__init__(callback_manager=callback_manager, verbose=verbose)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in ("alpha", "method", "normalization", "rrf_k") and "rrf_k" in self.__dict__:
-            settings = {n: self.__dict__[n] for n in ("alpha", "method", "normalization", "rrf_k")}
-            settings[name] = value
+        if name in FUSION_SETTINGS and "rrf_k" in self.__dict__:
+            settings = {**{n: self.__dict__[n] for n in FUSION_SETTINGS}, name: value}
             value = {**settings, "alpha": check_fusion_config(**settings)}[name]
         super().__setattr__(name, value)
 
@@ -405,7 +407,7 @@ def hybrid_sides(nodes: Optional[Sequence[BaseNode]], backend: Any, embedder: An
     b = as_backend(backend)
     candidates = check_positive_int(candidates, "candidates")
     if nodes is None:
-        b = milvus_backend(backend, "HybridRetriever.from_backend")
+        b = require_backend(backend, "HybridRetriever.from_backend")
         sb, db = hybrid_backends(b)
         return (BM25Retriever.from_backend(sb, similarity_top_k=candidates),
                 DenseRetriever.from_backend(db, embedder, similarity_top_k=candidates))

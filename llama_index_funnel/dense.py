@@ -12,14 +12,14 @@ import numpy as np
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 
-from funnel_core.backends.milvus import MilvusBackend, MilvusDenseIndex, as_backend, build_dense
+from funnel_core.backends.milvus import MilvusBackend, MilvusDenseIndex, as_backend, build_dense, require_backend
 from funnel_core.embeddings import DenseIndex
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.settings import checked_keywords
 from funnel_core.units import Unit
 from llama_index_funnel._base import UnitRetriever, units_to_nodes
 from llama_index_funnel.corpus import nodes_from, units_of
-from llama_index_funnel.milvus import is_milvus, milvus_backend, restore_nodes, search_filter, with_shells
+from llama_index_funnel.milvus import is_milvus, restore_nodes, search_filter, with_shells
 
 __all__ = ["DenseRetriever"]
 
@@ -73,7 +73,7 @@ class DenseRetriever(UnitRetriever):
                      similarity_top_k: int = 10, filters: Any = None) -> "DenseRetriever":
         """Re-open a dense collection built before (no re-embedding); pass the ``embedder`` it
         was built with (default: the packaged all-MiniLM-L6-v2)."""
-        b = milvus_backend(backend, f"{cls.__name__}.from_backend")
+        b = require_backend(backend, f"{cls.__name__}.from_backend")
         return cls(b.dense(embedder).open(), None, similarity_top_k=similarity_top_k, filters=filters)
 
     def _originals(self) -> Mapping[str, BaseNode]:

@@ -12,7 +12,7 @@ from typing import Any
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.llms.llm import LLM as LlamaIndexBaseLLM
 
-from funnel_core.llm import LLM, as_llm
+from funnel_core.llm import LLM, as_llm, sampling_kwargs
 from funnel_core.settings import checked_keywords
 
 __all__ = ["LlamaIndexLLM", "as_provider"]  # stage_llm: for the adapters
@@ -45,14 +45,7 @@ class LlamaIndexLLM(LLM):
 
     def _kwargs(self, temperature: float, top_p: float, top_k: int,
                 max_new_tokens: int) -> dict[str, Any]:
-        if not self.pass_sampling_params:
-            return {}
-        kw: dict[str, Any] = {"temperature": temperature, "max_tokens": max_new_tokens}
-        if top_p < 1.0:
-            kw["top_p"] = top_p
-        if top_k > 0:
-            kw["top_k"] = top_k
-        return kw
+        return sampling_kwargs(temperature, top_p, top_k, max_new_tokens) if self.pass_sampling_params else {}
 
     def _is_chat(self) -> bool:
         return bool(getattr(self.llm.metadata, "is_chat_model", False))

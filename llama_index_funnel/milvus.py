@@ -18,13 +18,12 @@ from typing import Any, Mapping, Optional, Sequence
 from llama_index.core.schema import BaseNode
 from llama_index.core.vector_stores.types import MetadataFilters
 
-from funnel_core.backends.milvus import MilvusBackend, as_backend, filter_expression, is_milvus_index
+from funnel_core.backends.milvus import filter_expression, is_milvus_index
 from funnel_core.filters import combine_filters
-from funnel_core.settings import checked_keywords
 from funnel_core.units import Unit
 from llama_index_funnel.filters import to_core_filter
 
-__all__ = ["to_milvus_filter", "is_milvus", "milvus_backend", "with_shells", "restore_nodes",
+__all__ = ["to_milvus_filter", "is_milvus", "with_shells", "restore_nodes",
            "search_filter"]
 
 
@@ -84,16 +83,6 @@ def is_milvus(index: Any) -> bool:
     """Whether ``index`` keeps its data in Milvus (its results carry the stored node structure
     that :func:`restore_nodes` takes out)."""
     return is_milvus_index(index)
-
-
-@checked_keywords
-def milvus_backend(backend: Any, where: str) -> MilvusBackend:
-    """``backend`` as a :class:`MilvusBackend`; ``None``/``"memory"`` is an error naming ``where``."""
-    b = as_backend(backend)
-    if b is None:
-        raise ValueError(f"{where} re-opens a Milvus collection: pass backend=MilvusBackend(uri, "
-                         "collection=...) or a Milvus URI, not 'memory'.")
-    return b
 
 
 def _native(flt: Any) -> Any:

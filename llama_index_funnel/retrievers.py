@@ -29,18 +29,17 @@ from llama_index.core.schema import BaseNode, NodeWithScore
 from llama_index.core.storage.docstore import BaseDocumentStore, SimpleDocumentStore
 from llama_index.core.vector_stores.types import MetadataFilters
 
-from funnel_core.backends.milvus import MilvusBackend, as_backend, is_milvus_entry, open_index
+from funnel_core.backends.milvus import MilvusBackend, build_bm25, require_backend
+from funnel_core.backends.persist import load_retriever, save_retriever
 from funnel_core.bm25 import BM25Index
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.filters import persistable_filter
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
-from funnel_core.index import read_snapshot_part, snapshot_writer
-from funnel_core.persist import load_snapshot, save_snapshot, snapshot_owner
-from funnel_core.settings import build_index, checked_keywords, keyword_names
+from funnel_core.settings import checked_keywords
 from funnel_core.units import Unit
 from llama_index_funnel._base import UnitRetriever, units_to_nodes
 from llama_index_funnel.corpus import nodes_from, units_of
-from llama_index_funnel.milvus import is_milvus, milvus_backend, restore_nodes, search_filter, with_shells
+from llama_index_funnel.milvus import is_milvus, restore_nodes, search_filter, with_shells
 
 __all__ = ["BM25Retriever", "ClusteredBM25Retriever"]
 
@@ -105,21 +104,19 @@ class _NodeRetriever(UnitRetriever):
         stores, are left alone. A second retriever of the same class persisted into the same
         ``path`` is refused (it would replace the first) unless ``overwrite=True``; this
         retriever, or one loaded from ``path``, may persist there again."""
-        write_index = snapshot_writer(self.index)  # this state; an empty index raises here
         nodes = list(self._nodes.values())
-        settings = self._saved_settings()
 
-        def write(folder: Path) -> dict:
-            meta = write_index(folder / "index")
-            if is_milvus_entry(meta):  # over Milvus: a manifest entry only, no data, no nodes
-                return {"index": meta, "n_nodes": 0, "settings": settings}
+        def write_nodes(folder: Path, on_milvus: bool) -> dict:
+            if on_milvus:  # over Milvus: a manifest entry only, no data, no nodes
+                return {"n_nodes": 0}
             store = SimpleDocumentStore()
             store.add_documents(nodes)
             store.persist(str(folder / "nodes.json"))
-            return {"index": meta, "n_nodes": len(nodes), "settings": settings}
+            return {"n_nodes": len(nodes)}
 
-        save_snapshot(Path(path) / self._index_dir, f"funnel-rag.llama-index.{self._index_dir}", 1, write,
-                      owner=self._persist_owner(), overwrite=overwrite)
+        save_retriever(Path(path) / self._index_dir, f"funnel-rag.llama-index.{self._index_dir}", self.index,
+                       self._saved_settings(), files=write_nodes, owner=self._persist_owner(),
+                       overwrite=overwrite)
 
     def _persist_owner(self) -> str:
         """Who persisted a folder: this object, or the one it was loaded from (see persist)."""
@@ -136,25 +133,13 @@ class _NodeRetriever(UnitRetriever):
         collection at ``backend=`` (the Milvus URI or a ``MilvusBackend``, with ``token=`` for a
         server): the folder records neither the URI nor the token, only a fingerprint of the URI
         that ``backend`` must match."""
+        def read_nodes(folder: Path, meta: Mapping[str, Any]) -> list:
+            return list(SimpleDocumentStore.from_persist_path(str(folder / "nodes.json")).docs.values())
 
-        owner: list[Optional[str]] = [None]
-
-        def read(folder: Path, manifest: dict) -> tuple:
-            meta = manifest["meta"]
-            owner[0] = snapshot_owner(manifest)
-            entry = meta.get("index") or {}
-            settings = dict(meta.get("settings") or {})
-            if is_milvus_entry(entry):
-                return entry, [], settings
-            index = read_snapshot_part(cls._index_cls, folder / "index", entry)
-            store = SimpleDocumentStore.from_persist_path(str(folder / "nodes.json"))
-            return index, list(store.docs.values()), settings
-
-        index, nodes, settings = load_snapshot(Path(path) / cls._index_dir,
-                                               f"funnel-rag.llama-index.{cls._index_dir}", 1,
-                                               f"{cls.__name__} (in {cls._index_dir}/)", read, verify=verify)
-        if isinstance(index, dict):  # opened outside the snapshot read: its errors are its own
-            index = open_index(index, uri=backend, token=token)
+        index, settings, nodes, owner = load_retriever(
+            Path(path) / cls._index_dir, f"funnel-rag.llama-index.{cls._index_dir}", cls._index_cls,
+            f"{cls.__name__} (in {cls._index_dir}/)", files=read_nodes, backend=backend, token=token,
+            verify=verify)
         if "max_documents" in settings:  # saved before it was removed: it capped the nodes
             cap = settings.pop("max_documents")
             if cap is not None:
@@ -162,8 +147,8 @@ class _NodeRetriever(UnitRetriever):
         flt = settings.get("filters")
         if isinstance(flt, dict) and set(flt) == {"metadata_filters"}:
             settings["filters"] = MetadataFilters.model_validate(flt["metadata_filters"])
-        loaded = cls(index, nodes, **{**settings, **kwargs})  # type: ignore[call-arg, arg-type]
-        loaded._owner_id = owner[0]  # it may persist back into the folder it came from
+        loaded = cls(index, nodes or [], **{**settings, **kwargs})  # type: ignore[call-arg, arg-type]
+        loaded._owner_id = owner  # it may persist back into the folder it came from
         return loaded
 
 
@@ -198,11 +183,9 @@ class BM25Retriever(_NodeRetriever):
         """Build from nodes or a docstore; ``bm25_config`` goes to :class:`BM25Index`
         (``backend=``: build into Milvus instead, see :class:`funnel_core.backends.milvus.MilvusBackend`)."""
         nodes = nodes_from(nodes, docstore)
-        b = as_backend(backend)
-        index = build_index(cls.__name__, BM25Index if b is None else b.bm25, bm25_config,
-                            keyword_names(BM25Index))
+        index = build_bm25(cls.__name__, backend, bm25_config)
         units = units_of(nodes, "passage")
-        index.index(units if b is None else with_shells(units, nodes))
+        index.index(with_shells(units, nodes) if is_milvus(index) else units)
         return cls(index, nodes, similarity_top_k=similarity_top_k, filters=filters)
 
     @classmethod
@@ -211,7 +194,7 @@ class BM25Retriever(_NodeRetriever):
                      filters: Filter = None) -> "BM25Retriever":
         """Re-open a BM25 collection built before (no re-indexing; its tokenizer settings are
         read from Milvus); results are ``TextNode``s rebuilt from the collection."""
-        index = milvus_backend(backend, f"{cls.__name__}.from_backend").bm25().open()
+        index = require_backend(backend, f"{cls.__name__}.from_backend").bm25().open()
         return cls(index, [], similarity_top_k=similarity_top_k, filters=filters)
 
     def _search(self, query: str, filters: Filter = None, k: Optional[int] = None) -> list[Unit]:
@@ -284,11 +267,9 @@ class ClusteredBM25Retriever(_NodeRetriever):
         nodes = nodes_from(nodes, docstore)
         check_positive_int(similarity_top_k, "similarity_top_k")
         check_positive_int(k_clusters, "k_clusters")
-        b = as_backend(backend)
-        index = build_index(cls.__name__, ClusteredBM25Index if b is None else b.clustered,
-                            index_settings, keyword_names(ClusteredBM25Index, BM25Index))
+        index = build_bm25(cls.__name__, backend, index_settings, clustered=True)
         units = units_of(nodes, "document")
-        index.index(units if b is None else with_shells(units, nodes))
+        index.index(with_shells(units, nodes) if is_milvus(index) else units)
         return cls(index, nodes, similarity_top_k=similarity_top_k, filters=filters,
                    k_clusters=k_clusters, return_clusters=return_clusters)
 
@@ -299,7 +280,7 @@ class ClusteredBM25Retriever(_NodeRetriever):
                      return_clusters: bool = False) -> "ClusteredBM25Retriever":
         """Re-open a clustered collection built before (no re-clustering, no re-indexing);
         results are ``TextNode``s rebuilt from the collection."""
-        index = milvus_backend(backend, f"{cls.__name__}.from_backend").clustered().open()
+        index = require_backend(backend, f"{cls.__name__}.from_backend").clustered().open()
         return cls(index, [], similarity_top_k=similarity_top_k, filters=filters,
                    k_clusters=k_clusters, return_clusters=return_clusters)
 

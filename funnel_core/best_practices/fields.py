@@ -10,14 +10,43 @@ themselves do not need it.
 
 from __future__ import annotations
 
-from typing import ClassVar, Optional
+from typing import Any, ClassVar, Optional
 
 from pydantic import BaseModel, Field
 
 from funnel_core.best_practices.compress import ExtractiveCompressor
+from funnel_core.best_practices.fusion import check_fusion_config
 from funnel_core.best_practices.repack import Repack
 
-__all__ = ["RepackFields", "ExtractiveCompressorFields"]
+__all__ = ["RepackFields", "ExtractiveCompressorFields", "FusionFields", "FUSION_SETTINGS"]
+
+#: The fusion settings of :class:`~funnel_core.best_practices.fusion.HybridRetrieve` that both
+#: frameworks' ``HybridRetriever`` offer (their sides are framework retrievers, not stages).
+FUSION_SETTINGS = ("alpha", "method", "normalization", "rrf_k")
+
+
+class FusionFields(BaseModel):
+    """The fusion settings of :class:`~funnel_core.best_practices.fusion.HybridRetrieve`, for
+    both frameworks' ``HybridRetriever``: LangChain's inherits the fields, LlamaIndex's (not a
+    pydantic model) takes their defaults. Validated together (:func:`check_fusion_config`) at
+    construction and at every assignment, before the field changes."""
+
+    alpha: float = Field(
+        default=0.3, description="Sparse weight in S_h = alpha * S_sparse + S_dense, in [0, 1] (method='alpha').")
+    method: str = Field(
+        default='alpha', description='alpha (weighted sum of normalised scores) or rrf (reciprocal rank fusion).')
+    normalization: str = Field(
+        default='minmax', description="Score normalisation of each side for method='alpha': minmax, zscore or none.")
+    rrf_k: int = Field(default=60, description="RRF constant (method='rrf'; Cormack et al.: 60).")
+
+    def model_post_init(self, __context: Any) -> None:
+        super().model_post_init(__context)
+        check_fusion_config(self.method, self.alpha, self.normalization, self.rrf_k)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in FUSION_SETTINGS:
+            check_fusion_config(**{**{n: getattr(self, n) for n in FUSION_SETTINGS}, name: value})
+        super().__setattr__(name, value)
 
 
 class RepackFields(BaseModel):

@@ -45,6 +45,7 @@ __all__ = [
     "rrf_fusion",
     "fuse",
     "check_fusion_config",
+    "same_identity",
     "HybridRetrieve",
 ]
 
@@ -191,6 +192,27 @@ def fuse(sparse: Sequence[Unit], dense: Sequence[Unit], *, method: str = "alpha"
     else:
         out = alpha_fusion(sparse, dense, alpha=alpha, normalization=normalization, stage=stage)
     return out[:k] if k is not None else out
+
+
+def same_identity(sparse: Sequence[Unit], dense: Sequence[Unit]) -> None:
+    """Give a dense unit the id of the sparse unit that is the same document, in place.
+
+    Two retrievers built over the same id-less Documents (LangChain's default) name them
+    differently: our BM25 numbers them ``"0"``, ``"1"``, ..., a vector store gives them uuids.
+    A dense unit whose id the sparse side also returned keeps it; otherwise it takes the id of
+    the first sparse unit with the same text whose own id the dense side did not return, so
+    fusion merges the two copies instead of returning the text twice. Documents with ids both
+    sides share are matched by id alone.
+    """
+    dense_ids = {u.id for u in dense}
+    sparse_ids = {u.id for u in sparse}
+    free: dict[str, list[str]] = {}
+    for u in sparse:
+        if u.id not in dense_ids:
+            free.setdefault(u.text, []).append(u.id)
+    for u in dense:
+        if u.id not in sparse_ids and free.get(u.text):
+            u.id = free[u.text].pop(0)
 
 
 class HybridRetrieve(Settings, Stage):

@@ -31,7 +31,9 @@ from funnel_core.errors import PersistError, check_positive_int, check_query
 from funnel_core.filters import MetadataFilter, metadata_mask
 from funnel_core.funnel import Stage
 from funnel_core.hardware import available_cores
+from funnel_core.index import restore_settings
 from funnel_core.persist import check_number, load_snapshot, prepare_units, read_units, save_snapshot, write_units
+from funnel_core.settings import Settings
 from funnel_core.text import CJK_MODES, check_token_pattern, clean_text, split_cjk
 from funnel_core.units import SCORE_PREFIX, Unit, check_unique_ids, units_from_texts
 
@@ -39,7 +41,7 @@ __all__ = ["BM25Index", "BM25Retrieve", "bm25_scores", "METHODS"]
 
 METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
 FORMAT = "funnel-rag.bm25"
-FORMAT_VERSION = 2  # 2: snapshot layout (funnel_core.persist), cjk setting
+FORMAT_VERSION = 3  # 2: snapshot layout (funnel_core.persist), cjk setting; 3: settings as to_dict()
 DEFAULT_TOKEN_PATTERN = r"(?u)\b\w\w+\b"
 #: Distinct metadata keys whose filter columns an index caches (least recently used dropped).
 FILTER_CACHE_SIZE = 32
@@ -132,10 +134,9 @@ def _numba_installed() -> bool:
     return importlib.util.find_spec("numba") is not None
 
 
-def _compiled(config: Mapping[str, Any], retriever: Any) -> bool:
+def _compiled(engine: str, retriever: Any) -> bool:
     """Does this index score with :mod:`funnel_core.bm25._numba`? (engine numba, or auto with numba
     installed; not for bm25l / bm25+, whose scores include every document: numpy path)."""
-    engine = config["engine"]
     return (engine == "numba" or (engine == "auto" and _numba_installed())) \
         and retriever.nonoccurrence_array is None
 
@@ -325,6 +326,11 @@ def stopword_set(stopwords: str | Sequence[str] | None) -> frozenset:
     return frozenset(stopwords)
 
 
+#: The BM25 index's tokenizer and scoring settings (the keys of :attr:`BM25Index.config`).
+BM25_SETTINGS = ("method", "k1", "b", "delta", "stemmer", "stopwords", "token_pattern", "lower",
+                 "engine", "cjk")
+
+
 def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """Check every BM25 setting (also those read from a saved manifest); return a clean copy."""
     method = config.get("method", "lucene")
@@ -366,15 +372,14 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
     if cjk not in CJK_MODES:
         raise ValueError(f"cjk must be one of {CJK_MODES}, got {cjk!r}; use 'bigram' for Chinese/"
                          "Japanese text written without spaces.")
-    unknown = set(config) - {"method", "k1", "b", "delta", "stemmer", "stopwords", "token_pattern",
-                             "lower", "engine", "cjk"}
+    unknown = set(config) - set(BM25_SETTINGS)
     if unknown:
         raise TypeError(f"unknown BM25 setting(s) {sorted(unknown)}.")
     return dict(method=method, k1=float(k1), b=float(b), delta=float(delta), stemmer=stemmer,
                 stopwords=stop, token_pattern=token_pattern, lower=lower, engine=engine, cjk=cjk)
 
 
-class BM25Index(FreshOnCopy):
+class BM25Index(FreshOnCopy, Settings):
     """A BM25 index over :class:`~funnel_core.units.Unit` objects.
 
     Args:
@@ -405,21 +410,38 @@ class BM25Index(FreshOnCopy):
     #: the per-thread stemmer cache and the writer lock are rebuilt in copies and unpickled indexes
     _fresh_on_copy = {"_write_lock": threading.Lock, "_local": threading.local,
                       "_plan": lambda: None}
+    #: every setting but the scoring engine and the progress bars shapes the built index
+    build_settings = frozenset(BM25_SETTINGS) - {"engine"}
+    #: a tokenizer edit (before the index is built) drops the compiled token plan
+    load_settings = frozenset({"stopwords", "token_pattern"})
+    model_attrs = ("_plan",)
 
     def __init__(self, *, method: str = "lucene", k1: float = 1.5, b: float = 0.75,
                  delta: float = 0.5, stemmer: str | None = "english",
                  stopwords: str | list[str] | None = "en",
                  token_pattern: str = DEFAULT_TOKEN_PATTERN, lower: bool = True,
                  engine: str = "auto", cjk: str | None = None, show_progress: bool = False) -> None:
-        self.config: dict[str, Any] = validate_config(dict(
+        config = validate_config(dict(
             method=method, k1=k1, b=b, delta=delta, stemmer=stemmer, stopwords=stopwords,
             token_pattern=token_pattern, lower=lower, engine=engine, cjk=cjk))
+        self.method, self.k1, self.b, self.delta = (config[n] for n in ("method", "k1", "b", "delta"))
+        self.stemmer, self.stopwords, self.token_pattern = stemmer, config["stopwords"], token_pattern
+        self.lower, self.engine, self.cjk = lower, engine, cjk
         if stemmer is not None:
             self._make_stemmer()  # fail early on an unknown language
         self.show_progress = show_progress
         self._state: _State | None = None
         self._local = threading.local()
         self._write_lock = threading.Lock()
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The tokenizer and scoring settings (every setting but ``show_progress``), as
+        :func:`validate_config` returns them."""
+        return {n: getattr(self, n) for n in BM25_SETTINGS}
+
+    def built(self) -> bool:
+        return self.__dict__.get("_state") is not None
 
     # -- state views (read the state once per call for a consistent view) ------------------
     @property
@@ -437,7 +459,7 @@ class BM25Index(FreshOnCopy):
     def _make_stemmer(self):
         import Stemmer
 
-        lang = self.config["stemmer"]
+        lang = self.stemmer
         try:
             return Stemmer.Stemmer(lang)
         except KeyError as exc:
@@ -447,20 +469,21 @@ class BM25Index(FreshOnCopy):
             ) from exc
 
     def _stemmer(self):
-        # PyStemmer objects are not thread-safe: one per thread.
-        if self.config["stemmer"] is None:
+        # PyStemmer objects are not thread-safe: one per thread (and per language: the stemmer
+        # of an index not built yet may be edited)
+        if self.stemmer is None:
             return None
-        st = getattr(self._local, "stemmer", None)
-        if st is None:
-            st = self._local.stemmer = self._make_stemmer()
-        return st
+        cached = getattr(self._local, "stemmer", None)
+        if cached is None or cached[0] != self.stemmer:
+            cached = self._local.stemmer = (self.stemmer, self._make_stemmer())
+        return cached[1]
 
     def _token_plan(self) -> tuple[Callable[[str], list[str]], frozenset]:
         """The compiled token pattern's ``findall`` and the stopword set (built once)."""
         plan = self.__dict__.get("_plan")
         if plan is None:
-            words = stopword_set(self.config["stopwords"])
-            plan = self._plan = (re.compile(self.config["token_pattern"]).findall, words)
+            words = stopword_set(self.stopwords)
+            plan = self._plan = (re.compile(self.token_pattern).findall, words)
         return plan
 
     def tokenize(self, texts: Sequence[str]) -> list[list[str]]:
@@ -472,7 +495,7 @@ class BM25Index(FreshOnCopy):
         Lone surrogates are replaced by U+FFFD first (see :func:`~funnel_core.text.clean_text`).
         """
         findall, stop = self._token_plan()
-        lower = self.config["lower"]
+        lower = self.lower
         out: list[list[str]] = []
         for text in texts:
             text = clean_text(text)
@@ -487,13 +510,13 @@ class BM25Index(FreshOnCopy):
                 distinct = list({t: None for toks in out for t in toks})
                 stems = dict(zip(distinct, stemmer.stemWords(distinct)))
                 out = [[stems[t] for t in toks] for toks in out]
-        cjk = self.config["cjk"]
+        cjk = self.cjk
         return [split_cjk(t, cjk) for t in out] if cjk else out
 
     def term_counts(self, texts: Sequence[str]) -> TermCounts:
         """How often each index term occurs in each text, tokenized exactly as :meth:`tokenize`
         does (see :mod:`funnel_core.bm25.counts`): what :meth:`index_counts` builds from."""
-        if self.config["cjk"]:  # CJK splits stemmed tokens: tokenize each text whole
+        if self.cjk:  # CJK splits stemmed tokens: tokenize each text whole
             def split(text: str) -> list[str]:
                 return self.tokenize([text])[0]
 
@@ -501,9 +524,9 @@ class BM25Index(FreshOnCopy):
                 return list(tokens)
         else:
             findall, stop = self._token_plan()
-            lower = self.config["lower"]
+            lower = self.lower
             stemmer = self._stemmer()
-            default = self.config["token_pattern"] == DEFAULT_TOKEN_PATTERN
+            default = self.token_pattern == DEFAULT_TOKEN_PATTERN
 
             def split(text: str) -> list[str]:
                 if default and text.isascii():
@@ -530,14 +553,14 @@ class BM25Index(FreshOnCopy):
         """Whether texts joined by ``separator`` tokenize to their tokens one after the other (no
         token spans the join), so their :meth:`term_counts` add up: true for the default token
         pattern and a separator without word characters; a custom pattern is not assumed to."""
-        return self.config["token_pattern"] == DEFAULT_TOKEN_PATTERN and not re.search(r"\w", separator)
+        return self.token_pattern == DEFAULT_TOKEN_PATTERN and not re.search(r"\w", separator)
 
     # -- building --------------------------------------------------------------------------
     def _no_tokens(self, units: list[Unit]) -> ValueError:
-        stop = self.config["stopwords"]
+        stop = self.stopwords
         return ValueError(
             f"none of the {len(units)} units has an indexable token (token_pattern="
-            f"{self.config['token_pattern']!r}, stopwords={stop if isinstance(stop, str) else 'custom' if stop else None!r}"
+            f"{self.token_pattern!r}, stopwords={stop if isinstance(stop, str) else 'custom' if stop else None!r}"
             f", e.g. unit id={units[0].id!r} text={units[0].text!r:.60}); index text with words, "
             "or loosen the tokenizer (stopwords=None, token_pattern=r'\\w+', cjk='bigram' for "
             "Chinese/Japanese).")
@@ -545,12 +568,12 @@ class BM25Index(FreshOnCopy):
     def _bm25s(self) -> Any:
         import bm25s
 
-        return bm25s.BM25(method=self.config["method"], k1=self.config["k1"], b=self.config["b"],
-                          delta=self.config["delta"],
+        return bm25s.BM25(method=self.method, k1=self.k1, b=self.b,
+                          delta=self.delta,
                           backend="numpy")  # engine="numba" runs our cached kernels instead
 
     def _build(self, units: list[Unit], counts: TermCounts | None = None) -> _State:
-        if self.config["method"] in COUNT_METHODS:
+        if self.method in COUNT_METHODS:
             if counts is None:
                 counts = self.term_counts([u.text for u in units])
             if counts.matrix.shape[0] != len(units):
@@ -560,7 +583,7 @@ class BM25Index(FreshOnCopy):
             retriever = self._bm25s()
             # the attributes bm25s.BM25.index sets, computed from the counts (equal to its own)
             retriever.scores, retriever.vocab_dict = bm25_weights(
-                counts, self.config["method"], self.config["k1"], self.config["b"])
+                counts, self.method, self.k1, self.b)
             retriever.unique_token_ids_set = set(retriever.vocab_dict.values())
             retriever.nonoccurrence_array = None
         else:  # bm25l / bm25+: bm25s adds its non-occurrence scores
@@ -688,7 +711,7 @@ class BM25Index(FreshOnCopy):
         ids = st.retriever.get_tokens_ids(list(tokens)) if tokens else []
         if not ids:  # only stopwords / no known term: nothing matches
             return np.zeros(len(st.units), dtype=np.float32)
-        if _compiled(self.config, st.retriever):
+        if _compiled(self.engine, st.retriever):
             from funnel_core.bm25._numba import dense_scores
 
             s = st.retriever.scores
@@ -750,7 +773,7 @@ class BM25Index(FreshOnCopy):
         if not live or n_allowed == 0:
             return results
         tokens = self.tokenize([queries[i] for i in live])
-        search = _search_compiled if _compiled(self.config, st.retriever) else _search_blocks
+        search = _search_compiled if _compiled(self.engine, st.retriever) else _search_blocks
         idx, val, counts = search(st.retriever, tokens, k, mask, n_threads)
         with _gc_paused(len(live) > 1):
             for qi, out in zip(live, _build_hits(st.units, st.flat, idx, val, counts, name)):
@@ -760,30 +783,31 @@ class BM25Index(FreshOnCopy):
     # -- persistence -----------------------------------------------------------------------
     def _write(self, folder: Path, st: _State | None = None) -> dict[str, Any]:
         """Write the files of a state (default: the current one) into ``folder``; return the
-        settings."""
+        manifest entry (the settings, :meth:`to_dict`, and the number of units)."""
         st = st or self._require_built()
         folder.mkdir(parents=True, exist_ok=True)
         st.retriever.save(str(folder / "bm25s"), show_progress=False)
         write_units(folder / "units.jsonl", st.units)
-        return {"config": self.config, "n_units": len(st.units)}
+        return {"settings": self.to_dict(), "n_units": len(st.units)}
+
+    @classmethod
+    def _legacy_settings(cls, meta: Mapping[str, Any]) -> dict[str, Any]:
+        """The settings of a manifest written before they were ``to_dict()``: a ``"config"`` dict,
+        whose scoring engine may still be called ``backend``."""
+        config = meta.get("config")
+        if not isinstance(config, dict):
+            raise KeyError("settings")
+        config = dict(config)
+        if "backend" in config:  # written before the scoring engine was called engine=
+            config["engine"] = config.pop("backend")
+        return config
 
     @classmethod
     def _read(cls, folder: Path, meta: Mapping[str, Any], engine: str | None = None) -> "BM25Index":
         import bm25s
 
-        config = meta.get("config")
-        if not isinstance(config, dict):
-            raise PersistError(f"the BM25 manifest in {str(folder)!r} has no settings.")
-        config = dict(config)
-        if "backend" in config:  # written before the scoring engine was called engine=
-            config["engine"] = config.pop("backend")
-        if engine is not None:
-            config["engine"] = engine
-        try:
-            index = cls(**validate_config(config))
-        except (TypeError, ValueError) as exc:
-            raise PersistError(f"the BM25 index in {str(folder)!r} has an invalid setting ({exc}); "
-                               "it was tampered with or is corrupt: rebuild it.") from exc
+        index: BM25Index = restore_settings(cls, folder, meta, "BM25 index",
+                                            **({} if engine is None else {"engine": engine}))
         units = read_units(folder / "units.jsonl")
         retriever = bm25s.BM25.load(str(folder / "bm25s"))
         retriever.backend = "numpy"  # bm25s' numba path recompiles in every process; ours is cached

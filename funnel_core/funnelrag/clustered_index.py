@@ -13,6 +13,7 @@ and rank stay in the bookkeeping (``funnel["cluster_id"]``, ``["cluster_score"]`
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from funnel_core.bm25 import FILTER_CACHE_SIZE, BM25Index, TermCounts
+from funnel_core.bm25.index import BM25_SETTINGS
 from funnel_core.cache import FreshOnCopy, LRUCache
 from funnel_core.errors import PersistError, check_positive_int, check_query
 from funnel_core.filters import MetadataFilter, metadata_mask
@@ -35,15 +37,22 @@ from funnel_core.funnelrag.clustering import (
     has_links,
     link_adjacency,
 )
+from funnel_core.index import restore_settings
 from funnel_core.persist import check_number, load_snapshot, prepare_units, read_units, save_snapshot, write_units
+from funnel_core.settings import Settings
 from funnel_core.text import count_tokens
 from funnel_core.units import SCORE_PREFIX, Unit, check_unique_ids
 
 __all__ = ["ClusteredBM25Index", "ClusteredBM25Retrieve", "rank_opened_documents", "check_clustering_settings"]
 
 FORMAT = "funnel-rag.clustered-bm25"
-FORMAT_VERSION = 2  # 2: snapshot layout (funnel_core.persist), incremental cluster ids
+FORMAT_VERSION = 3  # 2: snapshot layout (funnel_core.persist), incremental cluster ids; 3: settings as to_dict()
 ADJACENCY_MODES = ("auto", "links", "bm25")
+#: The clustering settings (of the in-memory and the Milvus clustered index).
+CLUSTERING_SETTINGS = ("max_tokens", "adjacency", "knn_k", "knn_threshold")
+#: BM25Index's defaults, which the clustered index's BM25 settings take (written once, there).
+_BM25: dict[str, Any] = {n: p.default for n, p in inspect.signature(BM25Index.__init__).parameters.items()
+                         if n in BM25_SETTINGS}
 _SEPARATOR = "\n\n"  # joins member texts into a cluster text (as build_clusters does)
 
 
@@ -102,7 +111,7 @@ def _cluster_number(cluster_id: str) -> int:
     return int(tail) if tail.isdigit() else -1
 
 
-class ClusteredBM25Index(FreshOnCopy):
+class ClusteredBM25Index(FreshOnCopy, Settings):
     """Documents clustered into ~``max_tokens`` units, with a BM25 index over the clusters.
 
     Args:
@@ -113,8 +122,9 @@ class ClusteredBM25Index(FreshOnCopy):
             cluster by a key of your own). A user's ``links`` key is never read.
         knn_k: Neighbours per document in the BM25 kNN graph.
         knn_threshold: Minimum normalised BM25 similarity of an edge.
-        **bm25_config: Settings of the BM25 index over clusters (method, k1, b, stemmer,
-            stopwords, token_pattern, backend, cjk...).
+        method, k1, b, delta, stemmer, stopwords, token_pattern, lower, engine, cjk: The
+            settings of the BM25 indexes over the clusters and the documents, as for
+            :class:`~funnel_core.bm25.BM25Index` (same defaults).
 
     The whole built state (documents, clusters, cluster BM25 index, lookups) is one immutable
     object swapped in a single assignment by :meth:`index`, :meth:`add` and :meth:`delete`, so
@@ -127,13 +137,31 @@ class ClusteredBM25Index(FreshOnCopy):
     merging clusters again. After many updates, call :meth:`index` again to re-cluster.
     """
 
+    #: every setting but BM25's scoring engine shapes the clusters or their index
+    build_settings = frozenset(CLUSTERING_SETTINGS + BM25_SETTINGS) - {"engine"}
+
     def __init__(self, *, max_tokens: int = 4096, adjacency: str = "auto", knn_k: int = 20,
-                 knn_threshold: float = 0.1, **bm25_config: Any) -> None:
+                 knn_threshold: float = 0.1, method: str = _BM25["method"], k1: float = _BM25["k1"],
+                 b: float = _BM25["b"], delta: float = _BM25["delta"],
+                 stemmer: str | None = _BM25["stemmer"], stopwords: str | list[str] | None = _BM25["stopwords"],
+                 token_pattern: str = _BM25["token_pattern"], lower: bool = _BM25["lower"],
+                 engine: str = _BM25["engine"], cjk: str | None = _BM25["cjk"]) -> None:
         self.max_tokens, self.adjacency, self.knn_k, self.knn_threshold = check_clustering_settings(
             max_tokens, adjacency, knn_k, knn_threshold)
-        self.bm25_config = dict(BM25Index(**bm25_config).config)  # validated, complete
+        config = BM25Index(method=method, k1=k1, b=b, delta=delta, stemmer=stemmer, stopwords=stopwords,
+                           token_pattern=token_pattern, lower=lower, engine=engine, cjk=cjk).config
+        for name in BM25_SETTINGS:  # validated, as the BM25 index stores them
+            setattr(self, name, config[name])
         self._state: _ClusteredState | None = None
         self._write_lock = threading.Lock()
+
+    @property
+    def bm25_config(self) -> dict[str, Any]:
+        """The settings of the BM25 indexes over the clusters and the documents."""
+        return {n: getattr(self, n) for n in BM25_SETTINGS}
+
+    def built(self) -> bool:
+        return self.__dict__.get("_state") is not None
 
     # -- state views -----------------------------------------------------------------------
 
@@ -421,9 +449,7 @@ class ClusteredBM25Index(FreshOnCopy):
         write_units(folder / "documents.jsonl", st.documents)
         cluster_meta = st.cluster_index._write(folder / "clusters")
         document_meta = st.document_index._write(folder / "documents_bm25")
-        return dict(max_tokens=self.max_tokens, adjacency=self.adjacency, knn_k=self.knn_k,
-                    knn_threshold=self.knn_threshold, bm25_config=self.bm25_config,
-                    n_documents=len(st.documents), n_clusters=len(st.clusters),
+        return dict(settings=self.to_dict(), n_documents=len(st.documents), n_clusters=len(st.clusters),
                     next_cluster=st.next_cluster, clusters=cluster_meta, documents_bm25=document_meta)
 
     def save(self, path: str | os.PathLike) -> None:
@@ -433,15 +459,21 @@ class ClusteredBM25Index(FreshOnCopy):
         save_snapshot(path, FORMAT, FORMAT_VERSION, lambda folder: self._write(folder, st))
 
     @classmethod
+    def _legacy_settings(cls, m: Mapping[str, Any]) -> dict[str, Any]:
+        """The settings of a manifest written before they were ``to_dict()``: the clustering
+        settings as keys of their own and the BM25 ones in ``bm25_config`` (whose scoring engine
+        may still be called ``backend``)."""
+        bm25_config = m["bm25_config"]
+        if not isinstance(bm25_config, dict):
+            raise TypeError("bm25_config must be a dict")
+        # saved before BM25's scoring engine was called engine= (it was backend=)
+        bm25_config = {("engine" if k == "backend" else k): v for k, v in bm25_config.items()}
+        return {**{n: m[n] for n in CLUSTERING_SETTINGS}, **bm25_config}
+
+    @classmethod
     def _read(cls, folder: Path, m: Mapping[str, Any]) -> "ClusteredBM25Index":
+        obj: ClusteredBM25Index = restore_settings(cls, folder, m, "clustered BM25 index")
         try:
-            bm25_config = m["bm25_config"]
-            if not isinstance(bm25_config, dict):
-                raise TypeError("bm25_config must be a dict")
-            # saved before BM25's scoring engine was called engine= (it was backend=)
-            bm25_config = {("engine" if k == "backend" else k): v for k, v in bm25_config.items()}
-            obj = cls(max_tokens=m["max_tokens"], adjacency=m["adjacency"], knn_k=m["knn_k"],
-                      knn_threshold=m["knn_threshold"], **bm25_config)
             next_cluster = check_number(m["next_cluster"], "next_cluster", 0, 1e12, integer=True)
         except (KeyError, TypeError, ValueError) as exc:
             raise PersistError(f"the clustered BM25 index in {str(folder)!r} has an invalid or missing "

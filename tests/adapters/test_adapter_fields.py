@@ -107,3 +107,20 @@ def test_the_fields_model_comes_first_in_the_bases(name, cls):
     assert issubclass(first, BaseModel) and first.__module__.startswith("funnel_core."), \
         f"{name} lists {first.__name__} first, not its stage's fields model"
     assert getattr(first, "stage_class", None) is cls.stage_class
+
+
+@pytest.mark.parametrize("setting", ["alpha", "method", "normalization", "rrf_k"])
+def test_both_hybrid_retrievers_take_the_fusion_settings_from_one_declaration(setting):
+    """The fusion settings are declared once (FusionFields) with HybridRetrieve's defaults:
+    LangChain's HybridRetriever inherits the field, LlamaIndex's constructor takes its default."""
+    from funnel_core.best_practices.fields import FUSION_SETTINGS, FusionFields
+    from funnel_core.best_practices.fusion import HybridRetrieve
+
+    assert setting in FUSION_SETTINGS
+    stage_default = inspect.signature(HybridRetrieve.__init__).parameters[setting].default
+    assert FusionFields.model_fields[setting].default == stage_default
+    assert setting in FusionFields.__annotations__
+    assert setting not in lc.HybridRetriever.__dict__.get("__annotations__", {}), \
+        "langchain_funnel.HybridRetriever declares it again"
+    assert lc.HybridRetriever.model_fields[setting].default == stage_default
+    assert inspect.signature(li.HybridRetriever.__init__).parameters[setting].default == stage_default

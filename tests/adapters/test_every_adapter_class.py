@@ -402,7 +402,6 @@ FACTORY_CASES: dict[str, Callable[..., Any]] = {
         NEVER_OPENED, **kw),
     "llama_index_funnel:as_stage": lambda c, **kw: li.funnel.as_stage(li_bm25(), **kw),
     "llama_index_funnel:as_provider": lambda c, **kw: li.llm.as_provider(MockLLM(max_tokens=3), **kw),
-    "llama_index_funnel:milvus_backend": lambda c, **kw: li.milvus.milvus_backend(NEVER_OPENED, "here", **kw),
     "langchain_funnel:CompressionRetriever.from_stages": lambda c, **kw: lc.CompressionRetriever.from_stages(
         lc_bm25(), **kw),
     "langchain_funnel:HyDERetriever.from_llm": lambda c, **kw: lc.HyDERetriever.from_llm(

@@ -93,9 +93,9 @@ def test_an_index_saved_with_the_old_backend_key_loads(tmp_path, corpus_units, m
     idx = BM25Index().index(corpus_units)
     write = BM25Index._write
 
-    def old_write(self, folder, st=None):
+    def old_write(self, folder, st=None):  # the settings as a "config" dict, as written then
         meta = write(self, folder, st)
-        config = dict(meta["config"])
+        config = {k: v for k, v in meta.pop("settings").items() if k not in ("type", "show_progress")}
         config["backend"] = config.pop("engine")
         return {**meta, "config": config}
 

@@ -217,7 +217,7 @@ def test_newer_layout_is_refused(tmp_path, corpus_units):
 def test_tampered_settings_are_rejected(tmp_path, corpus_units, key, value, match):
     path = tmp_path / "ix"
     BM25Index().index(corpus_units).save(path)
-    rewrite_manifest(path, lambda m: m["meta"]["config"].update({key: value}))
+    rewrite_manifest(path, lambda m: m["meta"]["settings"].update({key: value}))
     t0 = time.perf_counter()
     with pytest.raises(PersistError, match=match):
         BM25Index.load(path)

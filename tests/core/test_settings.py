@@ -11,13 +11,16 @@ import pickle
 
 import pytest
 
+from funnel_core.backends.milvus import MilvusBM25Index, MilvusClusteredBM25Index, MilvusDenseIndex
 from funnel_core.best_practices.compress import ExtractiveCompressor
 from funnel_core.best_practices.fusion import HybridRetrieve
 from funnel_core.best_practices.hyde import HyDE, HyDERetrieve
 from funnel_core.best_practices.repack import Repack
+from funnel_core.bm25 import BM25Index
 from funnel_core.embeddings import DenseIndex, SentenceEmbedder
 from funnel_core.fbrag import ForwardLookup
 from funnel_core.funnelrag.chunking import LaterChunking
+from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
 from funnel_core.granularity.graph import GraphGranularityBuilder
 from funnel_core.granularity.levels import MultiGranularityChunker
 from funnel_core.granularity.retrieval import MixOfGranularityRetrieve
@@ -67,6 +70,12 @@ def _stages(tiny_cross_encoder_path="m") -> list[Settings]:
         HybridRetrieve(_no_hits, _no_hits, alpha=0.7, method="rrf", rrf_k=10),
         HyDE("some/lm", n=2, temperature=0.7, max_new_tokens=32),
         HyDERetrieve(DenseIndex(SentenceEmbedder("some/embedder")), HyDE("some/lm", n=2, temperature=0.7), k=7),
+        BM25Index(k1=1.2, stemmer=None, stopwords=["a", "the"], engine="numpy"),
+        ClusteredBM25Index(max_tokens=100, adjacency="bm25", k1=1.1, cjk="bigram"),
+        DenseIndex(SentenceEmbedder("some/embedder"), index="exact", ef_search=64),
+        MilvusBM25Index("never_opened.db", "c", k1=1.1, stemmer=None),
+        MilvusClusteredBM25Index("never_opened.db", "c", max_tokens=100, b=0.5),
+        MilvusDenseIndex("never_opened.db", "c", SentenceEmbedder("some/embedder"), metric="COSINE", ef=40),
     ]
 
 
@@ -87,7 +96,7 @@ def test_every_settings_class_is_covered():
 @pytest.mark.parametrize("stage", _stages(), ids=lambda s: type(s).__name__)
 def test_from_dict_of_to_dict_round_trips(stage):
     data = stage.to_dict()
-    if isinstance(stage, (MixOfGranularityRetrieve, HybridRetrieve, HyDERetrieve)):  # live objects: passed again
+    if isinstance(stage, (MixOfGranularityRetrieve, HybridRetrieve, HyDERetrieve, DenseIndex, MilvusDenseIndex)):  # live objects: passed again
         live = {n: stage._setting(n) for n in type(stage).unserialised}
         back = type(stage).from_dict(data, **live)
     else:

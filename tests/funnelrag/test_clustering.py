@@ -314,14 +314,22 @@ def test_a_clustered_index_saved_with_the_old_backend_key_loads(tmp_path, corpus
     bm25_write, clustered_write = BM25Index._write, ClusteredBM25Index._write
 
     def old_key(config):
-        config = dict(config)
+        config = {k: v for k, v in config.items() if k not in ("type", "show_progress")}
         config["backend"] = config.pop("engine")
         return config
 
-    monkeypatch.setattr(BM25Index, "_write", lambda self, folder, st=None: {
-        **bm25_write(self, folder, st), "config": old_key(bm25_write(self, folder, st)["config"])})
-    monkeypatch.setattr(ClusteredBM25Index, "_write", lambda self, folder, st=None: {
-        **(m := clustered_write(self, folder, st)), "bm25_config": old_key(m["bm25_config"])})
+    def old_bm25(self, folder, st=None):  # the settings as a "config" dict, as written then
+        m = bm25_write(self, folder, st)
+        return {**m, "config": old_key(m.pop("settings"))}
+
+    def old_clustered(self, folder, st=None):  # clustering settings as keys, BM25's in bm25_config
+        m = clustered_write(self, folder, st)
+        settings = m.pop("settings")
+        clustering = {n: settings.pop(n) for n in ("max_tokens", "adjacency", "knn_k", "knn_threshold")}
+        return {**m, **clustering, "bm25_config": old_key(settings)}
+
+    monkeypatch.setattr(BM25Index, "_write", old_bm25)
+    monkeypatch.setattr(ClusteredBM25Index, "_write", old_clustered)
     idx.save(tmp_path / "old")
     monkeypatch.undo()
     loaded = ClusteredBM25Index.load(tmp_path / "old")

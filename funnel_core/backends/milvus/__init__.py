@@ -50,9 +50,11 @@ from __future__ import annotations
 from funnel_core.backends.milvus.backend import (
     MilvusBackend,
     as_backend,
+    build_bm25,
     build_dense,
     hybrid_backends,
     is_milvus_index,
+    require_backend,
 )
 from funnel_core.backends.milvus.bm25 import MilvusBM25Index
 from funnel_core.backends.milvus.client import (
@@ -84,6 +86,7 @@ __all__ = [
     "UnsupportedFilterError",
     "is_milvus_index",
     "build_dense",
+    "build_bm25",
     "filter_expression",
     "comparison_expression",
     "combine_expressions",
@@ -93,6 +96,7 @@ __all__ = [
     "is_milvus_entry",
     "MilvusBackend",
     "as_backend",
+    "require_backend",
     "hybrid_backends",
     "FORMAT_VERSION",
 ]

@@ -16,6 +16,7 @@ from funnel_core.backends.milvus.client import normalise_uri, split_credentials
 from funnel_core.backends.milvus.clustered import MilvusClusteredBM25Index
 from funnel_core.backends.milvus.collection import Collection
 from funnel_core.backends.milvus.dense import MilvusDenseIndex
+from funnel_core.settings import checked_keywords
 
 
 def is_milvus_index(index: Any) -> bool:
@@ -44,6 +45,21 @@ def build_dense(owner: str, backend: "MilvusBackend | None", embedder: Any, conf
         return build_index(owner, lambda **kw: DenseIndex(embedder, **kw), config, accepted)
     accepted = [n for n in keyword_names(MilvusDenseIndex) if n not in _CONNECTION]
     return build_index(owner, lambda **kw: backend.dense(embedder, **kw), config, accepted)
+
+
+def build_bm25(owner: str, backend: Any, config: dict[str, Any], clustered: bool = False) -> Any:
+    """An empty BM25 index (``clustered``: a clustered BM25 index) for a retriever's factory
+    (``owner`` names it): in memory, or on Milvus when ``backend`` (a URI or a
+    :class:`MilvusBackend`) is given. A key of ``config`` that the index does not take raises a
+    ``TypeError`` naming ``owner`` and the accepted keys."""
+    from funnel_core.bm25 import BM25Index
+    from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
+    from funnel_core.settings import build_index, keyword_names
+
+    memory = ClusteredBM25Index if clustered else BM25Index
+    b = as_backend(backend)
+    factory = memory if b is None else b.clustered if clustered else b.bm25
+    return build_index(owner, factory, config, keyword_names(memory))
 
 
 @dataclass(frozen=True)
@@ -127,6 +143,17 @@ def as_backend(backend: Any) -> MilvusBackend | None:
                              "funnel_core.backends.milvus.MilvusBackend(uri, token=..., db_name=...).") from exc
     raise TypeError(f"backend must be None/'memory', a Milvus URI string or a "
                     f"funnel_core.backends.milvus.MilvusBackend, got {type(backend).__name__}.")
+
+
+@checked_keywords
+def require_backend(backend: Any, where: str) -> MilvusBackend:
+    """``backend`` as a :class:`MilvusBackend` for ``where`` (a ``from_backend`` that re-opens a
+    collection); ``None``/``"memory"`` is an error naming ``where``."""
+    b = as_backend(backend)
+    if b is None:
+        raise ValueError(f"{where} re-opens a Milvus collection: pass backend=MilvusBackend(uri, "
+                         "collection=...) or a Milvus URI, not 'memory'.")
+    return b
 
 
 def hybrid_backends(backend: MilvusBackend) -> tuple[MilvusBackend, MilvusBackend]:

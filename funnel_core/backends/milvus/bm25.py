@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Iterator, Mapping, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
     pass  # typing.Self from Python 3.11
@@ -13,7 +13,9 @@ if TYPE_CHECKING:  # pragma: no cover
 from funnel_core.backends.milvus.client import FORMAT_VERSION, MAX_ID_BYTES, MAX_TOPK, MAX_VARCHAR, MilvusSettingsError
 from funnel_core.backends.milvus.collection import Collection, check_id, check_varchar, manifest_fields, unit_from_row
 from funnel_core.backends.milvus.expressions import filter_expression, milvus_tokens
+from funnel_core.bm25.index import BM25_SETTINGS
 from funnel_core.errors import check_positive_int, check_query
+from funnel_core.settings import Settings, setting_names
 from funnel_core.units import Unit, check_unique_ids, units_from_texts
 
 
@@ -65,11 +67,41 @@ def bm25_schema(client: Any, config: Mapping[str, Any], extra_fields: Callable[[
 
 
 class BM25Common(Collection):
+    """What the flat and the clustered Milvus BM25 index share: the tokenizer/BM25 settings,
+    taken through ``**bm25_config`` (:attr:`keyword_settings`). Those given are *explicit*: they
+    must equal the collection's; those left out are adopted from the collection when it opens.
+    Each is readable as an attribute (``index.k1``: the effective value), editable while the
+    collection is not open, and ``to_dict`` lists the explicit ones only (so ``from_dict``
+    adopts the rest again)."""
+
+    keyword_settings: ClassVar[tuple[str, ...]] = BM25_SETTINGS
+    build_settings: ClassVar[frozenset[str]] = frozenset(BM25_SETTINGS) - {"engine"}
+
     def __init__(self, uri, collection, token, db_name, timeout, show_progress,
                  bm25_config: Mapping[str, Any]) -> None:
         super().__init__(uri, collection, token, db_name, timeout, show_progress)
         self._explicit = dict(bm25_config)
         self._tokenizer = bm25_tokenizer(bm25_config)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in BM25_SETTINGS and "_tokenizer" in self.__dict__:
+            return self.__dict__["_tokenizer"].config[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def settings(self) -> dict[str, Any]:
+        """The constructor arguments: the explicit BM25 settings only (see the class)."""
+        return {n: self._setting(n) for n in setting_names(type(self))
+                if n not in BM25_SETTINGS or n in self._explicit}
+
+    def _setting(self, name: str) -> Any:
+        return self.config[name] if name in BM25_SETTINGS else getattr(self, name)
+
+    def _take_setting(self, name: str, attr: str, probe: Any) -> None:
+        if name in BM25_SETTINGS:  # the probe's tokenizer, with the edit now explicit
+            object.__setattr__(self, "_explicit", probe._explicit)
+            object.__setattr__(self, "_tokenizer", probe._tokenizer)
+        else:
+            object.__setattr__(self, attr, getattr(probe, attr))
 
     @classmethod
     def _from_manifest(cls, m: Mapping[str, Any], uri: Any = None, token: str | None = None,
@@ -136,7 +168,7 @@ class BM25Common(Collection):
         return out
 
 
-class MilvusBM25Index(BM25Common):
+class MilvusBM25Index(BM25Common, Settings):
     """Flat BM25 over units in a Milvus collection; same results as :class:`BM25Index`.
 
     Args:

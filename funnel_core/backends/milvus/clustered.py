@@ -14,12 +14,15 @@ from funnel_core.backends.milvus.bm25 import BM25Common, bm25_schema, doc_rows, 
 from funnel_core.backends.milvus.client import FORMAT_VERSION, MAX_ID_BYTES, MAX_TOPK, MilvusError
 from funnel_core.backends.milvus.collection import unit_from_row
 from funnel_core.backends.milvus.expressions import and_expr, filter_expression, in_expr
+from funnel_core.bm25.index import BM25_SETTINGS
 from funnel_core.errors import check_positive_int, check_query
+from funnel_core.funnelrag.clustered_index import CLUSTERING_SETTINGS
+from funnel_core.settings import Settings
 from funnel_core.units import Unit, check_unique_ids
 
 
 # -- clustered BM25 ----------------------------------------------------------------------------------
-class MilvusClusteredBM25Index(BM25Common):
+class MilvusClusteredBM25Index(BM25Common, Settings):
     """FunnelRAG's clustered first stage on Milvus; same results as
     :class:`~funnel_core.funnelrag.clustered_index.ClusteredBM25Index`.
 
@@ -39,6 +42,7 @@ class MilvusClusteredBM25Index(BM25Common):
     """
 
     kind = "funnel-rag.milvus-clustered-bm25"
+    build_settings = frozenset(BM25_SETTINGS + CLUSTERING_SETTINGS) - {"engine"}
 
     def __init__(self, uri: str | os.PathLike = "funnel.db", collection: str = "funnel_clusters", *,
                  token: str | None = None, db_name: str | None = None, timeout: float | None = None,
@@ -142,9 +146,11 @@ class MilvusClusteredBM25Index(BM25Common):
         s = meta.get("settings", {})
         stored = s.get("adjacency", self.adjacency)  # "matrix": built from a matrix; keep ours
         try:
-            self.max_tokens, self.adjacency, self.knn_k, self.knn_threshold = check_clustering_settings(
+            adopted = check_clustering_settings(
                 s.get("max_tokens", self.max_tokens), self.adjacency if stored == "matrix" else stored,
                 s.get("knn_k", self.knn_k), s.get("knn_threshold", self.knn_threshold))
+            for name, value in zip(CLUSTERING_SETTINGS, adopted):  # the collection's (not an edit)
+                object.__setattr__(self, name, value)
         except (TypeError, ValueError) as exc:
             raise MilvusError(f"collection {self.collection!r} stores clustering settings funnel-rag cannot "
                               f"use ({exc}); it was changed outside funnel-rag: rebuild it with index().") from exc

@@ -9,7 +9,7 @@ import re
 import threading
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Iterator, Mapping
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing_extensions import Self  # typing.Self from Python 3.11
@@ -72,9 +72,20 @@ def unit_from_row(row: Mapping[str, Any]) -> Unit:
 
 
 class Collection:
-    """A funnel-rag collection behind an alias: connect, open (check settings), build+swap."""
+    """A funnel-rag collection behind an alias: connect, open (check settings), build+swap.
+
+    The concrete indexes are also :class:`~funnel_core.settings.Settings` (each lists it last
+    among its bases): their settings are validated, ``to_dict``/``from_dict`` round-trip them
+    (the token is never written), an edit of the connection (``uri``, ``collection``, ``token``,
+    ``db_name``) re-opens the collection at the next call, and an edit of a build-time setting
+    is refused while the collection is open (:meth:`built`); a closed index checks its settings
+    against the collection when it opens.
+    """
 
     kind = ""  # format name, e.g. "funnel-rag.milvus-bm25"
+    #: an edit of these re-opens the collection at the next call (the opened state is dropped)
+    load_settings: ClassVar[frozenset[str]] = frozenset({"uri", "collection", "token", "db_name"})
+    model_attrs: ClassVar[tuple[str, ...]] = ("_meta",)
 
     def __init__(self, uri: str | os.PathLike, collection: str, token: str | None,
                  db_name: str | None, timeout: float | None, show_progress: bool) -> None:
@@ -91,6 +102,17 @@ class Collection:
         self.show_progress = show_progress
         self._meta: dict[str, Any] | None = None
         self._lock = threading.Lock()
+
+    def built(self) -> bool:
+        """Whether this object has the collection open (built or opened; :meth:`refresh`
+        closes it)."""
+        return self.__dict__.get("_meta") is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings (:meth:`funnel_core.settings.Settings.to_dict`) without the token."""
+        out: dict[str, Any] = super().to_dict()  # type: ignore[misc]
+        out["token"] = None
+        return out
 
     # pickling and copying ------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:

@@ -16,11 +16,12 @@ from funnel_core.backends.milvus.client import FORMAT_VERSION, MAX_ID_BYTES, MAX
 from funnel_core.backends.milvus.collection import Collection, check_id, check_varchar, manifest_fields, unit_from_row
 from funnel_core.backends.milvus.expressions import filter_expression
 from funnel_core.errors import check_positive_int, check_query
+from funnel_core.settings import Settings
 from funnel_core.units import Unit, check_unique_ids
 
 
 # -- dense -----------------------------------------------------------------------------------------
-class MilvusDenseIndex(Collection):
+class MilvusDenseIndex(Collection, Settings):
     """Dense retrieval over units in a Milvus collection (HNSW by default); same interface and
     scores as :class:`~funnel_core.embeddings.DenseIndex` (inner product of our embeddings).
 
@@ -41,6 +42,9 @@ class MilvusDenseIndex(Collection):
     """
 
     kind = "funnel-rag.milvus-dense"
+    #: the vectors and the index are built with these (``ef``, ``nprobe``, ``batch_size`` are not)
+    build_settings = frozenset({"embedder", "index_type", "metric", "hnsw_m", "ef_construction", "nlist"})
+    unserialised = ("embedder",)  # a live object; its model name is in the collection's settings
 
     def __init__(self, uri: str | os.PathLike = "funnel.db", collection: str = "funnel_dense",
                  embedder: Any = None, *, token: str | None = None, db_name: str | None = None,
@@ -71,9 +75,9 @@ class MilvusDenseIndex(Collection):
                 "hnsw_m": self.hnsw_m, "ef_construction": self.ef_construction, "nlist": self.nlist}
 
     def _check_settings(self, meta: Mapping[str, Any]) -> None:
-        s = meta.get("settings", {})
-        self.metric = s.get("metric", self.metric)
-        self.index_type = s.get("index_type", self.index_type)
+        s = meta.get("settings", {})  # the collection's (not an edit)
+        object.__setattr__(self, "metric", s.get("metric", self.metric))
+        object.__setattr__(self, "index_type", s.get("index_type", self.index_type))
 
     def _check_dimension(self, got: int) -> None:
         want = self._opened()["settings"]["dimension"]
