@@ -250,7 +250,8 @@ def harness_timing(d: dict) -> str:
     if t.get("refused"):
         return t["refused"]
     lq = t.get("load1") or {}
-    return (f"seconds: {t['n_timing']} questions, systems round-robin with warm models, {t['cores']} cores, "
+    threads = f" ({t['threads']} torch thread{'s' if t['threads'] > 1 else ''} while timing)" if t.get("threads") else ""
+    return (f"seconds: {t['n_timing']} questions, systems round-robin with warm models, {t['cores']} cores{threads}, "
             f"1-minute load average {lq.get('min', float('nan')):.2f}-{lq.get('max', float('nan')):.2f}")
 
 

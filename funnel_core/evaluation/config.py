@@ -101,7 +101,7 @@ COMPONENTS = ("bm25", "dense", "hyde", "hybrid", "clustered", "funnelrag")
 _DATASET_KEYS = {"path", "split", "corpus", "limit", "seed", "offset", "distractors"}
 _EVALUATE_KEYS = {"metrics", "ks", "baseline", "depth", "id_key", "title_key", "n_timing", "timing_seed",
                   "max_load", "quiet_check", "quiet_load", "quiet_timeout", "quiet_poll", "n_boot", "seed", "output",
-                  "cache_dir", "tune_split", "tune_questions", "tune_metric", "gzip"}
+                  "cache_dir", "tune_split", "tune_questions", "tune_metric", "gzip", "timing_threads"}
 #: What each [dataset] / [evaluate] / [reader] value must be (checked by load_config; never coerced).
 _KINDS: dict[str, dict[str, str]] = {
     "dataset": {"path": "str", "split": "str", "corpus": "str", "limit": "int>=1", "seed": "int", "offset": "int>=0",
@@ -110,7 +110,8 @@ _KINDS: dict[str, dict[str, str]] = {
                  "title_key": "str", "n_timing": "int>=0", "timing_seed": "int", "max_load": "number>0",
                  "quiet_check": "bool|each", "quiet_load": "number>0", "quiet_timeout": "number>=0",
                  "quiet_poll": "number>0", "n_boot": "int>=1", "seed": "int", "output": "str", "cache_dir": "str",
-                 "tune_split": "str", "tune_questions": "table", "tune_metric": "str", "gzip": "bool"},
+                 "tune_split": "str", "tune_questions": "table", "tune_metric": "str", "gzip": "bool",
+                 "timing_threads": "int>=1"},
     "tune_questions": {"path": "str", "split": "str", "limit": "int>=1", "seed": "int"},
     "reader": {"prompt": "str", "max_new_tokens": "int>=1", "kind": "str", "max_answer_tokens": "int>=1"},
 }

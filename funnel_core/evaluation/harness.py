@@ -241,6 +241,19 @@ def _model_identity(settings: Any) -> dict[str, Any]:
     return found
 
 
+def _set_torch_threads(n: int) -> int | None:
+    """Set torch's intra-op threads to ``n`` when torch is loaded (a run without torch has no
+    threads to set); returns the number before, or ``None``."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    before = int(torch.get_num_threads())
+    torch.set_num_threads(n)
+    return before
+
+
 def _finite(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -427,7 +440,8 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
              load_reader: Callable[[], float | None] = read_load_average, cores: int | None = None,
              clock: Callable[[], float] = time.perf_counter,
              system_keys: Mapping[str, Any] | None = None, reader: Any = None,
-             reader_prompt: str = READER_PROMPT, reader_max_new_tokens: int = 32) -> Report:
+             reader_prompt: str = READER_PROMPT, reader_max_new_tokens: int = 32,
+             timing_threads: int | None = None) -> Report:
     """Evaluate retrieval systems side by side on one dataset.
 
     Args:
@@ -492,6 +506,9 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
             as one passage; ``reader_prompt`` is not used).
         reader_prompt: ``str.format`` template with ``{context}`` and ``{question}``.
         reader_max_new_tokens: Longest answer, in tokens.
+        timing_threads: torch's intra-op threads while timing (warm-up included; restored after),
+            e.g. 1 so that the timed process alone holds the 1-minute load at about 1.0 on an
+            otherwise idle machine. ``None``: as the process has them. Recorded in the report.
     """
     if not systems:
         raise ValueError("evaluate needs at least one system, e.g. {'bm25': BM25Retrieve(index)}.")
@@ -519,6 +536,9 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
         depth = max(cut + ([100] if any(k is None for _, k in parsed.values()) else []))
     _check_numbers(depth=depth, n_boot=n_boot, max_load=max_load, quiet_load=quiet_load, n_timing=n_timing,
                    quiet_timeout=quiet_timeout, quiet_poll=quiet_poll)
+    if timing_threads is not None and (not isinstance(timing_threads, int) or isinstance(timing_threads, bool)
+                                       or timing_threads < 1):
+        raise ValueError(f"timing_threads must be an integer >= 1 (torch threads while timing), got {timing_threads!r}.")
     local = [m for m, (kind, _) in parsed.items() if kind in LOCAL_METRICS]
     reader_ks = sorted({k for kind, k in parsed.values() if kind in READER_METRICS and k})
     if reader is not None and not reader_ks:
@@ -640,50 +660,58 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
     # -- phase 2: timing (with one_pass, the timed runs are the quality run too) -------------
     timing: dict[str, Any] = {"n_timing": 0, "cores": cores, "max_load": max_load, "records": [],
                               "order": [], "refused": None, "quiet_check": None, "one_pass": one_pass}
-    if sample:
-        spare = [q for q in qids if q not in set(sample)]
-        if warm_query is None:
-            warm_query = dataset.queries[spare[0]] if spare else dataset.queries[sample[0]]
-        for name in names:
-            sys_map[name].warm_up(warm_query)
-        quiet_level = max_load if quiet_load is None else float(quiet_load)
-        if quiet_check:
-            timing["quiet_check"] = wait_for_quiet(quiet_level, timeout=quiet_timeout, poll=quiet_poll,
-                                                   load_reader=load_reader)
-        records = []
-        for i, q in enumerate(_progress(sample, len(sample), "timing (round-robin)", progress)):
-            order = names[i % len(names):] + names[: i % len(names)]
-            for name in order:
-                waited = None
-                if quiet_check == "each":
-                    waited = wait_for_quiet(quiet_level, timeout=quiet_timeout, poll=quiet_poll,
-                                            load_reader=load_reader)["waited_s"]
-                load1 = load_reader()
-                before = counters.snapshot()
-                t0 = clock()
-                units = sys_map[name].search(dataset.queries[q])
-                seconds = clock() - t0
-                counts = counters.difference(counters.snapshot(), before)
-                records.append({"id": q, "system": name, "seconds": seconds, "load1": load1,
-                                **({} if waited is None else {"waited_s": waited})})
-                timing["order"].append([q, name])
-                if one_pass:
-                    per_question[name][q] = record(q, units, counts)
-        if one_pass:
-            per_question = {name: {q: per_question[name][q] for q in qids} for name in names}
-        timing["records"] = records
-        timing["n_timing"] = len(sample)
-        loads = [r["load1"] for r in records if r["load1"] is not None]
-        if loads:
-            timing["load1"] = {"min": min(loads), "median": sorted(loads)[len(loads) // 2], "max": max(loads)}
-            if max(loads) > max_load:
-                timing["refused"] = (f"seconds withheld: the 1-minute load average reached {max(loads):.2f} "
-                                     f"during timing, above {max_load:g} (the cores available: {cores}); "
-                                     "other processes shared the CPUs, so the times measure the machine, not "
-                                     "the systems. The counts (model calls, pairs scored, tokens) stand. Re-run "
-                                     "on a quiet machine (quiet_check=True / --quiet-check waits for one).")
-        else:
-            timing["load1"] = None
+    # torch's threads while timing (warm-up included), restored afterwards
+    threads_before = _set_torch_threads(timing_threads) if sample and timing_threads is not None else None
+    try:
+        if sample:
+            spare = [q for q in qids if q not in set(sample)]
+            if warm_query is None:
+                warm_query = dataset.queries[spare[0]] if spare else dataset.queries[sample[0]]
+            for name in names:
+                sys_map[name].warm_up(warm_query)
+            quiet_level = max_load if quiet_load is None else float(quiet_load)
+            if quiet_check:
+                timing["quiet_check"] = wait_for_quiet(quiet_level, timeout=quiet_timeout, poll=quiet_poll,
+                                                       load_reader=load_reader)
+            records = []
+            for i, q in enumerate(_progress(sample, len(sample), "timing (round-robin)", progress)):
+                order = names[i % len(names):] + names[: i % len(names)]
+                for name in order:
+                    waited = None
+                    if quiet_check == "each":
+                        waited = wait_for_quiet(quiet_level, timeout=quiet_timeout, poll=quiet_poll,
+                                                load_reader=load_reader)["waited_s"]
+                    load1 = load_reader()
+                    before = counters.snapshot()
+                    t0 = clock()
+                    units = sys_map[name].search(dataset.queries[q])
+                    seconds = clock() - t0
+                    counts = counters.difference(counters.snapshot(), before)
+                    records.append({"id": q, "system": name, "seconds": seconds, "load1": load1,
+                                    **({} if waited is None else {"waited_s": waited})})
+                    timing["order"].append([q, name])
+                    if one_pass:
+                        per_question[name][q] = record(q, units, counts)
+            if one_pass:
+                per_question = {name: {q: per_question[name][q] for q in qids} for name in names}
+            timing["records"] = records
+            timing["n_timing"] = len(sample)
+            loads = [r["load1"] for r in records if r["load1"] is not None]
+            if loads:
+                timing["load1"] = {"min": min(loads), "median": sorted(loads)[len(loads) // 2], "max": max(loads)}
+                if max(loads) > max_load:
+                    timing["refused"] = (f"seconds withheld: the 1-minute load average reached {max(loads):.2f} "
+                                         f"during timing, above {max_load:g} (the cores available: {cores}); "
+                                         "other processes shared the CPUs, so the times measure the machine, not "
+                                         "the systems. The counts (model calls, pairs scored, tokens) stand. Re-run "
+                                         "on a quiet machine (quiet_check=True / --quiet-check waits for one).")
+            else:
+                timing["load1"] = None
+
+    finally:
+        if threads_before is not None:
+            _set_torch_threads(threads_before)
+    timing["threads"] = timing_threads if threads_before is not None else None
 
     if ranx_metrics:
         for name in names:

@@ -168,6 +168,33 @@ def test_timing_every_question_is_one_pass_that_also_gives_quality():
     assert r.per_question == two.per_question and r.summary["good"]["AR@2"]["mean"] == 1.0
 
 
+def test_timing_threads_hold_while_timing_and_are_restored_after():
+    torch = pytest.importorskip("torch")
+    ds = EvalDataset(queries={f"q{i}": f"question {i}" for i in range(4)},
+                     answers={f"q{i}": ["d1"] for i in range(4)})
+    seen: list[int] = []
+
+    def system(query):
+        seen.append(torch.get_num_threads())
+        return [_u("d1")]
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        r = evaluate({"s": system}, ds, metrics=["AR@1"], n_timing=2, progress=False, load_reader=lambda: 0.1,
+                     cores=2, timing_threads=1)
+        # quality (4 questions) at the process's 2 threads; warm-up and the 2 timed questions at 1
+        assert seen == [2, 2, 2, 2, 1, 1, 1] and torch.get_num_threads() == 2
+        assert r.timing["threads"] == 1
+        assert evaluate({"s": system}, ds, metrics=["AR@1"], n_timing=1, progress=False, load_reader=lambda: 0.1,
+                        cores=2).timing["threads"] is None
+    finally:
+        torch.set_num_threads(before)
+    for bad in (0, True, 1.5):
+        with pytest.raises(ValueError, match="timing_threads must be an integer >= 1"):
+            evaluate({"s": system}, ds, metrics=["AR@1"], n_timing=1, progress=False, timing_threads=bad)
+
+
 def test_seconds_are_refused_when_the_load_average_exceeds_the_cores():
     ds = EvalDataset(queries={"q1": "one", "q2": "two"}, answers={"q1": ["d1"], "q2": ["d1"]})
     loads = iter([0.5, 0.5, 3.5, 0.5])  # before the run, before each timed query, after
