@@ -15,7 +15,10 @@ module's mutation score: killed (or timed out) / mutants that some selected test
 
 ``--record`` merges each module's row (killed, survived, score, survivors, and ``complete``:
 false when some mutants were never run, e.g. a run cut by ``timeout``) into
-``benchmarks/results/mutation.json``.
+``benchmarks/results/mutation.json``. A row's hand-written ``equivalent`` list (survivors judged
+equivalent, each reason in ``equivalent_or_not_paper``) is kept, and the row gets
+``equivalent_count`` (listed mutants that still survive) and ``score_without_equivalent``
+(killed / (checked - equivalent_count)).
 """
 
 from __future__ import annotations
@@ -125,8 +128,10 @@ RECORD = ROOT / "benchmarks" / "results" / "mutation.json"
 KILLED = {1, 3, 36, -24, 24, 152, 255}  # mutmut exit codes: killed, or timed out
 NOT_REACHED = {5, 33}                   # no selected test reaches the function
 CRASHED = {-11}                         # the test process died (SIGSEGV): no verdict, not a kill
-#: keys of a recorded row written by hand, kept when ``--record`` rewrites the row's counts
-NOTES = ("runs", "equivalent_or_not_paper")
+#: keys of a recorded row written by hand, kept when ``--record`` rewrites the row's counts:
+#: ``equivalent`` lists the survivors judged equivalent (the reason of each in
+#: ``equivalent_or_not_paper``); ``carried_kills`` the kills carried over from an earlier run
+NOTES = ("runs", "equivalent_or_not_paper", "equivalent", "carried_kills")
 
 
 def results() -> dict[str, int | None]:
@@ -246,6 +251,11 @@ def record(table: dict) -> None:
         modules[name] = {**row, "complete": row["not_checked"] == 0 and row["crashed"] == 0
                          and row["mutants"] > 0,
                          "tool": tool, "date": time.strftime("%Y-%m-%d"), **notes}
+        if "equivalent" in notes:  # only the listed mutants that still survive count
+            eq = len(set(notes["equivalent"]) & set(row["survivors"]))
+            left = row["checked"] - eq
+            modules[name].update(equivalent_count=eq, score_without_equivalent=(
+                round(row["killed"] / left, 3) if left else None))
     RECORD.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
     print(f"recorded in {RECORD.relative_to(ROOT)}")
 

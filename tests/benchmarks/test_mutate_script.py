@@ -47,3 +47,20 @@ def test_record_rewrites_the_counts_and_keeps_the_notes(mutate, tmp_path, monkey
     again = json.loads(record.read_text())["modules"]["mod"]
     assert (again["killed"], again["complete"], again["score"]) == (3, True, 0.75)
     assert again["runs"] == ["cut by timeout"] and again["equivalent_or_not_paper"] == "s: a dtype only"
+
+
+def test_record_scores_without_the_survivors_listed_as_equivalent(mutate, tmp_path, monkeypatch):
+    record = tmp_path / "mutation.json"
+    monkeypatch.setattr(mutate, "RECORD", record)
+    monkeypatch.setattr(mutate, "ROOT", tmp_path)
+    row = {"mutants": 10, "checked": 10, "killed": 7, "survived": 3, "not_reached": 0,
+           "not_checked": 0, "crashed": 0, "score": 0.7, "survivors": ["a", "b", "c"]}
+    mutate.record({"mod": row})
+    assert "score_without_equivalent" not in json.loads(record.read_text())["modules"]["mod"]
+    saved = json.loads(record.read_text())
+    saved["modules"]["mod"]["equivalent"] = ["a", "b", "z"]      # z: killed since, not counted
+    record.write_text(json.dumps(saved))
+    mutate.record({"mod": row})
+    again = json.loads(record.read_text())["modules"]["mod"]
+    assert again["equivalent"] == ["a", "b", "z"] and again["equivalent_count"] == 2
+    assert again["score_without_equivalent"] == 0.875                # 7 / (10 - 2)

@@ -34,7 +34,7 @@ def test_normalize_scores_by_hand():
     assert normalize_scores([7.0, 7.0], "zscore") == [0.0, 0.0]
     assert normalize_scores([], "minmax") == [] and normalize_scores([], "zscore") == []
     assert all(type(x) is float for x in normalize_scores([1, 2, 3]))
-    with pytest.raises(ValueError, match="finite"):
+    with pytest.raises(ValueError, match=r"^scores must be finite numbers to be normalised; got NaN or inf\.$"):
         normalize_scores([1.0, float("nan")])
     with pytest.raises(ValueError, match="finite"):
         normalize_scores([1.0, float("inf")], "zscore")
@@ -87,6 +87,7 @@ def test_rrf_by_hand():
     out = rrf_fusion(sparse, dense)
     assert [u.id for u in out] == ["b", "a", "c"]
     assert [u.score for u in out] == pytest.approx([1 / 62 + 1 / 61, 1 / 61, 1 / 62])
+    assert out[0].scores["hybrid"] == pytest.approx(1 / 62 + 1 / 61)   # the default stage name
     by = {u.id: u for u in out}
     assert (by["a"].funnel["sparse_rank"], by["a"].funnel["dense_rank"]) == (0, None)
     assert (by["b"].funnel["sparse_rank"], by["b"].funnel["dense_rank"]) == (1, 0)
@@ -95,11 +96,15 @@ def test_rrf_by_hand():
     w = rrf_fusion(sparse, dense, k=1, weights=(2.0, 0.5), stage="rrf")
     assert [(u.id, round(u.score, 4)) for u in w] == [("a", 1.0), ("b", 0.9167), ("c", 0.1667)]
     assert w[0].scores["rrf"] == 1.0
+    # a weight of 0 is allowed ("non-negative"): that side's ranks add nothing
+    off = rrf_fusion(sparse, dense, weights=(1.0, 0.0))
+    assert [(u.id, u.score) for u in off] == [("a", pytest.approx(1 / 61)), ("b", pytest.approx(1 / 62)),
+                                              ("c", 0.0)]
     with pytest.raises(ValueError, match="weights"):
         rrf_fusion(sparse, dense, weights=(1.0, -1.0))
     with pytest.raises(ValueError, match="weights"):
         rrf_fusion(sparse, dense, weights=(1.0,))
-    with pytest.raises(ValueError, match="rrf_k"):
+    with pytest.raises(ValueError, match=r"^rrf_k must be >= 1, got 0"):
         rrf_fusion(sparse, dense, k=0)
 
 
@@ -121,6 +126,8 @@ def test_fuse_defaults_and_cut_off():
     assert [(u.id, round(u.score, 6)) for u in r] == [("b", round(1 / 3 + 1 / 2, 6)), ("a", 0.75),
                                                      ("d", round(1 / 3, 6)), ("c", 0.25)]
     assert r[0].scores["r"] == pytest.approx(1 / 3 + 1 / 2)
+    # RRF's default constant is Cormack et al.'s k = 60: b 1/62 + 1/61 ranks first
+    assert fuse(sparse, dense, method="rrf")[0].score == pytest.approx(1 / 62 + 1 / 61)
     with pytest.raises(ValueError, match="unknown fusion method"):
         fuse(sparse, dense, method="max")
     with pytest.raises(ValueError, match="k must be >= 1"):

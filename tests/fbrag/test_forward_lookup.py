@@ -438,3 +438,36 @@ def test_the_usage_snippet_of_the_docs_runs():
     assert len(res.units) == 3 and len(res.samples) == 5
     assert isinstance(res.units[0].funnel["backward_score"], float)
     assert len(res.units[0].funnel["forward_scores"]) == 5
+
+
+def test_score_mixes_the_backward_scores_it_is_given():
+    """S_B(C_i) = S(C_i; Q) is computed once, in Stage I, and ``score(backward=...)`` mixes those
+    numbers instead of running BM25 with the question again: a vector that is not the question's
+    BM25 shows up unchanged as each unit's S_B."""
+    chunks = units()
+    given = [float(i) for i in range(len(chunks))]              # not BM25 with the question
+    assert given != pytest.approx(bm25_scores(QUESTION, [u.text for u in chunks]))
+    fb = ForwardLookup.preset("FB", llm=Reader(), normalize=False, chunk_words=20)
+    sample = parse_rationale_answer(Reader().reply)
+    f = bm25_scores(sample.lookup_text, [u.text for u in chunks])
+    out = fb.score(QUESTION, chunks, [sample], backward=given)
+    assert [u.funnel["backward_score"] for u in out] == pytest.approx(given)
+    assert [u.score for u in out] == pytest.approx([0.5 * b + 0.5 * x for b, x in zip(given, f)])
+
+
+def test_chunks_are_not_token_counted_without_a_token_budget():
+    """Stage III counts a chunk's tokens only to fit ``budget_tokens``; with ``k`` alone no chunk
+    goes through the (possibly slow, model tokenizer) counter."""
+    counted = []
+
+    def counter(text):
+        counted.append(text)
+        return len(text.split())
+
+    chunks = ForwardLookup.preset("FB", llm=Reader(), chunk_words=20).score(
+        QUESTION, units(), [parse_rationale_answer(Reader().reply)])
+    by_k = ForwardLookup.preset("FB", llm=Reader(), chunk_words=20, k=2, token_counter=counter)
+    assert len(by_k.select(chunks)) == 2 and counted == []
+    by_tokens = ForwardLookup.preset("FB", llm=Reader(), chunk_words=20, k=None,
+                                     budget_tokens=1000, token_counter=counter)
+    assert len(by_tokens.select(chunks)) == len(chunks) and len(counted) == len(chunks)

@@ -135,7 +135,22 @@ def test_documents_without_neighbours_do_not_stop_the_visit():
 def test_clustering_reports_its_stats():
     out = cluster_documents(TRIANGLE_AND_PATH, [1] * 5, max_tokens=3)
     assert out.stats == {"n_documents": 5, "n_clusters": 2, "n_edges": 5, "max_tokens": 3}
-    assert 0.0 <= out.seconds < 60.0
+    assert 0.0 < out.seconds < 60.0               # measured, not the dataclass default 0.0
+
+
+def test_grow_absorbed_lets_an_absorbed_document_grow_its_cluster():
+    # Triangle {0, 1, 2}, then the path 2 - 3 - 4; one token each, S = 4.
+    #   C: 0 -> 1, 1 -> 1, 2 -> 2 * 1 / (3 * 2) = 1/3, 3 -> 0, 4 -> 0; visit 0, 1, 2, 3, 4.
+    # Visit 0: merges 1 and 2 (closeness 1 each, ties by index) -> {0, 1, 2}, 3 tokens.
+    # Default (singletons only): 1 and 2 are absorbed and skipped; 3 is a singleton and ranks
+    #   4 (closeness 1 / 1) before {0, 1, 2} (1 / 3): {3, 4} (2 tokens), + 3 more > 4 -> skip.
+    # grow_absorbed: visiting 2 grows {0, 1, 2} by its neighbour 3 (4 tokens); 4 then fits
+    #   nowhere (1 + 4 > 4) and stays alone.
+    adj = graph(5, {(0, 1): 1.0, (0, 2): 1.0, (1, 2): 1.0, (2, 3): 1.0, (3, 4): 1.0})
+    assert cluster_documents(adj, [1] * 5, max_tokens=4).members == [[0, 1, 2], [3, 4]]
+    grown = cluster_documents(adj, [1] * 5, max_tokens=4, grow_absorbed=True)
+    assert grown.members == [[0, 1, 2, 3], [4]]
+    assert grown.sizes == [4, 1]
 
 
 def test_coefficients_of_low_degree_nodes_raise_no_warnings():
@@ -145,3 +160,8 @@ def test_coefficients_of_low_degree_nodes_raise_no_warnings():
         warnings.simplefilter("error")          # 0 / 0 for degree-0 and degree-1 nodes is hidden
         cc = local_clustering_coefficient(graph(4, {(0, 1): 1.0}))
     assert cc.tolist() == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_coefficient_chunk_size_is_checked_by_name():
+    with pytest.raises(ValueError, match=r"^chunk_size must be >= 1, got 0"):
+        local_clustering_coefficient(graph(2, {(0, 1): 1.0}), chunk_size=0)

@@ -217,6 +217,15 @@ def test_choose_level_and_margin_rule():
     assert level_choice_counts(w, margin=0.1) == [1, 2, 1]
 
 
+def test_choose_level_is_the_argmax_for_one_hot_and_unsigned_weights():
+    """The returned level is argmax_j w_j whatever the weights' number type: a one-hot mask (bool)
+    or unsigned integers, where negating the weights to sort them would fail or wrap around."""
+    assert choose_level(np.array([False, False, True])) == 3
+    assert choose_level(np.array([0, 3], dtype=np.uint8)) == 2
+    assert choose_level(np.array([0, 3, 1], dtype=np.uint8), margin=0.5) == 2
+    assert level_choice_counts(np.eye(3, dtype=bool)) == [1, 1, 1]
+
+
 def test_level_similarities_hit_tfidf_cosine(hierarchy, embedder):
     qs = ["When was the Eiffel Tower built?", "Who wrote Hamlet?"]
     refs = ["1889", "William Shakespeare"]
@@ -510,6 +519,45 @@ def test_k_r_is_raised_to_the_number_of_results_asked_for():
                                         reverse=True)[:3])
     out = MixOfGranularityRetrieve(index, k_r=1).retrieve(query, k=3, weights=w)
     assert [u.score for u in out] == pytest.approx(want)
+
+
+def _hand_hierarchy():
+    """Eight finest units -> four pairs -> three groups (the first group holds two pairs)."""
+    finest = ["tower paris", "old stone", "tower city", "green hill", "river bank", "blue sea",
+              "bread oven", "hot fire"]
+    pair_of, group_of = [0, 0, 1, 1, 2, 2, 3, 3], [0, 0, 1, 2]
+    pairs = [" ".join(finest[2 * i:2 * i + 2]) for i in range(4)]
+    groups = [f"{pairs[0]} {pairs[1]}", pairs[2], pairs[3]]
+    return GranularityHierarchy([
+        [Unit(id=f"f{i}", text=t, parent_id=f"p{pair_of[i]}") for i, t in enumerate(finest)],
+        [Unit(id=f"p{i}", text=t, parent_id=f"g{group_of[i]}") for i, t in enumerate(pairs)],
+        [Unit(id=f"g{i}", text=t) for i, t in enumerate(groups)],
+    ])
+
+
+@pytest.mark.parametrize("normalize", ["none", "max"])
+def test_a_level_without_hits_leaves_the_coarser_levels_in_the_mix(normalize):
+    """Eq. 1 sums over every level j the weighted score of the level's retrieved snippets; a
+    level where BM25 retrieves nothing adds 0 and the coarser levels still count. Robertson's
+    IDF, log((N - df + 0.5) / (df + 0.5)), is 0 for "tower" among the four pairs (df = 2) but
+    positive among the eight finest units and the three groups (df = 2 of 8, 1 of 3). Every
+    retrieved score is below 1, so "max" (divide by the level's best) changes the numbers."""
+    hierarchy = _hand_hierarchy()
+    index = GranularityBM25(hierarchy, method="robertson", engine="numpy")
+    assert index.search_level("tower", 2, 3) == []
+    f1, g3 = index.search_level("tower", 1, 3), index.search_level("tower", 3, 3)
+    assert [u.id for u in f1] == ["f0", "f2"] and [u.id for u in g3] == ["g0"]
+    assert max(u.score for u in f1 + g3) < 1.0
+    w = [0.2, 0.5, 1.0]
+    top = (lambda hits: max(u.score for u in hits)) if normalize == "max" else (lambda hits: 1.0)
+    # f0 (and f2): level 1 hit + level 3 group g0 holding it; level 2 adds nothing
+    want = w[0] * f1[0].score / top(f1) + w[2] * g3[0].score / top(g3)
+    f, score = _expected_finest(hierarchy, index, "tower", np.array(w), 3, normalize)
+    assert (f, score) == (0, pytest.approx(want))
+    out = MixOfGranularityRetrieve(index, k_r=3, normalize=normalize).retrieve("tower", k=3,
+                                                                               weights=w)
+    assert [u.id for u in out] == ["g0"]                  # level 3 (largest weight), one group
+    assert out[0].score == pytest.approx(want) and out[0].funnel["finest_id"] == "f0"
 
 
 class _TwoKindsEmbedder:
