@@ -507,8 +507,9 @@ def evaluate(systems: Mapping[str, Any], dataset: EvalDataset, *,
         reader_prompt: ``str.format`` template with ``{context}`` and ``{question}``.
         reader_max_new_tokens: Longest answer, in tokens.
         timing_threads: torch's intra-op threads while timing (warm-up included; restored after),
-            e.g. 1 so that the timed process alone holds the 1-minute load at about 1.0 on an
-            otherwise idle machine. ``None``: as the process has them. Recorded in the report.
+            e.g. 1 so that a timed process whose model work is torch's alone holds the 1-minute
+            load at about 1.0 on an otherwise idle machine (OpenVINO and ONNX Runtime keep their
+            own threads). ``None``: as the process has them. Recorded in the report.
     """
     if not systems:
         raise ValueError("evaluate needs at least one system, e.g. {'bm25': BM25Retrieve(index)}.")
