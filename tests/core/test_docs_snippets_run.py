@@ -116,13 +116,14 @@ docs = [_D(text=' '.join(u.text for u in units) * 3, id_='doc')]
 from funnel_core.rerank.fid import FiDAttentionScorer
 fid_scorer = FiDAttentionScorer(model=TINY_T5)
 """,
-    "docs/funnel.md#1": LI + """
+    "docs/funnel.md#1": CORPUS,
+    "docs/funnel.md#2": LI + """
 from llama_index_funnel import ClusteredBM25Retriever as _C
 from llama_index_funnel.rerank import CrossEncoderRerank
 clustered_retriever = _C.from_defaults(nodes=nodes, max_tokens=40)
 reranker_postprocessor = CrossEncoderRerank(model=TINY_CE, top_n=4)
 """,
-    "docs/funnel.md#2": LC + """
+    "docs/funnel.md#3": LC + """
 from langchain_funnel import ClusteredBM25Retriever as _C
 from langchain_funnel.rerank import CrossEncoderReranker
 clustered_retriever = _C.from_documents(docs, max_tokens=40)
