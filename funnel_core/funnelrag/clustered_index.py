@@ -122,9 +122,10 @@ class ClusteredBM25Index(FreshOnCopy, Settings):
             cluster by a key of your own). A user's ``links`` key is never read.
         knn_k: Neighbours per document in the BM25 kNN graph.
         knn_threshold: Minimum normalised BM25 similarity of an edge.
-        method, k1, b, delta, stemmer, stopwords, token_pattern, lower, engine, cjk: The
-            settings of the BM25 indexes over the clusters and the documents, as for
-            :class:`~funnel_core.bm25.BM25Index` (same defaults).
+
+    The BM25 settings ``method``, ``k1``, ``b``, ``delta``, ``stemmer``, ``stopwords``,
+    ``token_pattern``, ``lower``, ``engine`` and ``cjk`` configure the BM25 indexes over the
+    clusters and the documents, as for :class:`~funnel_core.bm25.BM25Index` (same defaults).
 
     The whole built state (documents, clusters, cluster BM25 index, lookups) is one immutable
     object swapped in a single assignment by :meth:`index`, :meth:`add` and :meth:`delete`, so
