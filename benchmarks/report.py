@@ -1360,13 +1360,6 @@ def whole_statement(d: dict, flat: Sequence[str], funnels: Sequence[str]) -> str
     summ, cost = d["summary"], d["cost"]
     flat = [s for s in flat if s in summ]
     funnels = [s for s in funnels if s in summ]
-    per_q = {s: d["per_question"][s] for s in flat + funnels}
-
-    def best(names: Sequence[str], m: str) -> str:
-        return best_system(d, names, m)
-
-    def paired(a: str, b: str, m: str) -> dict:
-        return paired_difference(d, a, b, m)
 
     def verdict(cmp: dict) -> str:
         return "above" if cmp["ci"][0] > 0 else "below" if cmp["ci"][1] < 0 else "not distinguishable from"
@@ -1375,18 +1368,18 @@ def whole_statement(d: dict, flat: Sequence[str], funnels: Sequence[str]) -> str
         return f"`{s}`, {summ[s][m]['mean']:.3f} at {cost[s]['pairs_scored_per_query']:.0f} pairs/query" + (
             f", {secs(cost[s]['seconds_p50'])} s/query" if cost[s].get("seconds_p50") is not None else "")
 
-    n = len(next(iter(per_q.values())))
+    n = len(d["per_question"][flat[0]])
     lines = []
     for m in ("AR@1", "AR@4"):
-        bf, bu = best(flat, m), best(funnels, m)
-        cmp = paired(bu, bf, m)
+        bf, bu = best_system(d, flat, m), best_system(d, funnels, m)
+        cmp = paired_difference(d, bu, bf, m)
         lines.append(f"At {m} the best funnel ({at(bu, m)}) minus the best flat system ({at(bf, m)}): "
                      f"{cmp['difference']:+.3f} {ci(cmp['ci'])} (paired bootstrap over {n} questions): "
                      f"the funnel is {verdict(cmp)} the flat system.")
         cheap = [s for s in flat if cost[s]["pairs_scored_per_query"] <= cost[bu]["pairs_scored_per_query"]]
         if cheap:  # equal cost: the best flat system that scores no more pairs than the funnel
-            bc = best(cheap, m)
-            c2 = paired(bu, bc, m)
+            bc = best_system(d, cheap, m)
+            c2 = paired_difference(d, bu, bc, m)
             lines.append(f"At equal cost ({m}; flat systems scoring no more pairs per query than `{bu}`): "
                          f"the best is `{bc}`; funnel minus it {c2['difference']:+.3f} {ci(c2['ci'])}.")
         good = [s for s in flat if summ[s][m]["mean"] >= summ[bu][m]["mean"]]
@@ -1400,8 +1393,8 @@ def whole_statement(d: dict, flat: Sequence[str], funnels: Sequence[str]) -> str
         else:
             lines.append(f"At equal quality ({m}): no flat system reaches `{bu}`.")
     if all("CI@4" in summ[s] for s in flat + funnels):
-        bf, bu = best(flat, "AR@4"), best(funnels, "AR@4")
-        c3 = paired(bu, bf, "CI@4")
+        bf, bu = best_system(d, flat, "AR@4"), best_system(d, funnels, "AR@4")
+        c3 = paired_difference(d, bu, bf, "CI@4")
         lines.append(f"CI@4 (contextual integrity) of the best funnel at AR@4 (`{bu}`, {summ[bu]['CI@4']['mean']:.3f}) "
                      f"minus the best flat system at AR@4 (`{bf}`, {summ[bf]['CI@4']['mean']:.3f}): "
                      f"{c3['difference']:+.3f} {ci(c3['ci'])}.")
@@ -1579,7 +1572,6 @@ def funnelrag_whole_readme() -> str:
             for s in pareto_front({s: (cost[s][key], summ[s][m]["mean"]) for s in names}):
                 if s in WHOLE_FUNNELS and m not in on.setdefault(s, []):
                     on[s].append(m)
-    on = {s: ms for s, ms in on.items() if ms}
     ds = d["dataset"]
     against = "pairs scored and seconds per query" if timed else "pairs scored per query"
     where = (f"{ds['questions']:,} SQuAD dev-a questions over {ds['corpus']:,} paragraphs, "
