@@ -97,14 +97,13 @@ def _merge(sparse: list[Unit], dense: list[Unit], fused: dict[str, float], stage
     for uid in sorted(fused, key=lambda i: (-fused[i], i)):
         base = sparse_by_id.get(uid) or dense_by_id[uid]
         unit = base.copy()
-        other = dense_by_id.get(uid) if uid in sparse_by_id else None
-        if other is not None:
-            for key, val in other.funnel.items():
+        if uid in sparse_by_id and uid in dense_by_id:
+            for key, val in dense_by_id[uid].funnel.items():
                 if key.startswith(SCORE_PREFIX):
                     unit.funnel.setdefault(key, val)
         unit.score = float(fused[uid])
         unit.record_score(stage, unit.score)
-        unit.funnel.update(extra.get(uid, {}))
+        unit.funnel.update(extra[uid])  # both callers give every fused id its ranks / scores
         out.append(unit)
     return out
 

@@ -72,11 +72,12 @@ def test_alpha_fusion_by_hand():
     raw = alpha_fusion([U("y", 1.0), U("x", 1.0)], [], alpha=1.0, normalization="none")
     assert [(u.id, u.score) for u in raw] == [("x", 1.0), ("y", 1.0)]
     assert alpha_fusion([], [U("q", 2.0)], alpha=0.3)[0].score == pytest.approx(1.0)
-    with pytest.raises(ValueError, match="unit 'n' from the dense side has no score"):
+    with pytest.raises(ValueError, match=r"^unit 'n' from the dense side has no score; alpha fusion "
+                       r"needs scored units \(use method='rrf', which only needs ranks\)\.$"):
         alpha_fusion([U("a", 1.0)], [U("n")])
     with pytest.raises(ValueError, match="from the sparse side"):
         alpha_fusion([U("n")], [U("a", 1.0)])
-    with pytest.raises(ValueError, match="alpha"):
+    with pytest.raises(ValueError, match=r"^alpha must be"):
         alpha_fusion(sparse, dense, alpha=1.5)
 
 
@@ -162,7 +163,10 @@ def test_alpha_fusion_refuses_a_non_finite_score_under_every_normalization(norma
     """With normalization="none" an inf score was ranked first."""
     sparse = [Unit(id="a", text="a", score=bad), Unit(id="b", text="b", score=2.0)]
     dense = [Unit(id="b", text="b", score=0.9), Unit(id="c", text="c", score=0.1)]
-    with pytest.raises(ValueError, match=r"sparse side.*non-finite.*'a'"):
+    with pytest.raises(ValueError, match=r"sparse side.*non-finite.*'a'") as err:
         fuse(sparse, dense, normalization=normalization)
+    # the message says what to do about it
+    assert str(err.value).endswith("Fusion needs finite scores: fix or filter that retriever's "
+                                   "output, or use method='rrf', which only reads ranks.")
     # ranks only: RRF is unaffected
     assert [u.id for u in fuse(sparse, dense, method="rrf")] == ["b", "a", "c"]

@@ -10,7 +10,7 @@ import weakref
 import pytest
 
 from funnel_core.models import tokenizer_lock
-from funnel_core.scoring import minmax, normalize_scores, rank_by_scores
+from funnel_core.scoring import TIE_EPS, minmax, normalize_scores, rank_by_scores
 
 
 def test_one_tie_rule():
@@ -20,6 +20,16 @@ def test_one_tie_rule():
     assert minmax([]) == []
     with pytest.raises(ValueError, match="finite"):
         normalize_scores([1.0, float("nan")])
+
+
+def test_a_spread_at_the_tie_threshold_counts_as_a_tie():
+    """TIE_EPS is "at or below": a spread of exactly TIE_EPS is a tie, under both normalisations."""
+    assert TIE_EPS == 1e-12
+    # [0, 2e-12]: max - min is 2e-12 (no tie); the population std is exactly 1e-12 (a tie)
+    assert normalize_scores([0.0, 2e-12], "zscore") == [0.0, 0.0]
+    assert normalize_scores([0.0, 1e-12], "minmax") == [1.0, 1.0]
+    assert normalize_scores([0.0, 2e-12], "minmax") == [0.0, 1.0]
+    assert normalize_scores([0.0, 4e-12], "zscore") == pytest.approx([-1.0, 1.0])
 
 
 def test_rank_by_scores_is_stable_and_pure():
