@@ -472,3 +472,57 @@ def test_rank_orders_by_the_titled_scores_and_the_call_top_n_wins(scorer):
     assert [u.id for u in capped.rank(QUERY, units, top_n=1)] == [f"u{best_first[0]}"]
     with pytest.raises(TypeError, match=r"^FiDAttentionScorer expects Unit objects, got str\.$"):
         scorer.rank(QUERY, [TEXTS[0]])
+
+
+def test_alpha_reads_the_query_and_key_projections_of_each_decoder_cross_attention():
+    """Eq. 3's alpha = Q K^T * scaling needs, per decoder layer, the cross-attention's query and
+    key projections, its head count and its scaling: T5 names them ``EncDecAttention.q/.k/
+    .n_heads`` and does not scale (scaling 1); a BERT decoder (``crossattention.self.query/
+    .key/.num_attention_heads``) scales by 1/sqrt(head size). Self-attention is never read, and
+    a module without all three parts is skipped; an unscaled one counts as scaling 1."""
+    import torch
+    from transformers import BertConfig, EncoderDecoderConfig, EncoderDecoderModel, T5Config, T5ForConditionalGeneration
+
+    from funnel_core.rerank.fid import _cross_attention_modules
+
+    t5 = T5ForConditionalGeneration(T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=37,
+                                             num_layers=2, num_heads=4))
+    found = _cross_attention_modules(t5)
+    assert [f[0] for f in found] == [f"decoder.block.{i}.layer.1.EncDecAttention" for i in (0, 1)]
+    for i, (_, q, k, scaling, heads) in enumerate(found):
+        attn = t5.decoder.block[i].layer[1].EncDecAttention
+        assert (q, k, scaling, heads) == (attn.q, attn.k, 1.0, 4)
+
+    bert = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                intermediate_size=37)
+    b2b = EncoderDecoderModel(config=EncoderDecoderConfig.from_encoder_decoder_configs(
+        BertConfig(**bert), BertConfig(**bert, is_decoder=True, add_cross_attention=True)))
+    found = _cross_attention_modules(b2b)
+    assert [f[0] for f in found] == [f"decoder.bert.encoder.layer.{i}.crossattention.self"
+                                     for i in (0, 1)]
+    for i, (_, q, k, scaling, heads) in enumerate(found):
+        attn = b2b.decoder.bert.encoder.layer[i].crossattention.self
+        assert (q, k, heads) == (attn.query, attn.key, 4)
+        assert scaling == pytest.approx((32 / 4) ** -0.5)
+
+    class Parts(torch.nn.Module):
+        def __init__(self, **parts):
+            super().__init__()
+            for name, value in parts.items():
+                setattr(self, name, value)
+
+    class Decoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.CrossAttention = Parts(query=torch.nn.Linear(2, 2), key=torch.nn.Linear(2, 2),
+                                        num_attention_heads=1)             # no scaling: 1
+            self.crossattention_no_key = Parts(query=torch.nn.Linear(2, 2), num_attention_heads=1)
+            self.crossattention_no_heads = Parts(query=torch.nn.Linear(2, 2),
+                                                 key=torch.nn.Linear(2, 2))
+            self.crossattention_no_query = Parts(key=torch.nn.Linear(2, 2), num_attention_heads=1)
+            self.selfattention = Parts(q=torch.nn.Linear(2, 2), k=torch.nn.Linear(2, 2),
+                                       n_heads=1)
+
+    d = Decoder()
+    assert _cross_attention_modules(d) == [("CrossAttention", d.CrossAttention.query,
+                                            d.CrossAttention.key, 1.0, 1)]
