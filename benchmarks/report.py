@@ -255,18 +255,21 @@ def harness_timing(d: dict) -> str:
             f"1-minute load average {lq.get('min', float('nan')):.2f}-{lq.get('max', float('nan')):.2f}")
 
 
-def harness_table(name: str, metrics: Sequence[str] | None = None, labels: dict[str, str] | None = None, *,
+def harness_table(name: str, metrics: Sequence[str] | None = None,
+                  labels: dict[str, str] | Callable[[dict], dict[str, str]] | None = None, *,
                   bold: Sequence[str] = (), vs_baseline: str | None = None, digits: int = 3,
-                  command: str | None = None) -> str:
-    """Any harness report as one table: a row per system (``labels`` picks, orders and names them), each
-    metric as its mean and 95% bootstrap interval (the best mean of a ``bold`` metric in bold), the paired
-    difference against the baseline in ``vs_baseline``, and pairs scored and seconds per query where the
-    run counted or timed them; the note names the questions, the command (``command``: a script that
-    ran the harness) and the timing."""
+                  command: str | None = None, after: Callable[[dict], str] | None = None) -> str:
+    """Any harness report as one table: a row per system (``labels``, or ``labels(report)``, picks, orders
+    and names them), each metric the run computed as its mean and 95% bootstrap interval (the best mean of
+    a ``bold`` metric in bold), the paired difference against the baseline in ``vs_baseline``, and pairs
+    scored and seconds per query where the run counted or timed them; the note names the questions, the
+    command (``command``: a script that ran the harness) and the timing. ``after(report)``: text derived
+    from the same report, after the table."""
     d = harness(name)
     summ, cost = d["summary"], d["cost"]
+    labels = labels(d) if callable(labels) else labels
     systems = [s for s in (labels or summ) if s in summ]
-    metrics = list(metrics or d["metrics"])
+    metrics = [m for m in metrics or d["metrics"] if m in d["metrics"]]
     dig = {m: 1 if m.startswith("words") else digits for m in metrics}  # words: one decimal
     top = {m: max(round(summ[s][m]["mean"], dig[m]) for s in systems) for m in bold}
     pairs = any(cost[s]["pairs_scored_per_query"] for s in systems)
@@ -289,8 +292,10 @@ def harness_table(name: str, metrics: Sequence[str] | None = None, labels: dict[
         row += [secs(cost[s][k]) if cost[s][k] is not None else "" for k in ("seconds_p50", "seconds_p95") if timed]
         rows.append(row)
     ds = d["dataset"]
+    tail = after(d) if after else ""
     return table(head, rows, f"{ds['questions']:,} questions of `{ds['name']}`, 95% bootstrap intervals over "
-                             f"questions; command: {command or harness_command(d)}; {harness_timing(d)}.")
+                             f"questions; command: {command or harness_command(d)}; {harness_timing(d)}.") + (
+        f"\n\n{tail}" if tail else "")
 
 
 def harness_row(name: str, what: str, metrics: Sequence[str], labels: dict[str, str],
@@ -1123,68 +1128,60 @@ def block_fbrag_squad() -> str:
                  [[label, c] for label, c in zip(labels.values(), cells)])
 
 
-# -- MoG / best-practices tables --------------------------------------------------------------------
-@block("mog-methods")
-def block_mog_methods() -> str:
-    """docs/mix_of_granularity.md: fixed levels, MoG, MoGG and AutoMerging on SQuAD dev-a (results/mog)."""
-    labels = {"level_1": "level_1 (BM25 on one level)", "level_2": "level_2", "level_3": "level_3",
-              "level_4": "level_4", "level_5": "level_5", "mog": "**MoG** (trained router)",
-              "mog_uniform": "MoG, uniform weights", "auto_merging": "AutoMergingRetriever (LlamaIndex)",
-              "mogg_hop_1": "MoGG hop 1 alone", "mogg_hop_3": "MoGG hop 3 alone",
-              "mogg_hop_5": "MoGG hop 5 alone", "mogg": "**MoGG** (trained router)"}
-    d = harness("mog")
+# -- what follows a harness table: statements derived from the same report -------------------------
+def mog_auto_merging(d: dict) -> str:
+    """docs/mix_of_granularity.md: AutoMergingRetriever over all the nodes it returned (results/mog)."""
     am, per_q = d["summary"]["auto_merging"], d["per_question"]["auto_merging"]
-    return (harness_table("mog", ["AR@1", "words@1", "AR@3", "words@3"], labels, digits=3, vs_baseline="AR@1")
-            + f"\n\nAutoMergingRetriever over all its returned nodes ({sum(r['n_results'] for r in per_q) / len(per_q):.1f}"
-              f" on average): AR {f3(am['AR@10']['mean'])} {ci(am['AR@10']['ci'])} with {am['words@10']['mean']:.1f} words.")
+    return (f"AutoMergingRetriever over all its returned nodes ({sum(r['n_results'] for r in per_q) / len(per_q):.1f}"
+            f" on average): AR {f3(am['AR@10']['mean'])} {ci(am['AR@10']['ci'])} with {am['words@10']['mean']:.1f} words.")
 
 
-@block("mog-router")
-def block_mog_router() -> str:
+def mog_router_training(d: dict) -> dict:
+    return {k: v for k, v in d["router_training"].items() if "chosen_level_counts" in v}
+
+
+def mog_router_labels(d: dict) -> dict[str, str]:
     """docs/mix_of_granularity.md: router label variants x selection variants (results/mog)."""
-    d = harness("mog")
-    tr = {k: v for k, v in d["router_training"].items() if "chosen_level_counts" in v}
+    tr = mog_router_training(d)
     sel = list(next(iter(tr.values()))["chosen_level_counts"])
     labels = {f"level_{j}": f"BM25 on level_{j} alone" for j in range(1, 6)}
     labels.update({f"uniform / {s}": f"uniform weights, selection `{s}`" for s in sel})
     labels.update({f"router {lab} / {s}": f"router `{lab}`, selection `{s}` (chosen levels 1-5: "
                    + " / ".join(map(str, r["chosen_level_counts"][s])) + ")" for lab, r in tr.items() for s in sel})
-    dist = "; ".join(f"`{lab}` " + " / ".join(map(str, r["best_level_label_distribution"].values()))
-                     + f" ({r['n_labelled']:,} of {r['n_train_questions']:,} labelled)" for lab, r in tr.items())
-    return (harness_table("mog", ["AR@1", "words@1", "AR@3", "words@3"], labels)
-            + f"\n\nBest-level label distribution (levels 1-5) of the training questions: {dist}.")
+    return labels
 
 
-@block("hybrid-scifact")
-def block_hybrid_scifact() -> str:
-    """docs/best_practices.md: BM25, dense and their fusions on SciFact (results/scifact_fusion)."""
-    labels = {"bm25": "BM25 (`BM25Index()` defaults: Lucene BM25, English stemmer + stopwords, title + abstract)",
-              "dense": "dense all-MiniLM-L6-v2 (`DenseIndex`)", "hybrid_paper": "hybrid, alpha = 0.3, min-max (paper)",
-              "hybrid_tuned": "hybrid, min-max", "hybrid_zscore_tuned": "hybrid, z-score",
-              "rrf60": "RRF, k = 60", "rrf_tuned": "RRF"}
-    tuning = harness("scifact_fusion").get("tuning", {})
-    curves = "; ".join(f"{labels[n]}: " + ", ".join(f"{t['setting']} {v} {x:.4f}" for v, x in zip(t["values"], t["scores"]))
+def mog_label_distribution(d: dict) -> str:
+    return "Best-level label distribution (levels 1-5) of the training questions: " + "; ".join(
+        f"`{lab}` " + " / ".join(map(str, r["best_level_label_distribution"].values()))
+        + f" ({r['n_labelled']:,} of {r['n_train_questions']:,} labelled)" for lab, r in mog_router_training(d).items()) + "."
+
+
+FUSION_SYSTEMS = {"bm25": "BM25 (`BM25Index()` defaults: Lucene BM25, English stemmer + stopwords, title + abstract)",
+                  "dense": "dense all-MiniLM-L6-v2 (`DenseIndex`)", "hybrid_paper": "hybrid, alpha = 0.3, min-max (paper)",
+                  "hybrid_tuned": "hybrid, min-max", "hybrid_zscore_tuned": "hybrid, z-score",
+                  "rrf60": "RRF, k = 60", "rrf_tuned": "RRF"}
+
+
+def tuning_curves(d: dict) -> str:
+    """docs/best_practices.md: every tuned value's train score (results/scifact_fusion)."""
+    tuning = d.get("tuning", {})
+    curves = "; ".join(f"{FUSION_SYSTEMS[n]}: " + ", ".join(f"{t['setting']} {v} {x:.4f}" for v, x in zip(t["values"], t["scores"]))
                        for n, t in tuning.items())
-    return (harness_table("scifact_fusion", ["ndcg@10", "recall@100"], labels, bold=["ndcg@10"], vs_baseline="ndcg@10")
-            + (f"\n\nTuning (train {next(iter(tuning.values()))['metric']} of every value): {curves}." if tuning else ""))
+    return f"Tuning (train {next(iter(tuning.values()))['metric']} of every value): {curves}." if tuning else ""
 
 
 HYDE_SYSTEMS = {"bm25": "BM25", "dense": "dense all-MiniLM-L6-v2", "hybrid": "hybrid, alpha = 0.3, min-max (paper)",
                 "dense_hyde": "dense with HyDE (N = 1, query included)",
                 "hybrid_hyde": "hybrid with HyDE (BM25 over the question, dense over the HyDE vector)"}
+HYDE_METRICS = ["AR@1", "AR@5", "AR@10"]
 
 
-@block("hyde-squad")
-def block_hyde_squad() -> str:
-    """docs/best_practices.md: HyDE and hybrid with HyDE on SQuAD dev-a (results/squad_hyde): the
-    harness table (paired against BM25), then each HyDE system against the same system without HyDE,
-    paired over the same questions (bootstrap interval and exact McNemar test from the per-question
-    results)."""
+def hyde_pairs(d: dict) -> str:
+    """docs/best_practices.md: each HyDE system against the same system without HyDE, paired over the
+    same questions (bootstrap interval and exact McNemar test from the per-question results)."""
     from funnel_core.evaluation.stats import mcnemar_exact, paired_bootstrap
 
-    metrics = ["AR@1", "AR@5", "AR@10"]
-    out = harness_table("squad_hyde", metrics, HYDE_SYSTEMS, bold=metrics, vs_baseline="AR@5")
-    d = harness("squad_hyde")
     per = {s: {r["id"]: r["metrics"] for r in recs} for s, recs in d["per_question"].items()}
     rows = []
     for with_hyde, without in (("dense_hyde", "dense"), ("hybrid_hyde", "hybrid")):
@@ -1192,7 +1189,7 @@ def block_hyde_squad() -> str:
             continue
         qids = sorted(per[with_hyde])
         row = [f"{HYDE_SYSTEMS[with_hyde]} minus {HYDE_SYSTEMS[without]}"]
-        for m in metrics:
+        for m in HYDE_METRICS:
             a, b = [per[with_hyde][q][m] for q in qids], [per[without][q][m] for q in qids]
             diff, test = paired_bootstrap(a, b), mcnemar_exact(a, b)
             row.append(f"{diff['difference']:+.3f} {ci(diff['ci'])}, McNemar p = {test['p_value']:.2g} "
@@ -1203,7 +1200,15 @@ def block_hyde_squad() -> str:
             "(questions only the HyDE system answers vs only the system without it)"
             + (f"; the HyDE systems share one writer: {tokens:.0f} generated tokens per question on average"
                if isinstance(tokens, (int, float)) else "") + ".")
-    return out + "\n\n" + table(["paired difference", *metrics], rows, note)
+    return table(["paired difference", *HYDE_METRICS], rows, note)
+
+
+MOG_METHODS = {"level_1": "level_1 (BM25 on one level)", "level_2": "level_2", "level_3": "level_3",
+               "level_4": "level_4", "level_5": "level_5", "mog": "**MoG** (trained router)",
+               "mog_uniform": "MoG, uniform weights", "auto_merging": "AutoMergingRetriever (LlamaIndex)",
+               "mogg_hop_1": "MoGG hop 1 alone", "mogg_hop_3": "MoGG hop 3 alone",
+               "mogg_hop_5": "MoGG hop 5 alone", "mogg": "**MoGG** (trained router)"}
+MOG_METRICS = ["AR@1", "words@1", "AR@3", "words@3"]
 
 
 @block("reliability")
@@ -1434,24 +1439,6 @@ def whole_statement(d: dict, flat: Sequence[str], funnels: Sequence[str]) -> str
     return "\n".join(f"- {line}" for line in lines)
 
 
-def _whole_block(name: str, command: str) -> str:
-    d = harness(name)
-    metrics = [m for m in ("AR@1", "AR@2", "AR@4", "CI@4", "EM@4", "F1@4") if m in d["metrics"]]
-    tab = harness_table(name, metrics, {**WHOLE_FLAT, **WHOLE_FUNNELS},
-                        bold=["AR@1", "AR@4"], vs_baseline="AR@1", command=command)
-    return tab + "\n\n" + whole_statement(d, list(WHOLE_FLAT), list(WHOLE_FUNNELS))
-
-
-@block("funnelrag-whole")
-def funnelrag_whole() -> str:
-    return _whole_block("funnelrag_whole", WHOLE_COMMAND)
-
-
-@block("funnelrag-whole-heldout")
-def funnelrag_whole_heldout() -> str:
-    return _whole_block("funnelrag_whole_heldout", WHOLE_COMMAND.replace("funnelrag_whole", "funnelrag_whole_heldout"))
-
-
 def hrow(name: str, what: str, metrics: Sequence[str], labels: dict[str, str],
          command: str | None = None) -> Callable[[], list[Row]]:
     return lambda: [harness_row(name, what, metrics, labels, command)]
@@ -1510,7 +1497,19 @@ README_ROWS: list[tuple[str, Callable[[], list[Row]]]] = [
           command=POSTRANK_COMMAND)),
 ]
 
-HARNESS_BLOCKS = {  # block -> harness_table's arguments
+WHOLE = dict(metrics=["AR@1", "AR@2", "AR@4", "CI@4", "EM@4", "F1@4"], labels={**WHOLE_FLAT, **WHOLE_FUNNELS},
+             bold=["AR@1", "AR@4"], vs_baseline="AR@1", after=lambda d: whole_statement(d, list(WHOLE_FLAT), list(WHOLE_FUNNELS)))
+#: every block that is a harness report: block -> harness_table's arguments (one renderer for all of them)
+HARNESS_BLOCKS: dict[str, dict[str, Any]] = {
+    "mog-methods": dict(name="mog", metrics=MOG_METRICS, labels=MOG_METHODS, vs_baseline="AR@1", after=mog_auto_merging),
+    "mog-router": dict(name="mog", metrics=MOG_METRICS, labels=mog_router_labels, after=mog_label_distribution),
+    "hybrid-scifact": dict(name="scifact_fusion", metrics=["ndcg@10", "recall@100"], labels=FUSION_SYSTEMS,
+                           bold=["ndcg@10"], vs_baseline="ndcg@10", after=tuning_curves),
+    "hyde-squad": dict(name="squad_hyde", metrics=HYDE_METRICS, labels=HYDE_SYSTEMS, bold=HYDE_METRICS,
+                       vs_baseline="AR@5", after=hyde_pairs),
+    "funnelrag-whole": dict(name="funnelrag_whole", command=WHOLE_COMMAND, **WHOLE),
+    "funnelrag-whole-heldout": dict(name="funnelrag_whole_heldout", **WHOLE,
+                                    command=WHOLE_COMMAND.replace("funnelrag_whole", "funnelrag_whole_heldout")),
     "prerank-scifact": dict(name="scifact", metrics=["ndcg@10", "recall@10", "recall@100"], labels=PRERANK_SYSTEMS,
                             bold=["ndcg@10"], vs_baseline="ndcg@10"),
     "funnel-scifact": dict(name="scifact", metrics=["ndcg@10", "recall@10", "recall@100"], labels=FUNNEL_SYSTEMS,
