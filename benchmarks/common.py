@@ -36,6 +36,11 @@ def parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+def command_line(python: str = "python") -> str:
+    """The command this process runs, as typed from the repository root."""
+    return " ".join([python, os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])
+
+
 @contextmanager
 def timer() -> Iterator[dict]:
     box: dict[str, float] = {}
