@@ -229,38 +229,6 @@ def efficiency(rows: list[dict], key: str) -> list[dict]:
     return eff
 
 
-def markdown(payload: dict) -> str:
-    """The doc's tables, generated from the JSON (``benchmarks/report.py`` renders them into
-    docs/offline_build.md); a run without 1-vs-2 worker pairs gives the first table only."""
-    name = {("local", 1): "local, 1 thread", ("local", 2): "local, 2 threads",
-            ("ray", 1): "ray, 1 worker", ("ray", 2): "ray, 2 workers"}
-    lines = ["| documents | rows computed | engine | seconds | same graph as local | load avg (1 min) before |",
-             "|---|---|---|---|---|---|"]
-    for r in payload["knn"]:
-        same = r.get("equal_to_local", r.get("equal_to_first", "reference"))
-        lines.append(f"| {r['n_documents']:,} | {r['rows_computed']:,} | {name[(r['engine'], r['workers'])]} | "
-                     f"{r['seconds']:.1f} | {same} | {r['load_before'][0]} |")
-    if not payload.get("knn_efficiency"):
-        return "\n".join(lines)
-    lines += ["", "| documents | rows computed | engine | 1 worker (s) | 2 workers (s) | speed-up | parallel efficiency |",
-              "|---|---|---|---|---|---|---|"]
-    for e in payload["knn_efficiency"]:
-        lines.append(f"| {e['n_documents']:,} | {e['rows_computed']:,} | {e['engine']} | {e['seconds_1']:.1f} | "
-                     f"{e['seconds_2']:.1f} | {e['speedup']:.2f} | {e['parallel_efficiency']:.2f} |")
-    lines += ["", "| texts | engine | seconds | texts/s | max abs diff to local | load avg (1 min) before |",
-              "|---|---|---|---|---|---|"]
-    for r in payload["embeddings"]:
-        diff = r.get("max_abs_diff_to_local")
-        lines.append(f"| {r['n_texts']:,} | {name[(r['engine'], r['workers'])]} | {r['seconds']:.1f} | "
-                     f"{r['texts_per_second']:.1f} | {'-' if diff is None else f'{diff:.1e}'} | {r['load_before'][0]} |")
-    lines += ["", "| texts | engine | 1 worker (s) | 2 workers (s) | speed-up | parallel efficiency |",
-              "|---|---|---|---|---|---|"]
-    for e in payload["embeddings_efficiency"]:
-        lines.append(f"| {e['n_texts']:,} | {e['engine']} | {e['seconds_1']:.1f} | {e['seconds_2']:.1f} | "
-                     f"{e['speedup']:.2f} | {e['parallel_efficiency']:.2f} |")
-    return "\n".join(lines)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", type=Path, default=default_data_dir())
@@ -274,11 +242,7 @@ def main() -> None:
     p.add_argument("--skip-knn", action="store_true")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", type=Path, default=OUT)
-    p.add_argument("--table", action="store_true", help="print the Markdown tables of --out and exit")
     args = p.parse_args()
-    if args.table:
-        print(markdown(json.loads(args.out.read_text())))
-        return
     if args.quick:
         args.sizes, args.embed_n = [20_000], 500
     prev = json.loads(args.out.read_text()) if args.out.is_file() and not args.quick else {}

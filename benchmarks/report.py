@@ -539,7 +539,6 @@ block("large-ce")(Table("squad_ce_training.json", ["what", "value"], [
 
 
 # -- clustering at scale ------------------------------------------------------------------------
-CLUSTER_STEPS = ("bm25_index", "knn_graph", "algorithm1", "cluster_units", "cluster_index")
 CLUSTER_RUN_ORDER = ("squad", "before", "after")
 
 
@@ -622,6 +621,114 @@ def block_cluster_scale() -> str:
                        f"counted; the synthetic corpus has a fixed vocabulary, so posting lists grow with n: the worst "
                        f"case for this step).")
     return "\n\n".join(out)
+
+
+# -- backends ------------------------------------------------------------------------------------
+def _na(x, nd: int = 3) -> str:
+    return "n/a" if x is None else f"{x:.{nd}f}"
+
+
+@block("milvus")
+def block_milvus() -> str:
+    """docs/scaling_out.md: the Milvus Lite backends against the in-memory ones (milvus.json, bench_milvus.py)."""
+    r = load("milvus.json")
+    lines: list[str] = []
+    s = r.get("scifact")
+    if s:
+        lines += [f"SciFact test, {s['n_queries']} queries, {s['n_documents']} documents "
+                  f"(load average {_na(s['load_average_before'][0], 1)} -> "
+                  f"{_na(s['load_average_after'][0], 1)} on 2 cores):", "",
+                  "| | bm25s (in memory) | Milvus Lite |", "|---|---|---|",
+                  f"| flat BM25 nDCG@10 | {_na(s['bm25s']['ndcg@10'])} | {_na(s['milvus']['ndcg@10'])} |",
+                  f"| flat BM25 Recall@100 | {_na(s['bm25s']['recall@100'])} | {_na(s['milvus']['recall@100'])} |",
+                  f"| flat top-10 overlap (mean / identical lists) | | {_na(s['flat']['mean_top10_overlap'])} / "
+                  f"{_na(s['flat']['identical_top10_share'])} |",
+                  f"| largest relative score difference | | {s['flat']['max_relative_score_difference']:.1e} |",
+                  f"| clustered: top-10 cluster overlap (mean / identical lists), {s['n_clusters']} clusters | | "
+                  f"{_na(s['clusters']['mean_top10_overlap'])} / {_na(s['clusters']['identical_top10_share'])} |",
+                  f"| clustered: documents of top-2 clusters nDCG@10 | "
+                  f"{_na(s['clustered_docs_top2_clusters']['bm25s']['ndcg@10'])} | "
+                  f"{_na(s['clustered_docs_top2_clusters']['milvus']['ndcg@10'])} |",
+                  f"| flat build seconds | {_na(s['bm25s_build_seconds'], 1)} | {_na(s['milvus_build_seconds'], 1)} |",
+                  f"| clustered build (bm25s: cluster + index; Milvus: upload) seconds | "
+                  f"{_na(s['clustered_bm25s_build_seconds'], 1)} | {_na(s['clustered_milvus_upload_seconds'], 1)} |",
+                  f"| flat queries/s, one query per call | {_na(s['bm25s_qps_single'], 0)} | {_na(s['milvus_qps_single'], 0)} |",
+                  f"| flat queries/s, batched | {_na(s['bm25s_qps_batched'], 0)} | {_na(s['milvus_qps_batched'], 0)} |",
+                  f"| clustered queries/s (top-10 clusters opened) | {_na(s['clustered_bm25s_qps'], 0)} | "
+                  f"{_na(s['clustered_milvus_qps'], 0)} |"]
+        for n in (1, 10):
+            lines += [f"| flat queries/s with a {n}-value dict filter | {_na(s[f'flat_bm25s_filtered_qps_{n}_values'], 1)} | "
+                      f"{_na(s[f'flat_milvus_filtered_qps_{n}_values'], 1)} |",
+                      f"| clustered queries/s with a {n}-value dict filter | "
+                      f"{_na(s[f'clustered_bm25s_filtered_qps_{n}_values'], 1)} | "
+                      f"{_na(s[f'clustered_milvus_filtered_qps_{n}_values'], 1)} |"]
+        lines += [""]
+    for key in [k for k in r if k.startswith("synthetic")]:
+        y = r[key]
+        mib = y.get("args", {}).get("memtable_mib")
+        if mib:
+            lines += [f"Same, with Milvus Lite's write buffer raised to {mib} MiB "
+                      f"(`--memtable-mib {mib}`; data files: {y.get('milvus_lite_segments')}):", ""]
+        lines += [f"{y['n_documents']:,} synthetic documents of {y['words_per_document']} words, "
+                  f"{y['n_queries']} queries (load average {_na(y['load_average_before'][0], 1)} -> "
+                  f"{_na(y['load_average_after'][0], 1)}):", "",
+                  "| | bm25s (in memory) | Milvus Lite |", "|---|---|---|",
+                  f"| build seconds | {_na(y['bm25s_build_seconds'], 1)} | {_na(y['milvus_build_seconds'], 1)} |",
+                  f"| queries/s, one query per call | {_na(y['bm25s_qps_single'], 1)} | {_na(y['milvus_qps_single'], 1)} |",
+                  f"| queries/s, batches of 25 | | {_na(y['milvus_qps_batched'], 1)} |",
+                  f"| top-10 overlap (mean / identical lists) | | {_na(y['mean_top10_overlap'])} / "
+                  f"{_na(y['identical_top10_share'])} |",
+                  f"| largest relative score difference | | {y['max_relative_score_difference']:.1e} |",
+                  f"| Milvus Lite data files (segments; BM25 statistics are per segment) | | "
+                  f"{y.get('milvus_lite_segments')} |", ""]
+    d = r.get("dense")
+    if d:
+        subset = " (a subset: the judged documents plus others)" if d.get("subset") else ""
+        lines += [f"Dense ({d['model']}), SciFact test, {d['n_queries']} queries, {d['n_documents']} documents{subset} "
+                  f"(load average {_na(d['load_average_before'][0], 1)} -> {_na(d['load_average_after'][0], 1)}):", "",
+                  "| | numpy exact (in memory) | Milvus Lite HNSW |", "|---|---|---|",
+                  f"| nDCG@10 | {_na(d['numpy_exact']['ndcg@10'])} | {_na(d['milvus_hnsw']['ndcg@10'])} |",
+                  f"| Recall@100 | {_na(d['numpy_exact']['recall@100'])} | {_na(d['milvus_hnsw']['recall@100'])} |",
+                  f"| top-10 overlap (mean / identical lists) | | {_na(d['mean_top10_overlap'])} / "
+                  f"{_na(d['identical_top10_share'])} |",
+                  f"| insert seconds (embeddings precomputed) | | {_na(d['milvus_hnsw_insert_seconds'], 1)} |",
+                  f"| queries/s, one query per call | {_na(d['numpy_qps_single'], 0)} | {_na(d['milvus_qps_single'], 0)} |",
+                  ""]
+    f = r.get("frameworks")
+    if f:
+        lines += [f"Through the frameworks: the BM25 retrievers of both adapters on SciFact test "
+                  f"({f['n_queries']} queries, {f['n_documents']} documents, top 10), built in memory "
+                  f"or with `backend=MilvusBackend(...)` (load average {_na(f['load_average_before'][0], 1)} -> "
+                  f"{_na(f['load_average_after'][0], 1)}):", "",
+                  "| | LlamaIndex in memory | LlamaIndex on Milvus Lite | LangChain in memory | LangChain on Milvus Lite |",
+                  "|---|---|---|---|---|"]
+        li, lc = f.get("llamaindex", {}), f.get("langchain", {})
+
+        def row(label: str, key: str, nd: int = 3) -> str:
+            return (f"| {label} | {_na(li.get('memory_' + key), nd)} | {_na(li.get('milvus_' + key), nd)} | "
+                    f"{_na(lc.get('memory_' + key), nd)} | {_na(lc.get('milvus_' + key), nd)} |")
+
+        lines += [row("nDCG@10", "ndcg@10"),
+                  f"| identical top-10 lists (Milvus vs memory) | | {_na(li.get('identical_top10_share'))} | | "
+                  f"{_na(lc.get('identical_top10_share'))} |",
+                  row("build seconds", "build_seconds", 1), row("queries/s (retrieve / invoke)", "qps", 0),
+                  row("persist / save: seconds", "persist_seconds", 2),
+                  "| persist / save: bytes written | " + " | ".join(
+                      f"{d.get(w + '_persisted_bytes', 0):,}" for d in (li, lc) for w in ("memory", "milvus")) + " |",
+                  row("re-open (from_persist_dir / load) + first query: seconds", "reopen_seconds", 2), ""]
+    v = r.get("versions", {})
+    cmds = []
+    for key in [k for k in r if k.split("_memtable")[0] in ("scifact", "synthetic", "dense", "frameworks")]:
+        a = r[key].get("args", {})
+        cmd = f"--parts {key.split('_memtable')[0]}"
+        if a.get("memtable_mib"):
+            cmd += f" --memtable-mib {a['memtable_mib']}"
+        if a.get("dense_docs") and key.startswith("dense"):
+            cmd += f" --dense-docs {a['dense_docs']}"
+        cmds.append(f"`python benchmarks/bench_milvus.py --data ../shared/data {cmd}`")
+    lines += [f"pymilvus {v.get('pymilvus')}, milvus-lite {v.get('milvus_lite')}; one run each of "
+              + ", ".join(cmds) + "."]
+    return "\n".join(lines)
 
 
 # -- README rows from the other JSON files -------------------------------------------------------
@@ -901,25 +1008,50 @@ def block_first_call() -> str:
                              "model)."))
 
 
-@block("offline-engines")
-def block_offline_engines() -> str:
-    """Local vs Ray engines (bench_offline_engines.py's own tables)."""
-    from bench_offline_engines import markdown
+def offline_engines_tables(payload: dict) -> str:
+    """docs/offline_build.md: the local and Ray engines (offline_engines*.json, bench_offline_engines.py); a run
+    without 1-vs-2 worker pairs gives the first table only."""
+    name = {("local", 1): "local, 1 thread", ("local", 2): "local, 2 threads",
+            ("ray", 1): "ray, 1 worker", ("ray", 2): "ray, 2 workers"}
+    lines = ["| documents | rows computed | engine | seconds | same graph as local | load avg (1 min) before |",
+             "|---|---|---|---|---|---|"]
+    for r in payload["knn"]:
+        same = r.get("equal_to_local", r.get("equal_to_first", "reference"))
+        lines.append(f"| {r['n_documents']:,} | {r['rows_computed']:,} | {name[(r['engine'], r['workers'])]} | "
+                     f"{r['seconds']:.1f} | {same} | {r['load_before'][0]} |")
+    if not payload.get("knn_efficiency"):
+        return "\n".join(lines)
+    lines += ["", "| documents | rows computed | engine | 1 worker (s) | 2 workers (s) | speed-up | parallel efficiency |",
+              "|---|---|---|---|---|---|---|"]
+    for e in payload["knn_efficiency"]:
+        lines.append(f"| {e['n_documents']:,} | {e['rows_computed']:,} | {e['engine']} | {e['seconds_1']:.1f} | "
+                     f"{e['seconds_2']:.1f} | {e['speedup']:.2f} | {e['parallel_efficiency']:.2f} |")
+    lines += ["", "| texts | engine | seconds | texts/s | max abs diff to local | load avg (1 min) before |",
+              "|---|---|---|---|---|---|"]
+    for r in payload["embeddings"]:
+        diff = r.get("max_abs_diff_to_local")
+        lines.append(f"| {r['n_texts']:,} | {name[(r['engine'], r['workers'])]} | {r['seconds']:.1f} | "
+                     f"{r['texts_per_second']:.1f} | {'-' if diff is None else f'{diff:.1e}'} | {r['load_before'][0]} |")
+    lines += ["", "| texts | engine | 1 worker (s) | 2 workers (s) | speed-up | parallel efficiency |",
+              "|---|---|---|---|---|---|"]
+    for e in payload["embeddings_efficiency"]:
+        lines.append(f"| {e['n_texts']:,} | {e['engine']} | {e['seconds_1']:.1f} | {e['seconds_2']:.1f} | "
+                     f"{e['speedup']:.2f} | {e['parallel_efficiency']:.2f} |")
+    return "\n".join(lines)
 
-    return markdown(load("offline_engines.json"))
+
+block("offline-engines")(lambda: offline_engines_tables(load("offline_engines.json")))
 
 
 @block("offline-engines-1m-full")
 def block_offline_engines_1m_full() -> str:
-    from bench_offline_engines import markdown
-
     d = load("offline_engines_1m_full.json")
     loads = "; ".join(f"{r['engine']}: load average {r['load_before'][0]:.1f} before, {r['load_after'][0]:.1f} after"
                       for r in d["knn"])
     return (f"Command: `python benchmarks/bench_offline_engines.py --sizes 1000000 --local-threads 2 "
             f"--ray-workers 2 --embed-n 0 --out benchmarks/results/offline_engines_1m_full.json` ({loads}; "
             f"the Ray row excludes `ray.init` and the per-worker warm-up, which the JSON records):\n\n"
-            + markdown(d))
+            + offline_engines_tables(d))
 
 
 @block("bm25-vs-raw")
@@ -1528,7 +1660,7 @@ for _name, _kw in HARNESS_BLOCKS.items():
 
 FILES = [ROOT / "README.md"] + [ROOT / "docs" / f"{n}.md" for n in (
     "benchmarks", "clustering", "funnel", "prerank", "postrank", "llm_retrieval", "performance", "offline_build",
-    "mix_of_granularity", "best_practices", "persistence", "training")]
+    "mix_of_granularity", "best_practices", "persistence", "training", "scaling_out")]
 MARK = re.compile(r"(<!-- results:([a-z0-9-]+):begin -->\n)(.*?)(<!-- results:\2:end -->)", re.S)
 
 
