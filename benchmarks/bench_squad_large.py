@@ -10,31 +10,14 @@
     python benchmarks/bench_squad_large.py --import-scores .cache/squad_large/pairs.npz .cache/squad_large/scores.npy
     python benchmarks/bench_squad_large.py --quick            # minutes: tiny samples, CPU scoring
 
-Corpus: every article of ``--squad`` files (default SQuAD v1.1 train + dev-a): ~1K-token documents of
-consecutive paragraphs, ``LaterChunking(words=100)`` passages, clusters by Algorithm 1
-(``ClusteredBM25Index``; adjacency = neighbouring documents of an article + BM25 kNN).
-Every choice (hybrid alpha, the "best" funnel configuration, the cluster size for the headline) is
-made on a seeded sample of **train** questions (``trained.tuning_question_ids``); results are reported on a seeded sample of **dev-a** questions.
-
-Systems (one cross-encoder for all of them, the same batch size and dtype):
-* first stages alone over the passages: BM25, dense MiniLM (faiss HNSW; exact search checks its
-  recall), hybrid (``funnel_core.best_practices.fusion.fuse``, alpha tuned on train), each top-100;
-* flat: each first stage -> cross-encoder rerank of its top-d (d = 10, 20, 50, 100) -> top-4;
-* funnel: clustered BM25 top-K clusters -> MaxP pre-ranking of their documents -> top-k_d documents ->
-  later chunking (100 words) -> post-ranking -> top-4, over a grid of (S, K, k_d); the paper's preset
-  (``funnel_core.funnelrag.presets.funnelrag`` defaults: S=4096, K=10, k_d=8) among them.
-
-How quality and time are measured (stated in the JSON too):
-* **Quality from cached scores.** Every (question, passage) pair any system needs is scored once
-  and cached, keyed by (model, question id, passage index). A funnel pre-ranks a document by MaxP
-  over its 100-word windows; those windows are exactly the corpus passages (the same
-  ``word_windows`` cut), so a document's score is the max of its passages' cached scores. AR@k of
-  every system on every question is computed from these scores.
-* **Time from the real pipelines**, in a separate step through the evaluation harness
-  (``time_squad_large.py``): each system's real pipeline (``Funnel`` of funnel_core stages, models
-  loaded and warmed, no cache) runs on a seeded timing sample of dev-a questions, round-robin, with
-  the load average recorded per question; p50/p95 seconds per query come from there. The top-4 of
-  those real runs is compared with the cached-score top-4 of the same questions (``agreement``).
+Corpus: every article of ``--squad`` files (default SQuAD v1.1 train + dev-a): ~1K-token documents,
+``LaterChunking(words=100)`` passages, clusters by Algorithm 1. Every choice (hybrid alpha, the "best"
+funnel, the headline cluster size) is made on a seeded sample of train questions
+(``trained.tuning_question_ids``); results are reported on a seeded sample of dev-a questions.
+Systems (first stages alone, flat first stage -> cross-encoder at depths ``FLAT_DEPTHS``, the funnel over
+``FUNNEL_GRID`` with the paper's preset among it) and how quality (from cached scores: MaxP over a
+document's windows = the max of its passages' cached scores) and time (``time_squad_large.py``: the
+real pipelines through the evaluation harness) are measured: docs/benchmarks.md.
 """
 
 from __future__ import annotations
