@@ -628,107 +628,90 @@ def _na(x, nd: int = 3) -> str:
     return "n/a" if x is None else f"{x:.{nd}f}"
 
 
+def _loads(x: dict) -> str:
+    return f"load average {_na(x['load_average_before'][0], 1)} -> {_na(x['load_average_after'][0], 1)}"
+
+
 @block("milvus")
 def block_milvus() -> str:
-    """docs/scaling_out.md: the Milvus Lite backends against the in-memory ones (milvus.json, bench_milvus.py)."""
+    """docs/scaling_out.md: the Milvus Lite backends against the in-memory ones (milvus.json, bench_milvus.py):
+    a two-column table per part (``"a|b"``: both engines' keys of one row, ``"|b"``: Milvus only)."""
     r = load("milvus.json")
-    lines: list[str] = []
-    s = r.get("scifact")
-    if s:
-        lines += [f"SciFact test, {s['n_queries']} queries, {s['n_documents']} documents "
-                  f"(load average {_na(s['load_average_before'][0], 1)} -> "
-                  f"{_na(s['load_average_after'][0], 1)} on 2 cores):", "",
-                  "| | bm25s (in memory) | Milvus Lite |", "|---|---|---|",
-                  f"| flat BM25 nDCG@10 | {_na(s['bm25s']['ndcg@10'])} | {_na(s['milvus']['ndcg@10'])} |",
-                  f"| flat BM25 Recall@100 | {_na(s['bm25s']['recall@100'])} | {_na(s['milvus']['recall@100'])} |",
-                  f"| flat top-10 overlap (mean / identical lists) | | {_na(s['flat']['mean_top10_overlap'])} / "
-                  f"{_na(s['flat']['identical_top10_share'])} |",
-                  f"| largest relative score difference | | {s['flat']['max_relative_score_difference']:.1e} |",
-                  f"| clustered: top-10 cluster overlap (mean / identical lists), {s['n_clusters']} clusters | | "
-                  f"{_na(s['clusters']['mean_top10_overlap'])} / {_na(s['clusters']['identical_top10_share'])} |",
-                  f"| clustered: documents of top-2 clusters nDCG@10 | "
-                  f"{_na(s['clustered_docs_top2_clusters']['bm25s']['ndcg@10'])} | "
-                  f"{_na(s['clustered_docs_top2_clusters']['milvus']['ndcg@10'])} |",
-                  f"| flat build seconds | {_na(s['bm25s_build_seconds'], 1)} | {_na(s['milvus_build_seconds'], 1)} |",
-                  f"| clustered build (bm25s: cluster + index; Milvus: upload) seconds | "
-                  f"{_na(s['clustered_bm25s_build_seconds'], 1)} | {_na(s['clustered_milvus_upload_seconds'], 1)} |",
-                  f"| flat queries/s, one query per call | {_na(s['bm25s_qps_single'], 0)} | {_na(s['milvus_qps_single'], 0)} |",
-                  f"| flat queries/s, batched | {_na(s['bm25s_qps_batched'], 0)} | {_na(s['milvus_qps_batched'], 0)} |",
-                  f"| clustered queries/s (top-10 clusters opened) | {_na(s['clustered_bm25s_qps'], 0)} | "
-                  f"{_na(s['clustered_milvus_qps'], 0)} |"]
-        for n in (1, 10):
-            lines += [f"| flat queries/s with a {n}-value dict filter | {_na(s[f'flat_bm25s_filtered_qps_{n}_values'], 1)} | "
-                      f"{_na(s[f'flat_milvus_filtered_qps_{n}_values'], 1)} |",
-                      f"| clustered queries/s with a {n}-value dict filter | "
-                      f"{_na(s[f'clustered_bm25s_filtered_qps_{n}_values'], 1)} | "
-                      f"{_na(s[f'clustered_milvus_filtered_qps_{n}_values'], 1)} |"]
-        lines += [""]
+    out, head = [], ["", "bm25s (in memory)", "Milvus Lite"]
+
+    def rows(x: dict, spec: list[tuple[str, str, int]]) -> list[list[str]]:
+        return [[label] + [_na(x[k], nd) if k else "" for k in keys.split("|")] for label, keys, nd in spec]
+
+    def overlap(x: dict) -> str:
+        return f"{_na(x['mean_top10_overlap'])} / {_na(x['identical_top10_share'])}"
+
+    if s := r.get("scifact"):
+        c2 = {m: s["clustered_docs_top2_clusters"][m]["ndcg@10"] for m in ("bm25s", "milvus")}
+        body = [["flat BM25 nDCG@10", _na(s["bm25s"]["ndcg@10"]), _na(s["milvus"]["ndcg@10"])],
+                ["flat BM25 Recall@100", _na(s["bm25s"]["recall@100"]), _na(s["milvus"]["recall@100"])],
+                ["flat top-10 overlap (mean / identical lists)", "", overlap(s["flat"])],
+                ["largest relative score difference", "", f"{s['flat']['max_relative_score_difference']:.1e}"],
+                [f"clustered: top-10 cluster overlap (mean / identical lists), {s['n_clusters']} clusters", "",
+                 overlap(s["clusters"])],
+                ["clustered: documents of top-2 clusters nDCG@10", _na(c2["bm25s"]), _na(c2["milvus"])]]
+        body += rows(s, [("flat build seconds", "bm25s_build_seconds|milvus_build_seconds", 1),
+                         ("clustered build (bm25s: cluster + index; Milvus: upload) seconds",
+                          "clustered_bm25s_build_seconds|clustered_milvus_upload_seconds", 1),
+                         ("flat queries/s, one query per call", "bm25s_qps_single|milvus_qps_single", 0),
+                         ("flat queries/s, batched", "bm25s_qps_batched|milvus_qps_batched", 0),
+                         ("clustered queries/s (top-10 clusters opened)", "clustered_bm25s_qps|clustered_milvus_qps", 0)]
+                     + [(f"{kind} queries/s with a {n}-value dict filter",
+                         f"{kind}_bm25s_filtered_qps_{n}_values|{kind}_milvus_filtered_qps_{n}_values", 1)
+                        for n in (1, 10) for kind in ("flat", "clustered")])
+        out.append(table(head, body, f"SciFact test, {s['n_queries']} queries, {s['n_documents']} documents "
+                                     f"({_loads(s)} on 2 cores):"))
     for key in [k for k in r if k.startswith("synthetic")]:
         y = r[key]
         mib = y.get("args", {}).get("memtable_mib")
-        if mib:
-            lines += [f"Same, with Milvus Lite's write buffer raised to {mib} MiB "
-                      f"(`--memtable-mib {mib}`; data files: {y.get('milvus_lite_segments')}):", ""]
-        lines += [f"{y['n_documents']:,} synthetic documents of {y['words_per_document']} words, "
-                  f"{y['n_queries']} queries (load average {_na(y['load_average_before'][0], 1)} -> "
-                  f"{_na(y['load_average_after'][0], 1)}):", "",
-                  "| | bm25s (in memory) | Milvus Lite |", "|---|---|---|",
-                  f"| build seconds | {_na(y['bm25s_build_seconds'], 1)} | {_na(y['milvus_build_seconds'], 1)} |",
-                  f"| queries/s, one query per call | {_na(y['bm25s_qps_single'], 1)} | {_na(y['milvus_qps_single'], 1)} |",
-                  f"| queries/s, batches of 25 | | {_na(y['milvus_qps_batched'], 1)} |",
-                  f"| top-10 overlap (mean / identical lists) | | {_na(y['mean_top10_overlap'])} / "
-                  f"{_na(y['identical_top10_share'])} |",
-                  f"| largest relative score difference | | {y['max_relative_score_difference']:.1e} |",
-                  f"| Milvus Lite data files (segments; BM25 statistics are per segment) | | "
-                  f"{y.get('milvus_lite_segments')} |", ""]
-    d = r.get("dense")
-    if d:
+        note = (f"Same, with Milvus Lite's write buffer raised to {mib} MiB (`--memtable-mib {mib}`; data files: "
+                f"{y.get('milvus_lite_segments')}):\n\n" if mib else "")
+        body = rows(y, [("build seconds", "bm25s_build_seconds|milvus_build_seconds", 1),
+                        ("queries/s, one query per call", "bm25s_qps_single|milvus_qps_single", 1),
+                        ("queries/s, batches of 25", "|milvus_qps_batched", 1)])
+        body += [["top-10 overlap (mean / identical lists)", "", overlap(y)],
+                 ["largest relative score difference", "", f"{y['max_relative_score_difference']:.1e}"],
+                 ["Milvus Lite data files (segments; BM25 statistics are per segment)", "", str(y.get("milvus_lite_segments"))]]
+        out.append(table(head, body, note + f"{y['n_documents']:,} synthetic documents of {y['words_per_document']} "
+                                            f"words, {y['n_queries']} queries ({_loads(y)}):"))
+    if d := r.get("dense"):
         subset = " (a subset: the judged documents plus others)" if d.get("subset") else ""
-        lines += [f"Dense ({d['model']}), SciFact test, {d['n_queries']} queries, {d['n_documents']} documents{subset} "
-                  f"(load average {_na(d['load_average_before'][0], 1)} -> {_na(d['load_average_after'][0], 1)}):", "",
-                  "| | numpy exact (in memory) | Milvus Lite HNSW |", "|---|---|---|",
-                  f"| nDCG@10 | {_na(d['numpy_exact']['ndcg@10'])} | {_na(d['milvus_hnsw']['ndcg@10'])} |",
-                  f"| Recall@100 | {_na(d['numpy_exact']['recall@100'])} | {_na(d['milvus_hnsw']['recall@100'])} |",
-                  f"| top-10 overlap (mean / identical lists) | | {_na(d['mean_top10_overlap'])} / "
-                  f"{_na(d['identical_top10_share'])} |",
-                  f"| insert seconds (embeddings precomputed) | | {_na(d['milvus_hnsw_insert_seconds'], 1)} |",
-                  f"| queries/s, one query per call | {_na(d['numpy_qps_single'], 0)} | {_na(d['milvus_qps_single'], 0)} |",
-                  ""]
-    f = r.get("frameworks")
-    if f:
-        lines += [f"Through the frameworks: the BM25 retrievers of both adapters on SciFact test "
-                  f"({f['n_queries']} queries, {f['n_documents']} documents, top 10), built in memory "
-                  f"or with `backend=MilvusBackend(...)` (load average {_na(f['load_average_before'][0], 1)} -> "
-                  f"{_na(f['load_average_after'][0], 1)}):", "",
-                  "| | LlamaIndex in memory | LlamaIndex on Milvus Lite | LangChain in memory | LangChain on Milvus Lite |",
-                  "|---|---|---|---|---|"]
+        body = [[m, _na(d["numpy_exact"][k]), _na(d["milvus_hnsw"][k])] for m, k in (("nDCG@10", "ndcg@10"), ("Recall@100", "recall@100"))]
+        body += [["top-10 overlap (mean / identical lists)", "", overlap(d)]]
+        body += rows(d, [("insert seconds (embeddings precomputed)", "|milvus_hnsw_insert_seconds", 1),
+                         ("queries/s, one query per call", "numpy_qps_single|milvus_qps_single", 0)])
+        out.append(table(["", "numpy exact (in memory)", "Milvus Lite HNSW"], body,
+                         f"Dense ({d['model']}), SciFact test, {d['n_queries']} queries, {d['n_documents']} documents"
+                         f"{subset} ({_loads(d)}):"))
+    if f := r.get("frameworks"):
         li, lc = f.get("llamaindex", {}), f.get("langchain", {})
-
-        def row(label: str, key: str, nd: int = 3) -> str:
-            return (f"| {label} | {_na(li.get('memory_' + key), nd)} | {_na(li.get('milvus_' + key), nd)} | "
-                    f"{_na(lc.get('memory_' + key), nd)} | {_na(lc.get('milvus_' + key), nd)} |")
-
-        lines += [row("nDCG@10", "ndcg@10"),
-                  f"| identical top-10 lists (Milvus vs memory) | | {_na(li.get('identical_top10_share'))} | | "
-                  f"{_na(lc.get('identical_top10_share'))} |",
-                  row("build seconds", "build_seconds", 1), row("queries/s (retrieve / invoke)", "qps", 0),
-                  row("persist / save: seconds", "persist_seconds", 2),
-                  "| persist / save: bytes written | " + " | ".join(
-                      f"{d.get(w + '_persisted_bytes', 0):,}" for d in (li, lc) for w in ("memory", "milvus")) + " |",
-                  row("re-open (from_persist_dir / load) + first query: seconds", "reopen_seconds", 2), ""]
-    v = r.get("versions", {})
+        four = lambda label, key, nd=3: [label] + [_na(x.get(w + key), nd) for x in (li, lc) for w in ("memory_", "milvus_")]
+        body = [four("nDCG@10", "ndcg@10"),
+                ["identical top-10 lists (Milvus vs memory)", "", _na(li.get("identical_top10_share")), "",
+                 _na(lc.get("identical_top10_share"))],
+                four("build seconds", "build_seconds", 1), four("queries/s (retrieve / invoke)", "qps", 0),
+                four("persist / save: seconds", "persist_seconds", 2),
+                ["persist / save: bytes written"] + [f"{x.get(w + '_persisted_bytes', 0):,}" for x in (li, lc)
+                                                      for w in ("memory", "milvus")],
+                four("re-open (from_persist_dir / load) + first query: seconds", "reopen_seconds", 2)]
+        out.append(table(["", "LlamaIndex in memory", "LlamaIndex on Milvus Lite", "LangChain in memory",
+                          "LangChain on Milvus Lite"], body,
+                         f"Through the frameworks: the BM25 retrievers of both adapters on SciFact test ({f['n_queries']} "
+                         f"queries, {f['n_documents']} documents, top 10), built in memory or with "
+                         f"`backend=MilvusBackend(...)` ({_loads(f)}):"))
     cmds = []
     for key in [k for k in r if k.split("_memtable")[0] in ("scifact", "synthetic", "dense", "frameworks")]:
         a = r[key].get("args", {})
-        cmd = f"--parts {key.split('_memtable')[0]}"
-        if a.get("memtable_mib"):
-            cmd += f" --memtable-mib {a['memtable_mib']}"
-        if a.get("dense_docs") and key.startswith("dense"):
-            cmd += f" --dense-docs {a['dense_docs']}"
-        cmds.append(f"`python benchmarks/bench_milvus.py --data ../shared/data {cmd}`")
-    lines += [f"pymilvus {v.get('pymilvus')}, milvus-lite {v.get('milvus_lite')}; one run each of "
-              + ", ".join(cmds) + "."]
-    return "\n".join(lines)
+        cmds.append(f"`python benchmarks/bench_milvus.py --data ../shared/data --parts {key.split('_memtable')[0]}"
+                    + (f" --memtable-mib {a['memtable_mib']}" if a.get("memtable_mib") else "")
+                    + (f" --dense-docs {a['dense_docs']}" if a.get("dense_docs") and key.startswith("dense") else "") + "`")
+    v = r.get("versions", {})
+    return "\n\n".join(out + [f"pymilvus {v.get('pymilvus')}, milvus-lite {v.get('milvus_lite')}; one run each of "
+                              + ", ".join(cmds) + "."])
 
 
 # -- README rows from the other JSON files -------------------------------------------------------
