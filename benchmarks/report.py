@@ -996,31 +996,21 @@ def offline_engines_tables(payload: dict) -> str:
     without 1-vs-2 worker pairs gives the first table only."""
     name = {("local", 1): "local, 1 thread", ("local", 2): "local, 2 threads",
             ("ray", 1): "ray, 1 worker", ("ray", 2): "ray, 2 workers"}
-    lines = ["| documents | rows computed | engine | seconds | same graph as local | load avg (1 min) before |",
-             "|---|---|---|---|---|---|"]
-    for r in payload["knn"]:
-        same = r.get("equal_to_local", r.get("equal_to_first", "reference"))
-        lines.append(f"| {r['n_documents']:,} | {r['rows_computed']:,} | {name[(r['engine'], r['workers'])]} | "
-                     f"{r['seconds']:.1f} | {same} | {r['load_before'][0]} |")
-    if not payload.get("knn_efficiency"):
-        return "\n".join(lines)
-    lines += ["", "| documents | rows computed | engine | 1 worker (s) | 2 workers (s) | speed-up | parallel efficiency |",
-              "|---|---|---|---|---|---|---|"]
-    for e in payload["knn_efficiency"]:
-        lines.append(f"| {e['n_documents']:,} | {e['rows_computed']:,} | {e['engine']} | {e['seconds_1']:.1f} | "
-                     f"{e['seconds_2']:.1f} | {e['speedup']:.2f} | {e['parallel_efficiency']:.2f} |")
-    lines += ["", "| texts | engine | seconds | texts/s | max abs diff to local | load avg (1 min) before |",
-              "|---|---|---|---|---|---|"]
-    for r in payload["embeddings"]:
-        diff = r.get("max_abs_diff_to_local")
-        lines.append(f"| {r['n_texts']:,} | {name[(r['engine'], r['workers'])]} | {r['seconds']:.1f} | "
-                     f"{r['texts_per_second']:.1f} | {'-' if diff is None else f'{diff:.1e}'} | {r['load_before'][0]} |")
-    lines += ["", "| texts | engine | 1 worker (s) | 2 workers (s) | speed-up | parallel efficiency |",
-              "|---|---|---|---|---|---|"]
-    for e in payload["embeddings_efficiency"]:
-        lines.append(f"| {e['n_texts']:,} | {e['engine']} | {e['seconds_1']:.1f} | {e['seconds_2']:.1f} | "
-                     f"{e['speedup']:.2f} | {e['parallel_efficiency']:.2f} |")
-    return "\n".join(lines)
+    eff = lambda e: [f"{e['seconds_1']:.1f}", f"{e['seconds_2']:.1f}", f"{e['speedup']:.2f}", f"{e['parallel_efficiency']:.2f}"]
+    out = [table(["documents", "rows computed", "engine", "seconds", "same graph as local", "load avg (1 min) before"],
+                 [[f"{r['n_documents']:,}", f"{r['rows_computed']:,}", name[(r["engine"], r["workers"])], f"{r['seconds']:.1f}",
+                   str(r.get("equal_to_local", r.get("equal_to_first", "reference"))), str(r["load_before"][0])]
+                  for r in payload["knn"]])]
+    if payload.get("knn_efficiency"):
+        diff = lambda r: "-" if r.get("max_abs_diff_to_local") is None else f"{r['max_abs_diff_to_local']:.1e}"
+        out += [table(["documents", "rows computed", "engine", "1 worker (s)", "2 workers (s)", "speed-up", "parallel efficiency"],
+                      [[f"{e['n_documents']:,}", f"{e['rows_computed']:,}", e["engine"], *eff(e)] for e in payload["knn_efficiency"]]),
+                table(["texts", "engine", "seconds", "texts/s", "max abs diff to local", "load avg (1 min) before"],
+                      [[f"{r['n_texts']:,}", name[(r["engine"], r["workers"])], f"{r['seconds']:.1f}",
+                        f"{r['texts_per_second']:.1f}", diff(r), str(r["load_before"][0])] for r in payload["embeddings"]]),
+                table(["texts", "engine", "1 worker (s)", "2 workers (s)", "speed-up", "parallel efficiency"],
+                      [[f"{e['n_texts']:,}", e["engine"], *eff(e)] for e in payload["embeddings_efficiency"]])]
+    return "\n\n".join(out)
 
 
 block("offline-engines")(lambda: offline_engines_tables(load("offline_engines.json")))
