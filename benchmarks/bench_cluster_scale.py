@@ -41,21 +41,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import RESULTS, default_data_dir, load_average, machine, save_json
+from common import RESULTS, default_data_dir, load_average, machine, save_json, scifact_texts, vocabulary
 
 STEPS = ("bm25_index", "knn_graph", "algorithm1", "cluster_units", "cluster_index")
 TARGET_N = 21_000_000
-
-
-def scifact_vocab(data: Path, docs: int = 3000) -> list[str]:
-    texts = []
-    with open(data / "scifact" / "corpus.jsonl") as f:
-        for i, line in enumerate(f):
-            if i >= docs:
-                break
-            d = json.loads(line)
-            texts.append(f"{d.get('title', '')} {d['text']}".strip())
-    return sorted({w for t in texts for w in t.lower().split() if w.isalpha()})
 
 
 def synthetic_corpus(n: int, vocab: list[str], seed: int, words: int = 100, topics: int = 2000,
@@ -106,7 +95,7 @@ def child(args) -> dict:
             units += [Unit(id=f"{f}-{ai}-{pi}", text=para["context"], metadata={"article": art["title"]})
                       for ai, art in enumerate(data) for pi, para in enumerate(art["paragraphs"])]
     else:
-        texts = synthetic_corpus(args.child, scifact_vocab(args.data), seed=args.child)
+        texts = synthetic_corpus(args.child, vocabulary(scifact_texts(args.data)), seed=args.child)
         units = [Unit(id=str(i), text=t) for i, t in enumerate(texts)]
         del texts
     n = len(units)

@@ -29,14 +29,13 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-from common import RESULTS, cached_embeddings, load_average, parser, timer, write_json
+from common import RESULTS, cached_embeddings, load_average, parser, synthetic_search, timer, write_json
 
 from funnel_core.backends.milvus import MilvusBM25Index, MilvusClusteredBM25Index, MilvusDenseIndex
 from funnel_core.bm25 import BM25Index
@@ -159,17 +158,8 @@ def lite_segments(db: str, index) -> int | None:
 
 
 def part_synthetic(ds, db: str, quick: bool) -> dict:
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from bench_bm25 import synthetic_corpus
-
-    texts = [u.text for u in ds.corpus]
-    vocab = sorted({w for t in texts[:3000] for w in t.lower().split() if w.isalpha()})
     n = 10_000 if quick else 100_000
-    big = synthetic_corpus(n, vocab, seed=1)
-    rng = random.Random(0)
-    queries = [" ".join(rng.sample(big[rng.randrange(n)].split(), 8)) for _ in range(50 if quick else 100)]
+    big, queries = synthetic_search([u.text for u in ds.corpus], n, 50 if quick else 100)
     units = [Unit(id=str(i), text=t) for i, t in enumerate(big)]
     del big
     out: dict = {"n_documents": n, "n_queries": len(queries), "words_per_document": 100}

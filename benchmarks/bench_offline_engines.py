@@ -46,7 +46,7 @@ import numpy as np
 import scipy.sparse as sp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, default_data_dir, load_average, machine, save_json  # noqa: E402
+from common import RESULTS, default_data_dir, load_average, machine, save_json, scifact_texts, vocabulary  # noqa: E402
 
 OUT = RESULTS / "offline_engines.json"
 
@@ -147,18 +147,8 @@ def bench_knn(n: int, rows: int | None, block: int, args) -> list[dict]:
 
 
 def texts_for_embedding(n: int, data: Path) -> list[str]:
-    vocab = None
-    corpus = data / "scifact" / "corpus.jsonl"
-    if corpus.is_file():
-        words = set()
-        with open(corpus) as f:
-            for i, line in enumerate(f):
-                if i >= 3000:
-                    break
-                words.update(w for w in json.loads(line)["text"].lower().split() if w.isalpha())
-        vocab = sorted(words)
-    if not vocab:
-        vocab = [f"word{i}" for i in range(20000)]
+    scifact = (data / "scifact" / "corpus.jsonl").is_file()
+    vocab = (vocabulary(scifact_texts(data, title=False)) if scifact else []) or [f"word{i}" for i in range(20000)]
     rng = np.random.default_rng(0)
     v = np.array(vocab)
     zipf = 1.0 / np.arange(1, len(v) + 1)
