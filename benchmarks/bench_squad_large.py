@@ -32,7 +32,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from common import ROOT, load_average, parser, write_json
+from common import ROOT, parser, write_json
 from squad_large_data import PASSAGE_WORDS, AnswerTexts, build_corpus
 from trained import SQUAD_CE, SQUAD_FILES, require_model, tuning_question_ids
 
@@ -425,7 +425,6 @@ def main() -> None:
                    help="prefix of precomputed MiniLM embeddings (embed_texts.py); computed here when absent")
     p.add_argument("--n-train", type=int, default=400, help="tuning questions (train; held out of CE training)")
     p.add_argument("--n-report", type=int, default=4961, help="reported questions (dev-a, seeded sample)")
-    p.add_argument("--n-timing", type=int, default=10, help="timed questions (seeded sample of the reported ones)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--bootstrap", type=int, default=2000)
     p.add_argument("--export-pairs", type=Path, default=None, help="write the unscored pairs here and stop")
@@ -438,7 +437,7 @@ def main() -> None:
     args = p.parse_args()
     grid = list(FUNNEL_GRID)
     if args.quick:
-        args.n_train, args.n_report, args.n_timing, args.bootstrap = 10, 20, 3, 200
+        args.n_train, args.n_report, args.bootstrap = 10, 20, 200
         args.cpu_score = True
         grid = [(4096, 3, 2), PRESET]
     if not args.export_texts:
@@ -462,10 +461,8 @@ def main() -> None:
     tune_qs = [q for q in rng.sample(train_all, min(400, len(train_all))) if q.id in tune_ids][:args.n_train]
     dev_all = corpus.questions["dev-a"]
     report_qs = random.Random(REPORT_SEED).sample(dev_all, len(dev_all))[:args.n_report]  # prefixes of one permutation
-    timing_qs = random.Random(TIMING_SEED).sample(report_qs, min(args.n_timing, len(report_qs)))
-    warm_q = next(q for q in dev_all if q.id not in {t.id for t in timing_qs})
     all_qs = tune_qs + report_qs
-    print(f"questions: {len(tune_qs)} train (tuning), {len(report_qs)} dev-a (report), {len(timing_qs)} timed", flush=True)
+    print(f"questions: {len(tune_qs)} train (tuning), {len(report_qs)} dev-a (report)", flush=True)
     if args.export_texts:
         texts = {"passages": [u.text for u in passages], "dev_a": [q.question for q in dev_all],
                  "train_tune": [q.question for q in train_all if q.id in tune_ids]}
@@ -484,7 +481,7 @@ def main() -> None:
 
         emb = cached_embeddings(embedder, [u.text for u in passages], "squad_large")
         emb_source = "encoded here (CPU, fp32)"
-    q_emb = question_embeddings(args, corpus, all_qs + [warm_q], embedder)
+    q_emb = question_embeddings(args, corpus, all_qs, embedder)
     timings["embeddings_seconds"] = time.perf_counter() - t0
     dense = FaissDense(emb)
     t0 = time.perf_counter()
@@ -586,8 +583,6 @@ def main() -> None:
     recall_tune = cluster_recall(tune_qs, {s: {q.id: v[q.id] for q in tune_qs} for s, v in clus.items()},
                                  doc_bm25, doc_index, dense_docs, ans_d, RECALL_K)
 
-    load_before_timing = load_average()
-
     comp = comparisons(rows, ranks, report_qs, best_funnel, args.bootstrap)
     result = {
         "args": {k: str(v) for k, v in vars(args).items()},
@@ -602,7 +597,6 @@ def main() -> None:
                           "timing_dtype": "bf16 autocast" if bf16 else "fp32",
                           "training": _training_summary(args.model)},
         "cpu_flags": flags,
-        "load_average_before_timing": load_before_timing,
         "dense": {**dense.settings, "build_seconds": dense.build_seconds,
                   "recall@100_hnsw_vs_exact": hnsw_recall, "recall@10_hnsw_vs_exact": hnsw_recall10},
         "hybrid": {"alpha": alpha, "alpha_AR@20_on_train": {str(a): v for a, v in alpha_scores.items()},
