@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import RESULTS, default_data_dir, load_average, machine, save_json, scifact_texts, vocabulary
+from common import RESULTS, default_data_dir, load_average, machine, merge_rows, save_json, scifact_texts, vocabulary
 
 STEPS = ("bm25_index", "knn_graph", "algorithm1", "cluster_units", "cluster_index")
 TARGET_N = 21_000_000
@@ -270,9 +270,8 @@ def main() -> None:
     for other in args.merge:
         for label, ob in json.loads(other.read_text())["runs"].items():
             tb = runs.setdefault(label, {"rows": [], "args": ob.get("args", {})})
-            keys = {(r["n_documents"], r.get("corpus", "synthetic")) for r in ob["rows"]}
-            tb["rows"] = sorted([r for r in tb["rows"] if (r["n_documents"], r.get("corpus", "synthetic")) not in keys]
-                                + ob["rows"], key=lambda r: r["n_documents"])
+            tb["rows"] = sorted(merge_rows(tb["rows"], ob["rows"], lambda r: (r["n_documents"], r.get("corpus", "synthetic"))),
+                                key=lambda r: r["n_documents"])
     block = runs.setdefault(args.label, {"rows": [], "args": {}})
     if args.squad:
         block = runs.setdefault("squad", {"rows": [], "args": {}})
@@ -297,8 +296,7 @@ def main() -> None:
         row["subprocess_wall_seconds"] = time.perf_counter() - t
         print(f"  -> pipeline {row['pipeline_seconds']:.1f} s, peak RSS {row['peak_rss_mib']:.0f} MiB, "
               f"{row['n_clusters']:,} clusters", flush=True)
-        block["rows"] = [r for r in block["rows"] if r["n_documents"] != row["n_documents"]] + [row]
-        block["rows"].sort(key=lambda r: r["n_documents"])
+        block["rows"] = sorted(merge_rows(block["rows"], [row], lambda r: r["n_documents"]), key=lambda r: r["n_documents"])
         block["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                          if k not in ("child", "sizes", "out", "merge")}
         if args.code_root:  # the commit the old code was checked out at, for the command

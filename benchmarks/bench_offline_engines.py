@@ -34,7 +34,6 @@ each measurement. Writes benchmarks/results/offline_engines.json (rows merged by
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -46,7 +45,7 @@ import numpy as np
 import scipy.sparse as sp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, default_data_dir, load_average, machine, save_json, scifact_texts, vocabulary  # noqa: E402
+from common import RESULTS, load_average, machine, merge_rows, parser, save_json, scifact_texts, vocabulary  # noqa: E402
 
 OUT = RESULTS / "offline_engines.json"
 
@@ -220,8 +219,7 @@ def efficiency(rows: list[dict], key: str) -> list[dict]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", type=Path, default=default_data_dir())
+    p = parser(__doc__.split("\n")[0])  # --data, --quick (20k kNN, 500 embeddings), --out
     p.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
     p.add_argument("--rows", type=int, default=None,
                    help="compute only the first ROWS rows of sizes above 100k (each against all N)")
@@ -230,9 +228,8 @@ def main() -> None:
     p.add_argument("--local-threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--ray-workers", type=int, nargs="+", default=[1, 2])
     p.add_argument("--skip-knn", action="store_true")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args()
+    args.out = args.out or OUT
     if args.quick:
         args.sizes, args.embed_n = [20_000], 500
     prev = json.loads(args.out.read_text()) if args.out.is_file() and not args.quick else {}
@@ -240,14 +237,10 @@ def main() -> None:
     embed_rows = prev.get("embeddings", [])
     if not args.skip_knn:
         for n in args.sizes:
-            rows = bench_knn(n, args.rows if n > 100_000 else None, args.block_size, args)
-            keys = {(r["n_documents"], r["rows_computed"], r["engine"], r["workers"]) for r in rows}
-            knn_rows = [r for r in knn_rows if (r["n_documents"], r["rows_computed"], r["engine"],
-                                                 r["workers"]) not in keys] + rows
+            knn_rows = merge_rows(knn_rows, bench_knn(n, args.rows if n > 100_000 else None, args.block_size, args),
+                                  lambda r: (r["n_documents"], r["rows_computed"], r["engine"], r["workers"]))
     if args.embed_n:
-        rows = bench_embed(args.embed_n, args)
-        keys = {(r["n_texts"], r["engine"], r["workers"]) for r in rows}
-        embed_rows = [r for r in embed_rows if (r["n_texts"], r["engine"], r["workers"]) not in keys] + rows
+        embed_rows = merge_rows(embed_rows, bench_embed(args.embed_n, args), lambda r: (r["n_texts"], r["engine"], r["workers"]))
     import ray
 
     payload = {

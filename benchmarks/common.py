@@ -169,6 +169,13 @@ def write_json(name: str, payload: dict, out: Path | None = None) -> Path:
     return path
 
 
+def merge_rows(old: list[dict], new: list[dict], key: Callable[[dict], Any]) -> list[dict]:
+    """The rows of ``old`` that no row of ``new`` replaces (same ``key``), then ``new``: a run of some sizes or
+    settings keeps the JSON's other rows."""
+    keys = {key(r) for r in new}
+    return [r for r in old if key(r) not in keys] + list(new)
+
+
 def cached_embeddings(embedder, texts: list[str], name: str):
     """Encode ``texts`` once per (model, texts) and keep the array under ``.cache/``."""
     import hashlib

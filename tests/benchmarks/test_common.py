@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from common import interleaved_seconds, save_json, synthetic_search, vocabulary  # noqa: E402
+from common import interleaved_seconds, merge_rows, save_json, synthetic_search, vocabulary  # noqa: E402
 
 
 def test_interleaved_seconds_warms_up_then_takes_turns():
@@ -35,3 +35,10 @@ def test_synthetic_search_is_seeded_and_draws_queries_from_its_documents():
     assert (docs, queries) == synthetic_search(texts, 50, 5) and len(docs) == 50 and len(queries) == 5
     assert all(len(d.split()) == 100 and set(d.split()) <= set(words) for d in docs)
     assert all(len(q.split()) == 8 and any(set(q.split()) <= set(d.split()) for d in docs) for q in queries)
+
+
+def test_merge_rows_replaces_rows_of_the_same_key_and_keeps_the_others():
+    old = [{"n": 1, "s": 1.0}, {"n": 2, "s": 2.0}]
+    assert merge_rows(old, [{"n": 2, "s": 9.0}, {"n": 3, "s": 3.0}], lambda r: r["n"]) == [
+        {"n": 1, "s": 1.0}, {"n": 2, "s": 9.0}, {"n": 3, "s": 3.0}]
+    assert merge_rows([], [], lambda r: r["n"]) == [] and old == [{"n": 1, "s": 1.0}, {"n": 2, "s": 2.0}]
