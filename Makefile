@@ -8,8 +8,8 @@ demo: setup
 test: setup
 	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q tests --nbmake examples
 
-bench: setup  # every benchmark in turn (hours on 2 CPU cores); DATA=../shared/data by default
-	for b in benchmarks/bench_*.py; do .venv/bin/python $$b --data $${DATA:-../shared/data} || exit 1; done
+bench: setup  # every benchmark in turn (hours on 2 CPU cores); DATA=../shared/data by default (FUNNEL_DATA: not every script takes --data)
+	for b in benchmarks/bench_*.py; do FUNNEL_DATA=$${DATA:-../shared/data} .venv/bin/python $$b || exit 1; done
 	for c in benchmarks/configs/*.toml; do n=$$(basename $$c .toml); .venv/bin/funnel eval $$c --out benchmarks/results/$$n --cache-dir .cache/$$n || exit 1; done
 
 test-fast: setup  # the fast tier (no model), failing any of its tests that takes over 2 s

@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import gc
 import json
-import random
 import time
 
 import numpy as np
-from common import RESULTS, parser, peak_memory, timer, write_json
+from common import RESULTS, parser, peak_memory, synthetic_corpus, synthetic_search, timer, vocabulary, write_json
 
 from funnel_core.bm25 import BM25Index
 from funnel_core.evaluation import load_beir
@@ -66,22 +65,6 @@ def clustered_recall(ds, queries: dict[str, str], ks=(1, 2, 3, 5, 10, 20)) -> di
             "documents_per_cluster": {"mean": float(members.mean()), "max": int(members.max()),
                                       "singletons": int((members == 1).sum())},
             "recall_at_k_clusters": rows}
-
-
-def synthetic_corpus(n: int, vocab: list[str], seed: int = 0, words: int = 100, topics: int = 2000) -> list[str]:
-    """Documents drawn from topic-specific word sets plus Zipf background words (clusterable)."""
-    rng = np.random.default_rng(seed)
-    v = np.array(vocab)
-    zipf = 1.0 / np.arange(1, len(v) + 1)
-    zipf /= zipf.sum()
-    topic_words = [rng.choice(len(v), size=150, replace=False, p=zipf) for _ in range(topics)]
-    docs = []
-    for i in range(n):
-        tw = topic_words[rng.integers(topics)]
-        n_topic = int(words * 0.6)
-        ids = np.concatenate([rng.choice(tw, size=n_topic), rng.choice(len(v), size=words - n_topic, p=zipf)])
-        docs.append(" ".join(v[ids]))
-    return docs
 
 
 class Systems:
@@ -312,24 +295,14 @@ def main() -> None:
     if "clustered" in args.parts:
         result["clustered"] = clustered_recall(ds, queries)
     texts = [u.text for u in ds.corpus]
-    vocab = sorted({w for t in texts[:3000] for w in t.lower().split() if w.isalpha()})
+    n_big = 20_000 if args.quick else 100_000
     if "speed" in args.parts:
         result["speed_scifact"] = speed(texts, list(ds.queries.values())[:300], "scifact", n_slow=100)
-        n_big = 20_000 if args.quick else 100_000
-        big = synthetic_corpus(n_big, vocab, seed=1)
-        rng = random.Random(0)
-        big_queries = [" ".join(rng.sample(big[rng.randrange(n_big)].split(), 8)) for _ in range(200)]
-        result["speed_synthetic"] = speed(big, big_queries, "synthetic", n_slow=20)
-        del big
+        result["speed_synthetic"] = speed(*synthetic_search(texts, n_big, 200), "synthetic", n_slow=20)
     if "raw" in args.parts:
-        n_big = 20_000 if args.quick else 100_000
-        big = synthetic_corpus(n_big, vocab, seed=1)
-        rng = random.Random(0)
-        big_queries = [" ".join(rng.sample(big[rng.randrange(n_big)].split(), 8)) for _ in range(200)]
-        result["vs_raw_bm25s"] = vs_raw(big, big_queries, rounds=args.rounds)
-        del big
+        result["vs_raw_bm25s"] = vs_raw(*synthetic_search(texts, n_big, 200), rounds=args.rounds)
     if "clustering" in args.parts:
-        result["clustering_scale"] = clustering_scale(vocab, [2_000, 10_000] if args.quick else [10_000, 100_000])
+        result["clustering_scale"] = clustering_scale(vocabulary(texts), [2_000, 10_000] if args.quick else [10_000, 100_000])
     result["notes"] = ("Single process on a 2-core machine; see load_average_at_start for how busy it was. "
                        "Ratios are measured back to back in one run. Peak memory is tracemalloc's peak of "
                        "Python+numpy allocations while building each index.")

@@ -1,37 +1,28 @@
-"""Cross-encoder inference runtimes on CPU: pairs per second and nDCG@10 on SciFact test.
+"""Cross-encoder inference runtimes on CPU: pairs per second and nDCG@10 on SciFact test (docs/performance.md).
 
-Two passes over the runtimes of :class:`~funnel_core.rerank.cross_encoder.CrossEncoderScorer`
-(torch fp32, torch bf16 autocast, ONNX Runtime fp32, OpenVINO; the dynamic-int8 ONNX runtime
-was measured in ``benchmarks/results/ce_backends.json`` and then removed, having lost nDCG):
+The runtimes of :class:`~funnel_core.rerank.cross_encoder.CrossEncoderScorer` (torch fp32, torch bf16
+autocast, ONNX Runtime fp32, OpenVINO; the dynamic-int8 ONNX runtime, measured in ``ce_backends.json``,
+was removed, having lost nDCG), in two passes, interleaved query by query in an order rotated per query:
 
-* **speed**: every runtime scores the BM25 top-``--timing-depth`` of the first
-  ``--timing-queries`` test queries; pairs/s is total pairs over total seconds, with p50/p95
+* **speed**: BM25 top-``--timing-depth`` of the first ``--timing-queries`` test queries; pairs/s, p50/p95
   seconds per query, and the largest score difference from torch fp32 on those pairs;
-* **quality**: the ``--ndcg-runtimes`` rerank the BM25 top-``--depth`` of *every* test query (the
-  rest of the BM25 top-100 keeps its BM25 order) for nDCG@10.
+* **quality**: the ``--ndcg-runtimes`` rerank the BM25 top-``--depth`` of every test query (the rest of
+  the top-100 in BM25 order) for nDCG@10.
 
-In both passes the runtimes are interleaved query by query, in an order rotated per query, so a
-change in machine load hits them all alike. Scores are kept in a cache file (``--cache``) so an
-interrupted run resumes; the JSON is rewritten every ``--save-every`` queries.
+Scores go to a cache file (``--cache``), so an interrupted run resumes; the JSON is rewritten every
+``--save-every`` queries. Model: ``models/minilm-scifact-ce`` unless ``--model`` names another::
 
-Model: the SciFact-trained MiniLM cross-encoder ``models/minilm-scifact-ce``
-(``funnel train benchmarks/train/scifact_ce.toml``) unless ``--model`` names another folder (the JSON
-names the model used). Run::
-
-    nice -n 10 python benchmarks/bench_ce_backends.py --data /work/shared/data \
-        --model /work/models/minilm-squad-ce --depth 20
+    nice -n 10 python benchmarks/bench_ce_backends.py --data /work/shared/data --depth 100
 """
 
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-from common import ROOT, load_average, parser, save_json
+from common import ROOT, command_line, load_average, parser, save_json
 
 from funnel_core.evaluation.stats import paired_bootstrap, percentile
 
@@ -49,14 +40,12 @@ def main() -> None:
     from trained import SCIFACT_CE, require_model
 
     ap = parser(__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=None,
-                    help="cross-encoder folder (default: models/minilm-scifact-ce, funnel train benchmarks/train/scifact_ce.toml)")
+    ap.add_argument("--model", default=None, help="cross-encoder folder (default: models/minilm-scifact-ce)")
     ap.add_argument("--depth", type=int, default=100, help="BM25 candidates reranked per query")
     ap.add_argument("--max-length", type=int, default=192)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--runtimes", default=",".join(RUNTIMES), help="runtimes timed")
-    ap.add_argument("--ndcg-runtimes", default=",".join(RUNTIMES),
-                    help="runtimes run over every query for nDCG@10")
+    ap.add_argument("--ndcg-runtimes", default=",".join(RUNTIMES), help="runtimes run over every query for nDCG@10")
     ap.add_argument("--timing-queries", type=int, default=20)
     ap.add_argument("--timing-depth", type=int, default=None, help="default: --depth")
     ap.add_argument("--limit", type=int, default=None, help="first N test queries only")
@@ -74,22 +63,15 @@ def main() -> None:
     load_before = load_average()
     model = str(require_model(args.model or SCIFACT_CE, "cross-encoder"))
     model_note = ("SciFact-trained MiniLM cross-encoder (funnel train benchmarks/train/scifact_ce.toml)"
-                  if "scifact" in Path(model).name else
-                  "NOT the SciFact-trained model: no SciFact checkpoint existed on this machine and "
-                  "training one (460 steps) ran at ~55 s/step under a load average of ~13 on 2 "
-                  "cores, far beyond the time available; this is the SQuAD-trained MiniLM "
-                  "cross-encoder (funnel train benchmarks/train/squad_ce.toml), used zero-shot on SciFact")
+                  if "scifact" in Path(model).name else f"NOT the SciFact-trained model: `{model}`, used zero-shot on SciFact")
     names = [n for n in args.runtimes.split(",") if n]
     ndcg_names = [n for n in args.ndcg_runtimes.split(",") if n]
     names += [n for n in ndcg_names if n not in names]
     timing_depth = args.timing_depth or args.depth
-    skipped = {}
-    for n in list(names):
-        if n not in RUNTIMES:
-            raise SystemExit(f"unknown runtime {n!r}; choose from {list(RUNTIMES)}")
-        if not runtime_available(RUNTIMES[n]["runtime"]):
-            skipped[n] = f"{RUNTIMES[n]['runtime']} package not installed"
-            names.remove(n)
+    if set(names) - set(RUNTIMES):
+        raise SystemExit(f"unknown runtime {sorted(set(names) - set(RUNTIMES))}; choose from {list(RUNTIMES)}")
+    skipped = {n: f"{RUNTIMES[n]['runtime']} package not installed" for n in names if not runtime_available(RUNTIMES[n]["runtime"])}
+    names = [n for n in names if n not in skipped]
     ndcg_names = [n for n in ndcg_names if n in names]
 
     data = load_beir(Path(args.data) / "scifact", split="test")
@@ -100,37 +82,28 @@ def main() -> None:
     bm25_run = {q: {u.id: u.score for u in h} for q, h in zip(qids, hits)}
     bm25_ndcg = ir_metrics(qrels, bm25_run, ["ndcg@10"])["ndcg@10"]
 
-    cache_path = args.cache or (ROOT / ".cache" / f"ce_backends_{Path(model).name}_len"
-                                f"{args.max_length}.jsonl")
+    cache_path = args.cache or (ROOT / ".cache" / f"ce_backends_{Path(model).name}_len{args.max_length}.jsonl")
     cache_path.parent.mkdir(parents=True, exist_ok=True)
-    done: dict[tuple[str, str], dict] = {}
-    if cache_path.is_file():
-        for line in cache_path.read_text(encoding="utf-8").splitlines():
-            rec = json.loads(line)
-            done[(rec["runtime"], rec["qid"], len(rec["scores"]))] = rec
+    recs = [json.loads(line) for line in cache_path.read_text(encoding="utf-8").splitlines()] if cache_path.is_file() else []
+    done: dict[tuple[str, str, int], dict] = {(r["runtime"], r["qid"], len(r["scores"])): r for r in recs}
 
-    scorers = {}
-    load_seconds = {}
+    scorers, load_seconds = {}, {}
     for n in names:
         t = time.perf_counter()
-        scorers[n] = CrossEncoderScorer(model, library="transformers", device="cpu",
-                                        max_length=args.max_length, batch_size=args.batch_size,
-                                        export_dir=args.export_dir / n.split("-")[0],
+        scorers[n] = CrossEncoderScorer(model, library="transformers", device="cpu", max_length=args.max_length,
+                                        batch_size=args.batch_size, export_dir=args.export_dir / n.split("-")[0],
                                         **RUNTIMES[n]).load()
         scorers[n].score(queries[qids[0]], [u.text for u in hits[0][:8]])  # warm-up batch
         load_seconds[n] = time.perf_counter() - t
 
     timing_qids = qids[: args.timing_queries]
     hit_of = dict(zip(qids, hits))
-
-    def depth_of(q: str, depth: int) -> int:
-        return len(hit_of[q][:depth])
+    depth_of = lambda q, depth: len(hit_of[q][:depth])
 
     def report(final: bool) -> dict:
         speed, quality = {}, {}
         for n in names:
-            recs = [done[(n, q, depth_of(q, timing_depth))] for q in timing_qids
-                    if (n, q, depth_of(q, timing_depth)) in done]
+            recs = [done[k] for q in timing_qids if (k := (n, q, depth_of(q, timing_depth))) in done]
             if recs:
                 secs = [r["seconds"] for r in recs]
                 pairs = sum(len(r["scores"]) for r in recs)
@@ -145,15 +118,11 @@ def main() -> None:
             if n not in ndcg_names:
                 continue
             run = {}
-            for q, h in zip(qids, hits):
-                key = (n, q, depth_of(q, args.depth))
-                if key not in done:
-                    continue
-                head, tail = h[: args.depth], h[args.depth:]
-                ce = done[key]["scores"]
-                order = sorted(range(len(head)), key=lambda i: -ce[i])
-                ranked = [head[i].id for i in order] + [u.id for u in tail]
-                run[q] = {d: float(len(ranked) - r) for r, d in enumerate(ranked)}
+            for q, h in zip(qids, hits):  # the reranked head by its scores, then the rest in BM25 order
+                if (key := (n, q, depth_of(q, args.depth))) in done:
+                    ce, head = done[key]["scores"], h[: args.depth]
+                    ranked = [head[i].id for i in sorted(range(len(head)), key=lambda i: -ce[i])] + [u.id for u in h[args.depth:]]
+                    run[q] = {d: float(len(ranked) - r) for r, d in enumerate(ranked)}
             if run:
                 per_query = {q: ir_metrics({q: qrels[q]}, {q: run[q]}, ["ndcg@10"])["ndcg@10"] for q in run}
                 quality[n] = {"queries": len(run),
@@ -168,16 +137,12 @@ def main() -> None:
             if ref_q and "ndcg@10" in r and quality[ref_q]["queries"] == r["queries"]:
                 r["ndcg@10_loss_vs_fp32"] = quality[ref_q]["ndcg@10"] - r["ndcg@10"]
                 ref_per = quality[ref_q]["per_query_ndcg@10"]
-                loss = paired_bootstrap([ref_per[q] for q in ref_per],
-                                        [r["per_query_ndcg@10"][q] for q in ref_per])
-                r["ndcg@10_loss_ci95"] = loss["ci"]
+                r["ndcg@10_loss_ci95"] = paired_bootstrap(list(ref_per.values()), [r["per_query_ndcg@10"][q] for q in ref_per])["ci"]
             r["meets_target"] = bool(r.get("speedup_vs_torch_fp32", 0) >= TARGET_SPEEDUP
                                      and r.get("ndcg@10_loss_vs_fp32", 1) <= TARGET_NDCG_LOSS)
         complete = all(quality.get(n, {}).get("queries") == len(qids) for n in ndcg_names)
-        ov_precision = None
-        if "openvino" in scorers:
-            compiled = scorers["openvino"]._model.get().session._compiled
-            ov_precision = str(compiled.get_property("INFERENCE_PRECISION_HINT"))
+        ov_precision = (str(scorers["openvino"]._model.get().session._compiled.get_property("INFERENCE_PRECISION_HINT"))
+                        if "openvino" in scorers else None)
         return {
             "dataset": "BEIR SciFact test", "queries": len(qids), "all_test_queries": len(queries),
             "complete": complete and final,
@@ -197,13 +162,11 @@ def main() -> None:
             "cpu_auto_runtime": choose_runtime("auto", "cpu", "transformers"),  # on this machine
             "hardware": describe(),
             "load_average_before": load_before, "load_average_after": load_average(),
-            "command": "python " + " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
+            "command": command_line(),
         }
 
     out = args.out or ROOT / "benchmarks" / "results" / "ce_backends.json"
-
-    def write(final: bool) -> None:
-        save_json(out, report(final))
+    write = lambda final: save_json(out, report(final))
 
     def score_all(pass_qids: list[str], pass_names: list[str], depth: int, label: str) -> None:
         with cache_path.open("a", encoding="utf-8") as log:

@@ -41,21 +41,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import RESULTS, default_data_dir, load_average, machine, save_json
+from common import RESULTS, default_data_dir, load_average, machine, merge_rows, save_json, scifact_texts, vocabulary
 
 STEPS = ("bm25_index", "knn_graph", "algorithm1", "cluster_units", "cluster_index")
 TARGET_N = 21_000_000
-
-
-def scifact_vocab(data: Path, docs: int = 3000) -> list[str]:
-    texts = []
-    with open(data / "scifact" / "corpus.jsonl") as f:
-        for i, line in enumerate(f):
-            if i >= docs:
-                break
-            d = json.loads(line)
-            texts.append(f"{d.get('title', '')} {d['text']}".strip())
-    return sorted({w for t in texts for w in t.lower().split() if w.isalpha()})
 
 
 def synthetic_corpus(n: int, vocab: list[str], seed: int, words: int = 100, topics: int = 2000,
@@ -106,7 +95,7 @@ def child(args) -> dict:
             units += [Unit(id=f"{f}-{ai}-{pi}", text=para["context"], metadata={"article": art["title"]})
                       for ai, art in enumerate(data) for pi, para in enumerate(art["paragraphs"])]
     else:
-        texts = synthetic_corpus(args.child, scifact_vocab(args.data), seed=args.child)
+        texts = synthetic_corpus(args.child, vocabulary(scifact_texts(args.data)), seed=args.child)
         units = [Unit(id=str(i), text=t) for i, t in enumerate(texts)]
         del texts
     n = len(units)
@@ -281,9 +270,8 @@ def main() -> None:
     for other in args.merge:
         for label, ob in json.loads(other.read_text())["runs"].items():
             tb = runs.setdefault(label, {"rows": [], "args": ob.get("args", {})})
-            keys = {(r["n_documents"], r.get("corpus", "synthetic")) for r in ob["rows"]}
-            tb["rows"] = sorted([r for r in tb["rows"] if (r["n_documents"], r.get("corpus", "synthetic")) not in keys]
-                                + ob["rows"], key=lambda r: r["n_documents"])
+            tb["rows"] = sorted(merge_rows(tb["rows"], ob["rows"], lambda r: (r["n_documents"], r.get("corpus", "synthetic"))),
+                                key=lambda r: r["n_documents"])
     block = runs.setdefault(args.label, {"rows": [], "args": {}})
     if args.squad:
         block = runs.setdefault("squad", {"rows": [], "args": {}})
@@ -308,8 +296,7 @@ def main() -> None:
         row["subprocess_wall_seconds"] = time.perf_counter() - t
         print(f"  -> pipeline {row['pipeline_seconds']:.1f} s, peak RSS {row['peak_rss_mib']:.0f} MiB, "
               f"{row['n_clusters']:,} clusters", flush=True)
-        block["rows"] = [r for r in block["rows"] if r["n_documents"] != row["n_documents"]] + [row]
-        block["rows"].sort(key=lambda r: r["n_documents"])
+        block["rows"] = sorted(merge_rows(block["rows"], [row], lambda r: r["n_documents"]), key=lambda r: r["n_documents"])
         block["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                          if k not in ("child", "sizes", "out", "merge")}
         if args.code_root:  # the commit the old code was checked out at, for the command

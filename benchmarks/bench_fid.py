@@ -1,19 +1,13 @@
-"""Benchmarks of attention-based post-ranking (FunnelRAG stage 3).
+"""Attention-based post-ranking (FunnelRAG stage 3), docs/postrank.md.
 
-1. **Speed (CPU):** passages scored per second by :class:`FiDAttentionScorer` for a
-   t5-small-sized and a t5-base-sized T5 (random weights, vocab 32128), 50 passages of ~130
-   tokens, against a MiniLM-sized cross-encoder (``BertForSequenceClassification`` initialised
-   from all-MiniLM-L6-v2, ``num_labels=1``, random head) scoring the same 50 (query, passage)
-   pairs. All three are timed in one process, interleaved, ``--repeats`` times; medians reported.
-   The T5 configs use a byte-level BPE tokenizer trained here (``build_bpe_tokenizer``), so
-   every FiD input is truncated to exactly ``--tokens`` tokens; the cross-encoder's WordPiece
-   pairs are truncated to the same length (timing depends on length, not on the vocabulary).
-2. **Quality:** :class:`AttentionLMScorer` with SmolLM2-135M-Instruct (GGUF) on SQuAD v1.1
-   dev-a: corpus = paragraphs re-chunked into ~100-word passages, BM25 top-20 per question,
-   answer recall@1 of the top passage after reranking vs BM25's own order, on a fixed random
-   sample of questions (seed 0). Raw (uncalibrated) attention comes from the same passes.
-
-Run::
+1. **Speed (CPU):** passages per second of :class:`FiDAttentionScorer` for a t5-small-sized and a
+   t5-base-sized T5 (random weights, vocab 32128, a byte-level BPE tokenizer trained here so every input
+   is cut to exactly ``--tokens``) against a MiniLM-sized cross-encoder (all-MiniLM-L6-v2, random
+   ``num_labels=1`` head) on the same ``--passages`` pairs cut to the same length; timed in one process,
+   interleaved, ``--repeats`` times; medians reported.
+2. **Quality:** :class:`AttentionLMScorer` (SmolLM2-135M-Instruct GGUF) reranking BM25's top-20 of
+   ~100-word SQuAD dev-a passages: answer recall@1, calibrated and raw attention, vs BM25's order, on a
+   seeded sample of questions.
 
     nice -n 10 python benchmarks/bench_fid.py --data /work/shared/data [--quick]
 """
@@ -28,13 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import RESULTS, interleaved_seconds, parser, save_json
+from common import RESULTS, interleaved_seconds, machine, parser, save_json
 
 from funnel_core import testing
 from funnel_core.bm25 import BM25Index
 from funnel_core.evaluation import has_answer, load_squad
 from funnel_core.evaluation.stats import mcnemar_exact, paired_bootstrap
-from funnel_core.hardware import describe
 from funnel_core.text import word_windows
 from funnel_core.units import Unit
 
@@ -45,15 +38,11 @@ T5_CONFIGS = {
 
 
 def squad_passages(path: Path) -> tuple[list[Unit], list]:
-    articles = load_squad(path)
-    units, questions = [], []
-    for art in articles:
-        for pi, para in enumerate(art.paragraphs):
-            for wi, text in enumerate(word_windows(para, 100)):
-                units.append(Unit(id=f"{art.title}/{pi}/{wi}", text=text,
-                                  metadata={"title": art.title.replace("_", " ")}))
-        questions.extend(art.questions)
-    return units, questions
+    """SQuAD paragraphs re-chunked into ~100-word passages, and every question."""
+    arts = load_squad(path)
+    units = [Unit(id=f"{a.title}/{pi}/{wi}", text=text, metadata={"title": a.title.replace("_", " ")})
+             for a in arts for pi, para in enumerate(a.paragraphs) for wi, text in enumerate(word_windows(para, 100))]
+    return units, [q for a in arts for q in a.questions]
 
 
 # -- 1. speed ------------------------------------------------------------------------------
@@ -85,21 +74,16 @@ def bench_speed(units: list[Unit], questions: list, n_passages: int, tokens: int
 
     ce_tok = AutoTokenizer.from_pretrained(testing.minilm_path())
     ce = BertForSequenceClassification.from_pretrained(testing.minilm_path(), num_labels=1).eval()
-    ce_enc = ce_tok([query] * n_passages, passages, truncation=True, max_length=tokens,
-                    padding=True, return_tensors="pt")
+    encode = lambda: ce_tok([query] * n_passages, passages, truncation=True, max_length=tokens,
+                            padding=True, return_tensors="pt")
 
     def run_ce() -> list[float]:
         with torch.inference_mode():
-            enc = ce_tok([query] * n_passages, passages, truncation=True, max_length=tokens,
-                         padding=True, return_tensors="pt")
-            return ce(**enc).logits[:, 0].tolist()
+            return ce(**encode()).logits[:, 0].tolist()
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_fid_"))
-    scorers = {}
-    for name, cfg in T5_CONFIGS.items():
-        folder = build_t5(tmp / name, cfg)
-        scorers[name] = FiDAttentionScorer(model=folder, max_length=tokens, batch_size=n_passages,
-                                           device="cpu")
+    scorers = {name: FiDAttentionScorer(model=build_t5(tmp / name, cfg), max_length=tokens, batch_size=n_passages,
+                                        device="cpu") for name, cfg in T5_CONFIGS.items()}
     fid_lengths = scorers["t5-small-sized"].build_inputs(query, passages).lengths
     runs = {"cross_encoder_minilm": run_ce,
             **{name: (lambda s=s: s.score(query, passages)) for name, s in scorers.items()}}
@@ -107,23 +91,13 @@ def bench_speed(units: list[Unit], questions: list, n_passages: int, tokens: int
     med = {k: statistics.median(v) for k, v in times.items()}
     params = {name: sum(p.numel() for p in s.model.parameters()) for name, s in scorers.items()}
     params["cross_encoder_minilm"] = sum(p.numel() for p in ce.parameters())
-    out = {
-        "passages": n_passages,
-        "fid_tokens_per_input": {"mean": statistics.mean(fid_lengths), "min": min(fid_lengths),
-                                 "max": max(fid_lengths)},
-        "cross_encoder_tokens_per_pair": float(ce_enc["attention_mask"].sum(1).float().mean()),
-        "repeats": repeats,
-        "threads": torch.get_num_threads(),
-        "parameters": params,
-        "seconds_median": med,
-        "seconds_all": times,
-        "passages_per_second": {k: n_passages / v for k, v in med.items()},
-        "cross_encoder_speedup_over": {k: med[k] / med["cross_encoder_minilm"]
-                                       for k in scorers},
-        "fid_tokenizer": "byte-level BPE (funnel_core.testing.build_bpe_tokenizer, 2000 types) "
-                         "over real SQuAD passages, truncated to the token budget; model vocab 32128",
-    }
-    return out
+    return {"passages": n_passages, "repeats": repeats, "threads": torch.get_num_threads(), "parameters": params,
+            "fid_tokens_per_input": {"mean": statistics.mean(fid_lengths), "min": min(fid_lengths), "max": max(fid_lengths)},
+            "cross_encoder_tokens_per_pair": float(encode()["attention_mask"].sum(1).float().mean()),
+            "seconds_median": med, "seconds_all": times, "passages_per_second": {k: n_passages / v for k, v in med.items()},
+            "cross_encoder_speedup_over": {k: med[k] / med["cross_encoder_minilm"] for k in scorers},
+            "fid_tokenizer": "byte-level BPE (funnel_core.testing.build_bpe_tokenizer, 2000 types) "
+                             "over real SQuAD passages, truncated to the token budget; model vocab 32128"}
 
 
 # -- 2. quality ----------------------------------------------------------------------------
@@ -140,9 +114,8 @@ def bench_quality(units: list[Unit], questions: list, n_questions: int, depth: i
     t_load = time.perf_counter()
     scorer.model  # load once, outside the timed loop
     load_s = time.perf_counter() - t_load
-    rows = []
-    if resume and progress_path is not None and progress_path.exists():
-        rows = json.loads(progress_path.read_text())  # same seed -> same sample, same order
+    resumed = resume and progress_path is not None and progress_path.exists()
+    rows = json.loads(progress_path.read_text()) if resumed else []  # same seed -> same sample, same order
     done = {r["id"] for r in rows}
     start = time.perf_counter()
     for q in tqdm(sample, desc="SmolLM2 attention rerank"):
@@ -156,7 +129,7 @@ def bench_quality(units: list[Unit], questions: list, n_questions: int, depth: i
         raw, cal = scorer.score_components(q.question, texts)
         secs = time.perf_counter() - t0
         calibrated = [r - c for r, c in zip(raw, cal)]
-        best = lambda s: max(range(len(s)), key=s.__getitem__) if s else None  # noqa: E731
+        best = lambda s: max(range(len(s)), key=s.__getitem__) if s else None
         row = {"id": q.id, "n": len(texts), "seconds": secs,
                "bm25@1": bool(hits) and has_answer(texts[0], q.answers),
                f"bm25@{depth}": has_answer(" ".join(texts), q.answers),
@@ -171,16 +144,13 @@ def bench_quality(units: list[Unit], questions: list, n_questions: int, depth: i
     cal, bm = ([float(r[k]) for r in rows] for k in ("attention_calibrated@1", "bm25@1"))
     mc = mcnemar_exact(cal, bm)   # wins: calibrated right and BM25 wrong; losses: the reverse
     return {
-        "questions_planned": n_questions, "questions_done": n, "seed": seed, "depth": depth,
+        "questions_planned": n_questions, "questions_done": n, "seed": seed, "depth": depth, "answer_recall": recall,
         "corpus_passages": len(units), "model": "SmolLM2-135M-Instruct Q4_1 GGUF (dequantised, fp32, CPU)",
-        "answer_recall": recall,
         "calibrated_vs_bm25": {"wins": mc["a_only"], "losses": mc["b_only"], "mcnemar_p": mc["p_value"],
                                "diff": recall["attention_calibrated@1"] - recall["bm25@1"],
                                "bootstrap95": paired_bootstrap(cal, bm)["ci"] if n else None},
         "seconds_per_question_median": statistics.median(r["seconds"] for r in rows) if rows else None,
-        "model_load_seconds": load_s,
-        "per_question": rows,
-    }
+        "model_load_seconds": load_s, "per_question": rows}
 
 
 def main() -> None:
@@ -188,10 +158,8 @@ def main() -> None:
     ap.add_argument("--questions", type=int, default=200)
     ap.add_argument("--depth", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--budget", type=float, default=3600.0,
-                    help="seconds for the quality loop; stops early and reports what it did")
-    ap.add_argument("--resume", action="store_true",
-                    help="continue the quality loop from its progress file (same seed)")
+    ap.add_argument("--budget", type=float, default=3600.0, help="seconds for the quality loop; then it reports what it did")
+    ap.add_argument("--resume", action="store_true", help="continue the quality loop from its progress file (same seed)")
     ap.add_argument("--passages", type=int, default=50)
     ap.add_argument("--tokens", type=int, default=130)
     ap.add_argument("--repeats", type=int, default=5)
@@ -201,18 +169,15 @@ def main() -> None:
     if args.quick:
         args.questions, args.repeats = min(args.questions, 20), min(args.repeats, 2)
 
-    squad = Path(args.data) / "squad" / "squad-v1.1-dev-a.json"
-    units, questions = squad_passages(squad)
+    units, questions = squad_passages(Path(args.data) / "squad" / "squad-v1.1-dev-a.json")
     out_path = args.out or RESULTS / "fid.json"
     command = "nice -n 10 python " + " ".join(["benchmarks/bench_fid.py", *sys.argv[1:]])
 
     def save(section: str, data: dict) -> None:
         # re-read before writing: the speed and quality parts may run as separate processes
         result = json.loads(out_path.read_text()) if out_path.exists() else {}
-        result["machine"] = ("2 CPU cores shared with other jobs (load average 9-18 during the "
-                             "runs); timings are noisy, ratios measured interleaved in one process")
         result[section] = data
-        result.setdefault("hardware", {})[section] = describe()  # CPU flags, precisions run in
+        result.setdefault("hardware", {})[section] = machine()  # CPU flags, precisions run in, load average
         result.setdefault("commands", {})[section] = command
         save_json(out_path, result, indent=2)
 
@@ -227,6 +192,7 @@ def main() -> None:
         save("quality", quality)
         progress.unlink(missing_ok=True)
         print(json.dumps({k: v for k, v in quality.items() if k != "per_question"}, indent=2))
+
 
 if __name__ == "__main__":
     main()

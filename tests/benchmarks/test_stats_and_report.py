@@ -206,14 +206,14 @@ def test_harness_tables_are_the_json():
 
     res = BENCH / "results"
     f = Report.load(res / "scifact_fusion").to_dict()
-    row = next(r for r in report.block_hybrid_scifact().splitlines() if r.startswith("| RRF, k = 60"))
+    row = next(r for r in report.BLOCKS["hybrid-scifact"]().splitlines() if r.startswith("| RRF, k = 60"))
     s = f["summary"]["rrf60"]["ndcg@10"]
     assert f"| {s['mean']:.3f} [{s['ci'][0]:.3f}, {s['ci'][1]:.3f}] |" in row.replace("**", "")
     t = f["tuning"]["hybrid_tuned"]
-    assert f"alpha = {t['chosen']}, chosen on the {t['questions']} questions" in report.block_hybrid_scifact()
+    assert f"alpha = {t['chosen']}, chosen on the {t['questions']} questions" in report.BLOCKS["hybrid-scifact"]()
     m = Report.load(res / "mog").to_dict()
     chosen = m["router_training"]["paper_ties_finer"]["chosen_level_counts"]["paper_margin_0.5"]
-    line = next(r for r in report.block_mog_router().splitlines()
+    line = next(r for r in report.BLOCKS["mog-router"]().splitlines()
                 if "router `paper_ties_finer`, selection `paper_margin_0.5`" in r)
     assert " / ".join(map(str, chosen)) in line
     assert f"| {m['summary']['router paper_ties_finer / paper_margin_0.5']['AR@1']['mean']:.3f} [" in line

@@ -526,3 +526,54 @@ def test_alpha_reads_the_query_and_key_projections_of_each_decoder_cross_attenti
     d = Decoder()
     assert _cross_attention_modules(d) == [("CrossAttention", d.CrossAttention.query,
                                             d.CrossAttention.key, 1.0, 1)]
+
+
+def test_score_keeps_the_readers_answer(scorer):
+    s = _with(scorer, return_answer=True, max_answer_tokens=3)
+    scores = s.score(QUERY, TEXTS)
+    again, answer = s.score_with_titles(QUERY, TEXTS)
+    assert scores == again and isinstance(answer, str)
+    assert s.last_answer == answer
+
+
+@pytest.mark.parametrize("maps", ["none", "first_missing", "one_layer_short"])
+def test_a_model_that_returns_no_usable_cross_attention_is_refused_with_the_fix(scorer, monkeypatch,
+                                                                               maps):
+    """The model's own output is cut (none at all, the first layer's map missing, one layer's map
+    fewer than cross-attention modules): both readers of the maps refuse, naming the fix."""
+    model, _, _ = scorer._model.get()
+    forward = model.forward
+
+    def cut(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        full = out.cross_attentions
+        out.cross_attentions = {"none": None, "first_missing": (None, *full[1:]),
+                                "one_layer_short": full[:-1]}[maps]
+        return out
+
+    inputs = scorer.build_inputs(QUERY, TEXTS, TITLES)
+    states = scorer.encode(inputs)
+    dec, _ = scorer._decoder_prefix(states)
+    monkeypatch.setattr(model, "forward", cut)
+    with pytest.raises(RuntimeError, match=r"cross-attention maps for 2 cross-attention modules; "
+                       r"load it with attn_implementation='eager' or use "
+                       r"score_on='log_attention'\.$"):
+        scorer.raw_scores(states, dec)
+    if maps != "one_layer_short":   # the probabilities alone need no count
+        with pytest.raises(RuntimeError, match=r"returned no cross-attentions; load it with "
+                           r"attn_implementation='eager'\.$"):
+            scorer.cross_attention(states, dec)
+
+
+def test_a_model_whose_cross_attention_projections_are_not_found_is_sent_to_log_attention(
+        scorer, monkeypatch):
+    import funnel_core.rerank.fid as fid
+
+    inputs = scorer.build_inputs(QUERY, TEXTS, TITLES)
+    states = scorer.encode(inputs)
+    dec, _ = scorer._decoder_prefix(states)
+    monkeypatch.setattr(fid, "_cross_attention_modules", lambda model: [])
+    with pytest.raises(RuntimeError, match=r"found no decoder cross-attention projections in .*; "
+                       r"use score_on='log_attention' \(rank-equivalent to alpha for eq\. 3, "
+                       r"\(iv\), \(v\) and Table 8\)\.$"):
+        scorer.raw_scores(states, dec)
