@@ -1,26 +1,13 @@
-"""LangChain objects for the "Searching for Best Practices in RAG" components.
-
-* :class:`SentenceEmbedderEmbeddings` — LangChain ``Embeddings`` over
-  :class:`funnel_core.embeddings.SentenceEmbedder` (all-MiniLM-L6-v2 offline by default), e.g.
-  for ``InMemoryVectorStore``.
-* :class:`HybridRetriever` — fuses any sparse and any dense LangChain retriever with the paper's
-  ``S_h = alpha * S_sparse + S_dense`` (min-max normalised) or RRF. The dense side may receive a
-  different query: ``dense_query`` (a runnable, e.g. :func:`hyde_query`) rewrites it, or pass
-  ``invoke(q, dense_query="...")``.
-* :func:`hyde_query` — HyDE as a runnable: asks an LLM for a hypothetical answer document.
-* :class:`HyDERetriever` — HyDE (Gao et al.) as a retriever: any funnel_core or LangChain LLM
-  writes ``n`` hypothetical documents and the vector store (or our dense index) is searched with
-  ``v = 1/(N+1) [f(q) + sum_k f(d_k)]``, the HyDE paper's equation. As the ``dense`` side of
-  :class:`HybridRetriever` it gives hybrid with HyDE (BM25 keeps the query's words).
-* :class:`RepackTransformer` — forward / reverse (best last, default) / sides.
-* :class:`ExtractiveCompressor` — query-based sentence selection (a ``StageCompressor``).
-* :func:`query_classifier_branch` — a ``RunnableBranch`` that runs the RAG chain only for
-  queries that need retrieval.
+"""LangChain objects for the "Searching for Best Practices in RAG" components: offline
+embeddings, hybrid retrieval, HyDE (a runnable and a retriever), repacking, extractive
+compression and query classification (each names its paper section and its ``funnel_core``
+stage).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from langchain_core.callbacks import (
@@ -75,7 +62,8 @@ DEFAULT_HYDE_PROMPT = PromptTemplate.from_template(
 
 
 class SentenceEmbedderEmbeddings(Embeddings):
-    """LangChain embeddings over :class:`~funnel_core.embeddings.SentenceEmbedder`.
+    """LangChain embeddings over :class:`~funnel_core.embeddings.SentenceEmbedder` (e.g. for
+    ``InMemoryVectorStore``); the async methods run in a worker thread (LangChain's default).
 
     Args:
         model_name: sentence-transformers hub name or local folder; ``None`` = packaged MiniLM.
@@ -94,12 +82,6 @@ class SentenceEmbedderEmbeddings(Embeddings):
 
     def embed_query(self, text: str) -> list[float]:
         return self.embedder.encode([text])[0].tolist()
-
-    async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
-        return await asyncio.to_thread(self.embed_documents, texts)
-
-    async def aembed_query(self, text: str) -> list[float]:
-        return await asyncio.to_thread(self.embed_query, text)
 
 
 @checked_keywords
@@ -216,23 +198,24 @@ class HyDERetriever(BaseRetriever):
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
                                 k: int | None = None, **kwargs: Any) -> list[Document]:
-        check_kwargs(type(self).__name__, kwargs, ("k",))  # no silent typos
-        query = check_query(query)
-        k = self.k if k is None else check_positive_int(k, "k")
-        if not query:
-            return []
-        return self._search(query, self.hyde.documents(query), k)
+        query, k = _prepare(self, query, k, kwargs)
+        return self._search(query, self.hyde.documents(query), k) if query else []
 
     async def _aget_relevant_documents(self, query: str, *,
                                        run_manager: AsyncCallbackManagerForRetrieverRun,
                                        k: int | None = None, **kwargs: Any) -> list[Document]:
-        check_kwargs(type(self).__name__, kwargs, ("k",))
-        query = check_query(query)
-        k = self.k if k is None else check_positive_int(k, "k")
+        query, k = _prepare(self, query, k, kwargs)
         if not query:
             return []
-        docs = await self.hyde.adocuments(query)
-        return await asyncio.to_thread(self._search, query, docs, k)
+        return await asyncio.to_thread(self._search, query, await self.hyde.adocuments(query), k)
+
+
+def _prepare(owner: Any, query: str, k: int | None, kwargs: dict[str, Any],
+             accepted: tuple[str, ...] = ("k",)) -> tuple[str, int]:
+    """The stripped query and ``k`` (the retriever's own when not given per call); a per-call
+    keyword the retriever does not take raises, naming the accepted ones (no silent typos)."""
+    check_kwargs(type(owner).__name__, kwargs, accepted)
+    return check_query(query), owner.k if k is None else check_positive_int(k, "k")
 
 
 #: The async twin of each store method :meth:`HybridRetriever._relevance_path` may name.
@@ -301,30 +284,30 @@ class HybridRetriever(FusionFields, BaseRetriever):
         check_positive_int(self.k, "k")
 
     # -- sides ---------------------------------------------------------------------------------
-    def _scored_search(self, retriever: BaseRetriever) -> Optional[VectorStoreRetriever]:
-        """The vector-store retriever whose store this retriever queries for scores itself, or
-        ``None`` when the retriever is invoked as it is (RRF reads ranks only; an MMR search
-        has no score per document; any other retriever writes ``relevance_score`` itself)."""
-        if (self.method == "alpha" and isinstance(retriever, VectorStoreRetriever)
+    def _store_search(self, retriever: BaseRetriever, asynchronous: bool) -> Optional[Callable]:
+        """``search(query) -> [(document, relevance)]`` on the vector store of ``retriever``,
+        with its own ``search_kwargs``, or ``None`` when the retriever is invoked as it is (RRF
+        reads ranks only; an MMR search has no score per document; any other retriever writes
+        ``relevance_score`` itself)."""
+        if not (self.method == "alpha" and isinstance(retriever, VectorStoreRetriever)
                 and retriever.search_type in ("similarity", "similarity_score_threshold")):
-            return retriever
-        return None
+            return None
+        path = self._relevance_path(retriever.vectorstore)
+        search = getattr(retriever.vectorstore, _ASYNC_TWIN[path] if asynchronous else path)
+        kwargs = {n: v for n, v in retriever.search_kwargs.items() if n != "score_threshold"}
+        return functools.partial(search, **kwargs)
 
     @staticmethod
     def _relevance_path(store: Any) -> str:
         """The name of the store's method that answers ``(document, relevance)`` pairs, higher =
-        more relevant (its async twin is the same name with ``a``).
+        more relevant (its async twin: :data:`_ASYNC_TWIN`).
 
-        The store's own relevance path: ``_similarity_search_with_relevance_scores``, which maps
-        its raw scores through the store's ``_select_relevance_score_fn`` (FAISS and Chroma turn
-        their L2 distances into relevances there), read without the public method's warning
+        The store's own ``_similarity_search_with_relevance_scores`` maps its raw scores
+        through its ``_select_relevance_score_fn``, read without the public method's warning
         about values outside [0, 1] (FAISS's squared L2 over unit vectors goes below 0; the
         order is right and fusion normalises each side); a store that overrides only the public
-        ``similarity_search_with_relevance_scores`` is asked through it. langchain-core's
-        ``InMemoryVectorStore`` defines no relevance function, and its own
-        ``similarity_search_with_score`` is a cosine similarity. A store that says neither is
-        refused: its raw score may be a distance, and fusing a distance as a similarity ranks
-        the nearest documents last.
+        method is asked through it; ``InMemoryVectorStore``'s ``similarity_search_with_score``
+        is a cosine similarity. Any other store is refused: its raw score may be a distance.
         """
         cls = type(store)
         private, public = ("_similarity_search_with_relevance_scores",
@@ -349,33 +332,25 @@ class HybridRetriever(FusionFields, BaseRetriever):
             "method='rrf'.")
 
     @staticmethod
-    def _pairs_to_documents(pairs: Sequence[tuple[Document, float]],
-                            threshold: Any) -> list[Document]:
+    def _scored(retriever: Any, pairs: Sequence[tuple[Document, float]]) -> list[Document]:
+        threshold = retriever.search_kwargs.get("score_threshold")
         return [Document(id=d.id, page_content=d.page_content,
                          metadata={**d.metadata, RELEVANCE_SCORE: float(s)})
                 for d, s in pairs if threshold is None or s >= threshold]
 
     def _with_scores(self, retriever: BaseRetriever, query: str,
                      config: RunnableConfig) -> list[Document]:
-        vsr = self._scored_search(retriever)
-        if vsr is None:
+        search = self._store_search(retriever, asynchronous=False)
+        if search is None:
             return retriever.invoke(query, config=config)
-        store, kwargs = vsr.vectorstore, dict(vsr.search_kwargs)
-        threshold = kwargs.pop("score_threshold", None)
-        path = self._relevance_path(store)
-        search = getattr(store, path)
-        return self._pairs_to_documents(search(query, **kwargs), threshold)
+        return self._scored(retriever, search(query))
 
     async def _awith_scores(self, retriever: BaseRetriever, query: str,
                             config: RunnableConfig) -> list[Document]:
-        vsr = self._scored_search(retriever)
-        if vsr is None:
+        search = self._store_search(retriever, asynchronous=True)
+        if search is None:
             return await retriever.ainvoke(query, config=config)
-        store, kwargs = vsr.vectorstore, dict(vsr.search_kwargs)
-        threshold = kwargs.pop("score_threshold", None)
-        path = self._relevance_path(store)
-        search = getattr(store, _ASYNC_TWIN[path])
-        return self._pairs_to_documents(await search(query, **kwargs), threshold)
+        return self._scored(retriever, await search(query))
 
     def _fuse(self, sparse: Sequence[Document], dense: Sequence[Document], k: int) -> list[Document]:
         s_units, d_units = documents_to_units(sparse), documents_to_units(dense)
@@ -387,16 +362,14 @@ class HybridRetriever(FusionFields, BaseRetriever):
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
                                 k: int | None = None, dense_query: str | None = None,
                                 **kwargs: Any) -> list[Document]:
-        check_kwargs(type(self).__name__, kwargs, ("k", "dense_query"))  # no silent typos
-        query = check_query(query)
-        k = self.k if k is None else check_positive_int(k, "k")
+        query, k = _prepare(self, query, k, kwargs, ("k", "dense_query"))
         if not query:
             return []
-        if dense_query is None:
-            dense_query = self.dense_query.invoke(query, config={"callbacks": run_manager.get_child(
-                "dense_query")}) if self.dense_query is not None else query
+        if dense_query is None and self.dense_query is not None:
+            dense_query = self.dense_query.invoke(
+                query, config={"callbacks": run_manager.get_child("dense_query")})
         sparse = self._with_scores(self.sparse, query, {"callbacks": run_manager.get_child("sparse")})
-        dense = self._with_scores(self.dense, check_query(dense_query) or query,
+        dense = self._with_scores(self.dense, _side_query(dense_query, query),
                                   {"callbacks": run_manager.get_child("dense")})
         return self._fuse(sparse, dense, k)
 
@@ -404,18 +377,15 @@ class HybridRetriever(FusionFields, BaseRetriever):
                                        run_manager: AsyncCallbackManagerForRetrieverRun,
                                        k: int | None = None, dense_query: str | None = None,
                                        **kwargs: Any) -> list[Document]:
-        check_kwargs(type(self).__name__, kwargs, ("k", "dense_query"))  # no silent typos
-        query = check_query(query)
-        k = self.k if k is None else check_positive_int(k, "k")
+        query, k = _prepare(self, query, k, kwargs, ("k", "dense_query"))
         if not query:
             return []
-        if dense_query is None:
-            dense_query = await self.dense_query.ainvoke(query, config={
-                "callbacks": run_manager.get_child("dense_query")}) \
-                if self.dense_query is not None else query
+        if dense_query is None and self.dense_query is not None:
+            dense_query = await self.dense_query.ainvoke(
+                query, config={"callbacks": run_manager.get_child("dense_query")})
         sparse, dense = await asyncio.gather(
             self._awith_scores(self.sparse, query, {"callbacks": run_manager.get_child("sparse")}),
-            self._awith_scores(self.dense, check_query(dense_query) or query,
+            self._awith_scores(self.dense, _side_query(dense_query, query),
                                {"callbacks": run_manager.get_child("dense")}))
         return self._fuse(sparse, dense, k)
 
@@ -442,6 +412,11 @@ class HybridRetriever(FusionFields, BaseRetriever):
         return cls(sparse=sparse, dense=dense, **fusion)
 
 
+def _side_query(dense_query: Any, query: str) -> str:
+    """The dense side's query: ``dense_query`` when given and not blank, else the user's."""
+    return query if dense_query is None else (check_query(dense_query) or query)
+
+
 def _fusion_names(cls: Any) -> list[str]:
     """The fields a hybrid factory forwards to the retriever (all but its two sides)."""
     return [n for n in cls.model_fields if n not in ("sparse", "dense")]
@@ -455,19 +430,6 @@ class RepackTransformer(RepackFields, TransformerBase):
     document gets ``funnel_retrieval_rank`` and ``funnel_repack_position`` in its metadata. It
     holds a :class:`~funnel_core.best_practices.repack.Repack` stage.
     """
-
-    def transform_documents(self, documents: Sequence[Document], **kwargs: Any) -> list[Document]:
-        return units_to_documents(self.stage.run("", documents_to_units(list(documents))))
-
-    async def atransform_documents(self, documents: Sequence[Document],
-                                   **kwargs: Any) -> list[Document]:
-        return self.transform_documents(documents)
-
-    def invoke(self, input: Sequence[Document], config: RunnableConfig | None = None,
-               **kwargs: Any) -> list[Document]:
-        if not isinstance(input, (list, tuple)):
-            raise TypeError(f"RepackTransformer takes a list of Documents, got {type(input).__name__}.")
-        return self._call_with_config(self.transform_documents, input, config)
 
 
 class ExtractiveCompressor(ExtractiveCompressorFields, StageCompressor):

@@ -1,23 +1,6 @@
-"""LlamaIndex objects for the "Searching for Best Practices in RAG" components.
-
-* :class:`SentenceEmbedderEmbedding` — a LlamaIndex ``BaseEmbedding`` over
-  :class:`funnel_core.embeddings.SentenceEmbedder` (all-MiniLM-L6-v2 offline by default), so a
-  real ``VectorStoreIndex`` can be built without any hosted embedding API.
-* :class:`HybridRetriever` — fuses any sparse and any dense LlamaIndex retriever with the paper's
-  ``S_h = alpha * S_sparse + S_dense`` (min-max normalised) or RRF. It works with
-  ``HyDEQueryTransform``: the transformed ``QueryBundle`` goes to the dense side unchanged (so
-  the vector retriever embeds the hypothetical document through ``embedding_strs``), while the
-  sparse side receives a bundle holding only the original ``query_str``.
-* :class:`HyDETransform` — HyDE (Gao et al.) as a LlamaIndex query transform: any funnel_core or
-  LlamaIndex LLM writes ``n`` hypothetical documents and the bundle carries the HyDE vector
-  ``v = 1/(N+1) [f(q) + sum_k f(d_k)]`` as its ``embedding``, which vector retrievers (a
-  ``VectorStoreIndex``'s, our ``DenseRetriever``) search with. In ``TransformRetriever(
-  HybridRetriever(bm25, dense), HyDETransform(...))`` BM25 keeps the query's words: hybrid with
-  HyDE.
-* :class:`RepackPostprocessor` — forward / reverse (best last, default) / sides.
-* :class:`ExtractiveCompressorPostprocessor` — query-based sentence selection (ratio 0.4).
-* :class:`QueryClassifierGate` (retriever) and :class:`QueryClassifierQueryEngine` (query
-  engine) — skip retrieval for requests that carry sufficient information.
+"""LlamaIndex objects for the "Searching for Best Practices in RAG" components: an offline
+embedding model, hybrid retrieval, HyDE, repacking, extractive compression and query
+classification (each class names its paper section and its ``funnel_core`` stage).
 """
 
 from __future__ import annotations
@@ -33,7 +16,6 @@ from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
 from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.indices.query.query_transform.base import BaseQueryTransform
 from llama_index.core.llms import LLM
-from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.query_engine import CustomQueryEngine
 from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 
@@ -63,7 +45,8 @@ __all__ = [
 
 
 class SentenceEmbedderEmbedding(BaseEmbedding):
-    """LlamaIndex embedding model over :class:`~funnel_core.embeddings.SentenceEmbedder`.
+    """LlamaIndex embedding model over :class:`~funnel_core.embeddings.SentenceEmbedder`, so a
+    real ``VectorStoreIndex`` is built offline, with no hosted embedding API.
 
     Args:
         model_name: sentence-transformers hub name or local folder; ``None`` = the packaged
@@ -93,11 +76,11 @@ class SentenceEmbedderEmbedding(BaseEmbedding):
     def _get_query_embedding(self, query: str) -> Embedding:
         return self._embedder.encode([query])[0].tolist()
 
-    async def _aget_query_embedding(self, query: str) -> Embedding:
-        return await asyncio.to_thread(self._get_query_embedding, query)
-
     def _get_text_embedding(self, text: str) -> Embedding:
         return self._embedder.encode([text])[0].tolist()
+
+    async def _aget_query_embedding(self, query: str) -> Embedding:
+        return await asyncio.to_thread(self._get_query_embedding, query)
 
     def _get_text_embeddings(self, texts: List[str]) -> List[Embedding]:
         return self._embedder.encode(list(texts)).tolist()
@@ -164,9 +147,6 @@ class HybridRetriever(BaseRetriever):
         """Load the models of everything this retriever holds (see ``funnel_core`` ``Stage.warm_up``),
         e.g. at server start-up; returns ``self``."""
         return warm_up_attributes(self)
-
-    def _get_prompt_modules(self) -> PromptMixinType:
-        return {}
 
     @staticmethod
     def _sparse_bundle(query_bundle: QueryBundle) -> QueryBundle:
@@ -333,10 +313,7 @@ class QueryClassifierGate(BaseRetriever):
                  callback_manager: Optional[CallbackManager] = None, verbose: bool = False) -> None:
         if not isinstance(retriever, BaseRetriever):
             raise TypeError(f"retriever must be a LlamaIndex BaseRetriever, got {type(retriever).__name__}.")
-        if not isinstance(classifier, QueryClassifier):
-            raise TypeError(f"classifier must be a QueryClassifier, got {type(classifier).__name__}.")
-        classifier._require_fitted()
-        self._retriever, self.classifier = retriever, classifier
+        self._retriever, self.classifier = retriever, QueryClassifier.check_trained(classifier)
         self.last_decision: Optional[dict] = None
         super().__init__(callback_manager=callback_manager, verbose=verbose)
 
@@ -345,15 +322,9 @@ class QueryClassifierGate(BaseRetriever):
         e.g. at server start-up; returns ``self``."""
         return warm_up_attributes(self)
 
-    def _get_prompt_modules(self) -> PromptMixinType:
-        return {}
-
     def _decide(self, query: str) -> bool:
-        query = check_query(query)
-        p = self.classifier.predict_proba([query])[0] if query else 0.0
-        need = bool(query) and p >= self.classifier.threshold
-        self.last_decision = {"query": query, "needs_retrieval": need, "p_retrieval": p}
-        return need
+        self.last_decision = self.classifier.decide(query)
+        return bool(self.last_decision["needs_retrieval"])
 
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
         return self._retriever.retrieve(query_bundle) if self._decide(query_bundle.query_str) else []
@@ -380,22 +351,22 @@ class QueryClassifierQueryEngine(CustomQueryEngine):
         super().__init__(**data)
 
     def model_post_init(self, __context: Any) -> None:
-        self.classifier._require_fitted()
+        QueryClassifier.check_trained(self.classifier)
+
+    @staticmethod
+    def _retrieved(resp: Any) -> Any:
+        resp.metadata = {**(resp.metadata or {}), "needs_retrieval": True}
+        return resp
 
     def custom_query(self, query_str: str) -> Any:
         if self.classifier.needs_retrieval(query_str):
-            resp = self.query_engine.query(query_str)
-            resp.metadata = {**(resp.metadata or {}), "needs_retrieval": True}
-            return resp
+            return self._retrieved(self.query_engine.query(query_str))
         return Response(str(self.llm.complete(query_str)), metadata={"needs_retrieval": False})
 
     async def acustom_query(self, query_str: str) -> Any:
         if await asyncio.to_thread(self.classifier.needs_retrieval, query_str):
-            resp = await self.query_engine.aquery(query_str)
-            resp.metadata = {**(resp.metadata or {}), "needs_retrieval": True}
-            return resp
-        out = await self.llm.acomplete(query_str)
-        return Response(str(out), metadata={"needs_retrieval": False})
+            return self._retrieved(await self.query_engine.aquery(query_str))
+        return Response(str(await self.llm.acomplete(query_str)), metadata={"needs_retrieval": False})
 
 
 def hybrid_sides(nodes: Optional[Sequence[BaseNode]], backend: Any, embedder: Any = None,
