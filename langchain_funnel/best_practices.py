@@ -10,10 +10,7 @@ import asyncio
 import functools
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-from langchain_core.callbacks import (
-    AsyncCallbackManagerForRetrieverRun,
-    CallbackManagerForRetrieverRun,
-)
+from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.output_parsers import StrOutputParser
@@ -23,7 +20,7 @@ from langchain_core.runnables import Runnable, RunnableBranch, RunnableConfig, R
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore, VectorStoreRetriever
 from pydantic import ConfigDict, Field
 
-from funnel_core.backends.milvus import as_backend, hybrid_backends, require_backend
+from funnel_core.backends.milvus import hybrid_backends
 from funnel_core.best_practices.classify import QueryClassifier
 from funnel_core.best_practices.fields import ExtractiveCompressorFields, FusionFields, RepackFields
 from funnel_core.best_practices.fusion import fuse, same_identity
@@ -32,27 +29,14 @@ from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import warm_up_attributes
 from funnel_core.settings import check_accepted, check_kwargs, checked_keywords, setting_names
-from langchain_funnel._base import (
-    RELEVANCE_SCORE,
-    StageCompressor,
-    documents_to_units,
-    units_to_documents,
-)
+from langchain_funnel._base import RELEVANCE_SCORE, StageCompressor, documents_to_units, units_to_documents
 from langchain_funnel.dense import DenseRetriever
 from langchain_funnel.llm import as_provider
 from langchain_funnel.rerank import TransformerBase
 from langchain_funnel.retrievers import BM25Retriever
 
-__all__ = [
-    "SentenceEmbedderEmbeddings",
-    "HybridRetriever",
-    "hyde_query",
-    "DEFAULT_HYDE_PROMPT",
-    "HyDERetriever",
-    "RepackTransformer",
-    "ExtractiveCompressor",
-    "query_classifier_branch",
-]
+__all__ = ["SentenceEmbedderEmbeddings", "HybridRetriever", "hyde_query", "DEFAULT_HYDE_PROMPT", "HyDERetriever",
+           "RepackTransformer", "ExtractiveCompressor", "query_classifier_branch"]
 
 DEFAULT_HYDE_PROMPT = PromptTemplate.from_template(
     "Please write a passage to answer the question.\n"
@@ -229,28 +213,15 @@ _ASYNC_TWIN = {
 class HybridRetriever(FusionFields, BaseRetriever):
     """Hybrid search over any two LangChain retrievers (paper section 3.4.3).
 
-    Scores are read from ``Document.metadata["relevance_score"]`` (funnel-rag retrievers and
-    LangChain's rerankers write it). A ``VectorStoreRetriever`` (search type ``"similarity"``
-    or ``"similarity_score_threshold"``) returns no scores, so for ``method="alpha"`` its vector
-    store is queried, with the retriever's own ``search_kwargs``, through the store's own
-    relevance path, ``similarity_search_with_relevance_scores`` (the store's
-    ``_select_relevance_score_fn`` turns FAISS's or Chroma's distances into relevances, higher
-    = better); langchain-core's ``InMemoryVectorStore``, which defines none, gives its cosine
-    similarity. A store that can say neither is refused with a ``ValueError`` naming it (its
-    raw score may be a distance). A retriever that gives no scores (an MMR search, a store that
-    cannot say what its score means) can still be fused with ``method="rrf"``, which invokes it
-    as it is and reads ranks only.
-
-    The two sides name a document alike when its ``Document.id`` is set. Documents without ids
-    (LangChain's default) get different names on each side (our BM25 numbers them, a vector
-    store gives them uuids), so a dense document whose id the sparse side did not return is
-    matched to the sparse document with the same text
-    (:func:`funnel_core.best_practices.fusion.same_identity`): the same
-    document is fused once, never returned twice.
-
-    The fusion fields (``alpha``, ``method``, ``normalization``, ``rrf_k``) are validated at
-    construction and at every assignment, and read at each call
-    (:func:`funnel_core.best_practices.fusion.fuse`).
+    Scores are read from ``Document.metadata["relevance_score"]``. A similarity
+    ``VectorStoreRetriever`` returns none, so for ``method="alpha"`` its vector store is asked,
+    with the retriever's ``search_kwargs``, through the store's own relevance path; a store that
+    cannot say what its score means is refused with a ``ValueError`` naming it, and
+    ``method="rrf"`` (ranks only) fuses any retriever. Documents without ids (LangChain's
+    default) are matched across the two sides by their text
+    (:func:`~funnel_core.best_practices.fusion.same_identity`), so each is fused once. The
+    *Best practices in RAG* page (LangChain) gives the details. The fusion fields are validated
+    at construction and at every assignment, and read at each call.
 
     Attributes:
         sparse: The sparse retriever (BM25); it always receives the user's query.
@@ -454,9 +425,7 @@ def query_classifier_branch(classifier: QueryClassifier, retrieval_chain: Runnab
 
     The input is the query string, or a dict holding it under ``query_key``.
     """
-    if not isinstance(classifier, QueryClassifier):
-        raise TypeError(f"classifier must be a QueryClassifier, got {type(classifier).__name__}.")
-    classifier._require_fitted()
+    QueryClassifier.check_trained(classifier)
 
     def needs(x: Any) -> bool:
         if query_key is not None:
@@ -473,17 +442,12 @@ def hybrid_sides(documents: Optional[Iterable[Document]], backend: Any, embedder
                  candidates: int = 20, dense_config: Optional[dict] = None,
                  **bm25_config: Any) -> tuple[Any, DenseRetriever]:
     """The sparse (BM25) and dense sides of a hybrid retriever on one backend: built from
-    ``documents``, or re-opened (``documents=None``, Milvus only). On Milvus the collections are
-    ``<collection>_bm25`` and ``<collection>_dense`` (``collection`` default ``funnel_hybrid``)."""
+    ``documents``, or re-opened (``documents=None``, Milvus only; see
+    :func:`funnel_core.backends.milvus.hybrid_backends` for the collections)."""
     candidates = check_positive_int(candidates, "candidates")
+    sb, db = hybrid_backends(backend, None if documents is not None else "HybridRetriever.from_backend")
     if documents is None:
-        sb, db = hybrid_backends(require_backend(backend, "HybridRetriever.from_backend"))
-        return (BM25Retriever.from_backend(sb, k=candidates),
-                DenseRetriever.from_backend(db, embedder, k=candidates))
-    b = as_backend(backend)
+        return BM25Retriever.from_backend(sb, k=candidates), DenseRetriever.from_backend(db, embedder, k=candidates)
     docs = list(documents)
-    sb_, db_ = hybrid_backends(b) if b is not None else (None, None)
-    sparse = BM25Retriever.from_documents(docs, k=candidates, backend=sb_, **bm25_config)
-    dense = DenseRetriever.from_documents(docs, embedder, backend=db_, k=candidates,
-                                          **(dense_config or {}))
-    return sparse, dense
+    return (BM25Retriever.from_documents(docs, k=candidates, backend=sb, **bm25_config),
+            DenseRetriever.from_documents(docs, embedder, backend=db, k=candidates, **(dense_config or {})))

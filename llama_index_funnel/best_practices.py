@@ -19,7 +19,7 @@ from llama_index.core.llms import LLM
 from llama_index.core.query_engine import CustomQueryEngine
 from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 
-from funnel_core.backends.milvus import as_backend, hybrid_backends, require_backend
+from funnel_core.backends.milvus import hybrid_backends
 from funnel_core.best_practices.classify import QueryClassifier
 from funnel_core.best_practices.fields import FUSION_SETTINGS, ExtractiveCompressorFields, FusionFields, RepackFields
 from funnel_core.best_practices.fusion import check_fusion_config, fuse
@@ -33,15 +33,8 @@ from llama_index_funnel.dense import DenseRetriever
 from llama_index_funnel.llm import as_provider
 from llama_index_funnel.retrievers import BM25Retriever
 
-__all__ = [
-    "SentenceEmbedderEmbedding",
-    "HybridRetriever",
-    "HyDETransform",
-    "RepackPostprocessor",
-    "ExtractiveCompressorPostprocessor",
-    "QueryClassifierGate",
-    "QueryClassifierQueryEngine",
-]
+__all__ = ["SentenceEmbedderEmbedding", "HybridRetriever", "HyDETransform", "RepackPostprocessor",
+           "ExtractiveCompressorPostprocessor", "QueryClassifierGate", "QueryClassifierQueryEngine"]
 
 
 class SentenceEmbedderEmbedding(BaseEmbedding):
@@ -373,18 +366,13 @@ def hybrid_sides(nodes: Optional[Sequence[BaseNode]], backend: Any, embedder: An
                  candidates: int = 20, dense_config: Optional[dict] = None,
                  **bm25_config: Any) -> tuple[Any, DenseRetriever]:
     """The sparse (BM25) and dense sides of a hybrid retriever on one backend: built from
-    ``nodes``, or re-opened (``nodes=None``, Milvus only). On Milvus the collections are
-    ``<collection>_bm25`` and ``<collection>_dense`` (``collection`` default ``funnel_hybrid``)."""
-    b = as_backend(backend)
+    ``nodes``, or re-opened (``nodes=None``, Milvus only; see
+    :func:`funnel_core.backends.milvus.hybrid_backends` for the collections)."""
+    sb, db = hybrid_backends(backend, None if nodes is not None else "HybridRetriever.from_backend")
     candidates = check_positive_int(candidates, "candidates")
     if nodes is None:
-        b = require_backend(backend, "HybridRetriever.from_backend")
-        sb, db = hybrid_backends(b)
         return (BM25Retriever.from_backend(sb, similarity_top_k=candidates),
                 DenseRetriever.from_backend(db, embedder, similarity_top_k=candidates))
-    sb_, db_ = hybrid_backends(b) if b is not None else (None, None)
-    sparse = BM25Retriever.from_defaults(nodes=nodes, similarity_top_k=candidates, backend=sb_,
-                                         **bm25_config)
-    dense = DenseRetriever.from_defaults(nodes, embedder, backend=db_, similarity_top_k=candidates,
-                                         **(dense_config or {}))
-    return sparse, dense
+    return (BM25Retriever.from_defaults(nodes=nodes, similarity_top_k=candidates, backend=sb, **bm25_config),
+            DenseRetriever.from_defaults(nodes, embedder, backend=db, similarity_top_k=candidates,
+                                         **(dense_config or {})))
