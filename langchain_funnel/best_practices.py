@@ -97,7 +97,9 @@ def _vector_relevance(store: Any) -> Optional[Callable[[float], float]]:
     (higher = more relevant): the store's own ``_select_relevance_score_fn`` (FAISS and Chroma turn
     their distances into relevances there); langchain-core's ``InMemoryVectorStore`` answers a cosine
     similarity already; ``None`` for a store that says neither (its score may be a distance, so no
-    score is written rather than a wrong one)."""
+    score is written rather than a wrong one, as for a store without that method)."""
+    if not callable(getattr(store, "similarity_search_with_score_by_vector", None)):
+        return None
     try:
         return store._select_relevance_score_fn()  # type: ignore[no-any-return]
     except NotImplementedError:
@@ -162,23 +164,17 @@ class HyDERetriever(BaseRetriever):
     def _search(self, query: str, docs: list[str], k: int) -> list[Document]:
         if self.index is not None:
             return units_to_documents(HyDERetrieve(self.index, self.hyde, k=k)._search(query, docs))
-        store = self.vectorstore
-        emb = store.embeddings  # type: ignore[union-attr]
-        v = [float(x) for x in self.hyde.combine(query, docs, emb.embed_query, emb.embed_documents)]  # type: ignore[union-attr]
+        store: Any = self.vectorstore
+        emb = store.embeddings
+        v = [float(x) for x in self.hyde.combine(query, docs, emb.embed_query, emb.embed_documents)]
         used = sum(1 for d in docs if d.strip())
-        with_score = getattr(store, "similarity_search_with_score_by_vector", None)
-        relevance = _vector_relevance(store) if callable(with_score) else None
-        if with_score is not None and relevance is not None:
-            pairs = with_score(v, k=k)
-        else:
-            pairs = [(d, None) for d in store.similarity_search_by_vector(v, k=k)]  # type: ignore[union-attr]
-        out = []
-        for d, score in pairs:
-            meta = {**d.metadata, "funnel_hyde_documents": used}
-            if score is not None and relevance is not None:
-                meta[RELEVANCE_SCORE] = float(relevance(score))
-            out.append(Document(id=d.id, page_content=d.page_content, metadata=meta))
-        return out
+        relevance = _vector_relevance(store)
+        pairs = store.similarity_search_with_score_by_vector(v, k=k) if relevance is not None else \
+            [(d, None) for d in store.similarity_search_by_vector(v, k=k)]
+        return [Document(id=d.id, page_content=d.page_content, metadata={
+            **d.metadata, "funnel_hyde_documents": used,
+            **({} if score is None or relevance is None else {RELEVANCE_SCORE: float(relevance(score))})})
+            for d, score in pairs]
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
                                 k: int | None = None, **kwargs: Any) -> list[Document]:

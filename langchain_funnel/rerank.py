@@ -1,11 +1,5 @@
-"""LangChain document compressors and a transformer for FunnelRAG's pre-ranking stage.
-
-* :class:`CrossEncoderReranker` — cross-encoder reranking (sentence-transformers, FlagEmbedding
-  or plain transformers backend);
-* :class:`MonoT5Reranker` — monoT5 reranking;
-* :class:`LaterChunkingTransformer` — FunnelRAG's later chunking as a ``BaseDocumentTransformer``
-  (and a ``Runnable`` over a list of documents): documents in, ~100-word passages out, each with
-  ``parent_id``, ``parent_score`` and ``position`` in its metadata.
+"""LangChain document compressors (:class:`CrossEncoderReranker`, :class:`MonoT5Reranker`) and a
+document transformer (:class:`LaterChunkingTransformer`) for FunnelRAG's pre-ranking stage.
 
 The rerankers are ``BaseDocumentCompressor`` objects (use them with
 :class:`~langchain_funnel.compression.CompressionRetriever`) and ``Runnable`` objects over
@@ -33,8 +27,8 @@ __all__ = ["CrossEncoderReranker", "MonoT5Reranker", "LaterChunkingTransformer"]
 
 
 class CrossEncoderReranker(CrossEncoderFields, StageCompressor):
-    """Rerank documents with a cross-encoder: a
-    :class:`~funnel_core.rerank.cross_encoder.CrossEncoderScorer`.
+    """Rerank documents with a cross-encoder (a sentence-transformers, FlagEmbedding or plain
+    transformers backend): a :class:`~funnel_core.rerank.cross_encoder.CrossEncoderScorer`.
 
     ``relevance_score`` is a sigmoid probability in (0, 1) by default (``normalize=True``), the
     scale of LangChain's ``HuggingFaceCrossEncoder`` behind ``CrossEncoderReranker``, so a 0.5
@@ -49,8 +43,8 @@ class CrossEncoderReranker(CrossEncoderFields, StageCompressor):
 
 
 class MonoT5Reranker(MonoT5Fields, StageCompressor):
-    """Rerank documents with monoT5 (``castorini/monot5-base-msmarco`` by default): a
-    :class:`~funnel_core.rerank.monot5.MonoT5Scorer`."""
+    """Rerank documents with monoT5 (the ``true``/``false`` logits of a T5 model,
+    ``castorini/monot5-base-msmarco`` by default): a :class:`~funnel_core.rerank.monot5.MonoT5Scorer`."""
 
 
 class TransformerBase(StageAdapter, BaseModel, BaseDocumentTransformer,

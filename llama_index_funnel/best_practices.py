@@ -98,14 +98,11 @@ class HybridRetriever(BaseRetriever):
         similarity_top_k: Nodes returned after fusion (``None``: the whole fused union).
         callback_manager: LlamaIndex callback manager.
         verbose: LlamaIndex's verbose flag.
-        alpha: Sparse weight in ``S_h = alpha * S_sparse + S_dense``, in [0, 1].
-        method: ``"alpha"`` or ``"rrf"`` (reciprocal rank fusion).
-        normalization: Score normalisation of each side for ``method="alpha"``: ``"minmax"``,
-            ``"zscore"`` or ``"none"``.
-        rrf_k: RRF constant (``method="rrf"``).
 
-    Each setting is an attribute; an assignment is validated and used at the next query (the
-    fusion is :func:`funnel_core.best_practices.fusion.fuse`).
+    The fusion settings ``alpha``, ``method``, ``normalization`` and ``rrf_k`` are those of
+    :class:`~funnel_core.best_practices.fields.FusionFields` (their defaults and meaning: the
+    *Parameters* table of the Best practices page). Each setting is an attribute; an assignment
+    is validated and used at the next query (:func:`funnel_core.best_practices.fusion.fuse`).
 
     Node scores are the fused scores; ``node.metadata["funnel_score_<stage>"]`` keeps each side's raw score
     and ``sparse_score``/``dense_score``/``sparse_rank``/``dense_rank`` show how it was fused.

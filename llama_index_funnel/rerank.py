@@ -1,12 +1,6 @@
-"""LlamaIndex node postprocessors for FunnelRAG's pre-ranking stage.
-
-* :class:`CrossEncoderRerank` — cross-encoder reranking (sentence-transformers, FlagEmbedding or
-  plain transformers backend) with ``batch_size``, ``device``, ``max_length``, ``normalize``,
-  ``score_threshold`` and ``top_n``;
-* :class:`MonoT5Rerank` — monoT5 reranking (``true``/``false`` logits of a T5 model);
-* :class:`LaterChunkingPostprocessor` — FunnelRAG's later chunking: splits retrieved nodes into
-  ~100-word passages that point to their parent node (``NodeRelationship.PARENT``) and carry the
-  parent's score, so a reranker placed after it scores finer units.
+"""LlamaIndex node postprocessors for FunnelRAG's pre-ranking stage: :class:`CrossEncoderRerank`,
+:class:`MonoT5Rerank` and :class:`LaterChunkingPostprocessor` (splits retrieved nodes into
+passages, so a reranker placed after it scores finer units).
 
 All three are plain ``BaseNodePostprocessor`` objects: put them in ``node_postprocessors`` of any
 query engine. They copy nodes (never mutate the retriever's), keep earlier scores in flat
@@ -30,7 +24,8 @@ __all__ = ["CrossEncoderRerank", "MonoT5Rerank", "LaterChunkingPostprocessor"]
 
 
 class CrossEncoderRerank(CrossEncoderFields, StagePostprocessor):
-    """Rerank nodes with a cross-encoder (FunnelRAG's pre-ranker): a
+    """Rerank nodes with a cross-encoder (FunnelRAG's pre-ranker; a sentence-transformers,
+    FlagEmbedding or plain transformers backend): a
     :class:`~funnel_core.rerank.cross_encoder.CrossEncoderScorer`.
 
     Scores are sigmoid probabilities in (0, 1) by default (``normalize=True``), the scale of
@@ -54,8 +49,8 @@ class CrossEncoderRerank(CrossEncoderFields, StagePostprocessor):
 
 
 class MonoT5Rerank(MonoT5Fields, StagePostprocessor):
-    """Rerank nodes with monoT5 (``castorini/monot5-base-msmarco`` by default): a
-    :class:`~funnel_core.rerank.monot5.MonoT5Scorer`."""
+    """Rerank nodes with monoT5 (the ``true``/``false`` logits of a T5 model,
+    ``castorini/monot5-base-msmarco`` by default): a :class:`~funnel_core.rerank.monot5.MonoT5Scorer`."""
 
     @classmethod
     def class_name(cls) -> str:
