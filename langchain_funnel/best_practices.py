@@ -409,9 +409,6 @@ class ExtractiveCompressor(ExtractiveCompressorFields, StageCompressor):
     tokens before/after.
     """
 
-    embedder: Optional[SentenceEmbedder] = Field(default=None, exclude=True,
-                                                 description="Share an already loaded embedder.")
-
 
 @checked_keywords
 def query_classifier_branch(classifier: QueryClassifier, retrieval_chain: Runnable,

@@ -276,10 +276,6 @@ class ExtractiveCompressorPostprocessor(ExtractiveCompressorFields, StagePostpro
     node records tokens before/after.
     """
 
-    embedder: Optional[SentenceEmbedder] = Field(
-        default=None, description="A loaded SentenceEmbedder to share (None: one is built from "
-                                  "model, batch_size, device and dtype on first use).")
-
     @classmethod
     def class_name(cls) -> str:
         return "ExtractiveCompressorPostprocessor"

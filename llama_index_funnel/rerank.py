@@ -12,10 +12,6 @@ first query. Each field is a setting of the ``funnel_core`` stage the postproces
 
 from __future__ import annotations
 
-from typing import Optional
-
-from llama_index.core.bridge.pydantic import Field
-
 from funnel_core.funnelrag.fields import LaterChunkingFields
 from funnel_core.rerank.fields import CrossEncoderFields, MonoT5Fields
 from llama_index_funnel._base import StagePostprocessor
@@ -65,9 +61,6 @@ class LaterChunkingPostprocessor(LaterChunkingFields, StagePostprocessor):
     parent's metadata and excluded keys. Passages are emitted parent by parent in the parents'
     rank order (a :class:`~funnel_core.funnelrag.chunking.LaterChunking` stage).
     """
-
-    name: Optional[str] = Field(
-        default=None, description='Stage name in traces (None: later_chunking(<words>w)).')
 
     @classmethod
     def class_name(cls) -> str:
