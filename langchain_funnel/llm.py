@@ -19,21 +19,11 @@ __all__ = ["LangChainLLM", "as_provider", "message_text"]  # stage_llm: for the 
 
 
 def message_text(output: Any) -> str:
-    """The text of a chat-model message (str or content blocks) or of an LLM string output."""
-    if isinstance(output, str):
-        return output
+    """The text of a chat-model message (str or content blocks: its ``text``, the ``type: text``
+    blocks joined) or of an LLM string output."""
     if isinstance(output, BaseMessage):
-        content = output.content
-        if isinstance(content, str):
-            return content
-        parts = []
-        for block in content:
-            if isinstance(block, str):
-                parts.append(block)
-            elif isinstance(block, dict) and block.get("type") == "text":
-                parts.append(str(block.get("text", "")))
-        return "".join(parts)
-    return str(output)
+        return str(output.text)
+    return output if isinstance(output, str) else str(output)
 
 
 class LangChainLLM(LLM):
