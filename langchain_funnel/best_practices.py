@@ -107,17 +107,14 @@ def _vector_relevance(store: Any) -> Optional[Callable[[float], float]]:
 
 
 class HyDERetriever(BaseRetriever):
-    """Dense retrieval with the HyDE vector (:mod:`funnel_core.best_practices.hyde`).
-
-    The LLM writes ``n`` hypothetical documents; the search vector is
-    ``v = 1/(N+1) [f(q) + sum_k f(d_k)]`` (the HyDE paper's equation), where ``f(q)`` is
-    ``embeddings.embed_query(q)`` and ``f(d_k)`` are ``embeddings.embed_documents([...])`` of the
-    vector store; or, over our dense ``index``, its embedder. Documents carry the similarity in
+    """Dense retrieval with the HyDE vector ``v`` (:mod:`funnel_core.best_practices.hyde`; the
+    equation: the Best practices page) of the vector store's ``embeddings`` (``embed_query`` for
+    the question, ``embed_documents`` for the LLM's ``n`` hypothetical documents) or, over our
+    dense ``index``, of its embedder. Documents carry the similarity in
     ``metadata["relevance_score"]`` (so :class:`HybridRetriever` fuses them) and
-    ``funnel_hyde_documents`` (how many documents entered ``v``).
-
-    Build with :meth:`from_llm` (a LangChain chat model or LLM, or a funnel_core LLM, plus the
-    :class:`~funnel_core.best_practices.hyde.HyDE` settings), or pass ``hyde=HyDE(...)``.
+    ``funnel_hyde_documents`` (how many documents entered ``v``). Build with :meth:`from_llm` (a
+    LangChain chat model or LLM, or a funnel_core LLM, plus the HyDE settings), or pass
+    ``hyde=HyDE(...)``.
 
     Attributes:
         hyde: The core :class:`~funnel_core.best_practices.hyde.HyDE` (its settings are attributes).

@@ -186,13 +186,11 @@ class HybridRetriever(BaseRetriever):
 
 
 class HyDETransform(BaseQueryTransform):
-    """HyDE as a query transform (:mod:`funnel_core.best_practices.hyde`).
-
-    The LLM writes ``n`` hypothetical documents for the query; the returned ``QueryBundle`` keeps
-    the ``query_str`` and carries ``embedding = v = 1/(N+1) [f(q) + sum_k f(d_k)]`` (the HyDE
-    paper's equation: ``f(q)`` is ``embed_model.get_query_embedding(q)``, ``f(d_k)`` its text
-    embeddings), with the documents in ``custom_embedding_strs`` (for reading; a retriever uses
-    the ``embedding``). Use it with ``TransformRetriever`` or ``TransformQueryEngine``; inside
+    """HyDE as a query transform (:mod:`funnel_core.best_practices.hyde`; the equation: the Best
+    practices page): the LLM writes ``n`` hypothetical documents and the returned ``QueryBundle``
+    keeps ``query_str``, lists them in ``custom_embedding_strs`` and carries the HyDE vector ``v``
+    (``embed_model``'s query and text embeddings) as its ``embedding``, which retrievers search
+    with. Use it with ``TransformRetriever`` or ``TransformQueryEngine``; inside
     :class:`HybridRetriever` only the dense side receives the vector, BM25 the query string.
 
     Args:
