@@ -28,7 +28,7 @@ from funnel_core.best_practices.hyde import HyDE, HyDERetrieve
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import warm_up_attributes
-from funnel_core.settings import check_accepted, check_kwargs, checked_keywords, setting_names
+from funnel_core.settings import check_accepted, check_kwargs, checked_keywords
 from langchain_funnel._base import RELEVANCE_SCORE, StageCompressor, documents_to_units, units_to_documents
 from langchain_funnel.dense import DenseRetriever
 from langchain_funnel.llm import as_provider
@@ -151,8 +151,8 @@ class HyDERetriever(BaseRetriever):
                  k: int = 4, **settings: Any) -> "HyDERetriever":
         """``HyDE(llm, **settings)`` over ``vectorstore`` or ``index``; ``llm`` is a LangChain
         model, a funnel_core LLM or a causal-LM folder."""
-        check_kwargs(f"{cls.__name__}.from_llm", settings, [*setting_names(HyDE), "vectorstore", "index", "k"])
-        return cls(hyde=HyDE(as_provider(llm), **settings), vectorstore=vectorstore, index=index, k=k)
+        hyde = HyDE.of(f"{cls.__name__}.from_llm", llm, settings, as_provider, ("vectorstore", "index", "k"))
+        return cls(hyde=hyde, vectorstore=vectorstore, index=index, k=k)
 
     def warm_up(self) -> "HyDERetriever":
         """Load the models this retriever holds (a local LLM, the index's embedder); returns ``self``."""

@@ -27,7 +27,7 @@ from funnel_core.best_practices.hyde import HyDE
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import warm_up_attributes
-from funnel_core.settings import check_accepted, check_kwargs, checked_keywords, keyword_names, setting_names
+from funnel_core.settings import check_accepted, check_kwargs, checked_keywords, keyword_names
 from llama_index_funnel._base import StagePostprocessor, nodes_to_units, units_to_nodes
 from llama_index_funnel.dense import DenseRetriever
 from llama_index_funnel.llm import as_provider
@@ -208,14 +208,7 @@ class HyDETransform(BaseQueryTransform):
 
     def __init__(self, llm: Any, embed_model: Optional[BaseEmbedding] = None, **settings: Any) -> None:
         super().__init__()
-        if isinstance(llm, HyDE):
-            if settings:
-                raise TypeError(f"HyDETransform got a HyDE object and settings {sorted(settings)}; set them "
-                                "on the HyDE object (or pass the LLM instead).")
-            self._hyde = llm
-        else:
-            check_kwargs(type(self).__name__, settings, [*setting_names(HyDE), "llm", "embed_model"])
-            self._hyde = HyDE(as_provider(llm), **settings)
+        self._hyde = HyDE.of(type(self).__name__, llm, settings, as_provider, ("embed_model",))
         self._embed_model = embed_model
 
     @property
