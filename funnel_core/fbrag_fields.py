@@ -3,10 +3,12 @@
 :class:`ForwardLookupFields` lists the settings of :class:`~funnel_core.fbrag.ForwardLookup` as
 pydantic fields (name, type, default, description), plus the adapters' own ``context`` and
 ``variant``; the LlamaIndex and the LangChain ``ForwardLookupRetriever`` both inherit it (first
-in their bases), so editors, mypy and the docs see every field and each default is written once.
+in their bases), so editors, mypy and the docs see every field and each default is written once;
+so do the settings of LlamaIndex's ``ForwardLookupQueryTransform`` (which may have no context).
 ``tests/adapters/test_adapter_fields.py`` checks every field against the stage's constructor.
 It also holds what both adapters do alike with these fields: the weights that follow
-``variant`` and the chunks of ``context``. Imported only by the adapter packages: pydantic comes
+``variant``, the chunks of ``context`` and the framework LLM wrapped for the stage
+(:class:`~funnel_core.llm.AdapterLLM`). Imported only by the adapter packages: pydantic comes
 with both frameworks, and the stage itself does not need it.
 """
 

@@ -45,7 +45,7 @@ ForwardLookupQueryBundle.__init__ = checked_keywords(ForwardLookupQueryBundle.__
 class _LlamaIndexForward(StageAdapter, BaseModel):
     """What the retriever and the query transform's settings share: the stage built from the
     fields of :class:`~funnel_core.fbrag_fields.ForwardLookupFields` (listed first by each
-    class), a LlamaIndex ``LLM`` wrapped for it, ``llm`` by position."""
+    class) and a LlamaIndex ``LLM`` wrapped for it."""
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
     wrap_llm: ClassVar[Callable[[Any, Any], Any]] = staticmethod(stage_llm)
