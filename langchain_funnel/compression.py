@@ -9,9 +9,7 @@ langchain-core only, so it ships its own::
                      CrossEncoderReranker(model=path, top_n=8)],  # compressors: (documents, query)
         k=4,
     )
-    docs = retriever.invoke("what does BM25 rank?", k=3)
-
-``k`` caps the final list (constructor default, overridable per call).
+    docs = retriever.invoke("what does BM25 rank?", k=3)  # k caps the final list
 """
 
 from __future__ import annotations

@@ -1,20 +1,16 @@
-"""LangChain retrievers over the ``funnel_core`` BM25 engine.
+"""LangChain retrievers over the ``funnel_core`` BM25 engine: :class:`BM25Retriever` (flat BM25
+on bm25s that keeps scores in ``Document.metadata``, which the community ``BM25Retriever``
+drops, and persists its tokenizer settings) and :class:`ClusteredBM25Retriever` (FunnelRAG's
+first stage: BM25 over ~4K-token clusters of related documents, Algorithm 1, opened into their
+member documents).
 
-* :class:`BM25Retriever` — flat BM25 (bm25s) that keeps scores in ``Document.metadata`` (the
-  community ``BM25Retriever`` is pure Python and drops them) and persists its tokenizer settings.
-* :class:`ClusteredBM25Retriever` — FunnelRAG's first stage: BM25 over ~4K-token clusters of
-  related documents (Algorithm 1), opened into their member documents.
-
-Both take ``k`` in the constructor and per call (``invoke(q, k=3)``) and a per-call metadata
-``filter`` (``invoke(q, filter={"source": "a.md"})`` or a predicate), ANDed with the retriever's
-own ``filter`` (a floor: a per-call filter narrows it, never widens it; ``{}`` adds nothing).
-
-Both keep their data in memory by default, or in Milvus with one argument: ``backend=`` (a
-:class:`funnel_core.backends.milvus.MilvusBackend`, or a URI: ``"funnel.db"`` for embedded Milvus Lite,
-``"http://host:19530"`` for a server) in ``from_documents``/``from_texts`` builds into Milvus, and
-``from_backend(backend)`` re-opens a built collection without re-indexing. Over Milvus, filters
-are pushed down (dicts, Milvus expression strings, or structured-query ``Comparison``/``Operation``
-objects) and ``save`` writes only a manifest (URI, collection, settings), never the data.
+Both take ``k`` in the constructor and per call (``invoke(q, k=3)``) and a per-call ``filter``
+ANDed with their own (a floor, see "Arguments" in ``docs/frameworks.md``). They keep their data
+in memory, or in Milvus with ``backend=`` (a ``MilvusBackend`` or a URI: ``"funnel.db"`` for
+Milvus Lite, ``"http://host:19530"`` for a server) in ``from_documents``/``from_texts``;
+``from_backend`` re-opens a built collection without re-indexing. Over Milvus, filters (dicts,
+expression strings, structured-query ``Comparison``/``Operation`` objects) are pushed down and
+``save`` writes a manifest only, never the data (see ``docs/scaling_out.md``).
 """
 
 from __future__ import annotations
