@@ -3,10 +3,12 @@
 :class:`ForwardLookupFields` lists the settings of :class:`~funnel_core.fbrag.ForwardLookup` as
 pydantic fields (name, type, default, description), plus the adapters' own ``context`` and
 ``variant``; the LlamaIndex and the LangChain ``ForwardLookupRetriever`` both inherit it (first
-in their bases), so editors, mypy and the docs see every field and each default is written once.
+in their bases), so editors, mypy and the docs see every field and each default is written once;
+so do the settings of LlamaIndex's ``ForwardLookupQueryTransform`` (which may have no context).
 ``tests/adapters/test_adapter_fields.py`` checks every field against the stage's constructor.
 It also holds what both adapters do alike with these fields: the weights that follow
-``variant`` and the chunks of ``context``. Imported only by the adapter packages: pydantic comes
+``variant``, the chunks of ``context`` and the framework LLM wrapped for the stage
+(:class:`~funnel_core.llm.AdapterLLM`). Imported only by the adapter packages: pydantic comes
 with both frameworks, and the stage itself does not need it.
 """
 
@@ -17,6 +19,7 @@ from typing import Any, Callable, ClassVar, Optional, Union
 from pydantic import BaseModel, Field, PrivateAttr
 
 from funnel_core.fbrag import DEFAULT_K, ForwardLookup, chunk_context, variant_weights
+from funnel_core.llm import LLM_DESCRIPTION, AdapterLLM
 from funnel_core.units import Unit, text_digest
 
 __all__ = ["ForwardLookupFields"]
@@ -25,7 +28,7 @@ __all__ = ["ForwardLookupFields"]
 _WEIGHTS = ("variant", "eta_backward", "eta_forward")
 
 
-class ForwardLookupFields(BaseModel):
+class ForwardLookupFields(AdapterLLM, BaseModel):
     """The settings of :class:`~funnel_core.fbrag.ForwardLookup`, for both adapters' ``ForwardLookupRetriever``.
 
     ``variant`` picks the two weights (``"FB"``: 0.5 / 0.5, ``"F"``: 0 / 1, ``"B"``: 1 / 0);
@@ -35,7 +38,11 @@ class ForwardLookupFields(BaseModel):
     """
 
     stage_class: ClassVar[type] = ForwardLookup
+    #: Whether exactly one of ``context`` and ``retriever`` is required (the LlamaIndex query
+    #: transform takes either, both or neither: it can look forward closed-book).
+    needs_candidates: ClassVar[bool] = True
 
+    llm: Any = Field(description=LLM_DESCRIPTION)
     context: Optional[Union[str, list[str]]] = Field(
         default=None, description="The long context (a text or a list of texts) to chunk.")
     k: Optional[int] = Field(default=DEFAULT_K, description="Chunks returned.")
@@ -98,9 +105,9 @@ class ForwardLookupFields(BaseModel):
 
     def model_post_init(self, __context: Any) -> None:
         """Exactly one of ``context`` and the adapter's base ``retriever`` (a field of each
-        adapter: its framework's retriever type); the context is chunked now, so an empty one
+        adapter: its framework's retriever type; see :attr:`needs_candidates`); the context is chunked now, so an empty one
         raises here rather than at the first query. Then the adapter's stage is built."""
-        if (self.context is None) == (getattr(self, "retriever", None) is None):
+        if self.needs_candidates and (self.context is None) == (getattr(self, "retriever", None) is None):
             raise ValueError(f"{type(self).__name__} needs exactly one of context= (a long text) "
                              "or retriever= (a base retriever).")
         _ = self.units

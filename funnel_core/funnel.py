@@ -30,7 +30,8 @@ from typing import Any, Callable, Iterable, Sequence, TypeVar, overload
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.units import StageRecord, Trace, Unit
 
-__all__ = ["Stage", "FunctionStage", "Funnel", "FunnelResult", "as_stage", "warm_up_objects"]
+__all__ = ["Stage", "FunctionStage", "Funnel", "FunnelResult", "as_stage", "warm_up_objects",
+           "warm_up_attributes", "WarmUpMixin", "runs_as", "defined_by", "CallStage"]
 
 
 def warm_up_objects(objects: Iterable[Any], _seen: set[int] | None = None) -> None:
@@ -61,6 +62,27 @@ def warm_up_attributes(obj: Any) -> Any:
     private = getattr(obj, "__pydantic_private__", None) or {}
     warm_up_objects([*vars(obj).values(), *private.values()], {id(obj)})
     return obj
+
+
+class WarmUpMixin:
+    """Gives an adapter (a retriever holding stages and indexes) :meth:`warm_up`."""
+
+    def warm_up(self) -> Any:
+        """Load the models of the stages and indexes this object holds and run one dummy batch
+        (:meth:`Stage.warm_up`), e.g. at server start-up; returns ``self``."""
+        return warm_up_attributes(self)
+
+
+def defined_by(cls: type, method: str) -> type | None:
+    """The class of ``cls``'s MRO whose body defines ``method``."""
+    return next((k for k in cls.__mro__ if method in vars(k)), None)
+
+
+def runs_as(obj: Any, bases: Sequence[type], *methods: str) -> bool:
+    """Whether ``obj`` runs each of ``methods`` as one of ``bases`` defines it: how an adapter's
+    funnel tells its own objects (run on units, no framework object built) from a subclass that
+    overrides one of them (run through its framework, converting around it, like any other)."""
+    return all(defined_by(type(obj), m) in bases for m in methods)
 
 
 #: An item a stage passes through untouched on an empty query (a Unit, a framework node).
@@ -168,6 +190,28 @@ class FunctionStage(Stage):
 
     def run(self, query: str, units: list[Unit]) -> list[Unit]:
         return list(self.fn(query, units))
+
+
+class CallStage(Stage):
+    """A stage that calls an object of a framework (the adapters' wrappers of retrievers,
+    postprocessors, compressors, ...), written once for both call paths: ``_call(query, units,
+    asynchronous)`` returns the object's output (with ``asynchronous``, an awaitable of it: the
+    object's own async method), which ``_units(output, units)`` reads back as this stage's
+    units."""
+
+    @abstractmethod
+    def _call(self, query: str, units: list[Unit], asynchronous: bool) -> Any:
+        """The object's output for ``query`` and ``units`` (an awaitable with ``asynchronous``)."""
+
+    @abstractmethod
+    def _units(self, output: Any, before: list[Unit]) -> list[Unit]:
+        """The object's output as units (``before``: this stage's input)."""
+
+    def run(self, query: str, units: list[Unit]) -> list[Unit]:
+        return self._units(self._call(query, units, False), units)
+
+    async def arun(self, query: str, units: list[Unit]) -> list[Unit]:
+        return self._units(await self._call(query, units, True), units)
 
 
 def as_stage(obj: Any) -> Stage:

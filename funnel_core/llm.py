@@ -28,7 +28,7 @@ import concurrent.futures
 import math
 import string
 from abc import ABC, abstractmethod
-from typing import Any, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 from funnel_core import counters
 from funnel_core.errors import FunnelError, check_positive_int, check_probability
@@ -36,7 +36,7 @@ from funnel_core.hardware import normalize_dtype, resolve_dtype
 from funnel_core.models import LazyModel, gguf_model_kwargs, load_pretrained, resolve_device, tokenizer_lock
 
 __all__ = ["LLM", "LLMError", "LLMTimeoutError", "TransformersLLM", "as_llm", "logsumexp", "check_prompt_template",
-           "sampling_kwargs"]
+           "sampling_kwargs", "AdapterLLM", "LLM_DESCRIPTION"]
 
 
 class LLMError(FunnelError, RuntimeError):
@@ -480,6 +480,32 @@ def as_llm(llm: Any, **kwargs: Any) -> LLM:
         f"expected a funnel_core LLM or a model name/folder, got {type(llm).__name__}; wrap a "
         "LlamaIndex LLM with llama_index_funnel.llm.LlamaIndexLLM or a LangChain model with "
         "langchain_funnel.llm.LangChainLLM.")
+
+
+#: The ``llm`` field of the adapters that read with an LLM (RankRAG, FB-RAG).
+LLM_DESCRIPTION = ("The framework's model (a LlamaIndex LLM; a LangChain chat model or LLM), a funnel_core "
+                   "LLM provider, or a causal-LM hub name/folder.")
+
+
+class AdapterLLM:
+    """Mixin of the adapters whose stage reads with an ``llm`` (RankRAG, FB-RAG), in both
+    frameworks: the ``llm`` field keeps what the user gave (a framework model, a funnel_core
+    :class:`LLM`, or a model name/folder); the stage gets :attr:`wrap_llm` of it (the adapter
+    package's ``stage_llm``: a framework model wrapped as a provider with the ``timeout``
+    field), again when ``timeout`` changes."""
+
+    #: ``f(llm, timeout)`` -> what the stage takes as ``llm``; set by each adapter class.
+    wrap_llm: ClassVar[Callable[[Any, Any], Any]]
+
+    def _stage_value(self, name: str, value: Any) -> Any:
+        if name == "llm":
+            return type(self).wrap_llm(value, self.timeout)  # type: ignore[attr-defined]
+        return super()._stage_value(name, value)  # type: ignore[misc]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name == "timeout" and not isinstance(self.llm, (str, LLM)):  # type: ignore[attr-defined]
+            self.stage.llm = type(self).wrap_llm(self.llm, value)  # type: ignore[attr-defined]
 
 
 def check_prompt_template(template: Any, required: Sequence[str], what: str = "prompt",

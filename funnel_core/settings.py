@@ -27,7 +27,7 @@ from typing import Any, Callable, ClassVar, Mapping, TypeVar
 from funnel_core.errors import BuiltSettingError
 
 __all__ = ["Settings", "SettingsMeta", "BuiltSettingError", "setting_names", "check_kwargs", "StageAdapter", "build_index",
-           "keyword_names", "checked_keywords"]
+           "keyword_names", "checked_keywords", "check_search_kwargs"]
 
 
 _T = TypeVar("_T")
@@ -39,6 +39,21 @@ def check_kwargs(owner: str, given: Any, accepted: Any) -> None:
     unknown = sorted(set(given) - set(accepted))
     if unknown:
         raise TypeError(f"{owner} got unknown argument(s) {unknown}; accepted: {sorted(accepted)}.")
+
+
+def check_search_kwargs(owner: Any, search: Any, kwargs: Mapping[str, Any]) -> None:
+    """Reject per-call keyword arguments that ``search`` does not take, besides ``k`` (a typo such
+    as ``filters=`` for ``filter=`` must not silently return unfiltered results); ``owner`` is the
+    retriever the user called."""
+    if not kwargs:
+        return
+    params = inspect.signature(search).parameters
+    accepted = ["k"] + [n for n, p in params.items()
+                        if n not in ("query", "k") and p.kind is not inspect.Parameter.VAR_KEYWORD]
+    unknown = sorted(set(kwargs) - set(accepted))
+    if unknown:
+        raise TypeError(f"{type(owner).__name__} got unknown keyword argument(s) {unknown} at "
+                        f"query time; accepted: {accepted}.")
 
 
 def checked_keywords(fn: _F) -> _F:

@@ -23,7 +23,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 __all__ = ["Unit", "StageRecord", "Trace", "as_float", "FUNNEL_PREFIX", "SCORE_PREFIX",
            "funnel_metadata", "read_funnel_metadata", "scored_by", "foreign_output", "REORDERED_BY",
-           "copy_funnel", "text_digest", "units_from_texts", "keep_source_funnel_keys", "settled"]
+           "copy_funnel", "text_digest", "units_from_texts", "keep_source_funnel_keys", "settled",
+           "adopted", "unit_of"]
 
 #: Prefix of every metadata key the adapters write on a framework object (a LlamaIndex node, a
 #: LangChain ``Document``): ``funnel_level``, ``funnel_parent_id``, ``funnel_score_<stage>``,
@@ -332,6 +333,30 @@ def foreign_output(before: Sequence[Unit], after: Sequence[Unit], stage: str) ->
         new.funnel[REORDERED_BY] = stage
         out.append(new)
     return out
+
+
+def unit_of(id: str, text: str, metadata: Mapping[str, Any], *, score: float | None = None,
+            source: Any = None, parent_id: Any = None) -> Unit:
+    """The unit of a framework object (a node, a ``Document``) with ``metadata``: the user's keys
+    (every key without the ``funnel_`` prefix) are its metadata, and our earlier bookkeeping
+    (``funnel_...`` keys) is read back into :attr:`Unit.funnel` (``level`` and ``parent_id`` into
+    the fields; a ``parent_id`` given, e.g. a node's ``PARENT``, wins), so the stages see what
+    earlier stages recorded. ``source`` is the object, which the adapters hand back a copy of."""
+    user, ours = read_funnel_metadata(metadata)
+    level = str(ours.pop("level", "passage"))
+    stored = ours.pop("parent_id", None)
+    parent = stored if parent_id is None else parent_id
+    return Unit(id=id, text=text, score=score, metadata=user, level=level, source=source,
+                parent_id=None if parent is None else str(parent), funnel=ours)
+
+
+def adopted(units: Sequence[Unit], stage: str, before: Sequence[Unit] | None = None) -> list[Unit]:
+    """The units a framework object returned inside a funnel, as the stage ``stage``'s output: a
+    first stage's (``before`` is ``None``) scored by it (:func:`scored_by`), a later stage's read
+    against its input ``before`` (:func:`foreign_output`)."""
+    if before is None:
+        return [scored_by(u, stage) for u in units]
+    return foreign_output(before, units, stage)
 
 
 def copy_funnel(funnel: dict[str, Any]) -> dict[str, Any]:

@@ -1,12 +1,7 @@
 """LangChain-native funnel-rag components (retrievers, document compressors, text splitters,
 runnables). Thin adapters over :mod:`funnel_core`."""
 
-from langchain_funnel._base import (
-    StageCompressor,
-    UnitRetriever,
-    documents_to_units,
-    units_to_documents,
-)
+from langchain_funnel._base import StageCompressor, UnitRetriever, documents_to_units, units_to_documents
 from langchain_funnel.best_practices import (
     ExtractiveCompressor,
     HybridRetriever,
@@ -20,13 +15,7 @@ from langchain_funnel.compression import CompressionRetriever
 from langchain_funnel.dense import DenseRetriever
 from langchain_funnel.fbrag import ForwardLookupRetriever
 from langchain_funnel.fid import AttentionLMReranker, FiDAttentionReranker
-from langchain_funnel.funnel import (
-    FunnelRetriever,
-    LCCompressorStage,
-    LCRetrieverStage,
-    LCRunnableStage,
-    rerank_chain,
-)
+from langchain_funnel.funnel import FunnelRetriever, LCCompressorStage, LCRetrieverStage, LCRunnableStage, rerank_chain
 from langchain_funnel.granularity import (
     GraphGranularitySplitter,
     MixOfGranularityRetriever,

@@ -1,18 +1,12 @@
-"""Conversion between LangChain ``Document`` and :class:`funnel_core.Unit`, and the thin base
-classes every LangChain object of this package builds on:
-
-* :class:`StageCompressor` — a ``BaseDocumentCompressor`` that runs one ``funnel_core`` stage and
-  is also a ``Runnable`` over ``{"query": str, "documents": list[Document]}``, so it composes in
-  LCEL (see :func:`rerank_chain`);
-* :class:`UnitRetriever` — a ``BaseRetriever`` with ``k`` in the constructor and per call
-  (``invoke(q, k=3)``), scores in ``Document.metadata``, and a real async path.
-"""
+"""Conversion between LangChain ``Document`` and :class:`funnel_core.Unit` (the metadata
+contract of ``docs/frameworks.md``), and the thin base classes every LangChain object of this
+package builds on: :class:`StageCompressor` (runs one ``funnel_core`` stage; also a ``Runnable``)
+and :class:`UnitRetriever` (a retriever whose search returns units)."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import inspect
 from abc import abstractmethod
 from typing import Any, ClassVar, Mapping, Optional, Sequence
 
@@ -27,9 +21,9 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from pydantic import ConfigDict, Field, PrivateAttr
 
 from funnel_core.errors import check_positive_int, check_query
-from funnel_core.funnel import Stage
-from funnel_core.settings import StageAdapter, check_accepted
-from funnel_core.units import Unit, funnel_metadata, read_funnel_metadata
+from funnel_core.funnel import Stage, WarmUpMixin
+from funnel_core.settings import StageAdapter, check_accepted, check_search_kwargs
+from funnel_core.units import Unit, funnel_metadata, unit_of
 
 __all__ = ["StageCompressor", "UnitRetriever", "document_to_unit", "documents_to_units",
            "units_to_documents", "document_metadata", "RELEVANCE_SCORE"]
@@ -49,23 +43,15 @@ RELEVANCE_SCORE = "relevance_score"
 
 
 def document_to_unit(doc: Document) -> Unit:
-    """A ``Document`` -> :class:`Unit` (id from ``doc.id``, ``metadata["id"]`` or a text hash).
-
-    The unit keeps a reference to the document (``unit.source``). Its metadata is the user's
-    keys (every key without the ``funnel_`` prefix); our earlier bookkeeping (``funnel_...``
-    keys) is read back into :attr:`Unit.funnel`. A prior score is read from
-    ``metadata["relevance_score"]`` (the key LangChain's rerankers write), never from a user's
-    ``score`` key.
-    """
+    """A ``Document`` -> :class:`Unit` (:func:`funnel_core.units.unit_of`; id from ``doc.id``,
+    ``metadata["id"]`` or a text hash), which keeps a reference to the document
+    (``unit.source``). A prior score is read from ``metadata["relevance_score"]`` (the key
+    LangChain's rerankers write), never from a user's ``score`` key."""
     if not isinstance(doc, Document):
         raise TypeError(f"expected a langchain Document, got {type(doc).__name__}.")
-    user, ours = read_funnel_metadata(doc.metadata)
     score = doc.metadata.get(RELEVANCE_SCORE)
-    level = str(ours.pop("level", "passage"))
-    parent_id = ours.pop("parent_id", None)
-    return Unit(id=_doc_id(doc), text=doc.page_content, score=score if _is_score(score) else None,
-                metadata=user, parent_id=None if parent_id is None else str(parent_id),
-                level=level, source=doc, funnel=ours)
+    return unit_of(_doc_id(doc), doc.page_content, doc.metadata, source=doc,
+                   score=score if _is_score(score) else None)
 
 
 def documents_to_units(docs: Sequence[Document]) -> list[Unit]:
@@ -156,24 +142,16 @@ class StageCompressor(StageAdapter, BaseDocumentCompressor, Runnable[dict, list[
 
     def _compress(self, input: Any) -> list[Document]:
         documents, query = self._unpack(input)
-        query = check_query(query)
         if not documents or not query:
-            return self._no_query(documents)
+            return self.stage.no_query(documents)  # an empty query: top_n still caps them
         return units_to_documents(self.stage(query, documents_to_units(documents)), documents)
 
     async def _acompress(self, input: Any) -> list[Document]:
         documents, query = self._unpack(input)
-        query = check_query(query)
         if not documents or not query:
-            return self._no_query(documents)
+            return self.stage.no_query(documents)
         units = await self.stage.acall(query, documents_to_units(documents))
         return units_to_documents(units, documents)
-
-    def _no_query(self, documents: Sequence[Document]) -> list[Document]:
-        """An empty query scores nothing: the documents keep their order, but ``top_n`` (and a
-        cut-off) still caps them, as for any other query (the stage's own rule,
-        :meth:`funnel_core.funnel.Stage.no_query`)."""
-        return self.stage.no_query(documents)
 
     # -- Runnable --------------------------------------------------------------------------
     @staticmethod
@@ -182,7 +160,7 @@ class StageCompressor(StageAdapter, BaseDocumentCompressor, Runnable[dict, list[
             raise TypeError("as a Runnable, a compressor takes {'query': str, 'documents': "
                             f"list[Document]}}, got {type(input).__name__}; or use "
                             "FunnelRetriever.from_stages(retriever, compressor).")
-        return input["documents"], input["query"]
+        return input["documents"], check_query(input["query"])
 
     def invoke(self, input: dict, config: RunnableConfig | None = None,
                **kwargs: Any) -> list[Document]:
@@ -193,26 +171,7 @@ class StageCompressor(StageAdapter, BaseDocumentCompressor, Runnable[dict, list[
         return await self._acall_with_config(self._acompress, input, config)
 
 
-def check_search_kwargs(owner: Any, search: Any, kwargs: dict[str, Any]) -> None:
-    """Reject per-call keyword arguments ``search`` does not take (a typo such as ``filters=``
-    for ``filter=`` must not silently return unfiltered results)."""
-    if not kwargs:
-        return
-    params = inspect.signature(search).parameters
-    accepted = ["k"] + [n for n, p in params.items()
-                        if n not in ("query", "k") and p.kind is not inspect.Parameter.VAR_KEYWORD]
-    unknown = sorted(set(kwargs) - set(accepted))
-    if unknown:
-        raise TypeError(f"{type(owner).__name__} got unknown keyword argument(s) {unknown} at "
-                        f"query time; accepted: {accepted}.")
-
-
-def check_k(k: Any, name: str = "k") -> int | None:
-    """``k`` is an int >= 1 (``k=0`` is an error, as in every retriever of both adapters)."""
-    return check_positive_int(k, name)
-
-
-class UnitRetriever(BaseRetriever):
+class UnitRetriever(WarmUpMixin, BaseRetriever):
     """A LangChain retriever whose subclasses implement :meth:`_search` over ``funnel_core``.
 
     ``k`` is set in the constructor and can be overridden per call: ``invoke(q, k=3)``;
@@ -228,19 +187,12 @@ class UnitRetriever(BaseRetriever):
         check_accepted(type(self), data)  # a typo raises, naming the accepted fields
         super().__init__(**data)
 
-    def warm_up(self) -> "UnitRetriever":
-        """Load the models of the stages and indexes this retriever holds and run one dummy batch
-        (``funnel_core`` ``Stage.warm_up``), e.g. at server start-up; returns ``self``."""
-        from funnel_core.funnel import warm_up_attributes
-
-        return warm_up_attributes(self)
+    #: Whether ``k=None`` (no cap) is allowed.
+    _k_optional: ClassVar[bool] = False
 
     def model_post_init(self, __context: Any) -> None:
         if self.k is not None or not self._k_optional:
-            check_k(self.k)
-
-    #: Whether ``k=None`` (no cap) is allowed.
-    _k_optional: ClassVar[bool] = False
+            check_positive_int(self.k, "k")
 
     @abstractmethod
     def _search(self, query: str, k: int) -> list[Unit]:
@@ -250,23 +202,19 @@ class UnitRetriever(BaseRetriever):
         """
 
     def _prepare(self, query: str, k: int | None, kwargs: dict[str, Any]) -> tuple[str, Any]:
-        check_search_kwargs(self, self._search, kwargs)
-        return check_query(query), self.k if k is None else check_k(k)
+        check_search_kwargs(self, self._search, kwargs)  # a typo raises, naming the accepted ones
+        return check_query(query), self.k if k is None else check_positive_int(k, "k")
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
                                 k: int | None = None, **kwargs: Any) -> list[Document]:
         query, k = self._prepare(query, k, kwargs)
-        if not query:
-            return []
-        return units_to_documents(self._search(query, k, **kwargs))
+        return units_to_documents(self._search(query, k, **kwargs)) if query else []
 
     async def _aget_relevant_documents(self, query: str, *,
                                        run_manager: AsyncCallbackManagerForRetrieverRun,
                                        k: int | None = None, **kwargs: Any) -> list[Document]:
         query, k = self._prepare(query, k, kwargs)
-        if not query:
-            return []
-        return units_to_documents(await self._asearch(query, k, **kwargs))
+        return units_to_documents(await self._asearch(query, k, **kwargs)) if query else []
 
     async def _asearch(self, query: str, k: int, **kwargs: Any) -> list[Unit]:
         """Async twin of :meth:`_search`; by default :meth:`_search` in a worker thread."""

@@ -1,32 +1,16 @@
-"""LangChain objects for the "Searching for Best Practices in RAG" components.
-
-* :class:`SentenceEmbedderEmbeddings` — LangChain ``Embeddings`` over
-  :class:`funnel_core.embeddings.SentenceEmbedder` (all-MiniLM-L6-v2 offline by default), e.g.
-  for ``InMemoryVectorStore``.
-* :class:`HybridRetriever` — fuses any sparse and any dense LangChain retriever with the paper's
-  ``S_h = alpha * S_sparse + S_dense`` (min-max normalised) or RRF. The dense side may receive a
-  different query: ``dense_query`` (a runnable, e.g. :func:`hyde_query`) rewrites it, or pass
-  ``invoke(q, dense_query="...")``.
-* :func:`hyde_query` — HyDE as a runnable: asks an LLM for a hypothetical answer document.
-* :class:`HyDERetriever` — HyDE (Gao et al.) as a retriever: any funnel_core or LangChain LLM
-  writes ``n`` hypothetical documents and the vector store (or our dense index) is searched with
-  ``v = 1/(N+1) [f(q) + sum_k f(d_k)]``, the HyDE paper's equation. As the ``dense`` side of
-  :class:`HybridRetriever` it gives hybrid with HyDE (BM25 keeps the query's words).
-* :class:`RepackTransformer` — forward / reverse (best last, default) / sides.
-* :class:`ExtractiveCompressor` — query-based sentence selection (a ``StageCompressor``).
-* :func:`query_classifier_branch` — a ``RunnableBranch`` that runs the RAG chain only for
-  queries that need retrieval.
+"""LangChain objects for the "Searching for Best Practices in RAG" components: offline
+embeddings, hybrid retrieval, HyDE (a runnable and a retriever), repacking, extractive
+compression and query classification (each names its paper section and its ``funnel_core``
+stage).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-from langchain_core.callbacks import (
-    AsyncCallbackManagerForRetrieverRun,
-    CallbackManagerForRetrieverRun,
-)
+from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.output_parsers import StrOutputParser
@@ -36,7 +20,7 @@ from langchain_core.runnables import Runnable, RunnableBranch, RunnableConfig, R
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore, VectorStoreRetriever
 from pydantic import ConfigDict, Field
 
-from funnel_core.backends.milvus import as_backend, hybrid_backends, require_backend
+from funnel_core.backends.milvus import hybrid_backends
 from funnel_core.best_practices.classify import QueryClassifier
 from funnel_core.best_practices.fields import ExtractiveCompressorFields, FusionFields, RepackFields
 from funnel_core.best_practices.fusion import fuse, same_identity
@@ -44,28 +28,15 @@ from funnel_core.best_practices.hyde import HyDE, HyDERetrieve
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import warm_up_attributes
-from funnel_core.settings import check_accepted, check_kwargs, checked_keywords, setting_names
-from langchain_funnel._base import (
-    RELEVANCE_SCORE,
-    StageCompressor,
-    documents_to_units,
-    units_to_documents,
-)
+from funnel_core.settings import check_accepted, check_kwargs, checked_keywords
+from langchain_funnel._base import RELEVANCE_SCORE, StageCompressor, documents_to_units, units_to_documents
 from langchain_funnel.dense import DenseRetriever
 from langchain_funnel.llm import as_provider
 from langchain_funnel.rerank import TransformerBase
 from langchain_funnel.retrievers import BM25Retriever
 
-__all__ = [
-    "SentenceEmbedderEmbeddings",
-    "HybridRetriever",
-    "hyde_query",
-    "DEFAULT_HYDE_PROMPT",
-    "HyDERetriever",
-    "RepackTransformer",
-    "ExtractiveCompressor",
-    "query_classifier_branch",
-]
+__all__ = ["SentenceEmbedderEmbeddings", "HybridRetriever", "hyde_query", "DEFAULT_HYDE_PROMPT", "HyDERetriever",
+           "RepackTransformer", "ExtractiveCompressor", "query_classifier_branch"]
 
 DEFAULT_HYDE_PROMPT = PromptTemplate.from_template(
     "Please write a passage to answer the question.\n"
@@ -75,7 +46,8 @@ DEFAULT_HYDE_PROMPT = PromptTemplate.from_template(
 
 
 class SentenceEmbedderEmbeddings(Embeddings):
-    """LangChain embeddings over :class:`~funnel_core.embeddings.SentenceEmbedder`.
+    """LangChain embeddings over :class:`~funnel_core.embeddings.SentenceEmbedder` (e.g. for
+    ``InMemoryVectorStore``); the async methods run in a worker thread (LangChain's default).
 
     Args:
         model_name: sentence-transformers hub name or local folder; ``None`` = packaged MiniLM.
@@ -94,12 +66,6 @@ class SentenceEmbedderEmbeddings(Embeddings):
 
     def embed_query(self, text: str) -> list[float]:
         return self.embedder.encode([text])[0].tolist()
-
-    async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
-        return await asyncio.to_thread(self.embed_documents, texts)
-
-    async def aembed_query(self, text: str) -> list[float]:
-        return await asyncio.to_thread(self.embed_query, text)
 
 
 @checked_keywords
@@ -131,7 +97,9 @@ def _vector_relevance(store: Any) -> Optional[Callable[[float], float]]:
     (higher = more relevant): the store's own ``_select_relevance_score_fn`` (FAISS and Chroma turn
     their distances into relevances there); langchain-core's ``InMemoryVectorStore`` answers a cosine
     similarity already; ``None`` for a store that says neither (its score may be a distance, so no
-    score is written rather than a wrong one)."""
+    score is written rather than a wrong one, as for a store without that method)."""
+    if not callable(getattr(store, "similarity_search_with_score_by_vector", None)):
+        return None
     try:
         return store._select_relevance_score_fn()  # type: ignore[no-any-return]
     except NotImplementedError:
@@ -139,17 +107,14 @@ def _vector_relevance(store: Any) -> Optional[Callable[[float], float]]:
 
 
 class HyDERetriever(BaseRetriever):
-    """Dense retrieval with the HyDE vector (:mod:`funnel_core.best_practices.hyde`).
-
-    The LLM writes ``n`` hypothetical documents; the search vector is
-    ``v = 1/(N+1) [f(q) + sum_k f(d_k)]`` (the HyDE paper's equation), where ``f(q)`` is
-    ``embeddings.embed_query(q)`` and ``f(d_k)`` are ``embeddings.embed_documents([...])`` of the
-    vector store; or, over our dense ``index``, its embedder. Documents carry the similarity in
+    """Dense retrieval with the HyDE vector ``v`` (:mod:`funnel_core.best_practices.hyde`; the
+    equation: the Best practices page) of the vector store's ``embeddings`` (``embed_query`` for
+    the question, ``embed_documents`` for the LLM's ``n`` hypothetical documents) or, over our
+    dense ``index``, of its embedder. Documents carry the similarity in
     ``metadata["relevance_score"]`` (so :class:`HybridRetriever` fuses them) and
-    ``funnel_hyde_documents`` (how many documents entered ``v``).
-
-    Build with :meth:`from_llm` (a LangChain chat model or LLM, or a funnel_core LLM, plus the
-    :class:`~funnel_core.best_practices.hyde.HyDE` settings), or pass ``hyde=HyDE(...)``.
+    ``funnel_hyde_documents`` (how many documents entered ``v``). Build with :meth:`from_llm` (a
+    LangChain chat model or LLM, or a funnel_core LLM, plus the HyDE settings), or pass
+    ``hyde=HyDE(...)``.
 
     Attributes:
         hyde: The core :class:`~funnel_core.best_practices.hyde.HyDE` (its settings are attributes).
@@ -186,8 +151,8 @@ class HyDERetriever(BaseRetriever):
                  k: int = 4, **settings: Any) -> "HyDERetriever":
         """``HyDE(llm, **settings)`` over ``vectorstore`` or ``index``; ``llm`` is a LangChain
         model, a funnel_core LLM or a causal-LM folder."""
-        check_kwargs(f"{cls.__name__}.from_llm", settings, [*setting_names(HyDE), "vectorstore", "index", "k"])
-        return cls(hyde=HyDE(as_provider(llm), **settings), vectorstore=vectorstore, index=index, k=k)
+        hyde = HyDE.of(f"{cls.__name__}.from_llm", llm, settings, as_provider, ("vectorstore", "index", "k"))
+        return cls(hyde=hyde, vectorstore=vectorstore, index=index, k=k)
 
     def warm_up(self) -> "HyDERetriever":
         """Load the models this retriever holds (a local LLM, the index's embedder); returns ``self``."""
@@ -196,43 +161,38 @@ class HyDERetriever(BaseRetriever):
     def _search(self, query: str, docs: list[str], k: int) -> list[Document]:
         if self.index is not None:
             return units_to_documents(HyDERetrieve(self.index, self.hyde, k=k)._search(query, docs))
-        store = self.vectorstore
-        emb = store.embeddings  # type: ignore[union-attr]
-        v = [float(x) for x in self.hyde.combine(query, docs, emb.embed_query, emb.embed_documents)]  # type: ignore[union-attr]
+        store: Any = self.vectorstore
+        emb = store.embeddings
+        v = [float(x) for x in self.hyde.combine(query, docs, emb.embed_query, emb.embed_documents)]
         used = sum(1 for d in docs if d.strip())
-        with_score = getattr(store, "similarity_search_with_score_by_vector", None)
-        relevance = _vector_relevance(store) if callable(with_score) else None
-        if with_score is not None and relevance is not None:
-            pairs = with_score(v, k=k)
-        else:
-            pairs = [(d, None) for d in store.similarity_search_by_vector(v, k=k)]  # type: ignore[union-attr]
-        out = []
-        for d, score in pairs:
-            meta = {**d.metadata, "funnel_hyde_documents": used}
-            if score is not None and relevance is not None:
-                meta[RELEVANCE_SCORE] = float(relevance(score))
-            out.append(Document(id=d.id, page_content=d.page_content, metadata=meta))
-        return out
+        relevance = _vector_relevance(store)
+        pairs = store.similarity_search_with_score_by_vector(v, k=k) if relevance is not None else \
+            [(d, None) for d in store.similarity_search_by_vector(v, k=k)]
+        return [Document(id=d.id, page_content=d.page_content, metadata={
+            **d.metadata, "funnel_hyde_documents": used,
+            **({} if score is None or relevance is None else {RELEVANCE_SCORE: float(relevance(score))})})
+            for d, score in pairs]
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
                                 k: int | None = None, **kwargs: Any) -> list[Document]:
-        check_kwargs(type(self).__name__, kwargs, ("k",))  # no silent typos
-        query = check_query(query)
-        k = self.k if k is None else check_positive_int(k, "k")
-        if not query:
-            return []
-        return self._search(query, self.hyde.documents(query), k)
+        query, k = _prepare(self, query, k, kwargs)
+        return self._search(query, self.hyde.documents(query), k) if query else []
 
     async def _aget_relevant_documents(self, query: str, *,
                                        run_manager: AsyncCallbackManagerForRetrieverRun,
                                        k: int | None = None, **kwargs: Any) -> list[Document]:
-        check_kwargs(type(self).__name__, kwargs, ("k",))
-        query = check_query(query)
-        k = self.k if k is None else check_positive_int(k, "k")
+        query, k = _prepare(self, query, k, kwargs)
         if not query:
             return []
-        docs = await self.hyde.adocuments(query)
-        return await asyncio.to_thread(self._search, query, docs, k)
+        return await asyncio.to_thread(self._search, query, await self.hyde.adocuments(query), k)
+
+
+def _prepare(owner: Any, query: str, k: int | None, kwargs: dict[str, Any],
+             accepted: tuple[str, ...] = ("k",)) -> tuple[str, int]:
+    """The stripped query and ``k`` (the retriever's own when not given per call); a per-call
+    keyword the retriever does not take raises, naming the accepted ones (no silent typos)."""
+    check_kwargs(type(owner).__name__, kwargs, accepted)
+    return check_query(query), owner.k if k is None else check_positive_int(k, "k")
 
 
 #: The async twin of each store method :meth:`HybridRetriever._relevance_path` may name.
@@ -246,28 +206,15 @@ _ASYNC_TWIN = {
 class HybridRetriever(FusionFields, BaseRetriever):
     """Hybrid search over any two LangChain retrievers (paper section 3.4.3).
 
-    Scores are read from ``Document.metadata["relevance_score"]`` (funnel-rag retrievers and
-    LangChain's rerankers write it). A ``VectorStoreRetriever`` (search type ``"similarity"``
-    or ``"similarity_score_threshold"``) returns no scores, so for ``method="alpha"`` its vector
-    store is queried, with the retriever's own ``search_kwargs``, through the store's own
-    relevance path, ``similarity_search_with_relevance_scores`` (the store's
-    ``_select_relevance_score_fn`` turns FAISS's or Chroma's distances into relevances, higher
-    = better); langchain-core's ``InMemoryVectorStore``, which defines none, gives its cosine
-    similarity. A store that can say neither is refused with a ``ValueError`` naming it (its
-    raw score may be a distance). A retriever that gives no scores (an MMR search, a store that
-    cannot say what its score means) can still be fused with ``method="rrf"``, which invokes it
-    as it is and reads ranks only.
-
-    The two sides name a document alike when its ``Document.id`` is set. Documents without ids
-    (LangChain's default) get different names on each side (our BM25 numbers them, a vector
-    store gives them uuids), so a dense document whose id the sparse side did not return is
-    matched to the sparse document with the same text
-    (:func:`funnel_core.best_practices.fusion.same_identity`): the same
-    document is fused once, never returned twice.
-
-    The fusion fields (``alpha``, ``method``, ``normalization``, ``rrf_k``) are validated at
-    construction and at every assignment, and read at each call
-    (:func:`funnel_core.best_practices.fusion.fuse`).
+    Scores are read from ``Document.metadata["relevance_score"]``. A similarity
+    ``VectorStoreRetriever`` returns none, so for ``method="alpha"`` its vector store is asked,
+    with the retriever's ``search_kwargs``, through the store's own relevance path; a store that
+    cannot say what its score means is refused with a ``ValueError`` naming it, and
+    ``method="rrf"`` (ranks only) fuses any retriever. Documents without ids (LangChain's
+    default) are matched across the two sides by their text
+    (:func:`~funnel_core.best_practices.fusion.same_identity`), so each is fused once. The
+    *Best practices in RAG* page (LangChain) gives the details. The fusion fields are validated
+    at construction and at every assignment, and read at each call.
 
     Attributes:
         sparse: The sparse retriever (BM25); it always receives the user's query.
@@ -301,30 +248,30 @@ class HybridRetriever(FusionFields, BaseRetriever):
         check_positive_int(self.k, "k")
 
     # -- sides ---------------------------------------------------------------------------------
-    def _scored_search(self, retriever: BaseRetriever) -> Optional[VectorStoreRetriever]:
-        """The vector-store retriever whose store this retriever queries for scores itself, or
-        ``None`` when the retriever is invoked as it is (RRF reads ranks only; an MMR search
-        has no score per document; any other retriever writes ``relevance_score`` itself)."""
-        if (self.method == "alpha" and isinstance(retriever, VectorStoreRetriever)
+    def _store_search(self, retriever: BaseRetriever, asynchronous: bool) -> Optional[Callable]:
+        """``search(query) -> [(document, relevance)]`` on the vector store of ``retriever``,
+        with its own ``search_kwargs``, or ``None`` when the retriever is invoked as it is (RRF
+        reads ranks only; an MMR search has no score per document; any other retriever writes
+        ``relevance_score`` itself)."""
+        if not (self.method == "alpha" and isinstance(retriever, VectorStoreRetriever)
                 and retriever.search_type in ("similarity", "similarity_score_threshold")):
-            return retriever
-        return None
+            return None
+        path = self._relevance_path(retriever.vectorstore)
+        search = getattr(retriever.vectorstore, _ASYNC_TWIN[path] if asynchronous else path)
+        kwargs = {n: v for n, v in retriever.search_kwargs.items() if n != "score_threshold"}
+        return functools.partial(search, **kwargs)
 
     @staticmethod
     def _relevance_path(store: Any) -> str:
         """The name of the store's method that answers ``(document, relevance)`` pairs, higher =
-        more relevant (its async twin is the same name with ``a``).
+        more relevant (its async twin: :data:`_ASYNC_TWIN`).
 
-        The store's own relevance path: ``_similarity_search_with_relevance_scores``, which maps
-        its raw scores through the store's ``_select_relevance_score_fn`` (FAISS and Chroma turn
-        their L2 distances into relevances there), read without the public method's warning
+        The store's own ``_similarity_search_with_relevance_scores`` maps its raw scores
+        through its ``_select_relevance_score_fn``, read without the public method's warning
         about values outside [0, 1] (FAISS's squared L2 over unit vectors goes below 0; the
         order is right and fusion normalises each side); a store that overrides only the public
-        ``similarity_search_with_relevance_scores`` is asked through it. langchain-core's
-        ``InMemoryVectorStore`` defines no relevance function, and its own
-        ``similarity_search_with_score`` is a cosine similarity. A store that says neither is
-        refused: its raw score may be a distance, and fusing a distance as a similarity ranks
-        the nearest documents last.
+        method is asked through it; ``InMemoryVectorStore``'s ``similarity_search_with_score``
+        is a cosine similarity. Any other store is refused: its raw score may be a distance.
         """
         cls = type(store)
         private, public = ("_similarity_search_with_relevance_scores",
@@ -349,33 +296,25 @@ class HybridRetriever(FusionFields, BaseRetriever):
             "method='rrf'.")
 
     @staticmethod
-    def _pairs_to_documents(pairs: Sequence[tuple[Document, float]],
-                            threshold: Any) -> list[Document]:
+    def _scored(retriever: Any, pairs: Sequence[tuple[Document, float]]) -> list[Document]:
+        threshold = retriever.search_kwargs.get("score_threshold")
         return [Document(id=d.id, page_content=d.page_content,
                          metadata={**d.metadata, RELEVANCE_SCORE: float(s)})
                 for d, s in pairs if threshold is None or s >= threshold]
 
     def _with_scores(self, retriever: BaseRetriever, query: str,
                      config: RunnableConfig) -> list[Document]:
-        vsr = self._scored_search(retriever)
-        if vsr is None:
+        search = self._store_search(retriever, asynchronous=False)
+        if search is None:
             return retriever.invoke(query, config=config)
-        store, kwargs = vsr.vectorstore, dict(vsr.search_kwargs)
-        threshold = kwargs.pop("score_threshold", None)
-        path = self._relevance_path(store)
-        search = getattr(store, path)
-        return self._pairs_to_documents(search(query, **kwargs), threshold)
+        return self._scored(retriever, search(query))
 
     async def _awith_scores(self, retriever: BaseRetriever, query: str,
                             config: RunnableConfig) -> list[Document]:
-        vsr = self._scored_search(retriever)
-        if vsr is None:
+        search = self._store_search(retriever, asynchronous=True)
+        if search is None:
             return await retriever.ainvoke(query, config=config)
-        store, kwargs = vsr.vectorstore, dict(vsr.search_kwargs)
-        threshold = kwargs.pop("score_threshold", None)
-        path = self._relevance_path(store)
-        search = getattr(store, _ASYNC_TWIN[path])
-        return self._pairs_to_documents(await search(query, **kwargs), threshold)
+        return self._scored(retriever, await search(query))
 
     def _fuse(self, sparse: Sequence[Document], dense: Sequence[Document], k: int) -> list[Document]:
         s_units, d_units = documents_to_units(sparse), documents_to_units(dense)
@@ -387,16 +326,14 @@ class HybridRetriever(FusionFields, BaseRetriever):
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
                                 k: int | None = None, dense_query: str | None = None,
                                 **kwargs: Any) -> list[Document]:
-        check_kwargs(type(self).__name__, kwargs, ("k", "dense_query"))  # no silent typos
-        query = check_query(query)
-        k = self.k if k is None else check_positive_int(k, "k")
+        query, k = _prepare(self, query, k, kwargs, ("k", "dense_query"))
         if not query:
             return []
-        if dense_query is None:
-            dense_query = self.dense_query.invoke(query, config={"callbacks": run_manager.get_child(
-                "dense_query")}) if self.dense_query is not None else query
+        if dense_query is None and self.dense_query is not None:
+            dense_query = self.dense_query.invoke(
+                query, config={"callbacks": run_manager.get_child("dense_query")})
         sparse = self._with_scores(self.sparse, query, {"callbacks": run_manager.get_child("sparse")})
-        dense = self._with_scores(self.dense, check_query(dense_query) or query,
+        dense = self._with_scores(self.dense, _side_query(dense_query, query),
                                   {"callbacks": run_manager.get_child("dense")})
         return self._fuse(sparse, dense, k)
 
@@ -404,18 +341,15 @@ class HybridRetriever(FusionFields, BaseRetriever):
                                        run_manager: AsyncCallbackManagerForRetrieverRun,
                                        k: int | None = None, dense_query: str | None = None,
                                        **kwargs: Any) -> list[Document]:
-        check_kwargs(type(self).__name__, kwargs, ("k", "dense_query"))  # no silent typos
-        query = check_query(query)
-        k = self.k if k is None else check_positive_int(k, "k")
+        query, k = _prepare(self, query, k, kwargs, ("k", "dense_query"))
         if not query:
             return []
-        if dense_query is None:
-            dense_query = await self.dense_query.ainvoke(query, config={
-                "callbacks": run_manager.get_child("dense_query")}) \
-                if self.dense_query is not None else query
+        if dense_query is None and self.dense_query is not None:
+            dense_query = await self.dense_query.ainvoke(
+                query, config={"callbacks": run_manager.get_child("dense_query")})
         sparse, dense = await asyncio.gather(
             self._awith_scores(self.sparse, query, {"callbacks": run_manager.get_child("sparse")}),
-            self._awith_scores(self.dense, check_query(dense_query) or query,
+            self._awith_scores(self.dense, _side_query(dense_query, query),
                                {"callbacks": run_manager.get_child("dense")}))
         return self._fuse(sparse, dense, k)
 
@@ -442,6 +376,11 @@ class HybridRetriever(FusionFields, BaseRetriever):
         return cls(sparse=sparse, dense=dense, **fusion)
 
 
+def _side_query(dense_query: Any, query: str) -> str:
+    """The dense side's query: ``dense_query`` when given and not blank, else the user's."""
+    return query if dense_query is None else (check_query(dense_query) or query)
+
+
 def _fusion_names(cls: Any) -> list[str]:
     """The fields a hybrid factory forwards to the retriever (all but its two sides)."""
     return [n for n in cls.model_fields if n not in ("sparse", "dense")]
@@ -456,19 +395,6 @@ class RepackTransformer(RepackFields, TransformerBase):
     holds a :class:`~funnel_core.best_practices.repack.Repack` stage.
     """
 
-    def transform_documents(self, documents: Sequence[Document], **kwargs: Any) -> list[Document]:
-        return units_to_documents(self.stage.run("", documents_to_units(list(documents))))
-
-    async def atransform_documents(self, documents: Sequence[Document],
-                                   **kwargs: Any) -> list[Document]:
-        return self.transform_documents(documents)
-
-    def invoke(self, input: Sequence[Document], config: RunnableConfig | None = None,
-               **kwargs: Any) -> list[Document]:
-        if not isinstance(input, (list, tuple)):
-            raise TypeError(f"RepackTransformer takes a list of Documents, got {type(input).__name__}.")
-        return self._call_with_config(self.transform_documents, input, config)
-
 
 class ExtractiveCompressor(ExtractiveCompressorFields, StageCompressor):
     """Keep the sentences most similar to the query (paper section 3.7), in original order.
@@ -480,9 +406,6 @@ class ExtractiveCompressor(ExtractiveCompressorFields, StageCompressor):
     tokens before/after.
     """
 
-    embedder: Optional[SentenceEmbedder] = Field(default=None, exclude=True,
-                                                 description="Share an already loaded embedder.")
-
 
 @checked_keywords
 def query_classifier_branch(classifier: QueryClassifier, retrieval_chain: Runnable,
@@ -492,9 +415,7 @@ def query_classifier_branch(classifier: QueryClassifier, retrieval_chain: Runnab
 
     The input is the query string, or a dict holding it under ``query_key``.
     """
-    if not isinstance(classifier, QueryClassifier):
-        raise TypeError(f"classifier must be a QueryClassifier, got {type(classifier).__name__}.")
-    classifier._require_fitted()
+    QueryClassifier.check_trained(classifier)
 
     def needs(x: Any) -> bool:
         if query_key is not None:
@@ -511,17 +432,12 @@ def hybrid_sides(documents: Optional[Iterable[Document]], backend: Any, embedder
                  candidates: int = 20, dense_config: Optional[dict] = None,
                  **bm25_config: Any) -> tuple[Any, DenseRetriever]:
     """The sparse (BM25) and dense sides of a hybrid retriever on one backend: built from
-    ``documents``, or re-opened (``documents=None``, Milvus only). On Milvus the collections are
-    ``<collection>_bm25`` and ``<collection>_dense`` (``collection`` default ``funnel_hybrid``)."""
+    ``documents``, or re-opened (``documents=None``, Milvus only; see
+    :func:`funnel_core.backends.milvus.hybrid_backends` for the collections)."""
     candidates = check_positive_int(candidates, "candidates")
+    sb, db = hybrid_backends(backend, None if documents is not None else "HybridRetriever.from_backend")
     if documents is None:
-        sb, db = hybrid_backends(require_backend(backend, "HybridRetriever.from_backend"))
-        return (BM25Retriever.from_backend(sb, k=candidates),
-                DenseRetriever.from_backend(db, embedder, k=candidates))
-    b = as_backend(backend)
+        return BM25Retriever.from_backend(sb, k=candidates), DenseRetriever.from_backend(db, embedder, k=candidates)
     docs = list(documents)
-    sb_, db_ = hybrid_backends(b) if b is not None else (None, None)
-    sparse = BM25Retriever.from_documents(docs, k=candidates, backend=sb_, **bm25_config)
-    dense = DenseRetriever.from_documents(docs, embedder, backend=db_, k=candidates,
-                                          **(dense_config or {}))
-    return sparse, dense
+    return (BM25Retriever.from_documents(docs, k=candidates, backend=sb, **bm25_config),
+            DenseRetriever.from_documents(docs, embedder, backend=db, k=candidates, **(dense_config or {})))

@@ -9,9 +9,7 @@ langchain-core only, so it ships its own::
                      CrossEncoderReranker(model=path, top_n=8)],  # compressors: (documents, query)
         k=4,
     )
-    docs = retriever.invoke("what does BM25 rank?", k=3)
-
-``k`` caps the final list (constructor default, overridable per call).
+    docs = retriever.invoke("what does BM25 rank?", k=3)  # k caps the final list
 """
 
 from __future__ import annotations
@@ -29,22 +27,18 @@ __all__ = ["CompressionRetriever"]
 
 
 class CompressionRetriever(FunnelRetriever):
-    """Retrieve with ``base_retriever``, then run ``compressors`` in order, then keep ``k``: a
-    :class:`~langchain_funnel.funnel.FunnelRetriever` over ``[base_retriever, *compressors]``.
+    """Retrieve with ``base_retriever`` (any LangChain retriever; it should return more than
+    ``k`` documents), then run ``compressors`` in order (each ``BaseDocumentCompressor`` is
+    called with the query, each ``BaseDocumentTransformer`` with the documents only), then keep
+    ``k`` (also ``invoke(query, k=3)``): a :class:`~langchain_funnel.funnel.FunnelRetriever` over
+    ``[base_retriever, *compressors]``.
 
-    Attributes:
-        base_retriever: Any LangChain retriever (it should return more than ``k`` documents).
-        base_compressor: One compressor, as LangChain's ``ContextualCompressionRetriever`` takes
-            it (``CompressionRetriever(base_retriever=..., base_compressor=...)`` works as there).
-            It is folded into ``compressors`` as their first: it always reads
-            ``compressors[0]`` (``None`` when there are none), and setting it replaces that one.
-        compressors: Every ``BaseDocumentCompressor`` (called with the query) and
-            ``BaseDocumentTransformer`` (documents only) run after the retriever, in order,
-            ``base_compressor`` first.
-        k: Documents returned (also ``invoke(query, k=3)``).
-
-    An edit of ``base_retriever``, ``base_compressor`` or ``compressors`` is checked and is what
-    the next query runs. Any other keyword raises, naming the accepted ones.
+    ``base_compressor`` is one compressor, as LangChain's ``ContextualCompressionRetriever``
+    takes it (``CompressionRetriever(base_retriever=..., base_compressor=...)`` works as there):
+    it is folded into ``compressors`` as their first, always reads ``compressors[0]`` (``None``
+    when there are none), and setting it replaces that one. An edit of ``base_retriever``,
+    ``base_compressor`` or ``compressors`` is checked and is what the next query runs. Any other
+    keyword raises, naming the accepted ones.
     """
 
     base_retriever: BaseRetriever

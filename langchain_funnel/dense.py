@@ -8,20 +8,15 @@ from __future__ import annotations
 from typing import Any, Iterable, Union
 
 from langchain_core.documents import Document
-from pydantic import Field
 
-from funnel_core.backends.milvus import MilvusBackend, MilvusDenseIndex, as_backend, build_dense, require_backend
+from funnel_core.backends.milvus import MilvusBackend, MilvusDenseIndex, as_backend, build_dense
 from funnel_core.embeddings import DenseIndex
-from funnel_core.settings import check_kwargs
-from funnel_core.units import Unit
-from langchain_funnel._base import UnitRetriever
-from langchain_funnel.corpus import units_from_documents
-from langchain_funnel.milvus import search_filter
+from langchain_funnel.retrievers import IndexRetriever, units_from_documents
 
 __all__ = ["DenseRetriever"]
 
 
-class DenseRetriever(UnitRetriever):
+class DenseRetriever(IndexRetriever):
     """Dense retrieval over an in-memory or Milvus dense index; ``k`` and ``filter`` per call.
 
     Build with :meth:`from_documents` (``backend=`` picks Milvus), re-open a built collection
@@ -33,8 +28,7 @@ class DenseRetriever(UnitRetriever):
     """
 
     index: Union[MilvusDenseIndex, DenseIndex]
-    filter: Any = Field(default=None,
-                        description="Metadata filter, a floor: a per-call filter is ANDed with it.")
+    _settings = ("name", "tags", "metadata", "k", "filter")
 
     @classmethod
     def from_documents(cls, documents: Iterable[Document], embedder: Any = None,
@@ -53,10 +47,4 @@ class DenseRetriever(UnitRetriever):
                      **settings: Any) -> "DenseRetriever":
         """Re-open a dense collection built before (no re-embedding); pass the ``embedder`` it
         was built with (default: the packaged all-MiniLM-L6-v2)."""
-        check_kwargs(f"{cls.__name__}.from_backend", settings,
-                     [n for n in cls.model_fields if n != "index"])  # before opening the collection
-        b = require_backend(backend, "DenseRetriever.from_backend")
-        return cls(index=b.dense(embedder).open(), **settings)
-
-    def _search(self, query: str, k: int, filter: Any = None) -> list[Unit]:
-        return self.index.search(query, k=k, filter=search_filter(self.index, self.filter, filter))
+        return cls._reopen(backend, lambda b: b.dense(embedder).open(), settings)

@@ -20,10 +20,6 @@ class FiDAttentionReranker(FiDAttentionFields, StageCompressor):
     :class:`~funnel_core.rerank.fid.FiDAttentionScorer`."""
 
 
-
-
 class AttentionLMReranker(AttentionLMFields, StageCompressor):
     """Rerank documents by a causal LM's calibrated query-to-passage attention: an
     :class:`~funnel_core.rerank.attention_lm.AttentionLMScorer`."""
-
-

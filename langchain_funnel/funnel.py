@@ -1,22 +1,17 @@
 """A FunnelRAG progressive funnel as a LangChain retriever.
 
 :class:`FunnelRetriever` runs a :class:`funnel_core.Funnel` whose stages can be ``funnel_core``
-stages *or* LangChain objects: any retriever (first stage), any ``BaseDocumentCompressor``, and
-any runnable taking ``{"query", "documents"}`` and returning documents — wrapped by
-:func:`as_stage`. The funnel runs on :class:`~funnel_core.units.Unit` objects: the documents a
-LangChain object of another package returns are converted to units once, and the funnel's
-output to Documents once; this package's own retrievers, compressors and transformers run as
-their ``funnel_core`` work on the units (:class:`OwnStage`), so no Document is built between
-them (callbacks still see each of them as a child run). The per-stage trace is not copied onto the documents (it would repeat ~1 KB
-of JSON on each): :meth:`FunnelRetriever.search` returns ``(documents, trace)``, and the
-retriever's run reports it to callbacks as the custom event ``"funnel_trace"``.
-
-Scores belong to the order: a later stage that reorders documents without writing a
-``relevance_score`` of its own (LangChain's ``CrossEncoderReranker``, ``LongContextReorder``)
-leaves none (the earlier stage's score stays in ``funnel_score_<stage>``, and
-``funnel_reordered_by`` names the stage); one that keeps the order keeps the scores
-(:func:`funnel_core.units.foreign_output`). LlamaIndex's funnel does the same with
-``NodeWithScore.score``.
+stages *or* LangChain objects: any retriever (first stage), any ``BaseDocumentCompressor``, any
+``BaseDocumentTransformer`` and any runnable taking ``{"query", "documents"}`` and returning
+documents, wrapped by :func:`as_stage`. It converts once each way: this package's own
+retrievers, compressors and transformers run as their ``funnel_core`` work on the units
+(:class:`OwnStage`; callbacks still see each as a child run), any other object through
+LangChain, converted only around it. The per-stage trace is never put on the documents:
+:meth:`FunnelRetriever.search` returns ``(documents, trace)``, and the retriever's run reports it
+to callbacks as the custom event ``"funnel_trace"``. Scores belong to the order: a stage that
+reorders without writing its own ``relevance_score`` leaves none
+(:func:`funnel_core.units.foreign_output`). See "Chaining" and "What comes back" in
+``docs/frameworks.md``.
 """
 
 from __future__ import annotations
@@ -29,6 +24,8 @@ from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
     CallbackManager,
     CallbackManagerForRetrieverRun,
+    adispatch_custom_event,
+    dispatch_custom_event,
 )
 from langchain_core.documents import BaseDocumentCompressor, BaseDocumentTransformer, Document
 from langchain_core.retrievers import BaseRetriever
@@ -37,10 +34,10 @@ from langchain_core.runnables.config import ensure_config, set_config_context
 from pydantic import Field
 
 from funnel_core.errors import check_query
-from funnel_core.funnel import Funnel, FunnelResult, Stage
+from funnel_core.funnel import CallStage, Funnel, FunnelResult, Stage, defined_by, runs_as
 from funnel_core.funnel import as_stage as core_as_stage
 from funnel_core.settings import checked_keywords
-from funnel_core.units import Trace, Unit, foreign_output, scored_by, settled
+from funnel_core.units import Trace, Unit, adopted, foreign_output, scored_by, settled
 from langchain_funnel._base import (
     StageCompressor,
     UnitRetriever,
@@ -54,38 +51,15 @@ __all__ = ["rerank_chain", "FunnelRetriever", "LCRetrieverStage", "LCCompressorS
 
 
 def _scored(docs: Any, name: str, before: Optional[Sequence[Unit]] = None) -> list[Unit]:
-    """A LangChain stage's documents -> units; for a later stage (``before``: its input) a score
-    the stage did not write is dropped once it reorders the documents
-    (:func:`funnel_core.units.foreign_output`)."""
+    """A LangChain stage's documents -> units (:func:`funnel_core.units.adopted`)."""
     if not isinstance(docs, (list, tuple)) or not all(isinstance(d, Document) for d in docs):
         raise TypeError(f"funnel stage {name!r} must return a list of Documents, got "
                         f"{type(docs).__name__}.")
-    units = documents_to_units(list(docs))
-    if before is None:
-        return [scored_by(u, name) for u in units]
-    return foreign_output(before, units, name)
+    return adopted(documents_to_units(list(docs)), name, before)
 
 
 #: Name of the custom callback event that carries a funnel run's trace (``Trace.to_dict()``).
 TRACE_EVENT = "funnel_trace"
-
-
-def _report_trace(trace: Trace) -> None:
-    """Send the trace to the callbacks of the retriever's run (``on_custom_event``, visible in
-    ``astream_events`` as ``on_custom_event`` named ``"funnel_trace"``), not onto documents."""
-    callbacks = _callbacks()
-    if getattr(callbacks, "parent_run_id", None) is not None:
-        from langchain_core.callbacks.manager import dispatch_custom_event
-
-        dispatch_custom_event(TRACE_EVENT, trace.to_dict())
-
-
-async def _areport_trace(trace: Trace) -> None:
-    callbacks = _callbacks()
-    if getattr(callbacks, "parent_run_id", None) is not None:
-        from langchain_core.callbacks.manager import adispatch_custom_event
-
-        await adispatch_custom_event(TRACE_EVENT, trace.to_dict())
 
 
 def _callbacks() -> Any:
@@ -93,23 +67,35 @@ def _callbacks() -> Any:
     return ensure_config().get("callbacks")
 
 
-class LCRetrieverStage(Stage):
+def _listening() -> bool:
+    """Whether the trace has a run to be reported to (``on_custom_event``, visible in
+    ``astream_events`` as ``on_custom_event`` named ``"funnel_trace"``)."""
+    return getattr(_callbacks(), "parent_run_id", None) is not None
+
+
+class _Wrapped(CallStage):
+    """A LangChain object run through LangChain, converting only around it."""
+
+    def _units(self, output: Any, before: list[Unit]) -> list[Unit]:
+        return _scored(output, self.name, before)
+
+
+class LCRetrieverStage(_Wrapped):
     """A LangChain retriever (or any runnable ``query -> documents``) as a first funnel stage
     (incoming units are ignored)."""
 
     @checked_keywords
     def __init__(self, retriever: Runnable, name: Optional[str] = None) -> None:
-        self.retriever = retriever
-        self.name = name or type(retriever).__name__
+        self.retriever, self.name = retriever, name or type(retriever).__name__
 
-    def run(self, query: str, units: list[Unit]) -> list[Unit]:
-        return _scored(self.retriever.invoke(query), self.name)
+    def _call(self, query: str, units: list[Unit], asynchronous: bool) -> Any:
+        return (self.retriever.ainvoke if asynchronous else self.retriever.invoke)(query)
 
-    async def arun(self, query: str, units: list[Unit]) -> list[Unit]:
-        return _scored(await self.retriever.ainvoke(query), self.name)
+    def _units(self, output: Any, before: list[Unit]) -> list[Unit]:
+        return _scored(output, self.name)
 
 
-class LCCompressorStage(Stage):
+class LCCompressorStage(_Wrapped):
     """A LangChain ``BaseDocumentCompressor`` (ours or any other) as a funnel stage; it runs as a
     child of the retriever's run."""
 
@@ -118,18 +104,16 @@ class LCCompressorStage(Stage):
         self.compressor = compressor
         self.name = name or getattr(compressor, "name", None) or type(compressor).__name__
 
-    def run(self, query: str, units: list[Unit]) -> list[Unit]:
-        docs = self.compressor.compress_documents(units_to_documents(units), query,
-                                                  callbacks=_callbacks())
-        return _scored(list(docs), self.name, units)
+    def _call(self, query: str, units: list[Unit], asynchronous: bool) -> Any:
+        c = self.compressor
+        return (c.acompress_documents if asynchronous else c.compress_documents)(
+            units_to_documents(units), query, callbacks=_callbacks())
 
-    async def arun(self, query: str, units: list[Unit]) -> list[Unit]:
-        docs = await self.compressor.acompress_documents(units_to_documents(units), query,
-                                                         callbacks=_callbacks())
-        return _scored(list(docs), self.name, units)
+    def _units(self, output: Any, before: list[Unit]) -> list[Unit]:
+        return _scored(list(output), self.name, before)
 
 
-class LCTransformerStage(Stage):
+class LCTransformerStage(_Wrapped):
     """A LangChain ``BaseDocumentTransformer`` (documents -> documents) as a funnel stage."""
 
     @checked_keywords
@@ -137,20 +121,18 @@ class LCTransformerStage(Stage):
         self.transformer = transformer
         self.name = name or getattr(transformer, "name", None) or type(transformer).__name__
 
-    def run(self, query: str, units: list[Unit]) -> list[Unit]:
-        docs = units_to_documents(units)
-        if isinstance(self.transformer, Runnable):
-            return _scored(self.transformer.invoke(docs), self.name, units)
-        return _scored(list(self.transformer.transform_documents(docs)), self.name, units)
+    def _call(self, query: str, units: list[Unit], asynchronous: bool) -> Any:
+        t, docs = self.transformer, units_to_documents(units)
+        if isinstance(t, Runnable):
+            return (t.ainvoke if asynchronous else t.invoke)(docs)
+        return (t.atransform_documents if asynchronous else t.transform_documents)(docs)
 
-    async def arun(self, query: str, units: list[Unit]) -> list[Unit]:
-        docs = units_to_documents(units)
-        if isinstance(self.transformer, Runnable):
-            return _scored(await self.transformer.ainvoke(docs), self.name, units)
-        return _scored(list(await self.transformer.atransform_documents(docs)), self.name, units)
+    def _units(self, output: Any, before: list[Unit]) -> list[Unit]:
+        return _scored(output if isinstance(self.transformer, Runnable) else list(output),
+                       self.name, before)
 
 
-class LCRunnableStage(Stage):
+class LCRunnableStage(_Wrapped):
     """A runnable ``{"query": str, "documents": list[Document]} -> list[Document]`` as a stage."""
 
     @checked_keywords
@@ -158,18 +140,19 @@ class LCRunnableStage(Stage):
         self.runnable = runnable
         self.name = name or getattr(runnable, "name", None) or type(runnable).__name__
 
-    def run(self, query: str, units: list[Unit]) -> list[Unit]:
-        return _scored(self.runnable.invoke({"query": query, "documents": units_to_documents(units)}),
-                       self.name, units)
-
-    async def arun(self, query: str, units: list[Unit]) -> list[Unit]:
-        out = await self.runnable.ainvoke({"query": query, "documents": units_to_documents(units)})
-        return _scored(out, self.name, units)
+    def _call(self, query: str, units: list[Unit], asynchronous: bool) -> Any:
+        r = self.runnable
+        return (r.ainvoke if asynchronous else r.invoke)({"query": query,
+                                                          "documents": units_to_documents(units)})
 
 
 class OwnStage(Stage):
-    """One of this package's LangChain objects run on units: its ``funnel_core`` work, with no
-    ``Document`` built on either side (a funnel converts its input once and its output once).
+    """One of this package's LangChain objects run on units: its ``funnel_core`` work, as its own
+    methods run it (:meth:`_work`, :meth:`_awork`), with no ``Document`` built on either side (a
+    funnel converts its input once and its output once). ``kind`` is what the object is:
+    a ``"retriever"`` (a first stage: incoming units ignored, its units scored by it), a
+    ``"compressor"`` or a ``"transformer"`` (read as a foreign stage's output,
+    :func:`funnel_core.units.foreign_output`, exactly as when its Documents were read back).
 
     While callbacks listen (``config={"callbacks": ...}``, ``astream_events``, a tracer) the
     object is still a child run of the funnel's run, named as its own ``invoke`` names it, with
@@ -177,26 +160,39 @@ class OwnStage(Stage):
     and nothing is read back from them. With no callback nothing is built.
     """
 
-    def __init__(self, obj: Any, name: str) -> None:
-        self.obj = obj
-        self.name = name
+    def __init__(self, obj: Any, name: str, kind: str) -> None:
+        self.obj, self.name, self.kind = obj, name, kind
 
-    # what the object does, on units (subclasses)
     def _work(self, query: str, units: list[Unit]) -> list[Unit]:
-        raise NotImplementedError
+        """A retriever's ``_search`` with its own ``k`` and ``filter`` (the funnel checked the
+        query), a compressor's core stage, a transformer's core stage's ``run``."""
+        obj = self.obj
+        if self.kind == "retriever":
+            return obj._search(*obj._prepare(query, None, {}))
+        if self.kind == "compressor":
+            return obj.stage(query, units) if units else []
+        return obj.stage.run(query, units)
 
     async def _awork(self, query: str, units: list[Unit]) -> list[Unit]:
-        raise NotImplementedError
+        obj = self.obj
+        if self.kind == "retriever":
+            return await obj._asearch(*obj._prepare(query, None, {}))
+        if self.kind == "compressor":
+            return await obj.stage.acall(query, units) if units else []
+        return await asyncio.to_thread(obj.stage.run, query, units)
 
     def _done(self, before: list[Unit], out: list[Unit]) -> list[Unit]:
-        """Scores as a foreign stage's (:func:`funnel_core.units.foreign_output`), exactly as
-        when the object's Documents were read back."""
+        if self.kind == "retriever":
+            return [scored_by(settled(u), self.name) for u in out]
         return foreign_output(before, out, self.name)
 
-    # the child run, as the object's own invoke reports it
     def _start(self, cm: Any, query: str, units: list[Unit]) -> Any:
-        return cm.on_chain_start(None, {"query": query, "documents": units_to_documents(units)},
-                                 name=self.obj.get_name())
+        """Start the child run, as the object's own ``invoke`` reports it."""
+        if self.kind == "retriever":
+            return cm.on_retriever_start(None, query, name=self.obj.get_name())
+        docs = units_to_documents(units)
+        return cm.on_chain_start(None, docs if self.kind == "transformer" else
+                                 {"query": query, "documents": docs}, name=self.obj.get_name())
 
     def _manager(self, cls: Any) -> Any:
         """The callback manager of the object's run under the funnel's, ``None`` when nobody
@@ -247,77 +243,23 @@ def _end(run: Any, units: Optional[list[Unit]] = None, error: Optional[BaseExcep
     return run.on_retriever_end(docs) if retriever else run.on_chain_end(docs)
 
 
-class OwnRetrieverStage(OwnStage):
-    """One of our retrievers (:class:`~langchain_funnel._base.UnitRetriever`) as a first stage:
-    its ``_search`` with its own ``k`` and ``filter`` (incoming units are ignored)."""
-
-    def _work(self, query: str, units: list[Unit]) -> list[Unit]:
-        query, k = self.obj._prepare(query, None, {})
-        return self.obj._search(query, k) if query else []
-
-    async def _awork(self, query: str, units: list[Unit]) -> list[Unit]:
-        query, k = self.obj._prepare(query, None, {})
-        return await self.obj._asearch(query, k) if query else []
-
-    def _done(self, before: list[Unit], out: list[Unit]) -> list[Unit]:
-        return [scored_by(settled(u), self.name) for u in out]
-
-    def _start(self, cm: Any, query: str, units: list[Unit]) -> Any:
-        return cm.on_retriever_start(None, query, name=self.obj.get_name())
-
-
-class OwnCompressorStage(OwnStage):
-    """One of our compressors (:class:`~langchain_funnel._base.StageCompressor`): its core
-    stage on the units, as ``compress_documents`` runs it."""
-
-    def _work(self, query: str, units: list[Unit]) -> list[Unit]:
-        return self.obj.stage(query, units) if units else []
-
-    async def _awork(self, query: str, units: list[Unit]) -> list[Unit]:
-        return await self.obj.stage.acall(query, units) if units else []
-
-
-class OwnTransformerStage(OwnStage):
-    """One of our document transformers (later chunking, repacking): its core stage's ``run``
-    on the units, as ``transform_documents`` runs it (the query is not read)."""
-
-    def _work(self, query: str, units: list[Unit]) -> list[Unit]:
-        return self.obj.stage.run(query, units)
-
-    async def _awork(self, query: str, units: list[Unit]) -> list[Unit]:
-        return await asyncio.to_thread(self.obj.stage.run, query, units)
-
-    def _start(self, cm: Any, query: str, units: list[Unit]) -> Any:
-        return cm.on_chain_start(None, units_to_documents(units), name=self.obj.get_name())
-
-
-def _same_methods(obj: Any, bases: Sequence[type], *methods: str) -> bool:
-    """Whether ``obj`` runs each of ``methods`` as one of ``bases`` defines it (a subclass that
-    overrides one is run through LangChain, converting around it, like any other object)."""
-    return all(_defined_by(type(obj), m) in bases for m in methods)
-
-
-def _defined_by(cls: type, method: str) -> Optional[type]:
-    """The class of ``cls``'s MRO whose body defines ``method``."""
-    return next((k for k in cls.__mro__ if method in vars(k)), None)
-
-
 def _own(obj: Any) -> Optional[Stage]:
-    """The units-level stage of one of our objects, or ``None`` for any other."""
-    if isinstance(obj, UnitRetriever) and _same_methods(
+    """The units-level stage (:class:`OwnStage`) of one of our objects, or ``None`` for any
+    other."""
+    if isinstance(obj, UnitRetriever) and runs_as(
             obj, (UnitRetriever, FunnelRetriever), "_get_relevant_documents",
             "_aget_relevant_documents"):
-        return OwnRetrieverStage(obj, type(obj).__name__)
+        return OwnStage(obj, type(obj).__name__, "retriever")
     name = getattr(obj, "name", None) or type(obj).__name__
-    if isinstance(obj, StageCompressor) and _same_methods(
+    if isinstance(obj, StageCompressor) and runs_as(
             obj, (StageCompressor,), "compress_documents", "acompress_documents", "invoke",
             "ainvoke", "_compress", "_acompress"):
-        return OwnCompressorStage(obj, name)
+        return OwnStage(obj, name, "compressor")
     if isinstance(obj, TransformerBase) and all(
-            (_defined_by(type(obj), m) or object).__module__.startswith("langchain_funnel.")
-            or _defined_by(type(obj), m) is Runnable  # ainvoke: invoke in a thread
+            (defined_by(type(obj), m) or object).__module__.startswith("langchain_funnel.")
+            or defined_by(type(obj), m) is Runnable  # ainvoke: invoke in a thread
             for m in ("transform_documents", "atransform_documents", "invoke", "ainvoke")):
-        return OwnTransformerStage(obj, name)  # each of ours is its stage's run
+        return OwnStage(obj, name, "transformer")  # each of ours is its stage's run
     return None
 
 
@@ -368,12 +310,14 @@ class FunnelRetriever(UnitRetriever):
 
     def _search(self, query: str, k: Optional[int]) -> list[Unit]:
         result = self.funnel.search(query)
-        _report_trace(result.trace)
+        if _listening():
+            dispatch_custom_event(TRACE_EVENT, result.trace.to_dict())
         return result.units[:k]
 
     async def _asearch(self, query: str, k: Optional[int], **kwargs: Any) -> list[Unit]:
         result = await self.funnel.asearch(query)
-        await _areport_trace(result.trace)
+        if _listening():
+            await adispatch_custom_event(TRACE_EVENT, result.trace.to_dict())
         return result.units[:k]
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,

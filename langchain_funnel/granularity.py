@@ -1,30 +1,30 @@
-"""Mix-of-Granularity for LangChain: splitters that build the granularity structure, and the
-MoG retriever.
-
-* :class:`MultiGranularityTextSplitter` — ``n_gra`` nested levels per document; the hierarchy is
-  in ``Document.metadata`` (``granularity``, ``parent_id``, ``child_ids``, ``doc_id``,
-  ``position``) and ``Document.id``.
-* :class:`GraphGranularitySplitter` — MoGG's 1-2 sentence nodes with their BM25 kNN neighbours
-  in ``metadata["funnel_graph_neighbors_json"]``.
-* :class:`MixOfGranularityRetriever` — the MoG selection rule over either splitter's output;
-  ``k`` in the constructor or per call, router weights and chosen level in metadata.
-
-All three import only ``langchain_core``.
-"""
+"""Mix-of-Granularity for LangChain (see ``docs/mix_of_granularity.md``): the splitters
+:class:`MultiGranularityTextSplitter` (MoG's nested levels) and :class:`GraphGranularitySplitter`
+(MoGG's sentence graph), which write the structure as flat ``funnel_...`` metadata, and
+:class:`MixOfGranularityRetriever`, the MoG selection rule over either splitter's output."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any, ClassVar, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from langchain_core.documents import Document
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_text_splitters import TextSplitter
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
-from funnel_core.granularity.fields import GraphGranularityFields, MultiGranularityFields
-from funnel_core.granularity.retrieval import MixOfGranularityRetrieve, check_mog_settings, mog_stage
+from funnel_core.granularity.fields import (
+    GraphGranularityFields,
+    MixOfGranularityFields,
+    MultiGranularityFields,
+)
+from funnel_core.granularity.retrieval import (
+    MixOfGranularityRetrieve,
+    check_mog_settings,
+    mog_rebuilt,
+    mog_stage,
+)
 from funnel_core.settings import StageAdapter
 from funnel_core.units import Unit, keep_source_funnel_keys, read_funnel_metadata
 from langchain_funnel._base import UnitRetriever, documents_to_units, units_to_documents
@@ -77,13 +77,11 @@ def _texts_to_documents(texts: Sequence[str], metadatas: Optional[Sequence[dict]
 class _GranularitySplitter(StageAdapter, BaseModel, TextSplitter,
                            Runnable[Sequence[Document], list[Document]]):
     """A LangChain text splitter holding one core splitter (``stage_class``), built from the
-    fields named like its settings (declared once for both frameworks in
-    :mod:`funnel_core.granularity.fields`); an edit of one is validated by the core splitter and
-    honoured at the next call. Unknown keywords raise, naming the accepted ones.
-
-    Also a ``Runnable`` from documents to documents, so it composes in LCEL
-    (``loader | splitter``). The ``TextSplitter`` settings (``chunk_overlap``,
-    ``length_function``, ``add_start_index``, ...) do not apply: sizes are counted in words.
+    fields named like its settings (:class:`funnel_core.settings.StageAdapter`: an edit is
+    validated by the core splitter and honoured at the next call; unknown keywords raise).
+    Also a ``Runnable`` from documents to documents (``loader | splitter``). The
+    ``TextSplitter`` settings (``chunk_overlap``, ``length_function``, ...) do not apply: sizes
+    are counted in words.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
@@ -124,24 +122,17 @@ class _GranularitySplitter(StageAdapter, BaseModel, TextSplitter,
 class MultiGranularityTextSplitter(MultiGranularityFields, _GranularitySplitter):
     """Split documents into ``n_gra`` nested granularity levels (MoG section 3.2).
 
-    Fields:
-        levels: ``"all"`` (every level, for :class:`MixOfGranularityRetriever`) or ``"finest"``.
-        chunk_size, n_gra, sentence_aware: the settings of the core
-            :class:`~funnel_core.granularity.levels.MultiGranularityChunker` it holds
-            (:class:`~funnel_core.granularity.fields.MultiGranularityFields`, the same fields as
-            LlamaIndex's ``MultiGranularityNodeParser``); an edit is validated and honoured at
-            the next call.
-
-    :meth:`split_documents` (and ``transform_documents``, ``invoke``) return the chunks of
-    *every* level, finest first; each ``Document`` has ``id``, the source document's metadata as
-    it was, and flat ``funnel_...`` keys: ``funnel_granularity`` (1 = finest),
-    ``funnel_parent_id`` (below the top level), ``funnel_child_ids_json`` (above level 1),
-    ``funnel_doc_id``, ``funnel_doc_index``, ``funnel_position`` and ``funnel_level``, so
-    ``filter_complex_metadata`` keeps the hierarchy. :meth:`split_text` returns the chunk texts
-    of one text.
-
-    A LangChain ``TextSplitter``: it works wherever one is expected, e.g.
-    ``ParentDocumentRetriever(child_splitter=MultiGranularityTextSplitter(...))``.
+    ``chunk_size``, ``n_gra`` and ``sentence_aware`` are
+    :class:`~funnel_core.granularity.fields.MultiGranularityFields` (the same as LlamaIndex's
+    ``MultiGranularityNodeParser``), the settings of the core
+    :class:`~funnel_core.granularity.levels.MultiGranularityChunker` it holds.
+    :meth:`split_documents` (and ``transform_documents``, ``invoke``) return the chunks of every
+    level, finest first (``levels="finest"``: the finest only); each ``Document`` has an ``id``,
+    its source document's metadata as it was, and flat ``funnel_...`` keys:
+    ``funnel_granularity`` (1 = finest), ``funnel_parent_id`` (below the top level),
+    ``funnel_child_ids_json`` (above level 1), ``funnel_doc_id``, ``funnel_doc_index``,
+    ``funnel_position`` and ``funnel_level``, so ``filter_complex_metadata`` keeps the
+    hierarchy. A ``TextSplitter``, e.g. for ``ParentDocumentRetriever(child_splitter=...)``.
     """
 
     levels: str = Field(default="all", description="'all' (every level, for "
@@ -169,19 +160,14 @@ class MultiGranularityTextSplitter(MultiGranularityFields, _GranularitySplitter)
 class GraphGranularitySplitter(GraphGranularityFields, _GranularitySplitter):
     """Split documents into MoGG graph nodes and link them by BM25 similarity (section 3.3).
 
-    Fields: the settings of the core
-    :class:`~funnel_core.granularity.graph.GraphGranularityBuilder` it holds
-    (:class:`~funnel_core.granularity.fields.GraphGranularityFields`, the same fields as
-    LlamaIndex's ``GraphGranularityNodeParser``): ``sentences_per_node``, ``n_gra``,
-    ``k_graph``, ``t_graph``, ``block_size``, ``max_df``, ``bm25``; an edit is validated and
-    honoured at the next call.
-
-    Each node ``Document`` carries ``funnel_graph_neighbors_json`` (a JSON list of ids) and
+    Its fields are :class:`~funnel_core.granularity.fields.GraphGranularityFields` (the same as
+    LlamaIndex's ``GraphGranularityNodeParser``), the settings of the core
+    :class:`~funnel_core.granularity.graph.GraphGranularityBuilder` it holds. Each node
+    ``Document`` carries ``funnel_graph_neighbors_json`` (a JSON list of ids) and
     ``funnel_graph_weights_json``; the graph spans the documents of one call (in
     ``ParentDocumentRetriever``, which splits one parent at a time, each parent is a graph of its
     own). ``last_build_seconds`` is the latest edge-building time. With no pair above
-    ``t_graph`` every neighbour list is empty (a warning says so). A LangChain ``TextSplitter``
-    and a ``Runnable`` (documents -> node documents).
+    ``t_graph`` every neighbour list is empty (a warning says so).
     """
 
     last_build_seconds: Optional[float] = Field(default=None,
@@ -197,35 +183,26 @@ class GraphGranularitySplitter(GraphGranularityFields, _GranularitySplitter):
         return _to_documents(graph.nodes, by_id, type(self).__name__)
 
 
-class MixOfGranularityRetriever(UnitRetriever):
+class MixOfGranularityRetriever(MixOfGranularityFields, UnitRetriever):
     """MoG / MoGG retrieval over the output of either splitter.
 
     Fields:
         documents: Every ``Document`` of :class:`MultiGranularityTextSplitter` (all levels) or of
             :class:`GraphGranularitySplitter` (detected by ``funnel_graph_neighbors_json``).
-        router: A trained :class:`~funnel_core.granularity.router.GranularityRouter`, or ``None``
-            for uniform level weights (the finest level is returned).
         k: Documents returned (``invoke(q, k=3)`` overrides it).
 
-    The other fields (``k_r``, ``normalize``, ``level_margin``, ``n_gra``, ``bm25``) are settings
-    of the core :class:`~funnel_core.granularity.retrieval.MixOfGranularityRetrieve` it holds; an
-    edit is forwarded to it and honoured at the next call (the per-level BM25 indexes are rebuilt
-    only when ``n_gra`` or ``bm25`` changes).
+    The other fields (``router``, ``k_r``, ``normalize``, ``level_margin``, ``n_gra``, ``bm25``)
+    are :class:`~funnel_core.granularity.fields.MixOfGranularityFields`, the same as LlamaIndex's
+    ``MixOfGranularityRetriever``: settings of the core
+    :class:`~funnel_core.granularity.retrieval.MixOfGranularityRetrieve` it holds (``.stage``);
+    an edit is forwarded to it and honoured at the next call.
 
-    Result metadata: ``score`` (mixed score), ``router_weights``, ``chosen_level``, ``finest_id``.
+    Result metadata: ``relevance_score`` (the mixed score), ``funnel_router_weights_json``,
+    ``funnel_chosen_level``, ``funnel_finest_id``.
     """
 
     documents: list[Document] = Field(description="All chunks of a granularity splitter.")
-    router: Optional[Any] = Field(default=None, description="A trained GranularityRouter.")
     k: int = Field(default=1, description="Number of documents to return.")
-    k_r: int = Field(default=3, description="Units BM25 retrieves per level before mixing (paper: 3).")
-    normalize: str = Field(default="none", description="Per-level BM25 scores: none (raw, "
-                                                       "equation 1) or max (divided by the best).")
-    level_margin: float = Field(default=0.0, description="Prefer a finer level unless a coarser "
-                                                         "one's router weight is higher by more "
-                                                         "than this, in [0, 1].")
-    n_gra: int = Field(default=5, description="Hop ranges when the units are graph nodes.")
-    bm25: Optional[dict] = Field(default=None, description="BM25 settings of the per-level indexes.")
     _stage: Optional[MixOfGranularityRetrieve] = PrivateAttr(default=None)
     _units: list[Unit] = PrivateAttr(default_factory=list)
 
@@ -236,23 +213,17 @@ class MixOfGranularityRetriever(UnitRetriever):
                              "MultiGranularityTextSplitter or GraphGranularitySplitter first.")
         self._units = documents_to_units(self.documents)
         check_mog_settings(self.k_r, self.normalize, self.level_margin)
-        self._stage = self._build()  # validates the settings and indexes the levels now
-
-    def _build(self) -> MixOfGranularityRetrieve:
-        return mog_stage(self._units, self.router, n_gra=self.n_gra, bm25=self.bm25, top_k=self.k,
-                         k_r=self.k_r, normalize=self.normalize, level_margin=self.level_margin)
-
-    _FORWARDED: ClassVar[dict[str, str]] = {"k": "top_k", "router": "router", "k_r": "k_r",
-                                            "normalize": "normalize",
-                                            "level_margin": "level_margin", "bm25": "bm25"}
+        self._stage = mog_stage(self._units, self.router, n_gra=self.n_gra, bm25=self.bm25,
+                                top_k=self.k, k_r=self.k_r, normalize=self.normalize,
+                                level_margin=self.level_margin)  # indexes the levels now
 
     def __setattr__(self, name: str, value: Any) -> None:
         stage = (getattr(self, "__pydantic_private__", None) or {}).get("_stage")
-        if stage is not None and name in self._FORWARDED:
-            setattr(stage, self._FORWARDED[name], value)  # validated by the stage first
+        if stage is not None and (name == "k" or name in self.forwarded):
+            setattr(stage, "top_k" if name == "k" else name, value)  # validated by the stage first
         super().__setattr__(name, value)
         if stage is not None and name == "n_gra":
-            self._stage = self._build()  # a graph's hop ranges: the levels change
+            self._stage = mog_rebuilt(stage, self._units, self.n_gra)
 
     @property
     def stage(self) -> MixOfGranularityRetrieve:

@@ -19,21 +19,11 @@ __all__ = ["LangChainLLM", "as_provider", "message_text"]  # stage_llm: for the 
 
 
 def message_text(output: Any) -> str:
-    """The text of a chat-model message (str or content blocks) or of an LLM string output."""
-    if isinstance(output, str):
-        return output
+    """The text of a chat-model message (str or content blocks: its ``text``, the ``type: text``
+    blocks joined) or of an LLM string output."""
     if isinstance(output, BaseMessage):
-        content = output.content
-        if isinstance(content, str):
-            return content
-        parts = []
-        for block in content:
-            if isinstance(block, str):
-                parts.append(block)
-            elif isinstance(block, dict) and block.get("type") == "text":
-                parts.append(str(block.get("text", "")))
-        return "".join(parts)
-    return str(output)
+        return str(output.text)
+    return output if isinstance(output, str) else str(output)
 
 
 class LangChainLLM(LLM):
@@ -62,34 +52,29 @@ class LangChainLLM(LLM):
     def __repr__(self) -> str:
         return f"LangChainLLM({type(self.model).__name__})"
 
-    def _runnable(self, temperature: float, top_p: float, top_k: int, max_new_tokens: int) -> Any:
-        if not self.pass_sampling_params:
-            return self.model
-        return self.model.bind(**sampling_kwargs(temperature, top_p, top_k, max_new_tokens))
-
-    def _inputs(self, prompts: list[str], n: int) -> list[Any]:
+    def _batch_args(self, prompts: list[str], n: int, *sampling: Any) -> tuple[Any, list[Any], dict[str, Any]]:
+        """The runnable (sampling bound when ``pass_sampling_params``), its inputs (each prompt
+        ``n`` times; a ``HumanMessage`` for a chat model) and its batch config."""
+        model = self.model.bind(**sampling_kwargs(*sampling)) if self.pass_sampling_params else self.model
         chat = isinstance(self.model, BaseChatModel)
-        return [[HumanMessage(content=p)] if chat else p for p in prompts for _ in range(n)]
-
-    def _config(self) -> dict[str, Any]:
-        return {"max_concurrency": self.max_concurrency} if self.max_concurrency else {}
-
-    @staticmethod
-    def _regroup(outputs: list[Any], n_prompts: int, n: int) -> list[list[str]]:
-        texts = [message_text(o) for o in outputs]
-        return [texts[i * n:(i + 1) * n] for i in range(n_prompts)]
+        inputs = [[HumanMessage(content=p)] if chat else p for p in prompts for _ in range(n)]
+        return model, inputs, {"max_concurrency": self.max_concurrency} if self.max_concurrency else {}
 
     def _generate(self, prompts: list[str], *, n: int, temperature: float, top_p: float,
                   top_k: int, max_new_tokens: int) -> list[list[str]]:
-        runnable = self._runnable(temperature, top_p, top_k, max_new_tokens)
-        outputs = runnable.batch(self._inputs(prompts, n), config=self._config())
-        return self._regroup(outputs, len(prompts), n)
+        model, inputs, config = self._batch_args(prompts, n, temperature, top_p, top_k, max_new_tokens)
+        return _regroup(model.batch(inputs, config=config), n)
 
     async def _agenerate(self, prompts: list[str], *, n: int, temperature: float,  # type: ignore[override]
                          top_p: float, top_k: int, max_new_tokens: int) -> list[list[str]]:
-        runnable = self._runnable(temperature, top_p, top_k, max_new_tokens)
-        outputs = await runnable.abatch(self._inputs(prompts, n), config=self._config())
-        return self._regroup(outputs, len(prompts), n)
+        model, inputs, config = self._batch_args(prompts, n, temperature, top_p, top_k, max_new_tokens)
+        return _regroup(await model.abatch(inputs, config=config), n)
+
+
+def _regroup(outputs: list[Any], n: int) -> list[list[str]]:
+    """The texts of a flat batch, ``n`` per prompt."""
+    texts = [message_text(o) for o in outputs]
+    return [texts[i:i + n] for i in range(0, len(texts), n)]
 
 
 def as_provider(model: Any, **kwargs: Any) -> LLM:

@@ -1,17 +1,10 @@
 """RankRAG reranking for LangChain: :class:`RankRAGReranker`, a document compressor (and LCEL
-Runnable) scoring each (query, document) by P("True") of an LLM judge.
-
-The LLM can be a LangChain chat model or LLM (text only: RankRAG parses its replies), a
-``funnel_core`` provider, or a hub name / folder of a local causal LM (RankRAG reads logits).
-"""
+Runnable) scoring each (query, document) by P("True") of an LLM judge."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, ClassVar
 
-from pydantic import Field
-
-from funnel_core.llm import LLM
 from funnel_core.rerank.fields import RankRAGFields
 from langchain_funnel._base import StageCompressor
 from langchain_funnel.llm import stage_llm
@@ -21,7 +14,9 @@ __all__ = ["RankRAGReranker"]
 
 class RankRAGReranker(RankRAGFields, StageCompressor):
     """RankRAG reranking as a LangChain document compressor: a
-    :class:`~funnel_core.rerank.rankrag.RankRAGScorer`; ``llm`` may also be a LangChain model.
+    :class:`~funnel_core.rerank.rankrag.RankRAGScorer`; ``llm`` may also be a LangChain model
+    (read as text: RankRAG parses its replies; a local causal LM named by hub name/folder is
+    scored from its True/False logits).
 
     Example::
 
@@ -29,13 +24,4 @@ class RankRAGReranker(RankRAGFields, StageCompressor):
         retriever = FunnelRetriever.from_stages(bm25_retriever, reranker)
     """
 
-    llm: Any = Field(description="LangChain chat model/LLM, funnel_core LLM provider, or a "
-                                 "causal-LM name/folder.")
-
-    def _stage_value(self, name: str, value: Any) -> Any:
-        return stage_llm(value, self.timeout) if name == "llm" else value
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        super().__setattr__(name, value)
-        if name == "timeout" and not isinstance(self.llm, (str, LLM)):
-            self.stage.llm = self._stage_value("llm", self.llm)  # the new timeout
+    wrap_llm: ClassVar[Callable[[Any, Any], Any]] = staticmethod(stage_llm)

@@ -1,11 +1,5 @@
-"""LangChain document compressors and a transformer for FunnelRAG's pre-ranking stage.
-
-* :class:`CrossEncoderReranker` — cross-encoder reranking (sentence-transformers, FlagEmbedding
-  or plain transformers backend);
-* :class:`MonoT5Reranker` — monoT5 reranking;
-* :class:`LaterChunkingTransformer` — FunnelRAG's later chunking as a ``BaseDocumentTransformer``
-  (and a ``Runnable`` over a list of documents): documents in, ~100-word passages out, each with
-  ``parent_id``, ``parent_score`` and ``position`` in its metadata.
+"""LangChain document compressors (:class:`CrossEncoderReranker`, :class:`MonoT5Reranker`) and a
+document transformer (:class:`LaterChunkingTransformer`) for FunnelRAG's pre-ranking stage.
 
 The rerankers are ``BaseDocumentCompressor`` objects (use them with
 :class:`~langchain_funnel.compression.CompressionRetriever`) and ``Runnable`` objects over
@@ -33,8 +27,8 @@ __all__ = ["CrossEncoderReranker", "MonoT5Reranker", "LaterChunkingTransformer"]
 
 
 class CrossEncoderReranker(CrossEncoderFields, StageCompressor):
-    """Rerank documents with a cross-encoder: a
-    :class:`~funnel_core.rerank.cross_encoder.CrossEncoderScorer`.
+    """Rerank documents with a cross-encoder (a sentence-transformers, FlagEmbedding or plain
+    transformers backend): a :class:`~funnel_core.rerank.cross_encoder.CrossEncoderScorer`.
 
     ``relevance_score`` is a sigmoid probability in (0, 1) by default (``normalize=True``), the
     scale of LangChain's ``HuggingFaceCrossEncoder`` behind ``CrossEncoderReranker``, so a 0.5
@@ -48,46 +42,40 @@ class CrossEncoderReranker(CrossEncoderFields, StageCompressor):
     """
 
 
-
-
 class MonoT5Reranker(MonoT5Fields, StageCompressor):
-    """Rerank documents with monoT5 (``castorini/monot5-base-msmarco`` by default): a
-    :class:`~funnel_core.rerank.monot5.MonoT5Scorer`."""
-
-
+    """Rerank documents with monoT5 (the ``true``/``false`` logits of a T5 model,
+    ``castorini/monot5-base-msmarco`` by default): a :class:`~funnel_core.rerank.monot5.MonoT5Scorer`."""
 
 
 class TransformerBase(StageAdapter, BaseModel, BaseDocumentTransformer,
                       Runnable[Sequence[Document], list[Document]]):
-    """A document transformer holding one core stage (see :class:`StageCompressor`)."""
+    """A document transformer holding one core stage (see :class:`StageCompressor`) that needs
+    no query: ``transform_documents`` runs it over the documents (``atransform_documents`` in a
+    worker thread), and as a ``Runnable`` it maps a list of documents to a
+    list of documents, so ``retriever | transformer`` works in LCEL."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
     name: Optional[str] = None
     _stage: Optional[Stage] = PrivateAttr(default=None)
 
-
-class LaterChunkingTransformer(LaterChunkingFields, TransformerBase):
-    """Split documents into ~``words``-word passages (FunnelRAG section 3.1.3).
-
-    Each passage keeps a copy of its document's metadata; flat ``funnel_...`` keys hold
-    ``parent_id``, ``parent_score``, ``position`` and ``level``. As a ``Runnable`` it maps a list
-    of documents to a list of passages, so ``retriever | LaterChunkingTransformer()`` works in
-    LCEL. It holds a :class:`~funnel_core.funnelrag.chunking.LaterChunking` stage.
-    """
-
     def transform_documents(self, documents: Sequence[Document], **kwargs: Any) -> list[Document]:
-        """Documents -> passages, parent by parent, in the input order."""
-        units = documents_to_units(list(documents))
-        return units_to_documents([c for u in units for c in self.stage.split(u)], list(documents))
+        documents = list(documents)
+        return units_to_documents(self.stage.run("", documents_to_units(documents)), documents)
 
-    async def atransform_documents(self, documents: Sequence[Document],
-                                   **kwargs: Any) -> list[Document]:
+    async def atransform_documents(self, documents: Sequence[Document], **kwargs: Any) -> list[Document]:
         return await asyncio.to_thread(self.transform_documents, documents)
 
     def invoke(self, input: Sequence[Document], config: RunnableConfig | None = None,
                **kwargs: Any) -> list[Document]:
+        if not isinstance(input, (list, tuple)):
+            raise TypeError(f"{type(self).__name__} takes a list of Documents, got {type(input).__name__}.")
         return self._call_with_config(self.transform_documents, input, config)
 
-    async def ainvoke(self, input: Sequence[Document], config: RunnableConfig | None = None,
-                      **kwargs: Any) -> list[Document]:
-        return await self._acall_with_config(self.atransform_documents, input, config)
+
+class LaterChunkingTransformer(LaterChunkingFields, TransformerBase):
+    """Split documents into ~``words``-word passages (FunnelRAG section 3.1.3), parent by
+    parent, in the input order; a :class:`~funnel_core.funnelrag.chunking.LaterChunking` stage.
+
+    Each passage keeps a copy of its document's metadata; flat ``funnel_...`` keys hold
+    ``parent_id``, ``parent_score``, ``position`` and ``level``.
+    """

@@ -1,26 +1,22 @@
-"""LangChain retrievers over the ``funnel_core`` BM25 engine.
+"""LangChain retrievers over the ``funnel_core`` BM25 engine: :class:`BM25Retriever` (flat BM25
+on bm25s that keeps scores in ``Document.metadata``, which the community ``BM25Retriever``
+drops, and persists its tokenizer settings) and :class:`ClusteredBM25Retriever` (FunnelRAG's
+first stage: BM25 over ~4K-token clusters of related documents, Algorithm 1, opened into their
+member documents).
 
-* :class:`BM25Retriever` — flat BM25 (bm25s) that keeps scores in ``Document.metadata`` (the
-  community ``BM25Retriever`` is pure Python and drops them) and persists its tokenizer settings.
-* :class:`ClusteredBM25Retriever` — FunnelRAG's first stage: BM25 over ~4K-token clusters of
-  related documents (Algorithm 1), opened into their member documents.
-
-Both take ``k`` in the constructor and per call (``invoke(q, k=3)``) and a per-call metadata
-``filter`` (``invoke(q, filter={"source": "a.md"})`` or a predicate), ANDed with the retriever's
-own ``filter`` (a floor: a per-call filter narrows it, never widens it; ``{}`` adds nothing).
-
-Both keep their data in memory by default, or in Milvus with one argument: ``backend=`` (a
-:class:`funnel_core.backends.milvus.MilvusBackend`, or a URI: ``"funnel.db"`` for embedded Milvus Lite,
-``"http://host:19530"`` for a server) in ``from_documents``/``from_texts`` builds into Milvus, and
-``from_backend(backend)`` re-opens a built collection without re-indexing. Over Milvus, filters
-are pushed down (dicts, Milvus expression strings, or structured-query ``Comparison``/``Operation``
-objects) and ``save`` writes only a manifest (URI, collection, settings), never the data.
+Both take ``k`` in the constructor and per call (``invoke(q, k=3)``) and a per-call ``filter``
+ANDed with their own (a floor, see "Arguments" in ``docs/frameworks.md``). They keep their data
+in memory, or in Milvus with ``backend=`` (a ``MilvusBackend`` or a URI: ``"funnel.db"`` for
+Milvus Lite, ``"http://host:19530"`` for a server) in ``from_documents``/``from_texts``;
+``from_backend`` re-opens a built collection without re-indexing. Over Milvus, filters (dicts,
+expression strings, structured-query ``Comparison``/``Operation`` objects) are pushed down and
+``save`` writes a manifest only, never the data (see ``docs/scaling_out.md``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Optional, Sequence, Union
+from typing import Any, Callable, ClassVar, Iterable, Optional, Sequence, Union
 
 from langchain_core.documents import Document
 from pydantic import Field
@@ -30,19 +26,16 @@ from funnel_core.backends.milvus import (
     MilvusBM25Index,
     MilvusClusteredBM25Index,
     build_bm25,
-    load_index,
     require_backend,
 )
-from funnel_core.backends.persist import load_retriever, save_retriever
+from funnel_core.backends.persist import load_retriever_or_index, retriever_settings, save_retriever
 from funnel_core.bm25 import BM25Index
-from funnel_core.errors import PersistError, check_positive_int
-from funnel_core.filters import MetadataFilter, persistable_filter
+from funnel_core.errors import check_positive_int
+from funnel_core.filters import MetadataFilter
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
-from funnel_core.persist import snapshot_info
 from funnel_core.settings import check_kwargs
-from funnel_core.units import Unit, units_from_texts
+from funnel_core.units import FUNNEL_PREFIX, Unit, check_unique_ids, units_from_texts
 from langchain_funnel._base import UnitRetriever
-from langchain_funnel.corpus import units_from_documents
 from langchain_funnel.milvus import push_down, search_filter
 
 Backend = Union[MilvusBackend, str, None]
@@ -50,7 +43,85 @@ Backend = Union[MilvusBackend, str, None]
 __all__ = ["BM25Retriever", "ClusteredBM25Retriever"]
 
 
-class BM25Retriever(UnitRetriever):
+def units_from_documents(documents: Iterable[Document], level: str) -> list[Unit]:
+    """Documents -> index units: ``Document.id`` as the id (positional for documents without
+    one, as ``from_texts`` does; a duplicate id raises), the whole metadata (filters see it;
+    ``funnel_`` keys from a splitter come back as they were), the splitter's granularity name
+    as the level when it gave one."""
+    if isinstance(documents, Document):
+        raise TypeError("documents must be a list of Documents, got a single Document; wrap it "
+                        "in a list.")
+    units = []
+    for i, d in enumerate(documents):
+        if not isinstance(d, Document):
+            raise TypeError(f"expected langchain Documents, got {type(d).__name__} at position {i}.")
+        units.append(Unit(id=str(d.id) if d.id else str(i), text=d.page_content,
+                          metadata=dict(d.metadata),
+                          level=str(d.metadata.get(FUNNEL_PREFIX + "level", level))))
+    check_unique_ids(units)
+    return units
+
+
+class IndexRetriever(UnitRetriever):
+    """What the index retrievers share (also :class:`~langchain_funnel.dense.DenseRetriever`): an
+    ``index`` searched with ``k`` and the ``filter`` floor ANDed with a per-call one, built by
+    the class's factories and re-opened from Milvus by :meth:`from_backend`."""
+
+    index: Any
+    filter: Any = Field(default=None, description="Metadata filter (dict or predicate), a floor: a per-call filter is ANDed with it.")
+
+    def _search(self, query: str, k: int, filter: MetadataFilter = None) -> list[Unit]:
+        return self.index.search(query, k=k, filter=search_filter(self.index, self.filter, filter))
+
+    #: The retriever's own settings (what ``from_backend``, ``save`` and ``load`` take).
+    _settings: ClassVar[tuple[str, ...]] = ("k", "filter")
+
+    @classmethod
+    def _reopen(cls, backend: Any, open_index: Callable[[MilvusBackend], Any],
+                settings: dict[str, Any]) -> Any:
+        """``from_backend``: the settings checked before the collection is opened."""
+        check_kwargs(f"{cls.__name__}.from_backend", settings, cls._settings)
+        return cls(index=open_index(require_backend(backend, f"{cls.__name__}.from_backend")),
+                   **settings)
+
+
+class _BM25Base(IndexRetriever):
+    """Building, ``save`` and ``load`` of the two BM25 retrievers."""
+
+    _level: ClassVar[str] = "passage"
+    _index_cls: ClassVar[Any] = BM25Index
+
+    @classmethod
+    def _built(cls, units: list[Unit], backend: Backend, config: dict[str, Any],
+               **settings: Any) -> Any:
+        clustered = cls._index_cls is ClusteredBM25Index
+        return cls(index=build_bm25(cls.__name__, backend, config, clustered=clustered).index(units),
+                   **settings)
+
+    def save(self, path: str | Path) -> None:
+        """Save the index (with its tokenizer settings; a clustered one's documents and clusters)
+        and this retriever's settings (atomic). A filter that cannot be saved (a predicate, a
+        mask) refuses the save; a structured-query filter over Milvus is saved as the expression
+        it is pushed down as."""
+        settings = retriever_settings(self, self._settings, f"{type(self).__name__}.save",
+                                      lambda flt: _saved_filter(self.index, flt))
+        save_retriever(path, f"funnel-rag.langchain.{type(self).__name__}", self.index, settings)
+
+    @classmethod
+    def load(cls, path: str | Path, **overrides: Any) -> Any:
+        """Load what :meth:`save` wrote (or a bare index folder), with the saved settings
+        (``overrides`` win). A retriever saved over Milvus re-opens its collections at
+        ``backend=`` (the Milvus URI or a ``MilvusBackend``; ``token=`` for a server): the
+        folder records neither."""
+        backend, token = overrides.pop("backend", None), overrides.pop("token", None)
+        index, settings = load_retriever_or_index(
+            path, f"funnel-rag.langchain.{cls.__name__}", cls._index_cls, f"saved {cls.__name__}",
+            backend=backend, token=token)
+        check_kwargs(f"{cls.__name__}.load", overrides, cls._settings)
+        return cls(index=index, **{**settings, **overrides})
+
+
+class BM25Retriever(_BM25Base):
     """Flat BM25 over LangChain documents (bm25s engine, scores in metadata).
 
     Build with :meth:`from_documents` / :meth:`from_texts` (``backend=`` keeps the index in
@@ -58,7 +129,6 @@ class BM25Retriever(UnitRetriever):
     """
 
     index: Union[BM25Index, MilvusBM25Index]
-    filter: Any = Field(default=None, description="Metadata filter (dict or predicate), a floor: a per-call filter is ANDed with it.")
 
     @classmethod
     def from_texts(cls, texts: Iterable[str], metadatas: Optional[Sequence[dict]] = None,
@@ -67,42 +137,23 @@ class BM25Retriever(UnitRetriever):
         """Index ``texts``; ``bm25_config`` goes to the index (an unknown key raises, naming
         this class and the accepted ones); ``k`` and ``filter`` are the retriever's."""
         units = units_from_texts(texts, ids, metadatas, "passage")
-        return cls(index=build_bm25(cls.__name__, backend, bm25_config).index(units), k=k,
-                   filter=filter)
+        return cls._built(units, backend, bm25_config, k=k, filter=filter)
 
     @classmethod
     def from_documents(cls, documents: Iterable[Document], k: int = 4, backend: Backend = None,
                        filter: Any = None, **bm25_config: Any) -> "BM25Retriever":
         """Index ``documents``; the settings as in :meth:`from_texts`."""
         units = units_from_documents(documents, "passage")
-        return cls(index=build_bm25(cls.__name__, backend, bm25_config).index(units), k=k,
-                   filter=filter)
+        return cls._built(units, backend, bm25_config, k=k, filter=filter)
 
     @classmethod
     def from_backend(cls, backend: Union[MilvusBackend, str], **settings: Any) -> "BM25Retriever":
         """Re-open a BM25 collection built before (no re-indexing; its tokenizer settings are
         read from Milvus); ``settings`` are this retriever's (``k``, ``filter``)."""
-        check_kwargs(f"{cls.__name__}.from_backend", settings, cls._settings)
-        return cls(index=require_backend(backend, f"{cls.__name__}.from_backend").bm25().open(), **settings)
-
-    def _search(self, query: str, k: int, filter: MetadataFilter = None) -> list[Unit]:
-        return self.index.search(query, k=k, filter=search_filter(self.index, self.filter, filter))
-
-    _settings: ClassVar[tuple[str, ...]] = ("k", "filter")
-
-    def save(self, path: str | Path) -> None:
-        """Save the index (with its tokenizer settings) and this retriever's settings (atomic)."""
-        _save(self, path)
-
-    @classmethod
-    def load(cls, path: str | Path, **overrides: Any) -> "BM25Retriever":
-        """Load what :meth:`save` wrote, with the saved settings (``overrides`` win). A
-        retriever saved over Milvus re-opens its collection at ``backend=`` (the Milvus URI or a
-        ``MilvusBackend``; ``token=`` for a server): the folder records neither."""
-        return _load(cls, path, BM25Index, overrides)
+        return cls._reopen(backend, lambda b: b.bm25().open(), settings)
 
 
-class ClusteredBM25Retriever(UnitRetriever):
+class ClusteredBM25Retriever(_BM25Base):
     """FunnelRAG's retrieval stage for LangChain: BM25 over document clusters.
 
     ``k_clusters`` clusters are retrieved and opened into their documents; ``k`` caps the
@@ -111,6 +162,8 @@ class ClusteredBM25Retriever(UnitRetriever):
     ``return_clusters=True`` the clusters themselves are returned (then ``k`` caps them).
     """
 
+    _index_cls = ClusteredBM25Index
+    _settings = ("k", "k_clusters", "return_clusters", "filter")
     index: Union[ClusteredBM25Index, MilvusClusteredBM25Index]
     filter: Any = Field(default=None, description="Metadata filter on documents, a floor: a per-call filter is ANDed with it.")
     k_clusters: int = Field(default=10, description="Clusters retrieved by BM25 and opened into "
@@ -138,10 +191,9 @@ class ClusteredBM25Retriever(UnitRetriever):
         ``max_tokens``, ``adjacency``, ``knn_k``, ``knn_threshold`` and BM25 settings (an
         unknown one raises, naming this class and the accepted ones)."""
         check_positive_int(k_clusters, "k_clusters")
-        index = build_bm25(cls.__name__, backend, index_settings, clustered=True)
-        index.index(units_from_texts(texts, ids, metadatas, "document"))
-        return cls(index=index, k=k, filter=filter, k_clusters=k_clusters,
-                   return_clusters=return_clusters)
+        return cls._built(units_from_texts(texts, ids, metadatas, "document"), backend,
+                          index_settings, k=k, filter=filter, k_clusters=k_clusters,
+                          return_clusters=return_clusters)
 
     @classmethod
     def from_documents(cls, documents: Iterable[Document], k: int = 4, backend: Backend = None,
@@ -149,19 +201,16 @@ class ClusteredBM25Retriever(UnitRetriever):
                        **index_settings: Any) -> "ClusteredBM25Retriever":
         """Cluster and index ``documents``; the settings as in :meth:`from_texts`."""
         check_positive_int(k_clusters, "k_clusters")
-        index = build_bm25(cls.__name__, backend, index_settings, clustered=True)
-        index.index(units_from_documents(documents, "document"))
-        return cls(index=index, k=k, filter=filter, k_clusters=k_clusters,
-                   return_clusters=return_clusters)
+        return cls._built(units_from_documents(documents, "document"), backend, index_settings,
+                          k=k, filter=filter, k_clusters=k_clusters,
+                          return_clusters=return_clusters)
 
     @classmethod
     def from_backend(cls, backend: Union[MilvusBackend, str],
                      **settings: Any) -> "ClusteredBM25Retriever":
         """Re-open a clustered collection built before (no re-clustering, no re-indexing);
         ``settings`` are this retriever's (``k``, ``k_clusters``, ``return_clusters``, ``filter``)."""
-        check_kwargs(f"{cls.__name__}.from_backend", settings, cls._settings)
-        b = require_backend(backend, f"{cls.__name__}.from_backend")
-        return cls(index=b.clustered().open(), **settings)
+        return cls._reopen(backend, lambda b: b.clustered().open(), settings)
 
     def _search(self, query: str, k: int, filter: MetadataFilter = None,
                 k_clusters: Optional[int] = None) -> list[Unit]:
@@ -170,50 +219,6 @@ class ClusteredBM25Retriever(UnitRetriever):
         flt = search_filter(self.index, self.filter, filter)
         return self.index.search(query, k=n_clusters, filter=flt,
                                  return_clusters=self.return_clusters, max_documents=k)
-
-    _settings: ClassVar[tuple[str, ...]] = ("k", "k_clusters", "return_clusters", "filter")
-
-    def save(self, path: str | Path) -> None:
-        """Save documents, clusters, the cluster index and this retriever's settings (atomic)."""
-        _save(self, path)
-
-    @classmethod
-    def load(cls, path: str | Path, **overrides: Any) -> "ClusteredBM25Retriever":
-        """Load what :meth:`save` wrote, with the saved settings (``overrides`` win). A
-        retriever saved over Milvus re-opens its collections at ``backend=`` (the Milvus URI
-        or a ``MilvusBackend``; ``token=`` for a server): the folder records neither."""
-        return _load(cls, path, ClusteredBM25Index, overrides)
-
-
-def _save(retriever: Any, path: str | Path) -> None:
-    settings = {n: getattr(retriever, n) for n in retriever._settings}
-    if settings.get("filter") is not None and not isinstance(settings["filter"], (dict, str)):
-        # a structured-query filter over Milvus is saved as the expression it is pushed down as
-        settings["filter"] = _saved_filter(retriever.index, settings["filter"])
-    # a filter that cannot be saved (a predicate, a mask) refuses the save before anything is
-    # written: the loaded retriever would be wider than this one
-    settings["filter"] = persistable_filter(settings.get("filter"), f"{type(retriever).__name__}.save")
-    save_retriever(path, f"funnel-rag.langchain.{type(retriever).__name__}", retriever.index, settings)
-
-
-def _load(cls: Any, path: str | Path, index_cls: Any, overrides: dict[str, Any]) -> Any:
-    token = overrides.pop("token", None)
-    backend = overrides.pop("backend", None)  # where a Milvus index lives: the caller says
-    try:
-        index, settings, _, _ = load_retriever(path, f"funnel-rag.langchain.{cls.__name__}", index_cls,
-                                               f"saved {cls.__name__}", backend=backend, token=token)
-    except PersistError:
-        try:
-            ours = snapshot_info(path).get("format") == f"funnel-rag.langchain.{cls.__name__}"
-        except Exception:
-            ours = False
-        if ours:
-            raise
-        # a bare index folder (index.save(path)); a Milvus one re-opens its collection
-        milvus = {"uri": backend, "token": token} if backend is not None or token else {}
-        settings, index = {}, load_index(path, index_cls, **milvus)
-    check_kwargs(f"{cls.__name__}.load", overrides, cls._settings)
-    return cls(index=index, **{**settings, **overrides})
 
 
 def _saved_filter(index: Any, flt: Any) -> Any:
@@ -228,4 +233,3 @@ def _saved_filter(index: Any, flt: Any) -> Any:
     except Exception:  # not translatable for this index: left as is (the save refuses it)
         return flt
     return "" if expr is None else expr  # "": no constraint
-

@@ -1,11 +1,7 @@
-"""Conversion between LlamaIndex nodes and :class:`funnel_core.Unit`, and the two thin base
-classes every LlamaIndex object of this package builds on:
-
-* :class:`StagePostprocessor` — a ``BaseNodePostprocessor`` that runs one ``funnel_core`` stage
-  (sync and async, ``ReRankStartEvent``/``ReRankEndEvent``, nodes copied, scores in metadata);
-* :class:`UnitRetriever` — a ``BaseRetriever`` whose search returns units (sync and a real async
-  path that does not block the event loop).
-"""
+"""Conversion between LlamaIndex nodes and :class:`funnel_core.Unit` (the metadata contract of
+``docs/frameworks.md``), and the two thin base classes every LlamaIndex object of this package
+builds on: :class:`StagePostprocessor` (runs one ``funnel_core`` stage) and
+:class:`UnitRetriever` (a retriever whose search returns units)."""
 
 from __future__ import annotations
 
@@ -14,6 +10,7 @@ from abc import abstractmethod
 from collections import ChainMap
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, List, Mapping, Optional, Sequence
 
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -33,9 +30,9 @@ from llama_index.core.schema import (
 )
 
 from funnel_core.errors import check_query
-from funnel_core.funnel import Stage
+from funnel_core.funnel import Stage, WarmUpMixin
 from funnel_core.settings import StageAdapter
-from funnel_core.units import Unit, funnel_metadata, read_funnel_metadata
+from funnel_core.units import Unit, funnel_metadata, unit_of
 
 dispatcher = get_dispatcher(__name__)
 
@@ -47,13 +44,9 @@ def _node_text(node: BaseNode) -> str:
 
 
 def node_to_unit(nws: NodeWithScore | BaseNode) -> Unit:
-    """Convert a ``NodeWithScore`` (or a bare node) into a :class:`Unit`.
-
-    The unit keeps a reference to the node (``unit.source``) so that :func:`units_to_nodes` hands
-    back a copy of it. Its metadata is the user's keys (every key without the ``funnel_``
-    prefix); our earlier bookkeeping (``funnel_...`` keys) is read back into
-    :attr:`Unit.funnel`, so the stages see what earlier stages recorded.
-    """
+    """Convert a ``NodeWithScore`` (or a bare node) into a :class:`Unit`
+    (:func:`funnel_core.units.unit_of`), which keeps a reference to the node (``unit.source``)
+    so that :func:`units_to_nodes` hands back a copy of it."""
     if isinstance(nws, BaseNode):
         nws = NodeWithScore(node=nws, score=None)
     if not isinstance(nws, NodeWithScore):
@@ -63,14 +56,8 @@ def node_to_unit(nws: NodeWithScore | BaseNode) -> Unit:
         raise TypeError(f"node {node.node_id!r} ({type(node).__name__}) has no text to score; "
                         "funnel-rag stages work on text nodes only.")
     parent = node.relationships.get(NodeRelationship.PARENT)
-    user, ours = read_funnel_metadata(node.metadata)
-    level = str(ours.pop("level", "passage"))
-    parent_id = ours.pop("parent_id", None)
-    if isinstance(parent, RelatedNodeInfo):
-        parent_id = parent.node_id
-    return Unit(id=node.node_id, text=_node_text(node), score=nws.score, metadata=user,
-                parent_id=None if parent_id is None else str(parent_id), level=level,
-                source=node, funnel=ours)
+    return unit_of(node.node_id, _node_text(node), node.metadata, score=nws.score, source=node,
+                   parent_id=parent.node_id if isinstance(parent, RelatedNodeInfo) else None)
 
 
 def nodes_to_units(nodes: Sequence[NodeWithScore | BaseNode]) -> list[Unit]:
@@ -158,16 +145,15 @@ def units_to_nodes(units: Sequence[Unit],
     return [NodeWithScore(node=unit_to_node(u, lookup, annotate), score=u.score) for u in units]
 
 
+@dataclass
 class Handoff:
-    """Units a funnel hands one of our objects, and takes back, while it runs the object
-    through LlamaIndex only so that the object's events and spans fire (see
-    :func:`handing`): the nodes LlamaIndex passes are for the events' payload, the work is done
-    on :attr:`units` and its result left in :attr:`out`."""
+    """Units a funnel hands one of our objects (``owner``), and takes back (``out``), while it runs
+    the object through LlamaIndex only so that its events and spans fire (see :func:`handing`):
+    the nodes LlamaIndex passes are for the events' payload, the work is done on ``units``."""
 
-    def __init__(self, owner: Any, units: Optional[list[Unit]] = None) -> None:
-        self.owner = owner
-        self.units = units
-        self.out: Optional[list[Unit]] = None
+    owner: Any
+    units: Optional[list[Unit]] = None
+    out: Optional[list[Unit]] = None
 
 
 _HANDOFF: ContextVar[Optional[Handoff]] = ContextVar("funnel_handoff", default=None)
@@ -178,8 +164,7 @@ def handing(owner: Any, units: Optional[list[Unit]] = None) -> Iterator[Handoff]
     """While the block runs, ``owner`` (a :class:`StagePostprocessor` or
     :class:`UnitRetriever`) works on ``units`` instead of reading them back from the nodes it
     is given, and leaves the units it returns in the yielded :class:`Handoff`."""
-    hand = Handoff(owner, units)
-    token = _HANDOFF.set(hand)
+    token = _HANDOFF.set(hand := Handoff(owner, units))
     try:
         yield hand
     finally:
@@ -191,64 +176,61 @@ def _handoff(owner: Any) -> Optional[Handoff]:
     return hand if hand is not None and hand.owner is owner else None
 
 
+def _hand_back(owner: Any, units: list[Unit]) -> list[Unit]:
+    """``units`` (what ``owner`` returns), also left for the funnel that handed it work."""
+    if (hand := _handoff(owner)) is not None:
+        hand.out = units
+    return units
+
+
 class StagePostprocessor(StageAdapter, BaseNodePostprocessor):
     """A LlamaIndex node postprocessor that holds and runs one ``funnel_core`` stage.
 
-    A subclass declares its fields in its class body and names the stage class
-    (``stage_class``); the fields named like the stage's settings build it, and an edit of one
-    is forwarded to it (see :class:`funnel_core.settings.StageAdapter`): honoured at the next
-    call, the loaded model kept unless a load-time setting changed. Unknown keyword arguments
-    raise, naming the accepted ones.
+    A subclass declares its fields (most come from the core's ``*Fields`` models) and names the
+    stage class (``stage_class``); the fields named like the stage's settings build it, and an
+    edit of one is forwarded to it (:class:`funnel_core.settings.StageAdapter`): honoured at the
+    next call, the loaded model kept unless a load-time setting changed. Unknown keyword
+    arguments raise, naming the accepted ones. Each call emits LlamaIndex's reranking events;
+    an empty query scores nothing (:meth:`funnel_core.funnel.Stage.no_query`: the nodes keep
+    their order, capped by ``top_n`` and a cut-off).
     """
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
     _stage: Optional[Stage] = PrivateAttr(default=None)
 
-    def _top_n(self) -> int:
-        return int(getattr(self, "top_n", None) or 0)
-
     def _model_name(self) -> str:
         return str(getattr(self, "model", None) or self.class_name())
 
-    def _query(self, query_bundle: Optional[QueryBundle]) -> str:
+    def _input(self, nodes: List[NodeWithScore],
+               query_bundle: Optional[QueryBundle]) -> tuple[str, Optional[list[Unit]]]:
+        """The query and the units to score (handed over by a funnel, else read from the nodes);
+        ``None`` for no nodes or an empty query."""
         if query_bundle is None:
             raise ValueError(f"{self.class_name()} needs the query: pass query_bundle= or "
                              "query_str= to postprocess_nodes().")
-        return check_query(query_bundle.query_str)
+        query = check_query(query_bundle.query_str)
+        if not nodes or not query:
+            return query, None
+        hand = _handoff(self)
+        return query, hand.units if hand and hand.units is not None else nodes_to_units(nodes)
 
     def _postprocess_nodes(self, nodes: List[NodeWithScore],
                            query_bundle: Optional[QueryBundle] = None) -> List[NodeWithScore]:
-        query = self._query(query_bundle)
-        if not nodes or not query:
-            return self._no_query(nodes)
-        hand = _handoff(self)
+        query, units = self._input(nodes, query_bundle)
+        if units is None:
+            return self.stage.no_query(nodes)
         with self._reranking(nodes, query_bundle, query) as out:
-            units = self.stage(query, hand.units if hand and hand.units is not None
-                               else nodes_to_units(nodes))
-            if hand is not None:
-                hand.out = units
-            out.extend(units_to_nodes(units, nodes))
+            out.extend(units_to_nodes(_hand_back(self, self.stage(query, units)), nodes))
         return out
 
     async def _apostprocess_nodes(self, nodes: List[NodeWithScore],
                                   query_bundle: Optional[QueryBundle] = None) -> List[NodeWithScore]:
-        query = self._query(query_bundle)
-        if not nodes or not query:
-            return self._no_query(nodes)
-        hand = _handoff(self)
+        query, units = self._input(nodes, query_bundle)
+        if units is None:
+            return self.stage.no_query(nodes)
         with self._reranking(nodes, query_bundle, query) as out:
-            units = await self.stage.acall(query, hand.units if hand and hand.units is not None
-                                           else nodes_to_units(nodes))
-            if hand is not None:
-                hand.out = units
-            out.extend(units_to_nodes(units, nodes))
+            out.extend(units_to_nodes(_hand_back(self, await self.stage.acall(query, units)), nodes))
         return out
-
-    def _no_query(self, nodes: List[NodeWithScore]) -> List[NodeWithScore]:
-        """An empty query scores nothing: the nodes keep their order, but ``top_n`` (and a
-        cut-off) still caps them, as for any other query (the stage's own rule,
-        :meth:`funnel_core.funnel.Stage.no_query`)."""
-        return self.stage.no_query(nodes)
 
     @contextmanager
     def _reranking(self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle],
@@ -256,21 +238,19 @@ class StagePostprocessor(StageAdapter, BaseNodePostprocessor):
         """LlamaIndex's reranking events around one call (as its own rerankers emit them): the
         dispatcher's ReRankStart/End and the callback manager's RERANKING; the caller fills the
         yielded list with the output nodes."""
-        dispatcher.event(ReRankStartEvent(query=query_bundle, nodes=nodes, top_n=self._top_n(),
-                                          model_name=self._model_name()))
+        top_n, model = int(getattr(self, "top_n", None) or 0), self._model_name()
+        dispatcher.event(ReRankStartEvent(query=query_bundle, nodes=nodes, top_n=top_n,
+                                          model_name=model))
         out: List[NodeWithScore] = []
-        with self.callback_manager.event(CBEventType.RERANKING,
-                                         payload=self._cb_payload(nodes, query)) as event:
+        payload: dict[str, Any] = {EventPayload.NODES: nodes, EventPayload.MODEL_NAME: model,
+                   EventPayload.QUERY_STR: query, EventPayload.TOP_K: top_n}
+        with self.callback_manager.event(CBEventType.RERANKING, payload=payload) as event:
             yield out
             event.on_end(payload={EventPayload.NODES: out})
         dispatcher.event(ReRankEndEvent(nodes=out))
 
-    def _cb_payload(self, nodes: List[NodeWithScore], query: str) -> dict:
-        return {EventPayload.NODES: nodes, EventPayload.MODEL_NAME: self._model_name(),
-                EventPayload.QUERY_STR: query, EventPayload.TOP_K: self._top_n()}
 
-
-class UnitRetriever(BaseRetriever):
+class UnitRetriever(WarmUpMixin, BaseRetriever):
     """A LlamaIndex retriever whose subclasses implement :meth:`_search` over ``funnel_core``.
 
     An empty or whitespace query returns ``[]``; a non-string query raises ``TypeError``.
@@ -283,16 +263,13 @@ class UnitRetriever(BaseRetriever):
 
     annotate: bool = True
 
-    def warm_up(self) -> "UnitRetriever":
-        """Load the models of the stages and indexes this retriever holds and run one dummy batch
-        (``funnel_core`` ``Stage.warm_up``), e.g. at server start-up; returns ``self``."""
-        from funnel_core.funnel import warm_up_attributes
-
-        return warm_up_attributes(self)
-
     @abstractmethod
     def _search(self, query: str) -> list[Unit]:
         """Return the units for a (non-empty, stripped) query."""
+
+    async def _asearch(self, query: str) -> list[Unit]:
+        """Async twin of :meth:`_search`; by default :meth:`_search` in a worker thread."""
+        return await asyncio.to_thread(self._search, query)
 
     @staticmethod
     def _check_query_type(query: Any) -> None:
@@ -310,30 +287,18 @@ class UnitRetriever(BaseRetriever):
 
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
         query = check_query(query_bundle.query_str)
-        if not query:
-            return []
-        return self._to_nodes(self._search(query))
+        return self._to_nodes(self._search(query)) if query else []
+
+    async def _aretrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
+        query = check_query(query_bundle.query_str)
+        return self._to_nodes(await self._asearch(query)) if query else []
 
     def _to_nodes(self, units: list[Unit]) -> List[NodeWithScore]:
         """The nodes of what :meth:`_search` returned (and the units themselves to a funnel
         that hands them on, see :func:`handing`)."""
-        hand = _handoff(self)
-        if hand is not None:
-            hand.out = units
-        return units_to_nodes(units, self._originals(), self.annotate)
-
-    async def _asearch(self, query: str) -> list[Unit]:
-        """Async twin of :meth:`_search`; by default :meth:`_search` in a worker thread."""
-        return await asyncio.to_thread(self._search, query)
-
-    async def _aretrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
-        query = check_query(query_bundle.query_str)
-        if not query:
-            return []
-        return self._to_nodes(await self._asearch(query))
+        return units_to_nodes(_hand_back(self, units), self._originals(), self.annotate)
 
     def _originals(self) -> Sequence[BaseNode] | Mapping[str, BaseNode]:
         """Original nodes to copy back (override when the retriever keeps them, e.g. its own
         ``{node_id: node}`` dict)."""
         return ()
-

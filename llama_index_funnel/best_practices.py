@@ -1,23 +1,6 @@
-"""LlamaIndex objects for the "Searching for Best Practices in RAG" components.
-
-* :class:`SentenceEmbedderEmbedding` — a LlamaIndex ``BaseEmbedding`` over
-  :class:`funnel_core.embeddings.SentenceEmbedder` (all-MiniLM-L6-v2 offline by default), so a
-  real ``VectorStoreIndex`` can be built without any hosted embedding API.
-* :class:`HybridRetriever` — fuses any sparse and any dense LlamaIndex retriever with the paper's
-  ``S_h = alpha * S_sparse + S_dense`` (min-max normalised) or RRF. It works with
-  ``HyDEQueryTransform``: the transformed ``QueryBundle`` goes to the dense side unchanged (so
-  the vector retriever embeds the hypothetical document through ``embedding_strs``), while the
-  sparse side receives a bundle holding only the original ``query_str``.
-* :class:`HyDETransform` — HyDE (Gao et al.) as a LlamaIndex query transform: any funnel_core or
-  LlamaIndex LLM writes ``n`` hypothetical documents and the bundle carries the HyDE vector
-  ``v = 1/(N+1) [f(q) + sum_k f(d_k)]`` as its ``embedding``, which vector retrievers (a
-  ``VectorStoreIndex``'s, our ``DenseRetriever``) search with. In ``TransformRetriever(
-  HybridRetriever(bm25, dense), HyDETransform(...))`` BM25 keeps the query's words: hybrid with
-  HyDE.
-* :class:`RepackPostprocessor` — forward / reverse (best last, default) / sides.
-* :class:`ExtractiveCompressorPostprocessor` — query-based sentence selection (ratio 0.4).
-* :class:`QueryClassifierGate` (retriever) and :class:`QueryClassifierQueryEngine` (query
-  engine) — skip retrieval for requests that carry sufficient information.
+"""LlamaIndex objects for the "Searching for Best Practices in RAG" components: an offline
+embedding model, hybrid retrieval, HyDE, repacking, extractive compression and query
+classification (each class names its paper section and its ``funnel_core`` stage).
 """
 
 from __future__ import annotations
@@ -33,11 +16,10 @@ from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
 from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.indices.query.query_transform.base import BaseQueryTransform
 from llama_index.core.llms import LLM
-from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.query_engine import CustomQueryEngine
 from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 
-from funnel_core.backends.milvus import as_backend, hybrid_backends, require_backend
+from funnel_core.backends.milvus import hybrid_backends
 from funnel_core.best_practices.classify import QueryClassifier
 from funnel_core.best_practices.fields import FUSION_SETTINGS, ExtractiveCompressorFields, FusionFields, RepackFields
 from funnel_core.best_practices.fusion import check_fusion_config, fuse
@@ -45,25 +27,19 @@ from funnel_core.best_practices.hyde import HyDE
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import warm_up_attributes
-from funnel_core.settings import check_accepted, check_kwargs, checked_keywords, keyword_names, setting_names
+from funnel_core.settings import check_accepted, check_kwargs, checked_keywords, keyword_names
 from llama_index_funnel._base import StagePostprocessor, nodes_to_units, units_to_nodes
 from llama_index_funnel.dense import DenseRetriever
 from llama_index_funnel.llm import as_provider
 from llama_index_funnel.retrievers import BM25Retriever
 
-__all__ = [
-    "SentenceEmbedderEmbedding",
-    "HybridRetriever",
-    "HyDETransform",
-    "RepackPostprocessor",
-    "ExtractiveCompressorPostprocessor",
-    "QueryClassifierGate",
-    "QueryClassifierQueryEngine",
-]
+__all__ = ["SentenceEmbedderEmbedding", "HybridRetriever", "HyDETransform", "RepackPostprocessor",
+           "ExtractiveCompressorPostprocessor", "QueryClassifierGate", "QueryClassifierQueryEngine"]
 
 
 class SentenceEmbedderEmbedding(BaseEmbedding):
-    """LlamaIndex embedding model over :class:`~funnel_core.embeddings.SentenceEmbedder`.
+    """LlamaIndex embedding model over :class:`~funnel_core.embeddings.SentenceEmbedder`, so a
+    real ``VectorStoreIndex`` is built offline, with no hosted embedding API.
 
     Args:
         model_name: sentence-transformers hub name or local folder; ``None`` = the packaged
@@ -93,11 +69,11 @@ class SentenceEmbedderEmbedding(BaseEmbedding):
     def _get_query_embedding(self, query: str) -> Embedding:
         return self._embedder.encode([query])[0].tolist()
 
-    async def _aget_query_embedding(self, query: str) -> Embedding:
-        return await asyncio.to_thread(self._get_query_embedding, query)
-
     def _get_text_embedding(self, text: str) -> Embedding:
         return self._embedder.encode([text])[0].tolist()
+
+    async def _aget_query_embedding(self, query: str) -> Embedding:
+        return await asyncio.to_thread(self._get_query_embedding, query)
 
     def _get_text_embeddings(self, texts: List[str]) -> List[Embedding]:
         return self._embedder.encode(list(texts)).tolist()
@@ -122,14 +98,11 @@ class HybridRetriever(BaseRetriever):
         similarity_top_k: Nodes returned after fusion (``None``: the whole fused union).
         callback_manager: LlamaIndex callback manager.
         verbose: LlamaIndex's verbose flag.
-        alpha: Sparse weight in ``S_h = alpha * S_sparse + S_dense``, in [0, 1].
-        method: ``"alpha"`` or ``"rrf"`` (reciprocal rank fusion).
-        normalization: Score normalisation of each side for ``method="alpha"``: ``"minmax"``,
-            ``"zscore"`` or ``"none"``.
-        rrf_k: RRF constant (``method="rrf"``).
 
-    Each setting is an attribute; an assignment is validated and used at the next query (the
-    fusion is :func:`funnel_core.best_practices.fusion.fuse`).
+    The fusion settings ``alpha``, ``method``, ``normalization`` and ``rrf_k`` are those of
+    :class:`~funnel_core.best_practices.fields.FusionFields` (their defaults and meaning: the
+    *Parameters* table of the Best practices page). Each setting is an attribute; an assignment
+    is validated and used at the next query (:func:`funnel_core.best_practices.fusion.fuse`).
 
     Node scores are the fused scores; ``node.metadata["funnel_score_<stage>"]`` keeps each side's raw score
     and ``sparse_score``/``dense_score``/``sparse_rank``/``dense_rank`` show how it was fused.
@@ -164,9 +137,6 @@ class HybridRetriever(BaseRetriever):
         """Load the models of everything this retriever holds (see ``funnel_core`` ``Stage.warm_up``),
         e.g. at server start-up; returns ``self``."""
         return warm_up_attributes(self)
-
-    def _get_prompt_modules(self) -> PromptMixinType:
-        return {}
 
     @staticmethod
     def _sparse_bundle(query_bundle: QueryBundle) -> QueryBundle:
@@ -216,13 +186,11 @@ class HybridRetriever(BaseRetriever):
 
 
 class HyDETransform(BaseQueryTransform):
-    """HyDE as a query transform (:mod:`funnel_core.best_practices.hyde`).
-
-    The LLM writes ``n`` hypothetical documents for the query; the returned ``QueryBundle`` keeps
-    the ``query_str`` and carries ``embedding = v = 1/(N+1) [f(q) + sum_k f(d_k)]`` (the HyDE
-    paper's equation: ``f(q)`` is ``embed_model.get_query_embedding(q)``, ``f(d_k)`` its text
-    embeddings), with the documents in ``custom_embedding_strs`` (for reading; a retriever uses
-    the ``embedding``). Use it with ``TransformRetriever`` or ``TransformQueryEngine``; inside
+    """HyDE as a query transform (:mod:`funnel_core.best_practices.hyde`; the equation: the Best
+    practices page): the LLM writes ``n`` hypothetical documents and the returned ``QueryBundle``
+    keeps ``query_str``, lists them in ``custom_embedding_strs`` and carries the HyDE vector ``v``
+    (``embed_model``'s query and text embeddings) as its ``embedding``, which retrievers search
+    with. Use it with ``TransformRetriever`` or ``TransformQueryEngine``; inside
     :class:`HybridRetriever` only the dense side receives the vector, BM25 the query string.
 
     Args:
@@ -240,14 +208,7 @@ class HyDETransform(BaseQueryTransform):
 
     def __init__(self, llm: Any, embed_model: Optional[BaseEmbedding] = None, **settings: Any) -> None:
         super().__init__()
-        if isinstance(llm, HyDE):
-            if settings:
-                raise TypeError(f"HyDETransform got a HyDE object and settings {sorted(settings)}; set them "
-                                "on the HyDE object (or pass the LLM instead).")
-            self._hyde = llm
-        else:
-            check_kwargs(type(self).__name__, settings, [*setting_names(HyDE), "llm", "embed_model"])
-            self._hyde = HyDE(as_provider(llm), **settings)
+        self._hyde = HyDE.of(type(self).__name__, llm, settings, as_provider, ("embed_model",))
         self._embed_model = embed_model
 
     @property
@@ -306,10 +267,6 @@ class ExtractiveCompressorPostprocessor(ExtractiveCompressorFields, StagePostpro
     node records tokens before/after.
     """
 
-    embedder: Optional[SentenceEmbedder] = Field(
-        default=None, description="A loaded SentenceEmbedder to share (None: one is built from "
-                                  "model, batch_size, device and dtype on first use).")
-
     @classmethod
     def class_name(cls) -> str:
         return "ExtractiveCompressorPostprocessor"
@@ -333,10 +290,7 @@ class QueryClassifierGate(BaseRetriever):
                  callback_manager: Optional[CallbackManager] = None, verbose: bool = False) -> None:
         if not isinstance(retriever, BaseRetriever):
             raise TypeError(f"retriever must be a LlamaIndex BaseRetriever, got {type(retriever).__name__}.")
-        if not isinstance(classifier, QueryClassifier):
-            raise TypeError(f"classifier must be a QueryClassifier, got {type(classifier).__name__}.")
-        classifier._require_fitted()
-        self._retriever, self.classifier = retriever, classifier
+        self._retriever, self.classifier = retriever, QueryClassifier.check_trained(classifier)
         self.last_decision: Optional[dict] = None
         super().__init__(callback_manager=callback_manager, verbose=verbose)
 
@@ -345,15 +299,9 @@ class QueryClassifierGate(BaseRetriever):
         e.g. at server start-up; returns ``self``."""
         return warm_up_attributes(self)
 
-    def _get_prompt_modules(self) -> PromptMixinType:
-        return {}
-
     def _decide(self, query: str) -> bool:
-        query = check_query(query)
-        p = self.classifier.predict_proba([query])[0] if query else 0.0
-        need = bool(query) and p >= self.classifier.threshold
-        self.last_decision = {"query": query, "needs_retrieval": need, "p_retrieval": p}
-        return need
+        self.last_decision = self.classifier.decide(query)
+        return bool(self.last_decision["needs_retrieval"])
 
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
         return self._retriever.retrieve(query_bundle) if self._decide(query_bundle.query_str) else []
@@ -380,40 +328,35 @@ class QueryClassifierQueryEngine(CustomQueryEngine):
         super().__init__(**data)
 
     def model_post_init(self, __context: Any) -> None:
-        self.classifier._require_fitted()
+        QueryClassifier.check_trained(self.classifier)
+
+    @staticmethod
+    def _retrieved(resp: Any) -> Any:
+        resp.metadata = {**(resp.metadata or {}), "needs_retrieval": True}
+        return resp
 
     def custom_query(self, query_str: str) -> Any:
         if self.classifier.needs_retrieval(query_str):
-            resp = self.query_engine.query(query_str)
-            resp.metadata = {**(resp.metadata or {}), "needs_retrieval": True}
-            return resp
+            return self._retrieved(self.query_engine.query(query_str))
         return Response(str(self.llm.complete(query_str)), metadata={"needs_retrieval": False})
 
     async def acustom_query(self, query_str: str) -> Any:
         if await asyncio.to_thread(self.classifier.needs_retrieval, query_str):
-            resp = await self.query_engine.aquery(query_str)
-            resp.metadata = {**(resp.metadata or {}), "needs_retrieval": True}
-            return resp
-        out = await self.llm.acomplete(query_str)
-        return Response(str(out), metadata={"needs_retrieval": False})
+            return self._retrieved(await self.query_engine.aquery(query_str))
+        return Response(str(await self.llm.acomplete(query_str)), metadata={"needs_retrieval": False})
 
 
 def hybrid_sides(nodes: Optional[Sequence[BaseNode]], backend: Any, embedder: Any = None,
                  candidates: int = 20, dense_config: Optional[dict] = None,
                  **bm25_config: Any) -> tuple[Any, DenseRetriever]:
     """The sparse (BM25) and dense sides of a hybrid retriever on one backend: built from
-    ``nodes``, or re-opened (``nodes=None``, Milvus only). On Milvus the collections are
-    ``<collection>_bm25`` and ``<collection>_dense`` (``collection`` default ``funnel_hybrid``)."""
-    b = as_backend(backend)
+    ``nodes``, or re-opened (``nodes=None``, Milvus only; see
+    :func:`funnel_core.backends.milvus.hybrid_backends` for the collections)."""
+    sb, db = hybrid_backends(backend, None if nodes is not None else "HybridRetriever.from_backend")
     candidates = check_positive_int(candidates, "candidates")
     if nodes is None:
-        b = require_backend(backend, "HybridRetriever.from_backend")
-        sb, db = hybrid_backends(b)
         return (BM25Retriever.from_backend(sb, similarity_top_k=candidates),
                 DenseRetriever.from_backend(db, embedder, similarity_top_k=candidates))
-    sb_, db_ = hybrid_backends(b) if b is not None else (None, None)
-    sparse = BM25Retriever.from_defaults(nodes=nodes, similarity_top_k=candidates, backend=sb_,
-                                         **bm25_config)
-    dense = DenseRetriever.from_defaults(nodes, embedder, backend=db_, similarity_top_k=candidates,
-                                         **(dense_config or {}))
-    return sparse, dense
+    return (BM25Retriever.from_defaults(nodes=nodes, similarity_top_k=candidates, backend=sb, **bm25_config),
+            DenseRetriever.from_defaults(nodes, embedder, backend=db, similarity_top_k=candidates,
+                                         **(dense_config or {})))

@@ -1,29 +1,19 @@
 """A FunnelRAG progressive funnel as a LlamaIndex retriever.
 
 :class:`FunnelRetriever` runs a :class:`funnel_core.Funnel` whose stages can be ``funnel_core``
-stages *or* LlamaIndex's own objects: any ``BaseRetriever`` (as a first stage) and any
-``BaseNodePostprocessor`` (as a later stage), wrapped by :func:`as_stage`. The per-stage trace
-is not copied onto the nodes: :meth:`FunnelRetriever.search` returns it with them, and every
-query sends its own trace to LlamaIndex's instrumentation as a :class:`FunnelTraceEvent` (inside
-the retrieve span of that query, so concurrent queries never mix their traces).
-
-The funnel runs on :class:`~funnel_core.units.Unit` objects: the nodes a LlamaIndex object of
-another package returns are converted to units once, and the funnel's output to nodes once.
-This package's own retrievers and postprocessors run as their ``funnel_core`` work on the
-units (:class:`OwnRetrieverStage`, :class:`OwnPostprocessorStage`), so no node is built between
-them. Nodes keep their identity: every unit carries the node it came from (``unit.source``) or
-is found by id among the nodes of the funnel's retrievers, so the output is copies of the
-user's own nodes (relationships, excluded keys and hash intact). While an event or span handler
-listens, our postprocessors and retrievers still run through ``postprocess_nodes`` /
-``retrieve``, so rerank and retrieval events and instrumentation spans are emitted inside the
-funnel as before (nodes are then built for those events' payload).
-
-Scores belong to the order: a postprocessor that reorders nodes without scoring them
-(``LongContextReorder``, a reranker that keeps the incoming scores) leaves ``score=None`` (the
-earlier stage's score stays in ``funnel_score_<stage>``, and ``funnel_reordered_by`` names the
-postprocessor); one that keeps the order (``SimilarityPostprocessor``, a cut) keeps the scores
-(:func:`funnel_core.units.foreign_output`). LangChain's funnel does the same with
-``relevance_score``.
+stages *or* LlamaIndex objects: any ``BaseRetriever`` (as a first stage) and any
+``BaseNodePostprocessor`` (as a later stage), wrapped by :func:`as_stage`. It converts once each
+way: this package's own retrievers and postprocessors run as their ``funnel_core`` work on the
+units (:class:`OwnRetrieverStage`, :class:`OwnPostprocessorStage`; while an event or span
+handler listens they still run through ``retrieve`` / ``postprocess_nodes``, so their events
+and spans fire), any other object through LlamaIndex, converted only around it. The output is
+copies of the user's own nodes (found through ``unit.source`` or by id among the nodes of the
+funnel's retrievers). The per-stage trace is not copied onto the nodes:
+:meth:`FunnelRetriever.search` returns it with them, and every query sends its own trace as a
+:class:`FunnelTraceEvent` inside its retrieve span. Scores belong to the order: a postprocessor
+that reorders without scoring leaves ``score=None``
+(:func:`funnel_core.units.foreign_output`). See "Chaining" and "What comes back" in
+``docs/frameworks.md``.
 """
 
 from __future__ import annotations
@@ -41,10 +31,10 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 
 from funnel_core.errors import check_query
-from funnel_core.funnel import Funnel, FunnelResult, Stage
+from funnel_core.funnel import CallStage, Funnel, FunnelResult, Stage, runs_as
 from funnel_core.funnel import as_stage as core_as_stage
 from funnel_core.settings import checked_keywords
-from funnel_core.units import Trace, Unit, foreign_output, scored_by, settled
+from funnel_core.units import Trace, Unit, adopted, foreign_output, scored_by, settled
 from llama_index_funnel._base import (
     StagePostprocessor,
     UnitRetriever,
@@ -93,18 +83,14 @@ _SEEN: ContextVar[Optional[_Seen]] = ContextVar("funnel_seen", default=None)
 
 
 @contextmanager
-def _query_scope() -> Iterator[_Seen]:
-    """The :class:`_Seen` of the query being run (a nested funnel shares its outer one's)."""
-    seen = _SEEN.get()
-    if seen is not None:
-        yield seen
-        return
-    seen = _Seen()
-    token = _SEEN.set(seen)
+def _query_scope() -> Iterator[None]:
+    """A :class:`_Seen` for the query being run (a nested funnel shares its outer one's)."""
+    token = _SEEN.set(_Seen()) if _SEEN.get() is None else None
     try:
-        yield seen
+        yield
     finally:
-        _SEEN.reset(token)
+        if token is not None:
+            _SEEN.reset(token)
 
 
 def _seen_lookup() -> Mapping[str, BaseNode]:
@@ -121,48 +107,39 @@ def _seen_add(units: list[Unit]) -> list[Unit]:
 
 def _scored(nodes: Sequence[NodeWithScore], name: str,
             before: Optional[Sequence[Unit]] = None) -> list[Unit]:
-    """A LlamaIndex stage's nodes -> units; for a postprocessor (``before``: its input) a score
-    it did not write is dropped once it reorders the nodes
-    (:func:`funnel_core.units.foreign_output`)."""
-    units = _seen_add(nodes_to_units(nodes))
-    if before is None:
-        return [scored_by(u, name) for u in units]
-    return foreign_output(before, units, name)
+    """A LlamaIndex stage's nodes -> units (:func:`funnel_core.units.adopted`)."""
+    return adopted(_seen_add(nodes_to_units(nodes)), name, before)
 
 
-class RetrieverStage(Stage):
+class RetrieverStage(CallStage):
     """A LlamaIndex ``BaseRetriever`` as a first funnel stage (incoming units are ignored)."""
 
     @checked_keywords
     def __init__(self, retriever: BaseRetriever, name: Optional[str] = None) -> None:
-        self.retriever = retriever
-        self.name = name or type(retriever).__name__
+        self.retriever, self.name = retriever, name or type(retriever).__name__
 
-    def run(self, query: str, units: list[Unit]) -> list[Unit]:
-        return _scored(self.retriever.retrieve(query), self.name)
+    def _call(self, query: str, units: list[Unit], asynchronous: bool) -> Any:
+        return (self.retriever.aretrieve if asynchronous else self.retriever.retrieve)(query)
 
-    async def arun(self, query: str, units: list[Unit]) -> list[Unit]:
-        return _scored(await self.retriever.aretrieve(query), self.name)
+    def _units(self, output: Any, before: list[Unit]) -> list[Unit]:
+        return _scored(output, self.name)
 
 
-class PostprocessorStage(Stage):
+class PostprocessorStage(CallStage):
     """A LlamaIndex ``BaseNodePostprocessor`` (ours or any other: reranker, filter, reorder...)
     as a funnel stage; it runs through ``postprocess_nodes``, so its events and spans fire."""
 
     @checked_keywords
     def __init__(self, postprocessor: BaseNodePostprocessor, name: Optional[str] = None) -> None:
-        self.postprocessor = postprocessor
-        self.name = name or postprocessor.class_name()
+        self.postprocessor, self.name = postprocessor, name or postprocessor.class_name()
 
-    def run(self, query: str, units: list[Unit]) -> list[Unit]:
-        nodes = units_to_nodes(units, _seen_lookup())
-        return _scored(self.postprocessor.postprocess_nodes(nodes, query_bundle=QueryBundle(query)),
-                       self.name, units)
+    def _call(self, query: str, units: list[Unit], asynchronous: bool) -> Any:
+        p = self.postprocessor
+        return (p.apostprocess_nodes if asynchronous else p.postprocess_nodes)(
+            units_to_nodes(units, _seen_lookup()), query_bundle=QueryBundle(query))
 
-    async def arun(self, query: str, units: list[Unit]) -> list[Unit]:
-        nodes = units_to_nodes(units, _seen_lookup())
-        out = await self.postprocessor.apostprocess_nodes(nodes, query_bundle=QueryBundle(query))
-        return _scored(out, self.name, units)
+    def _units(self, output: Any, before: list[Unit]) -> list[Unit]:
+        return _scored(output, self.name, before)
 
 
 def _listened(obj: Any) -> bool:
@@ -246,27 +223,16 @@ class OwnPostprocessorStage(Stage):
         return foreign_output(units, hand.out or [], self.name)
 
 
-def _same_methods(obj: Any, bases: Sequence[type], *methods: str) -> bool:
-    """Whether ``obj`` runs each of ``methods`` as one of ``bases`` defines it (a subclass that
-    overrides one is run through LlamaIndex, converting around it, like any other object)."""
-    return all(_defined_by(type(obj), m) in bases for m in methods)
-
-
-def _defined_by(cls: type, method: str) -> Optional[type]:
-    """The class of ``cls``'s MRO whose body defines ``method``."""
-    return next((k for k in cls.__mro__ if method in vars(k)), None)
-
-
 @checked_keywords
 def as_stage(obj: Any) -> Stage:
     """A ``funnel_core`` stage, LlamaIndex retriever, node postprocessor, or callable -> Stage.
     This package's own retrievers and postprocessors become their units-level work
     (:class:`OwnRetrieverStage`, :class:`OwnPostprocessorStage`: no node is built between
     stages); any other LlamaIndex object runs through LlamaIndex, converting only around it."""
-    if isinstance(obj, UnitRetriever) and _same_methods(
+    if isinstance(obj, UnitRetriever) and runs_as(
             obj, (UnitRetriever, FunnelRetriever), "_retrieve", "_aretrieve"):
         return OwnRetrieverStage(obj)
-    if isinstance(obj, StagePostprocessor) and _same_methods(
+    if isinstance(obj, StagePostprocessor) and runs_as(
             obj, (StagePostprocessor,), "_postprocess_nodes", "_apostprocess_nodes"):
         return OwnPostprocessorStage(obj)
     if isinstance(obj, BaseRetriever):
@@ -315,21 +281,22 @@ class FunnelRetriever(UnitRetriever):
 
     def _search(self, query: str) -> list[Unit]:
         with _query_scope():
-            result = self.funnel.search(query)
-        dispatcher.event(FunnelTraceEvent(trace=result.trace.to_dict()))
-        return result.units
+            return _traced(self.funnel.search(query)).units
 
     async def _asearch(self, query: str) -> list[Unit]:
         with _query_scope():
-            result = await self.funnel.asearch(query)
-        dispatcher.event(FunnelTraceEvent(trace=result.trace.to_dict()))
-        return result.units
+            return _traced(await self.funnel.asearch(query)).units
 
     def search(self, query: str, answers: Optional[Sequence[str]] = None) -> tuple[List[NodeWithScore], Trace]:
         """Run the funnel and return ``(nodes, trace)``; with ``answers`` the trace records the
         answer recall that survives each stage."""
         query = check_query(query)
         with _query_scope():
-            result: FunnelResult = self.funnel.search(query, None, answers)
-            dispatcher.event(FunnelTraceEvent(trace=result.trace.to_dict()))
+            result = _traced(self.funnel.search(query, None, answers))
             return units_to_nodes(result.units, self._originals(), self.annotate), result.trace
+
+
+def _traced(result: FunnelResult) -> FunnelResult:
+    """Send the query's trace to LlamaIndex's instrumentation (in its retrieve span)."""
+    dispatcher.event(FunnelTraceEvent(trace=result.trace.to_dict()))
+    return result

@@ -1,14 +1,8 @@
-"""Mix-of-Granularity for LlamaIndex: node parsers and the MoG retriever.
-
-* :class:`MultiGranularityNodeParser` — ``n_gra`` nested levels per document with
-  ``NodeRelationship.PARENT/CHILD``, so ``get_leaf_nodes``, ``get_root_nodes`` and
-  ``AutoMergingRetriever`` work on its output, as on ``HierarchicalNodeParser``'s.
-* :class:`GraphGranularityNodeParser` — MoGG's 1-2 sentence nodes; the BM25 kNN edges travel in
-  ``metadata["funnel_graph_neighbors_json"]`` (a JSON list of ids, hidden from the LLM and the
-  embedder, kept by flat-metadata vector stores).
-* :class:`MixOfGranularityRetriever` — the MoG selection rule over either parser's nodes, with
-  the router weights and the chosen level in each result's metadata.
-"""
+"""Mix-of-Granularity for LlamaIndex (see ``docs/mix_of_granularity.md``): the node parsers
+:class:`MultiGranularityNodeParser` (MoG's nested levels, linked with
+``NodeRelationship.PARENT/CHILD`` so ``get_leaf_nodes`` and ``AutoMergingRetriever`` work on
+them) and :class:`GraphGranularityNodeParser` (MoGG's sentence graph), and
+:class:`MixOfGranularityRetriever`, the MoG selection rule over either parser's nodes."""
 
 from __future__ import annotations
 
@@ -27,10 +21,14 @@ from llama_index.core.schema import (
 from llama_index.core.utils import get_tqdm_iterable
 
 from funnel_core.errors import check_positive_int
-from funnel_core.granularity.fields import GraphGranularityFields, MultiGranularityFields
+from funnel_core.granularity.fields import (
+    GraphGranularityFields,
+    MixOfGranularityFields,
+    MultiGranularityFields,
+)
 from funnel_core.granularity.graph import GraphGranularityBuilder
 from funnel_core.granularity.levels import GranularityStructure, MultiGranularityChunker
-from funnel_core.granularity.retrieval import MixOfGranularityRetrieve, mog_stage
+from funnel_core.granularity.retrieval import MixOfGranularityRetrieve, mog_rebuilt, mog_stage
 from funnel_core.granularity.router import GranularityRouter
 from funnel_core.settings import StageAdapter, checked_keywords
 from funnel_core.units import Unit, keep_source_funnel_keys, read_funnel_metadata
@@ -68,20 +66,11 @@ _PIPELINE_MODULE = "llama_index.core.ingestion.pipeline"
 
 
 def _refuse_partial_ingestion(name: str) -> None:
-    """Raise when an ``IngestionPipeline`` hands a graph parser only part of its documents.
-
-    A graph parser links nodes across all the documents of one call. Two pipeline set-ups call
-    it with a part of the corpus, and each would build a separate, sparser graph without any
-    sign of it:
-
-    * ``num_workers > 1``: each worker process gets one batch (84 instead of 108 edges on the
-      same documents);
-    * a ``docstore``: the pipeline passes only the documents that are new or changed (upserts)
-      or not seen before (duplicates), so the graph is rebuilt over those alone, with no edge to
-      the unchanged documents, whose nodes (and neighbour lists) stay as they were.
-
-    A docstore run that passes every input document (the first ingestion) is not refused.
-    """
+    """Raise when an ``IngestionPipeline`` hands a graph parser only part of its documents,
+    over which it would build a separate, sparser graph without any sign of it: with
+    ``num_workers > 1`` (one batch per worker process), or with a ``docstore`` that passes only
+    the new or changed documents (a first ingestion, which passes them all, is not refused).
+    The error messages say why and what to do instead."""
     import sys
 
     frame = sys._getframe(1)
@@ -234,31 +223,19 @@ class MixOfGranularityRetriever(UnitRetriever):
     Args:
         nodes: *All* nodes of :class:`MultiGranularityNodeParser` (every level), or the nodes of
             :class:`GraphGranularityNodeParser` (detected by ``funnel_graph_neighbors_json``).
-        router: A trained :class:`~funnel_core.granularity.router.GranularityRouter`; ``None``
-            means uniform level weights (the finest level is returned).
         similarity_top_k: Nodes returned.
-        k_r: BM25 hits per level before mixing (paper: 3).
-        normalize: Per-level BM25 scores: ``"none"`` (raw, equation 1) or ``"max"`` (divided by
-            the level's best).
-        level_margin: Prefer a finer level unless a coarser one's router weight is higher by more
-            than this, in [0, 1] (0: the paper's argmax).
-        n_gra: Hop ranges when the nodes are graph nodes (a hierarchy's levels come from its
-            nodes).
-        bm25: BM25 settings of the per-level indexes.
         callback_manager: LlamaIndex callback manager.
         verbose: LlamaIndex's verbose flag.
 
+    The other arguments (``router``, ``k_r``, ``normalize``, ``level_margin``, ``n_gra``,
+    ``bm25``) are the fields of :class:`~funnel_core.granularity.fields.MixOfGranularityFields`
+    (the same as LangChain's ``MixOfGranularityRetriever``), with their defaults and meaning.
     Each setting is also an attribute, forwarded to the core
     :class:`~funnel_core.granularity.retrieval.MixOfGranularityRetrieve` it holds (``.stage``): an
-    edit is validated and honoured at the next query (the per-level BM25 indexes are rebuilt only
-    when ``n_gra`` or ``bm25`` changes). Each result's metadata holds
+    edit is validated and honoured at the next query. Each result's metadata holds
     ``funnel_router_weights_json``, ``funnel_chosen_level`` and ``funnel_finest_id``; its score
     is the mixed score.
     """
-
-    #: Attributes forwarded to the core stage (adapter name -> stage setting).
-    _FORWARDED = {"similarity_top_k": "top_k", "router": "router", "k_r": "k_r",
-                  "normalize": "normalize", "level_margin": "level_margin", "bm25": "bm25"}
 
     @checked_keywords
     def __init__(self, nodes: Sequence[BaseNode], router: Optional[GranularityRouter] = None, *,
@@ -272,27 +249,31 @@ class MixOfGranularityRetriever(UnitRetriever):
                              "MultiGranularityNodeParser or GraphGranularityNodeParser first.")
         check_positive_int(similarity_top_k, "similarity_top_k")
         self._units = [node_to_unit(n) for n in nodes]
-        self._n_gra = check_positive_int(n_gra, "n_gra (number of hop ranges)")
         self._stage = mog_stage(self._units, router, n_gra=n_gra, bm25=bm25,
                                 top_k=similarity_top_k, k_r=k_r, normalize=normalize,
                                 level_margin=level_margin)  # indexes the levels now
-        self._nodes = nodes
+        self._n_gra, self._nodes = n_gra, nodes
         super().__init__(callback_manager=callback_manager, verbose=verbose)
 
+    @staticmethod
+    def _forwarded(name: str) -> Optional[str]:
+        """The stage setting an attribute is forwarded to (``None``: not forwarded)."""
+        if name == "similarity_top_k":
+            return "top_k"
+        return name if name in MixOfGranularityFields.forwarded else None
+
     def __getattr__(self, name: str) -> Any:
-        forwarded = type(self)._FORWARDED.get(name)
+        forwarded = self._forwarded(name)
         if forwarded is None or "_stage" not in self.__dict__:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return getattr(self.__dict__["_stage"], forwarded)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if "_stage" in self.__dict__ and name in self._FORWARDED:
-            setattr(self._stage, self._FORWARDED[name], value)  # validated by the stage
+        setting = self._forwarded(name) if "_stage" in self.__dict__ else None
+        if setting is not None:
+            setattr(self._stage, setting, value)  # validated by the stage
         elif "_stage" in self.__dict__ and name == "n_gra":
-            stage = self._stage
-            self._stage = mog_stage(self._units, stage.router, n_gra=value, bm25=stage.bm25,
-                                    top_k=stage.top_k, k_r=stage.k_r, normalize=stage.normalize,
-                                    level_margin=stage.level_margin, name=stage.name)
+            self._stage = mog_rebuilt(self._stage, self._units, value)
             self._n_gra = value
         else:
             super().__setattr__(name, value)

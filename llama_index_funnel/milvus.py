@@ -85,15 +85,10 @@ def is_milvus(index: Any) -> bool:
     return is_milvus_index(index)
 
 
-def _native(flt: Any) -> Any:
-    """``flt`` in the form every index takes: ``MetadataFilters`` become the core filter tree
-    (a predicate in memory, one pushed-down expression on Milvus); anything else is as given."""
-    return to_core_filter(flt) if isinstance(flt, MetadataFilters) else flt
-
-
 def search_filter(index: Any, floor: Any, call: Any) -> Any:
     """The filter a retriever searches with: its own ``filters`` (a floor) AND the per-query ones
     (:func:`funnel_core.filters.combine_filters`; ``None``, ``{}``, a blank string and
-    ``MetadataFilters(filters=[])`` add nothing), each as the core filter tree first. ``index``
-    is not consulted: every index takes the same filter forms."""
-    return combine_filters(_native(floor), _native(call))
+    ``MetadataFilters(filters=[])`` add nothing), ``MetadataFilters`` as the core filter tree
+    first (a predicate in memory, one pushed-down expression on Milvus). ``index`` is not
+    consulted: every index takes the same filter forms."""
+    return combine_filters(*(to_core_filter(f) if isinstance(f, MetadataFilters) else f for f in (floor, call)))

@@ -1,12 +1,6 @@
-"""LlamaIndex node postprocessors for FunnelRAG's pre-ranking stage.
-
-* :class:`CrossEncoderRerank` — cross-encoder reranking (sentence-transformers, FlagEmbedding or
-  plain transformers backend) with ``batch_size``, ``device``, ``max_length``, ``normalize``,
-  ``score_threshold`` and ``top_n``;
-* :class:`MonoT5Rerank` — monoT5 reranking (``true``/``false`` logits of a T5 model);
-* :class:`LaterChunkingPostprocessor` — FunnelRAG's later chunking: splits retrieved nodes into
-  ~100-word passages that point to their parent node (``NodeRelationship.PARENT``) and carry the
-  parent's score, so a reranker placed after it scores finer units.
+"""LlamaIndex node postprocessors for FunnelRAG's pre-ranking stage: :class:`CrossEncoderRerank`,
+:class:`MonoT5Rerank` and :class:`LaterChunkingPostprocessor` (splits retrieved nodes into
+passages, so a reranker placed after it scores finer units).
 
 All three are plain ``BaseNodePostprocessor`` objects: put them in ``node_postprocessors`` of any
 query engine. They copy nodes (never mutate the retriever's), keep earlier scores in flat
@@ -18,10 +12,6 @@ first query. Each field is a setting of the ``funnel_core`` stage the postproces
 
 from __future__ import annotations
 
-from typing import Optional
-
-from llama_index.core.bridge.pydantic import Field
-
 from funnel_core.funnelrag.fields import LaterChunkingFields
 from funnel_core.rerank.fields import CrossEncoderFields, MonoT5Fields
 from llama_index_funnel._base import StagePostprocessor
@@ -30,7 +20,8 @@ __all__ = ["CrossEncoderRerank", "MonoT5Rerank", "LaterChunkingPostprocessor"]
 
 
 class CrossEncoderRerank(CrossEncoderFields, StagePostprocessor):
-    """Rerank nodes with a cross-encoder (FunnelRAG's pre-ranker): a
+    """Rerank nodes with a cross-encoder (FunnelRAG's pre-ranker; a sentence-transformers,
+    FlagEmbedding or plain transformers backend): a
     :class:`~funnel_core.rerank.cross_encoder.CrossEncoderScorer`.
 
     Scores are sigmoid probabilities in (0, 1) by default (``normalize=True``), the scale of
@@ -54,8 +45,8 @@ class CrossEncoderRerank(CrossEncoderFields, StagePostprocessor):
 
 
 class MonoT5Rerank(MonoT5Fields, StagePostprocessor):
-    """Rerank nodes with monoT5 (``castorini/monot5-base-msmarco`` by default): a
-    :class:`~funnel_core.rerank.monot5.MonoT5Scorer`."""
+    """Rerank nodes with monoT5 (the ``true``/``false`` logits of a T5 model,
+    ``castorini/monot5-base-msmarco`` by default): a :class:`~funnel_core.rerank.monot5.MonoT5Scorer`."""
 
     @classmethod
     def class_name(cls) -> str:
@@ -70,9 +61,6 @@ class LaterChunkingPostprocessor(LaterChunkingFields, StagePostprocessor):
     parent's metadata and excluded keys. Passages are emitted parent by parent in the parents'
     rank order (a :class:`~funnel_core.funnelrag.chunking.LaterChunking` stage).
     """
-
-    name: Optional[str] = Field(
-        default=None, description='Stage name in traces (None: later_chunking(<words>w)).')
 
     @classmethod
     def class_name(cls) -> str:

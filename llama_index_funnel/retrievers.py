@@ -1,21 +1,14 @@
-"""LlamaIndex retrievers over the ``funnel_core`` BM25 engine.
+"""LlamaIndex retrievers over the ``funnel_core`` BM25 engine: :class:`BM25Retriever` (flat BM25
+on bm25s; tokenizer settings persisted) and :class:`ClusteredBM25Retriever` (FunnelRAG's first
+stage: BM25 over ~4K-token document clusters, Algorithm 1, opened into their member nodes).
 
-* :class:`BM25Retriever` — flat BM25 over nodes (bm25s; stemmer/stopwords/pattern persisted).
-* :class:`ClusteredBM25Retriever` — FunnelRAG's first stage: documents clustered into ~4K-token
-  units (Algorithm 1), BM25 over clusters, clusters opened into their member nodes.
-
-Both keep the caller's nodes: results are copies of them (relationships intact) with the
-scores in ``NodeWithScore.score``; both persist to a folder (nodes in a ``SimpleDocumentStore``)
-and take per-query metadata filters through :meth:`search`.
-
-Both keep their data in memory by default, or in Milvus with one argument: ``backend=`` (a
-:class:`funnel_core.backends.milvus.MilvusBackend`, or a URI: ``"funnel.db"`` for embedded Milvus Lite,
-``"http://host:19530"`` for a server) in ``from_defaults`` builds into Milvus, and
-``from_backend(backend)`` re-opens a built collection without re-indexing. Over Milvus,
-``MetadataFilters`` are pushed down as Milvus expressions, and ``persist`` writes only a manifest
-(URI, collection, settings), never the data: nodes are not written either; a build into Milvus
-stores each node's structure with its row, so a retriever re-opened from Milvus returns the same
-nodes (relationships intact), rebuilt from the collection.
+Both return copies of the caller's nodes (relationships intact, scores in
+``NodeWithScore.score``), take per-query metadata filters through ``search`` (ANDed with their
+own ``filters``) and persist to a folder (nodes in a ``SimpleDocumentStore``). They keep their
+data in memory, or in Milvus with ``backend=`` (a ``MilvusBackend`` or a URI: ``"funnel.db"``
+for Milvus Lite, ``"http://host:19530"`` for a server) in ``from_defaults``; ``from_backend``
+re-opens a built collection without re-indexing. Over Milvus, filters are pushed down and
+``persist`` writes a manifest only, never the data (see ``docs/scaling_out.md``).
 """
 
 from __future__ import annotations
@@ -25,20 +18,18 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Sequence, Union
 
 from llama_index.core.callbacks import CallbackManager
-from llama_index.core.schema import BaseNode, NodeWithScore
+from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore
 from llama_index.core.storage.docstore import BaseDocumentStore, SimpleDocumentStore
 from llama_index.core.vector_stores.types import MetadataFilters
 
 from funnel_core.backends.milvus import MilvusBackend, build_bm25, require_backend
-from funnel_core.backends.persist import load_retriever, save_retriever
+from funnel_core.backends.persist import load_retriever, retriever_settings, save_retriever
 from funnel_core.bm25 import BM25Index
 from funnel_core.errors import check_positive_int, check_query
-from funnel_core.filters import persistable_filter
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
 from funnel_core.settings import checked_keywords
 from funnel_core.units import Unit
 from llama_index_funnel._base import UnitRetriever, units_to_nodes
-from llama_index_funnel.corpus import nodes_from, units_of
 from llama_index_funnel.milvus import is_milvus, restore_nodes, search_filter, with_shells
 
 __all__ = ["BM25Retriever", "ClusteredBM25Retriever"]
@@ -47,20 +38,44 @@ Filter = Union[MetadataFilters, Dict[str, Any], Callable[[dict], bool], str, Non
 Backend = Union[MilvusBackend, str, None]
 
 
-class _NodeRetriever(UnitRetriever):
-    """Shared node bookkeeping, filters and persistence of the two BM25 retrievers."""
+def nodes_from(nodes: Optional[Sequence[BaseNode]], docstore: Optional[BaseDocumentStore]) -> list[BaseNode]:
+    """The nodes a factory indexes: ``nodes``, or the docstore's (one of them, not empty)."""
+    if nodes is None and docstore is None:
+        raise ValueError("pass nodes=[...] or docstore=...; there is nothing to index.")
+    nodes = list(nodes) if nodes is not None else list(docstore.docs.values())  # type: ignore[union-attr]
+    if not nodes:
+        raise ValueError("cannot build a retriever over an empty corpus: nodes/docstore is empty.")
+    for n in nodes:
+        if not isinstance(n, BaseNode):
+            raise TypeError(f"expected LlamaIndex nodes, got {type(n).__name__}; parse documents "
+                            "into nodes first (e.g. SentenceSplitter().get_nodes_from_documents).")
+    return nodes
 
-    annotate = False  # the user's nodes, hash unchanged (QueryFusionRetriever dedups by hash)
 
-    @checked_keywords
-    def __init__(self, nodes: Sequence[BaseNode], filters: Filter = None,
-                 callback_manager: Optional[CallbackManager] = None, verbose: bool = False) -> None:
-        self._nodes = {n.node_id: n for n in nodes}
+def units_of(nodes: Sequence[BaseNode], level: str) -> list[Unit]:
+    """The user's nodes as index units (their whole metadata, which filters see)."""
+    return [Unit(id=n.node_id, text=n.get_content(metadata_mode=MetadataMode.NONE),
+                 metadata=dict(n.metadata), level=level) for n in nodes]
+
+
+class IndexRetriever(UnitRetriever):
+    """What the index retrievers share (also :class:`~llama_index_funnel.dense.DenseRetriever`):
+    the caller's nodes (results are copies of them), ``similarity_top_k``, the ``filters``
+    floor ANDed with a per-query one, and :meth:`search`."""
+
+    def __init__(self, index: Any, nodes: Optional[Sequence[BaseNode]], similarity_top_k: int,
+                 filters: Any, callback_manager: Optional[CallbackManager], verbose: bool) -> None:
+        self.index = index
+        self._nodes = {n.node_id: n for n in nodes or ()}
+        self.similarity_top_k = check_positive_int(similarity_top_k, "similarity_top_k")
         self.filters = filters
         super().__init__(callback_manager=callback_manager, verbose=verbose)
 
     def _originals(self) -> Mapping[str, BaseNode]:
         return self._nodes
+
+    def _k(self, k: Optional[int]) -> int:
+        return self.similarity_top_k if k is None else check_positive_int(k, "k")
 
     def _restore(self, units: list[Unit]) -> list[Unit]:
         """Over Milvus: the node structure stored with each unit is taken out of its metadata,
@@ -68,42 +83,45 @@ class _NodeRetriever(UnitRetriever):
         return restore_nodes(units, self._nodes) if is_milvus(self.index) else units
 
     def search(self, query: str, filters: Filter = None, **kwargs: Any) -> List[NodeWithScore]:
-        """Retrieve with a per-query filter (MetadataFilters, dict or predicate) and options; the
-        per-query filter is ANDed with :attr:`filters` (a floor it narrows, never widens)."""
+        """Retrieve with a per-query filter (MetadataFilters, dict or predicate) and options
+        (``k``, ...); the per-query filter is ANDed with :attr:`filters` (a floor it narrows,
+        never widens)."""
         query = check_query(query)
         if not query:
             return []
         units = self._search(query, filters=filters, **kwargs)  # type: ignore[call-arg]
         return units_to_nodes(units, self._originals(), self.annotate)
 
+    @classmethod
+    def _build(cls, index: Any, nodes: Sequence[BaseNode], level: str) -> Any:
+        """``index`` built over ``nodes`` (with their structure when it is on Milvus)."""
+        units = units_of(nodes, level)
+        return index.index(with_shells(units, nodes) if is_milvus(index) else units)
+
+
+class _PersistedRetriever(IndexRetriever):
+    """Persistence of the two BM25 retrievers."""
+
+    annotate = False  # the user's nodes, hash unchanged (QueryFusionRetriever dedups by hash)
+
     #: The index class and the sub-folder of a persist dir this retriever owns (set by
     #: subclasses). LlamaIndex users persist a StorageContext into the same ``./storage``; our
     #: files live only under ``<persist_dir>/<_index_dir>/``, so its stores are never touched.
     _index_cls: ClassVar[Any] = None
     _index_dir: ClassVar[str] = ""
-    index: Any
     #: Who persisted the folder this retriever persists into (see :meth:`persist`).
     _owner_id: Optional[str] = None
-
     #: Constructor settings saved by :meth:`persist` (set by subclasses).
     _settings: ClassVar[tuple[str, ...]] = ()
-
-    def _saved_settings(self) -> dict[str, Any]:
-        settings = {n: getattr(self, n) for n in self._settings}
-        flt = settings.get("filters")
-        if isinstance(flt, MetadataFilters):
-            settings["filters"] = {"metadata_filters": flt.model_dump(mode="json")}
-        else:  # a dict or a Milvus expression; a predicate or a mask refuses the persist
-            settings["filters"] = persistable_filter(flt, f"{type(self).__name__}.persist")
-        return settings
 
     def persist(self, path: str, overwrite: bool = False) -> None:
         """Commit the index (every tokenizer and clustering setting), the nodes and this
         retriever's settings (``similarity_top_k``, ``filters``, ...) to ``path/<_index_dir>``
         (see :mod:`funnel_core.persist`); other files in ``path``, such as a ``StorageContext``'s
-        stores, are left alone. A second retriever of the same class persisted into the same
-        ``path`` is refused (it would replace the first) unless ``overwrite=True``; this
-        retriever, or one loaded from ``path``, may persist there again."""
+        stores, are left alone. A filter that cannot be saved (a predicate, a mask) refuses it. A
+        second retriever of the same class persisted into the same ``path`` is refused (it
+        would replace the first) unless ``overwrite=True``; this retriever, or one loaded from
+        ``path``, may persist there again."""
         nodes = list(self._nodes.values())
 
         def write_nodes(folder: Path, on_milvus: bool) -> dict:
@@ -114,16 +132,13 @@ class _NodeRetriever(UnitRetriever):
             store.persist(str(folder / "nodes.json"))
             return {"n_nodes": len(nodes)}
 
-        save_retriever(Path(path) / self._index_dir, f"funnel-rag.llama-index.{self._index_dir}", self.index,
-                       self._saved_settings(), files=write_nodes, owner=self._persist_owner(),
+        settings = retriever_settings(self, self._settings, f"{type(self).__name__}.persist",
+                                      _saved_filters)
+        if self._owner_id is None:  # who persisted a folder: this object, or its source
+            self._owner_id = secrets.token_hex(8)
+        save_retriever(Path(path) / self._index_dir, f"funnel-rag.llama-index.{self._index_dir}",
+                       self.index, settings, files=write_nodes, owner=self._owner_id,
                        overwrite=overwrite)
-
-    def _persist_owner(self) -> str:
-        """Who persisted a folder: this object, or the one it was loaded from (see persist)."""
-        owner = self._owner_id
-        if owner is None:
-            owner = self._owner_id = secrets.token_hex(8)
-        return owner
 
     @classmethod
     def from_persist_dir(cls, path: str, verify: bool = True, token: Optional[str] = None,
@@ -152,7 +167,14 @@ class _NodeRetriever(UnitRetriever):
         return loaded
 
 
-class BM25Retriever(_NodeRetriever):
+def _saved_filters(flt: Any) -> Any:
+    """``MetadataFilters`` as a persist saves them (a dict or an expression is saved as it is)."""
+    if isinstance(flt, MetadataFilters):
+        return {"metadata_filters": flt.model_dump(mode="json")}
+    return flt
+
+
+class BM25Retriever(_PersistedRetriever):
     """Flat BM25 over LlamaIndex nodes, on bm25s.
 
     Args:
@@ -171,9 +193,7 @@ class BM25Retriever(_NodeRetriever):
     def __init__(self, index: Any, nodes: Sequence[BaseNode], similarity_top_k: int = 10,
                  filters: Filter = None, callback_manager: Optional[CallbackManager] = None,
                  verbose: bool = False) -> None:
-        self.index = index
-        self.similarity_top_k = check_positive_int(similarity_top_k, "similarity_top_k")
-        super().__init__(nodes, filters, callback_manager, verbose)
+        super().__init__(index, nodes, similarity_top_k, filters, callback_manager, verbose)
 
     @classmethod
     def from_defaults(cls, nodes: Optional[Sequence[BaseNode]] = None,
@@ -183,9 +203,7 @@ class BM25Retriever(_NodeRetriever):
         """Build from nodes or a docstore; ``bm25_config`` goes to :class:`BM25Index`
         (``backend=``: build into Milvus instead, see :class:`funnel_core.backends.milvus.MilvusBackend`)."""
         nodes = nodes_from(nodes, docstore)
-        index = build_bm25(cls.__name__, backend, bm25_config)
-        units = units_of(nodes, "passage")
-        index.index(with_shells(units, nodes) if is_milvus(index) else units)
+        index = cls._build(build_bm25(cls.__name__, backend, bm25_config), nodes, "passage")
         return cls(index, nodes, similarity_top_k=similarity_top_k, filters=filters)
 
     @classmethod
@@ -198,35 +216,21 @@ class BM25Retriever(_NodeRetriever):
         return cls(index, [], similarity_top_k=similarity_top_k, filters=filters)
 
     def _search(self, query: str, filters: Filter = None, k: Optional[int] = None) -> list[Unit]:
-        k = self.similarity_top_k if k is None else check_positive_int(k, "k")
         flt = search_filter(self.index, self.filters, filters)
-        return self._restore(self.index.search(query, k=k, filter=flt))
+        return self._restore(self.index.search(query, k=self._k(k), filter=flt))
 
 
-
-class ClusteredBM25Retriever(_NodeRetriever):
+class ClusteredBM25Retriever(_PersistedRetriever):
     """FunnelRAG's retrieval stage for LlamaIndex: BM25 over ~4K-token document clusters.
 
-    The top ``k_clusters`` clusters are opened into their member nodes, and at most
-    ``similarity_top_k`` nodes are returned (as in every LlamaIndex retriever, and as ``k`` in
-    the LangChain twin). With ``return_clusters=True`` the clusters themselves are returned as
-    new ``TextNode``s (at most ``similarity_top_k`` of them). Cluster bookkeeping
-    (``funnel_cluster_id``, ``funnel_cluster_score``, ``funnel_cluster_rank``) is in the metadata with
-    ``annotate=True``.
-
-    Args:
-        index: A built :class:`funnel_core.funnelrag.clustered_index.ClusteredBM25Index`.
-        nodes: The document nodes the index was built from.
-        similarity_top_k: Number of nodes returned.
-        filters: Metadata filter on documents, a floor: per-query filters passed to
-            :meth:`search` are ANDed with it.
-        callback_manager: LlamaIndex callback manager.
-        verbose: LlamaIndex's verbose flag.
-        k_clusters: Clusters retrieved by BM25 and opened into their documents (10).
-        return_clusters: Return the clusters themselves instead of their documents (then
-            ``similarity_top_k`` counts clusters).
-
-    The same settings as the LangChain twin; each is an attribute, validated when edited.
+    The top ``k_clusters`` clusters (10) are opened into their member nodes, and at most
+    ``similarity_top_k`` nodes are returned (as ``k`` in the LangChain twin). With
+    ``return_clusters=True`` the clusters themselves are returned as new ``TextNode``s (then
+    ``similarity_top_k`` counts clusters). Cluster bookkeeping (``funnel_cluster_id``,
+    ``funnel_cluster_score``, ``funnel_cluster_rank``) is in the metadata with
+    ``annotate=True``. The other arguments are :class:`BM25Retriever`'s (``index``: a built
+    :class:`funnel_core.funnelrag.clustered_index.ClusteredBM25Index`; ``filters`` apply to
+    documents). Each setting is an attribute, validated when edited.
     """
 
     _index_cls = ClusteredBM25Index
@@ -238,10 +242,8 @@ class ClusteredBM25Retriever(_NodeRetriever):
                  filters: Filter = None, callback_manager: Optional[CallbackManager] = None,
                  verbose: bool = False, *, k_clusters: int = 10,
                  return_clusters: bool = False) -> None:
-        self.index = index
-        self.similarity_top_k = check_positive_int(similarity_top_k, "similarity_top_k")
         self.k_clusters, self.return_clusters = k_clusters, return_clusters
-        super().__init__(nodes, filters, callback_manager, verbose)
+        super().__init__(index, nodes, similarity_top_k, filters, callback_manager, verbose)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "k_clusters":
@@ -267,9 +269,8 @@ class ClusteredBM25Retriever(_NodeRetriever):
         nodes = nodes_from(nodes, docstore)
         check_positive_int(similarity_top_k, "similarity_top_k")
         check_positive_int(k_clusters, "k_clusters")
-        index = build_bm25(cls.__name__, backend, index_settings, clustered=True)
-        units = units_of(nodes, "document")
-        index.index(with_shells(units, nodes) if is_milvus(index) else units)
+        index = cls._build(build_bm25(cls.__name__, backend, index_settings, clustered=True),
+                           nodes, "document")
         return cls(index, nodes, similarity_top_k=similarity_top_k, filters=filters,
                    k_clusters=k_clusters, return_clusters=return_clusters)
 
@@ -286,7 +287,7 @@ class ClusteredBM25Retriever(_NodeRetriever):
 
     def _search(self, query: str, filters: Filter = None, k: Optional[int] = None,
                 k_clusters: Optional[int] = None) -> list[Unit]:
-        k = self.similarity_top_k if k is None else check_positive_int(k, "k")
+        k = self._k(k)
         n = self.k_clusters if k_clusters is None else check_positive_int(k_clusters, "k_clusters")
         n_clusters = min(n, k) if self.return_clusters else n  # clusters returned: k caps them
         flt = search_filter(self.index, self.filters, filters)

@@ -11,13 +11,28 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
-from funnel_core.backends.milvus.manifest import is_milvus_entry, open_index
+from funnel_core.backends.milvus.manifest import is_milvus_entry, load_index, open_index
+from funnel_core.errors import PersistError
+from funnel_core.filters import persistable_filter
 from funnel_core.index import read_snapshot_part, snapshot_writer
-from funnel_core.persist import load_snapshot, save_snapshot, snapshot_owner
+from funnel_core.persist import load_snapshot, save_snapshot, snapshot_info, snapshot_owner
 
-__all__ = ["save_retriever", "load_retriever"]
+__all__ = ["save_retriever", "load_retriever", "retriever_settings", "load_retriever_or_index"]
+
+
+def retriever_settings(obj: Any, names: Sequence[str], what: str,
+                       convert: Callable[[Any], Any] = lambda flt: flt) -> dict[str, Any]:
+    """``obj``'s settings ``names`` as a snapshot saves them. Its filter (``filter`` or
+    ``filters``), first converted by ``convert`` (a framework's filter object -> a dict or an
+    expression), must be persistable: a predicate or a mask refuses the save (``what`` names it)
+    before anything is written, since the loaded retriever would be wider than this one."""
+    settings = {n: getattr(obj, n) for n in names}
+    for key in ("filter", "filters"):
+        if key in settings:
+            settings[key] = persistable_filter(convert(settings[key]), what)
+    return settings
 
 
 def save_retriever(path: str | os.PathLike, fmt: str, index: Any, settings: Mapping[str, Any], *,
@@ -63,3 +78,22 @@ def load_retriever(path: str | os.PathLike, fmt: str, index_cls: Any, what: str,
     if isinstance(index, dict):
         index = open_index(index, uri=backend, token=token)
     return index, settings, extra, owner
+
+
+def load_retriever_or_index(path: str | os.PathLike, fmt: str, index_cls: Any, what: str, *,
+                            backend: Any = None, token: Optional[str] = None) -> tuple[Any, dict[str, Any]]:
+    """``(index, settings)`` of what :func:`save_retriever` wrote in format ``fmt``, or of a bare
+    index folder (``index.save(path)``: no settings; a Milvus one re-opens its collection at
+    ``backend``). A snapshot of format ``fmt`` that fails to load raises as it is."""
+    try:
+        index, settings, _, _ = load_retriever(path, fmt, index_cls, what, backend=backend, token=token)
+        return index, settings
+    except PersistError:
+        try:
+            ours = snapshot_info(path).get("format") == fmt
+        except Exception:
+            ours = False
+        if ours:
+            raise
+    milvus = {"uri": backend, "token": token} if backend is not None or token else {}
+    return load_index(path, index_cls, **milvus), {}

@@ -195,11 +195,24 @@ class QueryClassifier:
 
     def needs_retrieval(self, query: str) -> bool:
         """True when ``query`` needs retrieval. An empty query needs none (returns False)."""
+        return bool(self.decide(query)["needs_retrieval"])
+
+    def decide(self, query: str) -> dict[str, Any]:
+        """``{"query", "needs_retrieval", "p_retrieval"}`` for one query (what the adapters'
+        gates record as ``last_decision``); an empty query needs none, with ``p_retrieval`` 0."""
         self._require_fitted()
         query = check_query(query)
-        if not query:
-            return False
-        return self.predict_proba([query])[0] >= self.threshold
+        p = self.predict_proba([query])[0] if query else 0.0
+        return {"query": query, "needs_retrieval": bool(query) and p >= self.threshold, "p_retrieval": p}
+
+    @staticmethod
+    def check_trained(classifier: Any) -> "QueryClassifier":
+        """``classifier`` if it is a trained :class:`QueryClassifier` (what a gate takes);
+        ``TypeError`` or :class:`NotFittedError` otherwise."""
+        if not isinstance(classifier, QueryClassifier):
+            raise TypeError(f"classifier must be a QueryClassifier, got {type(classifier).__name__}.")
+        classifier._require_fitted()
+        return classifier
 
     # -- persistence ---------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> None:
@@ -258,10 +271,8 @@ class RetrievalGate(Stage):
     """
 
     def __init__(self, classifier: QueryClassifier, stage: Any, name: str = "retrieval_gate") -> None:
-        if not isinstance(classifier, QueryClassifier):
-            raise TypeError(f"classifier must be a QueryClassifier, got {type(classifier).__name__}.")
-        classifier._require_fitted()
-        self.classifier, self.stage, self.name = classifier, as_stage(stage), name
+        self.classifier = QueryClassifier.check_trained(classifier)
+        self.stage, self.name = as_stage(stage), name
 
     def run(self, query: str, units: list[Unit]) -> list[Unit]:
         if self.classifier.needs_retrieval(query):

@@ -83,5 +83,8 @@ class ExtractiveCompressorFields(BaseModel):
         default=0, description='Sentence embeddings kept in an LRU cache (0 = off).')
     name: Optional[str] = Field(
         default=None, description='Stage name in traces (None: extractive_compressor).')
+    embedder: Optional[Any] = Field(
+        default=None, exclude=True, description="A loaded SentenceEmbedder to share (None: one is built from "
+                                                "model, batch_size, device and dtype on first use).")
     dtype: str = Field(
         default='auto', description='Precision of the embedding model: auto | float32 | bfloat16 | float16 (auto: bf16 autocast only where the hardware runs it natively).')

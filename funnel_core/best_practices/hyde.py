@@ -44,7 +44,7 @@ from funnel_core.cache import LRUCache
 from funnel_core.errors import check_positive_int, check_probability, check_query
 from funnel_core.funnel import Stage, warm_up_objects
 from funnel_core.llm import LLM, as_llm, check_prompt_template
-from funnel_core.settings import Settings
+from funnel_core.settings import Settings, check_kwargs, setting_names
 from funnel_core.units import SCORE_PREFIX, Unit
 
 __all__ = ["DEFAULT_HYDE_PROMPT", "HyDE", "HyDERetrieve", "hyde_vector"]
@@ -147,6 +147,22 @@ class HyDE(Settings):
         self._llm_spec = llm
         self.llm = self._provider()
         self._cache: LRUCache[tuple, tuple[str, ...]] | None = None
+
+    @classmethod
+    def of(cls, owner: str, llm: Any, settings: dict[str, Any], provider: Callable[[Any], Any],
+           extra: Sequence[str] = ()) -> "HyDE":
+        """What the adapters build from their ``llm`` argument: ``llm`` itself when it is a
+        :class:`HyDE` (its settings are used; settings given too raise), else
+        ``HyDE(provider(llm), **settings)`` (``provider``: the adapter's conversion of a framework
+        model). A setting HyDE does not take raises, naming ``owner`` (the class or factory the
+        user called) and the accepted ones (``extra``: the caller's own keywords)."""
+        if isinstance(llm, cls):
+            if settings:
+                raise TypeError(f"{owner} got a HyDE object and settings {sorted(settings)}; set them "
+                                "on the HyDE object (or pass the LLM instead).")
+            return llm
+        check_kwargs(owner, settings, [*setting_names(cls), *extra])
+        return cls(provider(llm), **settings)
 
     def _provider(self) -> LLM:
         if not isinstance(self._llm_spec, str):

@@ -10,7 +10,7 @@ themselves do not need it.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 from pydantic import BaseModel, Field
 
@@ -28,3 +28,5 @@ class LaterChunkingFields(BaseModel):
     overlap: int = Field(default=0, description='Words repeated between consecutive passages.')
     level: str = Field(default='passage', description='Granularity name of the passages.')
     sentence_aware: bool = Field(default=True, description='End passages at sentence ends.')
+    name: Optional[str] = Field(
+        default=None, description='Stage name in traces (None: later_chunking(<words>w)).')

@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 from funnel_core.granularity.graph import GraphGranularityBuilder
 from funnel_core.granularity.levels import MultiGranularityChunker
 
-__all__ = ["MultiGranularityFields", "GraphGranularityFields"]
+__all__ = ["MultiGranularityFields", "GraphGranularityFields", "MixOfGranularityFields"]
 
 
 class MultiGranularityFields(BaseModel):
@@ -54,3 +54,30 @@ class GraphGranularityFields(BaseModel):
                                   '(None: keep all).')
     bm25: Optional[dict[str, Any]] = Field(
         default=None, description='BM25 settings of the similarity (k1, b, ...).')
+
+
+class MixOfGranularityFields(BaseModel):
+    """The settings of both adapters' ``MixOfGranularityRetriever`` besides the number of results
+    (``similarity_top_k`` in LlamaIndex, ``k`` in LangChain): those of the
+    :class:`~funnel_core.granularity.retrieval.MixOfGranularityRetrieve` it holds (an edit is
+    forwarded to it, validated and honoured at the next query), and ``n_gra`` (an edit rebuilds
+    the stage; the per-level BM25 indexes are rebuilt only when ``n_gra`` or ``bm25`` changes).
+    The LangChain retriever inherits them; the LlamaIndex one, a plain class, takes them as
+    keyword arguments with these defaults."""
+
+    #: The fields forwarded to the stage's setting of the same name.
+    forwarded: ClassVar[tuple[str, ...]] = ("router", "k_r", "normalize", "level_margin", "bm25")
+
+    router: Optional[Any] = Field(
+        default=None, description='A trained GranularityRouter; None: uniform level weights (the '
+                                  'finest level is returned).')
+    k_r: int = Field(default=3, description='Units BM25 retrieves per level before mixing (paper: 3).')
+    normalize: str = Field(
+        default="none", description='Per-level BM25 scores: "none" (raw, equation 1) or "max" '
+                                    "(divided by the level's best).")
+    level_margin: float = Field(
+        default=0.0, description="Prefer a finer level unless a coarser one's router weight is "
+                                 "higher by more than this, in [0, 1] (0: the paper's argmax).")
+    n_gra: int = Field(default=5, description='Hop ranges when the units are graph nodes (a '
+                                              "hierarchy's levels come from its units).")
+    bm25: Optional[dict] = Field(default=None, description='BM25 settings of the per-level indexes.')

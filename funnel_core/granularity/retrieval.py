@@ -51,7 +51,8 @@ class LevelRouter(Protocol):
     def predict(self, queries: Sequence[str]) -> Any: ...
 
 __all__ = ["GranularityBM25", "MixOfGranularityRetrieve", "LEVEL_NORMALIZATIONS", "MOG_PRESETS",
-           "choose_level", "structure_from_units", "mog_stage", "check_mog_settings"]
+           "choose_level", "structure_from_units", "mog_stage", "check_mog_settings",
+           "mog_rebuilt"]
 
 LEVEL_NORMALIZATIONS = ("max", "none")  # per-level BM25 scores (not funnel_core.scoring.NORMALIZATIONS)
 
@@ -256,3 +257,12 @@ def mog_stage(units: Sequence[Unit], router: LevelRouter | None = None, *,
     check_positive_int(n_gra, "n_gra (number of hop ranges)")
     return MixOfGranularityRetrieve(structure_from_units(units, n_gra), router, bm25=bm25,
                                     **settings)
+
+
+def mog_rebuilt(stage: MixOfGranularityRetrieve, units: Sequence[Unit],
+                n_gra: int) -> MixOfGranularityRetrieve:
+    """``stage``'s settings over ``units`` with ``n_gra`` hop ranges: an adapter's edit of
+    ``n_gra`` (a graph's levels change)."""
+    return mog_stage(units, stage.router, n_gra=n_gra, bm25=stage.bm25, top_k=stage.top_k,
+                     k_r=stage.k_r, normalize=stage.normalize, level_margin=stage.level_margin,
+                     name=stage.name)

@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Optional
 
 from pydantic import BaseModel, Field
 
+from funnel_core.llm import LLM_DESCRIPTION, AdapterLLM
 from funnel_core.rerank.attention_lm import DEFAULT_INSTRUCTION, AttentionLMScorer
 from funnel_core.rerank.cross_encoder import CrossEncoderScorer
 from funnel_core.rerank.fid import FiDAttentionScorer
@@ -151,10 +152,15 @@ class AttentionLMFields(RerankerFields):
         default='auto', description='auto | float32 | bfloat16 | float16 (auto: bf16 autocast only where the hardware runs it natively, fp16 on older GPUs, else fp32).')
 
 
-class RankRAGFields(RerankerFields):
-    """The settings of :class:`~funnel_core.rerank.rankrag.RankRAGScorer`, for both adapters."""
+class RankRAGFields(AdapterLLM, RerankerFields):
+    """The settings of :class:`~funnel_core.rerank.rankrag.RankRAGScorer`, for both adapters.
+
+    A framework model is read as text only (RankRAG parses its replies); a local causal LM
+    given by name/folder is scored from its True/False logits."""
 
     stage_class: ClassVar[type] = RankRAGScorer
+
+    llm: Any = Field(description=LLM_DESCRIPTION)
 
     prompt: str = Field(default=DEFAULT_RANKRAG_PROMPT,
                         description="Template with {question} and {passage} (optionally "

@@ -577,3 +577,49 @@ def test_a_model_whose_cross_attention_projections_are_not_found_is_sent_to_log_
                        r"use score_on='log_attention' \(rank-equivalent to alpha for eq\. 3, "
                        r"\(iv\), \(v\) and Table 8\)\.$"):
         scorer.raw_scores(states, dec)
+
+
+def test_render_gives_each_fields_character_span():
+    from funnel_core.rerank.fid import _render
+
+    text, spans = _render("q: {question} {{t}} {title:>6}|{text}.",
+                          {"question": "who?", "title": "Ham", "text": "Hamlet"})
+    # worked by hand: "q: " (3) + "who?" (3-7) + " {t} " (7-12) + "   Ham" (12-18) + "|" + ...
+    assert text == "q: who? {t}    Ham|Hamlet."
+    assert spans == {"question": (3, 7), "title": (12, 18), "text": (19, 25)}
+    assert all(text[a:b] == v for (a, b), v in zip(spans.values(), ["who?", "   Ham", "Hamlet"]))
+    with pytest.raises(KeyError, match=r"template field \{passage\} is unknown; use \{question\}, "
+                       r"\{title\} and \{text\}\."):
+        _render("{question} {passage}", {"question": "q", "title": "", "text": ""})
+
+
+def _greedy(scorer, states, steps):
+    """Greedy decoding written out: from the decoder start token, append the argmax of the
+    next-token logits ``steps`` times (stopping at the end token)."""
+    import torch
+    from transformers.modeling_outputs import BaseModelOutput
+
+    model, tokenizer, _ = scorer._model.get()
+    ids = [model.config.decoder_start_token_id]
+    with torch.inference_mode():
+        for _ in range(steps):
+            logits = model(encoder_outputs=BaseModelOutput(last_hidden_state=states),
+                           decoder_input_ids=torch.tensor([ids])).logits[0, -1]
+            ids.append(int(logits.argmax()))
+            if ids[-1] == tokenizer.eos_token_id:
+                break
+    return ids
+
+
+def test_the_answer_is_the_greedy_continuation_without_special_tokens(scorer):
+    s = _with(scorer, return_answer=True, max_answer_tokens=4)
+    states = s.encode(s.build_inputs(QUERY, TEXTS, TITLES))
+    prefix, answer = s._decoder_prefix(states)
+    ids = _greedy(s, states, 4)
+    assert answer == s.tokenizer.decode(ids[1:], skip_special_tokens=True).strip()
+    assert prefix.tolist() == [[ids[0]]]                  # one scored position: the start token
+    two = _with(scorer, decoder_steps=2)                  # no answer asked: none kept
+    prefix, answer = two._decoder_prefix(states)
+    assert prefix.tolist() == [ids[:2]] and answer is None
+    two.score(QUERY, TEXTS)
+    assert two.last_answer is None

@@ -156,8 +156,13 @@ def require_backend(backend: Any, where: str) -> MilvusBackend:
     return b
 
 
-def hybrid_backends(backend: MilvusBackend) -> tuple[MilvusBackend, MilvusBackend]:
-    """The two collections of a hybrid retriever on ``backend``: ``<collection>_bm25`` and
-    ``<collection>_dense`` (``collection`` default ``funnel_hybrid``)."""
+def hybrid_backends(backend: Any, reopen_for: str | None = None) -> tuple[Any, Any]:
+    """The two collections of a hybrid retriever on ``backend`` (any form :func:`as_backend`
+    takes): ``<collection>_bm25`` and ``<collection>_dense`` (``collection`` default
+    ``funnel_hybrid``); ``(None, None)`` in memory, which ``reopen_for`` (the ``from_backend``
+    that re-opens them) refuses, naming it."""
+    backend = require_backend(backend, reopen_for) if reopen_for else as_backend(backend)
+    if backend is None:
+        return None, None
     base = backend.collection or "funnel_hybrid"
     return backend.with_collection(f"{base}_bm25"), backend.with_collection(f"{base}_dense")
