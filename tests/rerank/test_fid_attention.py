@@ -623,3 +623,13 @@ def test_the_answer_is_the_greedy_continuation_without_special_tokens(scorer):
     assert prefix.tolist() == [ids[:2]] and answer is None
     two.score(QUERY, TEXTS)
     assert two.last_answer is None
+
+
+def test_a_long_passage_is_truncated_to_max_length_tokens(scorer):
+    long = " ".join(["Hamlet is a tragedy written by William Shakespeare."] * 20)
+    full = _with(scorer, max_length=512).build_inputs(QUERY, [long, TEXTS[1]], [None, None])
+    cut = _with(scorer, max_length=16).build_inputs(QUERY, [long, TEXTS[1]], [None, None])
+    assert full.lengths[0] > 16
+    assert cut.lengths[0] == 16 and cut.lengths[1] == min(full.lengths[1], 16)
+    assert cut.input_ids[0][:15].tolist() == full.input_ids[0][:15].tolist()  # the same start
+    assert len(cut.passage_mask[0]) == len(cut.query_mask[0]) == 16
