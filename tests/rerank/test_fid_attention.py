@@ -633,3 +633,22 @@ def test_a_long_passage_is_truncated_to_max_length_tokens(scorer):
     assert cut.lengths[0] == 16 and cut.lengths[1] == min(full.lengths[1], 16)
     assert cut.input_ids[0][:15].tolist() == full.input_ids[0][:15].tolist()  # the same start
     assert len(cut.passage_mask[0]) == len(cut.query_mask[0]) == 16
+
+
+def test_the_answer_is_greedy_even_when_the_checkpoint_asks_for_sampling(scorer):
+    """A hub checkpoint's generation_config may ask for sampling or beams; the reader's answer
+    (and the scored prefix) stay greedy."""
+    model, _, _ = scorer._model.get()
+    s = _with(scorer, return_answer=True, max_answer_tokens=4)
+    states = s.encode(s.build_inputs(QUERY, TEXTS, TITLES))
+    greedy = s.tokenizer.decode(_greedy(s, states, 4)[1:], skip_special_tokens=True).strip()
+    saved = model.generation_config
+    try:
+        model.generation_config = type(saved).from_dict(
+            {**saved.to_dict(), "do_sample": True, "top_k": 50, "temperature": 5.0, "num_beams": 3})
+        for seed in range(3):
+            import torch
+            torch.manual_seed(seed)
+            assert s._decoder_prefix(states)[1] == greedy
+    finally:
+        model.generation_config = saved
