@@ -27,7 +27,7 @@ from funnel_core.best_practices.fusion import fuse, same_identity
 from funnel_core.best_practices.hyde import HyDE, HyDERetrieve
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
-from funnel_core.funnel import warm_up_attributes
+from funnel_core.funnel import WarmUpMixin
 from funnel_core.settings import check_accepted, check_kwargs, checked_keywords
 from langchain_funnel._base import RELEVANCE_SCORE, StageCompressor, documents_to_units, units_to_documents
 from langchain_funnel.dense import DenseRetriever
@@ -106,7 +106,7 @@ def _vector_relevance(store: Any) -> Optional[Callable[[float], float]]:
         return (lambda s: s) if isinstance(store, InMemoryVectorStore) else None
 
 
-class HyDERetriever(BaseRetriever):
+class HyDERetriever(WarmUpMixin, BaseRetriever):
     """Dense retrieval with the HyDE vector ``v`` (:mod:`funnel_core.best_practices.hyde`; the
     equation: the Best practices page) of the vector store's ``embeddings`` (``embed_query`` for
     the question, ``embed_documents`` for the LLM's ``n`` hypothetical documents) or, over our
@@ -154,10 +154,6 @@ class HyDERetriever(BaseRetriever):
         hyde = HyDE.of(f"{cls.__name__}.from_llm", llm, settings, as_provider, ("vectorstore", "index", "k"))
         return cls(hyde=hyde, vectorstore=vectorstore, index=index, k=k)
 
-    def warm_up(self) -> "HyDERetriever":
-        """Load the models this retriever holds (a local LLM, the index's embedder); returns ``self``."""
-        return warm_up_attributes(self)
-
     def _search(self, query: str, docs: list[str], k: int) -> list[Document]:
         if self.index is not None:
             return units_to_documents(HyDERetrieve(self.index, self.hyde, k=k)._search(query, docs))
@@ -203,7 +199,7 @@ _ASYNC_TWIN = {
 }
 
 
-class HybridRetriever(FusionFields, BaseRetriever):
+class HybridRetriever(WarmUpMixin, FusionFields, BaseRetriever):
     """Hybrid search over any two LangChain retrievers (paper section 3.4.3).
 
     Scores are read from ``Document.metadata["relevance_score"]``. A similarity
@@ -237,11 +233,6 @@ class HybridRetriever(FusionFields, BaseRetriever):
     def __init__(self, **data: Any) -> None:
         check_accepted(type(self), data)
         super().__init__(**data)
-
-    def warm_up(self) -> "HybridRetriever":
-        """Load the models of everything this retriever holds (see ``funnel_core`` ``Stage.warm_up``),
-        e.g. at server start-up; returns ``self``."""
-        return warm_up_attributes(self)
 
     def model_post_init(self, __context: Any) -> None:
         super().model_post_init(__context)  # the fusion settings

@@ -26,7 +26,7 @@ from funnel_core.best_practices.fusion import check_fusion_config, fuse
 from funnel_core.best_practices.hyde import HyDE
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
-from funnel_core.funnel import warm_up_attributes
+from funnel_core.funnel import WarmUpMixin
 from funnel_core.settings import check_accepted, check_kwargs, checked_keywords, keyword_names
 from llama_index_funnel._base import StagePostprocessor, nodes_to_units, units_to_nodes
 from llama_index_funnel.dense import DenseRetriever
@@ -86,7 +86,7 @@ class SentenceEmbedderEmbedding(BaseEmbedding):
 _FUSION: dict[str, Any] = {n: FusionFields.model_fields[n].default for n in FUSION_SETTINGS}
 
 
-class HybridRetriever(BaseRetriever):
+class HybridRetriever(WarmUpMixin, BaseRetriever):
     """Hybrid search over two LlamaIndex retrievers (paper section 3.4.3).
 
     Args:
@@ -132,11 +132,6 @@ class HybridRetriever(BaseRetriever):
             settings = {**{n: self.__dict__[n] for n in FUSION_SETTINGS}, name: value}
             value = {**settings, "alpha": check_fusion_config(**settings)}[name]
         super().__setattr__(name, value)
-
-    def warm_up(self) -> "HybridRetriever":
-        """Load the models of everything this retriever holds (see ``funnel_core`` ``Stage.warm_up``),
-        e.g. at server start-up; returns ``self``."""
-        return warm_up_attributes(self)
 
     @staticmethod
     def _sparse_bundle(query_bundle: QueryBundle) -> QueryBundle:
@@ -272,7 +267,7 @@ class ExtractiveCompressorPostprocessor(ExtractiveCompressorFields, StagePostpro
         return "ExtractiveCompressorPostprocessor"
 
 
-class QueryClassifierGate(BaseRetriever):
+class QueryClassifierGate(WarmUpMixin, BaseRetriever):
     """Retrieve only when the query needs it (paper section 3.1).
 
     For a query the classifier labels "sufficient", no retrieval runs and ``[]`` is returned,
@@ -293,11 +288,6 @@ class QueryClassifierGate(BaseRetriever):
         self._retriever, self.classifier = retriever, QueryClassifier.check_trained(classifier)
         self.last_decision: Optional[dict] = None
         super().__init__(callback_manager=callback_manager, verbose=verbose)
-
-    def warm_up(self) -> "QueryClassifierGate":
-        """Load the models of everything this retriever holds (see ``funnel_core`` ``Stage.warm_up``),
-        e.g. at server start-up; returns ``self``."""
-        return warm_up_attributes(self)
 
     def _decide(self, query: str) -> bool:
         self.last_decision = self.classifier.decide(query)

@@ -22,7 +22,7 @@ from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 from funnel_core.errors import check_query
 from funnel_core.fbrag import ForwardLookup, ForwardSample
 from funnel_core.fbrag_fields import ForwardLookupFields
-from funnel_core.funnel import warm_up_attributes
+from funnel_core.funnel import WarmUpMixin
 from funnel_core.settings import StageAdapter, check_kwargs, checked_keywords
 from llama_index_funnel._base import nodes_to_units, units_to_nodes
 from llama_index_funnel.llm import stage_llm
@@ -42,7 +42,7 @@ class ForwardLookupQueryBundle(QueryBundle):
 ForwardLookupQueryBundle.__init__ = checked_keywords(ForwardLookupQueryBundle.__init__)  # type: ignore[method-assign]
 
 
-class _LlamaIndexForward(StageAdapter, BaseModel):
+class _LlamaIndexForward(WarmUpMixin, StageAdapter, BaseModel):
     """What the retriever and the query transform's settings share: the stage built from the
     fields of :class:`~funnel_core.fbrag_fields.ForwardLookupFields` (listed first by each
     class) and a LlamaIndex ``LLM`` wrapped for it."""
@@ -59,11 +59,6 @@ class _LlamaIndexForward(StageAdapter, BaseModel):
     def forward(self) -> ForwardLookup:
         """The ``funnel_core`` stage doing the work."""
         return self.stage
-
-    def warm_up(self) -> Any:
-        """Load the models of everything this object holds (see ``funnel_core`` ``Stage.warm_up``),
-        e.g. at server start-up; returns ``self``."""
-        return warm_up_attributes(self)
 
 
 class _StageIISettings(ForwardLookupFields, _LlamaIndexForward):
