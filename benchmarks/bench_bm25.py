@@ -4,19 +4,12 @@ evaluation harness: ``funnel eval benchmarks/configs/scifact_fusion.toml --out b
 
     python benchmarks/bench_bm25.py --data ../shared/data            # full run
     python benchmarks/bench_bm25.py --data ../shared/data --quick    # smoke run
+    python benchmarks/bench_bm25.py --parts raw --rounds 5           # ours vs raw bm25s only
 
-Writes benchmarks/results/bm25.json and bm25.png.
-
-2. Clustered BM25 on SciFact (BM25 kNN adjacency, S=4096): clusters, tokens per cluster, and the
-   recall of relevant documents inside the top-K clusters, against flat BM25 at the same number
-   of documents.
-3. Speed in one process: queries/s, index build seconds and peak memory (tracemalloc) of our
-   BM25 against raw bm25s (same tokenizer settings), LangChain community ``BM25Retriever``
-   (rank_bm25) and ``llama-index-retrievers-bm25`` at SciFact size and on 100k synthetic documents.
-3b. (part "raw") ours vs raw bm25s over the same built index on 100k synthetic documents, k=10
-   and k=100, numpy and numba (after its compile), single queries and batches, interleaved
-   rounds: median ms per query, p50/p95, load average (``vs_raw_bm25s`` in the JSON).
-4. Clustering seconds (BM25 kNN graph + Algorithm 1) on 10k and 100k synthetic documents.
+Writes benchmarks/results/bm25.json and bm25.png: SciFact clusters and the recall of relevant documents
+in the top-K clusters against flat BM25 at equal documents, queries/s, build seconds and peak memory
+against raw bm25s, LangChain community and llama-index-retrievers-bm25 (docs/clustering.md), ours
+against raw bm25s on one built index (``vs_raw_bm25s``, docs/performance.md), clustering seconds.
 """
 
 from __future__ import annotations

@@ -3,14 +3,10 @@ first command) with warm models: the stdlib docstring funnel of :mod:`funnel_cor
 
     nice -n 10 python benchmarks/bench_demo.py [--repeats 2]
 
-The demo embeds every document and passage once into a cache folder
-(``funnel_core.demo.demo_vectors``; ``FUNNEL_RAG_CACHE`` moves it): the build time is recorded
-with whether that cache was missing ("miss": the one-time embedding) or present ("hit"), and
-the previous run's figures for the other case are kept in the JSON under ``previous_runs``.
-The first question pays model loading when the cache was hit (reported apart); every later question is timed with
-:class:`common.LatencyReport` (p50/p95, load average before/after, CPU flags). With
-``--repeats 2`` the questions are asked a second time to show the embedding cache's effect.
-Writes benchmarks/results/demo_timing.json.
+The build time is recorded with whether the demo's embedding cache was missing ("miss") or
+present ("hit"); the previous run's figures for the other case stay in the JSON under
+``previous_runs``. The first question is reported apart, every later one timed with
+:class:`common.LatencyReport`. Writes benchmarks/results/demo_timing.json (docs/performance.md).
 """
 
 from __future__ import annotations

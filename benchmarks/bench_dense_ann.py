@@ -3,18 +3,10 @@ per query at 100k (and 1M) vectors.
 
     nice -n 10 python benchmarks/bench_dense_ann.py --sizes 100000 1000000
 
-Vectors are SYNTHETIC: 384-d (MiniLM's width), drawn around 2,000 Gaussian cluster centres and
-L2-normalised; queries are perturbed corpus vectors: a random direction of L2 norm
-``--query-noise`` (default 0.3) added to a unit corpus vector, then normalised. (Runs before
-2026-11-23 14:00 added noise of 0.3 *per dimension*, a perturbation 5.9x the vector's norm: those
-queries were close to random directions, whose "nearest neighbours" are near ties, sim 0.22 vs
-0.17 at ranks 1 and 10.) Recall@k = overlap of the HNSW top-k with
-the exact top-k (the numpy brute-force search of the same DenseIndex class), averaged over
-queries. Two more figures tell a miss of a near neighbour from a miss of a near tie: ``source@10``
-(the corpus vector a query was drawn from is in the top 10) and ``sim_ratio@10`` (the summed
-similarity of the HNSW top 10 over that of the exact top 10); ``exact_sim`` gives the exact
-similarities at ranks 1, 2, 10 and 100 (how far apart the "neighbours" are). Each size (and
-HNSW setting) is written to benchmarks/results/dense_ann.json as soon as it finishes.
+Vectors are SYNTHETIC (384-d, around 2,000 Gaussian centres, L2-normalised); a query is a corpus
+vector plus a random direction of norm ``--query-noise``. Recall@k, ``source@10``, ``sim_ratio@10``
+and ``exact_sim`` are defined in docs/performance.md (with why runs before 2026-11-23 14:00 differ).
+Each size (and HNSW setting) is written to benchmarks/results/dense_ann.json as soon as it finishes.
 """
 
 from __future__ import annotations

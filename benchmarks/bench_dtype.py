@@ -2,21 +2,11 @@
 
     nice -n 10 python benchmarks/bench_dtype.py [--questions 8] [--candidates 8]
 
-For seeded SQuAD *train* questions (no tuning happens here; train keeps dev-a untouched), the
-candidates are the gold paragraph and other paragraphs of the same article (hard negatives).
-Every stage scores them once with ``dtype="float32"`` and once with ``dtype="bfloat16"``
-(autocast, or bf16 weights for the LLM), on the CPU:
-
-* ``SentenceEmbedder`` (the packaged all-MiniLM-L6-v2): cosine(query, paragraph);
-* ``AttentionLMScorer`` (SmolLM2-135M-Instruct, GGUF): calibrated query->passage attention;
-* ``RankRAGScorer`` (SmolLM2-135M-Instruct, the short "smollm2" prompt): P(True).
-
-Both precisions are loaded side by side and timed on the same question one after the other
-(alternating which goes first), so a change in the machine's load hits both alike.
-Per question: Spearman correlation of the two score lists, whether the top-1 agrees, the largest
-score difference relative to the fp32 score range, and the number of distinct scores. The
-seconds per question (models warm) are recorded for both precisions with the load average
-and the CPU facts (``funnel_core.hardware.describe()``), so a busy machine is recognisable.
+Seeded SQuAD *train* questions, each with its gold paragraph and other paragraphs of its article,
+scored by ``SentenceEmbedder``, ``AttentionLMScorer`` and ``RankRAGScorer`` once in each precision on
+the CPU, both loaded side by side and timed alternately on the same question. Per question: Spearman
+correlation, top-1 agreement, the largest score difference relative to the fp32 range, distinct
+scores; seconds with the load average and CPU facts (docs/performance.md).
 Writes benchmarks/results/dtype_agreement.json.
 """
 

@@ -2,20 +2,11 @@
 
     python benchmarks/bench_first_call.py [--model models/minilm-squad-ce] [--repeats 3]
 
-Every measurement runs in a fresh Python process (what a web worker starting on demand pays), in
-two states of the export folder: ``cold`` (empty: the ONNX export and, for OpenVINO, the compile
-happen in this process) and ``cached`` (a previous process left the export and OpenVINO's compiled
-model there). Two kinds of process, interleaved by runtime and state:
-
-* ``e2e``: ``CrossEncoderScorer(model, runtime=R, export_dir=D).score(q, 10 texts)`` from a cold
-  interpreter, then the same call again (warm): the first-call and warm latencies a user sees;
-* ``phases``: the steps ``CrossEncoderScorer._load`` takes, timed one by one with the same
-  functions (``import``, ``export_onnx``, ``OnnxSession`` / ``from_pretrained``, the tokenizer:
-  the export's ``PairTokenizer`` for ONNX/OpenVINO, transformers' for torch, the first batch),
-  to say which step costs what.
-
-The 1-minute load average is recorded per process; ``--quiet-load`` waits for it first.
-Writes ``results/first_call.json``.
+Every measurement runs in a fresh Python process, with the export folder ``cold`` (empty) or
+``cached`` (what a previous process left): ``e2e`` processes time the first and a warm
+``CrossEncoderScorer(...).score`` call, ``phases`` processes the steps of ``CrossEncoderScorer._load``
+one by one (docs/performance.md, where the table says what each step is). The 1-minute load average
+is recorded per process; ``--quiet-load`` waits for it first. Writes ``results/first_call.json``.
 """
 
 from __future__ import annotations

@@ -3,16 +3,10 @@
     nice -n 10 python benchmarks/bench_l2g_squad.py            # ~60 min on 2 busy CPU cores
     python benchmarks/bench_l2g_squad.py --quick               # smoke run, a few minutes
 
-The method (teacher, training questions, the L2G and label-only arms, the student, the metric) is
-described in docs/prerank.md, "L2G on SQuAD". In short: the teacher is ``minilm-squad-ce``, its
-(question, passage) scores read from ``bench_squad_large.py``'s score cache (nothing is re-scored); both
-arms train the same all-MiniLM-L6-v2 student with BPR on the tuning sample of train questions (BM25
-top-``--train-docs`` documents each) and differ only in where the positives come from (eqs. 4-5 over
-the teacher's scores vs documents containing an answer); every system orders the BM25
-top-``--eval-docs`` documents of a seeded prefix of dev-a questions, in chunks until
-``--eval-seconds`` (the JSON rewritten after each): answer recall at k_d = 1, 2, 3 with bootstrap
-intervals, paired differences and exact McNemar tests. Checkpoints go to ``models/l2g_squad/``
-(gitignored); per-step losses, seconds, CPU flags and load averages are in the JSON.
+The method (teacher scores read from ``bench_squad_large.py``'s score cache, the L2G and label-only
+arms, the student, answer recall at k_d = 1, 2, 3 with paired tests) is described in docs/prerank.md,
+"L2G on SQuAD". Checkpoints go to ``models/l2g_squad/`` (gitignored); the JSON is rewritten after each
+chunk of ``--eval-seconds``.
 """
 
 from __future__ import annotations

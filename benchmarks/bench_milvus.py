@@ -5,24 +5,11 @@ in-memory bm25s / numpy backends: parity and speed.
     python benchmarks/bench_milvus.py --data ../shared/data --quick    # smoke run
     python benchmarks/bench_milvus.py --parts dense                    # one part, others kept
 
-Writes benchmarks/results/milvus.json.
-
-1. ``scifact``: SciFact test queries (300 with qrels). Flat BM25 on Milvus vs bm25s: nDCG@10,
-   Recall@100, mean top-10 overlap, share of queries with the identical top-10 list, largest
-   score difference; clustered BM25 (S=4096, the same clusters uploaded): overlap of the top-10
-   *cluster* ranking and document nDCG@10 of both; build seconds and queries/s of both.
-2. ``synthetic``: 100k synthetic documents (bench_bm25's generator): build seconds, queries/s,
-   top-10 overlap of both backends.
-3. ``dense``: SciFact with the packaged all-MiniLM-L6-v2: HNSW on Milvus vs exact numpy search,
-   nDCG@10, top-10 overlap, insert seconds (embeddings computed once, cached), queries/s.
-4. ``frameworks``: the LlamaIndex and LangChain BM25 retrievers on SciFact built with
-   ``backend=MilvusBackend(...)`` vs in memory, through the frameworks' own calls (``retrieve``,
-   ``invoke``): nDCG@10, identical top-10 share, queries/s, build seconds, and what persisting
-   costs: bytes written and seconds to re-open (``from_persist_dir`` / ``load``) against
-   re-building.
-
-Milvus Lite 3.2 is a pure-Python engine (per-query BM25 loops in Python): its speed says
-nothing about a Milvus server, which runs the same client calls in C++/Go, distributed.
+Writes benchmarks/results/milvus.json. Parts: ``scifact`` (flat and clustered BM25 on SciFact test),
+``synthetic`` (100k synthetic documents), ``dense`` (MiniLM, HNSW on Milvus vs exact numpy) and
+``frameworks`` (the LlamaIndex and LangChain BM25 retrievers with ``backend=MilvusBackend(...)``,
+persisting and re-opening included); what each measures is in the tables of docs/scaling_out.md.
+Milvus Lite is pure Python: its speed says nothing about a Milvus server.
 """
 
 from __future__ import annotations

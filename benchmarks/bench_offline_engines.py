@@ -4,18 +4,12 @@
     python benchmarks/bench_offline_engines.py --sizes 1000000 --rows 98304   # part of the rows at 1M
     python benchmarks/bench_offline_engines.py --quick                  # 20k kNN, 500 embeddings
 
-kNN graph: the BM25 kNN graph of :mod:`funnel_core.funnelrag.clustering` (k=20, threshold 0.1, 16 query
-terms, numba kernel) over N synthetic documents, computed by
-
-* ``local, 1 thread`` / ``local, 2 threads``: :func:`funnel_core.funnelrag.clustering.knn_block` over the
-  blocks in this process, numba with 1 or 2 threads (``local, 2 threads`` is ``engine="local"``);
-* ``ray, 1 worker`` / ``ray, 2 workers``: :func:`funnel_core.offline.ray.knn_blocks`, one Ray task
-  per block, 1 numba thread per task, at most 1 or 2 tasks in flight (``engine="ray"``).
-
-Every configuration computes the same rows (all N, or the first ``--rows`` rows of the 1M
-documents, each row querying all N documents), and the benchmark checks that the Ray blocks are
-equal, entry for entry, to the local ones. ``ray.init`` and a warm-up task per worker (the numba
-kernel loads from its on-disk cache) are timed apart. Parallel efficiency = t(1) / (2 t(2)).
+kNN graph (k=20, threshold 0.1, 16 query terms, numba) over N synthetic documents, by
+:func:`funnel_core.funnelrag.clustering.knn_block` in this process with 1 or 2 numba threads, and by
+:func:`funnel_core.offline.ray.knn_blocks` with 1 or 2 Ray tasks in flight; every configuration computes
+the same rows (all N, or the first ``--rows``), the Ray blocks are checked entry for entry against the
+local ones, and ``ray.init`` and a warm-up task per worker are timed apart. Parallel efficiency =
+t(1) / (2 t(2)).
 
 Documents: 2,000 topics of 150 term ids drawn Zipf-wise from a 20,000-term vocabulary; a
 document is 60 terms of its topic plus 40 Zipf background terms (the distribution of
@@ -23,13 +17,10 @@ document is 60 terms of its topic plus 40 Zipf background terms (the distributio
 idf = ln(1 + (N - df + 0.5) / (df + 0.5))) are computed from the term counts directly with
 scipy, because this benchmark measures the kNN step, not tokenizing.
 
-Embeddings: ``--embed-n`` synthetic 100-word texts (SciFact words when ../shared/data has
-them) embedded with the packaged all-MiniLM-L6-v2 by :func:`funnel_core.offline.embed_texts`,
-local (torch with 1 and 2 threads) and Ray Data (1 and 2 CPU actors, 1 torch thread each),
-excluding ray.init; the Ray figures include starting the actors and loading the model.
-
-The machine has 2 cores shared with other jobs; the load average is recorded before and after
-each measurement. Writes benchmarks/results/offline_engines.json (rows merged by key).
+Embeddings: ``--embed-n`` synthetic 100-word texts embedded with the packaged all-MiniLM-L6-v2 by
+:func:`funnel_core.offline.embed_texts`, locally (torch, 1 and 2 threads) and by Ray Data (1 and 2
+CPU actors; starting them and loading the model included, ray.init excluded). Load averages are
+recorded per measurement. Writes benchmarks/results/offline_engines.json (rows merged by key).
 """
 
 from __future__ import annotations

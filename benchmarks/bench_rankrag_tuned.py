@@ -4,15 +4,10 @@
     funnel train benchmarks/train/squad_ce.toml          # models/minilm-squad-ce
     nohup nice -n 10 python benchmarks/bench_rankrag_tuned.py > models/bench_rankrag_tuned.log 2>&1 &
 
-Four systems rerank the same BM25 top-20, in one process: ``bm25`` (BM25's order), ``ce`` (the
-SQuAD-trained MiniLM cross-encoder; out of domain on SciFact), ``smollm2_zeroshot`` (``RankRAGScorer``
-P(True), SmolLM2 as packaged, dequantised to float32 on first use) and ``smollm2_rankrag`` (the tuned
-checkpoint); both LLMs with the paper's prompt (Appendix D.1, through the chat template), passages cut
-to ``--max-passage-words``. Data: seeded samples of SQuAD dev-a questions over the large corpus of
-``squad_large_data`` (AR@1..4 of the reranked top-20) and of SciFact test claims (nDCG@10), interleaved
-(SQuAD, SciFact, ...), every system on every query before the next, the JSON rewritten after each query:
-when ``--max-minutes`` ends the run every system has the same queries. Intervals: percentile bootstrap
-over queries; paired bootstrap and exact McNemar against BM25.
+Four systems (``bm25``, ``ce``, ``smollm2_zeroshot``, ``smollm2_rankrag``) rerank the same BM25 top-20
+of seeded SQuAD dev-a questions (AR@1..4) and SciFact test claims (nDCG@10), query by query, the JSON
+rewritten after each query, so ``--max-minutes`` leaves every system with the same queries; the setup
+is described in docs/llm_retrieval.md.
 """
 
 from __future__ import annotations

@@ -10,14 +10,8 @@
     python benchmarks/bench_squad_large.py --import-scores .cache/squad_large/pairs.npz .cache/squad_large/scores.npy
     python benchmarks/bench_squad_large.py --quick            # minutes: tiny samples, CPU scoring
 
-Corpus: every article of ``--squad`` files (default SQuAD v1.1 train + dev-a): ~1K-token documents,
-``LaterChunking(words=100)`` passages, clusters by Algorithm 1. Every choice (hybrid alpha, the "best"
-funnel, the headline cluster size) is made on a seeded sample of train questions
-(``trained.tuning_question_ids``); results are reported on a seeded sample of dev-a questions.
-Systems (first stages alone, flat first stage -> cross-encoder at depths ``FLAT_DEPTHS``, the funnel over
-``FUNNEL_GRID`` with the paper's preset among it) and how quality (from cached scores: MaxP over a
-document's windows = the max of its passages' cached scores) and time (``time_squad_large.py``: the
-real pipelines through the evaluation harness) are measured: docs/benchmarks.md.
+Corpus, systems (``FLAT_DEPTHS``, ``FUNNEL_GRID``), the train questions every choice is made on, and how
+quality (cached scores, MaxP) and time (``time_squad_large.py``) are measured: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -76,10 +76,6 @@ def ci(lo_hi, digits: int = 3) -> str:
     return f"[{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
-def wci(p: float, n: int) -> str:
-    return f"{ci(wilson(p, n))} (Wilson)"
-
-
 def table(header: Sequence[str], rows: Sequence[Sequence[str]], note: str = "") -> str:
     """A markdown table, after ``note`` (a paragraph naming command, sample and interval) if given."""
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -158,7 +154,7 @@ FORMATS: dict[str, Callable[[Any, str], str]] = {
     "ci": lambda v, spec: "[{}, {}]".format(*(format(x, spec or ".3f") for x in v)),
     "arci": lambda x, _: f"{x['mean']:.3f} {ci(x['ci95'])}",     # mean [95% interval]
     "diff": lambda c, _: f"{c['difference']:+.3f} {ci(c['ci'])}",  # paired difference [95% interval]
-    "wci": lambda p, n: wci(p, int(n)),
+    "wci": lambda p, n: f"{ci(wilson(p, int(n)))} (Wilson)",
     "secs": lambda v, _: secs(v),
     "join": lambda v, sep: (sep or ", ").join(map(str, v)),
     "commands": lambda v, _: commands_cell(v),

@@ -3,17 +3,11 @@
     python benchmarks/time_squad_large.py --n-timing 50 --quiet-each --quiet-load 1.0 --max-load 1.0 [--systems REGEX]
     python benchmarks/time_squad_large.py --compare-only      # no timing: comparisons + plot from the JSON
 
-Builds only what the real pipelines need (corpus, BM25, HNSW, the cluster indexes of the timed
-funnels) and runs ``funnel_core.evaluation.evaluate`` on the seeded timing sample of dev-a
-questions (the same sample and seed as ``bench_squad_large.py``): every system warmed up on a
-question outside the sample, then the systems in round-robin per question, the 1-minute load
-average read before every timed query (``--quiet-check`` first waits for it to fall to
-``--quiet-load``; ``--quiet-each`` waits so before every timed query). The harness report (seconds, pairs and calls counted by
-the cross-encoder itself, per-question records, machine, versions) goes to
-``results/squad_large_timing.json``; ``report.py`` reads the seconds from there. When the load
-average exceeded ``--max-load`` (default: the cores available) the harness withholds the seconds: nothing is merged and the
-script exits with status 2. Otherwise the comparisons and the plot in ``squad_large.json`` are
-recomputed with the new seconds (AR@k stays as the quality run wrote it).
+Builds only what the timed pipelines need and runs ``funnel_core.evaluation.evaluate`` on the seeded
+timing sample of dev-a questions; the harness report goes to ``results/squad_large_timing.json``, whose
+seconds ``report.py`` reads. Above ``--max-load`` the harness withholds the seconds and the script
+exits with status 2; otherwise the comparisons and plot of ``squad_large.json`` are recomputed (AR@k
+stays as the quality run wrote it). Options and method: docs/benchmarks.md, "Reproduce".
 """
 
 from __future__ import annotations
