@@ -1,16 +1,11 @@
 """Cross-encoder inference runtimes on CPU: pairs per second and nDCG@10 on SciFact test (docs/performance.md).
 
-The runtimes of :class:`~funnel_core.rerank.cross_encoder.CrossEncoderScorer` (torch fp32, torch bf16
-autocast, ONNX Runtime fp32, OpenVINO; the dynamic-int8 ONNX runtime, measured in ``ce_backends.json``,
-was removed, having lost nDCG), in two passes, interleaved query by query in an order rotated per query:
-
-* **speed**: BM25 top-``--timing-depth`` of the first ``--timing-queries`` test queries; pairs/s, p50/p95
-  seconds per query, and the largest score difference from torch fp32 on those pairs;
-* **quality**: the ``--ndcg-runtimes`` rerank the BM25 top-``--depth`` of every test query (the rest of
-  the top-100 in BM25 order) for nDCG@10.
-
-Scores go to a cache file (``--cache``), so an interrupted run resumes; the JSON is rewritten every
-``--save-every`` queries. Model: ``models/minilm-scifact-ce`` unless ``--model`` names another::
+The runtimes of :class:`~funnel_core.rerank.cross_encoder.CrossEncoderScorer` in two passes, interleaved
+query by query: **speed** (BM25 top-``--timing-depth`` of the first ``--timing-queries`` test queries)
+and **quality** (the ``--ndcg-runtimes`` rerank the BM25 top-``--depth`` of every test query); the
+table in docs/performance.md says what each column is. Scores go to a cache file (``--cache``), so an
+interrupted run resumes; the JSON is rewritten every ``--save-every`` queries. Model:
+``models/minilm-scifact-ce`` unless ``--model`` names another::
 
     nice -n 10 python benchmarks/bench_ce_backends.py --data /work/shared/data --depth 100
 """

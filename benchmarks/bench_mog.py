@@ -1,12 +1,9 @@
 """Mix-of-Granularity on SQuAD v1.1 dev-a through the evaluation harness: fixed levels (``level_j``) vs
 MoG (trained router; ``mog_uniform``: uniform weights) vs MoGG (2-sentence node graph, ``mogg_hop_j``
-alone) vs LlamaIndex's AutoMergingRetriever (BM25 over the leaves, every level in the docstore).
+alone) vs LlamaIndex's AutoMergingRetriever.
 
-Articles at even positions train the routers (soft labels: hit rate of the shortest gold answer in each
-level's best BM25 snippet); the odd ones are the corpus and questions evaluated (AR@1/3, words@1/3, AR@10
-and words@10 for all AutoMerging returns; paired against ``level_1``). One MoG router per label variant
-(``LABEL_VARIANTS``) x each selection variant (``SELECTION_VARIANTS``) is reported as
-``router LABELS / SELECTION``, with the level each chooses per test question. Method and results:
+Articles at even positions train the routers (one per ``LABEL_VARIANTS`` x ``SELECTION_VARIANTS``,
+reported as ``router LABELS / SELECTION``); the odd ones are evaluated. Method and results:
 docs/mix_of_granularity.md. ``--graph-scale`` instead times the MoGG graph build at 100k replicated
 SQuAD nodes into ``results/mog_graph_scale.json``.
 
