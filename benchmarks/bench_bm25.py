@@ -19,7 +19,7 @@ import json
 import time
 
 import numpy as np
-from common import RESULTS, parser, peak_memory, synthetic_corpus, synthetic_search, timer, vocabulary, write_json
+from common import RESULTS, parser, peak_memory, qps, synthetic_corpus, synthetic_search, timer, vocabulary, write_json
 
 from funnel_core.bm25 import BM25Index
 from funnel_core.evaluation import load_beir
@@ -208,17 +208,12 @@ def speed(texts: list[str], queries: list[str], label: str, n_slow: int) -> dict
             search = build(texts)
         qs = queries if name != "langchain_community" else queries[:n_slow]
         search(qs[0], 10)  # warm-up
-        t0 = time.perf_counter()
-        for q in qs:
-            search(q, 10)
-        qps = len(qs) / (time.perf_counter() - t0)
-        out["systems"][name] = {"build_seconds": tb["seconds"], "qps": qps, "queries_timed": len(qs),
-                                "peak_build_mib": mem["peak_mib"]}
+        out["systems"][name] = {"build_seconds": tb["seconds"], "qps": qps(lambda q, s=search: s(q, 10), qs),
+                                "queries_timed": len(qs), "peak_build_mib": mem["peak_mib"]}
         print(f"[3] {label} {name}: {out['systems'][name]}")
     batched = Systems.ours_batched(texts)
-    t0 = time.perf_counter()
-    batched(queries, 10)
-    out["systems"]["ours_batched"] = {"qps": len(queries) / (time.perf_counter() - t0), "queries_timed": len(queries)}
+    out["systems"]["ours_batched"] = {"qps": qps(lambda b: batched(b, 10), queries, batch=len(queries)),
+                                      "queries_timed": len(queries)}
     ours = out["systems"]["ours"]["qps"]
     out["qps_ratio_ours_vs"] = {k: ours / v["qps"] for k, v in out["systems"].items() if k != "ours"}
     out["build_ratio_ours_vs"] = {k: out["systems"]["ours"]["build_seconds"] / v["build_seconds"]

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import RESULTS, cached_embeddings, load_average, parser, synthetic_search, timer, write_json
+from common import RESULTS, cached_embeddings, load_average, parser, qps, synthetic_search, timed, timer, write_json
 
 from funnel_core.backends.milvus import MilvusBM25Index, MilvusClusteredBM25Index, MilvusDenseIndex
 from funnel_core.bm25 import BM25Index
@@ -56,17 +56,6 @@ def max_score_diff(a: list[list[Unit]], b: list[list[Unit]]) -> float:
     return d
 
 
-def qps(fn, queries: list[str], batch: int | None = None) -> float:
-    t0 = time.perf_counter()
-    if batch:
-        for i in range(0, len(queries), batch):
-            fn(queries[i:i + batch])
-    else:
-        for q in queries:
-            fn(q)
-    return len(queries) / (time.perf_counter() - t0)
-
-
 def scifact_queries(ds, quick: bool) -> tuple[list[str], list[str], dict]:
     """The test query ids, their texts and qrels (the first 60 with ``quick``)."""
     queries = ds.split_queries()
@@ -78,12 +67,8 @@ def part_scifact(ds, db: str, quick: bool) -> dict:
     qids, qs, qrels = scifact_queries(ds, quick)
     out: dict = {"n_documents": len(ds.corpus), "n_queries": len(qs)}
 
-    with timer() as t:
-        mem = BM25Index().index(ds.corpus)
-    out["bm25s_build_seconds"] = t["seconds"]
-    with timer() as t:
-        mil = MilvusBM25Index(db, "scifact_bm25").index(ds.corpus)
-    out["milvus_build_seconds"] = t["seconds"]
+    mem = timed(out, "bm25s_build_seconds", lambda: BM25Index().index(ds.corpus))
+    mil = timed(out, "milvus_build_seconds", lambda: MilvusBM25Index(db, "scifact_bm25").index(ds.corpus))
     r_mem = mem.search_many(qs, k=100)
     r_mil = mil.search_many(qs, k=100)
     out["bm25s"] = ir_metrics(qrels, run_from_units(dict(zip(qids, r_mem))), ["ndcg@10", "recall@100"])
@@ -97,12 +82,9 @@ def part_scifact(ds, db: str, quick: bool) -> dict:
     out["milvus_qps_single"] = qps(lambda q: mil.search(q, k=10), qs)
     print(f"[scifact flat] {json.dumps(out, default=float)}")
 
-    with timer() as t:
-        cmem = ClusteredBM25Index(max_tokens=4096).index(ds.corpus)
-    out["clustered_bm25s_build_seconds"] = t["seconds"]
-    with timer() as t:
-        cmil = MilvusClusteredBM25Index.from_index(cmem, db, "scifact_clusters")
-    out["clustered_milvus_upload_seconds"] = t["seconds"]
+    cmem = timed(out, "clustered_bm25s_build_seconds", lambda: ClusteredBM25Index(max_tokens=4096).index(ds.corpus))
+    cmil = timed(out, "clustered_milvus_upload_seconds",
+                 lambda: MilvusClusteredBM25Index.from_index(cmem, db, "scifact_clusters"))
     out["n_clusters"] = len(cmem.clusters)
     c_mem = [cmem.search(q, k=10, return_clusters=True) for q in qs]
     c_mil = [cmil.search(q, k=10, return_clusters=True) for q in qs]
@@ -150,12 +132,8 @@ def part_synthetic(ds, db: str, quick: bool) -> dict:
     units = [Unit(id=str(i), text=t) for i, t in enumerate(big)]
     del big
     out: dict = {"n_documents": n, "n_queries": len(queries), "words_per_document": 100}
-    with timer() as t:
-        mem = BM25Index().index(units)
-    out["bm25s_build_seconds"] = t["seconds"]
-    with timer() as t:
-        mil = MilvusBM25Index(db, "synthetic_bm25").index(units)
-    out["milvus_build_seconds"] = t["seconds"]
+    mem = timed(out, "bm25s_build_seconds", lambda: BM25Index().index(units))
+    mil = timed(out, "milvus_build_seconds", lambda: MilvusBM25Index(db, "synthetic_bm25").index(units))
     out["bm25s_qps_single"] = qps(lambda q: mem.search(q, k=10), queries)
     out["milvus_qps_single"] = qps(lambda q: mil.search(q, k=10), queries)
     out["milvus_qps_batched"] = qps(lambda b: mil.search_many(b, k=10), queries, batch=25)
@@ -189,9 +167,8 @@ def part_dense(ds, db: str, quick: bool) -> dict:
                  "model": "all-MiniLM-L6-v2",
                  "embed_or_cache_seconds": t["seconds"]}
     mem = DenseIndex(embedder).index(corpus, embeddings=emb)
-    with timer() as t:
-        mil = MilvusDenseIndex(db, "scifact_dense", embedder, index_type="HNSW").index(corpus, embeddings=emb)
-    out["milvus_hnsw_insert_seconds"] = t["seconds"]
+    mil = timed(out, "milvus_hnsw_insert_seconds", lambda: MilvusDenseIndex(
+        db, "scifact_dense", embedder, index_type="HNSW").index(corpus, embeddings=emb))
     r_mem = mem.search_many(qs, k=100, query_embeddings=q_emb)
     r_mil = mil.search_many(qs, k=100, query_embeddings=q_emb)
     out["numpy_exact"] = ir_metrics(qrels, run_from_units(dict(zip(qids, r_mem))), ["ndcg@10", "recall@100"])
@@ -238,18 +215,14 @@ def part_frameworks(ds, db: str, quick: bool) -> dict:
     for name, (build, ask, persist, reopen) in frameworks.items():
         res: dict = {}
         for where, backend in (("memory", None), ("milvus", MilvusBackend(db, collection=f"fw_{name}"))):
-            with timer() as t:
-                r = build(backend)
-            res[f"{where}_build_seconds"] = t["seconds"]
+            r = timed(res, f"{where}_build_seconds", lambda: build(backend))
             t0 = time.perf_counter()
             ids = [ask(r, q) for q in qs]
             res[f"{where}_qps"] = len(qs) / (time.perf_counter() - t0)
             res[f"{where}_ndcg@10"] = ir_metrics(qrels, run(ids), ["ndcg@10"])["ndcg@10"]
             res[f"{where}_ids"] = ids
             folder = tmp / f"{name}_{where}"
-            with timer() as t:
-                persist(r, folder)
-            res[f"{where}_persist_seconds"] = t["seconds"]
+            timed(res, f"{where}_persist_seconds", lambda: persist(r, folder))
             res[f"{where}_persisted_bytes"] = _folder_bytes(folder)
             with timer() as t:
                 again = reopen(folder)

@@ -12,8 +12,9 @@ import time
 import tracemalloc
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
+T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT))
@@ -50,6 +51,14 @@ def timer() -> Iterator[dict]:
     box["seconds"] = time.perf_counter() - t0
 
 
+def timed(out: dict, key: str, fn: Callable[[], T]) -> T:
+    """``fn()``, its wall-clock seconds stored as ``out[key]``."""
+    t0 = time.perf_counter()
+    result = fn()
+    out[key] = time.perf_counter() - t0
+    return result
+
+
 def interleaved_seconds(runs: dict[str, Callable[[], Any]], repeats: int) -> dict[str, list[float]]:
     """Seconds of each call of ``runs`` over ``repeats`` rounds, after one warm-up call each (lazy
     model loading); every round calls each in turn, so a change of the machine's load hits all alike."""
@@ -62,6 +71,18 @@ def interleaved_seconds(runs: dict[str, Callable[[], Any]], repeats: int) -> dic
             fn()
             times[k].append(time.perf_counter() - t0)
     return times
+
+
+def qps(fn: Callable[[Any], Any], queries: list[str], batch: int | None = None) -> float:
+    """Queries per second of ``fn`` called on each query (or, with ``batch``, on batches of that many)."""
+    t0 = time.perf_counter()
+    if batch:
+        for i in range(0, len(queries), batch):
+            fn(queries[i:i + batch])
+    else:
+        for q in queries:
+            fn(q)
+    return len(queries) / (time.perf_counter() - t0)
 
 
 @contextmanager

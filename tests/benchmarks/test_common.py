@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from common import interleaved_seconds, merge_rows, save_json, synthetic_search, vocabulary  # noqa: E402
+from common import interleaved_seconds, merge_rows, qps, save_json, synthetic_search, timed, vocabulary  # noqa: E402
 
 
 def test_interleaved_seconds_warms_up_then_takes_turns():
@@ -42,3 +42,16 @@ def test_merge_rows_replaces_rows_of_the_same_key_and_keeps_the_others():
     assert merge_rows(old, [{"n": 2, "s": 9.0}, {"n": 3, "s": 3.0}], lambda r: r["n"]) == [
         {"n": 1, "s": 1.0}, {"n": 2, "s": 9.0}, {"n": 3, "s": 3.0}]
     assert merge_rows([], [], lambda r: r["n"]) == [] and old == [{"n": 1, "s": 1.0}, {"n": 2, "s": 2.0}]
+
+
+def test_timed_returns_the_result_and_stores_its_seconds():
+    out: dict = {}
+    assert timed(out, "build_seconds", lambda: "index") == "index"
+    assert list(out) == ["build_seconds"] and out["build_seconds"] >= 0
+
+
+def test_qps_calls_each_query_or_each_batch_once():
+    seen: list = []
+    assert qps(seen.append, ["a", "b", "c"]) > 0 and seen == ["a", "b", "c"]
+    seen.clear()
+    assert qps(seen.append, ["a", "b", "c"], batch=2) > 0 and seen == [["a", "b"], ["c"]]
