@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import RESULTS, default_data_dir, load_average, machine, merge_rows, save_json, scifact_texts, vocabulary
+from common import RESULTS, load_average, machine, merge_rows, parser, save_json, scifact_texts, vocabulary
 
 STEPS = ("bm25_index", "knn_graph", "algorithm1", "cluster_units", "cluster_index")
 TARGET_N = 21_000_000
@@ -241,11 +241,9 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", type=Path, default=default_data_dir(), help="folder with scifact/ (vocabulary)")
+    p = parser(__doc__.splitlines()[0])  # --data, --quick (5k and 20k documents), --out
+    p.set_defaults(out=RESULTS / "cluster_scale.json")
     p.add_argument("--sizes", type=int, nargs="*", default=None)
-    p.add_argument("--quick", action="store_true", help="5k and 20k documents")
-    p.add_argument("--out", type=Path, default=RESULTS / "cluster_scale.json")
     p.add_argument("--k", type=int, default=20)
     p.add_argument("--threshold", type=float, default=0.1)
     p.add_argument("--max-tokens", type=int, default=4096)

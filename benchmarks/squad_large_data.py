@@ -1,7 +1,7 @@
 """The large SQuAD corpus: every article of one or more SQuAD-format files together.
 
-* documents : ~1K-token runs of consecutive paragraphs of an article (as ``squad_units`` in
-  ``bench_funnel.py``);
+* documents : ~1K-token runs of consecutive paragraphs of an article (the former ``squad_units`` of the
+  removed ``bench_funnel.py``);
 * passages  : ``LaterChunking(words=100)`` of those documents (sentence-aware ~100-word windows);
   these are exactly the windows a ``CrossEncoderScorer(window_words=100)`` cuts a document into,
   so a document's MaxP score equals the maximum of its passages' scores;
