@@ -26,7 +26,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from common import ROOT, parser, write_json
+from common import ROOT, parser, timed, write_json
 from squad_large_data import PASSAGE_WORDS, AnswerTexts, build_corpus
 from trained import SQUAD_CE, SQUAD_FILES, require_model, tuning_question_ids
 
@@ -441,12 +441,10 @@ def main() -> None:
     bf16 = bool(flags["cpu_native_bf16"])
     timings = {}
 
-    t0 = time.perf_counter()
-    corpus = build_corpus(args.squad)
+    corpus = timed(timings, "corpus_seconds", lambda: build_corpus(args.squad))
     passages, documents = corpus.passages, corpus.documents
     pid_index = {u.id: i for i, u in enumerate(passages)}
     doc_index = {d.id: i for i, d in enumerate(documents)}
-    timings["corpus_seconds"] = time.perf_counter() - t0
     print(f"{len(documents)} documents, {len(passages)} passages", flush=True)
 
     train_all = corpus.questions["train"]
@@ -478,12 +476,8 @@ def main() -> None:
     q_emb = question_embeddings(args, corpus, all_qs, embedder)
     timings["embeddings_seconds"] = time.perf_counter() - t0
     dense = FaissDense(emb)
-    t0 = time.perf_counter()
-    bm25 = BM25Index().index(passages)
-    timings["bm25_passages_seconds"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    adj = corpus.adjacency()
-    timings["adjacency_seconds"] = time.perf_counter() - t0
+    bm25 = timed(timings, "bm25_passages_seconds", lambda: BM25Index().index(passages))
+    adj = timed(timings, "adjacency_seconds", corpus.adjacency)
     cindexes, cluster_info = {}, {}
     for s in CLUSTER_SIZES:
         t0 = time.perf_counter()
