@@ -1,7 +1,4 @@
-"""Dense retrieval for LlamaIndex: :class:`DenseRetriever` over a
-:class:`~funnel_core.embeddings.DenseIndex` (in memory) or a
-:class:`~funnel_core.backends.milvus.MilvusDenseIndex` (``backend=``), e.g. the dense side of
-:class:`~llama_index_funnel.best_practices.HybridRetriever`."""
+"""Dense retrieval for LlamaIndex: :class:`DenseRetriever`."""
 
 from __future__ import annotations
 
@@ -24,24 +21,14 @@ __all__ = ["DenseRetriever"]
 
 
 class DenseRetriever(IndexRetriever):
-    """LlamaIndex retriever over a dense index (in memory or on Milvus); scores in metadata.
-
-    Build with :meth:`from_defaults` (``backend=`` picks Milvus), re-open a built collection
-    with :meth:`from_backend`. A query bundle's ``embedding`` (e.g. from
+    """LlamaIndex retriever over a built :class:`~funnel_core.embeddings.DenseIndex` or
+    :class:`~funnel_core.backends.milvus.MilvusDenseIndex` (``index``) of ``nodes`` (``None``:
+    ``TextNode``s rebuilt from the index); ``similarity_top_k`` and ``filters`` as in
+    :class:`~llama_index_funnel.retrievers.BM25Retriever` (on Milvus a filter may also be an
+    expression string). A query bundle's ``embedding`` (e.g. from
     :class:`~llama_index_funnel.best_practices.HyDETransform`), else the mean embedding of its
-    ``custom_embedding_strs`` (``HyDEQueryTransform``), is searched instead of the query string,
-    as LlamaIndex's vector retrievers do.
-
-    Args:
-        index: A built :class:`~funnel_core.backends.milvus.MilvusDenseIndex` or
-            :class:`~funnel_core.embeddings.DenseIndex`.
-        nodes: Nodes the index was built from (results are copies of them); ``None``: results
-            are ``TextNode``s rebuilt from the index (id, text, metadata).
-        similarity_top_k: Nodes returned.
-        filters: Default metadata filter (``MetadataFilters`` or a dict; on Milvus also an
-            expression string, pushed down; in memory also a predicate), with the same
-            meaning in memory and on Milvus. A floor: per-query filters passed to
-            :meth:`search` are ANDed with it.
+    ``custom_embedding_strs``, is searched instead of the query string, as LlamaIndex's vector
+    retrievers do.
     """
 
     @checked_keywords
