@@ -39,6 +39,7 @@ dispatcher = get_dispatcher(__name__)
 __all__ = ["StagePostprocessor", "UnitRetriever", "PromptlessTransform", "node_to_unit", "nodes_to_units",
            "units_to_nodes", "annotate_node", "hide_keys", "Handoff", "handing"]
 
+
 def _node_text(node: BaseNode) -> str:
     return node.get_content(metadata_mode=MetadataMode.NONE)
 

@@ -66,23 +66,18 @@ class DenseRetriever(IndexRetriever):
         return self._restore(self.index.search_many([query], self._k(k), query_embeddings=embeddings,
                                                     filter=flt)[0])
 
-    def _bundle_vector(self, query_bundle: QueryBundle) -> Any:
-        """The vector a query bundle asks for (see the class docstring), else ``None``."""
-        if query_bundle.embedding is not None:
-            return np.asarray(query_bundle.embedding, dtype=np.float32)
-        if query_bundle.custom_embedding_strs:
-            return self.index.embedder.encode(list(query_bundle.custom_embedding_strs)).mean(axis=0)
-        return None
+    def _bundle_search(self, query_bundle: QueryBundle) -> list[Unit]:
+        """Search with the bundle's vector (see the class docstring), else its query string."""
+        query = check_query(query_bundle.query_str)
+        if not query:
+            return []
+        vector = query_bundle.embedding
+        if vector is None and query_bundle.custom_embedding_strs:
+            vector = self.index.embedder.encode(list(query_bundle.custom_embedding_strs)).mean(axis=0)
+        return self._search(query, vector=vector)
 
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
-        query = check_query(query_bundle.query_str)
-        if not query:
-            return []
-        return self._to_nodes(self._search(query, vector=self._bundle_vector(query_bundle)))
+        return self._to_nodes(self._bundle_search(query_bundle))
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
-        query = check_query(query_bundle.query_str)
-        if not query:
-            return []
-        return self._to_nodes(await asyncio.to_thread(
-            lambda: self._search(query, vector=self._bundle_vector(query_bundle))))
+        return self._to_nodes(await asyncio.to_thread(self._bundle_search, query_bundle))

@@ -142,10 +142,8 @@ class ForwardLookupRetriever(ForwardLookupFields, _LlamaIndexForward, BaseRetrie
         super().model_post_init(__context)  # checks the context, builds (and validates) the stage
 
     @staticmethod
-    def _samples(query_bundle: QueryBundle) -> Optional[list[ForwardSample]]:
-        if isinstance(query_bundle, ForwardLookupQueryBundle) and query_bundle.samples:
-            return list(query_bundle.samples)
-        return None
+    def _samples(qb: QueryBundle) -> Optional[list[ForwardSample]]:
+        return list(qb.samples) if isinstance(qb, ForwardLookupQueryBundle) and qb.samples else None
 
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
         query = check_query(query_bundle.query_str)

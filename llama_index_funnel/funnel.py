@@ -38,10 +38,8 @@ dispatcher = get_dispatcher(__name__)
 
 
 class FunnelTraceEvent(BaseEvent):
-    """One funnel query's per-stage trace (:meth:`funnel_core.units.Trace.to_dict`: the query, and
-    units in/out and seconds per stage), sent to LlamaIndex's instrumentation (an event handler
-    added to ``llama_index.core.instrumentation.get_dispatcher()`` receives it) in that query's
-    retrieve span."""
+    """One funnel query's trace (:meth:`funnel_core.units.Trace.to_dict`), sent to LlamaIndex's
+    instrumentation (an event handler on ``get_dispatcher()`` receives it) in its retrieve span."""
 
     trace: dict[str, Any]
 
@@ -81,22 +79,19 @@ def _query_scope() -> Iterator[None]:
             _SEEN.reset(token)
 
 
-def _seen_lookup() -> Mapping[str, BaseNode]:
+def _seen_lookup(*more: Mapping[str, BaseNode]) -> Mapping[str, BaseNode]:
+    """The nodes seen in the query being run, then ``more``."""
     seen = _SEEN.get()
-    return seen.lookup() if seen is not None else {}
-
-
-def _seen_add(units: list[Unit]) -> list[Unit]:
-    seen = _SEEN.get()
-    if seen is not None:
-        seen.add(units)
-    return units
+    return seen.lookup(*more) if seen is not None else ChainMap({}, *more)  # type: ignore[arg-type]
 
 
 def _scored(nodes: Sequence[NodeWithScore], name: str,
             before: Optional[Sequence[Unit]] = None) -> list[Unit]:
-    """A LlamaIndex stage's nodes -> units (:func:`funnel_core.units.adopted`)."""
-    return adopted(_seen_add(nodes_to_units(nodes)), name, before)
+    """A LlamaIndex stage's nodes -> units (:func:`funnel_core.units.adopted`), their nodes seen."""
+    units = nodes_to_units(nodes)
+    if (seen := _SEEN.get()) is not None:
+        seen.add(units)
+    return adopted(units, name, before)
 
 
 class RetrieverStage(CallStage):
@@ -253,8 +248,7 @@ class FunnelRetriever(UnitRetriever):
 
     def _originals(self) -> Mapping[str, BaseNode]:
         """The given nodes, and (inside a query) the nodes its stages brought in."""
-        seen = _SEEN.get()
-        return seen.lookup(self._nodes) if seen is not None else self._nodes
+        return _seen_lookup(self._nodes)
 
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
         with _query_scope():

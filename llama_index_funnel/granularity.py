@@ -34,6 +34,7 @@ from llama_index_funnel._base import UnitRetriever, annotate_node, node_to_unit
 
 __all__ = ["MultiGranularityNodeParser", "GraphGranularityNodeParser", "MixOfGranularityRetriever"]
 
+
 def _doc_unit(node: BaseNode) -> Unit:
     return Unit(id=node.node_id, text=node.get_content(metadata_mode=MetadataMode.NONE),
                 metadata=read_funnel_metadata(node.metadata)[0], level="document")
@@ -142,23 +143,16 @@ class MultiGranularityNodeParser(MultiGranularityFields, _StageNodeParser):
         out: List[BaseNode] = []
         pairs: List[tuple[Dict[str, Any], Dict[str, Any]]] = []
         for di, doc in enumerate(get_tqdm_iterable(nodes, show_progress, "Parsing granularity levels")):
-            levels = chunker.split_document(_doc_unit(doc), di)
-            by_id: Dict[str, TextNode] = {}
-            for level in levels:
-                for unit in level:
-                    by_id[unit.id] = _text_node(unit, doc, drop=("child_ids",))
-            for level in levels:
-                for unit in level:
-                    node = by_id[unit.id]
-                    if unit.parent_id is not None:
-                        node.relationships[NodeRelationship.PARENT] = \
-                            by_id[unit.parent_id].as_related_node_info()
-                    kids = unit.funnel.get("child_ids")
-                    if kids:
-                        node.relationships[NodeRelationship.CHILD] = \
-                            [by_id[k].as_related_node_info() for k in kids]
-                    out.append(node)
-                    pairs.append((doc.metadata, node.metadata))
+            units = [u for level in chunker.split_document(_doc_unit(doc), di) for u in level]
+            by_id = {u.id: _text_node(u, doc, drop=("child_ids",)) for u in units}
+            for unit in units:
+                node = by_id[unit.id]
+                if unit.parent_id is not None:
+                    node.relationships[NodeRelationship.PARENT] = by_id[unit.parent_id].as_related_node_info()
+                if kids := unit.funnel.get("child_ids"):
+                    node.relationships[NodeRelationship.CHILD] = [by_id[k].as_related_node_info() for k in kids]
+                out.append(node)
+                pairs.append((doc.metadata, node.metadata))
         keep_source_funnel_keys(type(self).__name__, pairs)
         return out
 
@@ -210,11 +204,10 @@ class MixOfGranularityRetriever(UnitRetriever):
             raise ValueError("MixOfGranularityRetriever needs nodes; parse documents with "
                              "MultiGranularityNodeParser or GraphGranularityNodeParser first.")
         check_positive_int(similarity_top_k, "similarity_top_k")
-        self._units = [node_to_unit(n) for n in nodes]
+        self._units, self._nodes, self.n_gra = [node_to_unit(n) for n in nodes], nodes, n_gra
         self._stage = mog_stage(self._units, router, n_gra=n_gra, bm25=bm25,
                                 top_k=similarity_top_k, k_r=k_r, normalize=normalize,
                                 level_margin=level_margin)  # indexes the levels now
-        self._n_gra, self._nodes = n_gra, nodes
         super().__init__(callback_manager=callback_manager, verbose=verbose)
 
     @staticmethod
@@ -234,15 +227,10 @@ class MixOfGranularityRetriever(UnitRetriever):
         setting = self._forwarded(name) if "_stage" in self.__dict__ else None
         if setting is not None:
             setattr(self._stage, setting, value)  # validated by the stage
-        elif "_stage" in self.__dict__ and name == "n_gra":
-            self._stage = mog_rebuilt(self._stage, self._units, value)
-            self._n_gra = value
-        else:
-            super().__setattr__(name, value)
-
-    @property
-    def n_gra(self) -> int:
-        return self._n_gra
+            return
+        if name == "n_gra" and "_stage" in self.__dict__:
+            self._stage = mog_rebuilt(self._stage, self._units, value)  # validated by the rebuild
+        super().__setattr__(name, value)
 
     @property
     def stage(self) -> MixOfGranularityRetrieve:

@@ -24,7 +24,7 @@ from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
 from funnel_core.settings import checked_keywords
 from funnel_core.units import Unit
-from llama_index_funnel._base import UnitRetriever, units_to_nodes
+from llama_index_funnel._base import UnitRetriever
 from llama_index_funnel.milvus import is_milvus, restore_nodes, search_filter, with_shells
 
 __all__ = ["BM25Retriever", "ClusteredBM25Retriever"]
@@ -79,10 +79,7 @@ class IndexRetriever(UnitRetriever):
         """Retrieve with a per-query filter (MetadataFilters, dict or predicate), ANDed with
         :attr:`filters` (a floor it narrows, never widens), and options (``k``, ...)."""
         query = check_query(query)
-        if not query:
-            return []
-        units = self._search(query, filters=filters, **kwargs)  # type: ignore[call-arg]
-        return units_to_nodes(units, self._originals(), self.annotate)
+        return self._to_nodes(self._search(query, filters=filters, **kwargs)) if query else []  # type: ignore[call-arg]
 
     @classmethod
     def _build(cls, index: Any, nodes: Sequence[BaseNode], level: str) -> Any:
