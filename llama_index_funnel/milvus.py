@@ -68,10 +68,9 @@ def restore_nodes(units: Sequence[Unit], known: Mapping[str, BaseNode]) -> list[
     return list(units)
 
 
-def is_milvus(index: Any) -> bool:
-    """Whether ``index`` keeps its data in Milvus (its results carry the stored node structure
-    that :func:`restore_nodes` takes out)."""
-    return is_milvus_index(index)
+#: Whether an index keeps its data in Milvus (its results carry the node structure that
+#: :func:`restore_nodes` takes out).
+is_milvus = is_milvus_index
 
 
 def search_filter(index: Any, floor: Any, call: Any) -> Any:
