@@ -17,7 +17,7 @@ from funnel_core.errors import check_query
 from funnel_core.fbrag import ForwardLookup, ForwardSample
 from funnel_core.fbrag_fields import ForwardLookupFields
 from funnel_core.funnel import WarmUpMixin
-from funnel_core.settings import StageAdapter, check_kwargs, checked_keywords
+from funnel_core.settings import StageAdapter, checked_keywords
 from llama_index_funnel._base import PromptlessTransform, nodes_to_units, units_to_nodes
 from llama_index_funnel.llm import stage_llm
 
@@ -54,42 +54,22 @@ class _LlamaIndexForward(WarmUpMixin, StageAdapter, BaseModel):
         return self.stage
 
 
-class _StageIISettings(ForwardLookupFields, _LlamaIndexForward):
-    """The settings of :class:`ForwardLookupQueryTransform` (not a pydantic model in LlamaIndex):
-    any of ``context`` and ``retriever``, or neither."""
+class ForwardLookupQueryTransform(ForwardLookupFields, _LlamaIndexForward, PromptlessTransform):
+    """FB-RAG Stage II as a query transform: sample K ``Rationale: ... Answer: ...`` outputs.
+
+    The light LLM reads, in this order: ``metadata["context"]`` of the ``run`` call; the nodes of
+    ``retriever``; the BM25 Stage I chunks of ``context``; or nothing (closed-book: any of
+    ``context`` and ``retriever``, or neither). The returned :class:`ForwardLookupQueryBundle`
+    adds the samples. ``llm`` is the one argument that may be passed by position.
+    """
 
     needs_candidates: ClassVar[bool] = False
     variant: str = Field(default="F", description="Stage II samples with the forward side (F).")
     embed_samples: bool = Field(
         default=True, description="Put [query, R_1 A_1, ..., R_K A_K] in custom_embedding_strs.")
 
-
-class ForwardLookupQueryTransform(PromptlessTransform):
-    """FB-RAG Stage II as a query transform: sample K ``Rationale: ... Answer: ...`` outputs.
-
-    The light LLM reads, in this order: ``metadata["context"]`` of the ``run`` call; the nodes of
-    ``retriever``; the BM25 Stage I chunks of ``context``; or nothing (closed-book). The returned
-    :class:`ForwardLookupQueryBundle` adds the samples; with ``embed_samples`` their texts join
-    ``custom_embedding_strs``. ``**settings``: those of :class:`_StageIISettings`, attributes
-    (an edit is validated and used at the next call).
-    """
-
     def __init__(self, llm: Any, **settings: Any) -> None:
-        check_kwargs(type(self).__name__, settings, set(_StageIISettings.model_fields) - {"llm"})
-        self._settings = _StageIISettings(llm=llm, **settings)
-
-    def __getattr__(self, name: str) -> Any:
-        held = self.__dict__.get("_settings")
-        if held is None or name.startswith("_") or not hasattr(held, name):
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return getattr(held, name)  # a field, .forward (the stage), .units (the chunks)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        held = self.__dict__.get("_settings")
-        if held is not None and name in type(held).model_fields:
-            setattr(held, name, value)  # validated by the stage, used at the next call
-        else:
-            object.__setattr__(self, name, value)
+        super().__init__(llm=llm, **settings)
 
     def _context_for(self, query: str, metadata: Dict) -> str:
         if metadata.get("context"):
