@@ -1,7 +1,5 @@
-"""Conversion between LlamaIndex nodes and :class:`funnel_core.Unit` (the metadata contract of
-``docs/frameworks.md``), and the two thin base classes every LlamaIndex object of this package
-builds on: :class:`StagePostprocessor` (runs one ``funnel_core`` stage) and
-:class:`UnitRetriever` (a retriever whose search returns units)."""
+"""LlamaIndex nodes <-> :class:`funnel_core.Unit` (the metadata contract of ``docs/frameworks.md``)
+and the base classes of this package: :class:`StagePostprocessor`, :class:`UnitRetriever`."""
 
 from __future__ import annotations
 
@@ -16,9 +14,11 @@ from typing import Any, Iterable, Iterator, List, Mapping, Optional, Sequence
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.bridge.pydantic import ConfigDict, PrivateAttr
 from llama_index.core.callbacks import CBEventType, EventPayload
+from llama_index.core.indices.query.query_transform.base import BaseQueryTransform
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
+from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.schema import (
     BaseNode,
     MetadataMode,
@@ -36,17 +36,17 @@ from funnel_core.units import Unit, funnel_metadata, unit_of
 
 dispatcher = get_dispatcher(__name__)
 
-__all__ = ["StagePostprocessor", "UnitRetriever", "node_to_unit", "nodes_to_units",
+__all__ = ["StagePostprocessor", "UnitRetriever", "PromptlessTransform", "node_to_unit", "nodes_to_units",
            "units_to_nodes", "annotate_node", "hide_keys", "Handoff", "handing"]
+
 
 def _node_text(node: BaseNode) -> str:
     return node.get_content(metadata_mode=MetadataMode.NONE)
 
 
 def node_to_unit(nws: NodeWithScore | BaseNode) -> Unit:
-    """Convert a ``NodeWithScore`` (or a bare node) into a :class:`Unit`
-    (:func:`funnel_core.units.unit_of`), which keeps a reference to the node (``unit.source``)
-    so that :func:`units_to_nodes` hands back a copy of it."""
+    """A ``NodeWithScore`` (or a bare node) as a :class:`Unit` (:func:`funnel_core.units.unit_of`)
+    whose ``source`` is the node, so that :func:`units_to_nodes` hands back a copy of it."""
     if isinstance(nws, BaseNode):
         nws = NodeWithScore(node=nws, score=None)
     if not isinstance(nws, NodeWithScore):
@@ -74,9 +74,8 @@ def hide_keys(node: BaseNode, keys: Iterable[str]) -> None:
 
 
 def annotate_node(node: BaseNode, unit: Unit, metadata: Mapping[str, Any]) -> None:
-    """Set ``node.metadata`` to ``metadata`` (the user's, untouched) plus the unit's bookkeeping
-    as flat ``funnel_...`` keys (:func:`funnel_core.units.funnel_metadata`), excluded from the
-    LLM and embedding text."""
+    """``node.metadata`` = ``metadata`` (the user's) plus the unit's flat ``funnel_...`` keys
+    (:func:`funnel_core.units.funnel_metadata`), hidden from the LLM and embedding text."""
     ours = funnel_metadata(unit)
     node.metadata = {**metadata, **ours}
     hide_keys(node, ours)
@@ -84,17 +83,11 @@ def annotate_node(node: BaseNode, unit: Unit, metadata: Mapping[str, Any]) -> No
 
 def unit_to_node(unit: Unit, by_id: Mapping[str, BaseNode] | None = None,
                  annotate: bool = True) -> BaseNode:
-    """One unit -> a node: a copy of the node it came from (``unit.source``, or ``by_id``; with the
-    unit's text if a stage shortened it), or,
-    for a unit cut from a node, a ``TextNode`` that inherits its parent's excluded keys,
-    templates and ``SOURCE`` and points to it with ``PARENT`` (its metadata is the unit's, which
-    the stage copied from the parent).
-
-    The user's metadata keys are never changed. With ``annotate``, our bookkeeping is added as
-    flat ``funnel_...`` keys (scalars; excluded from LLM and embedding text); without it
-    (retrievers), a copied node's metadata is exactly what it was, so ``node.hash`` is unchanged
-    and ``QueryFusionRetriever`` recognises the node.
-    """
+    """One unit -> a copy of the node it came from (``unit.source`` or ``by_id``; with the unit's
+    text if a stage shortened it), or, for a unit cut from a node, a ``TextNode`` with its
+    parent's excluded keys, templates and ``SOURCE``, and ``PARENT`` pointing to it. Without
+    ``annotate`` (retrievers) a copied node's metadata is unchanged, so is ``node.hash``
+    (``QueryFusionRetriever`` recognises the node); with it, :func:`annotate_node`."""
     by_id = by_id or {}
     src = unit.source if isinstance(unit.source, BaseNode) else by_id.get(unit.id)
     if src is not None and src.node_id == unit.id:
@@ -127,10 +120,9 @@ def unit_to_node(unit: Unit, by_id: Mapping[str, BaseNode] | None = None,
 def units_to_nodes(units: Sequence[Unit],
                    originals: Sequence[NodeWithScore | BaseNode] | Mapping[str, BaseNode] = (),
                    annotate: bool = True) -> list[NodeWithScore]:
-    """Convert units back to ``NodeWithScore`` (see :func:`unit_to_node`); ``originals`` are
-    nodes to copy for units that carry no node (looked up by id, and by ``parent_id`` for units
-    cut from them): a sequence of nodes, or a retriever's own ``{node_id: node}`` mapping, which
-    is used as it is (no per-query copy of the whole corpus)."""
+    """Units -> ``NodeWithScore`` (:func:`unit_to_node`); ``originals``: nodes to copy for units
+    that carry none (by id, or ``parent_id``), a sequence or a retriever's ``{node_id: node}``
+    mapping (read as it is, not copied per query)."""
     by_id: dict[str, BaseNode] = {}
     if not isinstance(originals, Mapping):
         for o in originals:
@@ -147,9 +139,8 @@ def units_to_nodes(units: Sequence[Unit],
 
 @dataclass
 class Handoff:
-    """Units a funnel hands one of our objects (``owner``), and takes back (``out``), while it runs
-    the object through LlamaIndex only so that its events and spans fire (see :func:`handing`):
-    the nodes LlamaIndex passes are for the events' payload, the work is done on ``units``."""
+    """Units a funnel hands ``owner`` and takes back (``out``) while it runs ``owner`` through
+    LlamaIndex only for its events and spans (:func:`handing`)."""
 
     owner: Any
     units: Optional[list[Unit]] = None
@@ -161,9 +152,8 @@ _HANDOFF: ContextVar[Optional[Handoff]] = ContextVar("funnel_handoff", default=N
 
 @contextmanager
 def handing(owner: Any, units: Optional[list[Unit]] = None) -> Iterator[Handoff]:
-    """While the block runs, ``owner`` (a :class:`StagePostprocessor` or
-    :class:`UnitRetriever`) works on ``units`` instead of reading them back from the nodes it
-    is given, and leaves the units it returns in the yielded :class:`Handoff`."""
+    """While the block runs, ``owner`` works on ``units`` instead of the nodes it is given, and
+    leaves the units it returns in the yielded :class:`Handoff`."""
     token = _HANDOFF.set(hand := Handoff(owner, units))
     try:
         yield hand
@@ -186,25 +176,27 @@ def _hand_back(owner: Any, units: list[Unit]) -> list[Unit]:
 class StagePostprocessor(StageAdapter, BaseNodePostprocessor):
     """A LlamaIndex node postprocessor that holds and runs one ``funnel_core`` stage.
 
-    A subclass declares its fields (most come from the core's ``*Fields`` models) and names the
-    stage class (``stage_class``); the fields named like the stage's settings build it, and an
-    edit of one is forwarded to it (:class:`funnel_core.settings.StageAdapter`): honoured at the
-    next call, the loaded model kept unless a load-time setting changed. Unknown keyword
-    arguments raise, naming the accepted ones. Each call emits LlamaIndex's reranking events;
-    an empty query scores nothing (:meth:`funnel_core.funnel.Stage.no_query`: the nodes keep
-    their order, capped by ``top_n`` and a cut-off).
+    Fields and their forwarding: :class:`funnel_core.settings.StageAdapter`. Each call emits
+    LlamaIndex's reranking events; an empty query: :meth:`funnel_core.funnel.Stage.no_query`.
     """
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
     _stage: Optional[Stage] = PrivateAttr(default=None)
 
+    @classmethod
+    def class_name(cls) -> str:
+        return cls.__name__
+
     def _model_name(self) -> str:
-        return str(getattr(self, "model", None) or self.class_name())
+        """The model the reranking events name (a live model or LLM: its type)."""
+        model = getattr(self._stage, "model_name", None) or getattr(self, "model", None) \
+            or getattr(self, "llm", None) or self.class_name()
+        return model if isinstance(model, str) else type(model).__name__
 
     def _input(self, nodes: List[NodeWithScore],
                query_bundle: Optional[QueryBundle]) -> tuple[str, Optional[list[Unit]]]:
-        """The query and the units to score (handed over by a funnel, else read from the nodes);
-        ``None`` for no nodes or an empty query."""
+        """The query and the units to score (handed over by a funnel, else read from the nodes;
+        ``None`` for no nodes or an empty query)."""
         if query_bundle is None:
             raise ValueError(f"{self.class_name()} needs the query: pass query_bundle= or "
                              "query_str= to postprocess_nodes().")
@@ -235,9 +227,8 @@ class StagePostprocessor(StageAdapter, BaseNodePostprocessor):
     @contextmanager
     def _reranking(self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle],
                    query: str) -> Iterator[List[NodeWithScore]]:
-        """LlamaIndex's reranking events around one call (as its own rerankers emit them): the
-        dispatcher's ReRankStart/End and the callback manager's RERANKING; the caller fills the
-        yielded list with the output nodes."""
+        """LlamaIndex's reranking events (ReRankStart/End, the callback manager's RERANKING)
+        around one call; the caller fills the yielded list with the output nodes."""
         top_n, model = int(getattr(self, "top_n", None) or 0), self._model_name()
         dispatcher.event(ReRankStartEvent(query=query_bundle, nodes=nodes, top_n=top_n,
                                           model_name=model))
@@ -253,15 +244,16 @@ class StagePostprocessor(StageAdapter, BaseNodePostprocessor):
 class UnitRetriever(WarmUpMixin, BaseRetriever):
     """A LlamaIndex retriever whose subclasses implement :meth:`_search` over ``funnel_core``.
 
-    An empty or whitespace query returns ``[]``; a non-string query raises ``TypeError``.
-    ``_aretrieve`` runs the search in a worker thread so the event loop keeps running.
-
-    ``annotate`` (class default, or set on the instance): add per-query bookkeeping as flat
-    ``funnel_...`` metadata keys. The BM25 retrievers leave it off, as LlamaIndex's own retrievers do,
-    so a returned node is the user's node with its hash unchanged.
+    An empty query returns ``[]``, a non-string one raises ``TypeError``; ``_aretrieve`` searches
+    in a worker thread. ``annotate``: add flat ``funnel_...`` metadata keys (the BM25 retrievers
+    leave it off, as LlamaIndex's own do, so a node's hash is unchanged).
     """
 
     annotate: bool = True
+
+    @classmethod
+    def class_name(cls) -> str:
+        return cls.__name__
 
     @abstractmethod
     def _search(self, query: str) -> list[Unit]:
@@ -294,11 +286,19 @@ class UnitRetriever(WarmUpMixin, BaseRetriever):
         return self._to_nodes(await self._asearch(query)) if query else []
 
     def _to_nodes(self, units: list[Unit]) -> List[NodeWithScore]:
-        """The nodes of what :meth:`_search` returned (and the units themselves to a funnel
-        that hands them on, see :func:`handing`)."""
+        """The nodes of :meth:`_search`'s units (the units go to a funnel, :func:`handing`)."""
         return units_to_nodes(_hand_back(self, units), self._originals(), self.annotate)
 
     def _originals(self) -> Sequence[BaseNode] | Mapping[str, BaseNode]:
-        """Original nodes to copy back (override when the retriever keeps them, e.g. its own
-        ``{node_id: node}`` dict)."""
+        """Original nodes to copy back (a retriever that keeps them overrides it)."""
         return ()
+
+
+class PromptlessTransform(BaseQueryTransform):
+    """A LlamaIndex query transform whose prompts live in its ``funnel_core`` stage (none here)."""
+
+    def _get_prompts(self) -> PromptDictType:
+        return {}
+
+    def _update_prompts(self, prompts: PromptDictType) -> None:
+        return None

@@ -1,12 +1,10 @@
-"""LlamaIndex objects for the "Searching for Best Practices in RAG" components: an offline
-embedding model, hybrid retrieval, HyDE, repacking, extractive compression and query
-classification (each class names its paper section and its ``funnel_core`` stage).
-"""
+"""LlamaIndex objects for the "Searching for Best Practices in RAG" components (each class names
+its paper section and its ``funnel_core`` stage)."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional
 
 from llama_index.core.base.base_query_engine import BaseQueryEngine
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -14,10 +12,9 @@ from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
 from llama_index.core.base.response.schema import Response
 from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
 from llama_index.core.callbacks.base import CallbackManager
-from llama_index.core.indices.query.query_transform.base import BaseQueryTransform
 from llama_index.core.llms import LLM
 from llama_index.core.query_engine import CustomQueryEngine
-from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
+from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from funnel_core.backends.milvus import hybrid_backends
 from funnel_core.best_practices.classify import QueryClassifier
@@ -28,7 +25,7 @@ from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import WarmUpMixin
 from funnel_core.settings import check_accepted, check_kwargs, checked_keywords, keyword_names
-from llama_index_funnel._base import StagePostprocessor, nodes_to_units, units_to_nodes
+from llama_index_funnel._base import PromptlessTransform, StagePostprocessor, nodes_to_units, units_to_nodes
 from llama_index_funnel.dense import DenseRetriever
 from llama_index_funnel.llm import as_provider
 from llama_index_funnel.retrievers import BM25Retriever
@@ -38,16 +35,9 @@ __all__ = ["SentenceEmbedderEmbedding", "HybridRetriever", "HyDETransform", "Rep
 
 
 class SentenceEmbedderEmbedding(BaseEmbedding):
-    """LlamaIndex embedding model over :class:`~funnel_core.embeddings.SentenceEmbedder`, so a
-    real ``VectorStoreIndex`` is built offline, with no hosted embedding API.
-
-    Args:
-        model_name: sentence-transformers hub name or local folder; ``None`` = the packaged
-            all-MiniLM-L6-v2.
-        embed_batch_size: Texts per forward pass.
-        device: ``"cpu"``, ``"cuda"``, ... or ``None`` for the best available.
-        embedder: An existing :class:`SentenceEmbedder` to share (its model loads once).
-    """
+    """LlamaIndex embedding model over :class:`~funnel_core.embeddings.SentenceEmbedder` (a
+    ``VectorStoreIndex`` built offline). ``model_name``, ``embed_batch_size`` and ``device`` build
+    one (``model_name=None``: the packaged all-MiniLM-L6-v2); ``embedder=`` shares a loaded one."""
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
     device: Optional[str] = Field(default=None, description="Torch device, None = best available.")
@@ -89,23 +79,11 @@ _FUSION: dict[str, Any] = {n: FusionFields.model_fields[n].default for n in FUSI
 class HybridRetriever(WarmUpMixin, BaseRetriever):
     """Hybrid search over two LlamaIndex retrievers (paper section 3.4.3).
 
-    Args:
-        sparse_retriever: The sparse side, e.g. a BM25 retriever; it receives only the original
-            query string.
-        dense_retriever: The dense side, e.g. ``index.as_retriever()`` over a
-            ``VectorStoreIndex``; it receives the query bundle as is, HyDE embedding strings
-            included.
-        similarity_top_k: Nodes returned after fusion (``None``: the whole fused union).
-        callback_manager: LlamaIndex callback manager.
-        verbose: LlamaIndex's verbose flag.
-
-    The fusion settings ``alpha``, ``method``, ``normalization`` and ``rrf_k`` are those of
-    :class:`~funnel_core.best_practices.fields.FusionFields` (their defaults and meaning: the
-    *Parameters* table of the Best practices page). Each setting is an attribute; an assignment
-    is validated and used at the next query (:func:`funnel_core.best_practices.fusion.fuse`).
-
-    Node scores are the fused scores; ``node.metadata["funnel_score_<stage>"]`` keeps each side's raw score
-    and ``sparse_score``/``dense_score``/``sparse_rank``/``dense_rank`` show how it was fused.
+    ``sparse_retriever`` (e.g. BM25) receives only the query string, ``dense_retriever`` (e.g.
+    ``index.as_retriever()``) the query bundle as is, HyDE embedding strings included;
+    ``similarity_top_k`` nodes are returned (``None``: the whole fused union). Fusion settings:
+    see :class:`~funnel_core.best_practices.fields.FusionFields` (attributes, validated when
+    edited). Scores are fused; ``funnel_...`` metadata keys keep each side's score and rank.
     Usage with HyDE::
 
         hyde = HyDEQueryTransform(llm=llm, include_original=True)
@@ -133,10 +111,6 @@ class HybridRetriever(WarmUpMixin, BaseRetriever):
             value = {**settings, "alpha": check_fusion_config(**settings)}[name]
         super().__setattr__(name, value)
 
-    @staticmethod
-    def _sparse_bundle(query_bundle: QueryBundle) -> QueryBundle:
-        return QueryBundle(query_str=query_bundle.query_str)
-
     def _fuse(self, sparse: List[NodeWithScore], dense: List[NodeWithScore]) -> List[NodeWithScore]:
         units = fuse(nodes_to_units(sparse), nodes_to_units(dense), method=self.method,
                      alpha=self.alpha, normalization=self.normalization, rrf_k=self.rrf_k,
@@ -146,7 +120,7 @@ class HybridRetriever(WarmUpMixin, BaseRetriever):
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
         if not check_query(query_bundle.query_str):
             return []
-        sparse = self._sparse.retrieve(self._sparse_bundle(query_bundle))
+        sparse = self._sparse.retrieve(QueryBundle(query_bundle.query_str))  # the query string only
         dense = self._dense.retrieve(query_bundle)
         return self._fuse(sparse, dense)
 
@@ -154,11 +128,11 @@ class HybridRetriever(WarmUpMixin, BaseRetriever):
         if not check_query(query_bundle.query_str):
             return []
         sparse, dense = await asyncio.gather(
-            self._sparse.aretrieve(self._sparse_bundle(query_bundle)),
+            self._sparse.aretrieve(QueryBundle(query_bundle.query_str)),
             self._dense.aretrieve(query_bundle))
         return self._fuse(sparse, dense)
 
-    # -- built on one backend (in memory or Milvus); see llama_index_funnel.milvus ------------
+    # -- built on one backend (in memory or Milvus, see hybrid_backends) ----------------------
     @classmethod
     def from_defaults(cls, nodes: Any, *, backend: Any = None, embedder: Any = None,
                       candidates: int = 20, dense_config: Optional[dict] = None,
@@ -167,49 +141,37 @@ class HybridRetriever(WarmUpMixin, BaseRetriever):
         ``backend=MilvusBackend(...)`` (or a URI) keeps both in Milvus. ``fusion``: ``alpha``,
         ``method``, ``similarity_top_k``, ..."""
         check_kwargs(f"{cls.__name__}.from_defaults", fusion, _fusion_names(cls))  # before building
-        sparse, dense = hybrid_sides(nodes, backend, embedder, candidates, dense_config,
-                                     **(bm25_config or {}))
-        return cls(sparse, dense, **fusion)
+        sb, db = hybrid_backends(backend)
+        k = check_positive_int(candidates, "candidates")
+        return cls(BM25Retriever.from_defaults(nodes=nodes, similarity_top_k=k, backend=sb, **(bm25_config or {})),
+                   DenseRetriever.from_defaults(nodes, embedder, backend=db, similarity_top_k=k,
+                                                **(dense_config or {})), **fusion)
 
     @classmethod
     def from_backend(cls, backend: Any, *, embedder: Any = None, candidates: int = 20,
                      **fusion: Any) -> "HybridRetriever":
         """Re-open both sides built by :meth:`from_defaults` on Milvus (no re-indexing)."""
         check_kwargs(f"{cls.__name__}.from_backend", fusion, _fusion_names(cls))  # before opening
-        sparse, dense = hybrid_sides(None, backend, embedder, candidates)
-        return cls(sparse, dense, **fusion)
+        sb, db = hybrid_backends(backend, f"{cls.__name__}.from_backend")
+        k = check_positive_int(candidates, "candidates")
+        return cls(BM25Retriever.from_backend(sb, similarity_top_k=k),
+                   DenseRetriever.from_backend(db, embedder, similarity_top_k=k), **fusion)
 
 
-class HyDETransform(BaseQueryTransform):
-    """HyDE as a query transform (:mod:`funnel_core.best_practices.hyde`; the equation: the Best
-    practices page): the LLM writes ``n`` hypothetical documents and the returned ``QueryBundle``
-    keeps ``query_str``, lists them in ``custom_embedding_strs`` and carries the HyDE vector ``v``
-    (``embed_model``'s query and text embeddings) as its ``embedding``, which retrievers search
-    with. Use it with ``TransformRetriever`` or ``TransformQueryEngine``; inside
-    :class:`HybridRetriever` only the dense side receives the vector, BM25 the query string.
-
-    Args:
-        llm: A :class:`~funnel_core.best_practices.hyde.HyDE` (its settings are used), a LlamaIndex
-            LLM, a funnel_core LLM or a causal-LM folder (then ``HyDE(llm, **settings)``).
-        embed_model: The embedding model of the index searched (default: LlamaIndex's
-            ``Settings.embed_model``). With our ``DenseRetriever`` pass
-            ``SentenceEmbedderEmbedding(embedder=index.embedder)``.
-        **settings: :class:`~funnel_core.best_practices.hyde.HyDE` settings (``n``,
-            ``include_query``, ``prompt``, ``temperature``, ``max_new_tokens``, ...); unknown
-            ones raise, naming the accepted ones.
-
-    ``transform.hyde`` is the core object: its settings are attributes (an edit is validated).
+class HyDETransform(PromptlessTransform):
+    """HyDE as a query transform (:class:`~funnel_core.best_practices.hyde.HyDE`, whose settings
+    ``**settings`` are; ``transform.hyde`` holds it): the returned ``QueryBundle`` keeps
+    ``query_str``, lists the hypothetical documents in ``custom_embedding_strs`` and carries the
+    HyDE vector as its ``embedding``, which retrievers search with (in :class:`HybridRetriever`,
+    only the dense side). ``llm``: a ``HyDE``, a LlamaIndex LLM, a funnel_core LLM or a causal-LM
+    folder. ``embed_model``: the searched index's (default ``Settings.embed_model``; with our
+    ``DenseRetriever``, ``SentenceEmbedderEmbedding(embedder=index.embedder)``).
     """
 
     def __init__(self, llm: Any, embed_model: Optional[BaseEmbedding] = None, **settings: Any) -> None:
         super().__init__()
-        self._hyde = HyDE.of(type(self).__name__, llm, settings, as_provider, ("embed_model",))
+        self.hyde = HyDE.of(type(self).__name__, llm, settings, as_provider, ("embed_model",))
         self._embed_model = embed_model
-
-    @property
-    def hyde(self) -> HyDE:
-        """The :class:`~funnel_core.best_practices.hyde.HyDE` this transform runs."""
-        return self._hyde
 
     @property
     def embed_model(self) -> BaseEmbedding:
@@ -219,19 +181,13 @@ class HyDETransform(BaseQueryTransform):
             self._embed_model = LlamaSettings.embed_model
         return self._embed_model
 
-    def _get_prompts(self) -> dict:
-        return {}
-
-    def _update_prompts(self, prompts: Any) -> None:
-        return None
-
     def _run(self, query_bundle: QueryBundle, metadata: dict) -> QueryBundle:
         query = check_query(query_bundle.query_str)
         if not query:
             return query_bundle
-        docs = self._hyde.documents(query)
+        docs = self.hyde.documents(query)
         embed = self.embed_model
-        v = self._hyde.combine(query, docs, embed.get_query_embedding,
+        v = self.hyde.combine(query, docs, embed.get_query_embedding,
                                lambda texts: embed.get_text_embedding_batch(list(texts)))
         return QueryBundle(query_str=query_bundle.query_str, image_path=query_bundle.image_path,
                            custom_embedding_strs=[d for d in docs if d.strip()] or None,
@@ -244,40 +200,20 @@ def _fusion_names(cls: type) -> list[str]:
 
 
 class RepackPostprocessor(RepackFields, StagePostprocessor):
-    """Reorder the final nodes: ``"forward"``, ``"reverse"`` (default: best last, next to the
-    question) or ``"sides"`` (best at both ends); a :class:`~funnel_core.best_practices.repack.Repack`.
-    Put it last in ``node_postprocessors``."""
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "RepackPostprocessor"
+    """Reorder the final nodes (a :class:`~funnel_core.best_practices.repack.Repack`); put it last
+    in ``node_postprocessors``."""
 
 
 class ExtractiveCompressorPostprocessor(ExtractiveCompressorFields, StagePostprocessor):
     """Keep the sentences most similar to the query (paper section 3.7), in original order: an
-    :class:`~funnel_core.best_practices.compress.ExtractiveCompressor`.
-
-    Pass ``embedder=`` to share an already loaded :class:`SentenceEmbedder` (then ``model``,
-    ``batch_size`` and ``device`` are not used). ``funnel_compression_...`` metadata keys on each
-    node records tokens before/after.
-    """
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "ExtractiveCompressorPostprocessor"
+    :class:`~funnel_core.best_practices.compress.ExtractiveCompressor`."""
 
 
 class QueryClassifierGate(WarmUpMixin, BaseRetriever):
-    """Retrieve only when the query needs it (paper section 3.1).
-
-    For a query the classifier labels "sufficient", no retrieval runs and ``[]`` is returned,
-    so a ``RetrieverQueryEngine`` answers from the request alone. ``last_decision`` holds the
-    latest ``{"query", "needs_retrieval", "p_retrieval"}``.
-
-    Args:
-        retriever: The retriever to gate.
-        classifier: A trained :class:`~funnel_core.best_practices.classify.QueryClassifier` (for instance
-            ``QueryClassifier.pretrained()``).
+    """Retrieve only when the query needs it (paper section 3.1): for a query that ``classifier``
+    (a trained :class:`~funnel_core.best_practices.classify.QueryClassifier`) labels "sufficient",
+    ``retriever`` is not called and ``[]`` is returned, so a ``RetrieverQueryEngine`` answers from
+    the request alone. ``last_decision``: the latest ``{"query", "needs_retrieval", "p_retrieval"}``.
     """
 
     @checked_keywords
@@ -335,18 +271,3 @@ class QueryClassifierQueryEngine(CustomQueryEngine):
             return self._retrieved(await self.query_engine.aquery(query_str))
         return Response(str(await self.llm.acomplete(query_str)), metadata={"needs_retrieval": False})
 
-
-def hybrid_sides(nodes: Optional[Sequence[BaseNode]], backend: Any, embedder: Any = None,
-                 candidates: int = 20, dense_config: Optional[dict] = None,
-                 **bm25_config: Any) -> tuple[Any, DenseRetriever]:
-    """The sparse (BM25) and dense sides of a hybrid retriever on one backend: built from
-    ``nodes``, or re-opened (``nodes=None``, Milvus only; see
-    :func:`funnel_core.backends.milvus.hybrid_backends` for the collections)."""
-    sb, db = hybrid_backends(backend, None if nodes is not None else "HybridRetriever.from_backend")
-    candidates = check_positive_int(candidates, "candidates")
-    if nodes is None:
-        return (BM25Retriever.from_backend(sb, similarity_top_k=candidates),
-                DenseRetriever.from_backend(db, embedder, similarity_top_k=candidates))
-    return (BM25Retriever.from_defaults(nodes=nodes, similarity_top_k=candidates, backend=sb, **bm25_config),
-            DenseRetriever.from_defaults(nodes, embedder, backend=db, similarity_top_k=candidates,
-                                         **(dense_config or {})))

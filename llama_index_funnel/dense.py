@@ -1,7 +1,4 @@
-"""Dense retrieval for LlamaIndex: :class:`DenseRetriever` over a
-:class:`~funnel_core.embeddings.DenseIndex` (in memory) or a
-:class:`~funnel_core.backends.milvus.MilvusDenseIndex` (``backend=``), e.g. the dense side of
-:class:`~llama_index_funnel.best_practices.HybridRetriever`."""
+"""Dense retrieval for LlamaIndex: :class:`DenseRetriever`."""
 
 from __future__ import annotations
 
@@ -24,24 +21,14 @@ __all__ = ["DenseRetriever"]
 
 
 class DenseRetriever(IndexRetriever):
-    """LlamaIndex retriever over a dense index (in memory or on Milvus); scores in metadata.
-
-    Build with :meth:`from_defaults` (``backend=`` picks Milvus), re-open a built collection
-    with :meth:`from_backend`. A query bundle's ``embedding`` (e.g. from
+    """LlamaIndex retriever over a built :class:`~funnel_core.embeddings.DenseIndex` or
+    :class:`~funnel_core.backends.milvus.MilvusDenseIndex` (``index``) of ``nodes`` (``None``:
+    ``TextNode``s rebuilt from the index); ``similarity_top_k`` and ``filters`` as in
+    :class:`~llama_index_funnel.retrievers.BM25Retriever` (on Milvus a filter may also be an
+    expression string). A query bundle's ``embedding`` (e.g. from
     :class:`~llama_index_funnel.best_practices.HyDETransform`), else the mean embedding of its
-    ``custom_embedding_strs`` (``HyDEQueryTransform``), is searched instead of the query string,
-    as LlamaIndex's vector retrievers do.
-
-    Args:
-        index: A built :class:`~funnel_core.backends.milvus.MilvusDenseIndex` or
-            :class:`~funnel_core.embeddings.DenseIndex`.
-        nodes: Nodes the index was built from (results are copies of them); ``None``: results
-            are ``TextNode``s rebuilt from the index (id, text, metadata).
-        similarity_top_k: Nodes returned.
-        filters: Default metadata filter (``MetadataFilters`` or a dict; on Milvus also an
-            expression string, pushed down; in memory also a predicate), with the same
-            meaning in memory and on Milvus. A floor: per-query filters passed to
-            :meth:`search` are ANDed with it.
+    ``custom_embedding_strs``, is searched instead of the query string, as LlamaIndex's vector
+    retrievers do.
     """
 
     @checked_keywords
@@ -79,23 +66,18 @@ class DenseRetriever(IndexRetriever):
         return self._restore(self.index.search_many([query], self._k(k), query_embeddings=embeddings,
                                                     filter=flt)[0])
 
-    def _bundle_vector(self, query_bundle: QueryBundle) -> Any:
-        """The vector a query bundle asks for (see the class docstring), else ``None``."""
-        if query_bundle.embedding is not None:
-            return np.asarray(query_bundle.embedding, dtype=np.float32)
-        if query_bundle.custom_embedding_strs:
-            return self.index.embedder.encode(list(query_bundle.custom_embedding_strs)).mean(axis=0)
-        return None
+    def _bundle_search(self, query_bundle: QueryBundle) -> list[Unit]:
+        """Search with the bundle's vector (see the class docstring), else its query string."""
+        query = check_query(query_bundle.query_str)
+        if not query:
+            return []
+        vector = query_bundle.embedding
+        if vector is None and query_bundle.custom_embedding_strs:
+            vector = self.index.embedder.encode(list(query_bundle.custom_embedding_strs)).mean(axis=0)
+        return self._search(query, vector=vector)
 
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
-        query = check_query(query_bundle.query_str)
-        if not query:
-            return []
-        return self._to_nodes(self._search(query, vector=self._bundle_vector(query_bundle)))
+        return self._to_nodes(self._bundle_search(query_bundle))
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
-        query = check_query(query_bundle.query_str)
-        if not query:
-            return []
-        return self._to_nodes(await asyncio.to_thread(
-            lambda: self._search(query, vector=self._bundle_vector(query_bundle))))
+        return self._to_nodes(await asyncio.to_thread(self._bundle_search, query_bundle))

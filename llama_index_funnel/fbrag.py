@@ -1,11 +1,7 @@
-"""FB-RAG forward lookup for LlamaIndex: :class:`ForwardLookupQueryTransform` (Stage II as a
-query transform) and :class:`ForwardLookupRetriever` (Stages I-III). Both hold a
-:class:`~funnel_core.fbrag.ForwardLookup` and take the fields of
-:class:`~funnel_core.fbrag_fields.ForwardLookupFields` (shared with the LangChain twin): each
-is an attribute, and an edit (``transform.samples = 3``, ``retriever.k = 1``) is validated by
-the stage and used at the next call. The LLM can be a LlamaIndex ``LLM``, a ``funnel_core``
-provider, or a hub name / folder of a local causal LM.
-"""
+"""FB-RAG forward lookup for LlamaIndex: :class:`ForwardLookupQueryTransform` (Stage II) and
+:class:`ForwardLookupRetriever` (Stages I-III), each holding a :class:`~funnel_core.fbrag.ForwardLookup`
+(settings: :class:`~funnel_core.fbrag_fields.ForwardLookupFields`; ``llm`` may also be a
+LlamaIndex ``LLM``)."""
 
 from __future__ import annotations
 
@@ -15,16 +11,14 @@ from typing import Any, Callable, ClassVar, Dict, List, Optional, Sequence
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.bridge.pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from llama_index.core.callbacks.base import CallbackManager
-from llama_index.core.indices.query.query_transform.base import BaseQueryTransform
-from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
 from funnel_core.errors import check_query
 from funnel_core.fbrag import ForwardLookup, ForwardSample
 from funnel_core.fbrag_fields import ForwardLookupFields
 from funnel_core.funnel import WarmUpMixin
-from funnel_core.settings import StageAdapter, check_kwargs, checked_keywords
-from llama_index_funnel._base import nodes_to_units, units_to_nodes
+from funnel_core.settings import StageAdapter, checked_keywords
+from llama_index_funnel._base import PromptlessTransform, nodes_to_units, units_to_nodes
 from llama_index_funnel.llm import stage_llm
 
 __all__ = ["ForwardLookupQueryTransform", "ForwardLookupQueryBundle", "ForwardLookupRetriever"]
@@ -43,9 +37,8 @@ ForwardLookupQueryBundle.__init__ = checked_keywords(ForwardLookupQueryBundle.__
 
 
 class _LlamaIndexForward(WarmUpMixin, StageAdapter, BaseModel):
-    """What the retriever and the query transform's settings share: the stage built from the
-    fields of :class:`~funnel_core.fbrag_fields.ForwardLookupFields` (listed first by each
-    class) and a LlamaIndex ``LLM`` wrapped for it."""
+    """What the retriever and the query transform's settings share: the stage and the
+    LlamaIndex ``LLM`` wrapped for it."""
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
     wrap_llm: ClassVar[Callable[[Any, Any], Any]] = staticmethod(stage_llm)
@@ -61,58 +54,22 @@ class _LlamaIndexForward(WarmUpMixin, StageAdapter, BaseModel):
         return self.stage
 
 
-class _StageIISettings(ForwardLookupFields, _LlamaIndexForward):
-    """The settings of :class:`ForwardLookupQueryTransform` (a query transform is no pydantic
-    model in LlamaIndex): any of ``context`` and ``retriever``, or neither."""
+class ForwardLookupQueryTransform(ForwardLookupFields, _LlamaIndexForward, PromptlessTransform):
+    """FB-RAG Stage II as a query transform: sample K ``Rationale: ... Answer: ...`` outputs.
+
+    The light LLM reads, in this order: ``metadata["context"]`` of the ``run`` call; the nodes of
+    ``retriever``; the BM25 Stage I chunks of ``context``; or nothing (closed-book: any of
+    ``context`` and ``retriever``, or neither). The returned :class:`ForwardLookupQueryBundle`
+    adds the samples. ``llm`` is the one argument that may be passed by position.
+    """
 
     needs_candidates: ClassVar[bool] = False
     variant: str = Field(default="F", description="Stage II samples with the forward side (F).")
     embed_samples: bool = Field(
         default=True, description="Put [query, R_1 A_1, ..., R_K A_K] in custom_embedding_strs.")
 
-
-class ForwardLookupQueryTransform(BaseQueryTransform):
-    """FB-RAG Stage II as a query transform: sample K ``Rationale: ... Answer: ...`` outputs.
-
-    The light LLM reads a context chosen, in this order, from: ``metadata["context"]`` of the
-    ``run`` call; the nodes of ``retriever`` for the query; the BM25 Stage I chunks of
-    ``context``; or nothing (closed-book lookup). The returned
-    :class:`ForwardLookupQueryBundle` keeps ``query_str`` and adds the samples; with
-    ``embed_samples`` (default) the sample texts join the query in ``custom_embedding_strs``,
-    so an embedding retriever behind a ``TransformRetriever`` searches with them.
-
-    Args:
-        llm: LlamaIndex LLM, funnel_core LLM, or a local causal-LM name/folder.
-        **settings: ``context`` (a long text or a list of texts), ``retriever`` (any LlamaIndex
-            retriever), ``embed_samples``, and the sampling and reading settings of
-            :class:`~funnel_core.fbrag_fields.ForwardLookupFields` (``samples``,
-            ``temperature``, ``recall_k``, ``reader_words``, ``chunk_words``, ``timeout``...;
-            ``variant`` is ``"F"``: Stage II reads with the forward side only). Each is an
-            attribute; an edit (``transform.samples = 3``) is validated and used at the next call.
-    """
-
     def __init__(self, llm: Any, **settings: Any) -> None:
-        check_kwargs(type(self).__name__, settings, set(_StageIISettings.model_fields) - {"llm"})
-        self._settings = _StageIISettings(llm=llm, **settings)
-
-    def __getattr__(self, name: str) -> Any:
-        held = self.__dict__.get("_settings")
-        if held is None or name.startswith("_") or not hasattr(held, name):
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return getattr(held, name)  # a field, .forward (the stage), .units (the chunks)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        held = self.__dict__.get("_settings")
-        if held is not None and name in type(held).model_fields:
-            setattr(held, name, value)  # validated by the stage, used at the next call
-        else:
-            object.__setattr__(self, name, value)
-
-    def _get_prompts(self) -> PromptDictType:
-        return {}
-
-    def _update_prompts(self, prompts: PromptDictType) -> None:
-        return None
+        super().__init__(llm=llm, **settings)
 
     def _context_for(self, query: str, metadata: Dict) -> str:
         if metadata.get("context"):
@@ -141,17 +98,12 @@ class ForwardLookupQueryTransform(BaseQueryTransform):
 
 
 class ForwardLookupRetriever(ForwardLookupFields, _LlamaIndexForward, BaseRetriever):
-    """FB-RAG Stages I-III as a LlamaIndex retriever (``k`` = chunks returned, 3 by default): a
-    :class:`~funnel_core.fbrag.ForwardLookup`.
+    """FB-RAG Stages I-III as a LlamaIndex retriever: a :class:`~funnel_core.fbrag.ForwardLookup`.
 
-    Candidates are the ``chunk_words``-word chunks of ``context``, or the nodes that
-    ``retriever`` returns for the query (exactly one of the two). Each node's metadata holds
-    ``funnel_backward_score``, ``funnel_forward_scores_json``, ``funnel_samples_json`` and
-    ``funnel_position``; ``score`` is S_FB. ``variant`` picks the weights: ``"FB"`` (Ours-FB,
-    default), ``"F"`` (Ours-F) or ``"B"`` (BM25 only); ``eta_backward``/``eta_forward``
-    override them. Given a :class:`ForwardLookupQueryBundle` (from
-    :class:`ForwardLookupQueryTransform` in a ``TransformRetriever``), its samples are reused
-    instead of sampling again. ``llm`` is the one argument that may be passed by position.
+    Candidates are the chunks of ``context``, or the nodes that ``retriever`` returns (exactly
+    one of the two); ``score`` is S_FB. The samples of a :class:`ForwardLookupQueryBundle` (from
+    :class:`ForwardLookupQueryTransform` in a ``TransformRetriever``) are reused. ``llm`` is the
+    one argument that may be passed by position.
     """
 
     callback_manager: CallbackManager = Field(
@@ -170,10 +122,8 @@ class ForwardLookupRetriever(ForwardLookupFields, _LlamaIndexForward, BaseRetrie
         super().model_post_init(__context)  # checks the context, builds (and validates) the stage
 
     @staticmethod
-    def _samples(query_bundle: QueryBundle) -> Optional[list[ForwardSample]]:
-        if isinstance(query_bundle, ForwardLookupQueryBundle) and query_bundle.samples:
-            return list(query_bundle.samples)
-        return None
+    def _samples(qb: QueryBundle) -> Optional[list[ForwardSample]]:
+        return list(qb.samples) if isinstance(qb, ForwardLookupQueryBundle) and qb.samples else None
 
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
         query = check_query(query_bundle.query_str)

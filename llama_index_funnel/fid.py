@@ -1,10 +1,6 @@
-"""LlamaIndex node postprocessors for attention-based post-ranking (FunnelRAG stage 3).
-
-* :class:`FiDAttentionRerank` — a Fusion-in-Decoder T5 reader's cross-attention (eq. 3).
-* :class:`AttentionLMRerank` — a causal LM's calibrated query-to-passage attention (ICR style).
-
-Both hold a :mod:`funnel_core.rerank.fid` / :mod:`funnel_core.rerank.attention_lm` stage; the
-model loads on first use. Node titles are read from ``node.metadata["title"]``.
+"""LlamaIndex node postprocessors for attention-based post-ranking (FunnelRAG stage 3):
+:class:`FiDAttentionRerank` (a FiD T5 reader's cross-attention, eq. 3) and
+:class:`AttentionLMRerank` (a causal LM's calibrated query-to-passage attention, ICR style).
 """
 
 from __future__ import annotations
@@ -19,15 +15,7 @@ class FiDAttentionRerank(FiDAttentionFields, StagePostprocessor):
     """Rerank nodes by the cross-attention of a FiD (T5) reader: a
     :class:`~funnel_core.rerank.fid.FiDAttentionScorer`."""
 
-    @classmethod
-    def class_name(cls) -> str:
-        return "FiDAttentionRerank"
-
 
 class AttentionLMRerank(AttentionLMFields, StagePostprocessor):
     """Rerank nodes by a causal LM's calibrated query-to-passage attention: an
     :class:`~funnel_core.rerank.attention_lm.AttentionLMScorer`."""
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "AttentionLMRerank"

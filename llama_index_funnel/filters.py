@@ -1,11 +1,5 @@
-"""LlamaIndex ``MetadataFilters`` -> the core filter tree (:mod:`funnel_core.filters`).
-
-This module holds only the mapping of LlamaIndex's ``FilterOperator`` / ``FilterCondition``
-onto the core comparison operators; what a comparison means (a missing key, values of another
-type) is written once in :class:`funnel_core.filters.Comparison`. In memory the tree runs as a
-predicate (:func:`funnel_core.filters.filter_predicate`); on Milvus it compiles into one
-expression (:func:`funnel_core.backends.milvus.filter_expression`).
-"""
+"""LlamaIndex ``MetadataFilters`` -> the core filter tree (:mod:`funnel_core.filters`, where what
+a comparison means is written once): only the mapping of LlamaIndex's operators."""
 
 from __future__ import annotations
 

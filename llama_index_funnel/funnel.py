@@ -1,19 +1,8 @@
-"""A FunnelRAG progressive funnel as a LlamaIndex retriever.
-
-:class:`FunnelRetriever` runs a :class:`funnel_core.Funnel` whose stages can be ``funnel_core``
-stages *or* LlamaIndex objects: any ``BaseRetriever`` (as a first stage) and any
-``BaseNodePostprocessor`` (as a later stage), wrapped by :func:`as_stage`. It converts once each
-way: this package's own retrievers and postprocessors run as their ``funnel_core`` work on the
-units (:class:`OwnRetrieverStage`, :class:`OwnPostprocessorStage`; while an event or span
-handler listens they still run through ``retrieve`` / ``postprocess_nodes``, so their events
-and spans fire), any other object through LlamaIndex, converted only around it. The output is
-copies of the user's own nodes (found through ``unit.source`` or by id among the nodes of the
-funnel's retrievers). The per-stage trace is not copied onto the nodes:
-:meth:`FunnelRetriever.search` returns it with them, and every query sends its own trace as a
-:class:`FunnelTraceEvent` inside its retrieve span. Scores belong to the order: a postprocessor
-that reorders without scoring leaves ``score=None``
-(:func:`funnel_core.units.foreign_output`). See "Chaining" and "What comes back" in
-``docs/frameworks.md``.
+"""A FunnelRAG progressive funnel as a LlamaIndex retriever: :class:`FunnelRetriever` runs a
+:class:`funnel_core.Funnel` of ``funnel_core`` stages and LlamaIndex retrievers and node
+postprocessors (:func:`as_stage`), converting once each way: our own objects run on the units,
+any other through LlamaIndex. The output is copies of the user's nodes; each query's trace goes
+out as a :class:`FunnelTraceEvent`. See "Chaining" and "What comes back" in ``docs/frameworks.md``.
 """
 
 from __future__ import annotations
@@ -21,7 +10,7 @@ from __future__ import annotations
 from collections import ChainMap
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks import CallbackManager
@@ -49,10 +38,8 @@ dispatcher = get_dispatcher(__name__)
 
 
 class FunnelTraceEvent(BaseEvent):
-    """One funnel query's per-stage trace (:meth:`funnel_core.units.Trace.to_dict`: the query, and
-    units in/out and seconds per stage), sent to LlamaIndex's instrumentation (an event handler
-    added to ``llama_index.core.instrumentation.get_dispatcher()`` receives it) in that query's
-    retrieve span."""
+    """One funnel query's trace (:meth:`funnel_core.units.Trace.to_dict`), sent to LlamaIndex's
+    instrumentation (an event handler on ``get_dispatcher()`` receives it) in its retrieve span."""
 
     trace: dict[str, Any]
 
@@ -62,9 +49,8 @@ class FunnelTraceEvent(BaseEvent):
 
 
 class _Seen:
-    """One query's framework objects, for turning its units back into copies of the user's
-    nodes: the sources of the units that entered from LlamaIndex objects, and the node maps of
-    our retrievers in the funnel (their units carry no node)."""
+    """One query's nodes, to turn its units back into copies of the user's nodes: the sources
+    of units from LlamaIndex objects and the node maps of our retrievers in the funnel."""
 
     def __init__(self) -> None:
         self.nodes: dict[str, BaseNode] = {}
@@ -93,22 +79,19 @@ def _query_scope() -> Iterator[None]:
             _SEEN.reset(token)
 
 
-def _seen_lookup() -> Mapping[str, BaseNode]:
+def _seen_lookup(*more: Mapping[str, BaseNode]) -> Mapping[str, BaseNode]:
+    """The nodes seen in the query being run, then ``more``."""
     seen = _SEEN.get()
-    return seen.lookup() if seen is not None else {}
-
-
-def _seen_add(units: list[Unit]) -> list[Unit]:
-    seen = _SEEN.get()
-    if seen is not None:
-        seen.add(units)
-    return units
+    return seen.lookup(*more) if seen is not None else ChainMap({}, *more)  # type: ignore[arg-type]
 
 
 def _scored(nodes: Sequence[NodeWithScore], name: str,
             before: Optional[Sequence[Unit]] = None) -> list[Unit]:
-    """A LlamaIndex stage's nodes -> units (:func:`funnel_core.units.adopted`)."""
-    return adopted(_seen_add(nodes_to_units(nodes)), name, before)
+    """A LlamaIndex stage's nodes -> units (:func:`funnel_core.units.adopted`), their nodes seen."""
+    units = nodes_to_units(nodes)
+    if (seen := _SEEN.get()) is not None:
+        seen.add(units)
+    return adopted(units, name, before)
 
 
 class RetrieverStage(CallStage):
@@ -157,70 +140,67 @@ def _listened(obj: Any) -> bool:
         or any(not isinstance(h, NullSpanHandler) for d in dispatchers for h in d.span_handlers)
 
 
-class OwnRetrieverStage(Stage):
+def _handed(owner: Any, units: Optional[list[Unit]], call: Callable[[], Any], asynchronous: bool) -> Any:
+    """The units ``owner`` returns when ``call()`` (its LlamaIndex method, run so that its events
+    and spans fire, the nodes built for their payload only) works on ``units``
+    (:func:`~llama_index_funnel._base.handing`); with ``asynchronous``, an awaitable of them."""
+    async def arun() -> list[Unit]:
+        with handing(owner, units) as hand:
+            await call()
+        return hand.out or []
+
+    if asynchronous:
+        return arun()
+    with handing(owner, units) as hand:
+        call()
+    return hand.out or []
+
+
+class OwnRetrieverStage(RetrieverStage):
     """One of our retrievers (:class:`~llama_index_funnel._base.UnitRetriever`) as a first
-    stage: its ``_search`` (its own ``similarity_top_k`` and ``filters``), whose units go on
-    as they are: no node is built. While a handler listens (:func:`_listened`) it runs through
-    ``retrieve``, so its events and spans fire as before, with nodes built for their payload
-    only; the units it found are handed back (:func:`~llama_index_funnel._base.handing`)."""
+    stage: its ``_search``, whose units go on as they are (no node is built), or, while a
+    handler listens (:func:`_listened`), its ``retrieve``."""
 
-    def __init__(self, retriever: Any, name: Optional[str] = None) -> None:
-        self.retriever = retriever
-        self.name = name or type(retriever).__name__
+    retriever: UnitRetriever
 
-    def run(self, query: str, units: list[Unit]) -> list[Unit]:
-        if not _listened(self.retriever):
-            return self._done(self.retriever._search(query))
-        with handing(self.retriever) as hand:
-            self.retriever.retrieve(query)
-        return self._done(hand.out or [])
+    def _call(self, query: str, units: list[Unit], asynchronous: bool) -> Any:
+        r = self.retriever
+        if not _listened(r):
+            return (r._asearch if asynchronous else r._search)(query)
+        return _handed(r, None, lambda: (r.aretrieve if asynchronous else r.retrieve)(query), asynchronous)
 
-    async def arun(self, query: str, units: list[Unit]) -> list[Unit]:
-        if not _listened(self.retriever):
-            return self._done(await self.retriever._asearch(query))
-        with handing(self.retriever) as hand:
-            await self.retriever.aretrieve(query)
-        return self._done(hand.out or [])
-
-    def _done(self, out: list[Unit]) -> list[Unit]:
+    def _units(self, output: Any, before: list[Unit]) -> list[Unit]:
         seen = _SEEN.get()
         if seen is not None:
             originals = self.retriever._originals()
             seen.corpora.append(originals if isinstance(originals, Mapping)
                                 else {n.node_id: n for n in originals})
-        return [scored_by(settled(u), self.name) for u in out]
+        return [scored_by(settled(u), self.name) for u in output]
 
 
-class OwnPostprocessorStage(Stage):
+class OwnPostprocessorStage(PostprocessorStage):
     """One of our postprocessors (:class:`~llama_index_funnel._base.StagePostprocessor`): its
-    core stage on the units, as ``postprocess_nodes`` runs it, with no node built. While a
-    handler listens it runs through ``postprocess_nodes`` (rerank events, callback events and
-    spans as before, nodes built for their payload only) and works on the units handed to it."""
+    core stage on the units (no node is built), or, while a handler listens, its
+    ``postprocess_nodes`` working on the units handed to it."""
 
-    def __init__(self, postprocessor: Any, name: Optional[str] = None) -> None:
-        self.postprocessor = postprocessor
-        self.name = name or postprocessor.class_name()
+    postprocessor: StagePostprocessor
 
     def run(self, query: str, units: list[Unit]) -> list[Unit]:
-        if not units:
-            return []
-        if not _listened(self.postprocessor):
-            return foreign_output(units, self.postprocessor.stage(query, units), self.name)
-        with handing(self.postprocessor, units) as hand:
-            self.postprocessor.postprocess_nodes(units_to_nodes(units, _seen_lookup()),
-                                                 query_bundle=QueryBundle(query))
-        return foreign_output(units, hand.out or [], self.name)
+        return super().run(query, units) if units else []  # nothing to postprocess, no event
 
     async def arun(self, query: str, units: list[Unit]) -> list[Unit]:
-        if not units:
-            return []
-        if not _listened(self.postprocessor):
-            out = await self.postprocessor.stage.acall(query, units)
-            return foreign_output(units, out, self.name)
-        with handing(self.postprocessor, units) as hand:
-            await self.postprocessor.apostprocess_nodes(units_to_nodes(units, _seen_lookup()),
-                                                        query_bundle=QueryBundle(query))
-        return foreign_output(units, hand.out or [], self.name)
+        return await super().arun(query, units) if units else []
+
+    def _call(self, query: str, units: list[Unit], asynchronous: bool) -> Any:
+        p = self.postprocessor
+        if not _listened(p):
+            return (p.stage.acall if asynchronous else p.stage)(query, units)
+        run = p.apostprocess_nodes if asynchronous else p.postprocess_nodes
+        return _handed(p, units, lambda: run(units_to_nodes(units, _seen_lookup()),
+                                             query_bundle=QueryBundle(query)), asynchronous)
+
+    def _units(self, output: Any, before: list[Unit]) -> list[Unit]:
+        return foreign_output(before, output, self.name)
 
 
 @checked_keywords
@@ -268,8 +248,7 @@ class FunnelRetriever(UnitRetriever):
 
     def _originals(self) -> Mapping[str, BaseNode]:
         """The given nodes, and (inside a query) the nodes its stages brought in."""
-        seen = _SEEN.get()
-        return seen.lookup(self._nodes) if seen is not None else self._nodes
+        return _seen_lookup(self._nodes)
 
     def _retrieve(self, query_bundle: QueryBundle) -> List[NodeWithScore]:
         with _query_scope():

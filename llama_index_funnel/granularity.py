@@ -1,8 +1,6 @@
-"""Mix-of-Granularity for LlamaIndex (see ``docs/mix_of_granularity.md``): the node parsers
-:class:`MultiGranularityNodeParser` (MoG's nested levels, linked with
-``NodeRelationship.PARENT/CHILD`` so ``get_leaf_nodes`` and ``AutoMergingRetriever`` work on
-them) and :class:`GraphGranularityNodeParser` (MoGG's sentence graph), and
-:class:`MixOfGranularityRetriever`, the MoG selection rule over either parser's nodes."""
+"""Mix-of-Granularity for LlamaIndex (``docs/mix_of_granularity.md``): the node parsers
+:class:`MultiGranularityNodeParser` (MoG) and :class:`GraphGranularityNodeParser` (MoGG), and
+:class:`MixOfGranularityRetriever` over either parser's nodes."""
 
 from __future__ import annotations
 
@@ -36,15 +34,15 @@ from llama_index_funnel._base import UnitRetriever, annotate_node, node_to_unit
 
 __all__ = ["MultiGranularityNodeParser", "GraphGranularityNodeParser", "MixOfGranularityRetriever"]
 
+
 def _doc_unit(node: BaseNode) -> Unit:
     return Unit(id=node.node_id, text=node.get_content(metadata_mode=MetadataMode.NONE),
                 metadata=read_funnel_metadata(node.metadata)[0], level="document")
 
 
 def _text_node(unit: Unit, source: BaseNode, drop: Sequence[str] = ()) -> TextNode:
-    """A parsed node: the source's metadata keys and excluded keys as they were, the structure
-    (granularity, doc_id, position, graph neighbours, ...) as flat ``funnel_...`` keys (hidden
-    from the LLM and the embedder)."""
+    """A parsed node: the source's metadata and excluded keys, and the structure (granularity,
+    doc_id, position, graph neighbours, ...) as hidden flat ``funnel_...`` keys."""
     user = read_funnel_metadata(source.metadata)[0]
     if drop:
         unit = Unit(id=unit.id, text=unit.text, parent_id=unit.parent_id, level=unit.level,
@@ -66,11 +64,9 @@ _PIPELINE_MODULE = "llama_index.core.ingestion.pipeline"
 
 
 def _refuse_partial_ingestion(name: str) -> None:
-    """Raise when an ``IngestionPipeline`` hands a graph parser only part of its documents,
-    over which it would build a separate, sparser graph without any sign of it: with
-    ``num_workers > 1`` (one batch per worker process), or with a ``docstore`` that passes only
-    the new or changed documents (a first ingestion, which passes them all, is not refused).
-    The error messages say why and what to do instead."""
+    """Raise when an ``IngestionPipeline`` hands a graph parser only part of its documents (with
+    ``num_workers > 1``, or a ``docstore`` that passes only new or changed ones), over which it
+    would silently build a separate, sparser graph."""
     import sys
 
     frame = sys._getframe(1)
@@ -103,16 +99,15 @@ def _refuse_partial_ingestion(name: str) -> None:
 
 
 class _StageNodeParser(StageAdapter, NodeParser):
-    """A node parser holding one core splitter (``stage_class``) built from the fields named
-    like its settings; an edit of one is forwarded to it. Unknown keywords raise.
-
-    Node ids are structural (document, level, position: the MoG retriever and the
-    PARENT/CHILD links read them), so NodeParser's ``id_func`` is not used: the default is
-    accepted, also as ``to_dict`` saves it (by name), and any other is refused rather than
-    silently ignored."""
+    """A node parser holding one core splitter (:class:`funnel_core.settings.StageAdapter`).
+    Node ids are structural, so an ``id_func`` other than the default is refused."""
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
     _stage: Any = PrivateAttr(default=None)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return cls.__name__
 
     @field_validator("id_func", mode="before")
     @classmethod
@@ -130,27 +125,17 @@ class _StageNodeParser(StageAdapter, NodeParser):
 
 
 class MultiGranularityNodeParser(MultiGranularityFields, _StageNodeParser):
-    """Split documents into ``n_gra`` nested granularity levels (MoG section 3.2).
+    """Split documents into ``n_gra`` nested granularity levels (MoG section 3.2): a
+    :class:`~funnel_core.granularity.levels.MultiGranularityChunker`.
 
-    Level 1 holds sentence-aware chunks of about ``chunk_size`` words; each level-``j`` node is
-    two adjacent level-``j - 1`` nodes of the same document. Every node gets
-    ``metadata["funnel_granularity"]`` (1 = finest), ``funnel_doc_id``, ``funnel_doc_index``,
-    ``funnel_position``, ``funnel_level`` and ``funnel_parent_id`` (flat scalars), a
-    ``PARENT`` relationship (below the top level) and ``CHILD`` relationships (above level 1).
-    Put *all* nodes in the docstore and index the leaves (``get_leaf_nodes``) for
-    ``AutoMergingRetriever``; pass all nodes to :class:`MixOfGranularityRetriever`.
-
-    The settings (``chunk_size``, ``n_gra``, ``sentence_aware``) are those of the
-    :class:`~funnel_core.granularity.levels.MultiGranularityChunker` it holds. A document shorter
-    than one finest chunk yields one node per level with the same text.
+    Nodes carry ``funnel_granularity`` (1 = finest), ``funnel_doc_id``, ... metadata keys and
+    ``PARENT``/``CHILD`` relationships: put *all* nodes in the docstore and index the leaves
+    (``get_leaf_nodes``) for ``AutoMergingRetriever``; pass all nodes to
+    :class:`MixOfGranularityRetriever`.
     """
 
     include_prev_next_rel: bool = Field(
         default=False, description="PREV/NEXT links (off: consecutive nodes may be of different levels).")
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "MultiGranularityNodeParser"
 
     def _parse_nodes(self, nodes: Sequence[BaseNode], show_progress: bool = False,
                      **kwargs: Any) -> List[BaseNode]:
@@ -158,48 +143,32 @@ class MultiGranularityNodeParser(MultiGranularityFields, _StageNodeParser):
         out: List[BaseNode] = []
         pairs: List[tuple[Dict[str, Any], Dict[str, Any]]] = []
         for di, doc in enumerate(get_tqdm_iterable(nodes, show_progress, "Parsing granularity levels")):
-            levels = chunker.split_document(_doc_unit(doc), di)
-            by_id: Dict[str, TextNode] = {}
-            for level in levels:
-                for unit in level:
-                    by_id[unit.id] = _text_node(unit, doc, drop=("child_ids",))
-            for level in levels:
-                for unit in level:
-                    node = by_id[unit.id]
-                    if unit.parent_id is not None:
-                        node.relationships[NodeRelationship.PARENT] = \
-                            by_id[unit.parent_id].as_related_node_info()
-                    kids = unit.funnel.get("child_ids")
-                    if kids:
-                        node.relationships[NodeRelationship.CHILD] = \
-                            [by_id[k].as_related_node_info() for k in kids]
-                    out.append(node)
-                    pairs.append((doc.metadata, node.metadata))
+            units = [u for level in chunker.split_document(_doc_unit(doc), di) for u in level]
+            by_id = {u.id: _text_node(u, doc, drop=("child_ids",)) for u in units}
+            for unit in units:
+                node = by_id[unit.id]
+                if unit.parent_id is not None:
+                    node.relationships[NodeRelationship.PARENT] = by_id[unit.parent_id].as_related_node_info()
+                if kids := unit.funnel.get("child_ids"):
+                    node.relationships[NodeRelationship.CHILD] = [by_id[k].as_related_node_info() for k in kids]
+                out.append(node)
+                pairs.append((doc.metadata, node.metadata))
         keep_source_funnel_keys(type(self).__name__, pairs)
         return out
 
 
 class GraphGranularityNodeParser(GraphGranularityFields, _StageNodeParser):
-    """Split documents into MoGG graph nodes of ``sentences_per_node`` sentences and link them.
+    """Split documents into MoGG graph nodes and link them: a
+    :class:`~funnel_core.granularity.graph.GraphGranularityBuilder` (edges in the
+    ``funnel_graph_neighbors_json`` and ``funnel_graph_weights_json`` metadata keys).
 
-    Each node is linked to its ``k_graph`` most BM25-similar nodes (anywhere in the parsed
-    documents) whose normalised similarity reaches ``t_graph``; edges are undirected and stored
-    as ``metadata["funnel_graph_neighbors_json"]`` (a JSON list of ids) and
-    ``metadata["funnel_graph_weights_json"]``. The graph spans
-    the documents of one call, so parse the whole corpus at once: inside an
+    The graph spans the documents of one call, so parse the whole corpus at once: inside an
     ``IngestionPipeline`` with ``num_workers > 1``, or with a docstore that passes on only the
-    new or changed documents, it raises instead of building a graph over a part. ``last_build_seconds`` is the
-    edge-building time of the latest call. With no pair above ``t_graph`` the nodes get empty
-    neighbour lists (and a warning): every hop range is then the node alone. The settings are
-    those of the :class:`~funnel_core.granularity.graph.GraphGranularityBuilder` it holds.
+    new or changed documents, it raises instead of building a graph over a part.
     """
 
     include_prev_next_rel: bool = Field(default=True, description="PREV/NEXT links within a document.")
     last_build_seconds: Optional[float] = Field(default=None, description="Seconds of the last build.")
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "GraphGranularityNodeParser"
 
     def _parse_nodes(self, nodes: Sequence[BaseNode], show_progress: bool = False,
                      **kwargs: Any) -> List[BaseNode]:
@@ -218,23 +187,10 @@ class GraphGranularityNodeParser(GraphGranularityFields, _StageNodeParser):
 
 
 class MixOfGranularityRetriever(UnitRetriever):
-    """MoG / MoGG retrieval over the nodes of either granularity parser.
-
-    Args:
-        nodes: *All* nodes of :class:`MultiGranularityNodeParser` (every level), or the nodes of
-            :class:`GraphGranularityNodeParser` (detected by ``funnel_graph_neighbors_json``).
-        similarity_top_k: Nodes returned.
-        callback_manager: LlamaIndex callback manager.
-        verbose: LlamaIndex's verbose flag.
-
-    The other arguments (``router``, ``k_r``, ``normalize``, ``level_margin``, ``n_gra``,
-    ``bm25``) are the fields of :class:`~funnel_core.granularity.fields.MixOfGranularityFields`
-    (the same as LangChain's ``MixOfGranularityRetriever``), with their defaults and meaning.
-    Each setting is also an attribute, forwarded to the core
-    :class:`~funnel_core.granularity.retrieval.MixOfGranularityRetrieve` it holds (``.stage``): an
-    edit is validated and honoured at the next query. Each result's metadata holds
-    ``funnel_router_weights_json``, ``funnel_chosen_level`` and ``funnel_finest_id``; its score
-    is the mixed score.
+    """MoG / MoGG retrieval over *all* the nodes of either granularity parser (``nodes``),
+    returning ``similarity_top_k``. Settings: see
+    :class:`~funnel_core.granularity.fields.MixOfGranularityFields` (attributes, forwarded to the
+    :class:`~funnel_core.granularity.retrieval.MixOfGranularityRetrieve` it holds, ``.stage``).
     """
 
     @checked_keywords
@@ -248,11 +204,10 @@ class MixOfGranularityRetriever(UnitRetriever):
             raise ValueError("MixOfGranularityRetriever needs nodes; parse documents with "
                              "MultiGranularityNodeParser or GraphGranularityNodeParser first.")
         check_positive_int(similarity_top_k, "similarity_top_k")
-        self._units = [node_to_unit(n) for n in nodes]
+        self._units, self._nodes, self.n_gra = [node_to_unit(n) for n in nodes], nodes, n_gra
         self._stage = mog_stage(self._units, router, n_gra=n_gra, bm25=bm25,
                                 top_k=similarity_top_k, k_r=k_r, normalize=normalize,
                                 level_margin=level_margin)  # indexes the levels now
-        self._n_gra, self._nodes = n_gra, nodes
         super().__init__(callback_manager=callback_manager, verbose=verbose)
 
     @staticmethod
@@ -272,15 +227,10 @@ class MixOfGranularityRetriever(UnitRetriever):
         setting = self._forwarded(name) if "_stage" in self.__dict__ else None
         if setting is not None:
             setattr(self._stage, setting, value)  # validated by the stage
-        elif "_stage" in self.__dict__ and name == "n_gra":
-            self._stage = mog_rebuilt(self._stage, self._units, value)
-            self._n_gra = value
-        else:
-            super().__setattr__(name, value)
-
-    @property
-    def n_gra(self) -> int:
-        return self._n_gra
+            return
+        if name == "n_gra" and "_stage" in self.__dict__:
+            self._stage = mog_rebuilt(self._stage, self._units, value)  # validated by the rebuild
+        super().__setattr__(name, value)
 
     @property
     def stage(self) -> MixOfGranularityRetrieve:
@@ -290,10 +240,6 @@ class MixOfGranularityRetriever(UnitRetriever):
     @property
     def structure(self) -> GranularityStructure:
         return self.stage.structure
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "MixOfGranularityRetriever"
 
     def _search(self, query: str) -> list[Unit]:
         return self.stage.retrieve(query)

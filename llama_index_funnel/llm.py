@@ -1,8 +1,4 @@
-"""Any LlamaIndex ``LLM`` as a ``funnel_core`` LLM provider (for RankRAG and FB-RAG).
-
-LlamaIndex LLMs expose text only, so RankRAG uses its generate-and-parse path with them. Chat
-models get the prompt as one user message; completion models get it as the prompt.
-"""
+"""Any LlamaIndex ``LLM`` as a ``funnel_core`` LLM provider (for RankRAG, FB-RAG and HyDE)."""
 
 from __future__ import annotations
 
@@ -19,16 +15,11 @@ __all__ = ["LlamaIndexLLM", "as_provider"]  # stage_llm: for the adapters
 
 
 class LlamaIndexLLM(LLM):
-    """Wrap a LlamaIndex ``LLM`` (OpenAI, Ollama, HuggingFaceLLM, ``MockLLM``...).
-
-    Args:
-        llm: The LlamaIndex LLM.
-        pass_sampling_params: Forward ``temperature``/``top_p``/``top_k``/``max_tokens`` as
-            call keyword arguments. Off by default: LlamaIndex integrations configure sampling
-            on the LLM object and many reject unknown call arguments.
-        timeout: See :class:`funnel_core.llm.LLM`.
-
-    ``n`` completions are ``n`` calls per prompt (concurrent on the async path).
+    """Wrap a LlamaIndex ``LLM`` (OpenAI, Ollama, ``MockLLM``...): text only (RankRAG parses its
+    replies); a chat model gets the prompt as one user message. ``pass_sampling_params``: forward
+    ``temperature``/``top_p``/``top_k``/``max_tokens`` per call (off: LlamaIndex integrations
+    configure sampling on the LLM and many reject call arguments). ``n`` completions are ``n``
+    calls per prompt (concurrent on the async path).
     """
 
     @checked_keywords

@@ -1,15 +1,5 @@
-"""LlamaIndex over the Milvus backend (:mod:`funnel_core.backends.milvus`).
-
-* The BM25 retrievers of :mod:`llama_index_funnel.retrievers` and the
-  :class:`~llama_index_funnel.dense.DenseRetriever` take ``backend=`` (a
-  :class:`~funnel_core.backends.milvus.MilvusBackend` or a URI) in ``from_defaults`` to build into Milvus,
-  and re-open a built collection with ``from_backend`` (no re-indexing).
-* :func:`to_milvus_filter` — LlamaIndex ``MetadataFilters`` (nested, AND/OR/NOT) -> a Milvus
-  boolean expression with the semantics of :func:`llama_index_funnel.filters.to_predicate` (a
-  missing key fails ``==``/``>``/... and passes ``!=``/``nin``): both go through the one core
-  filter tree (:func:`llama_index_funnel.filters.to_core_filter`). The retrievers hand that
-  tree to their index, in memory or on Milvus, by themselves.
-"""
+"""LlamaIndex over the Milvus backend (:mod:`funnel_core.backends.milvus`): what the retrievers
+(``backend=`` in ``from_defaults``, ``from_backend``) need, and :func:`to_milvus_filter`."""
 
 from __future__ import annotations
 
@@ -28,8 +18,8 @@ __all__ = ["to_milvus_filter", "is_milvus", "with_shells", "restore_nodes",
 
 
 def to_milvus_filter(filters: Optional[MetadataFilters]) -> Optional[str]:
-    """Translate ``MetadataFilters`` into a Milvus boolean expression on funnel-rag's JSON
-    ``metadata`` field (``None``: no constraint; ``"false"``: nothing passes)."""
+    """``MetadataFilters`` as a Milvus boolean expression, through the core filter tree (the
+    semantics of :func:`~llama_index_funnel.filters.to_predicate`; ``None``: no constraint)."""
     if filters is None:
         return None
     return filter_expression(to_core_filter(filters))
@@ -42,9 +32,8 @@ _SHELL = "funnel_node"
 
 def with_shells(units: Sequence[Unit], nodes: Sequence[BaseNode]) -> list[Unit]:
     """Units for a Milvus build, each carrying its node's structure (type, relationships,
-    excluded keys, templates; not its text, metadata or embedding, which Milvus stores anyway)
-    under the stored metadata's ``funnel_node`` key, so that a retriever re-opened from Milvus hands back
-    the same nodes (same hash, ``SOURCE``/``PARENT`` relationships intact)."""
+    excluded keys, templates) under the ``funnel_node`` key, so that a retriever re-opened from
+    Milvus hands back the same nodes (same hash, relationships intact)."""
     from llama_index.core.storage.docstore.utils import doc_to_json
 
     out = []
@@ -79,16 +68,13 @@ def restore_nodes(units: Sequence[Unit], known: Mapping[str, BaseNode]) -> list[
     return list(units)
 
 
-def is_milvus(index: Any) -> bool:
-    """Whether ``index`` keeps its data in Milvus (its results carry the stored node structure
-    that :func:`restore_nodes` takes out)."""
-    return is_milvus_index(index)
+#: Whether an index keeps its data in Milvus (its results carry the node structure that
+#: :func:`restore_nodes` takes out).
+is_milvus = is_milvus_index
 
 
 def search_filter(index: Any, floor: Any, call: Any) -> Any:
-    """The filter a retriever searches with: its own ``filters`` (a floor) AND the per-query ones
-    (:func:`funnel_core.filters.combine_filters`; ``None``, ``{}``, a blank string and
-    ``MetadataFilters(filters=[])`` add nothing), ``MetadataFilters`` as the core filter tree
-    first (a predicate in memory, one pushed-down expression on Milvus). ``index`` is not
-    consulted: every index takes the same filter forms."""
+    """A retriever's ``filters`` (a floor) AND the per-query ones
+    (:func:`funnel_core.filters.combine_filters`), ``MetadataFilters`` as the core filter tree;
+    ``index`` is not consulted: every index takes the same filter forms."""
     return combine_filters(*(to_core_filter(f) if isinstance(f, MetadataFilters) else f for f in (floor, call)))

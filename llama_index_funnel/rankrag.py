@@ -1,5 +1,4 @@
-"""RankRAG reranking for LlamaIndex: :class:`RankRAGRerank`, a node postprocessor scoring each
-(query, node) by P("True") of an LLM judge."""
+"""RankRAG reranking for LlamaIndex: :class:`RankRAGRerank`."""
 
 from __future__ import annotations
 
@@ -13,23 +12,13 @@ __all__ = ["RankRAGRerank"]
 
 
 class RankRAGRerank(RankRAGFields, StagePostprocessor):
-    """RankRAG reranking as a LlamaIndex node postprocessor (sync + async, rerank events): a
-    :class:`~funnel_core.rerank.rankrag.RankRAGScorer`; ``llm`` may also be a LlamaIndex ``LLM``
-    (read as text: RankRAG parses its replies; a local causal LM named by hub name/folder is
-    scored from its True/False logits).
+    """Score each (query, node) by P("True") of an LLM judge: a
+    :class:`~funnel_core.rerank.rankrag.RankRAGScorer`; ``llm`` may also be a LlamaIndex ``LLM``.
 
     Example::
 
-        from llama_index.core.query_engine import RetrieverQueryEngine
         rerank = RankRAGRerank(llm=smollm2_path(), gguf_file=SMOLLM2_GGUF, top_n=5)
         engine = RetrieverQueryEngine.from_args(retriever, node_postprocessors=[rerank])
     """
 
     wrap_llm: ClassVar[Callable[[Any, Any], Any]] = staticmethod(stage_llm)
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "RankRAGRerank"
-
-    def _model_name(self) -> str:
-        return self.llm if isinstance(self.llm, str) else type(self.llm).__name__

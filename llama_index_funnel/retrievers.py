@@ -1,14 +1,9 @@
-"""LlamaIndex retrievers over the ``funnel_core`` BM25 engine: :class:`BM25Retriever` (flat BM25
-on bm25s; tokenizer settings persisted) and :class:`ClusteredBM25Retriever` (FunnelRAG's first
-stage: BM25 over ~4K-token document clusters, Algorithm 1, opened into their member nodes).
+"""LlamaIndex retrievers over the ``funnel_core`` BM25 engine: :class:`BM25Retriever` and
+:class:`ClusteredBM25Retriever` (FunnelRAG's first stage, Algorithm 1).
 
-Both return copies of the caller's nodes (relationships intact, scores in
-``NodeWithScore.score``), take per-query metadata filters through ``search`` (ANDed with their
-own ``filters``) and persist to a folder (nodes in a ``SimpleDocumentStore``). They keep their
-data in memory, or in Milvus with ``backend=`` (a ``MilvusBackend`` or a URI: ``"funnel.db"``
-for Milvus Lite, ``"http://host:19530"`` for a server) in ``from_defaults``; ``from_backend``
-re-opens a built collection without re-indexing. Over Milvus, filters are pushed down and
-``persist`` writes a manifest only, never the data (see ``docs/scaling_out.md``).
+Both return copies of the caller's nodes, take per-query filters through ``search`` and persist
+to a folder (nodes in a ``SimpleDocumentStore``). ``backend=`` (a ``MilvusBackend`` or a URI) in
+``from_defaults`` keeps the data in Milvus, ``from_backend`` re-opens it (``docs/scaling_out.md``).
 """
 
 from __future__ import annotations
@@ -29,7 +24,7 @@ from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
 from funnel_core.settings import checked_keywords
 from funnel_core.units import Unit
-from llama_index_funnel._base import UnitRetriever, units_to_nodes
+from llama_index_funnel._base import UnitRetriever
 from llama_index_funnel.milvus import is_milvus, restore_nodes, search_filter, with_shells
 
 __all__ = ["BM25Retriever", "ClusteredBM25Retriever"]
@@ -60,8 +55,7 @@ def units_of(nodes: Sequence[BaseNode], level: str) -> list[Unit]:
 
 class IndexRetriever(UnitRetriever):
     """What the index retrievers share (also :class:`~llama_index_funnel.dense.DenseRetriever`):
-    the caller's nodes (results are copies of them), ``similarity_top_k``, the ``filters``
-    floor ANDed with a per-query one, and :meth:`search`."""
+    the caller's nodes, ``similarity_top_k``, the ``filters`` floor and :meth:`search`."""
 
     def __init__(self, index: Any, nodes: Optional[Sequence[BaseNode]], similarity_top_k: int,
                  filters: Any, callback_manager: Optional[CallbackManager], verbose: bool) -> None:
@@ -78,19 +72,14 @@ class IndexRetriever(UnitRetriever):
         return self.similarity_top_k if k is None else check_positive_int(k, "k")
 
     def _restore(self, units: list[Unit]) -> list[Unit]:
-        """Over Milvus: the node structure stored with each unit is taken out of its metadata,
-        and the node rebuilt when it is not in memory (a retriever re-opened from Milvus)."""
+        """Over Milvus: the node structure stored with each unit (:func:`restore_nodes`)."""
         return restore_nodes(units, self._nodes) if is_milvus(self.index) else units
 
     def search(self, query: str, filters: Filter = None, **kwargs: Any) -> List[NodeWithScore]:
-        """Retrieve with a per-query filter (MetadataFilters, dict or predicate) and options
-        (``k``, ...); the per-query filter is ANDed with :attr:`filters` (a floor it narrows,
-        never widens)."""
+        """Retrieve with a per-query filter (MetadataFilters, dict or predicate), ANDed with
+        :attr:`filters` (a floor it narrows, never widens), and options (``k``, ...)."""
         query = check_query(query)
-        if not query:
-            return []
-        units = self._search(query, filters=filters, **kwargs)  # type: ignore[call-arg]
-        return units_to_nodes(units, self._originals(), self.annotate)
+        return self._to_nodes(self._search(query, filters=filters, **kwargs)) if query else []  # type: ignore[call-arg]
 
     @classmethod
     def _build(cls, index: Any, nodes: Sequence[BaseNode], level: str) -> Any:
@@ -104,9 +93,8 @@ class _PersistedRetriever(IndexRetriever):
 
     annotate = False  # the user's nodes, hash unchanged (QueryFusionRetriever dedups by hash)
 
-    #: The index class and the sub-folder of a persist dir this retriever owns (set by
-    #: subclasses). LlamaIndex users persist a StorageContext into the same ``./storage``; our
-    #: files live only under ``<persist_dir>/<_index_dir>/``, so its stores are never touched.
+    #: The index class and the sub-folder of a persist dir this retriever owns (our files live
+    #: only there, so a StorageContext persisted into the same folder is never touched).
     _index_cls: ClassVar[Any] = None
     _index_dir: ClassVar[str] = ""
     #: Who persisted the folder this retriever persists into (see :meth:`persist`).
@@ -115,13 +103,10 @@ class _PersistedRetriever(IndexRetriever):
     _settings: ClassVar[tuple[str, ...]] = ()
 
     def persist(self, path: str, overwrite: bool = False) -> None:
-        """Commit the index (every tokenizer and clustering setting), the nodes and this
-        retriever's settings (``similarity_top_k``, ``filters``, ...) to ``path/<_index_dir>``
-        (see :mod:`funnel_core.persist`); other files in ``path``, such as a ``StorageContext``'s
-        stores, are left alone. A filter that cannot be saved (a predicate, a mask) refuses it. A
-        second retriever of the same class persisted into the same ``path`` is refused (it
-        would replace the first) unless ``overwrite=True``; this retriever, or one loaded from
-        ``path``, may persist there again."""
+        """Commit the index, the nodes and this retriever's settings to ``path/<_index_dir>``
+        (:func:`funnel_core.backends.persist.save_retriever`; a filter that cannot be saved
+        refuses it). Another retriever of the same class already persisted in ``path`` is
+        refused unless ``overwrite=True``."""
         nodes = list(self._nodes.values())
 
         def write_nodes(folder: Path, on_milvus: bool) -> dict:
@@ -143,11 +128,9 @@ class _PersistedRetriever(IndexRetriever):
     @classmethod
     def from_persist_dir(cls, path: str, verify: bool = True, token: Optional[str] = None,
                          backend: Any = None, **kwargs: Any) -> Any:
-        """Load a retriever written by :meth:`persist`, with its saved settings; ``kwargs`` (e.g.
-        ``similarity_top_k=``) override them. A retriever persisted over Milvus re-opens its
-        collection at ``backend=`` (the Milvus URI or a ``MilvusBackend``, with ``token=`` for a
-        server): the folder records neither the URI nor the token, only a fingerprint of the URI
-        that ``backend`` must match."""
+        """Load a retriever written by :meth:`persist`; ``kwargs`` override its saved settings.
+        One persisted over Milvus re-opens its collection at ``backend=`` (with ``token=`` for a
+        server), which must match the URI's fingerprint the folder records."""
         def read_nodes(folder: Path, meta: Mapping[str, Any]) -> list:
             return list(SimpleDocumentStore.from_persist_path(str(folder / "nodes.json")).docs.values())
 
@@ -175,15 +158,8 @@ def _saved_filters(flt: Any) -> Any:
 
 
 class BM25Retriever(_PersistedRetriever):
-    """Flat BM25 over LlamaIndex nodes, on bm25s.
-
-    Args:
-        index: A built :class:`funnel_core.bm25.BM25Index` whose unit ids are the node ids.
-        nodes: The nodes the index was built from (results are copies of them).
-        similarity_top_k: Number of nodes to return.
-        filters: Metadata filter, a floor: per-query filters passed to :meth:`search` are
-            ANDed with it (they narrow it, never widen it).
-    """
+    """Flat BM25 over LlamaIndex nodes: a built :class:`funnel_core.bm25.BM25Index` (``index``)
+    over ``nodes``, returning ``similarity_top_k`` of them, filtered by ``filters``."""
 
     _index_cls = BM25Index
     _index_dir = "funnel_rag_bm25"
@@ -221,16 +197,13 @@ class BM25Retriever(_PersistedRetriever):
 
 
 class ClusteredBM25Retriever(_PersistedRetriever):
-    """FunnelRAG's retrieval stage for LlamaIndex: BM25 over ~4K-token document clusters.
+    """FunnelRAG's retrieval stage for LlamaIndex: BM25 over ~4K-token document clusters (a
+    :class:`funnel_core.funnelrag.clustered_index.ClusteredBM25Index`).
 
-    The top ``k_clusters`` clusters (10) are opened into their member nodes, and at most
-    ``similarity_top_k`` nodes are returned (as ``k`` in the LangChain twin). With
-    ``return_clusters=True`` the clusters themselves are returned as new ``TextNode``s (then
-    ``similarity_top_k`` counts clusters). Cluster bookkeeping (``funnel_cluster_id``,
-    ``funnel_cluster_score``, ``funnel_cluster_rank``) is in the metadata with
-    ``annotate=True``. The other arguments are :class:`BM25Retriever`'s (``index``: a built
-    :class:`funnel_core.funnelrag.clustered_index.ClusteredBM25Index`; ``filters`` apply to
-    documents). Each setting is an attribute, validated when edited.
+    The top ``k_clusters`` clusters are opened into their member nodes, at most
+    ``similarity_top_k`` returned; with ``return_clusters=True`` the clusters themselves, as new
+    ``TextNode``s. With ``annotate=True``, ``funnel_cluster_...`` metadata keys. The other
+    arguments are :class:`BM25Retriever`'s.
     """
 
     _index_cls = ClusteredBM25Index
@@ -258,14 +231,9 @@ class ClusteredBM25Retriever(_PersistedRetriever):
                       filters: Filter = None, backend: Backend = None, *, k_clusters: int = 10,
                       return_clusters: bool = False,
                       **index_settings: Any) -> "ClusteredBM25Retriever":
-        """Cluster the nodes (Algorithm 1) and index the clusters (in memory, or in Milvus with
-        ``backend=``, see :class:`funnel_core.backends.milvus.MilvusBackend`). ``index_settings``:
-        the index's ``max_tokens``, ``adjacency``, ``knn_k``, ``knn_threshold`` and BM25
-        settings (an unknown one raises, naming this class and the accepted ones).
-
-        Adjacency: ``metadata["funnel_links"]`` (ids or titles) when present, else a BM25 kNN graph
-        (a ``links`` key of the user's own is not read).
-        """
+        """Cluster the nodes (Algorithm 1) and index the clusters, in memory or in Milvus with
+        ``backend=``; ``index_settings``: those of
+        :class:`~funnel_core.funnelrag.clustered_index.ClusteredBM25Index`."""
         nodes = nodes_from(nodes, docstore)
         check_positive_int(similarity_top_k, "similarity_top_k")
         check_positive_int(k_clusters, "k_clusters")
