@@ -22,10 +22,10 @@ from pydantic import ConfigDict, Field, PrivateAttr
 
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import Stage, WarmUpMixin
-from funnel_core.settings import StageAdapter, check_accepted, check_search_kwargs
+from funnel_core.settings import StageAdapter, check_accepted, check_kwargs, check_search_kwargs
 from funnel_core.units import Unit, funnel_metadata, unit_of
 
-__all__ = ["StageCompressor", "UnitRetriever", "document_to_unit", "documents_to_units",
+__all__ = ["StageCompressor", "KRetriever", "UnitRetriever", "document_to_unit", "documents_to_units",
            "units_to_documents", "document_metadata", "RELEVANCE_SCORE"]
 
 
@@ -171,14 +171,10 @@ class StageCompressor(StageAdapter, BaseDocumentCompressor, Runnable[dict, list[
         return await self._acall_with_config(self._acompress, input, config)
 
 
-class UnitRetriever(WarmUpMixin, BaseRetriever):
-    """A LangChain retriever whose subclasses implement :meth:`_search` over ``funnel_core``.
-
-    ``k`` is set in the constructor and can be overridden per call: ``invoke(q, k=3)``;
-    ``k=0`` is an error. Other per-call keyword arguments are those of :meth:`_search` (e.g.
-    ``filter=``); an unknown one raises ``TypeError`` naming it and the accepted ones.
-    An empty or whitespace query returns ``[]``; a non-string query raises ``TypeError``.
-    """
+class KRetriever(WarmUpMixin, BaseRetriever):
+    """A LangChain retriever with ``k`` in the constructor and per call (``invoke(q, k=3)``;
+    ``k=0`` is an error). A keyword it does not take raises ``TypeError`` naming the accepted
+    ones, in the constructor and per call (:attr:`_call_kwargs`)."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
     k: Optional[int] = Field(default=4, description="Number of documents to return.")
@@ -189,10 +185,27 @@ class UnitRetriever(WarmUpMixin, BaseRetriever):
 
     #: Whether ``k=None`` (no cap) is allowed.
     _k_optional: ClassVar[bool] = False
+    #: The per-call keyword arguments besides ``k``.
+    _call_kwargs: ClassVar[tuple[str, ...]] = ()
 
     def model_post_init(self, __context: Any) -> None:
+        super().model_post_init(__context)
         if self.k is not None or not self._k_optional:
             check_positive_int(self.k, "k")
+
+    def _prepare(self, query: str, k: int | None, kwargs: dict[str, Any]) -> tuple[str, Any]:
+        """The stripped query and ``k`` (the retriever's own when not given per call)."""
+        check_kwargs(type(self).__name__, kwargs, ("k", *self._call_kwargs))
+        return check_query(query), self.k if k is None else check_positive_int(k, "k")
+
+
+class UnitRetriever(KRetriever):
+    """A :class:`KRetriever` whose subclasses implement :meth:`_search` over ``funnel_core``.
+
+    The per-call keyword arguments besides ``k`` are those of :meth:`_search` (e.g.
+    ``filter=``). An empty or whitespace query returns ``[]``; a non-string query raises
+    ``TypeError``.
+    """
 
     @abstractmethod
     def _search(self, query: str, k: int) -> list[Unit]:
@@ -203,7 +216,7 @@ class UnitRetriever(WarmUpMixin, BaseRetriever):
 
     def _prepare(self, query: str, k: int | None, kwargs: dict[str, Any]) -> tuple[str, Any]:
         check_search_kwargs(self, self._search, kwargs)  # a typo raises, naming the accepted ones
-        return check_query(query), self.k if k is None else check_positive_int(k, "k")
+        return super()._prepare(query, k, {})
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
                                 k: int | None = None, **kwargs: Any) -> list[Document]:

@@ -18,7 +18,6 @@ from langchain_core.prompts import PromptTemplate
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableBranch, RunnableConfig, RunnableLambda
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore, VectorStoreRetriever
-from pydantic import ConfigDict, Field
 
 from funnel_core.backends.milvus import hybrid_backends
 from funnel_core.best_practices.classify import QueryClassifier
@@ -27,9 +26,8 @@ from funnel_core.best_practices.fusion import fuse, same_identity
 from funnel_core.best_practices.hyde import HyDE, HyDERetrieve
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
-from funnel_core.funnel import WarmUpMixin
-from funnel_core.settings import check_accepted, check_kwargs, checked_keywords
-from langchain_funnel._base import RELEVANCE_SCORE, StageCompressor, documents_to_units, units_to_documents
+from funnel_core.settings import check_kwargs, checked_keywords
+from langchain_funnel._base import RELEVANCE_SCORE, KRetriever, StageCompressor, documents_to_units, units_to_documents
 from langchain_funnel.dense import DenseRetriever
 from langchain_funnel.llm import as_provider
 from langchain_funnel.rerank import TransformerBase
@@ -106,7 +104,7 @@ def _vector_relevance(store: Any) -> Optional[Callable[[float], float]]:
         return (lambda s: s) if isinstance(store, InMemoryVectorStore) else None
 
 
-class HyDERetriever(WarmUpMixin, BaseRetriever):
+class HyDERetriever(KRetriever):
     """Dense retrieval with the HyDE vector ``v`` (:mod:`funnel_core.best_practices.hyde`; the
     equation: the Best practices page) of the vector store's ``embeddings`` (``embed_query`` for
     the question, ``embed_documents`` for the LLM's ``n`` hypothetical documents) or, over our
@@ -125,17 +123,12 @@ class HyDERetriever(WarmUpMixin, BaseRetriever):
         k: Documents returned (``invoke(q, k=3)`` overrides).
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
     hyde: HyDE
     vectorstore: Optional[VectorStore] = None
     index: Optional[Any] = None
-    k: int = Field(default=4, description="Number of documents to return.")
-
-    def __init__(self, **data: Any) -> None:
-        check_accepted(type(self), data)
-        super().__init__(**data)
 
     def model_post_init(self, __context: Any) -> None:
+        super().model_post_init(__context)
         if (self.vectorstore is None) == (self.index is None):
             raise ValueError("HyDERetriever needs exactly one of vectorstore= (a LangChain vector store) "
                              "and index= (a funnel_core DenseIndex or Milvus dense index).")
@@ -144,7 +137,6 @@ class HyDERetriever(WarmUpMixin, BaseRetriever):
                              "HyDE embeds the query and its documents with them.")
         if self.index is not None:
             HyDERetrieve(self.index, self.hyde)  # checks the index
-        check_positive_int(self.k, "k")
 
     @classmethod
     def from_llm(cls, llm: Any, *, vectorstore: Optional[VectorStore] = None, index: Any = None,
@@ -171,24 +163,16 @@ class HyDERetriever(WarmUpMixin, BaseRetriever):
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
                                 k: int | None = None, **kwargs: Any) -> list[Document]:
-        query, k = _prepare(self, query, k, kwargs)
+        query, k = self._prepare(query, k, kwargs)
         return self._search(query, self.hyde.documents(query), k) if query else []
 
     async def _aget_relevant_documents(self, query: str, *,
                                        run_manager: AsyncCallbackManagerForRetrieverRun,
                                        k: int | None = None, **kwargs: Any) -> list[Document]:
-        query, k = _prepare(self, query, k, kwargs)
+        query, k = self._prepare(query, k, kwargs)
         if not query:
             return []
         return await asyncio.to_thread(self._search, query, await self.hyde.adocuments(query), k)
-
-
-def _prepare(owner: Any, query: str, k: int | None, kwargs: dict[str, Any],
-             accepted: tuple[str, ...] = ("k",)) -> tuple[str, int]:
-    """The stripped query and ``k`` (the retriever's own when not given per call); a per-call
-    keyword the retriever does not take raises, naming the accepted ones (no silent typos)."""
-    check_kwargs(type(owner).__name__, kwargs, accepted)
-    return check_query(query), owner.k if k is None else check_positive_int(k, "k")
 
 
 #: The async twin of each store method :meth:`HybridRetriever._relevance_path` may name.
@@ -199,7 +183,7 @@ _ASYNC_TWIN = {
 }
 
 
-class HybridRetriever(WarmUpMixin, FusionFields, BaseRetriever):
+class HybridRetriever(FusionFields, KRetriever):
     """Hybrid search over any two LangChain retrievers (paper section 3.4.3).
 
     Scores are read from ``Document.metadata["relevance_score"]``. A similarity
@@ -224,19 +208,10 @@ class HybridRetriever(WarmUpMixin, FusionFields, BaseRetriever):
         dense_query: Optional runnable ``query -> str`` for the dense side (see :func:`hyde_query`).
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
     sparse: BaseRetriever
     dense: BaseRetriever
-    k: int = Field(default=4, description="Number of documents to return.")
     dense_query: Optional[Runnable] = None
-
-    def __init__(self, **data: Any) -> None:
-        check_accepted(type(self), data)
-        super().__init__(**data)
-
-    def model_post_init(self, __context: Any) -> None:
-        super().model_post_init(__context)  # the fusion settings
-        check_positive_int(self.k, "k")
+    _call_kwargs = ("dense_query",)
 
     # -- sides ---------------------------------------------------------------------------------
     def _store_search(self, retriever: BaseRetriever, asynchronous: bool) -> Optional[Callable]:
@@ -317,7 +292,7 @@ class HybridRetriever(WarmUpMixin, FusionFields, BaseRetriever):
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
                                 k: int | None = None, dense_query: str | None = None,
                                 **kwargs: Any) -> list[Document]:
-        query, k = _prepare(self, query, k, kwargs, ("k", "dense_query"))
+        query, k = self._prepare(query, k, kwargs)
         if not query:
             return []
         if dense_query is None and self.dense_query is not None:
@@ -332,7 +307,7 @@ class HybridRetriever(WarmUpMixin, FusionFields, BaseRetriever):
                                        run_manager: AsyncCallbackManagerForRetrieverRun,
                                        k: int | None = None, dense_query: str | None = None,
                                        **kwargs: Any) -> list[Document]:
-        query, k = _prepare(self, query, k, kwargs, ("k", "dense_query"))
+        query, k = self._prepare(query, k, kwargs)
         if not query:
             return []
         if dense_query is None and self.dense_query is not None:
