@@ -1,7 +1,5 @@
-"""Conversion between LangChain ``Document`` and :class:`funnel_core.Unit` (the metadata
-contract of ``docs/frameworks.md``), and the thin base classes every LangChain object of this
-package builds on: :class:`StageCompressor` (runs one ``funnel_core`` stage; also a ``Runnable``)
-and :class:`UnitRetriever` (a retriever whose search returns units)."""
+"""``Document`` <-> :class:`funnel_core.Unit` (the metadata contract of ``docs/frameworks.md``)
+and the base classes of this package's compressors and retrievers."""
 
 from __future__ import annotations
 
@@ -37,16 +35,14 @@ def _doc_id(doc: Document) -> str:
     return hashlib.sha1(doc.page_content.encode("utf-8")).hexdigest()[:16]
 
 
-#: The metadata key LangChain's rerankers (Cohere, Jina, Flashrank, ...) write their float score
-#: under; ours write it too, on every document a retriever or compressor returns.
+#: The float score key of LangChain's rerankers (Cohere, Jina, Flashrank); ours write it too.
 RELEVANCE_SCORE = "relevance_score"
 
 
 def document_to_unit(doc: Document) -> Unit:
     """A ``Document`` -> :class:`Unit` (:func:`funnel_core.units.unit_of`; id from ``doc.id``,
-    ``metadata["id"]`` or a text hash), which keeps a reference to the document
-    (``unit.source``). A prior score is read from ``metadata["relevance_score"]`` (the key
-    LangChain's rerankers write), never from a user's ``score`` key."""
+    ``metadata["id"]`` or a text hash; ``unit.source`` is the document); a prior score is read
+    from ``relevance_score``, never from a user's ``score`` key."""
     if not isinstance(doc, Document):
         raise TypeError(f"expected a langchain Document, got {type(doc).__name__}.")
     score = doc.metadata.get(RELEVANCE_SCORE)
@@ -66,9 +62,8 @@ def documents_to_units(docs: Sequence[Document]) -> list[Unit]:
 
 
 def document_metadata(unit: Unit, user: Mapping[str, Any]) -> dict[str, Any]:
-    """A returned document's metadata: the user's keys as they were, our bookkeeping as flat
-    ``funnel_...`` scalars (:func:`funnel_core.units.funnel_metadata`), and the unit's score as a
-    float ``relevance_score`` (LangChain's reranker convention)."""
+    """The user's keys as they were, :func:`funnel_core.units.funnel_metadata`, and the unit's
+    score as a float ``relevance_score``."""
     meta = {**user, **funnel_metadata(unit)}
     if unit.score is not None:
         meta[RELEVANCE_SCORE] = float(unit.score)
@@ -84,14 +79,9 @@ def _is_score(value: Any) -> bool:
 
 
 def units_to_documents(units: Sequence[Unit], originals: Sequence[Document] = ()) -> list[Document]:
-    """Units -> copies of the user's ``Document`` objects (new ones for units cut from them).
-
-    The user's metadata keys are kept as they were; our bookkeeping (``level``, ``parent_id``,
-    per-stage scores, ranks, ...) is added as flat ``funnel_...`` keys, and the score as
-    ``relevance_score``. ``originals`` are documents to copy for units that carry none (looked
-    up by id). A unit cut from a document (a passage, a granularity level) becomes a new
-    ``Document`` whose metadata is the unit's (the user's, copied from its parent by the stage).
-    """
+    """Units -> copies of the user's ``Document`` objects with :func:`document_metadata`
+    (``originals``: documents to copy, by id, for units that carry none); a unit cut from a
+    document becomes a new ``Document`` with the unit's metadata."""
     by_id: dict[str, Document] = {_doc_id(d): d for d in originals}
     for u in units:
         if isinstance(u.source, Document):
@@ -113,15 +103,9 @@ def units_to_documents(units: Sequence[Unit], originals: Sequence[Document] = ()
 
 
 class StageCompressor(StageAdapter, BaseDocumentCompressor, Runnable[dict, list[Document]]):
-    """A LangChain document compressor that holds and runs one ``funnel_core`` stage.
-
-    A subclass declares its fields in its class body and names the stage class
-    (``stage_class``); the fields named like the stage's settings build it, and an edit of one
-    is forwarded to it (see :class:`funnel_core.settings.StageAdapter`). Unknown keyword
-    arguments raise, naming the accepted ones. As a ``Runnable`` it takes
-    ``{"query": ..., "documents": [...]}``. It pickles and deep-copies (a loaded model is not
-    copied; it loads again on first use).
-    """
+    """A LangChain document compressor holding one ``funnel_core`` stage
+    (:class:`funnel_core.settings.StageAdapter`); as a ``Runnable`` it takes
+    ``{"query": ..., "documents": [...]}``."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
     # Runnable annotates ``name: str | None`` without a default; pydantic would make it required.
@@ -130,8 +114,7 @@ class StageCompressor(StageAdapter, BaseDocumentCompressor, Runnable[dict, list[
 
     def compress_documents(self, documents: Sequence[Document], query: str,
                            callbacks: Callbacks | None = None) -> Sequence[Document]:
-        """Run the stage; the call is a run of its own (visible to callbacks, ``astream_events``
-        and tracers), a child of ``callbacks``' run when given."""
+        """Run the stage as a run of its own (a child of ``callbacks``' run when given)."""
         return self.invoke({"query": query, "documents": list(documents)},
                            config={"callbacks": callbacks} if callbacks is not None else None)
 
@@ -209,10 +192,8 @@ class UnitRetriever(KRetriever):
 
     @abstractmethod
     def _search(self, query: str, k: int) -> list[Unit]:
-        """Return up to ``k`` units for a (non-empty, stripped) query.
-
-        Further keyword-only parameters are the per-call options of ``invoke`` (e.g. ``filter``).
-        """
+        """Up to ``k`` units for a non-empty, stripped query; further keyword parameters are the
+        per-call options of ``invoke`` (e.g. ``filter``)."""
 
     def _prepare(self, query: str, k: int | None, kwargs: dict[str, Any]) -> tuple[str, Any]:
         check_search_kwargs(self, self._search, kwargs)  # a typo raises, naming the accepted ones
