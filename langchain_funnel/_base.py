@@ -16,14 +16,14 @@ from langchain_core.callbacks import (
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableConfig
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from funnel_core.errors import check_positive_int, check_query
-from funnel_core.funnel import Stage, WarmUpMixin
+from funnel_core.funnel import WarmUpMixin
 from funnel_core.settings import StageAdapter, check_accepted, check_kwargs, check_search_kwargs
 from funnel_core.units import Unit, funnel_metadata, unit_of
 
-__all__ = ["StageCompressor", "KRetriever", "UnitRetriever", "document_to_unit", "documents_to_units",
+__all__ = ["StageModel", "StageCompressor", "KRetriever", "UnitRetriever", "document_to_unit", "documents_to_units",
            "units_to_documents", "document_metadata", "RELEVANCE_SCORE"]
 
 
@@ -102,15 +102,19 @@ def units_to_documents(units: Sequence[Unit], originals: Sequence[Document] = ()
     return docs
 
 
-class StageCompressor(StageAdapter, BaseDocumentCompressor, Runnable[dict, list[Document]]):
-    """A LangChain document compressor holding one ``funnel_core`` stage
-    (:class:`funnel_core.settings.StageAdapter`); as a ``Runnable`` it takes
-    ``{"query": ..., "documents": [...]}``."""
+class StageModel(StageAdapter, BaseModel):
+    """A LangChain object holding one ``funnel_core`` stage (:class:`funnel_core.settings.StageAdapter`):
+    the base of this package's compressors, document transformers and text splitters."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
     # Runnable annotates ``name: str | None`` without a default; pydantic would make it required.
     name: Optional[str] = None
-    _stage: Optional[Stage] = PrivateAttr(default=None)
+    _stage: Any = PrivateAttr(default=None)
+
+
+class StageCompressor(StageModel, BaseDocumentCompressor, Runnable[dict, list[Document]]):
+    """A document compressor holding one ``funnel_core`` stage; as a ``Runnable`` it takes
+    ``{"query": ..., "documents": [...]}``."""
 
     def compress_documents(self, documents: Sequence[Document], query: str,
                            callbacks: Callbacks | None = None) -> Sequence[Document]:

@@ -29,7 +29,12 @@ from funnel_core.funnel import CallStage, Funnel, FunnelResult, Stage, defined_b
 from funnel_core.funnel import as_stage as core_as_stage
 from funnel_core.settings import checked_keywords
 from funnel_core.units import Trace, Unit, adopted, foreign_output, scored_by, settled
-from langchain_funnel._base import StageCompressor, UnitRetriever, documents_to_units, units_to_documents
+from langchain_funnel._base import (
+    StageCompressor,
+    UnitRetriever,
+    documents_to_units,
+    units_to_documents,
+)
 from langchain_funnel.rerank import TransformerBase
 
 __all__ = ["rerank_chain", "FunnelRetriever", "LCRetrieverStage", "LCCompressorStage", "LCTransformerStage",
@@ -232,7 +237,8 @@ def _own(obj: Any) -> Optional[Stage]:
         return OwnStage(obj, name, "compressor")
     if isinstance(obj, TransformerBase) and all(
             (defined_by(type(obj), m) or object).__module__.startswith("langchain_funnel.")
-            or defined_by(type(obj), m) is Runnable  # ainvoke: invoke in a thread
+            # the defaults: atransform_documents and ainvoke run the sync method in a thread
+            or defined_by(type(obj), m) in (Runnable, BaseDocumentTransformer)
             for m in ("transform_documents", "atransform_documents", "invoke", "ainvoke")):
         return OwnStage(obj, name, "transformer")  # each of ours is its stage's run
     return None

@@ -11,7 +11,7 @@ from typing import Any, Iterable, Optional, Sequence
 from langchain_core.documents import Document
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_text_splitters import TextSplitter
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import Field, PrivateAttr, field_validator
 
 from funnel_core.granularity.fields import (
     GraphGranularityFields,
@@ -24,9 +24,8 @@ from funnel_core.granularity.retrieval import (
     mog_rebuilt,
     mog_stage,
 )
-from funnel_core.settings import StageAdapter
 from funnel_core.units import Unit, keep_source_funnel_keys, read_funnel_metadata
-from langchain_funnel._base import UnitRetriever, documents_to_units, units_to_documents
+from langchain_funnel._base import StageModel, UnitRetriever, documents_to_units, units_to_documents
 
 __all__ = ["MultiGranularityTextSplitter", "GraphGranularitySplitter", "MixOfGranularityRetriever"]
 
@@ -68,16 +67,10 @@ def _texts_to_documents(texts: Sequence[str], metadatas: Optional[Sequence[dict]
     return [Document(page_content=t, metadata=dict(m)) for t, m in zip(texts, metadatas)]
 
 
-class _GranularitySplitter(StageAdapter, BaseModel, TextSplitter,
-                           Runnable[Sequence[Document], list[Document]]):
+class _GranularitySplitter(StageModel, TextSplitter, Runnable[Sequence[Document], list[Document]]):
     """A LangChain text splitter holding one core splitter
     (:class:`funnel_core.settings.StageAdapter`), also a ``Runnable`` (``loader | splitter``).
     The ``TextSplitter`` settings (``chunk_overlap``, ...) do not apply: sizes are in words."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
-    # Runnable annotates ``name: str | None`` without a default; pydantic would make it required.
-    name: Optional[str] = None
-    _stage: Any = PrivateAttr(default=None)
 
     def split_text(self, text: str) -> list[str]:
         """The chunk texts of ``text``: the same chunks as :meth:`split_documents`."""

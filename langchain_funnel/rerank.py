@@ -3,18 +3,14 @@ stage; each stage's score also stays as ``metadata["funnel_score_<stage>"]``."""
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 from langchain_core.documents import BaseDocumentTransformer, Document
 from langchain_core.runnables import Runnable, RunnableConfig
-from pydantic import BaseModel, ConfigDict, PrivateAttr
 
-from funnel_core.funnel import Stage
 from funnel_core.funnelrag.fields import LaterChunkingFields
 from funnel_core.rerank.fields import CrossEncoderFields, MonoT5Fields
-from funnel_core.settings import StageAdapter
-from langchain_funnel._base import StageCompressor, documents_to_units, units_to_documents
+from langchain_funnel._base import StageCompressor, StageModel, documents_to_units, units_to_documents
 
 __all__ = ["CrossEncoderReranker", "MonoT5Reranker", "LaterChunkingTransformer"]
 
@@ -37,21 +33,13 @@ class MonoT5Reranker(MonoT5Fields, StageCompressor):
     ``castorini/monot5-base-msmarco`` by default): a :class:`~funnel_core.rerank.monot5.MonoT5Scorer`."""
 
 
-class TransformerBase(StageAdapter, BaseModel, BaseDocumentTransformer,
-                      Runnable[Sequence[Document], list[Document]]):
+class TransformerBase(StageModel, BaseDocumentTransformer, Runnable[Sequence[Document], list[Document]]):
     """A document transformer holding one core stage that needs no query; as a ``Runnable``,
     documents -> documents (``retriever | transformer``)."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
-    name: Optional[str] = None
-    _stage: Optional[Stage] = PrivateAttr(default=None)
 
     def transform_documents(self, documents: Sequence[Document], **kwargs: Any) -> list[Document]:
         documents = list(documents)
         return units_to_documents(self.stage.run("", documents_to_units(documents)), documents)
-
-    async def atransform_documents(self, documents: Sequence[Document], **kwargs: Any) -> list[Document]:
-        return await asyncio.to_thread(self.transform_documents, documents)
 
     def invoke(self, input: Sequence[Document], config: RunnableConfig | None = None,
                **kwargs: Any) -> list[Document]:
