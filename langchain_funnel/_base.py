@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from abc import abstractmethod
-from typing import Any, ClassVar, Mapping, Optional, Sequence
+from typing import Any, ClassVar, Iterable, Mapping, Optional, Sequence
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
@@ -24,7 +24,7 @@ from funnel_core.settings import StageAdapter, check_accepted, check_kwargs, che
 from funnel_core.units import Unit, funnel_metadata, unit_of
 
 __all__ = ["StageModel", "StageCompressor", "KRetriever", "UnitRetriever", "document_to_unit", "documents_to_units",
-           "units_to_documents", "document_metadata", "RELEVANCE_SCORE"]
+           "units_to_documents", "document_metadata", "checked_documents", "RELEVANCE_SCORE"]
 
 
 def _doc_id(doc: Document) -> str:
@@ -48,6 +48,17 @@ def document_to_unit(doc: Document) -> Unit:
     score = doc.metadata.get(RELEVANCE_SCORE)
     return unit_of(_doc_id(doc), doc.page_content, doc.metadata, source=doc,
                    score=score if _is_score(score) else None)
+
+
+def checked_documents(documents: Iterable[Document]) -> list[Document]:
+    """``documents`` as a list; a single ``Document`` or anything else in it raises."""
+    if isinstance(documents, Document):
+        raise TypeError("pass a list of Documents, not a single Document; wrap it in a list.")
+    docs = list(documents)
+    for i, d in enumerate(docs):
+        if not isinstance(d, Document):
+            raise TypeError(f"expected langchain Documents, got {type(d).__name__} at position {i}.")
+    return docs
 
 
 def documents_to_units(docs: Sequence[Document]) -> list[Unit]:

@@ -48,17 +48,13 @@ class CompressionRetriever(FunnelRetriever):
                  *self.compressors]
         self._rebuild(self.base_retriever, steps)
 
-    @staticmethod
-    def _check(steps: list[Any]) -> None:
+    def _rebuild(self, retriever: Any, steps: list[Any]) -> None:
+        """Check, then set the fields and the funnel together (a refused edit changes nothing)."""
+        steps = list(steps)
         for c in steps:
             if not isinstance(c, (BaseDocumentCompressor, BaseDocumentTransformer)):
                 raise TypeError(f"compressors must be BaseDocumentCompressor or "
                                 f"BaseDocumentTransformer objects, got {type(c).__name__}.")
-
-    def _rebuild(self, retriever: Any, steps: list[Any]) -> None:
-        """Check, then set the fields and the funnel together (a refused edit changes nothing)."""
-        steps = list(steps)
-        self._check(steps)
         funnel = build_funnel([retriever, *steps])
         set_field = super().__setattr__
         set_field("base_retriever", retriever)

@@ -25,7 +25,7 @@ from funnel_core.granularity.retrieval import (
     mog_stage,
 )
 from funnel_core.units import Unit, keep_source_funnel_keys, read_funnel_metadata
-from langchain_funnel._base import StageModel, UnitRetriever, documents_to_units, units_to_documents
+from langchain_funnel._base import StageModel, UnitRetriever, checked_documents, documents_to_units, units_to_documents
 
 __all__ = ["MultiGranularityTextSplitter", "GraphGranularitySplitter", "MixOfGranularityRetriever"]
 
@@ -34,12 +34,8 @@ def _doc_units(documents: Iterable[Document]) -> tuple[list[Unit], dict[str, Doc
     """Documents -> units (empty ones skipped, as LangChain's splitters do) and the documents by
     unit id; a document without ``id`` gets a fresh ``uuid4``, so chunk ids never collide across
     calls (a second batch added to a vector store must not overwrite the first)."""
-    if isinstance(documents, Document):
-        raise TypeError("pass a list of Documents, not a single Document; wrap it in a list.")
     units, by_id = [], {}
-    for i, d in enumerate(documents):
-        if not isinstance(d, Document):
-            raise TypeError(f"expected langchain Documents, got {type(d).__name__} at position {i}.")
+    for d in checked_documents(documents):
         if not d.page_content.strip():
             continue
         uid = str(d.id) if d.id else uuid.uuid4().hex

@@ -27,7 +27,7 @@ from funnel_core.filters import MetadataFilter
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
 from funnel_core.settings import check_kwargs
 from funnel_core.units import FUNNEL_PREFIX, Unit, check_unique_ids, units_from_texts
-from langchain_funnel._base import UnitRetriever
+from langchain_funnel._base import UnitRetriever, checked_documents
 from langchain_funnel.milvus import push_down, search_filter
 
 Backend = Union[MilvusBackend, str, None]
@@ -38,16 +38,9 @@ __all__ = ["BM25Retriever", "ClusteredBM25Retriever"]
 def units_from_documents(documents: Iterable[Document], level: str) -> list[Unit]:
     """Documents -> index units: ``Document.id`` (else the position; a duplicate raises), the
     whole metadata, a splitter's ``funnel_level`` as the level."""
-    if isinstance(documents, Document):
-        raise TypeError("documents must be a list of Documents, got a single Document; wrap it "
-                        "in a list.")
-    units = []
-    for i, d in enumerate(documents):
-        if not isinstance(d, Document):
-            raise TypeError(f"expected langchain Documents, got {type(d).__name__} at position {i}.")
-        units.append(Unit(id=str(d.id) if d.id else str(i), text=d.page_content,
-                          metadata=dict(d.metadata),
-                          level=str(d.metadata.get(FUNNEL_PREFIX + "level", level))))
+    units = [Unit(id=str(d.id) if d.id else str(i), text=d.page_content, metadata=dict(d.metadata),
+                  level=str(d.metadata.get(FUNNEL_PREFIX + "level", level)))
+             for i, d in enumerate(checked_documents(documents))]
     check_unique_ids(units)
     return units
 
@@ -77,7 +70,6 @@ class IndexRetriever(UnitRetriever):
 class _BM25Base(IndexRetriever):
     """Building, ``save`` and ``load`` of the two BM25 retrievers."""
 
-    _level: ClassVar[str] = "passage"
     _index_cls: ClassVar[Any] = BM25Index
 
     @classmethod
