@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from abc import abstractmethod
 from typing import Any, Iterable, Optional, Sequence
 
 from langchain_core.documents import Document
@@ -45,15 +46,6 @@ def _doc_units(documents: Iterable[Document]) -> tuple[list[Unit], dict[str, Doc
     return units, by_id
 
 
-def _to_documents(units: Sequence[Unit], by_id: dict[str, Document], owner: str) -> list[Document]:
-    """The pieces as Documents, with their source's other ``funnel_`` keys
-    (:func:`funnel_core.units.keep_source_funnel_keys`)."""
-    docs = units_to_documents(units)
-    keep_source_funnel_keys(owner, ((by_id[u.funnel["doc_id"]].metadata, d.metadata)
-                                    for u, d in zip(units, docs) if u.funnel.get("doc_id") in by_id))
-    return docs
-
-
 def _texts_to_documents(texts: Sequence[str], metadatas: Optional[Sequence[dict]]) -> list[Document]:
     if isinstance(texts, str):
         raise TypeError("texts must be a list of strings, got a single str; wrap it in a list.")
@@ -75,7 +67,21 @@ class _GranularitySplitter(StageModel, TextSplitter, Runnable[Sequence[Document]
         return [d.page_content for d in self.split_documents([Document(page_content=text)])]
 
     def split_documents(self, documents: Iterable[Document]) -> list[Document]:
-        raise NotImplementedError
+        """The pieces of ``documents`` (``[]`` for none or only empty ones), each with its
+        source's other ``funnel_`` keys (:func:`funnel_core.units.keep_source_funnel_keys`)."""
+        units, by_id = _doc_units(documents)
+        if not units:
+            return []
+        pieces = self._split(units)
+        docs = units_to_documents(pieces)
+        sources = ((by_id[u.funnel["doc_id"]].metadata, d.metadata)
+                   for u, d in zip(pieces, docs) if u.funnel.get("doc_id") in by_id)
+        keep_source_funnel_keys(type(self).__name__, sources)
+        return docs
+
+    @abstractmethod
+    def _split(self, units: list[Unit]) -> Sequence[Unit]:
+        """The core splitter's pieces of the document units."""
 
     def create_documents(self, texts: Sequence[str],
                          metadatas: Optional[Sequence[dict]] = None) -> list[Document]:
@@ -119,14 +125,11 @@ class MultiGranularityTextSplitter(MultiGranularityFields, _GranularitySplitter)
                              f"MixOfGranularityRetriever) or 'finest', got {value!r}.")
         return value
 
-    def split_documents(self, documents: Iterable[Document]) -> list[Document]:
+    def _split(self, units: list[Unit]) -> list[Unit]:
         """Every level's chunks, finest first (the finest only with ``levels="finest"``)."""
-        units, by_id = _doc_units(documents)
-        if not units:
-            return []
         hierarchy = self.stage.split(units)
         levels = hierarchy.levels if self.levels == "all" else hierarchy.levels[:1]
-        return _to_documents([u for level in levels for u in level], by_id, type(self).__name__)
+        return [u for level in levels for u in level]
 
 
 class GraphGranularitySplitter(GraphGranularityFields, _GranularitySplitter):
@@ -141,14 +144,11 @@ class GraphGranularitySplitter(GraphGranularityFields, _GranularitySplitter):
     last_build_seconds: Optional[float] = Field(default=None,
                                                 description="Seconds of the last build.")
 
-    def split_documents(self, documents: Iterable[Document]) -> list[Document]:
-        """The linked graph nodes of ``documents``, in document order."""
-        units, by_id = _doc_units(documents)
-        if not units:
-            return []
+    def _split(self, units: list[Unit]) -> Sequence[Unit]:
+        """The linked graph nodes, in document order."""
         graph = self.stage.build(units)
         self.last_build_seconds = graph.build_seconds
-        return _to_documents(graph.nodes, by_id, type(self).__name__)
+        return graph.nodes
 
 
 class MixOfGranularityRetriever(MixOfGranularityFields, UnitRetriever):
