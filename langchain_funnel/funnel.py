@@ -279,9 +279,8 @@ class FunnelRetriever(UnitRetriever):
     @classmethod
     @checked_keywords
     def from_stages(cls, *stages: Any, k: Optional[int] = 4) -> "FunnelRetriever":
-        if len(stages) == 1 and isinstance(stages[0], Funnel):
-            return cls(funnel=stages[0], k=k)
-        return cls(funnel=build_funnel(stages), k=k)
+        one = len(stages) == 1 and isinstance(stages[0], Funnel)
+        return cls(funnel=stages[0] if one else build_funnel(stages), k=k)
 
     def _search(self, query: str, k: Optional[int]) -> list[Unit]:
         result = self.funnel.search(query)
