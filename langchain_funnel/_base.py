@@ -1,14 +1,12 @@
-"""Conversion between LangChain ``Document`` and :class:`funnel_core.Unit` (the metadata
-contract of ``docs/frameworks.md``), and the thin base classes every LangChain object of this
-package builds on: :class:`StageCompressor` (runs one ``funnel_core`` stage; also a ``Runnable``)
-and :class:`UnitRetriever` (a retriever whose search returns units)."""
+"""``Document`` <-> :class:`funnel_core.Unit` (the metadata contract of ``docs/frameworks.md``)
+and the base classes of this package's compressors and retrievers."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 from abc import abstractmethod
-from typing import Any, ClassVar, Mapping, Optional, Sequence
+from typing import Any, ClassVar, Iterable, Mapping, Optional, Sequence
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
@@ -18,15 +16,15 @@ from langchain_core.callbacks import (
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableConfig
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from funnel_core.errors import check_positive_int, check_query
-from funnel_core.funnel import Stage, WarmUpMixin
-from funnel_core.settings import StageAdapter, check_accepted, check_search_kwargs
+from funnel_core.funnel import WarmUpMixin
+from funnel_core.settings import StageAdapter, check_accepted, check_kwargs, check_search_kwargs
 from funnel_core.units import Unit, funnel_metadata, unit_of
 
-__all__ = ["StageCompressor", "UnitRetriever", "document_to_unit", "documents_to_units",
-           "units_to_documents", "document_metadata", "RELEVANCE_SCORE"]
+__all__ = ["StageModel", "StageCompressor", "KRetriever", "UnitRetriever", "document_to_unit", "documents_to_units",
+           "units_to_documents", "document_metadata", "checked_documents", "RELEVANCE_SCORE"]
 
 
 def _doc_id(doc: Document) -> str:
@@ -37,21 +35,30 @@ def _doc_id(doc: Document) -> str:
     return hashlib.sha1(doc.page_content.encode("utf-8")).hexdigest()[:16]
 
 
-#: The metadata key LangChain's rerankers (Cohere, Jina, Flashrank, ...) write their float score
-#: under; ours write it too, on every document a retriever or compressor returns.
+#: The float score key of LangChain's rerankers (Cohere, Jina, Flashrank); ours write it too.
 RELEVANCE_SCORE = "relevance_score"
 
 
 def document_to_unit(doc: Document) -> Unit:
     """A ``Document`` -> :class:`Unit` (:func:`funnel_core.units.unit_of`; id from ``doc.id``,
-    ``metadata["id"]`` or a text hash), which keeps a reference to the document
-    (``unit.source``). A prior score is read from ``metadata["relevance_score"]`` (the key
-    LangChain's rerankers write), never from a user's ``score`` key."""
+    ``metadata["id"]`` or a text hash; ``unit.source`` is the document); a prior score is read
+    from ``relevance_score``, never from a user's ``score`` key."""
     if not isinstance(doc, Document):
         raise TypeError(f"expected a langchain Document, got {type(doc).__name__}.")
     score = doc.metadata.get(RELEVANCE_SCORE)
     return unit_of(_doc_id(doc), doc.page_content, doc.metadata, source=doc,
                    score=score if _is_score(score) else None)
+
+
+def checked_documents(documents: Iterable[Document]) -> list[Document]:
+    """``documents`` as a list; a single ``Document`` or anything else in it raises."""
+    if isinstance(documents, Document):
+        raise TypeError("pass a list of Documents, not a single Document; wrap it in a list.")
+    docs = list(documents)
+    for i, d in enumerate(docs):
+        if not isinstance(d, Document):
+            raise TypeError(f"expected langchain Documents, got {type(d).__name__} at position {i}.")
+    return docs
 
 
 def documents_to_units(docs: Sequence[Document]) -> list[Unit]:
@@ -66,9 +73,8 @@ def documents_to_units(docs: Sequence[Document]) -> list[Unit]:
 
 
 def document_metadata(unit: Unit, user: Mapping[str, Any]) -> dict[str, Any]:
-    """A returned document's metadata: the user's keys as they were, our bookkeeping as flat
-    ``funnel_...`` scalars (:func:`funnel_core.units.funnel_metadata`), and the unit's score as a
-    float ``relevance_score`` (LangChain's reranker convention)."""
+    """The user's keys as they were, :func:`funnel_core.units.funnel_metadata`, and the unit's
+    score as a float ``relevance_score``."""
     meta = {**user, **funnel_metadata(unit)}
     if unit.score is not None:
         meta[RELEVANCE_SCORE] = float(unit.score)
@@ -84,14 +90,9 @@ def _is_score(value: Any) -> bool:
 
 
 def units_to_documents(units: Sequence[Unit], originals: Sequence[Document] = ()) -> list[Document]:
-    """Units -> copies of the user's ``Document`` objects (new ones for units cut from them).
-
-    The user's metadata keys are kept as they were; our bookkeeping (``level``, ``parent_id``,
-    per-stage scores, ranks, ...) is added as flat ``funnel_...`` keys, and the score as
-    ``relevance_score``. ``originals`` are documents to copy for units that carry none (looked
-    up by id). A unit cut from a document (a passage, a granularity level) becomes a new
-    ``Document`` whose metadata is the unit's (the user's, copied from its parent by the stage).
-    """
+    """Units -> copies of the user's ``Document`` objects with :func:`document_metadata`
+    (``originals``: documents to copy, by id, for units that carry none); a unit cut from a
+    document becomes a new ``Document`` with the unit's metadata."""
     by_id: dict[str, Document] = {_doc_id(d): d for d in originals}
     for u in units:
         if isinstance(u.source, Document):
@@ -112,26 +113,23 @@ def units_to_documents(units: Sequence[Unit], originals: Sequence[Document] = ()
     return docs
 
 
-class StageCompressor(StageAdapter, BaseDocumentCompressor, Runnable[dict, list[Document]]):
-    """A LangChain document compressor that holds and runs one ``funnel_core`` stage.
-
-    A subclass declares its fields in its class body and names the stage class
-    (``stage_class``); the fields named like the stage's settings build it, and an edit of one
-    is forwarded to it (see :class:`funnel_core.settings.StageAdapter`). Unknown keyword
-    arguments raise, naming the accepted ones. As a ``Runnable`` it takes
-    ``{"query": ..., "documents": [...]}``. It pickles and deep-copies (a loaded model is not
-    copied; it loads again on first use).
-    """
+class StageModel(StageAdapter, BaseModel):
+    """A LangChain object holding one ``funnel_core`` stage (:class:`funnel_core.settings.StageAdapter`):
+    the base of this package's compressors, document transformers and text splitters."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
     # Runnable annotates ``name: str | None`` without a default; pydantic would make it required.
     name: Optional[str] = None
-    _stage: Optional[Stage] = PrivateAttr(default=None)
+    _stage: Any = PrivateAttr(default=None)
+
+
+class StageCompressor(StageModel, BaseDocumentCompressor, Runnable[dict, list[Document]]):
+    """A document compressor holding one ``funnel_core`` stage; as a ``Runnable`` it takes
+    ``{"query": ..., "documents": [...]}``."""
 
     def compress_documents(self, documents: Sequence[Document], query: str,
                            callbacks: Callbacks | None = None) -> Sequence[Document]:
-        """Run the stage; the call is a run of its own (visible to callbacks, ``astream_events``
-        and tracers), a child of ``callbacks``' run when given."""
+        """Run the stage as a run of its own (a child of ``callbacks``' run when given)."""
         return self.invoke({"query": query, "documents": list(documents)},
                            config={"callbacks": callbacks} if callbacks is not None else None)
 
@@ -171,14 +169,10 @@ class StageCompressor(StageAdapter, BaseDocumentCompressor, Runnable[dict, list[
         return await self._acall_with_config(self._acompress, input, config)
 
 
-class UnitRetriever(WarmUpMixin, BaseRetriever):
-    """A LangChain retriever whose subclasses implement :meth:`_search` over ``funnel_core``.
-
-    ``k`` is set in the constructor and can be overridden per call: ``invoke(q, k=3)``;
-    ``k=0`` is an error. Other per-call keyword arguments are those of :meth:`_search` (e.g.
-    ``filter=``); an unknown one raises ``TypeError`` naming it and the accepted ones.
-    An empty or whitespace query returns ``[]``; a non-string query raises ``TypeError``.
-    """
+class KRetriever(WarmUpMixin, BaseRetriever):
+    """A LangChain retriever with ``k`` in the constructor and per call (``invoke(q, k=3)``;
+    ``k=0`` is an error). A keyword it does not take raises ``TypeError`` naming the accepted
+    ones, in the constructor and per call (:attr:`_call_kwargs`)."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
     k: Optional[int] = Field(default=4, description="Number of documents to return.")
@@ -189,21 +183,36 @@ class UnitRetriever(WarmUpMixin, BaseRetriever):
 
     #: Whether ``k=None`` (no cap) is allowed.
     _k_optional: ClassVar[bool] = False
+    #: The per-call keyword arguments besides ``k``.
+    _call_kwargs: ClassVar[tuple[str, ...]] = ()
 
     def model_post_init(self, __context: Any) -> None:
+        super().model_post_init(__context)
         if self.k is not None or not self._k_optional:
             check_positive_int(self.k, "k")
 
+    def _prepare(self, query: str, k: int | None, kwargs: dict[str, Any]) -> tuple[str, Any]:
+        """The stripped query and ``k`` (the retriever's own when not given per call)."""
+        check_kwargs(type(self).__name__, kwargs, ("k", *self._call_kwargs))
+        return check_query(query), self.k if k is None else check_positive_int(k, "k")
+
+
+class UnitRetriever(KRetriever):
+    """A :class:`KRetriever` whose subclasses implement :meth:`_search` over ``funnel_core``.
+
+    The per-call keyword arguments besides ``k`` are those of :meth:`_search` (e.g.
+    ``filter=``). An empty or whitespace query returns ``[]``; a non-string query raises
+    ``TypeError``.
+    """
+
     @abstractmethod
     def _search(self, query: str, k: int) -> list[Unit]:
-        """Return up to ``k`` units for a (non-empty, stripped) query.
-
-        Further keyword-only parameters are the per-call options of ``invoke`` (e.g. ``filter``).
-        """
+        """Up to ``k`` units for a non-empty, stripped query; further keyword parameters are the
+        per-call options of ``invoke`` (e.g. ``filter``)."""
 
     def _prepare(self, query: str, k: int | None, kwargs: dict[str, Any]) -> tuple[str, Any]:
         check_search_kwargs(self, self._search, kwargs)  # a typo raises, naming the accepted ones
-        return check_query(query), self.k if k is None else check_positive_int(k, "k")
+        return super()._prepare(query, k, {})
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
                                 k: int | None = None, **kwargs: Any) -> list[Document]:

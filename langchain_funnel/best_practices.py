@@ -1,8 +1,6 @@
-"""LangChain objects for the "Searching for Best Practices in RAG" components: offline
-embeddings, hybrid retrieval, HyDE (a runnable and a retriever), repacking, extractive
-compression and query classification (each names its paper section and its ``funnel_core``
-stage).
-"""
+"""LangChain objects for the "Searching for Best Practices in RAG" components (the *Best
+practices in RAG* page): embeddings, hybrid retrieval, HyDE, repacking, compression, query
+classification."""
 
 from __future__ import annotations
 
@@ -18,7 +16,6 @@ from langchain_core.prompts import PromptTemplate
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableBranch, RunnableConfig, RunnableLambda
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore, VectorStoreRetriever
-from pydantic import ConfigDict, Field
 
 from funnel_core.backends.milvus import hybrid_backends
 from funnel_core.best_practices.classify import QueryClassifier
@@ -27,9 +24,8 @@ from funnel_core.best_practices.fusion import fuse, same_identity
 from funnel_core.best_practices.hyde import HyDE, HyDERetrieve
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
-from funnel_core.funnel import WarmUpMixin
-from funnel_core.settings import check_accepted, check_kwargs, checked_keywords
-from langchain_funnel._base import RELEVANCE_SCORE, StageCompressor, documents_to_units, units_to_documents
+from funnel_core.settings import check_kwargs, checked_keywords
+from langchain_funnel._base import RELEVANCE_SCORE, KRetriever, StageCompressor, documents_to_units, units_to_documents
 from langchain_funnel.dense import DenseRetriever
 from langchain_funnel.llm import as_provider
 from langchain_funnel.rerank import TransformerBase
@@ -46,15 +42,8 @@ DEFAULT_HYDE_PROMPT = PromptTemplate.from_template(
 
 
 class SentenceEmbedderEmbeddings(Embeddings):
-    """LangChain embeddings over :class:`~funnel_core.embeddings.SentenceEmbedder` (e.g. for
-    ``InMemoryVectorStore``); the async methods run in a worker thread (LangChain's default).
-
-    Args:
-        model_name: sentence-transformers hub name or local folder; ``None`` = packaged MiniLM.
-        batch_size: Texts per forward pass.
-        device: Torch device or ``None`` for the best available.
-        embedder: An existing :class:`SentenceEmbedder` to share.
-    """
+    """LangChain embeddings over :class:`~funnel_core.embeddings.SentenceEmbedder` (its
+    settings; ``embedder=`` shares a loaded one); async methods run in a worker thread."""
 
     @checked_keywords
     def __init__(self, *, model_name: str | None = None, batch_size: int = 64,
@@ -71,14 +60,10 @@ class SentenceEmbedderEmbeddings(Embeddings):
 @checked_keywords
 def hyde_query(llm: Runnable, prompt: PromptTemplate | None = None,
                include_original: bool = True) -> Runnable:
-    """HyDE (Gao et al., 2022) as a runnable ``query -> text for the dense retriever``.
-
-    The LLM writes a hypothetical passage answering the question; with ``include_original`` the
-    question is kept in front of it, and the dense retriever embeds that one text. This is an
-    approximation: the HyDE paper (and LlamaIndex's ``HyDEQueryTransform``) average the
-    embeddings of the question and the documents instead, which :class:`HyDERetriever` does.
-    Works with chat models and plain LLMs. The prompt must have a ``{question}`` variable.
-    """
+    """HyDE as a runnable ``query -> text for the dense retriever``: the LLM's hypothetical
+    passage (after the question with ``include_original``), embedded as one text. An
+    approximation: :class:`HyDERetriever` averages the embeddings as the paper does. The prompt
+    needs a ``{question}`` variable."""
     prompt = prompt or DEFAULT_HYDE_PROMPT
     if "question" not in prompt.input_variables:
         raise ValueError(f"the HyDE prompt needs a {{question}} variable, has {prompt.input_variables}.")
@@ -93,11 +78,9 @@ def hyde_query(llm: Runnable, prompt: PromptTemplate | None = None,
 
 
 def _vector_relevance(store: Any) -> Optional[Callable[[float], float]]:
-    """How a store's raw ``similarity_search_with_score_by_vector`` score becomes a relevance
-    (higher = more relevant): the store's own ``_select_relevance_score_fn`` (FAISS and Chroma turn
-    their distances into relevances there); langchain-core's ``InMemoryVectorStore`` answers a cosine
-    similarity already; ``None`` for a store that says neither (its score may be a distance, so no
-    score is written rather than a wrong one, as for a store without that method)."""
+    """Raw ``similarity_search_with_score_by_vector`` score -> relevance (higher = better): the
+    store's ``_select_relevance_score_fn``; identity for ``InMemoryVectorStore`` (a cosine);
+    ``None`` when the store says neither (its score may be a distance: none is written)."""
     if not callable(getattr(store, "similarity_search_with_score_by_vector", None)):
         return None
     try:
@@ -106,36 +89,19 @@ def _vector_relevance(store: Any) -> Optional[Callable[[float], float]]:
         return (lambda s: s) if isinstance(store, InMemoryVectorStore) else None
 
 
-class HyDERetriever(WarmUpMixin, BaseRetriever):
-    """Dense retrieval with the HyDE vector ``v`` (:mod:`funnel_core.best_practices.hyde`; the
-    equation: the Best practices page) of the vector store's ``embeddings`` (``embed_query`` for
-    the question, ``embed_documents`` for the LLM's ``n`` hypothetical documents) or, over our
-    dense ``index``, of its embedder. Documents carry the similarity in
-    ``metadata["relevance_score"]`` (so :class:`HybridRetriever` fuses them) and
-    ``funnel_hyde_documents`` (how many documents entered ``v``). Build with :meth:`from_llm` (a
-    LangChain chat model or LLM, or a funnel_core LLM, plus the HyDE settings), or pass
-    ``hyde=HyDE(...)``.
+class HyDERetriever(KRetriever):
+    """Dense retrieval with the HyDE vector ``v`` of :class:`~funnel_core.best_practices.hyde.HyDE`
+    (``hyde``), embedded by ``vectorstore.embeddings`` or, over a funnel_core dense ``index``
+    (exactly one of the two), by its embedder. ``relevance_score`` is the store's relevance
+    (:func:`_vector_relevance`); ``funnel_hyde_documents`` counts the documents in ``v``. Build
+    with :meth:`from_llm` or pass ``hyde=HyDE(...)``."""
 
-    Attributes:
-        hyde: The core :class:`~funnel_core.best_practices.hyde.HyDE` (its settings are attributes).
-        vectorstore: A LangChain vector store with embeddings and ``similarity_search_by_vector``
-            (``similarity_search_with_score_by_vector`` for scores, turned into relevances by the
-            store's own relevance function; a store that has none gets no score).
-        index: Or a funnel_core dense index (``DenseIndex``, Milvus); exactly one of the two.
-        k: Documents returned (``invoke(q, k=3)`` overrides).
-    """
-
-    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
     hyde: HyDE
     vectorstore: Optional[VectorStore] = None
     index: Optional[Any] = None
-    k: int = Field(default=4, description="Number of documents to return.")
-
-    def __init__(self, **data: Any) -> None:
-        check_accepted(type(self), data)
-        super().__init__(**data)
 
     def model_post_init(self, __context: Any) -> None:
+        super().model_post_init(__context)
         if (self.vectorstore is None) == (self.index is None):
             raise ValueError("HyDERetriever needs exactly one of vectorstore= (a LangChain vector store) "
                              "and index= (a funnel_core DenseIndex or Milvus dense index).")
@@ -144,7 +110,6 @@ class HyDERetriever(WarmUpMixin, BaseRetriever):
                              "HyDE embeds the query and its documents with them.")
         if self.index is not None:
             HyDERetrieve(self.index, self.hyde)  # checks the index
-        check_positive_int(self.k, "k")
 
     @classmethod
     def from_llm(cls, llm: Any, *, vectorstore: Optional[VectorStore] = None, index: Any = None,
@@ -171,24 +136,16 @@ class HyDERetriever(WarmUpMixin, BaseRetriever):
 
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
                                 k: int | None = None, **kwargs: Any) -> list[Document]:
-        query, k = _prepare(self, query, k, kwargs)
+        query, k = self._prepare(query, k, kwargs)
         return self._search(query, self.hyde.documents(query), k) if query else []
 
     async def _aget_relevant_documents(self, query: str, *,
                                        run_manager: AsyncCallbackManagerForRetrieverRun,
                                        k: int | None = None, **kwargs: Any) -> list[Document]:
-        query, k = _prepare(self, query, k, kwargs)
+        query, k = self._prepare(query, k, kwargs)
         if not query:
             return []
         return await asyncio.to_thread(self._search, query, await self.hyde.adocuments(query), k)
-
-
-def _prepare(owner: Any, query: str, k: int | None, kwargs: dict[str, Any],
-             accepted: tuple[str, ...] = ("k",)) -> tuple[str, int]:
-    """The stripped query and ``k`` (the retriever's own when not given per call); a per-call
-    keyword the retriever does not take raises, naming the accepted ones (no silent typos)."""
-    check_kwargs(type(owner).__name__, kwargs, accepted)
-    return check_query(query), owner.k if k is None else check_positive_int(k, "k")
 
 
 #: The async twin of each store method :meth:`HybridRetriever._relevance_path` may name.
@@ -199,51 +156,27 @@ _ASYNC_TWIN = {
 }
 
 
-class HybridRetriever(WarmUpMixin, FusionFields, BaseRetriever):
-    """Hybrid search over any two LangChain retrievers (paper section 3.4.3).
+class HybridRetriever(FusionFields, KRetriever):
+    """Hybrid search over any two LangChain retrievers (paper section 3.4.3; fusion settings:
+    :class:`~funnel_core.best_practices.fields.FusionFields`).
 
-    Scores are read from ``Document.metadata["relevance_score"]``. A similarity
-    ``VectorStoreRetriever`` returns none, so for ``method="alpha"`` its vector store is asked,
-    with the retriever's ``search_kwargs``, through the store's own relevance path; a store that
-    cannot say what its score means is refused with a ``ValueError`` naming it, and
-    ``method="rrf"`` (ranks only) fuses any retriever. Documents without ids (LangChain's
-    default) are matched across the two sides by their text
-    (:func:`~funnel_core.best_practices.fusion.same_identity`), so each is fused once. The
-    *Best practices in RAG* page (LangChain) gives the details. The fusion fields are validated
-    at construction and at every assignment, and read at each call.
-
-    Attributes:
-        sparse: The sparse retriever (BM25); it always receives the user's query.
-        dense: The dense retriever; it receives ``dense_query(query)`` when set, or the
-            ``dense_query=`` string passed to ``invoke``.
-        alpha: Sparse weight in ``S_h = alpha * S_sparse + S_dense`` (0.3), in [0, 1].
-        method: ``"alpha"`` or ``"rrf"``.
-        normalization: ``"minmax"``, ``"zscore"`` or ``"none"``.
-        rrf_k: RRF constant (60).
-        k: Documents returned after fusion (constructor default; ``invoke(q, k=3)`` overrides).
-        dense_query: Optional runnable ``query -> str`` for the dense side (see :func:`hyde_query`).
+    ``sparse`` gets the user's query; ``dense`` gets ``dense_query(query)`` when that runnable
+    is set (e.g. :func:`hyde_query`), or ``invoke(q, dense_query="...")``. Scores are read from
+    ``metadata["relevance_score"]``; for ``method="alpha"`` a similarity
+    ``VectorStoreRetriever``'s store is asked for relevances (:meth:`_relevance_path`).
+    Documents without ids are matched across the sides by text
+    (:func:`~funnel_core.best_practices.fusion.same_identity`).
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
     sparse: BaseRetriever
     dense: BaseRetriever
-    k: int = Field(default=4, description="Number of documents to return.")
     dense_query: Optional[Runnable] = None
-
-    def __init__(self, **data: Any) -> None:
-        check_accepted(type(self), data)
-        super().__init__(**data)
-
-    def model_post_init(self, __context: Any) -> None:
-        super().model_post_init(__context)  # the fusion settings
-        check_positive_int(self.k, "k")
+    _call_kwargs = ("dense_query",)
 
     # -- sides ---------------------------------------------------------------------------------
     def _store_search(self, retriever: BaseRetriever, asynchronous: bool) -> Optional[Callable]:
-        """``search(query) -> [(document, relevance)]`` on the vector store of ``retriever``,
-        with its own ``search_kwargs``, or ``None`` when the retriever is invoked as it is (RRF
-        reads ranks only; an MMR search has no score per document; any other retriever writes
-        ``relevance_score`` itself)."""
+        """``search(query) -> [(document, relevance)]`` on ``retriever``'s vector store with its
+        ``search_kwargs``; ``None``: invoke the retriever as it is (RRF, MMR, not a store)."""
         if not (self.method == "alpha" and isinstance(retriever, VectorStoreRetriever)
                 and retriever.search_type in ("similarity", "similarity_score_threshold")):
             return None
@@ -254,16 +187,11 @@ class HybridRetriever(WarmUpMixin, FusionFields, BaseRetriever):
 
     @staticmethod
     def _relevance_path(store: Any) -> str:
-        """The name of the store's method that answers ``(document, relevance)`` pairs, higher =
-        more relevant (its async twin: :data:`_ASYNC_TWIN`).
-
-        The store's own ``_similarity_search_with_relevance_scores`` maps its raw scores
-        through its ``_select_relevance_score_fn``, read without the public method's warning
-        about values outside [0, 1] (FAISS's squared L2 over unit vectors goes below 0; the
-        order is right and fusion normalises each side); a store that overrides only the public
-        method is asked through it; ``InMemoryVectorStore``'s ``similarity_search_with_score``
-        is a cosine similarity. Any other store is refused: its raw score may be a distance.
-        """
+        """The store's method answering ``(document, relevance)`` pairs (async twin:
+        :data:`_ASYNC_TWIN`): the private ``_similarity_search_with_relevance_scores`` (no
+        warning on FAISS's values below 0; fusion normalises), the public one when only that is
+        overridden, ``InMemoryVectorStore``'s cosine ``similarity_search_with_score``; any
+        other store is refused (its score may be a distance)."""
         cls = type(store)
         private, public = ("_similarity_search_with_relevance_scores",
                            "similarity_search_with_relevance_scores")
@@ -317,7 +245,7 @@ class HybridRetriever(WarmUpMixin, FusionFields, BaseRetriever):
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
                                 k: int | None = None, dense_query: str | None = None,
                                 **kwargs: Any) -> list[Document]:
-        query, k = _prepare(self, query, k, kwargs, ("k", "dense_query"))
+        query, k = self._prepare(query, k, kwargs)
         if not query:
             return []
         if dense_query is None and self.dense_query is not None:
@@ -332,7 +260,7 @@ class HybridRetriever(WarmUpMixin, FusionFields, BaseRetriever):
                                        run_manager: AsyncCallbackManagerForRetrieverRun,
                                        k: int | None = None, dense_query: str | None = None,
                                        **kwargs: Any) -> list[Document]:
-        query, k = _prepare(self, query, k, kwargs, ("k", "dense_query"))
+        query, k = self._prepare(query, k, kwargs)
         if not query:
             return []
         if dense_query is None and self.dense_query is not None:
@@ -351,8 +279,7 @@ class HybridRetriever(WarmUpMixin, FusionFields, BaseRetriever):
                        dense_config: Optional[dict] = None, bm25_config: Optional[dict] = None,
                        **fusion: Any) -> "HybridRetriever":
         """Our BM25 and dense retrievers over ``documents`` (``candidates`` each), fused;
-        ``backend=MilvusBackend(...)`` (or a URI) keeps both in Milvus. ``fusion``: ``alpha``,
-        ``method``, ``k``, ..."""
+        ``backend=`` (a ``MilvusBackend`` or URI) keeps both in Milvus; ``fusion``: the fields."""
         check_kwargs(f"{cls.__name__}.from_documents", fusion, _fusion_names(cls))  # before building
         sparse, dense = hybrid_sides(documents, backend, embedder, candidates, dense_config,
                                      **(bm25_config or {}))
@@ -378,34 +305,20 @@ def _fusion_names(cls: Any) -> list[str]:
 
 
 class RepackTransformer(RepackFields, TransformerBase):
-    """Reorder documents that arrive best first: ``"forward"``, ``"reverse"`` (default: best
-    last, next to the question) or ``"sides"`` (best at both ends).
-
-    A ``BaseDocumentTransformer`` and a runnable: ``retriever | RepackTransformer()``. Each
-    document gets ``funnel_retrieval_rank`` and ``funnel_repack_position`` in its metadata. It
-    holds a :class:`~funnel_core.best_practices.repack.Repack` stage.
-    """
+    """Reorder documents that arrive best first: a :class:`~funnel_core.best_practices.repack.Repack`
+    stage as a document transformer and runnable (``retriever | RepackTransformer()``)."""
 
 
 class ExtractiveCompressor(ExtractiveCompressorFields, StageCompressor):
-    """Keep the sentences most similar to the query (paper section 3.7), in original order.
-
-    A ``BaseDocumentCompressor`` and a runnable over ``{"query", "documents"}`` (see
-    ``rerank_chain``), holding a
-    :class:`funnel_core.best_practices.compress.ExtractiveCompressor`; ``embedder`` shares an
-    already loaded :class:`SentenceEmbedder`. ``funnel_compression_...`` metadata keys record
-    tokens before/after.
-    """
+    """Keep the sentences most similar to the query (paper section 3.7): a
+    :class:`funnel_core.best_practices.compress.ExtractiveCompressor` as a document compressor."""
 
 
 @checked_keywords
 def query_classifier_branch(classifier: QueryClassifier, retrieval_chain: Runnable,
                             direct_chain: Runnable, *, query_key: str | None = None) -> Runnable:
-    """A ``RunnableBranch``: ``retrieval_chain`` when the query needs retrieval, else
-    ``direct_chain`` (e.g. ``prompt | llm`` with no context).
-
-    The input is the query string, or a dict holding it under ``query_key``.
-    """
+    """A ``RunnableBranch``: ``retrieval_chain`` when the query (a string, or a dict's
+    ``query_key``) needs retrieval, else ``direct_chain`` (e.g. ``prompt | llm``)."""
     QueryClassifier.check_trained(classifier)
 
     def needs(x: Any) -> bool:
@@ -422,9 +335,8 @@ def query_classifier_branch(classifier: QueryClassifier, retrieval_chain: Runnab
 def hybrid_sides(documents: Optional[Iterable[Document]], backend: Any, embedder: Any = None,
                  candidates: int = 20, dense_config: Optional[dict] = None,
                  **bm25_config: Any) -> tuple[Any, DenseRetriever]:
-    """The sparse (BM25) and dense sides of a hybrid retriever on one backend: built from
-    ``documents``, or re-opened (``documents=None``, Milvus only; see
-    :func:`funnel_core.backends.milvus.hybrid_backends` for the collections)."""
+    """The BM25 and dense sides of a hybrid retriever on one backend, built from ``documents``
+    or re-opened (``None``; :func:`funnel_core.backends.milvus.hybrid_backends`)."""
     candidates = check_positive_int(candidates, "candidates")
     sb, db = hybrid_backends(backend, None if documents is not None else "HybridRetriever.from_backend")
     if documents is None:

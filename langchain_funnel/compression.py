@@ -1,7 +1,5 @@
-"""A small compression retriever: any LangChain retriever followed by any of our compressors.
-
-``ContextualCompressionRetriever`` lives in langchain-classic; this package depends on
-langchain-core only, so it ships its own::
+"""A compression retriever of our own (``ContextualCompressionRetriever`` lives in
+langchain-classic, which this package does not depend on)::
 
     retriever = CompressionRetriever(
         base_retriever=bm25_retriever,                    # any BaseRetriever
@@ -27,18 +25,12 @@ __all__ = ["CompressionRetriever"]
 
 
 class CompressionRetriever(FunnelRetriever):
-    """Retrieve with ``base_retriever`` (any LangChain retriever; it should return more than
-    ``k`` documents), then run ``compressors`` in order (each ``BaseDocumentCompressor`` is
-    called with the query, each ``BaseDocumentTransformer`` with the documents only), then keep
-    ``k`` (also ``invoke(query, k=3)``): a :class:`~langchain_funnel.funnel.FunnelRetriever` over
-    ``[base_retriever, *compressors]``.
+    """A :class:`~langchain_funnel.funnel.FunnelRetriever` over ``[base_retriever,
+    *compressors]`` (document compressors and transformers), then ``k``.
 
-    ``base_compressor`` is one compressor, as LangChain's ``ContextualCompressionRetriever``
-    takes it (``CompressionRetriever(base_retriever=..., base_compressor=...)`` works as there):
-    it is folded into ``compressors`` as their first, always reads ``compressors[0]`` (``None``
-    when there are none), and setting it replaces that one. An edit of ``base_retriever``,
-    ``base_compressor`` or ``compressors`` is checked and is what the next query runs. Any other
-    keyword raises, naming the accepted ones.
+    ``base_compressor`` (``ContextualCompressionRetriever``'s argument) is ``compressors[0]``:
+    given, it is put first; set, it replaces that one. An edit of these fields is checked and
+    is what the next query runs.
     """
 
     base_retriever: BaseRetriever
@@ -56,17 +48,13 @@ class CompressionRetriever(FunnelRetriever):
                  *self.compressors]
         self._rebuild(self.base_retriever, steps)
 
-    @staticmethod
-    def _check(steps: list[Any]) -> None:
+    def _rebuild(self, retriever: Any, steps: list[Any]) -> None:
+        """Check, then set the fields and the funnel together (a refused edit changes nothing)."""
+        steps = list(steps)
         for c in steps:
             if not isinstance(c, (BaseDocumentCompressor, BaseDocumentTransformer)):
                 raise TypeError(f"compressors must be BaseDocumentCompressor or "
                                 f"BaseDocumentTransformer objects, got {type(c).__name__}.")
-
-    def _rebuild(self, retriever: Any, steps: list[Any]) -> None:
-        """Check, then set the fields and the funnel together (a refused edit changes nothing)."""
-        steps = list(steps)
-        self._check(steps)
         funnel = build_funnel([retriever, *steps])
         set_field = super().__setattr__
         set_field("base_retriever", retriever)

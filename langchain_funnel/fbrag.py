@@ -1,7 +1,4 @@
-"""FB-RAG forward lookup for LangChain: :class:`ForwardLookupRetriever`, Stages I-III over a long
-context or over the documents of any base retriever. The LLM can be a LangChain chat model or
-LLM, a ``funnel_core`` provider, or a hub name / folder of a local causal LM.
-"""
+"""FB-RAG forward lookup for LangChain: :class:`ForwardLookupRetriever`."""
 
 from __future__ import annotations
 
@@ -21,16 +18,10 @@ __all__ = ["ForwardLookupRetriever"]
 
 
 class ForwardLookupRetriever(ForwardLookupFields, StageAdapter, UnitRetriever):
-    """FB-RAG Stages I-III as a LangChain retriever (``k`` = chunks returned, constructor or
-    ``invoke(q, k=3)``): a :class:`~funnel_core.fbrag.ForwardLookup`.
-
-    Candidates are the ``chunk_words``-word chunks of ``context`` or the documents that
-    ``retriever`` returns. ``metadata`` holds ``relevance_score`` (S_FB), ``funnel_backward_score``,
-    ``funnel_forward_scores_json``, ``funnel_samples_json`` and ``funnel_position``; documents
-    come in their original order unless ``order_preserving=False``. ``variant`` picks the weights
-    (``"FB"``, ``"F"``, ``"B"``); ``eta_backward``/``eta_forward`` override them. The settings are
-    the fields of :class:`~funnel_core.fbrag_fields.ForwardLookupFields` (shared with the
-    LlamaIndex twin); edits are honoured at the next call.
+    """FB-RAG Stages I-III as a LangChain retriever (``k`` chunks): a
+    :class:`~funnel_core.fbrag.ForwardLookup` (settings:
+    :class:`~funnel_core.fbrag_fields.ForwardLookupFields`) over the chunks of ``context`` or
+    the documents of ``retriever``; ``llm`` may also be a LangChain model.
 
     Example::
 

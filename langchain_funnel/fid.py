@@ -1,11 +1,5 @@
-"""LangChain document compressors for attention-based post-ranking (FunnelRAG stage 3).
-
-* :class:`FiDAttentionReranker` — a Fusion-in-Decoder T5 reader's cross-attention (eq. 3).
-* :class:`AttentionLMReranker` — a causal LM's calibrated query-to-passage attention (ICR style).
-
-Both hold a :mod:`funnel_core.rerank.fid` / :mod:`funnel_core.rerank.attention_lm` stage; the
-model loads on first use. Document titles are read from ``metadata["title"]``.
-"""
+"""LangChain document compressors for attention-based post-ranking (FunnelRAG stage 3); titles
+are read from ``metadata["title"]``."""
 
 from __future__ import annotations
 

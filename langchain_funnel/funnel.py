@@ -1,17 +1,8 @@
-"""A FunnelRAG progressive funnel as a LangChain retriever.
-
-:class:`FunnelRetriever` runs a :class:`funnel_core.Funnel` whose stages can be ``funnel_core``
-stages *or* LangChain objects: any retriever (first stage), any ``BaseDocumentCompressor``, any
-``BaseDocumentTransformer`` and any runnable taking ``{"query", "documents"}`` and returning
-documents, wrapped by :func:`as_stage`. It converts once each way: this package's own
-retrievers, compressors and transformers run as their ``funnel_core`` work on the units
-(:class:`OwnStage`; callbacks still see each as a child run), any other object through
-LangChain, converted only around it. The per-stage trace is never put on the documents:
-:meth:`FunnelRetriever.search` returns ``(documents, trace)``, and the retriever's run reports it
-to callbacks as the custom event ``"funnel_trace"``. Scores belong to the order: a stage that
-reorders without writing its own ``relevance_score`` leaves none
-(:func:`funnel_core.units.foreign_output`). See "Chaining" and "What comes back" in
-``docs/frameworks.md``.
+"""A FunnelRAG progressive funnel as a LangChain retriever: :class:`FunnelRetriever` runs a
+:class:`funnel_core.Funnel` of ``funnel_core`` stages and LangChain objects (:func:`as_stage`),
+converting once each way; the trace goes to :meth:`FunnelRetriever.search` and to callbacks as
+the custom event ``"funnel_trace"`` (see "Chaining" and "What comes back" in
+``docs/frameworks.md``).
 """
 
 from __future__ import annotations
@@ -68,9 +59,12 @@ def _callbacks() -> Any:
 
 
 def _listening() -> bool:
-    """Whether the trace has a run to be reported to (``on_custom_event``, visible in
-    ``astream_events`` as ``on_custom_event`` named ``"funnel_trace"``)."""
+    """Whether the trace has a run to be reported to (``on_custom_event``)."""
     return getattr(_callbacks(), "parent_run_id", None) is not None
+
+
+def _name(obj: Any, name: Optional[str]) -> str:
+    return name or getattr(obj, "name", None) or type(obj).__name__
 
 
 class _Wrapped(CallStage):
@@ -101,8 +95,7 @@ class LCCompressorStage(_Wrapped):
 
     @checked_keywords
     def __init__(self, compressor: BaseDocumentCompressor, name: Optional[str] = None) -> None:
-        self.compressor = compressor
-        self.name = name or getattr(compressor, "name", None) or type(compressor).__name__
+        self.compressor, self.name = compressor, _name(compressor, name)
 
     def _call(self, query: str, units: list[Unit], asynchronous: bool) -> Any:
         c = self.compressor
@@ -118,8 +111,7 @@ class LCTransformerStage(_Wrapped):
 
     @checked_keywords
     def __init__(self, transformer: BaseDocumentTransformer, name: Optional[str] = None) -> None:
-        self.transformer = transformer
-        self.name = name or getattr(transformer, "name", None) or type(transformer).__name__
+        self.transformer, self.name = transformer, _name(transformer, name)
 
     def _call(self, query: str, units: list[Unit], asynchronous: bool) -> Any:
         t, docs = self.transformer, units_to_documents(units)
@@ -137,8 +129,7 @@ class LCRunnableStage(_Wrapped):
 
     @checked_keywords
     def __init__(self, runnable: Runnable, name: Optional[str] = None) -> None:
-        self.runnable = runnable
-        self.name = name or getattr(runnable, "name", None) or type(runnable).__name__
+        self.runnable, self.name = runnable, _name(runnable, name)
 
     def _call(self, query: str, units: list[Unit], asynchronous: bool) -> Any:
         r = self.runnable
@@ -147,25 +138,16 @@ class LCRunnableStage(_Wrapped):
 
 
 class OwnStage(Stage):
-    """One of this package's LangChain objects run on units: its ``funnel_core`` work, as its own
-    methods run it (:meth:`_work`, :meth:`_awork`), with no ``Document`` built on either side (a
-    funnel converts its input once and its output once). ``kind`` is what the object is:
-    a ``"retriever"`` (a first stage: incoming units ignored, its units scored by it), a
-    ``"compressor"`` or a ``"transformer"`` (read as a foreign stage's output,
-    :func:`funnel_core.units.foreign_output`, exactly as when its Documents were read back).
-
-    While callbacks listen (``config={"callbacks": ...}``, ``astream_events``, a tracer) the
-    object is still a child run of the funnel's run, named as its own ``invoke`` names it, with
-    Documents as its input and output: those are built for the callbacks only, from the units,
-    and nothing is read back from them. With no callback nothing is built.
-    """
+    """One of this package's objects (``kind``: ``"retriever"``, ``"compressor"`` or
+    ``"transformer"``) run as its ``funnel_core`` work on units, building no ``Document``;
+    while callbacks listen it is still a child run with Documents as its input and output
+    (built for the callbacks only)."""
 
     def __init__(self, obj: Any, name: str, kind: str) -> None:
         self.obj, self.name, self.kind = obj, name, kind
 
     def _work(self, query: str, units: list[Unit]) -> list[Unit]:
-        """A retriever's ``_search`` with its own ``k`` and ``filter`` (the funnel checked the
-        query), a compressor's core stage, a transformer's core stage's ``run``."""
+        """A retriever's ``_search`` (its own ``k`` and ``filter``), or the core stage's call."""
         obj = self.obj
         if self.kind == "retriever":
             return obj._search(*obj._prepare(query, None, {}))
@@ -195,8 +177,7 @@ class OwnStage(Stage):
                                  {"query": query, "documents": docs}, name=self.obj.get_name())
 
     def _manager(self, cls: Any) -> Any:
-        """The callback manager of the object's run under the funnel's, ``None`` when nobody
-        listens."""
+        """The callback manager of the object's run, ``None`` when nobody listens."""
         callbacks = _callbacks()
         if callbacks is None:
             return None
@@ -244,20 +225,20 @@ def _end(run: Any, units: Optional[list[Unit]] = None, error: Optional[BaseExcep
 
 
 def _own(obj: Any) -> Optional[Stage]:
-    """The units-level stage (:class:`OwnStage`) of one of our objects, or ``None`` for any
-    other."""
+    """The :class:`OwnStage` of one of our objects (not overriding their run), else ``None``."""
     if isinstance(obj, UnitRetriever) and runs_as(
             obj, (UnitRetriever, FunnelRetriever), "_get_relevant_documents",
             "_aget_relevant_documents"):
         return OwnStage(obj, type(obj).__name__, "retriever")
-    name = getattr(obj, "name", None) or type(obj).__name__
+    name = _name(obj, None)
     if isinstance(obj, StageCompressor) and runs_as(
             obj, (StageCompressor,), "compress_documents", "acompress_documents", "invoke",
             "ainvoke", "_compress", "_acompress"):
         return OwnStage(obj, name, "compressor")
     if isinstance(obj, TransformerBase) and all(
             (defined_by(type(obj), m) or object).__module__.startswith("langchain_funnel.")
-            or defined_by(type(obj), m) is Runnable  # ainvoke: invoke in a thread
+            # the defaults: atransform_documents and ainvoke run the sync method in a thread
+            or defined_by(type(obj), m) in (Runnable, BaseDocumentTransformer)
             for m in ("transform_documents", "atransform_documents", "invoke", "ainvoke")):
         return OwnStage(obj, name, "transformer")  # each of ours is its stage's run
     return None
@@ -266,10 +247,8 @@ def _own(obj: Any) -> Optional[Stage]:
 @checked_keywords
 def as_stage(obj: Any, first: bool = False) -> Stage:
     """A ``funnel_core`` stage, LangChain retriever, compressor, transformer, runnable or
-    callable -> Stage. This package's own retrievers, compressors and transformers become their
-    units-level work (:class:`OwnStage`: no Document is built between stages); any other
-    LangChain object is run through LangChain, converting only around it. With ``first``, a
-    plain runnable is read as ``query -> documents``."""
+    callable -> Stage (ours: :class:`OwnStage`; others run through LangChain, converted around
+    them). With ``first``, a plain runnable is read as ``query -> documents``."""
     own = _own(obj)
     if own is not None:
         return own
@@ -285,13 +264,9 @@ def as_stage(obj: Any, first: bool = False) -> Stage:
 
 
 class FunnelRetriever(UnitRetriever):
-    """FunnelRAG's coarse-to-fine funnel as a LangChain retriever (``k`` caps the output;
-    ``k=None``: everything the last stage returns).
-
-    The one way to chain stages in LangChain: :class:`~langchain_funnel.compression.CompressionRetriever`
-    and :func:`~langchain_funnel._base.rerank_chain` are thin constructors of it. Every stage runs
-    as a child run of the retriever's run, so callbacks, ``astream_events`` and
-    ``with_config(run_name=...)`` see each one. Build with :meth:`from_stages`::
+    """FunnelRAG's coarse-to-fine funnel as a LangChain retriever (``k=None``: no cap); each
+    stage is a child run. :class:`~langchain_funnel.compression.CompressionRetriever` and
+    :func:`rerank_chain` build one too. Build with :meth:`from_stages`::
 
         funnel = FunnelRetriever.from_stages(clustered_retriever, CrossEncoderReranker(...),
                                              LaterChunkingTransformer(...), k=4)
@@ -304,9 +279,8 @@ class FunnelRetriever(UnitRetriever):
     @classmethod
     @checked_keywords
     def from_stages(cls, *stages: Any, k: Optional[int] = 4) -> "FunnelRetriever":
-        if len(stages) == 1 and isinstance(stages[0], Funnel):
-            return cls(funnel=stages[0], k=k)
-        return cls(funnel=build_funnel(stages), k=k)
+        one = len(stages) == 1 and isinstance(stages[0], Funnel)
+        return cls(funnel=stages[0] if one else build_funnel(stages), k=k)
 
     def _search(self, query: str, k: Optional[int]) -> list[Unit]:
         result = self.funnel.search(query)
@@ -342,13 +316,11 @@ class FunnelRetriever(UnitRetriever):
 
 
 def build_funnel(stages: Sequence[Any]) -> Funnel:
-    """Stages (LangChain objects or ``funnel_core`` stages) -> a ``Funnel``; the first one may be
-    any runnable ``query -> documents``."""
+    """Stages (LangChain objects or ``funnel_core`` stages) -> a ``Funnel``."""
     return Funnel([as_stage(s, first=(i == 0)) for i, s in enumerate(stages)])
 
 
 @checked_keywords
 def rerank_chain(retriever: Runnable, *compressors: Any) -> Any:
-    """``retriever`` then ``compressors``, as one retriever: a thin constructor of
-    :class:`~langchain_funnel.funnel.FunnelRetriever` (no cap on the number of documents)."""
+    """``retriever`` then ``compressors`` as one :class:`FunnelRetriever` (no ``k`` cap)."""
     return FunnelRetriever.from_stages(retriever, *compressors, k=None)

@@ -1,18 +1,18 @@
-"""Mix-of-Granularity for LangChain (see ``docs/mix_of_granularity.md``): the splitters
-:class:`MultiGranularityTextSplitter` (MoG's nested levels) and :class:`GraphGranularitySplitter`
-(MoGG's sentence graph), which write the structure as flat ``funnel_...`` metadata, and
-:class:`MixOfGranularityRetriever`, the MoG selection rule over either splitter's output."""
+"""Mix-of-Granularity for LangChain (see ``docs/mix_of_granularity.md``): two text splitters,
+which write the structure as flat ``funnel_...`` metadata, and the MoG retriever over their
+output."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
+from abc import abstractmethod
 from typing import Any, Iterable, Optional, Sequence
 
 from langchain_core.documents import Document
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_text_splitters import TextSplitter
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import Field, PrivateAttr, field_validator
 
 from funnel_core.granularity.fields import (
     GraphGranularityFields,
@@ -25,27 +25,18 @@ from funnel_core.granularity.retrieval import (
     mog_rebuilt,
     mog_stage,
 )
-from funnel_core.settings import StageAdapter
 from funnel_core.units import Unit, keep_source_funnel_keys, read_funnel_metadata
-from langchain_funnel._base import UnitRetriever, documents_to_units, units_to_documents
+from langchain_funnel._base import StageModel, UnitRetriever, checked_documents, documents_to_units, units_to_documents
 
 __all__ = ["MultiGranularityTextSplitter", "GraphGranularitySplitter", "MixOfGranularityRetriever"]
 
 
 def _doc_units(documents: Iterable[Document]) -> tuple[list[Unit], dict[str, Document]]:
-    """Documents -> units (empty documents skipped, as LangChain's splitters return nothing for
-    them) and the documents by unit id.
-
-    A document's id is its own ``Document.id``; one without gets a fresh ``uuid4``, so chunk ids
-    (``<id>/L<level>/<position>``) never collide across calls (a second batch added to a vector
-    store must not overwrite the first).
-    """
-    if isinstance(documents, Document):
-        raise TypeError("pass a list of Documents, not a single Document; wrap it in a list.")
+    """Documents -> units (empty ones skipped, as LangChain's splitters do) and the documents by
+    unit id; a document without ``id`` gets a fresh ``uuid4``, so chunk ids never collide across
+    calls (a second batch added to a vector store must not overwrite the first)."""
     units, by_id = [], {}
-    for i, d in enumerate(documents):
-        if not isinstance(d, Document):
-            raise TypeError(f"expected langchain Documents, got {type(d).__name__} at position {i}.")
+    for d in checked_documents(documents):
         if not d.page_content.strip():
             continue
         uid = str(d.id) if d.id else uuid.uuid4().hex
@@ -53,16 +44,6 @@ def _doc_units(documents: Iterable[Document]) -> tuple[list[Unit], dict[str, Doc
                           level="document"))
         by_id[uid] = d
     return units, by_id
-
-
-def _to_documents(units: Sequence[Unit], by_id: dict[str, Document], owner: str) -> list[Document]:
-    """The pieces as Documents; each also gets its source document's ``funnel_`` keys it does
-    not write itself, as LlamaIndex's node parsers merge them (and a warning names those it
-    replaced: :func:`funnel_core.units.keep_source_funnel_keys`)."""
-    docs = units_to_documents(units)
-    keep_source_funnel_keys(owner, ((by_id[u.funnel["doc_id"]].metadata, d.metadata)
-                                    for u, d in zip(units, docs) if u.funnel.get("doc_id") in by_id))
-    return docs
 
 
 def _texts_to_documents(texts: Sequence[str], metadatas: Optional[Sequence[dict]]) -> list[Document]:
@@ -74,20 +55,10 @@ def _texts_to_documents(texts: Sequence[str], metadatas: Optional[Sequence[dict]
     return [Document(page_content=t, metadata=dict(m)) for t, m in zip(texts, metadatas)]
 
 
-class _GranularitySplitter(StageAdapter, BaseModel, TextSplitter,
-                           Runnable[Sequence[Document], list[Document]]):
-    """A LangChain text splitter holding one core splitter (``stage_class``), built from the
-    fields named like its settings (:class:`funnel_core.settings.StageAdapter`: an edit is
-    validated by the core splitter and honoured at the next call; unknown keywords raise).
-    Also a ``Runnable`` from documents to documents (``loader | splitter``). The
-    ``TextSplitter`` settings (``chunk_overlap``, ``length_function``, ...) do not apply: sizes
-    are counted in words.
-    """
-
-    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
-    # Runnable annotates ``name: str | None`` without a default; pydantic would make it required.
-    name: Optional[str] = None
-    _stage: Any = PrivateAttr(default=None)
+class _GranularitySplitter(StageModel, TextSplitter, Runnable[Sequence[Document], list[Document]]):
+    """A LangChain text splitter holding one core splitter
+    (:class:`funnel_core.settings.StageAdapter`), also a ``Runnable`` (``loader | splitter``).
+    The ``TextSplitter`` settings (``chunk_overlap``, ...) do not apply: sizes are in words."""
 
     def split_text(self, text: str) -> list[str]:
         """The chunk texts of ``text``: the same chunks as :meth:`split_documents`."""
@@ -96,7 +67,21 @@ class _GranularitySplitter(StageAdapter, BaseModel, TextSplitter,
         return [d.page_content for d in self.split_documents([Document(page_content=text)])]
 
     def split_documents(self, documents: Iterable[Document]) -> list[Document]:
-        raise NotImplementedError
+        """The pieces of ``documents`` (``[]`` for none or only empty ones), each with its
+        source's other ``funnel_`` keys (:func:`funnel_core.units.keep_source_funnel_keys`)."""
+        units, by_id = _doc_units(documents)
+        if not units:
+            return []
+        pieces = self._split(units)
+        docs = units_to_documents(pieces)
+        sources = ((by_id[u.funnel["doc_id"]].metadata, d.metadata)
+                   for u, d in zip(pieces, docs) if u.funnel.get("doc_id") in by_id)
+        keep_source_funnel_keys(type(self).__name__, sources)
+        return docs
+
+    @abstractmethod
+    def _split(self, units: list[Unit]) -> Sequence[Unit]:
+        """The core splitter's pieces of the document units."""
 
     def create_documents(self, texts: Sequence[str],
                          metadatas: Optional[Sequence[dict]] = None) -> list[Document]:
@@ -120,19 +105,13 @@ class _GranularitySplitter(StageAdapter, BaseModel, TextSplitter,
 
 
 class MultiGranularityTextSplitter(MultiGranularityFields, _GranularitySplitter):
-    """Split documents into ``n_gra`` nested granularity levels (MoG section 3.2).
+    """Split documents into ``n_gra`` nested granularity levels (MoG section 3.2): a
+    :class:`~funnel_core.granularity.levels.MultiGranularityChunker` (settings:
+    :class:`~funnel_core.granularity.fields.MultiGranularityFields`).
 
-    ``chunk_size``, ``n_gra`` and ``sentence_aware`` are
-    :class:`~funnel_core.granularity.fields.MultiGranularityFields` (the same as LlamaIndex's
-    ``MultiGranularityNodeParser``), the settings of the core
-    :class:`~funnel_core.granularity.levels.MultiGranularityChunker` it holds.
-    :meth:`split_documents` (and ``transform_documents``, ``invoke``) return the chunks of every
-    level, finest first (``levels="finest"``: the finest only); each ``Document`` has an ``id``,
-    its source document's metadata as it was, and flat ``funnel_...`` keys:
-    ``funnel_granularity`` (1 = finest), ``funnel_parent_id`` (below the top level),
-    ``funnel_child_ids_json`` (above level 1), ``funnel_doc_id``, ``funnel_doc_index``,
-    ``funnel_position`` and ``funnel_level``, so ``filter_complex_metadata`` keeps the
-    hierarchy. A ``TextSplitter``, e.g. for ``ParentDocumentRetriever(child_splitter=...)``.
+    Chunks come finest level first; each has an ``id``, its source's metadata and flat
+    ``funnel_...`` keys (``funnel_granularity``, ``funnel_parent_id``,
+    ``funnel_child_ids_json``, ...), so ``filter_complex_metadata`` keeps the hierarchy.
     """
 
     levels: str = Field(default="all", description="'all' (every level, for "
@@ -146,60 +125,36 @@ class MultiGranularityTextSplitter(MultiGranularityFields, _GranularitySplitter)
                              f"MixOfGranularityRetriever) or 'finest', got {value!r}.")
         return value
 
-    def split_documents(self, documents: Iterable[Document]) -> list[Document]:
-        """Every level's chunks of ``documents`` (the whole hierarchy), finest level first
-        (only the finest with ``levels="finest"``); ``[]`` for no or only empty documents."""
-        units, by_id = _doc_units(documents)
-        if not units:
-            return []
+    def _split(self, units: list[Unit]) -> list[Unit]:
+        """Every level's chunks, finest first (the finest only with ``levels="finest"``)."""
         hierarchy = self.stage.split(units)
         levels = hierarchy.levels if self.levels == "all" else hierarchy.levels[:1]
-        return _to_documents([u for level in levels for u in level], by_id, type(self).__name__)
+        return [u for level in levels for u in level]
 
 
 class GraphGranularitySplitter(GraphGranularityFields, _GranularitySplitter):
-    """Split documents into MoGG graph nodes and link them by BM25 similarity (section 3.3).
+    """Split documents into MoGG graph nodes linked by BM25 similarity (section 3.3): a
+    :class:`~funnel_core.granularity.graph.GraphGranularityBuilder` (settings:
+    :class:`~funnel_core.granularity.fields.GraphGranularityFields`).
 
-    Its fields are :class:`~funnel_core.granularity.fields.GraphGranularityFields` (the same as
-    LlamaIndex's ``GraphGranularityNodeParser``), the settings of the core
-    :class:`~funnel_core.granularity.graph.GraphGranularityBuilder` it holds. Each node
-    ``Document`` carries ``funnel_graph_neighbors_json`` (a JSON list of ids) and
-    ``funnel_graph_weights_json``; the graph spans the documents of one call (in
-    ``ParentDocumentRetriever``, which splits one parent at a time, each parent is a graph of its
-    own). ``last_build_seconds`` is the latest edge-building time. With no pair above
-    ``t_graph`` every neighbour list is empty (a warning says so).
+    Each node carries ``funnel_graph_neighbors_json`` and ``funnel_graph_weights_json``; the
+    graph spans the documents of one call (in ``ParentDocumentRetriever``: one parent).
     """
 
     last_build_seconds: Optional[float] = Field(default=None,
                                                 description="Seconds of the last build.")
 
-    def split_documents(self, documents: Iterable[Document]) -> list[Document]:
-        """The linked graph nodes of ``documents``, in document order."""
-        units, by_id = _doc_units(documents)
-        if not units:
-            return []
+    def _split(self, units: list[Unit]) -> Sequence[Unit]:
+        """The linked graph nodes, in document order."""
         graph = self.stage.build(units)
         self.last_build_seconds = graph.build_seconds
-        return _to_documents(graph.nodes, by_id, type(self).__name__)
+        return graph.nodes
 
 
 class MixOfGranularityRetriever(MixOfGranularityFields, UnitRetriever):
-    """MoG / MoGG retrieval over the output of either splitter.
-
-    Fields:
-        documents: Every ``Document`` of :class:`MultiGranularityTextSplitter` (all levels) or of
-            :class:`GraphGranularitySplitter` (detected by ``funnel_graph_neighbors_json``).
-        k: Documents returned (``invoke(q, k=3)`` overrides it).
-
-    The other fields (``router``, ``k_r``, ``normalize``, ``level_margin``, ``n_gra``, ``bm25``)
-    are :class:`~funnel_core.granularity.fields.MixOfGranularityFields`, the same as LlamaIndex's
-    ``MixOfGranularityRetriever``: settings of the core
-    :class:`~funnel_core.granularity.retrieval.MixOfGranularityRetrieve` it holds (``.stage``);
-    an edit is forwarded to it and honoured at the next call.
-
-    Result metadata: ``relevance_score`` (the mixed score), ``funnel_router_weights_json``,
-    ``funnel_chosen_level``, ``funnel_finest_id``.
-    """
+    """MoG / MoGG retrieval over every chunk of either splitter (``documents``): a
+    :class:`~funnel_core.granularity.retrieval.MixOfGranularityRetrieve` (settings:
+    :class:`~funnel_core.granularity.fields.MixOfGranularityFields`)."""
 
     documents: list[Document] = Field(description="All chunks of a granularity splitter.")
     k: int = Field(default=1, description="Number of documents to return.")

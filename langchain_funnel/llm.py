@@ -1,9 +1,5 @@
-"""Any LangChain chat model or LLM as a ``funnel_core`` LLM provider (for RankRAG and FB-RAG).
-
-LangChain models expose text only, so RankRAG uses its generate-and-parse path with them.
-Prompts go through ``model.batch`` / ``model.abatch`` (the model's own batching and
-concurrency); a chat model gets each prompt as one ``HumanMessage``.
-"""
+"""Any LangChain chat model or LLM as a ``funnel_core`` LLM provider (for HyDE, RankRAG and
+FB-RAG): text only, through ``model.batch`` / ``abatch``; a chat model gets a ``HumanMessage``."""
 
 from __future__ import annotations
 
@@ -27,15 +23,12 @@ def message_text(output: Any) -> str:
 
 
 class LangChainLLM(LLM):
-    """Wrap a LangChain ``BaseChatModel`` or ``BaseLLM``.
+    """Wrap a LangChain ``BaseChatModel`` or ``BaseLLM`` (``timeout``: :class:`funnel_core.llm.LLM`).
 
     Args:
-        model: The LangChain model.
-        pass_sampling_params: Bind ``temperature``/``top_p``/``top_k``/``max_tokens`` to the
-            model per call (``model.bind(...)``). Off by default: each integration names its
-            sampling options differently and many reject unknown ones.
+        pass_sampling_params: Bind the sampling settings to the model per call (off: each
+            integration names them differently and many reject unknown ones).
         max_concurrency: ``max_concurrency`` for ``batch``/``abatch``.
-        timeout: See :class:`funnel_core.llm.LLM`.
     """
 
     @checked_keywords
@@ -53,8 +46,7 @@ class LangChainLLM(LLM):
         return f"LangChainLLM({type(self.model).__name__})"
 
     def _batch_args(self, prompts: list[str], n: int, *sampling: Any) -> tuple[Any, list[Any], dict[str, Any]]:
-        """The runnable (sampling bound when ``pass_sampling_params``), its inputs (each prompt
-        ``n`` times; a ``HumanMessage`` for a chat model) and its batch config."""
+        """The runnable, its inputs (each prompt ``n`` times) and its batch config."""
         model = self.model.bind(**sampling_kwargs(*sampling)) if self.pass_sampling_params else self.model
         chat = isinstance(self.model, BaseChatModel)
         inputs = [[HumanMessage(content=p)] if chat else p for p in prompts for _ in range(n)]
@@ -85,7 +77,6 @@ def as_provider(model: Any, **kwargs: Any) -> LLM:
 
 
 def stage_llm(llm: Any, timeout: float | None) -> Any:
-    """What an adapter hands its stage as ``llm``: a LangChain model wrapped as a funnel_core
-    provider with ``timeout``; a model name/folder or a funnel_core provider as it is (the stage
-    builds or keeps it)."""
+    """An adapter's ``llm`` for its stage: a LangChain model wrapped with ``timeout``; a model
+    name/folder or a funnel_core provider as it is."""
     return llm if isinstance(llm, (str, LLM)) else as_provider(llm, timeout=timeout)

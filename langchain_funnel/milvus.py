@@ -1,16 +1,6 @@
-"""LangChain over the Milvus backend (:mod:`funnel_core.backends.milvus`).
-
-* The BM25 retrievers of :mod:`langchain_funnel.retrievers` and the
-  :class:`~langchain_funnel.dense.DenseRetriever` take ``backend=`` (a
-  :class:`~funnel_core.backends.milvus.MilvusBackend` or a URI) in ``from_documents``/``from_texts`` to
-  build into Milvus, and re-open a built collection with ``from_backend`` (no re-indexing).
-* :func:`to_core_filter` — LangChain's filter objects (``langchain_core.structured_query``:
-  ``Comparison``/``Operation``, what a self-query retriever produces) -> the core filter tree
-  (:mod:`funnel_core.filters`): this module holds only the mapping of ``Comparator`` /
-  ``Operator`` onto the core's operators; :class:`MilvusTranslator` / :func:`to_milvus_filter`
-  compile that tree into a Milvus boolean expression, pushed down to Milvus. The retrievers
-  accept such an object as ``filter=`` directly.
-"""
+"""LangChain's structured-query filters (``Comparison``/``Operation``, what a self-query retriever
+produces) as the core filter tree (:mod:`funnel_core.filters`) and as Milvus expressions, pushed
+down by the retrievers (``filter=``)."""
 
 from __future__ import annotations
 
@@ -40,8 +30,7 @@ _OPS = {Comparator.EQ: "eq", Comparator.NE: "ne", Comparator.GT: "gt", Comparato
 
 
 def to_core_filter(directive: FilterDirective) -> CoreComparison | Condition:
-    """A ``Comparison``/``Operation`` as the core filter tree that every index takes as
-    ``filter=`` (a comparator outside :data:`MilvusTranslator.allowed_comparators` raises)."""
+    """A ``Comparison``/``Operation`` as the core filter tree every index takes as ``filter=``."""
     if isinstance(directive, Comparison):
         if directive.comparator not in _OPS:
             raise UnsupportedFilterError(
@@ -56,9 +45,8 @@ def to_core_filter(directive: FilterDirective) -> CoreComparison | Condition:
 
 
 class MilvusTranslator(Visitor):
-    """Translate ``langchain_core.structured_query`` objects into Milvus boolean expressions on
-    funnel-rag's JSON ``metadata`` field (a missing key fails ``eq``/``gt``/... and passes
-    ``ne``/``nin``; ``contain`` = a list-valued field holds the value; ``like`` = substring)."""
+    """``langchain_core.structured_query`` objects -> Milvus expressions
+    (:func:`funnel_core.backends.milvus.filter_expression`)."""
 
     allowed_comparators = tuple(_OPS)
     allowed_operators = (Operator.AND, Operator.OR, Operator.NOT)
@@ -92,8 +80,7 @@ def to_milvus_filter(directive: Optional[FilterDirective]) -> Optional[str]:
 
 
 def push_down(index: Any, flt: Any) -> Any:
-    """The filter a retriever hands its index: structured-query objects become Milvus
-    expressions for a Milvus index (an in-memory index cannot run them: an error names the fix)."""
+    """A structured-query filter as a Milvus expression for a Milvus index (refused in memory)."""
     if isinstance(flt, FilterDirective):
         if is_milvus_index(index):
             return to_milvus_filter(flt)
@@ -105,7 +92,5 @@ def push_down(index: Any, flt: Any) -> Any:
 
 
 def search_filter(index: Any, floor: Any, call: Any) -> Any:
-    """The filter a retriever searches with: its own ``filter`` (a floor) AND the per-call one
-    (:func:`funnel_core.filters.combine_filters`; an empty or blank one adds nothing), each
-    pushed down first (:func:`push_down`)."""
+    """The retriever's ``filter`` (a floor) AND the per-call one, each pushed down."""
     return combine_filters(push_down(index, floor), push_down(index, call))

@@ -1,5 +1,4 @@
-"""RankRAG reranking for LangChain: :class:`RankRAGReranker`, a document compressor (and LCEL
-Runnable) scoring each (query, document) by P("True") of an LLM judge."""
+"""RankRAG reranking for LangChain: :class:`RankRAGReranker`."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ __all__ = ["RankRAGReranker"]
 class RankRAGReranker(RankRAGFields, StageCompressor):
     """RankRAG reranking as a LangChain document compressor: a
     :class:`~funnel_core.rerank.rankrag.RankRAGScorer`; ``llm`` may also be a LangChain model
-    (read as text: RankRAG parses its replies; a local causal LM named by hub name/folder is
-    scored from its True/False logits).
+    (read as text: its replies are parsed).
 
     Example::
 

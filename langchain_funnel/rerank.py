@@ -1,38 +1,24 @@
-"""LangChain document compressors (:class:`CrossEncoderReranker`, :class:`MonoT5Reranker`) and a
-document transformer (:class:`LaterChunkingTransformer`) for FunnelRAG's pre-ranking stage.
-
-The rerankers are ``BaseDocumentCompressor`` objects (use them with
-:class:`~langchain_funnel.compression.CompressionRetriever`) and ``Runnable`` objects over
-``{"query", "documents"}`` (use them in LCEL, e.g. ``rerank_chain(retriever, reranker)``).
-Scores go to ``Document.metadata["relevance_score"]`` (a float, as LangChain's own rerankers write it);
-each stage's score also stays as ``metadata["funnel_score_<stage>"]``.
-"""
+"""LangChain document compressors and a document transformer for FunnelRAG's pre-ranking
+stage; each stage's score also stays as ``metadata["funnel_score_<stage>"]``."""
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 from langchain_core.documents import BaseDocumentTransformer, Document
 from langchain_core.runnables import Runnable, RunnableConfig
-from pydantic import BaseModel, ConfigDict, PrivateAttr
 
-from funnel_core.funnel import Stage
 from funnel_core.funnelrag.fields import LaterChunkingFields
 from funnel_core.rerank.fields import CrossEncoderFields, MonoT5Fields
-from funnel_core.settings import StageAdapter
-from langchain_funnel._base import StageCompressor, documents_to_units, units_to_documents
+from langchain_funnel._base import StageCompressor, StageModel, documents_to_units, units_to_documents
 
 __all__ = ["CrossEncoderReranker", "MonoT5Reranker", "LaterChunkingTransformer"]
 
 
 class CrossEncoderReranker(CrossEncoderFields, StageCompressor):
-    """Rerank documents with a cross-encoder (a sentence-transformers, FlagEmbedding or plain
-    transformers backend): a :class:`~funnel_core.rerank.cross_encoder.CrossEncoderScorer`.
-
-    ``relevance_score`` is a sigmoid probability in (0, 1) by default (``normalize=True``), the
-    scale of LangChain's ``HuggingFaceCrossEncoder`` behind ``CrossEncoderReranker``, so a 0.5
-    threshold means "relevant"; ``normalize=False`` gives raw logits (the same order).
+    """Rerank documents with a cross-encoder: a
+    :class:`~funnel_core.rerank.cross_encoder.CrossEncoderScorer`; ``relevance_score`` is on the
+    scale of LangChain's ``HuggingFaceCrossEncoder`` (a sigmoid, unless ``normalize=False``).
 
     Example::
 
@@ -47,23 +33,13 @@ class MonoT5Reranker(MonoT5Fields, StageCompressor):
     ``castorini/monot5-base-msmarco`` by default): a :class:`~funnel_core.rerank.monot5.MonoT5Scorer`."""
 
 
-class TransformerBase(StageAdapter, BaseModel, BaseDocumentTransformer,
-                      Runnable[Sequence[Document], list[Document]]):
-    """A document transformer holding one core stage (see :class:`StageCompressor`) that needs
-    no query: ``transform_documents`` runs it over the documents (``atransform_documents`` in a
-    worker thread), and as a ``Runnable`` it maps a list of documents to a
-    list of documents, so ``retriever | transformer`` works in LCEL."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
-    name: Optional[str] = None
-    _stage: Optional[Stage] = PrivateAttr(default=None)
+class TransformerBase(StageModel, BaseDocumentTransformer, Runnable[Sequence[Document], list[Document]]):
+    """A document transformer holding one core stage that needs no query; as a ``Runnable``,
+    documents -> documents (``retriever | transformer``)."""
 
     def transform_documents(self, documents: Sequence[Document], **kwargs: Any) -> list[Document]:
         documents = list(documents)
         return units_to_documents(self.stage.run("", documents_to_units(documents)), documents)
-
-    async def atransform_documents(self, documents: Sequence[Document], **kwargs: Any) -> list[Document]:
-        return await asyncio.to_thread(self.transform_documents, documents)
 
     def invoke(self, input: Sequence[Document], config: RunnableConfig | None = None,
                **kwargs: Any) -> list[Document]:
@@ -73,9 +49,5 @@ class TransformerBase(StageAdapter, BaseModel, BaseDocumentTransformer,
 
 
 class LaterChunkingTransformer(LaterChunkingFields, TransformerBase):
-    """Split documents into ~``words``-word passages (FunnelRAG section 3.1.3), parent by
-    parent, in the input order; a :class:`~funnel_core.funnelrag.chunking.LaterChunking` stage.
-
-    Each passage keeps a copy of its document's metadata; flat ``funnel_...`` keys hold
-    ``parent_id``, ``parent_score``, ``position`` and ``level``.
-    """
+    """Split documents into passages (FunnelRAG section 3.1.3): a
+    :class:`~funnel_core.funnelrag.chunking.LaterChunking` stage."""

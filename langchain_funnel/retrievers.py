@@ -1,16 +1,8 @@
-"""LangChain retrievers over the ``funnel_core`` BM25 engine: :class:`BM25Retriever` (flat BM25
-on bm25s that keeps scores in ``Document.metadata``, which the community ``BM25Retriever``
-drops, and persists its tokenizer settings) and :class:`ClusteredBM25Retriever` (FunnelRAG's
-first stage: BM25 over ~4K-token clusters of related documents, Algorithm 1, opened into their
-member documents).
-
-Both take ``k`` in the constructor and per call (``invoke(q, k=3)``) and a per-call ``filter``
-ANDed with their own (a floor, see "Arguments" in ``docs/frameworks.md``). They keep their data
-in memory, or in Milvus with ``backend=`` (a ``MilvusBackend`` or a URI: ``"funnel.db"`` for
-Milvus Lite, ``"http://host:19530"`` for a server) in ``from_documents``/``from_texts``;
-``from_backend`` re-opens a built collection without re-indexing. Over Milvus, filters (dicts,
-expression strings, structured-query ``Comparison``/``Operation`` objects) are pushed down and
-``save`` writes a manifest only, never the data (see ``docs/scaling_out.md``).
+"""LangChain retrievers over the ``funnel_core`` BM25 engine: :class:`BM25Retriever` (scores in
+metadata, tokenizer settings persisted) and :class:`ClusteredBM25Retriever` (FunnelRAG's first
+stage). Both take ``k`` and a ``filter`` floor ANDed with a per-call one ("Arguments" in
+``docs/frameworks.md``), and keep their data in memory or in Milvus (``backend=``: a
+``MilvusBackend`` or a URI; ``from_backend`` re-opens it; see ``docs/scaling_out.md``).
 """
 
 from __future__ import annotations
@@ -35,7 +27,7 @@ from funnel_core.filters import MetadataFilter
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
 from funnel_core.settings import check_kwargs
 from funnel_core.units import FUNNEL_PREFIX, Unit, check_unique_ids, units_from_texts
-from langchain_funnel._base import UnitRetriever
+from langchain_funnel._base import UnitRetriever, checked_documents
 from langchain_funnel.milvus import push_down, search_filter
 
 Backend = Union[MilvusBackend, str, None]
@@ -44,28 +36,18 @@ __all__ = ["BM25Retriever", "ClusteredBM25Retriever"]
 
 
 def units_from_documents(documents: Iterable[Document], level: str) -> list[Unit]:
-    """Documents -> index units: ``Document.id`` as the id (positional for documents without
-    one, as ``from_texts`` does; a duplicate id raises), the whole metadata (filters see it;
-    ``funnel_`` keys from a splitter come back as they were), the splitter's granularity name
-    as the level when it gave one."""
-    if isinstance(documents, Document):
-        raise TypeError("documents must be a list of Documents, got a single Document; wrap it "
-                        "in a list.")
-    units = []
-    for i, d in enumerate(documents):
-        if not isinstance(d, Document):
-            raise TypeError(f"expected langchain Documents, got {type(d).__name__} at position {i}.")
-        units.append(Unit(id=str(d.id) if d.id else str(i), text=d.page_content,
-                          metadata=dict(d.metadata),
-                          level=str(d.metadata.get(FUNNEL_PREFIX + "level", level))))
+    """Documents -> index units: ``Document.id`` (else the position; a duplicate raises), the
+    whole metadata, a splitter's ``funnel_level`` as the level."""
+    units = [Unit(id=str(d.id) if d.id else str(i), text=d.page_content, metadata=dict(d.metadata),
+                  level=str(d.metadata.get(FUNNEL_PREFIX + "level", level)))
+             for i, d in enumerate(checked_documents(documents))]
     check_unique_ids(units)
     return units
 
 
 class IndexRetriever(UnitRetriever):
-    """What the index retrievers share (also :class:`~langchain_funnel.dense.DenseRetriever`): an
-    ``index`` searched with ``k`` and the ``filter`` floor ANDed with a per-call one, built by
-    the class's factories and re-opened from Milvus by :meth:`from_backend`."""
+    """A retriever over an ``index`` (BM25, clustered, dense), searched with ``k`` and the
+    ``filter`` floor ANDed with a per-call one."""
 
     index: Any
     filter: Any = Field(default=None, description="Metadata filter (dict or predicate), a floor: a per-call filter is ANDed with it.")
@@ -79,7 +61,7 @@ class IndexRetriever(UnitRetriever):
     @classmethod
     def _reopen(cls, backend: Any, open_index: Callable[[MilvusBackend], Any],
                 settings: dict[str, Any]) -> Any:
-        """``from_backend``: the settings checked before the collection is opened."""
+        """``from_backend``, the settings checked before the collection is opened."""
         check_kwargs(f"{cls.__name__}.from_backend", settings, cls._settings)
         return cls(index=open_index(require_backend(backend, f"{cls.__name__}.from_backend")),
                    **settings)
@@ -88,7 +70,6 @@ class IndexRetriever(UnitRetriever):
 class _BM25Base(IndexRetriever):
     """Building, ``save`` and ``load`` of the two BM25 retrievers."""
 
-    _level: ClassVar[str] = "passage"
     _index_cls: ClassVar[Any] = BM25Index
 
     @classmethod
@@ -99,20 +80,17 @@ class _BM25Base(IndexRetriever):
                    **settings)
 
     def save(self, path: str | Path) -> None:
-        """Save the index (with its tokenizer settings; a clustered one's documents and clusters)
-        and this retriever's settings (atomic). A filter that cannot be saved (a predicate, a
-        mask) refuses the save; a structured-query filter over Milvus is saved as the expression
-        it is pushed down as."""
+        """Save the index and this retriever's settings (:func:`funnel_core.backends.persist.save_retriever`);
+        a filter that cannot be saved (a predicate) refuses; a structured-query one over Milvus
+        is saved as its expression."""
         settings = retriever_settings(self, self._settings, f"{type(self).__name__}.save",
                                       lambda flt: _saved_filter(self.index, flt))
         save_retriever(path, f"funnel-rag.langchain.{type(self).__name__}", self.index, settings)
 
     @classmethod
     def load(cls, path: str | Path, **overrides: Any) -> Any:
-        """Load what :meth:`save` wrote (or a bare index folder), with the saved settings
-        (``overrides`` win). A retriever saved over Milvus re-opens its collections at
-        ``backend=`` (the Milvus URI or a ``MilvusBackend``; ``token=`` for a server): the
-        folder records neither."""
+        """Load what :meth:`save` wrote (or a bare index folder); ``overrides`` win. Over Milvus
+        pass ``backend=`` (and ``token=``): the folder records neither."""
         backend, token = overrides.pop("backend", None), overrides.pop("token", None)
         index, settings = load_retriever_or_index(
             path, f"funnel-rag.langchain.{cls.__name__}", cls._index_cls, f"saved {cls.__name__}",
@@ -122,11 +100,7 @@ class _BM25Base(IndexRetriever):
 
 
 class BM25Retriever(_BM25Base):
-    """Flat BM25 over LangChain documents (bm25s engine, scores in metadata).
-
-    Build with :meth:`from_documents` / :meth:`from_texts` (``backend=`` keeps the index in
-    Milvus), re-open a Milvus collection with :meth:`from_backend`; ``save(path)`` / ``load(path)``.
-    """
+    """Flat BM25 over LangChain documents (bm25s engine, scores in metadata)."""
 
     index: Union[BM25Index, MilvusBM25Index]
 
@@ -134,8 +108,7 @@ class BM25Retriever(_BM25Base):
     def from_texts(cls, texts: Iterable[str], metadatas: Optional[Sequence[dict]] = None,
                    ids: Optional[Sequence[str]] = None, k: int = 4, backend: Backend = None,
                    filter: Any = None, **bm25_config: Any) -> "BM25Retriever":
-        """Index ``texts``; ``bm25_config`` goes to the index (an unknown key raises, naming
-        this class and the accepted ones); ``k`` and ``filter`` are the retriever's."""
+        """Index ``texts``; ``bm25_config`` goes to the index, ``k`` and ``filter`` to the retriever."""
         units = units_from_texts(texts, ids, metadatas, "passage")
         return cls._built(units, backend, bm25_config, k=k, filter=filter)
 
@@ -148,19 +121,14 @@ class BM25Retriever(_BM25Base):
 
     @classmethod
     def from_backend(cls, backend: Union[MilvusBackend, str], **settings: Any) -> "BM25Retriever":
-        """Re-open a BM25 collection built before (no re-indexing; its tokenizer settings are
-        read from Milvus); ``settings`` are this retriever's (``k``, ``filter``)."""
+        """Re-open a BM25 collection (no re-indexing); ``settings``: ``k``, ``filter``."""
         return cls._reopen(backend, lambda b: b.bm25().open(), settings)
 
 
 class ClusteredBM25Retriever(_BM25Base):
-    """FunnelRAG's retrieval stage for LangChain: BM25 over document clusters.
-
-    ``k_clusters`` clusters are retrieved and opened into their documents; ``k`` caps the
-    documents returned (so ``invoke(q, k=1)`` returns one document). Each document carries
-    ``cluster_id``, ``cluster_score``, ``cluster_rank`` and ``score`` in metadata. With
-    ``return_clusters=True`` the clusters themselves are returned (then ``k`` caps them).
-    """
+    """FunnelRAG's retrieval stage: BM25 over document clusters
+    (:class:`~funnel_core.funnelrag.clustered_index.ClusteredBM25Index`), opened into their
+    documents (``k`` caps them; with ``return_clusters=True``, the clusters)."""
 
     _index_cls = ClusteredBM25Index
     _settings = ("k", "k_clusters", "return_clusters", "filter")
@@ -185,11 +153,8 @@ class ClusteredBM25Retriever(_BM25Base):
                    ids: Optional[Sequence[str]] = None, k: int = 4, backend: Backend = None,
                    filter: Any = None, k_clusters: int = 10, return_clusters: bool = False,
                    **index_settings: Any) -> "ClusteredBM25Retriever":
-        """Cluster the texts (metadata ``funnel_links`` when present, else BM25
-        kNN; a ``links`` key of the user's own is not read) and index them
-        (in memory, or in Milvus with ``backend=``). ``index_settings``: the index's
-        ``max_tokens``, ``adjacency``, ``knn_k``, ``knn_threshold`` and BM25 settings (an
-        unknown one raises, naming this class and the accepted ones)."""
+        """Cluster the texts (by metadata ``funnel_links`` when present, else BM25 kNN) and index
+        them; ``index_settings`` go to the index (``max_tokens``, ``knn_k``, BM25 settings, ...)."""
         check_positive_int(k_clusters, "k_clusters")
         return cls._built(units_from_texts(texts, ids, metadatas, "document"), backend,
                           index_settings, k=k, filter=filter, k_clusters=k_clusters,
@@ -208,8 +173,7 @@ class ClusteredBM25Retriever(_BM25Base):
     @classmethod
     def from_backend(cls, backend: Union[MilvusBackend, str],
                      **settings: Any) -> "ClusteredBM25Retriever":
-        """Re-open a clustered collection built before (no re-clustering, no re-indexing);
-        ``settings`` are this retriever's (``k``, ``k_clusters``, ``return_clusters``, ``filter``)."""
+        """Re-open a clustered collection (no re-indexing); ``settings``: this retriever's fields."""
         return cls._reopen(backend, lambda b: b.clustered().open(), settings)
 
     def _search(self, query: str, k: int, filter: MetadataFilter = None,
@@ -222,8 +186,7 @@ class ClusteredBM25Retriever(_BM25Base):
 
 
 def _saved_filter(index: Any, flt: Any) -> Any:
-    """A structured-query filter over a Milvus index -> the expression string it is pushed down
-    as (saved losslessly); anything else is returned as is."""
+    """A structured-query filter over a Milvus index -> its expression; anything else as is."""
     from langchain_core.structured_query import FilterDirective
 
     if not isinstance(flt, FilterDirective):
