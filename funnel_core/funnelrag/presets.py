@@ -134,6 +134,6 @@ def funnelrag(documents: Sequence[Unit] | ClusteredBM25Index, pre_ranker: Stage 
     if exit_margin is not None:
         from funnel_core.funnelrag.early_exit import ConfidentExit
 
-        post = ConfidentExit(post, exit_margin, name="post_ranking")
+        post = ConfidentExit(post, exit_margin)  # named as the post-ranker it wraps: post_ranking
     return Funnel([retrieve, pre % k_documents, LaterChunking(words=passage_words, name="later_chunking"),
                    post % k_passages])

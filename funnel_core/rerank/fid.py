@@ -367,19 +367,21 @@ class FiDAttentionScorer(Settings, Reranker):
         from transformers.modeling_outputs import BaseModelOutput
 
         model, tokenizer, device = self._model.get()
-        start = model.config.decoder_start_token_id
+        # the token the reader's decoder starts from (training shifts the labels right onto it);
+        # a config that names none (transformers 5's T5Config sets none) starts at the pad token,
+        # T5's convention. generate() is told the same start (it would use its own otherwise).
+        start = getattr(model.config, "decoder_start_token_id", None)
         if start is None:
             start = tokenizer.pad_token_id
         prefix = torch.tensor([[start]], dtype=torch.long, device=device)
         need = max(self.decoder_steps - 1, self.max_answer_tokens if self.return_answer else 0)
         if need == 0:
             return prefix, None
-        mask = torch.ones(encoder_states.shape[:2], dtype=torch.long, device=device)
+        # no attention mask: encode() packs the passages without padding, so every position counts
         with torch.inference_mode(), self._autocast(device):
             generated = model.generate(
                 encoder_outputs=BaseModelOutput(last_hidden_state=encoder_states),
-                attention_mask=mask, decoder_input_ids=prefix, max_new_tokens=need,
-                do_sample=False, num_beams=1)
+                decoder_start_token_id=start, max_new_tokens=need, do_sample=False, num_beams=1)
         answer = (tokenizer.decode(generated[0, 1:], skip_special_tokens=True).strip()
                   if self.return_answer else None)
         steps = generated[:, :self.decoder_steps]

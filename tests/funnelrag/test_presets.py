@@ -76,3 +76,95 @@ def test_paper_tqa_preset_from_an_evaluation_config(corpus_units, tiny_cross_enc
     funnel = build_systems({"tqa": spec}, list(corpus_units))["tqa"]
     assert _cuts(funnel) == (80, 12, 100, 4)
     assert isinstance(funnel.stages[-1], FiDAttentionScorer)
+
+
+def _stage_names(funnel, query="Paris France tower"):
+    return [r.name for r in funnel.search(query).trace.stages]
+
+
+def test_the_funnel_is_retrieval_pre_ranking_later_chunking_post_ranking(corpus_units):
+    """The paper's three stages plus later chunking, each under its own name in the trace and in
+    the score history; the default preset post-ranks with (a renamed copy of) the pre-ranker, and
+    a corpus given as units is clustered here with the index's own default cluster size S."""
+    from funnel_core.funnelrag.chunking import LaterChunking
+
+    pre = BM25Scorer()
+    funnel = funnelrag(corpus_units, pre_ranker=pre, k_documents=3, k_passages=2, passage_words=6)
+    retrieve, pre_stage, chunking, post = funnel.stages
+    assert retrieve.index.max_tokens == ClusteredBM25Index().max_tokens
+    assert isinstance(chunking, LaterChunking) and chunking.words == 6
+    assert type(post) is BM25Scorer and post is not pre and pre.name != "post_ranking"
+    res = funnel.search("Paris France tower")
+    assert [r.name for r in res.trace.stages] == ["retrieval", "pre_ranking % 3", "later_chunking",
+                                                  "post_ranking % 2"]
+    assert res.units and all({"pre_ranking", "post_ranking"} <= set(u.scores) for u in res.units)
+    small = funnelrag(corpus_units, pre_ranker=pre, max_tokens=12)
+    assert small.stages[0].index.max_tokens == 12
+
+
+def test_a_prebuilt_index_with_the_search_interface_is_used_as_is(corpus_units):
+    """An index that is not a ClusteredBM25Index but searches like one (e.g. the Milvus index)
+    is used as is, not clustered again."""
+    index = ClusteredBM25Index(max_tokens=40).index(corpus_units)
+
+    class DuckIndex:                       # the clustered search interface, by delegation
+        def __getattr__(self, name):
+            return getattr(index, name)
+
+    duck = DuckIndex()
+    funnel = funnelrag(duck, pre_ranker=BM25Scorer())
+    assert funnel.stages[0].index is duck
+    assert funnel.search("Paris France tower").units
+
+
+def test_k_retrieved_cuts_the_retrieval_stage(corpus_units):
+    index = ClusteredBM25Index(max_tokens=40).index(corpus_units)
+    funnel = funnelrag(index, pre_ranker=BM25Scorer(), k_retrieved=2)
+    res = funnel.search("Paris France tower")
+    first = res.trace.stages[0]
+    assert first.name == "retrieval % 2" and first.units_out == 2
+    uncut = funnelrag(index, pre_ranker=BM25Scorer()).search("Paris France tower").trace.stages[0]
+    assert uncut.name == "retrieval" and uncut.units_out > 2
+    with pytest.raises(ValueError, match=r"^k_retrieved must be >= 1, got 0;"):
+        funnelrag(index, pre_ranker=BM25Scorer(), k_retrieved=0)
+    with pytest.raises(ValueError, match=r"^k_documents must be >= 1, got 0;"):
+        funnelrag(index, pre_ranker=BM25Scorer(), k_documents=0)
+
+
+def test_rankers_given_by_name_get_the_ranker_settings(corpus_units, tiny_cross_encoder_path):
+    from funnel_core.rerank.cross_encoder import CrossEncoderScorer
+
+    index = ClusteredBM25Index(max_tokens=40).index(corpus_units)
+    funnel = funnelrag(index, pre_ranker=tiny_cross_encoder_path, post_ranker=tiny_cross_encoder_path,
+                       batch_size=3, max_length=64)
+    pre, post = funnel.stages[1], funnel.stages[3]
+    for stage, name in ((pre, "pre_ranking"), (post, "post_ranking")):
+        assert isinstance(stage, CrossEncoderScorer) and stage.name == name
+        assert stage.batch_size == 3 and stage.max_length == 64
+    given = BM25Scorer()
+    funnel = funnelrag(index, pre_ranker=tiny_cross_encoder_path, post_ranker=given)
+    assert type(funnel.stages[3]) is BM25Scorer and funnel.stages[3].name == "post_ranking"
+
+
+def test_paper_preset_passes_fid_kwargs_and_names_what_it_needs(corpus_units, tiny_t5_path):
+    index = ClusteredBM25Index(max_tokens=40).index(corpus_units)
+    funnel = funnelrag(index, pre_ranker=BM25Scorer(), post_ranker=tiny_t5_path, preset="paper",
+                       fid_kwargs={"dtype": "float32", "batch_size": 3, "lr": 2})
+    post = funnel.stages[-1]
+    assert (post.dtype, post.batch_size, post.lr) == ("float32", 3, 2)
+    with pytest.raises(ValueError, match=r"pass post_ranker= a T5 / FiD checkpoint \(hub name or "
+                       r"folder\) or a FiDAttentionScorer, got None; or use preset='default'"):
+        funnelrag(index, pre_ranker=BM25Scorer(), preset="paper")
+
+
+def test_exit_margin_wraps_the_post_ranker_in_a_confident_exit(corpus_units):
+    from funnel_core.funnelrag.early_exit import ConfidentExit
+
+    index = ClusteredBM25Index(max_tokens=40).index(corpus_units)
+    funnel = funnelrag(index, pre_ranker=BM25Scorer(), exit_margin=0.5, k_passages=3)
+    post = funnel.stages[-1]
+    assert isinstance(post, ConfidentExit) and post.name == "post_ranking" and post.margin == 0.5
+    assert isinstance(post.stage, BM25Scorer) and post.stage.name == "post_ranking"
+    assert post.cutoff == 3
+    assert _stage_names(funnel)[-1] == "post_ranking % 3"
+    assert not isinstance(funnelrag(index, pre_ranker=BM25Scorer()).stages[-1], ConfidentExit)
