@@ -246,6 +246,22 @@ def test_both_spellings_of_the_answer_word_count_when_the_space_is_part_of_the_t
     assert out[0].score == pytest.approx(p_true / (p_true + p_false), abs=1e-6)
 
 
+def test_a_candidate_with_leading_whitespace_names_the_word_after_a_space(spaced_true_llm):
+    """The answer word's spellings are the bare word and the word after a space. A candidate
+    written with whitespace of its own ("  True", "\\tTrue", "\\n True") names the word after a
+    space: as written, it starts with a whitespace-only token (which starts any answer and says
+    nothing), so only " True" counts. Set logits: True 1, " True" 2, False 0.5, " False" 1.5,
+    every other token -1."""
+    llm, ids = spaced_true_llm
+    for candidate in ("  True", "\tTrue", "\n True"):
+        assert llm.candidate_token_ids(candidate) == [ids["\u0120True"]], candidate
+    z = sum(math.exp(v) for v in SPACED_LOGITS.values()) + \
+        (len(llm.tokenizer) - len(SPACED_LOGITS)) * math.exp(SPACED_OTHER)
+    rows = llm.next_token_logprobs(["Is Paris in France?"], ["\tTrue", "True"])
+    assert rows == [pytest.approx([2.0 - math.log(z), math.log(math.exp(1.0) + math.exp(2.0))
+                                   - math.log(z)], abs=1e-5)]
+
+
 class _Logprobs(LLM):
     """A provider with token log-probabilities that returns the rows it is given."""
 

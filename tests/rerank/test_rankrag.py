@@ -337,6 +337,42 @@ def test_raw_p_true_is_the_whole_vocabulary_probability(tiny_llama_path, corpus_
         RankRAGScorer(llm=llm, p_true="softmax")
 
 
+def test_p_true_is_the_answer_word_even_when_the_tokenizer_adds_a_bos_token(tiny_llama_path,
+                                                                             corpus_units):
+    """RankRAG's base models (Llama 3) prepend a begin-of-text token to every text they encode
+    with special tokens. P(True) is still the probability of the token that starts the answer,
+    "True" (set logits: True 2, False 0, zebra 4, the bare space 3, every other token -1), never
+    that of the BOS token, which would give True and False the same score (0.5)."""
+    from tokenizers import processors
+
+    llm, ids = set_logit_llm(tiny_llama_path)
+    tok = llm.tokenizer
+    bos = tok.bos_token_id
+    assert bos is not None and bos not in ids.values()
+    tok._tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{tok.bos_token} $A", special_tokens=[(tok.bos_token, bos)])
+    assert tok.encode("True")[:1] == [bos]                  # the tokenizer now prepends BOS
+    assert llm.candidate_token_ids("True") == [ids["True"]]
+    assert llm.candidate_token_ids("False") == [ids["False"]]
+    out = RankRAGScorer(llm=llm)("Who wrote Hamlet?", corpus_units[:2])
+    assert [u.score for u in out] == pytest.approx([math.exp(2.0) / (math.exp(2.0) + 1.0)] * 2,
+                                                   abs=1e-6)
+
+
+def test_p_true_of_a_model_that_names_no_output_layer(tiny_llama_path):
+    """transformers' get_output_embeddings() is None for a causal LM without an ``lm_head``
+    attribute (custom code). Its P(True) is read from its own next-token logits all the same:
+    log P(word) = logit(word) - logsumexp(all logits), with the logits set by hand."""
+    llm, _ = set_logit_llm(tiny_llama_path)
+    model = llm._model.get()[0]
+    model.get_output_embeddings = lambda: None
+    vocab = len(llm.tokenizer)
+    log_z = math.log(sum(math.exp(v) for v in BIASES.values())
+                     + (vocab - len(BIASES)) * math.exp(OTHER))
+    rows = llm.next_token_logprobs(["Who wrote Hamlet?"], ["True", "False"])
+    assert rows == [pytest.approx([BIASES["True"] - log_z, BIASES["False"] - log_z], abs=1e-5)]
+
+
 def test_renormalized_and_raw_p_true_rank_differently():
     """Two passages: A with P(True)=0.30, P(False)=0.60; B with P(True)=0.20, P(False)=0.05.
     Raw ranks A first (0.30 > 0.20); renormalised ranks B first (0.8 > 0.33)."""
