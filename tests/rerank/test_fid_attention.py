@@ -20,6 +20,7 @@ import pytest
 from funnel_core.errors import ModelLoadError
 from funnel_core.rerank.fid import DEFAULT_LAST_K, FiDAttentionScorer, aggregate_cross_attention
 from funnel_core.units import Unit
+from tests.rerank.fid_reference import padded_fid_encoding
 
 pytestmark = pytest.mark.models  # builds or loads a model in most tests
 
@@ -208,7 +209,6 @@ def _reference(scorer: FiDAttentionScorer, query, texts, titles, *, aggregation,
     import torch
     from transformers import AttentionInterface, AttentionMaskInterface, AutoModelForSeq2SeqLM
     from transformers.masking_utils import eager_mask
-    from transformers.modeling_outputs import BaseModelOutput
 
     recorded: list = []
 
@@ -231,16 +231,9 @@ def _reference(scorer: FiDAttentionScorer, query, texts, titles, *, aggregation,
     model.eval()
     tok = scorer.tokenizer
     inputs = scorer.build_inputs(query, texts, titles)  # token roles only
-    n, width = len(texts), max(inputs.lengths)
-    ids = torch.full((n, width), tok.pad_token_id)
-    mask = torch.zeros((n, width), dtype=torch.long)
-    for i, x in enumerate(inputs.input_ids):
-        ids[i, :len(x)] = x
-        mask[i, :len(x)] = 1
+    n = len(texts)
+    enc, flat_mask, width = padded_fid_encoding(model, tok.pad_token_id, inputs)
     with torch.no_grad():
-        states = model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
-        enc = BaseModelOutput(last_hidden_state=states.reshape(1, n * width, -1))
-        flat_mask = mask.reshape(1, n * width)
         dec = torch.tensor([[model.config.decoder_start_token_id]])
         if steps > 1:
             gen = model.generate(encoder_outputs=enc, attention_mask=flat_mask,

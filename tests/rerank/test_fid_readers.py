@@ -25,6 +25,7 @@ import pytest
 
 from funnel_core import testing
 from funnel_core.rerank.fid import DEFAULT_TEMPLATE, FiDAttentionScorer
+from tests.rerank.fid_reference import padded_fid_forward
 
 pytestmark = pytest.mark.models  # builds tiny models
 
@@ -63,32 +64,12 @@ def bart_style_t5(tmp_path_factory) -> str:
     return _save_t5(tmp_path_factory.mktemp("bart_style_t5"), decoder_start="</s>", forced_eos=True)
 
 
-def _padded_fid_forward(model, tokenizer, inputs, **decoder_inputs):
-    """The textbook FiD forward: every passage padded to one length, encoded as a batch,
-    concatenated with the padding mask, then one decoder forward with ``decoder_inputs``."""
-    import torch
-    from transformers.modeling_outputs import BaseModelOutput
-
-    n, width = len(inputs.input_ids), max(inputs.lengths)
-    ids = torch.full((n, width), tokenizer.pad_token_id)
-    mask = torch.zeros((n, width), dtype=torch.long)
-    for i, x in enumerate(inputs.input_ids):
-        ids[i, :len(x)] = x
-        mask[i, :len(x)] = 1
-    with torch.no_grad():
-        states = model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
-        out = model(encoder_outputs=BaseModelOutput(last_hidden_state=states.reshape(1, n * width, -1)),
-                    attention_mask=mask.reshape(1, -1), output_attentions=True, use_cache=False,
-                    **decoder_inputs)
-    return out, width
-
-
 def _first_position_attention_scores(model, tokenizer, inputs, **decoder_inputs):
     """Per passage: the mean over layers, heads and passage tokens of the first decoder
     position's cross-attention probabilities (``score_on="attention"``, ``lr=None``)."""
     import torch
 
-    out, width = _padded_fid_forward(model, tokenizer, inputs, **decoder_inputs)
+    out, width = padded_fid_forward(model, tokenizer, inputs, **decoder_inputs)
     att = torch.stack([a[0, :, 0, :] for a in out.cross_attentions])          # [L, H, n*width]
     scores = []
     for k, n in enumerate(inputs.lengths):
@@ -234,7 +215,7 @@ def test_alpha_of_a_scaled_cross_attention_is_the_log_attention_up_to_one_consta
     model, tok = s.model, s.tokenizer
     assert model.decoder.bert.encoder.layer[0].crossattention.self.scaling == pytest.approx(8 ** -0.5)
     inputs = s.build_inputs(QUERY, TEXTS)
-    out, width = _padded_fid_forward(model, tok, inputs, labels=torch.tensor([[5, 6]]))
+    out, width = padded_fid_forward(model, tok, inputs, labels=torch.tensor([[5, 6]]))
     logp = torch.stack([a[0, :, 0, :].log() for a in out.cross_attentions])
     ref = [float(logp[:, :, [k * width + t for t in range(n) if inputs.passage_mask[k][t]]].mean())
            for k, n in enumerate(inputs.lengths)]
@@ -255,7 +236,7 @@ def _with_cross_attention_bias(scorer: FiDAttentionScorer, scale: float) -> floa
     inputs = scorer.build_inputs(QUERY, TEXTS)
 
     def probs():
-        out, _ = _padded_fid_forward(model, tok, inputs,
+        out, _ = padded_fid_forward(model, tok, inputs,
                                      decoder_input_ids=torch.tensor([[tok.pad_token_id]]))
         return torch.stack([a[0, :, 0, :] for a in out.cross_attentions])
 

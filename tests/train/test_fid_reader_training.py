@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from funnel_core import testing
+from tests.rerank.fid_reference import padded_fid_forward
 
 QUERY = "who wrote Hamlet?"
 TEXTS = ["Hamlet is a tragedy by Shakespeare.", "Paris is the capital of France.",
@@ -73,7 +74,6 @@ def test_answer_labels_have_no_cls_and_end_with_sep(b2b):
 
 def test_train_b2b_fid_learns_and_scorer_reads_bert_cross_attention(b2b, tmp_path):
     import torch
-    from transformers.modeling_outputs import BaseModelOutput
 
     from funnel_core.rerank.fid import FiDAttentionScorer
     from funnel_core.train.fid import FiDExample, evaluate_fid_loss, train_fid
@@ -105,18 +105,9 @@ def test_train_b2b_fid_learns_and_scorer_reads_bert_cross_attention(b2b, tmp_pat
     # passage tokens (lr=None)
     model, tok = scorer.model, scorer.tokenizer
     inputs = scorer.build_inputs(QUERY, TEXTS)
-    n, width = len(TEXTS), max(inputs.lengths)
-    ids = torch.full((n, width), tok.pad_token_id)
-    mask = torch.zeros((n, width), dtype=torch.long)
-    for i, x in enumerate(inputs.input_ids):
-        ids[i, :len(x)] = x
-        mask[i, :len(x)] = 1
-    with torch.no_grad():
-        states = model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
-        out = model(encoder_outputs=BaseModelOutput(last_hidden_state=states.reshape(1, n * width, -1)),
-                    attention_mask=mask.reshape(1, -1),
-                    decoder_input_ids=torch.tensor([[model.config.decoder_start_token_id]]),
-                    output_attentions=True)
+    n = len(TEXTS)
+    out, width = padded_fid_forward(model, tok, inputs,
+                                    decoder_input_ids=torch.tensor([[model.config.decoder_start_token_id]]))
     att = torch.stack([a[0, :, 0, :] for a in out.cross_attentions])   # [L, H, n*width]
     for k in range(n):
         toks = [k * width + t for t in range(inputs.lengths[k]) if inputs.passage_mask[k][t]]
