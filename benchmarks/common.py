@@ -52,10 +52,10 @@ def timer() -> Iterator[dict]:
 
 
 def timed(out: dict, key: str, fn: Callable[[], T]) -> T:
-    """``fn()``, its wall-clock seconds stored as ``out[key]``."""
-    t0 = time.perf_counter()
-    result = fn()
-    out[key] = time.perf_counter() - t0
+    """``fn()``, its wall-clock seconds (:func:`timer`) stored as ``out[key]``."""
+    with timer() as t:
+        result = fn()
+    out[key] = t["seconds"]
     return result
 
 
@@ -75,14 +75,14 @@ def interleaved_seconds(runs: dict[str, Callable[[], Any]], repeats: int) -> dic
 
 def qps(fn: Callable[[Any], Any], queries: list[str], batch: int | None = None) -> float:
     """Queries per second of ``fn`` called on each query (or, with ``batch``, on batches of that many)."""
-    t0 = time.perf_counter()
-    if batch:
-        for i in range(0, len(queries), batch):
-            fn(queries[i:i + batch])
-    else:
-        for q in queries:
-            fn(q)
-    return len(queries) / (time.perf_counter() - t0)
+    with timer() as t:
+        if batch:
+            for i in range(0, len(queries), batch):
+                fn(queries[i:i + batch])
+        else:
+            for q in queries:
+                fn(q)
+    return len(queries) / t["seconds"]
 
 
 @contextmanager
