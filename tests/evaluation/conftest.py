@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,15 @@ def _machine_description_loaded():
     from funnel_core.hardware import describe
 
     describe()
+
+
+def squad_config(folder: Path, name: str, systems: str) -> Path:
+    """``folder/name``: a ``funnel eval`` TOML over the :func:`squad_file` there (AR@1 and AR@2, no
+    timing, the report in ``folder/out``) with the ``[systems.NAME]`` tables of ``systems``."""
+    path = folder / name
+    path.write_text('[dataset]\npath = "squad.json"\n[evaluate]\nmetrics = ["AR@1", "AR@2"]\nn_timing = 0\n'
+                    'output = "out"\n' + systems)
+    return path
 
 
 ARTICLES = {

@@ -11,17 +11,11 @@ from funnel_core.cli import main
 from funnel_core.evaluation import Report
 from funnel_core.evaluation.config import build_systems, load_config
 from funnel_core.evaluation.datasets import load_dataset
+from tests.evaluation.conftest import squad_config
 
 
 def _config(tmp_path, llm):
-    cfg = tmp_path / "hyde.toml"
-    cfg.write_text(f'''[dataset]
-path = "squad.json"
-[evaluate]
-metrics = ["AR@1", "AR@2"]
-n_timing = 0
-output = "out"
-[systems.dense]
+    return squad_config(tmp_path, "hyde.toml", f'''[systems.dense]
 component = "dense"
 k = 2
 [systems.dense_hyde]
@@ -35,7 +29,6 @@ k = 2
 alpha = 0.3
 hyde = {{ llm = "{llm}", max_new_tokens = 8 }}
 ''')
-    return cfg
 
 
 def test_hyde_systems_build_share_one_writer_and_run(squad_file, tiny_llama_path, minilm_path, tmp_path):

@@ -13,25 +13,18 @@ from funnel_core.evaluation.datasets import load_dataset
 from funnel_core.funnel import Funnel
 from funnel_core.rerank.attention_lm import AttentionLMScorer
 from funnel_core.rerank.rankrag import RankRAGScorer
+from tests.evaluation.conftest import squad_config
 
 
 def _config(tmp_path, rerank: str) -> str:
-    cfg = tmp_path / "rankrag.toml"
-    cfg.write_text(f'''[dataset]
-path = "squad.json"
-[evaluate]
-metrics = ["AR@1", "AR@2"]
-n_timing = 0
-output = "out"
-[systems.bm25]
+    return str(squad_config(tmp_path, "rerank.toml", f'''[systems.bm25]
 component = "bm25"
 k = 2
 [systems.bm25_rankrag]
 component = "bm25"
 k = 3
 rerank = {rerank}
-''')
-    return str(cfg)
+'''))
 
 
 def test_rankrag_rerank_builds_the_scorer_with_the_tables_settings_and_runs(squad_file, tiny_llama_path,
