@@ -96,8 +96,7 @@ def secs(x: float) -> str:
 
 
 #: model-building scripts removed when model building moved to `funnel train` -> the `funnel train` recipe that now makes their model
-REMOVED_SCRIPTS = {"squad_ce_model.py": "squad_ce", "prerank_model.py": "scifact_ce",
-                   "rankrag_train.py": "squad_rankrag"}
+REMOVED_SCRIPTS = {"squad_ce_model.py": "squad_ce", "prerank_model.py": "scifact_ce"}
 
 
 def removed_note(text: str) -> str:
@@ -864,51 +863,6 @@ block("l2g-squad")(functools.partial(l2g_table, "l2g_squad.json"))
 block("l2g-squad-ce-init")(functools.partial(l2g_table, "l2g_squad_ce_init.json"))
 
 
-@block("rankrag-tuned")
-def block_rankrag_tuned() -> str:
-    """RankRAG zero-shot vs tuned SmolLM2, BM25 and the SQuAD CE (bench_rankrag_tuned.py)."""
-    d = load("rankrag_tuned.json")
-    sq, sf = d["results"]["squad_dev_a"], d["results"]["scifact_test"]
-    parts = ((sq, "AR@4", "SQuAD dev-a AR@4"), (sf, "nDCG@10", "SciFact nDCG@10"))
-    labels = {"bm25": "BM25 (no reranking)", "ce": "cross-encoder (MiniLM, SQuAD-trained)",
-              "smollm2_zeroshot": "SmolLM2-135M zero-shot, P(True)", "smollm2_rankrag": "SmolLM2-135M RankRAG-tuned, P(True)"}
-    rows, worse = [], []
-    for s, label in labels.items():
-        a, b = sq["systems"][s], sf["systems"][s]
-        rows.append([label, *(f"{a[f'AR@{k}']:.3f}" for k in (1, 2, 3, 4)), ci(a["AR@4_ci95"]),
-                     f"{b['nDCG@10']:.3f} {ci(b['nDCG@10_ci95'])}",
-                     " / ".join(f"{x['seconds_per_query_p50']:.1f} / {x['seconds_per_query_p95']:.1f}" for x in (a, b))])
-        for blk, m, name in parts:
-            x, base = blk["systems"][s], blk["systems"]["bm25"][m]
-            if s in ("ce", "smollm2_rankrag") and x[m] < base:
-                diff = x[f"{m}_minus_bm25"]
-                worse.append(f"{label} is worse than BM25 on {name} ({x[m]:.3f} vs {base:.3f}; paired difference "
-                             f"{diff['difference']:+.3f}, 95% interval {ci(diff['ci95'])})")
-    for blk, m, name in parts:
-        tuned, zs, ce_ = (blk["systems"][k][m] for k in ("smollm2_rankrag", "smollm2_zeroshot", "ce"))
-        vs_zs = blk[f"rankrag_minus_smollm2_zeroshot_{m}"]
-        worse.append(f"on {name} the tuning moved SmolLM2 from {zs:.3f} to {tuned:.3f} (paired difference "
-                     f"{vs_zs['difference']:+.3f}, 95% interval {ci(vs_zs['ci95'])})"
-                     + (f" and the tuned model is worse than the cross-encoder ({ce_:.3f})" if tuned < ce_ else ""))
-    t = (d["setup"].get("training") or {}).get("train", {})
-    head = (f"Command: `{d['command']}`; SQuAD dev-a: {sq['queries']} questions, SciFact test: "
-            f"{sf['queries']} queries (seeded samples, the run's time cap decided n); BM25 top-"
-            f"{d['setup']['depth']} reranked; LLM dtype {d['setup']['llm_dtype']}; load average "
-            f"{d['machine']['load_avg_start']} at start, {d['machine']['load_avg_now']} at the end "
-            f"({d['machine']['cpu_count']} shared CPU cores). Tuned model: {t.get('steps', '?')} LoRA steps, "
-            f"{t.get('examples_seen', '?')} examples, {t.get('seconds', 0):.0f} s "
-            f"(`benchmarks/results/rankrag_train.json`).\n\n")
-    tbl = table(["system", "SQuAD AR@1", "AR@2", "AR@3", "AR@4", "AR@4 95% interval",
-                 "SciFact nDCG@10 (95% interval)", "s/query p50 / p95 (SQuAD / SciFact)"], rows)
-    distinct = {k: sorted(len(set(q["scores"][k])) for q in d["per_query"])
-                for k in ("smollm2_zeroshot", "smollm2_rankrag")}
-    ties = ("Distinct P(True) values among the " + str(d["setup"]["depth"]) + " candidates of a query "
-            f"({d['setup']['llm_dtype']} logits; ties keep BM25's order), median: zero-shot "
-            + " / tuned ".join(str(v[len(v) // 2]) for v in distinct.values() if v) + ".")
-    tail = "\n\n" + "; ".join(worse) + ".\n\n" + ties
-    return head + tbl + tail
-
-
 @block("ce-backends")
 def block_ce_backends() -> str:
     d = load("ce_backends.json")
@@ -1124,21 +1078,6 @@ block("fid-speed")(Table(
             "t5-base-sized": "FiD attention, t5-base-sized (768, 12+12 layers, 12 heads)"}))
 
 
-@block("fid-icr-squad")
-def block_fid_icr_squad() -> str:
-    """SmolLM2 attention (ICR) reranking of BM25's top-20 on SQuAD (fid.json, bench_fid.py quality part)."""
-    q = load("fid.json")["quality"]
-    r, c = q["answer_recall"], q["calibrated_vs_bm25"]
-    rows = [["BM25 order", f3(r["bm25@1"])],
-            ['SmolLM2 attention, calibrated with "N/A" (ICR)', f3(r["attention_calibrated@1"])],
-            ["SmolLM2 attention, raw (no calibration)", f3(r["attention_raw@1"])],
-            [f"answer anywhere in the top-{q['depth']} (ceiling)", f3(r[f"bm25@{q['depth']}"])]]
-    return (table([f"ranking of BM25's top-{q['depth']}", "answer recall@1"], rows)
-            + f"\n\nCalibrated attention vs BM25 ({q['questions_done']} questions): {c['wins']} question"
-            f"{'s' if c['wins'] != 1 else ''} won, {c['losses']} lost; recall@1 difference "
-            f"{c['diff']:.3f} (95% bootstrap {ci(c['bootstrap95'])}).")
-
-
 FID_LABELS = {"random": "random order (seeded)", "bm25": "BM25 order",
               "cross_encoder": "SQuAD cross-encoder (MiniLM, bench15)",
               "fid_mean": "FiD eq. 3 (i): top-4 tokens per layer and head, mean",
@@ -1205,15 +1144,6 @@ block("postrank-fid-alpha")(Table(  # Table 7 / Table 8 as written, on alpha, wi
     note="**Table 7 / Table 8 as the paper writes them, on alpha** ({questions} dev-a questions, {seconds:.0f} s on the "
          "CPU; the former `benchmarks/fid_table7_cpu.py`, removed when model building moved to `funnel train` with the "
          "GPU reader's scripts, see git history):"))
-
-
-block("rankrag-scifact")(Table("bench_rankrag.json", ["", "nDCG@10"], [
-    ["BM25 (all 300 queries, our index)", "{bm25_all_300.ndcg@10:.3f}"],
-    ["BM25, the {setup.queries} sampled queries", "{subset.bm25_ndcg@10:.3f}"],
-    ["BM25 + RankRAG (P(True), SmolLM2), same {setup.queries} queries", "**{subset.rankrag_ndcg@10:.3f}**"],
-    ["{setup.generate_path_queries} of those queries: BM25 / P(True) / generate-and-parse",
-     "{generate_subset.bm25_ndcg@10:.3f} / {generate_subset.rankrag_logprobs_ndcg@10:.3f} / "
-     "{generate_subset.rankrag_generate_ndcg@10:.3f}"]]))
 
 
 @block("fbrag-squad")
@@ -1545,8 +1475,51 @@ def hrow(name: str, what: str, metrics: Sequence[str], labels: dict[str, str],
     return lambda: [harness_row(name, what, metrics, labels, command)]
 
 
+RANKRAG_SYSTEMS = {"bm25": "BM25 (no reranking)", "bm25_ce": "cross-encoder (MiniLM, SQuAD-trained)",
+                   "smollm2_zeroshot": "SmolLM2-135M zero-shot, P(True)",
+                   "smollm2_rankrag": "SmolLM2-135M RankRAG-tuned, P(True)",
+                   "smollm2_generate": "SmolLM2-135M zero-shot, generate and parse"}
+RANKRAG_COMMAND = "`funnel eval benchmarks/configs/{0}.toml --out benchmarks/results/{0} --cache-dir .cache/{0}`"
+ATTENTION_COMMAND = RANKRAG_COMMAND.format("squad_attention_lm")
+ATTENTION_SYSTEMS = {"bm25": "BM25 order", "bm25_ce": "cross-encoder (MiniLM, SQuAD-trained)",
+                     "attention_lm": 'SmolLM2-135M attention, calibrated with "N/A" (ICR)'}
+
+
+def rankrag_statement(metric: str, training: bool = False) -> Callable[[dict], str]:
+    """What the RankRAG tuning changed at ``metric`` (tuned minus zero-shot, paired), where the tuned
+    model stands against BM25 and the cross-encoder, and with ``training`` the tuning run (its card,
+    ``results/rankrag_train.json``)."""
+    def after(d: dict) -> str:
+        summ = d["summary"]
+        mean = {s: summ[s][metric]["mean"] for s in summ}
+        parts = []
+        for a, b in (("smollm2_rankrag", "smollm2_zeroshot"), ("smollm2_rankrag", "bm25"),
+                     ("smollm2_rankrag", "bm25_ce"), ("bm25_ce", "bm25"), ("smollm2_generate", "smollm2_zeroshot")):
+            if a in summ and b in summ:
+                c = paired_difference(d, a, b, metric)
+                verdict = "better than" if c["ci"][0] > 0 else "worse than" if c["ci"][1] < 0 else "not distinguishable from"
+                parts.append(f"{RANKRAG_SYSTEMS[a]} is {verdict} {RANKRAG_SYSTEMS[b]} at {metric} ({mean[a]:.3f} vs "
+                             f"{mean[b]:.3f}; paired difference {c['difference']:+.3f} {ci(c['ci'])})")
+        ranked = {s: {r["id"]: r["ranked"] for r in rows} for s, rows in d["per_question"].items()}
+        kept = ", ".join(f"{RANKRAG_SYSTEMS[s]} {sum(ranked[s][q] == ranked['bm25'][q] for q in ranked['bm25'])}"
+                         for s in RANKRAG_SYSTEMS if s != "bm25" and s in ranked)
+        top = len(next(iter(ranked["bm25"].values())))
+        parts_text = "; ".join(parts) + (f". Questions whose top {top} (as the report keeps it) is BM25's top {top} "
+                                         f"in BM25's order, of {len(ranked['bm25'])}: {kept}.")
+        if not training:
+            return parts_text
+        card = load("rankrag_train.json")
+        dtype = ", ".join(sorted({r["dtype"] for r in card["hardware"].get("dtypes_resolved", [])})) or "?"
+        return (parts_text + f" The tuned model: {card['steps']} LoRA steps"
+                f"{' (stopped by the time cap)' if card.get('stopped_early') else ''} over {card['examples']} blend "
+                f"examples from {card['dataset']['trained_on']} SQuAD train questions, {card['train_seconds'] / 60:.0f} min "
+                f"in {dtype} on {card['hardware']['cpus']} CPU cores (`{card['command']}`; its card: "
+                "`benchmarks/results/rankrag_train.json`).")
+    return after
+
+
 P = PUBLISHED_SCIFACT
-BENCH_FID, BENCH_FBRAG, BENCH_RANKRAG = (f"`python benchmarks/{n}.py`" for n in ("bench_fid", "bench_fbrag", "bench_rankrag"))
+BENCH_FID, BENCH_FBRAG = (f"`python benchmarks/{n}.py`" for n in ("bench_fid", "bench_fbrag"))
 #: the README's results table, in order: (what, rows); a source that fails to render is left out with a warning
 README_ROWS: list[tuple[str, Callable[[], list[Row]]]] = [
     ("squad_large", squad_large_rows), ("cluster_scale", cluster_scale_rows),
@@ -1579,14 +1552,14 @@ README_ROWS: list[tuple[str, Callable[[], list[Row]]]] = [
         ("FiD attention scorer speed (50 passages x 130 tokens, CPU), passages/s",
          "MiniLM CE {speed.passages_per_second.cross_encoder_minilm:.2f}, FiD t5-small-sized "
          "{speed.passages_per_second.t5-small-sized:.2f}, t5-base-sized {speed.passages_per_second.t5-base-sized:.2f}",
-         "{speed.repeats} repeats", "not recorded", BENCH_FID),
-        ("decoder-only attention reranker (SmolLM2-135M), SQuAD AR@1",
-         "{quality.answer_recall.attention_calibrated@1:.3f} vs BM25 order {quality.answer_recall.bm25@1:.3f}",
-         "{quality.questions_done} questions", "difference {quality.calibrated_vs_bm25.bootstrap95:ci} (bootstrap)",
-         BENCH_FID)])),
-    ("rankrag", Rows("bench_rankrag.json", [(
-        "RankRAG with SmolLM2-135M, SciFact nDCG@10", "{subset.rankrag_ndcg@10:.3f} vs BM25 {subset.bm25_ndcg@10:.3f}",
-        "{setup.queries} queries", "not recorded", BENCH_RANKRAG)])),
+         "{speed.repeats} repeats", "not recorded", BENCH_FID)])),
+    ("fid", hrow("squad_attention_lm", "decoder-only attention reranker (SmolLM2-135M, calibrated as in ICR) of BM25 "
+                 "top-20, SQuAD dev-a", ["AR@1"], {"attention_lm": "attention", "bm25": "BM25 order", "bm25_ce": "CE"},
+                 command=ATTENTION_COMMAND)),
+    ("rankrag", hrow("squad_rankrag", "RankRAG P(True) reranking of BM25 top-20 with SmolLM2-135M, SQuAD dev-a "
+                     "(tuned on SQuAD train by `funnel train`)", ["AR@1", "AR@4"],
+                     {"smollm2_rankrag": "tuned", "smollm2_zeroshot": "zero-shot", "bm25": "BM25",
+                      "bm25_ce": "CE"}, command=RANKRAG_COMMAND.format("squad_rankrag"))),
     ("fbrag", Rows("bench_fbrag.json", [(
         "FB-RAG with SmolLM2-135M, SQuAD answer recall (3 chunks kept)",
         "BM25 backward-only {answer_recall_at_kept.backward_only_bm25:.2f}, Ours-FB {answer_recall_at_kept.ours_fb:.2f}, "
@@ -1619,6 +1592,14 @@ HARNESS_BLOCKS: dict[str, dict[str, Any]] = {
                          bold=["F1@2"], vs_baseline="F1@2", command=READER_CMD),
     "squad-postrank": dict(name="squad_postrank", metrics=["AR@1", "AR@2", "AR@4"], labels=POSTRANK_SYSTEMS,
                            bold=["AR@1", "AR@4"], vs_baseline="AR@1", command=POSTRANK_COMMAND),
+    "fid-icr-squad": dict(name="squad_attention_lm", metrics=["AR@1", "AR@2", "AR@4"], labels=ATTENTION_SYSTEMS,
+                          bold=["AR@1"], vs_baseline="AR@1", command=ATTENTION_COMMAND),
+    "rankrag-squad": dict(name="squad_rankrag", metrics=["AR@1", "AR@2", "AR@3", "AR@4"], labels=RANKRAG_SYSTEMS,
+                          bold=["AR@1", "AR@4"], vs_baseline="AR@4", command=RANKRAG_COMMAND.format("squad_rankrag"),
+                          after=rankrag_statement("AR@4", training=True)),
+    "rankrag-scifact": dict(name="scifact_rankrag", metrics=["ndcg@10", "recall@10"], labels=RANKRAG_SYSTEMS,
+                            bold=["ndcg@10"], vs_baseline="ndcg@10", command=RANKRAG_COMMAND.format("scifact_rankrag"),
+                            after=rankrag_statement("ndcg@10")),
     "compression-squad": dict(name="squad_compression", metrics=["AR@5", "words@5"], vs_baseline="AR@5", labels={
         "bm25": "BM25 top-5 paragraphs (before)", "embedding": "compressed, embedding (MiniLM cosine)",
         "bm25_sentences": "compressed, BM25 sentence scores", "random": "control: random sentences, same budget"}),

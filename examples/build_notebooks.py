@@ -747,8 +747,8 @@ show_table([{"method": "B (BM25 only)", "chunks": [u.id for u in b_res.units],
 `ForwardLookup` is a funnel stage too (`run(query, chunks)`); LlamaIndex gets
 `ForwardLookupQueryTransform` / `ForwardLookupRetriever` and LangChain `ForwardLookupRetriever`
 (in `*_funnel.fbrag`). With one 135M model and two samples the forward scores are noisy;
-`benchmarks/bench_fbrag.py` and `benchmarks/bench_rankrag.py` measure both methods on the
-shared data.
+`benchmarks/bench_fbrag.py` and `benchmarks/configs/squad_rankrag.toml` (with its SciFact twin)
+measure both methods on the shared data.
 """),
     ]
 
