@@ -460,11 +460,12 @@ def build_systems(specs: dict[str, dict[str, Any]], corpus: list[Unit],
                 raise ValueError(f"{where}: rerank must be a table, e.g. {{ model = \"cross-encoder/ms-marco-"
                                  "MiniLM-L-6-v2\", top_n = 10 }} or {{ kind = \"rankrag\", llm = \"smollm2\" }}.")
             ranker, needs = _reranker(rerank, where)
-            r = _local_llm(rerank, needs)
+            llm = ranker.__name__ != "CrossEncoderScorer"  # a causal LM: "smollm2" is the packaged one
+            r = _local_llm(rerank, needs) if llm else dict(rerank)
             r.pop("kind", None)
             if needs not in r:
-                what = ("a cross-encoder name or folder" if ranker.__name__ == "CrossEncoderScorer"
-                        else "a causal-LM folder, or \"smollm2\" for the packaged SmolLM2-135M-Instruct")
+                what = ("a causal-LM folder, or \"smollm2\" for the packaged SmolLM2-135M-Instruct" if llm
+                        else "a cross-encoder name or folder")
                 raise ValueError(f"{where}: rerank needs `{needs}` ({what}).")
             stage = Funnel([stage, _call(f"{where} rerank", ranker, **r)])
         if postrank is not None:

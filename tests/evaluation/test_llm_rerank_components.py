@@ -20,7 +20,7 @@ def _config(tmp_path, rerank: str) -> str:
     return str(squad_config(tmp_path, "rerank.toml", f'''[systems.bm25]
 component = "bm25"
 k = 2
-[systems.bm25_rankrag]
+[systems.bm25_reranked]
 component = "bm25"
 k = 3
 rerank = {rerank}
@@ -32,7 +32,7 @@ def test_rankrag_rerank_builds_the_scorer_with_the_tables_settings_and_runs(squa
     cfg = _config(tmp_path, f'{{ kind = "rankrag", llm = "{tiny_llama_path}", mode = "logprobs", '
                             'max_passage_words = 40, batch_size = 3, top_n = 2, dtype = "float32" }')
     spec = load_config(cfg)
-    system = build_systems(spec["systems"], load_dataset(spec["dataset"]["path"]).corpus)["bm25_rankrag"]
+    system = build_systems(spec["systems"], load_dataset(spec["dataset"]["path"]).corpus)["bm25_reranked"]
     assert isinstance(system, Funnel)
     scorer = system.stages[-1]
     assert isinstance(scorer, RankRAGScorer)
@@ -43,7 +43,7 @@ def test_rankrag_rerank_builds_the_scorer_with_the_tables_settings_and_runs(squa
     assert main(["eval", cfg, "--no-progress"]) == 0
     d = Report.load(tmp_path / "out").to_dict()
     questions = list(load_dataset(spec["dataset"]["path"]).queries.values())
-    rows = d["per_question"]["bm25_rankrag"]
+    rows = d["per_question"]["bm25_reranked"]
     assert len(rows) == len(questions) and all(len(r["ranked"]) <= 2 for r in rows)
     # one P(True) pair per BM25 candidate (k = 3), none for plain BM25
     candidates = sum(len(system.stages[0](q)) for q in questions)
@@ -72,8 +72,21 @@ def test_attention_lm_rerank_builds_the_scorer_with_the_tables_settings(squad_fi
                             'max_passage_tokens = 64, dtype = "float32" }')
     spec = load_config(cfg)
     corpus = load_dataset(spec["dataset"]["path"]).corpus
-    scorer = build_systems(spec["systems"], corpus)["bm25_rankrag"].stages[-1]
+    scorer = build_systems(spec["systems"], corpus)["bm25_reranked"].stages[-1]
     assert isinstance(scorer, AttentionLMScorer)
     assert (scorer.model_name, scorer.calibration_query, scorer.max_passage_tokens, scorer.dtype) == \
         (tiny_llama_path, "N/A", 64, "float32")
     assert main(["eval", cfg, "--no-progress"]) == 0
+
+
+def test_smollm2_names_the_packaged_gguf_for_an_llm_ranker_only(squad_file, tmp_path):
+    """``"smollm2"`` is the packaged SmolLM2-135M-Instruct for a causal-LM ranker (its folder and GGUF
+    file; nothing is loaded while building), and a cross-encoder named "smollm2" gets no gguf_file."""
+    from funnel_core.models import SMOLLM2_GGUF, smollm2_path
+
+    spec = load_config(_config(tmp_path, '{ kind = "rankrag", llm = "smollm2" }'))
+    scorer = build_systems(spec["systems"], load_dataset(spec["dataset"]["path"]).corpus)["bm25_reranked"].stages[-1]
+    assert (scorer.llm.model_name_or_path, scorer.llm.gguf_file) == (smollm2_path(), SMOLLM2_GGUF)
+    spec = load_config(_config(tmp_path, '{ model = "smollm2" }'))
+    ce = build_systems(spec["systems"], load_dataset(spec["dataset"]["path"]).corpus)["bm25_reranked"].stages[-1]
+    assert ce.model_name == "smollm2"
