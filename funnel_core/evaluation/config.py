@@ -92,7 +92,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from funnel_core.evaluation.datasets import EvalDataset, load_dataset, questions_over, with_distractors
 from funnel_core.evaluation.harness import default_metrics, evaluate
@@ -296,27 +296,36 @@ def system_keys(component: str) -> tuple[set[str], dict[str, set[str]]]:
         "clustered": names(ClusteredBM25Retrieve, "index") | {"max_tokens", "max_documents"},
         "funnelrag": names(funnelrag, "documents") | names(CrossEncoderScorer, "model", "name"),
     }[component]
-    tables = {"index": names(BM25Index), "rerank": names(CrossEncoderScorer) | {"kind"}, "hyde": names(HyDE),
+    tables = {"index": names(BM25Index), "rerank": names(CrossEncoderScorer) | {"kind"}, "hyde": names(HyDE),  # default kind
               "postrank": names(FiDAttentionScorer), "compress": names(ExtractiveCompressor)}
     return own | _SYSTEM_KEYS, tables
 
 
-#: The rankers a ``rerank`` table's ``kind`` names (default ``"cross_encoder"``): the module and
-#: class, and the setting that names the model.
-RERANK_KINDS = {"cross_encoder": ("funnel_core.rerank.cross_encoder", "CrossEncoderScorer", "model"),
-                "rankrag": ("funnel_core.rerank.rankrag", "RankRAGScorer", "llm"),
-                "attention_lm": ("funnel_core.rerank.attention_lm", "AttentionLMScorer", "model")}
+class RerankKind(NamedTuple):
+    """A ranker a ``rerank`` table may name: where its class lives, the setting naming its model,
+    and whether that model is a causal LM (``"smollm2"`` then names the packaged one)."""
+
+    module: str
+    cls: str
+    model_key: str
+    causal_lm: bool
 
 
-def _reranker(rerank: dict[str, Any], where: str) -> tuple[type, str]:
-    """The ranker class of a ``rerank`` table, by its ``kind``, and the setting naming its model."""
+#: The rankers a ``rerank`` table's ``kind`` names (default ``"cross_encoder"``).
+RERANK_KINDS = {"cross_encoder": RerankKind("funnel_core.rerank.cross_encoder", "CrossEncoderScorer", "model", False),
+                "rankrag": RerankKind("funnel_core.rerank.rankrag", "RankRAGScorer", "llm", True),
+                "attention_lm": RerankKind("funnel_core.rerank.attention_lm", "AttentionLMScorer", "model", True)}
+
+
+def _reranker(rerank: dict[str, Any], where: str) -> tuple[type, RerankKind]:
+    """The ranker class of a ``rerank`` table, by its ``kind``, and that kind."""
     import importlib
 
     kind = rerank.get("kind", "cross_encoder")
     if kind not in RERANK_KINDS:
         raise ValueError(f"{where} rerank: kind must be one of {tuple(RERANK_KINDS)}, got {kind!r}.")
-    module, cls, model_key = RERANK_KINDS[kind]
-    return getattr(importlib.import_module(module), cls), model_key
+    k = RERANK_KINDS[kind]
+    return getattr(importlib.import_module(k.module), k.cls), k
 
 
 def _local_llm(settings: dict[str, Any], key: str = "llm") -> dict[str, Any]:
@@ -334,7 +343,7 @@ def _check_system_keys(spec: dict[str, Any], where: str) -> None:
     naming the keys that table takes."""
     allowed, tables = system_keys(spec["component"])
     _check_keys(spec, allowed, where)
-    if isinstance(spec.get("rerank"), dict) and spec["rerank"].get("kind", "cross_encoder") != "cross_encoder":
+    if isinstance(spec.get("rerank"), dict):  # the settings of the ranker its kind names
         tables["rerank"] = set(setting_names(_reranker(spec["rerank"], where)[0])) | {"kind"}
     for table, keys in tables.items():
         if isinstance(spec.get(table), dict):
@@ -459,14 +468,13 @@ def build_systems(specs: dict[str, dict[str, Any]], corpus: list[Unit],
             if not isinstance(rerank, dict):
                 raise ValueError(f"{where}: rerank must be a table, e.g. {{ model = \"cross-encoder/ms-marco-"
                                  "MiniLM-L-6-v2\", top_n = 10 }} or {{ kind = \"rankrag\", llm = \"smollm2\" }}.")
-            ranker, needs = _reranker(rerank, where)
-            llm = ranker.__name__ != "CrossEncoderScorer"  # a causal LM: "smollm2" is the packaged one
-            r = _local_llm(rerank, needs) if llm else dict(rerank)
+            ranker, kind = _reranker(rerank, where)
+            r = _local_llm(rerank, kind.model_key) if kind.causal_lm else dict(rerank)
             r.pop("kind", None)
-            if needs not in r:
-                what = ("a causal-LM folder, or \"smollm2\" for the packaged SmolLM2-135M-Instruct" if llm
+            if kind.model_key not in r:
+                what = ("a causal-LM folder, or \"smollm2\" for the packaged SmolLM2-135M-Instruct" if kind.causal_lm
                         else "a cross-encoder name or folder")
-                raise ValueError(f"{where}: rerank needs `{needs}` ({what}).")
+                raise ValueError(f"{where}: rerank needs `{kind.model_key}` ({what}).")
             stage = Funnel([stage, _call(f"{where} rerank", ranker, **r)])
         if postrank is not None:
             from funnel_core.rerank.fid import FiDAttentionScorer
