@@ -1336,16 +1336,16 @@ def training_costs() -> str:
                  "its top-10 reranked). The load column says whether other work shared the 2 cores.")
 
 
-POSTRANK_COMMAND = ("`funnel eval benchmarks/configs/squad_postrank.toml --out benchmarks/results/squad_postrank "
-                    "--cache-dir .cache/squad_postrank`")
+#: how a harness benchmark runs: its config, results folder and score cache all carry the benchmark's name
+EVAL_COMMAND = "`funnel eval benchmarks/configs/{0}.toml --out benchmarks/results/{0} --cache-dir .cache/{0}`"
+POSTRANK_COMMAND = EVAL_COMMAND.format("squad_postrank")
 POSTRANK_SYSTEMS = {"bm25_ce": "BM25 top-10 -> the SQuAD cross-encoder",
                     "bm25_fid": "BM25 top-10 -> the CPU FiD reader's cross-attention (eq. 3)",
                     "bm25": "BM25 top-10 alone"}
 
 
 # -- FunnelRAG measured whole (benchmarks/configs/funnelrag_whole.toml) -------------------------------
-WHOLE_COMMAND = ("`funnel eval benchmarks/configs/funnelrag_whole.toml --out benchmarks/results/funnelrag_whole "
-                 "--cache-dir .cache/funnelrag_whole`")
+WHOLE_COMMAND = EVAL_COMMAND.format("funnelrag_whole")
 WHOLE_FLAT = {"bm25": "BM25 top-10", "hybrid": "hybrid (BM25 + MiniLM, alpha 0.3)", "hybrid_tuned": "hybrid",
               "clustered_s1024": "clustered BM25, 4 clusters of <= 1024 tokens, opened",
               "clustered_s4096": "clustered BM25, 1 cluster of <= 4096 tokens, opened",
@@ -1479,8 +1479,7 @@ RANKRAG_SYSTEMS = {"bm25": "BM25 (no reranking)", "bm25_ce": "cross-encoder (Min
                    "smollm2_zeroshot": "SmolLM2-135M zero-shot, P(True)",
                    "smollm2_rankrag": "SmolLM2-135M RankRAG-tuned, P(True)",
                    "smollm2_generate": "SmolLM2-135M zero-shot, generate and parse"}
-RANKRAG_COMMAND = "`funnel eval benchmarks/configs/{0}.toml --out benchmarks/results/{0} --cache-dir .cache/{0}`"
-ATTENTION_COMMAND = RANKRAG_COMMAND.format("squad_attention_lm")
+ATTENTION_COMMAND = EVAL_COMMAND.format("squad_attention_lm")
 ATTENTION_SYSTEMS = {"bm25": "BM25 order", "bm25_ce": "cross-encoder (MiniLM, SQuAD-trained)",
                      "attention_lm": 'SmolLM2-135M attention, calibrated with "N/A" (ICR)'}
 
@@ -1559,7 +1558,7 @@ README_ROWS: list[tuple[str, Callable[[], list[Row]]]] = [
     ("rankrag", hrow("squad_rankrag", "RankRAG P(True) reranking of BM25 top-20 with SmolLM2-135M, SQuAD dev-a "
                      "(tuned on SQuAD train by `funnel train`)", ["AR@1", "AR@4"],
                      {"smollm2_rankrag": "tuned", "smollm2_zeroshot": "zero-shot", "bm25": "BM25",
-                      "bm25_ce": "CE"}, command=RANKRAG_COMMAND.format("squad_rankrag"))),
+                      "bm25_ce": "CE"}, command=EVAL_COMMAND.format("squad_rankrag"))),
     ("fbrag", Rows("bench_fbrag.json", [(
         "FB-RAG with SmolLM2-135M, SQuAD answer recall (3 chunks kept)",
         "BM25 backward-only {answer_recall_at_kept.backward_only_bm25:.2f}, Ours-FB {answer_recall_at_kept.ours_fb:.2f}, "
@@ -1583,7 +1582,7 @@ HARNESS_BLOCKS: dict[str, dict[str, Any]] = {
                        vs_baseline="AR@5", after=hyde_pairs),
     "funnelrag-whole": dict(name="funnelrag_whole", command=WHOLE_COMMAND, **WHOLE),
     "funnelrag-whole-heldout": dict(name="funnelrag_whole_heldout", **WHOLE,
-                                    command=WHOLE_COMMAND.replace("funnelrag_whole", "funnelrag_whole_heldout")),
+                                    command=EVAL_COMMAND.format("funnelrag_whole_heldout")),
     "prerank-scifact": dict(name="scifact", metrics=["ndcg@10", "recall@10", "recall@100"], labels=PRERANK_SYSTEMS,
                             bold=["ndcg@10"], vs_baseline="ndcg@10"),
     "funnel-scifact": dict(name="scifact", metrics=["ndcg@10", "recall@10", "recall@100"], labels=FUNNEL_SYSTEMS,
@@ -1595,10 +1594,10 @@ HARNESS_BLOCKS: dict[str, dict[str, Any]] = {
     "fid-icr-squad": dict(name="squad_attention_lm", metrics=["AR@1", "AR@2", "AR@4"], labels=ATTENTION_SYSTEMS,
                           bold=["AR@1"], vs_baseline="AR@1", command=ATTENTION_COMMAND),
     "rankrag-squad": dict(name="squad_rankrag", metrics=["AR@1", "AR@2", "AR@3", "AR@4"], labels=RANKRAG_SYSTEMS,
-                          bold=["AR@1", "AR@4"], vs_baseline="AR@4", command=RANKRAG_COMMAND.format("squad_rankrag"),
+                          bold=["AR@1", "AR@4"], vs_baseline="AR@4", command=EVAL_COMMAND.format("squad_rankrag"),
                           after=rankrag_statement("AR@4", training=True)),
     "rankrag-scifact": dict(name="scifact_rankrag", metrics=["ndcg@10", "recall@10"], labels=RANKRAG_SYSTEMS,
-                            bold=["ndcg@10"], vs_baseline="ndcg@10", command=RANKRAG_COMMAND.format("scifact_rankrag"),
+                            bold=["ndcg@10"], vs_baseline="ndcg@10", command=EVAL_COMMAND.format("scifact_rankrag"),
                             after=rankrag_statement("ndcg@10")),
     "compression-squad": dict(name="squad_compression", metrics=["AR@5", "words@5"], vs_baseline="AR@5", labels={
         "bm25": "BM25 top-5 paragraphs (before)", "embedding": "compressed, embedding (MiniLM cosine)",
