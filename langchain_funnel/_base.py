@@ -23,7 +23,7 @@ from funnel_core.funnel import WarmUpMixin
 from funnel_core.settings import StageAdapter, check_accepted, check_kwargs, check_search_kwargs
 from funnel_core.units import Unit, funnel_metadata, unit_of
 
-__all__ = ["StageModel", "StageCompressor", "KRetriever", "UnitRetriever", "document_to_unit", "documents_to_units",
+__all__ = ["DEFAULT_K", "StageModel", "StageCompressor", "KRetriever", "UnitRetriever", "document_to_unit", "documents_to_units",
            "units_to_documents", "document_metadata", "checked_documents", "RELEVANCE_SCORE"]
 
 
@@ -169,13 +169,17 @@ class StageCompressor(StageModel, BaseDocumentCompressor, Runnable[dict, list[Do
         return await self._acall_with_config(self._acompress, input, config)
 
 
+#: ``k`` of this package's retrievers when none is given (LangChain's vector store default).
+DEFAULT_K = 4
+
+
 class KRetriever(WarmUpMixin, BaseRetriever):
     """A LangChain retriever with ``k`` in the constructor and per call (``invoke(q, k=3)``;
     ``k=0`` is an error). A keyword it does not take raises ``TypeError`` naming the accepted
     ones, in the constructor and per call (:attr:`_call_kwargs`)."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
-    k: Optional[int] = Field(default=4, description="Number of documents to return.")
+    k: Optional[int] = Field(default=DEFAULT_K, description="Number of documents to return.")
 
     def __init__(self, **data: Any) -> None:
         check_accepted(type(self), data)  # a typo raises, naming the accepted fields

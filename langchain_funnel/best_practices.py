@@ -25,7 +25,14 @@ from funnel_core.best_practices.hyde import HyDE, HyDERetrieve
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.settings import check_kwargs, checked_keywords
-from langchain_funnel._base import RELEVANCE_SCORE, KRetriever, StageCompressor, documents_to_units, units_to_documents
+from langchain_funnel._base import (
+    DEFAULT_K,
+    RELEVANCE_SCORE,
+    KRetriever,
+    StageCompressor,
+    documents_to_units,
+    units_to_documents,
+)
 from langchain_funnel.dense import DenseRetriever
 from langchain_funnel.llm import as_provider
 from langchain_funnel.rerank import TransformerBase
@@ -113,7 +120,7 @@ class HyDERetriever(KRetriever):
 
     @classmethod
     def from_llm(cls, llm: Any, *, vectorstore: Optional[VectorStore] = None, index: Any = None,
-                 k: int = 4, **settings: Any) -> "HyDERetriever":
+                 k: int = DEFAULT_K, **settings: Any) -> "HyDERetriever":
         """``HyDE(llm, **settings)`` over ``vectorstore`` or ``index``; ``llm`` is a LangChain
         model, a funnel_core LLM or a causal-LM folder."""
         hyde = HyDE.of(f"{cls.__name__}.from_llm", llm, settings, as_provider, ("vectorstore", "index", "k"))

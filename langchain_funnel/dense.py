@@ -8,6 +8,7 @@ from langchain_core.documents import Document
 
 from funnel_core.backends.milvus import MilvusBackend, MilvusDenseIndex, as_backend, build_dense
 from funnel_core.embeddings import DenseIndex
+from langchain_funnel._base import DEFAULT_K
 from langchain_funnel.retrievers import IndexRetriever, units_from_documents
 
 __all__ = ["DenseRetriever"]
@@ -23,7 +24,7 @@ class DenseRetriever(IndexRetriever):
 
     @classmethod
     def from_documents(cls, documents: Iterable[Document], embedder: Any = None,
-                       backend: Union[MilvusBackend, str, None] = None, k: int = 4,
+                       backend: Union[MilvusBackend, str, None] = None, k: int = DEFAULT_K,
                        filter: Any = None, **index_config: Any) -> "DenseRetriever":
         """Embed ``documents`` (``embedder``: a :class:`~funnel_core.embeddings.SentenceEmbedder`,
         default the packaged MiniLM) into memory or Milvus; ``index_config`` goes to the index."""

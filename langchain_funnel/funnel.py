@@ -30,6 +30,7 @@ from funnel_core.funnel import as_stage as core_as_stage
 from funnel_core.settings import checked_keywords
 from funnel_core.units import Trace, Unit, adopted, foreign_output, scored_by, settled
 from langchain_funnel._base import (
+    DEFAULT_K,
     StageCompressor,
     UnitRetriever,
     documents_to_units,
@@ -278,7 +279,7 @@ class FunnelRetriever(UnitRetriever):
 
     @classmethod
     @checked_keywords
-    def from_stages(cls, *stages: Any, k: Optional[int] = 4) -> "FunnelRetriever":
+    def from_stages(cls, *stages: Any, k: Optional[int] = DEFAULT_K) -> "FunnelRetriever":
         one = len(stages) == 1 and isinstance(stages[0], Funnel)
         return cls(funnel=stages[0] if one else build_funnel(stages), k=k)
 

@@ -25,9 +25,15 @@ from funnel_core.bm25 import BM25Index
 from funnel_core.errors import check_positive_int
 from funnel_core.filters import MetadataFilter
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
+from funnel_core.funnelrag.fields import (
+    CLUSTERED_DEFAULTS,
+    ClusteredRetrieverFields,
+    check_clustered_setting,
+    clustered_search,
+)
 from funnel_core.settings import check_kwargs
 from funnel_core.units import FUNNEL_PREFIX, Unit, check_unique_ids, units_from_texts
-from langchain_funnel._base import UnitRetriever, checked_documents
+from langchain_funnel._base import DEFAULT_K, UnitRetriever, checked_documents
 from langchain_funnel.milvus import push_down, search_filter
 
 Backend = Union[MilvusBackend, str, None]
@@ -106,14 +112,14 @@ class BM25Retriever(_BM25Base):
 
     @classmethod
     def from_texts(cls, texts: Iterable[str], metadatas: Optional[Sequence[dict]] = None,
-                   ids: Optional[Sequence[str]] = None, k: int = 4, backend: Backend = None,
+                   ids: Optional[Sequence[str]] = None, k: int = DEFAULT_K, backend: Backend = None,
                    filter: Any = None, **bm25_config: Any) -> "BM25Retriever":
         """Index ``texts``; ``bm25_config`` goes to the index, ``k`` and ``filter`` to the retriever."""
         units = units_from_texts(texts, ids, metadatas, "passage")
         return cls._built(units, backend, bm25_config, k=k, filter=filter)
 
     @classmethod
-    def from_documents(cls, documents: Iterable[Document], k: int = 4, backend: Backend = None,
+    def from_documents(cls, documents: Iterable[Document], k: int = DEFAULT_K, backend: Backend = None,
                        filter: Any = None, **bm25_config: Any) -> "BM25Retriever":
         """Index ``documents``; the settings as in :meth:`from_texts`."""
         units = units_from_documents(documents, "passage")
@@ -125,50 +131,41 @@ class BM25Retriever(_BM25Base):
         return cls._reopen(backend, lambda b: b.bm25().open(), settings)
 
 
-class ClusteredBM25Retriever(_BM25Base):
+class ClusteredBM25Retriever(ClusteredRetrieverFields, _BM25Base):
     """FunnelRAG's retrieval stage: BM25 over document clusters
     (:class:`~funnel_core.funnelrag.clustered_index.ClusteredBM25Index`), opened into their
-    documents (``k`` caps them; with ``return_clusters=True``, the clusters)."""
+    documents (``k`` caps them; with ``return_clusters=True``, the clusters; both settings:
+    :class:`~funnel_core.funnelrag.fields.ClusteredRetrieverFields`)."""
 
     _index_cls = ClusteredBM25Index
     _settings = ("k", "k_clusters", "return_clusters", "filter")
     index: Union[ClusteredBM25Index, MilvusClusteredBM25Index]
     filter: Any = Field(default=None, description="Metadata filter on documents, a floor: a per-call filter is ANDed with it.")
-    k_clusters: int = Field(default=10, description="Clusters retrieved by BM25 and opened into "
-                                                    "their documents.")
-    return_clusters: bool = Field(default=False, description="Return the clusters themselves "
-                                                             "instead of their documents.")
-
-    def model_post_init(self, __context: Any) -> None:
-        super().model_post_init(__context)
-        check_positive_int(self.k_clusters, "k_clusters")
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "k_clusters":
-            check_positive_int(value, "k_clusters")
-        super().__setattr__(name, value)
 
     @classmethod
     def from_texts(cls, texts: Iterable[str], metadatas: Optional[Sequence[dict]] = None,
-                   ids: Optional[Sequence[str]] = None, k: int = 4, backend: Backend = None,
-                   filter: Any = None, k_clusters: int = 10, return_clusters: bool = False,
-                   **index_settings: Any) -> "ClusteredBM25Retriever":
+                   ids: Optional[Sequence[str]] = None, k: int = DEFAULT_K, backend: Backend = None,
+                   filter: Any = None, **settings: Any) -> "ClusteredBM25Retriever":
         """Cluster the texts (by metadata ``funnel_links`` when present, else BM25 kNN) and index
-        them; ``index_settings`` go to the index (``max_tokens``, ``knn_k``, BM25 settings, ...)."""
-        check_positive_int(k_clusters, "k_clusters")
-        return cls._built(units_from_texts(texts, ids, metadatas, "document"), backend,
-                          index_settings, k=k, filter=filter, k_clusters=k_clusters,
-                          return_clusters=return_clusters)
+        them; ``settings``: ``k_clusters`` and ``return_clusters``, the rest go to the index
+        (``max_tokens``, ``knn_k``, BM25 settings, ...)."""
+        return cls._clustered(units_from_texts(texts, ids, metadatas, "document"), backend, settings,
+                              k=k, filter=filter)
 
     @classmethod
-    def from_documents(cls, documents: Iterable[Document], k: int = 4, backend: Backend = None,
-                       filter: Any = None, k_clusters: int = 10, return_clusters: bool = False,
-                       **index_settings: Any) -> "ClusteredBM25Retriever":
+    def from_documents(cls, documents: Iterable[Document], k: int = DEFAULT_K, backend: Backend = None,
+                       filter: Any = None, **settings: Any) -> "ClusteredBM25Retriever":
         """Cluster and index ``documents``; the settings as in :meth:`from_texts`."""
-        check_positive_int(k_clusters, "k_clusters")
-        return cls._built(units_from_documents(documents, "document"), backend, index_settings,
-                          k=k, filter=filter, k_clusters=k_clusters,
-                          return_clusters=return_clusters)
+        return cls._clustered(units_from_documents(documents, "document"), backend, settings,
+                              k=k, filter=filter)
+
+    @classmethod
+    def _clustered(cls, units: list[Unit], backend: Backend, settings: dict[str, Any],
+                   **fields: Any) -> "ClusteredBM25Retriever":
+        """Built with the retriever's fields taken out of ``settings`` and checked first."""
+        fields.update({n: check_clustered_setting(n, settings.pop(n)) for n in CLUSTERED_DEFAULTS
+                       if n in settings})
+        return cls._built(units, backend, settings, **fields)
 
     @classmethod
     def from_backend(cls, backend: Union[MilvusBackend, str],
@@ -179,10 +176,8 @@ class ClusteredBM25Retriever(_BM25Base):
     def _search(self, query: str, k: int, filter: MetadataFilter = None,
                 k_clusters: Optional[int] = None) -> list[Unit]:
         n = self.k_clusters if k_clusters is None else check_positive_int(k_clusters, "k_clusters")
-        n_clusters = min(n, k) if self.return_clusters else n  # clusters returned: k caps them
         flt = search_filter(self.index, self.filter, filter)
-        return self.index.search(query, k=n_clusters, filter=flt,
-                                 return_clusters=self.return_clusters, max_documents=k)
+        return clustered_search(self.index, query, k, n, self.return_clusters, flt)
 
 
 def _saved_filter(index: Any, flt: Any) -> Any:

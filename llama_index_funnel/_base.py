@@ -36,7 +36,10 @@ from funnel_core.units import Unit, funnel_metadata, unit_of
 
 dispatcher = get_dispatcher(__name__)
 
-__all__ = ["StagePostprocessor", "UnitRetriever", "PromptlessTransform", "node_to_unit", "nodes_to_units",
+#: ``similarity_top_k`` of this package's retrievers when none is given.
+TOP_K = 10
+
+__all__ = ["TOP_K", "StagePostprocessor", "UnitRetriever", "PromptlessTransform", "node_to_unit", "nodes_to_units",
            "units_to_nodes", "annotate_node", "hide_keys", "Handoff", "handing"]
 
 

@@ -25,7 +25,7 @@ from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import WarmUpMixin
 from funnel_core.settings import check_accepted, check_kwargs, checked_keywords, keyword_names
-from llama_index_funnel._base import PromptlessTransform, StagePostprocessor, nodes_to_units, units_to_nodes
+from llama_index_funnel._base import TOP_K, PromptlessTransform, StagePostprocessor, nodes_to_units, units_to_nodes
 from llama_index_funnel.dense import DenseRetriever
 from llama_index_funnel.llm import as_provider
 from llama_index_funnel.retrievers import BM25Retriever
@@ -92,7 +92,7 @@ class HybridRetriever(WarmUpMixin, BaseRetriever):
 
     @checked_keywords
     def __init__(self, sparse_retriever: BaseRetriever, dense_retriever: BaseRetriever, *,
-                 similarity_top_k: Optional[int] = 10,
+                 similarity_top_k: Optional[int] = TOP_K,
                  callback_manager: Optional[CallbackManager] = None, verbose: bool = False,
                  alpha: float = _FUSION["alpha"], method: str = _FUSION["method"],
                  normalization: str = _FUSION["normalization"], rrf_k: int = _FUSION["rrf_k"]) -> None:

@@ -14,6 +14,7 @@ from funnel_core.embeddings import DenseIndex
 from funnel_core.errors import check_query
 from funnel_core.settings import checked_keywords
 from funnel_core.units import Unit
+from llama_index_funnel._base import TOP_K
 from llama_index_funnel.milvus import search_filter
 from llama_index_funnel.retrievers import IndexRetriever, nodes_from
 
@@ -33,7 +34,7 @@ class DenseRetriever(IndexRetriever):
 
     @checked_keywords
     def __init__(self, index: Union[DenseIndex, Any], nodes: Optional[Sequence[BaseNode]] = None,
-                 similarity_top_k: int = 10, filters: Any = None,
+                 similarity_top_k: int = TOP_K, filters: Any = None,
                  callback_manager: Optional[CallbackManager] = None, verbose: bool = False) -> None:
         if not isinstance(index, (DenseIndex, MilvusDenseIndex)):
             raise TypeError(f"index must be a MilvusDenseIndex or a DenseIndex, got {type(index).__name__}.")
@@ -41,7 +42,7 @@ class DenseRetriever(IndexRetriever):
 
     @classmethod
     def from_defaults(cls, nodes: Sequence[BaseNode], embedder: Any = None,
-                      backend: Union[MilvusBackend, str, None] = None, similarity_top_k: int = 10,
+                      backend: Union[MilvusBackend, str, None] = None, similarity_top_k: int = TOP_K,
                       filters: Any = None, **index_config: Any) -> "DenseRetriever":
         """Embed ``nodes`` (``embedder``: a :class:`~funnel_core.embeddings.SentenceEmbedder`,
         default the packaged all-MiniLM-L6-v2) into Milvus (``backend=``) or memory."""
@@ -53,7 +54,7 @@ class DenseRetriever(IndexRetriever):
     @classmethod
     @checked_keywords
     def from_backend(cls, backend: Union[MilvusBackend, str], embedder: Any = None,
-                     similarity_top_k: int = 10, filters: Any = None) -> "DenseRetriever":
+                     similarity_top_k: int = TOP_K, filters: Any = None) -> "DenseRetriever":
         """Re-open a dense collection built before (no re-embedding); pass the ``embedder`` it
         was built with (default: the packaged all-MiniLM-L6-v2)."""
         b = require_backend(backend, f"{cls.__name__}.from_backend")

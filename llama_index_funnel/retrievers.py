@@ -22,9 +22,10 @@ from funnel_core.backends.persist import load_retriever, retriever_settings, sav
 from funnel_core.bm25 import BM25Index
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
+from funnel_core.funnelrag.fields import CLUSTERED_DEFAULTS, check_clustered_setting, clustered_search
 from funnel_core.settings import checked_keywords
 from funnel_core.units import Unit
-from llama_index_funnel._base import UnitRetriever
+from llama_index_funnel._base import TOP_K, UnitRetriever
 from llama_index_funnel.milvus import is_milvus, restore_nodes, search_filter, with_shells
 
 __all__ = ["BM25Retriever", "ClusteredBM25Retriever"]
@@ -166,14 +167,14 @@ class BM25Retriever(_PersistedRetriever):
     _settings = ("similarity_top_k", "filters")
 
     @checked_keywords
-    def __init__(self, index: Any, nodes: Sequence[BaseNode], similarity_top_k: int = 10,
+    def __init__(self, index: Any, nodes: Sequence[BaseNode], similarity_top_k: int = TOP_K,
                  filters: Filter = None, callback_manager: Optional[CallbackManager] = None,
                  verbose: bool = False) -> None:
         super().__init__(index, nodes, similarity_top_k, filters, callback_manager, verbose)
 
     @classmethod
     def from_defaults(cls, nodes: Optional[Sequence[BaseNode]] = None,
-                      docstore: Optional[BaseDocumentStore] = None, similarity_top_k: int = 10,
+                      docstore: Optional[BaseDocumentStore] = None, similarity_top_k: int = TOP_K,
                       filters: Filter = None, backend: Backend = None,
                       **bm25_config: Any) -> "BM25Retriever":
         """Build from nodes or a docstore; ``bm25_config`` goes to :class:`BM25Index`
@@ -184,7 +185,7 @@ class BM25Retriever(_PersistedRetriever):
 
     @classmethod
     @checked_keywords
-    def from_backend(cls, backend: Union[MilvusBackend, str], similarity_top_k: int = 10,
+    def from_backend(cls, backend: Union[MilvusBackend, str], similarity_top_k: int = TOP_K,
                      filters: Filter = None) -> "BM25Retriever":
         """Re-open a BM25 collection built before (no re-indexing; its tokenizer settings are
         read from Milvus); results are ``TextNode``s rebuilt from the collection."""
@@ -202,8 +203,9 @@ class ClusteredBM25Retriever(_PersistedRetriever):
 
     The top ``k_clusters`` clusters are opened into their member nodes, at most
     ``similarity_top_k`` returned; with ``return_clusters=True`` the clusters themselves, as new
-    ``TextNode``s. With ``annotate=True``, ``funnel_cluster_...`` metadata keys. The other
-    arguments are :class:`BM25Retriever`'s.
+    ``TextNode``s (both settings: :class:`~funnel_core.funnelrag.fields.ClusteredRetrieverFields`).
+    With ``annotate=True``, ``funnel_cluster_...`` metadata keys. The other arguments are
+    :class:`BM25Retriever`'s.
     """
 
     _index_cls = ClusteredBM25Index
@@ -211,42 +213,35 @@ class ClusteredBM25Retriever(_PersistedRetriever):
     _settings = ("similarity_top_k", "k_clusters", "return_clusters", "filters")
 
     @checked_keywords
-    def __init__(self, index: Any, nodes: Sequence[BaseNode], similarity_top_k: int = 10,
+    def __init__(self, index: Any, nodes: Sequence[BaseNode], similarity_top_k: int = TOP_K,
                  filters: Filter = None, callback_manager: Optional[CallbackManager] = None,
-                 verbose: bool = False, *, k_clusters: int = 10,
-                 return_clusters: bool = False) -> None:
+                 verbose: bool = False, *, k_clusters: int = CLUSTERED_DEFAULTS["k_clusters"],
+                 return_clusters: bool = CLUSTERED_DEFAULTS["return_clusters"]) -> None:
         self.k_clusters, self.return_clusters = k_clusters, return_clusters
         super().__init__(index, nodes, similarity_top_k, filters, callback_manager, verbose)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name == "k_clusters":
-            check_positive_int(value, "k_clusters")
-        elif name == "return_clusters" and not isinstance(value, bool):
-            raise TypeError(f"return_clusters must be a bool, got {value!r}.")
-        super().__setattr__(name, value)
+        super().__setattr__(name, check_clustered_setting(name, value))
 
     @classmethod
     def from_defaults(cls, nodes: Optional[Sequence[BaseNode]] = None,
-                      docstore: Optional[BaseDocumentStore] = None, similarity_top_k: int = 10,
-                      filters: Filter = None, backend: Backend = None, *, k_clusters: int = 10,
-                      return_clusters: bool = False,
-                      **index_settings: Any) -> "ClusteredBM25Retriever":
+                      docstore: Optional[BaseDocumentStore] = None, similarity_top_k: int = TOP_K,
+                      filters: Filter = None, backend: Backend = None,
+                      **settings: Any) -> "ClusteredBM25Retriever":
         """Cluster the nodes (Algorithm 1) and index the clusters, in memory or in Milvus with
-        ``backend=``; ``index_settings``: those of
+        ``backend=``; ``settings``: ``k_clusters`` and ``return_clusters``, the rest go to
         :class:`~funnel_core.funnelrag.clustered_index.ClusteredBM25Index`."""
         nodes = nodes_from(nodes, docstore)
+        ours = {n: check_clustered_setting(n, settings.pop(n)) for n in CLUSTERED_DEFAULTS if n in settings}
         check_positive_int(similarity_top_k, "similarity_top_k")
-        check_positive_int(k_clusters, "k_clusters")
-        index = cls._build(build_bm25(cls.__name__, backend, index_settings, clustered=True),
-                           nodes, "document")
-        return cls(index, nodes, similarity_top_k=similarity_top_k, filters=filters,
-                   k_clusters=k_clusters, return_clusters=return_clusters)
+        index = cls._build(build_bm25(cls.__name__, backend, settings, clustered=True), nodes, "document")
+        return cls(index, nodes, similarity_top_k=similarity_top_k, filters=filters, **ours)
 
     @classmethod
     @checked_keywords
-    def from_backend(cls, backend: Union[MilvusBackend, str], similarity_top_k: int = 10,
-                     filters: Filter = None, *, k_clusters: int = 10,
-                     return_clusters: bool = False) -> "ClusteredBM25Retriever":
+    def from_backend(cls, backend: Union[MilvusBackend, str], similarity_top_k: int = TOP_K,
+                     filters: Filter = None, *, k_clusters: int = CLUSTERED_DEFAULTS["k_clusters"],
+                     return_clusters: bool = CLUSTERED_DEFAULTS["return_clusters"]) -> "ClusteredBM25Retriever":
         """Re-open a clustered collection built before (no re-clustering, no re-indexing);
         results are ``TextNode``s rebuilt from the collection."""
         index = require_backend(backend, f"{cls.__name__}.from_backend").clustered().open()
@@ -255,9 +250,6 @@ class ClusteredBM25Retriever(_PersistedRetriever):
 
     def _search(self, query: str, filters: Filter = None, k: Optional[int] = None,
                 k_clusters: Optional[int] = None) -> list[Unit]:
-        k = self._k(k)
         n = self.k_clusters if k_clusters is None else check_positive_int(k_clusters, "k_clusters")
-        n_clusters = min(n, k) if self.return_clusters else n  # clusters returned: k caps them
         flt = search_filter(self.index, self.filters, filters)
-        return self._restore(self.index.search(query, k=n_clusters, filter=flt,
-                                               return_clusters=self.return_clusters, max_documents=k))
+        return self._restore(clustered_search(self.index, query, self._k(k), n, self.return_clusters, flt))

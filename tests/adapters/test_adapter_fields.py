@@ -125,3 +125,61 @@ def test_both_hybrid_retrievers_take_the_fusion_settings_from_one_declaration(se
         "langchain_funnel.HybridRetriever declares it again"
     assert lc.HybridRetriever.model_fields[setting].default == stage_default
     assert inspect.signature(li.HybridRetriever.__init__).parameters[setting].default == stage_default
+
+
+#: ClusteredRetrieverFields' field -> the setting of the same meaning of the core stage.
+CLUSTERED_STAGE_NAMES = {"k_clusters": "k", "return_clusters": "return_clusters"}
+
+
+@pytest.mark.parametrize("field", sorted(CLUSTERED_STAGE_NAMES))
+def test_both_clustered_retrievers_take_their_settings_from_one_declaration(field):
+    """k_clusters and return_clusters are declared once (ClusteredRetrieverFields) with the core
+    stage's defaults: LangChain's retriever inherits the field, LlamaIndex's constructor and
+    factories take its default; neither declares it again."""
+    from funnel_core.funnelrag.clustered_index import ClusteredBM25Retrieve
+    from funnel_core.funnelrag.fields import CLUSTERED_DEFAULTS, ClusteredRetrieverFields
+
+    stage_default = inspect.signature(ClusteredBM25Retrieve.__init__).parameters[CLUSTERED_STAGE_NAMES[field]].default
+    assert ClusteredRetrieverFields.model_fields[field].default == stage_default == CLUSTERED_DEFAULTS[field]
+    assert field not in lc.ClusteredBM25Retriever.__dict__.get("__annotations__", {}), \
+        "langchain_funnel.ClusteredBM25Retriever declares it again"
+    assert lc.ClusteredBM25Retriever.model_fields[field].default == stage_default
+    for method in (li.ClusteredBM25Retriever.__init__, li.ClusteredBM25Retriever.from_backend):
+        assert inspect.signature(method).parameters[field].default == stage_default
+
+
+@pytest.mark.parametrize("edit,error", [({"k_clusters": 0}, ValueError), ({"return_clusters": "yes"}, TypeError)])
+def test_both_clustered_retrievers_refuse_a_bad_setting_when_built_and_when_edited(edit, error):
+    texts = ["the cat sat on the mat", "dogs chase cats", "a bird sang"]
+    nodes = [li_node(t, i) for i, t in enumerate(texts)]
+    built = [li.ClusteredBM25Retriever.from_defaults(nodes=nodes, max_tokens=8),
+             lc.ClusteredBM25Retriever.from_texts(texts, max_tokens=8)]
+    (name, value), = edit.items()
+    for retriever in built:
+        with pytest.raises(error, match=name):
+            setattr(retriever, name, value)
+        assert getattr(retriever, name) == inspect.signature(li.ClusteredBM25Retriever.__init__).parameters[name].default
+    with pytest.raises(error, match=name):
+        li.ClusteredBM25Retriever.from_defaults(nodes=nodes, max_tokens=8, **edit)
+    with pytest.raises(error, match=name):
+        lc.ClusteredBM25Retriever.from_texts(texts, max_tokens=8, **edit)
+
+
+def li_node(text, i):
+    from llama_index.core.schema import TextNode
+
+    return TextNode(id_=f"n{i}", text=text)
+
+
+def test_the_number_returned_is_written_once_per_framework():
+    """LangChain's retrievers default to k = DEFAULT_K, LlamaIndex's to similarity_top_k = TOP_K."""
+    from langchain_funnel._base import DEFAULT_K
+    from llama_index_funnel._base import TOP_K
+
+    assert lc.BM25Retriever.model_fields["k"].default == DEFAULT_K
+    for factory in (lc.BM25Retriever.from_texts, lc.ClusteredBM25Retriever.from_documents,
+                    lc.DenseRetriever.from_documents, lc.FunnelRetriever.from_stages):
+        assert inspect.signature(factory).parameters["k"].default == DEFAULT_K, factory
+    for factory in (li.BM25Retriever.__init__, li.ClusteredBM25Retriever.from_defaults,
+                    li.DenseRetriever.from_backend, li.HybridRetriever.__init__):
+        assert inspect.signature(factory).parameters["similarity_top_k"].default == TOP_K, factory
