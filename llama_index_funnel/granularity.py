@@ -186,6 +186,10 @@ class GraphGranularityNodeParser(GraphGranularityFields, _StageNodeParser):
         return out
 
 
+#: The defaults of :class:`~funnel_core.granularity.fields.MixOfGranularityFields`.
+_MOG: dict[str, Any] = {n: f.default for n, f in MixOfGranularityFields.model_fields.items()}
+
+
 class MixOfGranularityRetriever(UnitRetriever):
     """MoG / MoGG retrieval over *all* the nodes of either granularity parser (``nodes``),
     returning ``similarity_top_k``. Settings: see
@@ -195,8 +199,9 @@ class MixOfGranularityRetriever(UnitRetriever):
 
     @checked_keywords
     def __init__(self, nodes: Sequence[BaseNode], router: Optional[GranularityRouter] = None, *,
-                 similarity_top_k: int = 1, k_r: int = 3, normalize: str = "none",
-                 level_margin: float = 0.0, n_gra: int = 5, bm25: Optional[dict] = None,
+                 similarity_top_k: int = 1, k_r: int = _MOG["k_r"], normalize: str = _MOG["normalize"],
+                 level_margin: float = _MOG["level_margin"], n_gra: int = _MOG["n_gra"],
+                 bm25: Optional[dict] = _MOG["bm25"],
                  callback_manager: Optional[CallbackManager] = None,
                  verbose: bool = False) -> None:
         nodes = list(nodes)

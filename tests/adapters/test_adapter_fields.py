@@ -183,3 +183,16 @@ def test_the_number_returned_is_written_once_per_framework():
     for factory in (li.BM25Retriever.__init__, li.ClusteredBM25Retriever.from_defaults,
                     li.DenseRetriever.from_backend, li.HybridRetriever.__init__):
         assert inspect.signature(factory).parameters["similarity_top_k"].default == TOP_K, factory
+
+
+def test_llamaindex_mog_retriever_takes_every_default_from_the_shared_fields():
+    """LlamaIndex's MixOfGranularityRetriever is a plain class: each keyword it shares with
+    MixOfGranularityFields (which LangChain's inherits) has the field's default."""
+    from funnel_core.granularity.fields import MixOfGranularityFields
+
+    params = inspect.signature(li.MixOfGranularityRetriever.__init__).parameters
+    shared = [n for n in MixOfGranularityFields.model_fields if n in params]
+    assert set(shared) >= {"k_r", "normalize", "level_margin", "n_gra", "bm25", "router"}
+    for name in shared:
+        assert params[name].default == MixOfGranularityFields.model_fields[name].default, name
+        assert name not in lc.MixOfGranularityRetriever.__dict__.get("__annotations__", {}), name
