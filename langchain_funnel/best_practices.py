@@ -19,7 +19,7 @@ from langchain_core.vectorstores import InMemoryVectorStore, VectorStore, Vector
 
 from funnel_core.backends.milvus import hybrid_backends
 from funnel_core.best_practices.classify import QueryClassifier
-from funnel_core.best_practices.fields import ExtractiveCompressorFields, FusionFields, RepackFields
+from funnel_core.best_practices.fields import HYBRID_CANDIDATES, ExtractiveCompressorFields, FusionFields, RepackFields
 from funnel_core.best_practices.fusion import fuse, same_identity
 from funnel_core.best_practices.hyde import HyDE, HyDERetrieve
 from funnel_core.embeddings import SentenceEmbedder
@@ -282,7 +282,7 @@ class HybridRetriever(FusionFields, KRetriever):
     # -- built on one backend (in memory or Milvus); see langchain_funnel.milvus ---------------
     @classmethod
     def from_documents(cls, documents: Sequence[Document], *, backend: Any = None,
-                       embedder: Any = None, candidates: int = 20,
+                       embedder: Any = None, candidates: int = HYBRID_CANDIDATES,
                        dense_config: Optional[dict] = None, bm25_config: Optional[dict] = None,
                        **fusion: Any) -> "HybridRetriever":
         """Our BM25 and dense retrievers over ``documents`` (``candidates`` each), fused;
@@ -293,7 +293,7 @@ class HybridRetriever(FusionFields, KRetriever):
         return cls(sparse=sparse, dense=dense, **fusion)
 
     @classmethod
-    def from_backend(cls, backend: Any, *, embedder: Any = None, candidates: int = 20,
+    def from_backend(cls, backend: Any, *, embedder: Any = None, candidates: int = HYBRID_CANDIDATES,
                      **fusion: Any) -> "HybridRetriever":
         """Re-open both sides built by :meth:`from_documents` on Milvus (no re-indexing)."""
         check_kwargs(f"{cls.__name__}.from_backend", fusion, _fusion_names(cls))  # before opening
@@ -340,7 +340,7 @@ def query_classifier_branch(classifier: QueryClassifier, retrieval_chain: Runnab
 
 
 def hybrid_sides(documents: Optional[Iterable[Document]], backend: Any, embedder: Any = None,
-                 candidates: int = 20, dense_config: Optional[dict] = None,
+                 candidates: int = HYBRID_CANDIDATES, dense_config: Optional[dict] = None,
                  **bm25_config: Any) -> tuple[Any, DenseRetriever]:
     """The BM25 and dense sides of a hybrid retriever on one backend, built from ``documents``
     or re-opened (``None``; :func:`funnel_core.backends.milvus.hybrid_backends`)."""

@@ -18,7 +18,13 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from funnel_core.backends.milvus import hybrid_backends
 from funnel_core.best_practices.classify import QueryClassifier
-from funnel_core.best_practices.fields import FUSION_SETTINGS, ExtractiveCompressorFields, FusionFields, RepackFields
+from funnel_core.best_practices.fields import (
+    FUSION_SETTINGS,
+    HYBRID_CANDIDATES,
+    ExtractiveCompressorFields,
+    FusionFields,
+    RepackFields,
+)
 from funnel_core.best_practices.fusion import check_fusion_config, fuse
 from funnel_core.best_practices.hyde import HyDE
 from funnel_core.embeddings import SentenceEmbedder
@@ -135,7 +141,7 @@ class HybridRetriever(WarmUpMixin, BaseRetriever):
     # -- built on one backend (in memory or Milvus, see hybrid_backends) ----------------------
     @classmethod
     def from_defaults(cls, nodes: Any, *, backend: Any = None, embedder: Any = None,
-                      candidates: int = 20, dense_config: Optional[dict] = None,
+                      candidates: int = HYBRID_CANDIDATES, dense_config: Optional[dict] = None,
                       bm25_config: Optional[dict] = None, **fusion: Any) -> "HybridRetriever":
         """Our BM25 and dense retrievers over ``nodes`` (``candidates`` each), fused;
         ``backend=MilvusBackend(...)`` (or a URI) keeps both in Milvus. ``fusion``: ``alpha``,
@@ -148,7 +154,7 @@ class HybridRetriever(WarmUpMixin, BaseRetriever):
                                                 **(dense_config or {})), **fusion)
 
     @classmethod
-    def from_backend(cls, backend: Any, *, embedder: Any = None, candidates: int = 20,
+    def from_backend(cls, backend: Any, *, embedder: Any = None, candidates: int = HYBRID_CANDIDATES,
                      **fusion: Any) -> "HybridRetriever":
         """Re-open both sides built by :meth:`from_defaults` on Milvus (no re-indexing)."""
         check_kwargs(f"{cls.__name__}.from_backend", fusion, _fusion_names(cls))  # before opening

@@ -18,11 +18,13 @@ from funnel_core.best_practices.compress import ExtractiveCompressor
 from funnel_core.best_practices.fusion import check_fusion_config
 from funnel_core.best_practices.repack import Repack
 
-__all__ = ["RepackFields", "ExtractiveCompressorFields", "FusionFields", "FUSION_SETTINGS"]
+__all__ = ["RepackFields", "ExtractiveCompressorFields", "FusionFields", "FUSION_SETTINGS", "HYBRID_CANDIDATES"]
 
 #: The fusion settings of :class:`~funnel_core.best_practices.fusion.HybridRetrieve` that both
 #: frameworks' ``HybridRetriever`` offer (their sides are framework retrievers, not stages).
 FUSION_SETTINGS = ("alpha", "method", "normalization", "rrf_k")
+#: Units each side fetches in the ``HybridRetriever`` factories that build both sides.
+HYBRID_CANDIDATES = 20
 
 
 class FusionFields(BaseModel):

@@ -172,7 +172,9 @@ def li_node(text, i):
 
 
 def test_the_number_returned_is_written_once_per_framework():
-    """LangChain's retrievers default to k = DEFAULT_K, LlamaIndex's to similarity_top_k = TOP_K."""
+    """LangChain's retrievers default to k = DEFAULT_K, LlamaIndex's to similarity_top_k = TOP_K;
+    both hybrid factories fetch HYBRID_CANDIDATES a side."""
+    from funnel_core.best_practices.fields import HYBRID_CANDIDATES
     from langchain_funnel._base import DEFAULT_K
     from llama_index_funnel._base import TOP_K
 
@@ -183,6 +185,9 @@ def test_the_number_returned_is_written_once_per_framework():
     for factory in (li.BM25Retriever.__init__, li.ClusteredBM25Retriever.from_defaults,
                     li.DenseRetriever.from_backend, li.HybridRetriever.__init__):
         assert inspect.signature(factory).parameters["similarity_top_k"].default == TOP_K, factory
+    for factory in (lc.HybridRetriever.from_documents, lc.HybridRetriever.from_backend,
+                    li.HybridRetriever.from_defaults, li.HybridRetriever.from_backend):
+        assert inspect.signature(factory).parameters["candidates"].default == HYBRID_CANDIDATES, factory
 
 
 def test_llamaindex_mog_retriever_takes_every_default_from_the_shared_fields():
