@@ -25,15 +25,25 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import math
 import string
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
 
 from funnel_core import counters
 from funnel_core.errors import FunnelError, check_positive_int, check_probability
 from funnel_core.hardware import normalize_dtype, resolve_dtype
-from funnel_core.models import LazyModel, gguf_model_kwargs, load_pretrained, resolve_device, tokenizer_lock
+from funnel_core.models import (
+    SMOLLM2_GGUF,
+    LazyModel,
+    gguf_model_kwargs,
+    load_pretrained,
+    resolve_device,
+    smollm2_path,
+    tokenizer_lock,
+)
 
 __all__ = ["LLM", "LLMError", "LLMTimeoutError", "TransformersLLM", "as_llm", "logsumexp", "check_prompt_template",
            "sampling_kwargs", "AdapterLLM", "LLM_DESCRIPTION"]
@@ -250,6 +260,22 @@ class LLM(ABC):
         return f"{type(self).__name__}()"
 
 
+def lora_base(path: str) -> tuple[str, str | None] | None:
+    """``(base model, GGUF file)`` of a folder of LoRA adapters (``adapter_config.json``, as
+    ``funnel train`` writes with ``merge = false``): the base it names, ``"smollm2"`` read as the
+    packaged SmolLM2; ``None`` when ``path`` is no such folder."""
+    config = Path(path) / "adapter_config.json"
+    if not config.is_file():
+        return None
+    base = json.loads(config.read_text(encoding="utf-8")).get("base_model_name_or_path")
+    if not base:
+        raise ValueError(f"{str(config)!r} names no base model (base_model_name_or_path); "
+                         "set it to the model the adapters were trained on.")
+    if base == "smollm2":
+        return str(smollm2_path()), SMOLLM2_GGUF
+    return str(base), None
+
+
 class TransformersLLM(LLM):
     """A local causal LM through ``transformers`` (loaded lazily, on first use).
 
@@ -312,17 +338,23 @@ class TransformersLLM(LLM):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         device = resolve_device(self.device)
-        extra = {"gguf_file": self.gguf_file} if self.gguf_file else {}
-        what = "causal LM" + (f" (GGUF file {self.gguf_file!r})" if self.gguf_file else "")
-        tokenizer = load_pretrained(AutoTokenizer.from_pretrained, self.model_name_or_path,
+        base = lora_base(self.model_name_or_path) if self.gguf_file is None else None
+        source, gguf = base or (self.model_name_or_path, self.gguf_file)
+        extra = {"gguf_file": gguf} if gguf else {}
+        what = "causal LM" + (f" (GGUF file {gguf!r})" if gguf else "")
+        tokenizer = load_pretrained(AutoTokenizer.from_pretrained, self.model_name_or_path if base else source,
                                     what=f"tokenizer of the {what}", padding_side="left",
-                                    truncation_side="left", **extra)
+                                    truncation_side="left", **({} if base else extra))
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
         active = resolve_dtype(self.dtype, device)
         loader: Any = AutoModelForCausalLM.from_pretrained  # its decorated type hides the signature
-        model = load_pretrained(loader, self.model_name_or_path, what=what,
-                                dtype=getattr(torch, active), **gguf_model_kwargs(self.gguf_file))
+        model = load_pretrained(loader, source, what=what, dtype=getattr(torch, active),
+                                **gguf_model_kwargs(gguf))
+        if base:  # a LoRA adapter folder: its adapters merged into the base just loaded
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, self.model_name_or_path).merge_and_unload()
         model.to(device).eval()
         model._funnel_dtype = active  # read by active_dtype
         if model.generation_config.pad_token_id is None:

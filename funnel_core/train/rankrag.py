@@ -4,10 +4,10 @@ RankRAG tunes one LLM on a blend of context-ranking data (question + passage -> 
 ``False``) and answer-generation data (question + context -> answer), so that the same model
 both ranks and answers. :func:`rankrag_blend` builds that blend from (question, answers, gold
 passage, hard negatives) records; :func:`train_rankrag` fine-tunes a causal LM on it with LoRA
-(``peft``; the adapters are merged into the weights) or in full, with the loss on the answer tokens
-only, and saves a plain ``save_pretrained`` folder that
-:class:`~funnel_core.llm.TransformersLLM` / :class:`~funnel_core.rerank.rankrag.RankRAGScorer`
-load like any local model.
+(``peft``) or in full, with the loss on the answer tokens only, and saves a plain
+``save_pretrained`` folder (LoRA adapters merged into the weights), or with ``merge=False`` the
+adapters alone, a few MB; :class:`~funnel_core.llm.TransformersLLM` /
+:class:`~funnel_core.rerank.rankrag.RankRAGScorer` load either like any local model.
 
 The prompts are rendered exactly as the scorer renders them at inference: the ranking prompt is a
 ``RankRAGScorer`` prompt template (``{question}``, ``{passage}``), and ``format_prompt`` of the
@@ -157,8 +157,10 @@ def train_rankrag(llm: Any, examples: Sequence[RankRAGExample], output_dir: str 
                   weight_decay: float = 0.0, warmup_ratio: float = 0.05, max_length: int = 384,
                   max_seconds: float | None = None, seed: int = 0,
                   log: Callable[[dict], None] | None = None,
-                  dtype: str = "auto") -> RankRAGTrainResult:
-    """Fine-tune ``llm``'s model on ``examples`` and save a merged ``save_pretrained`` folder.
+                  dtype: str = "auto", merge: bool = True,
+                  base_name: str | None = None) -> RankRAGTrainResult:
+    """Fine-tune ``llm``'s model on ``examples`` and save a merged ``save_pretrained`` folder
+    (or, with ``merge=False``, the LoRA adapters alone).
 
     Args:
         llm: A :class:`~funnel_core.llm.TransformersLLM` (its model, tokenizer, device and
@@ -166,6 +168,11 @@ def train_rankrag(llm: Any, examples: Sequence[RankRAGExample], output_dir: str 
         examples: From :func:`rankrag_blend`.
         output_dir: Where the merged model and tokenizer are saved.
         lora: LoRA adapters (merged before saving) when True, else full fine-tuning.
+        merge: With ``lora``, False saves only the adapters, in float16 (a peft folder: a few MB
+            where the merged model is the whole model's size); :class:`~funnel_core.llm.TransformersLLM`
+            loads such a folder onto its base (:func:`save_adapters`).
+        base_name: The base the adapter folder names (default ``llm.model_name_or_path``);
+            ``"smollm2"`` names the packaged SmolLM2 wherever it is installed.
         lora_r, lora_alpha, lora_dropout, target_modules: LoRA settings (peft).
         epochs, batch_size, learning_rate, weight_decay, warmup_ratio: AdamW with linear warm-up
             and decay over the planned steps.
@@ -190,6 +197,9 @@ def train_rankrag(llm: Any, examples: Sequence[RankRAGExample], output_dir: str 
         raise ValueError("train_rankrag needs at least one RankRAGExample, got none.")
     check_positive_int(batch_size, "batch_size")
     check_positive_int(epochs, "epochs")
+    if lora and not merge and llm.gguf_file and base_name != "smollm2":  # before training, not after
+        raise ValueError(f"merge=False over the GGUF file {llm.gguf_file!r}: an adapter folder can name "
+                         "only the packaged SmolLM2 (base_name='smollm2') as a GGUF base; pass merge=True.")
     from funnel_core.hardware import autocast, resolve_dtype
 
     model, tokenizer, device = llm._model.get()
@@ -258,18 +268,40 @@ def train_rankrag(llm: Any, examples: Sequence[RankRAGExample], output_dir: str 
             break
     seconds = time.perf_counter() - t0
     model.eval()
-    if lora:
-        model = model.merge_and_unload()
-    _forget_gguf_origin(model)
     out_dir = Path(output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir)
+    if lora and not merge:
+        save_adapters(model, out_dir, base_name or llm.model_name_or_path)
+    else:
+        if lora:
+            model = model.merge_and_unload()
+        _forget_gguf_origin(model)
+        model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    config = dict(lora=lora, lora_r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
+    config = dict(lora=lora, merged=lora and merge, lora_r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
                   epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
                   warmup_ratio=warmup_ratio, max_length=max_length, max_seconds=max_seconds,
                   seed=seed, planned_steps=total, dtype=active,
-                  base_weights_dtype=str(next(model.parameters()).dtype).replace("torch.", ""))
+                  base_weights_dtype=str(next(model.parameters()).dtype).replace("torch.", ""),
+                  **({} if merge or not lora else {"base_model": base_name or llm.model_name_or_path}))
     return RankRAGTrainResult(output_dir=str(out_dir), step_losses=losses, steps=steps,
                               seconds=seconds, stopped_early=stopped, examples_seen=seen,
                               config=config)
+
+
+def save_adapters(model: Any, folder: Path, base: str) -> None:
+    """A peft model's LoRA adapters into ``folder`` as peft writes them (``adapter_config.json``
+    naming ``base``, ``adapter_model.safetensors``), in float16 like every kept model."""
+    import torch
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    state = get_peft_model_state_dict(model)
+    for name, tensor in state.items():
+        if not torch.isfinite(tensor).all() or tensor.abs().max() > torch.finfo(torch.float16).max:
+            raise ValueError(f"adapter weight {name!r} cannot be kept as float16 (not finite or too large).")
+    save_file({k: v.detach().to(torch.float16).contiguous() for k, v in state.items()},
+              str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+    config = model.peft_config["default"]
+    config.base_model_name_or_path, config.inference_mode = base, True
+    config.save_pretrained(str(folder))

@@ -310,7 +310,8 @@ class _Context:
 
 #: trainer arguments that [train] or the runner set; [model] may not set them too
 _SET_BY_TRAIN = frozenset({"seed", "device", "dtype", "max_seconds", "progress", "show_progress", "checkpointer",
-                           "log_path", "log", "output_dir", "out_dir", "model", "examples", "groups", "llm"})
+                           "log_path", "log", "output_dir", "out_dir", "model", "examples", "groups", "llm",
+                           "base_name"})
 
 
 def _trainer_kwargs(ctx: _Context, fn: Callable[..., Any], drop: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -627,6 +628,7 @@ def _train_rankrag(ctx: _Context) -> dict[str, Any]:
     examples = rankrag_blend(records, rank_prompt=prompt, seed=ctx.seed, **blend)
     curve: list[float] = []
     result = train_rankrag(llm, examples, ctx.built, seed=ctx.seed, max_seconds=ctx.max_seconds,
+                           base_name="smollm2" if train["base_model"] == "smollm2" else None,
                            log=lambda row: curve.append(float(row["loss"])),
                            dtype=train.get("dtype", "auto"), **kwargs)
     held = {}

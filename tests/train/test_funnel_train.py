@@ -281,13 +281,17 @@ def test_mog_router_kind_fits_the_router_on_soft_labels(data, tiny_cross_encoder
 
 
 @pytest.mark.models
-def test_rankrag_kind_tunes_a_causal_lm(data, tiny_llama_path):
-    path = _config(data, "rankrag", "batch_size = 2\nlora = false\nmax_length = 128\n", base=tiny_llama_path,
+@pytest.mark.parametrize("tuning", ["lora = false", "merge = false"])
+def test_rankrag_kind_tunes_a_causal_lm(data, tiny_llama_path, tuning):
+    path = _config(data, "rankrag", f"batch_size = 2\n{tuning}\nmax_length = 128\n", base=tiny_llama_path,
                    held_out=2)
     card = run_train(path, progress=False).card
     assert card["kind"] == "rankrag" and card["steps"] > 0 and card["examples"] > 0
     assert all(math.isfinite(x) for x in card["loss_curve"])
+    assert card["held_out_metrics"]  # scored by the saved folder, loaded back
     assert verify_model(data / "out" / "rankrag")
+    kept_alone = (data / "out" / "rankrag" / "adapter_config.json").is_file()
+    assert kept_alone == (tuning == "merge = false")
 
 
 @pytest.mark.models

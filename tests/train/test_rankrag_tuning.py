@@ -116,6 +116,59 @@ def test_lora_adapters_are_trained_and_merged(tiny_llama_path, tmp_path):
     assert torch.equal(tuned[norm], base[norm])                 # a non-target tensor is untouched
 
 
+def test_adapters_kept_alone_load_as_the_merged_model(tiny_llama_path, tmp_path):
+    """merge=False keeps only the LoRA adapters (float16, no full weights); TransformersLLM loads
+    that folder onto the base it names and scores as the merged model of the same run does
+    (same seed: the same training), not as the base."""
+    import json
+
+    import torch
+
+    from funnel_core.llm import TransformersLLM, lora_base
+    from funnel_core.train.rankrag import rankrag_blend, train_rankrag
+
+    blend = rankrag_blend(RECORDS, rank_prompt=PROMPT, negatives_per_question=1, qa_share=0.0)
+    kw = dict(lora=True, epochs=10, batch_size=6, learning_rate=5e-2, warmup_ratio=0.0, seed=0, dtype="float32")
+    for merge in (True, False):
+        train_rankrag(TransformersLLM(tiny_llama_path, device="cpu", dtype="float32"), blend,
+                      tmp_path / str(merge), merge=merge, **kw)
+    kept = tmp_path / "False"
+    assert not list(kept.glob("model*.safetensors"))
+    tensors = _keys(kept)
+    assert tensors and all("lora_" in k and v.dtype == torch.float16 for k, v in tensors.items())
+    assert json.loads((kept / "adapter_config.json").read_text())["base_model_name_or_path"] == tiny_llama_path
+    assert lora_base(str(kept)) == (tiny_llama_path, None) and lora_base(tiny_llama_path) is None
+
+    def scores(folder):
+        scorer = RankRAGScorer(llm=TransformersLLM(str(folder), device="cpu", dtype="float32"), prompt=PROMPT)
+        return torch.tensor([scorer.score(r["question"], [r["positive"], *r["negatives"]]) for r in RECORDS[1:]])
+
+    merged, alone, base = scores(tmp_path / "True"), scores(kept), scores(tiny_llama_path)
+    assert torch.allclose(alone, merged, atol=2e-3), (alone, merged)  # float16 adapters: close, not equal
+    assert not torch.allclose(alone, base, atol=2e-3)
+
+
+def test_adapters_kept_alone_name_the_packaged_smollm2_portably(tmp_path):
+    from funnel_core.llm import lora_base
+    from funnel_core.models import SMOLLM2_GGUF, smollm2_path
+
+    (tmp_path / "adapter_config.json").write_text('{"base_model_name_or_path": "smollm2"}')
+    assert lora_base(str(tmp_path)) == (str(smollm2_path()), SMOLLM2_GGUF)
+    (tmp_path / "adapter_config.json").write_text('{"peft_type": "LORA"}')
+    with pytest.raises(ValueError, match="names no base model"):
+        lora_base(str(tmp_path))
+
+
+def test_adapters_over_another_gguf_are_refused_before_training(tmp_path):
+    from funnel_core.llm import TransformersLLM
+    from funnel_core.train.rankrag import RankRAGExample, train_rankrag
+
+    llm = TransformersLLM(str(tmp_path), gguf_file="other.gguf")  # never loaded: refused first
+    with pytest.raises(ValueError, match="other.gguf"):
+        train_rankrag(llm, [RankRAGExample("p", "True")], tmp_path / "out", merge=False)
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not __import__("os").environ.get("FUNNEL_SLOW"),
                     reason="set FUNNEL_SLOW=1 (loads SmolLM2 from its GGUF file, ~1 min)")
