@@ -83,11 +83,15 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]], note: str = "") 
     return (note.rstrip() + "\n\n" if note else "") + "\n".join(out)
 
 
-def bold_max(values: Sequence[float | None], digits: int = 3) -> list[str]:
-    """Format ``values``; the largest (after rounding) in bold, every tie included; None -> blank."""
-    shown = [None if v is None else round(v, digits) for v in values]
-    top = max((v for v in shown if v is not None), default=None)
-    return ["" if v is None else (f"**{v:.{digits}f}**" if v == top else f"{v:.{digits}f}") for v in shown]
+def bold_best(rows: list[list[str]], columns: Sequence[int]) -> list[list[str]]:
+    """``rows`` with, in each of ``columns``, the cells whose leading number is the largest shown in bold
+    (every tie; an empty cell is not a number)."""
+    for col in columns:
+        shown = [float(r[col].split()[0]) if r[col] else None for r in rows]
+        top = max((v for v in shown if v is not None), default=None)
+        for r, v in zip(rows, shown):
+            r[col] = f"**{r[col]}**" if v is not None and v == top else r[col]
+    return rows
 
 
 def secs(x: float) -> str:
@@ -128,11 +132,8 @@ class _Template(string.Formatter):
         path, bar, default = field_name.partition("|")
         if path in ("key", "label"):
             return kwargs[path], field_name
-        node = kwargs["root"] if path.startswith("^") else kwargs["row"]
         try:
-            for part in path.lstrip("^").split("."):
-                part = part.replace("*", str(kwargs["key"]))
-                node = node[int(part) if isinstance(node, list) else part]
+            node = lookup(kwargs["root"] if path.startswith("^") else kwargs["row"], path.lstrip("^"), kwargs["key"])
         except (KeyError, IndexError, TypeError):
             if not bar:
                 raise
@@ -160,8 +161,17 @@ FORMATS: dict[str, Callable[[Any, str], str]] = {
     "bare_commands": lambda v, _: commands_cell(v, strip_comments=True),
     "mega": lambda v, _: f"{v / 1e6:.1f} M",
     "times": lambda v, spec: f"{v:{spec}}×",
+    "about": lambda v, _: f"~{round(sum(v.values()) / len(v), -1):.0f}",  # the mean of a dict's values, to tens
     "curve": lambda c, _: ", ".join(f"{x['step']}: {x['loss']:.2f}" for x in (c or [])[:: max(1, len(c or []) // 8)]),
 }
+
+
+def lookup(node: Any, path: str, key: str = "") -> Any:
+    """The value at ``path`` (keys, or indices of a list, joined by dots; ``*`` stands for ``key``) in ``node``."""
+    for part in path.split("."):
+        part = part.replace("*", key)
+        node = node[int(part) if isinstance(node, list) else part]
+    return node
 
 
 def fill(template: str, row: Any = None, root: Any = None, key: str = "", label: str = "") -> str:
@@ -171,33 +181,47 @@ def fill(template: str, row: Any = None, root: Any = None, key: str = "", label:
 
 @dataclass(frozen=True)
 class Table:
-    """A markdown table read from one JSON file of results/.
+    """A markdown table read from one JSON file of results/ (or from its part ``at``, a key: a file without
+    it has no table, an empty string; ``{^path}`` still reads the whole file).
 
-    ``each``: the path of a dict (or list) with a row per item, each row ``body[0]``'s templates over that
-    item; ``labels`` picks and orders the items of the dict (``{label}`` in a template) and, with
-    ``each`` empty, makes a row per label over the whole file (``*`` in a path: the label's key).
-    Without either, ``body`` is a list of rows of templates over the whole file. ``note`` precedes the
-    table and ``after`` follows it, both templates over the file."""
+    ``each``: the path of a dict (or list) with a row per item, or a function of the file returning one; each
+    row is ``body[0]``'s templates over that item. ``labels`` picks, orders and names (``{label}``) the items
+    it finds and, with ``each`` empty, makes a row per label over the whole file (``*`` in a path: the
+    label's key). Without either, ``body`` is a list of rows of templates over the whole file. ``note``
+    precedes the table and ``after`` follows it, both templates over the file; ``bold``: the columns whose
+    best (largest) number is in bold."""
 
     source: str
     header: Sequence[str]
     body: Sequence[Sequence[str]]
-    each: str | None = None
+    each: str | Callable[[Any], Any] | None = None
     labels: dict[str, str] | None = None
     note: str = ""
     after: str = ""
+    at: str = ""
+    bold: Sequence[int] = ()
 
     def __call__(self) -> str:
-        d = load(self.source)
+        root = load(self.source)
+        if self.at and self.at not in root:
+            return ""
+        d = root[self.at] if self.at else root
         if self.each is None and self.labels is None:
-            rows = [[fill(t, d, d) for t in row] for row in self.body]
+            rows = [[fill(t, d, root) for t in row] for row in self.body]
         else:
-            items = _Template().get_field(self.each, (), {"row": d, "root": d, "key": ""})[0] if self.each else d
-            keys = list(self.labels) if self.labels else (list(items) if isinstance(items, dict) else range(len(items)))
-            rows = [[fill(t, items[k] if self.each else d, d, str(k), (self.labels or {}).get(str(k), ""))
+            items = d if self.each is None else self.each(d) if callable(self.each) else lookup(d, self.each)
+            keys = list(items) if isinstance(items, dict) else list(range(len(items)))
+            if self.labels:
+                keys = [k for k in self.labels if self.each is None or k in keys]
+            rows = [[fill(t, d if self.each is None else items[k], root, str(k), (self.labels or {}).get(str(k), ""))
                      for t in self.body[0]] for k in keys]
-        head = [fill(h, d, d) for h in self.header]
-        return table(head, rows, fill(self.note, d, d)) + (fill(self.after, d, d) if self.after else "")
+        head = [fill(h, d, root) for h in self.header]
+        return table(head, bold_best(rows, self.bold), fill(self.note, d, root)) + fill(self.after, d, root)
+
+
+def joined(*parts: Callable[[], str]) -> Callable[[], str]:
+    """A block of several parts (tables, statements), a blank line between two; an empty part is left out."""
+    return lambda: "\n\n".join(text for text in (part() for part in parts) if text)
 
 
 @dataclass(frozen=True)
@@ -266,7 +290,6 @@ def harness_table(name: str, metrics: Sequence[str] | None = None,
     systems = [s for s in (labels or summ) if s in summ]
     metrics = [m for m in metrics or d["metrics"] if m in d["metrics"]]
     dig = {m: 1 if m.startswith("words") else digits for m in metrics}  # words: one decimal
-    top = {m: max(round(summ[s][m]["mean"], dig[m]) for s in systems) for m in bold}
     pairs = any(cost[s]["pairs_scored_per_query"] for s in systems)
     fid = any(cost[s].get("fid_passages_per_query") for s in systems)
     timed = any(cost[s]["seconds_p50"] is not None for s in systems)
@@ -275,10 +298,8 @@ def harness_table(name: str, metrics: Sequence[str] | None = None,
     head += ["s/query p50", "s/query p95"] if timed else []
     rows = []
     for s in systems:
-        row = [harness_label(d, s, labels)]
-        for m in metrics:
-            cell = f"{summ[s][m]['mean']:.{dig[m]}f} {ci(summ[s][m]['ci'], dig[m])}"
-            row.append(f"**{cell}**" if m in top and round(summ[s][m]["mean"], dig[m]) == top[m] else cell)
+        row = [harness_label(d, s, labels)] + [f"{summ[s][m]['mean']:.{dig[m]}f} {ci(summ[s][m]['ci'], dig[m])}"
+                                               for m in metrics]
         if vs_baseline:
             c = d["comparisons"].get(s, {}).get(vs_baseline)
             row.append(f"{c['difference']:+.{dig[vs_baseline]}f} {ci(c['ci'], dig[vs_baseline])}" if c else "")
@@ -286,6 +307,7 @@ def harness_table(name: str, metrics: Sequence[str] | None = None,
         row += [f"{cost[s].get('fid_passages_per_query', 0):.0f}"] if fid else []
         row += [secs(cost[s][k]) if cost[s][k] is not None else "" for k in ("seconds_p50", "seconds_p95") if timed]
         rows.append(row)
+    bold_best(rows, [1 + i for i, m in enumerate(metrics) if m in bold])
     ds = d["dataset"]
     tail = after(d) if after else ""
     return table(head, rows, f"{ds['questions']:,} questions of `{ds['name']}`, 95% bootstrap intervals over "
@@ -1078,9 +1100,7 @@ block("fid-speed")(Table(
             "t5-base-sized": "FiD attention, t5-base-sized (768, 12+12 layers, 12 heads)"}))
 
 
-FID_LABELS = {"random": "random order (seeded)", "bm25": "BM25 order",
-              "cross_encoder": "SQuAD cross-encoder (MiniLM, bench15)",
-              "fid_mean": "FiD eq. 3 (i): top-4 tokens per layer and head, mean",
+FID_LABELS = {"fid_mean": "FiD eq. 3 (i): top-4 tokens per layer and head, mean",
               "fid_max_layers": "FiD (ii) max over layers", "fid_max_heads": "FiD (iii) max over heads",
               "fid_max_tokens": "FiD (iv) top-1 token", "fid_last_2_layers": "FiD (v) last 2 layers",
               "fid_last_3_layers": "FiD (v) last 3 layers", "fid_all_tokens": "FiD all passage tokens",
@@ -1088,44 +1108,28 @@ FID_LABELS = {"random": "random order (seeded)", "bm25": "BM25 order",
               "fid_log_mean": "FiD eq. 3 on log-attention (rank-equivalent to raw alpha): top-4 tokens",
               "fid_log_max_tokens": "FiD log-attention, top-1 token",
               "fid_log_all_tokens": "FiD log-attention, all passage tokens (mean alpha)",
+              "random": "random order (seeded)", "bm25": "BM25 order",
+              "cross_encoder": "SQuAD cross-encoder (MiniLM, bench15)",
               "oracle_any_of_n": "answer anywhere in the candidates (ceiling)"}
-FID_PAIR_LABELS = {"fid_mean": "FiD eq. 3", "fid_max_tokens": "FiD top-1 token",
-                   "fid_averaged_map_top4": "FiD averaged map", "bm25": "BM25"}
-
-
-@block("postrank-fid-ce")
-def block_postrank_fid_ce() -> str:
-    """Post-rankers with the cross-encoder on the first questions (postrank_fid_minilm.json)."""
-    shown = ("random", "bm25", "cross_encoder", "fid_mean", "fid_max_tokens", "oracle_any_of_n")
-    head = ["AR@1", "AR@2", "AR@3", "AR@4"]
-    cells = [["{label}"] + [f"{{{m}:arci}}" for m in head]]
-    pairs = load("postrank_fid_minilm.json")["with_cross_encoder"]["paired_vs_cross_encoder"]
-    diffs = Table("postrank_fid_minilm.json", ["paired difference", *head], cells,
-                  each="with_cross_encoder.paired_vs_cross_encoder",
-                  labels={n: f"{FID_PAIR_LABELS[n.split(' - ')[0]]} - {n.split(' - ')[1]}" for n in pairs})
-    return Table("postrank_fid_minilm.json", ["ranking of the candidates", *head], cells,
-                 each="with_cross_encoder.results", labels={s: FID_LABELS[s] for s in shown},
-                 note="**Post-rankers on the same candidates** ({with_cross_encoder.questions} dev-a questions):")() \
-        + "\n\n" + diffs()
-
-
-@block("postrank-fid-schemes")
-def block_postrank_fid_schemes() -> str:
-    """FiD Table 7 schemes x Table 8 query ablation on all questions (postrank_fid_minilm.json)."""
-    d = load("postrank_fid_minilm.json")
-    r = d["results_all_questions"]
-    rows = []
-    for s, label in FID_LABELS.items():
-        if s not in r:
-            continue
-        q = r.get(f"{s}+query")
-        rows.append([label, f3(r[s]["AR@1"]["mean"]), f3(q["AR@1"]["mean"]) if q else "",
-                     f3(r[s]["AR@4"]["mean"]), f3(q["AR@4"]["mean"]) if q else ""])
-    fid = [x for x in rows if x[0].startswith("FiD")]
-    return (f"**Table 7 schemes and Table 8 query ablation** ({d['questions']} dev-a questions; "
-            '"+ query" = the question\'s tokens may be selected too):\n\n'
-            + table(["FiD scheme", "AR@1", "AR@1 + query", "AR@4", "AR@4 + query"],
-                    fid + [x for x in rows if not x[0].startswith("FiD")]))
+AR_1_TO_4 = ["AR@1", "AR@2", "AR@3", "AR@4"]
+block("postrank-fid-ce")(joined(  # post-rankers with the cross-encoder on the first questions
+    Table("postrank_fid_minilm.json", ["ranking of the candidates", *AR_1_TO_4],
+          [["{label}", *(f"{{{m}:arci}}" for m in AR_1_TO_4)]], each="with_cross_encoder.results",
+          labels={s: FID_LABELS[s] for s in ("random", "bm25", "cross_encoder", "fid_mean", "fid_max_tokens",
+                                             "oracle_any_of_n")},
+          note="**Post-rankers on the same candidates** ({with_cross_encoder.questions} dev-a questions):"),
+    Table("postrank_fid_minilm.json", ["paired difference", *AR_1_TO_4],
+          [["{label}", *(f"{{{m}:arci}}" for m in AR_1_TO_4)]], each="with_cross_encoder.paired_vs_cross_encoder",
+          labels={f"{s} - cross_encoder": f"{label} - cross_encoder" for s, label in (
+              ("fid_mean", "FiD eq. 3"), ("fid_max_tokens", "FiD top-1 token"),
+              ("fid_averaged_map_top4", "FiD averaged map"), ("bm25", "BM25"))})))
+block("postrank-fid-schemes")(Table(  # FiD Table 7 schemes x Table 8 query ablation, on all questions
+    "postrank_fid_minilm.json", ["FiD scheme", "AR@1", "AR@1 + query", "AR@4", "AR@4 + query"],
+    [["{label}", "{AR@1.mean:.3f}", "{^results_all_questions.*+query.AR@1.mean|:.3f}",
+      "{AR@4.mean:.3f}", "{^results_all_questions.*+query.AR@4.mean|:.3f}"]],
+    each="results_all_questions", labels=FID_LABELS,
+    note='**Table 7 schemes and Table 8 query ablation** ({questions} dev-a questions; "+ query" = the question\'s '
+         'tokens may be selected too):'))
 
 
 FID_ALPHA_LABELS = {"fid_alpha_mean": "(i) eq. 3 on alpha: top-4 tokens per layer and head",
@@ -1146,17 +1150,11 @@ block("postrank-fid-alpha")(Table(  # Table 7 / Table 8 as written, on alpha, wi
          "GPU reader's scripts, see git history):"))
 
 
-@block("fbrag-squad")
-def block_fbrag_squad() -> str:
-    """FB-RAG answer recall of the kept chunks on SQuAD (bench_fbrag.json)."""
-    d = load("bench_fbrag.json")
-    r, words = d["answer_recall_at_kept"], d["mean_words_kept"]
-    labels = {"backward_only_bm25": "backward only (BM25 with the question)",
-              "ours_fb": "Ours-FB (0.5 / 0.5)", "ours_f": "Ours-F (0 / 1)"}
-    cells = bold_max([r[k] for k in labels], digits=2)
-    mean_words = sum(words.values()) / len(words)
-    return table([f"kept {d['setup']['kept_chunks']} chunks (~{round(mean_words, -1):.0f} words)", "answer recall"],
-                 [[label, c] for label, c in zip(labels.values(), cells)])
+block("fbrag-squad")(Table(  # FB-RAG answer recall of the kept chunks on SQuAD
+    "bench_fbrag.json", ["kept {setup.kept_chunks} chunks ({mean_words_kept:about} words)", "answer recall"],
+    [["{label}", "{answer_recall_at_kept.*:.2f}"]], bold=[1],
+    labels={"backward_only_bm25": "backward only (BM25 with the question)", "ours_fb": "Ours-FB (0.5 / 0.5)",
+            "ours_f": "Ours-F (0 / 1)"}))
 
 
 # -- what follows a harness table: statements derived from the same report -------------------------

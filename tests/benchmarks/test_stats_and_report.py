@@ -119,8 +119,9 @@ def test_postrank_fid_tables_are_the_json():
     assert ce["SQuAD cross-encoder (MiniLM, bench15)"][2] == f"{x['mean']:.3f} [{x['ci95'][0]:.3f}, {x['ci95'][1]:.3f}]"
 
 
-def test_bold_max_and_seconds_by_hand():
-    assert report.bold_max([0.5, None, 0.7, 0.7001]) == ["0.500", "", "**0.700**", "**0.700**"]
+def test_bold_best_and_seconds_by_hand():
+    rows = [["a", "0.500 [0.1, 0.9]"], ["b", ""], ["c", "0.700"], ["d", "0.700 [0.6, 0.8]"]]
+    assert [r[1] for r in report.bold_best(rows, [1])] == ["0.500 [0.1, 0.9]", "", "**0.700**", "**0.700 [0.6, 0.8]**"]
     assert report.secs(0.00065) == "0.00065" and report.secs(1.234) == "1.23"
 
 
