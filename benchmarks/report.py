@@ -110,13 +110,6 @@ def removed_note(text: str) -> str:
                    f"`funnel train benchmarks/train/{REMOVED_SCRIPTS[gone[0]]}.toml`, another run)" if gone else "")
 
 
-def commands_cell(commands: Sequence[str], strip_comments: bool = False) -> str:
-    """The recorded commands of a run in backticks; a run of a removed script says so (it stays in git
-    history) and names the `funnel train` recipe that now makes the model (a different run)."""
-    cell = "; ".join(f"`{c.split('#')[0].strip() if strip_comments else c}`" for c in commands)
-    return removed_note(cell) if any(s in cell for s in REMOVED_SCRIPTS) else cell
-
-
 # -- tables declared as data --------------------------------------------------------------------------
 class _Missing(str):
     """The text a template shows for a missing value (``{path|text}``), never formatted."""
@@ -124,16 +117,19 @@ class _Missing(str):
 
 class _Template(string.Formatter):
     """``str.format`` over JSON: ``{a.b.c:SPEC}`` reads key ``a``, then ``b``, then ``c`` of the row
-    (``{^a.b}``: of the whole file; a ``*`` in a path is the row's key; ``{key}`` / ``{label}`` the row's
-    key and label; ``{a|text}``: ``text`` where the value is missing or null). ``SPEC`` is a format spec
-    or a name of ``FORMATS`` followed by its argument (``{p:wci300}``: a Wilson interval over 300)."""
+    (``{^a.b}``: of the whole file; a ``*`` in a path is the row's key; ``{key}``, ``{label}`` and any other
+    name given to ``fill``: that value; ``{a|text}``: ``text`` where the value is missing or null). ``SPEC``
+    is a format spec or a name of ``FORMATS`` followed by its argument (``{p:wci300}``: a Wilson interval
+    over 300; ``{done:if yes|no}``: ``yes`` where ``done`` is true, else ``no``)."""
 
     def get_field(self, field_name, args, kwargs):  # type: ignore[override]
         path, bar, default = field_name.partition("|")
-        if path in ("key", "label"):
-            return kwargs[path], field_name
+        names = kwargs["names"]
+        if path in names:
+            return names[path], field_name
         try:
-            node = lookup(kwargs["root"] if path.startswith("^") else kwargs["row"], path.lstrip("^"), kwargs["key"])
+            node = lookup(kwargs["root"] if path.startswith("^") else kwargs["row"], path.lstrip("^"),
+                          names.get("key", ""))
         except (KeyError, IndexError, TypeError):
             if not bar:
                 raise
@@ -157,8 +153,11 @@ FORMATS: dict[str, Callable[[Any, str], str]] = {
     "wci": lambda p, n: f"{ci(wilson(p, int(n)))} (Wilson)",
     "secs": lambda v, _: secs(v),
     "join": lambda v, sep: (sep or ", ").join(map(str, v)),
-    "commands": lambda v, _: commands_cell(v),
-    "bare_commands": lambda v, _: commands_cell(v, strip_comments=True),
+    "commands": lambda v, _: removed_note("; ".join(f"`{c}`" for c in v)),
+    "bare_commands": lambda v, _: removed_note("; ".join(f"`{c.split('#')[0].strip()}`" for c in v)),  # no comments
+    "removed": lambda v, _: removed_note(v),
+    "if": lambda v, choices: choices.removeprefix(" ").partition("|")[0 if v else 2],
+    "len": lambda v, _: str(len(v)),
     "mega": lambda v, _: f"{v / 1e6:.1f} M",
     "times": lambda v, spec: f"{v:{spec}}×",
     "about": lambda v, _: f"~{round(sum(v.values()) / len(v), -1):.0f}",  # the mean of a dict's values, to tens
@@ -174,9 +173,9 @@ def lookup(node: Any, path: str, key: str = "") -> Any:
     return node
 
 
-def fill(template: str, row: Any = None, root: Any = None, key: str = "", label: str = "") -> str:
-    """``template`` with its ``{path:spec}`` fields read from ``row`` (and ``root``, ``key``, ``label``)."""
-    return _Template().format(template, row=row, root=root, key=key, label=label)
+def fill(template: str, row: Any = None, root: Any = None, key: str = "", label: str = "", **names: Any) -> str:
+    """``template`` with its ``{path:spec}`` fields read from ``row`` (and ``root``, ``key``, ``label``, ``names``)."""
+    return _Template().format(template, row=row, root=root, names={"key": key, "label": label, **names})
 
 
 @dataclass(frozen=True)
@@ -885,50 +884,43 @@ block("l2g-squad")(functools.partial(l2g_table, "l2g_squad.json"))
 block("l2g-squad-ce-init")(functools.partial(l2g_table, "l2g_squad_ce_init.json"))
 
 
-@block("ce-backends")
-def block_ce_backends() -> str:
+CE_BACKENDS_NOTES = """\
+Speed: the first {settings.timing_queries} SciFact test queries (sorted ids), BM25 top-{settings.timing_depth} each, \
+every runtime, interleaved per query. nDCG@10: BM25 top-{settings.depth} reranked (rest of the top-100 in BM25 \
+order), over the test queries counted in the table (of {queries}), for {settings.ndcg_runtimes:join}; loss measured \
+against {ndcg_reference}. BM25 alone on all {queries} queries: {bm25_ndcg@10:.4f}{below}. Loss intervals: paired \
+bootstrap over queries (2,000 resamples). {complete:if Complete.|Run cut short: nDCG covers the queries counted in \
+the table.}
+
+Model: `{model.path}` — {model.note:removed}. max_length {settings.max_length}, batch {settings.batch_size}, \
+{settings.backend}; OpenVINO inference precision {settings.openvino_inference_precision}.
+
+Machine: {hardware.cpu_model}, {hardware.cpus} cores shared with other jobs, flags {hardware.cpu_flags:join}; torch \
+CPU capability {hardware.torch_cpu_capability|None}; load average before {load_average_before.0:.1f}, after \
+{load_average_after.0:.1f}.
+
+Target (>= {target.speedup_vs_torch_fp32:g}x torch fp32 pairs/s at <= {target.max_ndcg@10_loss} nDCG@10 loss): \
+{target.met_by:if met by {target.met_by:join}.|not met by any runtime in this run.} `runtime="auto"` picks \
+`{cpu_auto_runtime}` on this machine.
+
+Reproduce: `{command}`"""
+
+
+def ce_backends_notes() -> str:
+    """What ce_backends.json measured, on what, and whether the model reranks below BM25 alone."""
     d = load("ce_backends.json")
-    st, runs = d["settings"], d["runtimes"]
-    rows = []
-    for name, r in runs.items():
-        def num(key: str, fmt: str, r: dict = r) -> str:
-            v = r.get(key)
-            return "—" if v is None else format(v, fmt)
-        rows.append([name, num("pairs_per_s", ".1f"), num("speedup_vs_torch_fp32", ".2f") + "x",
-                     num("p50_query_seconds", ".2f"), num("p95_query_seconds", ".2f"),
-                     num("max_abs_score_diff_vs_torch_fp32", ".2g"),
-                     num("ndcg@10", ".4f"), num("ndcg@10_loss_vs_fp32", "+.4f"),
-                     "—" if "ndcg@10_loss_ci95" not in r else
-                     "[{:+.4f}, {:+.4f}]".format(*r["ndcg@10_loss_ci95"]),
-                     str(r["queries"]) if "ndcg@10" in r else "—", "yes" if r.get("meets_target") else "no"])
-    hw = d["hardware"]
-    met = d["target"]["met_by"]
-    return "\n\n".join([
-             table(["runtime", "pairs/s", "vs torch fp32", "p50 s/query", "p95 s/query", "max abs score diff",
-                    "nDCG@10", "nDCG loss", "loss 95% CI", "nDCG queries", "target met"], rows),
-             f"Speed: the first {st['timing_queries']} SciFact test queries (sorted ids), BM25 "
-             f"top-{st['timing_depth']} each, every runtime, interleaved per query. nDCG@10: BM25 "
-             f"top-{st['depth']} reranked (rest of the top-100 in BM25 order), over the test "
-             f"queries counted in the table (of {d['queries']}), for "
-             f"{', '.join(st['ndcg_runtimes'])}; loss measured "
-             f"against {d['ndcg_reference']}. BM25 alone on all {d['queries']} queries: "
-             f"{d['bm25_ndcg@10']:.4f}"
-             + (" (this model reranks below BM25 at this depth: the table compares runtimes, not "
-                "models). " if max(r.get("ndcg@10", 0) for r in runs.values()) < d["bm25_ndcg@10"] else ". ")
-             + "Loss intervals: paired bootstrap over queries (2,000 resamples). "
-             f"{'Complete.' if d['complete'] else 'Run cut short: nDCG covers the queries counted in the table.'}",
-             f"Model: `{d['model']['path']}` — {removed_note(d['model']['note'])}. max_length {st['max_length']}, "
-             f"batch {st['batch_size']}, {st['backend']}; OpenVINO inference precision "
-             f"{st['openvino_inference_precision']}.",
-             f"Machine: {hw['cpu_model']}, {hw['cpus']} cores shared with other jobs, flags "
-             f"{', '.join(hw['cpu_flags'])}; torch CPU capability {hw.get('torch_cpu_capability')}; "
-             f"load average before {d['load_average_before'][0]:.1f}, after "
-             f"{d['load_average_after'][0]:.1f}.",
-             f"Target (>= {d['target']['speedup_vs_torch_fp32']:g}x torch fp32 pairs/s at <= "
-             f"{d['target']['max_ndcg@10_loss']} nDCG@10 loss): "
-             + (f"met by {', '.join(met)}." if met else "not met by any runtime in this run.")
-             + f" `runtime=\"auto\"` picks `{d['cpu_auto_runtime']}` on this machine.",
-             f"Reproduce: `{d['command']}`"])
+    below = max(r.get("ndcg@10", 0) for r in d["runtimes"].values()) < d["bm25_ndcg@10"]
+    return fill(CE_BACKENDS_NOTES, d, d, below=" (this model reranks below BM25 at this depth: the table compares "
+                                               "runtimes, not models)" if below else "")
+
+
+block("ce-backends")(joined(Table(
+    "ce_backends.json", ["runtime", "pairs/s", "vs torch fp32", "p50 s/query", "p95 s/query", "max abs score diff",
+                         "nDCG@10", "nDCG loss", "loss 95% CI", "nDCG queries", "target met"],
+    [["{key}", "{pairs_per_s|—:.1f}", "{speedup_vs_torch_fp32|—:.2f}x", "{p50_query_seconds|—:.2f}",
+      "{p95_query_seconds|—:.2f}", "{max_abs_score_diff_vs_torch_fp32|—:.2g}", "{ndcg@10|—:.4f}",
+      "{ndcg@10_loss_vs_fp32|—:+.4f}", "{ndcg@10_loss_ci95|—:ci+.4f}", "{per_query_ndcg@10|—:len}",
+      "{meets_target:if yes|no}"]], each="runtimes"), ce_backends_notes))
 
 
 @block("first-call")
