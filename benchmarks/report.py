@@ -120,7 +120,7 @@ class _Template(string.Formatter):
     (``{^a.b}``: of the whole file; a ``*`` in a path is the row's key; ``{key}``, ``{label}`` and any other
     name given to ``fill``: that value; ``{a|text}``: ``text`` where the value is missing or null). ``SPEC``
     is a format spec or a name of ``FORMATS`` followed by its argument (``{p:wci300}``: a Wilson interval
-    over 300; ``{done:if yes|no}``: ``yes`` where ``done`` is true, else ``no``)."""
+    over 300; ``{done:if|yes|no}``: ``yes`` where ``done`` is true, else ``no``)."""
 
     def get_field(self, field_name, args, kwargs):  # type: ignore[override]
         path, bar, default = field_name.partition("|")
@@ -153,10 +153,11 @@ FORMATS: dict[str, Callable[[Any, str], str]] = {
     "wci": lambda p, n: f"{ci(wilson(p, int(n)))} (Wilson)",
     "secs": lambda v, _: secs(v),
     "join": lambda v, sep: (sep or ", ").join(map(str, v)),
+    "na": lambda v, spec: "n/a" if v is None else format(v, spec),
     "commands": lambda v, _: removed_note("; ".join(f"`{c}`" for c in v)),
     "bare_commands": lambda v, _: removed_note("; ".join(f"`{c.split('#')[0].strip()}`" for c in v)),  # no comments
     "removed": lambda v, _: removed_note(v),
-    "if": lambda v, choices: choices.removeprefix(" ").partition("|")[0 if v else 2],
+    "if": lambda v, choices: choices.split("|", 2)[1 if v else 2],  # {x:if|text if true|text if not}
     "len": lambda v, _: str(len(v)),
     "mega": lambda v, _: f"{v / 1e6:.1f} M",
     "times": lambda v, spec: f"{v:{spec}}×",
@@ -180,17 +181,18 @@ def fill(template: str, row: Any = None, root: Any = None, key: str = "", label:
 
 @dataclass(frozen=True)
 class Table:
-    """A markdown table read from one JSON file of results/ (or from its part ``at``, a key: a file without
-    it has no table, an empty string; ``{^path}`` still reads the whole file).
+    """A markdown table read from one JSON file of results/ (``source``: its name, or a function returning
+    the data), or from its part ``at`` (a key: a file without it has no table, an empty string; ``{^path}``
+    still reads the whole file).
 
-    ``each``: the path of a dict (or list) with a row per item, or a function of the file returning one; each
+    ``each``: the path of a dict (or list) with a row per item, or a function of the data returning one; each
     row is ``body[0]``'s templates over that item. ``labels`` picks, orders and names (``{label}``) the items
     it finds and, with ``each`` empty, makes a row per label over the whole file (``*`` in a path: the
     label's key). Without either, ``body`` is a list of rows of templates over the whole file. ``note``
-    precedes the table and ``after`` follows it, both templates over the file; ``bold``: the columns whose
-    best (largest) number is in bold."""
+    precedes the table and ``after`` follows it, both templates over the file; ``names(data)``: values no
+    path reads (derived from the data), by name; ``bold``: the columns whose best (largest) number is in bold."""
 
-    source: str
+    source: str | Callable[[], Any]
     header: Sequence[str]
     body: Sequence[Sequence[str]]
     each: str | Callable[[Any], Any] | None = None
@@ -198,24 +200,31 @@ class Table:
     note: str = ""
     after: str = ""
     at: str = ""
+    names: Callable[[Any], dict[str, Any]] | None = None
     bold: Sequence[int] = ()
 
     def __call__(self) -> str:
-        root = load(self.source)
+        root = load(self.source) if isinstance(self.source, str) else self.source()
         if self.at and self.at not in root:
             return ""
         d = root[self.at] if self.at else root
+        names = self.names(d) if self.names else {}
+
+        def cells(templates: Sequence[str], row: Any, key: str = "", label: str = "") -> list[str]:
+            return [fill(t, row, root, key, label, **names) for t in templates]
+
         if self.each is None and self.labels is None:
-            rows = [[fill(t, d, root) for t in row] for row in self.body]
+            rows = [cells(row, d) for row in self.body]
         else:
             items = d if self.each is None else self.each(d) if callable(self.each) else lookup(d, self.each)
             keys = list(items) if isinstance(items, dict) else list(range(len(items)))
-            if self.labels:
-                keys = [k for k in self.labels if self.each is None or k in keys]
-            rows = [[fill(t, d if self.each is None else items[k], root, str(k), (self.labels or {}).get(str(k), ""))
-                     for t in self.body[0]] for k in keys]
-        head = [fill(h, d, root) for h in self.header]
-        return table(head, bold_best(rows, self.bold), fill(self.note, d, root)) + fill(self.after, d, root)
+            labels = self.labels or {}
+            if labels:
+                keys = [k for k in labels if self.each is None or k in keys]
+            rows = [cells(self.body[0], d if self.each is None else items[k], str(k), labels.get(str(k), ""))
+                    for k in keys]
+        note, after = (fill(text, d, root, **names) for text in (self.note, self.after))
+        return table(cells(self.header, d), bold_best(rows, self.bold), note) + after
 
 
 def joined(*parts: Callable[[], str]) -> Callable[[], str]:
@@ -329,7 +338,7 @@ def harness_row(name: str, what: str, metrics: Sequence[str], labels: dict[str, 
             f"{labels[first]}: {ci(summ[first][metrics[0]]['ci'])} (bootstrap)", command or harness_command(d))
 
 
-# -- the large SQuAD benchmark -----------------------------------------------------------------
+# -- the large SQuAD benchmark (bench_squad_large.py; its seconds from time_squad_large.py) ------------
 TIMING_KEYS = ("seconds_p50", "seconds_p95", "seconds_mean", "timed_questions", "reranked_units_per_query_real",
                "pairs_scored_per_query_real", "model_calls_per_query_real", "AR@4_hit_agreement_real_vs_cached")
 
@@ -342,20 +351,18 @@ def merge_timing(res: dict, harness: dict) -> dict:
         raise ValueError(f"not an evaluation-harness report (format {harness.get('format')!r}).")
     if harness["timing"].get("refused"):
         return res
-    res = json.loads(json.dumps(res))
-    rows = res["systems_dev_a"]
-    for r in rows.values():
-        for k in TIMING_KEYS:
-            r.pop(k, None)
+    res, t = json.loads(json.dumps(res)), harness["timing"]
     agree = harness.get("AR@4_hit_agreement_real_vs_cached", {})
-    for name, c in harness["cost"].items():
-        if name in rows and c["seconds_p50"] is not None:
-            rows[name].update({k: c[k] for k in ("seconds_p50", "seconds_p95", "seconds_mean", "timed_questions")})
-            rows[name]["pairs_scored_per_query_real"] = c["pairs_scored_per_query"]
-            rows[name]["model_calls_per_query_real"] = c["model_calls_per_query"]
+    for name, row in res["systems_dev_a"].items():
+        for k in TIMING_KEYS:
+            row.pop(k, None)
+        c = harness["cost"].get(name)
+        if c and c["seconds_p50"] is not None:
+            row.update({k: c[k] for k in ("seconds_p50", "seconds_p95", "seconds_mean", "timed_questions")},
+                       pairs_scored_per_query_real=c["pairs_scored_per_query"],
+                       model_calls_per_query_real=c["model_calls_per_query"])
             if name in agree:
-                rows[name]["AR@4_hit_agreement_real_vs_cached"] = agree[name]
-    t = harness["timing"]
+                row["AR@4_hit_agreement_real_vs_cached"] = agree[name]
     res["samples"]["dev_a_timing"] = t["n_timing"]
     res["load_average_before_timing"] = [harness["load_average_before"]]
     res["load_average_after_timing"] = [harness["load_average_after"]]
@@ -379,6 +386,11 @@ def large_cmd(d: dict) -> str:
     return f"`{d['command']}` (see docs/benchmarks.md)"
 
 
+def of_kind(rows: dict, kind: str, timed: bool = False) -> dict:
+    """The systems of ``rows`` of one kind (first stage, flat, funnel); with ``timed``, only those timed."""
+    return {n: r for n, r in rows.items() if r["kind"] == kind and (not timed or "seconds_p50" in r)}
+
+
 def _system(x: dict, side: str = "flat", name: str | None = None) -> str:
     """``x``'s flat system (or, with ``side="funnel"``, the funnel ``name``): name, AR@4 and seconds."""
     return f"`{name or x[side]}` (AR@4 {f3(x[f'AR@4_{side}'])}, {x[f'seconds_p50_{side}']:.2f} s/query)"
@@ -386,22 +398,15 @@ def _system(x: dict, side: str = "flat", name: str | None = None) -> str:
 
 def _diff(x: dict) -> str:
     diff, mc = x["AR@4_difference"], x["mcnemar_exact"]
-    return (f"AR@4 funnel - flat **{diff['difference']:+.3f}** (paired bootstrap 95% {ci(diff['ci'])}; McNemar exact "
-            f"p = {mc['p_value']:.3g}, {mc['a_only']} vs {mc['b_only']} discordant questions)")
-
-
-def _verdict(diff: dict) -> str:
-    lo, hi = diff["ci"]
-    return ("the funnel is more accurate" if lo > 0 else "the funnel is less accurate" if hi < 0
-            else "no difference the sample can resolve")
+    return (f"AR@4 funnel - flat **{diff['difference']:+.3f}** (paired bootstrap 95% {ci(diff['ci'])}; McNemar "
+            f"exact p = {mc['p_value']:.3g}, {mc['a_only']} vs {mc['b_only']} discordant questions)")
 
 
 def large_plain(d: dict) -> list[str]:
     """Where the funnel beats the best flat system and where it does not, in plain words, from the JSON:
     at equal AR@4 the time ratio, at equal time the AR@4 difference with its interval."""
-    c = d["comparison"]
+    c, rows = d["comparison"], d["systems_dev_a"]
     f = c["funnel"]
-    rows = d["systems_dev_a"]
     fr = rows[f]
     out = []
     if "equal_AR@4" in c:
@@ -409,16 +414,19 @@ def large_plain(d: dict) -> list[str]:
         ratio = x["time_ratio_funnel_over_flat"]
         who = ("the fastest flat system with at least the funnel's AR@4" if x.get("flat_reaches_funnel_AR@4") else
                "no flat system reaches the funnel's AR@4; the most accurate one")
-        out.append(f"**At equal AR@4 the funnel is {'faster' if ratio < 1 else 'slower'}**: the funnel chosen on train, "
-                   f"{_system(x, 'funnel', f)}, takes **{ratio:.2f}x the time** of {who}, {_system(x)}; {_diff(x)}.")
+        out.append(f"**At equal AR@4 the funnel is {'faster' if ratio < 1 else 'slower'}**: the funnel chosen on "
+                   f"train, {_system(x, 'funnel', f)}, takes **{ratio:.2f}x the time** of {who}, {_system(x)}; "
+                   f"{_diff(x)}.")
     if "equal_time" in c:
         x = c["equal_time"]
+        lo, hi = x["AR@4_difference"]["ci"]
+        verdict = ("the funnel is more accurate" if lo > 0 else "the funnel is less accurate" if hi < 0
+                   else "no difference the sample can resolve")
         who = ("the most accurate flat system no slower than the funnel" if x.get("flat_within_funnel_time") else
                "every flat system is slower than the funnel; the fastest")
-        out.append(f"**At equal time, {_verdict(x['AR@4_difference'])}**: against {who}, {_system(x)}, {_diff(x)}; the funnel takes "
+        out.append(f"**At equal time, {verdict}**: against {who}, {_system(x)}, {_diff(x)}; the funnel takes "
                    f"{x['time_ratio_funnel_over_flat']:.2f}x its time.")
-    flats = {n: r for n, r in rows.items() if r["kind"] == "flat" and "seconds_p50" in r}
-    funnels = {n: r for n, r in rows.items() if r["kind"] == "funnel" and "seconds_p50" in r}
+    flats, funnels = of_kind(rows, "flat", timed=True), of_kind(rows, "funnel", timed=True)
     undominated = [n for n, r in funnels.items()
                    if not any(o["AR@4"] >= r["AR@4"] and o["seconds_p50"] <= r["seconds_p50"] for o in flats.values())]
     out.append(f"Of the {len(funnels)} timed funnel configurations, "
@@ -427,14 +435,14 @@ def large_plain(d: dict) -> list[str]:
                   if undominated else
                   f"none beats the flat systems: for each, a flat system (of {len(flats)} timed) is at least as "
                   "accurate in at most its time."))
-    allflat = {n: r for n, r in rows.items() if r["kind"] == "flat"}
+    allflat = of_kind(rows, "flat")
     reach = [n for n in allflat if allflat[n]["AR@4"] >= fr["AR@4"]]
     if reach:  # the cost that does not depend on the machine
         cheapest = min(reach, key=lambda n: allflat[n]["pairs_per_query"])
         cr = allflat[cheapest]
-        out.append(f"In cross-encoder pairs per query (independent of the machine): the cheapest flat system with at least "
-                   f"the funnel's AR@4 is `{cheapest}` (AR@4 {f3(cr['AR@4'])} with {cr['pairs_per_query']:.0f} pairs/query) "
-                   f"against {fr['pairs_per_query']:.0f} pairs/query for `{f}` "
+        out.append(f"In cross-encoder pairs per query (independent of the machine): the cheapest flat system with at "
+                   f"least the funnel's AR@4 is `{cheapest}` (AR@4 {f3(cr['AR@4'])} with {cr['pairs_per_query']:.0f} "
+                   f"pairs/query) against {fr['pairs_per_query']:.0f} pairs/query for `{f}` "
                    f"({fr['pairs_per_query'] / max(cr['pairs_per_query'], 1e-9):.1f}x the pairs).")
     else:
         best = max(allflat, key=lambda n: allflat[n]["AR@4"])
@@ -446,37 +454,30 @@ def large_plain(d: dict) -> list[str]:
 
 def large_nearest(d: dict) -> list[str]:
     """The paired comparisons the issue asks for: the flat system nearest in AR@4, nearest in time, best."""
-    c = d["comparison"]
-    f = c["funnel"]
-    out = []
-    for key, label in (("nearest_in_AR@4", "the flat system nearest in AR@4"),
-                       ("nearest_in_time", "the flat system nearest in time"),
-                       ("best_flat", "the most accurate flat system")):
-        if key in c:
-            x = c[key]
-            out.append(f"Against {label}, {_system(x)}, the funnel {_system(x, 'funnel', f)}: {_diff(x)} at "
-                       f"**{x['time_ratio_funnel_over_flat']:.2f}x** the time.")
-    rows = d["systems_dev_a"]
-    flats = {n: r for n, r in rows.items() if r["kind"] == "flat"}
-    funnels = {n: r for n, r in rows.items() if r["kind"] == "funnel"}
-    bf = max(flats, key=lambda n: flats[n]["AR@4"])
-    bu = max(funnels, key=lambda n: funnels[n]["AR@4"])
-    out.append(f"Highest AR@4 of any flat system: `{bf}` {f3(flats[bf]['AR@4'])} {ci(flats[bf]['AR@4_ci95'])}; "
-               f"of any funnel: `{bu}` {f3(funnels[bu]['AR@4'])} {ci(funnels[bu]['AR@4_ci95'])}.")
-    return out
+    c, rows = d["comparison"], d["systems_dev_a"]
+    out = [f"Against {label}, {_system(c[key])}, the funnel {_system(c[key], 'funnel', c['funnel'])}: "
+           f"{_diff(c[key])} at **{c[key]['time_ratio_funnel_over_flat']:.2f}x** the time."
+           for key, label in (("nearest_in_AR@4", "the flat system nearest in AR@4"),
+                              ("nearest_in_time", "the flat system nearest in time"),
+                              ("best_flat", "the most accurate flat system")) if key in c]
+
+    def best(kind: str) -> str:
+        name, r = max(of_kind(rows, kind).items(), key=lambda item: item[1]["AR@4"])
+        return f"`{name}` {f3(r['AR@4'])} {ci(r['AR@4_ci95'])}"
+
+    return out + [f"Highest AR@4 of any flat system: {best('flat')}; of any funnel: {best('funnel')}."]
 
 
 def timing_note(d: dict) -> str:
-    s = d["samples"]
+    """How the seconds of the large benchmark were measured (after "time: ")."""
+    s, run = d["samples"], d["timing_run"]
     lq = d.get("load_average_per_question") or {}
     per_q = (f"; 1-minute load average over the timed questions: median {lq['median']:.1f}, range "
              f"{lq['min']:.1f}-{lq['max']:.1f}" if lq else "")
-    run = d["timing_run"]
     where, fmt = (f"{run['cores']} cores", ".1f") if "cores" in run else ("the 2 shared cores", ".0f")
-    return (f"time: median (p50) and p95 over {s['dev_a_timing']} dev-a questions, systems run round-robin per "
-            f"question, warm models, `{run['command']}` (load average "
-            f"{d['load_average_before_timing'][0]:{fmt}} before and {d['load_average_after_timing'][0]:{fmt}} after on "
-            f"{where}{per_q})")
+    return (f"median (p50) and p95 over {s['dev_a_timing']} dev-a questions, systems run round-robin per "
+            f"question, warm models, `{run['command']}` (load average {d['load_average_before_timing'][0]:{fmt}} "
+            f"before and {d['load_average_after_timing'][0]:{fmt}} after on {where}{per_q})")
 
 
 @block("large-summary")
@@ -485,35 +486,8 @@ def block_large_readme() -> str:
     s = d["samples"]
     return "\n\n".join(f"- {x}" for x in large_plain(d)) + (
         f"\n\n(SQuAD train + dev-a corpus, {d['corpus']['passages']:,} passages; AR@4 on {s['dev_a_report']:,} dev-a "
-        f"questions; {timing_note(d)}; choices tuned on {s['train_tuning']} train questions; full table, plot and "
-        "method in [docs/benchmarks.md](docs/benchmarks.md).)")
-
-
-@block("large-systems")
-def block_large_systems() -> str:
-    d = large()
-    rows = d["systems_dev_a"]
-
-    def natural(name: str):
-        return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
-
-    order = sorted(rows, key=lambda n: ({"first stage": 0, "flat": 1, "funnel": 2}[rows[n]["kind"]], natural(n)))
-    body = []
-    for n in order:
-        r = rows[n]
-        fs = r["kind"] == "first stage"
-        body.append([f"`{n}`", r["kind"]] + [f3(r[f"AR@{k}"]) for k in (1, 2, 3, 4)]
-                    + [ci(r["AR@4_ci95"]), f3(r["AR@10"]) if fs else "", f3(r["AR@20"]) if fs else "",
-                       f"{r['pairs_per_query']:.0f}",
-                       f"{r['seconds_p50']:.3f}" if "seconds_p50" in r else "",
-                       f"{r['seconds_p95']:.3f}" if "seconds_p95" in r else ""])
-    s = d["samples"]
-    note = (f"{s['dev_a_report']:,} dev-a questions (AR); command: {large_cmd(d)}. Best funnel chosen on "
-            f"{s['train_tuning']} train questions: `{d['best_funnel_chosen_on_train']}`. Hybrid alpha (train): "
-            f"{d['hybrid']['alpha']}. HNSW recall@100 vs exact search: {d['dense']['recall@100_hnsw_vs_exact']:.3f}. "
-            f"{timing_note(d)[0].upper() + timing_note(d)[1:]}; systems with no time were not timed.")
-    return table(["system", "kind", "AR@1", "AR@2", "AR@3", "AR@4", "AR@4 95% CI (bootstrap)",
-                  "AR@10", "AR@20", "CE pairs/query", "s/query p50", "s/query p95"], body, note)
+        f"questions; time: {timing_note(d)}; choices tuned on {s['train_tuning']} train questions; full table, plot "
+        "and method in [docs/benchmarks.md](docs/benchmarks.md).)")
 
 
 @block("large-comparison")
@@ -522,25 +496,71 @@ def block_large_comparison() -> str:
     return "\n".join(f"- {s}" for s in large_plain(d) + large_nearest(d))
 
 
+KINDS = ["first stage", "flat", "funnel"]
+
+
+def large_systems_in_order(d: dict) -> dict:
+    """The systems of the large benchmark: first stages, flat systems, then funnels, each in natural order."""
+    rows = d["systems_dev_a"]
+
+    def natural(name: str) -> list:
+        return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+    return {n: rows[n] for n in sorted(rows, key=lambda n: (KINDS.index(rows[n]["kind"]), natural(n)))}
+
+
+block("large-systems")(Table(
+    large, ["system", "kind", "AR@1", "AR@2", "AR@3", "AR@4", "AR@4 95% CI (bootstrap)", "AR@10", "AR@20",
+            "CE pairs/query", "s/query p50", "s/query p95"],
+    [["`{key}`", "{kind}", "{AR@1:.3f}", "{AR@2:.3f}", "{AR@3:.3f}", "{AR@4:.3f}", "{AR@4_ci95:ci}", "{AR@10|:.3f}",
+      "{AR@20|:.3f}", "{pairs_per_query:.0f}", "{seconds_p50|:.3f}", "{seconds_p95|:.3f}"]],
+    each=large_systems_in_order, names=lambda d: {"timing": timing_note(d)},
+    note="{samples.dev_a_report:,} dev-a questions (AR); command: `{command}` (see docs/benchmarks.md). Best funnel "
+         "chosen on {samples.train_tuning} train questions: `{best_funnel_chosen_on_train}`. Hybrid alpha (train): "
+         "{hybrid.alpha}. HNSW recall@100 vs exact search: {dense.recall@100_hnsw_vs_exact:.3f}. Time: {timing}; "
+         "systems with no time were not timed."))
+
+
 @block("large-cluster-recall")
 def block_large_cluster_recall() -> str:
+    """Answer recall of the documents in the top-K clusters against as many from flat retrieval, per S."""
     d = large()
-    out = []
-    for s, rows in d["cluster_recall_dev_a"].items():
-        info = d["corpus"]["clusters"].get(s, {})
-        out.append(table(["K clusters", "documents", "answer recall, clusters", "95% CI (bootstrap)",
-                          "flat BM25, same #docs", "flat dense, same #docs", "clusters - BM25 (paired 95% CI)"],
-                         [[str(r["K"]), f"{r['mean_documents']:.1f}", f3(r["clusters"]), ci(r["clusters_ci95"]),
-                           f3(r["flat_bm25_documents"]), f3(r["flat_dense_documents"]),
-                           f"{r['clusters_minus_bm25']['difference']:+.3f} {ci(r['clusters_minus_bm25']['ci'])}"]
-                          for r in rows],
-                         f"**S = {s}** ({info.get('clusters', '?')} clusters, "
-                         f"{info.get('mean_documents_per_cluster', float('nan')):.2f} documents each on average)"))
-        out.append("")
-    n = d["samples"]["dev_a_report"]
+    tables = [table(["K clusters", "documents", "answer recall, clusters", "95% CI (bootstrap)",
+                     "flat BM25, same #docs", "flat dense, same #docs", "clusters - BM25 (paired 95% CI)"],
+                    [[fill(t, r) for t in ("{K}", "{mean_documents:.1f}", "{clusters:.3f}", "{clusters_ci95:ci}",
+                                           "{flat_bm25_documents:.3f}", "{flat_dense_documents:.3f}",
+                                           "{clusters_minus_bm25:diff}")] for r in rows],
+                    fill("**S = {S}** ({clusters|?} clusters, {mean_documents_per_cluster|nan:.2f} documents each on "
+                         "average)", d["corpus"]["clusters"].get(s, {}), S=s))
+              for s, rows in d["cluster_recall_dev_a"].items()]
     return (f"Answer recall of the documents inside the top-K clusters vs the same number of documents from flat "
-            f"BM25 over documents and from dense MiniLM (documents ranked by their best passage), {n:,} dev-a "
-            f"questions; command: {large_cmd(d)}.\n\n" + "\n".join(out).rstrip())
+            f"BM25 over documents and from dense MiniLM (documents ranked by their best passage), "
+            f"{d['samples']['dev_a_report']:,} dev-a questions; command: {large_cmd(d)}.\n\n" + "\n\n".join(tables))
+
+
+def squad_large_rows() -> list[Row]:
+    """The README rows of the large benchmark: the best flat system, two cheap ones, the funnel chosen on
+    train and the preset; the answer recall of the top-5 clusters."""
+    d = large()
+    r, s = d["systems_dev_a"], d["samples"]
+    best_flat = max(of_kind(r, "flat"), key=lambda k: r[k]["AR@4"])
+    preset = next(k for k in r if "preset" in k)
+    out = []
+    for name in dict.fromkeys([best_flat, "hybrid -> CE@10", "bm25 -> CE@20", d["best_funnel_chosen_on_train"],
+                               preset]):
+        if name in r:
+            x = r[name]
+            t = f", {x['seconds_p50']:.2f} s/query p50" if "seconds_p50" in x else ""
+            out.append((f"large SQuAD corpus ({d['corpus']['passages']:,} passages): `{name}`",
+                        f"AR@4 **{f3(x['AR@4'])}**, AR@1 {f3(x['AR@1'])}, {x['pairs_per_query']:.0f} CE pairs/query{t}",
+                        f"{s['dev_a_report']:,} dev-a q ({s['dev_a_timing']} timed)",
+                        ci(x["AR@4_ci95"]) + " (bootstrap)", large_cmd(d)))
+    k5 = next((row for row in d["cluster_recall_dev_a"].get("4096", []) if row["K"] == 5), None)
+    if k5:
+        out.append(("large SQuAD corpus: answer recall in top-5 clusters (S=4096) vs flat BM25 documents",
+                    f"{f3(k5['clusters'])} at {k5['mean_documents']:.1f} documents vs {f3(k5['flat_bm25_documents'])}",
+                    f"{s['dev_a_report']:,} dev-a q", ci(k5["clusters_ci95"]) + " (bootstrap)", large_cmd(d)))
+    return out
 
 
 block("large-ce")(Table("squad_ce_training.json", ["what", "value"], [
@@ -639,95 +659,99 @@ def block_cluster_scale() -> str:
     return "\n\n".join(out)
 
 
-# -- backends ------------------------------------------------------------------------------------
-def _na(x, nd: int = 3) -> str:
-    return "n/a" if x is None else f"{x:.{nd}f}"
+# -- backends: Milvus Lite against the in-memory indexes (docs/scaling_out.md, bench_milvus.py) ------------
+def pair(label: str, left: str, right: str, spec: str = ".3f") -> list[str]:
+    """A row of the two engines' values: the fields ``left`` and ``right`` ("": an empty cell; null: n/a)."""
+    return [label, *(f"{{{key}:na{spec}}}" if key else "" for key in (left, right))]
 
 
-def _loads(x: dict) -> str:
-    return f"load average {_na(x['load_average_before'][0], 1)} -> {_na(x['load_average_after'][0], 1)}"
+def per_framework(label: str, field: str, spec: str = ".3f", missing: str = "n/a") -> list[str]:
+    """A row of ``field`` for LlamaIndex and LangChain, each in memory and on Milvus Lite."""
+    return [label, *(f"{{{fw}.{where}_{field}|{missing}:{spec}}}" for fw in ("llamaindex", "langchain")
+                     for where in ("memory", "milvus"))]
+
+
+def overlap(part: str = "") -> str:
+    """The template of the mean top-10 overlap and the share of identical top-10 lists (of ``part``)."""
+    return f"{{{part}mean_top10_overlap:na.3f}} / {{{part}identical_top10_share:na.3f}}"
+
+
+MILVUS_HEAD = ["", "bm25s (in memory)", "Milvus Lite"]
+LOADS = "load average {load_average_before.0:na.1f} -> {load_average_after.0:na.1f}"
+MILVUS_SCIFACT = Table("milvus.json", MILVUS_HEAD, [
+    pair("flat BM25 nDCG@10", "bm25s.ndcg@10", "milvus.ndcg@10"),
+    pair("flat BM25 Recall@100", "bm25s.recall@100", "milvus.recall@100"),
+    ["flat top-10 overlap (mean / identical lists)", "", overlap("flat.")],
+    ["largest relative score difference", "", "{flat.max_relative_score_difference:.1e}"],
+    ["clustered: top-10 cluster overlap (mean / identical lists), {n_clusters} clusters", "",
+     overlap("clusters.")],
+    pair("clustered: documents of top-2 clusters nDCG@10", "clustered_docs_top2_clusters.bm25s.ndcg@10",
+         "clustered_docs_top2_clusters.milvus.ndcg@10"),
+    pair("flat build seconds", "bm25s_build_seconds", "milvus_build_seconds", ".1f"),
+    pair("clustered build (bm25s: cluster + index; Milvus: upload) seconds", "clustered_bm25s_build_seconds",
+         "clustered_milvus_upload_seconds", ".1f"),
+    pair("flat queries/s, one query per call", "bm25s_qps_single", "milvus_qps_single", ".0f"),
+    pair("flat queries/s, batched", "bm25s_qps_batched", "milvus_qps_batched", ".0f"),
+    pair("clustered queries/s (top-10 clusters opened)", "clustered_bm25s_qps", "clustered_milvus_qps", ".0f"),
+    *(pair(f"{kind} queries/s with a {n}-value dict filter", f"{kind}_bm25s_filtered_qps_{n}_values",
+           f"{kind}_milvus_filtered_qps_{n}_values", ".1f") for n in (1, 10) for kind in ("flat", "clustered"))],
+    at="scifact", note=f"SciFact test, {{n_queries}} queries, {{n_documents}} documents ({LOADS} on 2 cores):")
+
+
+def milvus_synthetic(part: str, memtable_mib: int | None) -> Table:
+    """The synthetic-corpus table of one part of milvus.json (a run with a larger write buffer says so)."""
+    raised = ("Same, with Milvus Lite's write buffer raised to {args.memtable_mib} MiB (`--memtable-mib "
+              "{args.memtable_mib}`; data files: {milvus_lite_segments|None}):\n\n" if memtable_mib else "")
+    return Table("milvus.json", MILVUS_HEAD, [
+        pair("build seconds", "bm25s_build_seconds", "milvus_build_seconds", ".1f"),
+        pair("queries/s, one query per call", "bm25s_qps_single", "milvus_qps_single", ".1f"),
+        pair("queries/s, batches of 25", "", "milvus_qps_batched", ".1f"),
+        ["top-10 overlap (mean / identical lists)", "", overlap()],
+        ["largest relative score difference", "", "{max_relative_score_difference:.1e}"],
+        ["Milvus Lite data files (segments; BM25 statistics are per segment)", "", "{milvus_lite_segments|None}"]],
+        at=part, note=raised + f"{{n_documents:,}} synthetic documents of {{words_per_document}} words, "
+                               f"{{n_queries}} queries ({LOADS}):")
+
+
+MILVUS_DENSE = Table("milvus.json", ["", "numpy exact (in memory)", "Milvus Lite HNSW"], [
+    pair("nDCG@10", "numpy_exact.ndcg@10", "milvus_hnsw.ndcg@10"),
+    pair("Recall@100", "numpy_exact.recall@100", "milvus_hnsw.recall@100"),
+    ["top-10 overlap (mean / identical lists)", "", overlap()],
+    pair("insert seconds (embeddings precomputed)", "", "milvus_hnsw_insert_seconds", ".1f"),
+    pair("queries/s, one query per call", "numpy_qps_single", "milvus_qps_single", ".0f")],
+    at="dense", note="Dense ({model}), SciFact test, {n_queries} queries, {n_documents} documents{subset:if| (a "
+                     f"subset: the judged documents plus others)|}} ({LOADS}):")
+MILVUS_FRAMEWORKS = Table("milvus.json", ["", "LlamaIndex in memory", "LlamaIndex on Milvus Lite",
+                                          "LangChain in memory", "LangChain on Milvus Lite"], [
+    per_framework("nDCG@10", "ndcg@10"),
+    ["identical top-10 lists (Milvus vs memory)", "", "{llamaindex.identical_top10_share|n/a:.3f}", "",
+     "{langchain.identical_top10_share|n/a:.3f}"],
+    per_framework("build seconds", "build_seconds", ".1f"),
+    per_framework("queries/s (retrieve / invoke)", "qps", ".0f"),
+    per_framework("persist / save: seconds", "persist_seconds", ".2f"),
+    per_framework("persist / save: bytes written", "persisted_bytes", ",", missing="0"),
+    per_framework("re-open (from_persist_dir / load) + first query: seconds", "reopen_seconds", ".2f")],
+    at="frameworks", note="Through the frameworks: the BM25 retrievers of both adapters on SciFact test ({n_queries} "
+                          "queries, {n_documents} documents, top 10), built in memory or with "
+                          f"`backend=MilvusBackend(...)` ({LOADS}):")
 
 
 @block("milvus")
 def block_milvus() -> str:
-    """docs/scaling_out.md: the Milvus Lite backends against the in-memory ones (milvus.json, bench_milvus.py):
-    a two-column table per part (``"a|b"``: both engines' keys of one row, ``"|b"``: Milvus only)."""
+    """The Milvus Lite backends against the in-memory ones: a table per part the run measured, then the
+    command of each part."""
     r = load("milvus.json")
-    out, head = [], ["", "bm25s (in memory)", "Milvus Lite"]
-
-    def rows(x: dict, spec: list[tuple[str, str, int]]) -> list[list[str]]:
-        return [[label] + [_na(x[k], nd) if k else "" for k in keys.split("|")] for label, keys, nd in spec]
-
-    def overlap(x: dict) -> str:
-        return f"{_na(x['mean_top10_overlap'])} / {_na(x['identical_top10_share'])}"
-
-    if s := r.get("scifact"):
-        c2 = {m: s["clustered_docs_top2_clusters"][m]["ndcg@10"] for m in ("bm25s", "milvus")}
-        body = [["flat BM25 nDCG@10", _na(s["bm25s"]["ndcg@10"]), _na(s["milvus"]["ndcg@10"])],
-                ["flat BM25 Recall@100", _na(s["bm25s"]["recall@100"]), _na(s["milvus"]["recall@100"])],
-                ["flat top-10 overlap (mean / identical lists)", "", overlap(s["flat"])],
-                ["largest relative score difference", "", f"{s['flat']['max_relative_score_difference']:.1e}"],
-                [f"clustered: top-10 cluster overlap (mean / identical lists), {s['n_clusters']} clusters", "",
-                 overlap(s["clusters"])],
-                ["clustered: documents of top-2 clusters nDCG@10", _na(c2["bm25s"]), _na(c2["milvus"])]]
-        body += rows(s, [("flat build seconds", "bm25s_build_seconds|milvus_build_seconds", 1),
-                         ("clustered build (bm25s: cluster + index; Milvus: upload) seconds",
-                          "clustered_bm25s_build_seconds|clustered_milvus_upload_seconds", 1),
-                         ("flat queries/s, one query per call", "bm25s_qps_single|milvus_qps_single", 0),
-                         ("flat queries/s, batched", "bm25s_qps_batched|milvus_qps_batched", 0),
-                         ("clustered queries/s (top-10 clusters opened)", "clustered_bm25s_qps|clustered_milvus_qps", 0)]
-                     + [(f"{kind} queries/s with a {n}-value dict filter",
-                         f"{kind}_bm25s_filtered_qps_{n}_values|{kind}_milvus_filtered_qps_{n}_values", 1)
-                        for n in (1, 10) for kind in ("flat", "clustered")])
-        out.append(table(head, body, f"SciFact test, {s['n_queries']} queries, {s['n_documents']} documents "
-                                     f"({_loads(s)} on 2 cores):"))
-    for key in [k for k in r if k.startswith("synthetic")]:
-        y = r[key]
-        mib = y.get("args", {}).get("memtable_mib")
-        note = (f"Same, with Milvus Lite's write buffer raised to {mib} MiB (`--memtable-mib {mib}`; data files: "
-                f"{y.get('milvus_lite_segments')}):\n\n" if mib else "")
-        body = rows(y, [("build seconds", "bm25s_build_seconds|milvus_build_seconds", 1),
-                        ("queries/s, one query per call", "bm25s_qps_single|milvus_qps_single", 1),
-                        ("queries/s, batches of 25", "|milvus_qps_batched", 1)])
-        body += [["top-10 overlap (mean / identical lists)", "", overlap(y)],
-                 ["largest relative score difference", "", f"{y['max_relative_score_difference']:.1e}"],
-                 ["Milvus Lite data files (segments; BM25 statistics are per segment)", "", str(y.get("milvus_lite_segments"))]]
-        out.append(table(head, body, note + f"{y['n_documents']:,} synthetic documents of {y['words_per_document']} "
-                                            f"words, {y['n_queries']} queries ({_loads(y)}):"))
-    if d := r.get("dense"):
-        subset = " (a subset: the judged documents plus others)" if d.get("subset") else ""
-        body = [[m, _na(d["numpy_exact"][k]), _na(d["milvus_hnsw"][k])] for m, k in (("nDCG@10", "ndcg@10"), ("Recall@100", "recall@100"))]
-        body += [["top-10 overlap (mean / identical lists)", "", overlap(d)]]
-        body += rows(d, [("insert seconds (embeddings precomputed)", "|milvus_hnsw_insert_seconds", 1),
-                         ("queries/s, one query per call", "numpy_qps_single|milvus_qps_single", 0)])
-        out.append(table(["", "numpy exact (in memory)", "Milvus Lite HNSW"], body,
-                         f"Dense ({d['model']}), SciFact test, {d['n_queries']} queries, {d['n_documents']} documents"
-                         f"{subset} ({_loads(d)}):"))
-    if f := r.get("frameworks"):
-        li, lc = f.get("llamaindex", {}), f.get("langchain", {})
-        four = lambda label, key, nd=3: [label] + [_na(x.get(w + key), nd) for x in (li, lc) for w in ("memory_", "milvus_")]
-        body = [four("nDCG@10", "ndcg@10"),
-                ["identical top-10 lists (Milvus vs memory)", "", _na(li.get("identical_top10_share")), "",
-                 _na(lc.get("identical_top10_share"))],
-                four("build seconds", "build_seconds", 1), four("queries/s (retrieve / invoke)", "qps", 0),
-                four("persist / save: seconds", "persist_seconds", 2),
-                ["persist / save: bytes written"] + [f"{x.get(w + '_persisted_bytes', 0):,}" for x in (li, lc)
-                                                      for w in ("memory", "milvus")],
-                four("re-open (from_persist_dir / load) + first query: seconds", "reopen_seconds", 2)]
-        out.append(table(["", "LlamaIndex in memory", "LlamaIndex on Milvus Lite", "LangChain in memory",
-                          "LangChain on Milvus Lite"], body,
-                         f"Through the frameworks: the BM25 retrievers of both adapters on SciFact test ({f['n_queries']} "
-                         f"queries, {f['n_documents']} documents, top 10), built in memory or with "
-                         f"`backend=MilvusBackend(...)` ({_loads(f)}):"))
+    synthetic = [milvus_synthetic(k, r[k].get("args", {}).get("memtable_mib")) for k in r if k.startswith("synthetic")]
     cmds = []
     for key in [k for k in r if k.split("_memtable")[0] in ("scifact", "synthetic", "dense", "frameworks")]:
         a = r[key].get("args", {})
         cmds.append(f"`python benchmarks/bench_milvus.py --data ../shared/data --parts {key.split('_memtable')[0]}"
                     + (f" --memtable-mib {a['memtable_mib']}" if a.get("memtable_mib") else "")
-                    + (f" --dense-docs {a['dense_docs']}" if a.get("dense_docs") and key.startswith("dense") else "") + "`")
+                    + (f" --dense-docs {a['dense_docs']}" if a.get("dense_docs") and key.startswith("dense") else "")
+                    + "`")
     v = r.get("versions", {})
-    return "\n\n".join(out + [f"pymilvus {v.get('pymilvus')}, milvus-lite {v.get('milvus_lite')}; one run each of "
-                              + ", ".join(cmds) + "."])
+    return joined(MILVUS_SCIFACT, *synthetic, MILVUS_DENSE, MILVUS_FRAMEWORKS)() + (
+        f"\n\npymilvus {v.get('pymilvus')}, milvus-lite {v.get('milvus_lite')}; one run each of {', '.join(cmds)}.")
 
 
 # -- README rows from the other JSON files -------------------------------------------------------
@@ -739,31 +763,6 @@ def rows_readme() -> list[Row]:
         except (FileNotFoundError, KeyError, TypeError, ValueError, StopIteration) as exc:
             print(f"report: left out {what}: {type(exc).__name__}: {exc}", file=sys.stderr)
     return rows
-
-
-def squad_large_rows() -> list[Row]:
-    d = large()
-    r = d["systems_dev_a"]
-    s = d["samples"]
-    n = f"{s['dev_a_report']:,} dev-a q ({s['dev_a_timing']} timed)"
-    best_flat = max((k for k in r if r[k]["kind"] == "flat"), key=lambda k: r[k]["AR@4"])
-    bf = d["best_funnel_chosen_on_train"]
-    preset = next(k for k in r if "preset" in k)
-    out = []
-    for name in dict.fromkeys([best_flat, "hybrid -> CE@10", "bm25 -> CE@20", bf, preset]):
-        if name not in r:
-            continue
-        x = r[name]
-        t = f", {x['seconds_p50']:.2f} s/query p50" if "seconds_p50" in x else ""
-        out.append((f"large SQuAD corpus ({d['corpus']['passages']:,} passages): `{name}`",
-                    f"AR@4 **{f3(x['AR@4'])}**, AR@1 {f3(x['AR@1'])}, {x['pairs_per_query']:.0f} CE pairs/query{t}",
-                    n, ci(x["AR@4_ci95"]) + " (bootstrap)", large_cmd(d)))
-    k5 = next((row for row in d["cluster_recall_dev_a"].get("4096", []) if row["K"] == 5), None)
-    if k5:
-        out.append(("large SQuAD corpus: answer recall in top-5 clusters (S=4096) vs flat BM25 documents",
-                    f"{f3(k5['clusters'])} at {k5['mean_documents']:.1f} documents vs {f3(k5['flat_bm25_documents'])}",
-                    f"{s['dev_a_report']:,} dev-a q", ci(k5["clusters_ci95"]) + " (bootstrap)", large_cmd(d)))
-    return out
 
 
 def cluster_scale_rows() -> list[Row]:
@@ -889,7 +888,7 @@ Speed: the first {settings.timing_queries} SciFact test queries (sorted ids), BM
 every runtime, interleaved per query. nDCG@10: BM25 top-{settings.depth} reranked (rest of the top-100 in BM25 \
 order), over the test queries counted in the table (of {queries}), for {settings.ndcg_runtimes:join}; loss measured \
 against {ndcg_reference}. BM25 alone on all {queries} queries: {bm25_ndcg@10:.4f}{below}. Loss intervals: paired \
-bootstrap over queries (2,000 resamples). {complete:if Complete.|Run cut short: nDCG covers the queries counted in \
+bootstrap over queries (2,000 resamples). {complete:if|Complete.|Run cut short: nDCG covers the queries counted in \
 the table.}
 
 Model: `{model.path}` — {model.note:removed}. max_length {settings.max_length}, batch {settings.batch_size}, \
@@ -900,7 +899,7 @@ CPU capability {hardware.torch_cpu_capability|None}; load average before {load_a
 {load_average_after.0:.1f}.
 
 Target (>= {target.speedup_vs_torch_fp32:g}x torch fp32 pairs/s at <= {target.max_ndcg@10_loss} nDCG@10 loss): \
-{target.met_by:if met by {target.met_by:join}.|not met by any runtime in this run.} `runtime="auto"` picks \
+{target.met_by:if|met by {target.met_by:join}.|not met by any runtime in this run.} `runtime="auto"` picks \
 `{cpu_auto_runtime}` on this machine.
 
 Reproduce: `{command}`"""
@@ -920,7 +919,7 @@ block("ce-backends")(joined(Table(
     [["{key}", "{pairs_per_s|—:.1f}", "{speedup_vs_torch_fp32|—:.2f}x", "{p50_query_seconds|—:.2f}",
       "{p95_query_seconds|—:.2f}", "{max_abs_score_diff_vs_torch_fp32|—:.2g}", "{ndcg@10|—:.4f}",
       "{ndcg@10_loss_vs_fp32|—:+.4f}", "{ndcg@10_loss_ci95|—:ci+.4f}", "{per_query_ndcg@10|—:len}",
-      "{meets_target:if yes|no}"]], each="runtimes"), ce_backends_notes))
+      "{meets_target:if|yes|no}"]], each="runtimes"), ce_backends_notes))
 
 
 @block("first-call")
