@@ -36,7 +36,7 @@ from typing import Any, Callable, Sequence
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT))
-Row = tuple[str, str, str, str, str]   # what, result, n, interval, command
+Row = Sequence[str]   # a README row: what, result, n, interval, command
 
 #: block name -> renderer; filled by ``@block``
 BLOCKS: dict[str, Callable[[], str]] = {}
@@ -167,10 +167,15 @@ FORMATS: dict[str, Callable[[Any, str], str]] = {
 
 
 def lookup(node: Any, path: str, key: str = "") -> Any:
-    """The value at ``path`` (keys, or indices of a list, joined by dots; ``*`` stands for ``key``) in ``node``."""
+    """The value at ``path`` in ``node``: keys, or indices of a list, joined by dots; ``*`` stands for ``key``;
+    ``field=value`` picks the first item of a list whose ``field`` is ``value`` (``K=5``)."""
     for part in path.split("."):
         part = part.replace("*", key)
-        node = node[int(part) if isinstance(node, list) else part]
+        if isinstance(node, list) and "=" in part:
+            field, _, value = part.partition("=")
+            node = next(item for item in node if str(item[field]) == value)
+        else:
+            node = node[int(part) if isinstance(node, list) else part]
     return node
 
 
@@ -190,7 +195,8 @@ class Table:
     it finds and, with ``each`` empty, makes a row per label over the whole file (``*`` in a path: the
     label's key). Without either, ``body`` is a list of rows of templates over the whole file. ``note``
     precedes the table and ``after`` follows it, both templates over the file; ``names(data)``: values no
-    path reads (derived from the data), by name; ``bold``: the columns whose best (largest) number is in bold."""
+    path reads (derived from the data), by name; ``bold``: the columns whose best (largest) number is in bold.
+    ``rows()`` is the body alone (README rows: ``header`` empty)."""
 
     source: str | Callable[[], Any]
     header: Sequence[str]
@@ -204,9 +210,18 @@ class Table:
     bold: Sequence[int] = ()
 
     def __call__(self) -> str:
+        parts = self.render()
+        return table(*parts[:3]) + parts[3] if parts else ""
+
+    def rows(self) -> list[list[str]]:
+        parts = self.render()
+        return parts[1] if parts else []
+
+    def render(self) -> tuple[list[str], list[list[str]], str, str] | None:
+        """The header, rows, note and text after the table (None where the file lacks the part ``at``)."""
         root = load(self.source) if isinstance(self.source, str) else self.source()
         if self.at and self.at not in root:
-            return ""
+            return None
         d = root[self.at] if self.at else root
         names = self.names(d) if self.names else {}
 
@@ -224,25 +239,12 @@ class Table:
             rows = [cells(self.body[0], d if self.each is None else items[k], str(k), labels.get(str(k), ""))
                     for k in keys]
         note, after = (fill(text, d, root, **names) for text in (self.note, self.after))
-        return table(cells(self.header, d), bold_best(rows, self.bold), note) + after
+        return cells(self.header, d), bold_best(rows, self.bold), note, after
 
 
 def joined(*parts: Callable[[], str]) -> Callable[[], str]:
     """A block of several parts (tables, statements), a blank line between two; an empty part is left out."""
     return lambda: "\n\n".join(text for text in (part() for part in parts) if text)
-
-
-@dataclass(frozen=True)
-class Rows:
-    """README results rows read from one JSON file: each a (what, result, sample, interval, command)
-    tuple of templates over the file."""
-
-    source: str
-    rows: Sequence[Sequence[str]]
-
-    def __call__(self) -> list[Row]:
-        d = load(self.source)
-        return [tuple(fill(t, d, d) for t in r) for r in self.rows]  # type: ignore[misc]
 
 
 # -- reports of the evaluation harness (`funnel eval`, funnel_core.evaluation.evaluate) -------------
@@ -574,89 +576,88 @@ block("large-ce")(Table("squad_ce_training.json", ["what", "value"], [
     ["command", "{commands|:commands}"]]))
 
 
-# -- clustering at scale ------------------------------------------------------------------------
-CLUSTER_RUN_ORDER = ("squad", "before", "after")
+# -- clustering at scale (bench_cluster_scale.py) ------------------------------------------------------
+def cluster_rows(c: dict) -> list[dict]:
+    """Every row of cluster_scale.json (the runs squad, before and after first) with its run's name, its
+    command (rebuilt from the arguments the run recorded), its peak RSS in GiB and the seconds of
+    Algorithm 1 and the cluster units together."""
+    order = ["squad", "before", "after"]
+    out = []
+    for name in sorted(c["runs"], key=lambda n: order.index(n) if n in order else len(order)):
+        a = c["runs"][name].get("args", {})
+        for r in c["runs"][name]["rows"]:
+            steps = r.get("step_seconds", {})
+            command = ["python benchmarks/bench_cluster_scale.py",
+                       "--squad" if a.get("squad") else f"--sizes {r['n_documents']}"]
+            command += [f"--label {a['label']}"] if a.get("label") else []
+            if a.get("code_root"):
+                old = f"a worktree at {a['code_commit']}" if a.get("code_commit") else "older code"
+                command.append(f"--code-root OLD_CODE ({old})")
+            out.append({**r, "run": name, "command": " ".join(command), "peak_rss_gib": r["peak_rss_mib"] / 1024,
+                        "units_seconds": steps["algorithm1"] + steps["cluster_units"] if "algorithm1" in steps else None})
+    return out
 
 
-def cluster_command(run: dict, row: dict) -> str:
-    """The bench_cluster_scale.py command of a row, from the arguments and fields its JSON recorded."""
-    a = run.get("args", {})
-    parts = ["python benchmarks/bench_cluster_scale.py"]
-    parts += ["--squad"] if a.get("squad") else [f"--sizes {row['n_documents']}"]
-    parts += [f"--label {a['label']}"] if a.get("label") else []
-    if a.get("code_root"):
-        parts += [f"--code-root OLD_CODE ({'a worktree at ' + a['code_commit'] if a.get('code_commit') else 'older code'})"]
-    return " ".join(parts)
+def cluster_full_rows(c: dict) -> list[dict]:
+    """The rows that ran the target size end to end."""
+    return [r for r in cluster_rows(c) if r["n_documents"] == c["target"]["n_documents"] and r.get("pipeline_seconds")]
 
 
-def cluster_full_runs(c: dict) -> list[tuple[str, dict, dict]]:
-    """(run name, run, row) of every row that ran the target size end to end."""
-    return [(name, run, r) for name, run in c["runs"].items() for r in run["rows"]
-            if r["n_documents"] == c["target"]["n_documents"] and r.get("pipeline_seconds")]
-
-
-@block("cluster-scale")
-def block_cluster_scale() -> str:
+def cluster_scale_statements() -> str:
+    """Whether each end-to-end run at the target size met the target, then each run's power-law fits and
+    its estimate of the Ray engine at FunnelRAG's 21M documents."""
     c = load("cluster_scale.json")
     tgt = c["target"]
-    runs = c["runs"]
-    body = []
-    for name in [n for n in CLUSTER_RUN_ORDER if n in runs] + [n for n in runs if n not in CLUSTER_RUN_ORDER]:
-        run = runs[name]
-        for r in run["rows"]:
-            st = r.get("step_seconds", {})
-            alg = (f"{st['algorithm1'] + st['cluster_units']:.0f}" if "algorithm1" in st else "")
-            body.append([f"`{name}`", r.get("corpus", "synthetic"), f"{r['n_documents']:,}",
-                         f"{st['bm25_index']:.0f}" if "bm25_index" in st else "",
-                         f"{st['knn_graph']:.0f}" if "knn_graph" in st else "", alg,
-                         f"{st['cluster_index']:.0f}" if "cluster_index" in st else "",
-                         f"{r['pipeline_seconds']:.0f}" if r.get("pipeline_seconds") else "not run in full",
-                         f"{r['cpu_seconds']:.0f}" if r.get("cpu_seconds") else "",
-                         f"{r['peak_rss_mib'] / 1024:.2f}", f"{r['load_average_at_start'][0]:.1f}",
-                         f"{r['n_clusters']:,}" if "n_clusters" in r else "",
-                         f"`{cluster_command(run, r)}`"])
-    note = (f"The real clustering pipeline (BM25 index -> BM25 kNN graph -> Algorithm 1 + cluster units -> "
-            f"cluster BM25 index), one subprocess per row, wall-clock seconds per step on the 2 shared cores (the "
-            f"1-minute load average at the start is in the table; the process CPU seconds do not depend on it), one "
-            f"run per row, so no interval. `before` rows run the code as it was before "
-            f"the clustering speed work (`--code-root`, a worktree at the commit the command names), `after` rows the "
-            f"current code. Target: {tgt['n_documents']:,} documents in under {tgt['seconds']} s and "
-            f"{tgt['peak_rss_gib']} GiB peak RSS.")
-    out = [table(["run", "corpus", "documents", "BM25 index s", "kNN graph s", "Algorithm 1 + units s",
-                  "cluster index s", "pipeline s (wall)", "CPU s", "peak RSS GiB", "load avg", "clusters",
-                  "command"], body, note)]
-    for name, _, r in cluster_full_runs(c):
-        met_t = r["pipeline_seconds"] <= tgt["seconds"]
-        met_m = r["peak_rss_mib"] / 1024 <= tgt["peak_rss_gib"]
-        dom = max(r["step_seconds"], key=r["step_seconds"].get)
-        out.append(f"At {r['n_documents']:,} documents (`{name}`) the pipeline ran end to end in "
-                   f"**{r['pipeline_seconds']:.0f} s** wall ({'meets' if met_t else 'misses'} the {tgt['seconds']} s "
-                   f"target; {r['cpu_seconds']:.0f} CPU seconds) with **{r['peak_rss_mib'] / 1024:.1f} GiB** peak RSS "
-                   f"({'meets' if met_m else 'misses'} the {tgt['peak_rss_gib']} GiB target); the slowest step is "
-                   f"`{dom}` ({r['step_seconds'][dom]:.0f} s, {r['step_seconds'][dom] / r['pipeline_seconds']:.0%}).")
-    for name, run in runs.items():
+    out = []
+    for r in cluster_full_rows(c):
+        steps = r["step_seconds"]
+        slowest = max(steps, key=steps.get)
+        out.append(f"At {r['n_documents']:,} documents (`{r['run']}`) the pipeline ran end to end in "
+                   f"**{r['pipeline_seconds']:.0f} s** wall "
+                   f"({'meets' if r['pipeline_seconds'] <= tgt['seconds'] else 'misses'} the {tgt['seconds']} s "
+                   f"target; {r['cpu_seconds']:.0f} CPU seconds) with **{r['peak_rss_gib']:.1f} GiB** peak RSS "
+                   f"({'meets' if r['peak_rss_gib'] <= tgt['peak_rss_gib'] else 'misses'} the {tgt['peak_rss_gib']} "
+                   f"GiB target); the slowest step is `{slowest}` ({steps[slowest]:.0f} s, "
+                   f"{steps[slowest] / r['pipeline_seconds']:.0%}).")
+    for name, run in c["runs"].items():
         fits, ex = run.get("cpu_fits") or {}, run.get("extrapolation_21M_cpu") or {}
         fits = {k: v for k, v in fits.items() if v}
         if fits and ex:
             sizes = sorted({n for v in fits.values() for n in v["sizes"]})
             out.append(f"Power-law fits of CPU seconds `t = a * n^b` over {' and '.join(f'{n:,}' for n in sizes)} "
                        f"documents (`{name}`): " + ", ".join(f"`{k}` b = {v['exponent']:.2f}" for k, v in fits.items())
-                       + f". Extrapolated to FunnelRAG's 21M documents: **{ex['cpu_hours_fitted_steps']:,.0f} CPU hours**, "
-                       f"dominated by `{ex['dominant_step']}` ({len(sizes)} sizes per fit: a rough extrapolation).")
-        ray = run.get("ray_21M")
-        if ray:
+                       + f". Extrapolated to FunnelRAG's 21M documents: **{ex['cpu_hours_fitted_steps']:,.0f} CPU "
+                       f"hours**, dominated by `{ex['dominant_step']}` ({len(sizes)} sizes per fit: a rough "
+                       "extrapolation).")
+        if ray := run.get("ray_21M"):
             measured = ", ".join(f"{int(n):,} documents {s:.2f} s" for n, s in
                                  sorted(ray["measured_cpu_seconds_per_block"].items(), key=lambda x: int(x[0])))
             hours = ", ".join(f"{h:,.1f} h on {int(w):,} workers" for w, h in
                               sorted(ray["wall_hours_by_workers"].items(), key=lambda x: int(x[0])))
             out.append(f"The Ray engine at 21M documents (`{name}`): its kNN tasks run the same kernel on blocks of "
                        f"{ray['rows_per_block']:,} rows. CPU seconds per block, measured: {measured}; fitted "
-                       f"`a * n^b` over the documents (total kNN CPU seconds b = {ray['fit_exponent']:.2f}) and taken at "
-                       f"21M: **{ray['cpu_seconds_per_block_at_21M']:,.1f} CPU s per block** x {ray['blocks']:,} blocks "
-                       f"= {hours} (one core per worker; scheduling and shipping the weight matrix to the workers not "
-                       f"counted; the synthetic corpus has a fixed vocabulary, so posting lists grow with n: the worst "
-                       f"case for this step).")
+                       f"`a * n^b` over the documents (total kNN CPU seconds b = {ray['fit_exponent']:.2f}) and taken "
+                       f"at 21M: **{ray['cpu_seconds_per_block_at_21M']:,.1f} CPU s per block** x {ray['blocks']:,} "
+                       f"blocks = {hours} (one core per worker; scheduling and shipping the weight matrix to the "
+                       "workers not counted; the synthetic corpus has a fixed vocabulary, so posting lists grow with "
+                       "n: the worst case for this step).")
     return "\n\n".join(out)
+
+
+block("cluster-scale")(joined(Table(
+    "cluster_scale.json", ["run", "corpus", "documents", "BM25 index s", "kNN graph s", "Algorithm 1 + units s",
+                           "cluster index s", "pipeline s (wall)", "CPU s", "peak RSS GiB", "load avg", "clusters",
+                           "command"],
+    [["`{run}`", "{corpus|synthetic}", "{n_documents:,}", "{step_seconds.bm25_index|:.0f}",
+      "{step_seconds.knn_graph|:.0f}", "{units_seconds|:.0f}", "{step_seconds.cluster_index|:.0f}",
+      "{pipeline_seconds|not run in full:.0f}", "{cpu_seconds|:.0f}", "{peak_rss_gib:.2f}",
+      "{load_average_at_start.0:.1f}", "{n_clusters|:,}", "`{command}`"]], each=cluster_rows,
+    note="The real clustering pipeline (BM25 index -> BM25 kNN graph -> Algorithm 1 + cluster units -> cluster BM25 "
+         "index), one subprocess per row, wall-clock seconds per step on the 2 shared cores (the 1-minute load "
+         "average at the start is in the table; the process CPU seconds do not depend on it), one run per row, so no "
+         "interval. `before` rows run the code as it was before the clustering speed work (`--code-root`, a worktree "
+         "at the commit the command names), `after` rows the current code. Target: {target.n_documents:,} documents "
+         "in under {target.seconds} s and {target.peak_rss_gib} GiB peak RSS."), cluster_scale_statements))
 
 
 # -- backends: Milvus Lite against the in-memory indexes (docs/scaling_out.md, bench_milvus.py) ------------
@@ -763,16 +764,6 @@ def rows_readme() -> list[Row]:
         except (FileNotFoundError, KeyError, TypeError, ValueError, StopIteration) as exc:
             print(f"report: left out {what}: {type(exc).__name__}: {exc}", file=sys.stderr)
     return rows
-
-
-def cluster_scale_rows() -> list[Row]:
-    c = load("cluster_scale.json")
-    return [(f"clustering pipeline end to end, {r['n_documents']:,} synthetic docs (BM25 index + kNN graph + "
-             "Algorithm 1 + cluster index)",
-             f"**{r['pipeline_seconds']:.0f} s** wall, {r['cpu_seconds']:.0f} CPU s, peak RSS "
-             f"{r['peak_rss_mib'] / 1024:.1f} GiB (target {c['target']['seconds']} s, "
-             f"{c['target']['peak_rss_gib']} GiB)", "one run", "not recorded (one run)", f"`{cluster_command(run, r)}`")
-            for _, run, r in cluster_full_runs(c)]
 
 
 def _qps(systems: dict) -> tuple[str, str]:
@@ -1510,11 +1501,16 @@ P = PUBLISHED_SCIFACT
 BENCH_FID, BENCH_FBRAG = (f"`python benchmarks/{n}.py`" for n in ("bench_fid", "bench_fbrag"))
 #: the README's results table, in order: (what, rows); a source that fails to render is left out with a warning
 README_ROWS: list[tuple[str, Callable[[], list[Row]]]] = [
-    ("squad_large", squad_large_rows), ("cluster_scale", cluster_scale_rows),
-    ("squad_ce_training", Rows("squad_ce_training.json", [(
+    ("squad_large", squad_large_rows),
+    ("cluster_scale", Table("cluster_scale.json", (), [(
+        "clustering pipeline end to end, {n_documents:,} synthetic docs (BM25 index + kNN graph + Algorithm 1 + "
+        "cluster index)", "**{pipeline_seconds:.0f} s** wall, {cpu_seconds:.0f} CPU s, peak RSS {peak_rss_gib:.1f} GiB "
+        "(target {^target.seconds} s, {^target.peak_rss_gib} GiB)", "one run", "not recorded (one run)", "`{command}`")],
+        each=cluster_full_rows).rows),
+    ("squad_ce_training", Table("squad_ce_training.json", (), [(
         "MiniLM cross-encoder trained on SQuAD train (listwise, BM25 hard negatives)",
         "{steps:,} steps, {train_seconds:.0f} s on {gpu|CPU} ({dtype}); loss {loss_first50:.2f} -> {loss_last50:.2f}",
-        "{groups:,} train questions", "n/a (training run)", "{commands|:bare_commands}")])),
+        "{groups:,} train questions", "n/a (training run)", "{commands|:bare_commands}")]).rows),
     ("bm25", bm25_rows),
     ("prerank", hrow("scifact", "SciFact-trained MiniLM cross-encoder reranking BM25, SciFact test (published BM25 + "
                      f"ms-marco MiniLM CE: {P['bm25_top100_ms_marco_minilm_ce_beir']})", ["ndcg@10"], PRERANK_SYSTEMS)),
@@ -1532,15 +1528,15 @@ README_ROWS: list[tuple[str, Callable[[], list[Row]]]] = [
                       "auto_merging": "AutoMerging"})),
     ("reader", hrow("squad_reader", "answer quality: SmolLM2-135M reads each system's top-2 paragraphs (SQuAD dev-a; "
                     "SQuAD token F1 / exact match)", ["F1@2", "EM@2", "AR@2"], READER_SYSTEMS, command=READER_CMD)),
-    ("query_classifier", Rows("query_classifier.json", [(
+    ("query_classifier", Table("query_classifier.json", (), [(
         "query classifier (labelled queries, {n_task_types} task types)",
         "{folds}-fold accuracy {cv_accuracy_mean:.3f} +- {cv_accuracy_std:.3f} (sd over folds)", "{n_examples} queries",
-        "sd over folds only", "`{command}`")])),
-    ("fid", Rows("fid.json", [
+        "sd over folds only", "`{command}`")]).rows),
+    ("fid", Table("fid.json", (), [
         ("FiD attention scorer speed (50 passages x 130 tokens, CPU), passages/s",
          "MiniLM CE {speed.passages_per_second.cross_encoder_minilm:.2f}, FiD t5-small-sized "
          "{speed.passages_per_second.t5-small-sized:.2f}, t5-base-sized {speed.passages_per_second.t5-base-sized:.2f}",
-         "{speed.repeats} repeats", "not recorded", BENCH_FID)])),
+         "{speed.repeats} repeats", "not recorded", BENCH_FID)]).rows),
     ("fid", hrow("squad_attention_lm", "decoder-only attention reranker (SmolLM2-135M, calibrated as in ICR) of BM25 "
                  "top-20, SQuAD dev-a", ["AR@1"], {"attention_lm": "attention", "bm25": "BM25 order", "bm25_ce": "CE"},
                  command=ATTENTION_COMMAND)),
@@ -1548,11 +1544,11 @@ README_ROWS: list[tuple[str, Callable[[], list[Row]]]] = [
                      "(tuned on SQuAD train by `funnel train`)", ["AR@1", "AR@4"],
                      {"smollm2_rankrag": "tuned", "smollm2_zeroshot": "zero-shot", "bm25": "BM25",
                       "bm25_ce": "CE"}, command=EVAL_COMMAND.format("squad_rankrag"))),
-    ("fbrag", Rows("bench_fbrag.json", [(
+    ("fbrag", Table("bench_fbrag.json", (), [(
         "FB-RAG with SmolLM2-135M, SQuAD answer recall (3 chunks kept)",
         "BM25 backward-only {answer_recall_at_kept.backward_only_bm25:.2f}, Ours-FB {answer_recall_at_kept.ours_fb:.2f}, "
         "Ours-F {answer_recall_at_kept.ours_f:.2f}", "{setup.questions} questions",
-        "Ours-FB {answer_recall_at_kept.ours_fb:wci{setup.questions}}", BENCH_FBRAG)])),
+        "Ours-FB {answer_recall_at_kept.ours_fb:wci{setup.questions}}", BENCH_FBRAG)]).rows),
     ("post-ranking with the models funnel train keeps (SQuAD dev-a, BM25 top-10 paragraphs)",
      hrow("squad_postrank", "post-ranking BM25 top-10 with the kept SQuAD cross-encoder and the CPU FiD reader "
           "(models/), SQuAD dev-a", ["AR@1", "AR@4"], {"bm25_ce": "CE", "bm25_fid": "FiD (CPU)", "bm25": "BM25"},

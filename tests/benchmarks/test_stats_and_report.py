@@ -405,5 +405,6 @@ def test_table_rows_per_item_per_label_and_fixed(monkeypatch):
 
 def test_readme_rows_from_templates(monkeypatch):
     monkeypatch.setattr(report, "load", lambda name: DOC)
-    rows = report.Rows("x.json", [("fast run", "{runs.fast.qps:,.0f} q/s", "{n} queries", "not recorded", "`cmd`")])()
-    assert rows == [("fast run", "1,234 q/s", "300 queries", "not recorded", "`cmd`")]
+    rows = report.Table("x.json", (), [("fast run", "{runs.fast.qps:,.0f} q/s", "{n} queries", "not recorded",
+                                        "`cmd`")]).rows()
+    assert rows == [["fast run", "1,234 q/s", "300 queries", "not recorded", "`cmd`"]]
