@@ -154,6 +154,8 @@ FORMATS: dict[str, Callable[[Any, str], str]] = {
     "secs": lambda v, _: secs(v),
     "join": lambda v, sep: (sep or ", ").join(map(str, v)),
     "na": lambda v, spec: "n/a" if v is None else format(v, spec),
+    "range": lambda v, spec: f"{min(v):{spec}}-{max(v):{spec}}",  # smallest-largest
+    "qps": lambda q, _: f"{q:,.0f}" if q >= 10 else f"{q:.1f}",  # queries per second
     "commands": lambda v, _: removed_note("; ".join(f"`{c}`" for c in v)),
     "bare_commands": lambda v, _: removed_note("; ".join(f"`{c.split('#')[0].strip()}`" for c in v)),  # no comments
     "removed": lambda v, _: removed_note(v),
@@ -211,7 +213,7 @@ class Table:
 
     def __call__(self) -> str:
         parts = self.render()
-        return table(*parts[:3]) + parts[3] if parts else ""
+        return table(*parts[:3]) + parts[3] if parts and parts[1] else ""  # no rows, no table
 
     def rows(self) -> list[list[str]]:
         parts = self.render()
@@ -766,31 +768,6 @@ def rows_readme() -> list[Row]:
     return rows
 
 
-def _qps(systems: dict) -> tuple[str, str]:
-    keys = ("ours", "llama_index_bm25", "langchain_community")
-    return (" vs ".join(f"{systems[k]['qps']:,.0f}" if systems[k]["qps"] >= 10 else f"{systems[k]['qps']:.1f}" for k in keys),
-            " / ".join(str(systems[k]["queries_timed"]) for k in keys) + " queries")
-
-
-def bm25_rows() -> list[Row]:
-    b = load("bm25.json")
-    sy, c = b["speed_synthetic"], b["clustered"]
-    k5 = next(r for r in c["recall_at_k_clusters"] if r["k_clusters"] == 5)
-    out = [
-        ("BM25 queries/s vs LlamaIndex BM25 / LangChain community BM25 (SciFact)",
-         *_qps(b["speed_scifact"]["systems"]), "not recorded (one timing run)"),
-        (f"same, {sy['n_documents']:,} synthetic docs", *_qps(sy["systems"]), "not recorded (one timing run)"),
-        ("clustering SciFact (Algorithm 1, BM25 kNN, S=4096): recall of relevant docs in top-5 clusters",
-         f"{c['n_documents']:,} docs -> {c['n_clusters']} clusters; {k5['recall_clustered']:.3f} at "
-         f"{k5['mean_documents']:.0f} docs vs {k5['recall_flat_same_docs']:.3f} for flat BM25 at the same count",
-         "SciFact test queries (count not recorded in bm25.json)", "not recorded")]
-    for r in b.get("clustering_scale", []):
-        out.append((f"clustering time, {r['n_documents']:,} synthetic docs (BM25 index + kNN graph + Algorithm 1)",
-                    f"{r['total_seconds']:.1f} s ({r['bm25_index_seconds']:.0f} + {r['knn_graph_seconds']:.0f} + "
-                    f"{r['algorithm1_seconds']:.0f} s)", "one run", "not recorded (one run)"))
-    return [(*r, "`python benchmarks/bench_bm25.py`") for r in out]
-
-
 #: SciFact test nDCG@10 published for the systems the SciFact rows compare against
 PUBLISHED_SCIFACT = {"bm25_beir": 0.665, "bm25_pyserini_flat": 0.679, "bm25_top100_ms_marco_minilm_ce_beir": 0.688}
 #: The SciFact cross-encoder's systems in benchmarks/configs/scifact.toml (pre-ranking, docs/prerank.md)
@@ -913,72 +890,74 @@ block("ce-backends")(joined(Table(
       "{meets_target:if|yes|no}"]], each="runtimes"), ce_backends_notes))
 
 
-@block("first-call")
-def block_first_call() -> str:
-    """A cross-encoder's first call per runtime, and where its seconds go (first_call.json)."""
-    d = load("first_call.json")
-    med = d["median_seconds"]
+def first_call_cells(d: dict) -> list[dict]:
+    """A row per runtime and export-folder state: its median seconds and what its first process imported
+    (the same in every repeat)."""
     imported = {(r["runtime"], r["state"]): ", ".join(r["imported"]) or "neither"
-                for r in d["runs"] if r["mode"] == "e2e"}  # the same in every repeat
-    e2e = [[rt, st, f"{v['e2e']['first_call']:.2f}", f"{v['e2e']['warm_call']:.3f}",
-            f"{v['e2e']['process_seconds']:.1f}", imported[rt, st]]
-           for rt, states in med.items() for st, v in states.items()]
-    steps = ["import", "export", "load", "compile_or_load", "tokenizer", "first_batch"]
-    ph = [[rt, st] + [f"{v['phases'][k]:.2f}" if k in v["phases"] else "—" for k in steps]
-          for rt, states in med.items() for st, v in states.items()]
-    loads = [r["load_before"][0] for r in d["runs"]]
-    note = (f"Median of {d['repeats']} fresh processes per cell, {d['pairs']} pairs of up to {d['max_length']} "
-            f"tokens, model `{Path(d['model']).name}` (MiniLM-L6 size); `cold`: an empty export folder, `cached`: "
-            f"the folder a previous process left. 1-minute load average before a process: {min(loads):.2f}-"
-            f"{max(loads):.2f} on {d['machine']['cpus']} cores. Runtimes installed "
-            f"({d.get('install') or 'with `[all]`'}): {', '.join(d['runtimes_installed'])}; `runtime=\"auto\"` picks `{d['auto_runtime_on_this_cpu']}` "
-            f"on this CPU. Command: `python benchmarks/bench_first_call.py "
-            f"--repeats {d['repeats']}`" + (" (run with that environment's Python)" if d.get("install") else "") + ".")
-    return (table(["runtime", "export folder", "first call (s)", "warm call (s)", "whole process (s)",
-                   "imported torch / transformers"], e2e, note)
-            + "\n\n" + table(["runtime", "export folder"] + [f"{k} (s)" for k in steps], ph,
-                             "The same first call, step by step (`phases`): `import` is funnel_core's scorer "
-                             "module, plus transformers (which imports torch) for the torch runtime; ONNX Runtime "
-                             "and OpenVINO tokenize with the export's own tokenizer (`PairTokenizer`) and import "
-                             "transformers only to export; `load` the torch weights, "
-                             "`compile_or_load` the ONNX Runtime session or OpenVINO's compile (or its cached "
-                             "model)."))
+                for r in d["runs"] if r["mode"] == "e2e"}
+    return [{"runtime": rt, "state": st, "imported": imported[rt, st], **v}
+            for rt, states in d["median_seconds"].items() for st, v in states.items()]
 
 
-def offline_engines_tables(payload: dict) -> str:
-    """docs/offline_build.md: the local and Ray engines (offline_engines*.json, bench_offline_engines.py); a run
-    without 1-vs-2 worker pairs gives the first table only."""
-    name = {("local", 1): "local, 1 thread", ("local", 2): "local, 2 threads",
-            ("ray", 1): "ray, 1 worker", ("ray", 2): "ray, 2 workers"}
-    eff = lambda e: [f"{e['seconds_1']:.1f}", f"{e['seconds_2']:.1f}", f"{e['speedup']:.2f}", f"{e['parallel_efficiency']:.2f}"]
-    out = [table(["documents", "rows computed", "engine", "seconds", "same graph as local", "load avg (1 min) before"],
-                 [[f"{r['n_documents']:,}", f"{r['rows_computed']:,}", name[(r["engine"], r["workers"])], f"{r['seconds']:.1f}",
-                   str(r.get("equal_to_local", r.get("equal_to_first", "reference"))), str(r["load_before"][0])]
-                  for r in payload["knn"]])]
-    if payload.get("knn_efficiency"):
-        diff = lambda r: "-" if r.get("max_abs_diff_to_local") is None else f"{r['max_abs_diff_to_local']:.1e}"
-        out += [table(["documents", "rows computed", "engine", "1 worker (s)", "2 workers (s)", "speed-up", "parallel efficiency"],
-                      [[f"{e['n_documents']:,}", f"{e['rows_computed']:,}", e["engine"], *eff(e)] for e in payload["knn_efficiency"]]),
-                table(["texts", "engine", "seconds", "texts/s", "max abs diff to local", "load avg (1 min) before"],
-                      [[f"{r['n_texts']:,}", name[(r["engine"], r["workers"])], f"{r['seconds']:.1f}",
-                        f"{r['texts_per_second']:.1f}", diff(r), str(r["load_before"][0])] for r in payload["embeddings"]]),
-                table(["texts", "engine", "1 worker (s)", "2 workers (s)", "speed-up", "parallel efficiency"],
-                      [[f"{e['n_texts']:,}", e["engine"], *eff(e)] for e in payload["embeddings_efficiency"]])]
-    return "\n\n".join(out)
+FIRST_CALL_STEPS = ["import", "export", "load", "compile_or_load", "tokenizer", "first_batch"]
+block("first-call")(joined(  # a cross-encoder's first call per runtime, and where its seconds go
+    Table("first_call.json", ["runtime", "export folder", "first call (s)", "warm call (s)", "whole process (s)",
+                              "imported torch / transformers"],
+          [["{runtime}", "{state}", "{e2e.first_call:.2f}", "{e2e.warm_call:.3f}", "{e2e.process_seconds:.1f}",
+            "{imported}"]], each=first_call_cells,
+          names=lambda d: {"model_name": Path(d["model"]).name, "loads": [r["load_before"][0] for r in d["runs"]]},
+          note="Median of {repeats} fresh processes per cell, {pairs} pairs of up to {max_length} tokens, model "
+               "`{model_name}` (MiniLM-L6 size); `cold`: an empty export folder, `cached`: the folder a previous process "
+               "left. 1-minute load average before a process: {loads:range.2f} on {machine.cpus} cores. Runtimes "
+               "installed ({install|with `[all]`}): {runtimes_installed:join}; `runtime=\"auto\"` picks "
+               "`{auto_runtime_on_this_cpu}` on this CPU. Command: `python benchmarks/bench_first_call.py --repeats "
+               "{repeats}`{install|:if| (run with that environment's Python)|}."),
+    Table("first_call.json", ["runtime", "export folder", *(f"{step} (s)" for step in FIRST_CALL_STEPS)],
+          [["{runtime}", "{state}", *(f"{{phases.{step}|—:.2f}}" for step in FIRST_CALL_STEPS)]], each=first_call_cells,
+          note="The same first call, step by step (`phases`): `import` is funnel_core's scorer module, plus "
+               "transformers (which imports torch) for the torch runtime; ONNX Runtime and OpenVINO tokenize with the "
+               "export's own tokenizer (`PairTokenizer`) and import transformers only to export; `load` the torch "
+               "weights, `compile_or_load` the ONNX Runtime session or OpenVINO's compile (or its cached model).")))
 
 
-block("offline-engines")(lambda: offline_engines_tables(load("offline_engines.json")))
+ENGINES = {("local", 1): "local, 1 thread", ("local", 2): "local, 2 threads", ("ray", 1): "ray, 1 worker",
+           ("ray", 2): "ray, 2 workers"}
 
 
-@block("offline-engines-1m-full")
-def block_offline_engines_1m_full() -> str:
-    d = load("offline_engines_1m_full.json")
-    loads = "; ".join(f"{r['engine']}: load average {r['load_before'][0]:.1f} before, {r['load_after'][0]:.1f} after"
-                      for r in d["knn"])
-    return (f"Command: `python benchmarks/bench_offline_engines.py --sizes 1000000 --local-threads 2 "
-            f"--ray-workers 2 --embed-n 0 --out benchmarks/results/offline_engines_1m_full.json` ({loads}; "
-            f"the Ray row excludes `ray.init` and the per-worker warm-up, which the JSON records):\n\n"
-            + offline_engines_tables(d))
+def engine_rows(rows: list[dict]) -> list[dict]:
+    """``rows`` with each engine named with its workers (``name``) and whether its graph equals the local
+    one's (``same``; the local reference run itself says "reference")."""
+    return [{**r, "name": ENGINES[r["engine"], r["workers"]],
+             "same": r.get("equal_to_local", r.get("equal_to_first", "reference"))} for r in rows]
+
+
+def offline_engines(source: str, **command: Any) -> Callable[[], str]:
+    """docs/offline_build.md: the local and Ray engines (bench_offline_engines.py); a run without 1-vs-2 worker
+    pairs gives the first table only. ``command``: the ``note`` and ``names`` of the first table."""
+    versus = ["1 worker (s)", "2 workers (s)", "speed-up", "parallel efficiency"]
+    speedup = ["{seconds_1:.1f}", "{seconds_2:.1f}", "{speedup:.2f}", "{parallel_efficiency:.2f}"]
+    return joined(
+        Table(source, ["documents", "rows computed", "engine", "seconds", "same graph as local",
+                       "load avg (1 min) before"],
+              [["{n_documents:,}", "{rows_computed:,}", "{name}", "{seconds:.1f}", "{same}", "{load_before.0}"]],
+              each=lambda d: engine_rows(d["knn"]), **command),
+        Table(source, ["documents", "rows computed", "engine", *versus],
+              [["{n_documents:,}", "{rows_computed:,}", "{engine}", *speedup]], each="knn_efficiency"),
+        Table(source, ["texts", "engine", "seconds", "texts/s", "max abs diff to local", "load avg (1 min) before"],
+              [["{n_texts:,}", "{name}", "{seconds:.1f}", "{texts_per_second:.1f}", "{max_abs_diff_to_local|-:.1e}",
+                "{load_before.0}"]], each=lambda d: engine_rows(d["embeddings"])),
+        Table(source, ["texts", "engine", *versus], [["{n_texts:,}", "{engine}", *speedup]],
+              each="embeddings_efficiency"))
+
+
+block("offline-engines")(offline_engines("offline_engines.json"))
+block("offline-engines-1m-full")(offline_engines(
+    "offline_engines_1m_full.json", names=lambda d: {"loads": "; ".join(
+        f"{r['engine']}: load average {r['load_before'][0]:.1f} before, {r['load_after'][0]:.1f} after"
+        for r in d["knn"])},
+    note="Command: `python benchmarks/bench_offline_engines.py --sizes 1000000 --local-threads 2 --ray-workers 2 "
+         "--embed-n 0 --out benchmarks/results/offline_engines_1m_full.json` ({loads}; the Ray row excludes "
+         "`ray.init` and the per-worker warm-up, which the JSON records):"))
 
 
 @block("bm25-vs-raw")
@@ -1498,6 +1477,10 @@ def rankrag_statement(metric: str, training: bool = False) -> Callable[[dict], s
 
 
 P = PUBLISHED_SCIFACT
+BENCH_BM25 = "`python benchmarks/bench_bm25.py`"
+BM25_QPS = "{systems.ours.qps:qps} vs {systems.llama_index_bm25.qps:qps} vs {systems.langchain_community.qps:qps}"
+BM25_TIMED = ("{systems.ours.queries_timed} / {systems.llama_index_bm25.queries_timed} / "
+              "{systems.langchain_community.queries_timed} queries")
 BENCH_FID, BENCH_FBRAG = (f"`python benchmarks/{n}.py`" for n in ("bench_fid", "bench_fbrag"))
 #: the README's results table, in order: (what, rows); a source that fails to render is left out with a warning
 README_ROWS: list[tuple[str, Callable[[], list[Row]]]] = [
@@ -1511,7 +1494,21 @@ README_ROWS: list[tuple[str, Callable[[], list[Row]]]] = [
         "MiniLM cross-encoder trained on SQuAD train (listwise, BM25 hard negatives)",
         "{steps:,} steps, {train_seconds:.0f} s on {gpu|CPU} ({dtype}); loss {loss_first50:.2f} -> {loss_last50:.2f}",
         "{groups:,} train questions", "n/a (training run)", "{commands|:bare_commands}")]).rows),
-    ("bm25", bm25_rows),
+    ("bm25", Table("bm25.json", (), [
+        ("BM25 queries/s vs LlamaIndex BM25 / LangChain community BM25 (SciFact)", BM25_QPS, BM25_TIMED,
+         "not recorded (one timing run)", BENCH_BM25)], at="speed_scifact").rows),
+    ("bm25", Table("bm25.json", (), [("same, {n_documents:,} synthetic docs", BM25_QPS, BM25_TIMED,
+                                      "not recorded (one timing run)", BENCH_BM25)], at="speed_synthetic").rows),
+    ("bm25", Table("bm25.json", (), [(
+        "clustering SciFact (Algorithm 1, BM25 kNN, S=4096): recall of relevant docs in top-5 clusters",
+        "{n_documents:,} docs -> {n_clusters} clusters; {recall_at_k_clusters.k_clusters=5.recall_clustered:.3f} at "
+        "{recall_at_k_clusters.k_clusters=5.mean_documents:.0f} docs vs "
+        "{recall_at_k_clusters.k_clusters=5.recall_flat_same_docs:.3f} for flat BM25 at the same count",
+        "SciFact test queries (count not recorded in bm25.json)", "not recorded", BENCH_BM25)], at="clustered").rows),
+    ("bm25", Table("bm25.json", (), [(
+        "clustering time, {n_documents:,} synthetic docs (BM25 index + kNN graph + Algorithm 1)",
+        "{total_seconds:.1f} s ({bm25_index_seconds:.0f} + {knn_graph_seconds:.0f} + {algorithm1_seconds:.0f} s)",
+        "one run", "not recorded (one run)", BENCH_BM25)], each="clustering_scale").rows),
     ("prerank", hrow("scifact", "SciFact-trained MiniLM cross-encoder reranking BM25, SciFact test (published BM25 + "
                      f"ms-marco MiniLM CE: {P['bm25_top100_ms_marco_minilm_ce_beir']})", ["ndcg@10"], PRERANK_SYSTEMS)),
     ("prerank", hrow("scifact", "FunnelRAG funnel (3 clusters -> CE on abstracts % 20 -> 60-word passages -> CE) vs "
