@@ -1201,56 +1201,62 @@ MOG_METHODS = {"level_1": "level_1 (BM25 on one level)", "level_2": "level_2", "
 MOG_METRICS = ["AR@1", "words@1", "AR@3", "words@3"]
 
 
-@block("reliability")
-def block_reliability() -> str:
-    """benchmarks/results/reliability.json (``make reliability``): one row per experiment kind
-    and persisted object, then the totals that must be zero."""
-    d = load("reliability.json")
-    ex, sm = d["experiments"], d["summary"]
-    rows = []
-    for obj in sm.get("objects") or ["bm25", "clustered"]:
-        kill1, kill2, flips, conc, ioe = (ex.get(f"{prefix}_{obj}") or {} for prefix in (
-            "kill_at_every_step", "kill_random", "bit_flips", "concurrent_save_load", "io_errors"))
-        rows.append([
-            f"`{obj}`",
-            f"{sum(k.get('trials', 0) for k in (kill1, kill2)):,} / "
-            f"{sum(k.get('neither', 0) + k.get('orphans_after_next_save', 0) for k in (kill1, kill2))}",
-            f"{flips.get('trials', 0):,} / {flips.get('silent', '-')}", f"{conc.get('loads', 0):,} / {conc.get('mixed', '-')}",
-            f"{ioe.get('trials', 0):,} / {ioe.get('neither', 0) + ioe.get('raised_but_committed', 0) if ioe else '-'}"])
-    out = [table(["object", "kill -9: trials / bad", "bit flips: trials / silent",
-                  "concurrent loads / mixed", "I/O errors: trials / bad"], rows)]
-    unread = (".funnel-rag", ".funnel-rag.journal")
-    harmless = [(f, c["harmless"]) for k, v in ex.items() if k.startswith("bit_flips")
-                for f, c in v.get("by_file", {}).items() if c["harmless"]]
-    out.append("\nA bit flip is *harmless* when the load gives the original index: "
-               + (f"all {sum(h for _, h in harmless):,} were in files a load does not read (the "
-                  "marker and the save journal)." if all(f in unread for f, _ in harmless)
-                  else "some were in files a load reads: " + ", ".join(sorted({f for f, _ in harmless}))))
-    ten = sm.get("tenant_isolation", {})
-    upd, fz = sm["queries_during_updates"], sm["fuzz"]
-    out.append(
-        f"\nQueries during add/delete: {upd['trials']:,} queries during {upd['updates']:,} "
-        f"updates, {upd['wrong']} wrong, {upd['errors']} errors. Fuzz: {fz['trials']:,} "
-        f"examples, {fz['failures']} failures. Tenant isolation: {ten.get('probes', '-')} probes, "
-        f"{ten.get('leaks_or_failures', '-')} leaks or unraised misspellings. \"bad\" after a kill: the folder "
-        "loaded as neither index, or the next save left an orphan; after an I/O error: neither "
-        "loads, or the save raised although it had committed.\n")
-    ev, xp, fl = (sm.get(k) for k in ("eval_cache", "export_cache", "filters"))
-    if ev and xp and fl:
-        out.append(
-            f"What is read back but was not written by this run: evaluation output and score cache "
-            f"{ev['trials']:,} trials (planted links/FIFOs/`../`, damaged or forged records, changed inputs), "
-            f"{ev['bad']} bad ({ev['silent']} silent, {ev['raw_errors']} raw errors, {ev['outside_touched']} "
-            f"outside writes, {ev['blocked']} blocked); ONNX export cache {xp['trials']:,} trials (swapped or "
-            f"linked model.onnx, edited tokenizers, same-size same-mtime weights), {xp['bad']} bad "
-            f"({xp['silent']} stale scores); filters {fl['trials']:,} floor x per-call trials and "
-            f"{fl['save_trials']} saves, {fl['widened']} widenings, {fl['bad']} bad.\n")
-    m = d.get("machine_before", {})
-    out.append(f"`{d.get('command', 'make reliability')}`: {d.get('seconds', '?')} s on {m.get('cpu', '?')} "
-               f"({m.get('cpu_count', '?')} CPUs, load average {round(float((m.get('load_average') or [0])[0]), 1)}), "
-               f"Python {m.get('python', '?')}.")
-    return "\n".join(out)
+def reliability_rows(d: dict) -> dict[str, dict]:
+    """Per persisted object: the trials and bad outcomes of each experiment kind (both kill kinds together)."""
+    ex = d["experiments"]
+    rows = {}
+    for obj in d["summary"].get("objects") or ["bm25", "clustered"]:
+        kills = [ex.get(f"{kind}_{obj}") or {} for kind in ("kill_at_every_step", "kill_random")]
+        io = ex.get(f"io_errors_{obj}") or {}
+        rows[obj] = {"kills": sum(k.get("trials", 0) for k in kills),
+                     "kills_bad": sum(k.get("neither", 0) + k.get("orphans_after_next_save", 0) for k in kills),
+                     "flips": ex.get(f"bit_flips_{obj}") or {}, "loads": ex.get(f"concurrent_save_load_{obj}") or {},
+                     "io": io.get("trials", 0), "io_bad": io.get("neither", 0) + io.get("raised_but_committed", 0)
+                     if io else "-"}
+    return rows
 
+
+RELIABILITY_NOTES = """\
+Queries during add/delete: {queries_during_updates.trials:,} queries during {queries_during_updates.updates:,} \
+updates, {queries_during_updates.wrong} wrong, {queries_during_updates.errors} errors. Fuzz: {fuzz.trials:,} examples, \
+{fuzz.failures} failures. Tenant isolation: {tenant_isolation.probes|-} probes, \
+{tenant_isolation.leaks_or_failures|-} leaks or unraised misspellings. "bad" after a kill: the folder loaded as \
+neither index, or the next save left an orphan; after an I/O error: neither loads, or the save raised although it \
+had committed."""
+RELIABILITY_READ_BACK = """\
+What is read back but was not written by this run: evaluation output and score cache {eval_cache.trials:,} trials \
+(planted links/FIFOs/`../`, damaged or forged records, changed inputs), {eval_cache.bad} bad ({eval_cache.silent} \
+silent, {eval_cache.raw_errors} raw errors, {eval_cache.outside_touched} outside writes, {eval_cache.blocked} \
+blocked); ONNX export cache {export_cache.trials:,} trials (swapped or linked model.onnx, edited tokenizers, \
+same-size same-mtime weights), {export_cache.bad} bad ({export_cache.silent} stale scores); filters \
+{filters.trials:,} floor x per-call trials and {filters.save_trials} saves, {filters.widened} widenings, \
+{filters.bad} bad."""
+
+
+def reliability_notes() -> str:
+    """What the reliability table's totals mean, the totals that must be zero, and the machine."""
+    d = load("reliability.json")
+    sm, m = d["summary"], d.get("machine_before", {})
+    unread = (".funnel-rag", ".funnel-rag.journal")
+    harmless = [(f, c["harmless"]) for k, v in d["experiments"].items() if k.startswith("bit_flips")
+                for f, c in v.get("by_file", {}).items() if c["harmless"]]
+    read_back = all(sm.get(k) for k in ("eval_cache", "export_cache", "filters"))
+    return "\n\n".join([
+        "A bit flip is *harmless* when the load gives the original index: "
+        + (f"all {sum(h for _, h in harmless):,} were in files a load does not read (the marker and the save "
+           "journal)." if all(f in unread for f, _ in harmless)
+           else "some were in files a load reads: " + ", ".join(sorted({f for f, _ in harmless}))),
+        fill(RELIABILITY_NOTES, sm), *([fill(RELIABILITY_READ_BACK, sm)] if read_back else []),
+        f"`{d.get('command', 'make reliability')}`: {d.get('seconds', '?')} s on {m.get('cpu', '?')} "
+        f"({m.get('cpu_count', '?')} CPUs, load average {round(float((m.get('load_average') or [0])[0]), 1)}), "
+        f"Python {m.get('python', '?')}."])
+
+
+block("reliability")(joined(Table(  # `make reliability`: a row per persisted object, then the totals that must be 0
+    "reliability.json", ["object", "kill -9: trials / bad", "bit flips: trials / silent", "concurrent loads / mixed",
+                         "I/O errors: trials / bad"],
+    [["`{key}`", "{kills:,} / {kills_bad}", "{flips.trials|0:,} / {flips.silent|-}", "{loads.loads|0:,} / {loads.mixed|-}",
+      "{io:,} / {io_bad}"]], each=reliability_rows), reliability_notes))
 
 
 # -- trained models (funnel train; the cards in models/) ------------------------------------------
