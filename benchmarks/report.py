@@ -757,35 +757,6 @@ def block_milvus() -> str:
         f"\n\npymilvus {v.get('pymilvus')}, milvus-lite {v.get('milvus_lite')}; one run each of {', '.join(cmds)}.")
 
 
-# -- README rows from the other JSON files -------------------------------------------------------
-def rows_readme() -> list[Row]:
-    rows: list[Row] = []
-    for what, fn in README_ROWS:
-        try:
-            rows.extend(fn())
-        except (FileNotFoundError, KeyError, TypeError, ValueError, StopIteration) as exc:
-            print(f"report: left out {what}: {type(exc).__name__}: {exc}", file=sys.stderr)
-    return rows
-
-
-#: SciFact test nDCG@10 published for the systems the SciFact rows compare against
-PUBLISHED_SCIFACT = {"bm25_beir": 0.665, "bm25_pyserini_flat": 0.679, "bm25_top100_ms_marco_minilm_ce_beir": 0.688}
-#: The SciFact cross-encoder's systems in benchmarks/configs/scifact.toml (pre-ranking, docs/prerank.md)
-PRERANK_SYSTEMS = {"bm25_ce_fused": "BM25 top-100 -> CE, interpolated with BM25 (w = 0.3)",
-                   "bm25_ce_top10": "BM25 top-10 -> CE alone", "bm25": "BM25"}
-#: ... and the funnel against the flat systems with the same model (docs/funnel.md)
-FUNNEL_SYSTEMS = {"bm25_ce_fused": "BM25 top-100 -> CE + BM25", "funnelrag": "funnel", "bm25": "BM25",
-                  "clustered": "clustered BM25 (first stage alone)"}
-#: The reader run (benchmarks/configs/squad_reader.toml, bench_reader.py)
-READER_SYSTEMS = {"funnelrag": "funnel", "bm25_ce": "BM25 top-30 -> CE", "bm25": "BM25"}
-READER_CMD = "`python benchmarks/bench_reader.py`"
-
-
-@block("readme-table")
-def block_readme_table() -> str:
-    return table(["what", "result", "sample", "95% interval", "command"], [list(r) for r in rows_readme()])
-
-
 # -- docs/clustering.md, docs/funnel.md, docs/prerank.md -----------------------------------------
 @block("clustering-scifact")
 def block_clustering_scifact() -> str:
@@ -1118,89 +1089,6 @@ block("fbrag-squad")(Table(  # FB-RAG answer recall of the kept chunks on SQuAD
             "ours_f": "Ours-F (0 / 1)"}))
 
 
-# -- what follows a harness table: statements derived from the same report -------------------------
-def mog_auto_merging(d: dict) -> str:
-    """docs/mix_of_granularity.md: AutoMergingRetriever over all the nodes it returned (results/mog)."""
-    am, per_q = d["summary"]["auto_merging"], d["per_question"]["auto_merging"]
-    return (f"AutoMergingRetriever over all its returned nodes ({sum(r['n_results'] for r in per_q) / len(per_q):.1f}"
-            f" on average): AR {f3(am['AR@10']['mean'])} {ci(am['AR@10']['ci'])} with {am['words@10']['mean']:.1f} words.")
-
-
-def mog_router_training(d: dict) -> dict:
-    return {k: v for k, v in d["router_training"].items() if "chosen_level_counts" in v}
-
-
-def mog_router_labels(d: dict) -> dict[str, str]:
-    """docs/mix_of_granularity.md: router label variants x selection variants (results/mog)."""
-    tr = mog_router_training(d)
-    sel = list(next(iter(tr.values()))["chosen_level_counts"])
-    labels = {f"level_{j}": f"BM25 on level_{j} alone" for j in range(1, 6)}
-    labels.update({f"uniform / {s}": f"uniform weights, selection `{s}`" for s in sel})
-    labels.update({f"router {lab} / {s}": f"router `{lab}`, selection `{s}` (chosen levels 1-5: "
-                   + " / ".join(map(str, r["chosen_level_counts"][s])) + ")" for lab, r in tr.items() for s in sel})
-    return labels
-
-
-def mog_label_distribution(d: dict) -> str:
-    return "Best-level label distribution (levels 1-5) of the training questions: " + "; ".join(
-        f"`{lab}` " + " / ".join(map(str, r["best_level_label_distribution"].values()))
-        + f" ({r['n_labelled']:,} of {r['n_train_questions']:,} labelled)" for lab, r in mog_router_training(d).items()) + "."
-
-
-FUSION_SYSTEMS = {"bm25": "BM25 (`BM25Index()` defaults: Lucene BM25, English stemmer + stopwords, title + abstract)",
-                  "dense": "dense all-MiniLM-L6-v2 (`DenseIndex`)", "hybrid_paper": "hybrid, alpha = 0.3, min-max (paper)",
-                  "hybrid_tuned": "hybrid, min-max", "hybrid_zscore_tuned": "hybrid, z-score",
-                  "rrf60": "RRF, k = 60", "rrf_tuned": "RRF"}
-
-
-def tuning_curves(d: dict) -> str:
-    """docs/best_practices.md: every tuned value's train score (results/scifact_fusion)."""
-    tuning = d.get("tuning", {})
-    curves = "; ".join(f"{FUSION_SYSTEMS[n]}: " + ", ".join(f"{t['setting']} {v} {x:.4f}" for v, x in zip(t["values"], t["scores"]))
-                       for n, t in tuning.items())
-    return f"Tuning (train {next(iter(tuning.values()))['metric']} of every value): {curves}." if tuning else ""
-
-
-HYDE_SYSTEMS = {"bm25": "BM25", "dense": "dense all-MiniLM-L6-v2", "hybrid": "hybrid, alpha = 0.3, min-max (paper)",
-                "dense_hyde": "dense with HyDE (N = 1, query included)",
-                "hybrid_hyde": "hybrid with HyDE (BM25 over the question, dense over the HyDE vector)"}
-HYDE_METRICS = ["AR@1", "AR@5", "AR@10"]
-
-
-def hyde_pairs(d: dict) -> str:
-    """docs/best_practices.md: each HyDE system against the same system without HyDE, paired over the
-    same questions (bootstrap interval and exact McNemar test from the per-question results)."""
-    from funnel_core.evaluation.stats import mcnemar_exact, paired_bootstrap
-
-    per = {s: {r["id"]: r["metrics"] for r in recs} for s, recs in d["per_question"].items()}
-    rows = []
-    for with_hyde, without in (("dense_hyde", "dense"), ("hybrid_hyde", "hybrid")):
-        if with_hyde not in per or without not in per:
-            continue
-        qids = sorted(per[with_hyde])
-        row = [f"{HYDE_SYSTEMS[with_hyde]} minus {HYDE_SYSTEMS[without]}"]
-        for m in HYDE_METRICS:
-            a, b = [per[with_hyde][q][m] for q in qids], [per[without][q][m] for q in qids]
-            diff, test = paired_bootstrap(a, b), mcnemar_exact(a, b)
-            row.append(f"{diff['difference']:+.3f} {ci(diff['ci'])}, McNemar p = {test['p_value']:.2g} "
-                       f"({test['a_only']} vs {test['b_only']})")
-        rows.append(row)
-    tokens = d["cost"].get("dense_hyde", {}).get("llm_completion_tokens_per_query")
-    note = ("Paired over the same questions: difference of means, 95% bootstrap interval, exact McNemar test "
-            "(questions only the HyDE system answers vs only the system without it)"
-            + (f"; the HyDE systems share one writer: {tokens:.0f} generated tokens per question on average"
-               if isinstance(tokens, (int, float)) else "") + ".")
-    return table(["paired difference", *HYDE_METRICS], rows, note)
-
-
-MOG_METHODS = {"level_1": "level_1 (BM25 on one level)", "level_2": "level_2", "level_3": "level_3",
-               "level_4": "level_4", "level_5": "level_5", "mog": "**MoG** (trained router)",
-               "mog_uniform": "MoG, uniform weights", "auto_merging": "AutoMergingRetriever (LlamaIndex)",
-               "mogg_hop_1": "MoGG hop 1 alone", "mogg_hop_3": "MoGG hop 3 alone",
-               "mogg_hop_5": "MoGG hop 5 alone", "mogg": "**MoGG** (trained router)"}
-MOG_METRICS = ["AR@1", "words@1", "AR@3", "words@3"]
-
-
 def reliability_rows(d: dict) -> dict[str, dict]:
     """Per persisted object: the trials and bad outcomes of each experiment kind (both kill kinds together)."""
     ex = d["experiments"]
@@ -1301,16 +1189,171 @@ def training_costs() -> str:
                  "its top-10 reranked). The load column says whether other work shared the 2 cores.")
 
 
-#: how a harness benchmark runs: its config, results folder and score cache all carry the benchmark's name
-EVAL_COMMAND = "`funnel eval benchmarks/configs/{0}.toml --out benchmarks/results/{0} --cache-dir .cache/{0}`"
-POSTRANK_COMMAND = EVAL_COMMAND.format("squad_postrank")
-POSTRANK_SYSTEMS = {"bm25_ce": "BM25 top-10 -> the SQuAD cross-encoder",
-                    "bm25_fid": "BM25 top-10 -> the CPU FiD reader's cross-attention (eq. 3)",
-                    "bm25": "BM25 top-10 alone"}
+# -- statements below a harness table, derived from the same report ------------------------------------
+def pareto_front(points: dict[str, tuple[float, float]]) -> list[str]:
+    """The names whose (cost, quality) no other point matches or beats on both and beats on one."""
+    return [n for n, (c, q) in points.items() if not any(
+        c2 <= c and q2 >= q and (c2 < c or q2 > q) for m, (c2, q2) in points.items() if m != n)]
+
+
+#: the costs a Pareto front is drawn against, in words
+COSTS = {"pairs_scored_per_query": "pairs scored per query (cross-encoder pairs + FiD passages)",
+         "seconds_p50": "seconds per query (p50)"}
+
+
+def fronts(d: dict, names: Sequence[str], timed: bool) -> dict[tuple[str, str], list[str]]:
+    """(metric, cost) -> the Pareto front of ``names`` at AR@1 and AR@4 against each cost (seconds if ``timed``)."""
+    summ, cost = d["summary"], d["cost"]
+    return {(m, key): pareto_front({s: (cost[s][key], summ[s][m]["mean"]) for s in names})
+            for m in ("AR@1", "AR@4") for key in COSTS if timed or key != "seconds_p50"}
+
+
+def best_system(d: dict, names: Sequence[str], m: str) -> str:
+    """The system of ``names`` with the highest mean ``m`` (ties: fewer pairs scored per query)."""
+    summ, cost = d["summary"], d["cost"]
+    return max(names, key=lambda s: (round(summ[s][m]["mean"], 6), -cost[s]["pairs_scored_per_query"]))
+
+
+def paired_values(d: dict, a: str, b: str, m: str) -> tuple[list[float], list[float]]:
+    """``a``'s and ``b``'s per-question values of metric ``m``, on the same questions (in id order)."""
+    per_q = {s: {r["id"]: r["metrics"][m] for r in d["per_question"][s]} for s in (a, b)}
+    ids = sorted(per_q[a])
+    return [per_q[a][q] for q in ids], [per_q[b][q] for q in ids]
+
+
+def paired_difference(d: dict, a: str, b: str, m: str) -> dict:
+    """``a`` minus ``b`` at metric ``m``, a paired bootstrap over the report's questions."""
+    from funnel_core.evaluation.stats import paired_bootstrap
+
+    return paired_bootstrap(*paired_values(d, a, b, m))
+
+
+def verdict(interval: Sequence[float], above: str, below: str, neither: str = "not distinguishable from") -> str:
+    """``above`` where a difference's 95% interval lies above 0, ``below`` where below 0, else ``neither``."""
+    return above if interval[0] > 0 else below if interval[1] < 0 else neither
+
+
+MOG_METHODS = {"level_1": "level_1 (BM25 on one level)", "level_2": "level_2", "level_3": "level_3",
+               "level_4": "level_4", "level_5": "level_5", "mog": "**MoG** (trained router)",
+               "mog_uniform": "MoG, uniform weights", "auto_merging": "AutoMergingRetriever (LlamaIndex)",
+               "mogg_hop_1": "MoGG hop 1 alone", "mogg_hop_3": "MoGG hop 3 alone",
+               "mogg_hop_5": "MoGG hop 5 alone", "mogg": "**MoGG** (trained router)"}
+MOG_METRICS = ["AR@1", "words@1", "AR@3", "words@3"]
+
+
+def mog_auto_merging(d: dict) -> str:
+    """docs/mix_of_granularity.md: AutoMergingRetriever over all the nodes it returned (results/mog)."""
+    am, per_q = d["summary"]["auto_merging"], d["per_question"]["auto_merging"]
+    return (f"AutoMergingRetriever over all its returned nodes ({sum(r['n_results'] for r in per_q) / len(per_q):.1f}"
+            f" on average): AR {f3(am['AR@10']['mean'])} {ci(am['AR@10']['ci'])} with {am['words@10']['mean']:.1f} "
+            "words.")
+
+
+def mog_router_training(d: dict) -> dict:
+    return {k: v for k, v in d["router_training"].items() if "chosen_level_counts" in v}
+
+
+def mog_router_labels(d: dict) -> dict[str, str]:
+    """docs/mix_of_granularity.md: router label variants x selection variants (results/mog)."""
+    tr = mog_router_training(d)
+    sel = list(next(iter(tr.values()))["chosen_level_counts"])
+    labels = {f"level_{j}": f"BM25 on level_{j} alone" for j in range(1, 6)}
+    labels.update({f"uniform / {s}": f"uniform weights, selection `{s}`" for s in sel})
+    labels.update({f"router {lab} / {s}": f"router `{lab}`, selection `{s}` (chosen levels 1-5: "
+                   + " / ".join(map(str, r["chosen_level_counts"][s])) + ")" for lab, r in tr.items() for s in sel})
+    return labels
+
+
+def mog_label_distribution(d: dict) -> str:
+    return "Best-level label distribution (levels 1-5) of the training questions: " + "; ".join(
+        f"`{lab}` " + " / ".join(map(str, r["best_level_label_distribution"].values()))
+        + f" ({r['n_labelled']:,} of {r['n_train_questions']:,} labelled)"
+        for lab, r in mog_router_training(d).items()) + "."
+
+
+FUSION_SYSTEMS = {"bm25": "BM25 (`BM25Index()` defaults: Lucene BM25, English stemmer + stopwords, title + abstract)",
+                  "dense": "dense all-MiniLM-L6-v2 (`DenseIndex`)",
+                  "hybrid_paper": "hybrid, alpha = 0.3, min-max (paper)", "hybrid_tuned": "hybrid, min-max",
+                  "hybrid_zscore_tuned": "hybrid, z-score", "rrf60": "RRF, k = 60", "rrf_tuned": "RRF"}
+
+
+def tuning_curves(d: dict) -> str:
+    """docs/best_practices.md: every tuned value's train score (results/scifact_fusion)."""
+    tuning = d.get("tuning", {})
+    curves = "; ".join(f"{FUSION_SYSTEMS[n]}: " + ", ".join(f"{t['setting']} {v} {x:.4f}"
+                                                            for v, x in zip(t["values"], t["scores"]))
+                       for n, t in tuning.items())
+    return f"Tuning (train {next(iter(tuning.values()))['metric']} of every value): {curves}." if tuning else ""
+
+
+HYDE_SYSTEMS = {"bm25": "BM25", "dense": "dense all-MiniLM-L6-v2", "hybrid": "hybrid, alpha = 0.3, min-max (paper)",
+                "dense_hyde": "dense with HyDE (N = 1, query included)",
+                "hybrid_hyde": "hybrid with HyDE (BM25 over the question, dense over the HyDE vector)"}
+HYDE_METRICS = ["AR@1", "AR@5", "AR@10"]
+
+
+def hyde_pairs(d: dict) -> str:
+    """docs/best_practices.md: each HyDE system against the same system without HyDE, paired over the
+    same questions (bootstrap interval and exact McNemar test from the per-question results)."""
+    from funnel_core.evaluation.stats import mcnemar_exact, paired_bootstrap
+
+    rows = []
+    for with_hyde, without in (("dense_hyde", "dense"), ("hybrid_hyde", "hybrid")):
+        if with_hyde in d["per_question"] and without in d["per_question"]:
+            row = [f"{HYDE_SYSTEMS[with_hyde]} minus {HYDE_SYSTEMS[without]}"]
+            for m in HYDE_METRICS:
+                a, b = paired_values(d, with_hyde, without, m)
+                diff, test = paired_bootstrap(a, b), mcnemar_exact(a, b)
+                row.append(f"{diff['difference']:+.3f} {ci(diff['ci'])}, McNemar p = {test['p_value']:.2g} "
+                           f"({test['a_only']} vs {test['b_only']})")
+            rows.append(row)
+    tokens = d["cost"].get("dense_hyde", {}).get("llm_completion_tokens_per_query")
+    return table(["paired difference", *HYDE_METRICS], rows,
+                 "Paired over the same questions: difference of means, 95% bootstrap interval, exact McNemar test "
+                 "(questions only the HyDE system answers vs only the system without it)"
+                 + (f"; the HyDE systems share one writer: {tokens:.0f} generated tokens per question on average"
+                    if isinstance(tokens, (int, float)) else "") + ".")
+
+
+RANKRAG_SYSTEMS = {"bm25": "BM25 (no reranking)", "bm25_ce": "cross-encoder (MiniLM, SQuAD-trained)",
+                   "smollm2_zeroshot": "SmolLM2-135M zero-shot, P(True)",
+                   "smollm2_rankrag": "SmolLM2-135M RankRAG-tuned, P(True)",
+                   "smollm2_generate": "SmolLM2-135M zero-shot, generate and parse"}
+
+
+def rankrag_statement(metric: str, training: bool = False) -> Callable[[dict], str]:
+    """What the RankRAG tuning changed at ``metric`` (tuned minus zero-shot, paired), where the tuned
+    model stands against BM25 and the cross-encoder, and with ``training`` the tuning run (its card,
+    ``results/rankrag_train.json``)."""
+    def after(d: dict) -> str:
+        summ = d["summary"]
+        parts = []
+        for a, b in (("smollm2_rankrag", "smollm2_zeroshot"), ("smollm2_rankrag", "bm25"),
+                     ("smollm2_rankrag", "bm25_ce"), ("bm25_ce", "bm25"), ("smollm2_generate", "smollm2_zeroshot")):
+            if a in summ and b in summ:
+                c = paired_difference(d, a, b, metric)
+                parts.append(f"{RANKRAG_SYSTEMS[a]} is {verdict(c['ci'], 'better than', 'worse than')} "
+                             f"{RANKRAG_SYSTEMS[b]} at {metric} ({summ[a][metric]['mean']:.3f} vs "
+                             f"{summ[b][metric]['mean']:.3f}; paired difference {c['difference']:+.3f} {ci(c['ci'])})")
+        ranked = {s: {r["id"]: r["ranked"] for r in rows} for s, rows in d["per_question"].items()}
+        kept = ", ".join(f"{RANKRAG_SYSTEMS[s]} {sum(ranked[s][q] == ranked['bm25'][q] for q in ranked['bm25'])}"
+                         for s in RANKRAG_SYSTEMS if s != "bm25" and s in ranked)
+        top = len(next(iter(ranked["bm25"].values())))
+        text = "; ".join(parts) + (f". Questions whose top {top} (as the report keeps it) is BM25's top {top} in "
+                                   f"BM25's order, of {len(ranked['bm25'])}: {kept}.")
+        if not training:
+            return text
+        card = load("rankrag_train.json")
+        dtype = ", ".join(sorted({r["dtype"] for r in card["hardware"].get("dtypes_resolved", [])})) or "?"
+        return (text + f" The tuned model: {card['steps']} LoRA steps"
+                f"{' (stopped by the time cap)' if card.get('stopped_early') else ''} over {card['examples']} blend "
+                f"examples from {card['dataset']['trained_on']} SQuAD train questions, "
+                f"{card['train_seconds'] / 60:.0f} min in {dtype} on {card['hardware']['cpus']} CPU cores "
+                f"(`{card['command']}`; its card: `benchmarks/results/rankrag_train.json`).")
+    return after
 
 
 # -- FunnelRAG measured whole (benchmarks/configs/funnelrag_whole.toml) -------------------------------
-WHOLE_COMMAND = EVAL_COMMAND.format("funnelrag_whole")
 WHOLE_FLAT = {"bm25": "BM25 top-10", "hybrid": "hybrid (BM25 + MiniLM, alpha 0.3)", "hybrid_tuned": "hybrid",
               "clustered_s1024": "clustered BM25, 4 clusters of <= 1024 tokens, opened",
               "clustered_s4096": "clustered BM25, 1 cluster of <= 4096 tokens, opened",
@@ -1332,38 +1375,14 @@ WHOLE_FUNNELS = {"funnel_s1024_fid": "funnel S=1024: 4 clusters -> L2G % 8 -> 10
                  "funnel_s4096_ce": "funnel S=4096: 1 cluster -> L2G % 8 -> 100 words -> CE % 4"}
 
 
-def pareto_front(points: dict[str, tuple[float, float]]) -> list[str]:
-    """The names whose (cost, quality) no other point matches or beats on both and beats on one."""
-    return [n for n, (c, q) in points.items() if not any(
-        c2 <= c and q2 >= q and (c2 < c or q2 > q) for m, (c2, q2) in points.items() if m != n)]
-
-
-def best_system(d: dict, names: Sequence[str], m: str) -> str:
-    """The system of ``names`` with the highest mean ``m`` (ties: fewer pairs scored per query)."""
-    summ, cost = d["summary"], d["cost"]
-    return max(names, key=lambda s: (round(summ[s][m]["mean"], 6), -cost[s]["pairs_scored_per_query"]))
-
-
-def paired_difference(d: dict, a: str, b: str, m: str) -> dict:
-    """``a`` minus ``b`` at metric ``m``, a paired bootstrap over the report's questions."""
-    from funnel_core.evaluation.stats import paired_bootstrap
-
-    per_q = {s: {r["id"]: r["metrics"][m] for r in d["per_question"][s]} for s in (a, b)}
-    ids = sorted(per_q[a])
-    return paired_bootstrap([per_q[a][q] for q in ids], [per_q[b][q] for q in ids])
-
-
 def whole_statement(d: dict, flat: Sequence[str], funnels: Sequence[str]) -> str:
     """The plain statement of a whole-funnel report: the best funnel minus the best flat system at
-    AR@1 and AR@4 (paired bootstrap over questions), the Pareto front of each against pairs scored per
-    query (cross-encoder pairs + FiD passages), and per funnel stage the share of questions whose answer
-    survived it."""
+    AR@1 and AR@4 (paired bootstrap over questions), at equal cost and equal quality, the Pareto fronts
+    against pairs scored per query (cross-encoder pairs + FiD passages) and seconds, and per funnel stage
+    the share of questions whose answer survived it."""
     summ, cost = d["summary"], d["cost"]
     flat = [s for s in flat if s in summ]
     funnels = [s for s in funnels if s in summ]
-
-    def verdict(cmp: dict) -> str:
-        return "above" if cmp["ci"][0] > 0 else "below" if cmp["ci"][1] < 0 else "not distinguishable from"
 
     def at(s: str, m: str) -> str:
         return f"`{s}`, {summ[s][m]['mean']:.3f} at {cost[s]['pairs_scored_per_query']:.0f} pairs/query" + (
@@ -1373,16 +1392,16 @@ def whole_statement(d: dict, flat: Sequence[str], funnels: Sequence[str]) -> str
     lines = []
     for m in ("AR@1", "AR@4"):
         bf, bu = best_system(d, flat, m), best_system(d, funnels, m)
-        cmp = paired_difference(d, bu, bf, m)
+        c = paired_difference(d, bu, bf, m)
         lines.append(f"At {m} the best funnel ({at(bu, m)}) minus the best flat system ({at(bf, m)}): "
-                     f"{cmp['difference']:+.3f} {ci(cmp['ci'])} (paired bootstrap over {n} questions): "
-                     f"the funnel is {verdict(cmp)} the flat system.")
+                     f"{c['difference']:+.3f} {ci(c['ci'])} (paired bootstrap over {n} questions): "
+                     f"the funnel is {verdict(c['ci'], 'above', 'below')} the flat system.")
         cheap = [s for s in flat if cost[s]["pairs_scored_per_query"] <= cost[bu]["pairs_scored_per_query"]]
         if cheap:  # equal cost: the best flat system that scores no more pairs than the funnel
             bc = best_system(d, cheap, m)
-            c2 = paired_difference(d, bu, bc, m)
+            c = paired_difference(d, bu, bc, m)
             lines.append(f"At equal cost ({m}; flat systems scoring no more pairs per query than `{bu}`): "
-                         f"the best is `{bc}`; funnel minus it {c2['difference']:+.3f} {ci(c2['ci'])}.")
+                         f"the best is `{bc}`; funnel minus it {c['difference']:+.3f} {ci(c['ci'])}.")
         good = [s for s in flat if summ[s][m]["mean"] >= summ[bu][m]["mean"]]
         if good:  # equal quality: the cheapest flat system at least as good as the funnel
             bq = min(good, key=lambda s: (cost[s]["pairs_scored_per_query"], cost[s].get("seconds_p50") or 0))
@@ -1395,93 +1414,148 @@ def whole_statement(d: dict, flat: Sequence[str], funnels: Sequence[str]) -> str
             lines.append(f"At equal quality ({m}): no flat system reaches `{bu}`.")
     if all("CI@4" in summ[s] for s in flat + funnels):
         bf, bu = best_system(d, flat, "AR@4"), best_system(d, funnels, "AR@4")
-        c3 = paired_difference(d, bu, bf, "CI@4")
+        c = paired_difference(d, bu, bf, "CI@4")
         lines.append(f"CI@4 (contextual integrity) of the best funnel at AR@4 (`{bu}`, {summ[bu]['CI@4']['mean']:.3f}) "
                      f"minus the best flat system at AR@4 (`{bf}`, {summ[bf]['CI@4']['mean']:.3f}): "
-                     f"{c3['difference']:+.3f} {ci(c3['ci'])}.")
+                     f"{c['difference']:+.3f} {ci(c['ci'])}.")
     timed = all(cost[s].get("seconds_p50") is not None for s in flat + funnels)
-    for m in ("AR@1", "AR@4"):
-        for what, key in (("pairs scored per query (cross-encoder pairs + FiD passages)", "pairs_scored_per_query"),
-                          ("seconds per query (p50)", "seconds_p50")):
-            if key == "seconds_p50" and not timed:
-                continue
-            front = pareto_front({s: (cost[s][key], summ[s][m]["mean"]) for s in flat + funnels})
-            on = [s for s in front if s in funnels]
-            lines.append(f"Pareto front of {m} against {what}: "
-                         + ", ".join(f"`{s}`" for s in sorted(front, key=lambda s: cost[s][key]))
-                         + (f"; funnel configuration(s) on it: {', '.join(f'`{s}`' for s in on)}." if on else
-                            "; no funnel configuration is on it (each is matched or beaten at no more cost)."))
+    for (m, key), front in fronts(d, flat + funnels, timed).items():
+        on = [s for s in front if s in funnels]
+        lines.append(f"Pareto front of {m} against {COSTS[key]}: "
+                     + ", ".join(f"`{s}`" for s in sorted(front, key=lambda s: cost[s][key]))
+                     + (f"; funnel configuration(s) on it: {', '.join(f'`{s}`' for s in on)}." if on else
+                        "; no funnel configuration is on it (each is matched or beaten at no more cost)."))
     for s in funnels:
-        trace = d.get("stages", {}).get(s)
-        if not trace:
-            continue
         steps, prev, losses = [], None, []
-        for x in trace:
+        for x in d.get("stages", {}).get(s) or []:
             r = x["answer_recall"]
             steps.append(f"{x['stage']} {x['units_out_mean']:.1f} units ({r:.3f})")
             if prev is not None and r is not None and prev - r > 0:
                 losses.append((prev - r, x["stage"]))
             prev = r if r is not None else prev
-        worst = max(losses) if losses else None
-        lines.append(f"`{s}` per stage (units out; share of questions whose answer is still among them): "
-                     + " -> ".join(steps) + "; " + (f"the largest loss is at {worst[1]} ({worst[0]:.3f})."
-                                                   if worst else "no stage loses an answer."))
+        if steps:
+            worst = max(losses) if losses else None
+            lines.append(f"`{s}` per stage (units out; share of questions whose answer is still among them): "
+                         + " -> ".join(steps) + "; " + (f"the largest loss is at {worst[1]} ({worst[0]:.3f})."
+                                                       if worst else "no stage loses an answer."))
     for s in flat:
-        trace = d.get("stages", {}).get(s)
-        if trace:
-            x = trace[0]
-            lines.append(f"For comparison, `{s}`'s first stage ({x['stage']}, {x['units_out_mean']:.1f} units) holds "
-                         f"the answer for {x['answer_recall']:.3f} of the questions.")
+        if trace := d.get("stages", {}).get(s):
+            lines.append(f"For comparison, `{s}`'s first stage ({trace[0]['stage']}, "
+                         f"{trace[0]['units_out_mean']:.1f} units) holds the answer for "
+                         f"{trace[0]['answer_recall']:.3f} of the questions.")
     return "\n".join(f"- {line}" for line in lines)
 
 
+@block("funnelrag-whole-summary")
+def funnelrag_whole_readme() -> str:
+    """The README's answer to "is the paper's funnel, whole, on the Pareto front here?": the front of
+    AR@1 and AR@4 against pairs scored and (when timed) seconds; for a funnel on it, by how much it
+    differs from the best flat system at that metric, here and on the held-out questions."""
+    d = harness("funnelrag_whole")
+    summ, cost = d["summary"], d["cost"]
+    names = [s for s in [*WHOLE_FLAT, *WHOLE_FUNNELS] if s in summ]
+    flat = [s for s in WHOLE_FLAT if s in summ]
+    timed = all(cost[s].get("seconds_p50") is not None for s in names)
+    on: dict[str, list[str]] = {}  # funnel -> the metrics at whose front it is
+    for (m, _), front in fronts(d, names, timed).items():
+        for s in front:
+            if s in WHOLE_FUNNELS and m not in on.setdefault(s, []):
+                on[s].append(m)
+    ds = d["dataset"]
+    against = "pairs scored and seconds per query" if timed else "pairs scored per query"
+    where = (f"{ds['questions']:,} SQuAD dev-a questions over {ds['corpus']:,} paragraphs, "
+             "`benchmarks/configs/funnelrag_whole.toml`; the table, the trace of which stage loses what and the "
+             "held-out replication are in [docs/funnel.md](docs/funnel.md)")
+    if not on:
+        return (f"- **The paper's funnel, measured whole, is not on the Pareto front here**: no funnel configuration "
+                f"(clustered BM25 -> the L2G pre-ranker -> 100-word passages -> FiD or cross-encoder post-ranking, "
+                f"models that `funnel train` keeps) is on the front of AR@1 or AR@4 against {against} ({where}).")
+    held = harness("funnelrag_whole_heldout")
+    held_flat = [s for s in WHOLE_FLAT if s in held["summary"]]
+    parts = []
+    for s, metrics in on.items():
+        for m in metrics:
+            bf = best_system(d, flat, m)
+            c = paired_difference(d, s, bf, m)
+            text = (f"`{s}` at {m}: {summ[s][m]['mean']:.3f} at {cost[s]['pairs_scored_per_query']:.0f} pairs/query"
+                    + (f" and {secs(cost[s]['seconds_p50'])} s/query" if timed else "")
+                    + f", {c['difference']:+.3f} {ci(c['ci'])} against the best flat system `{bf}` "
+                    f"({summ[bf][m]['mean']:.3f} at {cost[bf]['pairs_scored_per_query']:.0f} pairs/query)")
+            if s in held["summary"] and held_flat:
+                hf = best_system(held, held_flat, m)
+                h = paired_difference(held, s, hf, m)
+                text += f"; on the held-out questions {h['difference']:+.3f} {ci(h['ci'])} against `{hf}`"
+            parts.append(text)
+    return (f"- **A funnel configuration is on the Pareto front here** (AR@1 or AR@4 against {against}): "
+            + "; ".join(parts) + f" (paired bootstrap 95% intervals; {where}).")
+
+
+# -- every block that is a harness report: one harness_table each --------------------------------------
+#: how a harness benchmark runs: its config, results folder and score cache all carry the benchmark's name
+EVAL_COMMAND = "`funnel eval benchmarks/configs/{0}.toml --out benchmarks/results/{0} --cache-dir .cache/{0}`"
+#: The SciFact cross-encoder's systems in benchmarks/configs/scifact.toml (pre-ranking, docs/prerank.md)
+PRERANK_SYSTEMS = {"bm25_ce_fused": "BM25 top-100 -> CE, interpolated with BM25 (w = 0.3)",
+                   "bm25_ce_top10": "BM25 top-10 -> CE alone", "bm25": "BM25"}
+#: ... and the funnel against the flat systems with the same model (docs/funnel.md)
+FUNNEL_SYSTEMS = {"bm25_ce_fused": "BM25 top-100 -> CE + BM25", "funnelrag": "funnel", "bm25": "BM25",
+                  "clustered": "clustered BM25 (first stage alone)"}
+#: The reader run (benchmarks/configs/squad_reader.toml, bench_reader.py)
+READER_SYSTEMS = {"funnelrag": "funnel", "bm25_ce": "BM25 top-30 -> CE", "bm25": "BM25"}
+READER_CMD = "`python benchmarks/bench_reader.py`"
+POSTRANK_SYSTEMS = {"bm25_ce": "BM25 top-10 -> the SQuAD cross-encoder",
+                    "bm25_fid": "BM25 top-10 -> the CPU FiD reader's cross-attention (eq. 3)",
+                    "bm25": "BM25 top-10 alone"}
+ATTENTION_SYSTEMS = {"bm25": "BM25 order", "bm25_ce": "cross-encoder (MiniLM, SQuAD-trained)",
+                     "attention_lm": 'SmolLM2-135M attention, calibrated with "N/A" (ICR)'}
+WHOLE = dict(metrics=["AR@1", "AR@2", "AR@4", "CI@4", "EM@4", "F1@4"], labels={**WHOLE_FLAT, **WHOLE_FUNNELS},
+             bold=["AR@1", "AR@4"], vs_baseline="AR@1",
+             after=lambda d: whole_statement(d, list(WHOLE_FLAT), list(WHOLE_FUNNELS)))
+#: block -> harness_table's arguments
+HARNESS_BLOCKS: dict[str, dict[str, Any]] = {
+    "mog-methods": dict(name="mog", metrics=MOG_METRICS, labels=MOG_METHODS, vs_baseline="AR@1",
+                        after=mog_auto_merging),
+    "mog-router": dict(name="mog", metrics=MOG_METRICS, labels=mog_router_labels, after=mog_label_distribution),
+    "hybrid-scifact": dict(name="scifact_fusion", metrics=["ndcg@10", "recall@100"], labels=FUSION_SYSTEMS,
+                           bold=["ndcg@10"], vs_baseline="ndcg@10", after=tuning_curves),
+    "hyde-squad": dict(name="squad_hyde", metrics=HYDE_METRICS, labels=HYDE_SYSTEMS, bold=HYDE_METRICS,
+                       vs_baseline="AR@5", after=hyde_pairs),
+    "funnelrag-whole": dict(name="funnelrag_whole", command=EVAL_COMMAND.format("funnelrag_whole"), **WHOLE),
+    "funnelrag-whole-heldout": dict(name="funnelrag_whole_heldout", **WHOLE,
+                                    command=EVAL_COMMAND.format("funnelrag_whole_heldout")),
+    "prerank-scifact": dict(name="scifact", metrics=["ndcg@10", "recall@10", "recall@100"], labels=PRERANK_SYSTEMS,
+                            bold=["ndcg@10"], vs_baseline="ndcg@10"),
+    "funnel-scifact": dict(name="scifact", metrics=["ndcg@10", "recall@10", "recall@100"], labels=FUNNEL_SYSTEMS,
+                           bold=["ndcg@10"], vs_baseline="ndcg@10"),
+    "squad-reader": dict(name="squad_reader", metrics=["AR@1", "AR@2", "EM@2", "F1@2"], labels=READER_SYSTEMS,
+                         bold=["F1@2"], vs_baseline="F1@2", command=READER_CMD),
+    "squad-postrank": dict(name="squad_postrank", metrics=["AR@1", "AR@2", "AR@4"], labels=POSTRANK_SYSTEMS,
+                           bold=["AR@1", "AR@4"], vs_baseline="AR@1", command=EVAL_COMMAND.format("squad_postrank")),
+    "fid-icr-squad": dict(name="squad_attention_lm", metrics=["AR@1", "AR@2", "AR@4"], labels=ATTENTION_SYSTEMS,
+                          bold=["AR@1"], vs_baseline="AR@1", command=EVAL_COMMAND.format("squad_attention_lm")),
+    "rankrag-squad": dict(name="squad_rankrag", metrics=["AR@1", "AR@2", "AR@3", "AR@4"], labels=RANKRAG_SYSTEMS,
+                          bold=["AR@1", "AR@4"], vs_baseline="AR@4", command=EVAL_COMMAND.format("squad_rankrag"),
+                          after=rankrag_statement("AR@4", training=True)),
+    "rankrag-scifact": dict(name="scifact_rankrag", metrics=["ndcg@10", "recall@10"], labels=RANKRAG_SYSTEMS,
+                            bold=["ndcg@10"], vs_baseline="ndcg@10", command=EVAL_COMMAND.format("scifact_rankrag"),
+                            after=rankrag_statement("ndcg@10")),
+    "compression-squad": dict(name="squad_compression", metrics=["AR@5", "words@5"], vs_baseline="AR@5", labels={
+        "bm25": "BM25 top-5 paragraphs (before)", "embedding": "compressed, embedding (MiniLM cosine)",
+        "bm25_sentences": "compressed, BM25 sentence scores", "random": "control: random sentences, same budget"}),
+}
+for _name, _kw in HARNESS_BLOCKS.items():
+    block(_name)(functools.partial(harness_table, **_kw))  # type: ignore[arg-type]
+
+
+
+
+# -- the README's results table: a row set per source -------------------------------------------------
 def hrow(name: str, what: str, metrics: Sequence[str], labels: dict[str, str],
          command: str | None = None) -> Callable[[], list[Row]]:
     return lambda: [harness_row(name, what, metrics, labels, command)]
 
 
-RANKRAG_SYSTEMS = {"bm25": "BM25 (no reranking)", "bm25_ce": "cross-encoder (MiniLM, SQuAD-trained)",
-                   "smollm2_zeroshot": "SmolLM2-135M zero-shot, P(True)",
-                   "smollm2_rankrag": "SmolLM2-135M RankRAG-tuned, P(True)",
-                   "smollm2_generate": "SmolLM2-135M zero-shot, generate and parse"}
-ATTENTION_COMMAND = EVAL_COMMAND.format("squad_attention_lm")
-ATTENTION_SYSTEMS = {"bm25": "BM25 order", "bm25_ce": "cross-encoder (MiniLM, SQuAD-trained)",
-                     "attention_lm": 'SmolLM2-135M attention, calibrated with "N/A" (ICR)'}
-
-
-def rankrag_statement(metric: str, training: bool = False) -> Callable[[dict], str]:
-    """What the RankRAG tuning changed at ``metric`` (tuned minus zero-shot, paired), where the tuned
-    model stands against BM25 and the cross-encoder, and with ``training`` the tuning run (its card,
-    ``results/rankrag_train.json``)."""
-    def after(d: dict) -> str:
-        summ = d["summary"]
-        mean = {s: summ[s][metric]["mean"] for s in summ}
-        parts = []
-        for a, b in (("smollm2_rankrag", "smollm2_zeroshot"), ("smollm2_rankrag", "bm25"),
-                     ("smollm2_rankrag", "bm25_ce"), ("bm25_ce", "bm25"), ("smollm2_generate", "smollm2_zeroshot")):
-            if a in summ and b in summ:
-                c = paired_difference(d, a, b, metric)
-                verdict = "better than" if c["ci"][0] > 0 else "worse than" if c["ci"][1] < 0 else "not distinguishable from"
-                parts.append(f"{RANKRAG_SYSTEMS[a]} is {verdict} {RANKRAG_SYSTEMS[b]} at {metric} ({mean[a]:.3f} vs "
-                             f"{mean[b]:.3f}; paired difference {c['difference']:+.3f} {ci(c['ci'])})")
-        ranked = {s: {r["id"]: r["ranked"] for r in rows} for s, rows in d["per_question"].items()}
-        kept = ", ".join(f"{RANKRAG_SYSTEMS[s]} {sum(ranked[s][q] == ranked['bm25'][q] for q in ranked['bm25'])}"
-                         for s in RANKRAG_SYSTEMS if s != "bm25" and s in ranked)
-        top = len(next(iter(ranked["bm25"].values())))
-        parts_text = "; ".join(parts) + (f". Questions whose top {top} (as the report keeps it) is BM25's top {top} "
-                                         f"in BM25's order, of {len(ranked['bm25'])}: {kept}.")
-        if not training:
-            return parts_text
-        card = load("rankrag_train.json")
-        dtype = ", ".join(sorted({r["dtype"] for r in card["hardware"].get("dtypes_resolved", [])})) or "?"
-        return (parts_text + f" The tuned model: {card['steps']} LoRA steps"
-                f"{' (stopped by the time cap)' if card.get('stopped_early') else ''} over {card['examples']} blend "
-                f"examples from {card['dataset']['trained_on']} SQuAD train questions, {card['train_seconds'] / 60:.0f} min "
-                f"in {dtype} on {card['hardware']['cpus']} CPU cores (`{card['command']}`; its card: "
-                "`benchmarks/results/rankrag_train.json`).")
-    return after
-
-
+#: SciFact test nDCG@10 published for the systems the SciFact rows compare against
+PUBLISHED_SCIFACT = {"bm25_beir": 0.665, "bm25_pyserini_flat": 0.679, "bm25_top100_ms_marco_minilm_ce_beir": 0.688}
 P = PUBLISHED_SCIFACT
 BENCH_BM25 = "`python benchmarks/bench_bm25.py`"
 BM25_QPS = "{systems.ours.qps:qps} vs {systems.llama_index_bm25.qps:qps} vs {systems.langchain_community.qps:qps}"
@@ -1542,7 +1616,7 @@ README_ROWS: list[tuple[str, Callable[[], list[Row]]]] = [
          "{speed.repeats} repeats", "not recorded", BENCH_FID)]).rows),
     ("fid", hrow("squad_attention_lm", "decoder-only attention reranker (SmolLM2-135M, calibrated as in ICR) of BM25 "
                  "top-20, SQuAD dev-a", ["AR@1"], {"attention_lm": "attention", "bm25": "BM25 order", "bm25_ce": "CE"},
-                 command=ATTENTION_COMMAND)),
+                 command=EVAL_COMMAND.format("squad_attention_lm"))),
     ("rankrag", hrow("squad_rankrag", "RankRAG P(True) reranking of BM25 top-20 with SmolLM2-135M, SQuAD dev-a "
                      "(tuned on SQuAD train by `funnel train`)", ["AR@1", "AR@4"],
                      {"smollm2_rankrag": "tuned", "smollm2_zeroshot": "zero-shot", "bm25": "BM25",
@@ -1555,44 +1629,21 @@ README_ROWS: list[tuple[str, Callable[[], list[Row]]]] = [
     ("post-ranking with the models funnel train keeps (SQuAD dev-a, BM25 top-10 paragraphs)",
      hrow("squad_postrank", "post-ranking BM25 top-10 with the kept SQuAD cross-encoder and the CPU FiD reader "
           "(models/), SQuAD dev-a", ["AR@1", "AR@4"], {"bm25_ce": "CE", "bm25_fid": "FiD (CPU)", "bm25": "BM25"},
-          command=POSTRANK_COMMAND)),
+          command=EVAL_COMMAND.format("squad_postrank"))),
 ]
 
-WHOLE = dict(metrics=["AR@1", "AR@2", "AR@4", "CI@4", "EM@4", "F1@4"], labels={**WHOLE_FLAT, **WHOLE_FUNNELS},
-             bold=["AR@1", "AR@4"], vs_baseline="AR@1", after=lambda d: whole_statement(d, list(WHOLE_FLAT), list(WHOLE_FUNNELS)))
-#: every block that is a harness report: block -> harness_table's arguments (one renderer for all of them)
-HARNESS_BLOCKS: dict[str, dict[str, Any]] = {
-    "mog-methods": dict(name="mog", metrics=MOG_METRICS, labels=MOG_METHODS, vs_baseline="AR@1", after=mog_auto_merging),
-    "mog-router": dict(name="mog", metrics=MOG_METRICS, labels=mog_router_labels, after=mog_label_distribution),
-    "hybrid-scifact": dict(name="scifact_fusion", metrics=["ndcg@10", "recall@100"], labels=FUSION_SYSTEMS,
-                           bold=["ndcg@10"], vs_baseline="ndcg@10", after=tuning_curves),
-    "hyde-squad": dict(name="squad_hyde", metrics=HYDE_METRICS, labels=HYDE_SYSTEMS, bold=HYDE_METRICS,
-                       vs_baseline="AR@5", after=hyde_pairs),
-    "funnelrag-whole": dict(name="funnelrag_whole", command=WHOLE_COMMAND, **WHOLE),
-    "funnelrag-whole-heldout": dict(name="funnelrag_whole_heldout", **WHOLE,
-                                    command=EVAL_COMMAND.format("funnelrag_whole_heldout")),
-    "prerank-scifact": dict(name="scifact", metrics=["ndcg@10", "recall@10", "recall@100"], labels=PRERANK_SYSTEMS,
-                            bold=["ndcg@10"], vs_baseline="ndcg@10"),
-    "funnel-scifact": dict(name="scifact", metrics=["ndcg@10", "recall@10", "recall@100"], labels=FUNNEL_SYSTEMS,
-                           bold=["ndcg@10"], vs_baseline="ndcg@10"),
-    "squad-reader": dict(name="squad_reader", metrics=["AR@1", "AR@2", "EM@2", "F1@2"], labels=READER_SYSTEMS,
-                         bold=["F1@2"], vs_baseline="F1@2", command=READER_CMD),
-    "squad-postrank": dict(name="squad_postrank", metrics=["AR@1", "AR@2", "AR@4"], labels=POSTRANK_SYSTEMS,
-                           bold=["AR@1", "AR@4"], vs_baseline="AR@1", command=POSTRANK_COMMAND),
-    "fid-icr-squad": dict(name="squad_attention_lm", metrics=["AR@1", "AR@2", "AR@4"], labels=ATTENTION_SYSTEMS,
-                          bold=["AR@1"], vs_baseline="AR@1", command=ATTENTION_COMMAND),
-    "rankrag-squad": dict(name="squad_rankrag", metrics=["AR@1", "AR@2", "AR@3", "AR@4"], labels=RANKRAG_SYSTEMS,
-                          bold=["AR@1", "AR@4"], vs_baseline="AR@4", command=EVAL_COMMAND.format("squad_rankrag"),
-                          after=rankrag_statement("AR@4", training=True)),
-    "rankrag-scifact": dict(name="scifact_rankrag", metrics=["ndcg@10", "recall@10"], labels=RANKRAG_SYSTEMS,
-                            bold=["ndcg@10"], vs_baseline="ndcg@10", command=EVAL_COMMAND.format("scifact_rankrag"),
-                            after=rankrag_statement("ndcg@10")),
-    "compression-squad": dict(name="squad_compression", metrics=["AR@5", "words@5"], vs_baseline="AR@5", labels={
-        "bm25": "BM25 top-5 paragraphs (before)", "embedding": "compressed, embedding (MiniLM cosine)",
-        "bm25_sentences": "compressed, BM25 sentence scores", "random": "control: random sentences, same budget"}),
-}
-for _name, _kw in HARNESS_BLOCKS.items():
-    block(_name)(functools.partial(harness_table, **_kw))  # type: ignore[arg-type]
+
+def rows_readme() -> list[Row]:
+    rows: list[Row] = []
+    for what, fn in README_ROWS:
+        try:
+            rows.extend(fn())
+        except (FileNotFoundError, KeyError, TypeError, ValueError, StopIteration) as exc:
+            print(f"report: left out {what}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return rows
+
+
+block("readme-table")(lambda: table(["what", "result", "sample", "95% interval", "command"], rows_readme()))
 
 
 FILES = [ROOT / "README.md"] + [ROOT / "docs" / f"{n}.md" for n in (
@@ -1622,51 +1673,6 @@ def render(text: str, problems: list[str] | None = None) -> str:
         return m.group(1) + body.rstrip() + "\n" + m.group(4)
 
     return MARK.sub(sub, text)
-
-
-@block("funnelrag-whole-summary")
-def funnelrag_whole_readme() -> str:
-    """The README's answer to "is the paper's funnel, whole, on the Pareto front here?": the front of
-    AR@1 and AR@4 against pairs scored and (when timed) seconds; for a funnel on it, by how much it
-    differs from the best flat system at that metric, here and on the held-out questions."""
-    d = harness("funnelrag_whole")
-    summ, cost = d["summary"], d["cost"]
-    names = [s for s in [*WHOLE_FLAT, *WHOLE_FUNNELS] if s in summ]
-    flat = [s for s in WHOLE_FLAT if s in summ]
-    timed = all(cost[s].get("seconds_p50") is not None for s in names)
-    on: dict[str, list[str]] = {}  # funnel -> the metrics at whose front it is
-    for m in ("AR@1", "AR@4"):
-        for key in ("pairs_scored_per_query", *(["seconds_p50"] if timed else [])):
-            for s in pareto_front({s: (cost[s][key], summ[s][m]["mean"]) for s in names}):
-                if s in WHOLE_FUNNELS and m not in on.setdefault(s, []):
-                    on[s].append(m)
-    ds = d["dataset"]
-    against = "pairs scored and seconds per query" if timed else "pairs scored per query"
-    where = (f"{ds['questions']:,} SQuAD dev-a questions over {ds['corpus']:,} paragraphs, "
-             "`benchmarks/configs/funnelrag_whole.toml`; the table, the trace of which stage loses what and the "
-             "held-out replication are in [docs/funnel.md](docs/funnel.md)")
-    if not on:
-        return (f"- **The paper's funnel, measured whole, is not on the Pareto front here**: no funnel configuration "
-                f"(clustered BM25 -> the L2G pre-ranker -> 100-word passages -> FiD or cross-encoder post-ranking, "
-                f"models that `funnel train` keeps) is on the front of AR@1 or AR@4 against {against} ({where}).")
-    held = harness("funnelrag_whole_heldout")
-    held_flat = [s for s in WHOLE_FLAT if s in held["summary"]]
-    parts = []
-    for s, ms in on.items():
-        for m in ms:
-            bf = best_system(d, flat, m)
-            c = paired_difference(d, s, bf, m)
-            text = (f"`{s}` at {m}: {summ[s][m]['mean']:.3f} at {cost[s]['pairs_scored_per_query']:.0f} pairs/query"
-                    + (f" and {secs(cost[s]['seconds_p50'])} s/query" if timed else "")
-                    + f", {c['difference']:+.3f} {ci(c['ci'])} against the best flat system `{bf}` "
-                    f"({summ[bf][m]['mean']:.3f} at {cost[bf]['pairs_scored_per_query']:.0f} pairs/query)")
-            if s in held["summary"] and held_flat:
-                hf = best_system(held, held_flat, m)
-                h = paired_difference(held, s, hf, m)
-                text += f"; on the held-out questions {h['difference']:+.3f} {ci(h['ci'])} against `{hf}`"
-            parts.append(text)
-    return (f"- **A funnel configuration is on the Pareto front here** (AR@1 or AR@4 against {against}): "
-            + "; ".join(parts) + f" (paired bootstrap 95% intervals; {where}).")
 
 
 def main(argv: list[str] | None = None) -> int:
