@@ -161,6 +161,7 @@ FORMATS: dict[str, Callable[[Any, str], str]] = {
     "removed": lambda v, _: removed_note(v),
     "if": lambda v, choices: choices.split("|", 2)[1 if v else 2],  # {x:if|text if true|text if not}
     "len": lambda v, _: str(len(v)),
+    "below": lambda v, limit: "yes" if v < float(limit) else "no",
     "mega": lambda v, _: f"{v / 1e6:.1f} M",
     "times": lambda v, spec: f"{v:{spec}}×",
     "about": lambda v, _: f"~{round(sum(v.values()) / len(v), -1):.0f}",  # the mean of a dict's values, to tens
@@ -789,37 +790,39 @@ def block_clustering_scifact() -> str:
     return table(["measurement", "result"], rows)
 
 
-def l2g_table(name: str) -> str:
-    """L2G vs label-only vs init vs BM25 order: pre-ranking answer recall on dev-a (l2g_squad*.json)."""
-    d = load(name)
-    res, tr = d["results"], d["training"]
-    body = [[f"{name}" + (f" (n={r['n']})" if r["n"] != res["n_questions"] else "")]
-            + [f"{f3(r[f'recall@{k}'])} {ci(r[f'recall@{k}_ci95'])}" for k in (1, 2, 3)]
-            for name, r in res["systems"].items()]
-    diffs = [[name.replace(" @", " , k_d="), f"{v['difference']:+.3f}", ci(v["ci"]),
-              f"{v['mcnemar']['a_only']} / {v['mcnemar']['b_only']}", f"{v['mcnemar']['p_value']:.3g}"]
-             for name, v in res["paired"].items() if name.endswith(("@1", "@2"))]
-    ev, a = d["evaluation"], d["args"]
-    arms = "; ".join(f"{k}: {v['steps']} steps in {v['seconds']:.0f} s, {v['groups']} groups, loss (mean of "
-                     f"first/last 10) {v['first_last_loss_mean10'][0]:.3f} -> {v['first_last_loss_mean10'][1]:.3f}"
-                     for k, v in tr.items())
-    head = (f"{res['n_questions']} dev-a questions ({ev['candidates']}, {ev['sample']}"
-            f"{'' if d['complete'] else '; run incomplete'}); {a['n_train']} train questions; "
-            f"{a['max_length']} tokens per (question, document); command: `{d['command']}`. "
-            f"Student init: {d['student']['init']}. Training: {arms}. Positives per group: L2G "
-            f"{d['training_data']['l2g_mean_positives']:.2f}, label-only {d['training_data']['label_mean_positives']:.2f}; "
-            f"the teacher's top-1 training document contains an answer for "
-            f"{d['training_data']['teacher_top1_document_contains_answer']:.0%} of the training questions. "
-            f"Load average at start {d['load_average_start'][0]:.1f}.\n\n")
-    return (head + table(["pre-ranker (answer recall after pre-ranking)", "k_d=1 [95% CI]",
-                             "k_d=2 [95% CI]", "k_d=3 [95% CI]"], body)
-            + "\n\nPaired differences on the same questions (bootstrap 95% CI; McNemar discordant "
-              "counts a-only / b-only and exact p):\n\n"
-            + table(["a - b", "difference", "95% CI", "a only / b only", "p"], diffs))
+def l2g_tables(source: str) -> Callable[[], str]:
+    """L2G vs label-only vs init vs BM25 order: pre-ranking answer recall on dev-a, then the paired differences
+    (l2g_squad*.json, bench_l2g_squad.py)."""
+    def systems(d: dict) -> dict:  # a system scored on fewer questions says on how many
+        n = d["results"]["n_questions"]
+        return {name + (f" (n={r['n']})" if r["n"] != n else ""): r for name, r in d["results"]["systems"].items()}
+
+    return joined(
+        Table(source, ["pre-ranker (answer recall after pre-ranking)", "k_d=1 [95% CI]", "k_d=2 [95% CI]",
+                       "k_d=3 [95% CI]"],
+              [["{key}", *(f"{{recall@{k}:.3f}} {{recall@{k}_ci95:ci}}" for k in (1, 2, 3))]], each=systems,
+              names=lambda d: {"arms": "; ".join(
+                  fill("{key}: {steps} steps in {seconds:.0f} s, {groups} groups, loss (mean of first/last 10) "
+                       "{first_last_loss_mean10.0:.3f} -> {first_last_loss_mean10.1:.3f}", arm, key=name)
+                  for name, arm in d["training"].items())},
+              note="{results.n_questions} dev-a questions ({evaluation.candidates}, {evaluation.sample}"
+                   "{complete:if||; run incomplete}); {args.n_train} train questions; {args.max_length} tokens per "
+                   "(question, document); command: `{command}`. Student init: {student.init}. Training: {arms}. "
+                   "Positives per group: L2G {training_data.l2g_mean_positives:.2f}, label-only "
+                   "{training_data.label_mean_positives:.2f}; the teacher's top-1 training document contains an "
+                   "answer for {training_data.teacher_top1_document_contains_answer:.0%} of the training questions. "
+                   "Load average at start {load_average_start.0:.1f}."),
+        Table(source, ["a - b", "difference", "95% CI", "a only / b only", "p"],
+              [["{key}", "{difference:+.3f}", "{ci:ci}", "{mcnemar.a_only} / {mcnemar.b_only}",
+                "{mcnemar.p_value:.3g}"]],
+              each=lambda d: {name.replace(" @", " , k_d="): pair for name, pair in d["results"]["paired"].items()
+                              if name.endswith(("@1", "@2"))},
+              note="Paired differences on the same questions (bootstrap 95% CI; McNemar discordant counts a-only / "
+                   "b-only and exact p):"))
 
 
-block("l2g-squad")(functools.partial(l2g_table, "l2g_squad.json"))
-block("l2g-squad-ce-init")(functools.partial(l2g_table, "l2g_squad_ce_init.json"))
+block("l2g-squad")(l2g_tables("l2g_squad.json"))
+block("l2g-squad-ce-init")(l2g_tables("l2g_squad_ce_init.json"))
 
 
 CE_BACKENDS_NOTES = """\
@@ -986,27 +989,22 @@ def block_dense_ann() -> str:
                  f"at the start. Commands: {commands}.")
 
 
-@block("demo-timing")
-def block_demo_timing() -> str:
-    """The offline demo's seconds per question (demo_timing.json)."""
-    d = load("demo_timing.json")
+def demo_runs(d: dict) -> dict:
+    """The demo's runs by embedding cache (this run and the previous one), each with its slowest later question."""
     runs = {d["embedding_cache"]: d, **d.get("previous_runs", {})}
-    rows = []
-    for cache in ("miss", "hit"):
-        r = runs.get(cache)
-        if r is None:
-            continue
-        warm = [q["seconds"] for rd in r["rounds"] for q in rd["questions"]]
-        rows.append([f"{cache} ({'one-time embedding of every document and passage' if cache == 'miss' else 'cache read'})",
-                     f"{r['build_seconds']:.1f}", f"{r['first_question_seconds']:.2f}",
-                     f"{max(warm):.3f}", "yes" if max(warm) < 0.5 else "no",
-                     f"{r['machine']['load_average_at_start'][0]:.1f}"])
-    return table(["embedding cache", "build s", "first question s", "slowest later question s", "all < 0.5 s",
-                  "load average at start"], rows,
-                 f"`python -m funnel_core demo`'s funnel over {d['n_documents']:,} stdlib docstrings "
-                 f"({d['n_clusters']} clusters); later questions asked with warm models, twice each; "
-                 "command: `python benchmarks/bench_demo.py --repeats 2` (run once on an empty cache, once again).")
+    return {cache: {**r, "slowest": max(q["seconds"] for rd in r["rounds"] for q in rd["questions"])}
+            for cache, r in runs.items()}
 
+
+block("demo-timing")(Table(  # the offline demo's seconds per question
+    "demo_timing.json", ["embedding cache", "build s", "first question s", "slowest later question s", "all < 0.5 s",
+                         "load average at start"],
+    [["{label}", "{build_seconds:.1f}", "{first_question_seconds:.2f}", "{slowest:.3f}", "{slowest:below0.5}",
+      "{machine.load_average_at_start.0:.1f}"]], each=demo_runs,
+    labels={"miss": "miss (one-time embedding of every document and passage)", "hit": "hit (cache read)"},
+    note="`python -m funnel_core demo`'s funnel over {n_documents:,} stdlib docstrings ({n_clusters} clusters); later "
+         "questions asked with warm models, twice each; command: `python benchmarks/bench_demo.py --repeats 2` (run "
+         "once on an empty cache, once again)."))
 block("dtype-agreement")(Table(
     "dtype_agreement.json", ["stage", "Spearman min", "Spearman mean", "top-1 agreement",
                              "max abs(fp32 - bf16) / fp32 range", "gold top-1 fp32 / bf16",
