@@ -99,15 +99,16 @@ def secs(x: float) -> str:
     return f"{x:.2g}" if abs(x) < 0.01 else f"{x:.2f}"
 
 
-#: model-building scripts removed when model building moved to `funnel train` -> the `funnel train` recipe that now makes their model
+#: scripts removed when model building moved to `funnel train` -> the `funnel train` recipe that now makes the model
 REMOVED_SCRIPTS = {"squad_ce_model.py": "squad_ce", "prerank_model.py": "scifact_ce"}
 
 
 def removed_note(text: str) -> str:
     """``text`` (a run's recorded description) with a note where it names a removed script."""
     gone = [s for s in REMOVED_SCRIPTS if s in text]
-    return text + (f" (`{gone[0]}` was removed when model building moved to `funnel train`, see git history; the model is now made by "
-                   f"`funnel train benchmarks/train/{REMOVED_SCRIPTS[gone[0]]}.toml`, another run)" if gone else "")
+    return text + (f" (`{gone[0]}` was removed when model building moved to `funnel train`, see git history; the "
+                   f"model is now made by `funnel train benchmarks/train/{REMOVED_SCRIPTS[gone[0]]}.toml`, another run)"
+                   if gone else "")
 
 
 # -- tables declared as data --------------------------------------------------------------------------
@@ -282,7 +283,8 @@ def harness_timing(d: dict) -> str:
     if t.get("refused"):
         return t["refused"]
     lq = t.get("load1") or {}
-    threads = f" ({t['threads']} torch thread{'s' if t['threads'] > 1 else ''} while timing)" if t.get("threads") else ""
+    threads = (f" ({t['threads']} torch thread{'s' if t['threads'] > 1 else ''} while timing)"
+               if t.get("threads") else "")
     return (f"seconds: {t['n_timing']} questions, systems round-robin with warm models, {t['cores']} cores{threads}, "
             f"1-minute load average {lq.get('min', float('nan')):.2f}-{lq.get('max', float('nan')):.2f}")
 
@@ -596,8 +598,9 @@ def cluster_rows(c: dict) -> list[dict]:
             if a.get("code_root"):
                 old = f"a worktree at {a['code_commit']}" if a.get("code_commit") else "older code"
                 command.append(f"--code-root OLD_CODE ({old})")
+            units = steps["algorithm1"] + steps["cluster_units"] if "algorithm1" in steps else None
             out.append({**r, "run": name, "command": " ".join(command), "peak_rss_gib": r["peak_rss_mib"] / 1024,
-                        "units_seconds": steps["algorithm1"] + steps["cluster_units"] if "algorithm1" in steps else None})
+                        "units_seconds": units})
     return out
 
 
@@ -758,35 +761,37 @@ def block_milvus() -> str:
         f"\n\npymilvus {v.get('pymilvus')}, milvus-lite {v.get('milvus_lite')}; one run each of {', '.join(cmds)}.")
 
 
-# -- docs/clustering.md, docs/funnel.md, docs/prerank.md -----------------------------------------
+# -- BM25 (bench_bm25.py), L2G (bench_l2g_squad.py), runtimes, engines, ANN, the demo, dtypes -----------------
+#: our BM25 index, llama-index-retrievers-bm25 and LangChain's community BM25, as bench_bm25.py names them
+BM25_SYSTEMS = ("ours", "llama_index_bm25", "langchain_community")
+
+
 @block("clustering-scifact")
 def block_clustering_scifact() -> str:
-    b = load("bm25.json")
-    f = harness("scifact_fusion")
-    flat = {m: f["summary"]["bm25"][m] for m in ("ndcg@10", "recall@100")}
-    c = b["clustered"]
-    ss, sy = b["speed_scifact"]["systems"], b["speed_synthetic"]["systems"]
-    rec = c["recall_at_k_clusters"]
-    ks = " / ".join(str(r["k_clusters"]) for r in rec)
+    """docs/clustering.md: flat BM25 on SciFact (its harness report), our BM25 index against
+    llama-index-retrievers-bm25 and LangChain's community BM25, and the clusters of SciFact."""
+    b, f = load("bm25.json"), harness("scifact_fusion")
+    c, rec, docs = b["clustered"], b["clustered"]["recall_at_k_clusters"], b["speed_synthetic"]["n_documents"]
+
+    def three(part: str, field: str) -> str:  # ours / llama-index-retrievers-bm25 / LangChain community
+        return " / ".join(fill(f"{{{field}}}", b[part]["systems"][s]) for s in BM25_SYSTEMS)
+
     rows = [["flat BM25, SciFact test nDCG@10 / Recall@100 (95% bootstrap intervals)",
-             " / ".join(f"{x['mean']:.3f} {ci(x['ci'])}" for x in flat.values())
+             fill("{ndcg@10.mean:.3f} {ndcg@10.ci:ci} / {recall@100.mean:.3f} {recall@100.ci:ci}", f["summary"]["bm25"])
              + f" ({f['dataset']['questions']} test queries, {harness_command(f)})"],
-            [f"queries/s, SciFact ({b['speed_scifact']['n_documents']:,} docs): ours / llama-index-retrievers-bm25 / LangChain community",
-             f"{ss['ours']['qps']:,.0f} / {ss['llama_index_bm25']['qps']:,.0f} / {ss['langchain_community']['qps']:.1f} "
-             f"({ss['ours']['queries_timed']} / {ss['llama_index_bm25']['queries_timed']} / {ss['langchain_community']['queries_timed']} queries timed, one run)"],
-            [f"queries/s, {b['speed_synthetic']['n_documents']:,} synthetic docs",
-             f"{sy['ours']['qps']:,.0f} / {sy['llama_index_bm25']['qps']:,.0f} / {sy['langchain_community']['qps']:.1f}"],
-            [f"peak memory building the {b['speed_synthetic']['n_documents']:,}-doc index (tracemalloc)",
-             f"{sy['ours']['peak_build_mib']:.0f} / {sy['llama_index_bm25']['peak_build_mib']:.0f} / "
-             f"{sy['langchain_community']['peak_build_mib']:.0f} MiB"],
+            [f"queries/s, SciFact ({b['speed_scifact']['n_documents']:,} docs): ours / llama-index-retrievers-bm25 / "
+             "LangChain community", f"{three('speed_scifact', 'qps:qps')} "
+                                    f"({three('speed_scifact', 'queries_timed')} queries timed, one run)"],
+            [f"queries/s, {docs:,} synthetic docs", three("speed_synthetic", "qps:qps")],
+            [f"peak memory building the {docs:,}-doc index (tracemalloc)",
+             three("speed_synthetic", "peak_build_mib:.0f") + " MiB"],
             ["SciFact clusters (S = 4096)", f"{c['n_clusters']} clusters for {c['n_documents']:,} docs "
              f"({c['compression']:.1f}x), {c['tokens_per_cluster']['mean']:,.0f} tokens each on average"],
-            [f"recall of relevant docs in the top-{ks} clusters (interval not recorded)",
-             " / ".join(f"{r['recall_clustered']:.3f}" for r in rec) + " (flat BM25 at the same number of docs: "
-             + " / ".join(f"{r['recall_flat_same_docs']:.3f}" for r in rec) + ")"]]
-    for r in b.get("clustering_scale", []):
-        rows.append([f"clustering time, {r['n_documents']:,} synthetic docs (BM25 index + kNN graph + Algorithm 1)",
-                     f"{r['total_seconds']:.1f} s"])
+            [f"recall of relevant docs in the top-{' / '.join(str(r['k_clusters']) for r in rec)} clusters (interval "
+             "not recorded)", " / ".join(f"{r['recall_clustered']:.3f}" for r in rec) + " (flat BM25 at the same "
+             "number of docs: " + " / ".join(f"{r['recall_flat_same_docs']:.3f}" for r in rec) + ")"]]
+    rows += [[f"clustering time, {r['n_documents']:,} synthetic docs (BM25 index + kNN graph + Algorithm 1)",
+              f"{r['total_seconds']:.1f} s"] for r in b.get("clustering_scale", [])]
     return table(["measurement", "result"], rows)
 
 
@@ -881,13 +886,14 @@ block("first-call")(joined(  # a cross-encoder's first call per runtime, and whe
             "{imported}"]], each=first_call_cells,
           names=lambda d: {"model_name": Path(d["model"]).name, "loads": [r["load_before"][0] for r in d["runs"]]},
           note="Median of {repeats} fresh processes per cell, {pairs} pairs of up to {max_length} tokens, model "
-               "`{model_name}` (MiniLM-L6 size); `cold`: an empty export folder, `cached`: the folder a previous process "
-               "left. 1-minute load average before a process: {loads:range.2f} on {machine.cpus} cores. Runtimes "
-               "installed ({install|with `[all]`}): {runtimes_installed:join}; `runtime=\"auto\"` picks "
+               "`{model_name}` (MiniLM-L6 size); `cold`: an empty export folder, `cached`: the folder a previous "
+               "process left. 1-minute load average before a process: {loads:range.2f} on {machine.cpus} cores. "
+               "Runtimes installed ({install|with `[all]`}): {runtimes_installed:join}; `runtime=\"auto\"` picks "
                "`{auto_runtime_on_this_cpu}` on this CPU. Command: `python benchmarks/bench_first_call.py --repeats "
                "{repeats}`{install|:if| (run with that environment's Python)|}."),
     Table("first_call.json", ["runtime", "export folder", *(f"{step} (s)" for step in FIRST_CALL_STEPS)],
-          [["{runtime}", "{state}", *(f"{{phases.{step}|—:.2f}}" for step in FIRST_CALL_STEPS)]], each=first_call_cells,
+          [["{runtime}", "{state}", *(f"{{phases.{step}|—:.2f}}" for step in FIRST_CALL_STEPS)]],
+          each=first_call_cells,
           note="The same first call, step by step (`phases`): `import` is funnel_core's scorer module, plus "
                "transformers (which imports torch) for the torch runtime; ONNX Runtime and OpenVINO tokenize with the "
                "export's own tokenizer (`PairTokenizer`) and import transformers only to export; `load` the torch "
@@ -1073,11 +1079,12 @@ FID_ALPHA_LABELS = {"fid_alpha_mean": "(i) eq. 3 on alpha: top-4 tokens per laye
 
 block("postrank-fid-alpha")(Table(  # Table 7 / Table 8 as written, on alpha, with the trained reader
     "fid_table7_alpha.json", ["scheme", "AR@1", "AR@4", "AR@1 - cross-encoder (paired)"],
-    [["{label}", "{results.*.AR@1:arci}", "{results.*.AR@4:arci}", "{paired_vs_cross_encoder.* - cross_encoder.AR@1|:diff}"]],
+    [["{label}", "{results.*.AR@1:arci}", "{results.*.AR@4:arci}",
+      "{paired_vs_cross_encoder.* - cross_encoder.AR@1|:diff}"]],
     labels=FID_ALPHA_LABELS,
-    note="**Table 7 / Table 8 as the paper writes them, on alpha** ({questions} dev-a questions, {seconds:.0f} s on the "
-         "CPU; the former `benchmarks/fid_table7_cpu.py`, removed when model building moved to `funnel train` with the "
-         "GPU reader's scripts, see git history):"))
+    note="**Table 7 / Table 8 as the paper writes them, on alpha** ({questions} dev-a questions, {seconds:.0f} s on "
+         "the CPU; the former `benchmarks/fid_table7_cpu.py`, removed when model building moved to `funnel train` with "
+         "the GPU reader's scripts, see git history):"))
 
 
 block("fbrag-squad")(Table(  # FB-RAG answer recall of the kept chunks on SQuAD
@@ -1141,8 +1148,8 @@ def reliability_notes() -> str:
 block("reliability")(joined(Table(  # `make reliability`: a row per persisted object, then the totals that must be 0
     "reliability.json", ["object", "kill -9: trials / bad", "bit flips: trials / silent", "concurrent loads / mixed",
                          "I/O errors: trials / bad"],
-    [["`{key}`", "{kills:,} / {kills_bad}", "{flips.trials|0:,} / {flips.silent|-}", "{loads.loads|0:,} / {loads.mixed|-}",
-      "{io:,} / {io_bad}"]], each=reliability_rows), reliability_notes))
+    [["`{key}`", "{kills:,} / {kills_bad}", "{flips.trials|0:,} / {flips.silent|-}",
+      "{loads.loads|0:,} / {loads.mixed|-}", "{io:,} / {io_bad}"]], each=reliability_rows), reliability_notes))
 
 
 # -- trained models (funnel train; the cards in models/) ------------------------------------------
@@ -1556,17 +1563,17 @@ def hrow(name: str, what: str, metrics: Sequence[str], labels: dict[str, str],
 PUBLISHED_SCIFACT = {"bm25_beir": 0.665, "bm25_pyserini_flat": 0.679, "bm25_top100_ms_marco_minilm_ce_beir": 0.688}
 P = PUBLISHED_SCIFACT
 BENCH_BM25 = "`python benchmarks/bench_bm25.py`"
-BM25_QPS = "{systems.ours.qps:qps} vs {systems.llama_index_bm25.qps:qps} vs {systems.langchain_community.qps:qps}"
-BM25_TIMED = ("{systems.ours.queries_timed} / {systems.llama_index_bm25.queries_timed} / "
-              "{systems.langchain_community.queries_timed} queries")
+BM25_QPS = " vs ".join(f"{{systems.{s}.qps:qps}}" for s in BM25_SYSTEMS)
+BM25_TIMED = " / ".join(f"{{systems.{s}.queries_timed}}" for s in BM25_SYSTEMS) + " queries"
 BENCH_FID, BENCH_FBRAG = (f"`python benchmarks/{n}.py`" for n in ("bench_fid", "bench_fbrag"))
 #: the README's results table, in order: (what, rows); a source that fails to render is left out with a warning
 README_ROWS: list[tuple[str, Callable[[], list[Row]]]] = [
     ("squad_large", squad_large_rows),
     ("cluster_scale", Table("cluster_scale.json", (), [(
         "clustering pipeline end to end, {n_documents:,} synthetic docs (BM25 index + kNN graph + Algorithm 1 + "
-        "cluster index)", "**{pipeline_seconds:.0f} s** wall, {cpu_seconds:.0f} CPU s, peak RSS {peak_rss_gib:.1f} GiB "
-        "(target {^target.seconds} s, {^target.peak_rss_gib} GiB)", "one run", "not recorded (one run)", "`{command}`")],
+        "cluster index)", "**{pipeline_seconds:.0f} s** wall, {cpu_seconds:.0f} CPU s, peak RSS {peak_rss_gib:.1f} "
+        "GiB (target {^target.seconds} s, {^target.peak_rss_gib} GiB)", "one run", "not recorded (one run)",
+        "`{command}`")],
         each=cluster_full_rows).rows),
     ("squad_ce_training", Table("squad_ce_training.json", (), [(
         "MiniLM cross-encoder trained on SQuAD train (listwise, BM25 hard negatives)",
@@ -1621,8 +1628,8 @@ README_ROWS: list[tuple[str, Callable[[], list[Row]]]] = [
                       "bm25_ce": "CE"}, command=EVAL_COMMAND.format("squad_rankrag"))),
     ("fbrag", Table("bench_fbrag.json", (), [(
         "FB-RAG with SmolLM2-135M, SQuAD answer recall (3 chunks kept)",
-        "BM25 backward-only {answer_recall_at_kept.backward_only_bm25:.2f}, Ours-FB {answer_recall_at_kept.ours_fb:.2f}, "
-        "Ours-F {answer_recall_at_kept.ours_f:.2f}", "{setup.questions} questions",
+        "BM25 backward-only {answer_recall_at_kept.backward_only_bm25:.2f}, Ours-FB "
+        "{answer_recall_at_kept.ours_fb:.2f}, Ours-F {answer_recall_at_kept.ours_f:.2f}", "{setup.questions} questions",
         "Ours-FB {answer_recall_at_kept.ours_fb:wci{setup.questions}}", BENCH_FBRAG)]).rows),
     ("post-ranking with the models funnel train keeps (SQuAD dev-a, BM25 top-10 paragraphs)",
      hrow("squad_postrank", "post-ranking BM25 top-10 with the kept SQuAD cross-encoder and the CPU FiD reader "
