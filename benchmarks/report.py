@@ -11,13 +11,14 @@ a bootstrap interval the row shows that; for a proportion with only its mean and
 row shows a Wilson 95% interval (marked "Wilson"); where neither is possible the row says so.
 A row whose JSON is missing (or lacks the fields) is left out with a warning.
 
-Most blocks are declared, not programmed: a ``Table`` names a JSON file, the column headers, one
-template per cell (``"{path.to.field:.3f}"``, see ``_Template``) and where its rows come from;
-``HARNESS_BLOCKS`` lists the blocks that are one ``harness_table`` of an evaluation-harness report;
-``README_ROWS`` lists the README summary rows (``Rows`` of templates, ``hrow`` of a harness report).
-A block that needs code (derived comparisons, statements in words) is a function decorated with
-``@block("name")``. Either way the two markers go in a file of ``FILES``; ``table(header, rows,
-note)`` renders every table.
+One renderer for all of them: a ``Table`` declares a block (or a part of one) as data: a JSON
+file, the column headers, one template per cell (``"{path.to.field:.3f}"``, see ``_Template`` and
+``FORMATS``), where its rows come from (``each``, ``labels``), the note before it and the text after
+it; ``joined`` puts parts together and ``Table.rows()`` gives README rows. ``HARNESS_BLOCKS`` lists
+the blocks that are one ``harness_table`` of an evaluation-harness report, ``README_ROWS`` the README
+summary rows. What no template can say (comparisons, statements in words) is a function: registered
+with ``@block("name")``, or given to a Table (``each``, ``names``) or a harness table (``after``).
+The two markers go in a file of ``FILES``; ``table(header, rows, note)`` renders every table.
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ def removed_note(text: str) -> str:
                    if gone else "")
 
 
-# -- tables declared as data --------------------------------------------------------------------------
+# -- tables declared as data: templates over JSON ------------------------------------------------------
 class _Missing(str):
     """The text a template shows for a missing value (``{path|text}``), never formatted."""
 
@@ -1025,7 +1026,7 @@ block("dtype-agreement")(Table(
          "`python benchmarks/bench_dtype.py --questions {args.questions} --candidates {args.candidates}`."))
 
 
-# -- postrank / llm_retrieval tables (typed by hand before) --------------------------------------
+# -- post-ranking (docs/postrank.md) and FB-RAG ----------------------------------------------------------
 block("fid-speed")(Table(
     "fid.json", ["scorer", "parameters", "seconds / {speed.passages} passages", "passages / s",
                  "cross-encoder is faster by"],
@@ -1094,6 +1095,7 @@ block("fbrag-squad")(Table(  # FB-RAG answer recall of the kept chunks on SQuAD
             "ours_f": "Ours-F (0 / 1)"}))
 
 
+# -- reliability (`make reliability`) and the trained models (`funnel train`; the cards in models/) -----------
 def reliability_rows(d: dict) -> dict[str, dict]:
     """Per persisted object: the trials and bad outcomes of each experiment kind (both kill kinds together)."""
     ex = d["experiments"]
@@ -1152,7 +1154,6 @@ block("reliability")(joined(Table(  # `make reliability`: a row per persisted ob
       "{loads.loads|0:,} / {loads.mixed|-}", "{io:,} / {io_bad}"]], each=reliability_rows), reliability_notes))
 
 
-# -- trained models (funnel train; the cards in models/) ------------------------------------------
 KEPT_MODELS = ("minilm-squad-ce", "minilm-squad-fid", "minilm-squad-l2g")
 
 
