@@ -201,7 +201,7 @@ class Table:
     label's key). Without either, ``body`` is a list of rows of templates over the whole file. ``note``
     precedes the table and ``after`` follows it, both templates over the file; ``names(data)``: values no
     path reads (derived from the data), by name; ``bold``: the columns whose best (largest) number is in bold.
-    ``rows()`` is the body alone (README rows: ``header`` empty)."""
+    A table without rows is left out (an empty string); ``rows()`` is the body alone (README rows)."""
 
     source: str | Callable[[], Any]
     header: Sequence[str]

@@ -403,6 +403,20 @@ def test_table_rows_per_item_per_label_and_fixed(monkeypatch):
     assert fixed.splitlines()[2:] == ["| n | 300 |", "| flags | avx2, fma |"]
 
 
+def test_template_chooses_counts_and_picks_list_items():
+    doc = {"done": True, "none": None, "xs": [{"k": 1, "v": 0.5}, {"k": 5, "v": 0.25}], "loads": [0.5, 1.25]}
+    assert report.fill("{done:if|yes|no} / {none:if|yes|no} / {none:na.2f} / {xs:len}", doc) == "yes / no / n/a / 2"
+    assert report.fill("{xs.k=5.v:.2f} {loads:range.1f} {^done} {extra}", doc, doc, extra="x") == "0.25 0.5-1.2 True x"
+
+
+def test_table_reads_a_part_and_leaves_out_a_table_without_rows(monkeypatch):
+    monkeypatch.setattr(report, "load", lambda name: DOC)
+    part = report.Table("x.json", ["q/s"], [["{qps:.1f}"]], at="runs", each=lambda runs: [runs["fast"]])()
+    assert part.splitlines()[2:] == ["| 1234.5 |"]
+    assert report.Table("x.json", ["q/s"], [["{qps}"]], at="no such part")() == ""
+    assert report.Table("x.json", ["q/s"], [["{qps}"]], each=lambda d: [], note="a note")() == ""
+
+
 def test_readme_rows_from_templates(monkeypatch):
     monkeypatch.setattr(report, "load", lambda name: DOC)
     rows = report.Table("x.json", (), [("fast run", "{runs.fast.qps:,.0f} q/s", "{n} queries", "not recorded",
