@@ -11,13 +11,14 @@ a bootstrap interval the row shows that; for a proportion with only its mean and
 row shows a Wilson 95% interval (marked "Wilson"); where neither is possible the row says so.
 A row whose JSON is missing (or lacks the fields) is left out with a warning.
 
-Most blocks are declared, not programmed: a ``Table`` names a JSON file, the column headers, one
-template per cell (``"{path.to.field:.3f}"``, see ``_Template``) and where its rows come from;
-``HARNESS_BLOCKS`` lists the blocks that are one ``harness_table`` of an evaluation-harness report;
-``README_ROWS`` lists the README summary rows (``Rows`` of templates, ``hrow`` of a harness report).
-A block that needs code (derived comparisons, statements in words) is a function decorated with
-``@block("name")``. Either way the two markers go in a file of ``FILES``; ``table(header, rows,
-note)`` renders every table.
+One renderer for all of them: a ``Table`` declares a block (or a part of one) as data: a JSON
+file, the column headers, one template per cell (``"{path.to.field:.3f}"``, see ``_Template`` and
+``FORMATS``), where its rows come from (``each``, ``labels``), the note before it and the text after
+it; ``joined`` puts parts together and ``Table.rows()`` gives README rows. ``HARNESS_BLOCKS`` lists
+the blocks that are one ``harness_table`` of an evaluation-harness report, ``README_ROWS`` the README
+summary rows. What no template can say (comparisons, statements in words) is a function: registered
+with ``@block("name")``, or given to a Table (``each``, ``names``) or a harness table (``after``).
+The two markers go in a file of ``FILES``; ``table(header, rows, note)`` renders every table.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from typing import Any, Callable, Sequence
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT))
-Row = tuple[str, str, str, str, str]   # what, result, n, interval, command
+Row = Sequence[str]   # a README row: what, result, n, interval, command
 
 #: block name -> renderer; filled by ``@block``
 BLOCKS: dict[str, Callable[[], str]] = {}
@@ -83,11 +84,15 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]], note: str = "") 
     return (note.rstrip() + "\n\n" if note else "") + "\n".join(out)
 
 
-def bold_max(values: Sequence[float | None], digits: int = 3) -> list[str]:
-    """Format ``values``; the largest (after rounding) in bold, every tie included; None -> blank."""
-    shown = [None if v is None else round(v, digits) for v in values]
-    top = max((v for v in shown if v is not None), default=None)
-    return ["" if v is None else (f"**{v:.{digits}f}**" if v == top else f"{v:.{digits}f}") for v in shown]
+def bold_best(rows: list[list[str]], columns: Sequence[int]) -> list[list[str]]:
+    """``rows`` with, in each of ``columns``, the cells whose leading number is the largest shown in bold
+    (every tie; an empty cell is not a number)."""
+    for col in columns:
+        shown = [float(r[col].split()[0]) if r[col] else None for r in rows]
+        top = max((v for v in shown if v is not None), default=None)
+        for r, v in zip(rows, shown):
+            r[col] = f"**{r[col]}**" if v is not None and v == top else r[col]
+    return rows
 
 
 def secs(x: float) -> str:
@@ -95,44 +100,38 @@ def secs(x: float) -> str:
     return f"{x:.2g}" if abs(x) < 0.01 else f"{x:.2f}"
 
 
-#: model-building scripts removed when model building moved to `funnel train` -> the `funnel train` recipe that now makes their model
+#: scripts removed when model building moved to `funnel train` -> the `funnel train` recipe that now makes the model
 REMOVED_SCRIPTS = {"squad_ce_model.py": "squad_ce", "prerank_model.py": "scifact_ce"}
 
 
 def removed_note(text: str) -> str:
     """``text`` (a run's recorded description) with a note where it names a removed script."""
     gone = [s for s in REMOVED_SCRIPTS if s in text]
-    return text + (f" (`{gone[0]}` was removed when model building moved to `funnel train`, see git history; the model is now made by "
-                   f"`funnel train benchmarks/train/{REMOVED_SCRIPTS[gone[0]]}.toml`, another run)" if gone else "")
+    return text + (f" (`{gone[0]}` was removed when model building moved to `funnel train`, see git history; the "
+                   f"model is now made by `funnel train benchmarks/train/{REMOVED_SCRIPTS[gone[0]]}.toml`, another run)"
+                   if gone else "")
 
 
-def commands_cell(commands: Sequence[str], strip_comments: bool = False) -> str:
-    """The recorded commands of a run in backticks; a run of a removed script says so (it stays in git
-    history) and names the `funnel train` recipe that now makes the model (a different run)."""
-    cell = "; ".join(f"`{c.split('#')[0].strip() if strip_comments else c}`" for c in commands)
-    return removed_note(cell) if any(s in cell for s in REMOVED_SCRIPTS) else cell
-
-
-# -- tables declared as data --------------------------------------------------------------------------
+# -- tables declared as data: templates over JSON ------------------------------------------------------
 class _Missing(str):
     """The text a template shows for a missing value (``{path|text}``), never formatted."""
 
 
 class _Template(string.Formatter):
     """``str.format`` over JSON: ``{a.b.c:SPEC}`` reads key ``a``, then ``b``, then ``c`` of the row
-    (``{^a.b}``: of the whole file; a ``*`` in a path is the row's key; ``{key}`` / ``{label}`` the row's
-    key and label; ``{a|text}``: ``text`` where the value is missing or null). ``SPEC`` is a format spec
-    or a name of ``FORMATS`` followed by its argument (``{p:wci300}``: a Wilson interval over 300)."""
+    (``{^a.b}``: of the whole file; a ``*`` in a path is the row's key; ``{key}``, ``{label}`` and any other
+    name given to ``fill``: that value; ``{a|text}``: ``text`` where the value is missing or null). ``SPEC``
+    is a format spec or a name of ``FORMATS`` followed by its argument (``{p:wci300}``: a Wilson interval
+    over 300; ``{done:if|yes|no}``: ``yes`` where ``done`` is true, else ``no``)."""
 
     def get_field(self, field_name, args, kwargs):  # type: ignore[override]
         path, bar, default = field_name.partition("|")
-        if path in ("key", "label"):
-            return kwargs[path], field_name
-        node = kwargs["root"] if path.startswith("^") else kwargs["row"]
+        names = kwargs["names"]
+        if path in names:
+            return names[path], field_name
         try:
-            for part in path.lstrip("^").split("."):
-                part = part.replace("*", str(kwargs["key"]))
-                node = node[int(part) if isinstance(node, list) else part]
+            node = lookup(kwargs["root"] if path.startswith("^") else kwargs["row"], path.lstrip("^"),
+                          names.get("key", ""))
         except (KeyError, IndexError, TypeError):
             if not bar:
                 raise
@@ -156,61 +155,101 @@ FORMATS: dict[str, Callable[[Any, str], str]] = {
     "wci": lambda p, n: f"{ci(wilson(p, int(n)))} (Wilson)",
     "secs": lambda v, _: secs(v),
     "join": lambda v, sep: (sep or ", ").join(map(str, v)),
-    "commands": lambda v, _: commands_cell(v),
-    "bare_commands": lambda v, _: commands_cell(v, strip_comments=True),
+    "na": lambda v, spec: "n/a" if v is None else format(v, spec),
+    "range": lambda v, spec: f"{min(v):{spec}}-{max(v):{spec}}",  # smallest-largest
+    "qps": lambda q, _: f"{q:,.0f}" if q >= 10 else f"{q:.1f}",  # queries per second
+    "commands": lambda v, _: removed_note("; ".join(f"`{c}`" for c in v)),
+    "bare_commands": lambda v, _: removed_note("; ".join(f"`{c.split('#')[0].strip()}`" for c in v)),  # no comments
+    "removed": lambda v, _: removed_note(v),
+    "if": lambda v, choices: choices.split("|", 2)[1 if v else 2],  # {x:if|text if true|text if not}
+    "len": lambda v, _: str(len(v)),
+    "below": lambda v, limit: "yes" if v < float(limit) else "no",
     "mega": lambda v, _: f"{v / 1e6:.1f} M",
     "times": lambda v, spec: f"{v:{spec}}×",
+    "about": lambda v, _: f"~{round(sum(v.values()) / len(v), -1):.0f}",  # the mean of a dict's values, to tens
     "curve": lambda c, _: ", ".join(f"{x['step']}: {x['loss']:.2f}" for x in (c or [])[:: max(1, len(c or []) // 8)]),
 }
 
 
-def fill(template: str, row: Any = None, root: Any = None, key: str = "", label: str = "") -> str:
-    """``template`` with its ``{path:spec}`` fields read from ``row`` (and ``root``, ``key``, ``label``)."""
-    return _Template().format(template, row=row, root=root, key=key, label=label)
+def lookup(node: Any, path: str, key: str = "") -> Any:
+    """The value at ``path`` in ``node``: keys, or indices of a list, joined by dots; ``*`` stands for ``key``;
+    ``field=value`` picks the first item of a list whose ``field`` is ``value`` (``K=5``)."""
+    for part in path.split("."):
+        part = part.replace("*", key)
+        if isinstance(node, list) and "=" in part:
+            field, _, value = part.partition("=")
+            node = next(item for item in node if str(item[field]) == value)
+        else:
+            node = node[int(part) if isinstance(node, list) else part]
+    return node
+
+
+def fill(template: str, row: Any = None, root: Any = None, key: str = "", label: str = "", **names: Any) -> str:
+    """``template`` with its ``{path:spec}`` fields read from ``row`` (and ``root``, ``key``, ``label``, ``names``)."""
+    return _Template().format(template, row=row, root=root, names={"key": key, "label": label, **names})
 
 
 @dataclass(frozen=True)
 class Table:
-    """A markdown table read from one JSON file of results/.
+    """A markdown table read from one JSON file of results/ (``source``: its name, or a function returning
+    the data), or from its part ``at`` (a key: a file without it has no table, an empty string; ``{^path}``
+    still reads the whole file).
 
-    ``each``: the path of a dict (or list) with a row per item, each row ``body[0]``'s templates over that
-    item; ``labels`` picks and orders the items of the dict (``{label}`` in a template) and, with
-    ``each`` empty, makes a row per label over the whole file (``*`` in a path: the label's key).
-    Without either, ``body`` is a list of rows of templates over the whole file. ``note`` precedes the
-    table and ``after`` follows it, both templates over the file."""
+    ``each``: the path of a dict (or list) with a row per item, or a function of the data returning one; each
+    row is ``body[0]``'s templates over that item. ``labels`` picks, orders and names (``{label}``) the items
+    it finds and, with ``each`` empty, makes a row per label over the whole file (``*`` in a path: the
+    label's key). Without either, ``body`` is a list of rows of templates over the whole file. ``note``
+    precedes the table and ``after`` follows it, both templates over the file; ``names(data)``: values no
+    path reads (derived from the data), by name; ``bold``: the columns whose best (largest) number is in bold.
+    A table without rows is left out (an empty string); ``rows()`` is the body alone (README rows)."""
 
-    source: str
+    source: str | Callable[[], Any]
     header: Sequence[str]
     body: Sequence[Sequence[str]]
-    each: str | None = None
+    each: str | Callable[[Any], Any] | None = None
     labels: dict[str, str] | None = None
     note: str = ""
     after: str = ""
+    at: str = ""
+    names: Callable[[Any], dict[str, Any]] | None = None
+    bold: Sequence[int] = ()
 
     def __call__(self) -> str:
-        d = load(self.source)
+        parts = self.render()
+        return table(*parts[:3]) + parts[3] if parts and parts[1] else ""  # no rows, no table
+
+    def rows(self) -> list[list[str]]:
+        parts = self.render()
+        return parts[1] if parts else []
+
+    def render(self) -> tuple[list[str], list[list[str]], str, str] | None:
+        """The header, rows, note and text after the table (None where the file lacks the part ``at``)."""
+        root = load(self.source) if isinstance(self.source, str) else self.source()
+        if self.at and self.at not in root:
+            return None
+        d = root[self.at] if self.at else root
+        names = self.names(d) if self.names else {}
+
+        def cells(templates: Sequence[str], row: Any, key: str = "", label: str = "") -> list[str]:
+            return [fill(t, row, root, key, label, **names) for t in templates]
+
         if self.each is None and self.labels is None:
-            rows = [[fill(t, d, d) for t in row] for row in self.body]
+            rows = [cells(row, d) for row in self.body]
         else:
-            items = _Template().get_field(self.each, (), {"row": d, "root": d, "key": ""})[0] if self.each else d
-            keys = list(self.labels) if self.labels else (list(items) if isinstance(items, dict) else range(len(items)))
-            rows = [[fill(t, items[k] if self.each else d, d, str(k), (self.labels or {}).get(str(k), ""))
-                     for t in self.body[0]] for k in keys]
-        head = [fill(h, d, d) for h in self.header]
-        return table(head, rows, fill(self.note, d, d)) + (fill(self.after, d, d) if self.after else "")
+            items = d if self.each is None else self.each(d) if callable(self.each) else lookup(d, self.each)
+            keys = list(items) if isinstance(items, dict) else list(range(len(items)))
+            labels = self.labels or {}
+            if labels:
+                keys = [k for k in labels if self.each is None or k in keys]
+            rows = [cells(self.body[0], d if self.each is None else items[k], str(k), labels.get(str(k), ""))
+                    for k in keys]
+        note, after = (fill(text, d, root, **names) for text in (self.note, self.after))
+        return cells(self.header, d), bold_best(rows, self.bold), note, after
 
 
-@dataclass(frozen=True)
-class Rows:
-    """README results rows read from one JSON file: each a (what, result, sample, interval, command)
-    tuple of templates over the file."""
-
-    source: str
-    rows: Sequence[Sequence[str]]
-
-    def __call__(self) -> list[Row]:
-        d = load(self.source)
-        return [tuple(fill(t, d, d) for t in r) for r in self.rows]  # type: ignore[misc]
+def joined(*parts: Callable[[], str]) -> Callable[[], str]:
+    """A block of several parts (tables, statements), a blank line between two; an empty part is left out."""
+    return lambda: "\n\n".join(text for text in (part() for part in parts) if text)
 
 
 # -- reports of the evaluation harness (`funnel eval`, funnel_core.evaluation.evaluate) -------------
@@ -245,7 +284,8 @@ def harness_timing(d: dict) -> str:
     if t.get("refused"):
         return t["refused"]
     lq = t.get("load1") or {}
-    threads = f" ({t['threads']} torch thread{'s' if t['threads'] > 1 else ''} while timing)" if t.get("threads") else ""
+    threads = (f" ({t['threads']} torch thread{'s' if t['threads'] > 1 else ''} while timing)"
+               if t.get("threads") else "")
     return (f"seconds: {t['n_timing']} questions, systems round-robin with warm models, {t['cores']} cores{threads}, "
             f"1-minute load average {lq.get('min', float('nan')):.2f}-{lq.get('max', float('nan')):.2f}")
 
@@ -266,7 +306,6 @@ def harness_table(name: str, metrics: Sequence[str] | None = None,
     systems = [s for s in (labels or summ) if s in summ]
     metrics = [m for m in metrics or d["metrics"] if m in d["metrics"]]
     dig = {m: 1 if m.startswith("words") else digits for m in metrics}  # words: one decimal
-    top = {m: max(round(summ[s][m]["mean"], dig[m]) for s in systems) for m in bold}
     pairs = any(cost[s]["pairs_scored_per_query"] for s in systems)
     fid = any(cost[s].get("fid_passages_per_query") for s in systems)
     timed = any(cost[s]["seconds_p50"] is not None for s in systems)
@@ -275,10 +314,8 @@ def harness_table(name: str, metrics: Sequence[str] | None = None,
     head += ["s/query p50", "s/query p95"] if timed else []
     rows = []
     for s in systems:
-        row = [harness_label(d, s, labels)]
-        for m in metrics:
-            cell = f"{summ[s][m]['mean']:.{dig[m]}f} {ci(summ[s][m]['ci'], dig[m])}"
-            row.append(f"**{cell}**" if m in top and round(summ[s][m]["mean"], dig[m]) == top[m] else cell)
+        row = [harness_label(d, s, labels)] + [f"{summ[s][m]['mean']:.{dig[m]}f} {ci(summ[s][m]['ci'], dig[m])}"
+                                               for m in metrics]
         if vs_baseline:
             c = d["comparisons"].get(s, {}).get(vs_baseline)
             row.append(f"{c['difference']:+.{dig[vs_baseline]}f} {ci(c['ci'], dig[vs_baseline])}" if c else "")
@@ -286,6 +323,7 @@ def harness_table(name: str, metrics: Sequence[str] | None = None,
         row += [f"{cost[s].get('fid_passages_per_query', 0):.0f}"] if fid else []
         row += [secs(cost[s][k]) if cost[s][k] is not None else "" for k in ("seconds_p50", "seconds_p95") if timed]
         rows.append(row)
+    bold_best(rows, [1 + i for i, m in enumerate(metrics) if m in bold])
     ds = d["dataset"]
     tail = after(d) if after else ""
     return table(head, rows, f"{ds['questions']:,} questions of `{ds['name']}`, 95% bootstrap intervals over "
@@ -308,7 +346,7 @@ def harness_row(name: str, what: str, metrics: Sequence[str], labels: dict[str, 
             f"{labels[first]}: {ci(summ[first][metrics[0]]['ci'])} (bootstrap)", command or harness_command(d))
 
 
-# -- the large SQuAD benchmark -----------------------------------------------------------------
+# -- the large SQuAD benchmark (bench_squad_large.py; its seconds from time_squad_large.py) ------------
 TIMING_KEYS = ("seconds_p50", "seconds_p95", "seconds_mean", "timed_questions", "reranked_units_per_query_real",
                "pairs_scored_per_query_real", "model_calls_per_query_real", "AR@4_hit_agreement_real_vs_cached")
 
@@ -321,20 +359,18 @@ def merge_timing(res: dict, harness: dict) -> dict:
         raise ValueError(f"not an evaluation-harness report (format {harness.get('format')!r}).")
     if harness["timing"].get("refused"):
         return res
-    res = json.loads(json.dumps(res))
-    rows = res["systems_dev_a"]
-    for r in rows.values():
-        for k in TIMING_KEYS:
-            r.pop(k, None)
+    res, t = json.loads(json.dumps(res)), harness["timing"]
     agree = harness.get("AR@4_hit_agreement_real_vs_cached", {})
-    for name, c in harness["cost"].items():
-        if name in rows and c["seconds_p50"] is not None:
-            rows[name].update({k: c[k] for k in ("seconds_p50", "seconds_p95", "seconds_mean", "timed_questions")})
-            rows[name]["pairs_scored_per_query_real"] = c["pairs_scored_per_query"]
-            rows[name]["model_calls_per_query_real"] = c["model_calls_per_query"]
+    for name, row in res["systems_dev_a"].items():
+        for k in TIMING_KEYS:
+            row.pop(k, None)
+        c = harness["cost"].get(name)
+        if c and c["seconds_p50"] is not None:
+            row.update({k: c[k] for k in ("seconds_p50", "seconds_p95", "seconds_mean", "timed_questions")},
+                       pairs_scored_per_query_real=c["pairs_scored_per_query"],
+                       model_calls_per_query_real=c["model_calls_per_query"])
             if name in agree:
-                rows[name]["AR@4_hit_agreement_real_vs_cached"] = agree[name]
-    t = harness["timing"]
+                row["AR@4_hit_agreement_real_vs_cached"] = agree[name]
     res["samples"]["dev_a_timing"] = t["n_timing"]
     res["load_average_before_timing"] = [harness["load_average_before"]]
     res["load_average_after_timing"] = [harness["load_average_after"]]
@@ -358,6 +394,11 @@ def large_cmd(d: dict) -> str:
     return f"`{d['command']}` (see docs/benchmarks.md)"
 
 
+def of_kind(rows: dict, kind: str, timed: bool = False) -> dict:
+    """The systems of ``rows`` of one kind (first stage, flat, funnel); with ``timed``, only those timed."""
+    return {n: r for n, r in rows.items() if r["kind"] == kind and (not timed or "seconds_p50" in r)}
+
+
 def _system(x: dict, side: str = "flat", name: str | None = None) -> str:
     """``x``'s flat system (or, with ``side="funnel"``, the funnel ``name``): name, AR@4 and seconds."""
     return f"`{name or x[side]}` (AR@4 {f3(x[f'AR@4_{side}'])}, {x[f'seconds_p50_{side}']:.2f} s/query)"
@@ -365,22 +406,15 @@ def _system(x: dict, side: str = "flat", name: str | None = None) -> str:
 
 def _diff(x: dict) -> str:
     diff, mc = x["AR@4_difference"], x["mcnemar_exact"]
-    return (f"AR@4 funnel - flat **{diff['difference']:+.3f}** (paired bootstrap 95% {ci(diff['ci'])}; McNemar exact "
-            f"p = {mc['p_value']:.3g}, {mc['a_only']} vs {mc['b_only']} discordant questions)")
-
-
-def _verdict(diff: dict) -> str:
-    lo, hi = diff["ci"]
-    return ("the funnel is more accurate" if lo > 0 else "the funnel is less accurate" if hi < 0
-            else "no difference the sample can resolve")
+    return (f"AR@4 funnel - flat **{diff['difference']:+.3f}** (paired bootstrap 95% {ci(diff['ci'])}; McNemar "
+            f"exact p = {mc['p_value']:.3g}, {mc['a_only']} vs {mc['b_only']} discordant questions)")
 
 
 def large_plain(d: dict) -> list[str]:
     """Where the funnel beats the best flat system and where it does not, in plain words, from the JSON:
     at equal AR@4 the time ratio, at equal time the AR@4 difference with its interval."""
-    c = d["comparison"]
+    c, rows = d["comparison"], d["systems_dev_a"]
     f = c["funnel"]
-    rows = d["systems_dev_a"]
     fr = rows[f]
     out = []
     if "equal_AR@4" in c:
@@ -388,16 +422,19 @@ def large_plain(d: dict) -> list[str]:
         ratio = x["time_ratio_funnel_over_flat"]
         who = ("the fastest flat system with at least the funnel's AR@4" if x.get("flat_reaches_funnel_AR@4") else
                "no flat system reaches the funnel's AR@4; the most accurate one")
-        out.append(f"**At equal AR@4 the funnel is {'faster' if ratio < 1 else 'slower'}**: the funnel chosen on train, "
-                   f"{_system(x, 'funnel', f)}, takes **{ratio:.2f}x the time** of {who}, {_system(x)}; {_diff(x)}.")
+        out.append(f"**At equal AR@4 the funnel is {'faster' if ratio < 1 else 'slower'}**: the funnel chosen on "
+                   f"train, {_system(x, 'funnel', f)}, takes **{ratio:.2f}x the time** of {who}, {_system(x)}; "
+                   f"{_diff(x)}.")
     if "equal_time" in c:
         x = c["equal_time"]
+        lo, hi = x["AR@4_difference"]["ci"]
+        verdict = ("the funnel is more accurate" if lo > 0 else "the funnel is less accurate" if hi < 0
+                   else "no difference the sample can resolve")
         who = ("the most accurate flat system no slower than the funnel" if x.get("flat_within_funnel_time") else
                "every flat system is slower than the funnel; the fastest")
-        out.append(f"**At equal time, {_verdict(x['AR@4_difference'])}**: against {who}, {_system(x)}, {_diff(x)}; the funnel takes "
+        out.append(f"**At equal time, {verdict}**: against {who}, {_system(x)}, {_diff(x)}; the funnel takes "
                    f"{x['time_ratio_funnel_over_flat']:.2f}x its time.")
-    flats = {n: r for n, r in rows.items() if r["kind"] == "flat" and "seconds_p50" in r}
-    funnels = {n: r for n, r in rows.items() if r["kind"] == "funnel" and "seconds_p50" in r}
+    flats, funnels = of_kind(rows, "flat", timed=True), of_kind(rows, "funnel", timed=True)
     undominated = [n for n, r in funnels.items()
                    if not any(o["AR@4"] >= r["AR@4"] and o["seconds_p50"] <= r["seconds_p50"] for o in flats.values())]
     out.append(f"Of the {len(funnels)} timed funnel configurations, "
@@ -406,14 +443,14 @@ def large_plain(d: dict) -> list[str]:
                   if undominated else
                   f"none beats the flat systems: for each, a flat system (of {len(flats)} timed) is at least as "
                   "accurate in at most its time."))
-    allflat = {n: r for n, r in rows.items() if r["kind"] == "flat"}
+    allflat = of_kind(rows, "flat")
     reach = [n for n in allflat if allflat[n]["AR@4"] >= fr["AR@4"]]
     if reach:  # the cost that does not depend on the machine
         cheapest = min(reach, key=lambda n: allflat[n]["pairs_per_query"])
         cr = allflat[cheapest]
-        out.append(f"In cross-encoder pairs per query (independent of the machine): the cheapest flat system with at least "
-                   f"the funnel's AR@4 is `{cheapest}` (AR@4 {f3(cr['AR@4'])} with {cr['pairs_per_query']:.0f} pairs/query) "
-                   f"against {fr['pairs_per_query']:.0f} pairs/query for `{f}` "
+        out.append(f"In cross-encoder pairs per query (independent of the machine): the cheapest flat system with at "
+                   f"least the funnel's AR@4 is `{cheapest}` (AR@4 {f3(cr['AR@4'])} with {cr['pairs_per_query']:.0f} "
+                   f"pairs/query) against {fr['pairs_per_query']:.0f} pairs/query for `{f}` "
                    f"({fr['pairs_per_query'] / max(cr['pairs_per_query'], 1e-9):.1f}x the pairs).")
     else:
         best = max(allflat, key=lambda n: allflat[n]["AR@4"])
@@ -425,37 +462,30 @@ def large_plain(d: dict) -> list[str]:
 
 def large_nearest(d: dict) -> list[str]:
     """The paired comparisons the issue asks for: the flat system nearest in AR@4, nearest in time, best."""
-    c = d["comparison"]
-    f = c["funnel"]
-    out = []
-    for key, label in (("nearest_in_AR@4", "the flat system nearest in AR@4"),
-                       ("nearest_in_time", "the flat system nearest in time"),
-                       ("best_flat", "the most accurate flat system")):
-        if key in c:
-            x = c[key]
-            out.append(f"Against {label}, {_system(x)}, the funnel {_system(x, 'funnel', f)}: {_diff(x)} at "
-                       f"**{x['time_ratio_funnel_over_flat']:.2f}x** the time.")
-    rows = d["systems_dev_a"]
-    flats = {n: r for n, r in rows.items() if r["kind"] == "flat"}
-    funnels = {n: r for n, r in rows.items() if r["kind"] == "funnel"}
-    bf = max(flats, key=lambda n: flats[n]["AR@4"])
-    bu = max(funnels, key=lambda n: funnels[n]["AR@4"])
-    out.append(f"Highest AR@4 of any flat system: `{bf}` {f3(flats[bf]['AR@4'])} {ci(flats[bf]['AR@4_ci95'])}; "
-               f"of any funnel: `{bu}` {f3(funnels[bu]['AR@4'])} {ci(funnels[bu]['AR@4_ci95'])}.")
-    return out
+    c, rows = d["comparison"], d["systems_dev_a"]
+    out = [f"Against {label}, {_system(c[key])}, the funnel {_system(c[key], 'funnel', c['funnel'])}: "
+           f"{_diff(c[key])} at **{c[key]['time_ratio_funnel_over_flat']:.2f}x** the time."
+           for key, label in (("nearest_in_AR@4", "the flat system nearest in AR@4"),
+                              ("nearest_in_time", "the flat system nearest in time"),
+                              ("best_flat", "the most accurate flat system")) if key in c]
+
+    def best(kind: str) -> str:
+        name, r = max(of_kind(rows, kind).items(), key=lambda item: item[1]["AR@4"])
+        return f"`{name}` {f3(r['AR@4'])} {ci(r['AR@4_ci95'])}"
+
+    return out + [f"Highest AR@4 of any flat system: {best('flat')}; of any funnel: {best('funnel')}."]
 
 
 def timing_note(d: dict) -> str:
-    s = d["samples"]
+    """How the seconds of the large benchmark were measured (after "time: ")."""
+    s, run = d["samples"], d["timing_run"]
     lq = d.get("load_average_per_question") or {}
     per_q = (f"; 1-minute load average over the timed questions: median {lq['median']:.1f}, range "
              f"{lq['min']:.1f}-{lq['max']:.1f}" if lq else "")
-    run = d["timing_run"]
     where, fmt = (f"{run['cores']} cores", ".1f") if "cores" in run else ("the 2 shared cores", ".0f")
-    return (f"time: median (p50) and p95 over {s['dev_a_timing']} dev-a questions, systems run round-robin per "
-            f"question, warm models, `{run['command']}` (load average "
-            f"{d['load_average_before_timing'][0]:{fmt}} before and {d['load_average_after_timing'][0]:{fmt}} after on "
-            f"{where}{per_q})")
+    return (f"median (p50) and p95 over {s['dev_a_timing']} dev-a questions, systems run round-robin per "
+            f"question, warm models, `{run['command']}` (load average {d['load_average_before_timing'][0]:{fmt}} "
+            f"before and {d['load_average_after_timing'][0]:{fmt}} after on {where}{per_q})")
 
 
 @block("large-summary")
@@ -464,35 +494,8 @@ def block_large_readme() -> str:
     s = d["samples"]
     return "\n\n".join(f"- {x}" for x in large_plain(d)) + (
         f"\n\n(SQuAD train + dev-a corpus, {d['corpus']['passages']:,} passages; AR@4 on {s['dev_a_report']:,} dev-a "
-        f"questions; {timing_note(d)}; choices tuned on {s['train_tuning']} train questions; full table, plot and "
-        "method in [docs/benchmarks.md](docs/benchmarks.md).)")
-
-
-@block("large-systems")
-def block_large_systems() -> str:
-    d = large()
-    rows = d["systems_dev_a"]
-
-    def natural(name: str):
-        return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
-
-    order = sorted(rows, key=lambda n: ({"first stage": 0, "flat": 1, "funnel": 2}[rows[n]["kind"]], natural(n)))
-    body = []
-    for n in order:
-        r = rows[n]
-        fs = r["kind"] == "first stage"
-        body.append([f"`{n}`", r["kind"]] + [f3(r[f"AR@{k}"]) for k in (1, 2, 3, 4)]
-                    + [ci(r["AR@4_ci95"]), f3(r["AR@10"]) if fs else "", f3(r["AR@20"]) if fs else "",
-                       f"{r['pairs_per_query']:.0f}",
-                       f"{r['seconds_p50']:.3f}" if "seconds_p50" in r else "",
-                       f"{r['seconds_p95']:.3f}" if "seconds_p95" in r else ""])
-    s = d["samples"]
-    note = (f"{s['dev_a_report']:,} dev-a questions (AR); command: {large_cmd(d)}. Best funnel chosen on "
-            f"{s['train_tuning']} train questions: `{d['best_funnel_chosen_on_train']}`. Hybrid alpha (train): "
-            f"{d['hybrid']['alpha']}. HNSW recall@100 vs exact search: {d['dense']['recall@100_hnsw_vs_exact']:.3f}. "
-            f"{timing_note(d)[0].upper() + timing_note(d)[1:]}; systems with no time were not timed.")
-    return table(["system", "kind", "AR@1", "AR@2", "AR@3", "AR@4", "AR@4 95% CI (bootstrap)",
-                  "AR@10", "AR@20", "CE pairs/query", "s/query p50", "s/query p95"], body, note)
+        f"questions; time: {timing_note(d)}; choices tuned on {s['train_tuning']} train questions; full table, plot "
+        "and method in [docs/benchmarks.md](docs/benchmarks.md).)")
 
 
 @block("large-comparison")
@@ -501,25 +504,71 @@ def block_large_comparison() -> str:
     return "\n".join(f"- {s}" for s in large_plain(d) + large_nearest(d))
 
 
+KINDS = ["first stage", "flat", "funnel"]
+
+
+def large_systems_in_order(d: dict) -> dict:
+    """The systems of the large benchmark: first stages, flat systems, then funnels, each in natural order."""
+    rows = d["systems_dev_a"]
+
+    def natural(name: str) -> list:
+        return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+    return {n: rows[n] for n in sorted(rows, key=lambda n: (KINDS.index(rows[n]["kind"]), natural(n)))}
+
+
+block("large-systems")(Table(
+    large, ["system", "kind", "AR@1", "AR@2", "AR@3", "AR@4", "AR@4 95% CI (bootstrap)", "AR@10", "AR@20",
+            "CE pairs/query", "s/query p50", "s/query p95"],
+    [["`{key}`", "{kind}", "{AR@1:.3f}", "{AR@2:.3f}", "{AR@3:.3f}", "{AR@4:.3f}", "{AR@4_ci95:ci}", "{AR@10|:.3f}",
+      "{AR@20|:.3f}", "{pairs_per_query:.0f}", "{seconds_p50|:.3f}", "{seconds_p95|:.3f}"]],
+    each=large_systems_in_order, names=lambda d: {"timing": timing_note(d)},
+    note="{samples.dev_a_report:,} dev-a questions (AR); command: `{command}` (see docs/benchmarks.md). Best funnel "
+         "chosen on {samples.train_tuning} train questions: `{best_funnel_chosen_on_train}`. Hybrid alpha (train): "
+         "{hybrid.alpha}. HNSW recall@100 vs exact search: {dense.recall@100_hnsw_vs_exact:.3f}. Time: {timing}; "
+         "systems with no time were not timed."))
+
+
 @block("large-cluster-recall")
 def block_large_cluster_recall() -> str:
+    """Answer recall of the documents in the top-K clusters against as many from flat retrieval, per S."""
     d = large()
-    out = []
-    for s, rows in d["cluster_recall_dev_a"].items():
-        info = d["corpus"]["clusters"].get(s, {})
-        out.append(table(["K clusters", "documents", "answer recall, clusters", "95% CI (bootstrap)",
-                          "flat BM25, same #docs", "flat dense, same #docs", "clusters - BM25 (paired 95% CI)"],
-                         [[str(r["K"]), f"{r['mean_documents']:.1f}", f3(r["clusters"]), ci(r["clusters_ci95"]),
-                           f3(r["flat_bm25_documents"]), f3(r["flat_dense_documents"]),
-                           f"{r['clusters_minus_bm25']['difference']:+.3f} {ci(r['clusters_minus_bm25']['ci'])}"]
-                          for r in rows],
-                         f"**S = {s}** ({info.get('clusters', '?')} clusters, "
-                         f"{info.get('mean_documents_per_cluster', float('nan')):.2f} documents each on average)"))
-        out.append("")
-    n = d["samples"]["dev_a_report"]
+    tables = [table(["K clusters", "documents", "answer recall, clusters", "95% CI (bootstrap)",
+                     "flat BM25, same #docs", "flat dense, same #docs", "clusters - BM25 (paired 95% CI)"],
+                    [[fill(t, r) for t in ("{K}", "{mean_documents:.1f}", "{clusters:.3f}", "{clusters_ci95:ci}",
+                                           "{flat_bm25_documents:.3f}", "{flat_dense_documents:.3f}",
+                                           "{clusters_minus_bm25:diff}")] for r in rows],
+                    fill("**S = {S}** ({clusters|?} clusters, {mean_documents_per_cluster|nan:.2f} documents each on "
+                         "average)", d["corpus"]["clusters"].get(s, {}), S=s))
+              for s, rows in d["cluster_recall_dev_a"].items()]
     return (f"Answer recall of the documents inside the top-K clusters vs the same number of documents from flat "
-            f"BM25 over documents and from dense MiniLM (documents ranked by their best passage), {n:,} dev-a "
-            f"questions; command: {large_cmd(d)}.\n\n" + "\n".join(out).rstrip())
+            f"BM25 over documents and from dense MiniLM (documents ranked by their best passage), "
+            f"{d['samples']['dev_a_report']:,} dev-a questions; command: {large_cmd(d)}.\n\n" + "\n\n".join(tables))
+
+
+def squad_large_rows() -> list[Row]:
+    """The README rows of the large benchmark: the best flat system, two cheap ones, the funnel chosen on
+    train and the preset; the answer recall of the top-5 clusters."""
+    d = large()
+    r, s = d["systems_dev_a"], d["samples"]
+    best_flat = max(of_kind(r, "flat"), key=lambda k: r[k]["AR@4"])
+    preset = next(k for k in r if "preset" in k)
+    out = []
+    for name in dict.fromkeys([best_flat, "hybrid -> CE@10", "bm25 -> CE@20", d["best_funnel_chosen_on_train"],
+                               preset]):
+        if name in r:
+            x = r[name]
+            t = f", {x['seconds_p50']:.2f} s/query p50" if "seconds_p50" in x else ""
+            out.append((f"large SQuAD corpus ({d['corpus']['passages']:,} passages): `{name}`",
+                        f"AR@4 **{f3(x['AR@4'])}**, AR@1 {f3(x['AR@1'])}, {x['pairs_per_query']:.0f} CE pairs/query{t}",
+                        f"{s['dev_a_report']:,} dev-a q ({s['dev_a_timing']} timed)",
+                        ci(x["AR@4_ci95"]) + " (bootstrap)", large_cmd(d)))
+    k5 = next((row for row in d["cluster_recall_dev_a"].get("4096", []) if row["K"] == 5), None)
+    if k5:
+        out.append(("large SQuAD corpus: answer recall in top-5 clusters (S=4096) vs flat BM25 documents",
+                    f"{f3(k5['clusters'])} at {k5['mean_documents']:.1f} documents vs {f3(k5['flat_bm25_documents'])}",
+                    f"{s['dev_a_report']:,} dev-a q", ci(k5["clusters_ci95"]) + " (bootstrap)", large_cmd(d)))
+    return out
 
 
 block("large-ce")(Table("squad_ce_training.json", ["what", "value"], [
@@ -533,448 +582,363 @@ block("large-ce")(Table("squad_ce_training.json", ["what", "value"], [
     ["command", "{commands|:commands}"]]))
 
 
-# -- clustering at scale ------------------------------------------------------------------------
-CLUSTER_RUN_ORDER = ("squad", "before", "after")
+# -- clustering at scale (bench_cluster_scale.py) ------------------------------------------------------
+def cluster_rows(c: dict) -> list[dict]:
+    """Every row of cluster_scale.json (the runs squad, before and after first) with its run's name, its
+    command (rebuilt from the arguments the run recorded), its peak RSS in GiB and the seconds of
+    Algorithm 1 and the cluster units together."""
+    order = ["squad", "before", "after"]
+    out = []
+    for name in sorted(c["runs"], key=lambda n: order.index(n) if n in order else len(order)):
+        a = c["runs"][name].get("args", {})
+        for r in c["runs"][name]["rows"]:
+            steps = r.get("step_seconds", {})
+            command = ["python benchmarks/bench_cluster_scale.py",
+                       "--squad" if a.get("squad") else f"--sizes {r['n_documents']}"]
+            command += [f"--label {a['label']}"] if a.get("label") else []
+            if a.get("code_root"):
+                old = f"a worktree at {a['code_commit']}" if a.get("code_commit") else "older code"
+                command.append(f"--code-root OLD_CODE ({old})")
+            units = steps["algorithm1"] + steps["cluster_units"] if "algorithm1" in steps else None
+            out.append({**r, "run": name, "command": " ".join(command), "peak_rss_gib": r["peak_rss_mib"] / 1024,
+                        "units_seconds": units})
+    return out
 
 
-def cluster_command(run: dict, row: dict) -> str:
-    """The bench_cluster_scale.py command of a row, from the arguments and fields its JSON recorded."""
-    a = run.get("args", {})
-    parts = ["python benchmarks/bench_cluster_scale.py"]
-    parts += ["--squad"] if a.get("squad") else [f"--sizes {row['n_documents']}"]
-    parts += [f"--label {a['label']}"] if a.get("label") else []
-    if a.get("code_root"):
-        parts += [f"--code-root OLD_CODE ({'a worktree at ' + a['code_commit'] if a.get('code_commit') else 'older code'})"]
-    return " ".join(parts)
+def cluster_full_rows(c: dict) -> list[dict]:
+    """The rows that ran the target size end to end."""
+    return [r for r in cluster_rows(c) if r["n_documents"] == c["target"]["n_documents"] and r.get("pipeline_seconds")]
 
 
-def cluster_full_runs(c: dict) -> list[tuple[str, dict, dict]]:
-    """(run name, run, row) of every row that ran the target size end to end."""
-    return [(name, run, r) for name, run in c["runs"].items() for r in run["rows"]
-            if r["n_documents"] == c["target"]["n_documents"] and r.get("pipeline_seconds")]
-
-
-@block("cluster-scale")
-def block_cluster_scale() -> str:
+def cluster_scale_statements() -> str:
+    """Whether each end-to-end run at the target size met the target, then each run's power-law fits and
+    its estimate of the Ray engine at FunnelRAG's 21M documents."""
     c = load("cluster_scale.json")
     tgt = c["target"]
-    runs = c["runs"]
-    body = []
-    for name in [n for n in CLUSTER_RUN_ORDER if n in runs] + [n for n in runs if n not in CLUSTER_RUN_ORDER]:
-        run = runs[name]
-        for r in run["rows"]:
-            st = r.get("step_seconds", {})
-            alg = (f"{st['algorithm1'] + st['cluster_units']:.0f}" if "algorithm1" in st else "")
-            body.append([f"`{name}`", r.get("corpus", "synthetic"), f"{r['n_documents']:,}",
-                         f"{st['bm25_index']:.0f}" if "bm25_index" in st else "",
-                         f"{st['knn_graph']:.0f}" if "knn_graph" in st else "", alg,
-                         f"{st['cluster_index']:.0f}" if "cluster_index" in st else "",
-                         f"{r['pipeline_seconds']:.0f}" if r.get("pipeline_seconds") else "not run in full",
-                         f"{r['cpu_seconds']:.0f}" if r.get("cpu_seconds") else "",
-                         f"{r['peak_rss_mib'] / 1024:.2f}", f"{r['load_average_at_start'][0]:.1f}",
-                         f"{r['n_clusters']:,}" if "n_clusters" in r else "",
-                         f"`{cluster_command(run, r)}`"])
-    note = (f"The real clustering pipeline (BM25 index -> BM25 kNN graph -> Algorithm 1 + cluster units -> "
-            f"cluster BM25 index), one subprocess per row, wall-clock seconds per step on the 2 shared cores (the "
-            f"1-minute load average at the start is in the table; the process CPU seconds do not depend on it), one "
-            f"run per row, so no interval. `before` rows run the code as it was before "
-            f"the clustering speed work (`--code-root`, a worktree at the commit the command names), `after` rows the "
-            f"current code. Target: {tgt['n_documents']:,} documents in under {tgt['seconds']} s and "
-            f"{tgt['peak_rss_gib']} GiB peak RSS.")
-    out = [table(["run", "corpus", "documents", "BM25 index s", "kNN graph s", "Algorithm 1 + units s",
-                  "cluster index s", "pipeline s (wall)", "CPU s", "peak RSS GiB", "load avg", "clusters",
-                  "command"], body, note)]
-    for name, _, r in cluster_full_runs(c):
-        met_t = r["pipeline_seconds"] <= tgt["seconds"]
-        met_m = r["peak_rss_mib"] / 1024 <= tgt["peak_rss_gib"]
-        dom = max(r["step_seconds"], key=r["step_seconds"].get)
-        out.append(f"At {r['n_documents']:,} documents (`{name}`) the pipeline ran end to end in "
-                   f"**{r['pipeline_seconds']:.0f} s** wall ({'meets' if met_t else 'misses'} the {tgt['seconds']} s "
-                   f"target; {r['cpu_seconds']:.0f} CPU seconds) with **{r['peak_rss_mib'] / 1024:.1f} GiB** peak RSS "
-                   f"({'meets' if met_m else 'misses'} the {tgt['peak_rss_gib']} GiB target); the slowest step is "
-                   f"`{dom}` ({r['step_seconds'][dom]:.0f} s, {r['step_seconds'][dom] / r['pipeline_seconds']:.0%}).")
-    for name, run in runs.items():
+    out = []
+    for r in cluster_full_rows(c):
+        steps = r["step_seconds"]
+        slowest = max(steps, key=steps.get)
+        out.append(f"At {r['n_documents']:,} documents (`{r['run']}`) the pipeline ran end to end in "
+                   f"**{r['pipeline_seconds']:.0f} s** wall "
+                   f"({'meets' if r['pipeline_seconds'] <= tgt['seconds'] else 'misses'} the {tgt['seconds']} s "
+                   f"target; {r['cpu_seconds']:.0f} CPU seconds) with **{r['peak_rss_gib']:.1f} GiB** peak RSS "
+                   f"({'meets' if r['peak_rss_gib'] <= tgt['peak_rss_gib'] else 'misses'} the {tgt['peak_rss_gib']} "
+                   f"GiB target); the slowest step is `{slowest}` ({steps[slowest]:.0f} s, "
+                   f"{steps[slowest] / r['pipeline_seconds']:.0%}).")
+    for name, run in c["runs"].items():
         fits, ex = run.get("cpu_fits") or {}, run.get("extrapolation_21M_cpu") or {}
         fits = {k: v for k, v in fits.items() if v}
         if fits and ex:
             sizes = sorted({n for v in fits.values() for n in v["sizes"]})
             out.append(f"Power-law fits of CPU seconds `t = a * n^b` over {' and '.join(f'{n:,}' for n in sizes)} "
                        f"documents (`{name}`): " + ", ".join(f"`{k}` b = {v['exponent']:.2f}" for k, v in fits.items())
-                       + f". Extrapolated to FunnelRAG's 21M documents: **{ex['cpu_hours_fitted_steps']:,.0f} CPU hours**, "
-                       f"dominated by `{ex['dominant_step']}` ({len(sizes)} sizes per fit: a rough extrapolation).")
-        ray = run.get("ray_21M")
-        if ray:
+                       + f". Extrapolated to FunnelRAG's 21M documents: **{ex['cpu_hours_fitted_steps']:,.0f} CPU "
+                       f"hours**, dominated by `{ex['dominant_step']}` ({len(sizes)} sizes per fit: a rough "
+                       "extrapolation).")
+        if ray := run.get("ray_21M"):
             measured = ", ".join(f"{int(n):,} documents {s:.2f} s" for n, s in
                                  sorted(ray["measured_cpu_seconds_per_block"].items(), key=lambda x: int(x[0])))
             hours = ", ".join(f"{h:,.1f} h on {int(w):,} workers" for w, h in
                               sorted(ray["wall_hours_by_workers"].items(), key=lambda x: int(x[0])))
             out.append(f"The Ray engine at 21M documents (`{name}`): its kNN tasks run the same kernel on blocks of "
                        f"{ray['rows_per_block']:,} rows. CPU seconds per block, measured: {measured}; fitted "
-                       f"`a * n^b` over the documents (total kNN CPU seconds b = {ray['fit_exponent']:.2f}) and taken at "
-                       f"21M: **{ray['cpu_seconds_per_block_at_21M']:,.1f} CPU s per block** x {ray['blocks']:,} blocks "
-                       f"= {hours} (one core per worker; scheduling and shipping the weight matrix to the workers not "
-                       f"counted; the synthetic corpus has a fixed vocabulary, so posting lists grow with n: the worst "
-                       f"case for this step).")
+                       f"`a * n^b` over the documents (total kNN CPU seconds b = {ray['fit_exponent']:.2f}) and taken "
+                       f"at 21M: **{ray['cpu_seconds_per_block_at_21M']:,.1f} CPU s per block** x {ray['blocks']:,} "
+                       f"blocks = {hours} (one core per worker; scheduling and shipping the weight matrix to the "
+                       "workers not counted; the synthetic corpus has a fixed vocabulary, so posting lists grow with "
+                       "n: the worst case for this step).")
     return "\n\n".join(out)
 
 
-# -- backends ------------------------------------------------------------------------------------
-def _na(x, nd: int = 3) -> str:
-    return "n/a" if x is None else f"{x:.{nd}f}"
+block("cluster-scale")(joined(Table(
+    "cluster_scale.json", ["run", "corpus", "documents", "BM25 index s", "kNN graph s", "Algorithm 1 + units s",
+                           "cluster index s", "pipeline s (wall)", "CPU s", "peak RSS GiB", "load avg", "clusters",
+                           "command"],
+    [["`{run}`", "{corpus|synthetic}", "{n_documents:,}", "{step_seconds.bm25_index|:.0f}",
+      "{step_seconds.knn_graph|:.0f}", "{units_seconds|:.0f}", "{step_seconds.cluster_index|:.0f}",
+      "{pipeline_seconds|not run in full:.0f}", "{cpu_seconds|:.0f}", "{peak_rss_gib:.2f}",
+      "{load_average_at_start.0:.1f}", "{n_clusters|:,}", "`{command}`"]], each=cluster_rows,
+    note="The real clustering pipeline (BM25 index -> BM25 kNN graph -> Algorithm 1 + cluster units -> cluster BM25 "
+         "index), one subprocess per row, wall-clock seconds per step on the 2 shared cores (the 1-minute load "
+         "average at the start is in the table; the process CPU seconds do not depend on it), one run per row, so no "
+         "interval. `before` rows run the code as it was before the clustering speed work (`--code-root`, a worktree "
+         "at the commit the command names), `after` rows the current code. Target: {target.n_documents:,} documents "
+         "in under {target.seconds} s and {target.peak_rss_gib} GiB peak RSS."), cluster_scale_statements))
 
 
-def _loads(x: dict) -> str:
-    return f"load average {_na(x['load_average_before'][0], 1)} -> {_na(x['load_average_after'][0], 1)}"
+# -- backends: Milvus Lite against the in-memory indexes (docs/scaling_out.md, bench_milvus.py) ------------
+def pair(label: str, left: str, right: str, spec: str = ".3f") -> list[str]:
+    """A row of the two engines' values: the fields ``left`` and ``right`` ("": an empty cell; null: n/a)."""
+    return [label, *(f"{{{key}:na{spec}}}" if key else "" for key in (left, right))]
+
+
+def per_framework(label: str, field: str, spec: str = ".3f", missing: str = "n/a") -> list[str]:
+    """A row of ``field`` for LlamaIndex and LangChain, each in memory and on Milvus Lite."""
+    return [label, *(f"{{{fw}.{where}_{field}|{missing}:{spec}}}" for fw in ("llamaindex", "langchain")
+                     for where in ("memory", "milvus"))]
+
+
+def overlap(part: str = "") -> str:
+    """The template of the mean top-10 overlap and the share of identical top-10 lists (of ``part``)."""
+    return f"{{{part}mean_top10_overlap:na.3f}} / {{{part}identical_top10_share:na.3f}}"
+
+
+MILVUS_HEAD = ["", "bm25s (in memory)", "Milvus Lite"]
+LOADS = "load average {load_average_before.0:na.1f} -> {load_average_after.0:na.1f}"
+MILVUS_SCIFACT = Table("milvus.json", MILVUS_HEAD, [
+    pair("flat BM25 nDCG@10", "bm25s.ndcg@10", "milvus.ndcg@10"),
+    pair("flat BM25 Recall@100", "bm25s.recall@100", "milvus.recall@100"),
+    ["flat top-10 overlap (mean / identical lists)", "", overlap("flat.")],
+    ["largest relative score difference", "", "{flat.max_relative_score_difference:.1e}"],
+    ["clustered: top-10 cluster overlap (mean / identical lists), {n_clusters} clusters", "",
+     overlap("clusters.")],
+    pair("clustered: documents of top-2 clusters nDCG@10", "clustered_docs_top2_clusters.bm25s.ndcg@10",
+         "clustered_docs_top2_clusters.milvus.ndcg@10"),
+    pair("flat build seconds", "bm25s_build_seconds", "milvus_build_seconds", ".1f"),
+    pair("clustered build (bm25s: cluster + index; Milvus: upload) seconds", "clustered_bm25s_build_seconds",
+         "clustered_milvus_upload_seconds", ".1f"),
+    pair("flat queries/s, one query per call", "bm25s_qps_single", "milvus_qps_single", ".0f"),
+    pair("flat queries/s, batched", "bm25s_qps_batched", "milvus_qps_batched", ".0f"),
+    pair("clustered queries/s (top-10 clusters opened)", "clustered_bm25s_qps", "clustered_milvus_qps", ".0f"),
+    *(pair(f"{kind} queries/s with a {n}-value dict filter", f"{kind}_bm25s_filtered_qps_{n}_values",
+           f"{kind}_milvus_filtered_qps_{n}_values", ".1f") for n in (1, 10) for kind in ("flat", "clustered"))],
+    at="scifact", note=f"SciFact test, {{n_queries}} queries, {{n_documents}} documents ({LOADS} on 2 cores):")
+
+
+def milvus_synthetic(part: str, memtable_mib: int | None) -> Table:
+    """The synthetic-corpus table of one part of milvus.json (a run with a larger write buffer says so)."""
+    raised = ("Same, with Milvus Lite's write buffer raised to {args.memtable_mib} MiB (`--memtable-mib "
+              "{args.memtable_mib}`; data files: {milvus_lite_segments|None}):\n\n" if memtable_mib else "")
+    return Table("milvus.json", MILVUS_HEAD, [
+        pair("build seconds", "bm25s_build_seconds", "milvus_build_seconds", ".1f"),
+        pair("queries/s, one query per call", "bm25s_qps_single", "milvus_qps_single", ".1f"),
+        pair("queries/s, batches of 25", "", "milvus_qps_batched", ".1f"),
+        ["top-10 overlap (mean / identical lists)", "", overlap()],
+        ["largest relative score difference", "", "{max_relative_score_difference:.1e}"],
+        ["Milvus Lite data files (segments; BM25 statistics are per segment)", "", "{milvus_lite_segments|None}"]],
+        at=part, note=raised + f"{{n_documents:,}} synthetic documents of {{words_per_document}} words, "
+                               f"{{n_queries}} queries ({LOADS}):")
+
+
+MILVUS_DENSE = Table("milvus.json", ["", "numpy exact (in memory)", "Milvus Lite HNSW"], [
+    pair("nDCG@10", "numpy_exact.ndcg@10", "milvus_hnsw.ndcg@10"),
+    pair("Recall@100", "numpy_exact.recall@100", "milvus_hnsw.recall@100"),
+    ["top-10 overlap (mean / identical lists)", "", overlap()],
+    pair("insert seconds (embeddings precomputed)", "", "milvus_hnsw_insert_seconds", ".1f"),
+    pair("queries/s, one query per call", "numpy_qps_single", "milvus_qps_single", ".0f")],
+    at="dense", note="Dense ({model}), SciFact test, {n_queries} queries, {n_documents} documents{subset:if| (a "
+                     f"subset: the judged documents plus others)|}} ({LOADS}):")
+MILVUS_FRAMEWORKS = Table("milvus.json", ["", "LlamaIndex in memory", "LlamaIndex on Milvus Lite",
+                                          "LangChain in memory", "LangChain on Milvus Lite"], [
+    per_framework("nDCG@10", "ndcg@10"),
+    ["identical top-10 lists (Milvus vs memory)", "", "{llamaindex.identical_top10_share|n/a:.3f}", "",
+     "{langchain.identical_top10_share|n/a:.3f}"],
+    per_framework("build seconds", "build_seconds", ".1f"),
+    per_framework("queries/s (retrieve / invoke)", "qps", ".0f"),
+    per_framework("persist / save: seconds", "persist_seconds", ".2f"),
+    per_framework("persist / save: bytes written", "persisted_bytes", ",", missing="0"),
+    per_framework("re-open (from_persist_dir / load) + first query: seconds", "reopen_seconds", ".2f")],
+    at="frameworks", note="Through the frameworks: the BM25 retrievers of both adapters on SciFact test ({n_queries} "
+                          "queries, {n_documents} documents, top 10), built in memory or with "
+                          f"`backend=MilvusBackend(...)` ({LOADS}):")
 
 
 @block("milvus")
 def block_milvus() -> str:
-    """docs/scaling_out.md: the Milvus Lite backends against the in-memory ones (milvus.json, bench_milvus.py):
-    a two-column table per part (``"a|b"``: both engines' keys of one row, ``"|b"``: Milvus only)."""
+    """The Milvus Lite backends against the in-memory ones: a table per part the run measured, then the
+    command of each part."""
     r = load("milvus.json")
-    out, head = [], ["", "bm25s (in memory)", "Milvus Lite"]
-
-    def rows(x: dict, spec: list[tuple[str, str, int]]) -> list[list[str]]:
-        return [[label] + [_na(x[k], nd) if k else "" for k in keys.split("|")] for label, keys, nd in spec]
-
-    def overlap(x: dict) -> str:
-        return f"{_na(x['mean_top10_overlap'])} / {_na(x['identical_top10_share'])}"
-
-    if s := r.get("scifact"):
-        c2 = {m: s["clustered_docs_top2_clusters"][m]["ndcg@10"] for m in ("bm25s", "milvus")}
-        body = [["flat BM25 nDCG@10", _na(s["bm25s"]["ndcg@10"]), _na(s["milvus"]["ndcg@10"])],
-                ["flat BM25 Recall@100", _na(s["bm25s"]["recall@100"]), _na(s["milvus"]["recall@100"])],
-                ["flat top-10 overlap (mean / identical lists)", "", overlap(s["flat"])],
-                ["largest relative score difference", "", f"{s['flat']['max_relative_score_difference']:.1e}"],
-                [f"clustered: top-10 cluster overlap (mean / identical lists), {s['n_clusters']} clusters", "",
-                 overlap(s["clusters"])],
-                ["clustered: documents of top-2 clusters nDCG@10", _na(c2["bm25s"]), _na(c2["milvus"])]]
-        body += rows(s, [("flat build seconds", "bm25s_build_seconds|milvus_build_seconds", 1),
-                         ("clustered build (bm25s: cluster + index; Milvus: upload) seconds",
-                          "clustered_bm25s_build_seconds|clustered_milvus_upload_seconds", 1),
-                         ("flat queries/s, one query per call", "bm25s_qps_single|milvus_qps_single", 0),
-                         ("flat queries/s, batched", "bm25s_qps_batched|milvus_qps_batched", 0),
-                         ("clustered queries/s (top-10 clusters opened)", "clustered_bm25s_qps|clustered_milvus_qps", 0)]
-                     + [(f"{kind} queries/s with a {n}-value dict filter",
-                         f"{kind}_bm25s_filtered_qps_{n}_values|{kind}_milvus_filtered_qps_{n}_values", 1)
-                        for n in (1, 10) for kind in ("flat", "clustered")])
-        out.append(table(head, body, f"SciFact test, {s['n_queries']} queries, {s['n_documents']} documents "
-                                     f"({_loads(s)} on 2 cores):"))
-    for key in [k for k in r if k.startswith("synthetic")]:
-        y = r[key]
-        mib = y.get("args", {}).get("memtable_mib")
-        note = (f"Same, with Milvus Lite's write buffer raised to {mib} MiB (`--memtable-mib {mib}`; data files: "
-                f"{y.get('milvus_lite_segments')}):\n\n" if mib else "")
-        body = rows(y, [("build seconds", "bm25s_build_seconds|milvus_build_seconds", 1),
-                        ("queries/s, one query per call", "bm25s_qps_single|milvus_qps_single", 1),
-                        ("queries/s, batches of 25", "|milvus_qps_batched", 1)])
-        body += [["top-10 overlap (mean / identical lists)", "", overlap(y)],
-                 ["largest relative score difference", "", f"{y['max_relative_score_difference']:.1e}"],
-                 ["Milvus Lite data files (segments; BM25 statistics are per segment)", "", str(y.get("milvus_lite_segments"))]]
-        out.append(table(head, body, note + f"{y['n_documents']:,} synthetic documents of {y['words_per_document']} "
-                                            f"words, {y['n_queries']} queries ({_loads(y)}):"))
-    if d := r.get("dense"):
-        subset = " (a subset: the judged documents plus others)" if d.get("subset") else ""
-        body = [[m, _na(d["numpy_exact"][k]), _na(d["milvus_hnsw"][k])] for m, k in (("nDCG@10", "ndcg@10"), ("Recall@100", "recall@100"))]
-        body += [["top-10 overlap (mean / identical lists)", "", overlap(d)]]
-        body += rows(d, [("insert seconds (embeddings precomputed)", "|milvus_hnsw_insert_seconds", 1),
-                         ("queries/s, one query per call", "numpy_qps_single|milvus_qps_single", 0)])
-        out.append(table(["", "numpy exact (in memory)", "Milvus Lite HNSW"], body,
-                         f"Dense ({d['model']}), SciFact test, {d['n_queries']} queries, {d['n_documents']} documents"
-                         f"{subset} ({_loads(d)}):"))
-    if f := r.get("frameworks"):
-        li, lc = f.get("llamaindex", {}), f.get("langchain", {})
-        four = lambda label, key, nd=3: [label] + [_na(x.get(w + key), nd) for x in (li, lc) for w in ("memory_", "milvus_")]
-        body = [four("nDCG@10", "ndcg@10"),
-                ["identical top-10 lists (Milvus vs memory)", "", _na(li.get("identical_top10_share")), "",
-                 _na(lc.get("identical_top10_share"))],
-                four("build seconds", "build_seconds", 1), four("queries/s (retrieve / invoke)", "qps", 0),
-                four("persist / save: seconds", "persist_seconds", 2),
-                ["persist / save: bytes written"] + [f"{x.get(w + '_persisted_bytes', 0):,}" for x in (li, lc)
-                                                      for w in ("memory", "milvus")],
-                four("re-open (from_persist_dir / load) + first query: seconds", "reopen_seconds", 2)]
-        out.append(table(["", "LlamaIndex in memory", "LlamaIndex on Milvus Lite", "LangChain in memory",
-                          "LangChain on Milvus Lite"], body,
-                         f"Through the frameworks: the BM25 retrievers of both adapters on SciFact test ({f['n_queries']} "
-                         f"queries, {f['n_documents']} documents, top 10), built in memory or with "
-                         f"`backend=MilvusBackend(...)` ({_loads(f)}):"))
+    synthetic = [milvus_synthetic(k, r[k].get("args", {}).get("memtable_mib")) for k in r if k.startswith("synthetic")]
     cmds = []
     for key in [k for k in r if k.split("_memtable")[0] in ("scifact", "synthetic", "dense", "frameworks")]:
         a = r[key].get("args", {})
         cmds.append(f"`python benchmarks/bench_milvus.py --data ../shared/data --parts {key.split('_memtable')[0]}"
                     + (f" --memtable-mib {a['memtable_mib']}" if a.get("memtable_mib") else "")
-                    + (f" --dense-docs {a['dense_docs']}" if a.get("dense_docs") and key.startswith("dense") else "") + "`")
+                    + (f" --dense-docs {a['dense_docs']}" if a.get("dense_docs") and key.startswith("dense") else "")
+                    + "`")
     v = r.get("versions", {})
-    return "\n\n".join(out + [f"pymilvus {v.get('pymilvus')}, milvus-lite {v.get('milvus_lite')}; one run each of "
-                              + ", ".join(cmds) + "."])
+    return joined(MILVUS_SCIFACT, *synthetic, MILVUS_DENSE, MILVUS_FRAMEWORKS)() + (
+        f"\n\npymilvus {v.get('pymilvus')}, milvus-lite {v.get('milvus_lite')}; one run each of {', '.join(cmds)}.")
 
 
-# -- README rows from the other JSON files -------------------------------------------------------
-def rows_readme() -> list[Row]:
-    rows: list[Row] = []
-    for what, fn in README_ROWS:
-        try:
-            rows.extend(fn())
-        except (FileNotFoundError, KeyError, TypeError, ValueError, StopIteration) as exc:
-            print(f"report: left out {what}: {type(exc).__name__}: {exc}", file=sys.stderr)
-    return rows
+# -- BM25 (bench_bm25.py), L2G (bench_l2g_squad.py), runtimes, engines, ANN, the demo, dtypes -----------------
+#: our BM25 index, llama-index-retrievers-bm25 and LangChain's community BM25, as bench_bm25.py names them
+BM25_SYSTEMS = ("ours", "llama_index_bm25", "langchain_community")
 
 
-def squad_large_rows() -> list[Row]:
-    d = large()
-    r = d["systems_dev_a"]
-    s = d["samples"]
-    n = f"{s['dev_a_report']:,} dev-a q ({s['dev_a_timing']} timed)"
-    best_flat = max((k for k in r if r[k]["kind"] == "flat"), key=lambda k: r[k]["AR@4"])
-    bf = d["best_funnel_chosen_on_train"]
-    preset = next(k for k in r if "preset" in k)
-    out = []
-    for name in dict.fromkeys([best_flat, "hybrid -> CE@10", "bm25 -> CE@20", bf, preset]):
-        if name not in r:
-            continue
-        x = r[name]
-        t = f", {x['seconds_p50']:.2f} s/query p50" if "seconds_p50" in x else ""
-        out.append((f"large SQuAD corpus ({d['corpus']['passages']:,} passages): `{name}`",
-                    f"AR@4 **{f3(x['AR@4'])}**, AR@1 {f3(x['AR@1'])}, {x['pairs_per_query']:.0f} CE pairs/query{t}",
-                    n, ci(x["AR@4_ci95"]) + " (bootstrap)", large_cmd(d)))
-    k5 = next((row for row in d["cluster_recall_dev_a"].get("4096", []) if row["K"] == 5), None)
-    if k5:
-        out.append(("large SQuAD corpus: answer recall in top-5 clusters (S=4096) vs flat BM25 documents",
-                    f"{f3(k5['clusters'])} at {k5['mean_documents']:.1f} documents vs {f3(k5['flat_bm25_documents'])}",
-                    f"{s['dev_a_report']:,} dev-a q", ci(k5["clusters_ci95"]) + " (bootstrap)", large_cmd(d)))
-    return out
-
-
-def cluster_scale_rows() -> list[Row]:
-    c = load("cluster_scale.json")
-    return [(f"clustering pipeline end to end, {r['n_documents']:,} synthetic docs (BM25 index + kNN graph + "
-             "Algorithm 1 + cluster index)",
-             f"**{r['pipeline_seconds']:.0f} s** wall, {r['cpu_seconds']:.0f} CPU s, peak RSS "
-             f"{r['peak_rss_mib'] / 1024:.1f} GiB (target {c['target']['seconds']} s, "
-             f"{c['target']['peak_rss_gib']} GiB)", "one run", "not recorded (one run)", f"`{cluster_command(run, r)}`")
-            for _, run, r in cluster_full_runs(c)]
-
-
-def _qps(systems: dict) -> tuple[str, str]:
-    keys = ("ours", "llama_index_bm25", "langchain_community")
-    return (" vs ".join(f"{systems[k]['qps']:,.0f}" if systems[k]["qps"] >= 10 else f"{systems[k]['qps']:.1f}" for k in keys),
-            " / ".join(str(systems[k]["queries_timed"]) for k in keys) + " queries")
-
-
-def bm25_rows() -> list[Row]:
-    b = load("bm25.json")
-    sy, c = b["speed_synthetic"], b["clustered"]
-    k5 = next(r for r in c["recall_at_k_clusters"] if r["k_clusters"] == 5)
-    out = [
-        ("BM25 queries/s vs LlamaIndex BM25 / LangChain community BM25 (SciFact)",
-         *_qps(b["speed_scifact"]["systems"]), "not recorded (one timing run)"),
-        (f"same, {sy['n_documents']:,} synthetic docs", *_qps(sy["systems"]), "not recorded (one timing run)"),
-        ("clustering SciFact (Algorithm 1, BM25 kNN, S=4096): recall of relevant docs in top-5 clusters",
-         f"{c['n_documents']:,} docs -> {c['n_clusters']} clusters; {k5['recall_clustered']:.3f} at "
-         f"{k5['mean_documents']:.0f} docs vs {k5['recall_flat_same_docs']:.3f} for flat BM25 at the same count",
-         "SciFact test queries (count not recorded in bm25.json)", "not recorded")]
-    for r in b.get("clustering_scale", []):
-        out.append((f"clustering time, {r['n_documents']:,} synthetic docs (BM25 index + kNN graph + Algorithm 1)",
-                    f"{r['total_seconds']:.1f} s ({r['bm25_index_seconds']:.0f} + {r['knn_graph_seconds']:.0f} + "
-                    f"{r['algorithm1_seconds']:.0f} s)", "one run", "not recorded (one run)"))
-    return [(*r, "`python benchmarks/bench_bm25.py`") for r in out]
-
-
-#: SciFact test nDCG@10 published for the systems the SciFact rows compare against
-PUBLISHED_SCIFACT = {"bm25_beir": 0.665, "bm25_pyserini_flat": 0.679, "bm25_top100_ms_marco_minilm_ce_beir": 0.688}
-#: The SciFact cross-encoder's systems in benchmarks/configs/scifact.toml (pre-ranking, docs/prerank.md)
-PRERANK_SYSTEMS = {"bm25_ce_fused": "BM25 top-100 -> CE, interpolated with BM25 (w = 0.3)",
-                   "bm25_ce_top10": "BM25 top-10 -> CE alone", "bm25": "BM25"}
-#: ... and the funnel against the flat systems with the same model (docs/funnel.md)
-FUNNEL_SYSTEMS = {"bm25_ce_fused": "BM25 top-100 -> CE + BM25", "funnelrag": "funnel", "bm25": "BM25",
-                  "clustered": "clustered BM25 (first stage alone)"}
-#: The reader run (benchmarks/configs/squad_reader.toml, bench_reader.py)
-READER_SYSTEMS = {"funnelrag": "funnel", "bm25_ce": "BM25 top-30 -> CE", "bm25": "BM25"}
-READER_CMD = "`python benchmarks/bench_reader.py`"
-
-
-@block("readme-table")
-def block_readme_table() -> str:
-    return table(["what", "result", "sample", "95% interval", "command"], [list(r) for r in rows_readme()])
-
-
-# -- docs/clustering.md, docs/funnel.md, docs/prerank.md -----------------------------------------
 @block("clustering-scifact")
 def block_clustering_scifact() -> str:
-    b = load("bm25.json")
-    f = harness("scifact_fusion")
-    flat = {m: f["summary"]["bm25"][m] for m in ("ndcg@10", "recall@100")}
-    c = b["clustered"]
-    ss, sy = b["speed_scifact"]["systems"], b["speed_synthetic"]["systems"]
-    rec = c["recall_at_k_clusters"]
-    ks = " / ".join(str(r["k_clusters"]) for r in rec)
+    """docs/clustering.md: flat BM25 on SciFact (its harness report), our BM25 index against
+    llama-index-retrievers-bm25 and LangChain's community BM25, and the clusters of SciFact."""
+    b, f = load("bm25.json"), harness("scifact_fusion")
+    c, rec, docs = b["clustered"], b["clustered"]["recall_at_k_clusters"], b["speed_synthetic"]["n_documents"]
+
+    def three(part: str, field: str) -> str:  # ours / llama-index-retrievers-bm25 / LangChain community
+        return " / ".join(fill(f"{{{field}}}", b[part]["systems"][s]) for s in BM25_SYSTEMS)
+
     rows = [["flat BM25, SciFact test nDCG@10 / Recall@100 (95% bootstrap intervals)",
-             " / ".join(f"{x['mean']:.3f} {ci(x['ci'])}" for x in flat.values())
+             fill("{ndcg@10.mean:.3f} {ndcg@10.ci:ci} / {recall@100.mean:.3f} {recall@100.ci:ci}", f["summary"]["bm25"])
              + f" ({f['dataset']['questions']} test queries, {harness_command(f)})"],
-            [f"queries/s, SciFact ({b['speed_scifact']['n_documents']:,} docs): ours / llama-index-retrievers-bm25 / LangChain community",
-             f"{ss['ours']['qps']:,.0f} / {ss['llama_index_bm25']['qps']:,.0f} / {ss['langchain_community']['qps']:.1f} "
-             f"({ss['ours']['queries_timed']} / {ss['llama_index_bm25']['queries_timed']} / {ss['langchain_community']['queries_timed']} queries timed, one run)"],
-            [f"queries/s, {b['speed_synthetic']['n_documents']:,} synthetic docs",
-             f"{sy['ours']['qps']:,.0f} / {sy['llama_index_bm25']['qps']:,.0f} / {sy['langchain_community']['qps']:.1f}"],
-            [f"peak memory building the {b['speed_synthetic']['n_documents']:,}-doc index (tracemalloc)",
-             f"{sy['ours']['peak_build_mib']:.0f} / {sy['llama_index_bm25']['peak_build_mib']:.0f} / "
-             f"{sy['langchain_community']['peak_build_mib']:.0f} MiB"],
+            [f"queries/s, SciFact ({b['speed_scifact']['n_documents']:,} docs): ours / llama-index-retrievers-bm25 / "
+             "LangChain community", f"{three('speed_scifact', 'qps:qps')} "
+                                    f"({three('speed_scifact', 'queries_timed')} queries timed, one run)"],
+            [f"queries/s, {docs:,} synthetic docs", three("speed_synthetic", "qps:qps")],
+            [f"peak memory building the {docs:,}-doc index (tracemalloc)",
+             three("speed_synthetic", "peak_build_mib:.0f") + " MiB"],
             ["SciFact clusters (S = 4096)", f"{c['n_clusters']} clusters for {c['n_documents']:,} docs "
              f"({c['compression']:.1f}x), {c['tokens_per_cluster']['mean']:,.0f} tokens each on average"],
-            [f"recall of relevant docs in the top-{ks} clusters (interval not recorded)",
-             " / ".join(f"{r['recall_clustered']:.3f}" for r in rec) + " (flat BM25 at the same number of docs: "
-             + " / ".join(f"{r['recall_flat_same_docs']:.3f}" for r in rec) + ")"]]
-    for r in b.get("clustering_scale", []):
-        rows.append([f"clustering time, {r['n_documents']:,} synthetic docs (BM25 index + kNN graph + Algorithm 1)",
-                     f"{r['total_seconds']:.1f} s"])
+            [f"recall of relevant docs in the top-{' / '.join(str(r['k_clusters']) for r in rec)} clusters (interval "
+             "not recorded)", " / ".join(f"{r['recall_clustered']:.3f}" for r in rec) + " (flat BM25 at the same "
+             "number of docs: " + " / ".join(f"{r['recall_flat_same_docs']:.3f}" for r in rec) + ")"]]
+    rows += [[f"clustering time, {r['n_documents']:,} synthetic docs (BM25 index + kNN graph + Algorithm 1)",
+              f"{r['total_seconds']:.1f} s"] for r in b.get("clustering_scale", [])]
     return table(["measurement", "result"], rows)
 
 
-def l2g_table(name: str) -> str:
-    """L2G vs label-only vs init vs BM25 order: pre-ranking answer recall on dev-a (l2g_squad*.json)."""
-    d = load(name)
-    res, tr = d["results"], d["training"]
-    body = [[f"{name}" + (f" (n={r['n']})" if r["n"] != res["n_questions"] else "")]
-            + [f"{f3(r[f'recall@{k}'])} {ci(r[f'recall@{k}_ci95'])}" for k in (1, 2, 3)]
-            for name, r in res["systems"].items()]
-    diffs = [[name.replace(" @", " , k_d="), f"{v['difference']:+.3f}", ci(v["ci"]),
-              f"{v['mcnemar']['a_only']} / {v['mcnemar']['b_only']}", f"{v['mcnemar']['p_value']:.3g}"]
-             for name, v in res["paired"].items() if name.endswith(("@1", "@2"))]
-    ev, a = d["evaluation"], d["args"]
-    arms = "; ".join(f"{k}: {v['steps']} steps in {v['seconds']:.0f} s, {v['groups']} groups, loss (mean of "
-                     f"first/last 10) {v['first_last_loss_mean10'][0]:.3f} -> {v['first_last_loss_mean10'][1]:.3f}"
-                     for k, v in tr.items())
-    head = (f"{res['n_questions']} dev-a questions ({ev['candidates']}, {ev['sample']}"
-            f"{'' if d['complete'] else '; run incomplete'}); {a['n_train']} train questions; "
-            f"{a['max_length']} tokens per (question, document); command: `{d['command']}`. "
-            f"Student init: {d['student']['init']}. Training: {arms}. Positives per group: L2G "
-            f"{d['training_data']['l2g_mean_positives']:.2f}, label-only {d['training_data']['label_mean_positives']:.2f}; "
-            f"the teacher's top-1 training document contains an answer for "
-            f"{d['training_data']['teacher_top1_document_contains_answer']:.0%} of the training questions. "
-            f"Load average at start {d['load_average_start'][0]:.1f}.\n\n")
-    return (head + table(["pre-ranker (answer recall after pre-ranking)", "k_d=1 [95% CI]",
-                             "k_d=2 [95% CI]", "k_d=3 [95% CI]"], body)
-            + "\n\nPaired differences on the same questions (bootstrap 95% CI; McNemar discordant "
-              "counts a-only / b-only and exact p):\n\n"
-            + table(["a - b", "difference", "95% CI", "a only / b only", "p"], diffs))
+def l2g_tables(source: str) -> Callable[[], str]:
+    """L2G vs label-only vs init vs BM25 order: pre-ranking answer recall on dev-a, then the paired differences
+    (l2g_squad*.json, bench_l2g_squad.py)."""
+    def systems(d: dict) -> dict:  # a system scored on fewer questions says on how many
+        n = d["results"]["n_questions"]
+        return {name + (f" (n={r['n']})" if r["n"] != n else ""): r for name, r in d["results"]["systems"].items()}
+
+    return joined(
+        Table(source, ["pre-ranker (answer recall after pre-ranking)", "k_d=1 [95% CI]", "k_d=2 [95% CI]",
+                       "k_d=3 [95% CI]"],
+              [["{key}", *(f"{{recall@{k}:.3f}} {{recall@{k}_ci95:ci}}" for k in (1, 2, 3))]], each=systems,
+              names=lambda d: {"arms": "; ".join(
+                  fill("{key}: {steps} steps in {seconds:.0f} s, {groups} groups, loss (mean of first/last 10) "
+                       "{first_last_loss_mean10.0:.3f} -> {first_last_loss_mean10.1:.3f}", arm, key=name)
+                  for name, arm in d["training"].items())},
+              note="{results.n_questions} dev-a questions ({evaluation.candidates}, {evaluation.sample}"
+                   "{complete:if||; run incomplete}); {args.n_train} train questions; {args.max_length} tokens per "
+                   "(question, document); command: `{command}`. Student init: {student.init}. Training: {arms}. "
+                   "Positives per group: L2G {training_data.l2g_mean_positives:.2f}, label-only "
+                   "{training_data.label_mean_positives:.2f}; the teacher's top-1 training document contains an "
+                   "answer for {training_data.teacher_top1_document_contains_answer:.0%} of the training questions. "
+                   "Load average at start {load_average_start.0:.1f}."),
+        Table(source, ["a - b", "difference", "95% CI", "a only / b only", "p"],
+              [["{key}", "{difference:+.3f}", "{ci:ci}", "{mcnemar.a_only} / {mcnemar.b_only}",
+                "{mcnemar.p_value:.3g}"]],
+              each=lambda d: {name.replace(" @", " , k_d="): pair for name, pair in d["results"]["paired"].items()
+                              if name.endswith(("@1", "@2"))},
+              note="Paired differences on the same questions (bootstrap 95% CI; McNemar discordant counts a-only / "
+                   "b-only and exact p):"))
 
 
-block("l2g-squad")(functools.partial(l2g_table, "l2g_squad.json"))
-block("l2g-squad-ce-init")(functools.partial(l2g_table, "l2g_squad_ce_init.json"))
+block("l2g-squad")(l2g_tables("l2g_squad.json"))
+block("l2g-squad-ce-init")(l2g_tables("l2g_squad_ce_init.json"))
 
 
-@block("ce-backends")
-def block_ce_backends() -> str:
+CE_BACKENDS_NOTES = """\
+Speed: the first {settings.timing_queries} SciFact test queries (sorted ids), BM25 top-{settings.timing_depth} each, \
+every runtime, interleaved per query. nDCG@10: BM25 top-{settings.depth} reranked (rest of the top-100 in BM25 \
+order), over the test queries counted in the table (of {queries}), for {settings.ndcg_runtimes:join}; loss measured \
+against {ndcg_reference}. BM25 alone on all {queries} queries: {bm25_ndcg@10:.4f}{below}. Loss intervals: paired \
+bootstrap over queries (2,000 resamples). {complete:if|Complete.|Run cut short: nDCG covers the queries counted in \
+the table.}
+
+Model: `{model.path}` — {model.note:removed}. max_length {settings.max_length}, batch {settings.batch_size}, \
+{settings.backend}; OpenVINO inference precision {settings.openvino_inference_precision}.
+
+Machine: {hardware.cpu_model}, {hardware.cpus} cores shared with other jobs, flags {hardware.cpu_flags:join}; torch \
+CPU capability {hardware.torch_cpu_capability|None}; load average before {load_average_before.0:.1f}, after \
+{load_average_after.0:.1f}.
+
+Target (>= {target.speedup_vs_torch_fp32:g}x torch fp32 pairs/s at <= {target.max_ndcg@10_loss} nDCG@10 loss): \
+{target.met_by:if|met by {target.met_by:join}.|not met by any runtime in this run.} `runtime="auto"` picks \
+`{cpu_auto_runtime}` on this machine.
+
+Reproduce: `{command}`"""
+
+
+def ce_backends_notes() -> str:
+    """What ce_backends.json measured, on what, and whether the model reranks below BM25 alone."""
     d = load("ce_backends.json")
-    st, runs = d["settings"], d["runtimes"]
-    rows = []
-    for name, r in runs.items():
-        def num(key: str, fmt: str, r: dict = r) -> str:
-            v = r.get(key)
-            return "—" if v is None else format(v, fmt)
-        rows.append([name, num("pairs_per_s", ".1f"), num("speedup_vs_torch_fp32", ".2f") + "x",
-                     num("p50_query_seconds", ".2f"), num("p95_query_seconds", ".2f"),
-                     num("max_abs_score_diff_vs_torch_fp32", ".2g"),
-                     num("ndcg@10", ".4f"), num("ndcg@10_loss_vs_fp32", "+.4f"),
-                     "—" if "ndcg@10_loss_ci95" not in r else
-                     "[{:+.4f}, {:+.4f}]".format(*r["ndcg@10_loss_ci95"]),
-                     str(r["queries"]) if "ndcg@10" in r else "—", "yes" if r.get("meets_target") else "no"])
-    hw = d["hardware"]
-    met = d["target"]["met_by"]
-    return "\n\n".join([
-             table(["runtime", "pairs/s", "vs torch fp32", "p50 s/query", "p95 s/query", "max abs score diff",
-                    "nDCG@10", "nDCG loss", "loss 95% CI", "nDCG queries", "target met"], rows),
-             f"Speed: the first {st['timing_queries']} SciFact test queries (sorted ids), BM25 "
-             f"top-{st['timing_depth']} each, every runtime, interleaved per query. nDCG@10: BM25 "
-             f"top-{st['depth']} reranked (rest of the top-100 in BM25 order), over the test "
-             f"queries counted in the table (of {d['queries']}), for "
-             f"{', '.join(st['ndcg_runtimes'])}; loss measured "
-             f"against {d['ndcg_reference']}. BM25 alone on all {d['queries']} queries: "
-             f"{d['bm25_ndcg@10']:.4f}"
-             + (" (this model reranks below BM25 at this depth: the table compares runtimes, not "
-                "models). " if max(r.get("ndcg@10", 0) for r in runs.values()) < d["bm25_ndcg@10"] else ". ")
-             + "Loss intervals: paired bootstrap over queries (2,000 resamples). "
-             f"{'Complete.' if d['complete'] else 'Run cut short: nDCG covers the queries counted in the table.'}",
-             f"Model: `{d['model']['path']}` — {removed_note(d['model']['note'])}. max_length {st['max_length']}, "
-             f"batch {st['batch_size']}, {st['backend']}; OpenVINO inference precision "
-             f"{st['openvino_inference_precision']}.",
-             f"Machine: {hw['cpu_model']}, {hw['cpus']} cores shared with other jobs, flags "
-             f"{', '.join(hw['cpu_flags'])}; torch CPU capability {hw.get('torch_cpu_capability')}; "
-             f"load average before {d['load_average_before'][0]:.1f}, after "
-             f"{d['load_average_after'][0]:.1f}.",
-             f"Target (>= {d['target']['speedup_vs_torch_fp32']:g}x torch fp32 pairs/s at <= "
-             f"{d['target']['max_ndcg@10_loss']} nDCG@10 loss): "
-             + (f"met by {', '.join(met)}." if met else "not met by any runtime in this run.")
-             + f" `runtime=\"auto\"` picks `{d['cpu_auto_runtime']}` on this machine.",
-             f"Reproduce: `{d['command']}`"])
+    below = max(r.get("ndcg@10", 0) for r in d["runtimes"].values()) < d["bm25_ndcg@10"]
+    return fill(CE_BACKENDS_NOTES, d, d, below=" (this model reranks below BM25 at this depth: the table compares "
+                                               "runtimes, not models)" if below else "")
 
 
-@block("first-call")
-def block_first_call() -> str:
-    """A cross-encoder's first call per runtime, and where its seconds go (first_call.json)."""
-    d = load("first_call.json")
-    med = d["median_seconds"]
+block("ce-backends")(joined(Table(
+    "ce_backends.json", ["runtime", "pairs/s", "vs torch fp32", "p50 s/query", "p95 s/query", "max abs score diff",
+                         "nDCG@10", "nDCG loss", "loss 95% CI", "nDCG queries", "target met"],
+    [["{key}", "{pairs_per_s|—:.1f}", "{speedup_vs_torch_fp32|—:.2f}x", "{p50_query_seconds|—:.2f}",
+      "{p95_query_seconds|—:.2f}", "{max_abs_score_diff_vs_torch_fp32|—:.2g}", "{ndcg@10|—:.4f}",
+      "{ndcg@10_loss_vs_fp32|—:+.4f}", "{ndcg@10_loss_ci95|—:ci+.4f}", "{per_query_ndcg@10|—:len}",
+      "{meets_target:if|yes|no}"]], each="runtimes"), ce_backends_notes))
+
+
+def first_call_cells(d: dict) -> list[dict]:
+    """A row per runtime and export-folder state: its median seconds and what its first process imported
+    (the same in every repeat)."""
     imported = {(r["runtime"], r["state"]): ", ".join(r["imported"]) or "neither"
-                for r in d["runs"] if r["mode"] == "e2e"}  # the same in every repeat
-    e2e = [[rt, st, f"{v['e2e']['first_call']:.2f}", f"{v['e2e']['warm_call']:.3f}",
-            f"{v['e2e']['process_seconds']:.1f}", imported[rt, st]]
-           for rt, states in med.items() for st, v in states.items()]
-    steps = ["import", "export", "load", "compile_or_load", "tokenizer", "first_batch"]
-    ph = [[rt, st] + [f"{v['phases'][k]:.2f}" if k in v["phases"] else "—" for k in steps]
-          for rt, states in med.items() for st, v in states.items()]
-    loads = [r["load_before"][0] for r in d["runs"]]
-    note = (f"Median of {d['repeats']} fresh processes per cell, {d['pairs']} pairs of up to {d['max_length']} "
-            f"tokens, model `{Path(d['model']).name}` (MiniLM-L6 size); `cold`: an empty export folder, `cached`: "
-            f"the folder a previous process left. 1-minute load average before a process: {min(loads):.2f}-"
-            f"{max(loads):.2f} on {d['machine']['cpus']} cores. Runtimes installed "
-            f"({d.get('install') or 'with `[all]`'}): {', '.join(d['runtimes_installed'])}; `runtime=\"auto\"` picks `{d['auto_runtime_on_this_cpu']}` "
-            f"on this CPU. Command: `python benchmarks/bench_first_call.py "
-            f"--repeats {d['repeats']}`" + (" (run with that environment's Python)" if d.get("install") else "") + ".")
-    return (table(["runtime", "export folder", "first call (s)", "warm call (s)", "whole process (s)",
-                   "imported torch / transformers"], e2e, note)
-            + "\n\n" + table(["runtime", "export folder"] + [f"{k} (s)" for k in steps], ph,
-                             "The same first call, step by step (`phases`): `import` is funnel_core's scorer "
-                             "module, plus transformers (which imports torch) for the torch runtime; ONNX Runtime "
-                             "and OpenVINO tokenize with the export's own tokenizer (`PairTokenizer`) and import "
-                             "transformers only to export; `load` the torch weights, "
-                             "`compile_or_load` the ONNX Runtime session or OpenVINO's compile (or its cached "
-                             "model)."))
+                for r in d["runs"] if r["mode"] == "e2e"}
+    return [{"runtime": rt, "state": st, "imported": imported[rt, st], **v}
+            for rt, states in d["median_seconds"].items() for st, v in states.items()]
 
 
-def offline_engines_tables(payload: dict) -> str:
-    """docs/offline_build.md: the local and Ray engines (offline_engines*.json, bench_offline_engines.py); a run
-    without 1-vs-2 worker pairs gives the first table only."""
-    name = {("local", 1): "local, 1 thread", ("local", 2): "local, 2 threads",
-            ("ray", 1): "ray, 1 worker", ("ray", 2): "ray, 2 workers"}
-    eff = lambda e: [f"{e['seconds_1']:.1f}", f"{e['seconds_2']:.1f}", f"{e['speedup']:.2f}", f"{e['parallel_efficiency']:.2f}"]
-    out = [table(["documents", "rows computed", "engine", "seconds", "same graph as local", "load avg (1 min) before"],
-                 [[f"{r['n_documents']:,}", f"{r['rows_computed']:,}", name[(r["engine"], r["workers"])], f"{r['seconds']:.1f}",
-                   str(r.get("equal_to_local", r.get("equal_to_first", "reference"))), str(r["load_before"][0])]
-                  for r in payload["knn"]])]
-    if payload.get("knn_efficiency"):
-        diff = lambda r: "-" if r.get("max_abs_diff_to_local") is None else f"{r['max_abs_diff_to_local']:.1e}"
-        out += [table(["documents", "rows computed", "engine", "1 worker (s)", "2 workers (s)", "speed-up", "parallel efficiency"],
-                      [[f"{e['n_documents']:,}", f"{e['rows_computed']:,}", e["engine"], *eff(e)] for e in payload["knn_efficiency"]]),
-                table(["texts", "engine", "seconds", "texts/s", "max abs diff to local", "load avg (1 min) before"],
-                      [[f"{r['n_texts']:,}", name[(r["engine"], r["workers"])], f"{r['seconds']:.1f}",
-                        f"{r['texts_per_second']:.1f}", diff(r), str(r["load_before"][0])] for r in payload["embeddings"]]),
-                table(["texts", "engine", "1 worker (s)", "2 workers (s)", "speed-up", "parallel efficiency"],
-                      [[f"{e['n_texts']:,}", e["engine"], *eff(e)] for e in payload["embeddings_efficiency"]])]
-    return "\n\n".join(out)
+FIRST_CALL_STEPS = ["import", "export", "load", "compile_or_load", "tokenizer", "first_batch"]
+block("first-call")(joined(  # a cross-encoder's first call per runtime, and where its seconds go
+    Table("first_call.json", ["runtime", "export folder", "first call (s)", "warm call (s)", "whole process (s)",
+                              "imported torch / transformers"],
+          [["{runtime}", "{state}", "{e2e.first_call:.2f}", "{e2e.warm_call:.3f}", "{e2e.process_seconds:.1f}",
+            "{imported}"]], each=first_call_cells,
+          names=lambda d: {"model_name": Path(d["model"]).name, "loads": [r["load_before"][0] for r in d["runs"]]},
+          note="Median of {repeats} fresh processes per cell, {pairs} pairs of up to {max_length} tokens, model "
+               "`{model_name}` (MiniLM-L6 size); `cold`: an empty export folder, `cached`: the folder a previous "
+               "process left. 1-minute load average before a process: {loads:range.2f} on {machine.cpus} cores. "
+               "Runtimes installed ({install|with `[all]`}): {runtimes_installed:join}; `runtime=\"auto\"` picks "
+               "`{auto_runtime_on_this_cpu}` on this CPU. Command: `python benchmarks/bench_first_call.py --repeats "
+               "{repeats}`{install|:if| (run with that environment's Python)|}."),
+    Table("first_call.json", ["runtime", "export folder", *(f"{step} (s)" for step in FIRST_CALL_STEPS)],
+          [["{runtime}", "{state}", *(f"{{phases.{step}|—:.2f}}" for step in FIRST_CALL_STEPS)]],
+          each=first_call_cells,
+          note="The same first call, step by step (`phases`): `import` is funnel_core's scorer module, plus "
+               "transformers (which imports torch) for the torch runtime; ONNX Runtime and OpenVINO tokenize with the "
+               "export's own tokenizer (`PairTokenizer`) and import transformers only to export; `load` the torch "
+               "weights, `compile_or_load` the ONNX Runtime session or OpenVINO's compile (or its cached model).")))
 
 
-block("offline-engines")(lambda: offline_engines_tables(load("offline_engines.json")))
+ENGINES = {("local", 1): "local, 1 thread", ("local", 2): "local, 2 threads", ("ray", 1): "ray, 1 worker",
+           ("ray", 2): "ray, 2 workers"}
 
 
-@block("offline-engines-1m-full")
-def block_offline_engines_1m_full() -> str:
-    d = load("offline_engines_1m_full.json")
-    loads = "; ".join(f"{r['engine']}: load average {r['load_before'][0]:.1f} before, {r['load_after'][0]:.1f} after"
-                      for r in d["knn"])
-    return (f"Command: `python benchmarks/bench_offline_engines.py --sizes 1000000 --local-threads 2 "
-            f"--ray-workers 2 --embed-n 0 --out benchmarks/results/offline_engines_1m_full.json` ({loads}; "
-            f"the Ray row excludes `ray.init` and the per-worker warm-up, which the JSON records):\n\n"
-            + offline_engines_tables(d))
+def engine_rows(rows: list[dict]) -> list[dict]:
+    """``rows`` with each engine named with its workers (``name``) and whether its graph equals the local
+    one's (``same``; the local reference run itself says "reference")."""
+    return [{**r, "name": ENGINES[r["engine"], r["workers"]],
+             "same": r.get("equal_to_local", r.get("equal_to_first", "reference"))} for r in rows]
+
+
+def offline_engines(source: str, **command: Any) -> Callable[[], str]:
+    """docs/offline_build.md: the local and Ray engines (bench_offline_engines.py); a run without 1-vs-2 worker
+    pairs gives the first table only. ``command``: the ``note`` and ``names`` of the first table."""
+    versus = ["1 worker (s)", "2 workers (s)", "speed-up", "parallel efficiency"]
+    speedup = ["{seconds_1:.1f}", "{seconds_2:.1f}", "{speedup:.2f}", "{parallel_efficiency:.2f}"]
+    return joined(
+        Table(source, ["documents", "rows computed", "engine", "seconds", "same graph as local",
+                       "load avg (1 min) before"],
+              [["{n_documents:,}", "{rows_computed:,}", "{name}", "{seconds:.1f}", "{same}", "{load_before.0}"]],
+              each=lambda d: engine_rows(d["knn"]), **command),
+        Table(source, ["documents", "rows computed", "engine", *versus],
+              [["{n_documents:,}", "{rows_computed:,}", "{engine}", *speedup]], each="knn_efficiency"),
+        Table(source, ["texts", "engine", "seconds", "texts/s", "max abs diff to local", "load avg (1 min) before"],
+              [["{n_texts:,}", "{name}", "{seconds:.1f}", "{texts_per_second:.1f}", "{max_abs_diff_to_local|-:.1e}",
+                "{load_before.0}"]], each=lambda d: engine_rows(d["embeddings"])),
+        Table(source, ["texts", "engine", *versus], [["{n_texts:,}", "{engine}", *speedup]],
+              each="embeddings_efficiency"))
+
+
+block("offline-engines")(offline_engines("offline_engines.json"))
+block("offline-engines-1m-full")(offline_engines(
+    "offline_engines_1m_full.json", names=lambda d: {"loads": "; ".join(
+        f"{r['engine']}: load average {r['load_before'][0]:.1f} before, {r['load_after'][0]:.1f} after"
+        for r in d["knn"])},
+    note="Command: `python benchmarks/bench_offline_engines.py --sizes 1000000 --local-threads 2 --ray-workers 2 "
+         "--embed-n 0 --out benchmarks/results/offline_engines_1m_full.json` ({loads}; the Ray row excludes "
+         "`ray.init` and the per-worker warm-up, which the JSON records):"))
 
 
 @block("bm25-vs-raw")
@@ -1032,27 +996,22 @@ def block_dense_ann() -> str:
                  f"at the start. Commands: {commands}.")
 
 
-@block("demo-timing")
-def block_demo_timing() -> str:
-    """The offline demo's seconds per question (demo_timing.json)."""
-    d = load("demo_timing.json")
+def demo_runs(d: dict) -> dict:
+    """The demo's runs by embedding cache (this run and the previous one), each with its slowest later question."""
     runs = {d["embedding_cache"]: d, **d.get("previous_runs", {})}
-    rows = []
-    for cache in ("miss", "hit"):
-        r = runs.get(cache)
-        if r is None:
-            continue
-        warm = [q["seconds"] for rd in r["rounds"] for q in rd["questions"]]
-        rows.append([f"{cache} ({'one-time embedding of every document and passage' if cache == 'miss' else 'cache read'})",
-                     f"{r['build_seconds']:.1f}", f"{r['first_question_seconds']:.2f}",
-                     f"{max(warm):.3f}", "yes" if max(warm) < 0.5 else "no",
-                     f"{r['machine']['load_average_at_start'][0]:.1f}"])
-    return table(["embedding cache", "build s", "first question s", "slowest later question s", "all < 0.5 s",
-                  "load average at start"], rows,
-                 f"`python -m funnel_core demo`'s funnel over {d['n_documents']:,} stdlib docstrings "
-                 f"({d['n_clusters']} clusters); later questions asked with warm models, twice each; "
-                 "command: `python benchmarks/bench_demo.py --repeats 2` (run once on an empty cache, once again).")
+    return {cache: {**r, "slowest": max(q["seconds"] for rd in r["rounds"] for q in rd["questions"])}
+            for cache, r in runs.items()}
 
+
+block("demo-timing")(Table(  # the offline demo's seconds per question
+    "demo_timing.json", ["embedding cache", "build s", "first question s", "slowest later question s", "all < 0.5 s",
+                         "load average at start"],
+    [["{label}", "{build_seconds:.1f}", "{first_question_seconds:.2f}", "{slowest:.3f}", "{slowest:below0.5}",
+      "{machine.load_average_at_start.0:.1f}"]], each=demo_runs,
+    labels={"miss": "miss (one-time embedding of every document and passage)", "hit": "hit (cache read)"},
+    note="`python -m funnel_core demo`'s funnel over {n_documents:,} stdlib docstrings ({n_clusters} clusters); later "
+         "questions asked with warm models, twice each; command: `python benchmarks/bench_demo.py --repeats 2` (run "
+         "once on an empty cache, once again)."))
 block("dtype-agreement")(Table(
     "dtype_agreement.json", ["stage", "Spearman min", "Spearman mean", "top-1 agreement",
                              "max abs(fp32 - bf16) / fp32 range", "gold top-1 fp32 / bf16",
@@ -1067,7 +1026,7 @@ block("dtype-agreement")(Table(
          "`python benchmarks/bench_dtype.py --questions {args.questions} --candidates {args.candidates}`."))
 
 
-# -- postrank / llm_retrieval tables (typed by hand before) --------------------------------------
+# -- post-ranking (docs/postrank.md) and FB-RAG ----------------------------------------------------------
 block("fid-speed")(Table(
     "fid.json", ["scorer", "parameters", "seconds / {speed.passages} passages", "passages / s",
                  "cross-encoder is faster by"],
@@ -1078,9 +1037,7 @@ block("fid-speed")(Table(
             "t5-base-sized": "FiD attention, t5-base-sized (768, 12+12 layers, 12 heads)"}))
 
 
-FID_LABELS = {"random": "random order (seeded)", "bm25": "BM25 order",
-              "cross_encoder": "SQuAD cross-encoder (MiniLM, bench15)",
-              "fid_mean": "FiD eq. 3 (i): top-4 tokens per layer and head, mean",
+FID_LABELS = {"fid_mean": "FiD eq. 3 (i): top-4 tokens per layer and head, mean",
               "fid_max_layers": "FiD (ii) max over layers", "fid_max_heads": "FiD (iii) max over heads",
               "fid_max_tokens": "FiD (iv) top-1 token", "fid_last_2_layers": "FiD (v) last 2 layers",
               "fid_last_3_layers": "FiD (v) last 3 layers", "fid_all_tokens": "FiD all passage tokens",
@@ -1088,44 +1045,28 @@ FID_LABELS = {"random": "random order (seeded)", "bm25": "BM25 order",
               "fid_log_mean": "FiD eq. 3 on log-attention (rank-equivalent to raw alpha): top-4 tokens",
               "fid_log_max_tokens": "FiD log-attention, top-1 token",
               "fid_log_all_tokens": "FiD log-attention, all passage tokens (mean alpha)",
+              "random": "random order (seeded)", "bm25": "BM25 order",
+              "cross_encoder": "SQuAD cross-encoder (MiniLM, bench15)",
               "oracle_any_of_n": "answer anywhere in the candidates (ceiling)"}
-FID_PAIR_LABELS = {"fid_mean": "FiD eq. 3", "fid_max_tokens": "FiD top-1 token",
-                   "fid_averaged_map_top4": "FiD averaged map", "bm25": "BM25"}
-
-
-@block("postrank-fid-ce")
-def block_postrank_fid_ce() -> str:
-    """Post-rankers with the cross-encoder on the first questions (postrank_fid_minilm.json)."""
-    shown = ("random", "bm25", "cross_encoder", "fid_mean", "fid_max_tokens", "oracle_any_of_n")
-    head = ["AR@1", "AR@2", "AR@3", "AR@4"]
-    cells = [["{label}"] + [f"{{{m}:arci}}" for m in head]]
-    pairs = load("postrank_fid_minilm.json")["with_cross_encoder"]["paired_vs_cross_encoder"]
-    diffs = Table("postrank_fid_minilm.json", ["paired difference", *head], cells,
-                  each="with_cross_encoder.paired_vs_cross_encoder",
-                  labels={n: f"{FID_PAIR_LABELS[n.split(' - ')[0]]} - {n.split(' - ')[1]}" for n in pairs})
-    return Table("postrank_fid_minilm.json", ["ranking of the candidates", *head], cells,
-                 each="with_cross_encoder.results", labels={s: FID_LABELS[s] for s in shown},
-                 note="**Post-rankers on the same candidates** ({with_cross_encoder.questions} dev-a questions):")() \
-        + "\n\n" + diffs()
-
-
-@block("postrank-fid-schemes")
-def block_postrank_fid_schemes() -> str:
-    """FiD Table 7 schemes x Table 8 query ablation on all questions (postrank_fid_minilm.json)."""
-    d = load("postrank_fid_minilm.json")
-    r = d["results_all_questions"]
-    rows = []
-    for s, label in FID_LABELS.items():
-        if s not in r:
-            continue
-        q = r.get(f"{s}+query")
-        rows.append([label, f3(r[s]["AR@1"]["mean"]), f3(q["AR@1"]["mean"]) if q else "",
-                     f3(r[s]["AR@4"]["mean"]), f3(q["AR@4"]["mean"]) if q else ""])
-    fid = [x for x in rows if x[0].startswith("FiD")]
-    return (f"**Table 7 schemes and Table 8 query ablation** ({d['questions']} dev-a questions; "
-            '"+ query" = the question\'s tokens may be selected too):\n\n'
-            + table(["FiD scheme", "AR@1", "AR@1 + query", "AR@4", "AR@4 + query"],
-                    fid + [x for x in rows if not x[0].startswith("FiD")]))
+AR_1_TO_4 = ["AR@1", "AR@2", "AR@3", "AR@4"]
+block("postrank-fid-ce")(joined(  # post-rankers with the cross-encoder on the first questions
+    Table("postrank_fid_minilm.json", ["ranking of the candidates", *AR_1_TO_4],
+          [["{label}", *(f"{{{m}:arci}}" for m in AR_1_TO_4)]], each="with_cross_encoder.results",
+          labels={s: FID_LABELS[s] for s in ("random", "bm25", "cross_encoder", "fid_mean", "fid_max_tokens",
+                                             "oracle_any_of_n")},
+          note="**Post-rankers on the same candidates** ({with_cross_encoder.questions} dev-a questions):"),
+    Table("postrank_fid_minilm.json", ["paired difference", *AR_1_TO_4],
+          [["{label}", *(f"{{{m}:arci}}" for m in AR_1_TO_4)]], each="with_cross_encoder.paired_vs_cross_encoder",
+          labels={f"{s} - cross_encoder": f"{label} - cross_encoder" for s, label in (
+              ("fid_mean", "FiD eq. 3"), ("fid_max_tokens", "FiD top-1 token"),
+              ("fid_averaged_map_top4", "FiD averaged map"), ("bm25", "BM25"))})))
+block("postrank-fid-schemes")(Table(  # FiD Table 7 schemes x Table 8 query ablation, on all questions
+    "postrank_fid_minilm.json", ["FiD scheme", "AR@1", "AR@1 + query", "AR@4", "AR@4 + query"],
+    [["{label}", "{AR@1.mean:.3f}", "{^results_all_questions.*+query.AR@1.mean|:.3f}",
+      "{AR@4.mean:.3f}", "{^results_all_questions.*+query.AR@4.mean|:.3f}"]],
+    each="results_all_questions", labels=FID_LABELS,
+    note='**Table 7 schemes and Table 8 query ablation** ({questions} dev-a questions; "+ query" = the question\'s '
+         'tokens may be selected too):'))
 
 
 FID_ALPHA_LABELS = {"fid_alpha_mean": "(i) eq. 3 on alpha: top-4 tokens per layer and head",
@@ -1139,162 +1080,80 @@ FID_ALPHA_LABELS = {"fid_alpha_mean": "(i) eq. 3 on alpha: top-4 tokens per laye
 
 block("postrank-fid-alpha")(Table(  # Table 7 / Table 8 as written, on alpha, with the trained reader
     "fid_table7_alpha.json", ["scheme", "AR@1", "AR@4", "AR@1 - cross-encoder (paired)"],
-    [["{label}", "{results.*.AR@1:arci}", "{results.*.AR@4:arci}", "{paired_vs_cross_encoder.* - cross_encoder.AR@1|:diff}"]],
+    [["{label}", "{results.*.AR@1:arci}", "{results.*.AR@4:arci}",
+      "{paired_vs_cross_encoder.* - cross_encoder.AR@1|:diff}"]],
     labels=FID_ALPHA_LABELS,
-    note="**Table 7 / Table 8 as the paper writes them, on alpha** ({questions} dev-a questions, {seconds:.0f} s on the "
-         "CPU; the former `benchmarks/fid_table7_cpu.py`, removed when model building moved to `funnel train` with the "
-         "GPU reader's scripts, see git history):"))
+    note="**Table 7 / Table 8 as the paper writes them, on alpha** ({questions} dev-a questions, {seconds:.0f} s on "
+         "the CPU; the former `benchmarks/fid_table7_cpu.py`, removed when model building moved to `funnel train` with "
+         "the GPU reader's scripts, see git history):"))
 
 
-@block("fbrag-squad")
-def block_fbrag_squad() -> str:
-    """FB-RAG answer recall of the kept chunks on SQuAD (bench_fbrag.json)."""
-    d = load("bench_fbrag.json")
-    r, words = d["answer_recall_at_kept"], d["mean_words_kept"]
-    labels = {"backward_only_bm25": "backward only (BM25 with the question)",
-              "ours_fb": "Ours-FB (0.5 / 0.5)", "ours_f": "Ours-F (0 / 1)"}
-    cells = bold_max([r[k] for k in labels], digits=2)
-    mean_words = sum(words.values()) / len(words)
-    return table([f"kept {d['setup']['kept_chunks']} chunks (~{round(mean_words, -1):.0f} words)", "answer recall"],
-                 [[label, c] for label, c in zip(labels.values(), cells)])
+block("fbrag-squad")(Table(  # FB-RAG answer recall of the kept chunks on SQuAD
+    "bench_fbrag.json", ["kept {setup.kept_chunks} chunks ({mean_words_kept:about} words)", "answer recall"],
+    [["{label}", "{answer_recall_at_kept.*:.2f}"]], bold=[1],
+    labels={"backward_only_bm25": "backward only (BM25 with the question)", "ours_fb": "Ours-FB (0.5 / 0.5)",
+            "ours_f": "Ours-F (0 / 1)"}))
 
 
-# -- what follows a harness table: statements derived from the same report -------------------------
-def mog_auto_merging(d: dict) -> str:
-    """docs/mix_of_granularity.md: AutoMergingRetriever over all the nodes it returned (results/mog)."""
-    am, per_q = d["summary"]["auto_merging"], d["per_question"]["auto_merging"]
-    return (f"AutoMergingRetriever over all its returned nodes ({sum(r['n_results'] for r in per_q) / len(per_q):.1f}"
-            f" on average): AR {f3(am['AR@10']['mean'])} {ci(am['AR@10']['ci'])} with {am['words@10']['mean']:.1f} words.")
+# -- reliability (`make reliability`) and the trained models (`funnel train`; the cards in models/) -----------
+def reliability_rows(d: dict) -> dict[str, dict]:
+    """Per persisted object: the trials and bad outcomes of each experiment kind (both kill kinds together)."""
+    ex = d["experiments"]
+    rows = {}
+    for obj in d["summary"].get("objects") or ["bm25", "clustered"]:
+        kills = [ex.get(f"{kind}_{obj}") or {} for kind in ("kill_at_every_step", "kill_random")]
+        io = ex.get(f"io_errors_{obj}") or {}
+        rows[obj] = {"kills": sum(k.get("trials", 0) for k in kills),
+                     "kills_bad": sum(k.get("neither", 0) + k.get("orphans_after_next_save", 0) for k in kills),
+                     "flips": ex.get(f"bit_flips_{obj}") or {}, "loads": ex.get(f"concurrent_save_load_{obj}") or {},
+                     "io": io.get("trials", 0), "io_bad": io.get("neither", 0) + io.get("raised_but_committed", 0)
+                     if io else "-"}
+    return rows
 
 
-def mog_router_training(d: dict) -> dict:
-    return {k: v for k, v in d["router_training"].items() if "chosen_level_counts" in v}
+RELIABILITY_NOTES = """\
+Queries during add/delete: {queries_during_updates.trials:,} queries during {queries_during_updates.updates:,} \
+updates, {queries_during_updates.wrong} wrong, {queries_during_updates.errors} errors. Fuzz: {fuzz.trials:,} examples, \
+{fuzz.failures} failures. Tenant isolation: {tenant_isolation.probes|-} probes, \
+{tenant_isolation.leaks_or_failures|-} leaks or unraised misspellings. "bad" after a kill: the folder loaded as \
+neither index, or the next save left an orphan; after an I/O error: neither loads, or the save raised although it \
+had committed."""
+RELIABILITY_READ_BACK = """\
+What is read back but was not written by this run: evaluation output and score cache {eval_cache.trials:,} trials \
+(planted links/FIFOs/`../`, damaged or forged records, changed inputs), {eval_cache.bad} bad ({eval_cache.silent} \
+silent, {eval_cache.raw_errors} raw errors, {eval_cache.outside_touched} outside writes, {eval_cache.blocked} \
+blocked); ONNX export cache {export_cache.trials:,} trials (swapped or linked model.onnx, edited tokenizers, \
+same-size same-mtime weights), {export_cache.bad} bad ({export_cache.silent} stale scores); filters \
+{filters.trials:,} floor x per-call trials and {filters.save_trials} saves, {filters.widened} widenings, \
+{filters.bad} bad."""
 
 
-def mog_router_labels(d: dict) -> dict[str, str]:
-    """docs/mix_of_granularity.md: router label variants x selection variants (results/mog)."""
-    tr = mog_router_training(d)
-    sel = list(next(iter(tr.values()))["chosen_level_counts"])
-    labels = {f"level_{j}": f"BM25 on level_{j} alone" for j in range(1, 6)}
-    labels.update({f"uniform / {s}": f"uniform weights, selection `{s}`" for s in sel})
-    labels.update({f"router {lab} / {s}": f"router `{lab}`, selection `{s}` (chosen levels 1-5: "
-                   + " / ".join(map(str, r["chosen_level_counts"][s])) + ")" for lab, r in tr.items() for s in sel})
-    return labels
-
-
-def mog_label_distribution(d: dict) -> str:
-    return "Best-level label distribution (levels 1-5) of the training questions: " + "; ".join(
-        f"`{lab}` " + " / ".join(map(str, r["best_level_label_distribution"].values()))
-        + f" ({r['n_labelled']:,} of {r['n_train_questions']:,} labelled)" for lab, r in mog_router_training(d).items()) + "."
-
-
-FUSION_SYSTEMS = {"bm25": "BM25 (`BM25Index()` defaults: Lucene BM25, English stemmer + stopwords, title + abstract)",
-                  "dense": "dense all-MiniLM-L6-v2 (`DenseIndex`)", "hybrid_paper": "hybrid, alpha = 0.3, min-max (paper)",
-                  "hybrid_tuned": "hybrid, min-max", "hybrid_zscore_tuned": "hybrid, z-score",
-                  "rrf60": "RRF, k = 60", "rrf_tuned": "RRF"}
-
-
-def tuning_curves(d: dict) -> str:
-    """docs/best_practices.md: every tuned value's train score (results/scifact_fusion)."""
-    tuning = d.get("tuning", {})
-    curves = "; ".join(f"{FUSION_SYSTEMS[n]}: " + ", ".join(f"{t['setting']} {v} {x:.4f}" for v, x in zip(t["values"], t["scores"]))
-                       for n, t in tuning.items())
-    return f"Tuning (train {next(iter(tuning.values()))['metric']} of every value): {curves}." if tuning else ""
-
-
-HYDE_SYSTEMS = {"bm25": "BM25", "dense": "dense all-MiniLM-L6-v2", "hybrid": "hybrid, alpha = 0.3, min-max (paper)",
-                "dense_hyde": "dense with HyDE (N = 1, query included)",
-                "hybrid_hyde": "hybrid with HyDE (BM25 over the question, dense over the HyDE vector)"}
-HYDE_METRICS = ["AR@1", "AR@5", "AR@10"]
-
-
-def hyde_pairs(d: dict) -> str:
-    """docs/best_practices.md: each HyDE system against the same system without HyDE, paired over the
-    same questions (bootstrap interval and exact McNemar test from the per-question results)."""
-    from funnel_core.evaluation.stats import mcnemar_exact, paired_bootstrap
-
-    per = {s: {r["id"]: r["metrics"] for r in recs} for s, recs in d["per_question"].items()}
-    rows = []
-    for with_hyde, without in (("dense_hyde", "dense"), ("hybrid_hyde", "hybrid")):
-        if with_hyde not in per or without not in per:
-            continue
-        qids = sorted(per[with_hyde])
-        row = [f"{HYDE_SYSTEMS[with_hyde]} minus {HYDE_SYSTEMS[without]}"]
-        for m in HYDE_METRICS:
-            a, b = [per[with_hyde][q][m] for q in qids], [per[without][q][m] for q in qids]
-            diff, test = paired_bootstrap(a, b), mcnemar_exact(a, b)
-            row.append(f"{diff['difference']:+.3f} {ci(diff['ci'])}, McNemar p = {test['p_value']:.2g} "
-                       f"({test['a_only']} vs {test['b_only']})")
-        rows.append(row)
-    tokens = d["cost"].get("dense_hyde", {}).get("llm_completion_tokens_per_query")
-    note = ("Paired over the same questions: difference of means, 95% bootstrap interval, exact McNemar test "
-            "(questions only the HyDE system answers vs only the system without it)"
-            + (f"; the HyDE systems share one writer: {tokens:.0f} generated tokens per question on average"
-               if isinstance(tokens, (int, float)) else "") + ".")
-    return table(["paired difference", *HYDE_METRICS], rows, note)
-
-
-MOG_METHODS = {"level_1": "level_1 (BM25 on one level)", "level_2": "level_2", "level_3": "level_3",
-               "level_4": "level_4", "level_5": "level_5", "mog": "**MoG** (trained router)",
-               "mog_uniform": "MoG, uniform weights", "auto_merging": "AutoMergingRetriever (LlamaIndex)",
-               "mogg_hop_1": "MoGG hop 1 alone", "mogg_hop_3": "MoGG hop 3 alone",
-               "mogg_hop_5": "MoGG hop 5 alone", "mogg": "**MoGG** (trained router)"}
-MOG_METRICS = ["AR@1", "words@1", "AR@3", "words@3"]
-
-
-@block("reliability")
-def block_reliability() -> str:
-    """benchmarks/results/reliability.json (``make reliability``): one row per experiment kind
-    and persisted object, then the totals that must be zero."""
+def reliability_notes() -> str:
+    """What the reliability table's totals mean, the totals that must be zero, and the machine."""
     d = load("reliability.json")
-    ex, sm = d["experiments"], d["summary"]
-    rows = []
-    for obj in sm.get("objects") or ["bm25", "clustered"]:
-        kill1, kill2, flips, conc, ioe = (ex.get(f"{prefix}_{obj}") or {} for prefix in (
-            "kill_at_every_step", "kill_random", "bit_flips", "concurrent_save_load", "io_errors"))
-        rows.append([
-            f"`{obj}`",
-            f"{sum(k.get('trials', 0) for k in (kill1, kill2)):,} / "
-            f"{sum(k.get('neither', 0) + k.get('orphans_after_next_save', 0) for k in (kill1, kill2))}",
-            f"{flips.get('trials', 0):,} / {flips.get('silent', '-')}", f"{conc.get('loads', 0):,} / {conc.get('mixed', '-')}",
-            f"{ioe.get('trials', 0):,} / {ioe.get('neither', 0) + ioe.get('raised_but_committed', 0) if ioe else '-'}"])
-    out = [table(["object", "kill -9: trials / bad", "bit flips: trials / silent",
-                  "concurrent loads / mixed", "I/O errors: trials / bad"], rows)]
+    sm, m = d["summary"], d.get("machine_before", {})
     unread = (".funnel-rag", ".funnel-rag.journal")
-    harmless = [(f, c["harmless"]) for k, v in ex.items() if k.startswith("bit_flips")
+    harmless = [(f, c["harmless"]) for k, v in d["experiments"].items() if k.startswith("bit_flips")
                 for f, c in v.get("by_file", {}).items() if c["harmless"]]
-    out.append("\nA bit flip is *harmless* when the load gives the original index: "
-               + (f"all {sum(h for _, h in harmless):,} were in files a load does not read (the "
-                  "marker and the save journal)." if all(f in unread for f, _ in harmless)
-                  else "some were in files a load reads: " + ", ".join(sorted({f for f, _ in harmless}))))
-    ten = sm.get("tenant_isolation", {})
-    upd, fz = sm["queries_during_updates"], sm["fuzz"]
-    out.append(
-        f"\nQueries during add/delete: {upd['trials']:,} queries during {upd['updates']:,} "
-        f"updates, {upd['wrong']} wrong, {upd['errors']} errors. Fuzz: {fz['trials']:,} "
-        f"examples, {fz['failures']} failures. Tenant isolation: {ten.get('probes', '-')} probes, "
-        f"{ten.get('leaks_or_failures', '-')} leaks or unraised misspellings. \"bad\" after a kill: the folder "
-        "loaded as neither index, or the next save left an orphan; after an I/O error: neither "
-        "loads, or the save raised although it had committed.\n")
-    ev, xp, fl = (sm.get(k) for k in ("eval_cache", "export_cache", "filters"))
-    if ev and xp and fl:
-        out.append(
-            f"What is read back but was not written by this run: evaluation output and score cache "
-            f"{ev['trials']:,} trials (planted links/FIFOs/`../`, damaged or forged records, changed inputs), "
-            f"{ev['bad']} bad ({ev['silent']} silent, {ev['raw_errors']} raw errors, {ev['outside_touched']} "
-            f"outside writes, {ev['blocked']} blocked); ONNX export cache {xp['trials']:,} trials (swapped or "
-            f"linked model.onnx, edited tokenizers, same-size same-mtime weights), {xp['bad']} bad "
-            f"({xp['silent']} stale scores); filters {fl['trials']:,} floor x per-call trials and "
-            f"{fl['save_trials']} saves, {fl['widened']} widenings, {fl['bad']} bad.\n")
-    m = d.get("machine_before", {})
-    out.append(f"`{d.get('command', 'make reliability')}`: {d.get('seconds', '?')} s on {m.get('cpu', '?')} "
-               f"({m.get('cpu_count', '?')} CPUs, load average {round(float((m.get('load_average') or [0])[0]), 1)}), "
-               f"Python {m.get('python', '?')}.")
-    return "\n".join(out)
+    read_back = all(sm.get(k) for k in ("eval_cache", "export_cache", "filters"))
+    return "\n\n".join([
+        "A bit flip is *harmless* when the load gives the original index: "
+        + (f"all {sum(h for _, h in harmless):,} were in files a load does not read (the marker and the save "
+           "journal)." if all(f in unread for f, _ in harmless)
+           else "some were in files a load reads: " + ", ".join(sorted({f for f, _ in harmless}))),
+        fill(RELIABILITY_NOTES, sm), *([fill(RELIABILITY_READ_BACK, sm)] if read_back else []),
+        f"`{d.get('command', 'make reliability')}`: {d.get('seconds', '?')} s on {m.get('cpu', '?')} "
+        f"({m.get('cpu_count', '?')} CPUs, load average {round(float((m.get('load_average') or [0])[0]), 1)}), "
+        f"Python {m.get('python', '?')}."])
 
 
+block("reliability")(joined(Table(  # `make reliability`: a row per persisted object, then the totals that must be 0
+    "reliability.json", ["object", "kill -9: trials / bad", "bit flips: trials / silent", "concurrent loads / mixed",
+                         "I/O errors: trials / bad"],
+    [["`{key}`", "{kills:,} / {kills_bad}", "{flips.trials|0:,} / {flips.silent|-}",
+      "{loads.loads|0:,} / {loads.mixed|-}", "{io:,} / {io_bad}"]], each=reliability_rows), reliability_notes))
 
-# -- trained models (funnel train; the cards in models/) ------------------------------------------
+
 KEPT_MODELS = ("minilm-squad-ce", "minilm-squad-fid", "minilm-squad-l2g")
 
 
@@ -1336,16 +1195,171 @@ def training_costs() -> str:
                  "its top-10 reranked). The load column says whether other work shared the 2 cores.")
 
 
-#: how a harness benchmark runs: its config, results folder and score cache all carry the benchmark's name
-EVAL_COMMAND = "`funnel eval benchmarks/configs/{0}.toml --out benchmarks/results/{0} --cache-dir .cache/{0}`"
-POSTRANK_COMMAND = EVAL_COMMAND.format("squad_postrank")
-POSTRANK_SYSTEMS = {"bm25_ce": "BM25 top-10 -> the SQuAD cross-encoder",
-                    "bm25_fid": "BM25 top-10 -> the CPU FiD reader's cross-attention (eq. 3)",
-                    "bm25": "BM25 top-10 alone"}
+# -- statements below a harness table, derived from the same report ------------------------------------
+def pareto_front(points: dict[str, tuple[float, float]]) -> list[str]:
+    """The names whose (cost, quality) no other point matches or beats on both and beats on one."""
+    return [n for n, (c, q) in points.items() if not any(
+        c2 <= c and q2 >= q and (c2 < c or q2 > q) for m, (c2, q2) in points.items() if m != n)]
+
+
+#: the costs a Pareto front is drawn against, in words
+COSTS = {"pairs_scored_per_query": "pairs scored per query (cross-encoder pairs + FiD passages)",
+         "seconds_p50": "seconds per query (p50)"}
+
+
+def fronts(d: dict, names: Sequence[str], timed: bool) -> dict[tuple[str, str], list[str]]:
+    """(metric, cost) -> the Pareto front of ``names`` at AR@1 and AR@4 against each cost (seconds if ``timed``)."""
+    summ, cost = d["summary"], d["cost"]
+    return {(m, key): pareto_front({s: (cost[s][key], summ[s][m]["mean"]) for s in names})
+            for m in ("AR@1", "AR@4") for key in COSTS if timed or key != "seconds_p50"}
+
+
+def best_system(d: dict, names: Sequence[str], m: str) -> str:
+    """The system of ``names`` with the highest mean ``m`` (ties: fewer pairs scored per query)."""
+    summ, cost = d["summary"], d["cost"]
+    return max(names, key=lambda s: (round(summ[s][m]["mean"], 6), -cost[s]["pairs_scored_per_query"]))
+
+
+def paired_values(d: dict, a: str, b: str, m: str) -> tuple[list[float], list[float]]:
+    """``a``'s and ``b``'s per-question values of metric ``m``, on the same questions (in id order)."""
+    per_q = {s: {r["id"]: r["metrics"][m] for r in d["per_question"][s]} for s in (a, b)}
+    ids = sorted(per_q[a])
+    return [per_q[a][q] for q in ids], [per_q[b][q] for q in ids]
+
+
+def paired_difference(d: dict, a: str, b: str, m: str) -> dict:
+    """``a`` minus ``b`` at metric ``m``, a paired bootstrap over the report's questions."""
+    from funnel_core.evaluation.stats import paired_bootstrap
+
+    return paired_bootstrap(*paired_values(d, a, b, m))
+
+
+def verdict(interval: Sequence[float], above: str, below: str, neither: str = "not distinguishable from") -> str:
+    """``above`` where a difference's 95% interval lies above 0, ``below`` where below 0, else ``neither``."""
+    return above if interval[0] > 0 else below if interval[1] < 0 else neither
+
+
+MOG_METHODS = {"level_1": "level_1 (BM25 on one level)", "level_2": "level_2", "level_3": "level_3",
+               "level_4": "level_4", "level_5": "level_5", "mog": "**MoG** (trained router)",
+               "mog_uniform": "MoG, uniform weights", "auto_merging": "AutoMergingRetriever (LlamaIndex)",
+               "mogg_hop_1": "MoGG hop 1 alone", "mogg_hop_3": "MoGG hop 3 alone",
+               "mogg_hop_5": "MoGG hop 5 alone", "mogg": "**MoGG** (trained router)"}
+MOG_METRICS = ["AR@1", "words@1", "AR@3", "words@3"]
+
+
+def mog_auto_merging(d: dict) -> str:
+    """docs/mix_of_granularity.md: AutoMergingRetriever over all the nodes it returned (results/mog)."""
+    am, per_q = d["summary"]["auto_merging"], d["per_question"]["auto_merging"]
+    return (f"AutoMergingRetriever over all its returned nodes ({sum(r['n_results'] for r in per_q) / len(per_q):.1f}"
+            f" on average): AR {f3(am['AR@10']['mean'])} {ci(am['AR@10']['ci'])} with {am['words@10']['mean']:.1f} "
+            "words.")
+
+
+def mog_router_training(d: dict) -> dict:
+    return {k: v for k, v in d["router_training"].items() if "chosen_level_counts" in v}
+
+
+def mog_router_labels(d: dict) -> dict[str, str]:
+    """docs/mix_of_granularity.md: router label variants x selection variants (results/mog)."""
+    tr = mog_router_training(d)
+    sel = list(next(iter(tr.values()))["chosen_level_counts"])
+    labels = {f"level_{j}": f"BM25 on level_{j} alone" for j in range(1, 6)}
+    labels.update({f"uniform / {s}": f"uniform weights, selection `{s}`" for s in sel})
+    labels.update({f"router {lab} / {s}": f"router `{lab}`, selection `{s}` (chosen levels 1-5: "
+                   + " / ".join(map(str, r["chosen_level_counts"][s])) + ")" for lab, r in tr.items() for s in sel})
+    return labels
+
+
+def mog_label_distribution(d: dict) -> str:
+    return "Best-level label distribution (levels 1-5) of the training questions: " + "; ".join(
+        f"`{lab}` " + " / ".join(map(str, r["best_level_label_distribution"].values()))
+        + f" ({r['n_labelled']:,} of {r['n_train_questions']:,} labelled)"
+        for lab, r in mog_router_training(d).items()) + "."
+
+
+FUSION_SYSTEMS = {"bm25": "BM25 (`BM25Index()` defaults: Lucene BM25, English stemmer + stopwords, title + abstract)",
+                  "dense": "dense all-MiniLM-L6-v2 (`DenseIndex`)",
+                  "hybrid_paper": "hybrid, alpha = 0.3, min-max (paper)", "hybrid_tuned": "hybrid, min-max",
+                  "hybrid_zscore_tuned": "hybrid, z-score", "rrf60": "RRF, k = 60", "rrf_tuned": "RRF"}
+
+
+def tuning_curves(d: dict) -> str:
+    """docs/best_practices.md: every tuned value's train score (results/scifact_fusion)."""
+    tuning = d.get("tuning", {})
+    curves = "; ".join(f"{FUSION_SYSTEMS[n]}: " + ", ".join(f"{t['setting']} {v} {x:.4f}"
+                                                            for v, x in zip(t["values"], t["scores"]))
+                       for n, t in tuning.items())
+    return f"Tuning (train {next(iter(tuning.values()))['metric']} of every value): {curves}." if tuning else ""
+
+
+HYDE_SYSTEMS = {"bm25": "BM25", "dense": "dense all-MiniLM-L6-v2", "hybrid": "hybrid, alpha = 0.3, min-max (paper)",
+                "dense_hyde": "dense with HyDE (N = 1, query included)",
+                "hybrid_hyde": "hybrid with HyDE (BM25 over the question, dense over the HyDE vector)"}
+HYDE_METRICS = ["AR@1", "AR@5", "AR@10"]
+
+
+def hyde_pairs(d: dict) -> str:
+    """docs/best_practices.md: each HyDE system against the same system without HyDE, paired over the
+    same questions (bootstrap interval and exact McNemar test from the per-question results)."""
+    from funnel_core.evaluation.stats import mcnemar_exact, paired_bootstrap
+
+    rows = []
+    for with_hyde, without in (("dense_hyde", "dense"), ("hybrid_hyde", "hybrid")):
+        if with_hyde in d["per_question"] and without in d["per_question"]:
+            row = [f"{HYDE_SYSTEMS[with_hyde]} minus {HYDE_SYSTEMS[without]}"]
+            for m in HYDE_METRICS:
+                a, b = paired_values(d, with_hyde, without, m)
+                diff, test = paired_bootstrap(a, b), mcnemar_exact(a, b)
+                row.append(f"{diff['difference']:+.3f} {ci(diff['ci'])}, McNemar p = {test['p_value']:.2g} "
+                           f"({test['a_only']} vs {test['b_only']})")
+            rows.append(row)
+    tokens = d["cost"].get("dense_hyde", {}).get("llm_completion_tokens_per_query")
+    return table(["paired difference", *HYDE_METRICS], rows,
+                 "Paired over the same questions: difference of means, 95% bootstrap interval, exact McNemar test "
+                 "(questions only the HyDE system answers vs only the system without it)"
+                 + (f"; the HyDE systems share one writer: {tokens:.0f} generated tokens per question on average"
+                    if isinstance(tokens, (int, float)) else "") + ".")
+
+
+RANKRAG_SYSTEMS = {"bm25": "BM25 (no reranking)", "bm25_ce": "cross-encoder (MiniLM, SQuAD-trained)",
+                   "smollm2_zeroshot": "SmolLM2-135M zero-shot, P(True)",
+                   "smollm2_rankrag": "SmolLM2-135M RankRAG-tuned, P(True)",
+                   "smollm2_generate": "SmolLM2-135M zero-shot, generate and parse"}
+
+
+def rankrag_statement(metric: str, training: bool = False) -> Callable[[dict], str]:
+    """What the RankRAG tuning changed at ``metric`` (tuned minus zero-shot, paired), where the tuned
+    model stands against BM25 and the cross-encoder, and with ``training`` the tuning run (its card,
+    ``results/rankrag_train.json``)."""
+    def after(d: dict) -> str:
+        summ = d["summary"]
+        parts = []
+        for a, b in (("smollm2_rankrag", "smollm2_zeroshot"), ("smollm2_rankrag", "bm25"),
+                     ("smollm2_rankrag", "bm25_ce"), ("bm25_ce", "bm25"), ("smollm2_generate", "smollm2_zeroshot")):
+            if a in summ and b in summ:
+                c = paired_difference(d, a, b, metric)
+                parts.append(f"{RANKRAG_SYSTEMS[a]} is {verdict(c['ci'], 'better than', 'worse than')} "
+                             f"{RANKRAG_SYSTEMS[b]} at {metric} ({summ[a][metric]['mean']:.3f} vs "
+                             f"{summ[b][metric]['mean']:.3f}; paired difference {c['difference']:+.3f} {ci(c['ci'])})")
+        ranked = {s: {r["id"]: r["ranked"] for r in rows} for s, rows in d["per_question"].items()}
+        kept = ", ".join(f"{RANKRAG_SYSTEMS[s]} {sum(ranked[s][q] == ranked['bm25'][q] for q in ranked['bm25'])}"
+                         for s in RANKRAG_SYSTEMS if s != "bm25" and s in ranked)
+        top = len(next(iter(ranked["bm25"].values())))
+        text = "; ".join(parts) + (f". Questions whose top {top} (as the report keeps it) is BM25's top {top} in "
+                                   f"BM25's order, of {len(ranked['bm25'])}: {kept}.")
+        if not training:
+            return text
+        card = load("rankrag_train.json")
+        dtype = ", ".join(sorted({r["dtype"] for r in card["hardware"].get("dtypes_resolved", [])})) or "?"
+        return (text + f" The tuned model: {card['steps']} LoRA steps"
+                f"{' (stopped by the time cap)' if card.get('stopped_early') else ''} over {card['examples']} blend "
+                f"examples from {card['dataset']['trained_on']} SQuAD train questions, "
+                f"{card['train_seconds'] / 60:.0f} min in {dtype} on {card['hardware']['cpus']} CPU cores "
+                f"(`{card['command']}`; its card: `benchmarks/results/rankrag_train.json`).")
+    return after
 
 
 # -- FunnelRAG measured whole (benchmarks/configs/funnelrag_whole.toml) -------------------------------
-WHOLE_COMMAND = EVAL_COMMAND.format("funnelrag_whole")
 WHOLE_FLAT = {"bm25": "BM25 top-10", "hybrid": "hybrid (BM25 + MiniLM, alpha 0.3)", "hybrid_tuned": "hybrid",
               "clustered_s1024": "clustered BM25, 4 clusters of <= 1024 tokens, opened",
               "clustered_s4096": "clustered BM25, 1 cluster of <= 4096 tokens, opened",
@@ -1367,38 +1381,14 @@ WHOLE_FUNNELS = {"funnel_s1024_fid": "funnel S=1024: 4 clusters -> L2G % 8 -> 10
                  "funnel_s4096_ce": "funnel S=4096: 1 cluster -> L2G % 8 -> 100 words -> CE % 4"}
 
 
-def pareto_front(points: dict[str, tuple[float, float]]) -> list[str]:
-    """The names whose (cost, quality) no other point matches or beats on both and beats on one."""
-    return [n for n, (c, q) in points.items() if not any(
-        c2 <= c and q2 >= q and (c2 < c or q2 > q) for m, (c2, q2) in points.items() if m != n)]
-
-
-def best_system(d: dict, names: Sequence[str], m: str) -> str:
-    """The system of ``names`` with the highest mean ``m`` (ties: fewer pairs scored per query)."""
-    summ, cost = d["summary"], d["cost"]
-    return max(names, key=lambda s: (round(summ[s][m]["mean"], 6), -cost[s]["pairs_scored_per_query"]))
-
-
-def paired_difference(d: dict, a: str, b: str, m: str) -> dict:
-    """``a`` minus ``b`` at metric ``m``, a paired bootstrap over the report's questions."""
-    from funnel_core.evaluation.stats import paired_bootstrap
-
-    per_q = {s: {r["id"]: r["metrics"][m] for r in d["per_question"][s]} for s in (a, b)}
-    ids = sorted(per_q[a])
-    return paired_bootstrap([per_q[a][q] for q in ids], [per_q[b][q] for q in ids])
-
-
 def whole_statement(d: dict, flat: Sequence[str], funnels: Sequence[str]) -> str:
     """The plain statement of a whole-funnel report: the best funnel minus the best flat system at
-    AR@1 and AR@4 (paired bootstrap over questions), the Pareto front of each against pairs scored per
-    query (cross-encoder pairs + FiD passages), and per funnel stage the share of questions whose answer
-    survived it."""
+    AR@1 and AR@4 (paired bootstrap over questions), at equal cost and equal quality, the Pareto fronts
+    against pairs scored per query (cross-encoder pairs + FiD passages) and seconds, and per funnel stage
+    the share of questions whose answer survived it."""
     summ, cost = d["summary"], d["cost"]
     flat = [s for s in flat if s in summ]
     funnels = [s for s in funnels if s in summ]
-
-    def verdict(cmp: dict) -> str:
-        return "above" if cmp["ci"][0] > 0 else "below" if cmp["ci"][1] < 0 else "not distinguishable from"
 
     def at(s: str, m: str) -> str:
         return f"`{s}`, {summ[s][m]['mean']:.3f} at {cost[s]['pairs_scored_per_query']:.0f} pairs/query" + (
@@ -1408,16 +1398,16 @@ def whole_statement(d: dict, flat: Sequence[str], funnels: Sequence[str]) -> str
     lines = []
     for m in ("AR@1", "AR@4"):
         bf, bu = best_system(d, flat, m), best_system(d, funnels, m)
-        cmp = paired_difference(d, bu, bf, m)
+        c = paired_difference(d, bu, bf, m)
         lines.append(f"At {m} the best funnel ({at(bu, m)}) minus the best flat system ({at(bf, m)}): "
-                     f"{cmp['difference']:+.3f} {ci(cmp['ci'])} (paired bootstrap over {n} questions): "
-                     f"the funnel is {verdict(cmp)} the flat system.")
+                     f"{c['difference']:+.3f} {ci(c['ci'])} (paired bootstrap over {n} questions): "
+                     f"the funnel is {verdict(c['ci'], 'above', 'below')} the flat system.")
         cheap = [s for s in flat if cost[s]["pairs_scored_per_query"] <= cost[bu]["pairs_scored_per_query"]]
         if cheap:  # equal cost: the best flat system that scores no more pairs than the funnel
             bc = best_system(d, cheap, m)
-            c2 = paired_difference(d, bu, bc, m)
+            c = paired_difference(d, bu, bc, m)
             lines.append(f"At equal cost ({m}; flat systems scoring no more pairs per query than `{bu}`): "
-                         f"the best is `{bc}`; funnel minus it {c2['difference']:+.3f} {ci(c2['ci'])}.")
+                         f"the best is `{bc}`; funnel minus it {c['difference']:+.3f} {ci(c['ci'])}.")
         good = [s for s in flat if summ[s][m]["mean"] >= summ[bu][m]["mean"]]
         if good:  # equal quality: the cheapest flat system at least as good as the funnel
             bq = min(good, key=lambda s: (cost[s]["pairs_scored_per_query"], cost[s].get("seconds_p50") or 0))
@@ -1430,103 +1420,181 @@ def whole_statement(d: dict, flat: Sequence[str], funnels: Sequence[str]) -> str
             lines.append(f"At equal quality ({m}): no flat system reaches `{bu}`.")
     if all("CI@4" in summ[s] for s in flat + funnels):
         bf, bu = best_system(d, flat, "AR@4"), best_system(d, funnels, "AR@4")
-        c3 = paired_difference(d, bu, bf, "CI@4")
+        c = paired_difference(d, bu, bf, "CI@4")
         lines.append(f"CI@4 (contextual integrity) of the best funnel at AR@4 (`{bu}`, {summ[bu]['CI@4']['mean']:.3f}) "
                      f"minus the best flat system at AR@4 (`{bf}`, {summ[bf]['CI@4']['mean']:.3f}): "
-                     f"{c3['difference']:+.3f} {ci(c3['ci'])}.")
+                     f"{c['difference']:+.3f} {ci(c['ci'])}.")
     timed = all(cost[s].get("seconds_p50") is not None for s in flat + funnels)
-    for m in ("AR@1", "AR@4"):
-        for what, key in (("pairs scored per query (cross-encoder pairs + FiD passages)", "pairs_scored_per_query"),
-                          ("seconds per query (p50)", "seconds_p50")):
-            if key == "seconds_p50" and not timed:
-                continue
-            front = pareto_front({s: (cost[s][key], summ[s][m]["mean"]) for s in flat + funnels})
-            on = [s for s in front if s in funnels]
-            lines.append(f"Pareto front of {m} against {what}: "
-                         + ", ".join(f"`{s}`" for s in sorted(front, key=lambda s: cost[s][key]))
-                         + (f"; funnel configuration(s) on it: {', '.join(f'`{s}`' for s in on)}." if on else
-                            "; no funnel configuration is on it (each is matched or beaten at no more cost)."))
+    for (m, key), front in fronts(d, flat + funnels, timed).items():
+        on = [s for s in front if s in funnels]
+        lines.append(f"Pareto front of {m} against {COSTS[key]}: "
+                     + ", ".join(f"`{s}`" for s in sorted(front, key=lambda s: cost[s][key]))
+                     + (f"; funnel configuration(s) on it: {', '.join(f'`{s}`' for s in on)}." if on else
+                        "; no funnel configuration is on it (each is matched or beaten at no more cost)."))
     for s in funnels:
-        trace = d.get("stages", {}).get(s)
-        if not trace:
-            continue
         steps, prev, losses = [], None, []
-        for x in trace:
+        for x in d.get("stages", {}).get(s) or []:
             r = x["answer_recall"]
             steps.append(f"{x['stage']} {x['units_out_mean']:.1f} units ({r:.3f})")
             if prev is not None and r is not None and prev - r > 0:
                 losses.append((prev - r, x["stage"]))
             prev = r if r is not None else prev
-        worst = max(losses) if losses else None
-        lines.append(f"`{s}` per stage (units out; share of questions whose answer is still among them): "
-                     + " -> ".join(steps) + "; " + (f"the largest loss is at {worst[1]} ({worst[0]:.3f})."
-                                                   if worst else "no stage loses an answer."))
+        if steps:
+            worst = max(losses) if losses else None
+            lines.append(f"`{s}` per stage (units out; share of questions whose answer is still among them): "
+                         + " -> ".join(steps) + "; " + (f"the largest loss is at {worst[1]} ({worst[0]:.3f})."
+                                                       if worst else "no stage loses an answer."))
     for s in flat:
-        trace = d.get("stages", {}).get(s)
-        if trace:
-            x = trace[0]
-            lines.append(f"For comparison, `{s}`'s first stage ({x['stage']}, {x['units_out_mean']:.1f} units) holds "
-                         f"the answer for {x['answer_recall']:.3f} of the questions.")
+        if trace := d.get("stages", {}).get(s):
+            lines.append(f"For comparison, `{s}`'s first stage ({trace[0]['stage']}, "
+                         f"{trace[0]['units_out_mean']:.1f} units) holds the answer for "
+                         f"{trace[0]['answer_recall']:.3f} of the questions.")
     return "\n".join(f"- {line}" for line in lines)
 
 
+@block("funnelrag-whole-summary")
+def funnelrag_whole_readme() -> str:
+    """The README's answer to "is the paper's funnel, whole, on the Pareto front here?": the front of
+    AR@1 and AR@4 against pairs scored and (when timed) seconds; for a funnel on it, by how much it
+    differs from the best flat system at that metric, here and on the held-out questions."""
+    d = harness("funnelrag_whole")
+    summ, cost = d["summary"], d["cost"]
+    names = [s for s in [*WHOLE_FLAT, *WHOLE_FUNNELS] if s in summ]
+    flat = [s for s in WHOLE_FLAT if s in summ]
+    timed = all(cost[s].get("seconds_p50") is not None for s in names)
+    on: dict[str, list[str]] = {}  # funnel -> the metrics at whose front it is
+    for (m, _), front in fronts(d, names, timed).items():
+        for s in front:
+            if s in WHOLE_FUNNELS and m not in on.setdefault(s, []):
+                on[s].append(m)
+    ds = d["dataset"]
+    against = "pairs scored and seconds per query" if timed else "pairs scored per query"
+    where = (f"{ds['questions']:,} SQuAD dev-a questions over {ds['corpus']:,} paragraphs, "
+             "`benchmarks/configs/funnelrag_whole.toml`; the table, the trace of which stage loses what and the "
+             "held-out replication are in [docs/funnel.md](docs/funnel.md)")
+    if not on:
+        return (f"- **The paper's funnel, measured whole, is not on the Pareto front here**: no funnel configuration "
+                f"(clustered BM25 -> the L2G pre-ranker -> 100-word passages -> FiD or cross-encoder post-ranking, "
+                f"models that `funnel train` keeps) is on the front of AR@1 or AR@4 against {against} ({where}).")
+    held = harness("funnelrag_whole_heldout")
+    held_flat = [s for s in WHOLE_FLAT if s in held["summary"]]
+    parts = []
+    for s, metrics in on.items():
+        for m in metrics:
+            bf = best_system(d, flat, m)
+            c = paired_difference(d, s, bf, m)
+            text = (f"`{s}` at {m}: {summ[s][m]['mean']:.3f} at {cost[s]['pairs_scored_per_query']:.0f} pairs/query"
+                    + (f" and {secs(cost[s]['seconds_p50'])} s/query" if timed else "")
+                    + f", {c['difference']:+.3f} {ci(c['ci'])} against the best flat system `{bf}` "
+                    f"({summ[bf][m]['mean']:.3f} at {cost[bf]['pairs_scored_per_query']:.0f} pairs/query)")
+            if s in held["summary"] and held_flat:
+                hf = best_system(held, held_flat, m)
+                h = paired_difference(held, s, hf, m)
+                text += f"; on the held-out questions {h['difference']:+.3f} {ci(h['ci'])} against `{hf}`"
+            parts.append(text)
+    return (f"- **A funnel configuration is on the Pareto front here** (AR@1 or AR@4 against {against}): "
+            + "; ".join(parts) + f" (paired bootstrap 95% intervals; {where}).")
+
+
+# -- every block that is a harness report: one harness_table each --------------------------------------
+#: how a harness benchmark runs: its config, results folder and score cache all carry the benchmark's name
+EVAL_COMMAND = "`funnel eval benchmarks/configs/{0}.toml --out benchmarks/results/{0} --cache-dir .cache/{0}`"
+#: The SciFact cross-encoder's systems in benchmarks/configs/scifact.toml (pre-ranking, docs/prerank.md)
+PRERANK_SYSTEMS = {"bm25_ce_fused": "BM25 top-100 -> CE, interpolated with BM25 (w = 0.3)",
+                   "bm25_ce_top10": "BM25 top-10 -> CE alone", "bm25": "BM25"}
+#: ... and the funnel against the flat systems with the same model (docs/funnel.md)
+FUNNEL_SYSTEMS = {"bm25_ce_fused": "BM25 top-100 -> CE + BM25", "funnelrag": "funnel", "bm25": "BM25",
+                  "clustered": "clustered BM25 (first stage alone)"}
+#: The reader run (benchmarks/configs/squad_reader.toml, bench_reader.py)
+READER_SYSTEMS = {"funnelrag": "funnel", "bm25_ce": "BM25 top-30 -> CE", "bm25": "BM25"}
+READER_CMD = "`python benchmarks/bench_reader.py`"
+POSTRANK_SYSTEMS = {"bm25_ce": "BM25 top-10 -> the SQuAD cross-encoder",
+                    "bm25_fid": "BM25 top-10 -> the CPU FiD reader's cross-attention (eq. 3)",
+                    "bm25": "BM25 top-10 alone"}
+ATTENTION_SYSTEMS = {"bm25": "BM25 order", "bm25_ce": "cross-encoder (MiniLM, SQuAD-trained)",
+                     "attention_lm": 'SmolLM2-135M attention, calibrated with "N/A" (ICR)'}
+WHOLE = dict(metrics=["AR@1", "AR@2", "AR@4", "CI@4", "EM@4", "F1@4"], labels={**WHOLE_FLAT, **WHOLE_FUNNELS},
+             bold=["AR@1", "AR@4"], vs_baseline="AR@1",
+             after=lambda d: whole_statement(d, list(WHOLE_FLAT), list(WHOLE_FUNNELS)))
+#: block -> harness_table's arguments
+HARNESS_BLOCKS: dict[str, dict[str, Any]] = {
+    "mog-methods": dict(name="mog", metrics=MOG_METRICS, labels=MOG_METHODS, vs_baseline="AR@1",
+                        after=mog_auto_merging),
+    "mog-router": dict(name="mog", metrics=MOG_METRICS, labels=mog_router_labels, after=mog_label_distribution),
+    "hybrid-scifact": dict(name="scifact_fusion", metrics=["ndcg@10", "recall@100"], labels=FUSION_SYSTEMS,
+                           bold=["ndcg@10"], vs_baseline="ndcg@10", after=tuning_curves),
+    "hyde-squad": dict(name="squad_hyde", metrics=HYDE_METRICS, labels=HYDE_SYSTEMS, bold=HYDE_METRICS,
+                       vs_baseline="AR@5", after=hyde_pairs),
+    "funnelrag-whole": dict(name="funnelrag_whole", command=EVAL_COMMAND.format("funnelrag_whole"), **WHOLE),
+    "funnelrag-whole-heldout": dict(name="funnelrag_whole_heldout", **WHOLE,
+                                    command=EVAL_COMMAND.format("funnelrag_whole_heldout")),
+    "prerank-scifact": dict(name="scifact", metrics=["ndcg@10", "recall@10", "recall@100"], labels=PRERANK_SYSTEMS,
+                            bold=["ndcg@10"], vs_baseline="ndcg@10"),
+    "funnel-scifact": dict(name="scifact", metrics=["ndcg@10", "recall@10", "recall@100"], labels=FUNNEL_SYSTEMS,
+                           bold=["ndcg@10"], vs_baseline="ndcg@10"),
+    "squad-reader": dict(name="squad_reader", metrics=["AR@1", "AR@2", "EM@2", "F1@2"], labels=READER_SYSTEMS,
+                         bold=["F1@2"], vs_baseline="F1@2", command=READER_CMD),
+    "squad-postrank": dict(name="squad_postrank", metrics=["AR@1", "AR@2", "AR@4"], labels=POSTRANK_SYSTEMS,
+                           bold=["AR@1", "AR@4"], vs_baseline="AR@1", command=EVAL_COMMAND.format("squad_postrank")),
+    "fid-icr-squad": dict(name="squad_attention_lm", metrics=["AR@1", "AR@2", "AR@4"], labels=ATTENTION_SYSTEMS,
+                          bold=["AR@1"], vs_baseline="AR@1", command=EVAL_COMMAND.format("squad_attention_lm")),
+    "rankrag-squad": dict(name="squad_rankrag", metrics=["AR@1", "AR@2", "AR@3", "AR@4"], labels=RANKRAG_SYSTEMS,
+                          bold=["AR@1", "AR@4"], vs_baseline="AR@4", command=EVAL_COMMAND.format("squad_rankrag"),
+                          after=rankrag_statement("AR@4", training=True)),
+    "rankrag-scifact": dict(name="scifact_rankrag", metrics=["ndcg@10", "recall@10"], labels=RANKRAG_SYSTEMS,
+                            bold=["ndcg@10"], vs_baseline="ndcg@10", command=EVAL_COMMAND.format("scifact_rankrag"),
+                            after=rankrag_statement("ndcg@10")),
+    "compression-squad": dict(name="squad_compression", metrics=["AR@5", "words@5"], vs_baseline="AR@5", labels={
+        "bm25": "BM25 top-5 paragraphs (before)", "embedding": "compressed, embedding (MiniLM cosine)",
+        "bm25_sentences": "compressed, BM25 sentence scores", "random": "control: random sentences, same budget"}),
+}
+for _name, _kw in HARNESS_BLOCKS.items():
+    block(_name)(functools.partial(harness_table, **_kw))  # type: ignore[arg-type]
+
+
+
+
+# -- the README's results table: a row set per source -------------------------------------------------
 def hrow(name: str, what: str, metrics: Sequence[str], labels: dict[str, str],
          command: str | None = None) -> Callable[[], list[Row]]:
     return lambda: [harness_row(name, what, metrics, labels, command)]
 
 
-RANKRAG_SYSTEMS = {"bm25": "BM25 (no reranking)", "bm25_ce": "cross-encoder (MiniLM, SQuAD-trained)",
-                   "smollm2_zeroshot": "SmolLM2-135M zero-shot, P(True)",
-                   "smollm2_rankrag": "SmolLM2-135M RankRAG-tuned, P(True)",
-                   "smollm2_generate": "SmolLM2-135M zero-shot, generate and parse"}
-ATTENTION_COMMAND = EVAL_COMMAND.format("squad_attention_lm")
-ATTENTION_SYSTEMS = {"bm25": "BM25 order", "bm25_ce": "cross-encoder (MiniLM, SQuAD-trained)",
-                     "attention_lm": 'SmolLM2-135M attention, calibrated with "N/A" (ICR)'}
-
-
-def rankrag_statement(metric: str, training: bool = False) -> Callable[[dict], str]:
-    """What the RankRAG tuning changed at ``metric`` (tuned minus zero-shot, paired), where the tuned
-    model stands against BM25 and the cross-encoder, and with ``training`` the tuning run (its card,
-    ``results/rankrag_train.json``)."""
-    def after(d: dict) -> str:
-        summ = d["summary"]
-        mean = {s: summ[s][metric]["mean"] for s in summ}
-        parts = []
-        for a, b in (("smollm2_rankrag", "smollm2_zeroshot"), ("smollm2_rankrag", "bm25"),
-                     ("smollm2_rankrag", "bm25_ce"), ("bm25_ce", "bm25"), ("smollm2_generate", "smollm2_zeroshot")):
-            if a in summ and b in summ:
-                c = paired_difference(d, a, b, metric)
-                verdict = "better than" if c["ci"][0] > 0 else "worse than" if c["ci"][1] < 0 else "not distinguishable from"
-                parts.append(f"{RANKRAG_SYSTEMS[a]} is {verdict} {RANKRAG_SYSTEMS[b]} at {metric} ({mean[a]:.3f} vs "
-                             f"{mean[b]:.3f}; paired difference {c['difference']:+.3f} {ci(c['ci'])})")
-        ranked = {s: {r["id"]: r["ranked"] for r in rows} for s, rows in d["per_question"].items()}
-        kept = ", ".join(f"{RANKRAG_SYSTEMS[s]} {sum(ranked[s][q] == ranked['bm25'][q] for q in ranked['bm25'])}"
-                         for s in RANKRAG_SYSTEMS if s != "bm25" and s in ranked)
-        top = len(next(iter(ranked["bm25"].values())))
-        parts_text = "; ".join(parts) + (f". Questions whose top {top} (as the report keeps it) is BM25's top {top} "
-                                         f"in BM25's order, of {len(ranked['bm25'])}: {kept}.")
-        if not training:
-            return parts_text
-        card = load("rankrag_train.json")
-        dtype = ", ".join(sorted({r["dtype"] for r in card["hardware"].get("dtypes_resolved", [])})) or "?"
-        return (parts_text + f" The tuned model: {card['steps']} LoRA steps"
-                f"{' (stopped by the time cap)' if card.get('stopped_early') else ''} over {card['examples']} blend "
-                f"examples from {card['dataset']['trained_on']} SQuAD train questions, {card['train_seconds'] / 60:.0f} min "
-                f"in {dtype} on {card['hardware']['cpus']} CPU cores (`{card['command']}`; its card: "
-                "`benchmarks/results/rankrag_train.json`).")
-    return after
-
-
+#: SciFact test nDCG@10 published for the systems the SciFact rows compare against
+PUBLISHED_SCIFACT = {"bm25_beir": 0.665, "bm25_pyserini_flat": 0.679, "bm25_top100_ms_marco_minilm_ce_beir": 0.688}
 P = PUBLISHED_SCIFACT
+BENCH_BM25 = "`python benchmarks/bench_bm25.py`"
+BM25_QPS = " vs ".join(f"{{systems.{s}.qps:qps}}" for s in BM25_SYSTEMS)
+BM25_TIMED = " / ".join(f"{{systems.{s}.queries_timed}}" for s in BM25_SYSTEMS) + " queries"
 BENCH_FID, BENCH_FBRAG = (f"`python benchmarks/{n}.py`" for n in ("bench_fid", "bench_fbrag"))
 #: the README's results table, in order: (what, rows); a source that fails to render is left out with a warning
 README_ROWS: list[tuple[str, Callable[[], list[Row]]]] = [
-    ("squad_large", squad_large_rows), ("cluster_scale", cluster_scale_rows),
-    ("squad_ce_training", Rows("squad_ce_training.json", [(
+    ("squad_large", squad_large_rows),
+    ("cluster_scale", Table("cluster_scale.json", (), [(
+        "clustering pipeline end to end, {n_documents:,} synthetic docs (BM25 index + kNN graph + Algorithm 1 + "
+        "cluster index)", "**{pipeline_seconds:.0f} s** wall, {cpu_seconds:.0f} CPU s, peak RSS {peak_rss_gib:.1f} "
+        "GiB (target {^target.seconds} s, {^target.peak_rss_gib} GiB)", "one run", "not recorded (one run)",
+        "`{command}`")],
+        each=cluster_full_rows).rows),
+    ("squad_ce_training", Table("squad_ce_training.json", (), [(
         "MiniLM cross-encoder trained on SQuAD train (listwise, BM25 hard negatives)",
         "{steps:,} steps, {train_seconds:.0f} s on {gpu|CPU} ({dtype}); loss {loss_first50:.2f} -> {loss_last50:.2f}",
-        "{groups:,} train questions", "n/a (training run)", "{commands|:bare_commands}")])),
-    ("bm25", bm25_rows),
+        "{groups:,} train questions", "n/a (training run)", "{commands|:bare_commands}")]).rows),
+    ("bm25", Table("bm25.json", (), [
+        ("BM25 queries/s vs LlamaIndex BM25 / LangChain community BM25 (SciFact)", BM25_QPS, BM25_TIMED,
+         "not recorded (one timing run)", BENCH_BM25)], at="speed_scifact").rows),
+    ("bm25", Table("bm25.json", (), [("same, {n_documents:,} synthetic docs", BM25_QPS, BM25_TIMED,
+                                      "not recorded (one timing run)", BENCH_BM25)], at="speed_synthetic").rows),
+    ("bm25", Table("bm25.json", (), [(
+        "clustering SciFact (Algorithm 1, BM25 kNN, S=4096): recall of relevant docs in top-5 clusters",
+        "{n_documents:,} docs -> {n_clusters} clusters; {recall_at_k_clusters.k_clusters=5.recall_clustered:.3f} at "
+        "{recall_at_k_clusters.k_clusters=5.mean_documents:.0f} docs vs "
+        "{recall_at_k_clusters.k_clusters=5.recall_flat_same_docs:.3f} for flat BM25 at the same count",
+        "SciFact test queries (count not recorded in bm25.json)", "not recorded", BENCH_BM25)], at="clustered").rows),
+    ("bm25", Table("bm25.json", (), [(
+        "clustering time, {n_documents:,} synthetic docs (BM25 index + kNN graph + Algorithm 1)",
+        "{total_seconds:.1f} s ({bm25_index_seconds:.0f} + {knn_graph_seconds:.0f} + {algorithm1_seconds:.0f} s)",
+        "one run", "not recorded (one run)", BENCH_BM25)], each="clustering_scale").rows),
     ("prerank", hrow("scifact", "SciFact-trained MiniLM cross-encoder reranking BM25, SciFact test (published BM25 + "
                      f"ms-marco MiniLM CE: {P['bm25_top100_ms_marco_minilm_ce_beir']})", ["ndcg@10"], PRERANK_SYSTEMS)),
     ("prerank", hrow("scifact", "FunnelRAG funnel (3 clusters -> CE on abstracts % 20 -> 60-word passages -> CE) vs "
@@ -1543,68 +1611,45 @@ README_ROWS: list[tuple[str, Callable[[], list[Row]]]] = [
                       "auto_merging": "AutoMerging"})),
     ("reader", hrow("squad_reader", "answer quality: SmolLM2-135M reads each system's top-2 paragraphs (SQuAD dev-a; "
                     "SQuAD token F1 / exact match)", ["F1@2", "EM@2", "AR@2"], READER_SYSTEMS, command=READER_CMD)),
-    ("query_classifier", Rows("query_classifier.json", [(
+    ("query_classifier", Table("query_classifier.json", (), [(
         "query classifier (labelled queries, {n_task_types} task types)",
         "{folds}-fold accuracy {cv_accuracy_mean:.3f} +- {cv_accuracy_std:.3f} (sd over folds)", "{n_examples} queries",
-        "sd over folds only", "`{command}`")])),
-    ("fid", Rows("fid.json", [
+        "sd over folds only", "`{command}`")]).rows),
+    ("fid", Table("fid.json", (), [
         ("FiD attention scorer speed (50 passages x 130 tokens, CPU), passages/s",
          "MiniLM CE {speed.passages_per_second.cross_encoder_minilm:.2f}, FiD t5-small-sized "
          "{speed.passages_per_second.t5-small-sized:.2f}, t5-base-sized {speed.passages_per_second.t5-base-sized:.2f}",
-         "{speed.repeats} repeats", "not recorded", BENCH_FID)])),
+         "{speed.repeats} repeats", "not recorded", BENCH_FID)]).rows),
     ("fid", hrow("squad_attention_lm", "decoder-only attention reranker (SmolLM2-135M, calibrated as in ICR) of BM25 "
                  "top-20, SQuAD dev-a", ["AR@1"], {"attention_lm": "attention", "bm25": "BM25 order", "bm25_ce": "CE"},
-                 command=ATTENTION_COMMAND)),
+                 command=EVAL_COMMAND.format("squad_attention_lm"))),
     ("rankrag", hrow("squad_rankrag", "RankRAG P(True) reranking of BM25 top-20 with SmolLM2-135M, SQuAD dev-a "
                      "(tuned on SQuAD train by `funnel train`)", ["AR@1", "AR@4"],
                      {"smollm2_rankrag": "tuned", "smollm2_zeroshot": "zero-shot", "bm25": "BM25",
                       "bm25_ce": "CE"}, command=EVAL_COMMAND.format("squad_rankrag"))),
-    ("fbrag", Rows("bench_fbrag.json", [(
+    ("fbrag", Table("bench_fbrag.json", (), [(
         "FB-RAG with SmolLM2-135M, SQuAD answer recall (3 chunks kept)",
-        "BM25 backward-only {answer_recall_at_kept.backward_only_bm25:.2f}, Ours-FB {answer_recall_at_kept.ours_fb:.2f}, "
-        "Ours-F {answer_recall_at_kept.ours_f:.2f}", "{setup.questions} questions",
-        "Ours-FB {answer_recall_at_kept.ours_fb:wci{setup.questions}}", BENCH_FBRAG)])),
+        "BM25 backward-only {answer_recall_at_kept.backward_only_bm25:.2f}, Ours-FB "
+        "{answer_recall_at_kept.ours_fb:.2f}, Ours-F {answer_recall_at_kept.ours_f:.2f}", "{setup.questions} questions",
+        "Ours-FB {answer_recall_at_kept.ours_fb:wci{setup.questions}}", BENCH_FBRAG)]).rows),
     ("post-ranking with the models funnel train keeps (SQuAD dev-a, BM25 top-10 paragraphs)",
      hrow("squad_postrank", "post-ranking BM25 top-10 with the kept SQuAD cross-encoder and the CPU FiD reader "
           "(models/), SQuAD dev-a", ["AR@1", "AR@4"], {"bm25_ce": "CE", "bm25_fid": "FiD (CPU)", "bm25": "BM25"},
-          command=POSTRANK_COMMAND)),
+          command=EVAL_COMMAND.format("squad_postrank"))),
 ]
 
-WHOLE = dict(metrics=["AR@1", "AR@2", "AR@4", "CI@4", "EM@4", "F1@4"], labels={**WHOLE_FLAT, **WHOLE_FUNNELS},
-             bold=["AR@1", "AR@4"], vs_baseline="AR@1", after=lambda d: whole_statement(d, list(WHOLE_FLAT), list(WHOLE_FUNNELS)))
-#: every block that is a harness report: block -> harness_table's arguments (one renderer for all of them)
-HARNESS_BLOCKS: dict[str, dict[str, Any]] = {
-    "mog-methods": dict(name="mog", metrics=MOG_METRICS, labels=MOG_METHODS, vs_baseline="AR@1", after=mog_auto_merging),
-    "mog-router": dict(name="mog", metrics=MOG_METRICS, labels=mog_router_labels, after=mog_label_distribution),
-    "hybrid-scifact": dict(name="scifact_fusion", metrics=["ndcg@10", "recall@100"], labels=FUSION_SYSTEMS,
-                           bold=["ndcg@10"], vs_baseline="ndcg@10", after=tuning_curves),
-    "hyde-squad": dict(name="squad_hyde", metrics=HYDE_METRICS, labels=HYDE_SYSTEMS, bold=HYDE_METRICS,
-                       vs_baseline="AR@5", after=hyde_pairs),
-    "funnelrag-whole": dict(name="funnelrag_whole", command=WHOLE_COMMAND, **WHOLE),
-    "funnelrag-whole-heldout": dict(name="funnelrag_whole_heldout", **WHOLE,
-                                    command=EVAL_COMMAND.format("funnelrag_whole_heldout")),
-    "prerank-scifact": dict(name="scifact", metrics=["ndcg@10", "recall@10", "recall@100"], labels=PRERANK_SYSTEMS,
-                            bold=["ndcg@10"], vs_baseline="ndcg@10"),
-    "funnel-scifact": dict(name="scifact", metrics=["ndcg@10", "recall@10", "recall@100"], labels=FUNNEL_SYSTEMS,
-                           bold=["ndcg@10"], vs_baseline="ndcg@10"),
-    "squad-reader": dict(name="squad_reader", metrics=["AR@1", "AR@2", "EM@2", "F1@2"], labels=READER_SYSTEMS,
-                         bold=["F1@2"], vs_baseline="F1@2", command=READER_CMD),
-    "squad-postrank": dict(name="squad_postrank", metrics=["AR@1", "AR@2", "AR@4"], labels=POSTRANK_SYSTEMS,
-                           bold=["AR@1", "AR@4"], vs_baseline="AR@1", command=POSTRANK_COMMAND),
-    "fid-icr-squad": dict(name="squad_attention_lm", metrics=["AR@1", "AR@2", "AR@4"], labels=ATTENTION_SYSTEMS,
-                          bold=["AR@1"], vs_baseline="AR@1", command=ATTENTION_COMMAND),
-    "rankrag-squad": dict(name="squad_rankrag", metrics=["AR@1", "AR@2", "AR@3", "AR@4"], labels=RANKRAG_SYSTEMS,
-                          bold=["AR@1", "AR@4"], vs_baseline="AR@4", command=EVAL_COMMAND.format("squad_rankrag"),
-                          after=rankrag_statement("AR@4", training=True)),
-    "rankrag-scifact": dict(name="scifact_rankrag", metrics=["ndcg@10", "recall@10"], labels=RANKRAG_SYSTEMS,
-                            bold=["ndcg@10"], vs_baseline="ndcg@10", command=EVAL_COMMAND.format("scifact_rankrag"),
-                            after=rankrag_statement("ndcg@10")),
-    "compression-squad": dict(name="squad_compression", metrics=["AR@5", "words@5"], vs_baseline="AR@5", labels={
-        "bm25": "BM25 top-5 paragraphs (before)", "embedding": "compressed, embedding (MiniLM cosine)",
-        "bm25_sentences": "compressed, BM25 sentence scores", "random": "control: random sentences, same budget"}),
-}
-for _name, _kw in HARNESS_BLOCKS.items():
-    block(_name)(functools.partial(harness_table, **_kw))  # type: ignore[arg-type]
+
+def rows_readme() -> list[Row]:
+    rows: list[Row] = []
+    for what, fn in README_ROWS:
+        try:
+            rows.extend(fn())
+        except (FileNotFoundError, KeyError, TypeError, ValueError, StopIteration) as exc:
+            print(f"report: left out {what}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return rows
+
+
+block("readme-table")(lambda: table(["what", "result", "sample", "95% interval", "command"], rows_readme()))
 
 
 FILES = [ROOT / "README.md"] + [ROOT / "docs" / f"{n}.md" for n in (
@@ -1634,51 +1679,6 @@ def render(text: str, problems: list[str] | None = None) -> str:
         return m.group(1) + body.rstrip() + "\n" + m.group(4)
 
     return MARK.sub(sub, text)
-
-
-@block("funnelrag-whole-summary")
-def funnelrag_whole_readme() -> str:
-    """The README's answer to "is the paper's funnel, whole, on the Pareto front here?": the front of
-    AR@1 and AR@4 against pairs scored and (when timed) seconds; for a funnel on it, by how much it
-    differs from the best flat system at that metric, here and on the held-out questions."""
-    d = harness("funnelrag_whole")
-    summ, cost = d["summary"], d["cost"]
-    names = [s for s in [*WHOLE_FLAT, *WHOLE_FUNNELS] if s in summ]
-    flat = [s for s in WHOLE_FLAT if s in summ]
-    timed = all(cost[s].get("seconds_p50") is not None for s in names)
-    on: dict[str, list[str]] = {}  # funnel -> the metrics at whose front it is
-    for m in ("AR@1", "AR@4"):
-        for key in ("pairs_scored_per_query", *(["seconds_p50"] if timed else [])):
-            for s in pareto_front({s: (cost[s][key], summ[s][m]["mean"]) for s in names}):
-                if s in WHOLE_FUNNELS and m not in on.setdefault(s, []):
-                    on[s].append(m)
-    ds = d["dataset"]
-    against = "pairs scored and seconds per query" if timed else "pairs scored per query"
-    where = (f"{ds['questions']:,} SQuAD dev-a questions over {ds['corpus']:,} paragraphs, "
-             "`benchmarks/configs/funnelrag_whole.toml`; the table, the trace of which stage loses what and the "
-             "held-out replication are in [docs/funnel.md](docs/funnel.md)")
-    if not on:
-        return (f"- **The paper's funnel, measured whole, is not on the Pareto front here**: no funnel configuration "
-                f"(clustered BM25 -> the L2G pre-ranker -> 100-word passages -> FiD or cross-encoder post-ranking, "
-                f"models that `funnel train` keeps) is on the front of AR@1 or AR@4 against {against} ({where}).")
-    held = harness("funnelrag_whole_heldout")
-    held_flat = [s for s in WHOLE_FLAT if s in held["summary"]]
-    parts = []
-    for s, ms in on.items():
-        for m in ms:
-            bf = best_system(d, flat, m)
-            c = paired_difference(d, s, bf, m)
-            text = (f"`{s}` at {m}: {summ[s][m]['mean']:.3f} at {cost[s]['pairs_scored_per_query']:.0f} pairs/query"
-                    + (f" and {secs(cost[s]['seconds_p50'])} s/query" if timed else "")
-                    + f", {c['difference']:+.3f} {ci(c['ci'])} against the best flat system `{bf}` "
-                    f"({summ[bf][m]['mean']:.3f} at {cost[bf]['pairs_scored_per_query']:.0f} pairs/query)")
-            if s in held["summary"] and held_flat:
-                hf = best_system(held, held_flat, m)
-                h = paired_difference(held, s, hf, m)
-                text += f"; on the held-out questions {h['difference']:+.3f} {ci(h['ci'])} against `{hf}`"
-            parts.append(text)
-    return (f"- **A funnel configuration is on the Pareto front here** (AR@1 or AR@4 against {against}): "
-            + "; ".join(parts) + f" (paired bootstrap 95% intervals; {where}).")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -119,8 +119,9 @@ def test_postrank_fid_tables_are_the_json():
     assert ce["SQuAD cross-encoder (MiniLM, bench15)"][2] == f"{x['mean']:.3f} [{x['ci95'][0]:.3f}, {x['ci95'][1]:.3f}]"
 
 
-def test_bold_max_and_seconds_by_hand():
-    assert report.bold_max([0.5, None, 0.7, 0.7001]) == ["0.500", "", "**0.700**", "**0.700**"]
+def test_bold_best_and_seconds_by_hand():
+    rows = [["a", "0.500 [0.1, 0.9]"], ["b", ""], ["c", "0.700"], ["d", "0.700 [0.6, 0.8]"]]
+    assert [r[1] for r in report.bold_best(rows, [1])] == ["0.500 [0.1, 0.9]", "", "**0.700**", "**0.700 [0.6, 0.8]**"]
     assert report.secs(0.00065) == "0.00065" and report.secs(1.234) == "1.23"
 
 
@@ -402,7 +403,22 @@ def test_table_rows_per_item_per_label_and_fixed(monkeypatch):
     assert fixed.splitlines()[2:] == ["| n | 300 |", "| flags | avx2, fma |"]
 
 
+def test_template_chooses_counts_and_picks_list_items():
+    doc = {"done": True, "none": None, "xs": [{"k": 1, "v": 0.5}, {"k": 5, "v": 0.25}], "loads": [0.5, 1.25]}
+    assert report.fill("{done:if|yes|no} / {none:if|yes|no} / {none:na.2f} / {xs:len}", doc) == "yes / no / n/a / 2"
+    assert report.fill("{xs.k=5.v:.2f} {loads:range.1f} {^done} {extra}", doc, doc, extra="x") == "0.25 0.5-1.2 True x"
+
+
+def test_table_reads_a_part_and_leaves_out_a_table_without_rows(monkeypatch):
+    monkeypatch.setattr(report, "load", lambda name: DOC)
+    part = report.Table("x.json", ["q/s"], [["{qps:.1f}"]], at="runs", each=lambda runs: [runs["fast"]])()
+    assert part.splitlines()[2:] == ["| 1234.5 |"]
+    assert report.Table("x.json", ["q/s"], [["{qps}"]], at="no such part")() == ""
+    assert report.Table("x.json", ["q/s"], [["{qps}"]], each=lambda d: [], note="a note")() == ""
+
+
 def test_readme_rows_from_templates(monkeypatch):
     monkeypatch.setattr(report, "load", lambda name: DOC)
-    rows = report.Rows("x.json", [("fast run", "{runs.fast.qps:,.0f} q/s", "{n} queries", "not recorded", "`cmd`")])()
-    assert rows == [("fast run", "1,234 q/s", "300 queries", "not recorded", "`cmd`")]
+    rows = report.Table("x.json", (), [("fast run", "{runs.fast.qps:,.0f} q/s", "{n} queries", "not recorded",
+                                        "`cmd`")]).rows()
+    assert rows == [["fast run", "1,234 q/s", "300 queries", "not recorded", "`cmd`"]]
