@@ -354,7 +354,8 @@ class TransformersLLM(LLM):
         if base:  # a LoRA adapter folder: its adapters merged into the base just loaded
             from peft import PeftModel
 
-            model = PeftModel.from_pretrained(model, self.model_name_or_path).merge_and_unload()
+            model = load_pretrained(lambda path: PeftModel.from_pretrained(model, path), self.model_name_or_path,
+                                    what="LoRA adapters").merge_and_unload()
         model.to(device).eval()
         model._funnel_dtype = active  # read by active_dtype
         if model.generation_config.pad_token_id is None:

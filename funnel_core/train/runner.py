@@ -637,7 +637,7 @@ def _train_rankrag(ctx: _Context) -> dict[str, Any]:
         held = _held_out(ctx, ctx.mined(ctx.held_ids, indexes), lambda q, units: scorer.rank(q, units))
     return {"objective": "RankRAG instruction tuning (ranking + QA blend)", "examples": len(examples),
             "steps": result.steps, "train_seconds": round(result.seconds, 1), "stopped_early": result.stopped_early,
-            "loss_curve": curve, "held_out_metrics": held}
+            "dtype": result.config["dtype"], "loss_curve": curve, "held_out_metrics": held}
 
 
 _KIND_FUNCS: dict[str, Callable[[_Context], dict[str, Any]]] = {

@@ -289,9 +289,18 @@ def test_rankrag_kind_tunes_a_causal_lm(data, tiny_llama_path, tuning):
     assert card["kind"] == "rankrag" and card["steps"] > 0 and card["examples"] > 0
     assert all(math.isfinite(x) for x in card["loss_curve"])
     assert card["held_out_metrics"]  # scored by the saved folder, loaded back
+    assert card["dtype"] in ("float32", "bfloat16")
     assert verify_model(data / "out" / "rankrag")
     kept_alone = (data / "out" / "rankrag" / "adapter_config.json").is_file()
     assert kept_alone == (tuning == "merge = false")
+    if kept_alone:  # the adapters are checked against the manifest like any kept weights
+        from funnel_core.errors import ModelIntegrityError
+        from funnel_core.llm import TransformersLLM
+
+        weights = data / "out" / "rankrag" / "adapter_model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:-1] + b"\0")
+        with pytest.raises(ModelIntegrityError, match="adapter_model.safetensors"):
+            TransformersLLM(str(data / "out" / "rankrag"), device="cpu")._model.get()
 
 
 @pytest.mark.models
