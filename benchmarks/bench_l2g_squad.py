@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_squad_large import model_key, read_scores
 from common import ROOT, load_average, parser, write_json
-from squad_large_data import AnswerTexts, build_corpus
-from trained import SQUAD_CE, SQUAD_FILES, require_model, tuning_question_ids
+from pairs import model_key, read_scores
+from squad_large_data import SQUAD_FILES, AnswerTexts, build_corpus
+from trained import SQUAD_CE, require_model
 
 from funnel_core.bm25 import BM25Index
 from funnel_core.evaluation.stats import bootstrap_ci, mcnemar_exact, paired_bootstrap
@@ -128,9 +128,7 @@ def main() -> None:
     docs, passages = corpus.documents, corpus.passages
     hits = AnswerTexts([d.text for d in docs])
     doc_index = {d.id: i for i, d in enumerate(docs)}
-    train_all = corpus.questions["train"]
-    held = tuning_question_ids(train_all)
-    train_qs = [q for q in random.Random(0).sample(train_all, min(400, len(train_all))) if q.id in held][:args.n_train]
+    train_qs = corpus.tuning_sample()[:args.n_train]
     dev_all = corpus.questions["dev-a"]
     dev_qs = random.Random(REPORT_SEED).sample(dev_all, len(dev_all))[:args.n_dev]
     bm25 = BM25Index().index(docs)
