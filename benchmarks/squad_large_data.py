@@ -135,11 +135,13 @@ def build_corpus(paths: Sequence[Path], doc_tokens: int = 1000) -> LargeCorpus:
 
 
 def load_embeddings(prefix: Path, name: str) -> np.ndarray | None:
-    """The L2-normalised rows of ``embed_texts.py``'s ``PREFIX.<name>.<part>.npy`` files (None when absent)."""
-    parts = sorted(prefix.parent.glob(f"{prefix.name}.{name}.*.npy"), key=lambda p: int(p.stem.rsplit(".", 1)[1]))
-    if not parts:
+    """The L2-normalised rows embed_texts.py wrote for ``name`` (shards under ``PREFIX.<name>``; None when absent)."""
+    folder = Path(f"{prefix}.{name}")
+    if not folder.is_dir():
         return None
-    e = np.concatenate([np.load(p) for p in parts]).astype(np.float32)
+    from funnel_core.offline import read_embeddings
+
+    e = read_embeddings(folder)[1]
     return e / np.linalg.norm(e, axis=1, keepdims=True)
 
 
@@ -147,7 +149,7 @@ def passage_embeddings(prefix: Path, passages, embedder) -> tuple[np.ndarray, st
     """The passages' embeddings (embed_texts.py's files, else encoded here once and kept under .cache/), and whence."""
     emb = load_embeddings(prefix, "passages")
     if emb is not None and len(emb) == len(passages):
-        return emb, f"{prefix}.passages.*.npy (embed_texts.py, float16 storage)"
+        return emb, f"{prefix}.passages (embed_texts.py)"
     from common import cached_embeddings
 
     return cached_embeddings(embedder, [u.text for u in passages], "squad_large"), "encoded here (CPU, fp32)"
