@@ -1,11 +1,11 @@
 """Encode texts with a sentence-transformers model, on CPU or GPU (used to embed the large SQuAD corpus).
 
-    python benchmarks/embed_texts.py TEXTS.json.gz MODEL_FOLDER OUT_PREFIX [--parts 2]
+    python benchmarks/embed_texts.py TEXTS.json.gz MODEL_FOLDER OUT_PREFIX [--batch-size 256]
 
-``TEXTS.json.gz`` is ``{"name": [text, ...], ...}``; each list is encoded (L2-normalised, float32
-compute, float16 on CUDA) and saved as ``OUT_PREFIX.<name>.<part>.npy`` (float16, split into
-``--parts`` row blocks so no file is over 16 MB). ``bench_squad_large.py --embeddings OUT_PREFIX``
-reads them back.
+``TEXTS.json.gz`` is ``{"name": [text, ...], ...}``; each list is encoded (L2-normalised; float16 on
+CUDA, else float32) by :func:`funnel_core.offline.embed_texts` into the Parquet shards of the folder
+``OUT_PREFIX.<name>`` (``funnel_core.offline.read_embeddings`` reads them back), with the device and
+seconds in ``OUT_PREFIX.json``. ``bench_squad_large.py --embeddings OUT_PREFIX`` reads them.
 """
 
 from __future__ import annotations
@@ -14,42 +14,31 @@ import argparse
 import gzip
 import json
 import time
-
-import numpy as np
+from pathlib import Path
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("texts")
-    ap.add_argument("model")
-    ap.add_argument("out")
-    ap.add_argument("--parts", type=int, default=2)
+    for name in ("texts", "model", "out"):
+        ap.add_argument(name)
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--cpu-bf16", action="store_true",
-                    help="on a CPU with native bf16 (AMX / AVX-512-BF16), encode under bf16 autocast")
+                    help="on a CPU with native bf16 (AMX / AVX-512-BF16), encode in bf16")
     args = ap.parse_args()
     import torch
-    from sentence_transformers import SentenceTransformer
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = SentenceTransformer(args.model, device=device)
-    if device == "cuda":
-        model = model.half()
-    texts = json.loads(gzip.decompress(open(args.texts, "rb").read()).decode("utf-8"))
-    bf16 = args.cpu_bf16 and device == "cpu"
-    info = {"device": device, "torch": torch.__version__, "compute": "bf16 autocast" if bf16 else
-            ("float16" if device == "cuda" else "float32")}
-    for name, items in texts.items():
+    from funnel_core import offline
+
+    cuda = torch.cuda.is_available()
+    info = {"device": "cuda" if cuda else "cpu", "torch": torch.__version__,
+            "dtype": "float16" if cuda else "auto" if args.cpu_bf16 else "float32"}
+    for name, items in json.loads(gzip.decompress(Path(args.texts).read_bytes())).items():
         t0 = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            emb = model.encode(items, batch_size=args.batch_size, convert_to_numpy=True,
-                               normalize_embeddings=True, show_progress_bar=False).astype(np.float16)
+        offline.embed_texts(items, f"{args.out}.{name}", model=args.model, batch_size=args.batch_size,
+                            num_gpus=int(cuda), dtype=info["dtype"], progress=True)
         info[name] = {"n": len(items), "seconds": time.perf_counter() - t0}
-        for p, block in enumerate(np.array_split(emb, args.parts)):
-            np.save(f"{args.out}.{name}.{p}.npy", block)
     print(json.dumps(info))
-    with open(f"{args.out}.json", "w") as f:
-        json.dump(info, f)
+    Path(f"{args.out}.json").write_text(json.dumps(info))
 
 
 if __name__ == "__main__":

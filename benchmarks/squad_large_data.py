@@ -1,7 +1,7 @@
-"""The large SQuAD corpus: every article of one or more SQuAD-format files together.
+"""The large SQuAD corpus, its question samples, its MiniLM embeddings and their faiss HNSW index.
 
 * documents : ~1K-token runs of consecutive paragraphs of an article (the former ``squad_units`` of the
-  removed ``bench_funnel.py``);
+  removed ``bench_funnel.py``), every article of one or more SQuAD-format files together;
 * passages  : ``LaterChunking(words=100)`` of those documents (sentence-aware ~100-word windows);
   these are exactly the windows a ``CrossEncoderScorer(window_words=100)`` cuts a document into,
   so a document's MaxP score equals the maximum of its passages' scores;
@@ -14,58 +14,87 @@ file's questions and report on another file's questions over the same corpus.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import random
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import scipy.sparse as sp
+from common import default_data_dir
 
+from funnel_core.embeddings import DenseIndex
 from funnel_core.evaluation.datasets import load_squad
-from funnel_core.evaluation.metrics import normalize_answer
 from funnel_core.funnelrag.chunking import LaterChunking
-from funnel_core.text import count_tokens
+from funnel_core.text import count_tokens, normalize_answer
 from funnel_core.units import Unit
 
 PASSAGE_WORDS = 100
+#: every article of SQuAD v1.1 train + dev-a
+SQUAD_FILES = [default_data_dir() / "squad" / "squad-v1.1-train.json",
+               default_data_dir() / "squad" / "squad-v1.1-dev-a.json"]
+#: the faiss HNSW graph of the dense first stage
+HNSW = {"M": 32, "efConstruction": 200, "efSearch": 128}
+#: the tuning sample is a seeded sample of TUNE_N train questions; the report sample a prefix of one
+#: seeded permutation of dev-a; the timing sample a seeded sample of the report sample
+TRAIN_SEED, REPORT_SEED, TIMING_SEED, TUNE_N = 0, 1, 2, 400
+SEEDS = {"train": TRAIN_SEED, "report": REPORT_SEED, "timing": TIMING_SEED}
 
 
 @dataclass
 class LargeCorpus:
     documents: list[Unit]
     passages: list[Unit]
-    questions: dict[str, list]                      # split name -> SquadQuestion list
-    doc_of_paragraph: dict[tuple[str, int], int]    # (article title, paragraph index) -> document index
-    passage_paragraphs: list[tuple[int, ...]] = field(default_factory=list)  # paragraph indices (within article) each passage overlaps
-    passages_of_doc: list[list[int]] = field(default_factory=list)
-    links: sp.csr_matrix | None = None              # neighbouring documents of an article
+    questions: dict[str, list]        # split name -> SquadQuestion list
+    passages_of_doc: list[list[int]]
+    links: sp.csr_matrix              # neighbouring documents of an article
+
+    @cached_property
+    def passage_index(self) -> dict[str, int]:
+        return {u.id: i for i, u in enumerate(self.passages)}
+
+    @cached_property
+    def doc_index(self) -> dict[str, int]:
+        return {d.id: i for i, d in enumerate(self.documents)}
 
     def adjacency(self, knn_k: int = 20) -> sp.csr_matrix:
         """Article links + BM25 kNN between documents (the graph Algorithm 1 clusters)."""
         from funnel_core.bm25 import BM25Index
         from funnel_core.funnelrag.clustering import bm25_knn_adjacency
 
-        adj = self.links + bm25_knn_adjacency(BM25Index().index(self.documents), k=knn_k)
-        return adj.tocsr()
+        return (self.links + bm25_knn_adjacency(BM25Index().index(self.documents), k=knn_k)).tocsr()
+
+    def tuning_sample(self) -> list:
+        """The seeded sample of train questions every choice is tuned on (in sampled order)."""
+        train = self.questions["train"]
+        return random.Random(TRAIN_SEED).sample(train, min(TUNE_N, len(train)))
+
+    def report_sample(self, n: int) -> list:
+        """The first ``n`` questions of the seeded permutation of dev-a (samples of any size nest)."""
+        dev = self.questions["dev-a"]
+        return random.Random(REPORT_SEED).sample(dev, len(dev))[:n]
+
+    def embedded_questions(self) -> dict[str, list]:
+        """The questions embed_texts.py embeds, by name: all of dev-a; the tuning sample in file order."""
+        ids = {q.id for q in self.tuning_sample()}
+        return {"dev_a": self.questions["dev-a"], "train_tune": [q for q in self.questions["train"] if q.id in ids]}
 
 
 class AnswerTexts:
     """``has_answer`` over a fixed list of texts (passages or documents), each text and each answer
-    list normalised once: the same test as :func:`funnel_core.evaluation.metrics.has_answer` (a
-    SQuAD-normalised answer occurs in the normalised text on word boundaries), fast enough for
-    millions of (question, text) checks."""
+    list normalised once: the same test as :func:`funnel_core.text.has_answer` (a SQuAD-normalised
+    answer occurs in the normalised text on word boundaries), fast enough for millions of checks."""
 
     def __init__(self, texts: Sequence[str]):
-        self.texts = texts
-        self._norm: dict[int, str] = {}
-        self._answers: dict[tuple[str, ...], list[str]] = {}
+        self.texts, self._norm, self._answers = texts, {}, {}
 
     def __call__(self, answers: Sequence[str], i: int) -> bool:
         if i not in self._norm:
             self._norm[i] = f" {normalize_answer(self.texts[i])} "
         key = tuple(answers)
         if key not in self._answers:
-            self._answers[key] = [f" {a} " for a in (normalize_answer(x) for x in answers) if a]
+            self._answers[key] = [f" {a} " for a in map(normalize_answer, answers) if a]
         return any(a in self._norm[i] for a in self._answers[key])
 
     def hit_rank(self, answers: Sequence[str], ranked: Sequence[int]) -> int:
@@ -74,69 +103,86 @@ class AnswerTexts:
 
 
 def split_name(path: Path) -> str:
-    name = Path(path).name
-    for key in ("train", "dev-a", "dev-b", "dev", "test"):
-        if key in name:
-            return key
-    return Path(path).stem
+    return next((key for key in ("train", "dev-a", "dev-b", "dev", "test") if key in Path(path).name), Path(path).stem)
 
 
 def build_corpus(paths: Sequence[Path], doc_tokens: int = 1000) -> LargeCorpus:
     docs: list[Unit] = []
-    doc_paras: list[list[int]] = []   # paragraph indices of each document
-    rows, cols = [], []
     questions: dict[str, list] = {}
-    doc_of_paragraph: dict[tuple[str, int], int] = {}
     for path in paths:
         articles = load_squad(path)
         questions[split_name(path)] = [q for a in articles for q in a.questions]
         for a in articles:
-            current: list[int] = []
-            first = len(docs)
-
-            def flush() -> None:
-                if current:
-                    for pi in current:
-                        doc_of_paragraph[(a.title, pi)] = len(docs)
-                    docs.append(Unit(id=f"{a.title}/{len(docs) - first}",
-                                     text="\n".join(a.paragraphs[pi] for pi in current),
-                                     level="document", metadata={"title": a.title}))
-                    doc_paras.append([(pi, len(a.paragraphs[pi].split())) for pi in current])
-
-            tokens = 0
-            for pi, para in enumerate(a.paragraphs):
-                n = count_tokens(para)
-                if current and tokens + n > doc_tokens:
-                    flush()
-                    current, tokens = [], 0
-                current.append(pi)
-                tokens = count_tokens(" ".join(a.paragraphs[p] for p in current))
-            flush()
-            for i in range(first, len(docs) - 1):
-                rows.append(i)
-                cols.append(i + 1)
+            runs: list[list[str]] = [[]]      # paragraphs of each document, in order
+            for para in a.paragraphs:
+                if runs[-1] and count_tokens(" ".join(runs[-1])) + count_tokens(para) > doc_tokens:
+                    runs.append([])
+                runs[-1].append(para)
+            docs += [Unit(id=f"{a.title}/{j}", text="\n".join(run), level="document", metadata={"title": a.title})
+                     for j, run in enumerate(runs) if run]
     n = len(docs)
-    links = sp.csr_matrix((np.ones(len(rows)), (rows, cols)), shape=(n, n))
-    links = links.maximum(links.T).tocsr()
+    after = [i for i in range(n - 1) if docs[i].metadata["title"] == docs[i + 1].metadata["title"]]
+    links = sp.csr_matrix((np.ones(len(after)), (after, [i + 1 for i in after])), shape=(n, n))
     chunk = LaterChunking(words=PASSAGE_WORDS, name="later_chunking")
     passages: list[Unit] = []
-    passage_paragraphs: list[tuple[int, ...]] = []
     passages_of_doc: list[list[int]] = []
-    for di, d in enumerate(docs):
+    for d in docs:
         children = chunk.split(d)
-        # word -> paragraph map (word_windows keeps every whitespace token, in order)
-        word_para = np.concatenate([np.full(n, pi) for pi, n in doc_paras[di]])
-        lens = [len(c.text.split()) for c in children]
-        exact = sum(lens) == len(word_para)
-        start = 0
-        idx = []
-        for c, ln in zip(children, lens):
-            idx.append(len(passages))
-            passages.append(c)
-            passage_paragraphs.append(tuple(sorted(set(word_para[start:start + ln].tolist())))
-                                      if exact else tuple(pi for pi, _ in doc_paras[di]))
-            start += ln
-        passages_of_doc.append(idx)
-    return LargeCorpus(documents=docs, passages=passages, questions=questions,
-                       doc_of_paragraph=doc_of_paragraph, passage_paragraphs=passage_paragraphs,
-                       passages_of_doc=passages_of_doc, links=links)
+        passages_of_doc.append(list(range(len(passages), len(passages) + len(children))))
+        passages += children
+    return LargeCorpus(documents=docs, passages=passages, questions=questions, passages_of_doc=passages_of_doc,
+                       links=links.maximum(links.T).tocsr())
+
+
+def load_embeddings(prefix: Path, name: str) -> np.ndarray | None:
+    """The L2-normalised rows embed_texts.py wrote for ``name`` (shards under ``PREFIX.<name>``; None when absent)."""
+    folder = Path(f"{prefix}.{name}")
+    if not folder.is_dir():
+        return None
+    from funnel_core.offline import read_embeddings
+
+    e = read_embeddings(folder)[1]
+    return e / np.linalg.norm(e, axis=1, keepdims=True)
+
+
+def passage_embeddings(prefix: Path, passages, embedder) -> tuple[np.ndarray, str]:
+    """The passages' embeddings (embed_texts.py's files, else encoded here once and kept under .cache/), and whence."""
+    emb = load_embeddings(prefix, "passages")
+    if emb is not None and len(emb) == len(passages):
+        return emb, f"{prefix}.passages (embed_texts.py)"
+    from common import cached_embeddings
+
+    return cached_embeddings(embedder, [u.text for u in passages], "squad_large"), "encoded here (CPU, fp32)"
+
+
+def question_embeddings(prefix: Path, corpus: LargeCorpus, qs, embedder) -> dict[str, np.ndarray]:
+    """Embeddings of the questions ``qs``: from embed_texts.py's files when present, else encoded here."""
+    out = {}
+    for name, split in corpus.embedded_questions().items():
+        e = load_embeddings(prefix, name)
+        if e is not None and len(e) == len(split):
+            out.update(zip([q.id for q in split], e))
+    missing = [q for q in qs if q.id not in out]
+    if missing:
+        out.update(zip([q.id for q in missing], embedder.encode([q.question for q in missing])))
+    return out
+
+
+def dense_index(passages, emb: np.ndarray, embedder) -> DenseIndex:
+    """faiss HNSW (inner product) over the normalised passage embeddings, built on one thread (reproducible)."""
+    import faiss
+
+    faiss.omp_set_num_threads(1)
+    return DenseIndex(embedder, index="hnsw", hnsw_m=HNSW["M"], ef_construction=HNSW["efConstruction"],
+                      ef_search=HNSW["efSearch"]).index(passages, embeddings=emb)
+
+
+def exact_top(emb: np.ndarray, q_emb: np.ndarray, k: int) -> np.ndarray:
+    """Row indices of the exact top-``k`` inner products of each query, best first."""
+    out = []
+    for b in range(0, len(q_emb), 512):
+        sims = q_emb[b:b + 512] @ emb.T
+        top = np.argpartition(-sims, k - 1, axis=1)[:, :k]
+        order = np.take_along_axis(sims, top, 1).argsort(axis=1)[:, ::-1]
+        out.append(np.take_along_axis(top, order, 1))
+    return np.concatenate(out)

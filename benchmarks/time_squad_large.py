@@ -21,23 +21,55 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import bench_squad_large as B
+import numpy as np
 import report as R
+import squad_large_data as D
+import squad_large_eval as E
 from common import ROOT, parser
-from squad_large_data import PASSAGE_WORDS, build_corpus
-from trained import SQUAD_CE, SQUAD_FILES, require_model
+from pairs import CACHE
+from trained import SQUAD_CE, require_model
 
-from funnel_core.bm25 import BM25Index
+from funnel_core.best_practices.fusion import HybridRetrieve
+from funnel_core.bm25 import BM25Index, BM25Retrieve
+from funnel_core.embeddings import DenseRetrieve
 from funnel_core.evaluation import EvalDataset, evaluate
+from funnel_core.funnel import Funnel
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
+from funnel_core.funnelrag.presets import funnelrag, renamed
 from funnel_core.hardware import describe
+
+
+def parse_funnel(name: str) -> tuple[int, ...]:
+    """(S, K, kd) of a funnel's name, e.g. ``funnel S4096 K10 kd8 (preset)``."""
+    return tuple(int(part.lstrip("SKkd")) for part in name.split()[1:4])
+
+
+def pipelines(names, bm25, dense, cindexes, ranker, alpha: float) -> dict[str, Funnel]:
+    """Each system's real funnel_core pipeline: a first stage, the cross-encoder's top 4, or the funnel."""
+    def first(fs: str, k: int):
+        if fs == "hybrid":
+            return HybridRetrieve(BM25Retrieve(bm25, k=E.FIRST_K), DenseRetrieve(dense, k=E.FIRST_K),
+                                  alpha=alpha, k=k, name="hybrid")
+        return BM25Retrieve(bm25, k=k, name="bm25") if fs == "bm25" else DenseRetrieve(dense, k=k)
+
+    pipes = {}
+    for name in names:
+        if name.startswith("funnel"):
+            s, k, kd = parse_funnel(name)
+            pipes[name] = funnelrag(cindexes[s], ranker, k_clusters=k, k_documents=kd, k_passages=4,
+                                    passage_words=D.PASSAGE_WORDS)
+        else:
+            fs, _, depth = name.partition(" -> CE@")
+            stages = [first(fs, int(depth)), renamed(ranker, "rerank") % 4] if depth else [first(fs, E.FIRST_K)]
+            pipes[name] = Funnel(stages)
+    return pipes
 
 
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
-    p.add_argument("--squad", type=Path, nargs="+", default=SQUAD_FILES)
+    p.add_argument("--squad", type=Path, nargs="+", default=D.SQUAD_FILES)
     p.add_argument("--model", type=Path, default=SQUAD_CE)
-    p.add_argument("--embeddings", type=Path, default=B.CACHE / "emb")
+    p.add_argument("--embeddings", type=Path, default=CACHE / "emb")
     p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results" / "squad_large.json")
     p.add_argument("--n-timing", type=int, default=50)
     p.add_argument("--systems", default=".", help="regex: time only the systems whose name matches")
@@ -57,40 +89,31 @@ def main() -> None:
                    help="time nothing: recompute the comparisons and the plot from the JSON's times")
     args = p.parse_args()
     res = json.loads(args.results.read_text())
-    timing_path = args.results.with_name("squad_large_timing.json")
+    timing_path = args.results.with_name(args.results.stem + "_timing.json")
     if args.compare_only:
-        compare(args, res, timing_path)
-        return
-    rows = res["systems_dev_a"]
-    names = [n for n in rows if re.search(args.systems, n)]
+        return compare(args.results, res, timing_path)
+    names = [n for n in res["systems_dev_a"] if re.search(args.systems, n)]
     require_model(args.model, "SQuAD cross-encoder")
     flags = describe()  # the CPU facts the JSON records; bf16 autocast only where the CPU runs bf16 natively
     bf16 = bool(flags["cpu_native_bf16"])
-    corpus = build_corpus(args.squad)
-    passages, documents = corpus.passages, corpus.documents
-    dev_all = corpus.questions["dev-a"]
-    report_qs = random.Random(B.REPORT_SEED).sample(dev_all, len(dev_all))[:res["samples"]["dev_a_report"]]
-    timing_qs = random.Random(B.TIMING_SEED).sample(report_qs, min(args.n_timing, len(report_qs)))
-    warm_q = next(q for q in dev_all if q.id not in {t.id for t in timing_qs})
+    corpus = D.build_corpus(args.squad)
+    report_qs = corpus.report_sample(res["samples"]["dev_a_report"])
+    timing_qs = random.Random(D.TIMING_SEED).sample(report_qs, min(args.n_timing, len(report_qs)))
+    warm_q = next(q for q in corpus.questions["dev-a"] if q.id not in {t.id for t in timing_qs})
 
     from funnel_core.embeddings import SentenceEmbedder
     from funnel_core.rerank.cross_encoder import CrossEncoderScorer
 
     embedder = SentenceEmbedder(batch_size=args.batch_size)
-    emb = B.load_embeddings(args.embeddings, "passages")
-    if emb is None:
-        raise SystemExit(f"no passage embeddings under {args.embeddings}: run bench_squad_large.py first "
-                         "(or copy its cache, e.g. /work/cache/squad_large, to .cache/squad_large).")
-    dense = B.FaissDense(emb)
-    bm25 = BM25Index().index(passages)
-    sizes = sorted({B.parse_funnel(n)[0] for n in names if n.startswith("funnel")})
+    dense = D.dense_index(corpus.passages, D.passage_embeddings(args.embeddings, corpus.passages, embedder)[0],
+                          embedder)
+    sizes = {parse_funnel(n)[0] for n in names if n.startswith("funnel")}
     adj = corpus.adjacency() if sizes else None
-    cindexes = {s: ClusteredBM25Index(max_tokens=s).index(documents, adjacency=adj) for s in sizes}
+    cindexes = {s: ClusteredBM25Index(max_tokens=s).index(corpus.documents, adjacency=adj) for s in sizes}
     ranker = CrossEncoderScorer(str(args.model), library="transformers", batch_size=args.batch_size,
-                                max_length=192, window_words=PASSAGE_WORDS, dtype="bfloat16" if bf16 else "auto",
+                                max_length=192, window_words=D.PASSAGE_WORDS, dtype="bfloat16" if bf16 else "auto",
                                 name="ranker")
-    pipes = B.build_pipelines(names, bm25, dense, embedder, passages, cindexes, ranker, res["hybrid"]["alpha"])
-
+    pipes = pipelines(names, BM25Index().index(corpus.passages), dense, cindexes, ranker, res["hybrid"]["alpha"])
     dataset = EvalDataset(queries={q.id: q.question for q in timing_qs},
                           answers={q.id: list(q.answers) for q in timing_qs}, name="squad-dev-a-timing",
                           format="squad")
@@ -113,39 +136,58 @@ def main() -> None:
     if report.timing["refused"]:
         print(f"not merged into {args.results.name}: {report.timing['refused']}", file=sys.stderr)
         sys.exit(2)
-    compare(args, res, timing_path)
+    compare(args.results, res, timing_path)
 
 
 def per_question_ranks(results: Path) -> dict[str, dict[str, int]]:
     """``{system: {question id: hit rank}}`` of the dev-a questions, from the per-question file."""
-    per_q = {}
-    with gzip.open(results.with_name("squad_large_per_question.jsonl.gz"), "rt", encoding="utf-8") as f:
-        for line in f:
-            r = json.loads(line)
-            if r["split"] == "dev-a":
-                per_q[r["id"]] = r["hit_rank"]
-    names = next(iter(per_q.values())).keys()
-    return {n: {qid: hr[n] for qid, hr in per_q.items()} for n in names}
+    with gzip.open(results.with_name(results.stem + "_per_question.jsonl.gz"), "rt", encoding="utf-8") as f:
+        per_q = {r["id"]: r["hit_rank"] for r in map(json.loads, f) if r["split"] == "dev-a"}
+    return {n: {qid: hr[n] for qid, hr in per_q.items()} for n in next(iter(per_q.values()))}
 
 
-def compare(args, res: dict, timing_path: Path) -> None:
+def compare(results: Path, res: dict, timing_path: Path) -> None:
     """Recompute the paired comparisons (on the report sample) and the plot with the harness's
     seconds (``report.merge_timing``); write the JSON."""
     if timing_path.exists():
         res = R.merge_timing(res, json.loads(timing_path.read_text()))
-    ranks_all = per_question_ranks(args.results)
-    rows = res["systems_dev_a"]
+    ranks = per_question_ranks(results)
+    rows, n = res["systems_dev_a"], res["samples"]["dev_a_report"]
     # the report sample, in the order bench_squad_large.py wrote it (the bootstrap resamples by position)
-    qs = [SimpleNamespace(id=q) for q in next(iter(ranks_all.values()))]
-    if len(qs) != res["samples"]["dev_a_report"]:
-        raise ValueError(f"the per-question file holds {len(qs)} dev-a questions, the JSON reports on "
-                         f"{res['samples']['dev_a_report']}; re-run bench_squad_large.py.")
-    res["comparison"] = B.comparisons(rows, ranks_all, qs, res["best_funnel_chosen_on_train"], 2000)
-    args.results.write_text(json.dumps(res, indent=2, default=float))
-    B.plot(rows, args.results.with_suffix(".png"),
-           f"SQuAD train+dev-a corpus ({res['corpus']['passages']} passages): {res['samples']['dev_a_report']} "
-           f"dev-a questions, time on {res['samples']['dev_a_timing']}")
-    print(f"updated {args.results}")
+    qs = [SimpleNamespace(id=q) for q in next(iter(ranks.values()))]
+    if len(qs) != n:
+        raise ValueError(f"the per-question file holds {len(qs)} dev-a questions, the JSON reports on {n}; "
+                         "re-run bench_squad_large.py.")
+    res["comparison"] = E.comparisons(rows, ranks, qs, res["best_funnel_chosen_on_train"], 2000)
+    results.write_text(json.dumps(res, indent=2, default=float))
+    plot(rows, results.with_suffix(".png"), f"SQuAD train+dev-a corpus ({res['corpus']['passages']} passages): "
+         f"{n} dev-a questions, time on {res['samples']['dev_a_timing']}")
+    print(f"updated {results}")
+
+
+def plot(rows, path: Path, title: str) -> None:
+    """AR@4 (95% interval) against p50 seconds per query of the timed flat systems and funnels."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 6))
+    for kind, colour, marker in (("flat", "C0", "o"), ("funnel", "C1", "s")):
+        pts = {n: r for n, r in rows.items() if r["kind"] == kind and "seconds_p50" in r}
+        if pts:
+            x, y = [r["seconds_p50"] for r in pts.values()], [r["AR@4"] for r in pts.values()]
+            err = np.array([[r["AR@4"] - r["AR@4_ci95"][0], r["AR@4_ci95"][1] - r["AR@4"]] for r in pts.values()]).T
+            ax.errorbar(x, y, yerr=err, fmt=marker, color=colour, label=kind, capsize=2, ms=5)
+            for n, xi, yi in zip(pts, x, y):
+                ax.annotate(n.replace("funnel ", "").replace(" (preset)", "*"), (xi, yi), fontsize=6,
+                            xytext=(3, 2), textcoords="offset points")
+    ax.set(xscale="log", xlabel="seconds per query (p50, real pipeline, CPU)", ylabel="AR@4 (95% bootstrap interval)")
+    ax.set_title(title, fontsize=9)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

@@ -179,11 +179,11 @@ def test_plain_summary_says_where_the_funnel_wins_and_loses():
 
 
 def test_equal_accuracy_and_equal_time_partners_of_the_funnel():
-    """bench_squad_large.comparisons: at equal AR@4 the fastest flat system with at least the funnel's AR@4;
+    """squad_large_eval.comparisons: at equal AR@4 the fastest flat system with at least the funnel's AR@4;
     at equal time the most accurate flat system no slower than the funnel."""
     from types import SimpleNamespace
 
-    import bench_squad_large as B
+    import squad_large_eval as B
 
     qs = [SimpleNamespace(id=f"q{i}") for i in range(100)]
     hits = {"flat X": 92, "flat Y": 95, "flat Z": 93, "funnel F": 92}      # questions answered in the top-4
