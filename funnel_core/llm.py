@@ -260,20 +260,29 @@ class LLM(ABC):
         return f"{type(self).__name__}()"
 
 
-def lora_base(path: str) -> tuple[str, str | None] | None:
-    """``(base model, GGUF file)`` of a folder of LoRA adapters (``adapter_config.json``, as
-    ``funnel train`` writes with ``merge = false``): the base it names, ``"smollm2"`` read as the
-    packaged SmolLM2; ``None`` when ``path`` is no such folder."""
-    config = Path(path) / "adapter_config.json"
-    if not config.is_file():
+#: What ``funnel train`` records beside LoRA adapters kept alone: the dtype of the base weights
+#: they were trained over (``{"base_dtype": "bfloat16"}``).
+ADAPTER_FILE = "funnel_adapter.json"
+
+
+def lora_base(path: str) -> tuple[str, str | None, str | None] | None:
+    """``(base model, GGUF file, base dtype)`` of a folder of LoRA adapters
+    (``adapter_config.json``, as ``funnel train`` writes with ``merge = false``): the base it
+    names (``"smollm2"``: the packaged SmolLM2) and the dtype of the base weights the adapters
+    were trained over (:data:`ADAPTER_FILE`; ``None`` when not recorded); ``None`` when ``path``
+    is no such folder."""
+    folder = Path(path)
+    if not (folder / "adapter_config.json").is_file():
         return None
-    base = json.loads(config.read_text(encoding="utf-8")).get("base_model_name_or_path")
+    base = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8")).get("base_model_name_or_path")
     if not base:
-        raise ValueError(f"{str(config)!r} names no base model (base_model_name_or_path); "
+        raise ValueError(f"{str(folder / 'adapter_config.json')!r} names no base model (base_model_name_or_path); "
                          "set it to the model the adapters were trained on.")
+    recorded = folder / ADAPTER_FILE
+    base_dtype = json.loads(recorded.read_text(encoding="utf-8")).get("base_dtype") if recorded.is_file() else None
     if base == "smollm2":
-        return str(smollm2_path()), SMOLLM2_GGUF
-    return str(base), None
+        return str(smollm2_path()), SMOLLM2_GGUF, base_dtype
+    return str(base), None, base_dtype
 
 
 class TransformersLLM(LLM):
@@ -339,7 +348,7 @@ class TransformersLLM(LLM):
 
         device = resolve_device(self.device)
         base = lora_base(self.model_name_or_path) if self.gguf_file is None else None
-        source, gguf = base or (self.model_name_or_path, self.gguf_file)
+        source, gguf, base_dtype = base or (self.model_name_or_path, self.gguf_file, None)
         extra = {"gguf_file": gguf} if gguf else {}
         what = "causal LM" + (f" (GGUF file {gguf!r})" if gguf else "")
         tokenizer = load_pretrained(AutoTokenizer.from_pretrained, self.model_name_or_path if base else source,
@@ -349,13 +358,13 @@ class TransformersLLM(LLM):
             tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
         active = resolve_dtype(self.dtype, device)
         loader: Any = AutoModelForCausalLM.from_pretrained  # its decorated type hides the signature
-        model = load_pretrained(loader, source, what=what, dtype=getattr(torch, active),
+        model = load_pretrained(loader, source, what=what, dtype=getattr(torch, base_dtype or active),
                                 **gguf_model_kwargs(gguf))
-        if base:  # a LoRA adapter folder: its adapters merged into the base just loaded
+        if base:  # LoRA adapters: merged into the base as it was in training, then in the active dtype
             from peft import PeftModel
 
             model = load_pretrained(lambda path: PeftModel.from_pretrained(model, path), self.model_name_or_path,
-                                    what="LoRA adapters").merge_and_unload()
+                                    what="LoRA adapters").merge_and_unload().to(getattr(torch, active))
         model.to(device).eval()
         model._funnel_dtype = active  # read by active_dtype
         if model.generation_config.pad_token_id is None:

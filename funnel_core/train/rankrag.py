@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from funnel_core.errors import check_positive_int
+from funnel_core.llm import ADAPTER_FILE
 
 __all__ = ["RankRAGExample", "RankRAGTrainResult", "rankrag_blend", "train_rankrag",
            "DEFAULT_QA_PROMPT"]
@@ -291,7 +292,11 @@ def train_rankrag(llm: Any, examples: Sequence[RankRAGExample], output_dir: str 
 
 def save_adapters(model: Any, folder: Path, base: str) -> None:
     """A peft model's LoRA adapters into ``folder`` as peft writes them (``adapter_config.json``
-    naming ``base``, ``adapter_model.safetensors``), in float16 like every kept model."""
+    naming ``base``, ``adapter_model.safetensors``), in float16 like every kept model, and the
+    dtype of the base weights they were trained over (``funnel_adapter.json``): the loader merges
+    them into the base in that dtype, which reproduces the merged model of ``merge=True``."""
+    import json
+
     import torch
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
@@ -305,3 +310,5 @@ def save_adapters(model: Any, folder: Path, base: str) -> None:
     config = model.peft_config["default"]
     config.base_model_name_or_path, config.inference_mode = base, True
     config.save_pretrained(str(folder))
+    base_dtype = str(next(model.get_base_model().parameters()).dtype).replace("torch.", "")
+    (folder / ADAPTER_FILE).write_text(json.dumps({"base_dtype": base_dtype}), encoding="utf-8")
