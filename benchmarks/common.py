@@ -10,7 +10,6 @@ import platform
 import random
 import sys
 import time
-import tracemalloc
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
@@ -90,19 +89,6 @@ def qps(fn: Callable[[Any], Any], queries: list[str], batch: int | None = None) 
     return len(queries) / (time.perf_counter() - t0)
 
 
-@contextmanager
-def peak_memory() -> Iterator[dict]:
-    """Peak Python-heap + numpy allocation (tracemalloc) inside the block, in MiB."""
-    box: dict[str, float] = {}
-    tracemalloc.start()
-    tracemalloc.reset_peak()
-    try:
-        yield box
-    finally:
-        box["peak_mib"] = tracemalloc.get_traced_memory()[1] / 2**20
-        tracemalloc.stop()
-
-
 class LatencyReport:
     """Time calls one by one (``with rep.time(): ...``; warm the models up first) and report p50/p95 seconds
     per query with the load average around the run and the CPU flags (a busy machine is recognisable)."""
@@ -117,9 +103,6 @@ class LatencyReport:
         t0 = time.perf_counter()
         yield
         self.seconds.append(time.perf_counter() - t0)
-
-    def add(self, seconds: float, n: int = 1) -> None:
-        self.seconds.extend([seconds / n] * n)
 
     def summary(self) -> dict[str, Any]:
         from funnel_core.evaluation.stats import percentile
