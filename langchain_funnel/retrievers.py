@@ -145,27 +145,30 @@ class ClusteredBM25Retriever(ClusteredRetrieverFields, _BM25Base):
     @classmethod
     def from_texts(cls, texts: Iterable[str], metadatas: Optional[Sequence[dict]] = None,
                    ids: Optional[Sequence[str]] = None, k: int = DEFAULT_K, backend: Backend = None,
-                   filter: Any = None, **settings: Any) -> "ClusteredBM25Retriever":
+                   filter: Any = None, k_clusters: int = CLUSTERED_DEFAULTS["k_clusters"],
+                   return_clusters: bool = CLUSTERED_DEFAULTS["return_clusters"],
+                   **index_settings: Any) -> "ClusteredBM25Retriever":
         """Cluster the texts (by metadata ``funnel_links`` when present, else BM25 kNN) and index
-        them; ``settings``: ``k_clusters`` and ``return_clusters``, the rest go to the index
-        (``max_tokens``, ``knn_k``, BM25 settings, ...)."""
-        return cls._clustered(units_from_texts(texts, ids, metadatas, "document"), backend, settings,
-                              k=k, filter=filter)
+        them; ``index_settings`` go to the index (``max_tokens``, ``knn_k``, BM25 settings, ...)."""
+        return cls._clustered(units_from_texts(texts, ids, metadatas, "document"), backend, index_settings,
+                              k=k, filter=filter, k_clusters=k_clusters, return_clusters=return_clusters)
 
     @classmethod
     def from_documents(cls, documents: Iterable[Document], k: int = DEFAULT_K, backend: Backend = None,
-                       filter: Any = None, **settings: Any) -> "ClusteredBM25Retriever":
+                       filter: Any = None, k_clusters: int = CLUSTERED_DEFAULTS["k_clusters"],
+                       return_clusters: bool = CLUSTERED_DEFAULTS["return_clusters"],
+                       **index_settings: Any) -> "ClusteredBM25Retriever":
         """Cluster and index ``documents``; the settings as in :meth:`from_texts`."""
-        return cls._clustered(units_from_documents(documents, "document"), backend, settings,
-                              k=k, filter=filter)
+        return cls._clustered(units_from_documents(documents, "document"), backend, index_settings,
+                              k=k, filter=filter, k_clusters=k_clusters, return_clusters=return_clusters)
 
     @classmethod
-    def _clustered(cls, units: list[Unit], backend: Backend, settings: dict[str, Any],
+    def _clustered(cls, units: list[Unit], backend: Backend, index_settings: dict[str, Any],
                    **fields: Any) -> "ClusteredBM25Retriever":
-        """Built with the retriever's fields taken out of ``settings`` and checked first."""
-        fields.update({n: check_clustered_setting(n, settings.pop(n)) for n in CLUSTERED_DEFAULTS
-                       if n in settings})
-        return cls._built(units, backend, settings, **fields)
+        """Built after the retriever's own settings are checked (before any indexing)."""
+        for name in CLUSTERED_DEFAULTS:
+            check_clustered_setting(name, fields[name])
+        return cls._built(units, backend, index_settings, **fields)
 
     @classmethod
     def from_backend(cls, backend: Union[MilvusBackend, str],

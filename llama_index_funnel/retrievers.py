@@ -226,15 +226,18 @@ class ClusteredBM25Retriever(_PersistedRetriever):
     @classmethod
     def from_defaults(cls, nodes: Optional[Sequence[BaseNode]] = None,
                       docstore: Optional[BaseDocumentStore] = None, similarity_top_k: int = TOP_K,
-                      filters: Filter = None, backend: Backend = None,
-                      **settings: Any) -> "ClusteredBM25Retriever":
+                      filters: Filter = None, backend: Backend = None, *,
+                      k_clusters: int = CLUSTERED_DEFAULTS["k_clusters"],
+                      return_clusters: bool = CLUSTERED_DEFAULTS["return_clusters"],
+                      **index_settings: Any) -> "ClusteredBM25Retriever":
         """Cluster the nodes (Algorithm 1) and index the clusters, in memory or in Milvus with
-        ``backend=``; ``settings``: ``k_clusters`` and ``return_clusters``, the rest go to
+        ``backend=``; ``index_settings``: those of
         :class:`~funnel_core.funnelrag.clustered_index.ClusteredBM25Index`."""
         nodes = nodes_from(nodes, docstore)
-        ours = {n: check_clustered_setting(n, settings.pop(n)) for n in CLUSTERED_DEFAULTS if n in settings}
         check_positive_int(similarity_top_k, "similarity_top_k")
-        index = cls._build(build_bm25(cls.__name__, backend, settings, clustered=True), nodes, "document")
+        ours = {n: check_clustered_setting(n, v) for n, v in (("k_clusters", k_clusters),
+                                                              ("return_clusters", return_clusters))}
+        index = cls._build(build_bm25(cls.__name__, backend, index_settings, clustered=True), nodes, "document")
         return cls(index, nodes, similarity_top_k=similarity_top_k, filters=filters, **ours)
 
     @classmethod

@@ -134,8 +134,8 @@ CLUSTERED_STAGE_NAMES = {"k_clusters": "k", "return_clusters": "return_clusters"
 @pytest.mark.parametrize("field", sorted(CLUSTERED_STAGE_NAMES))
 def test_both_clustered_retrievers_take_their_settings_from_one_declaration(field):
     """k_clusters and return_clusters are declared once (ClusteredRetrieverFields) with the core
-    stage's defaults: LangChain's retriever inherits the field, LlamaIndex's constructor and
-    factories take its default; neither declares it again."""
+    stage's defaults: LangChain's retriever inherits the field, every constructor and factory
+    of both takes its default; neither declares it again."""
     from funnel_core.funnelrag.clustered_index import ClusteredBM25Retrieve
     from funnel_core.funnelrag.fields import CLUSTERED_DEFAULTS, ClusteredRetrieverFields
 
@@ -144,8 +144,10 @@ def test_both_clustered_retrievers_take_their_settings_from_one_declaration(fiel
     assert field not in lc.ClusteredBM25Retriever.__dict__.get("__annotations__", {}), \
         "langchain_funnel.ClusteredBM25Retriever declares it again"
     assert lc.ClusteredBM25Retriever.model_fields[field].default == stage_default
-    for method in (li.ClusteredBM25Retriever.__init__, li.ClusteredBM25Retriever.from_backend):
-        assert inspect.signature(method).parameters[field].default == stage_default
+    for method in (li.ClusteredBM25Retriever.__init__, li.ClusteredBM25Retriever.from_defaults,
+                   li.ClusteredBM25Retriever.from_backend, lc.ClusteredBM25Retriever.from_texts,
+                   lc.ClusteredBM25Retriever.from_documents):
+        assert inspect.signature(method).parameters[field].default == stage_default, method
 
 
 @pytest.mark.parametrize("edit,error", [({"k_clusters": 0}, ValueError), ({"return_clusters": "yes"}, TypeError)])
