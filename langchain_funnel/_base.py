@@ -23,7 +23,8 @@ from funnel_core.funnel import WarmUpMixin
 from funnel_core.settings import StageAdapter, check_accepted, check_kwargs, check_search_kwargs
 from funnel_core.units import Unit, funnel_metadata, unit_of
 
-__all__ = ["DEFAULT_K", "StageModel", "StageCompressor", "KRetriever", "UnitRetriever", "document_to_unit", "documents_to_units",
+__all__ = ["DEFAULT_K", "StageModel", "StageCompressor", "KRetriever", "UnitRetriever", "document_to_unit",
+           "documents_to_units",
            "units_to_documents", "document_metadata", "checked_documents", "RELEVANCE_SCORE"]
 
 

@@ -168,7 +168,8 @@ def train_rankrag(llm: Any, examples: Sequence[RankRAGExample], output_dir: str 
             ``format_prompt`` are used, so training sees the prompts the scorer will send).
         examples: From :func:`rankrag_blend`.
         output_dir: Where the merged model and tokenizer are saved.
-        lora: LoRA adapters (merged before saving) when True, else full fine-tuning.
+        lora: LoRA adapters (merged before saving unless ``merge=False``) when True, else full
+            fine-tuning.
         merge: With ``lora``, False saves only the adapters, in float16 (a peft folder: a few MB
             where the merged model is the whole model's size); :class:`~funnel_core.llm.TransformersLLM`
             loads such a folder onto its base (:func:`save_adapters`).
