@@ -24,8 +24,7 @@ from funnel_core.settings import StageAdapter, check_accepted, check_kwargs, che
 from funnel_core.units import Unit, funnel_metadata, unit_of
 
 __all__ = ["DEFAULT_K", "StageModel", "StageCompressor", "KRetriever", "UnitRetriever", "document_to_unit",
-           "documents_to_units",
-           "units_to_documents", "document_metadata", "checked_documents", "RELEVANCE_SCORE"]
+           "documents_to_units", "units_to_documents", "document_metadata", "checked_documents", "RELEVANCE_SCORE"]
 
 
 def _doc_id(doc: Document) -> str:
