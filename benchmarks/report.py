@@ -1154,7 +1154,18 @@ block("reliability")(joined(Table(  # `make reliability`: a row per persisted ob
       "{loads.loads|0:,} / {loads.mixed|-}", "{io:,} / {io_bad}"]], each=reliability_rows), reliability_notes))
 
 
-KEPT_MODELS = ("minilm-squad-ce", "minilm-squad-fid", "minilm-squad-l2g")
+KEPT_MODELS = ("minilm-squad-ce", "minilm-squad-fid", "minilm-squad-l2g", "rankrag-smollm2-135m")
+
+
+def model_card(name: str) -> dict:
+    """The card (``funnel_model.json``) of the kept model ``models/<name>``."""
+    return json.loads((ROOT / "models" / name / "funnel_model.json").read_text(encoding="utf-8"))
+
+
+def card_dtype(card: dict) -> str:
+    """The precision a model trained in: the card's ``dtype``, else what its hardware resolved."""
+    return card.get("dtype") or ", ".join(sorted({r["dtype"] for r in card["hardware"].get("dtypes_resolved", [])})) \
+        or "?"
 
 
 @block("training")
@@ -1166,7 +1177,7 @@ def training_costs() -> str:
         if not path.is_file():
             print(f"warning: {path} missing; its row is left out", file=sys.stderr)
             continue
-        c = json.loads(path.read_text(encoding="utf-8"))
+        c = model_card(name)
         size = sum(f.stat().st_size for f in path.parent.rglob("*") if f.is_file() and "funnel_onnx" not in f.parts)
         held = c.get("held_out_metrics", {})
         ar = "; ".join(f"{m} {held[m]['first_stage']:.3f} -> {held[m]['reranked']:.3f} (paired "
@@ -1180,12 +1191,13 @@ def training_costs() -> str:
                      f"{ds['trained_on']:,} questions of `{Path(ds['path']).name}` ({ds['split']})",
                      f"{c['steps']:,} steps{' (time cap)' if c.get('stopped_early') else ''}, loss "
                      f"{sum(loss[:w]) / w:.2f} -> {sum(loss[-w:]) / w:.2f} (first / last {w} steps)",
-                     f"{c['train_seconds'] / 60:.1f} min training + {prep / 60:.1f} min mining"
+                     f"{c['train_seconds'] / 60:.1f} min training"
+                     + (f" + {prep / 60:.1f} min mining" if "prep_seconds" in c else "")
                      + (" and encoding" if c.get("encode_seconds") else "")
                      + (" and teacher scoring" if c.get("teacher_seconds") else "")
                      + f"; {c['seconds_total'] / 60:.1f} min in all",
-                     f"{c.get('dtype')}, {hw.get('cpus', '?')} CPUs, load {c['load_average_at_end'][0]:.1f} at the end"
-                     if c.get("load_average_at_end") else f"{c.get('dtype')}",
+                     f"{card_dtype(c)}, {hw.get('cpus', '?')} CPUs, load {c['load_average_at_end'][0]:.1f} at the end"
+                     if c.get("load_average_at_end") else card_dtype(c),
                      f"{size / 2**20:.0f} MiB", f"{ar} on {held.get('questions', 0)} held-out train questions"
                      f" ({held.get('candidates', 'first stage')})" if ar else ""])
     return table(["model", "command", "data", "steps and loss", "minutes", "precision, machine", "size on disk",
@@ -1330,7 +1342,7 @@ RANKRAG_SYSTEMS = {"bm25": "BM25 (no reranking)", "bm25_ce": "cross-encoder (Min
 def rankrag_statement(metric: str, training: bool = False) -> Callable[[dict], str]:
     """What the RankRAG tuning changed at ``metric`` (tuned minus zero-shot, paired), where the tuned
     model stands against BM25 and the cross-encoder, and with ``training`` the tuning run (its card,
-    ``results/rankrag_train.json``)."""
+    ``models/rankrag-smollm2-135m/funnel_model.json``)."""
     def after(d: dict) -> str:
         summ = d["summary"]
         parts = []
@@ -1349,13 +1361,13 @@ def rankrag_statement(metric: str, training: bool = False) -> Callable[[dict], s
                                    f"BM25's order, of {len(ranked['bm25'])}: {kept}.")
         if not training:
             return text
-        card = load("rankrag_train.json")
-        dtype = ", ".join(sorted({r["dtype"] for r in card["hardware"].get("dtypes_resolved", [])})) or "?"
+        card = model_card("rankrag-smollm2-135m")
         return (text + f" The tuned model: {card['steps']} LoRA steps"
                 f"{' (stopped by the time cap)' if card.get('stopped_early') else ''} over {card['examples']} blend "
                 f"examples from {card['dataset']['trained_on']} SQuAD train questions, "
-                f"{card['train_seconds'] / 60:.0f} min in {dtype} on {card['hardware']['cpus']} CPU cores "
-                f"(`{card['command']}`; its card: `benchmarks/results/rankrag_train.json`).")
+                f"{card['train_seconds'] / 60:.0f} min in {card_dtype(card)} on {card['hardware']['cpus']} CPU cores "
+                f"at load {card['load_average_at_end'][0]:.1f} (`{card['command']}`; its card: "
+                f"`models/rankrag-smollm2-135m/funnel_model.json`).")
     return after
 
 
