@@ -26,7 +26,7 @@ from typing import Any, Callable, ClassVar, Mapping, TypeVar
 
 from funnel_core.errors import BuiltSettingError
 
-__all__ = ["Settings", "SettingsMeta", "BuiltSettingError", "setting_names", "check_kwargs", "StageAdapter", "build_index",
+__all__ = ["Settings", "SettingsMeta", "BuiltSettingError", "field_defaults", "setting_names", "check_kwargs", "StageAdapter", "build_index",
            "keyword_names", "checked_keywords", "check_search_kwargs"]
 
 
@@ -104,6 +104,12 @@ def build_index(owner: str, factory: Any, settings: dict[str, Any], accepted: An
 _NAMES: dict[type, tuple[str, ...]] = {}
 _LOCK_MARK = "<funnel_core.settings: a lock, made anew when unpickled>"
 _LOCK_TYPES = (type(threading.Lock()), type(threading.RLock()))
+
+
+def field_defaults(model: Any) -> dict[str, Any]:
+    """``{field: default}`` of a pydantic model of shared adapter fields (``*Fields``): the defaults
+    a framework's plain-class adapter takes for its keywords, so each is written once."""
+    return {name: field.default for name, field in model.model_fields.items()}
 
 
 def setting_names(cls: type) -> tuple[str, ...]:

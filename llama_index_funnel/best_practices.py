@@ -30,7 +30,7 @@ from funnel_core.best_practices.hyde import HyDE
 from funnel_core.embeddings import SentenceEmbedder
 from funnel_core.errors import check_positive_int, check_query
 from funnel_core.funnel import WarmUpMixin
-from funnel_core.settings import check_accepted, check_kwargs, checked_keywords, keyword_names
+from funnel_core.settings import check_accepted, check_kwargs, checked_keywords, field_defaults, keyword_names
 from llama_index_funnel._base import TOP_K, PromptlessTransform, StagePostprocessor, nodes_to_units, units_to_nodes
 from llama_index_funnel.dense import DenseRetriever
 from llama_index_funnel.llm import as_provider
@@ -79,7 +79,7 @@ class SentenceEmbedderEmbedding(BaseEmbedding):
 
 
 #: The fusion settings' defaults, declared once in :class:`~funnel_core.best_practices.fields.FusionFields`.
-_FUSION: dict[str, Any] = {n: FusionFields.model_fields[n].default for n in FUSION_SETTINGS}
+_FUSION: dict[str, Any] = field_defaults(FusionFields)
 
 
 class HybridRetriever(WarmUpMixin, BaseRetriever):

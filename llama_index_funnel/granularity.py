@@ -28,7 +28,7 @@ from funnel_core.granularity.graph import GraphGranularityBuilder
 from funnel_core.granularity.levels import GranularityStructure, MultiGranularityChunker
 from funnel_core.granularity.retrieval import MixOfGranularityRetrieve, mog_rebuilt, mog_stage
 from funnel_core.granularity.router import GranularityRouter
-from funnel_core.settings import StageAdapter, checked_keywords
+from funnel_core.settings import StageAdapter, checked_keywords, field_defaults
 from funnel_core.units import Unit, keep_source_funnel_keys, read_funnel_metadata
 from llama_index_funnel._base import UnitRetriever, annotate_node, node_to_unit
 
@@ -187,7 +187,7 @@ class GraphGranularityNodeParser(GraphGranularityFields, _StageNodeParser):
 
 
 #: The defaults of :class:`~funnel_core.granularity.fields.MixOfGranularityFields`.
-_MOG: dict[str, Any] = {n: f.default for n, f in MixOfGranularityFields.model_fields.items()}
+_MOG: dict[str, Any] = field_defaults(MixOfGranularityFields)
 
 
 class MixOfGranularityRetriever(UnitRetriever):

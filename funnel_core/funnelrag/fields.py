@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from funnel_core.errors import check_positive_int
 from funnel_core.funnelrag.chunking import LaterChunking
+from funnel_core.settings import field_defaults
 from funnel_core.units import Unit
 
 __all__ = ["LaterChunkingFields", "ClusteredRetrieverFields", "CLUSTERED_DEFAULTS", "clustered_search"]
@@ -58,7 +59,7 @@ class ClusteredRetrieverFields(BaseModel):
 
 
 #: The defaults of :class:`ClusteredRetrieverFields`, for LlamaIndex's signatures.
-CLUSTERED_DEFAULTS: dict[str, Any] = {n: f.default for n, f in ClusteredRetrieverFields.model_fields.items()}
+CLUSTERED_DEFAULTS: dict[str, Any] = field_defaults(ClusteredRetrieverFields)
 
 
 def check_clustered_setting(name: str, value: Any) -> Any:
