@@ -272,8 +272,10 @@ def train_rankrag(llm: Any, examples: Sequence[RankRAGExample], output_dir: str 
     model.eval()
     out_dir = Path(output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    base = base_name or llm.model_name_or_path
+    base_dtype = str(next(model.parameters()).dtype).replace("torch.", "")  # the base weights (LoRA: as loaded)
     if lora and not merge:
-        save_adapters(model, out_dir, base_name or llm.model_name_or_path)
+        save_adapters(model, out_dir, base, base_dtype)
     else:
         if lora:
             model = model.merge_and_unload()
@@ -284,18 +286,18 @@ def train_rankrag(llm: Any, examples: Sequence[RankRAGExample], output_dir: str 
                   epochs=epochs, batch_size=batch_size, learning_rate=learning_rate,
                   warmup_ratio=warmup_ratio, max_length=max_length, max_seconds=max_seconds,
                   seed=seed, planned_steps=total, dtype=active,
-                  base_weights_dtype=str(next(model.parameters()).dtype).replace("torch.", ""),
-                  **({} if merge or not lora else {"base_model": base_name or llm.model_name_or_path}))
+                  base_weights_dtype=base_dtype, **({} if merge or not lora else {"base_model": base}))
     return RankRAGTrainResult(output_dir=str(out_dir), step_losses=losses, steps=steps,
                               seconds=seconds, stopped_early=stopped, examples_seen=seen,
                               config=config)
 
 
-def save_adapters(model: Any, folder: Path, base: str) -> None:
+def save_adapters(model: Any, folder: Path, base: str, base_dtype: str) -> None:
     """A peft model's LoRA adapters into ``folder`` as peft writes them (``adapter_config.json``
-    naming ``base``, ``adapter_model.safetensors``), in float16 like every kept model, and the
-    dtype of the base weights they were trained over (``funnel_adapter.json``): the loader merges
-    them into the base in that dtype, which reproduces the merged model of ``merge=True``."""
+    naming ``base``, ``adapter_model.safetensors``), in float16 like every kept model, and
+    ``base_dtype``, the dtype of the base weights they were trained over (``funnel_adapter.json``):
+    the loader merges them into the base in that dtype, which reproduces the merged model of
+    ``merge=True``."""
     import json
 
     import torch
@@ -311,5 +313,4 @@ def save_adapters(model: Any, folder: Path, base: str) -> None:
     config = model.peft_config["default"]
     config.base_model_name_or_path, config.inference_mode = base, True
     config.save_pretrained(str(folder))
-    base_dtype = str(next(model.get_base_model().parameters()).dtype).replace("torch.", "")
     (folder / ADAPTER_FILE).write_text(json.dumps({"base_dtype": base_dtype}), encoding="utf-8")
