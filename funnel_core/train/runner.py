@@ -38,7 +38,8 @@ Kinds and what ``[model]`` takes:
   cross-encoder) scores the passages (``passage_words``-word windows) of each question's
   first-stage documents; eq. 4 aggregates them to documents (``alpha``), eq. 5 takes the hits and
   the top-``top_k`` documents as positives, and eq. 6 (BPR) trains the pre-ranker
-  (``CrossEncoderTrainer`` settings in ``[model]``).
+  (``CrossEncoderTrainer`` settings in ``[model]``). ``top_k = 0`` and no ``model`` is the
+  label-only ablation: the hits alone are positive and no teacher runs.
 * ``mog-router``: MoG's router (:class:`~funnel_core.granularity.router.GranularityRouter`) from the
   questions and soft labels: each question's reference (its answer, or its relevant document's
   text) against each granularity level's best BM25 snippet.
@@ -524,7 +525,11 @@ def _train_l2g(ctx: _Context) -> dict[str, Any]:
     from funnel_core.train.l2g import l2g_group
 
     t = ctx.cfg["teacher"]
-    teacher = _teacher(ctx)
+    top_k = int(t.get("top_k", 1))
+    if top_k == 0 and "model" in t:
+        raise ValueError(f"{ctx.cfg['path']} [teacher]: top_k = 0 trains on the answer labels alone (the "
+                         "label-only ablation), so no teacher runs; remove model, or set top_k >= 1.")
+    teacher = _teacher(ctx) if top_k else None  # top_k = 0: eq. 5's positives are the hits alone
     chunk = LaterChunking(words=int(t.get("passage_words", 100)))
     indexes: dict[str, Any] = {}
     groups = []
@@ -533,15 +538,16 @@ def _train_l2g(ctx: _Context) -> dict[str, Any]:
 
     for m in tqdm(ctx.mined(ctx.train_ids, indexes), desc="L2G teacher", disable=not ctx.progress):
         docs = list(m.candidates)
-        passages = chunk.run(m.query, docs)
-        scored = teacher.run(m.query, passages)
-        g = l2g_group(m.query, docs, scored, m.answers, alpha=float(t.get("alpha", 0.5)),
-                      top_k=int(t.get("top_k", 1)), query_id=m.id)
+        scored = teacher.run(m.query, chunk.run(m.query, docs)) if teacher is not None else []
+        g = l2g_group(m.query, docs, scored, m.answers, alpha=float(t.get("alpha", 0.5)), top_k=top_k,
+                      query_id=m.id)
         if g is not None:
             groups.append(g)
     ctx.cfg["model"].setdefault("loss", "bpr")
-    result = _train_cross_encoder(ctx, groups=groups, what="L2G (FunnelRAG eqs. 4-6) from "
-                                  f"{t.get('kind', 'fid')} teacher {t['model']}", indexes=indexes)
+    what = (f"L2G (FunnelRAG eqs. 4-6) from {t.get('kind', 'fid')} teacher {t['model']}" if teacher is not None
+            else "label-only ablation of L2G (eq. 5 with top_k = 0: the answer-bearing documents are the "
+                 "positives; no teacher), eq. 6")
+    result = _train_cross_encoder(ctx, groups=groups, what=what, indexes=indexes)
     result["teacher_seconds"] = round(time.perf_counter() - t0 - result["train_seconds"], 1)
     return result
 

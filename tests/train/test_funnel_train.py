@@ -266,6 +266,22 @@ def test_l2g_kind_distils_from_a_fid_teacher(data, tiny_t5_path, tiny_cross_enco
 
 
 @pytest.mark.models
+def test_l2g_kind_with_top_k_0_is_the_label_only_ablation(data, tiny_cross_encoder_path):
+    """`[teacher] top_k = 0` without a model trains on the answer labels alone (no teacher is loaded:
+    the config names none); naming a teacher with top_k = 0 is refused (it would be ignored)."""
+    path = _config(data, "l2g", "num_negatives = 2\nepochs = 1\n", base=tiny_cross_encoder_path,
+                   extra="[teacher]\ntop_k = 0\n")
+    card = run_train(path, progress=False).card
+    _check_folder(data / "out" / "l2g", "l2g")
+    assert card["objective"].startswith("label-only") and card["groups"] > 0
+    assert card["teacher_seconds"] >= 0 and card["trainer"]["loss"] == "bpr"
+    path.write_text(path.read_text().replace("top_k = 0\n", f'top_k = 0\nmodel = "{tiny_cross_encoder_path}"\n'),
+                    encoding="utf-8")
+    with pytest.raises(ValueError, match=r"top_k = 0 trains on the answer labels alone.*remove model"):
+        run_train(path, progress=False)
+
+
+@pytest.mark.models
 def test_mog_router_kind_fits_the_router_on_soft_labels(data, tiny_cross_encoder_path):
     from funnel_core.granularity.router import GranularityRouter
 
