@@ -47,7 +47,8 @@ A configuration (paths are relative to the TOML file)::
     k_passages = 4
 
     # [reader]                     # answer quality: add "EM@4", "F1@4" to metrics
-    # model = "HuggingFaceTB/SmolLM2-135M-Instruct"   # TransformersLLM settings (gguf_file, device, dtype)
+    # model = "smollm2"           # the packaged SmolLM2-135M-Instruct, or a hub name or folder; TransformersLLM
+                                   # settings too (gguf_file, device, dtype, use_chat_template)
     # max_new_tokens = 32; prompt = "...{context}...{question}..."
     # kind = "fid"; model = "models/minilm-squad-fid"; max_answer_tokens = 20   # a FiD reader instead:
                                    # each top-k text is one passage (FiDAttentionScorer settings too)
@@ -80,7 +81,8 @@ the evaluated corpus: their own paragraphs must be in it (list the file in ``[da
 distractors``), and a question also evaluated is refused.
 
 A ``[reader]`` table names the LLM that answers from each system's top-k for the ``EM@k`` /
-``F1@k`` metrics (:class:`~funnel_core.llm.TransformersLLM`; ``prompt`` and ``max_new_tokens`` go to
+``F1@k`` metrics (:class:`~funnel_core.llm.TransformersLLM`, ``model = "smollm2"`` the packaged
+SmolLM2-135M-Instruct; ``prompt`` and ``max_new_tokens`` go to
 :func:`~funnel_core.evaluation.harness.evaluate`). To read with a LlamaIndex or LangChain model, pass
 it wrapped (``LlamaIndexLLM`` / ``LangChainLLM``) as ``run_config(path, reader=...)``.
 """
@@ -100,7 +102,7 @@ from funnel_core.evaluation.report import Report
 from funnel_core.settings import setting_names
 from funnel_core.units import Unit
 
-__all__ = ["load_config", "build_systems", "tune_systems", "run_config", "COMPONENTS"]
+__all__ = ["load_config", "build_systems", "build_reader", "tune_systems", "run_config", "COMPONENTS"]
 
 COMPONENTS = ("bm25", "dense", "hyde", "hybrid", "clustered", "funnelrag")
 _DATASET_KEYS = {"path", "split", "corpus", "limit", "seed", "offset", "distractors"}
@@ -535,6 +537,42 @@ def tune_systems(specs: dict[str, dict[str, Any]], tuning_set: EvalDataset, corp
     return out, tuning
 
 
+def build_reader(table: dict[str, Any], where: str, reader: Any = None) -> tuple[Any, dict[str, Any]]:
+    """A ``[reader]`` table -> the reader (``reader`` when given: it replaces the table's model;
+    ``None`` for no table) and :func:`~funnel_core.evaluation.harness.evaluate`'s reading settings
+    (``reader_prompt``, ``reader_max_new_tokens``). Nothing is loaded until the reader first reads."""
+    rd = dict(table)
+    reading = {"reader_prompt": rd.pop("prompt")} if "prompt" in rd else {}
+    if "max_new_tokens" in rd:
+        reading["reader_max_new_tokens"] = int(rd.pop("max_new_tokens"))
+    kind = rd.pop("kind", "llm")
+    if kind not in ("llm", "fid"):
+        raise ValueError(f"{where}: kind must be \"llm\" (a causal LM reading a prompt) or \"fid\" (a FiD "
+                         f"reader folder reading each top-k text as a passage), got {kind!r}.")
+    if kind == "fid" and reading:
+        raise ValueError(f"{where}: a FiD reader reads passages, not a prompt; remove "
+                         f"{sorted(k.replace('reader_', '') for k in reading)} (max_answer_tokens bounds its answer).")
+    if reader is None and kind == "fid":
+        from funnel_core.rerank.fid import FiDReader
+
+        if "model" not in rd:
+            raise ValueError(f"{where}: kind = \"fid\" needs `model` (a FiD reader folder, e.g. one "
+                             "`funnel train` wrote with kind = \"fid-reader\").")
+        reader = _call(where, FiDReader, rd.pop("model"), **rd)
+    elif "max_answer_tokens" in rd:
+        raise ValueError(f"{where}: max_answer_tokens is a FiD reader's setting (kind = \"fid\"); a causal "
+                         "LM takes max_new_tokens.")
+    if reader is None and table:
+        from funnel_core.llm import TransformersLLM
+
+        if "model" not in rd:
+            raise ValueError(f"{where}: needs `model` (a causal LM hub name or folder, or \"smollm2\": the "
+                             "packaged SmolLM2-135M-Instruct), or pass run_config(reader=...).")
+        rd = _local_llm(rd, "model")
+        reader = _call(where, TransformersLLM, rd.pop("model"), **rd)
+    return reader, reading
+
+
 def run_config(path: str | os.PathLike, *, n_timing: int | None = None, quiet_check: bool | None = None,
                max_load: float | None = None, quiet_load: float | None = None, limit: int | None = None,
                output: str | os.PathLike | None = None, progress: bool = True,
@@ -564,34 +602,7 @@ def run_config(path: str | os.PathLike, *, n_timing: int | None = None, quiet_ch
             raise ValueError(f"{str(out / 'cache')!r} is a symbolic link; the score cache is never written through "
                              "one: remove it, or pass the cache folder itself (--cache-dir).")
         ev["cache_dir"] = str(out / "cache")
-    rd = dict(cfg["reader"])
-    reading = {"reader_prompt": rd.pop("prompt")} if "prompt" in rd else {}
-    if "max_new_tokens" in rd:
-        reading["reader_max_new_tokens"] = int(rd.pop("max_new_tokens"))
-    kind = rd.pop("kind", "llm")
-    if kind not in ("llm", "fid"):
-        raise ValueError(f"{path} [reader]: kind must be \"llm\" (a causal LM reading a prompt) or \"fid\" (a FiD "
-                         f"reader folder reading each top-k text as a passage), got {kind!r}.")
-    if kind == "fid" and reading:
-        raise ValueError(f"{path} [reader]: a FiD reader reads passages, not a prompt; remove "
-                         f"{sorted(k.replace('reader_', '') for k in reading)} (max_answer_tokens bounds its answer).")
-    if reader is None and kind == "fid":
-        from funnel_core.rerank.fid import FiDReader
-
-        if "model" not in rd:
-            raise ValueError(f"{path} [reader]: kind = \"fid\" needs `model` (a FiD reader folder, e.g. one "
-                             "`funnel train` wrote with kind = \"fid-reader\").")
-        reader = _call(f"{path} [reader]", FiDReader, rd.pop("model"), **rd)
-    elif "max_answer_tokens" in rd:
-        raise ValueError(f"{path} [reader]: max_answer_tokens is a FiD reader's setting (kind = \"fid\"); a causal "
-                         "LM takes max_new_tokens.")
-    if reader is None and cfg["reader"]:
-        from funnel_core.llm import TransformersLLM
-
-        if "model" not in rd:
-            raise ValueError(f"{path} [reader]: needs `model` (a causal LM hub name or folder), e.g. "
-                             "model = \"HuggingFaceTB/SmolLM2-135M-Instruct\", or pass run_config(reader=...).")
-        reader = _call(f"{path} [reader]", TransformersLLM, rd.pop("model"), **rd)
+    reader, reading = build_reader(cfg["reader"], f"{path} [reader]", reader)
     dataset: EvalDataset = load_dataset(ds_cfg["path"], split=ds_cfg.get("split", "test"),
                                         corpus=ds_cfg.get("corpus"))
     if ds_cfg.get("distractors"):

@@ -172,3 +172,17 @@ def test_a_fid_reader_reads_each_top_k_unit_as_one_passage(tiny_t5_path, tmp_pat
     cfg.write_text(body.format(m=tiny_t5_path, extra="").replace('kind = "fid"', 'kind = "t5"'))
     with pytest.raises(ValueError, match="kind must be \"llm\""):
         run_config(cfg, progress=False)
+
+
+def test_the_reader_table_names_the_packaged_smollm2():
+    """`[reader] model = "smollm2"` is the packaged SmolLM2-135M-Instruct (its folder and GGUF file), with
+    the table's other TransformersLLM settings; nothing is loaded while building."""
+    from funnel_core.evaluation.config import build_reader
+    from funnel_core.models import SMOLLM2_GGUF, smollm2_path
+
+    reader, reading = build_reader({"model": "smollm2", "use_chat_template": False, "dtype": "float32",
+                                    "max_new_tokens": 12, "prompt": "{context} {question}"}, "e.toml [reader]")
+    assert (reader.model_name_or_path, reader.gguf_file) == (str(smollm2_path()), SMOLLM2_GGUF)
+    assert (reader.use_chat_template, reader.dtype, reader.active_dtype) == (False, "float32", None)
+    assert reading == {"reader_prompt": "{context} {question}", "reader_max_new_tokens": 12}
+    assert build_reader({}, "e.toml [reader]") == (None, {})
