@@ -150,8 +150,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
                         progress=not args.no_progress)
     card = trained.card
     print(f"trained {card['kind']} -> {trained.path}")
-    print(json.dumps({k: card[k] for k in ("steps", "train_seconds", "stopped_early", "held_out_metrics")
-                      if k in card}, indent=1))
+    print(json.dumps({k: card[k] for k in ("steps", "train_seconds", "stopped_early", "held_out_metrics",
+                                           "cross_validation") if k in card}, indent=1))
     return 0
 
 

@@ -8,7 +8,7 @@ A configuration (paths relative to the TOML file)::
     limit = 6000                    # a seeded sample of the questions (seed = 0)
 
     [train]
-    kind = "cross-encoder"          # cross-encoder | fid-reader | l2g | mog-router | rankrag
+    kind = "cross-encoder"          # cross-encoder | fid-reader | l2g | mog-router | rankrag | query-classifier
     base_model = "minilm"           # "minilm": the packaged all-MiniLM-L6-v2 ("smollm2" for rankrag); else a name or folder
     output = "../../models/minilm-squad-ce"
     held_out = 200                  # questions kept out of training for the model card's metrics
@@ -45,6 +45,11 @@ Kinds and what ``[model]`` takes:
   text) against each granularity level's best BM25 snippet.
 * ``rankrag``: RankRAG instruction tuning (:func:`~funnel_core.train.rankrag.train_rankrag`) of a
   causal LM on the blend of :func:`~funnel_core.train.rankrag.rankrag_blend`.
+* ``query-classifier``: "Best Practices in RAG" 3.1's classifier
+  (:class:`~funnel_core.best_practices.classify.QueryClassifier` settings ``C``, ``threshold``,
+  ``class_weight``, plus ``folds``) on labelled queries (``[dataset] path``: JSONL lines
+  ``{"query", "label", "task"}``), cross-validated instead of held out; load the folder with
+  ``QueryClassifier.load``.
 
 Every run writes a model folder: the weights (float16 safetensors for the transformer kinds), the
 tokenizer, ``funnel_model.json`` (the model card) and ``MANIFEST.sha256``
@@ -71,7 +76,7 @@ from funnel_core.train.card import CARD, read_card, write_card, write_manifest
 
 __all__ = ["KINDS", "load_train_config", "run_train", "TrainedModel"]
 
-KINDS = ("cross-encoder", "fid-reader", "l2g", "mog-router", "rankrag")
+KINDS = ("cross-encoder", "fid-reader", "l2g", "mog-router", "rankrag", "query-classifier")
 _DATASET_KEYS = {"path", "split", "corpus", "limit", "seed"}
 _TRAIN_KEYS = {"kind", "base_model", "output", "held_out", "max_minutes", "reported_by", "seed", "device",
                "dtype", "checkpoint_minutes"}
@@ -82,7 +87,7 @@ _TABLES = {"dataset": _DATASET_KEYS, "train": _TRAIN_KEYS, "mining": _MINING_KEY
            "teacher": _TEACHER_KEYS, "labels": _LABELS_KEYS}
 #: tables each kind may have besides [dataset], [train] and [model]
 _KIND_TABLES = {"cross-encoder": {"mining"}, "fid-reader": {"mining"}, "l2g": {"mining", "teacher"},
-                "mog-router": {"labels"}, "rankrag": {"mining"}}
+                "mog-router": {"labels"}, "rankrag": {"mining"}, "query-classifier": set()}
 _TYPES: dict[str, tuple[type, ...]] = {
     "path": (str,), "split": (str,), "corpus": (str,), "limit": (int,), "seed": (int,), "kind": (str,),
     "base_model": (str,), "output": (str,), "held_out": (int,), "max_minutes": (int, float),
@@ -239,27 +244,17 @@ def run_train(path: str | os.PathLike, *, output: str | os.PathLike | None = Non
     out = Path(train["output"])
     _check_output(out)
     t0 = time.perf_counter()
-    dataset = load_dataset(ds_cfg["path"], split=ds_cfg["split"], corpus=ds_cfg.get("corpus"))
-    if ds_cfg.get("limit"):
-        dataset = dataset.subset(int(ds_cfg["limit"]), seed=int(ds_cfg.get("seed", 0)))
-    _refuse_reported(cfg, dataset)
-    from funnel_core.train.mining import split_questions
-
-    seed = int(train.get("seed", 0))
-    train_ids, held_ids = split_questions(dataset, int(train.get("held_out", 0)), seed=seed)
     partial = out.with_name(out.name + ".partial")
     partial.mkdir(parents=True, exist_ok=True)
     built = partial / "model"
     if built.exists():
         shutil.rmtree(built)
-    ctx = _Context(cfg=cfg, dataset=dataset, train_ids=train_ids, held_ids=held_ids, partial=partial,
-                   built=built, seed=seed, progress=progress, fingerprint=_fingerprint(cfg, dataset))
-    result = _KIND_FUNCS[train["kind"]](ctx)
+    if train["kind"] == "query-classifier":  # labelled queries, not a retrieval dataset
+        result = _train_query_classifier(cfg, built)
+    else:
+        result = _train_on_questions(cfg, partial, built, progress)
     card = {"kind": train["kind"], "base_model": train.get("base_model", "minilm"),
             "command": command or _command(path),
-            "dataset": {"path": ds_cfg["path"], "format": dataset.format, "split": ds_cfg["split"],
-                        "fingerprint": dataset.fingerprint(), "questions": len(dataset.question_ids),
-                        "trained_on": len(train_ids), "held_out": len(held_ids), "corpus": len(dataset.corpus)},
             "config": {k: cfg[k] for k in ("dataset", "train", "mining", "model", "teacher", "labels") if cfg[k]},
             "hardware": describe(), "load_average_at_end": list(os.getloadavg()),
             "seconds_total": round(time.perf_counter() - t0, 1), **result}
@@ -268,6 +263,27 @@ def run_train(path: str | os.PathLike, *, output: str | os.PathLike | None = Non
     _install(built, out)
     shutil.rmtree(partial)
     return TrainedModel(path=out, card=read_card(out))
+
+
+def _train_on_questions(cfg: dict[str, Any], partial: Path, built: Path, progress: bool) -> dict[str, Any]:
+    """The kinds trained on a question dataset the harness reads: its questions (never those a
+    ``reported_by`` evaluation reports), split into trained on and held out, then the kind's run."""
+    ds_cfg, train = cfg["dataset"], cfg["train"]
+    dataset = load_dataset(ds_cfg["path"], split=ds_cfg["split"], corpus=ds_cfg.get("corpus"))
+    if ds_cfg.get("limit"):
+        dataset = dataset.subset(int(ds_cfg["limit"]), seed=int(ds_cfg.get("seed", 0)))
+    _refuse_reported(cfg, dataset)
+    from funnel_core.train.mining import split_questions
+
+    seed = int(train.get("seed", 0))
+    train_ids, held_ids = split_questions(dataset, int(train.get("held_out", 0)), seed=seed)
+    ctx = _Context(cfg=cfg, dataset=dataset, train_ids=train_ids, held_ids=held_ids, partial=partial,
+                   built=built, seed=seed, progress=progress, fingerprint=_fingerprint(cfg, dataset))
+    result = _KIND_FUNCS[train["kind"]](ctx)
+    return {"dataset": {"path": ds_cfg["path"], "format": dataset.format, "split": ds_cfg["split"],
+                        "fingerprint": dataset.fingerprint(), "questions": len(dataset.question_ids),
+                        "trained_on": len(train_ids), "held_out": len(held_ids), "corpus": len(dataset.corpus)},
+            **result}
 
 
 def _command(path: str | os.PathLike) -> str:
@@ -646,6 +662,47 @@ def _train_rankrag(ctx: _Context) -> dict[str, Any]:
             "dtype": result.config["dtype"], "loss_curve": curve, "held_out_metrics": held}
 
 
+def _train_query_classifier(cfg: dict[str, Any], built: Path) -> dict[str, Any]:
+    """Best Practices 3.1: the query classifier (sentence embeddings + logistic regression) on
+    labelled queries (JSONL lines ``{"query", "label", "task"}``), measured by cross-validation
+    (``[model] folds``, stratified; leave-one-task-out where every line names its task), then fit
+    on every query and saved."""
+    import inspect
+
+    from funnel_core.best_practices.classify import QueryClassifier, load_labelled_queries
+    from funnel_core.embeddings import SentenceEmbedder
+
+    where, train, model = cfg["path"], cfg["train"], dict(cfg["model"])
+    if train.get("held_out") or cfg["train"].get("reported_by"):
+        raise ValueError(f"{where} [train]: kind 'query-classifier' is measured by cross-validation ([model] "
+                         "folds); remove held_out and reported_by.")
+    folds = model.pop("folds", 5)
+    allowed = [n for n in inspect.signature(QueryClassifier).parameters if n != "embedder"]
+    bad = sorted(set(model) - set(allowed))
+    if bad or not isinstance(folds, int) or isinstance(folds, bool) or folds < 2:
+        raise ValueError(f"{where} [model]: " + (f"unknown key(s) {bad}; allowed: {sorted(allowed + ['folds'])}."
+                                                 if bad else f"folds must be an integer >= 2, got {folds!r}."))
+    path = Path(cfg["dataset"]["path"])
+    rows = load_labelled_queries(path)
+    if cfg["dataset"].get("limit"):
+        rows = random.Random(int(cfg["dataset"].get("seed", 0))).sample(rows, min(len(rows), cfg["dataset"]["limit"]))
+    queries, labels = [r["query"] for r in rows], [r["label"] for r in rows]
+    tasks = [str(r["task"]) for r in rows] if all(r.get("task") for r in rows) else None
+    t0 = time.perf_counter()
+    clf = QueryClassifier(embedder=SentenceEmbedder(_base_model(train.get("base_model"))), **model)
+    cv = clf.cross_validate(queries, labels, folds=folds, seed=int(train.get("seed", 0)),
+                            groups=tasks)
+    clf.fit(queries, labels)
+    clf.save(built)
+    return {"dataset": {"path": str(path), "format": "labelled queries (JSONL)", "split": cfg["dataset"]["split"],
+                        "fingerprint": hashlib.sha256(path.read_bytes()).hexdigest()[:16], "questions": len(rows),
+                        "trained_on": len(rows), "held_out": 0,
+                        "labels": {lab: labels.count(lab) for lab in sorted(set(labels))},
+                        "task_types": len(set(tasks)) if tasks else None},
+            "objective": "logistic regression on sentence embeddings (Best Practices in RAG 3.1)",
+            "train_seconds": round(time.perf_counter() - t0, 1), "cross_validation": cv}
+
+
 _KIND_FUNCS: dict[str, Callable[[_Context], dict[str, Any]]] = {
     "cross-encoder": _train_cross_encoder, "fid-reader": _train_fid_reader, "l2g": _train_l2g,
-    "mog-router": _train_mog_router, "rankrag": _train_rankrag}
+    "mog-router": _train_mog_router, "rankrag": _train_rankrag}  # and query-classifier: run_train

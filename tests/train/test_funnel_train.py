@@ -282,6 +282,42 @@ def test_l2g_kind_with_top_k_0_is_the_label_only_ablation(data, tiny_cross_encod
 
 
 @pytest.mark.models
+def test_query_classifier_kind_cross_validates_then_fits_every_query(tmp_path):
+    """kind "query-classifier": the card's cross-validation is QueryClassifier.cross_validate on the
+    file's queries (stratified folds; leave-one-task-out, every line naming its task), the folder is
+    the classifier fit on all of them (QueryClassifier.load gives its weights), and a held-out split
+    or an unknown [model] key is refused."""
+    from funnel_core.best_practices.classify import QueryClassifier
+
+    rows = [{"query": f"who founded the city of {c}", "label": "retrieval", "task": "abc"[i % 3]} for i, c in
+            enumerate(("Rome", "Lyon", "Porto", "Kyoto", "Quito", "Oslo"))] + \
+           [{"query": f"rewrite this sentence in a {t} tone", "label": "sufficient", "task": "abc"[i % 3]} for i, t in
+            enumerate(("formal", "casual", "polite", "playful", "neutral", "warm"))] + \
+           [{"query": "rewrite the founding story of Rome from the sources", "label": "retrieval", "task": "c"},
+            {"query": "who founded a city in this sentence I wrote", "label": "sufficient", "task": "a"}]
+    _write_jsonl(tmp_path / "q.jsonl", rows)
+    cfg = tmp_path / "qc.toml"
+    cfg.write_text('[dataset]\npath = "q.jsonl"\nsplit = "train"\n[train]\nkind = "query-classifier"\n'
+                   'output = "out/qc"\n[model]\nfolds = 3\nC = 2.0\n', encoding="utf-8")
+    card = run_train(cfg, progress=False).card
+    queries, labels = [r["query"] for r in rows], [r["label"] for r in rows]
+    expected = QueryClassifier(C=2.0).cross_validate(queries, labels, folds=3, seed=0, groups=[r["task"] for r in rows])
+    assert card["cross_validation"] == expected and expected["cv_accuracy_mean"] < 1  # not trivially separable
+    assert card["dataset"]["labels"] == {"retrieval": 7, "sufficient": 7} and card["dataset"]["task_types"] == 3
+    verify_model(tmp_path / "out" / "qc")
+    fitted = QueryClassifier(C=2.0).fit(queries, labels)
+    loaded = QueryClassifier.load(tmp_path / "out" / "qc")
+    assert loaded.C == 2.0 and loaded.coef_ == pytest.approx(fitted.coef_)
+    assert loaded.predict(["who founded the city of Lima"]) == ["retrieval"]
+    text = cfg.read_text()
+    for edited, message in ((text.replace("[train]\n", "[train]\nheld_out = 2\n"), "measured by cross-validation"),
+                            (text.replace("C = 2.0", "Cee = 2.0"), r"unknown key\(s\) \['Cee'\]")):
+        cfg.write_text(edited, encoding="utf-8")
+        with pytest.raises(ValueError, match=message):
+            run_train(cfg, progress=False)
+
+
+@pytest.mark.models
 def test_mog_router_kind_fits_the_router_on_soft_labels(data, tiny_cross_encoder_path):
     from funnel_core.granularity.router import GranularityRouter
 
