@@ -63,33 +63,22 @@ def train_router(structure, questions, embedder, args, cache, sims=None, **label
 
 
 def auto_merging(docs: list[str], args):
-    """LlamaIndex's AutoMergingRetriever over the MoG hierarchy; its base a BM25 retriever over the leaves."""
+    """LlamaIndex's AutoMergingRetriever over the MoG hierarchy; its base our BM25 retriever over the leaves."""
     from llama_index.core import StorageContext
     from llama_index.core.node_parser import get_leaf_nodes
     from llama_index.core.retrievers import AutoMergingRetriever
     from llama_index.core.schema import Document
 
-    from llama_index_funnel._base import UnitRetriever, nodes_to_units
     from llama_index_funnel.granularity import MultiGranularityNodeParser
+    from llama_index_funnel.retrievers import BM25Retriever
 
     nodes = MultiGranularityNodeParser(chunk_size=args.chunk_size, n_gra=args.n_gra).get_nodes_from_documents(
         [Document(text=t, id_=f"doc{i}") for i, t in enumerate(docs)])
     storage = StorageContext.from_defaults()
     storage.docstore.add_documents(nodes)
     leaves = get_leaf_nodes(nodes)
-
-    class LeafBM25(UnitRetriever):
-        def __init__(self) -> None:
-            self.index = BM25Index().index(nodes_to_units(leaves))
-            super().__init__()
-
-        def _search(self, query):
-            return self.index.search(query, k=args.am_leaves)
-
-        def _originals(self):
-            return leaves
-
-    return AutoMergingRetriever(LeafBM25(), storage), len(leaves)
+    return AutoMergingRetriever(BM25Retriever.from_defaults(nodes=leaves, similarity_top_k=args.am_leaves),
+                                storage), len(leaves)
 
 
 def graph_scale(nodes: list[Unit], args) -> dict:
