@@ -29,7 +29,7 @@ import squad_large_eval as E
 from common import ROOT, parser, timed, write_json
 from pairs import CACHE, ScoreCache
 from squad_large_data import PASSAGE_WORDS, SEEDS, SQUAD_FILES, AnswerTexts
-from trained import SQUAD_CE, require_model, training_summary
+from trained import SQUAD_CE, require_model, training_facts
 
 from funnel_core.bm25 import BM25Index
 from funnel_core.funnelrag.clustered_index import ClusteredBM25Index
@@ -164,7 +164,7 @@ def main() -> None:
                     "seeds": SEEDS},
         "cross_encoder": {"model": str(model), "cache_key": scores.model_key, "max_length": 192,
                           "batch_size": args.batch_size, "timing_dtype": dtype,
-                          "training": training_summary(args.model)},
+                          "training": training_facts(args.model)},
         "cpu_flags": flags,
         "dense": {"type": "faiss IndexHNSWFlat", **D.HNSW, "faiss": faiss.__version__, **built,
                   **{f"recall@{k}_hnsw_vs_exact": r for k, r in hnsw_recall.items()}},

@@ -1,8 +1,6 @@
-"""The trained models the benchmarks read, and the `funnel train` command that makes each.
-
-Every model comes from a recipe under ``benchmarks/train/`` (``funnel train benchmarks/train/<name>.toml``;
-the model folder holds ``funnel_model.json``, its card). A script that needs a missing model stops
-with :func:`require_model`, which names that command.
+"""The trained models the benchmarks read: each comes from a recipe under ``benchmarks/train/``
+(``funnel train benchmarks/train/<name>.toml``), and its folder holds its card ``funnel_model.json``.
+A script that needs a missing model stops with :func:`require_model`, which names that command.
 """
 
 from __future__ import annotations
@@ -12,12 +10,18 @@ from pathlib import Path
 
 from common import ROOT
 
+from funnel_core.evaluation.config import toml_module
+
 MODELS = ROOT / "models"
-#: model folder -> its recipe in benchmarks/train/
-RECIPES = {"minilm-squad-ce": "squad_ce", "minilm-squad-fid": "squad_fid", "minilm-scifact-ce": "scifact_ce",
-           "rankrag-smollm2-135m": "squad_rankrag"}
 SQUAD_CE = MODELS / "minilm-squad-ce"
 SCIFACT_CE = MODELS / "minilm-scifact-ce"
+
+
+def recipe(folder: Path) -> Path | None:
+    """The recipe under ``benchmarks/train/`` whose ``[train] output`` is a folder named like ``folder``."""
+    recipes = sorted((ROOT / "benchmarks" / "train").glob("*.toml"))
+    return next((r for r in recipes if Path(toml_module().loads(r.read_text(encoding="utf-8"))["train"]["output"])
+                 .name == Path(folder).name), None)
 
 
 def require_model(folder: str | Path, what: str = "model") -> Path:
@@ -26,14 +30,14 @@ def require_model(folder: str | Path, what: str = "model") -> Path:
     folder = Path(folder)
     if (folder / "config.json").is_file():
         return folder
-    how = (f"make it with `funnel train benchmarks/train/{RECIPES[folder.name]}.toml`" if folder.name in RECIPES
-           else "pass the folder of a trained model")
+    r = recipe(folder)
+    how = f"make it with `funnel train {r.relative_to(ROOT)}`" if r else "pass the folder of a trained model"
     raise SystemExit(f"{folder} is missing: the {what}; {how}.")
 
 
-def training_summary(model: Path) -> dict:
-    """The training facts of a model folder's ``summary.json`` (the former squad_ce_model.py wrote one)."""
-    f = model / "summary.json"
-    s = json.loads(f.read_text()) if f.is_file() else {}
-    return {k: s.get(k) for k in ("steps", "train_seconds", "train_questions_sampled", "groups", "dtype",
-                                  "loss_first50", "loss_last50", "negative_depth", "stopped_early")} if s else {}
+def training_facts(model: Path) -> dict:
+    """What a model's card (``funnel_model.json``) says of its training ({} without a card)."""
+    card = model / "funnel_model.json"
+    c = json.loads(card.read_text(encoding="utf-8")) if card.is_file() else {}
+    return {k: c.get(k) for k in ("command", "created", "steps", "train_seconds", "groups", "dtype",
+                                  "stopped_early", "held_out_metrics")} if c else {}
