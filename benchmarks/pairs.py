@@ -81,20 +81,6 @@ def read_scores(path: Path, qids: set[str] | None = None) -> dict[tuple[str, int
     return {(names[a], int(p)): float(x) for a, p, x in zip(qi, pi, s)}
 
 
-def teacher_scores(teacher: Path, qids: set[str], folders) -> tuple[dict[str, dict[int, float]], str]:
-    """``{question id: {passage index: score}}`` of the questions ``qids`` from the score cache of the model
-    ``teacher`` in the first of ``folders`` that holds one, and that file's path."""
-    name = f"scores-{model_key(teacher)}.npz"
-    path = next((d / name for d in folders if (d / name).is_file()), None)
-    if path is None:
-        raise FileNotFoundError(f"no score cache {name} in {[str(d) for d in folders]}; run bench_squad_large.py "
-                                "(--export-pairs / pairs.py / --import-scores) with this teacher first.")
-    out: dict[str, dict[int, float]] = {}
-    for (q, p), s in read_scores(path, qids).items():
-        out.setdefault(q, {})[p] = s
-    return out, str(path)
-
-
 class ScoreCache:
     """Cross-encoder scores keyed by (model, question id, passage index), kept in one .npz per model."""
 

@@ -762,7 +762,7 @@ def block_milvus() -> str:
         f"\n\npymilvus {v.get('pymilvus')}, milvus-lite {v.get('milvus_lite')}; one run each of {', '.join(cmds)}.")
 
 
-# -- BM25 (bench_bm25.py), L2G (bench_l2g_squad.py), runtimes, engines, ANN, the demo, dtypes -----------------
+# -- BM25 (bench_bm25.py), runtimes, engines, ANN, the demo, dtypes ------------------------------------------
 #: our BM25 index, llama-index-retrievers-bm25 and LangChain's community BM25, as bench_bm25.py names them
 BM25_SYSTEMS = ("ours", "llama_index_bm25", "langchain_community")
 
@@ -794,41 +794,6 @@ def block_clustering_scifact() -> str:
     rows += [[f"clustering time, {r['n_documents']:,} synthetic docs (BM25 index + kNN graph + Algorithm 1)",
               f"{r['total_seconds']:.1f} s"] for r in b.get("clustering_scale", [])]
     return table(["measurement", "result"], rows)
-
-
-def l2g_tables(source: str) -> Callable[[], str]:
-    """L2G vs label-only vs init vs BM25 order: pre-ranking answer recall on dev-a, then the paired differences
-    (l2g_squad*.json, bench_l2g_squad.py)."""
-    def systems(d: dict) -> dict:  # a system scored on fewer questions says on how many
-        n = d["results"]["n_questions"]
-        return {name + (f" (n={r['n']})" if r["n"] != n else ""): r for name, r in d["results"]["systems"].items()}
-
-    return joined(
-        Table(source, ["pre-ranker (answer recall after pre-ranking)", "k_d=1 [95% CI]", "k_d=2 [95% CI]",
-                       "k_d=3 [95% CI]"],
-              [["{key}", *(f"{{recall@{k}:.3f}} {{recall@{k}_ci95:ci}}" for k in (1, 2, 3))]], each=systems,
-              names=lambda d: {"arms": "; ".join(
-                  fill("{key}: {steps} steps in {seconds:.0f} s, {groups} groups, loss (mean of first/last 10) "
-                       "{first_last_loss_mean10.0:.3f} -> {first_last_loss_mean10.1:.3f}", arm, key=name)
-                  for name, arm in d["training"].items())},
-              note="{results.n_questions} dev-a questions ({evaluation.candidates}, {evaluation.sample}"
-                   "{complete:if||; run incomplete}); {args.n_train} train questions; {args.max_length} tokens per "
-                   "(question, document); command: `{command}`. Student init: {student.init}. Training: {arms}. "
-                   "Positives per group: L2G {training_data.l2g_mean_positives:.2f}, label-only "
-                   "{training_data.label_mean_positives:.2f}; the teacher's top-1 training document contains an "
-                   "answer for {training_data.teacher_top1_document_contains_answer:.0%} of the training questions. "
-                   "Load average at start {load_average_start.0:.1f}."),
-        Table(source, ["a - b", "difference", "95% CI", "a only / b only", "p"],
-              [["{key}", "{difference:+.3f}", "{ci:ci}", "{mcnemar.a_only} / {mcnemar.b_only}",
-                "{mcnemar.p_value:.3g}"]],
-              each=lambda d: {name.replace(" @", " , k_d="): pair for name, pair in d["results"]["paired"].items()
-                              if name.endswith(("@1", "@2"))},
-              note="Paired differences on the same questions (bootstrap 95% CI; McNemar discordant counts a-only / "
-                   "b-only and exact p):"))
-
-
-block("l2g-squad")(l2g_tables("l2g_squad.json"))
-block("l2g-squad-ce-init")(l2g_tables("l2g_squad_ce_init.json"))
 
 
 CE_BACKENDS_NOTES = """\
@@ -1168,16 +1133,16 @@ def card_dtype(card: dict) -> str:
         or "?"
 
 
-@block("training")
-def training_costs() -> str:
-    """What each kept model cost to train here, from its model card (``funnel_model.json``)."""
+def card_rows(cards: dict[str, Path]) -> list[list[str]]:
+    """A row per model card (``funnel_model.json``, by model name): its command, data, steps, minutes,
+    machine, size (of the folder beside a kept model's card) and held-out metrics."""
     rows = []
-    for name in KEPT_MODELS:
-        path = ROOT / "models" / name / "funnel_model.json"
+    for name, path in cards.items():
         if not path.is_file():
             print(f"warning: {path} missing; its row is left out", file=sys.stderr)
             continue
-        c = model_card(name)
+        c = json.loads(path.read_text(encoding="utf-8"))
+        kept = path.parent == ROOT / "models" / name
         size = sum(f.stat().st_size for f in path.parent.rglob("*") if f.is_file() and "funnel_onnx" not in f.parts)
         held = c.get("held_out_metrics", {})
         ar = "; ".join(f"{m} {held[m]['first_stage']:.3f} -> {held[m]['reranked']:.3f} (paired "
@@ -1194,17 +1159,41 @@ def training_costs() -> str:
                      f"{c['train_seconds'] / 60:.1f} min training"
                      + (f" + {prep / 60:.1f} min mining" if "prep_seconds" in c else "")
                      + (" and encoding" if c.get("encode_seconds") else "")
-                     + (" and teacher scoring" if c.get("teacher_seconds") else "")
+                     + (" and teacher scoring" if c.get("teacher_seconds") and "no teacher" not in c["objective"] else "")
                      + f"; {c['seconds_total'] / 60:.1f} min in all",
                      f"{card_dtype(c)}, {hw.get('cpus', '?')} CPUs, load {c['load_average_at_end'][0]:.1f} at the end"
                      if c.get("load_average_at_end") else card_dtype(c),
-                     f"{size / 2**20:.0f} MiB", f"{ar} on {held.get('questions', 0)} held-out train questions"
+                     f"{size / 2**20:.0f} MiB" if kept else "not kept (its command rebuilds it)",
+                     f"{ar} on {held.get('questions', 0)} held-out train questions"
                      f" ({held.get('candidates', 'first stage')})" if ar else ""])
-    return table(["model", "command", "data", "steps and loss", "minutes", "precision, machine", "size on disk",
-                  "held-out (first stage -> reranked by the model, 95% paired interval)"], rows,
+    return rows
+
+
+CARD_HEAD = ["model", "command", "data", "steps and loss", "minutes", "precision, machine", "size on disk",
+             "held-out (first stage -> reranked by the model, 95% paired interval)"]
+
+
+@block("training")
+def training_costs() -> str:
+    """What each kept model cost to train here, from its model card (``funnel_model.json``)."""
+    return table(CARD_HEAD, card_rows({n: ROOT / "models" / n / "funnel_model.json" for n in KEPT_MODELS}),
                  "From each model's card (`models/<name>/funnel_model.json`); the held-out questions are train "
                  "questions kept out of training, their candidates the first stage's top-k named in the cell (FiD: "
                  "its top-10 reranked). The load column says whether other work shared the 2 cores.")
+
+
+@block("query-classifier")
+def query_classifier() -> str:
+    """docs/best_practices.md: the kept query classifier's cross-validation, from its card."""
+    c = model_card("query-classifier")
+    cv, tasks = c["cross_validation"], c["dataset"]["task_types"]
+    worst = sorted(cv["leave_one_task_out_accuracy"].items(), key=lambda x: x[1])[:3]
+    return (f"**Query classifier** on the packaged {c['dataset']['questions']}-query set (`{c['command']}`, the "
+            f"model in `models/query-classifier`): stratified {cv['folds']}-fold cross-validated accuracy "
+            f"**{cv['cv_accuracy_mean']:.3f} +- {cv['cv_accuracy_std']:.3f}** (folds "
+            + ", ".join(f"{x:.3f}" for x in cv["cv_accuracy_per_fold"]) + "). Leaving a whole task type out (trained "
+            f"on the other {tasks - 1}) gives {cv['leave_one_task_out_accuracy_mean']:.3f} on average; the hardest "
+            "held-out types are " + ", ".join(f"{t.replace('_', ' ')} ({a:.2f})" for t, a in worst) + ".")
 
 
 # -- statements below a harness table, derived from the same report ------------------------------------
@@ -1523,6 +1512,21 @@ READER_CMD = "`python benchmarks/bench_reader.py`"
 POSTRANK_SYSTEMS = {"bm25_ce": "BM25 top-10 -> the SQuAD cross-encoder",
                     "bm25_fid": "BM25 top-10 -> the CPU FiD reader's cross-attention (eq. 3)",
                     "bm25": "BM25 top-10 alone"}
+L2G_SYSTEMS = {"bm25_l2g": "BM25 top-15 -> the L2G pre-ranker", "bm25_labels": "BM25 top-15 -> its label-only twin",
+               "bm25": "BM25 top-15 alone", "bm25_ce": "BM25 top-15 -> the SQuAD cross-encoder (L2G's teacher)"}
+
+
+L2G_LABELS = {"bm25_l2g": "L2G", "bm25_labels": "label-only", "bm25": "BM25", "bm25_ce": "its teacher"}
+
+
+def l2g_training(_: dict) -> str:
+    """The two pre-rankers' training, from their cards (the label-only model is not kept: its card is)."""
+    return table(CARD_HEAD, card_rows({"minilm-squad-l2g": ROOT / "models" / "minilm-squad-l2g" / "funnel_model.json",
+                                       "minilm-squad-l2g-labels": RESULTS / "squad_l2g_ablation" / "labels_card.json"}),
+                 "How each was trained, from its card (the label-only model's card is kept as "
+                 "`benchmarks/results/squad_l2g_ablation/labels_card.json`):")
+
+
 ATTENTION_SYSTEMS = {"bm25": "BM25 order", "bm25_ce": "cross-encoder (MiniLM, SQuAD-trained)",
                      "attention_lm": 'SmolLM2-135M attention, calibrated with "N/A" (ICR)'}
 WHOLE = dict(metrics=["AR@1", "AR@2", "AR@4", "CI@4", "EM@4", "F1@4"], labels={**WHOLE_FLAT, **WHOLE_FUNNELS},
@@ -1548,6 +1552,9 @@ HARNESS_BLOCKS: dict[str, dict[str, Any]] = {
                          bold=["F1@2"], vs_baseline="F1@2", command=READER_CMD),
     "squad-postrank": dict(name="squad_postrank", metrics=["AR@1", "AR@2", "AR@4"], labels=POSTRANK_SYSTEMS,
                            bold=["AR@1", "AR@4"], vs_baseline="AR@1", command=EVAL_COMMAND.format("squad_postrank")),
+    "l2g-ablation": dict(name="squad_l2g_ablation", metrics=["AR@1", "AR@2", "AR@4"], labels=L2G_SYSTEMS,
+                         bold=["AR@1", "AR@4"], vs_baseline="AR@1", command=EVAL_COMMAND.format("squad_l2g_ablation"),
+                         after=l2g_training),
     "fid-icr-squad": dict(name="squad_attention_lm", metrics=["AR@1", "AR@2", "AR@4"], labels=ATTENTION_SYSTEMS,
                           bold=["AR@1"], vs_baseline="AR@1", command=EVAL_COMMAND.format("squad_attention_lm")),
     "rankrag-squad": dict(name="squad_rankrag", metrics=["AR@1", "AR@2", "AR@3", "AR@4"], labels=RANKRAG_SYSTEMS,
@@ -1623,10 +1630,11 @@ README_ROWS: list[tuple[str, Callable[[], list[Row]]]] = [
                       "auto_merging": "AutoMerging"})),
     ("reader", hrow("squad_reader", "answer quality: SmolLM2-135M reads each system's top-2 paragraphs (SQuAD dev-a; "
                     "SQuAD token F1 / exact match)", ["F1@2", "EM@2", "AR@2"], READER_SYSTEMS, command=READER_CMD)),
-    ("query_classifier", Table("query_classifier.json", (), [(
-        "query classifier (labelled queries, {n_task_types} task types)",
-        "{folds}-fold accuracy {cv_accuracy_mean:.3f} +- {cv_accuracy_std:.3f} (sd over folds)", "{n_examples} queries",
-        "sd over folds only", "`{command}`")]).rows),
+    ("query_classifier", Table(lambda: model_card("query-classifier"), (), [(
+        "query classifier (labelled queries, {dataset.task_types} task types; `models/query-classifier`)",
+        "{cross_validation.folds}-fold accuracy {cross_validation.cv_accuracy_mean:.3f} +- "
+        "{cross_validation.cv_accuracy_std:.3f} (sd over folds)", "{dataset.questions} queries", "sd over folds only",
+        "`{command}`")]).rows),
     ("fid", Table("fid.json", (), [
         ("FiD attention scorer speed (50 passages x 130 tokens, CPU), passages/s",
          "MiniLM CE {speed.passages_per_second.cross_encoder_minilm:.2f}, FiD t5-small-sized "
@@ -1644,6 +1652,8 @@ README_ROWS: list[tuple[str, Callable[[], list[Row]]]] = [
         "BM25 backward-only {answer_recall_at_kept.backward_only_bm25:.2f}, Ours-FB "
         "{answer_recall_at_kept.ours_fb:.2f}, Ours-F {answer_recall_at_kept.ours_f:.2f}", "{setup.questions} questions",
         "Ours-FB {answer_recall_at_kept.ours_fb:wci{setup.questions}}", BENCH_FBRAG)]).rows),
+    ("l2g", hrow("squad_l2g_ablation", "L2G (FunnelRAG 3.2) against its label-only twin, each pre-ranking BM25's top-15 "
+                 "paragraphs, SQuAD dev-a", ["AR@1", "AR@4"], L2G_LABELS, command=EVAL_COMMAND.format("squad_l2g_ablation"))),
     ("post-ranking with the models funnel train keeps (SQuAD dev-a, BM25 top-10 paragraphs)",
      hrow("squad_postrank", "post-ranking BM25 top-10 with the kept SQuAD cross-encoder and the CPU FiD reader "
           "(models/), SQuAD dev-a", ["AR@1", "AR@4"], {"bm25_ce": "CE", "bm25_fid": "FiD (CPU)", "bm25": "BM25"},

@@ -29,8 +29,6 @@ def test_score_cache_round_trip(tmp_path):
     cache.save()
     assert P.ScoreCache(model, folder=tmp_path / "cache").scores == cache.scores
     assert P.read_scores(cache.path, {"q2", "q9"}) == {("q2", 3): 2.0}
-    assert P.teacher_scores(model, {"q1"}, [tmp_path / "absent", tmp_path / "cache"]) == (
-        {"q1": {3: 0.5, 7: -1.25}}, str(cache.path))
     assert cache.missing({"q1": {3, 4}, "q2": {3}}) == {"q1": [4]}
 
 

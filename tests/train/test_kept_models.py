@@ -14,7 +14,7 @@ from funnel_core.train.card import read_card, verify_model
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"
-KEPT = ("minilm-squad-ce", "minilm-squad-fid", "minilm-squad-l2g", "rankrag-smollm2-135m")
+KEPT = ("minilm-squad-ce", "minilm-squad-fid", "minilm-squad-l2g", "rankrag-smollm2-135m", "query-classifier")
 DEV_A = ROOT.parent / "shared" / "data" / "squad" / "squad-v1.1-dev-a.json"
 POSTRANK = ROOT / "benchmarks" / "configs" / "squad_postrank.toml"
 MAX_BYTES = 200 * 2**20
