@@ -1506,9 +1506,9 @@ PRERANK_SYSTEMS = {"bm25_ce_fused": "BM25 top-100 -> CE, interpolated with BM25 
 #: ... and the funnel against the flat systems with the same model (docs/funnel.md)
 FUNNEL_SYSTEMS = {"bm25_ce_fused": "BM25 top-100 -> CE + BM25", "funnelrag": "funnel", "bm25": "BM25",
                   "clustered": "clustered BM25 (first stage alone)"}
-#: The reader run (benchmarks/configs/squad_reader.toml, bench_reader.py)
+#: The reader run (benchmarks/configs/squad_reader.toml)
 READER_SYSTEMS = {"funnelrag": "funnel", "bm25_ce": "BM25 top-30 -> CE", "bm25": "BM25"}
-READER_CMD = "`python benchmarks/bench_reader.py`"
+READER_CMD = EVAL_COMMAND.format("squad_reader")
 POSTRANK_SYSTEMS = {"bm25_ce": "BM25 top-10 -> the SQuAD cross-encoder",
                     "bm25_fid": "BM25 top-10 -> the CPU FiD reader's cross-attention (eq. 3)",
                     "bm25": "BM25 top-10 alone"}

@@ -2,8 +2,8 @@
 an LLM to answer from each system's top-k texts.
 
 The reader here is a scripted provider (its answer is the first line of its context), so every
-expected value is computed by hand; the real reader (SmolLM2 through LangChain's own
-HuggingFacePipeline) runs in benchmarks/bench_reader.py.
+expected value is computed by hand; the real reader (the packaged SmolLM2, `[reader] model =
+"smollm2"`) runs in benchmarks/configs/squad_reader.toml.
 """
 
 from __future__ import annotations
