@@ -1159,7 +1159,8 @@ def card_rows(cards: dict[str, Path]) -> list[list[str]]:
                      f"{c['train_seconds'] / 60:.1f} min training"
                      + (f" + {prep / 60:.1f} min mining" if "prep_seconds" in c else "")
                      + (" and encoding" if c.get("encode_seconds") else "")
-                     + (" and teacher scoring" if c.get("teacher_seconds") and "no teacher" not in c["objective"] else "")
+                     + (" and teacher scoring" if c.get("teacher_seconds") and "no teacher" not in c["objective"]
+                        else "")
                      + f"; {c['seconds_total'] / 60:.1f} min in all",
                      f"{card_dtype(c)}, {hw.get('cpus', '?')} CPUs, load {c['load_average_at_end'][0]:.1f} at the end"
                      if c.get("load_average_at_end") else card_dtype(c),
@@ -1514,8 +1515,6 @@ POSTRANK_SYSTEMS = {"bm25_ce": "BM25 top-10 -> the SQuAD cross-encoder",
                     "bm25": "BM25 top-10 alone"}
 L2G_SYSTEMS = {"bm25_l2g": "BM25 top-15 -> the L2G pre-ranker", "bm25_labels": "BM25 top-15 -> its label-only twin",
                "bm25": "BM25 top-15 alone", "bm25_ce": "BM25 top-15 -> the SQuAD cross-encoder (L2G's teacher)"}
-
-
 L2G_LABELS = {"bm25_l2g": "L2G", "bm25_labels": "label-only", "bm25": "BM25", "bm25_ce": "its teacher"}
 
 
@@ -1652,8 +1651,9 @@ README_ROWS: list[tuple[str, Callable[[], list[Row]]]] = [
         "BM25 backward-only {answer_recall_at_kept.backward_only_bm25:.2f}, Ours-FB "
         "{answer_recall_at_kept.ours_fb:.2f}, Ours-F {answer_recall_at_kept.ours_f:.2f}", "{setup.questions} questions",
         "Ours-FB {answer_recall_at_kept.ours_fb:wci{setup.questions}}", BENCH_FBRAG)]).rows),
-    ("l2g", hrow("squad_l2g_ablation", "L2G (FunnelRAG 3.2) against its label-only twin, each pre-ranking BM25's top-15 "
-                 "paragraphs, SQuAD dev-a", ["AR@1", "AR@4"], L2G_LABELS, command=EVAL_COMMAND.format("squad_l2g_ablation"))),
+    ("l2g", hrow("squad_l2g_ablation", "L2G (FunnelRAG 3.2) against its label-only twin, each pre-ranking BM25's "
+                 "top-15 paragraphs, SQuAD dev-a", ["AR@1", "AR@4"], L2G_LABELS,
+                 command=EVAL_COMMAND.format("squad_l2g_ablation"))),
     ("post-ranking with the models funnel train keeps (SQuAD dev-a, BM25 top-10 paragraphs)",
      hrow("squad_postrank", "post-ranking BM25 top-10 with the kept SQuAD cross-encoder and the CPU FiD reader "
           "(models/), SQuAD dev-a", ["AR@1", "AR@4"], {"bm25_ce": "CE", "bm25_fid": "FiD (CPU)", "bm25": "BM25"},

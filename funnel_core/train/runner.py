@@ -673,7 +673,7 @@ def _train_query_classifier(cfg: dict[str, Any], built: Path) -> dict[str, Any]:
     from funnel_core.embeddings import SentenceEmbedder
 
     where, train, model = cfg["path"], cfg["train"], dict(cfg["model"])
-    if train.get("held_out") or cfg["train"].get("reported_by"):
+    if train.get("held_out") or train.get("reported_by"):
         raise ValueError(f"{where} [train]: kind 'query-classifier' is measured by cross-validation ([model] "
                          "folds); remove held_out and reported_by.")
     folds = model.pop("folds", 5)
@@ -690,8 +690,7 @@ def _train_query_classifier(cfg: dict[str, Any], built: Path) -> dict[str, Any]:
     tasks = [str(r["task"]) for r in rows] if all(r.get("task") for r in rows) else None
     t0 = time.perf_counter()
     clf = QueryClassifier(embedder=SentenceEmbedder(_base_model(train.get("base_model"))), **model)
-    cv = clf.cross_validate(queries, labels, folds=folds, seed=int(train.get("seed", 0)),
-                            groups=tasks)
+    cv = clf.cross_validate(queries, labels, folds=folds, seed=int(train.get("seed", 0)), groups=tasks)
     clf.fit(queries, labels)
     clf.save(built)
     return {"dataset": {"path": str(path), "format": "labelled queries (JSONL)", "split": cfg["dataset"]["split"],
