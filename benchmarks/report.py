@@ -262,7 +262,7 @@ def harness(name: str) -> dict:
     folder = RESULTS / name
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} holds no harness report")
-    return Report.load(folder).to_dict()
+    return Report.load(folder).to_dict(copy=False)  # the Report is not kept: nothing else holds the dict
 
 
 def harness_command(d: dict) -> str:

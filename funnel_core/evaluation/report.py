@@ -3,7 +3,7 @@ table and a Pareto plot (quality against seconds and against pairs scored per qu
 
 from __future__ import annotations
 
-import copy
+import copy as _copy
 import io
 import json
 import math
@@ -216,16 +216,20 @@ class Report:
     def per_question(self) -> dict[str, list[dict[str, Any]]]:
         return self._data["per_question"]
 
-    def to_dict(self, per_question: bool = True) -> dict[str, Any]:
-        """A JSON-ready copy (``per_question=False`` leaves the per-question results out)."""
-        d = copy.deepcopy(self._data)
+    def to_dict(self, per_question: bool = True, *, copy: bool = True) -> dict[str, Any]:
+        """A JSON-ready copy (``per_question=False`` leaves the per-question results out);
+        ``copy=False``: the report's own data, to read only (a large report's deep copy takes
+        seconds)."""
+        if not copy:
+            return self._data if per_question else {k: v for k, v in self._data.items() if k != "per_question"}
+        d = _copy.deepcopy(self._data)
         if not per_question:
             d.pop("per_question", None)
         return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Report":
-        return cls(copy.deepcopy(data))
+        return cls(_copy.deepcopy(data))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Report":

@@ -306,6 +306,13 @@ def test_report_round_trips_and_renders(tmp_path):
     assert md.splitlines()[0].startswith("| system | AR@1 | CI@3 |") and "| good | 0.333 [" in md
     with pytest.raises(ValueError, match="not an evaluation report"):
         Report({"summary": {}})
+    # to_dict copies (a caller's edit leaves the report as it was); copy=False hands out the data itself
+    d["summary"]["good"]["AR@1"]["mean"] = -1.0
+    assert back.to_dict() == r.to_dict() and r.to_dict()["summary"]["good"]["AR@1"]["mean"] != -1.0
+    own = back.to_dict(copy=False)
+    assert own is back.to_dict(copy=False) and own == r.to_dict()
+    lean = back.to_dict(per_question=False, copy=False)
+    assert "per_question" not in lean and "per_question" in back.to_dict(copy=False)
 
 
 @pytest.mark.slow  # matplotlib import and rendering (2-4 s)
