@@ -1119,7 +1119,8 @@ block("reliability")(joined(Table(  # `make reliability`: a row per persisted ob
       "{loads.loads|0:,} / {loads.mixed|-}", "{io:,} / {io_bad}"]], each=reliability_rows), reliability_notes))
 
 
-KEPT_MODELS = ("minilm-squad-ce", "minilm-squad-fid", "minilm-squad-l2g", "rankrag-smollm2-135m")
+KEPT_MODELS = ("minilm-squad-ce", "minilm-squad-fid", "minilm-squad-l2g", "rankrag-smollm2-135m",
+               "query-classifier")
 
 
 def model_card(name: str) -> dict:
@@ -1155,7 +1156,8 @@ def card_rows(cards: dict[str, Path]) -> list[list[str]]:
         rows.append([f"`{name}` ({c['kind']})", f"`{c['command']}`",
                      f"{ds['trained_on']:,} questions of `{Path(ds['path']).name}` ({ds['split']})",
                      f"{c['steps']:,} steps{' (time cap)' if c.get('stopped_early') else ''}, loss "
-                     f"{sum(loss[:w]) / w:.2f} -> {sum(loss[-w:]) / w:.2f} (first / last {w} steps)",
+                     f"{sum(loss[:w]) / w:.2f} -> {sum(loss[-w:]) / w:.2f} (first / last {w} steps)" if "steps" in c
+                     else c["objective"],
                      f"{c['train_seconds'] / 60:.1f} min training"
                      + (f" + {prep / 60:.1f} min mining" if "prep_seconds" in c else "")
                      + (" and encoding" if c.get("encode_seconds") else "")
@@ -1164,9 +1166,12 @@ def card_rows(cards: dict[str, Path]) -> list[list[str]]:
                      + f"; {c['seconds_total'] / 60:.1f} min in all",
                      f"{card_dtype(c)}, {hw.get('cpus', '?')} CPUs, load {c['load_average_at_end'][0]:.1f} at the end"
                      if c.get("load_average_at_end") else card_dtype(c),
-                     f"{size / 2**20:.0f} MiB" if kept else "not kept (its command rebuilds it)",
+                     (f"{size / 2**20:.0f} MiB" if size >= 2**20 else f"{size / 2**10:.0f} KiB") if kept
+                     else "not kept (its command rebuilds it)",
                      f"{ar} on {held.get('questions', 0)} held-out train questions"
-                     f" ({held.get('candidates', 'first stage')})" if ar else ""])
+                     f" ({held.get('candidates', 'first stage')})" if ar else
+                     fill("{folds}-fold cross-validated accuracy {cv_accuracy_mean:.3f}", c.get("cross_validation"))
+                     if "cross_validation" in c else ""])
     return rows
 
 
