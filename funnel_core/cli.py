@@ -231,8 +231,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(fn=_cmd_eval)
 
-    p = sub.add_parser("train", help="train a model (cross-encoder, fid-reader, l2g, mog-router, rankrag) from "
-                       "a TOML configuration; writes the model folder with its card and SHA-256 manifest",
+    p = sub.add_parser("train", help="train a model (cross-encoder, fid-reader, l2g, mog-router, rankrag, "
+                       "query-classifier) from a TOML configuration; writes the model folder with its card and "
+                       "SHA-256 manifest",
                        description="See docs/training.md for the configuration format.")
     p.add_argument("config", help="TOML file: [dataset], [train], [mining], [model] tables")
     p.add_argument("--out", default=None, help="model folder (default: [train] output)")
