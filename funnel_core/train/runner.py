@@ -328,25 +328,25 @@ class _Context:
 #: trainer arguments that [train] or the runner set; [model] may not set them too
 _SET_BY_TRAIN = frozenset({"seed", "device", "dtype", "max_seconds", "progress", "show_progress", "checkpointer",
                            "log_path", "log", "output_dir", "out_dir", "model", "examples", "groups", "llm",
-                           "base_name"})
+                           "base_name", "embedder"})
 
 
-def _trainer_kwargs(ctx: _Context, fn: Callable[..., Any], drop: tuple[str, ...] = ()) -> dict[str, Any]:
+def _trainer_kwargs(cfg: dict[str, Any], fn: Callable[..., Any], drop: tuple[str, ...] = ()) -> dict[str, Any]:
     """``[model]`` as keyword arguments of ``fn``; an unknown key raises naming the allowed ones."""
     import inspect
 
     params = inspect.signature(fn).parameters
-    model = {k: v for k, v in ctx.cfg["model"].items() if k not in drop}
+    model = {k: v for k, v in cfg["model"].items() if k not in drop}
     owned = sorted(set(model) & _SET_BY_TRAIN)
     if owned:
-        raise ValueError(f"{ctx.cfg['path']} [model]: {owned} are set by [train] (seed, device, dtype, "
+        raise ValueError(f"{cfg['path']} [model]: {owned} are set by [train] (seed, device, dtype, "
                          "max_minutes, checkpoint_minutes) or by funnel train itself; move them to [train].")
     bad = sorted(k for k in model if k not in params or params[k].kind is inspect.Parameter.POSITIONAL_ONLY)
     if bad:
         allowed = sorted(k for k in params if k not in ("self", "model", "examples", "output_dir", "groups")
                          and not k.startswith("_"))
-        raise ValueError(f"{ctx.cfg['path']} [model]: unknown key(s) {bad} for kind "
-                         f"{ctx.cfg['train']['kind']!r}; allowed: {allowed + list(drop)}.")
+        raise ValueError(f"{cfg['path']} [model]: unknown key(s) {bad} for kind "
+                         f"{cfg['train']['kind']!r}; allowed: {allowed + list(drop)}.")
     return model
 
 
@@ -427,7 +427,7 @@ def _train_cross_encoder(ctx: _Context, groups: list[Any] | None = None, what: s
         raise ValueError(f"{ctx.cfg['path']}: no training question has both a positive and a negative among its "
                          "first-stage candidates; raise [mining] depth or check the labels.")
     prep = time.perf_counter() - t0
-    kwargs = _trainer_kwargs(ctx, CrossEncoderTrainer.__init__, drop=("init",))
+    kwargs = _trainer_kwargs(ctx.cfg, CrossEncoderTrainer.__init__, drop=("init",))
     init = ctx.cfg["model"].get("init")
     if init is None:
         init = str(ctx.partial / "init")
@@ -471,7 +471,7 @@ def _train_fid_reader(ctx: _Context) -> dict[str, Any]:
     if not ctx.dataset.answers:
         raise ValueError(f"{ctx.cfg['path']}: kind 'fid-reader' learns to generate answers; the dataset has no "
                          "answer strings (a SQuAD JSON or a JSONL with \"answers\").")
-    kwargs = _trainer_kwargs(ctx, train_fid, drop=("decoder_layers", "score"))
+    kwargs = _trainer_kwargs(ctx.cfg, train_fid, drop=("decoder_layers", "score"))
     n_passages = int(kwargs.get("n_passages", 10))
     indexes: dict[str, Any] = {}
     t0 = time.perf_counter()
@@ -594,7 +594,7 @@ def _train_mog_router(ctx: _Context) -> dict[str, Any]:
         return [rows[i][0] for i in np.flatnonzero(keep)], labels[keep]
 
     queries, labels = labelled(ctx.train_ids)
-    fit_kwargs = _trainer_kwargs(ctx, GranularityRouter.fit, drop=("hidden", "dropout"))
+    fit_kwargs = _trainer_kwargs(ctx.cfg, GranularityRouter.fit, drop=("hidden", "dropout"))
     router = GranularityRouter(n_gra, hidden=int(ctx.cfg["model"].get("hidden", 128)),
                                dropout=float(ctx.cfg["model"].get("dropout", 0.1)),
                                embedder=None if ctx.cfg["train"].get("base_model", "minilm") == "minilm" else
@@ -635,7 +635,7 @@ def _train_rankrag(ctx: _Context) -> dict[str, Any]:
                          "folder>, or \"smollm2\" (the packaged SmolLM2-135M-Instruct).")
     model = ctx.cfg["model"]
     blend = {k: model[k] for k in _BLEND_KEYS if k in model}
-    kwargs = _trainer_kwargs(ctx, train_rankrag, drop=_BLEND_KEYS + ("gguf_file",))
+    kwargs = _trainer_kwargs(ctx.cfg, train_rankrag, drop=_BLEND_KEYS + ("gguf_file",))
     indexes: dict[str, Any] = {}
     mined = [m for m in ctx.mined(ctx.train_ids, indexes) if m.positives and m.negatives]
     records = [{"question": m.query, "answers": m.answers, "positive": m.positives[0].text,
@@ -667,21 +667,17 @@ def _train_query_classifier(cfg: dict[str, Any], built: Path) -> dict[str, Any]:
     labelled queries (JSONL lines ``{"query", "label", "task"}``), measured by cross-validation
     (``[model] folds``, stratified; leave-one-task-out where every line names its task), then fit
     on every query and saved."""
-    import inspect
-
     from funnel_core.best_practices.classify import QueryClassifier, load_labelled_queries
     from funnel_core.embeddings import SentenceEmbedder
 
-    where, train, model = cfg["path"], cfg["train"], dict(cfg["model"])
+    where, train = cfg["path"], cfg["train"]
     if train.get("held_out") or train.get("reported_by"):
         raise ValueError(f"{where} [train]: kind 'query-classifier' is measured by cross-validation ([model] "
                          "folds); remove held_out and reported_by.")
-    folds = model.pop("folds", 5)
-    allowed = [n for n in inspect.signature(QueryClassifier).parameters if n != "embedder"]
-    bad = sorted(set(model) - set(allowed))
-    if bad or not isinstance(folds, int) or isinstance(folds, bool) or folds < 2:
-        raise ValueError(f"{where} [model]: " + (f"unknown key(s) {bad}; allowed: {sorted(allowed + ['folds'])}."
-                                                 if bad else f"folds must be an integer >= 2, got {folds!r}."))
+    model = _trainer_kwargs(cfg, QueryClassifier.__init__, drop=("folds",))  # the embedder: [train] base_model
+    folds = cfg["model"].get("folds", 5)
+    if not isinstance(folds, int) or isinstance(folds, bool) or folds < 2:
+        raise ValueError(f"{where} [model]: folds must be an integer >= 2, got {folds!r}.")
     path = Path(cfg["dataset"]["path"])
     rows = load_labelled_queries(path)
     if cfg["dataset"].get("limit"):
