@@ -1125,7 +1125,9 @@ KEPT_MODELS = ("minilm-squad-ce", "minilm-squad-fid", "minilm-squad-l2g", "rankr
 
 def model_card(name: str) -> dict:
     """The card (``funnel_model.json``) of the kept model ``models/<name>``."""
-    return json.loads((ROOT / "models" / name / "funnel_model.json").read_text(encoding="utf-8"))
+    from funnel_core.train.card import read_card
+
+    return read_card(ROOT / "models" / name)
 
 
 def card_dtype(card: dict) -> str:

@@ -5,12 +5,12 @@ A script that needs a missing model stops with :func:`require_model`, which name
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from common import ROOT
 
 from funnel_core.evaluation.config import toml_module
+from funnel_core.train.card import read_card
 
 MODELS = ROOT / "models"
 SQUAD_CE = MODELS / "minilm-squad-ce"
@@ -37,7 +37,9 @@ def require_model(folder: str | Path, what: str = "model") -> Path:
 
 def training_facts(model: Path) -> dict:
     """What a model's card (``funnel_model.json``) says of its training ({} without a card)."""
-    card = model / "funnel_model.json"
-    c = json.loads(card.read_text(encoding="utf-8")) if card.is_file() else {}
+    try:
+        c = read_card(model)
+    except FileNotFoundError:
+        return {}
     return {k: c.get(k) for k in ("command", "created", "steps", "train_seconds", "groups", "dtype",
-                                  "stopped_early", "held_out_metrics")} if c else {}
+                                  "stopped_early", "held_out_metrics")}
